@@ -1,0 +1,70 @@
+"""meshkit: a pluggable kernel for training and serving models across a mesh.
+
+Importing meshkit is cheap: it loads no plugin and no numpy. Heavier public
+names (``NodeConfig``, ``FixedFunction``, ...) load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pluggy
+
+from meshkit.components import Component, Provenance
+from meshkit.errors import (
+    AggregationError,
+    AuthenticationError,
+    ConfigError,
+    MeshError,
+    PeerLostError,
+    PlacementError,
+    PluginError,
+    RefusedError,
+    UnknownComponentError,
+    WireError,
+)
+
+__version__ = "0.1.0"
+
+#: The marker plugins use for hook implementations.
+hookimpl = pluggy.HookimplMarker("meshkit")
+
+# Public names that live in modules too heavy to import eagerly.
+_LAZY = {
+    "NodeConfig": "meshkit.node_config",
+    "NodeRole": "meshkit.node_config",
+    "FixedFunction": "meshkit.fixed_function",
+    "NodeCaps": "meshkit.node",
+    "NodeControl": "meshkit.node",
+    "NodeReport": "meshkit.node",
+    "TrainReport": "meshkit.node",
+    "StrategyContext": "meshkit.strategy",
+}
+
+__all__ = [
+    "__version__",
+    "hookimpl",
+    "Component",
+    "Provenance",
+    "MeshError",
+    "ConfigError",
+    "PluginError",
+    "UnknownComponentError",
+    "RefusedError",
+    "AggregationError",
+    "PlacementError",
+    "WireError",
+    "AuthenticationError",
+    "PeerLostError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'meshkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

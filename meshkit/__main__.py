@@ -1,0 +1,3 @@
+from meshkit.cli import main
+
+main()

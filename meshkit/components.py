@@ -1,0 +1,65 @@
+"""The records component hooks return: :class:`Component` and its provenance."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+__all__ = ["KINDS", "Component", "Provenance"]
+
+#: Component kinds, each with the hook that offers it.
+KINDS: dict[str, str] = {
+    "transport": "meshkit_transports",
+    "aggregator": "meshkit_aggregators",
+    "outer_optimizer": "meshkit_outer_optimizers",
+    "board": "meshkit_boards",
+    "strategy": "meshkit_strategies",
+    "task": "meshkit_tasks",
+}
+
+
+@attrs.frozen
+class Provenance:
+    """Which plugin supplied a component (stamped by the kernel, not the plugin)."""
+
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def __str__(self) -> str:
+        if self.distribution:
+            return f"plugin {self.plugin!r} ({self.distribution} {self.version})"
+        return f"plugin {self.plugin!r}"
+
+
+def _check_options(instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not attrs.has(value):
+        raise TypeError(
+            f"Component {instance.name!r}: options must be an attrs class "
+            f"(or None for a component without options), got {value!r}"
+        )
+
+
+@attrs.frozen
+class Component:
+    """One selectable component offered by a plugin.
+
+    ``factory(options)`` builds it, where ``options`` is an instance of the
+    attrs class ``options`` built from the user's config table;
+    ``factory()`` when ``options`` is None.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    factory: Callable[..., Any] = attrs.field(validator=attrs.validators.is_callable())
+    options: type | None = attrs.field(default=None, validator=_check_options)
+    summary: str = ""
+    provenance: Provenance | None = attrs.field(default=None, kw_only=True, eq=False)
+
+    def build(self, options: Any = None) -> Any:
+        """Call the factory the way the contract says (with options or without)."""
+        if self.options is None:
+            return self.factory()
+        if options is None:
+            options = self.options()
+        return self.factory(options)

@@ -1,0 +1,65 @@
+"""meshkit's exception hierarchy.
+
+Every error a user can act on is a :class:`MeshError`; the CLI turns one into
+a one-paragraph message and exit status 2. Anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MeshError",
+    "ConfigError",
+    "PluginError",
+    "UnknownComponentError",
+    "RefusedError",
+    "AggregationError",
+    "PlacementError",
+    "WireError",
+    "AuthenticationError",
+    "PeerLostError",
+]
+
+
+class MeshError(Exception):
+    """Base of every error meshkit raises on purpose."""
+
+
+class ConfigError(MeshError):
+    """A configuration file, table or value is wrong (names file, table, key)."""
+
+
+class PluginError(MeshError):
+    """A plugin failed to load, broke a hook contract, or clashed with another."""
+
+
+class UnknownComponentError(PluginError, LookupError):
+    """A config or API call selected a component name no loaded plugin offers."""
+
+
+class RefusedError(MeshError):
+    """A component declines a job it cannot do honestly.
+
+    The message says what it would need and what works instead; a refusal
+    never computes a plausible-looking number.
+    """
+
+
+class AggregationError(MeshError, ValueError):
+    """Contributions cannot be combined (missing key, shape, dtype, weight...)."""
+
+
+class PlacementError(MeshError):
+    """Work was placed on a node that cannot run it."""
+
+
+class WireError(MeshError):
+    """A frame or datagram is malformed, oversized, or the peer broke protocol."""
+
+
+class AuthenticationError(WireError):
+    """A frame failed authentication: wrong secret, forged, replayed or reordered."""
+
+
+class PeerLostError(MeshError):
+    """A peer disconnected, stalled past its timeout, or was declared dead."""

@@ -1,0 +1,128 @@
+"""Every hook meshkit calls, with when it is called and what it must do.
+
+A plugin implements any subset of these with :data:`meshkit.hookimpl`.
+Component hooks return records and change no kernel state; event hooks are
+for observers (loggers, dashboards) and their return values are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from meshkit.components import Component
+
+# The spec marker stays private: plugins only ever need ``meshkit.hookimpl``.
+_hookspec = pluggy.HookspecMarker("meshkit")
+
+
+# -- component hooks ---------------------------------------------------------
+
+
+@_hookspec
+def meshkit_transports() -> Iterable[Component]:
+    """Offer transports: how ranks reach each other.
+
+    Called once per plugin manager, the first time a transport is listed or
+    selected. Return an iterable of :class:`meshkit.Component` records whose
+    ``factory(options)`` builds an object with ``connect(node_config) ->
+    Group``. Must not import heavy libraries or open sockets.
+    """
+
+
+@_hookspec
+def meshkit_aggregators() -> Iterable[Component]:
+    """Offer aggregators: how contributions are combined into one state.
+
+    Called once per plugin manager, the first time an aggregator is listed or
+    selected. Return :class:`meshkit.Component` records whose factory builds
+    an object with ``aggregate(states, weights=None) -> state`` and,
+    optionally, the streaming form ``begin() -> fold``.
+    """
+
+
+@_hookspec
+def meshkit_outer_optimizers() -> Iterable[Component]:
+    """Offer outer optimizers: how the global model steps from a consensus.
+
+    Called once per plugin manager, the first time an outer optimizer is
+    listed or selected. Return :class:`meshkit.Component` records whose
+    factory builds an object with ``step(global_state, consensus) ->
+    new_global``, ``state_dict()`` and ``load_state_dict(d)``.
+    """
+
+
+@_hookspec
+def meshkit_boards() -> Iterable[Component]:
+    """Offer fixed-function board drivers.
+
+    Called once per plugin manager, the first time a board is listed or
+    selected. Return :class:`meshkit.Component` records whose factory builds
+    a driver with a ``descriptor`` (:class:`meshkit.FixedFunction`) and
+    ``execute(x) -> y``.
+    """
+
+
+@_hookspec
+def meshkit_strategies() -> Iterable[Component]:
+    """Offer training strategies: how a run is organised.
+
+    Called once per plugin manager, the first time a strategy is listed or
+    selected. Return :class:`meshkit.Component` records whose factory builds
+    a strategy driven from the coordinator through a ``StrategyContext``.
+    """
+
+
+@_hookspec
+def meshkit_tasks() -> Iterable[Component]:
+    """Offer tasks: a user's model and data.
+
+    Called once per plugin manager, the first time a task is listed or
+    selected by registered name. Return :class:`meshkit.Component` records
+    whose factory builds a task (initial state, fit, gradients, evaluate,
+    stage).
+    """
+
+
+# -- event hooks -------------------------------------------------------------
+
+
+@_hookspec
+def meshkit_run_started(config: Any) -> None:
+    """A run is about to start.
+
+    Called on the coordinator once, after the config is resolved and before
+    any worker is contacted. ``config`` is the resolved
+    :class:`meshkit.config.Config`. The return value is ignored.
+    """
+
+
+@_hookspec
+def meshkit_node_joined(caps: Any) -> None:
+    """A node finished the capability handshake.
+
+    Called on the coordinator once per node, in rank order of arrival, with
+    the node's :class:`meshkit.NodeCaps` as it advertised them. The return
+    value is ignored.
+    """
+
+
+@_hookspec
+def meshkit_round_completed(report: Any) -> None:
+    """A training round (or data-parallel step batch) finished.
+
+    Called on the coordinator after the round's consensus is scattered and
+    its metrics are recorded. ``report`` carries the round number, who
+    answered, and the metrics. The return value is ignored.
+    """
+
+
+@_hookspec
+def meshkit_run_finished(report: Any) -> None:
+    """A run ended, successfully or not.
+
+    Called on the coordinator once, after the last round or after a failure
+    stopped the run; ``report`` says which. The return value is ignored.
+    """

@@ -1,0 +1,228 @@
+"""Building the plugin manager: entry points loaded one by one, failures kept.
+
+``meshkit.plugins.available(kind)`` and ``meshkit.plugins.create(kind, name,
+options)`` are the public API; they use a default manager built from the
+``meshkit`` entry-point group the first time they are called. Tests and
+embedders build their own with :func:`build_manager`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import os
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+import pluggy
+
+from meshkit import hookspecs
+from meshkit.errors import PluginError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "LoadedPlugin",
+    "PluginFailure",
+    "PluginSet",
+    "build_manager",
+    "default",
+    "reset",
+    "available",
+    "create",
+]
+
+ENTRY_POINT_GROUP = "meshkit"
+
+
+@attrs.frozen
+class LoadedPlugin:
+    """A plugin that registered: its name and where it came from."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+
+
+@attrs.frozen
+class PluginFailure:
+    """A plugin that could not be used, and why (shown by ``meshkit plugins``)."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    error: str
+
+    def describe(self) -> str:
+        source = f" from {self.distribution} {self.version}" if self.distribution else ""
+        return f"plugin {self.name!r}{source} failed to load: {self.error}"
+
+
+@attrs.define
+class PluginSet:
+    """A pluggy manager plus what was loaded, what failed, and the registry."""
+
+    manager: pluggy.PluginManager
+    loaded: list[LoadedPlugin] = attrs.Factory(list)
+    failures: list[PluginFailure] = attrs.Factory(list)
+    _registry: Any = None
+
+    @property
+    def hook(self) -> Any:
+        return self.manager.hook
+
+    @property
+    def registry(self) -> Any:
+        if self._registry is None:
+            from meshkit.registry import Registry
+
+            self._registry = Registry(self)
+        return self._registry
+
+    def available(self, kind: str) -> Mapping[str, Any]:
+        return self.registry.available(kind)
+
+    def create(self, kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
+        return self.registry.create(kind, name, options)
+
+    def failure(self, name: str) -> PluginFailure | None:
+        return next((f for f in self.failures if f.name == name), None)
+
+    def register(self, plugin: Any, name: str, *, distribution: str | None = None,
+                 version: str | None = None, strict: bool = True) -> bool:
+        """Register one plugin object; a broken one is an error (strict) or a failure."""
+        try:
+            self.manager.register(plugin, name=name)
+            _check_hook_names(self.manager, plugin, name)
+        except Exception as exc:  # pluggy validation or our own name check
+            if self.manager.is_registered(plugin):
+                self.manager.unregister(plugin)
+            message = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+            if strict:
+                raise PluginError(f"plugin {name!r}: {message}") from None
+            self.failures.append(PluginFailure(name, distribution, version, message))
+            return False
+        self.loaded.append(LoadedPlugin(name, distribution, version))
+        self._registry = None
+        return True
+
+
+def _check_hook_names(manager: pluggy.PluginManager, plugin: Any, name: str) -> None:
+    """Refuse a hook implementation that matches no spec (a misspelled hook)."""
+    known = sorted(n for n in dir(hookspecs) if n.startswith("meshkit_"))
+    for caller in manager.get_hookcallers(plugin) or []:
+        if caller.has_spec():
+            continue
+        impls = [i for i in caller.get_hookimpls() if i.plugin is plugin]
+        if all(i.optionalhook for i in impls):
+            continue
+        close = difflib.get_close_matches(caller.name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PluginError(
+            f"plugin {name!r} implements unknown hook {caller.name!r}{hint}; "
+            f"meshkit's hooks are: {', '.join(known)}"
+        )
+
+
+def _names_from_env(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {n.strip() for n in value.split(",") if n.strip()}
+
+
+def build_manager(
+    plugins: Iterable[Any] | Mapping[str, Any] | None = None,
+    *,
+    entry_points: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> PluginSet:
+    """Build a fresh plugin set.
+
+    ``plugins`` are registered first (a mapping gives their names), strictly:
+    a broken one raises :class:`PluginError`. Then, unless ``entry_points``
+    is false, every entry point of the ``meshkit`` group is loaded on its own,
+    honouring ``MESHKIT_PLUGINS`` (allow-list; empty loads none) and
+    ``MESHKIT_DISABLE_PLUGINS`` (block-list); one that fails is recorded as a
+    :class:`PluginFailure` and the rest still load.
+    """
+    env = os.environ if environ is None else environ
+    manager = pluggy.PluginManager("meshkit")
+    manager.add_hookspecs(hookspecs)
+    pset = PluginSet(manager)
+
+    if isinstance(plugins, Mapping):
+        items = list(plugins.items())
+    else:
+        items = [(_plugin_name(p), p) for p in (plugins or [])]
+    for name, plugin in items:
+        pset.register(plugin, name)
+
+    if entry_points:
+        allow = _names_from_env(env.get("MESHKIT_PLUGINS"))
+        block = _names_from_env(env.get("MESHKIT_DISABLE_PLUGINS")) or set()
+        for ep in _entry_points():
+            if (allow is not None and ep.name not in allow) or ep.name in block:
+                continue
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.name if dist is not None else None
+            dist_version = dist.version if dist is not None else None
+            if manager.has_plugin(ep.name):
+                pset.failures.append(PluginFailure(
+                    ep.name, dist_name, dist_version,
+                    "another plugin is already registered under this entry-point name",
+                ))
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken plugin must not take the kernel down
+                pset.failures.append(PluginFailure(
+                    ep.name, dist_name, dist_version, f"{type(exc).__name__}: {exc}"))
+                continue
+            pset.register(obj, ep.name, distribution=dist_name, version=dist_version,
+                          strict=False)
+    manager.check_pending()
+    return pset
+
+
+def _entry_points() -> Sequence[importlib.metadata.EntryPoint]:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    # Deduplicate (the same distribution seen twice on sys.path) and sort for
+    # stable listings.
+    seen: dict[tuple[str, str], importlib.metadata.EntryPoint] = {}
+    for ep in eps:
+        seen.setdefault((ep.name, ep.value), ep)
+    return sorted(seen.values(), key=lambda e: e.name)
+
+
+def _plugin_name(plugin: Any) -> str:
+    return getattr(plugin, "__name__", None) or type(plugin).__name__ + f"@{id(plugin):x}"
+
+
+_default: PluginSet | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> PluginSet:
+    """The process-wide plugin set, built from entry points on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = build_manager()
+        return _default
+
+
+def reset(pset: PluginSet | None = None) -> None:
+    """Forget the default plugin set (or replace it), e.g. after installing a plugin."""
+    global _default
+    with _default_lock:
+        _default = pset
+
+
+def available(kind: str) -> Mapping[str, Any]:
+    """Every component of ``kind`` offered by the default plugin set, by name."""
+    return default().available(kind)
+
+
+def create(kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
+    """Build the component ``name`` of ``kind`` with ``options`` from a config table."""
+    return default().create(kind, name, options)

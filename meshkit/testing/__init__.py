@@ -1,0 +1,1 @@
+"""meshkit's pytest plugin and conformance kit for plugin authors."""

@@ -1,0 +1,1 @@
+"""Built-in meshkit plugin (placeholder until its component lands)."""
