@@ -1,0 +1,258 @@
+"""One TOML file, structured into attrs classes and resolved against the plugins.
+
+Loading checks the file's own shape (known tables, known keys, right types);
+:func:`resolve` then looks every selected component up and structures its
+table into the component's options class. Every problem is a
+:class:`ConfigError` (or :class:`UnknownComponentError`) naming the file, the
+table and the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+
+from meshkit.components import Component
+from meshkit.errors import ConfigError, UnknownComponentError
+from meshkit.options import structure_options, structure_strict
+
+__all__ = [
+    "RunTable",
+    "MeshTable",
+    "Selection",
+    "Config",
+    "Plan",
+    "load_config",
+    "parse_config",
+    "resolve",
+]
+
+LAUNCHES = ("local", "external")
+TOPOLOGIES = ("star", "mesh")
+
+
+@attrs.frozen
+class RunTable:
+    """``[run]``: what to train and where results go."""
+
+    task: str = "digits"
+    seed: int = 0
+    out: str = "runs/meshkit"
+
+
+@attrs.frozen
+class MeshTable:
+    """``[mesh]``: which transport, which shape, who starts the workers."""
+
+    transport: str = "tcp"
+    topology: str = attrs.field(default="star", validator=attrs.validators.in_(TOPOLOGIES))
+    launch: str = attrs.field(default="local", validator=attrs.validators.in_(LAUNCHES))
+    workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    bind: str = "127.0.0.1:0"
+    secret_file: str = ""
+    #: Seconds a read or write may stall before the peer is declared dead.
+    timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    #: Seconds the coordinator waits for every worker to join.
+    join_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    #: Send model frames as bfloat16 (accumulation stays float32 or wider).
+    bf16: bool = False
+
+
+@attrs.frozen
+class Selection:
+    """A selected component: its kind, name, raw options table and where it came from."""
+
+    kind: str
+    name: str
+    options: Mapping[str, Any]
+    where: str
+
+
+#: (config table, component kind, default name); the name key is ``name``.
+_SELECTED_TABLES = {
+    "strategy": ("strategy", "federated"),
+    "aggregator": ("aggregator", "fedavg"),
+    "outer_optimizer": ("outer_optimizer", "average"),
+}
+_KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "task", "transport")
+
+
+@attrs.frozen
+class Config:
+    """A parsed config file. Selections are not yet checked against plugins."""
+
+    path: str
+    run: RunTable
+    mesh: MeshTable
+    strategy: Selection
+    aggregator: Selection
+    outer_optimizer: Selection
+    task: Selection
+    transport: Selection
+
+    def selections(self) -> list[Selection]:
+        return [self.task, self.strategy, self.aggregator, self.outer_optimizer, self.transport]
+
+    def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
+        """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``)."""
+        env = os.environ if environ is None else environ
+        if env.get("MESHKIT_SECRET"):
+            return env["MESHKIT_SECRET"].encode()
+        if not self.mesh.secret_file:
+            return None
+        path = Path(self.mesh.secret_file)
+        try:
+            data = path.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.path}: [mesh] secret_file: cannot read {str(path)!r}: "
+                f"{exc.strerror}") from None
+        if len(data) < 16:
+            raise ConfigError(
+                f"{self.path}: [mesh] secret_file: {str(path)!r} holds {len(data)} "
+                f"bytes; use at least 16 random bytes (e.g. `openssl rand -hex 32`)")
+        return data
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and parse a TOML config file."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, path=path)
+
+
+def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
+    """Structure an already-parsed TOML document."""
+    for table, value in data.items():
+        if table not in _KNOWN_TABLES:
+            raise ConfigError(
+                f"{path}: [{table}]: unknown table; known tables are "
+                + ", ".join(f"[{t}]" for t in _KNOWN_TABLES))
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: {table}: expected a table, got {value!r}")
+
+    def table(name: str) -> dict[str, Any]:
+        return dict(data.get(name, {}))
+
+    def strict(cls: type, name: str) -> Any:
+        try:
+            return structure_strict(table(name), cls, where=f"[{name}]")
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    run = strict(RunTable, "run")
+    mesh = strict(MeshTable, "mesh")
+
+    selections: dict[str, Selection] = {}
+    for name, (kind, default) in _SELECTED_TABLES.items():
+        options = table(name)
+        chosen = options.pop("name", default)
+        if not isinstance(chosen, str) or not chosen:
+            raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
+        selections[name] = Selection(kind, chosen, options, f"[{name}]")
+    task = Selection("task", run.task, table("task"), "[task]")
+    transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
+    return Config(path=path, run=run, mesh=mesh, task=task, transport=transport, **selections)
+
+
+@attrs.frozen
+class Plan:
+    """A config with every component looked up and its options validated."""
+
+    config: Config
+    components: Mapping[str, Component]
+    options: Mapping[str, Any]
+
+    def create(self, kind: str) -> Any:
+        """Build the selected component of ``kind`` with its validated options."""
+        return self.components[kind].build(self.options[kind])
+
+    def describe(self) -> list[str]:
+        """The resolved plan as lines a person reads (``meshkit check``)."""
+        cfg = self.config
+        lines = [
+            f"config: {cfg.path}",
+            f"run: task={cfg.run.task} seed={cfg.run.seed} out={cfg.run.out}",
+            f"mesh: transport={cfg.mesh.transport} topology={cfg.mesh.topology} "
+            f"launch={cfg.mesh.launch} workers={cfg.mesh.workers} "
+            f"(world {cfg.mesh.workers + 1}) bind={cfg.mesh.bind}",
+        ]
+        for selection in cfg.selections():
+            component = self.components[selection.kind]
+            source = component.provenance or "module reference"
+            opts = self.options[selection.kind]
+            shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
+                opts is not None and attrs.has(type(opts))) else "no options"
+            lines.append(f"{selection.kind}: {component.name} from {source} [{shown}]")
+        return lines
+
+
+def _module_reference(selection: Selection, path: str) -> Component:
+    """A task (or other component) named ``"module:attribute"`` instead of by plugin."""
+    module_name, _, attribute = selection.name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"{path}: {selection.where.replace('task', 'run')} {selection.kind}: cannot "
+            f"import {selection.name!r}: {type(exc).__name__}: {exc}") from None
+    if isinstance(obj, Component):
+        return obj
+    # A class or factory; an attrs ``Options`` attribute declares its config keys.
+    return Component(selection.name, obj, options=getattr(obj, "Options", None),
+                     summary="selected by module reference")
+
+
+def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | None = None) -> Plan:
+    """Look up every selected component and validate its options table."""
+    if pset is None:
+        from meshkit import plugins
+
+        pset = plugins.default()
+    components: dict[str, Component] = {}
+    options: dict[str, Any] = {}
+    for selection in config.selections():
+        key_where = (
+            "[run] task" if selection.kind == "task" else
+            "[mesh] transport" if selection.kind == "transport" else
+            f"{selection.where} name")
+        if selection.kind == "task" and ":" in selection.name:
+            component = _module_reference(selection, config.path)
+        else:
+            try:
+                component = pset.registry.get(selection.kind, selection.name)
+            except UnknownComponentError as exc:
+                raise UnknownComponentError(f"{config.path}: {key_where}: {exc}") from None
+        try:
+            opts = structure_options(component, selection.options, where=selection.where)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.path}: {exc}") from None
+        components[selection.kind] = component
+        options[selection.kind] = opts
+    env = os.environ if environ is None else environ
+    if config.mesh.launch != "local" and not env.get("MESHKIT_SECRET") and not config.mesh.secret_file:
+        raise ConfigError(
+            f"{config.path}: [mesh] secret_file: required when launch = "
+            f"{config.mesh.launch!r} (nodes on other machines must share a secret); "
+            f"set secret_file or MESHKIT_SECRET")
+    return Plan(config=config, components=components, options=options)
+
+
+def check(path: str | os.PathLike[str], pset: Any = None) -> Plan:
+    """Load and resolve in one step (what ``meshkit check`` does)."""
+    return resolve(load_config(path), pset)

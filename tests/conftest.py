@@ -1,0 +1,50 @@
+"""Shared fixtures: running the real CLI, installing real plugin packages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import meshkit.plugins
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, pythonpath: str | None = None,
+            cwd: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``python -m meshkit ARGS`` in a subprocess, the way a user would."""
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS", "MESHKIT_SECRET")}
+    if pythonpath:
+        full_env["PYTHONPATH"] = pythonpath + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "meshkit", *args], capture_output=True,
+                          text=True, env=full_env, cwd=cwd, timeout=timeout)
+
+
+def pip_install_target(package_dir: Path, target: Path) -> None:
+    """Install a plugin package for real (dist-info + entry points) into ``target``."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target), str(package_dir)],
+        check=True, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def hello_site(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory holding the installed third-party fixture package meshkit-hello."""
+    target = tmp_path_factory.mktemp("hello-site")
+    pip_install_target(FIXTURES / "meshkit-hello", target)
+    return str(target)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_plugins():
+    """No test sees another's default plugin set."""
+    meshkit.plugins.reset()
+    yield
+    meshkit.plugins.reset()
