@@ -1,0 +1,827 @@
+"""The aggregator contract, the streaming fold, and the strict mean they share.
+
+An *aggregator* combines contributions (states) into one state::
+
+    aggregator.aggregate(states, weights=None) -> dict
+
+and may offer the streaming form, which a coordinator uses to fold
+contributions as they arrive with O(model) memory::
+
+    fold = aggregator.begin()
+    fold.add(state, weight, source="rank 3")   # once per contributor
+    consensus = fold.result()
+
+:func:`begin` gives a fold for *any* aggregator: the aggregator's own when it
+has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
+and calls ``aggregate`` at ``result()`` (O(workers x model) memory, but a
+plain third-party aggregator works everywhere).
+
+:class:`MeanFold` is the strict element-wise (weighted) mean behind the
+built-in ``allreduce`` and ``fedavg``, public so a plugin can reuse it. Its
+rules (docs/aggregators.md has them as formulas):
+
+* every contributor sends the same keys; arrays agree in shape and dtype;
+  float arrays are averaged, accumulated in float32 (float16, bfloat16,
+  float32) or float64 (float64, or any float with ``wide=True``), and come
+  back in their input dtype;
+* integer and bool arrays are not averaged: they must be identical
+  everywhere and pass through;
+* JSON leaves: numbers average (identical numbers pass through unchanged),
+  objects key by key, lists position by position; strings, bools and None
+  pass only when every contributor agrees;
+* NaN/inf in a contribution is refused (unless ``allow_nonfinite``);
+* a weight is a finite number >= 0, and the weights must not sum to zero;
+* one contributor is the identity, exactly (bit for bit, same dtype);
+* the mass is divided out once, at ``result()``.
+
+Each refusal is an :class:`~meshkit.AggregationError` naming the key and the
+contributors involved (``source`` labels, default ``"contributor #i"``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from meshkit.errors import AggregationError
+from meshkit.state import (
+    BFLOAT16,
+    State,
+    accumulate_dtype,
+    dtype_name,
+    is_array,
+    is_float_dtype,
+    is_json_leaf,
+    is_supported_dtype,
+)
+
+__all__ = [
+    "Fold",
+    "Aggregator",
+    "StreamingAggregator",
+    "begin",
+    "aggregate_by_folding",
+    "BufferingFold",
+    "MeanFold",
+    "check_weight",
+    "check_contributions",
+    "default_source",
+    "CHUNK_ELEMENTS",
+]
+
+#: Elements per step of the fold's inner loop. 64Ki float32 = 256 KiB, so a
+#: chunk's two scratch buffers and its slice of the accumulator stay in L2
+#: while a pair's weighted sum is formed and added (docs/benchmarks/aggregate.md).
+CHUNK_ELEMENTS = 1 << 16
+
+# Relative weights above this are rebased (see MeanFold._rebase): far below
+# float32's range, so factor * value cannot overflow for any sane value.
+_MAX_FACTOR = 2.0 ** 40
+
+
+@runtime_checkable
+class Fold(Protocol):
+    """One round of streaming aggregation."""
+
+    def add(self, state: State, weight: float = 1.0, *, source: str | None = None) -> None:
+        """Fold in one contribution; ``source`` names it in error messages."""
+
+    def result(self) -> dict[str, Any]:
+        """The aggregate of everything added (call once)."""
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """Anything that combines states: the one method every aggregator has."""
+
+    def aggregate(self, states: Sequence[State],
+                  weights: Sequence[float] | None = None) -> dict[str, Any]:
+        """Combine ``states`` (optionally weighted) into one state."""
+
+
+@runtime_checkable
+class StreamingAggregator(Aggregator, Protocol):
+    """An aggregator that can also fold contributions as they arrive."""
+
+    def begin(self) -> Fold:
+        """A fresh fold for one round."""
+
+
+def default_source(index: int) -> str:
+    """The label of the ``index``-th contribution when the caller gives none."""
+    return f"contributor #{index}"
+
+
+def begin(aggregator: Any) -> Fold:
+    """A fold for ``aggregator``: its own streaming fold, or a buffering adapter."""
+    start = getattr(aggregator, "begin", None)
+    if callable(start):
+        return start()
+    if not callable(getattr(aggregator, "aggregate", None)):
+        raise TypeError(f"{aggregator!r} is not an aggregator: it has neither aggregate() "
+                        f"nor begin()")
+    return BufferingFold(aggregator)
+
+
+def check_weight(weight: Any, source: str, *, name: str = "aggregator") -> float:
+    """A contribution's weight as a float, or :class:`AggregationError` saying why not."""
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+        raise AggregationError(
+            f"{name}: {source} has weight {weight!r} ({type(weight).__name__}); a weight "
+            f"must be a number >= 0 (the work the contributor did, e.g. examples seen)")
+    value = float(weight)
+    if not math.isfinite(value):
+        raise AggregationError(
+            f"{name}: {source} has non-finite weight {value!r}; weights must be finite "
+            f"numbers >= 0 (the work the contributor did, e.g. examples seen)")
+    if value < 0:
+        raise AggregationError(
+            f"{name}: {source} has negative weight {value!r}; weights must be >= 0 "
+            f"(the work the contributor did, e.g. examples seen)")
+    return value
+
+
+def aggregate_by_folding(fold: Fold, states: Sequence[State],
+                         weights: Sequence[float] | None = None,
+                         *, name: str = "aggregator") -> dict[str, Any]:
+    """Batch ``aggregate`` implemented through a fold (labels ``contributor #i``)."""
+    states = list(states)
+    if weights is not None:
+        weights = list(weights)
+        if len(weights) != len(states):
+            raise AggregationError(
+                f"{name}: {len(states)} states but {len(weights)} weights; give one weight "
+                f"per contribution, or none")
+    for i, state in enumerate(states):
+        fold.add(state, 1.0 if weights is None else weights[i], source=default_source(i))
+    return fold.result()
+
+
+def check_contributions(states: Sequence[State], weights: Sequence[float] | None = None,
+                        *, name: str = "aggregator",
+                        sources: Sequence[str] | None = None) -> list[float]:
+    """Every strictness rule of :class:`MeanFold` except the arithmetic; the weights.
+
+    For a plain aggregator that computes something else (a median, a
+    trimmed mean) but should refuse what the built-ins refuse: no
+    contributions, a weight count that disagrees, a negative, non-finite or
+    zero-total weight, a missing or extra key, a shape or dtype that
+    disagrees, integer/bool arrays or non-numeric JSON that differ. Returns
+    the weights as floats (all 1.0 when ``weights`` is None). Finiteness is
+    not checked (use :func:`meshkit.state.validate_state` for that).
+    """
+    states = list(states)
+    if not states:
+        raise AggregationError(f"{name}: no contributions to aggregate; a round needs at "
+                               f"least one contributor")
+    if weights is not None and len(weights) != len(states):
+        raise AggregationError(f"{name}: {len(states)} states but {len(weights)} weights; give "
+                               f"one weight per contribution, or none")
+    labels = list(sources) if sources is not None else [
+        default_source(i) for i in range(len(states))]
+    checked = [check_weight(1.0 if weights is None else weights[i], labels[i], name=name)
+               for i in range(len(states))]
+    if math.fsum(checked) == 0:
+        listing = ", ".join(f"{s}: {w:g}" for s, w in zip(labels, checked))
+        raise AggregationError(f"{name}: the weights sum to zero ({listing}); at least one "
+                               f"contributor must have done some work (weight > 0)")
+    probe = MeanFold(name=name, allow_nonfinite=True)
+    for i, (state, label) in enumerate(zip(states, labels)):
+        if not isinstance(state, Mapping):
+            raise AggregationError(f"{name}: {label} sent {type(state).__name__}, expected a "
+                                   f"state (a mapping of name -> array or JSON value)")
+        if i == 0:
+            plan = probe._plan(state, label)
+            # Stand-ins with the shape and dtype the checks compare against;
+            # nothing model-sized is allocated.
+            probe._entries = {
+                key: (value if not is_array(value)
+                      else _FloatEntry(value.dtype, value.shape, None)
+                      if is_float_dtype(value.dtype) else _ExactEntry(value))
+                for key, value in plan.items()}
+            probe.sources.append(label)
+        else:
+            probe._check_compatible(state, label)
+    return checked
+
+
+class BufferingFold:
+    """The kernel's fold for an aggregator without ``begin()``.
+
+    Keeps every contribution (O(contributors x model) memory) and hands them
+    to ``aggregate(states, weights)`` at :meth:`result`. Contributions are
+    held by reference: do not mutate a state after adding it.
+    """
+
+    def __init__(self, aggregator: Any) -> None:
+        self._aggregator = aggregator
+        self._states: list[State] = []
+        self._weights: list[float] = []
+        self.sources: list[str] = []
+        self._done = False
+
+    def add(self, state: State, weight: float = 1.0, *, source: str | None = None) -> None:
+        if self._done:
+            raise AggregationError("this fold already produced its result; begin a new one")
+        label = source or default_source(len(self._states))
+        self._weights.append(check_weight(weight, label, name=_name_of(self._aggregator)))
+        self._states.append(state)
+        self.sources.append(label)
+
+    def result(self) -> dict[str, Any]:
+        if self._done:
+            raise AggregationError("this fold already produced its result; begin a new one")
+        self._done = True
+        states, weights = self._states, self._weights
+        self._states, self._weights = [], []
+        return dict(self._aggregator.aggregate(states, weights))
+
+
+def _name_of(aggregator: Any) -> str:
+    return getattr(aggregator, "name", None) or type(aggregator).__name__
+
+
+# -- the strict mean -----------------------------------------------------------
+
+
+class _FloatEntry:
+    """Running weighted sum of one float array, flat, in its accumulation dtype."""
+
+    __slots__ = ("dtype", "shape", "acc")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], acc: Any) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self.acc = acc
+
+
+class _ExactEntry:
+    """An integer or bool array: must be identical everywhere; passes through."""
+
+    __slots__ = ("dtype", "shape", "value")
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.dtype = value.dtype
+        self.shape = value.shape
+        self.value = value
+
+
+class _JsonNumber:
+    __slots__ = ("first", "total", "same")
+
+    def __init__(self, first: Any) -> None:
+        self.first = first
+        self.total = 0.0
+        self.same = True
+
+
+class _JsonConst:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _describe(value: Any) -> str:
+    if is_array(value):
+        return f"a {dtype_name(value.dtype)} array of shape {tuple(np.shape(value))}"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the bool {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+class MeanFold:
+    """Strict element-wise mean, streaming; ``weighted`` chooses FedAvg or all-reduce.
+
+    ``weighted=True`` (fedavg): ``sum_i w_i x_i / sum_i w_i``.
+    ``weighted=False`` (allreduce): ``sum_i x_i / n``; the weights must then
+    all be equal (an unweighted mean refuses to silently ignore unequal work).
+
+    How it stays fast and small (docs/benchmarks/aggregate.md has figures):
+
+    * one accumulator per float array (float32 for float16/bfloat16/float32,
+      float64 for float64 or with ``wide``) plus two chunks of scratch,
+      whatever the number of contributors;
+    * weights are folded relative to the first positive weight, so equal
+      weights cost a plain add and one contributor is copied bit-exactly;
+    * contributions are summed in groups: the fold keeps references to up
+      to ``retain`` contributions (default 1) and folds them together with
+      the next one, so the accumulator is read and written once per group
+      (``retain=None`` keeps everything until :meth:`result`: the batch
+      path, which reads each input once). A state given to :meth:`add` must
+      therefore not be modified until :meth:`result` returns (the buffering
+      fold has the same rule); ``retain=0`` folds each one at once;
+    * the finiteness check runs on each chunk while it is in cache.
+
+    Every :class:`AggregationError` it raises also carries ``key`` (the key
+    or JSON path, or None) and ``contributors`` (the labels involved).
+    """
+
+    def __init__(self, *, weighted: bool = True, name: str | None = None,
+                 allow_nonfinite: bool = False, wide: bool = False,
+                 retain: int | None = 1, chunk: int = CHUNK_ELEMENTS) -> None:
+        if retain is not None and (isinstance(retain, bool) or not isinstance(retain, int)
+                                   or retain < 0):
+            raise ValueError(f"retain must be an integer >= 0 or None, got {retain!r}")
+        self.weighted = weighted
+        self.retain = retain
+        self.name = name or ("fedavg" if weighted else "allreduce")
+        self.allow_nonfinite = allow_nonfinite
+        self.wide = wide
+        self._chunk = max(int(chunk), 1)
+        self._entries: dict[str, Any] | None = None
+        self.sources: list[str] = []
+        self.weights: list[float] = []
+        self._factors: list[float] = []
+        self._reference: float | None = None
+        # Contributions waiting to be folded together: (state, factor, label).
+        self._pending: list[tuple[State, float, str]] = []
+        self._started = False  # whether the accumulators hold anything yet
+        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        self._zeros: dict[np.dtype, np.ndarray] = {}
+        self._broken: str | None = None
+        self._done = False
+
+    # -- public ---------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """How many contributions were accepted."""
+        return len(self.sources)
+
+    @property
+    def mass(self) -> float:
+        """The accepted mass: the sum of the accepted weights."""
+        return math.fsum(self.weights)
+
+    def add(self, state: State, weight: float = 1.0, *, source: str | None = None) -> None:
+        """Fold in ``state``; a refused contribution leaves the fold unchanged.
+
+        The one exception is NaN/inf, found while summing: a contribution
+        refused for it leaves the fold unusable (partial sums cannot be
+        undone exactly), and because contributions are summed in pairs the
+        refusal may surface at the next ``add`` or at ``result`` -- the
+        message and ``error.contributors`` name the contribution at fault.
+        """
+        self._check_open()
+        label = source or default_source(self.count)
+        w = check_weight(weight, label, name=self.name)
+        if not isinstance(state, Mapping):
+            raise self._fail(None, [label],
+                             f"{self.name}: {label} sent {type(state).__name__}, expected a "
+                             f"state (a mapping of name -> array or JSON value)")
+        if not self.weighted and self.weights and w != self.weights[0]:
+            raise self._fail(
+                None, [label, self.sources[0]],
+                f"{self.name}: {label} has weight {w:g} but {self.sources[0]} has "
+                f"{self.weights[0]:g}; allreduce is an unweighted mean in which every "
+                f"contributor counts once. Send equal weights, or use fedavg to weight "
+                f"contributions by realized work")
+
+        if self._entries is None:
+            entries = self._template(state, label)
+        else:
+            entries = self._entries
+            self._check_compatible(state, label)
+
+        # Weights are folded as w_i / w_ref, w_ref being the first positive
+        # weight: equal weights are then a plain add, and the first
+        # contribution is copied exactly (the identity for one contributor).
+        if not self.weighted:
+            factor = 1.0
+        elif self._reference is None:
+            factor = 1.0 if w > 0 else 0.0
+        else:
+            factor = w / self._reference
+            if factor > _MAX_FACTOR:
+                # A weight this much larger than the reference would overflow
+                # the factor in float32; make it the reference instead.
+                self._rebase(w)
+                factor = 1.0
+
+        self._entries = entries
+        self._pending.append((state, factor, label))
+        if self.retain is not None and len(self._pending) > self.retain:
+            pending, self._pending = self._pending, []
+            self._fold_arrays(pending)
+        for key, entry in entries.items():
+            if not isinstance(entry, (_FloatEntry, _ExactEntry)):
+                _json_accumulate(entry, state[key], factor)
+        if self.weighted and self._reference is None and w > 0:
+            self._reference = w
+        self.sources.append(label)
+        self.weights.append(w)
+        self._factors.append(factor)
+
+    def result(self) -> dict[str, Any]:
+        """The mean of everything added, each array in its input dtype."""
+        self._check_open()
+        if self._entries is None:
+            raise self._fail(None, [],
+                             f"{self.name}: no contributions to aggregate; a round needs at "
+                             f"least one contributor")
+        if self.mass == 0:
+            listing = ", ".join(f"{s}: {w:g}" for s, w in zip(self.sources, self.weights))
+            raise self._fail(None, list(self.sources),
+                             f"{self.name}: the weights sum to zero ({listing}); at least "
+                             f"one contributor must have done some work (weight > 0)")
+        n = self.count
+        divisor = math.fsum(self._factors)
+        # One contributor: the accumulator holds an exact copy, and skipping
+        # the division keeps the identity bit-exact.
+        divide = n > 1 and divisor != 1.0
+        if self._pending:
+            pending, self._pending = self._pending, []
+            # The last fold divides each chunk while it is in cache, saving a
+            # pass over the accumulators.
+            self._fold_arrays(pending, divisor if divide else None)
+            divide = False
+        self._done = True
+        out: dict[str, Any] = {}
+        for key, entry in self._entries.items():
+            if isinstance(entry, _FloatEntry):
+                acc = entry.acc
+                if divide:
+                    np.divide(acc, divisor, out=acc)
+                out[key] = acc.astype(entry.dtype, copy=False).reshape(entry.shape)
+                entry.acc = None
+            elif isinstance(entry, _ExactEntry):
+                out[key] = entry.value
+            else:
+                out[key] = _json_result(entry, divisor)
+        self._entries = None
+        self._scratch.clear()
+        self._zeros.clear()
+        return out
+
+    # -- internals ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise self._fail(None, [], f"{self.name}: this fold already produced its "
+                                       f"result; begin a new one")
+        if self._broken is not None:
+            raise self._fail(None, [], f"{self.name}: this fold is unusable after a refused "
+                                       f"contribution ({self._broken}); start the round "
+                                       f"again without it")
+
+    @staticmethod
+    def _fail(key: str | None, contributors: list[str], message: str) -> AggregationError:
+        error = AggregationError(message)
+        error.key = key  # type: ignore[attr-defined]
+        error.contributors = list(contributors)  # type: ignore[attr-defined]
+        return error
+
+    def _error(self, key: str, message: str, *contributors: str) -> AggregationError:
+        return self._fail(key, list(contributors),
+                          f"{self.name}: aggregating {key!r}: {message}")
+
+    def _template(self, state: State, label: str) -> dict[str, Any]:
+        """Entries for the first contribution (validated; nothing allocated on error)."""
+        return self._allocate(self._plan(state, label))
+
+    def _plan(self, state: State, label: str) -> dict[str, Any]:
+        """Validate the first contribution: arrays as they are, JSON as template nodes."""
+        plan: dict[str, Any] = {}
+        for key, value in state.items():
+            if not isinstance(key, str) or not key:
+                raise self._fail(None, [label],
+                                 f"{self.name}: {label} sent the key {key!r}; state keys "
+                                 f"must be non-empty strings")
+            if is_array(value):
+                value = np.asarray(value)
+                if not is_supported_dtype(value.dtype):
+                    raise self._error(key, f"{label} sent dtype {value.dtype}, which cannot "
+                                           f"be averaged; use a float, integer or bool array",
+                                      label)
+                plan[key] = value
+            else:
+                plan[key] = _json_template(value, key, label, self)
+        return plan
+
+    def _allocate(self, plan: dict[str, Any]) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        # One arena per accumulation dtype, sliced into every float array's
+        # accumulator: a single large allocation is mapped (with huge pages
+        # where the OS offers them) much faster than many medium ones, and
+        # the results are views into it (reshaped, no copy for float32/64).
+        offsets: dict[np.dtype, int] = {}
+        layout: dict[str, tuple[np.dtype, int]] = {}
+        for key, value in plan.items():
+            if is_array(value) and is_float_dtype(value.dtype):
+                acc_dtype = accumulate_dtype(value.dtype, wide=self.wide)
+                start = offsets.get(acc_dtype, 0)
+                layout[key] = (acc_dtype, start)
+                # Start each accumulator on a 64-byte boundary.
+                align = max(64 // acc_dtype.itemsize, 1)
+                offsets[acc_dtype] = start + -(-value.size // align) * align
+        arenas = {dtype: np.empty(size, dtype=dtype) for dtype, size in offsets.items()}
+        for key, value in plan.items():
+            if not is_array(value):
+                entries[key] = value
+            elif key in layout:
+                acc_dtype, start = layout[key]
+                acc = arenas[acc_dtype][start:start + value.size]
+                entries[key] = _FloatEntry(value.dtype, value.shape, acc)
+            else:
+                entries[key] = _ExactEntry(np.array(value, copy=True))
+        return entries
+
+    def _check_compatible(self, state: State, label: str) -> None:
+        """Every strictness check that can be made before touching the sums."""
+        entries = self._entries
+        assert entries is not None
+        first = self.sources[0]
+        for key in entries:
+            if key not in state:
+                raise self._fail(
+                    key, [label, first],
+                    f"{self.name}: key {key!r} is missing from {label}, but {first} sent "
+                    f"it; every contributor must send the same keys (a mean over whoever "
+                    f"has a key would silently re-weight the others)")
+        for key in state:
+            if key not in entries:
+                raise self._fail(
+                    key, [label, first],
+                    f"{self.name}: {label} sent key {key!r}, which {first} did not; every "
+                    f"contributor must send the same keys")
+        for key, entry in entries.items():
+            value = state[key]
+            if isinstance(entry, (_FloatEntry, _ExactEntry)):
+                if not is_array(value):
+                    raise self._error(key, f"{label} sent {_describe(value)} where {first} "
+                                           f"sent a {dtype_name(entry.dtype)} array",
+                                      label, first)
+                value = np.asarray(value)
+                if value.shape != entry.shape:
+                    raise self._error(
+                        key, f"{label} sent shape {value.shape} where {first} sent "
+                             f"{entry.shape}; every contributor must hold the same model",
+                        label, first)
+                if value.dtype != entry.dtype:
+                    raise self._error(
+                        key, f"{label} sent dtype {dtype_name(value.dtype)} where {first} "
+                             f"sent {dtype_name(entry.dtype)}; cast contributions to one "
+                             f"dtype before sending", label, first)
+                if isinstance(entry, _ExactEntry) and not np.array_equal(value, entry.value):
+                    raise self._error(
+                        key, f"{label} and {first} sent different {dtype_name(entry.dtype)} "
+                             f"arrays; integer and bool arrays are not averaged, they must "
+                             f"be identical everywhere (store a quantity meant to be "
+                             f"averaged as a float array)", label, first)
+            else:
+                _json_check(entry, value, key, label, first, self)
+
+    def _rebase(self, reference: float) -> None:
+        """Re-express everything folded so far relative to a new reference weight."""
+        assert self._reference is not None and self._entries is not None
+        scale = self._reference / reference
+        with np.errstate(under="ignore"):
+            if self._started:
+                for entry in self._entries.values():
+                    if isinstance(entry, _FloatEntry):
+                        np.multiply(entry.acc, scale, out=entry.acc)
+        for entry in self._entries.values():
+            if not isinstance(entry, (_FloatEntry, _ExactEntry)):
+                _json_rescale(entry, scale)
+        self._pending = [(state, factor * scale, label)
+                         for state, factor, label in self._pending]
+        self._factors = [f * scale for f in self._factors]
+        self._reference = reference
+
+    def _buffers(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pair = self._scratch.get(dtype)
+        if pair is None:
+            pair = self._scratch[dtype] = (np.empty(self._chunk, dtype=dtype),
+                                           np.empty(self._chunk, dtype=dtype))
+            self._zeros[dtype] = np.zeros(self._chunk, dtype=dtype)
+        return pair[0], pair[1], self._zeros[dtype]
+
+    def _fold_arrays(self, parts: list[tuple[State, float, str]],
+                     divisor: float | None = None) -> None:
+        """Add one or two contributions' float arrays into the accumulators."""
+        assert self._entries is not None
+        init = not self._started
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                for key, entry in self._entries.items():
+                    if isinstance(entry, _FloatEntry):
+                        xs = [(np.asarray(state[key]).reshape(-1), factor)
+                              for state, factor, _ in parts]
+                        bad = self._fold_chunks(entry.acc, xs, init, divisor)
+                        if bad is not None:
+                            raise self._nonfinite(key, bad, xs, parts, entry.acc.dtype)
+        except AggregationError as exc:
+            self._broken = str(exc)
+            raise
+        self._started = True
+
+    def _fold_chunks(self, acc: np.ndarray, xs: list[tuple[np.ndarray, float]],
+                     init: bool, divisor: float | None = None) -> slice | None:
+        """acc (+)= sum of factor * x over ``xs``, chunk by chunk; the bad chunk or None.
+
+        Each chunk's weighted sum is formed in cache-sized scratch, then added
+        to the accumulator once, so the accumulator is read and written once
+        per call however many contributions ``xs`` holds; ``init`` writes
+        instead of adding (the first fold needs no zeroed accumulator);
+        ``divisor`` divides each chunk once it is complete (the round's last
+        fold).
+        """
+        t, u, zeros = self._buffers(acc.dtype)
+        step = self._chunk
+        check = not self.allow_nonfinite
+        add, dot = np.add, np.dot
+        # A "plain" part needs no widening and no scaling: a bare add.
+        parts = [(x, f, x.dtype == acc.dtype and f == 1.0) for x, f in xs]
+        (x0, f0, plain0), rest = parts[0], parts[1:]
+        pair_add = bool(rest) and plain0 and rest[0][2]
+        if pair_add:
+            x1 = rest[0][0]
+            rest = rest[1:]
+        direct = not init and not rest and not pair_add and plain0
+        for start in range(0, acc.size, step):
+            stop = min(start + step, acc.size)
+            n = stop - start
+            a = acc[start:stop]
+            if direct:
+                add(a, x0[start:stop], out=a)
+            else:
+                # The chunk's weighted sum: straight into the accumulator on the
+                # first fold, else into scratch.
+                target = a if init else t[:n]
+                if pair_add:
+                    add(x0[start:stop], x1[start:stop], out=target)
+                else:
+                    _scaled_into(target, x0[start:stop], f0)
+                for x, f, plain in rest:
+                    if plain:
+                        add(target, x[start:stop], out=target)
+                    else:
+                        scaled = u[:n]
+                        _scaled_into(scaled, x[start:stop], f)
+                        add(target, scaled, out=target)
+                if not init:
+                    add(a, target, out=a)
+            # NaN and inf make a dot product with zeros NaN, finite values make
+            # it exactly 0: a cheap finiteness test while the chunk is in cache.
+            if check and dot(a, zeros[:n]) != 0:
+                return slice(start, stop)
+            if divisor is not None:
+                np.divide(a, divisor, out=a)
+        return None
+
+    def _nonfinite(self, key: str, where: slice, xs: list[tuple[np.ndarray, float]],
+                   parts: list[tuple[State, float, str]],
+                   acc_dtype: np.dtype) -> AggregationError:
+        culprits = []
+        for (x, _), (_, _, label) in zip(xs, parts):
+            chunk = x[where]
+            if chunk.dtype == BFLOAT16:
+                chunk = chunk.astype(np.float32)
+            if not np.isfinite(chunk).all():
+                culprits.append(label)
+        if culprits:
+            return self._error(
+                key, f"{' and '.join(culprits)} sent NaN or inf; non-finite values are "
+                     f"refused by default (a diverged contributor must not be averaged into "
+                     f"the others). Find why it diverged, or set allow_nonfinite = true to "
+                     f"let them through", *culprits)
+        labels = [label for _, _, label in parts]
+        return self._error(
+            key, f"the weighted sum overflowed {dtype_name(acc_dtype)} when "
+                 f"{' and '.join(labels)} {'were' if len(labels) > 1 else 'was'} added; scale the weights down (only their "
+                 f"ratios matter) or set accumulate = \"float64\"", *labels)
+
+
+def _scaled_into(out: np.ndarray, x: np.ndarray, factor: float) -> None:
+    """out = factor * x, widening x first when its dtype is narrower than out's."""
+    if x.dtype == out.dtype:
+        if factor == 1.0:
+            np.copyto(out, x)
+        else:
+            np.multiply(x, factor, out=out)
+    else:
+        # Widen before scaling: bfloat16 * float would round in bfloat16.
+        np.copyto(out, x, casting="unsafe")
+        if factor != 1.0:
+            np.multiply(out, factor, out=out)
+
+
+# -- JSON leaves ---------------------------------------------------------------
+
+
+def _json_template(value: Any, path: str, label: str, fold: MeanFold) -> Any:
+    if value is None or type(value) in (bool, str):
+        return _JsonConst(value)
+    if type(value) in (int, float):
+        if not fold.allow_nonfinite and not math.isfinite(value):
+            raise fold._error(path, f"{label} sent the number {value!r}; non-finite values "
+                                    f"are refused by default", label)
+        return _JsonNumber(value)
+    if isinstance(value, list):
+        return [_json_template(v, f"{path}[{i}]", label, fold) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        node = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise fold._error(path, f"{label} sent an object with the non-string key "
+                                        f"{k!r}; JSON object keys are strings", label)
+            node[k] = _json_template(v, f"{path}.{k}", label, fold)
+        return node
+    raise fold._error(path, f"{label} sent {_describe(value)}; a state value must be a numpy "
+                            f"array or a JSON value (number, string, bool, None, list, dict)",
+                      label)
+
+
+def _json_check(node: Any, value: Any, path: str, label: str, first: str,
+                fold: MeanFold) -> None:
+    if isinstance(node, _JsonNumber):
+        if type(value) not in (int, float):
+            raise fold._error(path, f"{label} sent {_describe(value)} where {first} sent "
+                                    f"{_describe(node.first)}", label, first)
+        if not fold.allow_nonfinite and not math.isfinite(value):
+            raise fold._error(path, f"{label} sent the number {value!r}; non-finite values "
+                                    f"are refused by default", label, first)
+    elif isinstance(node, list):
+        if not isinstance(value, list):
+            raise fold._error(path, f"{label} sent {_describe(value)} where {first} sent a "
+                                    f"list of {len(node)}", label, first)
+        if len(value) != len(node):
+            raise fold._error(path, f"{label} sent a list of {len(value)} where {first} sent "
+                                    f"a list of {len(node)}; lists average position by "
+                                    f"position and must have the same length", label, first)
+        for i, (child, item) in enumerate(zip(node, value)):
+            _json_check(child, item, f"{path}[{i}]", label, first, fold)
+    elif isinstance(node, dict):
+        if not isinstance(value, dict):
+            raise fold._error(path, f"{label} sent {_describe(value)} where {first} sent an "
+                                    f"object", label, first)
+        for k in node:
+            if k not in value:
+                raise fold._error(path, f"key {k!r} is missing from {label}, but {first} "
+                                        f"sent it; objects average key by key and must have "
+                                        f"the same keys", label, first)
+        for k in value:
+            if k not in node:
+                raise fold._error(path, f"{label} sent key {k!r}, which {first} did not; "
+                                        f"objects average key by key and must have the same "
+                                        f"keys", label, first)
+        for k, child in node.items():
+            _json_check(child, value[k], f"{path}.{k}", label, first, fold)
+    else:
+        const = node.value
+        if type(value) is not type(const) or value != const:
+            raise fold._error(path, f"{label} sent {_describe(value)} where {first} sent "
+                                    f"{_describe(const)}; only numbers average, so strings, "
+                                    f"bools and null must be identical everywhere",
+                              label, first)
+
+
+def _json_accumulate(node: Any, value: Any, factor: float) -> None:
+    if isinstance(node, _JsonNumber):
+        if factor:
+            node.total += factor * value
+        if value != node.first or type(value) is not type(node.first):
+            node.same = False
+    elif isinstance(node, list):
+        for child, item in zip(node, value):
+            _json_accumulate(child, item, factor)
+    elif isinstance(node, dict):
+        for k, child in node.items():
+            _json_accumulate(child, value[k], factor)
+
+
+def _json_rescale(node: Any, scale: float) -> None:
+    if isinstance(node, _JsonNumber):
+        node.total *= scale
+    elif isinstance(node, list):
+        for child in node:
+            _json_rescale(child, scale)
+    elif isinstance(node, dict):
+        for child in node.values():
+            _json_rescale(child, scale)
+
+
+def _json_result(node: Any, divisor: float) -> Any:
+    if isinstance(node, _JsonNumber):
+        # Identical numbers pass through unchanged (an int stays an int, and
+        # a weighted mean of equal floats cannot drift by an ulp).
+        return node.first if node.same else node.total / divisor
+    if isinstance(node, list):
+        return [_json_result(child, divisor) for child in node]
+    if isinstance(node, dict):
+        return {k: _json_result(child, divisor) for k, child in node.items()}
+    return node.value

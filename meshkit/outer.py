@@ -1,0 +1,123 @@
+"""The outer-optimizer contract and the helpers the built-ins share.
+
+An *outer optimizer* steps the global model from a round's consensus before
+it is scattered back (DiLoCo, FedOpt)::
+
+    new_global = optimizer.step(global_state, consensus)
+    checkpoint = optimizer.state_dict()      # a state: JSON values + arrays
+    optimizer.load_state_dict(checkpoint)    # continues bit for bit
+
+One sign convention throughout: the pseudo-gradient is
+``g = global - consensus`` and every optimizer descends on it
+(``x <- x - lr * direction(g)``), so ``lr = 1`` with no momentum adopts the
+consensus.
+
+What is stepped: float arrays (float16, bfloat16, float32, float64). Every
+other value -- integer and bool arrays, JSON values -- adopts the consensus
+(the aggregator already made sure it was identical everywhere, or averaged
+it). Dtype policy: the moments are kept in :func:`meshkit.state.accumulate_dtype`
+of the parameter (float32 for float16/bfloat16/float32, float64 for
+float64), the step is computed in that dtype, and the new global comes back
+in the global parameter's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+from meshkit.errors import AggregationError
+from meshkit.state import State, StateError, dtype_name, is_array, is_float_dtype
+
+__all__ = [
+    "OuterOptimizer",
+    "stepped_keys",
+    "pseudo_gradient",
+    "split_buffers",
+    "join_buffers",
+]
+
+
+@runtime_checkable
+class OuterOptimizer(Protocol):
+    """What the coordinator needs from an outer optimizer."""
+
+    def step(self, global_state: State, consensus: State) -> dict[str, Any]:
+        """The new global model from the current one and the round's consensus."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: a state (JSON values + arrays)."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[str]:
+    """The keys an optimizer steps (float arrays), after checking the pair agrees.
+
+    Global and consensus must have the same keys; a float array must be a
+    float array of the same shape on both sides (the dtypes may differ,
+    e.g. a bfloat16 consensus for a float32 global). Anything wrong is an
+    :class:`AggregationError` naming the key.
+    """
+    missing = [k for k in global_state if k not in consensus]
+    extra = [k for k in consensus if k not in global_state]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"the consensus lacks {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"the consensus has {', '.join(map(repr, extra))} the global "
+                         f"model does not")
+        raise AggregationError(
+            f"outer optimizer {name}: {'; '.join(parts)}; the consensus must have exactly "
+            f"the global model's keys")
+    keys = []
+    for key, x in global_state.items():
+        c = consensus[key]
+        x_float = is_array(x) and is_float_dtype(x.dtype)
+        c_float = is_array(c) and is_float_dtype(c.dtype)
+        if x_float != c_float:
+            what = {True: "a float array", False: "not a float array"}
+            raise AggregationError(
+                f"outer optimizer {name}: {key!r} is {what[x_float]} in the global model but "
+                f"{what[c_float]} in the consensus")
+        if not x_float:
+            continue
+        if np.shape(x) != np.shape(c):
+            raise AggregationError(
+                f"outer optimizer {name}: {key!r} has shape {np.shape(x)} in the global model "
+                f"but {np.shape(c)} in the consensus")
+        keys.append(key)
+    return keys
+
+
+def pseudo_gradient(x: np.ndarray, c: np.ndarray, dtype: Any) -> np.ndarray:
+    """``g = x - c`` computed in ``dtype`` (a new array)."""
+    g = np.asarray(x).astype(dtype, copy=True)
+    np.subtract(g, np.asarray(c).astype(dtype, copy=False), out=g)
+    return g
+
+
+def split_buffers(state: Mapping[str, Any], buffers: tuple[str, ...], *,
+                  name: str) -> dict[str, dict[str, np.ndarray]]:
+    """``{"m/w": a, "v/w": b}`` -> ``{"m": {"w": a}, "v": {"w": b}}`` (arrays copied)."""
+    out: dict[str, dict[str, np.ndarray]] = {b: {} for b in buffers}
+    for full_key, value in state.items():
+        prefix, sep, key = full_key.partition("/")
+        if not sep or prefix not in out:
+            continue
+        if not is_array(value) or not is_float_dtype(value.dtype):
+            raise StateError(
+                f"outer optimizer {name}: state entry {full_key!r} must be a float array, "
+                f"found {type(value).__name__}"
+                f"{' ' + dtype_name(value.dtype) if is_array(value) else ''}")
+        out[prefix][key] = np.array(value, copy=True)
+    return out
+
+
+def join_buffers(buffers: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The inverse of :func:`split_buffers` (arrays copied, so later steps can't change it)."""
+    return {f"{prefix}/{key}": np.array(value, copy=True)
+            for prefix, table in buffers.items() for key, value in table.items()}

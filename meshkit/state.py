@@ -1,0 +1,266 @@
+"""The state model every component shares: ``name -> numpy array | JSON value``.
+
+A *state* is a mapping from a non-empty string key to either a numpy array
+(a parameter, a buffer, a gradient) or a JSON value (number, string, bool,
+None, list, dict with string keys) such as a Python filter's ``{"mu": 1.5}``.
+
+This module holds the validation helpers the aggregators, the outer
+optimizers, the wire codec and the tasks use, so every component agrees on
+what a valid state is:
+
+* :func:`validate_state` checks keys, array dtypes, JSON leaves and
+  (by default) finiteness, and names the offending key;
+* :func:`is_json_value` / :func:`is_json_leaf` / :func:`is_array` classify
+  values;
+* dtype helpers: :data:`BFLOAT16` (ml_dtypes' bfloat16, the numpy bf16 JAX
+  and TensorFlow use), :func:`is_float_dtype`, :func:`accumulate_dtype`,
+  :func:`dtype_name` / :func:`dtype_from_name` for a portable dtype spelling.
+
+Dtypes a state may carry: float16, bfloat16, float32, float64, the signed
+and unsigned integers of 8 to 64 bits, and bool. Complex, object, string
+and datetime arrays are refused: nothing in meshkit can average, send or
+step them honestly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Mapping, Union
+
+import ml_dtypes
+import numpy as np
+
+from meshkit.errors import MeshError
+
+__all__ = [
+    "State",
+    "JsonValue",
+    "StateError",
+    "BFLOAT16",
+    "FLOAT_DTYPES",
+    "SUPPORTED_DTYPES",
+    "is_array",
+    "is_json_leaf",
+    "is_json_value",
+    "is_float_dtype",
+    "is_supported_dtype",
+    "accumulate_dtype",
+    "dtype_name",
+    "dtype_from_name",
+    "check_key",
+    "validate_state",
+    "copy_state",
+    "iter_json_numbers",
+    "state_nbytes",
+]
+
+JsonValue = Union[None, bool, int, float, str, list, dict]
+#: A model state: parameter/buffer name -> numpy array or JSON value.
+State = Mapping[str, Any]
+
+
+class StateError(MeshError, ValueError):
+    """A state breaks the state model (bad key, unsupported dtype, NaN, ...)."""
+
+
+#: bfloat16 as a real numpy dtype (ml_dtypes, the field's standard numpy bf16).
+BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+
+#: Floating dtypes meshkit averages and steps.
+FLOAT_DTYPES: tuple[np.dtype, ...] = (
+    np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+
+_INT_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
+    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64))
+
+#: Every dtype a state array may have.
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = (*FLOAT_DTYPES, *_INT_DTYPES, np.dtype(np.bool_))
+
+_BY_NAME: dict[str, np.dtype] = {dtype_.name: dtype_ for dtype_ in SUPPORTED_DTYPES}
+# ml_dtypes names its dtype "bfloat16" already; keep the lookup explicit anyway.
+_BY_NAME["bfloat16"] = BFLOAT16
+
+
+def is_array(value: Any) -> bool:
+    """True for a numpy array or numpy scalar (a 0-d value with a dtype)."""
+    return isinstance(value, (np.ndarray, np.generic))
+
+
+def is_json_leaf(value: Any) -> bool:
+    """True for a JSON scalar: None, bool, int, float or str (not a numpy scalar)."""
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def is_json_value(value: Any) -> bool:
+    """True for a JSON value: a leaf, or lists/dicts (string keys) of JSON values."""
+    if is_json_leaf(value):
+        return True
+    if isinstance(value, list):
+        return all(is_json_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
+    return False
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """True for float16, bfloat16, float32 and float64.
+
+    ``np.issubdtype(bfloat16, np.floating)`` is False (ml_dtypes registers
+    bfloat16 outside numpy's type hierarchy), so always ask this instead.
+    """
+    return np.dtype(dtype) in FLOAT_DTYPES
+
+
+def is_supported_dtype(dtype: Any) -> bool:
+    """True for every dtype a state array may carry (floats, integers, bool)."""
+    try:
+        return np.dtype(dtype) in SUPPORTED_DTYPES
+    except TypeError:
+        return False
+
+
+def accumulate_dtype(dtype: Any, *, wide: bool = False) -> np.dtype:
+    """The dtype sums of ``dtype`` arrays are accumulated in.
+
+    float16 and bfloat16 accumulate in float32 (their 8-11 bit mantissas
+    would lose a contribution's low bits after a few additions); float32
+    accumulates in float32 and float64 in float64. ``wide=True`` asks for
+    float64 for every float dtype, trading 2x the accumulator memory and
+    bandwidth for precision (see docs/aggregators.md for the measurements
+    behind the default).
+    """
+    dtype = np.dtype(dtype)
+    if not is_float_dtype(dtype):
+        raise StateError(f"no accumulation dtype for {dtype_name(dtype)}: only float arrays "
+                         f"are summed (integer and bool arrays must agree exactly)")
+    if wide or dtype == np.float64:
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def dtype_name(dtype: Any) -> str:
+    """A portable name for ``dtype`` ("float32", "bfloat16", ...)."""
+    dtype = np.dtype(dtype)
+    if dtype == BFLOAT16:
+        return "bfloat16"
+    return dtype.name
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """The dtype for a portable name; a :class:`StateError` listing the names otherwise."""
+    dtype = _BY_NAME.get(name)
+    if dtype is None:
+        raise StateError(f"unsupported dtype {name!r}; a state array may be one of: "
+                         f"{', '.join(sorted(_BY_NAME))}")
+    return dtype
+
+
+def check_key(key: Any, *, where: str = "state") -> None:
+    """A state key must be a non-empty string."""
+    if not isinstance(key, str):
+        raise StateError(f"{where}: keys must be strings, found {key!r} "
+                         f"({type(key).__name__}); rename the entry")
+    if not key:
+        raise StateError(f"{where}: found an empty key; every entry needs a name")
+
+
+def validate_state(
+    state: Any,
+    *,
+    where: str = "state",
+    allow_nonfinite: bool = False,
+    error: Callable[[str], Exception] = StateError,
+) -> None:
+    """Check ``state`` against the state model; raise ``error(message)`` otherwise.
+
+    Checks: ``state`` is a mapping; every key is a non-empty string; every
+    value is a numpy array of a supported dtype or a JSON value; unless
+    ``allow_nonfinite``, no float array or JSON number holds NaN or inf.
+    The finiteness check reads every float array once; components on a hot
+    path (the streaming fold) check finiteness themselves, chunk by chunk.
+    """
+    if not isinstance(state, Mapping):
+        raise error(f"{where}: expected a mapping of name -> array or JSON value, "
+                    f"found {type(state).__name__}")
+    for key, value in state.items():
+        try:
+            check_key(key, where=where)
+        except StateError as exc:
+            raise error(str(exc)) from None
+        _validate_value(value, f"{where} {key!r}", allow_nonfinite, error)
+
+
+def _validate_value(value: Any, label: str, allow_nonfinite: bool,
+                    error: Callable[[str], Exception]) -> None:
+    if is_array(value):
+        dtype = value.dtype
+        if not is_supported_dtype(dtype):
+            raise error(f"{label}: arrays of dtype {dtype} are not supported; use one of "
+                        f"{', '.join(sorted(_BY_NAME))}")
+        if not allow_nonfinite and is_float_dtype(dtype) and not _all_finite(value):
+            raise error(f"{label}: contains NaN or inf; non-finite values are refused "
+                        f"(a diverged model must not be averaged into the others)")
+        return
+    if is_json_leaf(value):
+        if type(value) is float and not allow_nonfinite and not math.isfinite(value):
+            raise error(f"{label}: the JSON number {value!r} is not finite; non-finite "
+                        f"values are refused")
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _validate_value(item, f"{label}[{i}]", allow_nonfinite, error)
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise error(f"{label}: JSON object keys must be strings, found {k!r}")
+            _validate_value(item, f"{label}.{k}", allow_nonfinite, error)
+        return
+    raise error(f"{label}: expected a numpy array or a JSON value (number, string, bool, "
+                f"None, list, dict), found {type(value).__name__}; convert it (e.g. "
+                f"tensor.numpy(), or list(...) for a tuple)")
+
+
+def _all_finite(array: Any) -> bool:
+    array = np.asarray(array)
+    if array.dtype == BFLOAT16 or array.dtype == np.float16:
+        # Widen in bounded chunks: ml_dtypes' isfinite on bf16 is slow.
+        flat = array.reshape(-1)
+        step = 1 << 16
+        for start in range(0, flat.size, step):
+            if not np.isfinite(flat[start:start + step].astype(np.float32)).all():
+                return False
+        return True
+    return bool(np.isfinite(array).all())
+
+
+def copy_state(state: State) -> dict[str, Any]:
+    """A deep copy: arrays copied (same dtype), JSON containers rebuilt."""
+    return {key: _copy_value(value) for key, value in state.items()}
+
+
+def _copy_value(value: Any) -> Any:
+    if is_array(value):
+        return np.array(value, copy=True)
+    if isinstance(value, list):
+        return [_copy_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy_value(v) for k, v in value.items()}
+    return value
+
+
+def iter_json_numbers(value: Any, label: str = "") -> Iterator[tuple[str, float]]:
+    """Every number (not bool) inside a JSON value, with its path."""
+    if type(value) in (int, float):
+        yield label, value
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from iter_json_numbers(item, f"{label}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from iter_json_numbers(item, f"{label}.{k}" if label else k)
+
+
+def state_nbytes(state: State) -> int:
+    """Bytes held by the arrays of ``state`` (JSON values not counted)."""
+    return sum(int(v.nbytes) for v in state.values() if is_array(v))
