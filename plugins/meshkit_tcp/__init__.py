@@ -1,1 +1,56 @@
-"""Built-in meshkit plugin (placeholder until its component lands)."""
+"""Built-in transports: ``tcp`` (star and full mesh over TCP) and ``inproc`` (threads).
+
+Only records and options classes live here, so listing plugins stays cheap:
+the socket and numpy code loads when a factory runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import attrs
+
+import meshkit
+
+
+@attrs.frozen
+class TcpOptions:
+    """Options of the ``tcp`` transport (the ``[transport]`` config table)."""
+
+    #: Send float32 model frames as bfloat16 (half the bytes); the receiver
+    #: widens them back to float32, so accumulation stays float32 or wider.
+    bf16_wire: bool = False
+    #: Largest frame body accepted, checked before anything is allocated.
+    max_frame_bytes: int = 1 << 30
+
+
+@attrs.frozen
+class InprocOptions:
+    """Options of the ``inproc`` transport."""
+
+    #: Round float32 model frames through bfloat16, exactly like ``tcp`` would.
+    bf16_wire: bool = False
+
+
+def _tcp(options: TcpOptions) -> Any:
+    from meshkit_tcp.tcp import TcpTransport
+
+    return TcpTransport(options)
+
+
+def _inproc(options: InprocOptions) -> Any:
+    from meshkit_tcp.inproc import InprocTransport
+
+    return InprocTransport(options)
+
+
+@meshkit.hookimpl
+def meshkit_transports() -> Iterable[meshkit.Component]:
+    return [
+        meshkit.Component(
+            "tcp", _tcp, TcpOptions,
+            summary="TCP star or full mesh, authenticated frames, optional UDP discovery"),
+        meshkit.Component(
+            "inproc", _inproc, InprocOptions,
+            summary="ranks as threads of one process (fast tests of everything above the wire)"),
+    ]

@@ -1,0 +1,296 @@
+"""UDP discovery: finding the coordinator (star) or every peer (mesh) without a peers list.
+
+The coordinator (rank 0) runs a :class:`DiscoveryServer` on ``disc_port``.
+Every other rank sends a *hello* datagram, broadcast on the LAN
+(``<broadcast>:disc_port``) or unicast to a rendezvous host (``via``) on
+networks without broadcast (carrier and guest Wi-Fi, containers, phones).
+The server records ``rank -> source address : data port`` and answers with
+the table of ranks it knows; a worker of a star stops once it knows rank 0,
+a mesh rank once it knows all ``world`` ranks. Rank ``r`` listens for TCP on
+``data_base + r``.
+
+Every datagram is sealed with :func:`meshkit.wire.seal_datagram` (HMAC-SHA256
+under a key derived from the shared secret), carries a JSON body, and
+answers echo the asker's random nonce, so a reply cannot be replayed to
+another asker. Datagrams that fail authentication, do not parse, or carry
+the wrong fields are ignored and counted (``server.ignored``,
+``DiscoveryResult.ignored``): on a shared LAN foreign traffic is normal and
+must not stop anything. A second node claiming a rank that another node
+already holds is refused with a message naming the rank; a world size that
+differs is refused naming both sizes. Both refusals reach the asker, which
+raises :class:`~meshkit.WireError`.
+
+Datagram body (UTF-8 JSON, inside the sealed envelope):
+
+* hello: ``{"v": 1, "t": "hello", "rank": r, "world": w, "port": p, "nonce": hex}``
+* table: ``{"v": 1, "t": "table", "nonce": hex, "world": w, "peers": {"0": "host:port", ...}}``
+  (an empty host means "the address this reply came from")
+* refused: ``{"v": 1, "t": "refused", "nonce": hex, "error": "..."}``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import attrs
+
+from meshkit import wire
+from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
+
+__all__ = ["DiscoveryServer", "DiscoveryResult", "discover", "resolve", "VERSION"]
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+#: Largest datagram we read (the sealed envelope of a table for a big world fits).
+_MAX_DATAGRAM = 65_535
+_RETRY = 0.2
+_MAX_WORLD = 1 << 16
+
+
+def _encode(secret: bytes, body: dict[str, Any]) -> bytes:
+    return wire.seal_datagram(secret, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _decode(secret: bytes, datagram: bytes) -> dict[str, Any] | None:
+    """The JSON body of a sealed datagram, or None for anything foreign or malformed."""
+    try:
+        payload = wire.open_datagram(secret, datagram)
+        body = json.loads(payload.decode("utf-8"))
+    except (MeshError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(body, dict) or body.get("v") != VERSION or not isinstance(body.get("t"), str):
+        return None
+    return body
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+class DiscoveryServer:
+    """Rank 0's discovery responder: a thread answering hellos on a UDP port."""
+
+    def __init__(self, secret: bytes, world: int, *, data_port: int, host: str = "0.0.0.0",
+                 port: int = 29600) -> None:
+        if not secret:
+            raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
+        self.secret = bytes(secret)
+        self.world = world
+        #: Datagrams ignored: foreign, forged, malformed, or from the wrong run.
+        self.ignored = 0
+        #: Hellos refused (duplicate rank, world size), newest last.
+        self.refused: list[str] = []
+        # rank -> (host, port, nonce); rank 0 is this node (host "" = our address).
+        self._table: dict[int, tuple[str, int, str]] = {0: ("", data_port, "")}
+        self._cv = threading.Condition()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+        except OSError as exc:
+            self._sock.close()
+            raise ConfigError(f"discovery cannot listen on UDP {host}:{port}: {exc}") from None
+        self._sock.settimeout(_RETRY)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="meshkit-discovery",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1]
+
+    def table(self) -> dict[int, str]:
+        """``rank -> host:port`` known so far (rank 0's host empty: this node)."""
+        with self._cv:
+            return {r: f"{h}:{p}" for r, (h, p, _) in sorted(self._table.items())}
+
+    def wait_complete(self, timeout: float) -> dict[int, str]:
+        """Block until every rank said hello; PeerLostError naming the missing ones."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: len(self._table) >= self.world, timeout):
+                missing = sorted(set(range(self.world)) - set(self._table))
+                raise PeerLostError(
+                    f"discovery: rank(s) {missing} did not announce themselves within "
+                    f"{timeout:g} s on UDP port {self.port}")
+        return self.table()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * _RETRY + 1)
+        self._sock.close()
+
+    def __enter__(self) -> DiscoveryServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                datagram, source = self._sock.recvfrom(_MAX_DATAGRAM)
+            except socket.timeout:
+                continue
+            except OSError:
+                if not self._stop.is_set():
+                    log.warning("discovery: the UDP socket failed", exc_info=True)
+                return
+            reply = self._answer(datagram, source[0])
+            if reply is not None:
+                try:
+                    self._sock.sendto(_encode(self.secret, reply), source)
+                except OSError as exc:
+                    log.debug("discovery: could not answer %s: %s", source, exc)
+
+    def _answer(self, datagram: bytes, host: str) -> dict[str, Any] | None:
+        body = _decode(self.secret, datagram)
+        if body is None or body["t"] != "hello" or not (
+                _is_int(body.get("rank"), 1, _MAX_WORLD) and _is_int(body.get("world"), 1, _MAX_WORLD)
+                and _is_int(body.get("port"), 1, 65535) and isinstance(body.get("nonce"), str)
+                and len(body["nonce"]) <= 64):
+            with self._cv:
+                self.ignored += 1
+            return None
+        rank, nonce = body["rank"], body["nonce"]
+        error = None
+        with self._cv:
+            if body["world"] != self.world:
+                error = (f"world size mismatch: rank {rank} announced a world of "
+                         f"{body['world']}, the coordinator runs a world of {self.world}")
+            elif rank >= self.world:
+                error = f"rank {rank} is out of range for a world of {self.world}"
+            else:
+                known = self._table.get(rank)
+                if known is not None and known[2] != nonce:
+                    error = (f"rank {rank} is already held by the node at {known[0]}:{known[1]} "
+                             f"(duplicate rank); give each node a distinct rank")
+                elif known is None:
+                    self._table[rank] = (host, body["port"], nonce)
+                    self._cv.notify_all()
+            if error is not None:
+                self.refused.append(error)
+                log.warning("discovery: refused a hello from %s: %s", host, error)
+                return {"v": VERSION, "t": "refused", "nonce": nonce, "error": error}
+            peers = {str(r): f"{h}:{p}" for r, (h, p, _) in self._table.items()}
+        return {"v": VERSION, "t": "table", "nonce": nonce, "world": self.world, "peers": peers}
+
+
+@attrs.frozen
+class DiscoveryResult:
+    """What :func:`discover` found: ``peers`` (rank -> host:port) and datagrams ignored."""
+
+    peers: dict[int, str]
+    ignored: int
+
+
+def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port: int = 29600,
+             via: str | None = None, want_all: bool = False,
+             timeout: float = 30.0) -> DiscoveryResult:
+    """Announce ``rank`` and ask the coordinator for addresses until satisfied.
+
+    Broadcasts on ``disc_port`` unless ``via`` names a rendezvous host (then
+    unicast). Returns once rank 0 is known (``want_all``: every rank), or
+    raises :class:`PeerLostError` at ``timeout`` and :class:`WireError` when
+    the coordinator refuses this rank (duplicate rank, world size).
+    """
+    if not secret:
+        raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
+    nonce = os.urandom(16).hex()
+    hello = _encode(secret, {"v": VERSION, "t": "hello", "rank": rank, "world": world,
+                             "port": data_port, "nonce": nonce})
+    target = (via, disc_port) if via else ("<broadcast>", disc_port)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ignored = 0
+    try:
+        if not via:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        sock.settimeout(_RETRY)
+        deadline = time.monotonic() + timeout
+        peers: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                sock.sendto(hello, target)
+            except OSError as exc:
+                raise PeerLostError(f"discovery: cannot send to {target[0]}:{disc_port}: "
+                                    f"{exc}") from None
+            # Answers within this retry period; then say hello again (UDP loses datagrams).
+            until = min(deadline, time.monotonic() + _RETRY)
+            while time.monotonic() < until:
+                try:
+                    datagram, source = sock.recvfrom(_MAX_DATAGRAM)
+                except socket.timeout:
+                    break
+                body = _decode(secret, datagram)
+                if body is None or body.get("nonce") != nonce:
+                    ignored += 1
+                    continue
+                if body["t"] == "refused":
+                    raise WireError(f"discovery: the coordinator at {source[0]} refused rank "
+                                    f"{rank}: {body.get('error')}")
+                table = body.get("peers")
+                if body["t"] != "table" or not isinstance(table, dict):
+                    ignored += 1
+                    continue
+                peers = _parse_table(table, source[0], world)
+                if 0 in peers and (not want_all or len(peers) >= world):
+                    return DiscoveryResult(peers, ignored)
+        known = sorted(peers)
+        raise PeerLostError(
+            f"discovery: rank {rank} found {'no coordinator' if not known else f'ranks {known}'} "
+            f"within {timeout:g} s via {'unicast to ' + via if via else 'broadcast'} on UDP port "
+            f"{disc_port} ({ignored} foreign or malformed datagram(s) ignored); check "
+            f"DISC_PORT, the secret, or use a rendezvous host (via / DISCOVER_HOST)")
+    finally:
+        sock.close()
+
+
+def _parse_table(table: dict[str, Any], responder: str, world: int) -> dict[int, str]:
+    peers: dict[int, str] = {}
+    for key, address in table.items():
+        if not (isinstance(key, str) and key.isdigit() and isinstance(address, str)):
+            continue
+        r = int(key)
+        if r >= world:
+            continue
+        host, _, port = address.rpartition(":")
+        peers[r] = f"{host or responder}:{port}"
+    return peers
+
+
+def resolve(config: Any) -> tuple[Any, DiscoveryServer | None]:
+    """Turn a ``discover`` NodeConfig into one with peers (and, on rank 0, a running server).
+
+    Rank ``r`` listens on ``data_base + r`` on every interface. The returned
+    server (rank 0 only) must stay up while others discover; the transport
+    closes it with the group.
+    """
+    secret = config.secret
+    mesh = not config.is_star
+    own = f"0.0.0.0:{config.data_base + config.rank}"
+    if config.rank == 0:
+        server = DiscoveryServer(secret, config.world, data_port=config.data_base,
+                                 port=config.disc_port)
+        try:
+            if not mesh:
+                return attrs.evolve(config, bind=config.bind or own), server
+            table = server.wait_complete(config.timeout)
+        except BaseException:
+            server.close()
+            raise
+        peers = [own if r == 0 else table[r] for r in range(config.world)]
+        return attrs.evolve(config, peers=peers), server
+    result = discover(secret, rank=config.rank, world=config.world,
+                      data_port=config.data_base + config.rank, disc_port=config.disc_port,
+                      via=config.via, want_all=mesh, timeout=config.timeout)
+    if not mesh:
+        return attrs.evolve(config, peers=[result.peers[0]]), None
+    peers = [own if r == config.rank else result.peers[r] for r in range(config.world)]
+    return attrs.evolve(config, peers=peers), None

@@ -1,0 +1,183 @@
+"""The ``inproc`` transport: every rank a thread of one process.
+
+Ranks meet at a *hub* named by ``NodeConfig.peers[0]`` (e.g.
+``"inproc://job-1"``). As with ``tcp``, one peer entry means a star; a mesh
+repeats the hub name once per rank (``peers=["inproc://job-1"] * world``,
+``topology="mesh"``) and ``connect`` then waits until every rank is there. Same Group API, same routing (a star's workers reach
+each other through the coordinator), same dead ledger and reduce service as
+``tcp``; payloads are validated and copied exactly as the wire would, so a
+test that passes here exercises everything above the socket. The secret is
+required and compared like the handshake would, so tests do not silently
+skip the refusal paths.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.node_config import NodeConfig
+from meshkit.state import copy_state, validate_state
+from meshkit.transport import GroupBase, Message
+
+__all__ = ["InprocTransport", "InprocGroup"]
+
+_hubs: dict[str, _Hub] = {}
+_hubs_lock = threading.Lock()
+
+
+class _Hub:
+    def __init__(self, name: str, world: int, secret: bytes) -> None:
+        self.name = name
+        self.world = world
+        self.secret = secret
+        self.groups: dict[int, InprocGroup] = {}
+        self.cv = threading.Condition(_hubs_lock)
+
+
+def _bf16_roundtrip(payload: dict[str, Any]) -> dict[str, Any]:
+    from meshkit.state import BFLOAT16
+
+    for key, value in payload.items():
+        if isinstance(value, np.ndarray) and value.dtype == np.float32:
+            payload[key] = value.astype(BFLOAT16).astype(np.float32)
+    return payload
+
+
+def _is_star(config: NodeConfig) -> bool:
+    # Same rule as tcp: one peer entry is a star; a mesh lists the hub name
+    # once per rank (peers=["inproc://x"] * world) with topology="mesh".
+    return config.is_star
+
+
+class InprocGroup(GroupBase):
+    """One rank's handle on an in-process hub."""
+
+    def __init__(self, hub: _Hub, config: NodeConfig, bf16_wire: bool) -> None:
+        super().__init__(config.rank, config.world, timeout=config.timeout,
+                         is_star=_is_star(config), bf16_wire=bf16_wire,
+                         address=f"inproc://{hub.name}" if "://" not in hub.name else hub.name)
+        self._hub = hub
+
+    def _peer(self, rank: int) -> InprocGroup | None:
+        with _hubs_lock:
+            return self._hub.groups.get(rank)
+
+    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+        target = self._peer(peer)
+        if target is None or target._closed:
+            raise PeerLostError(f"rank {peer} is not connected to {self._hub.name}")
+        with self._cv:
+            if peer in self._dead:
+                raise PeerLostError(f"rank {peer} is dead: {self._dead[peer]}")
+        # Copy and validate exactly as encoding a frame would: the receiver must
+        # never share arrays with the sender.
+        validate_state(message.payload, where=f"frame to rank {message.dst}",
+                       allow_nonfinite=True, error=WireError)
+        payload = copy_state(message.payload)
+        if message.kind == "model" and self.bf16_wire:
+            payload = _bf16_roundtrip(payload)
+        target._deliver(Message(message.src, message.dst, message.tag, payload,
+                                dict(message.meta), message.kind))
+
+    def _drop_link(self, peer: int) -> None:
+        target = self._peer(peer)
+        if target is not None:
+            target._link_lost(self.rank, f"rank {self.rank} dropped the connection")
+
+    def _shutdown(self) -> None:
+        with _hubs_lock:
+            if self._hub.groups.get(self.rank) is self:
+                del self._hub.groups[self.rank]
+            peers = [g for r, g in self._hub.groups.items() if r in self._links]
+            if not self._hub.groups and _hubs.get(self._hub.name) is self._hub:
+                del _hubs[self._hub.name]
+            self._hub.cv.notify_all()
+        for peer in peers:
+            peer._link_lost(self.rank, "closed its connection (left the mesh)", quiet=True)
+
+
+class InprocTransport:
+    """Factory result of the ``inproc`` component: ``connect(node_config) -> Group``."""
+
+    def __init__(self, options: Any = None) -> None:
+        self.bf16_wire = bool(getattr(options, "bf16_wire", False))
+
+    def connect(self, config: NodeConfig) -> InprocGroup:
+        if not config.peers:
+            raise ConfigError(
+                "the inproc transport needs a hub name: set peers to one name shared by "
+                "every rank, e.g. peers=['inproc://job-1']")
+        if not config.secret:
+            raise ConfigError(
+                "no secret: every transport refuses to connect without one; set "
+                "NodeConfig.secret (MESHKIT_SECRET or secret_file)")
+        name = config.peers[0]
+        with _hubs_lock:
+            hub = _hubs.get(name)
+            if hub is None:
+                hub = _hubs[name] = _Hub(name, config.world, config.secret)
+            self._check(hub, config)
+            group = InprocGroup(hub, config, self.bf16_wire)
+            hub.groups[config.rank] = group
+            hub.cv.notify_all()
+        try:
+            self._link(hub, group, config)
+        except BaseException:
+            group.close()
+            raise
+        return group
+
+    @staticmethod
+    def _check(hub: _Hub, config: NodeConfig) -> None:
+        # The same refusals, in the same order, as the tcp handshake.
+        if not hmac.compare_digest(hub.secret, config.secret or b""):
+            raise AuthenticationError(
+                f"rank {config.rank}: authentication with {hub.name} failed (wrong secret?)")
+        if hub.world != config.world:
+            raise WireError(
+                f"rank {config.rank}: world size mismatch: this rank was configured for a "
+                f"world of {config.world}, the mesh at {hub.name} has {hub.world}; give "
+                f"every rank the same world")
+        if config.rank in hub.groups:
+            raise WireError(
+                f"rank {config.rank} is already connected to {hub.name} (duplicate rank): "
+                f"give each node a distinct rank in 1..{hub.world - 1}")
+        coordinator = hub.groups.get(0)
+        if coordinator is not None and config.rank in coordinator._dead:
+            raise WireError(
+                f"rank {config.rank} was declared dead by the coordinator "
+                f"({coordinator._dead[config.rank]}); a dead rank cannot rejoin this run")
+
+    @staticmethod
+    def _link(hub: _Hub, group: InprocGroup, config: NodeConfig) -> None:
+        star = _is_star(config)
+        needed = {0} if star and config.rank != 0 else (
+            set() if star else set(range(config.world)) - {config.rank})
+        deadline = time.monotonic() + config.timeout
+        with _hubs_lock:
+            while not needed <= set(hub.groups):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(needed - set(hub.groups))
+                    raise PeerLostError(
+                        f"rank {config.rank}: rank(s) {missing} did not appear at {hub.name} "
+                        f"within {config.timeout:g} s")
+                hub.cv.wait(remaining)
+            peers = [hub.groups[r] for r in needed]
+        for peer in peers:
+            # In a mesh the coordinator still runs the reduce service, so every
+            # rank linked to rank 0 counts as joined there.
+            if group.rank == 0:
+                group._joined_rank(peer.rank)
+            else:
+                group._add_link(peer.rank)
+            if peer.rank == 0:
+                peer._joined_rank(group.rank)
+            else:
+                peer._add_link(group.rank)

@@ -1,0 +1,448 @@
+"""The ``tcp`` transport: a star or a full mesh of authenticated TCP channels.
+
+Star (``peers`` = one address, or ``topology = "star"``): the coordinator
+(rank 0) listens at ``NodeConfig.bind`` (or the peer address); workers dial
+it and nothing dials them, which is what a phone behind NAT can do. A
+worker-to-worker ``send`` is relayed by the coordinator, which forwards the
+authenticated body unchanged.
+
+Mesh (``peers`` = ``world`` addresses): rank ``i`` listens at ``peers[i]``,
+dials every lower rank and accepts every higher one, so every pair has one
+connection. ``connect`` returns once all ``world - 1`` links are up.
+
+Every connection runs :func:`meshkit.wire.handshake` (secret-derived keys,
+protocol version, world size), then the accepting side checks the claimed
+rank (range, expected, not a duplicate of a live rank, not declared dead)
+and answers with a welcome frame or a refusal the dialer raises as a
+:class:`~meshkit.WireError` naming what differed. A refused or failed
+connection never takes the accept loop down: it is logged and counted in
+``group.refused``, and the ranks that behave carry on.
+
+Each link has one reader thread that waits for a frame to start without a
+timeout (a worker may train for a long time between frames) and then reads
+it under the channel's stall timeout: a peer that stops mid-frame, sends
+garbage, or fails authentication is dropped and declared dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from meshkit import wire
+from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
+from meshkit.node_config import NodeConfig
+from meshkit.transport import META_KEY, TAG_BYE, TAG_WELCOME, GroupBase, Message
+
+__all__ = ["TcpTransport", "TcpGroup", "parse_address"]
+
+log = logging.getLogger(__name__)
+
+#: Frame kind bytes (informative: the tag routes, the kind says how it travelled).
+KIND_CONTROL = 1
+KIND_MODEL = 2
+_KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
+
+#: Accept-loop poll period: how quickly close() stops the listener.
+_ACCEPT_POLL = 0.2
+
+
+def parse_address(address: str, *, what: str = "address") -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``, with a clear error."""
+    text = str(address).strip()
+    if text.startswith("tcp://"):
+        text = text[len("tcp://"):]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} {address!r} must be host:port (e.g. 127.0.0.1:29500)")
+    host = host.strip("[]")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} {address!r}: port {port!r} is not a number") from None
+    if not 0 <= number < 65536:
+        raise ConfigError(f"{what} {address!r}: port {number} is out of range 0..65535")
+    return host, number
+
+
+def _format_address(sockname: Any) -> str:
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(address: str, what: str) -> socket.socket:
+    host, port = parse_address(address, what=what)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {what} {address}: {exc}") from None
+    sock.settimeout(_ACCEPT_POLL)
+    return sock
+
+
+class TcpGroup(GroupBase):
+    """One rank's handle on a TCP star or mesh (see the module docstring)."""
+
+    def __init__(self, config: NodeConfig, options: Any) -> None:
+        super().__init__(config.rank, config.world, timeout=config.timeout,
+                         is_star=config.is_star, bf16_wire=getattr(options, "bf16_wire", False))
+        self.config = config
+        self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
+        #: Connections refused or failed at the handshake (newest last), for
+        #: operators and tests: a bad peer is reported here, not raised.
+        self.refused: list[str] = []
+        self._channels: dict[int, wire.Channel] = {}
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+        self._accepting = threading.Event()
+        self._admitting: set[int] = set()
+        #: Only used by benchmarks (MAC off on both ends); never from config.
+        self._benchmark_only_disable_mac = False
+        #: Rank 0's UDP discovery responder, closed with the group.
+        self._discovery: Any = None
+
+    # -- transport hooks ------------------------------------------------------
+
+    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+        with self._cv:
+            channel = self._channels.get(peer)
+            if channel is None:
+                why = self._dead.get(peer, "no connection")
+                raise PeerLostError(f"rank {peer} is unreachable: {why}")
+        try:
+            if message.raw is not None and message.src != self.rank:
+                # A relay forwards the authenticated body unchanged (no re-encoding),
+                # naming the original sender in the new header.
+                channel.forward(message.raw, sender=message.src)
+                return
+            state = dict(message.payload)
+            meta = dict(message.meta)
+            if message.dst != peer:
+                meta["dst"] = message.dst
+            if meta:
+                state[META_KEY] = meta
+            model = message.kind == "model"
+            channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag, state,
+                         bf16=model and self.bf16_wire)
+        except PeerLostError as exc:
+            self._link_lost(peer, str(exc))
+            raise
+        except WireError:
+            if channel.closed:  # a write failure, not a payload we could not encode
+                self._link_lost(peer, "the connection broke while sending")
+            raise
+
+    def _drop_link(self, peer: int) -> None:
+        with self._cv:
+            channel = self._channels.pop(peer, None)
+        if channel is not None:
+            channel.close()
+
+    def _shutdown(self) -> None:
+        self._accepting.clear()
+        if self._discovery is not None:
+            self._discovery.close()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+        with self._cv:
+            channels = list(self._channels.values())
+            self._channels.clear()
+        for channel in channels:
+            # Say goodbye so the peer logs a leave, not a failure; best effort.
+            try:
+                channel.send(KIND_CONTROL, TAG_BYE, {})
+            except (MeshError, OSError):
+                pass
+            channel.close()
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(timeout=max(self.timeout, 1.0) + 1.0)
+
+    # -- link management ------------------------------------------------------
+
+    def _start(self, target: Any, *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _register(self, rank: int, channel: wire.Channel) -> None:
+        with self._cv:
+            if self._closed:
+                channel.close()
+                return
+            self._channels[rank] = channel
+        if self.is_coordinator:
+            self._joined_rank(rank)
+        else:
+            self._add_link(rank)
+        self._start(self._reader, rank, channel, name=f"meshkit-tcp-r{self.rank}-from-{rank}")
+
+    def _reader(self, rank: int, channel: wire.Channel) -> None:
+        # The star's coordinator and every mesh link trust the handshake for
+        # the sender; a star worker hears only the coordinator, which names the
+        # original sender of relayed frames.
+        trust_sender = self.is_star and not self.is_coordinator
+        while True:
+            try:
+                frame = channel.recv(timeout=None)
+            except (PeerLostError, WireError) as exc:
+                if not self._closed:
+                    self._link_lost(rank, str(exc))
+                return
+            except Exception as exc:  # a decoder bug must still drop the peer, not hang
+                log.exception("rank %d: unexpected error reading from rank %d", self.rank, rank)
+                self._link_lost(rank, f"unexpected {type(exc).__name__}: {exc}")
+                return
+            if frame.tag == TAG_BYE:
+                self._link_lost(rank, "closed its connection (left the mesh)", quiet=True)
+                return
+            state = frame.state
+            meta = state.pop(META_KEY, None)
+            if meta is None:
+                meta = {}
+            if not isinstance(meta, dict):
+                self.declare_dead(rank, f"sent a malformed {META_KEY!r} entry (protocol violation)")
+                return
+            src = frame.sender if trust_sender else rank
+            if not trust_sender and frame.sender != rank:
+                self.declare_dead(rank, (
+                    f"sent a frame claiming to come from rank {frame.sender} "
+                    f"(protocol violation)"))
+                return
+            dst = meta.get("dst", self.rank)
+            if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < self.world_size:
+                self.declare_dead(rank, f"sent a frame for invalid rank {dst!r}")
+                return
+            self._deliver(Message(src, dst, frame.tag, state, meta,
+                                  _KIND_NAMES.get(frame.kind, "control"), raw=frame))
+
+    def _handshake(self, sock: socket.socket, timeout: float) -> wire.Channel:
+        return wire.handshake(
+            sock, self.config.secret, rank=self.rank, world=self.world_size,
+            timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
+            benchmark_only_disable_mac=self._benchmark_only_disable_mac)
+
+    # -- accepting side -------------------------------------------------------
+
+    def _listen(self, address: str) -> None:
+        self._listener = _listen(address, "listen address")
+        self._address = _format_address(self._listener.getsockname())
+        self._accepting.set()
+        self._start(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while self._accepting.is_set():
+            try:
+                sock, peer = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._accepting.is_set():
+                    log.warning("rank %d: the listener failed; no more ranks can join", self.rank,
+                                exc_info=True)
+                return
+            # One thread per handshake, so a peer that connects and says
+            # nothing cannot stall the ranks queued behind it.
+            self._start(self._admit, sock, _format_address(peer),
+                        name=f"meshkit-tcp-admit-r{self.rank}")
+
+    def _refuse(self, where: str, message: str) -> None:
+        log.warning("rank %d refused %s: %s", self.rank, where, message)
+        with self._cv:
+            self.refused.append(f"{where}: {message}")
+            self._cv.notify_all()
+
+    def _admit(self, sock: socket.socket, where: str) -> None:
+        sock.settimeout(self.timeout)
+        try:
+            channel = self._handshake(sock, self.timeout)
+        except (MeshError, OSError) as exc:
+            self._refuse(where, str(exc))
+            return
+        rank = channel.peer.rank
+        problem = self._rank_problem(rank)
+        if problem is not None:
+            try:
+                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
+            except (MeshError, OSError):
+                pass
+            channel.close()
+            self._refuse(f"{where} (rank {rank})", problem)
+            return
+        try:
+            channel.send(KIND_CONTROL, TAG_WELCOME, {
+                "ok": True, "topology": "star" if self.is_star else "mesh"})
+        except (MeshError, OSError) as exc:
+            channel.close()
+            self._refuse(f"{where} (rank {rank})", str(exc))
+            return
+        finally:
+            with self._cv:
+                self._admitting.discard(rank)
+        self._register(rank, channel)
+
+    def _rank_problem(self, rank: int) -> str | None:
+        """Why a handshaken peer claiming ``rank`` may not join, or None."""
+        with self._cv:
+            if rank == self.rank:
+                return (f"rank {rank} is this node's own rank; give the dialing node a "
+                        f"different rank")
+            if not self.is_coordinator and self.is_star:
+                return "a star worker accepts no connections"
+            if not self.is_star and rank < self.rank:
+                return (f"in a mesh rank {self.rank} dials rank {rank}, not the other way "
+                        f"round; check that every node has the same peers list")
+            if rank in self._dead:
+                return (f"rank {rank} was declared dead ({self._dead[rank]}); a dead rank "
+                        f"cannot rejoin this run")
+            if rank in self._channels or rank in self._admitting:
+                return (f"rank {rank} is already connected to rank {self.rank} (duplicate "
+                        f"rank): give each node a distinct rank in 1..{self.world_size - 1}")
+            # Reserve the rank until the welcome is sent, so two connections
+            # claiming it at once cannot both get in.
+            self._admitting.add(rank)
+        return None
+
+    # -- dialing side ---------------------------------------------------------
+
+    def _dial(self, rank: int, address: str, deadline: float) -> None:
+        host, port = parse_address(address, what=f"rank {rank}'s address")
+        delay = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerLostError(
+                    f"rank {self.rank} could not reach rank {rank} at {address} within "
+                    f"{self.timeout:g} s; is it running and listening there?")
+            try:
+                sock = socket.create_connection((host, port), timeout=min(remaining, self.timeout))
+                break
+            except (ConnectionRefusedError, ConnectionResetError, socket.timeout, OSError) as exc:
+                if self._closed:
+                    raise PeerLostError("the group was closed while connecting") from exc
+                # The peer may not be listening yet: back off and retry until the deadline.
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+        channel = self._handshake(sock, max(0.001, deadline - time.monotonic()))
+        if channel.peer.rank != rank:
+            channel.close()
+            raise WireError(
+                f"the node at {address} is rank {channel.peer.rank}, expected rank {rank}; "
+                f"check the peers list (index = rank)")
+        try:
+            frame = channel.recv(timeout=max(0.001, deadline - time.monotonic()))
+        except PeerLostError as exc:
+            channel.close()
+            raise PeerLostError(f"rank {rank} at {address} accepted the handshake but sent no "
+                                f"welcome: {exc}") from None
+        if frame.tag != TAG_WELCOME or not isinstance(frame.state.get("ok"), bool):
+            channel.close()
+            raise WireError(f"rank {rank} at {address} answered the handshake with an "
+                            f"unexpected frame (tag 0x{frame.tag:X}); is it a meshkit node of "
+                            f"the same release?")
+        if not frame.state["ok"]:
+            channel.close()
+            raise WireError(f"rank {rank} at {address} refused rank {self.rank}: "
+                            f"{frame.state.get('error')}")
+        topology = frame.state.get("topology")
+        mine = "star" if self.is_star else "mesh"
+        if topology != mine:
+            channel.close()
+            raise WireError(f"rank {rank} at {address} runs a {topology} topology, this node "
+                            f"(rank {self.rank}) a {mine}; give every node the same peers form")
+        self._register(rank, channel)
+
+    # -- bring-up ---------------------------------------------------------------
+
+    def _start_star(self) -> None:
+        cfg = self.config
+        if self.is_coordinator:
+            address = cfg.bind or (cfg.peers[0] if cfg.peers else None)
+            if address is None:
+                raise ConfigError(
+                    "the coordinator needs an address to listen on: set bind (e.g. "
+                    "127.0.0.1:0) or peers = [its own host:port]")
+            self._listen(address)
+            return
+        if not cfg.peers:
+            raise ConfigError("a star worker needs the coordinator's address: peers = [host:port]")
+        self._dial(0, cfg.peers[0], time.monotonic() + self.timeout)
+
+    def _start_mesh(self) -> None:
+        cfg = self.config
+        if len(cfg.peers) != self.world_size:
+            raise ConfigError(
+                f"a mesh needs {self.world_size} peer addresses (one per rank), got "
+                f"{len(cfg.peers)}")
+        listen_at = cfg.peers[self.rank]
+        if self.rank == 0 and cfg.bind:
+            listen_at = cfg.bind
+        deadline = time.monotonic() + self.timeout
+        if self.rank < self.world_size - 1:
+            self._listen(listen_at)
+        else:
+            self._address = listen_at
+        for rank in range(self.rank):
+            self._dial(rank, cfg.peers[rank], deadline)
+        expected = set(range(self.world_size)) - {self.rank}
+        with self._cv:
+            while not expected <= set(self._channels) | set(self._dead):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(expected - set(self._channels))
+                    raise PeerLostError(
+                        f"rank {self.rank}: rank(s) {missing} did not connect within "
+                        f"{self.timeout:g} s; start every rank with the same peers list")
+                self._cv.wait(remaining)
+            if self._dead:
+                raise PeerLostError(f"rank {self.rank}: lost a peer while forming the mesh: "
+                                    f"{self._describe_dead()}")
+        # Every pair is connected: nobody else may join a mesh.
+        self._accepting.clear()
+
+
+class TcpTransport:
+    """Factory result of the ``tcp`` component: ``connect(node_config) -> Group``."""
+
+    def __init__(self, options: Any = None, *, benchmark_only_disable_mac: bool = False) -> None:
+        self.options = options
+        # Never reachable from config: only benchmarks/allreduce.py builds a
+        # transport this way, on every rank, to measure what the MAC costs.
+        self._benchmark_only_disable_mac = benchmark_only_disable_mac
+
+    def connect(self, config: NodeConfig) -> TcpGroup:
+        if not config.secret:
+            raise ConfigError(
+                "no secret: every meshkit connection is authenticated with a shared secret; "
+                "set secret_file in [mesh] or MESHKIT_SECRET (the same on every node)")
+        server = None
+        if config.discover and not config.peers:
+            from meshkit.discovery import resolve
+
+            config, server = resolve(config)
+        group = TcpGroup(config, self.options)
+        group._discovery = server
+        group._benchmark_only_disable_mac = self._benchmark_only_disable_mac
+        try:
+            if group.is_star:
+                group._start_star()
+            else:
+                group._start_mesh()
+        except BaseException:
+            group.close()
+            raise
+        return group
