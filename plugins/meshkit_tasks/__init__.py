@@ -1,1 +1,29 @@
-"""Built-in meshkit plugin (placeholder until its component lands)."""
+"""Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here.
+
+Only records and options are declared at import; numpy and the data load when
+the task is built, so listing plugins stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import meshkit
+
+from meshkit_tasks.options import DigitsOptions
+
+
+def _digits(options: Any) -> Any:
+    from meshkit_tasks.digits import DigitsTask
+
+    return DigitsTask(options)
+
+
+@meshkit.hookimpl
+def meshkit_tasks() -> Iterable[meshkit.Component]:
+    return [
+        meshkit.Component(
+            "digits", _digits, DigitsOptions,
+            summary="numpy MLP on the 8x8 handwritten digits (1,797 images, shipped; "
+                    "UCI via scikit-learn, CC BY 4.0 / BSD-3)"),
+    ]

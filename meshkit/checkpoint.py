@@ -1,0 +1,153 @@
+"""Atomic run checkpoints: numpy ``.npz`` plus a JSON header, never pickle.
+
+One file, ``OUT/checkpoint.npz``, rewritten after every round: written to a
+temporary file in the same directory, fsync'ed, then renamed over the old
+one (and the directory fsync'ed), so a crash at any instant leaves either
+the previous round's checkpoint or this one — never a torn file.
+
+Layout: every array leaf of the global state is ``state/<key>``, every
+array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``;
+``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
+state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
+run's identity (task, strategy, seed) that ``--resume`` checks.
+Loading uses ``allow_pickle=False``: a checkpoint is data, not code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from meshkit.errors import ConfigError
+
+__all__ = ["Checkpoint", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint",
+           "checkpoint_path"]
+
+CHECKPOINT_NAME = "checkpoint.npz"
+_META = "__meta__"
+FORMAT = 1
+
+
+@attrs.frozen
+class Checkpoint:
+    """Everything a run needs to continue after round ``round``."""
+
+    round: int
+    state: Mapping[str, Any]
+    outer_state: Mapping[str, Any] = attrs.Factory(dict)
+    rng_state: Mapping[str, Any] = attrs.Factory(dict)
+    #: The run's identity: task, strategy, seed, rounds (checked on resume).
+    identity: Mapping[str, Any] = attrs.Factory(dict)
+
+
+def checkpoint_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` itself if it is a file, else ``path/checkpoint.npz``."""
+    p = Path(path)
+    return p / CHECKPOINT_NAME if p.is_dir() or not p.suffix else p
+
+
+def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, np.ndarray):
+        arrays[prefix] = value
+        return {"__array__": prefix}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v, f"{prefix}/{k}", arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v, f"{prefix}/{i}", arrays) for i, v in enumerate(value)]
+    return value
+
+
+def _from_json(value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__array__"}:
+            return arrays[value["__array__"]]
+        return {k: _from_json(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v, arrays) for v in value]
+    return value
+
+
+def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path:
+    """Write ``checkpoint`` atomically into directory ``out``; returns the file."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    meta = {
+        "format": FORMAT,
+        "round": int(checkpoint.round),
+        "state": _to_json(dict(checkpoint.state), "state", arrays),
+        "outer": _to_json(dict(checkpoint.outer_state), "outer", arrays),
+        "rng": _to_json(dict(checkpoint.rng_state), "rng", arrays),
+        "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
+    }
+    for name, array in arrays.items():
+        if array.dtype.hasobject:
+            raise ConfigError(f"checkpoint: {name} is an object array, which only pickle "
+                              f"could store; states hold numeric arrays and JSON values")
+    header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    target = directory / CHECKPOINT_NAME
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **{_META: header}, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return target
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read a checkpoint file (or the one in run directory ``path``)."""
+    file = checkpoint_path(path)
+    if not file.exists():
+        raise ConfigError(f"no checkpoint at {str(file)!r}; nothing to resume from (run "
+                          f"without --resume to start afresh)")
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"checkpoint {str(file)!r} is unreadable: {exc}") from None
+    header = arrays.pop(_META, None)
+    if header is None:
+        raise ConfigError(f"checkpoint {str(file)!r} has no {_META} header; not a meshkit "
+                          f"checkpoint")
+    meta = json.loads(header.tobytes().decode("utf-8"))
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"checkpoint {str(file)!r} has format {meta.get('format')!r}; this "
+                          f"meshkit reads format {FORMAT}")
+    return Checkpoint(
+        round=int(meta["round"]),
+        state=_from_json(meta["state"], arrays),
+        outer_state=_from_json(meta["outer"], arrays),
+        rng_state=_from_json(meta["rng"], arrays),
+        identity=_from_json(meta["identity"], arrays),
+    )

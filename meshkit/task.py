@@ -1,0 +1,141 @@
+"""The task contract: a user's model and data, and how one is found by name.
+
+A task is any object with the methods of :class:`Task`. It is selected in a
+config as ``[run] task = NAME``, where ``NAME`` is either a registered task
+(``meshkit plugins --kind task``) or ``"module:attribute"``. The attribute is
+a task factory (a class or function) or a :class:`meshkit.Component`; a
+factory with an attrs ``Options`` attribute receives the ``[task]`` table
+structured into it, one without is called with no arguments.
+
+Every node builds its own copy of the task from the same name and options, so
+the data never travels: the coordinator tells a worker *which shard* to fit,
+not what is in it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import attrs
+
+from meshkit.components import Component
+from meshkit.errors import ConfigError
+from meshkit.options import structure_options
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["FitResult", "Task", "resolve_task_component", "create_task", "check_task"]
+
+#: The methods every task has; the rest are needed only by the strategies that use them.
+REQUIRED = ("init_state", "train_data", "fit", "evaluate")
+OPTIONAL = {
+    "gradients": "data-parallel",
+    "apply": "data-parallel",
+    "stages": "model-parallel",
+    "run_stage": "model-parallel",
+}
+
+
+@attrs.frozen
+class FitResult:
+    """What a fit (or a gradient computation) on one shard produced.
+
+    ``examples`` is the realized work (examples processed), which is the
+    weight ``fedavg`` gives this contribution.
+    """
+
+    state: Mapping[str, Any]
+    examples: int
+    metrics: Mapping[str, float] = attrs.Factory(dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A model and its data, as meshkit drives them.
+
+    States are mappings ``name -> numpy array | JSON value``.
+    """
+
+    def init_state(self, seed: int) -> dict[str, Any]:
+        """The initial model, a pure function of ``seed`` (every node agrees)."""
+
+    def train_data(self) -> tuple[np.ndarray, np.ndarray]:
+        """Training inputs and targets, rows paired; strategies shard them."""
+
+    def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
+            seed: int) -> FitResult:
+        """Train from ``state`` on one shard; deterministic given ``seed``."""
+
+    def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
+        """Held-out metrics (``loss``, ``accuracy``, ...) of ``state``."""
+
+    # Optional, per strategy:
+    #   gradients(state, x, y) -> FitResult     (data-parallel)
+    #   apply(state, gradients) -> state        (data-parallel)
+    #   stages() -> Sequence[str]               (model-parallel: the graph, in order)
+    #   run_stage(state, node, x) -> activation (model-parallel)
+
+
+def _import_reference(reference: str) -> Any:
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(
+            f"task {reference!r}: expected a registered task name or 'module:attribute'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"task {reference!r}: cannot import module {module_name!r} ({exc}); is it "
+            f"on PYTHONPATH on every node?") from None
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(
+                f"task {reference!r}: module {module_name!r} has no attribute "
+                f"{attribute!r}") from None
+    return obj
+
+
+def resolve_task_component(name: str, pset: Any = None) -> Component:
+    """The :class:`Component` behind a task name or ``module:attribute``."""
+    if ":" in name:
+        obj = _import_reference(name)
+        if isinstance(obj, Component):
+            return obj
+        if not callable(obj):
+            raise ConfigError(
+                f"task {name!r} is a {type(obj).__name__}, not a task factory; point it at "
+                f"a class or function that builds the task")
+        options = getattr(obj, "Options", None)
+        if options is not None and not attrs.has(options):
+            options = None
+        return Component(name, obj, options=options, summary="selected by module reference")
+    if pset is None:
+        from meshkit import plugins
+
+        pset = plugins.default()
+    return pset.registry.get("task", name)
+
+
+def create_task(name: str, options: Mapping[str, Any] | Any = None, pset: Any = None) -> Any:
+    """Build the task ``name`` with its ``[task]`` table (a mapping or options object)."""
+    component = resolve_task_component(name, pset)
+    if component.options is not None and isinstance(options, component.options):
+        return check_task(component.build(options), name)
+    structured = structure_options(component, dict(options or {}), where="[task]")
+    return check_task(component.build(structured), name)
+
+
+def check_task(task: Any, name: str = "task", needs: Sequence[str] = ()) -> Any:
+    """Refuse a task that lacks a method the run will call (before anything starts)."""
+    missing = [m for m in (*REQUIRED, *needs) if not callable(getattr(task, m, None))]
+    if missing:
+        why = "; ".join(
+            f"{m}()" + (f" (needed by {OPTIONAL[m]})" if m in OPTIONAL else "") for m in missing)
+        raise ConfigError(
+            f"task {name!r} ({type(task).__name__}) is missing {why}. A task needs "
+            f"{', '.join(REQUIRED)}; see docs/tasks.md")
+    return task

@@ -1,0 +1,96 @@
+"""Options (the ``[strategy]`` keys) of the built-in strategies: attrs only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "LocalOptions",
+    "DataParallelOptions",
+    "FederatedOptions",
+    "PartitionOptions",
+    "BoardOptions",
+    "ModelParallelOptions",
+]
+
+
+def _at_least(low: int) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value < low:
+            raise ValueError(f"{attribute.name} must be at least {low}, got {value}")
+    return check
+
+
+def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{attribute.name} must be in (0, 1], got {value}")
+
+
+@attrs.frozen
+class LocalOptions:
+    rounds: int = attrs.field(default=5, validator=_at_least(1))
+
+
+@attrs.frozen
+class DataParallelOptions:
+    rounds: int = attrs.field(default=5, validator=_at_least(1))
+    #: Synchronous steps per round (one aggregated gradient each).
+    steps: int = attrs.field(default=20, validator=_at_least(1))
+    #: Examples per replica per step (0: the replica's whole shard).
+    batch_size: int = attrs.field(default=32, validator=_at_least(0))
+    #: Fewest replicas a step may complete with after workers are dropped.
+    min_workers: int = attrs.field(default=1, validator=_at_least(1))
+
+
+@attrs.frozen
+class FederatedOptions:
+    rounds: int = attrs.field(default=5, validator=_at_least(1))
+    #: How many clients (data shards); 0 means one per worker.
+    clients: int = attrs.field(default=0, validator=_at_least(0))
+    #: A round needs answers from at least this many clients, or the run stops.
+    min_clients: int = attrs.field(default=1, validator=_at_least(1))
+    #: Share of the clients sampled each round (seeded, so reproducible).
+    fraction: float = attrs.field(default=1.0, validator=_fraction)
+
+
+@attrs.frozen
+class PartitionOptions:
+    """One ``[[strategy.partitions]]`` table: the nodes and where they run."""
+
+    nodes: list[str]
+    #: Pin to this worker rank ...
+    rank: int | None = None
+    #: ... or to the worker advertising this tag.
+    tag: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.rank is None) == (self.tag is None):
+            raise ValueError(
+                f"partition {self.nodes}: give exactly one of rank = N or tag = \"...\"")
+
+
+@attrs.frozen
+class BoardOptions:
+    """One ``[[strategy.boards]]`` table: a fixed-function rank a local launch starts.
+
+    It joins as ``meshkit node --board BOARD --board-option K=V ...``; pin a
+    partition to it with ``tag = STAGE_ID`` (its ``stage_id`` option).
+    """
+
+    options: dict[str, Any]
+    board: str = "loopback"
+
+
+@attrs.frozen
+class ModelParallelOptions:
+    partitions: list[PartitionOptions] = attrs.Factory(list)
+    #: Fixed-function ranks to start alongside the workers (launch = "local").
+    boards: list[BoardOptions] = attrs.Factory(list)
+    #: Passes of the held-out set through the pipeline.
+    rounds: int = attrs.field(default=1, validator=_at_least(1))
+    #: Rows per activation sent between stages.
+    batch_size: int = attrs.field(default=128, validator=_at_least(1))
+    #: A checkpoint file or run directory whose model to serve ("" = the initial model).
+    state_from: str = ""

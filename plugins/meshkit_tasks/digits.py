@@ -1,0 +1,198 @@
+"""The ``digits`` task: a small numpy MLP on the 8x8 handwritten digits.
+
+The data (1,797 images, see ``data/README.md`` for provenance and licence)
+ships inside this package, so nothing is downloaded at run time. The model is
+``scale -> hidden (tanh) -> output (logits)``, each stage a node of the graph
+model-parallel runs: ``scale`` divides the 0..16 pixels by 16 and has no
+parameters, which is what lets a fixed-function board serve it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.resources
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from meshkit.task import FitResult
+from meshkit_tasks.options import DigitsOptions
+
+__all__ = ["DigitsOptions", "DigitsTask", "load_digits"]
+
+_DATA_LOCK = threading.Lock()
+_DATA: tuple[np.ndarray, np.ndarray] | None = None
+
+#: The graph model-parallel partitions, in execution order.
+STAGES = ("scale", "hidden", "output")
+PIXEL_MAX = 16.0
+CLASSES = 10
+FEATURES = 64
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """All 1,797 images as ``(x float64 [n, 64] in 0..16, y int64 [n])``, read once."""
+    global _DATA
+    with _DATA_LOCK:
+        if _DATA is None:
+            resource = importlib.resources.files("meshkit_tasks") / "data" / "digits.csv.gz"
+            with resource.open("rb") as raw, gzip.open(raw, "rt") as text:
+                table = np.loadtxt(text, delimiter=",", dtype=np.float64)
+            x = np.ascontiguousarray(table[:, :FEATURES])
+            y = table[:, FEATURES].astype(np.int64)
+            x.setflags(write=False)
+            y.setflags(write=False)
+            _DATA = (x, y)
+        return _DATA
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    np.exp(shifted, out=shifted)
+    shifted /= shifted.sum(axis=1, keepdims=True)
+    return shifted
+
+
+class DigitsTask:
+    """Model and data for the 8x8 digits (the :class:`meshkit.task.Task` protocol)."""
+
+    Options = DigitsOptions
+
+    def __init__(self, options: DigitsOptions | None = None) -> None:
+        self.options = options or DigitsOptions()
+        x, y = load_digits()
+        order = np.random.default_rng(self.options.split_seed).permutation(len(y))
+        n_test = int(round(len(y) * self.options.test_fraction))
+        test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+        self._train = (x[train], y[train])
+        self._test = (x[test], y[test])
+
+    # -- data ---------------------------------------------------------------
+
+    def train_data(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._train
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._test
+
+    # -- model --------------------------------------------------------------
+
+    def init_state(self, seed: int) -> dict[str, Any]:
+        """Glorot-uniform weights, zero biases, all from ``seed``."""
+        rng = np.random.default_rng(seed)
+        h = self.options.hidden
+
+        def glorot(fan_in: int, fan_out: int) -> np.ndarray:
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            return rng.uniform(-limit, limit, size=(fan_in, fan_out))
+
+        return {
+            "hidden.w": glorot(FEATURES, h),
+            "hidden.b": np.zeros(h),
+            "output.w": glorot(h, CLASSES),
+            "output.b": np.zeros(CLASSES),
+        }
+
+    def _params(self, state: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        params = {}
+        for key in ("hidden.w", "hidden.b", "output.w", "output.b"):
+            if key not in state:
+                raise KeyError(f"digits: the state has no {key!r}; keys are {sorted(state)}")
+            params[key] = np.array(state[key], dtype=np.float64)  # a private, writable copy
+        return params
+
+    def _loss_and_grads(self, p: Mapping[str, np.ndarray], x: np.ndarray,
+                        y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        a0 = x / PIXEL_MAX
+        h = np.tanh(a0 @ p["hidden.w"] + p["hidden.b"])
+        probs = _softmax(h @ p["output.w"] + p["output.b"])
+        n = len(y)
+        rows = np.arange(n)
+        loss = float(-np.log(np.maximum(probs[rows, y], 1e-12)).mean())
+        # d(mean cross-entropy)/d(logits) = (softmax - onehot) / n, in place.
+        probs[rows, y] -= 1.0
+        probs /= n
+        grads = {"output.w": h.T @ probs, "output.b": probs.sum(axis=0)}
+        dh = probs @ p["output.w"].T
+        dh *= 1.0 - h * h
+        grads["hidden.w"] = a0.T @ dh
+        grads["hidden.b"] = dh.sum(axis=0)
+        return loss, grads
+
+    def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
+            seed: int) -> FitResult:
+        """Minibatch SGD over the shard for ``epochs`` passes, from ``state``.
+
+        With ``proximal_mu > 0`` this is FedProx's client update: the gradient
+        gains ``mu * (w - w_start)``, where ``w_start`` is the global model the
+        round handed this client.
+        """
+        opts = self.options
+        p = self._params(state)
+        anchor = {k: v.copy() for k, v in p.items()} if opts.proximal_mu > 0 else None
+        rng = np.random.default_rng(seed)
+        n = len(y)
+        losses: list[float] = []
+        for _ in range(opts.epochs):
+            order = rng.permutation(n)
+            losses.clear()
+            for start in range(0, n, opts.batch_size):
+                batch = order[start:start + opts.batch_size]
+                loss, grads = self._loss_and_grads(p, x[batch], y[batch])
+                losses.append(loss * len(batch))
+                for key, g in grads.items():
+                    if anchor is not None:
+                        g += opts.proximal_mu * (p[key] - anchor[key])
+                    g *= opts.lr
+                    np.subtract(p[key], g, out=p[key])
+        return FitResult(state=p, examples=n * opts.epochs,
+                         metrics={"train_loss": float(sum(losses) / max(n, 1))})
+
+    def gradients(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray) -> FitResult:
+        """Mean cross-entropy gradients on ``(x, y)``; ``state`` of the result holds them."""
+        loss, grads = self._loss_and_grads(self._params(state), x, y)
+        return FitResult(state=grads, examples=len(y), metrics={"train_loss": loss})
+
+    def apply(self, state: Mapping[str, Any], gradients: Mapping[str, Any]) -> dict[str, Any]:
+        """One SGD step: ``w - lr * g``."""
+        p = self._params(state)
+        for key, value in p.items():
+            g = np.asarray(gradients[key], dtype=np.float64)
+            value -= self.options.lr * g
+        return p
+
+    def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
+        """Loss and accuracy on the held-out split."""
+        x, y = self._test
+        probs = self.predict(state, x)
+        loss = float(-np.log(np.maximum(probs[np.arange(len(y)), y], 1e-12)).mean())
+        accuracy = float((probs.argmax(axis=1) == y).mean())
+        return {"loss": loss, "accuracy": accuracy}
+
+    def predict(self, state: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
+        out = np.asarray(x, dtype=np.float64)
+        for node in STAGES:
+            out = self.run_stage(state, node, out)
+        return _softmax(out)
+
+    # -- model-parallel -----------------------------------------------------
+
+    def stages(self) -> tuple[str, ...]:
+        return STAGES
+
+    def run_stage(self, state: Mapping[str, Any], node: str, x: np.ndarray) -> np.ndarray:
+        """Run one node of the graph on an activation (logits come out of ``output``)."""
+        x = np.asarray(x, dtype=np.float64)
+        if node == "scale":
+            return x / PIXEL_MAX
+        if node == "hidden":
+            return np.tanh(x @ np.asarray(state["hidden.w"]) + np.asarray(state["hidden.b"]))
+        if node == "output":
+            return x @ np.asarray(state["output.w"]) + np.asarray(state["output.b"])
+        raise KeyError(f"digits has no stage {node!r}; its stages are {', '.join(STAGES)}")
+
+    def stage_keys(self, node: str) -> tuple[str, ...]:
+        """The state keys a stage needs (what a worker running it is sent)."""
+        return tuple(k for k in ("hidden.w", "hidden.b", "output.w", "output.b")
+                     if k.startswith(node + "."))

@@ -1,0 +1,44 @@
+"""Options of the built-in tasks (cheap to import: attrs only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["DigitsOptions"]
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be zero or more, got {value}")
+
+
+def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{attribute.name} must be between 0 and 1 (exclusive), got {value}")
+
+
+@attrs.frozen
+class DigitsOptions:
+    """``[task]`` keys for ``digits``."""
+
+    #: Width of the hidden layer.
+    hidden: int = attrs.field(default=32, validator=_positive)
+    #: SGD learning rate (client-side fit and data-parallel apply).
+    lr: float = attrs.field(default=0.1, validator=_positive)
+    #: Passes over the shard per federated fit.
+    epochs: int = attrs.field(default=1, validator=_positive)
+    batch_size: int = attrs.field(default=32, validator=_positive)
+    #: FedProx proximal coefficient: adds ``mu/2 * ||w - w_global||^2`` to the
+    #: client loss, so clients are pulled towards the model they started from.
+    proximal_mu: float = attrs.field(default=0.0, validator=_non_negative)
+    #: Share of the images held out for evaluation (never trained on).
+    test_fraction: float = attrs.field(default=0.2, validator=_fraction)
+    #: Seed of the train/test split (fixed, so every node agrees on it).
+    split_seed: int = 0

@@ -1,0 +1,65 @@
+"""Checkpoints: atomic, numpy-only (never pickle), and faithful round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from meshkit.errors import ConfigError
+
+
+def sample(round_: int = 3) -> Checkpoint:
+    rng = np.random.default_rng(5)
+    rng.random(3)
+    return Checkpoint(
+        round=round_,
+        state={"w": np.arange(6, dtype=np.float32).reshape(2, 3), "note": {"mu": 1.5}},
+        outer_state={"m": {"w": np.ones(3)}, "t": 4, "lr": 0.1},
+        rng_state=rng.bit_generator.state,
+        identity={"task": "digits", "seed": 0})
+
+
+def test_a_checkpoint_round_trips_arrays_json_outer_state_and_the_rng(tmp_path):
+    save_checkpoint(tmp_path, sample())
+    back = load_checkpoint(tmp_path)
+    assert back.round == 3
+    assert back.state["w"].dtype == np.float32
+    assert np.array_equal(back.state["w"], np.arange(6).reshape(2, 3))
+    assert back.state["note"] == {"mu": 1.5}
+    assert np.array_equal(back.outer_state["m"]["w"], np.ones(3))
+    assert back.outer_state["t"] == 4
+    restored = np.random.default_rng(0)
+    restored.bit_generator.state = back.rng_state
+    original = np.random.default_rng(5)
+    original.random(3)
+    assert restored.random() == original.random(), "sampling continues where it stopped"
+
+
+def test_a_new_checkpoint_replaces_the_old_one_without_leaving_temporaries(tmp_path):
+    save_checkpoint(tmp_path, sample(1))
+    save_checkpoint(tmp_path, sample(2))
+    assert load_checkpoint(tmp_path / "checkpoint.npz").round == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz"]
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path):
+    save_checkpoint(tmp_path, sample(1))
+    bad = Checkpoint(round=2, state={"w": np.array([object()], dtype=object)})
+    with pytest.raises(ConfigError, match="only pickle"):
+        save_checkpoint(tmp_path, bad)
+    assert load_checkpoint(tmp_path).round == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz"]
+
+
+def test_loading_never_unpickles(tmp_path):
+    # An npz smuggling a pickled object array is refused, not executed.
+    np.savez(tmp_path / "checkpoint.npz", __meta__=np.frombuffer(b"{}", dtype=np.uint8),
+             evil=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(ConfigError, match="unreadable"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_missing_checkpoint_says_there_is_nothing_to_resume(tmp_path):
+    with pytest.raises(ConfigError, match="nothing to resume from"):
+        load_checkpoint(tmp_path)
