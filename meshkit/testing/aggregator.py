@@ -1,0 +1,358 @@
+"""The aggregator contract suite.
+
+Subclass :class:`AggregatorContract` in a test module and point it at your
+component; pytest collects the inherited tests::
+
+    class TestMedian(AggregatorContract):
+        component = "median"            # the registered name
+        options = {}                    # the config table, if any
+        weighted = True                 # weight k behaves as k copies
+        reference = staticmethod(lambda values, weights: np.median(values, axis=0))
+
+What it checks is meshkit's aggregation contract: strictness (a missing key,
+a shape or dtype that disagrees, zero contributors, a bad weight, each is an
+:class:`meshkit.AggregationError` naming the key), identity for one
+contributor, dtype preservation, no mutation of the inputs, independence from
+the order contributors arrive in, weighted semantics when declared, and that
+the streaming form (``begin()``) gives what the batch form gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from meshkit.errors import AggregationError
+from meshkit.testing.support import (
+    ContractBase,
+    assert_states_close,
+    assert_states_identical,
+    bfloat16,
+    float_dtypes,
+    snapshot,
+)
+
+__all__ = ["AggregatorContract"]
+
+State = Mapping[str, Any]
+
+
+def _contributions(n: int, dtype: Any = np.float32, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {"w": rng.standard_normal((3, 4)).astype(dtype),
+         "b": rng.standard_normal(5).astype(dtype)}
+        for _ in range(n)
+    ]
+
+
+def _values(states: Sequence[State], key: str) -> np.ndarray:
+    return np.stack([np.asarray(s[key]).astype(np.float64) for s in states])
+
+
+class AggregatorContract(ContractBase):
+    """Conformance tests every meshkit aggregator must pass."""
+
+    kind: ClassVar[str] = "aggregator"
+
+    #: Weight ``k`` behaves exactly like ``k`` copies of the contribution, and
+    #: scaling every weight by the same factor changes nothing. Set it for any
+    #: aggregator the reduce service may feed realized-work weights. When
+    #: False the suite only gives equal weights, and unequal ones must be
+    #: refused (AggregationError) or ignored.
+    weighted: ClassVar[bool] = False
+    #: The aggregator combines JSON leaves (numbers number by number, objects
+    #: key by key, lists position by position; other values must agree).
+    json_values: ClassVar[bool] = True
+    #: The result lies between the smallest and largest contribution,
+    #: coordinate by coordinate (true of every mean, median or selection).
+    bounded: ClassVar[bool] = True
+    #: Optional ``reference(values, weights) -> expected`` computed in
+    #: float64: ``values`` has the contributors on axis 0, ``weights`` is a
+    #: float64 vector (all ones when the test passes no weights).
+    reference: ClassVar[Callable[[np.ndarray, np.ndarray], np.ndarray] | None] = None
+
+    # -- helpers ---------------------------------------------------------
+
+    def weights(self, weights: Sequence[float]) -> list[float]:
+        """``weights`` for a weighted aggregator, equal weights for an unweighted one."""
+        return list(weights) if self.weighted else [1.0] * len(weights)
+
+    def aggregate(self, states: Sequence[State], weights: Sequence[float] | None = None,
+                  agg: Any = None) -> dict[str, Any]:
+        agg = self.make() if agg is None else agg
+        return agg.aggregate(list(states), weights) if weights is not None \
+            else agg.aggregate(list(states))
+
+    def refused(self, states: Sequence[State], weights: Sequence[float] | None = None,
+                *, what: str) -> AggregationError:
+        try:
+            result = self.aggregate(states, weights)
+        except AggregationError as exc:
+            return exc
+        except Exception as exc:  # the right refusal, the wrong type
+            pytest.fail(f"{what}: expected meshkit.AggregationError, got "
+                        f"{type(exc).__name__}: {exc}", pytrace=False)
+        pytest.fail(f"{what}: expected meshkit.AggregationError, but the aggregator "
+                    f"returned a result: {result!r}", pytrace=False)
+
+    # -- identity and dtypes ----------------------------------------------
+
+    @pytest.mark.parametrize("dtype", float_dtypes(), ids=str)
+    def test_one_contributor_is_returned_unchanged(self, dtype: Any) -> None:
+        (state,) = _contributions(1, dtype)
+        assert_states_identical(self.aggregate([snapshot(state)]), state,
+                                what="aggregate([s])")
+        assert_states_identical(self.aggregate([snapshot(state)], [1.0]), state,
+                                what="aggregate([s], weights=[1.0])")
+        # Any positive weight: (w * x) / w may round in the last bit in float64.
+        assert_states_close(self.aggregate([snapshot(state)], [2.5]), state,
+                            what="aggregate([s], weights=[2.5])")
+
+    def test_identical_contributions_give_that_contribution(self) -> None:
+        (state,) = _contributions(1)
+        result = self.aggregate([snapshot(state) for _ in range(3)],
+                                self.weights([1.0, 2.0, 3.0]))
+        assert_states_close(result, state, what="aggregate([s, s, s])")
+
+    def test_each_array_keeps_its_input_dtype(self) -> None:
+        rng = np.random.default_rng(1)
+        states = [{str(np.dtype(d)): rng.standard_normal(6).astype(d) for d in float_dtypes()}
+                  for _ in range(3)]
+        result = self.aggregate(states, self.weights([1.0, 1.0, 2.0]))
+        for key, value in states[0].items():
+            assert isinstance(result[key], np.ndarray), (
+                f"key {key!r}: expected a numpy array, got {type(result[key]).__name__}")
+            assert result[key].dtype == value.dtype, (
+                f"key {key!r}: a {value.dtype} input came back as {result[key].dtype}; "
+                f"return each array in its input dtype")
+            assert result[key].shape == value.shape
+
+    def test_inputs_are_not_modified(self) -> None:
+        states = _contributions(3)
+        before = [snapshot(s) for s in states]
+        self.aggregate(states, self.weights([1.0, 2.0, 3.0]))
+        for i, (after, orig) in enumerate(zip(states, before)):
+            assert_states_identical(after, orig, what=f"contribution {i} after aggregate")
+
+    # -- strictness -------------------------------------------------------
+
+    @pytest.mark.parametrize("position", [0, 1, 2], ids=lambda p: f"contributor{p}")
+    def test_a_missing_key_is_refused_naming_it(self, position: int) -> None:
+        states = _contributions(3)
+        del states[position]["b"]
+        exc = self.refused(states, what=f"contributor {position} lacks key 'b'")
+        assert "'b'" in str(exc) or '"b"' in str(exc) or " b " in f" {exc} ", (
+            f"the error should name the missing key 'b': {exc}")
+
+    def test_a_shape_mismatch_is_refused_naming_the_key(self) -> None:
+        states = _contributions(3)
+        states[2]["w"] = states[2]["w"].reshape(4, 3)
+        exc = self.refused(states, what="key 'w' has shape (4, 3) in one contributor")
+        assert "w" in str(exc), f"the error should name the key 'w': {exc}"
+
+    def test_a_dtype_mismatch_is_refused_naming_the_key(self) -> None:
+        states = _contributions(3)
+        states[1]["b"] = states[1]["b"].astype(np.float64)
+        exc = self.refused(states, what="key 'b' is float64 in one contributor")
+        assert "b" in str(exc), f"the error should name the key 'b': {exc}"
+
+    def test_zero_contributors_are_refused(self) -> None:
+        self.refused([], what="no contributions at all")
+        self.refused([], [], what="no contributions at all (empty weights)")
+
+    @pytest.mark.parametrize("weights", [
+        [1.0, -1.0, 1.0],
+        [1.0, float("nan"), 1.0],
+        [1.0, float("inf"), 1.0],
+        [0.0, 0.0, 0.0],
+        [1.0, 1.0],
+    ], ids=["negative", "nan", "inf", "all-zero", "wrong-count"])
+    def test_a_bad_weight_is_refused(self, weights: list[float]) -> None:
+        self.refused(_contributions(3), weights, what=f"weights {weights}")
+
+    def test_a_nan_contribution_is_refused_or_visible(self) -> None:
+        states = _contributions(3)
+        states[1]["w"] = states[1]["w"].copy()
+        states[1]["w"][0, 0] = np.nan
+        try:
+            result = self.aggregate(states)
+        except AggregationError:
+            return  # refusing is fine
+        assert np.isnan(np.asarray(result["w"], dtype=np.float64)[0, 0]), (
+            "a NaN in one contribution vanished from the result: aggregating over the "
+            "finite contributions only hides a diverged worker; propagate the NaN or "
+            "raise AggregationError")
+
+    # -- semantics --------------------------------------------------------
+
+    def test_the_order_of_contributors_does_not_matter(self) -> None:
+        states = _contributions(4, np.float64)
+        weights = self.weights([1.0, 2.0, 3.0, 4.0])
+        forward = self.aggregate(states, weights)
+        order = [2, 0, 3, 1]
+        permuted = self.aggregate([states[i] for i in order], [weights[i] for i in order])
+        assert_states_close(permuted, forward, what="contributors in another order",
+                            rtol=1e-9, atol=1e-12)
+
+    def test_no_weights_means_equal_weights(self) -> None:
+        states = _contributions(3, np.float64)
+        plain = self.aggregate(states)
+        assert_states_close(self.aggregate(states, [1.0, 1.0, 1.0]), plain,
+                            what="weights [1, 1, 1] vs none", rtol=1e-9, atol=1e-12)
+        assert_states_close(self.aggregate(states, [2.0, 2.0, 2.0]), plain,
+                            what="weights [2, 2, 2] vs none", rtol=1e-9, atol=1e-12)
+
+    def test_the_result_lies_within_the_contributions(self) -> None:
+        if not self.bounded:
+            pytest.skip("the aggregator declares bounded = False")
+        states = _contributions(5, np.float64, seed=3)
+        result = self.aggregate(states, self.weights([1.0, 3.0, 0.5, 2.0, 1.0]))
+        for key in states[0]:
+            values = _values(states, key)
+            got = np.asarray(result[key], dtype=np.float64)
+            slack = 1e-9 * (1 + np.abs(values).max())
+            assert np.all(got >= values.min(axis=0) - slack) and \
+                np.all(got <= values.max(axis=0) + slack), (
+                f"key {key!r}: the result leaves the range of the contributions")
+
+    def test_the_result_depends_on_every_contributor(self) -> None:
+        # Catches an aggregator that returns one contribution (the first, the
+        # last) or ignores some: moving every contributor but one must move
+        # the result for a mean, and for any robust rule when all but one move.
+        states = _contributions(3, np.float64, seed=4)
+        base = self.aggregate(states)
+        for i in range(len(states)):
+            moved = [snapshot(s) for s in states]
+            for j, s in enumerate(moved):
+                if j != i:
+                    s["w"] = s["w"] + 10.0
+            shifted = self.aggregate(moved)
+            assert not np.allclose(np.asarray(shifted["w"], dtype=np.float64),
+                                   np.asarray(base["w"], dtype=np.float64)), (
+                f"moving every contributor except number {i} by +10 left the result "
+                f"unchanged: the aggregator follows contributor {i} alone")
+
+    def test_integer_weights_count_as_copies(self) -> None:
+        if not self.weighted:
+            pytest.skip("the aggregator does not declare weighted = True")
+        a, b, c = _contributions(3, np.float64, seed=5)
+        weighted = self.aggregate([a, b, c], [2.0, 1.0, 3.0])
+        copies = self.aggregate([a, a, b, c, c, c])
+        assert_states_close(weighted, copies, what="weights [2, 1, 3] vs copies",
+                            rtol=1e-9, atol=1e-12)
+
+    def test_scaling_every_weight_changes_nothing(self) -> None:
+        if not self.weighted:
+            pytest.skip("the aggregator does not declare weighted = True")
+        states = _contributions(3, np.float64, seed=6)
+        one = self.aggregate(states, [1.0, 2.0, 5.0])
+        assert_states_close(self.aggregate(states, [10.0, 20.0, 50.0]), one,
+                            what="weights x10", rtol=1e-9, atol=1e-12)
+        assert_states_close(self.aggregate(states, [0.1, 0.2, 0.5]), one,
+                            what="weights x0.1", rtol=1e-9, atol=1e-12)
+
+    def test_the_weights_change_the_result(self) -> None:
+        if not self.weighted:
+            pytest.skip("the aggregator does not declare weighted = True")
+        states = _contributions(3, np.float64, seed=7)
+        even = self.aggregate(states)
+        skewed = self.aggregate(states, [1.0, 1.0, 8.0])
+        assert not np.allclose(np.asarray(even["w"], dtype=np.float64),
+                               np.asarray(skewed["w"], dtype=np.float64)), (
+            "weights [1, 1, 8] gave the same result as equal weights: the aggregator "
+            "declares weighted = True but ignores its weights")
+
+    def test_unequal_weights_are_refused_or_ignored(self) -> None:
+        if self.weighted:
+            pytest.skip("weighted: checked by the weighted-semantics tests")
+        states = _contributions(3, np.float64, seed=11)
+        try:
+            result = self.aggregate(states, [1.0, 1.0, 8.0])
+        except AggregationError:
+            return  # refusing unequal work is honest
+        assert_states_close(result, self.aggregate(states), what="weights [1, 1, 8] given to "
+                            "an aggregator that does not declare weighted = True",
+                            rtol=1e-9, atol=1e-12)
+
+    def test_matches_the_declared_reference(self) -> None:
+        reference = type(self).reference
+        if reference is None:
+            pytest.skip("no reference declared")
+        states = _contributions(5, np.float64, seed=8)
+        for weights in (None, self.weights([1.0, 2.0, 3.0, 1.0, 4.0])):
+            w = np.ones(len(states)) if weights is None else np.asarray(weights, dtype=np.float64)
+            result = self.aggregate(states, weights)
+            for key in states[0]:
+                expected = np.asarray(reference(_values(states, key), w))
+                np.testing.assert_allclose(
+                    np.asarray(result[key], dtype=np.float64), expected, rtol=1e-9,
+                    atol=1e-12, err_msg=f"key {key!r}, weights {weights}")
+
+    # -- JSON leaves --------------------------------------------------------
+
+    def test_json_values_are_combined_and_non_numbers_must_agree(self) -> None:
+        if not self.json_values:
+            pytest.skip("the aggregator declares json_values = False")
+        states = [
+            {"w": np.full(2, float(i), np.float32), "mu": float(i), "name": "net",
+             "cfg": {"lr": 0.1 * (i + 1), "tag": "x"}, "hist": [float(i), 1.0]}
+            for i in range(3)
+        ]
+        result = self.aggregate(states)
+        assert result["name"] == "net" and result["cfg"]["tag"] == "x", (
+            f"identical non-numeric values must come back unchanged, got {result!r}")
+        assert 0.0 <= float(result["mu"]) <= 2.0, f"'mu' should be combined, got {result['mu']!r}"
+        assert 0.1 - 1e-9 <= float(result["cfg"]["lr"]) <= 0.3 + 1e-9
+        assert len(result["hist"]) == 2 and float(result["hist"][1]) == 1.0
+
+        states[2]["name"] = "other-net"
+        exc = self.refused(states, what="key 'name' is 'net' in two contributors, "
+                                        "'other-net' in one")
+        assert "name" in str(exc), f"the error should name the key 'name': {exc}"
+
+    # -- streaming ----------------------------------------------------------
+
+    def _fold(self, agg: Any) -> Any:
+        if hasattr(agg, "begin"):
+            return agg.begin()
+        try:
+            from meshkit import aggregation
+        except ImportError:
+            pytest.skip("no begin() and no meshkit.aggregation adapter")
+        return aggregation.begin(agg)
+
+    def test_streaming_equals_batch(self) -> None:
+        agg = self.make()
+        states = _contributions(4, seed=9)
+        weights = self.weights([1.0, 3.0, 2.0, 0.5])
+        fold = self._fold(agg)
+        for i, (s, w) in enumerate(zip(states, weights)):
+            fold.add(s, w, source=f"rank {i + 1}")
+        assert_states_close(fold.result(), self.aggregate(states, weights),
+                            what="fold (begin/add/result) vs aggregate")
+
+    def test_an_empty_fold_is_refused(self) -> None:
+        fold = self._fold(self.make())
+        with pytest.raises(AggregationError):
+            fold.result()
+
+    def test_a_streaming_refusal_names_the_contributor(self) -> None:
+        agg = self.make()
+        if not hasattr(agg, "begin"):
+            pytest.skip("no streaming form of its own (begin())")
+        states = _contributions(3, seed=10)
+        del states[2]["b"]
+        fold = agg.begin()
+        with pytest.raises(AggregationError) as info:
+            for i, s in enumerate(states):
+                fold.add(s, 1.0, source=f"rank {i + 5}")
+            fold.result()
+        assert "rank 7" in str(info.value), (
+            f"the error should name the contributor that lacks 'b' (source 'rank 7'): "
+            f"{info.value}")
+
+
+_ = bfloat16  # re-exported for subclasses that build their own states

@@ -1,0 +1,169 @@
+"""The strategy contract suite.
+
+Subclass :class:`StrategyContract` and point it at your strategy::
+
+    class TestMyLoop(StrategyContract):
+        component = "my-loop"
+        options = {"rounds": 2}     # keep it short: every test runs the loop
+        workers = 2
+
+Each test drives the strategy through a real
+:class:`meshkit.StrategyContext` whose workers are in-process trainers
+(:class:`meshkit.trainer.LocalPool`) running ``task`` (the shipped ``digits``
+task by default), so no process or socket is involved.
+
+What it checks: ``run(ctx)`` returns the final state after reporting every
+round once, in order, with a JSON-serialisable report; the same seed gives
+the same model bit for bit; a stop request ends the run between rounds with
+:class:`meshkit.strategy.RunStopped`; a worker that stops answering is
+dropped and named, or stops the run with a :class:`meshkit.MeshError`, never
+anything else; the final state is a valid meshkit state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, ClassVar, Mapping
+
+import pytest
+
+from meshkit.errors import MeshError
+from meshkit.testing.support import ContractBase, assert_states_identical, json_leaves_ok
+
+__all__ = ["StrategyContract"]
+
+
+class _Recorder:
+    """``on_round`` that keeps every report (``ctx.on_round.reports``)."""
+
+    def __init__(self, then: Callable[[Any, Mapping[str, Any]], None] | None) -> None:
+        self.reports: list[Any] = []
+        self._then = then
+
+    def __call__(self, report: Any, state: Mapping[str, Any]) -> None:
+        self.reports.append(report)
+        if self._then is not None:
+            self._then(report, state)
+
+
+def _reports(ctx: Any) -> list[Any]:
+    return ctx.on_round.reports
+
+
+class StrategyContract(ContractBase):
+    """Conformance tests every meshkit strategy must pass."""
+
+    kind: ClassVar[str] = "strategy"
+
+    #: The strategy's options; keep ``rounds`` small.
+    options: ClassVar[Mapping[str, Any]] = {"rounds": 2}
+    #: Worker ranks 1..workers serve the strategy.
+    workers: ClassVar[int] = 2
+    #: The task the workers train (a registered name) and its options.
+    task: ClassVar[str] = "digits"
+    task_options: ClassVar[Mapping[str, Any]] = {}
+    #: Aggregator and outer optimizer handed to the strategy.
+    aggregator: ClassVar[str] = "fedavg"
+    outer_optimizer: ClassVar[str] = "average"
+    seed: ClassVar[int] = 0
+
+    # -- building a context --------------------------------------------------
+
+    def _create(self, kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
+        if self.plugins is not None:
+            from meshkit.testing import make_plugin_set
+
+            return make_plugin_set(*self.plugins, entry_points=True).create(kind, name, options)
+        from meshkit import plugins
+
+        return plugins.create(kind, name, options)
+
+    def make_context(self, *, fail: Callable[[int, Mapping[str, Any]], str | None] | None = None,
+                     on_round: Callable[[Any, Mapping[str, Any]], None] | None = None,
+                     seed: int | None = None) -> Any:
+        """A StrategyContext over in-process workers (``fail`` simulates lost ones)."""
+        import numpy as np
+
+        from meshkit.strategy import StrategyContext
+        from meshkit.trainer import LocalPool
+
+        seed = self.seed if seed is None else seed
+        build_task = lambda: self._create("task", self.task, dict(self.task_options))  # noqa: E731
+        ranks = list(range(1, self.workers + 1))
+        ctx = StrategyContext(
+            task=build_task(), aggregator=self._create("aggregator", self.aggregator),
+            pool=LocalPool.of(build_task, ranks, fail=fail), workers=ranks,
+            rng=np.random.default_rng(seed), seed=seed,
+            outer=self._create("outer_optimizer", self.outer_optimizer),
+            outer_name=self.outer_optimizer, strategy_name=self.component or "",
+            timeout=30.0, on_round=_Recorder(on_round))
+        return ctx
+
+    @property
+    def rounds(self) -> int:
+        return int(self.options.get("rounds", 1))
+
+    # -- tests -----------------------------------------------------------------
+
+    def test_a_run_reports_every_round_once_in_order(self) -> None:
+        ctx = self.make_context()
+        result = self.make().run(ctx)
+        numbers = [r.round for r in _reports(ctx)]
+        assert numbers == list(range(1, self.rounds + 1)), (
+            f"expected one report per round 1..{self.rounds}, got rounds {numbers}")
+        for report in _reports(ctx):
+            assert report.rounds == self.rounds, report
+            assert set(report.answered) <= set(ctx.workers), (
+                f"round {report.round}: answered {report.answered} are not workers")
+        assert result.rounds == self.rounds
+        assert isinstance(result.state, Mapping) and result.state, (
+            f"run() must return the final state, got {result.state!r}")
+
+    def test_round_reports_are_json_serialisable(self) -> None:
+        ctx = self.make_context()
+        self.make().run(ctx)
+        for report in _reports(ctx):
+            json.dumps(report.to_json(), allow_nan=False)
+
+    def test_the_final_state_is_a_valid_state(self) -> None:
+        result = self.make().run(self.make_context())
+        problems = json_leaves_ok(dict(result.state), "final state")
+        assert not problems, "; ".join(problems)
+
+    def test_the_same_seed_gives_the_same_model(self) -> None:
+        first = self.make().run(self.make_context())
+        second = self.make().run(self.make_context())
+        assert_states_identical(dict(second.state), dict(first.state),
+                                what="two runs with the same seed")
+
+    def test_a_stop_request_ends_the_run_between_rounds(self) -> None:
+        if self.rounds < 2:
+            pytest.skip("needs at least two rounds")
+        from meshkit.strategy import RunStopped
+
+        holder: dict[str, Any] = {}
+        ctx = self.make_context(on_round=lambda report, state: holder["ctx"].stop.set())
+        holder["ctx"] = ctx
+        with pytest.raises(RunStopped):
+            self.make().run(ctx)
+        assert [r.round for r in _reports(ctx)] == [1], (
+            f"the stop was requested after round 1, but rounds "
+            f"{[r.round for r in _reports(ctx)]} ran")
+
+    def test_a_worker_that_stops_answering_is_dropped_or_stops_the_run(self) -> None:
+        lost = self.workers
+        ctx = self.make_context(fail=lambda rank, request: "vanished (contract test)"
+                                if rank == lost else None)
+        try:
+            self.make().run(ctx)
+        except MeshError as exc:
+            assert "vanished" in str(exc) or str(lost) in str(exc), (
+                f"the error should say which worker was lost and why: {exc}")
+            return
+        if all(rank != lost for rank, _ in ctx.pool.log):
+            return  # the strategy never asked it (sampling), so nothing to drop
+        assert lost in ctx.dropped, (
+            f"rank {lost} never answered, yet the run completed without dropping it "
+            f"(dropped: {ctx.dropped})")
+        assert all(lost not in r.answered for r in _reports(ctx)), (
+            f"rank {lost} never answered but a report lists it as answered")

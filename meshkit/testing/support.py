@@ -1,0 +1,222 @@
+"""Helpers shared by the contract suites: building the component, comparing states."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+import pytest
+
+__all__ = [
+    "ContractBase",
+    "bfloat16",
+    "float_dtypes",
+    "tolerance",
+    "assert_states_close",
+    "assert_states_identical",
+    "snapshot",
+    "json_leaves_ok",
+]
+
+try:  # a meshkit dependency, but keep the kit usable without it
+    from ml_dtypes import bfloat16
+except ImportError:  # pragma: no cover
+    bfloat16 = None
+
+
+def float_dtypes() -> list[Any]:
+    """The floating dtypes a model state may hold (bf16 when ml_dtypes is present)."""
+    dtypes: list[Any] = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)]
+    if bfloat16 is not None:
+        dtypes.append(np.dtype(bfloat16))
+    return dtypes
+
+
+def tolerance(dtype: Any) -> dict[str, float]:
+    """``rtol``/``atol`` for comparing results held in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return {"rtol": 1e-12, "atol": 1e-12}
+    if dtype == np.float32:
+        return {"rtol": 1e-5, "atol": 1e-6}
+    if dtype.kind == "f" and dtype.itemsize == 2 or (bfloat16 is not None and dtype == bfloat16):
+        return {"rtol": 2e-2, "atol": 2e-2}
+    return {"rtol": 0.0, "atol": 0.0}
+
+
+class ContractBase:
+    """How a contract suite finds the component it checks.
+
+    Set ``component`` (the registered name) and, if needed, ``options`` (the
+    config table as a dict) and ``plugins`` (the plugin modules to load
+    instead of the installed entry points). Or override :meth:`make` to build
+    the object yourself.
+    """
+
+    kind: ClassVar[str] = ""
+    component: ClassVar[str | None] = None
+    options: ClassVar[Mapping[str, Any]] = {}
+    plugins: ClassVar[Sequence[Any] | None] = None
+
+    def make(self, **overrides: Any) -> Any:
+        """A fresh component built from ``options`` (with ``overrides`` applied)."""
+        if self.component is None:
+            pytest.fail(
+                f"{type(self).__name__}: set `component = \"<registered name>\"` (and "
+                f"`options = {{...}}` if it needs any) or override make()", pytrace=False)
+        options = {**dict(self.options), **overrides}
+        if self.plugins is not None:
+            from meshkit.testing import make_plugin_set
+
+            return make_plugin_set(*self.plugins).create(self.kind, self.component, options)
+        from meshkit import plugins
+
+        return plugins.create(self.kind, self.component, options)
+
+
+def _leaf_problem(value: Any) -> bool:
+    return not isinstance(value, (np.ndarray, np.generic))
+
+
+def assert_states_close(actual: Mapping[str, Any], expected: Mapping[str, Any], *,
+                        what: str, rtol: float | None = None, atol: float | None = None,
+                        check_dtype: bool = True) -> None:
+    """Same keys; arrays close (tolerance from their dtype) and same dtype/shape; JSON equal."""
+    assert isinstance(actual, Mapping), f"{what}: expected a mapping (a state), got {actual!r}"
+    assert sorted(actual) == sorted(expected), (
+        f"{what}: keys differ: got {sorted(actual)}, expected {sorted(expected)}")
+    for key in expected:
+        _assert_leaf_close(actual[key], expected[key], f"{what}: key {key!r}",
+                           rtol=rtol, atol=atol, check_dtype=check_dtype)
+
+
+def _assert_leaf_close(actual: Any, expected: Any, what: str, *, rtol: float | None,
+                       atol: float | None, check_dtype: bool) -> None:
+    if isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), (
+            f"{what}: expected a numpy array, got {type(actual).__name__}")
+        assert actual.shape == expected.shape, (
+            f"{what}: expected shape {expected.shape}, got {actual.shape}")
+        if check_dtype:
+            assert actual.dtype == expected.dtype, (
+                f"{what}: expected dtype {expected.dtype}, got {actual.dtype} "
+                f"(return each array in its input dtype)")
+        tol = tolerance(expected.dtype)
+        if rtol is not None:
+            tol["rtol"] = rtol
+        if atol is not None:
+            tol["atol"] = atol
+        a = actual.astype(np.float64) if actual.dtype.kind in "fc" or actual.dtype == bfloat16 \
+            else actual
+        e = expected.astype(np.float64) if expected.dtype.kind in "fc" or \
+            expected.dtype == bfloat16 else expected
+        np.testing.assert_allclose(a, e, err_msg=what, equal_nan=True, **tol)
+        return
+    if isinstance(expected, float) and isinstance(actual, (int, float)):
+        assert math.isclose(actual, expected, rel_tol=rtol or 1e-9, abs_tol=atol or 1e-9), (
+            f"{what}: expected {expected!r}, got {actual!r}")
+        return
+    if isinstance(expected, Mapping):
+        assert isinstance(actual, Mapping), f"{what}: expected an object, got {actual!r}"
+        assert sorted(actual) == sorted(expected), (
+            f"{what}: keys differ: got {sorted(actual)}, expected {sorted(expected)}")
+        for k in expected:
+            _assert_leaf_close(actual[k], expected[k], f"{what}.{k}", rtol=rtol, atol=atol,
+                               check_dtype=check_dtype)
+        return
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), (
+            f"{what}: expected {expected!r}, got {actual!r}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            _assert_leaf_close(a, e, f"{what}[{i}]", rtol=rtol, atol=atol,
+                               check_dtype=check_dtype)
+        return
+    assert actual == expected, f"{what}: expected {expected!r}, got {actual!r}"
+
+
+def assert_states_identical(actual: Mapping[str, Any], expected: Mapping[str, Any], *,
+                            what: str) -> None:
+    """Bit-for-bit: same keys, same dtypes and shapes, same bytes; JSON equal."""
+    assert isinstance(actual, Mapping), f"{what}: expected a mapping (a state), got {actual!r}"
+    assert sorted(actual) == sorted(expected), (
+        f"{what}: keys differ: got {sorted(actual)}, expected {sorted(expected)}")
+    for key in expected:
+        _assert_leaf_identical(actual[key], expected[key], f"{what}: key {key!r}")
+
+
+def _assert_leaf_identical(actual: Any, expected: Any, what: str) -> None:
+    if isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), (
+            f"{what}: expected a numpy array, got {type(actual).__name__}")
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
+            f"{what}: expected {expected.dtype}{list(expected.shape)}, "
+            f"got {actual.dtype}{list(actual.shape)}")
+        assert np.ascontiguousarray(actual).tobytes() == \
+            np.ascontiguousarray(expected).tobytes(), (
+            f"{what}: values differ bit-for-bit (max abs difference "
+            f"{_max_diff(actual, expected)})")
+        return
+    if isinstance(expected, Mapping):
+        assert isinstance(actual, Mapping) and sorted(actual) == sorted(expected), (
+            f"{what}: expected {expected!r}, got {actual!r}")
+        for k in expected:
+            _assert_leaf_identical(actual[k], expected[k], f"{what}.{k}")
+        return
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), (
+            f"{what}: expected {expected!r}, got {actual!r}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            _assert_leaf_identical(a, e, f"{what}[{i}]")
+        return
+    assert type(actual) is type(expected) and actual == expected, (
+        f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    try:
+        return float(np.nanmax(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def snapshot(state: Any) -> Any:
+    """A deep copy (arrays copied), to check later that nothing was mutated."""
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    if isinstance(state, Mapping):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [snapshot(v) for v in state]
+    return copy.deepcopy(state)
+
+
+def json_leaves_ok(tree: Any, where: str = "state") -> list[str]:
+    """Leaves that are neither numpy arrays nor JSON values (an empty list is good)."""
+    problems: list[str] = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, np.ndarray):
+            return
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    problems.append(f"{path}: key {k!r} is not a string")
+                walk(v, f"{path}.{k}")
+            return
+        if isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{path}[{i}]")
+            return
+        if value is None or isinstance(value, (bool, int, float, str)):
+            try:
+                json.dumps(value, allow_nan=False)
+            except ValueError:
+                problems.append(f"{path}: {value!r} is not valid JSON")
+            return
+        problems.append(f"{path}: {type(value).__name__} is neither a numpy array nor JSON")
+
+    walk(tree, where)
+    return problems

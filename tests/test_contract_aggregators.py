@@ -1,0 +1,31 @@
+"""Every built-in aggregator passes meshkit's own aggregator contract suite."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshkit.testing import AggregatorContract
+
+
+def _mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.average(values, axis=0, weights=weights)
+
+
+class TestFedAvg(AggregatorContract):
+    component = "fedavg"
+    weighted = True
+    reference = staticmethod(_mean)
+
+
+class TestFedAvgAccumulatingInFloat64(AggregatorContract):
+    component = "fedavg"
+    options = {"accumulate": "float64"}
+    weighted = True
+    reference = staticmethod(_mean)
+
+
+class TestAllReduce(AggregatorContract):
+    # An unweighted mean: unequal weights are refused, not silently ignored.
+    component = "allreduce"
+    weighted = False
+    reference = staticmethod(_mean)

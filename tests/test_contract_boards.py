@@ -1,0 +1,29 @@
+"""The built-in ``loopback`` board passes meshkit's board contract suite."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshkit.testing import BoardContract
+
+
+def sum_in_groups_of_four(x: np.ndarray) -> np.ndarray:
+    """A stage that shrinks its activation (12 values in, 3 out)."""
+    return x.reshape(-1, 4).sum(axis=1)
+
+
+class TestLoopbackIdentity(BoardContract):
+    component = "loopback"
+    options = {"stage_id": "mlp.0", "input_elems": 8, "output_elems": 8}
+
+
+class TestLoopbackScaleInInt8(BoardContract):
+    component = "loopback"
+    options = {"stage_id": "mlp.1", "input_elems": 16, "output_elems": 16,
+               "function": "scale", "scale": 0.5, "dtype": "int8"}
+
+
+class TestLoopbackReducingStage(BoardContract):
+    component = "loopback"
+    options = {"stage_id": "head", "input_elems": 12, "output_elems": 3,
+               "function": "test_contract_boards:sum_in_groups_of_four"}
