@@ -37,7 +37,8 @@ def main() -> None:
     """
 
 
-def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                            list[dict[str, Any]]]:
     from meshkit import plugins
 
     pset = plugins.default()
@@ -59,17 +60,27 @@ def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str,
         {"plugin": f.name, "distribution": f.distribution, "version": f.version, "error": f.error}
         for f in pset.failures
     ]
-    return rows, failed
+    loaded = [
+        {"plugin": p.name, "distribution": p.distribution, "version": p.version,
+         "hooks": pset.hooks_of(p.name)}
+        for p in pset.loaded
+    ]
+    return rows, failed, loaded
 
 
 @main.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--kind", type=click.Choice(list(KINDS)), help="Only components of this kind.")
 def plugins_command(as_json: bool, kind: str | None) -> None:
-    """List every discovered component, and plugins that failed to load."""
-    rows, failed = _plugin_rows(kind)
+    """List every discovered component, and plugins that failed to load.
+
+    Plugins that offer no component (observers of the event hooks) are listed
+    after the components with the hooks they implement.
+    """
+    rows, failed, loaded = _plugin_rows(kind)
     if as_json:
-        click.echo(json.dumps({"components": rows, "failed": failed}, indent=2))
+        click.echo(json.dumps({"components": rows, "failed": failed, "plugins": loaded},
+                              indent=2))
         return
     headers = ("kind", "name", "plugin", "distribution", "version", "summary")
     table = [[str(r[h] or "") for h in headers] for r in rows]
@@ -80,6 +91,13 @@ def plugins_command(as_json: bool, kind: str | None) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     if not rows:
         click.echo("(no components: is MESHKIT_PLUGINS set to an empty list?)")
+    providers = {r["plugin"] for r in rows}
+    for p in loaded:
+        if p["plugin"] in providers or kind is not None:
+            continue
+        source = f" ({p['distribution']} {p['version']})" if p["distribution"] else ""
+        hooks = ", ".join(p["hooks"]) or "no hooks"
+        click.echo(f"observer  {p['plugin']}{source}: {hooks}")
     for f in failed:
         source = f" ({f['distribution']} {f['version']})" if f["distribution"] else ""
         click.echo(f"failed  {f['plugin']}{source}: {f['error']}")
@@ -88,10 +106,16 @@ def plugins_command(as_json: bool, kind: str | None) -> None:
 @main.command("check")
 @click.argument("config", type=click.Path(dir_okay=False))
 def check_command(config: str) -> None:
-    """Validate CONFIG, resolve every named component, print the plan."""
+    """Validate CONFIG, resolve every named component, print the plan.
+
+    Components are built and the strategy's own checks run, so `check` refuses
+    everything `run` would refuse before starting a process.
+    """
     from meshkit.config import check
+    from meshkit.runner import build_components
 
     plan = check(config)
+    build_components(plan)
     for line in plan.describe():
         click.echo(line)
     click.echo("ok")

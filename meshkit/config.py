@@ -59,8 +59,6 @@ class MeshTable:
     timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     #: Seconds the coordinator waits for every worker to join.
     join_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
-    #: Send model frames as bfloat16 (accumulation stays float32 or wider).
-    bf16: bool = False
 
 
 @attrs.frozen

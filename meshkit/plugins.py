@@ -28,6 +28,8 @@ __all__ = [
     "build_manager",
     "default",
     "reset",
+    "current",
+    "installed_entry_points",
     "available",
     "create",
 ]
@@ -84,6 +86,13 @@ class PluginSet:
 
     def create(self, kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
         return self.registry.create(kind, name, options)
+
+    def hooks_of(self, name: str) -> list[str]:
+        """The meshkit hooks the plugin registered as ``name`` implements."""
+        plugin = self.manager.get_plugin(name)
+        if plugin is None:
+            return []
+        return sorted(c.name for c in self.manager.get_hookcallers(plugin) or [])
 
     def failure(self, name: str) -> PluginFailure | None:
         return next((f for f in self.failures if f.name == name), None)
@@ -160,7 +169,7 @@ def build_manager(
     if entry_points:
         allow = _names_from_env(env.get("MESHKIT_PLUGINS"))
         block = _names_from_env(env.get("MESHKIT_DISABLE_PLUGINS")) or set()
-        for ep in _entry_points():
+        for ep in installed_entry_points():
             if (allow is not None and ep.name not in allow) or ep.name in block:
                 continue
             dist = getattr(ep, "dist", None)
@@ -184,7 +193,8 @@ def build_manager(
     return pset
 
 
-def _entry_points() -> Sequence[importlib.metadata.EntryPoint]:
+def installed_entry_points() -> Sequence[importlib.metadata.EntryPoint]:
+    """The installed entry points of the ``meshkit`` group, deduplicated and sorted."""
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     # Deduplicate (the same distribution seen twice on sys.path) and sort for
     # stable listings.
@@ -208,6 +218,12 @@ def default() -> PluginSet:
     with _default_lock:
         if _default is None:
             _default = build_manager()
+        return _default
+
+
+def current() -> PluginSet | None:
+    """The default plugin set if one is installed or built, without building one."""
+    with _default_lock:
         return _default
 
 

@@ -120,7 +120,7 @@ def test_selecting_a_component_of_a_failed_plugin_quotes_its_failure(hello_site,
 def test_an_empty_allow_list_loads_nothing_and_plugins_still_works():
     result = run_cli("plugins", "--json", env={"MESHKIT_PLUGINS": ""})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"components": [], "failed": []}
+    assert json.loads(result.stdout) == {"components": [], "failed": [], "plugins": []}
     table = run_cli("plugins", env={"MESHKIT_PLUGINS": ""})
     assert table.returncode == 0 and "no components" in table.stdout
 
@@ -188,3 +188,28 @@ def test_help_and_plugins_import_no_heavy_code(args):
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY:\n" in result.stderr or result.stderr.rstrip().endswith("HEAVY:"), result.stderr
+
+
+def test_a_plugin_offering_only_event_hooks_is_listed_as_an_observer(hello_site, tmp_path):
+    observer = tmp_path / "observer_only.py"
+    observer.write_text(textwrap.dedent("""
+        import meshkit
+
+        @meshkit.hookimpl
+        def meshkit_round_completed(report):
+            pass
+    """))
+    code = textwrap.dedent("""
+        import json, sys, meshkit.plugins as p
+        from meshkit.cli import main
+        import observer_only
+        p.reset(p.build_manager({"observer-only": observer_only}, entry_points=False))
+        main(sys.argv[1:], standalone_mode=False)
+    """)
+    for args, expected in ((["plugins"], "observer  observer-only: meshkit_round_completed"),
+                           (["plugins", "--json"], '"hooks": [\n        "meshkit_round_completed"')):
+        result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                                text=True, cwd=tmp_path, timeout=60,
+                                env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        assert result.returncode == 0, result.stderr
+        assert expected in result.stdout
