@@ -14,7 +14,9 @@ contributions as they arrive with O(model) memory::
 :func:`begin` gives a fold for *any* aggregator: the aggregator's own when it
 has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
 and calls ``aggregate`` at ``result()`` (O(workers x model) memory, but a
-plain third-party aggregator works everywhere).
+plain third-party aggregator works everywhere). A state given to ``add()``
+belongs to the fold until ``result()`` returns: folds may hold it by
+reference, so the caller must not modify it in between.
 
 :class:`MeanFold` is the strict element-wise (weighted) mean behind the
 built-in ``allreduce`` and ``fedavg``, public so a plugin can reuse it. Its
@@ -36,6 +38,8 @@ rules (docs/aggregators.md has them as formulas):
 
 Each refusal is an :class:`~meshkit.AggregationError` naming the key and the
 contributors involved (``source`` labels, default ``"contributor #i"``).
+:func:`check_contributions` applies the same rules, without the arithmetic,
+for a plain aggregator that computes something else.
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ from meshkit.state import (
     dtype_name,
     is_array,
     is_float_dtype,
-    is_json_leaf,
     is_supported_dtype,
 )
 
@@ -695,15 +698,22 @@ class MeanFold:
                 culprits.append(label)
         if culprits:
             return self._error(
-                key, f"{' and '.join(culprits)} sent NaN or inf; non-finite values are "
+                key, f"{_listing(culprits)} sent NaN or inf; non-finite values are "
                      f"refused by default (a diverged contributor must not be averaged into "
                      f"the others). Find why it diverged, or set allow_nonfinite = true to "
                      f"let them through", *culprits)
         labels = [label for _, _, label in parts]
         return self._error(
-            key, f"the weighted sum overflowed {dtype_name(acc_dtype)} when "
-                 f"{' and '.join(labels)} {'were' if len(labels) > 1 else 'was'} added; scale the weights down (only their "
-                 f"ratios matter) or set accumulate = \"float64\"", *labels)
+            key, f"the weighted sum overflowed {dtype_name(acc_dtype)} while adding "
+                 f"{_listing(labels)}; scale the weights down (only their ratios matter) "
+                 f"or set accumulate = \"float64\"", *labels)
+
+
+def _listing(labels: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    if len(labels) <= 1:
+        return "".join(labels)
+    return f"{', '.join(labels[:-1])} and {labels[-1]}"
 
 
 def _scaled_into(out: np.ndarray, x: np.ndarray, factor: float) -> None:

@@ -357,7 +357,7 @@ def test_allow_nonfinite_lets_nan_through(pset):
 def test_a_float32_overflow_is_refused_and_float64_accumulation_fixes_it(pset):
     states = [{"w": f32(3e38)}, {"w": f32(3e38)}]
     err = refused(pset.create("aggregator", "allreduce"), states)
-    assert "the weighted sum overflowed float32 when rank 1 and rank 2 were added" in str(err)
+    assert "the weighted sum overflowed float32 while adding rank 1 and rank 2" in str(err)
     assert 'accumulate = "float64"' in str(err)
     wide = pset.create("aggregator", "allreduce", {"accumulate": "float64"})
     assert wide.aggregate(states)["w"].tolist() == [np.float32(3e38)]
@@ -514,7 +514,8 @@ def test_weights_spanning_a_huge_range_do_not_overflow_the_relative_factors(feda
 def test_the_fold_holds_at_most_two_model_copies_whatever_the_contributors(fedavg):
     import tracemalloc
 
-    model = {f"p{i}": np.ones(50_000, np.float32) for i in range(4)}  # 800 kB
+    # 3.2 MB, so the fold's fixed scratch (three 256 KiB chunks) stays small beside it.
+    model = {f"p{i}": np.ones(200_000, np.float32) for i in range(4)}
     model_bytes = sum(v.nbytes for v in model.values())
     tracemalloc.start()
     try:
@@ -558,3 +559,20 @@ def test_check_contributions_refuses_what_the_built_ins_refuse():
         with pytest.raises(AggregationError) as err:
             check_contributions(states, weights, name="median")
         assert message in str(err.value)
+
+
+def test_the_batch_path_names_the_contributor_that_sent_nan(fedavg):
+    states = [{"w": np.ones(30, np.float32)} for _ in range(7)]
+    states[5] = {"w": np.ones(30, np.float32)}
+    states[5]["w"][29] = np.inf
+    with pytest.raises(AggregationError) as err:
+        fedavg.aggregate(states)
+    assert "aggregating 'w': contributor #5 sent NaN or inf" in str(err.value)
+    assert err.value.contributors == ["contributor #5"]
+
+
+def test_two_contributors_with_nan_in_one_group_are_both_named(fedavg):
+    bad = {"w": f32(np.nan, 1)}
+    with pytest.raises(AggregationError) as err:
+        fedavg.aggregate([{"w": f32(1, 1)}, bad, bad])
+    assert "contributor #1 and contributor #2 sent NaN or inf" in str(err.value)
