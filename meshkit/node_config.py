@@ -90,6 +90,12 @@ class NodeConfig:
     def with_secret(self, secret: bytes) -> NodeConfig:
         return attrs.evolve(self, secret=secret)
 
+    def caps(self) -> Any:
+        """The :class:`meshkit.NodeCaps` this node advertises in the handshake."""
+        from meshkit.node import caps_for
+
+        return caps_for(self)
+
     def connect(self) -> Any:
         """Build the selected transport and join the mesh; returns its ``Group``."""
         from meshkit import plugins

@@ -80,6 +80,8 @@ _PARAM = "param."
 #: bytes: small ones share frames, large ones (where the per-frame cost is
 #: already amortised) travel alone so every hop can work on a different one.
 BATCH_BYTES = 256 << 10
+#: How often the coordinator re-reads the dead ledger while waiting (seconds).
+POLL = 0.5
 _job_ids = itertools.count(1)
 
 
@@ -395,16 +397,37 @@ class _Collector:
         self.failure: MeshError | None = None
         #: Ranks that refused or failed their stage (they drain, or never started).
         self.failed: set[int] = set()
+        self._dead_seen: set[int] = set()
 
     def take(self) -> tuple[int, Mapping[str, Any]]:
-        """The next reply of this job (stale replies of older jobs are dropped)."""
+        """The next reply of this job (stale replies of older jobs are dropped).
+
+        While waiting, the dead ledger is checked every :data:`POLL` seconds:
+        a placed rank that dies without reporting sets :attr:`failure` and
+        returns ``(rank, {"kind": "dead"})`` once, so a dead stage is noticed
+        without waiting out the whole timeout. No reply at all within
+        ``timeout`` is a :class:`PeerLostError`.
+        """
+        deadline = time.monotonic() + self.timeout
         while True:
+            newly_dead = sorted((set(self.group.dead) & self.ranks)
+                                - self.reports.keys() - self._dead_seen)
+            if newly_dead:
+                self._dead_seen.update(newly_dead)
+                self.check_dead()
+                return newly_dead[0], {"kind": "dead"}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerLostError(
+                    f"pipeline job {self.job}: no reply from rank(s) "
+                    f"{sorted(self.ranks - self.reports.keys())} within {self.timeout:g} s; "
+                    f"a stage stalled (raise the timeout if it is just slow)")
             try:
-                src, msg = self.group.recv(None, TAG_UP, timeout=self.timeout)
+                src, msg = self.group.recv(None, TAG_UP, timeout=min(remaining, POLL))
             except PeerLostError as exc:
-                dead = sorted(set(self.group.dead) & self.ranks)
-                detail = f" (dead: {dead})" if dead else ""
-                raise PeerLostError(f"pipeline job {self.job}: {exc}{detail}") from None
+                if len(self.group.dead) >= self.group.world_size - 1:
+                    raise PeerLostError(f"pipeline job {self.job}: {exc}") from None
+                continue  # quiet for a poll: look at the dead ledger again
             if "result" in msg:
                 head = msg["result"]
                 if not (isinstance(head, list) and len(head) == 2):
@@ -421,10 +444,11 @@ class _Collector:
                 report = report_from_json(msg.get("report") or {})
                 self.reports[src] = report  # type: ignore[assignment]
                 if kind == "left" and self.failure is None:
+                    why = ("stop handle raised" if report.stopped == "stop"
+                           else "step budget spent")
                     self.failure = PeerLostError(
                         f"rank {src} left pipeline job {self.job} after "
-                        f"{report.activations} activation(s) ({report.stopped}: "
-                        f"{'stop handle raised' if report.stopped == 'stop' else 'step budget spent'})")
+                        f"{report.activations} activation(s) ({report.stopped}: {why})")
             elif kind == "error":
                 self.failed.add(src)
                 if self.failure is None:
@@ -462,8 +486,9 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
     ``in_flight`` activations travel at once so every stage stays busy;
     consecutive activations of one length travel ``batch`` to a frame
     (default ``max(1, in_flight // 4)``, so about four frames are in flight,
-    one per hop, and no more than :data:`BATCH_BYTES` of activations a frame). Each activation is still computed on its own by every
-    stage: batching changes how bytes move, never what is computed.
+    one per hop, and no more than :data:`BATCH_BYTES` of activations a
+    frame). Each activation is still computed on its own by every stage:
+    batching changes how bytes move, never what is computed.
     A stage that fails, a rank that leaves or dies: the pipeline is unwound
     (every live stage drains and reports) and the first failure is raised.
     ``timeout`` bounds every wait for a reply (the group's timeout when None).
@@ -488,12 +513,16 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
         message["stage"] = {**message["stage"], "prev": prev, "next": nxt, "index": index}
         send_job(group, rank, {"kind": "pipeline", "job": job, **message})
     ready: set[int] = set()
-    while len(ready | collector.reports.keys()) < len(placed):
-        src, msg = collector.take()
-        if msg.get("kind") == "ready":
-            ready.add(src)
-        if collector.failure is not None:
-            break
+    try:
+        while len(ready | collector.reports.keys()) < len(placed):
+            src, msg = collector.take()
+            if msg.get("kind") == "ready":
+                ready.add(src)
+            if collector.failure is not None:
+                break
+    except BaseException:
+        _unwind(group, placement, collector, job, ready, started=False)
+        raise
     if collector.failure is not None:
         # Ranks that refused their stage never entered the loop; the rest are
         # waiting for activations and are told to abort.
@@ -554,7 +583,9 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
                 pending.difference_update(range(seq, seq + y.shape[0]))
             collector.check_dead()
     except BaseException:
-        _unwind(group, placement, collector, job, set(placed), started=True)
+        # Something broke on this side (a lost first stage, a stalled pipeline,
+        # Ctrl-C): abort every stage rather than hope an end gets through.
+        _unwind(group, placement, collector, job, set(placed), started=True, abort_all=True)
         raise
     _unwind(group, placement, collector, job, set(placed), started=True)
     if collector.failure is not None:
@@ -564,7 +595,7 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
 
 
 def _unwind(group: Any, placement: Placement, collector: _Collector, job: int,
-            expect: set[int], *, started: bool) -> None:
+            expect: set[int], *, started: bool, abort_all: bool = False) -> None:
     """End the job and collect the report of every rank in ``expect``.
 
     Normally the ``end`` marker flows down the pipeline behind the last
@@ -586,7 +617,7 @@ def _unwind(group: Any, placement: Placement, collector: _Collector, job: int,
             group.send(placement.ranks[0], TAG_ACT, {"end": job})
         except PeerLostError:
             pass
-    else:
+    if not started or abort_all:
         abort(placement.ranks)
         aborted = True
     deadline = time.monotonic() + collector.timeout

@@ -65,6 +65,12 @@ def test_local_caps_advertise_what_placement_needs():
     assert caps.platform == "linux"
 
 
+def test_a_node_config_knows_its_caps():
+    config = NodeConfig(rank=2, world=3, fixed_function=FF, device="cpu")
+    caps = config.caps()
+    assert caps.rank == 2 and caps.fixed_function == FF and caps.role == config.role
+
+
 def test_caps_round_trip_through_json_exactly():
     caps = local_caps(5, fixed_function=FF, heap_bytes=1 << 20)
     again = NodeCaps.from_json(caps.to_json())

@@ -129,6 +129,54 @@ def test_a_three_stage_pipeline_across_real_processes(tmp_path):
     assert reports[2][0]["stage_id"] == "fpga.mid"
 
 
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_pipeline_over_a_full_mesh_moves_activations_rank_to_rank(tmp_path):
+    import threading
+
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    peers = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+    config = NodeConfig(rank=0, world=3, peers=peers, topology="mesh", transport="tcp",
+                        secret=SECRET, timeout=20)
+    holder: dict = {}
+    connecting = threading.Thread(target=lambda: holder.setdefault("g", config.connect()))
+    connecting.start()
+    common = ["--world", "3", "--peers", ",".join(peers), "--topology", "mesh"]
+    procs = [_node(["--rank", str(r), *common], secret_file) for r in (1, 2)]
+    try:
+        connecting.join(60)
+        group = holder["g"]
+        caps = collect_caps(group, hook=False, timeout=30)
+        stages = [Stage(op="scale", scale=2.0), Stage(op="tanh")]
+        xs = [np.linspace(-1, 1, 5, dtype=np.float32) * i for i in range(12)]
+        result = run_pipeline(group, stages, caps, xs, in_flight=4, batch=2, timeout=30)
+        for got, want in zip(result.outputs, run_local(stages, xs)):
+            np.testing.assert_array_equal(got, want)
+        shutdown_nodes(group)
+        for p in procs:
+            p.communicate(timeout=60)
+            assert p.returncode == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        if "g" in holder:
+            holder["g"].close()
+
+
 def test_meshkit_node_refuses_to_start_without_a_secret():
     from conftest import run_cli
 

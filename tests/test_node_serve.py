@@ -261,3 +261,28 @@ def test_a_parked_worker_leaves_promptly_when_stopped():
     assert out[0].activations == 0 and out[0].stopped == "stop"
     for g in groups.values():
         g.close()
+
+
+DOOMED: dict[str, Any] = {}
+
+
+def die_on_second(x: np.ndarray) -> np.ndarray:
+    """A stage whose node drops off the mesh while serving activation #1."""
+    if x[0] == 1:
+        DOOMED["group"].close()
+    return x
+
+
+def test_a_stage_that_dies_is_an_error_and_the_stages_after_it_are_released(mesh_factory):
+    mesh = mesh_factory({1: {}, 2: {}}, timeout=10.0)
+    DOOMED["group"] = mesh.groups[1]
+    stages = [Stage(op="call", function="test_node_serve:die_on_second"), Stage(op="relu")]
+    xs = [np.full(2, i, np.float32) for i in range(6)]
+    with pytest.raises(PeerLostError, match=r"rank\(s\) \[1\] died"):
+        run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=2, batch=1)
+    # Rank 2 was told to abort the job and serves the next one.
+    again = run_pipeline(mesh.g0, [Stage(op="scale", scale=3.0)], mesh.caps,
+                         [np.ones(2)], ranks=[2])
+    assert again.outputs[0].tolist() == [3.0, 3.0]
+    mesh.threads[0].join(10)
+    assert "closed" in str(mesh.errors[1])  # the dead node's own loop ended, not hung

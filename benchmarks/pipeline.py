@@ -1,0 +1,325 @@
+"""Pipelined inference through 3 ranks on 127.0.0.1, against a raw-socket relay.
+
+What is measured, in one run:
+
+* **meshkit**: a coordinator (this process, ``tcp`` transport, authenticated
+  frames: HMAC on every header and body) and three ``meshkit node``
+  subprocesses, each serving an ``identity`` stage (so the transport and the
+  node driver are measured, not a model). ``--board`` makes the middle rank a
+  ``meshkit node --board loopback`` fixed-function rank instead (adds the
+  board's deadline thread and the per-activation length checks).
+* **raw relay**: the same bytes through the same hops with plain sockets and
+  no framing or authentication: three relay subprocesses that ``recv_into``
+  a preallocated buffer and ``sendall`` it on, fed and drained by this
+  process with the same number of activations in flight.
+
+Topology: ``--topology mesh`` (the default) connects ranks directly, so both
+systems move each activation over the same 4 hops (coordinator -> r1 -> r2 ->
+r3 -> coordinator). ``--topology star`` routes worker-to-worker frames
+through the coordinator (6 hops); the raw relay then takes the same 6 hops
+(each relay sends back to a forwarder in this process).
+
+Reported per size: activations/s with ``--in-flight`` activations in flight
+(throughput), the mean per-activation latency with one in flight, and the
+ratio meshkit / raw. Targets (issue 5): >= 0.5x the raw relay's throughput at
+1 KiB and >= 0.8x at 1 MiB, with authentication on.
+
+    .venv/bin/python benchmarks/pipeline.py                # mesh, 1 KiB and 1 MiB
+    .venv/bin/python benchmarks/pipeline.py --topology star --board
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIZES = {"1KiB": 1024, "1MiB": 1 << 20}
+
+
+# -- raw relay ------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
+    got = 0
+    n = len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def relay_main(listen_port: int, next_port: int, nbytes: int) -> None:
+    """One raw hop: accept upstream, dial downstream, copy fixed-size messages."""
+    listener = socket.create_server(("127.0.0.1", listen_port))
+    down = socket.create_connection(("127.0.0.1", next_port))
+    down.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    print("ready", flush=True)
+    up, _ = listener.accept()
+    up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = memoryview(bytearray(nbytes))
+    while _recv_exact(up, buf):
+        down.sendall(buf)
+    down.close()
+
+
+def _spawn_relay(listen_port: int, next_port: int, nbytes: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--relay", str(listen_port), str(next_port), str(nbytes)],
+        stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _forwarder(listen: socket.socket, next_port: int, nbytes: int) -> threading.Thread:
+    """In-process hop for the star variant: what the coordinator's relay does."""
+
+    def run() -> None:
+        up, _ = listen.accept()
+        down = socket.create_connection(("127.0.0.1", next_port))
+        for s in (up, down):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = memoryview(bytearray(nbytes))
+        while _recv_exact(up, buf):
+            down.sendall(buf)
+        down.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def raw_relay(nbytes: int, count: int, in_flight: int, star: bool, batch: int = 1) -> float:
+    """Seconds to push ``count`` activations of ``nbytes`` around the relay chain.
+
+    Activations travel ``batch`` to a message, exactly as meshkit packs them
+    into frames, so both move the same messages over the same hops.
+    """
+    count = -(-count // batch)
+    in_flight = max(1, in_flight // batch)
+    nbytes *= batch
+    sink = socket.create_server(("127.0.0.1", 0))
+    sink_port = sink.getsockname()[1]
+    procs = []
+    try:
+        next_port = sink_port
+        for _ in range(3):
+            if star:
+                # worker -> coordinator (forwarder) -> next worker
+                fwd = socket.create_server(("127.0.0.1", 0))
+                _forwarder(fwd, next_port, nbytes)
+                next_port = fwd.getsockname()[1]
+            port = _free_port()
+            procs.append(_spawn_relay(port, next_port, nbytes))
+            next_port = port
+        src = socket.create_connection(("127.0.0.1", next_port))
+        src.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out, _ = sink.accept()
+        window = threading.Semaphore(in_flight)
+        payload = memoryview(np.random.default_rng(0).bytes(nbytes))
+
+        def feed() -> None:
+            for _ in range(count):
+                window.acquire()
+                src.sendall(payload)
+
+        buf = memoryview(bytearray(nbytes))
+        started = time.perf_counter()
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        for _ in range(count):
+            if not _recv_exact(out, buf):
+                raise RuntimeError("relay chain closed early")
+            window.release()
+        elapsed = time.perf_counter() - started
+        feeder.join()
+        src.close()
+        out.close()
+        return elapsed
+    finally:
+        for p in procs:
+            p.wait(10) if p.poll() is not None else None
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
+        sink.close()
+
+
+# -- meshkit ------------------------------------------------------------------------
+
+
+class Mesh:
+    def __init__(self, topology: str, board_elems: int | None, secret_file: Path) -> None:
+        from meshkit import NodeConfig
+        from meshkit.node import collect_caps
+
+        secret = secret_file.read_bytes()
+        env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
+        if topology == "mesh":
+            peers = [f"127.0.0.1:{_free_port()}" for _ in range(4)]
+            config = NodeConfig(rank=0, world=4, peers=peers, topology="mesh",
+                                transport="tcp", secret=secret, timeout=60)
+            peer_arg = ",".join(peers)
+        else:
+            config = NodeConfig(rank=0, world=4, topology="star", bind="127.0.0.1:0",
+                                transport="tcp", secret=secret, timeout=60)
+        holder: dict = {}
+        connector = threading.Thread(target=lambda: holder.setdefault("g", config.connect()))
+        connector.start()
+        if topology == "star":
+            connector.join(30)
+            peer_arg = holder["g"].address
+        self.procs = []
+        for rank in (1, 2, 3):
+            # MESHKIT_BENCH_PROFILE_RANK=r runs rank r under cProfile (/tmp/node<r>.prof).
+            profile = os.environ.get("MESHKIT_BENCH_PROFILE_RANK") == str(rank)
+            args = [sys.executable, *(["-m", "cProfile", "-o", f"/tmp/node{rank}.prof"]
+                                      if profile else []), "-m", "meshkit", "node", "--rank", str(rank), "--world",
+                    "4", "--peers", peer_arg, "--topology", topology, "--timeout", "60",
+                    "--secret-file", str(secret_file)]
+            if rank == 2 and board_elems is not None:
+                args += ["--board", "loopback", "--board-option", "stage_id=mid",
+                         "--board-option", f"input_elems={board_elems}",
+                         "--board-option", f"output_elems={board_elems}"]
+            self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, env=env))
+        connector.join(60)
+        self.group = holder["g"]
+        self.group.wait_for_workers(timeout=60)
+        self.caps = collect_caps(self.group, hook=False, timeout=60)
+
+    def close(self) -> None:
+        from meshkit.node import shutdown_nodes
+
+        shutdown_nodes(self.group)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.group.close()
+
+
+def meshkit_run(mesh: Mesh, stages: list, nbytes: int, count: int, in_flight: int,
+                batch: int = 1) -> float:
+    from meshkit.pipeline import run_pipeline
+
+    x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+    started = time.perf_counter()
+    result = run_pipeline(mesh.group, stages, mesh.caps, (x for _ in range(count)),
+                          in_flight=in_flight, batch=batch, timeout=60)
+    elapsed = time.perf_counter() - started
+    assert len(result.outputs) == count and np.array_equal(result.outputs[-1], x)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topology", choices=["mesh", "star"], default="mesh")
+    parser.add_argument("--board", action="store_true",
+                        help="middle rank is a loopback fixed-function board")
+    parser.add_argument("--sizes", default="1KiB,1MiB")
+    parser.add_argument("--in-flight-1KiB", type=int, default=64)
+    parser.add_argument("--in-flight-1MiB", type=int, default=8)
+    parser.add_argument("--batches-1KiB", default="1,16",
+                        help="activations per frame/message to measure (comma list)")
+    parser.add_argument("--batches-1MiB", default="1")
+    parser.add_argument("--count-1KiB", type=int, default=8000)
+    parser.add_argument("--count-1MiB", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3, help="best of N")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from meshkit.pipeline import Stage
+
+    rows = []
+    star = args.topology == "star"
+    with tempfile.TemporaryDirectory() as tmp:
+        secret_file = Path(tmp) / "secret"
+        secret_file.write_bytes(secrets.token_hex(32).encode())
+        secret_file.chmod(0o600)
+        for label in args.sizes.split(","):
+            nbytes = SIZES[label]
+            count = getattr(args, f"count_{label}")
+            in_flight = getattr(args, f"in_flight_{label}")
+            batches = [int(b) for b in getattr(args, f"batches_{label}").split(",")]
+            latency_count = max(count // 8, 20)
+            board = nbytes // 4 if args.board else None
+            stages = [Stage(op="identity"),
+                      Stage.board("mid") if args.board else Stage(op="identity"),
+                      Stage(op="identity")]
+            mesh = Mesh(args.topology, board, secret_file)
+            measured = {}
+            try:
+                meshkit_run(mesh, stages, nbytes, min(count, 50), in_flight)  # warm-up
+                for batch in batches:
+                    measured[batch] = min(
+                        meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
+                        for _ in range(args.repeat))
+                m_lat = min(meshkit_run(mesh, stages, nbytes, latency_count, 1)
+                            for _ in range(args.repeat))
+            finally:
+                mesh.close()
+            raw_relay(nbytes, min(count, 50), in_flight, star)  # warm-up
+            r_lat = min(raw_relay(nbytes, latency_count, 1, star) for _ in range(args.repeat))
+            raw: dict[int, float] = {}
+            for batch in sorted({1, *batches}):
+                raw[batch] = min(raw_relay(nbytes, count, in_flight, star, batch)
+                                 for _ in range(args.repeat))
+            for batch in batches:
+                m_tp = measured[batch]
+                rows.append({
+                    "size": label, "topology": args.topology, "board": args.board,
+                    "in_flight": in_flight, "batch": batch,
+                    "meshkit_act_per_s": count / m_tp,
+                    # the relay moving each activation as its own message
+                    "raw_act_per_s": count / raw[1],
+                    "ratio": raw[1] / m_tp,
+                    # the relay moving the very messages meshkit's frames carry
+                    "raw_same_msgs_act_per_s": count / raw[batch],
+                    "ratio_same_msgs": raw[batch] / m_tp,
+                    "meshkit_latency_us": m_lat / latency_count * 1e6,
+                    "raw_latency_us": r_lat / latency_count * 1e6,
+                    "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
+                })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"3-rank pipeline on 127.0.0.1, topology {args.topology}"
+          f"{', middle rank a loopback board' if args.board else ''}, "
+          f"authentication on (HMAC-SHA256), best of {args.repeat}; latency = mean "
+          f"round trip with one activation in flight")
+    print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
+          f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
+          f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}")
+    for r in rows:
+        print(f"{r['size']:>5} {r['in_flight']:>6} {r['batch']:>5}  "
+              f"{r['meshkit_act_per_s']:>13.0f}  {r['raw_act_per_s']:>10.0f}  "
+              f"{r['ratio']:>5.2f}  {r['raw_same_msgs_act_per_s']:>12.0f}  "
+              f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_latency_us']:>9.0f}us  "
+              f"{r['raw_latency_us']:>6.0f}us  {r['meshkit_MiB_per_s']:>13.1f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--relay":
+        relay_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()
