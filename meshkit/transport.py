@@ -19,7 +19,9 @@ default for every blocking call, from ``NodeConfig.timeout``),
     service's own tags are refused. In a star, worker-to-worker sends are
     relayed by the coordinator (workers only ever dial the coordinator).
     The payload is copied onto the wire before ``send`` returns, so the
-    caller may reuse its arrays. Raises :class:`~meshkit.PeerLostError` if
+    caller may reuse its arrays. A message for a worker that has not joined
+    yet waits at the coordinator (up to 64 per rank) and is delivered when it
+    joins. Raises :class:`~meshkit.PeerLostError` if
     ``dst`` is dead or unreachable, :class:`~meshkit.WireError` if the payload
     cannot be encoded.
 
@@ -152,6 +154,9 @@ TAG_CONTROL = 0xFFFF0011
 #: Tags user code may not send: they would spoof the reduce service.
 _SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE})
 
+#: Relayed messages held per rank that has not joined yet (star coordinator).
+_MAX_HELD = 64
+
 #: Reserved payload key carrying transport metadata (routing, round numbers);
 #: a user state may not use it.
 META_KEY = "__meshkit__"
@@ -235,6 +240,7 @@ class GroupBase:
         self._dead: dict[int, str] = {}
         self._joined: set[int] = set()
         self._links: set[int] = set()
+        self._held: dict[int, collections.deque[Message]] = {}
         self._closed = False
         self._round = 0
         #: Called with (rank, reason) after a rank is declared dead (observers).
@@ -299,7 +305,10 @@ class GroupBase:
         with self._cv:
             self._joined.add(rank)
             self._links.add(rank)
+            held = self._held.pop(rank, ())
             self._cv.notify_all()
+        for message in held:
+            self._relay(message)
 
     def _add_link(self, rank: int) -> None:
         with self._cv:
@@ -357,6 +366,18 @@ class GroupBase:
             log.warning("rank %d dropped a message for rank %d from rank %d: not a relay",
                         self.rank, message.dst, message.src)
             return
+        with self._cv:
+            if message.dst not in self._joined and message.dst not in self._dead:
+                # Workers join in any order: hold a few messages for a rank that
+                # has not joined yet instead of dropping them, deliver on join.
+                held = self._held.setdefault(message.dst, collections.deque())
+                if len(held) < _MAX_HELD:
+                    held.append(message)
+                    return
+                log.warning("dropped a message from rank %d to rank %d: rank %d has not "
+                            "joined and %d messages already wait for it", message.src,
+                            message.dst, message.dst, _MAX_HELD)
+                return
         try:
             self._transmit(message.dst, message, None)
         except (PeerLostError, WireError) as exc:

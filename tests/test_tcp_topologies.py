@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from meshkit import ConfigError, PeerLostError, plugins
+from meshkit import ConfigError, PeerLostError, WireError, plugins
 from meshkit.node_config import NodeConfig
 from meshkit.transport import ANY
 from meshkit_tcp.tcp import parse_address
@@ -145,3 +145,74 @@ def test_a_coordinator_needs_an_address_and_a_secret() -> None:
         NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0").connect()
     with pytest.raises(ConfigError, match="host:port"):
         parse_address("nonsense")
+
+
+def test_a_star_worker_dialing_a_mesh_rank_is_told_the_topologies_differ() -> None:
+    ports = free_ports(2)
+    peers = [f"127.0.0.1:{p}" for p in ports]
+    mesh0 = NodeConfig(rank=0, world=2, peers=peers, topology="mesh", secret=SECRET, timeout=2)
+    errors: dict = {}
+
+    def run_mesh0():
+        try:
+            mesh0.connect().close()
+        except Exception as exc:  # the mesh never completes: its peer was refused
+            errors["mesh0"] = exc
+
+    thread = threading.Thread(target=run_mesh0)
+    thread.start()
+    star1 = NodeConfig(rank=1, world=2, peers=[peers[0]], topology="star", secret=SECRET,
+                       timeout=2)
+    with pytest.raises(WireError, match="refused rank 1: rank 1 runs a star topology, "
+                                        "rank 0 a mesh"):
+        star1.connect()
+    thread.join(10)
+    assert isinstance(errors.get("mesh0"), PeerLostError)
+
+
+def test_a_rank_that_never_joins_is_declared_dead_at_the_end_of_the_round() -> None:
+    fedavg = plugins.create("aggregator", "fedavg")
+    coordinator = star_coordinator(3, timeout=0.5)
+    try:
+        ranks = run_ranks(tcp_star_configs(3, coordinator.address, secret=SECRET)[:1],
+                          lambda g: g.all_reduce({"x": np.ones(2)}))
+        result = coordinator.reduce_round(fedavg)
+        ranks.join()
+    finally:
+        coordinator.close()
+    assert result.contributors == [1] and result.dead == [2]
+    assert "had not joined the mesh" in result.ledger[2]
+
+
+def test_declare_dead_drops_the_rank_and_tells_observers() -> None:
+    coordinator = star_coordinator(2)
+    seen = []
+    coordinator.on_dead = lambda rank, why: seen.append((rank, why))
+    worker = tcp_star_configs(2, coordinator.address, secret=SECRET)[0].connect()
+    try:
+        coordinator.wait_for_workers(timeout=5)
+        coordinator.declare_dead(1, "heartbeat missed")
+        assert seen == [(1, "heartbeat missed")]
+        assert coordinator.live_ranks == [] and coordinator.dead == {1: "heartbeat missed"}
+        with pytest.raises(PeerLostError, match="rank 0"):
+            worker.recv(0, 1, timeout=5)  # the worker sees its link go
+    finally:
+        worker.close()
+        coordinator.close()
+
+
+def test_a_relayed_message_waits_at_the_coordinator_for_a_late_worker() -> None:
+    coordinator = star_coordinator(3)
+    configs = tcp_star_configs(3, coordinator.address, secret=SECRET)
+    early = configs[0].connect()
+    try:
+        early.send(2, 4, {"x": np.arange(5, dtype=np.float32)})
+        late = configs[1].connect()
+        try:
+            got = late.recv(1, 4, timeout=5)
+        finally:
+            late.close()
+    finally:
+        early.close()
+        coordinator.close()
+    np.testing.assert_array_equal(got["x"], np.arange(5, dtype=np.float32))

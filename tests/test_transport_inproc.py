@@ -203,3 +203,31 @@ def test_the_transport_is_selected_by_name_through_the_plugin_registry() -> None
         assert group.address.startswith("inproc://")
     finally:
         group.close()
+
+
+def test_a_hub_is_forgotten_once_every_rank_left() -> None:
+    from meshkit_tcp import inproc
+
+    configs = inproc_configs(2)
+    hub = configs[0].peers[0]
+    groups = [c.connect() for c in configs]
+    assert hub in inproc._hubs
+    for group in groups:
+        group.close()
+    assert hub not in inproc._hubs
+
+
+def test_a_message_for_a_worker_that_has_not_joined_yet_waits_for_it() -> None:
+    configs = inproc_configs(3)
+    coordinator = configs[0].connect()
+    early = configs[1].connect()
+    try:
+        early.send(2, 4, {"hello": "from 1"})  # rank 2 is not there yet
+        late = configs[2].connect()
+        try:
+            assert late.recv(1, 4, timeout=5) == {"hello": "from 1"}
+        finally:
+            late.close()
+    finally:
+        early.close()
+        coordinator.close()

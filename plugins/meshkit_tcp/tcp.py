@@ -46,6 +46,12 @@ KIND_CONTROL = 1
 KIND_MODEL = 2
 _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
 
+#: The handshake's ``role`` field carries the dialer's topology, so the
+#: accepting side can refuse a mismatch before anything else happens.
+ROLE_STAR = 1
+ROLE_MESH = 2
+_ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh"}
+
 #: Accept-loop poll period: how quickly close() stops the listener.
 _ACCEPT_POLL = 0.2
 
@@ -104,6 +110,7 @@ class TcpGroup(GroupBase):
         self._listener: socket.socket | None = None
         self._accepting = threading.Event()
         self._admitting: set[int] = set()
+        self._handshaking: set[socket.socket] = set()
         #: Only used by benchmarks (MAC off on both ends); never from config.
         self._benchmark_only_disable_mac = False
         #: Rank 0's UDP discovery responder, closed with the group.
@@ -158,15 +165,33 @@ class TcpGroup(GroupBase):
         with self._cv:
             channels = list(self._channels.values())
             self._channels.clear()
-        for channel in channels:
-            # Say goodbye so the peer logs a leave, not a failure; best effort.
+            pending = list(self._handshaking)
+        for sock in pending:  # unblock handshakes in progress
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+        def goodbye(channel: wire.Channel) -> None:
             try:
                 channel.send(KIND_CONTROL, TAG_BYE, {})
             except (MeshError, OSError):
                 pass
+
+        # Say goodbye so peers log a leave, not a failure. Best effort and in
+        # parallel, bounded: a stalled peer must not make close() wait its
+        # whole write timeout (closing the socket below unblocks the send).
+        byes = [threading.Thread(target=goodbye, args=(c,), daemon=True) for c in channels]
+        for thread in byes:
+            thread.start()
+        for thread in byes:
+            thread.join(0.5)
+        for channel in channels:
             channel.close()
         current = threading.current_thread()
-        for thread in self._threads:
+        with self._cv:
+            threads = list(self._threads)
+        for thread in threads:
             if thread is not current:
                 thread.join(timeout=max(self.timeout, 1.0) + 1.0)
 
@@ -174,7 +199,11 @@ class TcpGroup(GroupBase):
 
     def _start(self, target: Any, *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        self._threads.append(thread)
+        with self._cv:
+            # Forget finished threads: a long-lived coordinator sees many
+            # short handshake threads (reconnects, refused peers).
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
         thread.start()
 
     def _register(self, rank: int, channel: wire.Channel) -> None:
@@ -231,6 +260,7 @@ class TcpGroup(GroupBase):
     def _handshake(self, sock: socket.socket, timeout: float) -> wire.Channel:
         return wire.handshake(
             sock, self.config.secret, rank=self.rank, world=self.world_size,
+            role=ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
 
@@ -268,13 +298,22 @@ class TcpGroup(GroupBase):
 
     def _admit(self, sock: socket.socket, where: str) -> None:
         sock.settimeout(self.timeout)
+        with self._cv:
+            if self._closed:
+                sock.close()
+                return
+            self._handshaking.add(sock)
         try:
             channel = self._handshake(sock, self.timeout)
         except (MeshError, OSError) as exc:
-            self._refuse(where, str(exc))
+            if not self._closed:
+                self._refuse(where, str(exc))
             return
+        finally:
+            with self._cv:
+                self._handshaking.discard(sock)
         rank = channel.peer.rank
-        problem = self._rank_problem(rank)
+        problem = self._rank_problem(rank, channel.peer.role)
         if problem is not None:
             try:
                 channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
@@ -295,8 +334,14 @@ class TcpGroup(GroupBase):
                 self._admitting.discard(rank)
         self._register(rank, channel)
 
-    def _rank_problem(self, rank: int) -> str | None:
+    def _rank_problem(self, rank: int, role: int) -> str | None:
         """Why a handshaken peer claiming ``rank`` may not join, or None."""
+        mine = "star" if self.is_star else "mesh"
+        theirs = _ROLE_NAMES.get(role, f"unknown ({role})")
+        if theirs != mine:
+            return (f"rank {rank} runs a {theirs} topology, rank {self.rank} a {mine}; give "
+                    f"every node the same peers form (one coordinator address for a star, "
+                    f"world addresses for a mesh)")
         with self._cv:
             if rank == self.rank:
                 return (f"rank {rank} is this node's own rank; give the dialing node a "

@@ -1,0 +1,191 @@
+"""All-reduce throughput: meshkit's star reduce service vs torch.distributed gloo.
+
+Every rank is a separate process on this machine (loopback TCP), and every
+rank contributes a float32 vector of the given size and gets the mean back:
+
+* ``meshkit``: ``tcp`` transport, star topology, authentication on. Rank 0
+  folds its own contribution (``reduce_round(..., contribution=x)``) and the
+  workers' (``all_reduce``), then scatters the mean.
+* ``meshkit-nomac``: the same path with frame MACs off on both ends
+  (``benchmark_only_disable_mac``; the handshake is still authenticated),
+  to measure what authentication costs.
+* ``gloo``: ``torch.distributed.all_reduce`` with the gloo backend (the
+  named baseline; install with ``pip install torch==2.13.0`` or the
+  ``bench`` extra).
+
+Times are the median over the timed repetitions, measured on rank 0 from
+the start of a round to the end of its scatter (gloo: the all_reduce call).
+Ratios > 1 mean meshkit is faster. Run::
+
+    python benchmarks/allreduce.py                      # worlds 2 and 4, 1/16/64 MiB
+    python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5
+
+This is a measurement, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+SECRET = b"benchmark-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, mac: bool,
+                  address: Any, results: Any) -> None:
+    from meshkit import plugins
+    from meshkit.node_config import NodeConfig
+    from meshkit_tcp import TcpOptions
+    from meshkit_tcp.tcp import TcpTransport
+
+    transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31),
+                             benchmark_only_disable_mac=not mac)
+    x = np.full(nbytes // 4, float(rank + 1), np.float32)
+    state = {"x": x}
+    if rank == 0:
+        config = NodeConfig(rank=0, world=world, topology="star", bind="127.0.0.1:0",
+                            secret=SECRET, timeout=120)
+        group = transport.connect(config)
+        for _ in range(world - 1):
+            address.put(group.address)
+        fedavg = plugins.create("aggregator", "fedavg")
+        try:
+            group.wait_for_workers(timeout=120)
+            times = []
+            for i in range(warmup + reps):
+                start = time.perf_counter()
+                result = group.reduce_round(fedavg, contribution=state, timeout=120)
+                elapsed = time.perf_counter() - start
+                if i >= warmup:
+                    times.append(elapsed)
+            expected = (world + 1) / 2
+            if not np.allclose(result.consensus["x"][:4], expected):
+                raise AssertionError(f"wrong mean {result.consensus['x'][:4]} != {expected}")
+            results.put(times)
+        finally:
+            group.close()
+        return
+    coordinator = address.get(timeout=120)
+    config = NodeConfig(rank=rank, world=world, topology="star", peers=[coordinator],
+                        secret=SECRET, timeout=120)
+    group = transport.connect(config)
+    try:
+        for _ in range(warmup + reps):
+            group.all_reduce(state, timeout=240)
+    finally:
+        group.close()
+
+
+def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port: int,
+               results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        x = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
+        times = []
+        for i in range(warmup + reps):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(x)
+            elapsed = time.perf_counter() - start
+            x.div_(world)  # keep the values bounded, like a mean
+            if i >= warmup:
+                times.append(elapsed)
+        if rank == 0:
+            results.put(times)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    if kind == "gloo":
+        port = _free_port()
+        procs = [ctx.Process(target=_gloo_rank, args=(r, world, nbytes, reps, warmup, port,
+                                                       results)) for r in range(world)]
+    else:
+        address = ctx.Queue()
+        procs = [ctx.Process(target=_meshkit_rank,
+                             args=(r, world, nbytes, reps, warmup, kind == "meshkit", address,
+                                   results)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        times = results.get(timeout=600)
+    finally:
+        for proc in procs:
+            proc.join(120)
+            if proc.is_alive():
+                proc.kill()
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64], help="MiB")
+    parser.add_argument("--reps", type=int, default=0, help="timed repetitions (0: by size)")
+    parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+
+    kinds = ["meshkit", "meshkit-nomac"]
+    if not args.no_gloo:
+        try:
+            import torch  # noqa: F401
+            kinds.append("gloo")
+        except ImportError:
+            print("torch is not installed: skipping the gloo baseline "
+                  "(pip install torch==2.13.0)", file=sys.stderr)
+
+    print(f"# meshkit all-reduce vs gloo, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPU(s), python {platform.python_version()}")
+    header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>16}" for k in kinds)
+              + f" {'MB/s meshkit':>13} {'vs gloo':>8} {'MAC cost':>9}")
+    print(header)
+    rows = []
+    for world in args.worlds:
+        for mib in args.sizes:
+            nbytes = mib << 20
+            reps = args.reps or (20 if mib <= 1 else 8 if mib <= 16 else 4)
+            times = {k: _run(k, world, nbytes, reps, warmup=2) for k in kinds}
+            row = {"world": world, "mib": mib, "reps": reps,
+                   **{f"{k}_s": t for k, t in times.items()}}
+            row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
+            row["mac_overhead"] = times["meshkit"] / times["meshkit-nomac"] - 1
+            if "gloo" in times:
+                row["vs_gloo"] = times["gloo"] / times["meshkit"]
+            rows.append(row)
+            vs = f"{row['vs_gloo']:.2f}x" if "vs_gloo" in row else "-"
+            print(f"{world:>5} {mib:>4} " + " ".join(f"{times[k] * 1e3:>16.1f}" for k in kinds)
+                  + f" {row['meshkit_MBps']:>13.0f} {vs:>8} {row['mac_overhead']:>8.0%}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
