@@ -19,7 +19,7 @@ import click
 
 from meshkit.errors import ConfigError
 
-__all__ = ["node", "parse_board_options", "read_secret"]
+__all__ = ["node", "parse_options", "parse_board_options", "read_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,13 @@ def _field_kind(field: Any) -> str:
 
 
 def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[str, Any]:
-    """Turn ``KEY=VALUE`` strings into a board options table, typed by ``options_cls``.
+    """``--board-option KEY=VALUE`` strings as a board options table (see :func:`parse_options`)."""
+    return parse_options(pairs, options_cls, flag="--board-option", table="[board]")
+
+
+def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
+                  table: str) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
 
     Values are converted to each field's declared type (int, float, bool),
     so ``--board-option input_elems=8`` is the integer 8; a value that does
@@ -68,14 +74,14 @@ def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[
     import attrs
 
     fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
-    table: dict[str, Any] = {}
+    options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"--board-option {pair!r}: expected KEY=VALUE")
-        if key in table:
-            raise ConfigError(f"--board-option {key}: given twice")
+            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
+        if key in options:
+            raise ConfigError(f"{flag} {key}: given twice")
         field = fields.get(key)
         kind = _field_kind(field) if field is not None else "str"
         value: Any = raw
@@ -91,10 +97,10 @@ def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[
                 value = lowered in ("1", "true", "yes", "on")
         except ValueError:
             raise ConfigError(
-                f"[board] {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
+                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
                 f"got {raw!r}") from None
-        table[key] = value
-    return table
+        options[key] = value
+    return options
 
 
 @click.command("node", context_settings={"help_option_names": ["-h", "--help"],
@@ -120,6 +126,8 @@ def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[
 @click.option("--transport", default=None, help="Transport component name (default tcp).")
 @click.option("--timeout", type=float, default=None,
               help="Read/write timeout in seconds for the transport.")
+@click.option("--transport-option", "transport_options", multiple=True, metavar="KEY=VALUE",
+              help="A transport option (repeatable), e.g. bf16_wire=true; the [transport] table.")
 @click.option("--board", "board_name", default=None,
               help="Join as a fixed-function rank driving this board component.")
 @click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",
@@ -132,7 +140,8 @@ def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[
 def node(rank: int | None, world: int | None, peers: str | None, discover: bool | None,
          disc_port: int | None, data_port: int | None, via: str | None,
          topology: str | None, device: str | None, heap_mb: int | None,
-         transport: str | None, timeout: float | None, board_name: str | None,
+         transport: str | None, timeout: float | None,
+         transport_options: tuple[str, ...], board_name: str | None,
          board_options: tuple[str, ...], secret_file: str | None, steps: int | None,
          verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
@@ -172,7 +181,16 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         board = DeadlineBoard(driver)
         fixed_function = board.descriptor
 
+    if transport_options:
+        from meshkit import plugins
+
+        transport_component = plugins.default().registry.get("transport", transport or "tcp")
+        transport_table = parse_options(transport_options, transport_component.options,
+                                            flag="--transport-option", table="[transport]")
+    else:
+        transport_table = None
     overrides: dict[str, Any] = {
+        "transport_options": transport_table,
         "rank": rank, "world": world, "topology": topology, "device": device,
         "transport": transport, "timeout": timeout, "fixed_function": fixed_function,
         "secret": secret,

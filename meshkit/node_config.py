@@ -54,6 +54,9 @@ class NodeConfig:
     heap_bytes: int | None = None
     fixed_function: FixedFunction | None = None
     transport: str = "tcp"
+    #: The transport's options table (``[transport]`` in a config), checked
+    #: against the transport's options class when connecting.
+    transport_options: dict[str, Any] = attrs.field(factory=dict, converter=dict, hash=False)
     secret: bytes | None = attrs.field(default=None, repr=False)
     timeout: float = 30.0
     bind: str | None = None
@@ -100,7 +103,8 @@ class NodeConfig:
         """Build the selected transport and join the mesh; returns its ``Group``."""
         from meshkit import plugins
 
-        return plugins.create("transport", self.transport).connect(self)
+        return plugins.create("transport", self.transport,
+                              self.transport_options or None).connect(self)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> NodeConfig:

@@ -264,12 +264,17 @@ class Runner:
                 text = ("true" if value else "false") if isinstance(value, bool) else str(value)
                 flags += ["--board-option", f"{key}={text}"]
             extra[cfg.mesh.workers + 1 + i] = flags
+        # Every rank uses the same [transport] options as the coordinator.
+        transport_flags: list[str] = []
+        for key, value in cfg.transport.options.items():
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            transport_flags += ["--transport-option", f"{key}={text}"]
         for rank in range(1, self._world):
             cmd = [sys.executable, "-m", "meshkit", "node", "--rank", str(rank),
                    "--world", str(self._world), "--peers", address,
                    "--topology", "star", "--transport", cfg.mesh.transport,
                    "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
-                   *extra.get(rank, [])]
+                   *transport_flags, *extra.get(rank, [])]
             log_file = open(logs / f"worker-{rank}.log", "wb")
             try:
                 # A new session: Ctrl-C in the terminal reaches the coordinator
