@@ -15,12 +15,15 @@ from meshkit.components import Component, Provenance
 from meshkit.errors import (
     AggregationError,
     AuthenticationError,
+    BoardError,
+    BoardTimeoutError,
     ConfigError,
     MeshError,
     PeerLostError,
     PlacementError,
     PluginError,
     RefusedError,
+    StateError,
     UnknownComponentError,
     WireError,
 )
@@ -57,6 +60,9 @@ __all__ = [
     "WireError",
     "AuthenticationError",
     "PeerLostError",
+    "StateError",
+    "BoardError",
+    "BoardTimeoutError",
     *_LAZY,
 ]
 

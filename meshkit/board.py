@@ -32,7 +32,7 @@ import queue
 import threading
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from meshkit.errors import MeshError
+from meshkit.errors import BoardError, BoardTimeoutError, MeshError
 from meshkit.fixed_function import FixedFunction
 
 __all__ = [
@@ -48,14 +48,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds one ``execute`` call may take when the driver names no deadline.
 DEFAULT_DEADLINE = 10.0
-
-
-class BoardError(MeshError):
-    """A board failed to run an activation (raised, crashed or is wedged)."""
-
-
-class BoardTimeoutError(BoardError, TimeoutError):
-    """A board did not answer within its deadline."""
 
 
 @runtime_checkable

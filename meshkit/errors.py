@@ -18,6 +18,9 @@ __all__ = [
     "WireError",
     "AuthenticationError",
     "PeerLostError",
+    "StateError",
+    "BoardError",
+    "BoardTimeoutError",
 ]
 
 
@@ -63,3 +66,15 @@ class AuthenticationError(WireError):
 
 class PeerLostError(MeshError):
     """A peer disconnected, stalled past its timeout, or was declared dead."""
+
+
+class StateError(MeshError, ValueError):
+    """A state breaks the state model (bad key, unsupported dtype, NaN, ...)."""
+
+
+class BoardError(MeshError):
+    """A board failed to run an activation (raised, crashed or is wedged)."""
+
+
+class BoardTimeoutError(BoardError, TimeoutError):
+    """A board did not answer within its deadline."""

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Union
 import ml_dtypes
 import numpy as np
 
-from meshkit.errors import MeshError
+from meshkit.errors import StateError
 
 __all__ = [
     "State",
@@ -57,10 +57,6 @@ __all__ = [
 JsonValue = Union[None, bool, int, float, str, list, dict]
 #: A model state: parameter/buffer name -> numpy array or JSON value.
 State = Mapping[str, Any]
-
-
-class StateError(MeshError, ValueError):
-    """A state breaks the state model (bad key, unsupported dtype, NaN, ...)."""
 
 
 #: bfloat16 as a real numpy dtype (ml_dtypes, the field's standard numpy bf16).
