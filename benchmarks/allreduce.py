@@ -15,10 +15,13 @@ rank contributes a float32 vector of the given size and gets the mean back:
 
 Times are the median over the timed repetitions, measured on rank 0 from
 the start of a round to the end of its scatter (gloo: the all_reduce call).
-Ratios > 1 mean meshkit is faster. Run::
+Each configuration runs ``--trials`` times (default 3), the three kinds
+interleaved (meshkit, nomac, gloo, meshkit, ...) so that a load spike on a
+shared machine hits all of them alike; the figure reported is the median
+of the trials' medians. Ratios > 1 mean meshkit is faster. Run::
 
     python benchmarks/allreduce.py                      # worlds 2 and 4, 1/16/64 MiB
-    python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5
+    python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5 --trials 1
 
 This is a measurement, not a test: nothing here asserts a time.
 """
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64], help="MiB")
     parser.add_argument("--reps", type=int, default=0, help="timed repetitions (0: by size)")
+    parser.add_argument("--trials", type=int, default=3,
+                        help="independent runs of each kind, interleaved (median reported)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -168,10 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     for world in args.worlds:
         for mib in args.sizes:
             nbytes = mib << 20
-            reps = args.reps or (20 if mib <= 1 else 8 if mib <= 16 else 4)
-            times = {k: _run(k, world, nbytes, reps, warmup=2) for k in kinds}
-            row = {"world": world, "mib": mib, "reps": reps,
-                   **{f"{k}_s": t for k, t in times.items()}}
+            # Small rounds are short and noisy on a shared machine: time more of them.
+            reps = args.reps or (100 if mib <= 1 else 20 if mib <= 16 else 8)
+            trials: dict[str, list[float]] = {k: [] for k in kinds}
+            for _ in range(max(1, args.trials)):
+                for k in kinds:
+                    trials[k].append(_run(k, world, nbytes, reps, warmup=2))
+            times = {k: statistics.median(v) for k, v in trials.items()}
+            row = {"world": world, "mib": mib, "reps": reps, "trials": len(trials["meshkit"]),
+                   **{f"{k}_s": t for k, t in times.items()},
+                   **{f"{k}_trials_s": v for k, v in trials.items()}}
             row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
             row["mac_overhead"] = times["meshkit"] / times["meshkit-nomac"] - 1
             if "gloo" in times:

@@ -3,9 +3,9 @@
 What is measured, in one run:
 
 * **meshkit**: a coordinator (this process, ``tcp`` transport, authenticated
-  frames: HMAC on every header and body) and three ``meshkit node``
-  subprocesses, each serving an ``identity`` stage (so the transport and the
-  node driver are measured, not a model). ``--board`` makes the middle rank a
+  frames: HMAC-SHA256 on every header, AES-GMAC on every body) and three
+  ``meshkit node`` subprocesses, each serving an ``identity`` stage (so the
+  transport and the node driver are measured, not a model). ``--board`` makes the middle rank a
   ``meshkit node --board loopback`` fixed-function rank instead (adds the
   board's deadline thread and the per-activation length checks).
 * **raw relay**: the same bytes through the same hops with plain sockets and
@@ -305,8 +305,8 @@ def main() -> None:
         return
     print(f"3-rank pipeline on 127.0.0.1, topology {args.topology}"
           f"{', middle rank a loopback board' if args.board else ''}, "
-          f"authentication on (HMAC-SHA256), best of {args.repeat}; latency = mean "
-          f"round trip with one activation in flight")
+          f"authentication on (HMAC-SHA256 headers, AES-GMAC bodies), best of {args.repeat}; "
+          f"latency = mean round trip with one activation in flight")
     print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
           f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
           f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}")

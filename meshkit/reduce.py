@@ -337,7 +337,7 @@ def _scatter(group: GroupBase, round_no: int, targets: list[int], state: dict[st
             send_one(rank)
         return failed
     # Parallel writes: one wedged rank must not delay the others by its full
-    # write timeout, and the MAC of each copy is hashed off the GIL.
+    # write timeout.
     threads = [threading.Thread(target=send_one, args=(rank,), daemon=True,
                                 name=f"meshkit-scatter-{rank}") for rank in targets]
     for thread in threads:

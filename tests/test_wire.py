@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import select
 import socket
 import struct
 import threading
@@ -14,6 +15,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
@@ -100,8 +102,25 @@ def record(channel: wire.Channel, *frames: tuple[int, int, dict]) -> list[bytes]
     return out
 
 
+def gmac(key: bytes, seq: int, header: bytes, body: bytes) -> bytes:
+    """The body tag as docs/wire.md defines it."""
+    return AESGCM(key).encrypt(struct.pack("<IQ", 0, seq), header, body)[-16:]
+
+
 def send_raw(channel: wire.Channel, data: bytes) -> None:
-    channel._sock.sendall(data)
+    """Write bytes straight to a channel's (non-blocking) socket, bypassing the codec."""
+    sock = channel._sock
+    view = memoryview(data)
+    for _ in range(100_000):
+        if not view:
+            return
+        if not select.select([], [sock], [], 5)[1]:
+            break
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            continue
+    raise AssertionError(f"could not write {len(view)} raw bytes: the peer is not reading")
 
 
 def every_dtype_state() -> dict[str, Any]:
@@ -165,6 +184,32 @@ def test_decoded_arrays_are_writable_views_of_one_frame_buffer(pair):
     assert x.ctypes.data % 8 == 0 and y.ctypes.data % 8 == 0
 
 
+def test_a_receive_buffer_is_not_recycled_while_a_decoded_array_uses_it(pair):
+    a, b = pair
+    n = 1 << 15  # 128 KiB frames: in the recycled range
+    a.send(1, 1, {"w": np.full(n, 1.0, np.float32)})
+    kept = b.recv().state["w"]
+    for value in (2.0, 3.0, 4.0, 5.0, 6.0):
+        a.send(1, 1, {"w": np.full(n, value, np.float32)})
+        other = b.recv().state["w"]
+        assert not np.shares_memory(kept, other)
+        assert other[0] == value
+    np.testing.assert_array_equal(kept, 1.0)
+
+
+def test_a_receive_buffer_nothing_refers_to_is_recycled(pair):
+    a, b = pair
+    n = 1 << 15
+    a.send(1, 1, {"w": np.zeros(n, np.float32)})
+    frame = b.recv()
+    address = frame.body.ctypes.data
+    del frame
+    a.send(1, 1, {"w": np.ones(n, np.float32)})
+    frame = b.recv()
+    assert frame.body.ctypes.data == address
+    np.testing.assert_array_equal(frame.state["w"], 1.0)
+
+
 def test_bf16_narrows_float32_only_and_widens_back_on_receipt(pair):
     a, b = pair
     weights = np.linspace(-3, 3, 1000, dtype=np.float32)
@@ -190,7 +235,7 @@ def test_bf16_frames_are_half_the_size_of_float32_frames(pair):
     assert half < full * 0.51
 
 
-def test_a_large_frame_roundtrips_with_the_mac_hashed_alongside_io(pair):
+def test_a_large_frame_roundtrips_with_its_body_tag(pair):
     a, b = pair
     big = {"w": np.random.default_rng(1).standard_normal(3 << 20).astype(np.float32)}
     sending = Outcome(lambda: a.send(1, 3, big))
@@ -273,7 +318,7 @@ def _hello(version: int = wire.PROTOCOL_VERSION, rank: int = 1, world: int = 2) 
 def test_a_protocol_version_mismatch_names_both_versions():
     a, b = tcp_pair()
     b.sendall(_hello(version=9))
-    with pytest.raises(WireError, match="version 9.*version 1"):
+    with pytest.raises(WireError, match=f"version 9.*version {wire.PROTOCOL_VERSION}"):
         wire.handshake(a, SECRET, rank=0, world=2)
     b.close()
 
@@ -433,8 +478,7 @@ def test_an_authenticated_frame_claiming_too_many_tensors_is_refused(pair):
     body = struct.pack("<II", wire.MAX_TENSORS + 1, 0) + bytes(24)
     # MAC a body with a hostile count, as a buggy peer holding the key could.
     header = _forged_header(len(body), key=a._keys.send_header)
-    tag = hmac.digest(a._keys.send_body, header + hashlib.sha256(body).digest(), "sha256")
-    send_raw(a, header + body + tag)
+    send_raw(a, header + body + gmac(a._keys.send_body, 0, header, body))
     with pytest.raises(WireError, match="65537 entries; the limit is 65536"):
         b.recv()
 
@@ -463,6 +507,58 @@ def test_a_reflected_frame_is_refused(pair):
     send_raw(a, own)  # b's own frame, echoed back to b
     with pytest.raises(AuthenticationError, match="forged, corrupted or reflected"):
         b.recv()
+
+
+def test_a_body_tag_is_bound_to_its_header(pair):
+    a, b = pair
+    body = struct.pack("<II", 0, 0)
+    header = _forged_header(len(body), key=a._keys.send_header)
+    # A valid header MAC, but the body tag was computed for another header
+    # (a different tag field) carrying the same body and sequence number.
+    other = struct.pack("<4sBBHIIQQ", b"MKF\x01", 1, 0, 0, 8, 1, 0, len(body))
+    other += hmac.digest(a._keys.send_header, other, "sha256")
+    send_raw(a, header + body + gmac(a._keys.send_body, 0, other, body))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+
+
+def test_a_body_tag_from_another_sequence_number_is_refused(pair):
+    a, b = pair
+    body = struct.pack("<II", 0, 0)
+    header = _forged_header(len(body), key=a._keys.send_header)
+    send_raw(a, header + body + gmac(a._keys.send_body, 1, header, body))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+
+
+@pytest.mark.parametrize("n", [16, 1 << 17], ids=["small-one-shot", "large-streamed"])
+def test_frames_carry_the_16_byte_body_tag_the_docs_define(pair, n):
+    a, b = pair
+    state = {"x": np.arange(n, dtype=np.float32), "meta": {"round": 1}}
+    first, second = record(a, (1, 1, state), (1, 2, state))
+    body = wire.encode_state(state)
+    for seq, frame in enumerate((first, second)):
+        assert len(frame) == wire.HEADER_SIZE + body.nbytes + wire.BODY_TAG_SIZE == \
+            wire.HEADER_SIZE + body.nbytes + 16
+        header, tag = frame[:wire.HEADER_SIZE], frame[-16:]
+        assert tag == gmac(a._keys.send_body, seq, header, frame[wire.HEADER_SIZE:-16])
+    # A new nonce per frame: the same body never gets the same tag twice.
+    assert first[-16:] != second[-16:]
+    writing = Outcome(lambda: send_raw(a, first + second))
+    assert [b.recv().tag, b.recv().tag] == [1, 2]
+    writing.get()
+
+
+def test_a_tampered_large_body_is_refused_when_authenticated_while_reading(pair):
+    a, b = pair
+    (frame,) = record(a, (1, 1, {"x": np.zeros(1 << 19, np.float32)}))
+    assert len(frame) > 2 * wire._MAC_STEP  # authenticated in pieces as it arrives
+    tampered = bytearray(frame)
+    tampered[len(frame) - 16 - 5] ^= 0x80  # the body's last bytes
+    writing = Outcome(lambda: send_raw(a, bytes(tampered)))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+    writing.get()
 
 
 def test_a_tampered_body_is_refused(pair):
@@ -567,14 +663,14 @@ def test_datagrams_are_authenticated_under_the_shared_secret():
 
 
 class DocPeer:
-    """A peer written only from docs/wire.md (struct + hmac, no meshkit.wire)."""
+    """A peer written only from docs/wire.md (struct, hmac and AESGCM; no meshkit.wire)."""
 
     def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int) -> None:
         import os
 
         self.sock = sock
         nonce = os.urandom(32)
-        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 1, 0, 0, 0, rank, world, 1 << 30,
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 2, 0, 0, 0, rank, world, 1 << 30,
                            bytes(16), nonce)
         sock.sendall(mine)
         theirs = self._read(80)
@@ -586,8 +682,8 @@ class DocPeer:
             return hmac.digest(prk, b"meshkit/1 " + label + b" " + n + b"\x01", "sha256")
 
         peer_nonce = theirs[48:80]
-        self.send_keys = (key(b"header", nonce), key(b"body", nonce))
-        self.recv_keys = (key(b"header", peer_nonce), key(b"body", peer_nonce))
+        self.send_keys = (key(b"header", nonce), AESGCM(key(b"body-gmac", nonce)))
+        self.recv_keys = (key(b"header", peer_nonce), AESGCM(key(b"body-gmac", peer_nonce)))
         sock.sendall(hmac.digest(key(b"confirm", nonce), transcript, "sha256"))
         assert self._read(32) == hmac.digest(key(b"confirm", peer_nonce), transcript, "sha256")
         self.seq_out = self.seq_in = 0
@@ -604,7 +700,8 @@ class DocPeer:
         body = table + array.astype(array.dtype.newbyteorder("<")).tobytes()
         head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, 0, 0, tag, 1, self.seq_out, len(body))
         header = head + hmac.digest(self.send_keys[0], head, "sha256")
-        tag_ = hmac.digest(self.send_keys[1], header + hashlib.sha256(body).digest(), "sha256")
+        nonce = struct.pack("<IQ", 0, self.seq_out)
+        tag_ = self.send_keys[1].encrypt(nonce, header, body)[-16:]
         self.sock.sendall(header + body + tag_)
         self.seq_out += 1
 
@@ -616,9 +713,9 @@ class DocPeer:
                                                                           header[:32])
         assert (magic, seq) == (b"MKF\x01", self.seq_in)
         body = self._read(body_len)
-        mac = self._read(32)
-        assert mac == hmac.digest(self.recv_keys[1], header + hashlib.sha256(body).digest(),
-                                  "sha256")
+        tag_ = self._read(16)
+        nonce = struct.pack("<IQ", 0, self.seq_in)
+        assert hmac.compare_digest(tag_, self.recv_keys[1].encrypt(nonce, header, body)[-16:])
         self.seq_in += 1
         count, _ = struct.unpack_from("<II", body)
         pos, entries = 8, []
@@ -660,15 +757,13 @@ def test_a_peer_that_stops_reading_makes_send_fail_after_the_stall_timeout():
     b.close()
 
 
-def test_one_encoded_body_is_hashed_once_and_scattered_to_many_peers():
+def test_one_encoded_body_is_scattered_to_many_peers():
     first, peer_1 = channel_pair()
     second, peer_2 = channel_pair()
     encoded = wire.encode_state({"w": np.arange(1 << 18, dtype=np.float32)}, bf16=True)
     first.send_encoded(2, 5, encoded)
-    digest = encoded.digest()
     second.send_encoded(2, 5, encoded)
     got_1, got_2 = peer_1.recv(), peer_2.recv()
-    assert got_1.digest == got_2.digest == digest
     np.testing.assert_array_equal(got_1.state["w"], got_2.state["w"])
     for ch in (first, peer_1, second, peer_2):
         ch.close()
