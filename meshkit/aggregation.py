@@ -605,13 +605,19 @@ class MeanFold:
         self._factors = [f * scale for f in self._factors]
         self._reference = reference
 
-    def _buffers(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _buffers(self, dtype: np.dtype, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Scratch sized to one chunk, or to the array when it is smaller."""
+        size = min(self._chunk, size)
         pair = self._scratch.get(dtype)
-        if pair is None:
-            pair = self._scratch[dtype] = (np.empty(self._chunk, dtype=dtype),
-                                           np.empty(self._chunk, dtype=dtype))
-            self._zeros[dtype] = np.zeros(self._chunk, dtype=dtype)
-        return pair[0], pair[1], self._zeros[dtype]
+        if pair is None or pair[0].size < size:
+            # Sized to what is folded: a fold of small arrays allocates small
+            # scratch, not a whole chunk's worth each round.
+            pair = self._scratch[dtype] = (np.empty(size, dtype=dtype),
+                                           np.empty(size, dtype=dtype))
+        zeros = self._zeros.get(dtype)
+        if zeros is None or zeros.size < size:
+            zeros = self._zeros[dtype] = np.zeros(size, dtype=dtype)
+        return pair[0], pair[1], zeros
 
     def _fold_arrays(self, parts: list[tuple[State, float, str]],
                      divisor: float | None = None) -> None:
@@ -643,7 +649,7 @@ class MeanFold:
         ``divisor`` divides each chunk once it is complete (the round's last
         fold).
         """
-        t, u, zeros = self._buffers(acc.dtype)
+        t, u, zeros = self._buffers(acc.dtype, acc.size)
         step = self._chunk
         check = not self.allow_nonfinite
         add, dot = np.add, np.dot
