@@ -415,7 +415,7 @@ class Runner:
         exited = {r: p.poll() for r, p in self.processes.items() if p.poll() is not None}
         logs = Path(self._out) / "logs"
         if exited:
-            return (f"; local worker(s) exited early: "
+            return ("; local worker(s) exited early: "
                     + ", ".join(f"rank {r} (status {s})" for r, s in sorted(exited.items()))
                     + f" — see {logs}/worker-N.log")
         return ""

@@ -26,19 +26,24 @@ def run_cli(*args: str, env: dict[str, str] | None = None, pythonpath: str | Non
                           text=True, env=full_env, cwd=cwd, timeout=timeout)
 
 
-def pip_install_target(package_dir: Path, target: Path) -> None:
-    """Install a plugin package for real (dist-info + entry points) into ``target``."""
+def pip_install_target(target: Path, *package_dirs: Path) -> None:
+    """Install plugin packages for real (dist-info + entry points) into ``target``.
+
+    No dependencies and no build isolation (hatchling comes from the test
+    environment): the directory goes on PYTHONPATH, so nothing is left behind.
+    """
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(package_dir)],
-        check=True, capture_output=True, text=True, timeout=120)
+         "--disable-pip-version-check", "--no-compile", "--target", str(target),
+         *(str(p) for p in package_dirs)],
+        check=True, capture_output=True, text=True, timeout=180)
 
 
 @pytest.fixture(scope="session")
 def hello_site(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A directory holding the installed third-party fixture package meshkit-hello."""
     target = tmp_path_factory.mktemp("hello-site")
-    pip_install_target(FIXTURES / "meshkit-hello", target)
+    pip_install_target(target, FIXTURES / "meshkit-hello")
     return str(target)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import pip_install_target, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -33,11 +33,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> str:
     target = tmp_path_factory.mktemp("example-plugins-site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--no-compile", "--target", str(target),
-         *(str(EXAMPLES / p) for p in PACKAGES)],
-        check=True, capture_output=True, text=True, timeout=180)
+    pip_install_target(target, *(EXAMPLES / p for p in PACKAGES))
     return str(target)
 
 
@@ -186,11 +182,7 @@ def guide_project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "meshkit-midrange/tests/test_midrange.py",
     ], names
     site = work / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--no-compile", "--target", str(site),
-         str(work / "meshkit-midrange")],
-        check=True, capture_output=True, text=True, timeout=180)
+    pip_install_target(site, work / "meshkit-midrange")
     return {"work": str(work), "site": str(site)}
 
 
