@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from meshkit.errors import ConfigError
+from meshkit.state import BFLOAT16, dtype_from_name, dtype_name
 
 __all__ = ["Checkpoint", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint",
            "checkpoint_path"]
@@ -44,6 +45,9 @@ class Checkpoint:
     rng_state: Mapping[str, Any] = attrs.Factory(dict)
     #: The run's identity: task, strategy, seed, rounds (checked on resume).
     identity: Mapping[str, Any] = attrs.Factory(dict)
+    #: The round's ``metrics.jsonl`` line (JSON), so a crash between writing
+    #: the checkpoint and that line does not leave a gap after ``--resume``.
+    report: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -87,11 +91,18 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "outer": _to_json(dict(checkpoint.outer_state), "outer", arrays),
         "rng": _to_json(dict(checkpoint.rng_state), "rng", arrays),
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
+        "report": _to_json(dict(checkpoint.report), "report", arrays),
     }
     for name, array in arrays.items():
         if array.dtype.hasobject:
             raise ConfigError(f"checkpoint: {name} is an object array, which only pickle "
                               f"could store; states hold numeric arrays and JSON values")
+    # .npy has no spelling for extension dtypes (bfloat16 is saved as raw
+    # 2-byte voids), so their names ride in the header and are viewed back.
+    extension = {name: dtype_name(a.dtype) for name, a in arrays.items()
+                 if a.dtype == BFLOAT16}
+    if extension:
+        meta["dtypes"] = extension
     header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     target = directory / CHECKPOINT_NAME
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.tmp", dir=directory)
@@ -132,22 +143,37 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise ConfigError(f"no checkpoint at {str(file)!r}; nothing to resume from (run "
                           f"without --resume to start afresh)")
     try:
-        with np.load(file, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"checkpoint {str(file)!r} is unreadable: {exc}") from None
+        return _read(file)
+    except ConfigError:
+        raise
+    except Exception as exc:  # zip, zlib, json, utf-8, shape: all mean "corrupt"
+        raise ConfigError(
+            f"checkpoint {str(file)!r} is unreadable ({type(exc).__name__}: {exc}); it is "
+            f"corrupt or not a meshkit checkpoint. Run without --resume to start "
+            f"afresh") from None
+
+
+def _read(file: Path) -> Checkpoint:
+    # allow_pickle=False: an object array (or a pickled file) is refused by
+    # numpy before anything in it is executed.
+    with np.load(file, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
     header = arrays.pop(_META, None)
     if header is None:
         raise ConfigError(f"checkpoint {str(file)!r} has no {_META} header; not a meshkit "
                           f"checkpoint")
     meta = json.loads(header.tobytes().decode("utf-8"))
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"checkpoint {str(file)!r} has format {meta.get('format')!r}; this "
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ConfigError(f"checkpoint {str(file)!r} has format {found!r}; this "
                           f"meshkit reads format {FORMAT}")
+    for name, spelled in dict(meta.get("dtypes") or {}).items():
+        arrays[name] = arrays[name].view(dtype_from_name(spelled))
     return Checkpoint(
         round=int(meta["round"]),
         state=_from_json(meta["state"], arrays),
         outer_state=_from_json(meta["outer"], arrays),
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
+        report=_from_json(meta.get("report") or {}, arrays),
     )

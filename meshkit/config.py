@@ -9,7 +9,7 @@ table and the key.
 
 from __future__ import annotations
 
-import importlib
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -36,12 +36,19 @@ LAUNCHES = ("local", "external")
 TOPOLOGIES = ("star", "mesh")
 
 
+def _finite(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    # TOML spells inf; socket and lock timeouts overflow on it deep in a transport.
+    if not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number of seconds, got {value}")
+
+
 @attrs.frozen
 class RunTable:
     """``[run]``: what to train and where results go."""
 
     task: str = "digits"
-    seed: int = 0
+    #: numpy seeds are non-negative (a negative one would fail deep in the run).
+    seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     out: str = "runs/meshkit"
 
 
@@ -56,9 +63,10 @@ class MeshTable:
     bind: str = "127.0.0.1:0"
     secret_file: str = ""
     #: Seconds a read or write may stall before the peer is declared dead.
-    timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    timeout: float = attrs.field(default=30.0, validator=[attrs.validators.gt(0), _finite])
     #: Seconds the coordinator waits for every worker to join.
-    join_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0))
+    join_timeout: float = attrs.field(default=60.0,
+                                      validator=[attrs.validators.gt(0), _finite])
 
 
 @attrs.frozen
@@ -99,8 +107,10 @@ class Config:
     def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``)."""
         env = os.environ if environ is None else environ
-        if env.get("MESHKIT_SECRET"):
-            return env["MESHKIT_SECRET"].encode()
+        # Stripped like `meshkit node` strips it, or the two ends would hold
+        # different secrets when the variable carries a trailing newline.
+        if (env.get("MESHKIT_SECRET") or "").strip():
+            return env["MESHKIT_SECRET"].strip().encode()
         if not self.mesh.secret_file:
             return None
         path = Path(self.mesh.secret_file)
@@ -129,6 +139,9 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: TOML files are UTF-8, and byte "
+                          f"{exc.start} is not ({exc.reason})") from None
     return parse_config(data, path=path)
 
 
@@ -200,20 +213,15 @@ class Plan:
 
 def _module_reference(selection: Selection, path: str) -> Component:
     """A task (or other component) named ``"module:attribute"`` instead of by plugin."""
-    module_name, _, attribute = selection.name.partition(":")
+    from meshkit.task import resolve_task_component
+
+    # One lookup for the coordinator and the workers (meshkit.task), so a
+    # module that raises on import, a non-callable attribute or a non-attrs
+    # ``Options`` is the same clear error on both.
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"{path}: {selection.where.replace('task', 'run')} {selection.kind}: cannot "
-            f"import {selection.name!r}: {type(exc).__name__}: {exc}") from None
-    if isinstance(obj, Component):
-        return obj
-    # A class or factory; an attrs ``Options`` attribute declares its config keys.
-    return Component(selection.name, obj, options=getattr(obj, "Options", None),
-                     summary="selected by module reference")
+        return resolve_task_component(selection.name)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: [run] {selection.kind}: {exc}") from exc
 
 
 def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | None = None) -> Plan:

@@ -6,7 +6,10 @@ Every error names the table and the key, so ``meshkit check`` can say
 
 from __future__ import annotations
 
+import collections.abc
 import re
+import types
+import typing
 from typing import Any, Mapping
 
 import attrs
@@ -28,13 +31,14 @@ def _describe(exc: BaseException, where: str) -> list[str]:
     def walk(err: BaseException, path: str) -> None:
         if isinstance(err, ForbiddenExtraKeysError):
             for key in sorted(err.extra_fields):
-                lines.append(f"{where}{path}{'.' if path else ' '}{key}: unknown key"
+                lines.append(f"{where} {path}.{key}: unknown key"
                              if path else f"{where} {key}: unknown key")
             return
         if isinstance(err, (ClassValidationError, IterableValidationError)):
             for sub in err.exceptions:
                 note = _note_for(sub)
-                walk(sub, f"{path}.{note}" if path and note else (note or path))
+                joiner = "" if note.startswith("[") else "."  # boards[0], not boards.[0]
+                walk(sub, f"{path}{joiner}{note}" if path and note else (note or path))
             return
         label = f"{where} {path}" if path else where
         lines.append(f"{label}: {_problem(err)}")
@@ -68,24 +72,67 @@ def _problem(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _check_types(cls: type, data: Mapping[str, Any], where: str) -> None:
-    """Reject values cattrs would silently coerce (``"5"`` for an int, 1 for a str)."""
-    fields = {f.name: f for f in attrs.fields(cls)}
+_PRIMITIVES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Field name -> type, resolved from string annotations when possible."""
+    try:
+        attrs.resolve_types(cls)
+    except Exception:  # an unresolvable forward reference: check what we can
+        pass
+    return {f.name: f.type for f in attrs.fields(cls)}
+
+
+def _check_types(cls: type, data: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    """Reject values cattrs would silently coerce (``"5"`` for an int, 1 for a str).
+
+    Nested tables (``[[strategy.partitions]]``) are checked too: cattrs would
+    otherwise turn ``rank = 1.9`` into rank 1 and ``nodes = "abc"`` into
+    ``["a", "b", "c"]``.
+    """
+    types = _field_types(cls)
     for key, value in data.items():
-        field = fields.get(key)
-        if field is None:
-            continue
-        expected = field.type
-        if isinstance(expected, str):
-            expected = {"int": int, "float": float, "str": str, "bool": bool}.get(expected)
-        if expected is bool and not isinstance(value, bool):
-            raise ConfigError(f"{where} {key}: expected true or false, got {value!r}")
-        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{where} {key}: expected an integer, got {value!r}")
-        if expected is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ConfigError(f"{where} {key}: expected a number, got {value!r}")
-        if expected is str and not isinstance(value, str):
-            raise ConfigError(f"{where} {key}: expected a string, got {value!r}")
+        if key in types:
+            _check_value(types[key], value, where, f"{prefix}{key}")
+
+
+def _check_value(expected: Any, value: Any, where: str, label: str) -> None:
+    if isinstance(expected, str):
+        expected = _PRIMITIVES.get(expected)
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(expected) if a is not type(None)]
+        if value is None and len(options) < len(typing.get_args(expected)):
+            return
+        if len(options) == 1:
+            _check_value(options[0], value, where, label)
+        return
+    if origin in (list, tuple, collections.abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} {label}: expected an array, got {value!r}")
+        args = typing.get_args(expected)
+        if args and (origin is not tuple or (len(args) == 2 and args[1] is Ellipsis)):
+            for i, item in enumerate(value):
+                _check_value(args[0], item, where, f"{label}[{i}]")
+        return
+    if origin in (dict, collections.abc.Mapping) or expected in (dict, collections.abc.Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} {label}: expected a table, got {value!r}")
+        return
+    if isinstance(expected, type) and attrs.has(expected):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} {label}: expected a table, got {value!r}")
+        _check_types(expected, value, where, f"{label}.")
+        return
+    if expected is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where} {label}: expected true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where} {label}: expected an integer, got {value!r}")
+    if expected is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ConfigError(f"{where} {label}: expected a number, got {value!r}")
+    if expected is str and not isinstance(value, str):
+        raise ConfigError(f"{where} {label}: expected a string, got {value!r}")
 
 
 def structure_strict(data: Mapping[str, Any], cls: type, *, where: str) -> Any:

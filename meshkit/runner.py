@@ -77,8 +77,17 @@ class RunReport:
         data = attrs.asdict(self, recurse=False)
         data.pop("state")
         data["dropped"] = {str(k): v for k, v in self.dropped.items()}
-        data["metrics"] = dict(self.metrics)
+        # A task may report numpy scalars (np.float32 is not JSON); this runs
+        # in run()'s finally, where an error would mask the real outcome.
+        data["metrics"] = {k: _number(v) for k, v in self.metrics.items()}
         return data
+
+
+def _number(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 @attrs.frozen
@@ -159,6 +168,11 @@ class Runner:
         except MeshError as exc:
             error = str(exc)
             raise
+        except BaseException as exc:
+            # Anything else (a bug in a task or a plugin) still failed the run:
+            # summary.json and meshkit_run_finished must not report ok.
+            error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             self._teardown(ctx)
             report = RunReport(
@@ -198,13 +212,14 @@ class Runner:
             raise ConfigError(
                 f"cannot resume {str(out)!r}: its checkpoint belongs to a different run "
                 f"({what}). Use the same config, or run without --resume to start afresh")
+        _check_model_fits(out, ckpt.state, parts["task"].init_state(plan.config.run.seed))
         parts["global_state"] = dict(ckpt.state)
         parts["ctx_state"] = dict(ckpt.state)
         if ckpt.outer_state:
             parts["outer"].load_state_dict(ckpt.outer_state)
         if ckpt.rng_state:
             parts["rng"].bit_generator.state = dict(ckpt.rng_state)
-        _truncate_metrics(metrics, ckpt.round)
+        _truncate_metrics(metrics, ckpt.round, ckpt.report)
         log.info("resuming %s after round %d", out, ckpt.round)
         return ckpt.round, True
 
@@ -336,11 +351,12 @@ class Runner:
         def on_round(report: Any, state: Mapping[str, Any]) -> None:
             # Checkpoint first: a metrics line never describes a round the
             # checkpoint cannot reproduce.
+            line = report.to_json()
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
-                rng_state=rng.bit_generator.state, identity=identity))
+                rng_state=rng.bit_generator.state, identity=identity, report=line))
             with open(metrics_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(report.to_json()) + "\n")
+                fh.write(json.dumps(line) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             completed[0] = report.round
@@ -433,17 +449,51 @@ class Runner:
             log.warning("could not write %s", out / "summary.json", exc_info=True)
 
 
-def _truncate_metrics(path: Path, last_round: int) -> None:
-    """Keep only the lines of rounds the checkpoint covers (a crash may leave one more)."""
-    if not path.exists():
-        return
+def _check_model_fits(out: Path, saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose model is not the shape this config's task builds.
+
+    The identity check cannot see ``[task]`` options: a checkpoint made with
+    ``hidden = 32`` would otherwise be trained on under ``hidden = 64``,
+    silently keeping the old shapes (or failing deep inside a worker).
+    """
+    problems = []
+    for key, value in fresh.items():
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            continue
+        if key not in saved:
+            problems.append(f"{key}: not in the checkpoint")
+        elif getattr(saved[key], "shape", None) != shape:
+            problems.append(f"{key}: checkpoint shape {getattr(saved[key], 'shape', None)}, "
+                            f"this config's task {shape}")
+    if problems:
+        raise ConfigError(
+            f"cannot resume {str(out)!r}: its checkpoint's model does not fit the task this "
+            f"config builds ({'; '.join(problems[:5])}). Use the same [task] options, or run "
+            f"without --resume to start afresh")
+
+
+def _truncate_metrics(path: Path, last_round: int,
+                      last_report: Mapping[str, Any] | None = None) -> None:
+    """Keep only the lines of rounds the checkpoint covers (a crash may leave one more).
+
+    The checkpoint is written before its round's line, so a crash between
+    the two leaves the line missing: ``last_report`` (the line the
+    checkpoint carries) fills that gap.
+    """
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line).get("round", 0) <= last_round:
+    recorded = 0
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash
+            if isinstance(row, dict) and row.get("round", 0) <= last_round:
                 kept.append(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line from a crash
+                recorded = max(recorded, int(row.get("round", 0)))
+    if last_report and recorded < last_round == last_report.get("round"):
+        kept.append(json.dumps(dict(last_report)))
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
@@ -455,14 +505,18 @@ def build_components(plan: Any) -> dict[str, Any]:
     """
     import numpy as np
 
-    from meshkit.task import check_task
+    from meshkit.task import build_task, check_task
 
     cfg = plan.config
     strategy = plan.create("strategy")
     if not callable(getattr(strategy, "run", None)):
         raise ConfigError(f"{cfg.path}: [strategy] {cfg.strategy.name!r} built a "
                           f"{type(strategy).__name__} with no run(ctx) method")
-    task = check_task(plan.create("task"), cfg.run.task)
+    try:
+        task = check_task(build_task(plan.components["task"], plan.options["task"],
+                                     cfg.run.task), cfg.run.task)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
     check = getattr(strategy, "check", None)
     if callable(check):
         try:

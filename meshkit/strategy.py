@@ -395,7 +395,9 @@ class _BufferingFold:
 
 def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> list[int]:
     """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted."""
-    k = min(clients, max(minimum, math.ceil(fraction * clients)))
+    # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
+    # point, and its ceiling would sample an eighth client.
+    k = min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
     if k >= clients:
         return list(range(clients))
     return sorted(int(c) for c in rng.choice(clients, size=k, replace=False))

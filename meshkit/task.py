@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_chec
 import attrs
 
 from meshkit.components import Component
-from meshkit.errors import ConfigError
+from meshkit.errors import ConfigError, MeshError
 from meshkit.options import structure_options
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FitResult", "Task", "resolve_task_component", "create_task", "check_task"]
+__all__ = ["FitResult", "Task", "resolve_task_component", "create_task", "build_task",
+           "check_task"]
 
 #: The methods every task has; the rest are needed only by the strategies that use them.
 REQUIRED = ("init_state", "train_data", "fit", "evaluate")
@@ -89,6 +90,10 @@ def _import_reference(reference: str) -> Any:
         raise ConfigError(
             f"task {reference!r}: cannot import module {module_name!r} ({exc}); is it "
             f"on PYTHONPATH on every node?") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(
+            f"task {reference!r}: cannot import module {module_name!r}: importing it "
+            f"raised {type(exc).__name__}: {exc}") from exc
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
@@ -123,10 +128,20 @@ def resolve_task_component(name: str, pset: Any = None) -> Component:
 def create_task(name: str, options: Mapping[str, Any] | Any = None, pset: Any = None) -> Any:
     """Build the task ``name`` with its ``[task]`` table (a mapping or options object)."""
     component = resolve_task_component(name, pset)
-    if component.options is not None and isinstance(options, component.options):
-        return check_task(component.build(options), name)
-    structured = structure_options(component, dict(options or {}), where="[task]")
-    return check_task(component.build(structured), name)
+    if component.options is None or not isinstance(options, component.options):
+        options = structure_options(component, dict(options or {}), where="[task]")
+    return check_task(build_task(component, options, name), name)
+
+
+def build_task(component: Component, options: Any, name: str) -> Any:
+    """Call a task factory; whatever it raises becomes a :class:`ConfigError` naming it."""
+    try:
+        return component.build(options)
+    except MeshError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"task {name!r}: building it raised {type(exc).__name__}: {exc}") from exc
 
 
 def check_task(task: Any, name: str = "task", needs: Sequence[str] = ()) -> Any:

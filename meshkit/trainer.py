@@ -309,8 +309,16 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> A
     from meshkit.task import create_task
 
     started = time.monotonic()
-    task = create_task(str(spec["task"]), spec.get("task_options") or {})
-    trainer = Trainer(task)
+    try:
+        trainer: Trainer | None = Trainer(
+            create_task(str(spec["task"]), spec.get("task_options") or {}))
+        failure: MeshError | None = None
+    except MeshError as exc:
+        # Answer every request with the reason instead of leaving: the
+        # coordinator waits on replies, and silence would read as a stalled
+        # worker (dropped after [mesh] timeout) rather than as this error.
+        log.error("rank %s cannot build the task: %s", getattr(group, "rank", "?"), exc)
+        trainer, failure = None, exc
     idle = float(spec.get("idle_timeout", 3600.0))
     poll = min(idle, 1.0)
     idle_since = time.monotonic()
@@ -332,12 +340,18 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> A
         request = decode(frame)
         if request.get("op") == "stop":
             break
-        reply = trainer.handle(request)
+        if trainer is None:
+            reply = {"error": f"cannot build the task on this worker: {failure}",
+                     "seq": request.get("seq", 0)}
+        else:
+            reply = trainer.handle(request)
         try:
             group.send(0, TAG_REPLY, encode(reply))
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
+    if failure is not None:
+        raise failure
     log.info("trainer on rank %s finished%s", getattr(group, "rank", "?"),
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)

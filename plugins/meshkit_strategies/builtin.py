@@ -71,6 +71,15 @@ def _train_loss(replies: Sequence[Any]) -> dict[str, float]:
     return {} if loss is None else {"train_loss": loss}
 
 
+def _training_rows(task: Any) -> int | None:
+    """How many training rows the coordinator's copy of the task has (None: unknown)."""
+    data = getattr(task, "train_data", None)
+    if not callable(data):
+        return None
+    x, _ = data()
+    return len(x)
+
+
 # -- local -------------------------------------------------------------------
 
 
@@ -93,7 +102,10 @@ class Local:
             if not reply.ok:
                 ctx.require_live(1, f"round {rnd}")
                 raise MeshError(f"round {rnd}: rank {rank} did not answer: {reply.error}")
-            state = dict(reply.payload["state"])
+            fitted = dict(reply.payload["state"])
+            # docs/strategies.md: the outer optimizer steps the global model
+            # from the fit's result (average adopts it).
+            state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
             metrics = {**_train_loss([reply]), **ctx.task.evaluate(state)}
             ctx.round_completed(RoundReport(
                 rnd, rounds, "local", answered=(rank,), clients=(0,),
@@ -122,6 +134,11 @@ class Federated:
             raise ConfigError(
                 f"[strategy] min_clients = {self.options.min_clients} but there are only "
                 f"{clients} clients; lower min_clients or add clients/workers")
+        rows = _training_rows(task)
+        if rows is not None and rows < clients:
+            raise ConfigError(
+                f"[strategy] clients = {clients} but the task has only {rows} training rows; "
+                f"every client's shard needs at least one row. Use at most {rows} clients")
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         opts = self.options
@@ -132,7 +149,9 @@ class Federated:
         for rnd in range(ctx.start_round + 1, opts.rounds + 1):
             ctx.check_stop()
             clock = timed()
-            live = ctx.require_live(opts.min_clients, f"round {rnd}")
+            # min_clients counts answers, not workers: clients are spread over
+            # the live workers round-robin, so one worker can serve several.
+            live = ctx.require_live(1, f"round {rnd}")
             sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
             # Clients are spread over the live workers round-robin; a client's
             # fit is seeded by (run seed, round, client), never by its worker.
@@ -182,6 +201,10 @@ class DataParallel:
 
     def check(self, *, task: Any, outer_name: str, workers: int) -> None:
         """Refuse what cannot work before any process starts."""
+        if self.options.min_workers > workers:
+            raise ConfigError(
+                f"[strategy] min_workers = {self.options.min_workers} but there are only "
+                f"{workers} workers; lower min_workers or add workers")
         if outer_name != "average":
             raise ConfigError(
                 f"data-parallel applies the averaged gradient on every replica each step; "
@@ -190,6 +213,11 @@ class DataParallel:
         for method in ("gradients", "apply"):
             if not callable(getattr(task, method, None)):
                 raise ConfigError(f"data-parallel needs the task to offer {method}()")
+        rows = _training_rows(task)
+        if rows is not None and rows < workers:
+            raise ConfigError(
+                f"data-parallel shards the task's {rows} training rows over {workers} "
+                f"workers; every replica needs at least one row. Use at most {rows} workers")
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         opts = self.options
@@ -260,7 +288,13 @@ class ModelParallel:
         if self.options.state_from and self._state is None:
             from meshkit.checkpoint import load_checkpoint
 
-            self._state = dict(load_checkpoint(self.options.state_from).state)
+            try:
+                self._state = dict(load_checkpoint(self.options.state_from).state)
+            except ConfigError as exc:
+                # load_checkpoint speaks of --resume; here the file was named
+                # by state_from.
+                raise ConfigError(f"[strategy] state_from = {self.options.state_from!r}: "
+                                  f"{str(exc).split(';')[0]}") from None
         return self._state
 
     def extra_ranks(self) -> list[tuple[str, dict[str, Any]]]:

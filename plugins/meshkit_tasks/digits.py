@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from meshkit.errors import ConfigError
 from meshkit.task import FitResult
 from meshkit_tasks.options import DigitsOptions
 
@@ -64,6 +65,13 @@ class DigitsTask:
         x, y = load_digits()
         order = np.random.default_rng(self.options.split_seed).permutation(len(y))
         n_test = int(round(len(y) * self.options.test_fraction))
+        if not 0 < n_test < len(y):
+            # An empty split would evaluate to NaN (or leave nothing to train on).
+            raise ConfigError(
+                f"[task] test_fraction = {self.options.test_fraction} holds out {n_test} of "
+                f"{len(y)} images, leaving an empty "
+                f"{'test' if n_test == 0 else 'training'} set; use a value that keeps at "
+                f"least one image on each side (e.g. 0.2)")
         test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
         self._train = (x[train], y[train])
         self._test = (x[test], y[test])
