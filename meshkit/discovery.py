@@ -63,7 +63,7 @@ def _decode(secret: bytes, datagram: bytes) -> dict[str, Any] | None:
     try:
         payload = wire.open_datagram(secret, datagram)
         body = json.loads(payload.decode("utf-8"))
-    except (MeshError, ValueError, UnicodeDecodeError):
+    except (MeshError, ValueError, RecursionError):  # RecursionError: deeply nested JSON
         return None
     if not isinstance(body, dict) or body.get("v") != VERSION or not isinstance(body.get("t"), str):
         return None
@@ -146,9 +146,21 @@ class DiscoveryServer:
             reply = self._answer(datagram, source[0])
             if reply is not None:
                 try:
-                    self._sock.sendto(_encode(self.secret, reply), source)
+                    self._sock.sendto(self._seal(reply), source)
                 except OSError as exc:
                     log.debug("discovery: could not answer %s: %s", source, exc)
+
+    def _seal(self, reply: dict[str, Any]) -> bytes:
+        try:
+            return _encode(self.secret, reply)
+        except WireError:
+            # A table of a few thousand ranks no longer fits in one datagram.
+            # Rank 0 is all a star worker needs; a mesh rank that needs every
+            # address keeps asking and times out naming the ranks it found.
+            log.warning("discovery: the table of %d ranks does not fit in one datagram; "
+                        "answering with rank 0 only (a mesh this large needs a peers list)",
+                        len(reply.get("peers", ())))
+            return _encode(self.secret, {**reply, "peers": {"0": reply["peers"]["0"]}})
 
     def _answer(self, datagram: bytes, host: str) -> dict[str, Any] | None:
         body = _decode(self.secret, datagram)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping
 
@@ -78,8 +79,15 @@ class NodeConfig:
                 raise ConfigError(f"{port_name} must be a port number 1..65535, got {port}")
         if self.heap_bytes is not None and self.heap_bytes <= 0:
             raise ConfigError(f"heap_bytes must be positive, got {self.heap_bytes}")
-        if self.timeout <= 0:
-            raise ConfigError(f"timeout must be positive seconds, got {self.timeout}")
+        if self.secret is not None and not isinstance(self.secret, (bytes, bytearray)):
+            raise ConfigError(
+                f"the shared secret must be bytes, got {type(self.secret).__name__}; pass "
+                f"secret.encode() (or read the secret file in binary mode)")
+        # inf overflows socket and lock timeouts deep in a transport; NaN
+        # compares false with everything and would disable every timeout.
+        if not 0 < self.timeout < math.inf:
+            raise ConfigError(f"timeout must be a finite number of seconds > 0, got "
+                              f"{self.timeout}")
 
     @property
     def role(self) -> str:

@@ -165,12 +165,14 @@ def contribute(group: GroupBase, state: Mapping[str, Any], weight: float = 1.0,
     weight = _check_weight(weight, f"rank {group.rank}")
     check_state(state, "all_reduce state")
     round_no = group._round
-    group._round += 1
     if timeout is None:
         timeout = 2 * group.timeout
     deadline = deadline_after(timeout, group.timeout)
     meta = {"round": round_no, "weight": weight}
     group._send_message(Message(group.rank, 0, TAG_REDUCE, state, meta, kind), timeout)
+    # Counted once sent: a payload the wire refused (nothing sent) may be
+    # corrected and retried in the same round.
+    group._round += 1
     remaining = max(0.0, deadline - time.monotonic())
     message = group._take(TAG_SCATTER, {0}, remaining,
                           what=f"the consensus of reduce round {round_no}")
@@ -217,18 +219,20 @@ def run_round(group: GroupBase, aggregator: Any, outer: Any = None, global_state
     contributors: list[int] = []
     weights: list[float] = []
 
-    if contribution is not None:
-        weight = _check_weight(weight, "rank 0 (coordinator)")
-        check_state(contribution, "the coordinator's contribution")
-        fold.add(contribution, weight, source="rank 0 (coordinator)")
-        contributors.append(0)
-        weights.append(weight)
-
     with group._cv:
         pending = set(range(1, group.world_size)) - set(group._dead)
     expected = set(pending)
 
     try:
+        # Inside the guard: a contribution of our own that is refused must
+        # abort the round for the workers too, not leave them waiting.
+        if contribution is not None:
+            weight = _check_weight(weight, "rank 0 (coordinator)")
+            check_state(contribution, "the coordinator's contribution")
+            fold.add(contribution, weight, source="rank 0 (coordinator)")
+            contributors.append(0)
+            weights.append(weight)
+
         while True:
             message = _next_contribution(group, pending, deadline)
             if message is None:

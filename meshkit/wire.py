@@ -356,6 +356,28 @@ def _entry_error(name: str, what: str) -> WireError:
     return WireError(f"cannot put state key {name!r} on the wire: {what}")
 
 
+def _non_str_key(value: Any) -> tuple[Any, ...]:
+    """``(key,)`` for the first non-str key of a dict anywhere in ``value``, else ``()``.
+
+    Runs after a successful encode (so ``value`` is finite and acyclic): JSON
+    silently turns int, float, bool and None keys into strings, so the
+    receiver would see other keys than were sent (and ``{1: a, "1": b}``
+    would lose an entry).
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return (key,)
+                if isinstance(child, (dict, list, tuple)):
+                    stack.append(child)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(child for child in item if isinstance(child, (dict, list, tuple)))
+    return ()
+
+
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
     """Lay ``state`` out as a frame body without copying array data.
 
@@ -412,6 +434,12 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
                                    f"numpy.asarray(value) for an array or value.item() for JSON")
             try:
                 text = _JSON_ENCODER.encode(value).encode("utf-8")
+                if isinstance(value, (dict, list, tuple)):
+                    bad = _non_str_key(value)
+                    if bad:
+                        raise _entry_error(name, f"JSON object keys must be strings, found "
+                                           f"{bad[0]!r} ({type(bad[0]).__name__}); JSON "
+                                           "would turn it into a string (convert it yourself)")
             except (TypeError, ValueError, RecursionError) as exc:
                 raise _entry_error(name, f"a {type(value).__name__} is neither a numpy array nor "
                                    f"a JSON value ({exc})") from None
@@ -620,13 +648,18 @@ def handshake(
     :class:`WireError` (not meshkit, version/world/session mismatch) or
     :class:`PeerLostError` (peer closed or stalled), and closes ``sock``.
     """
-    secret = _check_secret(secret)
-    if not 0 <= rank < world:
-        raise ConfigError(f"rank {rank} is out of range for a world of {world}")
-    if len(session) > SESSION_SIZE:
-        raise ConfigError(f"session id must be at most {SESSION_SIZE} bytes, got {len(session)}")
-    if not 0 < max_frame < 1 << 63:
-        raise ConfigError(f"max_frame must be a positive byte count, got {max_frame}")
+    try:
+        secret = _check_secret(secret)
+        if not 0 <= rank < world:
+            raise ConfigError(f"rank {rank} is out of range for a world of {world}")
+        if len(session) > SESSION_SIZE:
+            raise ConfigError(f"session id must be at most {SESSION_SIZE} bytes, "
+                              f"got {len(session)}")
+        if not 0 < max_frame < 1 << 63:
+            raise ConfigError(f"max_frame must be a positive byte count, got {max_frame}")
+    except ConfigError:
+        _close_socket(sock)  # as on every other error: the peer must not wait on it
+        raise
     deadline_budget = timeout if handshake_timeout is None else handshake_timeout
     deadline = time.monotonic() + deadline_budget
     address = _peer_address(sock)
@@ -724,6 +757,7 @@ def _close_socket(sock: socket.socket) -> None:
 
 
 _HAS_POLL = hasattr(select, "poll")
+_MAX_POLL_MS = 2**31 - 1
 
 
 class _Poller:
@@ -741,7 +775,10 @@ class _Poller:
         """True when ready (or in error: the next call reports it), False on timeout."""
         try:
             if self._poll is not None:
-                ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+                # poll() takes at most 2**31 - 1 ms (24.8 days); a longer
+                # timeout (1e9 s meaning "for ever") just polls that long.
+                ms = None if timeout is None else int(min(max(timeout, 0.0) * 1000 + 0.999,
+                                                          _MAX_POLL_MS))
                 return bool(self._poll.poll(ms))
             if self._write:
                 return bool(select.select([], [self._sock], [], timeout)[1])

@@ -26,6 +26,7 @@ garbage, or fails authentication is dropped and declared dead.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -54,6 +55,14 @@ _ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh"}
 
 #: Accept-loop poll period: how quickly close() stops the listener.
 _ACCEPT_POLL = 0.2
+#: How many refusals ``group.refused`` keeps (the newest).
+_MAX_REFUSED = 256
+#: accept() errors that leave the listener usable (resource exhaustion, a
+#: connection reset before it was accepted).
+_TRANSIENT_ACCEPT_ERRORS = frozenset(
+    getattr(errno, name) for name in ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM", "ECONNABORTED",
+                                      "EPROTO", "EPERM", "ETIMEDOUT")
+    if hasattr(errno, name))
 
 
 def parse_address(address: str, *, what: str = "address") -> tuple[str, int]:
@@ -102,8 +111,13 @@ class TcpGroup(GroupBase):
                          is_star=config.is_star, bf16_wire=getattr(options, "bf16_wire", False))
         self.config = config
         self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
-        #: Connections refused or failed at the handshake (newest last), for
-        #: operators and tests: a bad peer is reported here, not raised.
+        if not 0 < self.max_frame < 1 << 63:
+            # Checked here: inside every handshake it would refuse each peer instead.
+            raise ConfigError(f"[transport] max_frame_bytes must be a positive byte count "
+                              f"below 2**63, got {self.max_frame}")
+        #: Connections refused or failed at the handshake (newest last, the
+        #: last 256), for operators and tests: a bad peer is reported here,
+        #: not raised.
         self.refused: list[str] = []
         self._channels: dict[int, wire.Channel] = {}
         self._threads: list[threading.Thread] = []
@@ -167,6 +181,12 @@ class TcpGroup(GroupBase):
             self._channels.clear()
             pending = list(self._handshaking)
         for sock in pending:  # unblock handshakes in progress
+            # shutdown() first: closing the fd alone does not wake a thread
+            # blocked reading it, so close() waited out the handshake timeout.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:
@@ -204,7 +224,12 @@ class TcpGroup(GroupBase):
             # short handshake threads (reconnects, refused peers).
             self._threads = [t for t in self._threads if t.is_alive()]
             self._threads.append(thread)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            with self._cv:  # close() must not join a thread that never started
+                self._threads.remove(thread)
+            raise
 
     def _register(self, rank: int, channel: wire.Channel) -> None:
         with self._cv:
@@ -280,20 +305,34 @@ class TcpGroup(GroupBase):
                 sock, peer = listener.accept()
             except socket.timeout:
                 continue
-            except OSError:
+            except OSError as exc:
+                if self._accepting.is_set() and exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+                    # Out of descriptors or memory (a connect flood, say): the
+                    # listener itself is fine, so back off and keep serving
+                    # rather than let no rank ever join again.
+                    log.warning("rank %d: cannot accept a connection (%s); retrying",
+                                self.rank, exc)
+                    time.sleep(_ACCEPT_POLL)
+                    continue
                 if self._accepting.is_set():
                     log.warning("rank %d: the listener failed; no more ranks can join", self.rank,
                                 exc_info=True)
                 return
             # One thread per handshake, so a peer that connects and says
             # nothing cannot stall the ranks queued behind it.
-            self._start(self._admit, sock, _format_address(peer),
-                        name=f"meshkit-tcp-admit-r{self.rank}")
+            try:
+                self._start(self._admit, sock, _format_address(peer),
+                            name=f"meshkit-tcp-admit-r{self.rank}")
+            except RuntimeError as exc:  # out of threads (a connect flood): drop this one
+                sock.close()
+                self._refuse(_format_address(peer), f"no thread to run its handshake: {exc}")
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("rank %d refused %s: %s", self.rank, where, message)
         with self._cv:
             self.refused.append(f"{where}: {message}")
+            # Anyone may connect and hang up: keep the newest, not every one.
+            del self.refused[:-_MAX_REFUSED]
             self._cv.notify_all()
 
     def _admit(self, sock: socket.socket, where: str) -> None:
@@ -327,12 +366,17 @@ class TcpGroup(GroupBase):
                 "ok": True, "topology": "star" if self.is_star else "mesh"})
         except (MeshError, OSError) as exc:
             channel.close()
-            self._refuse(f"{where} (rank {rank})", str(exc))
-            return
-        finally:
             with self._cv:
                 self._admitting.discard(rank)
-        self._register(rank, channel)
+            self._refuse(f"{where} (rank {rank})", str(exc))
+            return
+        try:
+            self._register(rank, channel)
+        finally:
+            # Only now that the rank is in the routing table: released any
+            # earlier, a second node claiming it could be welcomed too.
+            with self._cv:
+                self._admitting.discard(rank)
 
     def _rank_problem(self, rank: int, role: int) -> str | None:
         """Why a handshaken peer claiming ``rank`` may not join, or None."""
@@ -479,7 +523,12 @@ class TcpTransport:
             from meshkit.discovery import resolve
 
             config, server = resolve(config)
-        group = TcpGroup(config, self.options)
+        try:
+            group = TcpGroup(config, self.options)
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
         group._discovery = server
         group._benchmark_only_disable_mac = self._benchmark_only_disable_mac
         try:
