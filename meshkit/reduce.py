@@ -18,8 +18,13 @@ Semantics (carried from the reference cluster controller, DESIGN §5):
 * A worker that disconnects, stalls past the timeout (mid-frame: the
   transport's read timeout; not sending at all: the round's deadline), or
   fails authentication is declared dead in the group's ledger
-  (``group.dead``, permanent), its link is dropped, and its contribution, if
-  any, never enters the fold. The round completes with the survivors.
+  (``group.dead``, permanent) and its link is dropped. A contribution only
+  enters the fold once its whole frame has arrived and authenticated, so a
+  partial one is discarded; a rank that dies *after* its complete
+  contribution was folded (while waiting for the scatter) stays in the
+  consensus and is listed in both ``contributors`` and ``dead``, because a
+  streaming fold cannot take a contribution back. The round completes with
+  the survivors.
 * When an outer optimizer is given, ``outer.step(global_state, consensus)``
   turns the consensus into the new global state *before* the scatter, so
   every worker adopts the stepped model.

@@ -472,7 +472,7 @@ class GroupBase:
                     who = "any rank" if sources is None else "rank " + ", ".join(
                         str(s) for s in sorted(sources))
                     raise PeerLostError(
-                        f"rank {self.rank}: no {label} from {who} within "
+                        f"rank {self.rank}: waiting for {label} from {who}: nothing arrived within "
                         f"{self._fmt_timeout(timeout)}; the peer stalled or is gone "
                         f"(raise the timeout if it is just slow)")
                 self._cv.wait(min(remaining, 3600.0))

@@ -137,7 +137,7 @@ def test_recv_times_out_with_a_message_naming_the_peer() -> None:
     coordinator = configs[0].connect()
     worker = configs[1].connect()
     try:
-        with pytest.raises(PeerLostError, match="no a message with tag 0x5 from rank 1 within"):
+        with pytest.raises(PeerLostError, match="waiting for a message with tag 0x5 from rank 1: nothing arrived within"):
             coordinator.recv(1, 5)
     finally:
         worker.close()
