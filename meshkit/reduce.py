@@ -328,32 +328,58 @@ def _next_contribution(group: GroupBase, pending: set[int], deadline: float) -> 
             group._cv.wait(min(remaining, 3600.0))
 
 
+#: The slowest sustained rate a scatter write may run at. The transport's
+#: stall timeout only catches a reader that makes *no* progress; one that
+#: trickles a byte at a time would otherwise hold the whole round (and every
+#: rank that behaves) for as long as it likes.
+MIN_SCATTER_BYTES_PER_SECOND = 1 << 20
+
+
+def _payload_bytes(state: Mapping[str, Any]) -> int:
+    return sum(int(getattr(v, "nbytes", 0)) for v in state.values())
+
+
 def _scatter(group: GroupBase, round_no: int, targets: list[int], state: dict[str, Any],
              kind: str) -> list[int]:
-    """Send one state to every target in parallel; a failed write declares that rank dead."""
-    failed: list[int] = []
+    """Send one state to every target in parallel; a failed write declares that rank dead.
+
+    Each write has the transport's stall timeout, and the scatter as a whole
+    a deadline of that timeout plus the payload's time at
+    :data:`MIN_SCATTER_BYTES_PER_SECOND`: a rank still being written to then
+    is declared dead (dropping its link ends the write) and the round goes on.
+    """
+    failed: set[int] = set()
+    lock = threading.Lock()
 
     def send_one(rank: int) -> None:
         try:
             group._send_message(
                 Message(0, rank, TAG_SCATTER, state, {"round": round_no}, kind), None)
         except (PeerLostError, WireError, OSError) as exc:
-            failed.append(rank)
+            with lock:
+                failed.add(rank)
             group.declare_dead(rank, f"the scatter of reduce round {round_no} failed: {exc}")
 
-    if len(targets) <= 1:
-        for rank in targets:
-            send_one(rank)
-        return failed
+    budget = group.timeout + _payload_bytes(state) / MIN_SCATTER_BYTES_PER_SECOND
+    deadline = time.monotonic() + budget
     # Parallel writes: one wedged rank must not delay the others by its full
     # write timeout.
-    threads = [threading.Thread(target=send_one, args=(rank,), daemon=True,
-                                name=f"meshkit-scatter-{rank}") for rank in targets]
-    for thread in threads:
+    threads = {rank: threading.Thread(target=send_one, args=(rank,), daemon=True,
+                                      name=f"meshkit-scatter-{rank}") for rank in targets}
+    for thread in threads.values():
         thread.start()
-    for thread in threads:
-        thread.join()
-    return failed
+    for thread in threads.values():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for rank, thread in threads.items():
+        if thread.is_alive():
+            with lock:
+                failed.add(rank)
+            group.declare_dead(
+                rank, f"the scatter of reduce round {round_no} was still being written after "
+                      f"{budget:.1f} s (the stall timeout plus the payload at "
+                      f"{MIN_SCATTER_BYTES_PER_SECOND >> 20} MiB/s): the rank reads too slowly")
+            thread.join(group.timeout)
+    return sorted(failed)
 
 
 def _abort(group: GroupBase, round_no: int, expected: set[int], error: str,

@@ -9,6 +9,7 @@ import pytest
 
 from meshkit import AggregationError, MeshError, PeerLostError, plugins
 from meshkit.reduce import RoundResult
+from meshkit.transport import TAG_SCATTER
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
 
@@ -288,3 +289,41 @@ def test_many_rounds_keep_their_numbers_in_step(fedavg) -> None:
         coordinator.close()
     assert rounds == [0, 1, 2, 3, 4]
     assert results[1] == pytest.approx([1.5 + i for i in range(5)])
+
+
+def test_a_rank_that_never_finishes_reading_the_scatter_is_dropped_and_the_round_returns(
+        fedavg) -> None:
+    """A trickling reader never trips the stall timeout; the scatter's own deadline must."""
+    configs = inproc_configs(4, timeout=0.5)
+    coordinator = configs[0].connect()
+    real_send, real_declare = coordinator._send_message, coordinator.declare_dead
+    rank3_dropped = threading.Event()
+
+    def declare_dead(rank, reason, **kwargs):
+        real_declare(rank, reason, **kwargs)
+        if rank == 3:
+            rank3_dropped.set()
+
+    def trickling_send(message, timeout):
+        if message.dst == 3 and message.tag == TAG_SCATTER:
+            # Stands for a reader that keeps making a little progress: the
+            # write ends only when the coordinator drops the link.
+            if not rank3_dropped.wait(30):
+                raise AssertionError("the scatter to rank 3 was never cut off")
+            raise PeerLostError("link to rank 3 dropped")
+        return real_send(message, timeout)
+
+    coordinator._send_message = trickling_send
+    coordinator.declare_dead = declare_dead
+    try:
+        ranks = run_ranks(configs[1:], lambda g: g.all_reduce(contribution(g.rank), weight=1.0))
+        result = coordinator.reduce_round(fedavg)
+        scattered = ranks.join(raise_errors=False)
+    finally:
+        coordinator.close()
+    assert result.dead == [3] and "reads too slowly" in coordinator.dead[3]
+    assert sorted(result.contributors) == [1, 2, 3]
+    np.testing.assert_allclose(result.consensus["w"], 2.0, rtol=1e-6)
+    for rank in (1, 2):
+        np.testing.assert_allclose(scattered[rank]["w"], 2.0, rtol=1e-6)
+    assert 3 not in scattered and isinstance(ranks.errors[3], PeerLostError)

@@ -208,7 +208,10 @@ def test_a_worker_whose_contribution_could_not_be_encoded_can_retry_the_same_rou
         scattered = ranks.join()
     finally:
         coordinator.close()
-    assert result.contributors == [1] and result.ledger == {}
+    assert result.contributors == [1] and result.dead == []
+    # The ledger is the whole ledger after the round: a worker that got its
+    # scatter may already have left, but nobody was dropped for a protocol fault.
+    assert all("left the mesh" in why for why in result.ledger.values()), result.ledger
     np.testing.assert_allclose(scattered[1]["w"], [2.0])
 
 
