@@ -84,8 +84,17 @@ class DeadlineBoard:
                 f"board driver {type(driver).__name__} has no execute(x) method")
         if deadline is None:
             deadline = getattr(driver, "deadline", None) or DEFAULT_DEADLINE
-        if not deadline > 0:
-            raise BoardError(f"board deadline must be positive seconds, got {deadline!r}")
+        try:
+            seconds = float(deadline)
+        except (TypeError, ValueError):
+            seconds = float("nan")
+        # The wait below cannot take more than threading.TIMEOUT_MAX (inf or
+        # 1e300 would raise OverflowError on the first activation, mid-job).
+        if not 0 < seconds <= threading.TIMEOUT_MAX:
+            raise BoardError(
+                f"board deadline must be positive seconds, at most "
+                f"{threading.TIMEOUT_MAX:.0f}, got {deadline!r}")
+        deadline = seconds
         self.driver = driver
         self.descriptor: FixedFunction = descriptor
         self.deadline = float(deadline)

@@ -68,7 +68,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError, WireError
+from meshkit.errors import (
+    BoardError,
+    ConfigError,
+    MeshError,
+    PeerLostError,
+    PlacementError,
+    WireError,
+)
 from meshkit.fixed_function import FixedFunction
 from meshkit.node_config import NodeRole
 from meshkit.transport import TAG_CAPS, TAG_CONTROL
@@ -563,6 +570,31 @@ def shutdown_nodes(group: Any, ranks: Iterable[int] | None = None) -> None:
             pass  # already gone: nothing left to shut down
 
 
+def _activation(value: Any, where: str, error: type[MeshError] = MeshError) -> np.ndarray:
+    """``value`` as a flat float32 activation; anything but real numbers is ``error``.
+
+    ``numpy.asarray(None, float32)`` is ``[nan]``: a function or board that
+    forgot to return would otherwise pass a NaN on as if it were a result.
+    """
+    import reprlib
+
+    import numpy as np
+
+    try:
+        array = None if value is None else np.asarray(value)
+    except (TypeError, ValueError):  # ragged sequences and the like
+        array = None
+    numeric = array is not None and (
+        array.dtype.kind in "biuf"
+        or array.dtype.type.__module__.startswith("ml_dtypes"))  # bfloat16 and friends
+    if not numeric:
+        found = reprlib.repr(value) if array is None or array.dtype.kind == "O" \
+            else f"{reprlib.repr(value)} (dtype {array.dtype})"
+        raise error(f"{where} returned {found}, expected numbers (a 1-D float32 activation)")
+    assert array is not None
+    return np.asarray(array, dtype=np.float32).reshape(-1)
+
+
 def _up(group: Any, message: Mapping[str, Any]) -> None:
     group.send(0, TAG_UP, message)
 
@@ -604,6 +636,20 @@ def _recv_polling(group: Any, src: int, tag: int, control: NodeControl | None,
 
 
 # -- serving -----------------------------------------------------------------------
+
+
+def _stage_or_refuse(group: Any, job: Mapping[str, Any]) -> tuple[Stage, dict[str, Any]]:
+    """:func:`_stage_from_job`, telling rank 0 when the job cannot be parsed.
+
+    Otherwise the coordinator waits for a ``ready`` that never comes until
+    its timeout (e.g. a newer coordinator shipping an op this node lacks).
+    """
+    try:
+        return _stage_from_job(job)
+    except WireError as exc:
+        _up(group, {"kind": "error", "job": job.get("job"), "error": type(exc).__name__,
+                    "message": f"rank {group.rank}: {exc}"})
+        raise
 
 
 def _stage_from_job(job: Mapping[str, Any]) -> tuple[Stage, dict[str, Any]]:
@@ -724,7 +770,16 @@ def _serve(group: Any, route: Mapping[str, Any], run: Any, control: NodeControl,
         stopped = control.reason()
         if stopped is not None:
             break
-        item = loop.next_activation()
+        try:
+            item = loop.next_activation()
+        except WireError as exc:
+            # A malformed frame: report it and unwind like a failed stage, so
+            # rank 0 hears why and this stage still reports at the job's end.
+            error, error_type = str(exc), type(exc).__name__
+            _up(group, {"kind": "error", "job": loop.job, "error": error_type,
+                        "message": error})
+            loop.drain()
+            break
         if item is None:
             stopped = control.reason()  # None: the job's end arrived
             break
@@ -743,12 +798,28 @@ def _serve(group: Any, route: Mapping[str, Any], run: Any, control: NodeControl,
             except MeshError as exc:
                 error, error_type = str(exc), type(exc).__name__
                 break
+            except Exception as exc:  # noqa: BLE001 (a user function or driver broke: report it)
+                stage = base.get("stage_id")
+                error = (f"stage{f' [{stage}]' if stage else ''} on rank {group.rank} "
+                         f"failed: {type(exc).__name__}: {exc}")
+                break
             control.count()
         if ys:
             first = seq
-            for part in _stack(ys):
-                loop.forward(first, part)
-                first += part.shape[0]
+            try:
+                for part in _stack(ys):
+                    loop.forward(first, part)
+                    first += part.shape[0]
+            except PeerLostError as exc:
+                if loop.next == 0:
+                    raise  # the coordinator itself is gone: serve_node decides
+                # The next stage died (a mesh send to a dead rank fails at
+                # once): a failure of this job, not of this node, which
+                # reports it, drains and serves the next job.
+                if error is None:
+                    error = (f"rank {group.rank} could not pass activations on to rank "
+                             f"{loop.next}: {exc}")
+                    error_type = type(exc).__name__
             served += len(ys)
         if error is not None:
             _up(group, {"kind": "error", "job": loop.job, "error": error_type,
@@ -781,7 +852,7 @@ def serve_worker(group: Any, job: Mapping[str, Any] | None = None, *,
         job = recv_job(group, control=control)
         if job is None:
             return NodeReport(rank=group.rank, stopped=control.reason(), device=device)
-    stage, route = _stage_from_job(job)
+    stage, route = _stage_or_refuse(group, job)
     base = {"rank": group.rank, "role": NodeRole.WORKER, "stage_id": stage.stage_id,
             "device": device}
     if stage.op is None:
@@ -831,7 +902,7 @@ def serve_fixed_function(group: Any, board: Any, job: Mapping[str, Any] | None =
         if job is None:
             return NodeReport(rank=group.rank, role=NodeRole.FIXED_FUNCTION,
                               stage_id=ff.stage_id, stopped=control.reason(), device="fpga")
-    stage, route = _stage_from_job(job)
+    stage, route = _stage_or_refuse(group, job)
     base = {"rank": group.rank, "role": NodeRole.FIXED_FUNCTION, "stage_id": ff.stage_id,
             "device": "fpga"}
     try:
@@ -848,7 +919,11 @@ def serve_fixed_function(group: Any, board: Any, job: Mapping[str, Any] | None =
                 f"fixed-function stage [{ff.stage_id}] takes {ff.input_elems} elements, got "
                 f"an activation of {x.size}: the datapath is synthesized for one shape and "
                 f"cannot adapt; fix the stage feeding it")
-        y = np.asarray(board.execute(x.reshape(-1)), dtype=np.float32).reshape(-1)
+        # Drivers are promised float32 (a host driver may DMA the raw bytes),
+        # whatever dtype a peer put on the wire.
+        x = x.reshape(-1) if x.dtype == np.float32 else x.reshape(-1).astype(np.float32)
+        y = _activation(board.execute(x),
+                        f"fixed-function stage [{ff.stage_id}]: the board", BoardError)
         if y.size != ff.output_elems:
             raise PlacementError(
                 f"fixed-function stage [{ff.stage_id}] declares {ff.output_elems} output "

@@ -77,6 +77,14 @@ class NodeConfig:
             port = getattr(self, port_name)
             if not 0 < port < 65536:
                 raise ConfigError(f"{port_name} must be a port number 1..65535, got {port}")
+        if self.discover and self.data_base + self.world - 1 > 65535:
+            # Discovery silently drops an announcement of a port past 65535,
+            # so the node would only time out.
+            raise ConfigError(
+                f"data_base {self.data_base}: with discovery, rank r listens on data_base + "
+                f"r, so a world of {self.world} needs ports up to "
+                f"{self.data_base + self.world - 1}; choose a data_base of at most "
+                f"{65536 - self.world}")
         if self.heap_bytes is not None and self.heap_bytes <= 0:
             raise ConfigError(f"heap_bytes must be positive, got {self.heap_bytes}")
         if self.secret is not None and not isinstance(self.secret, (bytes, bytearray)):

@@ -48,13 +48,21 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
-from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError, WireError
+from meshkit.errors import (
+    BoardError,
+    ConfigError,
+    MeshError,
+    PeerLostError,
+    PlacementError,
+    WireError,
+)
 from meshkit.node import (
     TAG_ABORT,
     TAG_ACT,
     TAG_UP,
     NodeCaps,
     NodeReport,
+    _activation,
     report_from_json,
     send_job,
 )
@@ -199,7 +207,14 @@ class Stage:
         if fn is None:
             fn = _import_callable(self.function or "", self.describe())
             object.__setattr__(self, "_fn", fn)
-        return np.asarray(fn(x), dtype=np.float32).reshape(-1)
+        where = f"{self.describe()}: {self.function}"
+        try:
+            value = fn(x)
+        except MeshError:
+            raise
+        except Exception as exc:  # the user's function: an error naming it, not a crash
+            raise MeshError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        return _activation(value, where)
 
     # -- wire form -------------------------------------------------------------
 
@@ -650,7 +665,8 @@ def run_local(stages: Sequence[Stage], inputs: Iterable[Any],
             if stage.op is None:
                 if not boards or stage.stage_id not in boards:
                     raise PlacementError(f"run_local: no board given for {stage.describe()}")
-                y = np.asarray(boards[stage.stage_id].execute(y), dtype=np.float32).reshape(-1)
+                y = _activation(boards[stage.stage_id].execute(y),
+                                f"{stage.describe()}: the board", BoardError)
             else:
                 y = stage.run(y)
         outputs.append(y)

@@ -10,6 +10,7 @@ FPGA attached.
 from __future__ import annotations
 
 import importlib
+import reprlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,9 @@ def resolve_callable(spec: str, *, where: str) -> Callable[[np.ndarray], Any]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{where}: cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (the module itself is broken: say so, no traceback)
+        raise ConfigError(f"{where}: cannot import module {module_name!r}: "
+                          f"{type(exc).__name__}: {exc}") from None
     target: Any = module
     for part in attr.split("."):
         target = getattr(target, part, None)
@@ -48,6 +52,19 @@ def _load_npy(path: str, expected: tuple[int, ...], what: str) -> np.ndarray:
         array = np.load(file, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"[board] {what}: cannot load {str(file)!r}: {exc}") from None
+    if not isinstance(array, np.ndarray):
+        # np.load returns an NpzFile (a lazy archive, holding the file open)
+        # for .npz: not one array, and it has no shape to check.
+        close = getattr(array, "close", None)
+        if callable(close):
+            close()
+        raise ConfigError(
+            f"[board] {what}: {str(file)!r} is an .npz archive, expected one array saved "
+            f"with numpy.save (.npy)")
+    if array.dtype.kind not in "biuf":
+        raise ConfigError(
+            f"[board] {what}: {str(file)!r} holds dtype {array.dtype}, expected real "
+            f"numbers (float32 is what the datapath uses)")
     if array.shape != expected:
         raise ConfigError(
             f"[board] {what}: {str(file)!r} has shape {array.shape}, expected {expected} "
@@ -90,8 +107,11 @@ class LoopbackBoard:
 
     @classmethod
     def from_options(cls, options: Any) -> LoopbackBoard:
-        ff = meshkit.FixedFunction(options.stage_id, options.input_elems,
-                                   options.output_elems, options.dtype)
+        try:
+            ff = meshkit.FixedFunction(options.stage_id, options.input_elems,
+                                       options.output_elems, options.dtype)
+        except (TypeError, ValueError) as exc:  # attrs validators: an empty id, a bad dtype
+            raise ConfigError(f"[board] {exc.args[0] if exc.args else exc}") from None
         n_in, n_out = ff.input_elems, ff.output_elems
         function: Callable[[np.ndarray], Any]
         if options.function in ("identity", "scale"):
@@ -139,7 +159,16 @@ class LoopbackBoard:
         # The datapath function gets its own copy: the caller's activation is
         # never modified, whatever a user function does.
         x = self._round(x) if self._round is not None else x.copy()
-        y = np.asarray(self._function(x), dtype=np.float32).reshape(-1)
+        value = self._function(x)
+        y = np.asarray(value) if value is not None else None
+        # asarray(None, float32) is [nan]: a function that forgot to return
+        # must be an error, not a NaN result.
+        if y is None or (y.dtype.kind not in "biuf"
+                         and not y.dtype.type.__module__.startswith("ml_dtypes")):
+            raise BoardError(
+                f"loopback board for stage [{ff.stage_id}]: {self.function_name} returned "
+                f"{reprlib.repr(value)}, expected numbers ({ff.output_elems} values)")
+        y = np.asarray(y, dtype=np.float32).reshape(-1)
         if self._round is not None:
             y = self._round(y)
         return y
