@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
+import sys
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -83,6 +85,11 @@ CHUNK_ELEMENTS = 1 << 16
 # Relative weights above this are rebased (see MeanFold._rebase): far below
 # float32's range, so factor * value cannot overflow for any sane value.
 _MAX_FACTOR = 2.0 ** 40
+
+_FLOAT_MAX = sys.float_info.max
+
+# A default label (see default_source), not followed by more digits.
+_CONTRIBUTOR = re.compile(r"\bcontributor #(\d+)(?!\d)")
 
 
 @runtime_checkable
@@ -135,7 +142,12 @@ def check_weight(weight: Any, source: str, *, name: str = "aggregator") -> float
         raise AggregationError(
             f"{name}: {source} has weight {weight!r} ({type(weight).__name__}); a weight "
             f"must be a number >= 0 (the work the contributor did, e.g. examples seen)")
-    value = float(weight)
+    try:
+        value = float(weight)
+    except OverflowError:  # an int beyond float range
+        raise AggregationError(
+            f"{name}: {source} has weight {_short(weight)}, beyond the float range; only "
+            f"the weights' ratios matter, so scale them down") from None
     if not math.isfinite(value):
         raise AggregationError(
             f"{name}: {source} has non-finite weight {value!r}; weights must be finite "
@@ -187,7 +199,7 @@ def check_contributions(states: Sequence[State], weights: Sequence[float] | None
         default_source(i) for i in range(len(states))]
     checked = [check_weight(1.0 if weights is None else weights[i], labels[i], name=name)
                for i in range(len(states))]
-    if math.fsum(checked) == 0:
+    if not any(w > 0 for w in checked):  # not fsum: huge finite weights overflow it
         listing = ", ".join(f"{s}: {w:g}" for s, w in zip(labels, checked))
         raise AggregationError(f"{name}: the weights sum to zero ({listing}); at least one "
                                f"contributor must have done some work (weight > 0)")
@@ -240,7 +252,38 @@ class BufferingFold:
         self._done = True
         states, weights = self._states, self._weights
         self._states, self._weights = [], []
-        return dict(self._aggregator.aggregate(states, weights))
+        try:
+            return dict(self._aggregator.aggregate(states, weights))
+        except AggregationError as exc:
+            raise self._relabel(exc) from exc
+
+    def _relabel(self, exc: AggregationError) -> AggregationError:
+        """``exc`` with ``contributor #i`` replaced by the i-th ``source``.
+
+        ``aggregate`` only sees a list, so it can only name positions; the
+        user needs the labels the caller gave to ``add`` ("rank 3").
+        """
+        sources = self.sources
+
+        def label(i: str) -> str:
+            index = int(i)
+            return sources[index] if index < len(sources) else default_source(index)
+
+        def swap(match: re.Match[str]) -> str:
+            return label(match.group(1))
+
+        message = _CONTRIBUTOR.sub(swap, str(exc))
+        if message == str(exc):
+            return exc
+        error = AggregationError(message)
+        for attr in ("key", "contributors"):
+            if hasattr(exc, attr):
+                value = getattr(exc, attr)
+                if attr == "contributors" and isinstance(value, list):
+                    value = [_CONTRIBUTOR.sub(swap, c) if isinstance(c, str) else c
+                             for c in value]
+                setattr(error, attr, value)
+        return error
 
 
 def _name_of(aggregator: Any) -> str:
@@ -273,10 +316,11 @@ class _ExactEntry:
 
 
 class _JsonNumber:
-    __slots__ = ("first", "total", "same")
+    __slots__ = ("first", "total", "same", "path")
 
-    def __init__(self, first: Any) -> None:
+    def __init__(self, first: Any, path: str = "") -> None:
         self.first = first
+        self.path = path
         self.total = 0.0
         self.same = True
 
@@ -367,8 +411,11 @@ class MeanFold:
 
     @property
     def mass(self) -> float:
-        """The accepted mass: the sum of the accepted weights."""
-        return math.fsum(self.weights)
+        """The accepted mass: the sum of the accepted weights (inf past float range)."""
+        try:
+            return math.fsum(self.weights)
+        except OverflowError:  # finite weights near float's maximum
+            return math.inf
 
     def add(self, state: State, weight: float = 1.0, *, source: str | None = None) -> None:
         """Fold in ``state``; a refused contribution leaves the fold unchanged.
@@ -387,10 +434,13 @@ class MeanFold:
                              f"{self.name}: {label} sent {type(state).__name__}, expected a "
                              f"state (a mapping of name -> array or JSON value)")
         if not self.weighted and self.weights and w != self.weights[0]:
+            shown, first = f"{w:g}", f"{self.weights[0]:g}"
+            if shown == first:  # e.g. float32(0.1) vs 0.1: show the digits that differ
+                shown, first = repr(w), repr(self.weights[0])
             raise self._fail(
                 None, [label, self.sources[0]],
-                f"{self.name}: {label} has weight {w:g} but {self.sources[0]} has "
-                f"{self.weights[0]:g}; allreduce is an unweighted mean in which every "
+                f"{self.name}: {label} has weight {shown} but {self.sources[0]} has "
+                f"{first}; allreduce is an unweighted mean in which every "
                 f"contributor counts once. Send equal weights, or use fedavg to weight "
                 f"contributions by realized work")
 
@@ -436,7 +486,7 @@ class MeanFold:
             raise self._fail(None, [],
                              f"{self.name}: no contributions to aggregate; a round needs at "
                              f"least one contributor")
-        if self.mass == 0:
+        if not any(w > 0 for w in self.weights):
             listing = ", ".join(f"{s}: {w:g}" for s, w in zip(self.sources, self.weights))
             raise self._fail(None, list(self.sources),
                              f"{self.name}: the weights sum to zero ({listing}); at least "
@@ -459,12 +509,12 @@ class MeanFold:
                 acc = entry.acc
                 if divide:
                     np.divide(acc, divisor, out=acc)
-                out[key] = acc.astype(entry.dtype, copy=False).reshape(entry.shape)
+                out[key] = _narrow(acc, entry.dtype, exact=n == 1).reshape(entry.shape)
                 entry.acc = None
             elif isinstance(entry, _ExactEntry):
                 out[key] = entry.value
             else:
-                out[key] = _json_result(entry, divisor)
+                out[key] = _json_result(entry, divisor, self)
         self._entries = None
         self._scratch.clear()
         self._zeros.clear()
@@ -715,6 +765,22 @@ class MeanFold:
                  f"or set accumulate = \"float64\"", *labels)
 
 
+def _narrow(acc: np.ndarray, dtype: np.dtype, *, exact: bool) -> np.ndarray:
+    """``acc`` in ``dtype``; ``exact`` when ``acc`` holds one contribution widened."""
+    if exact and dtype == BFLOAT16 and acc.dtype == np.float32:
+        # bf16 is the top half of a float32: taking it back keeps every bit,
+        # where a cast would quiet NaN payloads (and warn about them).
+        return (acc.view(np.uint32) >> 16).astype(np.uint16).view(BFLOAT16)
+    with np.errstate(invalid="ignore"):  # NaN got here only with allow_nonfinite
+        return acc.astype(dtype, copy=False)
+
+
+def _short(value: Any) -> str:
+    """repr of a weight, shortened: an int beyond float range has hundreds of digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _listing(labels: list[str]) -> str:
     """"a", "a and b", "a, b and c"."""
     if len(labels) <= 1:
@@ -743,10 +809,11 @@ def _json_template(value: Any, path: str, label: str, fold: MeanFold) -> Any:
     if value is None or type(value) in (bool, str):
         return _JsonConst(value)
     if type(value) in (int, float):
+        _check_json_int(value, path, label, [label], fold)
         if not fold.allow_nonfinite and not math.isfinite(value):
             raise fold._error(path, f"{label} sent the number {value!r}; non-finite values "
                                     f"are refused by default", label)
-        return _JsonNumber(value)
+        return _JsonNumber(value, path)
     if isinstance(value, list):
         return [_json_template(v, f"{path}[{i}]", label, fold) for i, v in enumerate(value)]
     if isinstance(value, dict):
@@ -762,12 +829,23 @@ def _json_template(value: Any, path: str, label: str, fold: MeanFold) -> Any:
                       label)
 
 
+def _check_json_int(value: Any, path: str, label: str, contributors: list[str],
+                    fold: MeanFold) -> None:
+    # JSON integers are unbounded; one past float64's range would raise
+    # OverflowError when weighted (and from math.isfinite).
+    if type(value) is int and abs(value) > _FLOAT_MAX:
+        raise fold._error(path, f"{label} sent the integer {_short(value)}, beyond the float64 "
+                                f"range; numbers average in floating point, so store a value "
+                                f"this large as a string", *contributors)
+
+
 def _json_check(node: Any, value: Any, path: str, label: str, first: str,
                 fold: MeanFold) -> None:
     if isinstance(node, _JsonNumber):
         if type(value) not in (int, float):
             raise fold._error(path, f"{label} sent {_describe(value)} where {first} sent "
                                     f"{_describe(node.first)}", label, first)
+        _check_json_int(value, path, label, [label, first], fold)
         if not fold.allow_nonfinite and not math.isfinite(value):
             raise fold._error(path, f"{label} sent the number {value!r}; non-finite values "
                                     f"are refused by default", label, first)
@@ -831,13 +909,22 @@ def _json_rescale(node: Any, scale: float) -> None:
             _json_rescale(child, scale)
 
 
-def _json_result(node: Any, divisor: float) -> Any:
+def _json_result(node: Any, divisor: float, fold: MeanFold) -> Any:
     if isinstance(node, _JsonNumber):
         # Identical numbers pass through unchanged (an int stays an int, and
         # a weighted mean of equal floats cannot drift by an ulp).
-        return node.first if node.same else node.total / divisor
+        if node.same:
+            return node.first
+        mean = node.total / divisor
+        if not fold.allow_nonfinite and not math.isfinite(mean):
+            # Every input was finite (checked at add()): the float64 sum overflowed.
+            labels = list(fold.sources)
+            raise fold._error(node.path, f"the weighted sum overflowed float64 while adding "
+                                         f"{_listing(labels)}; numbers this large cannot be "
+                                         f"averaged, store them scaled down", *labels)
+        return mean
     if isinstance(node, list):
-        return [_json_result(child, divisor) for child in node]
+        return [_json_result(child, divisor, fold) for child in node]
     if isinstance(node, dict):
-        return {k: _json_result(child, divisor) for k, child in node.items()}
+        return {k: _json_result(child, divisor, fold) for k, child in node.items()}
     return node.value

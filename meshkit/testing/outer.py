@@ -54,6 +54,8 @@ def _checkpoint(tree: Any) -> Any:
     """What a checkpoint does to a state dict: arrays copied, JSON through text."""
     if isinstance(tree, np.ndarray):
         return tree.copy()
+    if isinstance(tree, np.generic):
+        return tree.item()  # as meshkit's checkpoint stores a numpy scalar
     if isinstance(tree, Mapping):
         return {k: _checkpoint(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):

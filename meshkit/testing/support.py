@@ -193,6 +193,10 @@ def snapshot(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
+def _numeric_scalar(value: Any) -> bool:
+    return value.dtype.kind in "biuf" or (bfloat16 is not None and value.dtype == bfloat16)
+
+
 def json_leaves_ok(tree: Any, where: str = "state") -> list[str]:
     """Leaves that are neither numpy arrays nor JSON values (an empty list is good)."""
     problems: list[str] = []
@@ -200,6 +204,8 @@ def json_leaves_ok(tree: Any, where: str = "state") -> list[str]:
     def walk(value: Any, path: str) -> None:
         if isinstance(value, np.ndarray):
             return
+        if isinstance(value, np.generic) and _numeric_scalar(value):
+            return  # a numpy scalar is a 0-d array in the state model
         if isinstance(value, Mapping):
             for k, v in value.items():
                 if not isinstance(k, str):

@@ -71,6 +71,15 @@ class _Stateful:
         keys = stepped_keys(global_state, consensus, name=self.name)
         self._check_buffers(global_state, keys)
         if not self._buf[self.buffers[0]]:
+            if keys and self.t > 0:
+                # Checked here, not at load: a model without float arrays
+                # (a filter's {"mu": 1.5}) rightly checkpoints no moments.
+                raise StateError(
+                    f"outer optimizer {self.name}: it is at round {self.t} but holds no moment "
+                    f"buffers for {', '.join(map(repr, keys[:5]))}"
+                    f"{', ...' if len(keys) > 5 else ''} (a checkpoint without moments, or a "
+                    f"model that gained float parameters); resume from a checkpoint written "
+                    f"for this model")
             for key in keys:
                 dtype = accumulate_dtype(global_state[key].dtype)
                 for b in self.buffers:
@@ -114,9 +123,6 @@ class _Stateful:
         if any(k != keys[0] for k in keys):
             raise StateError(f"outer optimizer {self.name}: the moment buffers "
                              f"{', '.join(self.buffers)} do not cover the same parameters")
-        if t > 0 and not keys[0]:
-            raise StateError(f"outer optimizer {self.name}: the checkpoint is at round {t} "
-                             f"but holds no moment buffers")
         unknown = sorted(k for k in state if k not in ("optimizer", "t", "options")
                          and k.partition("/")[0] not in self.buffers)
         if unknown:
