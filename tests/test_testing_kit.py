@@ -226,6 +226,23 @@ class LiveStateDict:
         self.b = {k: v.copy() for k, v in d["b"].items()}
 
 
+class FloatsOnly:
+    """Steps the float parameters and silently drops everything else."""
+
+    def step(self, x, c):
+        if set(c) != set(x):
+            raise meshkit.AggregationError(f"keys differ: {sorted(set(x) ^ set(c))}")
+        # "V" is bfloat16 (ml_dtypes): still a float parameter.
+        return {k: np.asarray(c[k]) for k in c
+                if isinstance(c[k], np.ndarray) and c[k].dtype.kind in "fV"}
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, d):
+        pass
+
+
 def _records(kind, **factories):
     return lambda: [meshkit.Component(name, f) for name, f in factories.items()]
 
@@ -236,7 +253,8 @@ broken = types.SimpleNamespace(
                                                   subset=SubsetMean)),
     meshkit_boards=meshkit.hookimpl(_records("board", blind=SizeBlindBoard)),
     meshkit_outer_optimizers=meshkit.hookimpl(_records("outer", wrongsign=WrongSign,
-                                                       live=LiveStateDict)),
+                                                       live=LiveStateDict,
+                                                       floatsonly=FloatsOnly)),
 )
 
 
@@ -264,6 +282,11 @@ class TestWrongSign(OuterOptimizerContract):
 
 class TestLiveStateDict(OuterOptimizerContract):
     component = "live"
+    plugins = [broken]
+
+
+class TestFloatsOnly(OuterOptimizerContract):
+    component = "floatsonly"
     plugins = [broken]
 '''
 
@@ -309,7 +332,14 @@ def test_the_contract_suites_catch_real_mistakes(contract_run):
     assert "test_the_first_step_moves_toward_the_consensus" in _failures(failed, "TestWrongSign")
     assert "the pseudo-gradient is g = global - consensus" in text
     assert _failures(failed, "TestLiveStateDict") == {
-        "test_state_dict_is_a_snapshot_not_a_live_view"}
+        "test_state_dict_is_a_snapshot_not_a_live_view",
+        # It also only knows float arrays: a JSON value breaks its step.
+        "test_integer_arrays_and_json_values_survive_a_step"}
+
+    # One that steps the floats and silently drops integer arrays and JSON values.
+    assert _failures(failed, "TestFloatsOnly") == {
+        "test_integer_arrays_and_json_values_survive_a_step"}
+    assert "an outer optimizer must keep integer arrays and JSON values" in text
 
 
 def test_a_correct_component_passes_the_same_harness(pytester):

@@ -93,6 +93,27 @@ class OuterOptimizerContract(ContractBase):
                     f"round {r}, key {k!r}: non-finite values after a step")
             x = new
 
+    def test_integer_arrays_and_json_values_survive_a_step(self) -> None:
+        """A state is arrays *and* JSON values (DESIGN §4); what is not a float
+        parameter is not stepped: it adopts the consensus, under the same key."""
+        opt = self.make()
+        x = {**_model(), "seen": np.array([3, 4], np.int64), "meta": {"mu": 1.5}}
+        c = {**_consensus(_model(), seed=4), "seen": np.array([5, 6], np.int64),
+             "meta": {"mu": 2.5}}
+        for r in range(2):
+            new = opt.step(snapshot(x), snapshot(c))
+            assert sorted(new) == sorted(x), (
+                f"round {r}: keys {sorted(new)} != {sorted(x)}; an outer optimizer must keep "
+                f"integer arrays and JSON values, not only the float parameters")
+            assert isinstance(new["seen"], np.ndarray) and new["seen"].dtype == np.int64 \
+                and np.array_equal(new["seen"], c["seen"]), (
+                f"round {r}: the int64 array 'seen' came back as {new['seen']!r}; it should "
+                f"adopt the consensus {c['seen']!r}")
+            assert new["meta"] == c["meta"], (
+                f"round {r}: the JSON value 'meta' came back as {new['meta']!r}; it should "
+                f"adopt the consensus {c['meta']!r}")
+            x = new
+
     def test_a_step_does_not_modify_its_inputs(self) -> None:
         opt = self.make()
         x = _model()
