@@ -55,12 +55,14 @@ import numpy as np
 from meshkit.errors import AggregationError
 from meshkit.state import (
     BFLOAT16,
+    MAX_JSON_DEPTH,
     State,
     accumulate_dtype,
     dtype_name,
     is_array,
     is_float_dtype,
     is_supported_dtype,
+    json_depth,
 )
 
 __all__ = [
@@ -562,6 +564,9 @@ class MeanFold:
                                       label)
                 plan[key] = value
             else:
+                if json_depth(value) > MAX_JSON_DEPTH:
+                    raise self._error(key, f"{label} sent JSON nested more than "
+                                           f"{MAX_JSON_DEPTH} levels deep; flatten it", label)
                 plan[key] = _json_template(value, key, label, self)
         return plan
 

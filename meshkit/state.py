@@ -82,6 +82,26 @@ def is_array(value: Any) -> bool:
     return isinstance(value, (np.ndarray, np.generic))
 
 
+#: Deepest nesting of lists/objects a JSON value may have. Far beyond any
+#: real config or metric, and far below Python's recursion limit, so code that
+#: walks a JSON value recursively (folds, validation) can never overflow it.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a leaf is 0), computed without recursion."""
+    depth, stack = 0, [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (list, dict)):
+            level += 1
+            depth = max(depth, level)
+            if level > MAX_JSON_DEPTH:
+                return level  # deep enough to refuse; no need to walk the rest
+            stack.extend((v, level) for v in (node.values() if isinstance(node, dict) else node))
+    return depth
+
+
 def is_json_leaf(value: Any) -> bool:
     """True for a JSON scalar: None, bool, int, float or str (not a numpy scalar)."""
     return value is None or type(value) in (bool, int, float, str)
@@ -183,6 +203,9 @@ def validate_state(
             check_key(key, where=where)
         except StateError as exc:
             raise error(str(exc)) from None
+        if not is_array(value) and json_depth(value) > MAX_JSON_DEPTH:
+            raise error(f"{where} {key!r}: JSON nested more than {MAX_JSON_DEPTH} levels "
+                        f"deep; flatten it")
         _validate_value(value, f"{where} {key!r}", allow_nonfinite, error)
 
 

@@ -100,6 +100,7 @@ from meshkit.errors import (
     PeerLostError,
     WireError,
 )
+from meshkit.state import MAX_JSON_DEPTH, json_depth
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -547,9 +548,15 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
             state[name] = array
         else:
             try:
-                state[name] = json.loads(bytes(mv[offset:end]).decode("utf-8"))
+                value = json.loads(bytes(mv[offset:end]).decode("utf-8"))
             except (ValueError, RecursionError) as exc:
                 raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
+            # Bounded like every other count: whatever walks it later (a fold,
+            # validation) recurses, and must not be driven past the stack.
+            if json_depth(value) > MAX_JSON_DEPTH:
+                raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} "
+                                f"levels deep")
+            state[name] = value
         offset = end if i + 1 == len(entries) else _align(end)
     if offset != size:
         raise WireError(f"frame body is {size} bytes but its table accounts for {offset}")

@@ -182,3 +182,41 @@ def test_the_outer_contract_accepts_a_numpy_scalar_in_state_dict():
     suite.test_a_fresh_state_round_trips()
     suite.test_a_restored_optimizer_continues_bit_for_bit(np.float32)
 
+
+
+def _nested(depth: int):
+    value = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_json_nested_past_the_bound_is_refused_not_a_recursion_error():
+    """A 900-deep JSON leaf decoded fine and then blew the fold's stack."""
+    from meshkit.state import MAX_JSON_DEPTH, validate_state
+
+    deep = {"meta": _nested(900)}
+    fold = begin(plugins.create("aggregator", "fedavg"))
+    with pytest.raises(AggregationError, match="nested more than 64 levels"):
+        fold.add(deep, 1.0, source="rank 1")
+    with pytest.raises(StateError, match="nested more than 64 levels"):
+        validate_state(deep)
+    ok = {"meta": _nested(MAX_JSON_DEPTH)}
+    validate_state(ok)
+    fold = begin(plugins.create("aggregator", "fedavg"))
+    fold.add(ok, 1.0, source="rank 1")
+    fold.add(ok, 3.0, source="rank 2")
+    assert fold.result() == ok
+
+
+def test_the_wire_refuses_json_nested_past_the_bound():
+    from meshkit.errors import WireError
+    from meshkit.wire import decode_state, encode_state
+
+    def body(state):
+        return b"".join(bytes(b) for b in encode_state(state).buffers)
+
+    assert decode_state(body({"meta": _nested(64)}))["meta"] == _nested(64)
+    # A hostile peer encodes what a well-behaved one never would.
+    with pytest.raises(WireError, match="'meta': JSON nested more than 64 levels"):
+        decode_state(body({"meta": _nested(65)}))
