@@ -103,6 +103,7 @@ from meshkit.errors import (
 from meshkit.state import MAX_JSON_DEPTH, json_depth
 
 __all__ = [
+    "close_socket",
     "PROTOCOL_VERSION",
     "DEFAULT_MAX_FRAME",
     "MAX_TENSORS",
@@ -665,7 +666,7 @@ def handshake(
         if not 0 < max_frame < 1 << 63:
             raise ConfigError(f"max_frame must be a positive byte count, got {max_frame}")
     except ConfigError:
-        _close_socket(sock)  # as on every other error: the peer must not wait on it
+        close_socket(sock)  # as on every other error: the peer must not wait on it
         raise
     deadline_budget = timeout if handshake_timeout is None else handshake_timeout
     deadline = time.monotonic() + deadline_budget
@@ -734,7 +735,7 @@ def handshake(
         sock.settimeout(timeout)
     except BaseException as exc:
         log.debug("handshake with %s failed: %s", where, exc)
-        _close_socket(sock)
+        close_socket(sock)
         raise
     log.debug("authenticated %s (role %d)", peer.describe(), peer.role)
     return Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
@@ -749,7 +750,12 @@ def _configure(sock: socket.socket) -> None:
             pass
 
 
-def _close_socket(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
+    """Shut a socket down, then close it, ignoring errors.
+
+    ``shutdown()`` first: closing the descriptor alone does not wake a thread
+    blocked reading it (a handshake in progress would wait out its timeout).
+    """
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -877,7 +883,7 @@ class Channel:
     def close(self) -> None:
         """Close the socket; a thread blocked in :meth:`recv` wakes with PeerLostError."""
         self._closed = True
-        _close_socket(self._sock)
+        close_socket(self._sock)
         self._pool = []  # recycled receive buffers are not needed any more
 
     def __enter__(self) -> Channel:

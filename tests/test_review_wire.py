@@ -45,6 +45,16 @@ def _read_hello(sock: socket.socket) -> bytes:
     return got
 
 
+
+def assert_a_good_worker_still_joins(coordinator) -> None:
+    """After whatever the test threw at it, the coordinator still admits rank 1."""
+    worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
+                        secret=SECRET, timeout=5.0).connect()
+    try:
+        assert coordinator.wait_for_workers(timeout=5) == [1]
+    finally:
+        worker.close()
+
 def test_closing_a_coordinator_does_not_wait_out_a_half_finished_handshake() -> None:
     # A peer that connected and stopped mid-handshake held close() for the
     # whole handshake timeout: closing the fd does not wake the thread
@@ -81,12 +91,7 @@ def test_running_out_of_descriptors_in_accept_does_not_stop_ranks_joining_later(
     monkeypatch.setattr(socket.socket, "accept", accept)
     try:
         assert failed.wait(5), "the accept loop never called accept()"
-        worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
-                            secret=SECRET, timeout=5.0).connect()
-        try:
-            assert coordinator.wait_for_workers(timeout=5) == [1]
-        finally:
-            worker.close()
+        assert_a_good_worker_still_joins(coordinator)
     finally:
         coordinator.close()
 
@@ -128,12 +133,7 @@ def test_failing_to_start_a_handshake_thread_does_not_stop_ranks_joining_later()
             assert flood.recv(1) == b""
         finally:
             flood.close()
-        worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
-                            secret=SECRET, timeout=5.0).connect()
-        try:
-            assert coordinator.wait_for_workers(timeout=5) == [1]
-        finally:
-            worker.close()
+        assert_a_good_worker_still_joins(coordinator)
     finally:
         coordinator.close()
 

@@ -181,16 +181,7 @@ class TcpGroup(GroupBase):
             self._channels.clear()
             pending = list(self._handshaking)
         for sock in pending:  # unblock handshakes in progress
-            # shutdown() first: closing the fd alone does not wake a thread
-            # blocked reading it, so close() waited out the handshake timeout.
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            try:
-                sock.close()
-            except OSError:
-                pass
+            wire.close_socket(sock)
 
         def goodbye(channel: wire.Channel) -> None:
             try:
