@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +60,15 @@ def read_bandwidth(states) -> None:
     for state in states:
         for value in state.values():
             np.sum(value)
+
+
+def read_bandwidth_threaded(states, pool) -> None:
+    """``np.sum`` over the inputs, half of the arrays on each of two threads."""
+    arrays = [value for state in states for value in state.values()]
+    halves = [arrays[0::2], arrays[1::2]]
+    for future in [pool.submit(lambda part: [np.sum(v) for v in part], half)
+                   for half in halves]:
+        future.result()
 
 
 def meshkit_fold(aggregator, states, weights) -> dict:
@@ -151,16 +163,26 @@ def main(argv: list[str] | None = None) -> int:
     # more model copy retained (not allocated: tracemalloc does not see it).
     fedavg_retain2 = meshkit.plugins.create("aggregator", "fedavg", {"retain": 2})
     fedavg_wide = meshkit.plugins.create("aggregator", "fedavg", {"accumulate": "float64"})
+    # The fold on the calling thread alone (the default splits large folds
+    # across two threads).
+    fedavg_1thread = meshkit.plugins.create("aggregator", "fedavg", {"threads": 1})
 
     print(f"meshkit aggregate benchmark: {args.contributors} contributions x {params:,} "
           f"float32 parameters in {args.arrays} arrays ({model_bytes / 1e6:.0f} MB per model, "
           f"{input_bytes / 1e6:.0f} MB of input); numpy {np.__version__}; "
+          f"fold threads {fedavg.threads} (of {os.cpu_count()} cores); "
           f"best of {args.repeat} after a warm-up")
 
+    pool = ThreadPoolExecutor(2)
     rows: list[tuple[str, Callable[[], Any] | None, str]] = [
         ("read bandwidth (np.sum over the inputs)", lambda: read_bandwidth(states), ""),
+        # For reference, not a ratio's base: what two cores read together.
+        ("read bandwidth, 2 threads (np.sum, half each)",
+         lambda: read_bandwidth_threaded(states, pool), ""),
         ("meshkit fedavg, streaming fold", lambda: meshkit_fold(fedavg, states, weights), ""),
         ("meshkit fedavg, batch aggregate", lambda: meshkit_batch(fedavg, states, weights), ""),
+        ("meshkit fedavg, streaming fold, threads = 1",
+         lambda: meshkit_fold(fedavg_1thread, states, weights), ""),
         ("meshkit fedavg, streaming fold, retain = 2",
          lambda: meshkit_fold(fedavg_retain2, states, weights), ""),
         ('meshkit fedavg, streaming fold, accumulate = "float64"',

@@ -46,8 +46,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -77,12 +80,23 @@ __all__ = [
     "check_contributions",
     "default_source",
     "CHUNK_ELEMENTS",
+    "DEFAULT_THREADS",
 ]
 
 #: Elements per step of the fold's inner loop. 64Ki float32 = 256 KiB, so a
 #: chunk's two scratch buffers and its slice of the accumulator stay in L2
 #: while a pair's weighted sum is formed and added (docs/benchmarks/aggregate.md).
 CHUNK_ELEMENTS = 1 << 16
+
+#: Threads a large fold uses by default. Two cores bring a fold to memory
+#: bandwidth (its cache-resident passes are what one core is short of;
+#: docs/benchmarks/aggregate.md), and a coordinator's other threads need the
+#: rest of the machine for the network.
+DEFAULT_THREADS = 2
+
+# Folds smaller than this (float elements over all arrays) stay on the
+# calling thread: handing work to another thread costs more than it saves.
+_THREADED_MIN_ELEMENTS = 1 << 20
 
 # Relative weights above this are rebased (see MeanFold._rebase): far below
 # float32's range, so factor * value cannot overflow for any sane value.
@@ -362,7 +376,7 @@ class MeanFold:
     How it stays fast and small (docs/benchmarks/aggregate.md has figures):
 
     * one accumulator per float array (float32 for float16/bfloat16/float32,
-      float64 for float64 or with ``wide``) plus two chunks of scratch,
+      float64 for float64 or with ``wide``) plus two chunks of scratch per thread,
       whatever the number of contributors;
     * weights are folded relative to the first positive weight, so equal
       weights cost a plain add and one contributor is copied bit-exactly;
@@ -373,7 +387,11 @@ class MeanFold:
       path, which reads each input once). A state given to :meth:`add` must
       therefore not be modified until :meth:`result` returns (the buffering
       fold has the same rule); ``retain=0`` folds each one at once;
-    * the finiteness check runs on each chunk while it is in cache.
+    * the finiteness check runs on each chunk while it is in cache;
+    * a large fold is split into ``threads`` contiguous shares (default
+      :data:`DEFAULT_THREADS`), each folded on its own core: the arithmetic
+      of every element is the same whoever folds it, so the result is bit
+      for bit the one thread's.
 
     Every :class:`AggregationError` it raises also carries ``key`` (the key
     or JSON path, or None) and ``contributors`` (the labels involved).
@@ -381,10 +399,14 @@ class MeanFold:
 
     def __init__(self, *, weighted: bool = True, name: str | None = None,
                  allow_nonfinite: bool = False, wide: bool = False,
-                 retain: int | None = 1, chunk: int = CHUNK_ELEMENTS) -> None:
+                 retain: int | None = 1, chunk: int = CHUNK_ELEMENTS,
+                 threads: int = DEFAULT_THREADS) -> None:
         if retain is not None and (isinstance(retain, bool) or not isinstance(retain, int)
                                    or retain < 0):
             raise ValueError(f"retain must be an integer >= 0 or None, got {retain!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+        self.threads = threads
         self.weighted = weighted
         self.retain = retain
         self.name = name or ("fedavg" if weighted else "allreduce")
@@ -399,7 +421,8 @@ class MeanFold:
         # Contributions waiting to be folded together: (state, factor, label).
         self._pending: list[tuple[State, float, str]] = []
         self._started = False  # whether the accumulators hold anything yet
-        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        # Scratch per (dtype, worker): each thread folds in its own.
+        self._scratch: dict[tuple[np.dtype, int], tuple[np.ndarray, np.ndarray]] = {}
         self._zeros: dict[np.dtype, np.ndarray] = {}
         self._broken: str | None = None
         self._done = False
@@ -660,15 +683,16 @@ class MeanFold:
         self._factors = [f * scale for f in self._factors]
         self._reference = reference
 
-    def _buffers(self, dtype: np.dtype, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _buffers(self, dtype: np.dtype, size: int,
+                 worker: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Scratch sized to one chunk, or to the array when it is smaller."""
         size = min(self._chunk, size)
-        pair = self._scratch.get(dtype)
+        pair = self._scratch.get((dtype, worker))
         if pair is None or pair[0].size < size:
             # Sized to what is folded: a fold of small arrays allocates small
             # scratch, not a whole chunk's worth each round.
-            pair = self._scratch[dtype] = (np.empty(size, dtype=dtype),
-                                           np.empty(size, dtype=dtype))
+            pair = self._scratch[dtype, worker] = (np.empty(size, dtype=dtype),
+                                                   np.empty(size, dtype=dtype))
         zeros = self._zeros.get(dtype)
         if zeros is None or zeros.size < size:
             zeros = self._zeros[dtype] = np.zeros(size, dtype=dtype)
@@ -676,26 +700,78 @@ class MeanFold:
 
     def _fold_arrays(self, parts: list[tuple[State, float, str]],
                      divisor: float | None = None) -> None:
-        """Add one or two contributions' float arrays into the accumulators."""
+        """Add the held contributions' float arrays into the accumulators."""
         assert self._entries is not None
         init = not self._started
+        jobs = []  # (key, accumulator, [(x, factor)])
+        for key, entry in self._entries.items():
+            if isinstance(entry, _FloatEntry):
+                jobs.append((key, entry.acc, [(np.asarray(state[key]).reshape(-1), factor)
+                                              for state, factor, _ in parts]))
         try:
             with np.errstate(over="ignore", invalid="ignore"):
-                for key, entry in self._entries.items():
-                    if isinstance(entry, _FloatEntry):
-                        xs = [(np.asarray(state[key]).reshape(-1), factor)
-                              for state, factor, _ in parts]
-                        bad = self._fold_chunks(entry.acc, xs, init, divisor)
-                        if bad is not None:
-                            raise self._nonfinite(key, bad, xs, parts, entry.acc.dtype)
+                bad = self._fold_shares(jobs, init, divisor)
+            if bad is not None:
+                key, where = bad
+                job = next(job for job in jobs if job[0] == key)
+                raise self._nonfinite(key, where, job[2], parts, job[1].dtype)
         except AggregationError as exc:
             self._broken = str(exc)
             raise
         self._started = True
 
+    def _fold_shares(self, jobs: list[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]],
+                     init: bool, divisor: float | None) -> tuple[str, slice] | None:
+        """Fold ``jobs`` on up to ``threads`` threads; the first bad (key, chunk) or None."""
+        total = sum(acc.size for _, acc, _ in jobs)
+        # The first fold writes fresh memory: two threads faulting its pages
+        # in at once were 6x slower than one here, so it stays on one thread.
+        workers = self.threads if total >= _THREADED_MIN_ELEMENTS and not init else 1
+        # Contiguous shares of the elements of all arrays in order, cut on
+        # chunk boundaries, so each thread streams through its own memory.
+        share = -(-total // workers)
+        share = -(-share // self._chunk) * self._chunk
+        shares: list[list[tuple[int, str, np.ndarray, list, int, int]]] = [[] for _ in range(workers)]
+        offset = 0
+        for index, (key, acc, xs) in enumerate(jobs):
+            lo = 0
+            while lo < acc.size:
+                worker = min((offset + lo) // share, workers - 1)
+                hi = min(acc.size, (worker + 1) * share - offset)
+                if worker == workers - 1:
+                    hi = acc.size
+                shares[worker].append((index, key, acc, xs, lo, hi))
+                lo = hi
+            offset += acc.size
+        for worker, work in enumerate(shares):  # scratch made here, not racing in threads
+            for _, _, acc, _, lo, hi in work:
+                self._buffers(acc.dtype, hi - lo, worker)
+
+        def run(worker: int) -> list[tuple[int, str, slice]]:
+            found = []
+            with np.errstate(over="ignore", invalid="ignore"):
+                for index, key, acc, xs, lo, hi in shares[worker]:
+                    where = self._fold_chunks(acc, xs, init, divisor, lo, hi, worker)
+                    if where is not None:
+                        found.append((index, key, where))
+            return found
+
+        if workers == 1:
+            found = run(0)
+        else:
+            futures = [_fold_pool().submit(run, worker) for worker in range(1, workers)]
+            found = run(0)
+            for future in futures:  # wait for every share before reporting
+                found.extend(future.result())
+        if not found:
+            return None
+        _, key, where = min(found, key=lambda item: (item[0], item[2].start))
+        return key, where
+
     def _fold_chunks(self, acc: np.ndarray, xs: list[tuple[np.ndarray, float]],
-                     init: bool, divisor: float | None = None) -> slice | None:
-        """acc (+)= sum of factor * x over ``xs``, chunk by chunk; the bad chunk or None.
+                     init: bool, divisor: float | None = None, lo: int = 0,
+                     hi: int | None = None, worker: int = 0) -> slice | None:
+        """acc[lo:hi] (+)= sum of factor * x over ``xs``, chunk by chunk; the bad chunk or None.
 
         Each chunk's weighted sum is formed in cache-sized scratch, then added
         to the accumulator once, so the accumulator is read and written once
@@ -704,7 +780,8 @@ class MeanFold:
         ``divisor`` divides each chunk once it is complete (the round's last
         fold).
         """
-        t, u, zeros = self._buffers(acc.dtype, acc.size)
+        hi = acc.size if hi is None else hi
+        t, u, zeros = self._buffers(acc.dtype, hi - lo, worker)
         step = self._chunk
         check = not self.allow_nonfinite
         add, dot = np.add, np.dot
@@ -716,8 +793,8 @@ class MeanFold:
             x1 = rest[0][0]
             rest = rest[1:]
         direct = not init and not rest and not pair_add and plain0
-        for start in range(0, acc.size, step):
-            stop = min(start + step, acc.size)
+        for start in range(lo, hi, step):
+            stop = min(start + step, hi)
             n = stop - start
             a = acc[start:stop]
             if direct:
@@ -768,6 +845,19 @@ class MeanFold:
             key, f"the weighted sum overflowed {dtype_name(acc_dtype)} while adding "
                  f"{_listing(labels)}; scale the weights down (only their ratios matter) "
                  f"or set accumulate = \"float64\"", *labels)
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _fold_pool() -> ThreadPoolExecutor:
+    """The process's fold threads (made on first use, and again in a forked child)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(thread_name_prefix="meshkit-fold"))
+        return _pool[1]
 
 
 def _narrow(acc: np.ndarray, dtype: np.dtype, *, exact: bool) -> np.ndarray:

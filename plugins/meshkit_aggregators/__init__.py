@@ -32,6 +32,11 @@ def _check_retain(instance: Any, attribute: Any, value: int) -> None:
         raise ValueError(f"retain must be an integer >= 0, got {value!r}")
 
 
+def _check_threads(instance: Any, attribute: Any, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise ValueError(f"threads must be an integer from 1 to 64, got {value!r}")
+
+
 @attrs.frozen
 class MeanOptions:
     """Options of ``allreduce`` and ``fedavg`` (the ``[aggregator]`` config keys)."""
@@ -46,6 +51,10 @@ class MeanOptions:
     #: model copies; the accumulator is read and written once per
     #: ``retain + 1`` contributions. 0 folds each contribution at once.
     retain: int = attrs.field(default=1, validator=_check_retain)
+    #: Threads a fold of a million or more float elements is split across
+    #: (contiguous shares, bit-identical to one thread); 1 keeps it on the
+    #: calling thread.
+    threads: int = attrs.field(default=2, validator=_check_threads)
 
 
 #: What each refusal says: what it would need, and what works instead.
@@ -73,14 +82,16 @@ def _allreduce(options: MeanOptions) -> Any:
     from meshkit_aggregators.builtin import AllReduce
 
     return AllReduce(allow_nonfinite=options.allow_nonfinite,
-                     wide=options.accumulate == "float64", retain=options.retain)
+                     wide=options.accumulate == "float64", retain=options.retain,
+                     threads=options.threads)
 
 
 def _fedavg(options: MeanOptions) -> Any:
     from meshkit_aggregators.builtin import FedAvg
 
     return FedAvg(allow_nonfinite=options.allow_nonfinite,
-                  wide=options.accumulate == "float64", retain=options.retain)
+                  wide=options.accumulate == "float64", retain=options.retain,
+                     threads=options.threads)
 
 
 def _refusal(name: str) -> Any:

@@ -13,14 +13,16 @@ class _Mean:
     weighted = True
 
     def __init__(self, *, allow_nonfinite: bool = False, wide: bool = False,
-                 retain: int = 1) -> None:
+                 retain: int = 1, threads: int = 2) -> None:
         self.allow_nonfinite = allow_nonfinite
         self.wide = wide
         self.retain = retain
+        self.threads = threads
 
     def _fold(self, retain: int | None) -> MeanFold:
         return MeanFold(weighted=self.weighted, name=self.name,
-                        allow_nonfinite=self.allow_nonfinite, wide=self.wide, retain=retain)
+                        allow_nonfinite=self.allow_nonfinite, wide=self.wide, retain=retain,
+                        threads=self.threads)
 
     def begin(self) -> MeanFold:
         """A streaming fold: O(model) memory whatever the number of contributors."""
@@ -38,7 +40,7 @@ class _Mean:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(allow_nonfinite={self.allow_nonfinite}, "
-                f"wide={self.wide}, retain={self.retain})")
+                f"wide={self.wide}, retain={self.retain}, threads={self.threads})")
 
 
 class AllReduce(_Mean):
