@@ -217,6 +217,10 @@ class Message:
     kind: str = "control"
     #: The transport's received frame, so a relay can forward it unchanged.
     raw: Any = attrs.field(default=None, eq=False, repr=False)
+    #: ``time.monotonic()`` by which the whole write must be done, or None.
+    #: A transport that can bound a write (see ``GroupBase.send_deadlines``)
+    #: drops the link when it passes; others may ignore it.
+    deadline: float | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class GroupBase:
@@ -225,6 +229,12 @@ class GroupBase:
     Subclasses implement ``_transmit`` and ``_drop_link`` (see the module
     docstring). ``links`` are the ranks this group has a direct connection to.
     """
+
+    #: Whether ``_transmit`` honours ``Message.deadline`` (fails the write,
+    #: and drops the link, once it passes). The reduce service then writes a
+    #: single scatter on the calling thread; otherwise on a helper thread it
+    #: can stop waiting for.
+    send_deadlines = False
 
     def __init__(self, rank: int, world_size: int, *, timeout: float, is_star: bool,
                  bf16_wire: bool = False, address: str = "") -> None:

@@ -197,7 +197,13 @@ _AAD_PIECE = 1 << 30
 _COALESCE = 256 * 1024
 # Big bodies are authenticated piecewise, each piece right before it is sent
 # or right after it arrived, while it is still in cache: one pass over memory.
-_MAC_STEP = 1 << 20
+# The pieces also pipeline the two ends: the receiver copies and checks one
+# piece while the sender tags the next. Received bytes are fed to the tag
+# every _MAC_STEP; a body is sent in halves up to _SEND_PIECE each, so even a
+# 1 MiB frame overlaps (docs/benchmarks/allreduce.md: the MAC's share of a
+# 1 MiB ping-pong fell from about 100 % to about 25 % with this).
+_MAC_STEP = 256 << 10
+_SEND_PIECE = 1 << 20
 # Receive buffers between these sizes are recycled once nothing refers to them
 # (see Channel._receive_buffer); at most _POOL_SIZE per channel are kept, so
 # an idle channel holds at most 16 MiB (one buffer per frame a steady stream
@@ -895,22 +901,27 @@ class Channel:
     # -- sending ---------------------------------------------------------------------------
 
     def send(self, kind: int, tag: int, state: Mapping[str, Any], *, bf16: bool = False,
-             sender: int | None = None) -> int:
+             sender: int | None = None, deadline: float | None = None) -> int:
         """Send one frame; returns the body size in bytes.
 
         ``kind`` (0..255) and ``tag`` (0..2**32-1) are the transport's to
         interpret. ``sender`` defaults to this end's rank (a relay passes the
         original sender). With ``bf16``, float32 arrays travel as bfloat16.
+        ``deadline`` (``time.monotonic()`` seconds) bounds the whole write on
+        top of the stall timeout: a peer that reads, but too slowly, is a
+        :class:`PeerLostError` once it passes, and the channel is closed.
         """
-        return self.send_encoded(kind, tag, encode_state(state, bf16=bf16), sender=sender)
+        return self.send_encoded(kind, tag, encode_state(state, bf16=bf16), sender=sender,
+                                 deadline=deadline)
 
     def send_encoded(self, kind: int, tag: int, encoded: EncodedState, *,
-                     sender: int | None = None) -> int:
+                     sender: int | None = None, deadline: float | None = None) -> int:
         """Send a body prepared by :func:`encode_state` (encode once, scatter to many)."""
         return self._send_buffers(kind, tag, encoded.flags, encoded,
-                                  self.rank if sender is None else sender)
+                                  self.rank if sender is None else sender, deadline)
 
-    def forward(self, frame: Frame, *, sender: int | None = None) -> int:
+    def forward(self, frame: Frame, *, sender: int | None = None,
+                deadline: float | None = None) -> int:
         """Re-send a received frame's body unchanged (for relays: no re-encoding).
 
         The body tag is recomputed under this channel's key and sequence
@@ -918,10 +929,10 @@ class Channel:
         """
         encoded = EncodedState(buffers=(frame.body,), nbytes=frame.nbytes, flags=frame.flags)
         return self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
-                                  frame.sender if sender is None else sender)
+                                  frame.sender if sender is None else sender, deadline)
 
     def _send_buffers(self, kind: int, tag: int, flags: int, encoded: EncodedState,
-                      sender: int) -> int:
+                      sender: int, deadline: float | None = None) -> int:
         nbytes = encoded.nbytes
         if not 0 <= kind <= 0xFF:
             raise WireError(f"frame kind must be 0..255, got {kind}")
@@ -943,7 +954,7 @@ class Channel:
             header = head + (hmac.digest(self._keys.send_header, head, "sha256")
                              if self.mac_enabled else _ZERO_MAC)
             try:
-                self._write(header, views, nbytes, seq)
+                self._write(header, views, nbytes, seq, deadline)
             except BaseException:
                 self.close()
                 raise
@@ -955,7 +966,8 @@ class Channel:
             return _ZERO_TAG
         return _body_tag(self._keys.send_gcm, self._keys.send_body, seq, header, body)
 
-    def _write(self, header: bytes, views: list[memoryview], nbytes: int, seq: int) -> None:
+    def _write(self, header: bytes, views: list[memoryview], nbytes: int, seq: int,
+               deadline: float | None) -> None:
         if nbytes < _COALESCE:
             # Small frame: one buffer, one tag call over it, one send.
             whole = bytearray(header)
@@ -964,7 +976,7 @@ class Channel:
             with memoryview(whole) as body:
                 tag = self._tag(seq, header, [body[HEADER_SIZE:]])
             whole += tag
-            self._send_all(memoryview(whole))
+            self._send_all(memoryview(whole), deadline)
             return
         gmac = _streaming_gmac(self._keys.send_body, seq) if self.mac_enabled else None
         pending = bytearray(header)
@@ -975,24 +987,26 @@ class Channel:
                 pending += view
                 continue
             if pending:
-                self._send_all(memoryview(pending))
+                self._send_all(memoryview(pending), deadline)
                 pending = bytearray()
-            for start in range(0, view.nbytes, _MAC_STEP):
-                piece = view[start:start + _MAC_STEP]
+            step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
+            for start in range(0, view.nbytes, step):
+                piece = view[start:start + step]
                 if gmac is not None:
                     gmac.authenticate_additional_data(piece)
-                self._send_all(piece)
+                self._send_all(piece, deadline)
         if gmac is not None:
             gmac.update(header)
             gmac.finalize()
             pending += gmac.tag
         else:
             pending += _ZERO_TAG
-        self._send_all(memoryview(pending))
+        self._send_all(memoryview(pending), deadline)
 
-    def _send_all(self, view: memoryview) -> None:
+    def _send_all(self, view: memoryview, deadline: float | None = None) -> None:
         # The stall timeout measures lack of progress (no byte taken for
-        # ``timeout`` s), not the total time a large frame takes.
+        # ``timeout`` s), not the total time a large frame takes; ``deadline``
+        # bounds the total when the caller needs that.
         sent = 0
         total = view.nbytes
         while sent < total:
@@ -1005,7 +1019,18 @@ class Channel:
                 if self._closed:
                     raise PeerLostError(f"channel to {self.peer.describe()} was closed") from None
                 raise PeerLostError(f"lost {self.peer.describe()} while sending: {exc}") from None
-            if not self._write_poll.wait(self._timeout):
+            wait = self._timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerLostError(
+                        f"{self.peer.describe()} was still being written to when the write's "
+                        f"deadline passed ({sent} of {total} bytes of this piece written): it "
+                        f"reads too slowly; dropped")
+                wait = left if wait is None else min(wait, left)
+            if not self._write_poll.wait(wait):
+                if deadline is not None and time.monotonic() >= deadline:
+                    continue  # reported above, with the deadline's message
                 raise PeerLostError(
                     f"{self.peer.describe()} took no data for {self.timeout} s "
                     f"({sent} of {total} bytes written); dropped as stalled")

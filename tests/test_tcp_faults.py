@@ -220,6 +220,60 @@ def test_a_worker_that_stops_mid_frame_is_declared_dead_and_the_round_completes(
     np.testing.assert_allclose(scattered[1]["w"], weighted_mean([1, 2]), rtol=1e-6)
 
 
+class _TricklingSocket:
+    """Hands the reader 4 KiB per read, 10 ms apart: slow, but never stalled."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pace = threading.Event()  # never set: wait() is a bounded pause
+
+    def recv_into(self, buffer, nbytes=0, *args):
+        self._pace.wait(0.01)
+        return self._sock.recv_into(buffer, min(nbytes or len(buffer), 4096), *args)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_a_lone_worker_reading_the_scatter_too_slowly_is_cut_off_at_the_deadline(
+        monkeypatch) -> None:
+    """With one rank to scatter to, the write runs on the coordinator's thread:
+    the transport must end it at the scatter's deadline, not the stall timeout."""
+    from meshkit import reduce
+
+    # Budget: the 0.5 s stall timeout + 4 MiB at 4 MiB/s = 1.5 s; reading
+    # 4 MiB at about 400 KB/s would take 10 s.
+    monkeypatch.setattr(reduce, "MIN_SCATTER_BYTES_PER_SECOND", 4 << 20)
+    coordinator = star_coordinator(2, timeout=0.5)
+    worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
+                        secret=SECRET, timeout=0.5).connect()
+    failed = threading.Event()
+
+    def slow_worker() -> None:
+        with pytest.raises(Exception):
+            worker.all_reduce({"w": np.ones(1 << 20, np.float32)}, timeout=20)
+        failed.set()
+
+    try:
+        assert coordinator.wait_for_workers(timeout=5) == [1]
+        # Small socket buffers, so the kernel cannot swallow the whole scatter.
+        coordinator._channels[1]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        channel = worker._channels[0]
+        channel._sock = _TricklingSocket(channel._sock)
+        thread = threading.Thread(target=slow_worker, daemon=True)
+        thread.start()
+        result = coordinator.reduce_round(plugins.create("aggregator", "fedavg"),
+                                          contribution={"w": np.ones(1 << 20, np.float32)},
+                                          timeout=10)
+        assert failed.wait(20)
+    finally:
+        worker.close()
+        coordinator.close()
+    assert result.contributors == [0, 1]
+    assert result.dead == [1]
+    assert "deadline passed" in result.ledger[1] and "reads too slowly" in result.ledger[1]
+
+
 def test_a_worker_sending_a_forged_frame_is_declared_dead() -> None:
     coordinator = star_coordinator(4)
     forger = NodeConfig(rank=3, world=4, peers=[coordinator.address], topology="star",

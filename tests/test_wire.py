@@ -9,6 +9,7 @@ import select
 import socket
 import struct
 import threading
+import time
 import tracemalloc
 from typing import Any, Callable
 
@@ -755,6 +756,50 @@ def test_a_peer_that_stops_reading_makes_send_fail_after_the_stall_timeout():
         a.send(1, 1, {"w": np.zeros(16 << 20, np.uint8)})  # b never reads
     assert a.closed
     b.close()
+
+
+def _trickle_reader(sock: socket.socket, stop: threading.Event) -> threading.Thread:
+    """Reads ``sock`` slowly but steadily: 64 KiB every 20 ms, never stalling."""
+    def run() -> None:
+        for _ in range(2000):  # bounded: 40 s at most
+            try:
+                if not sock.recv(65536):
+                    return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
+            if stop.wait(0.02):
+                return
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_write_deadline_drops_a_peer_that_reads_too_slowly():
+    # b keeps reading, so the 5 s stall timeout never trips; the deadline must.
+    a, b = channel_pair(timeout=5.0)
+    stop = threading.Event()
+    reader = _trickle_reader(b._sock, stop)
+    try:
+        with pytest.raises(PeerLostError, match="deadline passed") as err:
+            a.send(1, 1, {"w": np.zeros(64 << 20, np.uint8)},
+                   deadline=time.monotonic() + 0.5)
+        assert "reads too slowly" in str(err.value)
+        assert a.closed
+    finally:
+        stop.set()
+        reader.join(5)
+        b.close()
+
+
+def test_a_write_within_its_deadline_is_delivered_whole(pair):
+    a, b = pair
+    payload = np.arange(1 << 20, dtype=np.float32)
+    received = Outcome(b.recv)
+    a.send(1, 7, {"w": payload}, deadline=time.monotonic() + 30)
+    frame = received.get()
+    np.testing.assert_array_equal(frame.state["w"], payload)
 
 
 def test_one_encoded_body_is_scattered_to_many_peers():

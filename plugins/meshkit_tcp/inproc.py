@@ -58,6 +58,9 @@ def _is_star(config: NodeConfig) -> bool:
 class InprocGroup(GroupBase):
     """One rank's handle on an in-process hub."""
 
+    # A send is a copy into the peer's mailbox: it never waits on the peer.
+    send_deadlines = True
+
     def __init__(self, hub: _Hub, config: NodeConfig, bf16_wire: bool) -> None:
         super().__init__(config.rank, config.world, timeout=config.timeout,
                          is_star=_is_star(config), bf16_wire=bf16_wire,

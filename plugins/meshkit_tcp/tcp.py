@@ -106,6 +106,8 @@ def _listen(address: str, what: str) -> socket.socket:
 class TcpGroup(GroupBase):
     """One rank's handle on a TCP star or mesh (see the module docstring)."""
 
+    send_deadlines = True
+
     def __init__(self, config: NodeConfig, options: Any) -> None:
         super().__init__(config.rank, config.world, timeout=config.timeout,
                          is_star=config.is_star, bf16_wire=getattr(options, "bf16_wire", False))
@@ -142,7 +144,7 @@ class TcpGroup(GroupBase):
             if message.raw is not None and message.src != self.rank:
                 # A relay forwards the authenticated body unchanged (no re-encoding),
                 # naming the original sender in the new header.
-                channel.forward(message.raw, sender=message.src)
+                channel.forward(message.raw, sender=message.src, deadline=message.deadline)
                 return
             state = dict(message.payload)
             meta = dict(message.meta)
@@ -152,7 +154,7 @@ class TcpGroup(GroupBase):
                 state[META_KEY] = meta
             model = message.kind == "model"
             channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag, state,
-                         bf16=model and self.bf16_wire)
+                         bf16=model and self.bf16_wire, deadline=message.deadline)
         except PeerLostError as exc:
             self._link_lost(peer, str(exc))
             raise
