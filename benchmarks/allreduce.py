@@ -13,12 +13,26 @@ rank contributes a float32 vector of the given size and gets the mean back:
   named baseline; install with ``pip install torch==2.13.0`` or the
   ``bench`` extra).
 
-Times are the median over the timed repetitions, measured on rank 0 from
-the start of a round to the end of its scatter (gloo: the all_reduce call).
-Each configuration runs ``--trials`` times (default 3), the three kinds
-interleaved (meshkit, nomac, gloo, meshkit, ...) so that a load spike on a
-shared machine hits all of them alike; the figure reported is the median
-of the trials' medians. Ratios > 1 mean meshkit is faster. Run::
+Two ways of timing, the same for both systems:
+
+* back to back (``meshkit``, ``meshkit-nomac``, ``gloo``): rounds run one
+  after another, as in a training loop; each is timed on rank 0 from the
+  start of its call to its return (meshkit: ``reduce_round``, which ends
+  when the scatter is written; gloo: ``all_reduce``). This is throughput:
+  a round's time includes waiting for the other ranks to finish the
+  previous one, as nccl-tests and gloo's own benchmark count it.
+* synchronized (``meshkit-sync``, ``gloo-sync``): every rank first passes a
+  barrier (gloo: ``dist.barrier()``; meshkit: a one-element all-reduce),
+  and only the round after it is timed: the latency of one round that
+  starts with every rank ready.
+
+Each configuration runs ``--trials`` times (default 7 at 1 MiB, else 3), the kinds
+interleaved (meshkit, nomac, gloo, ...) so that a load spike on a shared
+machine hits all of them alike. A trial's figure is the median of its
+timed rounds; the figure reported is the best trial (interference only
+ever slows a trial down; on the development machine whole trials land in
+a slow mode about 1.6x slower), and ``--json`` keeps every trial. Ratios
+> 1 mean meshkit is faster. Run::
 
     python benchmarks/allreduce.py                      # worlds 2 and 4, 1/16/64 MiB
     python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5 --trials 1
@@ -51,16 +65,18 @@ def _free_port() -> int:
 
 
 def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, mac: bool,
-                  address: Any, results: Any) -> None:
-    from meshkit import plugins
-    from meshkit.node_config import NodeConfig
+                  address: Any, results: Any, sync: bool = False) -> None:
     from meshkit_tcp import TcpOptions
     from meshkit_tcp.tcp import TcpTransport
+
+    from meshkit import plugins
+    from meshkit.node_config import NodeConfig
 
     transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31),
                              benchmark_only_disable_mac=not mac)
     x = np.full(nbytes // 4, float(rank + 1), np.float32)
     state = {"x": x}
+    barrier = {"b": np.zeros(1, np.float32)}
     if rank == 0:
         config = NodeConfig(rank=0, world=world, topology="star", bind="127.0.0.1:0",
                             secret=SECRET, timeout=120)
@@ -72,6 +88,8 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
             group.wait_for_workers(timeout=120)
             times = []
             for i in range(warmup + reps):
+                if sync:
+                    group.reduce_round(fedavg, contribution=barrier, timeout=120)
                 start = time.perf_counter()
                 result = group.reduce_round(fedavg, contribution=state, timeout=120)
                 elapsed = time.perf_counter() - start
@@ -90,13 +108,15 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
     group = transport.connect(config)
     try:
         for _ in range(warmup + reps):
+            if sync:
+                group.all_reduce(barrier, timeout=240)
             group.all_reduce(state, timeout=240)
     finally:
         group.close()
 
 
 def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port: int,
-               results: Any) -> None:
+               results: Any, barrier: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -106,8 +126,10 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
     try:
         x = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
         times = []
+        dist.barrier()
         for i in range(warmup + reps):
-            dist.barrier()
+            if barrier:
+                dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(x)
             elapsed = time.perf_counter() - start
@@ -123,15 +145,17 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
 def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    if kind == "gloo":
+    if kind.startswith("gloo"):
         port = _free_port()
         procs = [ctx.Process(target=_gloo_rank, args=(r, world, nbytes, reps, warmup, port,
-                                                       results)) for r in range(world)]
+                                                       results, kind == "gloo-sync"))
+                 for r in range(world)]
     else:
         address = ctx.Queue()
         procs = [ctx.Process(target=_meshkit_rank,
-                             args=(r, world, nbytes, reps, warmup, kind == "meshkit", address,
-                                   results)) for r in range(world)]
+                             args=(r, world, nbytes, reps, warmup, kind != "meshkit-nomac",
+                                   address, results, kind == "meshkit-sync"))
+                 for r in range(world)]
     for proc in procs:
         proc.start()
     try:
@@ -149,25 +173,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64], help="MiB")
     parser.add_argument("--reps", type=int, default=0, help="timed repetitions (0: by size)")
-    parser.add_argument("--trials", type=int, default=3,
-                        help="independent runs of each kind, interleaved (median reported)")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="independent runs of each kind, interleaved, the best reported "
+                             "(0: 7 at 1 MiB or less, where whole runs land in a slow mode "
+                             "most often, else 3)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-nomac"]
+    kinds = ["meshkit", "meshkit-nomac", "meshkit-sync"]
     if not args.no_gloo:
         try:
             import torch  # noqa: F401
-            kinds.append("gloo")
+            kinds += ["gloo", "gloo-sync"]
         except ImportError:
             print("torch is not installed: skipping the gloo baseline "
                   "(pip install torch==2.13.0)", file=sys.stderr)
 
     print(f"# meshkit all-reduce vs gloo, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPU(s), python {platform.python_version()}")
-    header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>16}" for k in kinds)
-              + f" {'MB/s meshkit':>13} {'vs gloo':>8} {'MAC cost':>9}")
+          f"{os.cpu_count()} CPU(s), python {platform.python_version()}; ms per round, "
+          f"the best trial (each the median of its rounds)")
+    widths = {k: max(len(k) + 3, 9) for k in kinds}
+    header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
+              + f" {'MB/s':>6} {'vs gloo':>8} {'vs gloo-sync':>13} {'MAC cost':>9}")
     print(header)
     rows = []
     for world in args.worlds:
@@ -176,22 +204,26 @@ def main(argv: list[str] | None = None) -> int:
             # Small rounds are short and noisy on a shared machine: time more of them.
             reps = args.reps or (100 if mib <= 1 else 20 if mib <= 16 else 8)
             trials: dict[str, list[float]] = {k: [] for k in kinds}
-            for _ in range(max(1, args.trials)):
+            for _ in range(args.trials if args.trials > 0 else 7 if mib <= 1 else 3):
                 for k in kinds:
                     trials[k].append(_run(k, world, nbytes, reps, warmup=2))
-            times = {k: statistics.median(v) for k, v in trials.items()}
+            times = {k: min(v) for k, v in trials.items()}
             row = {"world": world, "mib": mib, "reps": reps, "trials": len(trials["meshkit"]),
                    **{f"{k}_s": t for k, t in times.items()},
+                   **{f"{k}_median_of_trials_s": statistics.median(v) for k, v in trials.items()},
                    **{f"{k}_trials_s": v for k, v in trials.items()}}
             row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
             row["mac_overhead"] = times["meshkit"] / times["meshkit-nomac"] - 1
             if "gloo" in times:
                 row["vs_gloo"] = times["gloo"] / times["meshkit"]
+                row["vs_gloo_sync"] = times["gloo-sync"] / times["meshkit-sync"]
             rows.append(row)
             vs = f"{row['vs_gloo']:.2f}x" if "vs_gloo" in row else "-"
-            print(f"{world:>5} {mib:>4} " + " ".join(f"{times[k] * 1e3:>16.1f}" for k in kinds)
-                  + f" {row['meshkit_MBps']:>13.0f} {vs:>8} {row['mac_overhead']:>8.0%}",
-                  flush=True)
+            vs_sync = f"{row['vs_gloo_sync']:.2f}x" if "vs_gloo_sync" in row else "-"
+            print(f"{world:>5} {mib:>4} "
+                  + " ".join(f"{times[k] * 1e3:>{widths[k]}.2f}" for k in kinds)
+                  + f" {row['meshkit_MBps']:>6.0f} {vs:>8} {vs_sync:>13} "
+                  f"{row['mac_overhead']:>8.0%}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)
