@@ -50,6 +50,26 @@ SIZES = {"1KiB": 1024, "1MiB": 1 << 20}
 # -- raw relay ------------------------------------------------------------------
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of this process and ``pids`` so far, in seconds.
+
+    Differences of this around a run give the CPU each system spends per
+    activation: with every process on the same two cores, the throughput
+    ratio cannot beat the inverse ratio of CPU per activation.
+    """
+    times = os.times()
+    total = times.user + times.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,8 +127,10 @@ def _forwarder(listen: socket.socket, next_port: int, nbytes: int) -> threading.
     return thread
 
 
-def raw_relay(nbytes: int, count: int, in_flight: int, star: bool, batch: int = 1) -> float:
-    """Seconds to push ``count`` activations of ``nbytes`` around the relay chain.
+def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
+              batch: int = 1) -> tuple[float, float]:
+    """Seconds to push ``count`` activations of ``nbytes`` around the relay chain,
+    and the CPU seconds every process of the relay spent meanwhile.
 
     Activations travel ``batch`` to a message, exactly as meshkit packs them
     into frames, so both move the same messages over the same hops.
@@ -142,6 +164,8 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool, batch: int = 
                 src.sendall(payload)
 
         buf = memoryview(bytearray(nbytes))
+        pids = [p.pid for p in procs]
+        cpu = cpu_seconds(pids)
         started = time.perf_counter()
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
@@ -151,9 +175,10 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool, batch: int = 
             window.release()
         elapsed = time.perf_counter() - started
         feeder.join()
+        cpu = cpu_seconds(pids) - cpu
         src.close()
         out.close()
-        return elapsed
+        return elapsed, cpu
     finally:
         for p in procs:
             p.wait(10) if p.poll() is not None else None
@@ -219,16 +244,20 @@ class Mesh:
 
 
 def meshkit_run(mesh: Mesh, stages: list, nbytes: int, count: int, in_flight: int,
-                batch: int = 1) -> float:
+                batch: int = 1) -> tuple[float, float]:
+    """Seconds for ``count`` activations through the pipeline, and the CPU seconds."""
     from meshkit.pipeline import run_pipeline
 
     x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+    pids = [p.pid for p in mesh.procs]
+    cpu = cpu_seconds(pids)
     started = time.perf_counter()
     result = run_pipeline(mesh.group, stages, mesh.caps, (x for _ in range(count)),
                           in_flight=in_flight, batch=batch, timeout=60)
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(pids) - cpu
     assert len(result.outputs) == count and np.array_equal(result.outputs[-1], x)
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -274,28 +303,32 @@ def main() -> None:
                     measured[batch] = min(
                         meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
                         for _ in range(args.repeat))
-                m_lat = min(meshkit_run(mesh, stages, nbytes, latency_count, 1)
+                m_lat = min(meshkit_run(mesh, stages, nbytes, latency_count, 1)[0]
                             for _ in range(args.repeat))
             finally:
                 mesh.close()
             raw_relay(nbytes, min(count, 50), in_flight, star)  # warm-up
-            r_lat = min(raw_relay(nbytes, latency_count, 1, star) for _ in range(args.repeat))
-            raw: dict[int, float] = {}
+            r_lat = min(raw_relay(nbytes, latency_count, 1, star)[0]
+                        for _ in range(args.repeat))
+            raw: dict[int, tuple[float, float]] = {}
             for batch in sorted({1, *batches}):
                 raw[batch] = min(raw_relay(nbytes, count, in_flight, star, batch)
                                  for _ in range(args.repeat))
             for batch in batches:
-                m_tp = measured[batch]
+                m_tp, m_cpu = measured[batch]
                 rows.append({
                     "size": label, "topology": args.topology, "board": args.board,
                     "in_flight": in_flight, "batch": batch,
                     "meshkit_act_per_s": count / m_tp,
                     # the relay moving each activation as its own message
-                    "raw_act_per_s": count / raw[1],
-                    "ratio": raw[1] / m_tp,
+                    "raw_act_per_s": count / raw[1][0],
+                    "ratio": raw[1][0] / m_tp,
                     # the relay moving the very messages meshkit's frames carry
-                    "raw_same_msgs_act_per_s": count / raw[batch],
-                    "ratio_same_msgs": raw[batch] / m_tp,
+                    "raw_same_msgs_act_per_s": count / raw[batch][0],
+                    "ratio_same_msgs": raw[batch][0] / m_tp,
+                    # CPU (all processes) per activation, in the timed runs above
+                    "meshkit_cpu_us": m_cpu / count * 1e6,
+                    "raw_cpu_us": raw[1][1] / count * 1e6,
                     "meshkit_latency_us": m_lat / latency_count * 1e6,
                     "raw_latency_us": r_lat / latency_count * 1e6,
                     "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
@@ -309,13 +342,15 @@ def main() -> None:
           f"latency = mean round trip with one activation in flight")
     print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
           f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
-          f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}")
+          f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}  "
+          f"{'CPU/act meshkit':>15}  {'raw':>6}")
     for r in rows:
         print(f"{r['size']:>5} {r['in_flight']:>6} {r['batch']:>5}  "
               f"{r['meshkit_act_per_s']:>13.0f}  {r['raw_act_per_s']:>10.0f}  "
               f"{r['ratio']:>5.2f}  {r['raw_same_msgs_act_per_s']:>12.0f}  "
               f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_latency_us']:>9.0f}us  "
-              f"{r['raw_latency_us']:>6.0f}us  {r['meshkit_MiB_per_s']:>13.1f}")
+              f"{r['raw_latency_us']:>6.0f}us  {r['meshkit_MiB_per_s']:>13.1f}  "
+              f"{r['meshkit_cpu_us']:>13.0f}us  {r['raw_cpu_us']:>4.0f}us")
 
 
 if __name__ == "__main__":
