@@ -12,7 +12,14 @@ a mesh rank once it knows all ``world`` ranks. Rank ``r`` listens for TCP on
 Every datagram is sealed with :func:`meshkit.wire.seal_datagram` (HMAC-SHA256
 under a key derived from the shared secret), carries a JSON body, and
 answers echo the asker's random nonce, so a reply cannot be replayed to
-another asker. Datagrams that fail authentication, do not parse, or carry
+another asker. Hellos are fresh too: the server draws a random *session* when
+it starts and registers only hellos that carry it. A hello without it (or
+with another run's) gets a small sealed *challenge* naming the session, and
+the asker says hello again with it, so a hello captured in an earlier run
+with the same secret is answered with a challenge and registers nothing.
+Once a rank is registered, its hello repeated from another host is ignored,
+so a replay inside the run can neither move the rank nor draw the table to
+a spoofed address. Datagrams that fail authentication, do not parse, or carry
 the wrong fields are ignored and counted (``server.ignored``,
 ``DiscoveryResult.ignored``): on a shared LAN foreign traffic is normal and
 must not stop anything. A second node claiming a rank that another node
@@ -22,10 +29,12 @@ raises :class:`~meshkit.WireError`.
 
 Datagram body (UTF-8 JSON, inside the sealed envelope):
 
-* hello: ``{"v": 1, "t": "hello", "rank": r, "world": w, "port": p, "nonce": hex}``
-* table: ``{"v": 1, "t": "table", "nonce": hex, "world": w, "peers": {"0": "host:port", ...}}``
+* hello: ``{"v": 2, "t": "hello", "rank": r, "world": w, "port": p, "nonce": hex,
+  "session": hex}`` (``session`` absent until the server named it)
+* challenge: ``{"v": 2, "t": "challenge", "nonce": hex, "session": hex}``
+* table: ``{"v": 2, "t": "table", "nonce": hex, "world": w, "peers": {"0": "host:port", ...}}``
   (an empty host means "the address this reply came from")
-* refused: ``{"v": 1, "t": "refused", "nonce": hex, "error": "..."}``
+* refused: ``{"v": 2, "t": "refused", "nonce": hex, "error": "..."}``
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ __all__ = ["DiscoveryServer", "DiscoveryResult", "discover", "resolve", "VERSION
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 #: Largest datagram we read (the sealed envelope of a table for a big world fits).
 _MAX_DATAGRAM = 65_535
 _RETRY = 0.2
@@ -83,7 +92,10 @@ class DiscoveryServer:
             raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
         self.secret = bytes(secret)
         self.world = world
-        #: Datagrams ignored: foreign, forged, malformed, or from the wrong run.
+        #: This run's session: a hello must carry it to be registered.
+        self.session = os.urandom(16).hex()
+        #: Datagrams ignored: foreign, forged, malformed, from the wrong run,
+        #: or a registered hello repeated from another host.
         self.ignored = 0
         #: Hellos refused (duplicate rank, world size), newest last.
         self.refused: list[str] = []
@@ -167,20 +179,30 @@ class DiscoveryServer:
         if body is None or body["t"] != "hello" or not (
                 _is_int(body.get("rank"), 1, _MAX_WORLD) and _is_int(body.get("world"), 1, _MAX_WORLD)
                 and _is_int(body.get("port"), 1, 65535) and isinstance(body.get("nonce"), str)
-                and len(body["nonce"]) <= 64):
+                and len(body["nonce"]) <= 64 and isinstance(body.get("session", ""), str)):
             with self._cv:
                 self.ignored += 1
             return None
         rank, nonce = body["rank"], body["nonce"]
+        if body.get("session") != self.session:
+            # Not (yet) of this run: name the session, register nothing. The
+            # challenge is no bigger than the hello, so answering a spoofed
+            # source amplifies nothing.
+            return {"v": VERSION, "t": "challenge", "nonce": nonce, "session": self.session}
         error = None
         with self._cv:
+            known = self._table.get(rank)
+            if known is not None and known[2] == nonce and known[0] != host:
+                # This run's hello for a registered rank, from another host: a
+                # replay. Answering would send the table to a spoofed address.
+                self.ignored += 1
+                return None
             if body["world"] != self.world:
                 error = (f"world size mismatch: rank {rank} announced a world of "
                          f"{body['world']}, the coordinator runs a world of {self.world}")
             elif rank >= self.world:
                 error = f"rank {rank} is out of range for a world of {self.world}"
             else:
-                known = self._table.get(rank)
                 if known is not None and known[2] != nonce:
                     error = (f"rank {rank} is already held by the node at {known[0]}:{known[1]} "
                              f"(duplicate rank); give each node a distinct rank")
@@ -216,8 +238,9 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
     if not secret:
         raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
     nonce = os.urandom(16).hex()
-    hello = _encode(secret, {"v": VERSION, "t": "hello", "rank": rank, "world": world,
-                             "port": data_port, "nonce": nonce})
+    fields = {"v": VERSION, "t": "hello", "rank": rank, "world": world, "port": data_port,
+              "nonce": nonce}
+    hello = _encode(secret, fields)
     target = (via, disc_port) if via else ("<broadcast>", disc_port)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     ignored = 0
@@ -244,6 +267,14 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
                 if body is None or body.get("nonce") != nonce:
                     ignored += 1
                     continue
+                if body["t"] == "challenge":
+                    session = body.get("session")
+                    if not isinstance(session, str) or len(session) > 64:
+                        ignored += 1
+                        continue
+                    # Say hello again at once, now carrying this run's session.
+                    hello = _encode(secret, {**fields, "session": session})
+                    break
                 if body["t"] == "refused":
                     raise WireError(f"discovery: the coordinator at {source[0]} refused rank "
                                     f"{rank}: {body.get('error')}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from meshkit import PeerLostError, WireError, plugins, wire
-from meshkit.discovery import DiscoveryServer, discover
+from meshkit.discovery import VERSION, DiscoveryServer, discover
 from meshkit.node_config import NodeConfig
 
 SECRET = b"discovery-secret"
@@ -126,3 +127,57 @@ def test_broadcast_discovery_when_the_network_allows_it() -> None:
         except PeerLostError as exc:
             pytest.skip(f"UDP broadcast does not reach this host's own socket here: {exc}")
     assert result.peers[0].endswith(":4000")
+
+
+def _hello(rank: int, *, nonce: str, session: str | None = None, world: int = 3,
+           port: int = 4001) -> bytes:
+    body = {"v": VERSION, "t": "hello", "rank": rank, "world": world, "port": port,
+            "nonce": nonce}
+    if session is not None:
+        body["session"] = session
+    return wire.seal_datagram(SECRET, json.dumps(body).encode())
+
+
+def _exchange(sock: socket.socket, datagram: bytes, port: int) -> dict | None:
+    """Send one datagram to the server and read its sealed answer (None: no answer)."""
+    sock.sendto(datagram, ("127.0.0.1", port))
+    try:
+        reply, _ = sock.recvfrom(65535)
+    except TimeoutError:
+        return None
+    return json.loads(wire.open_datagram(SECRET, reply))
+
+
+def test_a_hello_from_an_earlier_run_is_challenged_and_registers_nothing(server) -> None:
+    # A hello captured in another run carries that run's session (or none).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(2)
+        for stale in (_hello(1, nonce="ab" * 16, session="cd" * 16),
+                      _hello(1, nonce="ab" * 16)):
+            answer = _exchange(sock, stale, server.port)
+            assert answer == {"v": VERSION, "t": "challenge", "nonce": "ab" * 16,
+                              "session": server.session}
+    assert 1 not in server.table()
+    # So the real rank 1 is not refused as a duplicate.
+    assert ask(server, 1).peers[0] == "127.0.0.1:4000"
+    assert server.table()[1] == "127.0.0.1:4001"
+
+
+def test_this_runs_hello_replayed_from_another_host_is_ignored(server) -> None:
+    hello = _hello(1, nonce="ef" * 16, session=server.session)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as first:
+        first.bind(("127.0.0.1", 0))
+        first.settimeout(2)
+        assert _exchange(first, hello, server.port)["t"] == "table"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+        other.bind(("127.0.0.2", 0))  # another host on the loopback network
+        other.settimeout(0.5)
+        assert _exchange(other, hello, server.port) is None  # no table to a spoofed source
+    assert server.table()[1] == "127.0.0.1:4001"
+    assert server.ignored == 1
+
+
+def test_a_server_restart_draws_a_new_session() -> None:
+    with DiscoveryServer(SECRET, 2, data_port=4000, host="127.0.0.1", port=0) as one, \
+            DiscoveryServer(SECRET, 2, data_port=4000, host="127.0.0.1", port=0) as two:
+        assert one.session != two.session and len(one.session) == 32
