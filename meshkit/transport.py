@@ -338,6 +338,8 @@ class GroupBase:
             if rank in self._dead or rank == self.rank:
                 return
             self._dead[rank] = reason
+            # Messages held for a rank that never joined can never be delivered.
+            self._held.pop(rank, None)
             self._cv.notify_all()
         if not self._closed:
             log.log(logging.INFO if quiet else logging.WARNING,

@@ -231,3 +231,18 @@ def test_a_message_for_a_worker_that_has_not_joined_yet_waits_for_it() -> None:
     finally:
         early.close()
         coordinator.close()
+
+
+def test_messages_held_for_a_rank_that_never_joins_are_freed_when_it_is_declared_dead():
+    configs = inproc_configs(4)
+    coordinator = configs[0].connect()
+    worker = configs[1].connect()
+    try:
+        worker.send(3, 7, {"x": np.zeros(4)})  # rank 3 has not joined: held by the relay
+        with coordinator._cv:
+            assert coordinator._cv.wait_for(lambda: 3 in coordinator._held, 5)
+        coordinator.declare_dead(3, "never joined")
+        assert 3 not in coordinator._held
+    finally:
+        worker.close()
+        coordinator.close()
