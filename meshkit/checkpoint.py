@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -119,7 +120,24 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
             pass
         raise
     _fsync_dir(directory)
+    _remove_stale_temporaries(directory)
     return target
+
+
+#: A temporary this much older than a successful save is a crash's leftover,
+#: not another writer's file in progress (a write takes seconds).
+STALE_TEMPORARY_SECONDS = 60.0
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete ``.checkpoint-*.npz.tmp`` files a crash mid-write left behind."""
+    cutoff = time.time() - STALE_TEMPORARY_SECONDS
+    for leftover in directory.glob(".checkpoint-*.npz.tmp"):
+        try:
+            if leftover.stat().st_mtime < cutoff:
+                leftover.unlink()
+        except OSError:  # gone already, or not ours to delete: harmless
+            pass
 
 
 def _fsync_dir(directory: Path) -> None:

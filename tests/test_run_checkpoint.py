@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
-from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from meshkit.checkpoint import (
+    STALE_TEMPORARY_SECONDS,
+    Checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from meshkit.errors import ConfigError
 
 
@@ -41,6 +49,18 @@ def test_a_new_checkpoint_replaces_the_old_one_without_leaving_temporaries(tmp_p
     save_checkpoint(tmp_path, sample(2))
     assert load_checkpoint(tmp_path / "checkpoint.npz").round == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.npz"]
+
+
+def test_a_save_removes_temporaries_a_crash_left_but_not_a_fresh_one(tmp_path):
+    stale = tmp_path / ".checkpoint-crashed.npz.tmp"
+    fresh = tmp_path / ".checkpoint-in-progress.npz.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    fresh.write_bytes(b"another writer, still writing")
+    old = time.time() - 2 * STALE_TEMPORARY_SECONDS
+    os.utime(stale, (old, old))
+    save_checkpoint(tmp_path, sample(1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".checkpoint-in-progress.npz.tmp", "checkpoint.npz"]
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path):
