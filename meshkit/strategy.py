@@ -228,7 +228,12 @@ class RoundReport:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """One line of ``metrics.jsonl``: the report's fields, then the metrics.
+
+        A metric named like a field (``examples``, ``round``, ...) is written
+        as ``task.<name>``, so neither overwrites the other.
+        """
+        line: dict[str, Any] = {
             "round": self.round,
             "rounds": self.rounds,
             "strategy": self.strategy,
@@ -237,8 +242,14 @@ class RoundReport:
             "clients": list(self.clients),
             "examples": self.examples,
             "seconds": round(self.seconds, 4),
-            **{k: float(v) for k, v in self.metrics.items()},
         }
+        for name, value in self.metrics.items():
+            line[f"task.{name}" if name in _REPORT_FIELDS else name] = float(value)
+        return line
+
+
+_REPORT_FIELDS = frozenset(("round", "rounds", "strategy", "answered", "dropped", "clients",
+                            "examples", "seconds"))
 
 
 @attrs.frozen

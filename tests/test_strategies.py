@@ -12,6 +12,7 @@ import meshkit.plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
 from meshkit.strategy import (
     Partition,
+    RoundReport,
     StrategyContext,
     WorkerIdentity,
     order_partitions,
@@ -349,3 +350,13 @@ def test_data_parallel_continues_with_the_surviving_replicas():
     # After the loss, shards are re-cut over the survivors.
     last = [req for rank, req in ctx.pool.log if req["op"] == "grads"][-2:]
     assert [req["shards"] for req in last] == [2, 2]
+
+
+def test_a_metric_named_like_a_report_field_is_kept_beside_it_not_over_it():
+    report = RoundReport(round=3, rounds=5, strategy="federated", answered=(1, 2),
+                         examples=640, seconds=1.25,
+                         metrics={"examples": 600.0, "round": 9.0, "loss": 0.5})
+    line = report.to_json()
+    assert line["examples"] == 640 and line["round"] == 3
+    assert line["task.examples"] == 600.0 and line["task.round"] == 9.0
+    assert line["loss"] == 0.5
