@@ -75,7 +75,9 @@ def encode(message: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in message.items():
         if key in _NESTED and isinstance(value, Mapping):
-            out[f"{key}/#"] = len(value)  # so an empty state still travels
+            # The count (so an empty state still travels) sits beside the
+            # flattened keys, where no state key can land: "#state".
+            out[f"#{key}"] = len(value)
             for inner, leaf in value.items():
                 out[f"{key}/{inner}"] = leaf
         else:
@@ -89,9 +91,9 @@ def decode(frame: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in frame.items():
         head, sep, inner = key.partition("/")
         if sep and head in _NESTED:
-            nested = out.setdefault(head, {})
-            if inner != "#":
-                nested[inner] = value
+            out.setdefault(head, {})[inner] = value
+        elif key.startswith("#") and key[1:] in _NESTED:
+            out.setdefault(key[1:], {})
         else:
             out[key] = value
     return out

@@ -360,3 +360,15 @@ def test_a_metric_named_like_a_report_field_is_kept_beside_it_not_over_it():
     assert line["examples"] == 640 and line["round"] == 3
     assert line["task.examples"] == 600.0 and line["task.round"] == 9.0
     assert line["loss"] == 0.5
+
+
+@pytest.mark.parametrize("state", [{}, {"#": np.arange(3.0), "w": np.ones(2)}, {"a/b": 1.0}])
+def test_trainer_messages_carry_any_state_keys_and_empty_states(state):
+    from meshkit.trainer import decode, encode
+
+    message = {"op": "fit", "state": state, "gradients": {}, "round": 2}
+    back = decode(encode(message))
+    assert back["op"] == "fit" and back["round"] == 2 and back["gradients"] == {}
+    assert back["state"].keys() == state.keys()
+    for key, value in state.items():
+        np.testing.assert_array_equal(back["state"][key], value)
