@@ -364,26 +364,33 @@ def _entry_error(name: str, what: str) -> WireError:
     return WireError(f"cannot put state key {name!r} on the wire: {what}")
 
 
-def _non_str_key(value: Any) -> tuple[Any, ...]:
-    """``(key,)`` for the first non-str key of a dict anywhere in ``value``, else ``()``.
+def _json_problem(value: Any) -> str | None:
+    """What JSON would silently change in ``value``, or None.
 
     Runs after a successful encode (so ``value`` is finite and acyclic): JSON
-    silently turns int, float, bool and None keys into strings, so the
-    receiver would see other keys than were sent (and ``{1: a, "1": b}``
-    would lose an entry).
+    turns int, float, bool and None keys into strings, so the receiver would
+    see other keys than were sent (and ``{1: a, "1": b}`` would lose an
+    entry), and a tuple into a list, so the receiver would get another type.
+    The state model (``meshkit.state.validate_state``) refuses both, and so
+    does every transport.
     """
     stack = [value]
     while stack:
         item = stack.pop()
+        if isinstance(item, tuple):
+            return ("a tuple is not a JSON value: JSON would turn it into a list "
+                    "(send list(...) yourself)")
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    return (key,)
+                    return (f"JSON object keys must be strings, found {key!r} "
+                            f"({type(key).__name__}); JSON would turn it into a string "
+                            f"(convert it yourself)")
                 if isinstance(child, (dict, list, tuple)):
                     stack.append(child)
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, list):
             stack.extend(child for child in item if isinstance(child, (dict, list, tuple)))
-    return ()
+    return None
 
 
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
@@ -403,8 +410,9 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
     table = bytearray(_BODY_HEAD.pack(len(state), 0))
     datas: list[tuple[Any, int]] = []
     for name, value in state.items():
-        if not isinstance(name, str):
-            raise WireError(f"state keys must be str, got {name!r} ({type(name).__name__})")
+        if not isinstance(name, str) or not name:
+            raise WireError(f"state keys must be non-empty str, got {name!r} "
+                            f"({type(name).__name__})")
         raw_name = name.encode("utf-8")
         if len(raw_name) > MAX_NAME_BYTES:
             raise _entry_error(name[:64] + "...", f"its name is {len(raw_name)} bytes of UTF-8, "
@@ -443,11 +451,9 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             try:
                 text = _JSON_ENCODER.encode(value).encode("utf-8")
                 if isinstance(value, (dict, list, tuple)):
-                    bad = _non_str_key(value)
-                    if bad:
-                        raise _entry_error(name, f"JSON object keys must be strings, found "
-                                           f"{bad[0]!r} ({type(bad[0]).__name__}); JSON "
-                                           "would turn it into a string (convert it yourself)")
+                    problem = _json_problem(value)
+                    if problem:
+                        raise _entry_error(name, problem)
             except (TypeError, ValueError, RecursionError) as exc:
                 raise _entry_error(name, f"a {type(value).__name__} is neither a numpy array nor "
                                    f"a JSON value ({exc})") from None
@@ -854,6 +860,7 @@ class Channel:
         self._send_seq = 0
         self._recv_seq = 0
         self._closed = False
+        self._close_reason: str | None = None
         self._pool: list[np.ndarray] = []
         # The socket is non-blocking and the channel polls only when a read or
         # write would block: with a socket timeout set, CPython polls before
@@ -886,11 +893,22 @@ class Channel:
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def close(self) -> None:
-        """Close the socket; a thread blocked in :meth:`recv` wakes with PeerLostError."""
+    def close(self, reason: str | None = None) -> None:
+        """Close the socket; a thread blocked in :meth:`recv` wakes with PeerLostError.
+
+        ``reason`` (the first one given wins) is quoted by the errors other
+        threads then get, so a reader that wakes to a channel a failed write
+        closed reports why, not just that it was closed.
+        """
+        if reason is not None and self._close_reason is None:
+            self._close_reason = reason
         self._closed = True
         close_socket(self._sock)
         self._pool = []  # recycled receive buffers are not needed any more
+
+    def _closed_error(self, tense: str = "was") -> PeerLostError:
+        why = f" ({self._close_reason})" if self._close_reason else ""
+        return PeerLostError(f"channel to {self.peer.describe()} {tense} closed{why}")
 
     def __enter__(self) -> Channel:
         return self
@@ -948,15 +966,15 @@ class Channel:
         views = [_byte_view(buf) for buf in encoded.buffers]
         with self._send_lock:
             if self._closed:
-                raise PeerLostError(f"channel to {self.peer.describe()} is closed")
+                raise self._closed_error("is")
             seq = self._send_seq
             head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
             header = head + (hmac.digest(self._keys.send_header, head, "sha256")
                              if self.mac_enabled else _ZERO_MAC)
             try:
                 self._write(header, views, nbytes, seq, deadline)
-            except BaseException:
-                self.close()
+            except BaseException as exc:
+                self.close(str(exc) if isinstance(exc, PeerLostError) else None)
                 raise
             self._send_seq = seq + 1
         return nbytes
@@ -1017,7 +1035,7 @@ class Channel:
                 pass
             except OSError as exc:
                 if self._closed:
-                    raise PeerLostError(f"channel to {self.peer.describe()} was closed") from None
+                    raise self._closed_error() from None
                 raise PeerLostError(f"lost {self.peer.describe()} while sending: {exc}") from None
             wait = self._timeout
             if deadline is not None:
@@ -1051,7 +1069,7 @@ class Channel:
             wait = None
         with self._recv_lock:
             if self._closed:
-                raise PeerLostError(f"channel to {self.peer.describe()} is closed")
+                raise self._closed_error("is")
             header = bytearray(HEADER_SIZE)
             # Under load the next frame is usually there already: read first,
             # poll only when nothing has arrived.
@@ -1065,7 +1083,7 @@ class Channel:
                 closed_here = self._closed
                 self.close()
                 if closed_here:
-                    raise PeerLostError(f"channel to {self.peer.describe()} was closed")
+                    raise self._closed_error()
                 raise PeerLostError(f"{self.peer.describe()} closed the connection")
             if got < 0:
                 got = 0
@@ -1095,11 +1113,11 @@ class Channel:
                 continue
             except OSError as exc:
                 if self._closed:
-                    raise PeerLostError(f"channel to {self.peer.describe()} was closed") from None
+                    raise self._closed_error() from None
                 raise PeerLostError(f"lost {self.peer.describe()} while receiving: {exc}") from None
             if k == 0:
                 if self._closed:
-                    raise PeerLostError(f"channel to {self.peer.describe()} was closed")
+                    raise self._closed_error()
                 if what == "header" and got == 0:
                     raise PeerLostError(f"{self.peer.describe()} closed the connection")
                 raise PeerLostError(f"{self.peer.describe()} closed the connection after {got} "

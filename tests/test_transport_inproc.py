@@ -246,3 +246,28 @@ def test_messages_held_for_a_rank_that_never_joins_are_freed_when_it_is_declared
     finally:
         worker.close()
         coordinator.close()
+
+
+@pytest.mark.parametrize("payload", [{"": 1}, {"t": (1, 2)}, {"d": {"x": [1, (2,)]}}])
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_both_transports_refuse_what_json_would_change(transport, payload):
+    if transport == "inproc":
+        configs = inproc_configs(2)
+    else:
+        coordinator_config = NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0",
+                                        secret=b"test-secret", timeout=5)
+        configs = [coordinator_config]
+    coordinator = configs[0].connect()
+    if transport == "tcp":
+        configs.append(NodeConfig(rank=1, world=2, topology="star",
+                                  peers=[coordinator.address], secret=b"test-secret", timeout=5))
+    worker = configs[1].connect()
+    try:
+        assert coordinator.wait_for_workers(timeout=5) == [1]
+        with pytest.raises(WireError):
+            worker.send(0, 7, payload)
+        worker.send(0, 7, {"ok": [1, 2]})  # the link still works
+        assert coordinator.recv(1, 7, timeout=5) == {"ok": [1, 2]}
+    finally:
+        worker.close()
+        coordinator.close()

@@ -628,7 +628,11 @@ def test_sending_on_a_closed_channel_is_peer_lost(pair):
         ({"o": np.array([object()])}, "dtype object is not a wire dtype"),
         ({"s": np.float32(1.0)}, "numpy float32 scalar"),
         ({"f": {1, 2}}, "neither a numpy array nor a JSON value"),
-        ({1: 2}, "state keys must be str"),
+        ({1: 2}, "state keys must be non-empty str"),
+        ({"": 2}, "state keys must be non-empty str"),
+        ({"t": (1, 2)}, "a tuple is not a JSON value"),
+        ({"t": {"inner": [1, (2, 3)]}}, "a tuple is not a JSON value"),
+        ({"d": {"x": {1: "a"}}}, "JSON object keys must be strings, found 1"),
     ],
 )
 def test_values_that_cannot_travel_are_refused_naming_the_key(state, message):
