@@ -19,6 +19,7 @@ import attrs
 
 from meshkit.components import Component
 from meshkit.errors import ConfigError, UnknownComponentError
+from meshkit.node_config import MAX_TIMEOUT
 from meshkit.options import structure_options, structure_strict
 
 __all__ = [
@@ -37,9 +38,11 @@ TOPOLOGIES = ("star", "mesh")
 
 
 def _finite(instance: Any, attribute: attrs.Attribute, value: float) -> None:
-    # TOML spells inf; socket and lock timeouts overflow on it deep in a transport.
-    if not math.isfinite(value):
-        raise ValueError(f"{attribute.name} must be a finite number of seconds, got {value}")
+    # TOML spells inf; socket and lock timeouts overflow on it (and on
+    # anything near 9.2e9 s) deep in a transport.
+    if not math.isfinite(value) or value > MAX_TIMEOUT:
+        raise ValueError(f"{attribute.name} must be a finite number of seconds, at most "
+                         f"{MAX_TIMEOUT:.0e}, got {value}")
 
 
 @attrs.frozen

@@ -11,6 +11,12 @@ import attrs
 from meshkit.errors import ConfigError
 from meshkit.fixed_function import FixedFunction
 
+#: The longest timeout meshkit accepts, in seconds (about 31 years): far
+#: below threading.TIMEOUT_MAX and the socket layer's limit (about 9.2e9 s
+#: on Linux), where waits overflow deep in a transport instead of failing
+#: at configuration time.
+MAX_TIMEOUT = 1e9
+
 __all__ = ["NodeConfig", "NodeRole", "DEFAULT_DISC_PORT", "DEFAULT_DATA_BASE"]
 
 DEFAULT_DISC_PORT = 29600
@@ -91,11 +97,12 @@ class NodeConfig:
             raise ConfigError(
                 f"the shared secret must be bytes, got {type(self.secret).__name__}; pass "
                 f"secret.encode() (or read the secret file in binary mode)")
-        # inf overflows socket and lock timeouts deep in a transport; NaN
-        # compares false with everything and would disable every timeout.
-        if not 0 < self.timeout < math.inf:
-            raise ConfigError(f"timeout must be a finite number of seconds > 0, got "
-                              f"{self.timeout}")
+        # inf (or anything near threading.TIMEOUT_MAX) overflows socket and
+        # lock timeouts deep in a transport; NaN compares false with
+        # everything and would disable every timeout.
+        if not 0 < self.timeout <= MAX_TIMEOUT:
+            raise ConfigError(f"timeout must be a number of seconds > 0 and at most "
+                              f"{MAX_TIMEOUT:.0e} (about 31 years), got {self.timeout}")
 
     @property
     def role(self) -> str:

@@ -228,10 +228,12 @@ def test_a_negative_seed_is_refused_at_load_naming_the_key(tmp_path):
         load_config(write(tmp_path, "[run]\nseed = -1\n"))
 
 
+@pytest.mark.parametrize("value", ["inf", "9.3e9"])
 @pytest.mark.parametrize("key", ["timeout", "join_timeout"])
-def test_an_infinite_timeout_is_refused_at_load(tmp_path, key):
-    with pytest.raises(ConfigError, match=f"{key} must be a finite number of seconds"):
-        load_config(write(tmp_path, f"[mesh]\n{key} = inf\n"))
+def test_an_infinite_or_overflowing_timeout_is_refused_at_load(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be a finite number of seconds, "
+                                          f"at most 1e\\+09"):
+        load_config(write(tmp_path, f"[mesh]\n{key} = {value}\n"))
 
 
 MP = """
