@@ -11,7 +11,8 @@ point, so every test suite of a project that installs meshkit gets:
 * contract suites, plain test classes a plugin author subclasses and points
   at a component: :class:`AggregatorContract`,
   :class:`OuterOptimizerContract`, :class:`BoardContract`,
-  :class:`TransportContract`, :class:`StrategyContract`::
+  :class:`TransportContract`, :class:`StrategyContract`,
+  :class:`TaskContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -44,6 +45,7 @@ __all__ = [
     "BoardContract",
     "TransportContract",
     "StrategyContract",
+    "TaskContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -55,6 +57,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.transport",
     "meshkit.testing.strategy",
     "meshkit.testing.support",
+    "meshkit.testing.task",
 )
 
 _LAZY = {
@@ -63,6 +66,7 @@ _LAZY = {
     "BoardContract": "meshkit.testing.board",
     "TransportContract": "meshkit.testing.transport",
     "StrategyContract": "meshkit.testing.strategy",
+    "TaskContract": "meshkit.testing.task",
 }
 
 
