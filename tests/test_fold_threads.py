@@ -44,7 +44,8 @@ def test_a_large_threaded_fold_equals_one_thread_bit_for_bit(retain):
             assert many[key].tobytes() == one[key].tobytes(), (threads, key)
 
 
-def test_the_shares_run_on_the_fold_threads():
+def threads_folding(states, weights, **options) -> set[str]:
+    """Names of the threads that folded a share while folding ``states``."""
     seen: set[str] = set()
     original = MeanFold._fold_chunks
 
@@ -52,23 +53,19 @@ def test_the_shares_run_on_the_fold_threads():
         seen.add(threading.current_thread().name)
         return original(self, *args, **kwargs)
 
-    states = contributions(3, [1 << 20])
     with mock.patch.object(MeanFold, "_fold_chunks", recording):
-        fold(states, [1.0, 2.0, 3.0], threads=2)
+        fold(states, weights, **options)
+    return seen
+
+
+def test_the_shares_run_on_the_fold_threads():
+    seen = threads_folding(contributions(3, [1 << 20]), [1.0, 2.0, 3.0], threads=2)
     assert threading.current_thread().name in seen
     assert any(name.startswith("meshkit-fold") for name in seen), seen
 
 
 def test_a_small_fold_stays_on_the_calling_thread():
-    seen: set[str] = set()
-    original = MeanFold._fold_chunks
-
-    def recording(self, *args, **kwargs):
-        seen.add(threading.current_thread().name)
-        return original(self, *args, **kwargs)
-
-    with mock.patch.object(MeanFold, "_fold_chunks", recording):
-        fold(contributions(3, [1000]), [1.0, 2.0, 3.0], threads=2)
+    seen = threads_folding(contributions(3, [1000]), [1.0, 2.0, 3.0], threads=2)
     assert seen == {threading.current_thread().name}
 
 
