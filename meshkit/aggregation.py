@@ -50,7 +50,7 @@ import os
 import re
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -760,8 +760,13 @@ class MeanFold:
             found = run(0)
         else:
             futures = [_fold_pool().submit(run, worker) for worker in range(1, workers)]
-            found = run(0)
-            for future in futures:  # wait for every share before reporting
+            try:
+                found = run(0)
+            finally:
+                # Every share is done (or failed) before anything is reported:
+                # no thread may still write the accumulators after we return.
+                wait(futures)
+            for future in futures:
                 found.extend(future.result())
         if not found:
             return None
