@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Mapping
 
