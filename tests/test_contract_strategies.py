@@ -32,3 +32,12 @@ class TestDataParallel(StrategyContract):
     component = "data-parallel"
     options = {"rounds": 2, "steps": 2, "batch_size": 16}
     aggregator = "allreduce"
+
+
+class TestModelParallel(StrategyContract):
+    """Inference rounds: the model stays the initial one, every round is reported."""
+
+    component = "model-parallel"
+    options = {"rounds": 2, "batch_size": 256,
+               "partitions": [{"nodes": ["scale", "hidden"], "rank": 1},
+                              {"nodes": ["output"], "rank": 2}]}
