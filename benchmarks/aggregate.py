@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=float, default=10e6,
                         help="float32 parameters per contribution (default 10M)")
     parser.add_argument("--arrays", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
     params = int(args.params)
 
