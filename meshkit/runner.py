@@ -558,10 +558,10 @@ def _plot(out: Path) -> Path | None:
     rows = read_metrics(out)
     if not rows:
         return None
-    skip = {"round", "rounds", "strategy", "answered", "dropped", "clients", "examples",
-            "seconds"}
+    from meshkit.strategy import REPORT_FIELDS
+
     keys = sorted({k for row in rows for k, v in row.items()
-                   if k not in skip and isinstance(v, (int, float))})
+                   if k not in REPORT_FIELDS and isinstance(v, (int, float))})
     if not keys:
         return None
     fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True,

@@ -244,12 +244,12 @@ class RoundReport:
             "seconds": round(self.seconds, 4),
         }
         for name, value in self.metrics.items():
-            line[f"task.{name}" if name in _REPORT_FIELDS else name] = float(value)
+            line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
         return line
 
 
-_REPORT_FIELDS = frozenset(("round", "rounds", "strategy", "answered", "dropped", "clients",
-                            "examples", "seconds"))
+#: The fields every ``metrics.jsonl`` line has; task metrics come beside them.
+REPORT_FIELDS = frozenset(f.name for f in attrs.fields(RoundReport)) - {"metrics"}
 
 
 @attrs.frozen
