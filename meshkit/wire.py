@@ -1045,7 +1045,7 @@ class Channel:
                         f"{self.peer.describe()} was still being written to when the write's "
                         f"deadline passed ({sent} of {total} bytes of this piece written): it "
                         f"reads too slowly; dropped")
-                wait = left if wait is None else min(wait, left)
+                wait = min(wait, left)
             if not self._write_poll.wait(wait):
                 if deadline is not None and time.monotonic() >= deadline:
                     continue  # reported above, with the deadline's message
