@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -392,12 +392,17 @@ def place_training(caps: Iterable[NodeCaps], ranks: Sequence[int] | None = None)
 
 @attrs.frozen
 class PipelineResult:
-    """Outputs in input order, each placed rank's report, and the placement."""
+    """Outputs in input order, each placed rank's report, and the placement.
+
+    With ``run_pipeline(..., on_output=f)`` the outputs went to ``f`` as they
+    arrived and :attr:`outputs` is empty; :attr:`count` is how many there were.
+    """
 
     outputs: list[np.ndarray]
     reports: dict[int, NodeReport]
     placement: Placement
     seconds: float
+    count: int = 0
 
 
 class _Collector:
@@ -491,7 +496,8 @@ def _error_from(msg: Mapping[str, Any], src: int) -> MeshError:
 def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable[NodeCaps],
                  inputs: Iterable[Any], *, ranks: Sequence[int] | None = None,
                  in_flight: int = 8, batch: int | None = None,
-                 timeout: float | None = None) -> PipelineResult:
+                 timeout: float | None = None,
+                 on_output: Callable[[int, np.ndarray], Any] | None = None) -> PipelineResult:
     """Run ``inputs`` through a pipeline of ``stages`` on the mesh; outputs in order.
 
     Placement happens first (:func:`place`), so a stage no rank can run is a
@@ -507,6 +513,12 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
     A stage that fails, a rank that leaves or dies: the pipeline is unwound
     (every live stage drains and reports) and the first failure is raised.
     ``timeout`` bounds every wait for a reply (the group's timeout when None).
+
+    ``on_output(index, y)`` streams instead of collecting: it is called with
+    each output in input order as soon as that output and every one before it
+    have arrived, and nothing is kept (``result.outputs`` is empty), so a long
+    stream runs in constant memory. An exception it raises aborts the
+    pipeline like any other failure and propagates.
     """
     if in_flight < 1:
         raise ConfigError(f"in_flight must be at least 1, got {in_flight}")
@@ -549,6 +561,7 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
     outputs: dict[int, np.ndarray] = {}
     pending: set[int] = set()
     sent = 0
+    delivered = 0  # with on_output: outputs before this index were handed over
     source = iter(inputs)
     lookahead: list[np.ndarray] = []
     exhausted = False
@@ -596,6 +609,10 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
                 for i, row in enumerate(y):
                     outputs[seq + i] = row
                 pending.difference_update(range(seq, seq + y.shape[0]))
+                if on_output is not None:
+                    while delivered in outputs:
+                        on_output(delivered, outputs.pop(delivered))
+                        delivered += 1
             collector.check_dead()
     except BaseException:
         # Something broke on this side (a lost first stage, a stalled pipeline,
@@ -605,8 +622,9 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
     _unwind(group, placement, collector, job, set(placed), started=True)
     if collector.failure is not None:
         raise collector.failure
-    return PipelineResult([outputs[i] for i in range(sent)], dict(collector.reports),
-                          placement, time.monotonic() - started)
+    return PipelineResult([outputs[i] for i in range(sent)] if on_output is None else [],
+                          dict(collector.reports), placement, time.monotonic() - started,
+                          count=sent)
 
 
 def _unwind(group: Any, placement: Placement, collector: _Collector, job: int,

@@ -286,3 +286,32 @@ def test_a_stage_that_dies_is_an_error_and_the_stages_after_it_are_released(mesh
     assert again.outputs[0].tolist() == [3.0, 3.0]
     mesh.threads[0].join(10)
     assert "closed" in str(mesh.errors[1])  # the dead node's own loop ended, not hung
+
+
+def test_on_output_streams_every_output_in_input_order_and_keeps_none(mesh_factory):
+    mesh = mesh_factory({1: {}, 2: {}})
+    stages = [Stage(op="scale", scale=2.0), Stage(op="relu")]
+    xs = [np.full(3, i - 10, np.float32) for i in range(40)]
+    seen: list[tuple[int, list[float]]] = []
+    result = run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=8, batch=2,
+                          on_output=lambda i, y: seen.append((i, y.tolist())))
+    expected = run_local(stages, xs)
+    assert [i for i, _ in seen] == list(range(40))
+    assert [y for _, y in seen] == [e.tolist() for e in expected]
+    assert result.outputs == [] and result.count == 40
+    assert {r: rep.activations for r, rep in result.reports.items()} == {1: 40, 2: 40}
+
+
+def test_an_on_output_that_raises_aborts_the_pipeline_and_the_nodes_serve_on(mesh_factory):
+    mesh = mesh_factory({1: {}, 2: {}})
+    stages = [Stage(op="identity"), Stage(op="identity")]
+
+    def refuse_fifth(index: int, y: np.ndarray) -> None:
+        if index == 4:
+            raise ValueError("consumer full")
+
+    with pytest.raises(ValueError, match="consumer full"):
+        run_pipeline(mesh.g0, stages, mesh.caps, [np.ones(2)] * 30, in_flight=4,
+                     on_output=refuse_fifth)
+    again = run_pipeline(mesh.g0, stages, mesh.caps, [np.ones(2)] * 3)
+    assert again.count == 3 and [y.tolist() for y in again.outputs] == [[1.0, 1.0]] * 3
