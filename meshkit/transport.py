@@ -94,6 +94,13 @@ raising ``PeerLostError``/``WireError``) and ``_drop_link(peer)``; call
 reason)`` when a link dies; call ``_joined_rank(rank)`` on the coordinator
 when a worker's handshake completes. Routing (star relay), mailboxes, timeouts,
 the dead ledger and the reduce service then come for free.
+
+A star coordinator relays each destination's messages from that
+destination's own queue and writer thread, so a rank that stops reading
+holds up only what is sent to it. Optionally implement
+``_relay_now(peer, message) -> bool`` to write a relayed message on the
+spot when that cannot wait on the peer (``tcp``: the kernel has room for the
+whole frame; ``inproc``: always), saving the thread hand-off.
 """
 
 from __future__ import annotations
@@ -156,6 +163,15 @@ _SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE})
 
 #: Relayed messages held per rank that has not joined yet (star coordinator).
 _MAX_HELD = 64
+#: The star coordinator relays to each rank from that rank's own queue and
+#: writer thread, so a destination that stops reading holds up only the frames
+#: for it. A queue takes this many messages and bytes (always at least one
+#: message) before the reader that received the next one waits for room.
+_RELAY_QUEUE = 64
+_RELAY_QUEUE_BYTES = 64 << 20
+#: A relay writer with nothing to send for this long ends (a new one starts
+#: with the next message).
+_RELAY_IDLE = 2.0
 
 #: Reserved payload key carrying transport metadata (routing, round numbers);
 #: a user state may not use it.
@@ -198,6 +214,11 @@ def deadline_after(timeout: float | None, default: float) -> float:
 
 def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
+
+
+def _relay_size(message: Message) -> int:
+    """Bytes a queued relay holds (its received frame's body; 0 if not known)."""
+    return int(getattr(message.raw, "nbytes", 0) or 0)
 
 
 @attrs.frozen
@@ -251,6 +272,13 @@ class GroupBase:
         self._joined: set[int] = set()
         self._links: set[int] = set()
         self._held: dict[int, collections.deque[Message]] = {}
+        # Star coordinator: per-destination relay queues, their queued bytes and
+        # the destinations with a writer thread, all under ``_relay_cv``.
+        self._relay_cv = threading.Condition()
+        self._relay_out: dict[int, collections.deque[Message]] = {}
+        self._relay_bytes: dict[int, int] = {}
+        self._relay_writers: set[int] = set()
+        self._relay_sending: set[int] = set()
         self._closed = False
         self._round = 0
         #: Called with (rank, reason) after a rank is declared dead (observers).
@@ -266,6 +294,16 @@ class GroupBase:
 
     def _shutdown(self) -> None:
         """Release transport resources (sockets, threads) after close."""
+
+    def _relay_now(self, peer: int, message: Message) -> bool:
+        """Star coordinator: send a relayed ``message`` at once if that cannot wait.
+
+        Called on the thread reading from the message's sender, which must not
+        wait for a destination that stopped reading. Return True once sent,
+        or False (nothing sent) to have it queued for ``peer``'s relay writer
+        thread. The default always queues.
+        """
+        return False
 
     # -- properties ---------------------------------------------------------
 
@@ -341,6 +379,11 @@ class GroupBase:
             # Messages held for a rank that never joined can never be delivered.
             self._held.pop(rank, None)
             self._cv.notify_all()
+        with self._relay_cv:
+            # Nor can relays queued for it; readers waiting for room move on.
+            self._relay_out.pop(rank, None)
+            self._relay_bytes.pop(rank, None)
+            self._relay_cv.notify_all()
         if not self._closed:
             log.log(logging.INFO if quiet else logging.WARNING,
                     "rank %d: declaring rank %d dead: %s", self.rank, rank, reason)
@@ -390,11 +433,108 @@ class GroupBase:
                             "joined and %d messages already wait for it", message.src,
                             message.dst, message.dst, _MAX_HELD)
                 return
-        try:
-            self._transmit(message.dst, message, None)
-        except (PeerLostError, WireError) as exc:
-            log.warning("relaying a message from rank %d to rank %d failed: %s",
-                        message.src, message.dst, exc)
+        self._queue_relay(message)
+
+    def _queue_relay(self, message: Message) -> None:
+        """Queue ``message`` for its destination's relay writer.
+
+        Called on the reader thread of the rank that sent it. It returns at
+        once unless that destination's queue is full; then it waits for room,
+        which holds up only this sender. A queue that stays full for half the
+        stall timeout means its destination takes nothing: that rank is
+        declared dead (the sender and every other rank carry on).
+        """
+        dst = message.dst
+        with self._relay_cv:
+            # Nothing queued or being written for ``dst``: try writing it here.
+            inline = not self._relay_out.get(dst) and dst not in self._relay_sending
+            if inline:
+                self._relay_sending.add(dst)
+        if inline:
+            try:
+                if self._relay_now(dst, message):
+                    return
+            except (PeerLostError, WireError) as exc:
+                log.warning("relaying a message from rank %d to rank %d failed: %s",
+                            message.src, dst, exc)
+                return
+            finally:
+                with self._relay_cv:
+                    self._relay_sending.discard(dst)
+                    self._relay_cv.notify_all()
+        size = _relay_size(message)
+        patience = self.timeout / 2
+        deadline = time.monotonic() + patience
+        start = False
+        full = ""
+        with self._relay_cv:
+            while True:
+                if self._closed or dst in self._dead:
+                    return
+                queue = self._relay_out.setdefault(dst, collections.deque())
+                queued = self._relay_bytes.get(dst, 0)
+                if not queue or (len(queue) < _RELAY_QUEUE
+                                 and queued + size <= _RELAY_QUEUE_BYTES):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    full = f"{len(queue)} message(s), {queued} bytes"
+                    break
+                self._relay_cv.wait(remaining)
+            if not full:
+                queue.append(message)
+                self._relay_bytes[dst] = queued + size
+                if dst not in self._relay_writers:
+                    self._relay_writers.add(dst)
+                    start = True
+                self._relay_cv.notify_all()
+        if full:
+            self.declare_dead(dst, f"took none of the {full} relayed to it for {patience:g} s "
+                                   f"(half the stall timeout); dropped as stalled")
+            return
+        if start:
+            threading.Thread(target=self._relay_writer, args=(dst,), daemon=True,
+                             name=f"meshkit-relay-r{self.rank}-to-{dst}").start()
+
+    def _relay_writer(self, dst: int) -> None:
+        """Send the messages queued for ``dst`` in order; end when idle or dead."""
+        while True:
+            with self._relay_cv:
+                idle_until = time.monotonic() + _RELAY_IDLE
+                while True:
+                    queue = self._relay_out.get(dst)
+                    if self._closed or queue is None:
+                        break
+                    if queue:
+                        if dst not in self._relay_sending:
+                            break
+                        # A reader is writing one inline; it notifies when done.
+                        self._relay_cv.wait(1.0)
+                        continue
+                    remaining = idle_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._relay_cv.wait(remaining)
+                if not queue or self._closed:
+                    self._relay_writers.discard(dst)
+                    if queue is not None and not queue:
+                        del self._relay_out[dst]
+                        self._relay_bytes.pop(dst, None)
+                    return
+                message = queue.popleft()
+                self._relay_bytes[dst] -= _relay_size(message)
+                self._relay_sending.add(dst)
+                self._relay_cv.notify_all()
+            try:
+                self._transmit(dst, message, None)
+            except (PeerLostError, WireError) as exc:
+                log.log(logging.DEBUG if self._closed else logging.WARNING,
+                        "relaying a message from rank %d to rank %d failed: %s",
+                        message.src, dst, exc)
+            finally:
+                with self._relay_cv:
+                    self._relay_sending.discard(dst)
+                    self._relay_cv.notify_all()
 
     # -- routing ------------------------------------------------------------
 
@@ -540,4 +680,8 @@ class GroupBase:
                 return
             self._closed = True
             self._cv.notify_all()
+        with self._relay_cv:
+            self._relay_out.clear()
+            self._relay_bytes.clear()
+            self._relay_cv.notify_all()
         self._shutdown()

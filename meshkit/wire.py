@@ -102,6 +102,14 @@ from meshkit.errors import (
 )
 from meshkit.state import MAX_JSON_DEPTH, json_depth
 
+try:  # how many bytes a socket's send queue holds (Linux: SIOCOUTQ == TIOCOUTQ)
+    import fcntl
+    import termios
+
+    _OUTQ_REQUEST: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover - not on Linux
+    _OUTQ_REQUEST = None
+
 __all__ = [
     "close_socket",
     "PROTOCOL_VERSION",
@@ -949,8 +957,39 @@ class Channel:
         return self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
                                   frame.sender if sender is None else sender, deadline)
 
+    def forward_now(self, frame: Frame, *, sender: int | None = None) -> bool:
+        """Forward ``frame`` (as :meth:`forward`) only if that cannot wait on the peer.
+
+        Returns True once the frame is written, or False, having written
+        nothing, when the send lock is busy or the kernel's send buffer might
+        not take the whole frame at once. A relay calls this on the thread
+        that reads from the *sender*: that thread must never wait for a
+        destination that has stopped reading, so on False it hands the frame
+        to a thread that may wait.
+        """
+        encoded = EncodedState(buffers=(frame.body,), nbytes=frame.nbytes, flags=frame.flags)
+        sent = self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
+                                  frame.sender if sender is None else sender, if_room=True)
+        return sent is not None
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether the kernel takes ``nbytes`` more right now: the bytes already
+        queued plus these fit in half the send buffer (the other half covers
+        the kernel's per-packet overhead). False whenever it cannot tell."""
+        if _OUTQ_REQUEST is None:
+            return False
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), _OUTQ_REQUEST,
+                                                    b"\0\0\0\0"))[0]
+            room = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        except OSError:
+            return False
+        return queued + nbytes <= room
+
     def _send_buffers(self, kind: int, tag: int, flags: int, encoded: EncodedState,
-                      sender: int, deadline: float | None = None) -> int:
+                      sender: int, deadline: float | None = None, *,
+                      if_room: bool = False) -> int | None:
+        # ``if_room``: send only if it cannot wait (see forward_now); None if not sent.
         nbytes = encoded.nbytes
         if not 0 <= kind <= 0xFF:
             raise WireError(f"frame kind must be 0..255, got {kind}")
@@ -964,9 +1003,13 @@ class Channel:
                             f"agreed with {self.peer.describe()}; raise max_frame on both ends "
                             "or send the state in parts")
         views = [_byte_view(buf) for buf in encoded.buffers]
-        with self._send_lock:
+        if not self._send_lock.acquire(blocking=not if_room):
+            return None
+        try:
             if self._closed:
                 raise self._closed_error("is")
+            if if_room and not self._room_for(HEADER_SIZE + nbytes + BODY_TAG_SIZE):
+                return None
             seq = self._send_seq
             head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
             header = head + (hmac.digest(self._keys.send_header, head, "sha256")
@@ -977,6 +1020,8 @@ class Channel:
                 self.close(str(exc) if isinstance(exc, PeerLostError) else None)
                 raise
             self._send_seq = seq + 1
+        finally:
+            self._send_lock.release()
         return nbytes
 
     def _tag(self, seq: int, header: bytes, body: list[memoryview]) -> bytes:

@@ -354,3 +354,62 @@ def test_killing_one_of_four_workers_mid_round_leaves_the_weighted_mean_of_the_o
     for state in scattered.values():
         np.testing.assert_allclose(state["w"], weighted_mean([1, 2, 3]), rtol=1e-6)
     np.testing.assert_allclose(result.consensus["w"], weighted_mean([1, 2, 3]), rtol=1e-6)
+
+
+class _UnreadSocket:
+    """A receiving end that stops reading (its process hung): reads block until released."""
+
+    def __init__(self, sock: socket.socket, release: threading.Event) -> None:
+        self._sock = sock
+        self._release = release
+
+    def recv_into(self, *args, **kwargs):
+        self._release.wait(30)
+        raise OSError("released by the test")
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("queue, reason", [
+    (None, "took no data for 3.0 s"),  # the relay writer's stall timeout
+    (2, "took none of the 2 message(s)"),  # its queue stayed full for half of it
+])
+def test_a_destination_that_stops_reading_does_not_hold_up_relays_to_other_ranks(
+        monkeypatch, queue, reason) -> None:
+    """Rank 1 floods rank 2, which has stopped reading, then writes to rank 3. The
+    coordinator relays to each destination on its own, so rank 3 gets its message
+    long before rank 2 is declared dead, and rank 1's link is never at risk."""
+    from meshkit import transport
+
+    if queue is not None:
+        monkeypatch.setattr(transport, "_RELAY_QUEUE", queue)
+    coordinator = star_coordinator(4, timeout=3.0)
+    release = threading.Event()
+    workers = [NodeConfig(rank=r, world=4, peers=[coordinator.address], topology="star",
+                          secret=SECRET, timeout=3.0).connect() for r in (1, 2, 3)]
+    one, two, three = workers
+    try:
+        assert coordinator.wait_for_workers(timeout=5) == [1, 2, 3]
+        channel = two._channels[0]
+        # Small socket buffers, so the kernel cannot swallow the flood below.
+        channel._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        coordinator._channels[2]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        channel._sock = _UnreadSocket(channel._sock, release)
+        for i in range(8):
+            one.send(2, 7, {"x": np.full(1 << 20, i, np.float32)})
+        one.send(3, 8, {"hello": "from rank 1"})
+        # All eight fit the default queue, so nothing waits; with a queue of two,
+        # rank 1's reader waits for room until rank 2 is declared dead.
+        assert three.recv(1, 8, timeout=1.5 if queue is None else 5.0) == {
+            "hello": "from rank 1"}
+        assert wait_until(coordinator, lambda: 2 in coordinator._dead, timeout=15)
+        assert reason in coordinator.dead[2]
+        assert 1 not in coordinator.dead and 3 not in coordinator.dead
+        assert 0 not in one.dead
+        one.send(3, 9, {"still": "relayed"})
+        assert three.recv(1, 9, timeout=5.0) == {"still": "relayed"}
+    finally:
+        release.set()
+        for group in (*workers, coordinator):
+            group.close()

@@ -274,6 +274,35 @@ def test_forward_relays_a_frame_body_unchanged_with_the_original_sender():
         ch.close()
 
 
+def test_forward_now_writes_a_whole_frame_or_nothing_and_never_waits():
+    """A relay's reader thread uses forward_now: while the destination reads nothing,
+    it must report False without writing a byte, so the stream stays in sync."""
+    a, hub_a = channel_pair()
+    hub_b, c = channel_pair()
+    hub_b._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    a.send(4, 1, {"x": np.arange(256, dtype=np.float32)})
+    frame = hub_a.recv()
+    written = 0
+    for _ in range(10_000):  # c reads nothing, so the buffers fill up
+        if not hub_b.forward_now(frame):
+            break
+        written += 1
+    else:
+        pytest.fail("forward_now never reported a full send buffer")
+    # (Had it waited for room instead, the loop would have ended in the 5 s stall
+    # timeout's PeerLostError.)
+    assert written > 0  # the first frames went straight out
+    got = [c.recv(timeout=5) for _ in range(written)]
+    assert [f.seq for f in got] == list(range(written))
+    np.testing.assert_array_equal(got[-1].state["x"], np.arange(256, dtype=np.float32))
+    with pytest.raises(wire.RecvTimeout):
+        c.recv(timeout=0.2)  # nothing half-written follows
+    hub_b.forward(frame)  # and the stream is still in sync for the next frame
+    assert c.recv(timeout=5).seq == written
+    for ch in (a, hub_a, hub_b, c):
+        ch.close()
+
+
 def test_frame_macs_can_be_disabled_only_on_both_ends_for_benchmarks():
     a, b = channel_pair(benchmark_only_disable_mac=True)
     a.send(1, 1, {"x": np.arange(3)})

@@ -134,12 +134,28 @@ class TcpGroup(GroupBase):
 
     # -- transport hooks ------------------------------------------------------
 
-    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+    def _channel(self, peer: int) -> wire.Channel:
         with self._cv:
             channel = self._channels.get(peer)
             if channel is None:
                 why = self._dead.get(peer, "no connection")
                 raise PeerLostError(f"rank {peer} is unreachable: {why}")
+        return channel
+
+    def _relay_now(self, peer: int, message: Message) -> bool:
+        # Forward on the sender's reader thread only when the kernel takes the
+        # whole frame at once; otherwise GroupBase queues it for a writer thread.
+        if message.raw is None:
+            return False
+        channel = self._channel(peer)
+        try:
+            return channel.forward_now(message.raw, sender=message.src)
+        except PeerLostError as exc:
+            self._link_lost(peer, str(exc))
+            raise
+
+    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+        channel = self._channel(peer)
         try:
             if message.raw is not None and message.src != self.rank:
                 # A relay forwards the authenticated body unchanged (no re-encoding),
