@@ -347,6 +347,22 @@ def test_resume_refuses_a_checkpoint_from_a_different_run(tmp_path):
         Runner(str(missing), resume=True).run()
 
 
+def test_resume_with_more_rounds_trains_on_to_the_state_of_the_longer_run(tmp_path):
+    extra = "clients = 4\nfraction = 0.5"
+    short = write_config(tmp_path / "short.toml", tmp_path / "out", rounds=2, workers=2,
+                         extra=extra, outer=outer_name())
+    Runner(str(short)).run()
+    longer = write_config(tmp_path / "long.toml", tmp_path / "out", rounds=4, workers=2,
+                          extra=extra, outer=outer_name())
+    resumed = Runner(str(longer), resume=True).run()
+    whole = Runner(str(write_config(tmp_path / "whole.toml", tmp_path / "whole", rounds=4,
+                                    workers=2, extra=extra, outer=outer_name()))).run()
+    assert resumed.resumed_from == 2  # it trained rounds 3-4 only
+    assert [r["round"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3, 4]
+    for key in whole.state:
+        assert np.array_equal(resumed.state[key], whole.state[key]), key
+
+
 # -- observers -------------------------------------------------------------------------
 
 
