@@ -216,3 +216,65 @@ def test_a_relayed_message_waits_at_the_coordinator_for_a_late_worker() -> None:
         early.close()
         coordinator.close()
     np.testing.assert_array_equal(got["x"], np.arange(5, dtype=np.float32))
+
+
+def test_relayed_messages_keep_their_order_per_sender_when_inline_and_queued_writes_mix(
+        ) -> None:
+    """Every worker sends every other one a stream of small and 2 MiB messages at
+    once; small socket buffers make the coordinator switch between writing a relay
+    on the spot and queueing it for the destination's writer. Each destination
+    must still get each sender's stream whole and in order."""
+    world, count = 4, 24
+    coordinator = star_coordinator(world, timeout=10.0)
+    workers = [NodeConfig(rank=r, world=world, peers=[coordinator.address], topology="star",
+                          secret=SECRET, timeout=10.0).connect() for r in range(1, world)]
+    try:
+        assert coordinator.wait_for_workers(timeout=5) == [1, 2, 3]
+        for r in range(1, world):
+            coordinator._channels[r]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                      1 << 17)
+        outcomes: list[bool] = []  # the coordinator's inline attempts: sent, or queued
+        relay_now = coordinator._relay_now
+
+        def counting_relay_now(peer, message) -> bool:
+            sent = relay_now(peer, message)
+            outcomes.append(sent)
+            return sent
+
+        coordinator._relay_now = counting_relay_now
+
+        def size(i: int) -> int:
+            return (1 << 19) if i % 3 == 2 else 16  # float32 elements: 2 MiB or 64 bytes
+
+        def send_all(group) -> None:
+            for i in range(count):
+                for dst in range(1, world):
+                    if dst != group.rank:
+                        group.send(dst, 5, {"i": i, "x": np.full(size(i), group.rank,
+                                                                    np.float32)})
+
+        senders = [threading.Thread(target=send_all, args=(g,), daemon=True) for g in workers]
+        for t in senders:
+            t.start()
+        got: dict[tuple[int, int], list[int]] = {}
+        for group in workers:
+            for src in range(1, world):
+                if src == group.rank:
+                    continue
+                seen = got.setdefault((src, group.rank), [])
+                for _ in range(count):
+                    msg = group.recv(src, 5, timeout=20)
+                    assert msg["x"].shape == (size(msg["i"]),) and msg["x"][0] == src
+                    seen.append(msg["i"])
+        for t in senders:
+            t.join(20)
+            assert not t.is_alive()
+        assert coordinator.dead == {}
+    finally:
+        for group in (*workers, coordinator):
+            group.close()
+    assert len(got) == 6 and got == {pair: list(range(count)) for pair in got}
+    # Both paths ran: relays written on the spot, and relays handed to a writer
+    # (an inline attempt that found no room, or none tried while one was queued).
+    relayed = 6 * count
+    assert any(outcomes) and (outcomes.count(True) < relayed)
