@@ -70,7 +70,7 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
     from meshkit_tcp.tcp import TcpTransport
 
     from meshkit import plugins
-    from meshkit.node_config import NodeConfig
+    from meshkit.node.config import NodeConfig
 
     transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31),
                              benchmark_only_disable_mac=not mac)

@@ -35,14 +35,14 @@ hookimpl = pluggy.HookimplMarker("meshkit")
 
 # Public names that live in modules too heavy to import eagerly.
 _LAZY = {
-    "NodeConfig": "meshkit.node_config",
-    "NodeRole": "meshkit.node_config",
-    "FixedFunction": "meshkit.fixed_function",
+    "NodeConfig": "meshkit.node.config",
+    "NodeRole": "meshkit.node.config",
+    "FixedFunction": "meshkit.node.fixed_function",
     "NodeCaps": "meshkit.node",
     "NodeControl": "meshkit.node",
     "NodeReport": "meshkit.node",
     "TrainReport": "meshkit.node",
-    "StrategyContext": "meshkit.strategy",
+    "StrategyContext": "meshkit.train.strategy",
 }
 
 __all__ = [

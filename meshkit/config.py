@@ -19,7 +19,7 @@ import attrs
 
 from meshkit.components import Component
 from meshkit.errors import ConfigError, UnknownComponentError
-from meshkit.node_config import MAX_TIMEOUT
+from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import structure_options, structure_strict
 
 __all__ = [

@@ -67,7 +67,7 @@ class BoardContract(ContractBase):
         return outcome["value"]
 
     def test_the_descriptor_is_a_fixed_function(self) -> None:
-        from meshkit.fixed_function import FixedFunction
+        from meshkit.node.fixed_function import FixedFunction
 
         board = self.make()
         assert isinstance(board.descriptor, FixedFunction), (

@@ -9,13 +9,13 @@ Subclass :class:`StrategyContract` and point it at your strategy::
 
 Each test drives the strategy through a real
 :class:`meshkit.StrategyContext` whose workers are in-process trainers
-(:class:`meshkit.trainer.LocalPool`) running ``task`` (the shipped ``digits``
+(:class:`meshkit.train.worker.LocalPool`) running ``task`` (the shipped ``digits``
 task by default), so no process or socket is involved.
 
 What it checks: ``run(ctx)`` returns the final state after reporting every
 round once, in order, with a JSON-serialisable report; the same seed gives
 the same model bit for bit; a stop request ends the run between rounds with
-:class:`meshkit.strategy.RunStopped`; a worker that stops answering is
+:class:`meshkit.train.strategy.RunStopped`; a worker that stops answering is
 dropped and named, or stops the run with a :class:`meshkit.MeshError`, never
 anything else; the final state is a valid meshkit state.
 """
@@ -84,8 +84,8 @@ class StrategyContract(ContractBase):
         """A StrategyContext over in-process workers (``fail`` simulates lost ones)."""
         import numpy as np
 
-        from meshkit.strategy import StrategyContext
-        from meshkit.trainer import LocalPool
+        from meshkit.train.strategy import StrategyContext
+        from meshkit.train.worker import LocalPool
 
         seed = self.seed if seed is None else seed
         build_task = lambda: self._create("task", self.task, dict(self.task_options))  # noqa: E731
@@ -139,7 +139,7 @@ class StrategyContract(ContractBase):
     def test_a_stop_request_ends_the_run_between_rounds(self) -> None:
         if self.rounds < 2:
             pytest.skip("needs at least two rounds")
-        from meshkit.strategy import RunStopped
+        from meshkit.train.strategy import RunStopped
 
         holder: dict[str, Any] = {}
         ctx = self.make_context(on_round=lambda report, state: holder["ctx"].stop.set())

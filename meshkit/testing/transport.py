@@ -103,7 +103,7 @@ class TransportContract(ContractBase):
 
     def node_config(self, rank: int, world: int, address: str, *,
                     secret: bytes | None = None) -> Any:
-        from meshkit.node_config import NodeConfig
+        from meshkit.node.config import NodeConfig
 
         return NodeConfig(rank=rank, world=world, peers=(address,), topology="star",
                           transport=self.component or "", timeout=self.timeout,

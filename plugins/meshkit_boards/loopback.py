@@ -18,7 +18,7 @@ import numpy as np
 
 import meshkit
 from meshkit import ConfigError
-from meshkit.board import BoardError
+from meshkit.node.board import BoardError
 
 __all__ = ["LoopbackBoard", "resolve_callable"]
 

@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 
 from meshkit.errors import ConfigError, MeshError, RefusedError
-from meshkit.strategy import (
+from meshkit.train.strategy import (
     Partition,
     RoundReport,
     StrategyContext,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
-from meshkit.node_config import NodeConfig
+from meshkit.node.config import NodeConfig
 from meshkit.state import copy_state, validate_state
 from meshkit.transport import GroupBase, Message
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from meshkit import wire
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
-from meshkit.node_config import NodeConfig
+from meshkit.node.config import NodeConfig
 from meshkit.transport import META_KEY, TAG_BYE, TAG_WELCOME, GroupBase, Message
 
 __all__ = ["TcpTransport", "TcpGroup", "parse_address"]
@@ -529,7 +529,7 @@ class TcpTransport:
                 "set secret_file in [mesh] or MESHKIT_SECRET (the same on every node)")
         server = None
         if config.discover and not config.peers:
-            from meshkit.discovery import resolve
+            from meshkit.transport.discovery import resolve
 
             config, server = resolve(config)
         try:

@@ -18,7 +18,7 @@ import itertools
 import threading
 from typing import Any, Callable, Sequence
 
-from meshkit.node_config import NodeConfig
+from meshkit.node.config import NodeConfig
 
 __all__ = ["inproc_configs", "tcp_star_configs", "run_ranks", "RankThreads"]
 

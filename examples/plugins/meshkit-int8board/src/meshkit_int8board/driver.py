@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import meshkit
-from meshkit.board import BoardError
+from meshkit.node.board import BoardError
 
 __all__ = ["Int8Board", "SimulatedDevice"]
 

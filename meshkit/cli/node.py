@@ -1,0 +1,249 @@
+"""``meshkit node``: join a mesh as a worker or, with ``--board``, a fixed-function rank.
+
+Imported by :mod:`meshkit.cli` at start-up, so this module imports nothing
+heavy: numpy, the transport and the node driver load when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import types
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import click
+
+from meshkit.errors import ConfigError
+
+__all__ = ["node", "parse_options", "parse_board_options", "read_secret"]
+
+log = logging.getLogger(__name__)
+
+
+def read_secret(secret_file: str | None, environ: Mapping[str, str] | None = None) -> bytes:
+    """The shared secret from ``secret_file`` or ``MESHKIT_SECRET``; refuse without one."""
+    env = os.environ if environ is None else environ
+    if secret_file:
+        path = Path(secret_file).expanduser()
+        try:
+            secret = path.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"--secret-file {str(path)!r}: cannot read it: {exc}") from None
+        if not secret:
+            raise ConfigError(f"--secret-file {str(path)!r} is empty; put the shared secret in it")
+        return secret
+    secret_env = (env.get("MESHKIT_SECRET") or "").strip()
+    if secret_env:
+        return secret_env.encode()
+    raise ConfigError(
+        "no shared secret: a node refuses to join a mesh unauthenticated. Pass "
+        "--secret-file FILE (the same secret as the coordinator's secret_file) or set "
+        "MESHKIT_SECRET")
+
+
+def _field_kind(field: Any) -> str:
+    """The plain type name of an attrs field ('int', 'float', 'bool', 'str'), best effort."""
+    annotation = field.type
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = str(annotation or "")
+    for name in ("bool", "int", "float", "str"):
+        if text == name or text.startswith(name + " ") or text.startswith(name + "|"):
+            return name
+    return "str"
+
+
+def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[str, Any]:
+    """``--board-option KEY=VALUE`` strings as a board options table (see :func:`parse_options`)."""
+    return parse_options(pairs, options_cls, flag="--board-option", table="[board]")
+
+
+def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
+                  table: str) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
+
+    Values are converted to each field's declared type (int, float, bool),
+    so ``--board-option input_elems=8`` is the integer 8; a value that does
+    not convert is a :class:`ConfigError` naming the key. Unknown keys are
+    passed through for the options class to refuse with its own message.
+    """
+    import attrs
+
+    fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
+        if key in options:
+            raise ConfigError(f"{flag} {key}: given twice")
+        field = fields.get(key)
+        kind = _field_kind(field) if field is not None else "str"
+        value: Any = raw
+        try:
+            if kind == "int":
+                value = int(raw)
+            elif kind == "float":
+                value = float(raw)
+            elif kind == "bool":
+                lowered = raw.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(raw)
+                value = lowered in ("1", "true", "yes", "on")
+        except ValueError:
+            raise ConfigError(
+                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
+                f"got {raw!r}") from None
+        options[key] = value
+    return options
+
+
+@click.command("node", context_settings={"help_option_names": ["-h", "--help"],
+                                         "show_default": True})
+@click.option("--rank", type=int, default=None, help="This node's rank (1..world-1). Env: RANK.")
+@click.option("--world", type=int, default=None,
+              help="Ranks in the mesh, coordinator included. Env: WORLD.")
+@click.option("--peers", default=None,
+              help="Comma list: the coordinator's host:port (star), or one address per "
+                   "rank (mesh). Env: PEERS.")
+@click.option("--discover/--no-discover", default=None,
+              help="Find peers by UDP discovery instead of --peers. Env: DISCOVER.")
+@click.option("--disc-port", type=int, default=None, help="UDP discovery port. Env: DISC_PORT "
+              "(default 29600).")
+@click.option("--data-port", type=int, default=None,
+              help="Base data port (rank r listens on base + r). Env: DATA_PORT (default 29500).")
+@click.option("--via", default=None,
+              help="Unicast discovery to this rendezvous host (no broadcast). Env: DISCOVER_HOST.")
+@click.option("--topology", type=click.Choice(["star", "mesh"]), default=None,
+              help="star: dial out to the coordinator only. Env: TOPOLOGY / DIAL_OUT=1.")
+@click.option("--device", default=None, help="'auto' or a device name. Env: DEVICE.")
+@click.option("--heap-mb", type=int, default=None, help="Memory budget in MiB. Env: HEAP_MB.")
+@click.option("--transport", default=None, help="Transport component name (default tcp).")
+@click.option("--timeout", type=float, default=None,
+              help="Read/write timeout in seconds for the transport.")
+@click.option("--transport-option", "transport_options", multiple=True, metavar="KEY=VALUE",
+              help="A transport option (repeatable), e.g. bf16_wire=true; the [transport] table.")
+@click.option("--board", "board_name", default=None,
+              help="Join as a fixed-function rank driving this board component.")
+@click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",
+              help="A board option (repeatable), e.g. stage_id=enc0.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the shared secret. Env: MESHKIT_SECRET.")
+@click.option("--steps", type=int, default=None,
+              help="Step budget: serve at most this many activations, then leave.")
+@click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
+def node(rank: int | None, world: int | None, peers: str | None, discover: bool | None,
+         disc_port: int | None, data_port: int | None, via: str | None,
+         topology: str | None, device: str | None, heap_mb: int | None,
+         transport: str | None, timeout: float | None,
+         transport_options: tuple[str, ...], board_name: str | None,
+         board_options: tuple[str, ...], secret_file: str | None, steps: int | None,
+         verbose: int) -> None:
+    """Join a mesh as a worker, or with --board as a fixed-function rank.
+
+    Flags mirror meshkit.NodeConfig and win over the environment variables
+    NodeConfig.from_env reads (RANK, WORLD, PEERS, DISCOVER, DISC_PORT,
+    DATA_PORT, DISCOVER_HOST, TOPOLOGY, DIAL_OUT, HEAP_MB, DEVICE). The
+    shared secret comes from --secret-file or MESHKIT_SECRET; without one the
+    node refuses to start.
+
+    Prints one JSON line {"event": "caps", ...} once it has joined and one
+    {"event": "report", ...} per job it served; logs go to stderr.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
+    from meshkit.node import NodeControl, caps_for, serve_node
+    from meshkit.node.config import NodeConfig
+
+    secret = read_secret(secret_file)
+    if board_options and not board_name:
+        raise ConfigError("--board-option needs --board NAME (the board component to drive)")
+    if disc_port is not None or data_port is not None or via is not None:
+        if discover is False:
+            raise ConfigError("--disc-port/--data-port/--via configure discovery; drop "
+                              "--no-discover or those flags")
+    board = None
+    fixed_function = None
+    if board_name:
+        from meshkit import plugins
+        from meshkit.node.board import DeadlineBoard
+
+        pset = plugins.default()
+        component = pset.registry.get("board", board_name)
+        table = parse_board_options(board_options, component.options)
+        driver = pset.create("board", board_name, table)
+        board = DeadlineBoard(driver)
+        fixed_function = board.descriptor
+
+    if transport_options:
+        from meshkit import plugins
+
+        transport_component = plugins.default().registry.get("transport", transport or "tcp")
+        transport_table = parse_options(transport_options, transport_component.options,
+                                            flag="--transport-option", table="[transport]")
+    else:
+        transport_table = None
+    overrides: dict[str, Any] = {
+        "transport_options": transport_table,
+        "rank": rank, "world": world, "topology": topology, "device": device,
+        "transport": transport, "timeout": timeout, "fixed_function": fixed_function,
+        "secret": secret,
+    }
+    if heap_mb is not None:
+        if heap_mb <= 0:
+            raise ConfigError(f"--heap-mb must be positive, got {heap_mb}")
+        overrides["heap_bytes"] = heap_mb << 20
+    if discover or disc_port is not None or data_port is not None or via is not None:
+        overrides.update(discover=True, disc_port=disc_port, data_base=data_port, via=via)
+        overrides["peers"] = ()
+    elif peers is not None:
+        overrides["peers"] = peers
+    elif discover is False:
+        overrides["discover"] = False
+    try:
+        config = NodeConfig.from_env(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"node configuration: {exc}") from None
+    if config.rank == 0:
+        raise ConfigError(
+            "rank 0 is the coordinator: start it with `meshkit coordinator CONFIG` (or "
+            "`meshkit run`), and give each `meshkit node` a rank in 1..world-1")
+    if not config.peers and not config.discover:
+        raise ConfigError(
+            "no peers: pass --peers HOST:PORT (the coordinator, for a star; or one address "
+            "per rank, for a mesh), or --discover (env PEERS / DISCOVER=1)")
+
+    control = NodeControl(steps=steps)
+
+    def _stop(signum: int, frame: types.FrameType | None) -> None:
+        # Leave after the current activation rather than dying mid-frame.
+        control.stop()
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, _stop)
+        except (ValueError, OSError):  # not the main thread (embedded use)
+            pass
+    try:
+        caps = caps_for(config)
+        group = config.connect()
+        try:
+            click.echo(json.dumps({"event": "caps", "caps": caps.to_json()}), nl=True)
+            sys.stdout.flush()
+            reports = serve_node(group, caps, board=board, control=control)
+            for report in reports:
+                click.echo(json.dumps({"event": "report", "report": report.to_json()}))
+        finally:
+            group.close()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if board is not None:
+            board.close()

@@ -1,0 +1,374 @@
+"""The reference strategy semantics, each with a test (driven in-process through LocalPool)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import meshkit
+import meshkit.plugins
+from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
+from meshkit.train.strategy import (
+    Partition,
+    RoundReport,
+    StrategyContext,
+    WorkerIdentity,
+    order_partitions,
+    sample_clients,
+    shard_pair,
+)
+from meshkit.task import FitResult
+from meshkit.train.worker import LocalPool
+
+
+class ShardMean:
+    """A task whose 'model' is the mean of the shard it was fit on.
+
+    A run that quietly used one client cannot produce the mean of two.
+    """
+
+    def __init__(self, rows: int = 8) -> None:
+        self.x = np.arange(rows, dtype=np.float64).reshape(rows, 1)
+        self.y = np.arange(rows, dtype=np.float64) * 10
+
+    def init_state(self, seed: int) -> dict:
+        return {"m": np.zeros(1)}
+
+    def train_data(self):
+        return self.x, self.y
+
+    def fit(self, state, x, y, *, seed):
+        return FitResult({"m": np.array([x.mean()])}, len(x), {"train_loss": 0.0})
+
+    def evaluate(self, state):
+        return {"m": float(np.asarray(state["m"])[0])}
+
+    # data-parallel: gradient 1 everywhere, apply subtracts it.
+    def gradients(self, state, x, y):
+        return FitResult({"m": np.ones(1)}, len(x), {})
+
+    def apply(self, state, gradients):
+        return {"m": np.asarray(state["m"]) - np.asarray(gradients["m"])}
+
+    # model-parallel: each stage adds one, so the output identifies the stage.
+    def stages(self):
+        return ("a", "b")
+
+    def run_stage(self, state, node, x):
+        return np.asarray(x) + 1.0
+
+    def test_data(self):
+        return np.array([[10.0, 0.0]]), np.array([0])
+
+
+def make_ctx(task, ranks=(1, 2), fail=None, **kw) -> StrategyContext:
+    pool = LocalPool.of(lambda: task, ranks, fail=fail)
+    defaults = dict(
+        task=task,
+        aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+        pool=pool,
+        workers=list(ranks),
+        rng=np.random.default_rng(0),
+        outer=meshkit.plugins.create("outer_optimizer", "average"),
+    )
+    defaults.update(kw)
+    return StrategyContext(**defaults)
+
+
+def strategy(name, **options):
+    return meshkit.plugins.create("strategy", name, options)
+
+
+# -- sharding ------------------------------------------------------------------
+
+
+def test_sharding_splits_targets_alongside_inputs():
+    x = np.array([[1.0], [2.0], [3.0], [4.0]])
+    y = np.array([10.0, 20.0, 30.0, 40.0])
+    xs, ys = shard_pair(x, y, 2)
+    assert xs[0].tolist() == [[1.0], [2.0]] and ys[0].tolist() == [10.0, 20.0]
+    assert xs[1].tolist() == [[3.0], [4.0]] and ys[1].tolist() == [30.0, 40.0]
+
+
+def test_sharding_refuses_row_counts_that_disagree_naming_both():
+    with pytest.raises(ConfigError) as err:
+        shard_pair(np.zeros((4, 1)), np.zeros(2), 2)
+    assert "4 rows" in str(err.value) and "have 2" in str(err.value)
+
+
+def test_sharding_without_targets_yields_none_per_shard():
+    xs, ys = shard_pair(np.zeros((2, 1)), None, 2)
+    assert len(xs) == 2 and ys == [None, None]
+
+
+def test_the_last_shard_takes_the_remainder_and_too_few_rows_is_refused():
+    xs, _ = shard_pair(np.arange(7).reshape(7, 1), None, 3)
+    assert [len(s) for s in xs] == [2, 2, 3]
+    with pytest.raises(ConfigError, match="cannot split 2 rows into 3 shards"):
+        shard_pair(np.zeros((2, 1)), None, 3)
+
+
+# -- federated -----------------------------------------------------------------
+
+
+def test_the_federated_loop_converges_to_the_mean_of_its_clients():
+    # 0..7 split in two: client means 1.5 and 5.5, whose mean is 3.5.
+    ctx = make_ctx(ShardMean(8))
+    result = strategy("federated", rounds=2).run(ctx)
+    m = float(result.state["m"][0])
+    assert m == pytest.approx(3.5)
+    # Not either client alone: a single-client path cannot pass this.
+    assert abs(m - 1.5) > 1e-6 and abs(m - 5.5) > 1e-6
+
+
+def test_federated_reports_every_round_with_who_answered():
+    reports = []
+    ctx = make_ctx(ShardMean(8), on_round=lambda report, state: reports.append(report))
+    strategy("federated", rounds=3).run(ctx)
+    assert [r.round for r in reports] == [1, 2, 3]
+    assert all(r.answered == (1, 2) and r.clients == (0, 1) for r in reports)
+    assert reports[-1].metrics["m"] == pytest.approx(3.5)
+
+
+def test_a_worker_lost_mid_run_is_dropped_and_the_round_completes_with_the_survivors():
+    lost = threading.Event()
+
+    def fail(rank, request):
+        if rank == 2 and request.get("op") == "fit" and (lost.is_set() or request["seed"]):
+            lost.set()
+            return "connection reset"
+        return None
+
+    reports = []
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2, 3), fail=fail,
+                   on_round=lambda report, state: reports.append(report))
+    strategy("federated", rounds=2, min_clients=2).run(ctx)
+    assert reports[0].answered == (1, 3) and reports[0].dropped == (2,)
+    assert ctx.dropped == [2]
+    # Round 2 goes to the survivors only.
+    assert reports[1].answered == (1, 3) and reports[1].dropped == ()
+
+
+def test_fewer_survivors_than_min_clients_stops_the_run_with_a_clear_error():
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2),
+                   fail=lambda rank, request: "gone" if rank == 2 else None)
+    with pytest.raises(MeshError) as err:
+        strategy("federated", rounds=3, min_clients=2).run(ctx)
+    message = str(err.value)
+    assert "fewer than min_clients = 2" in message and "--resume" in message
+
+
+def test_client_sampling_is_seeded_and_respects_min_clients():
+    a = [sample_clients(np.random.default_rng(7), 10, 0.3, 1) for _ in range(2)]
+    assert a[0] == a[1] and len(a[0]) == 3
+    assert len(sample_clients(np.random.default_rng(7), 10, 0.1, 4)) == 4
+    assert sample_clients(np.random.default_rng(7), 3, 1.0, 1) == [0, 1, 2]
+
+
+def test_more_clients_than_workers_spreads_clients_over_workers():
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2))
+    result = strategy("federated", rounds=1, clients=4).run(ctx)
+    # Shards of 2 rows: means 0.5, 2.5, 4.5, 6.5 -> 3.5.
+    assert float(result.state["m"][0]) == pytest.approx(3.5)
+    fits = [(rank, req["shard"]) for rank, req in ctx.pool.log if req["op"] == "fit"]
+    assert fits == [(1, 0), (2, 1), (1, 2), (2, 3)]
+
+
+def test_min_clients_above_the_client_count_is_a_config_error():
+    with pytest.raises(ConfigError, match="min_clients = 5 but there are only 2 clients"):
+        strategy("federated", min_clients=5).run(make_ctx(ShardMean(8)))
+
+
+# -- local ---------------------------------------------------------------------
+
+
+def test_local_fits_the_whole_training_set_on_one_worker():
+    ctx = make_ctx(ShardMean(8))
+    result = strategy("local", rounds=1).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(3.5)
+    assert {rank for rank, _ in ctx.pool.log} == {1}
+
+
+# -- data-parallel -------------------------------------------------------------
+
+
+def test_data_parallel_returns_the_state_after_the_step():
+    ctx = make_ctx(ShardMean(8), aggregator=meshkit.plugins.create("aggregator", "allreduce"))
+    result = strategy("data-parallel", rounds=1, steps=3).run(ctx)
+    # Three steps of "subtract the averaged gradient (1)": -3, not the
+    # pre-step 0 a remembered state would give.
+    assert float(result.state["m"][0]) == pytest.approx(-3.0)
+    ops = [req["op"] for _, req in ctx.pool.log]
+    assert ops[-1] == "get_state", "the state is read back after the step"
+    assert ops.count("apply") == 6, "every replica applies every step"
+
+
+def test_data_parallel_refuses_an_outer_optimizer_it_would_ignore():
+    ctx = make_ctx(ShardMean(8), outer_name="fedyogi")
+    with pytest.raises(ConfigError, match="no round consensus"):
+        strategy("data-parallel").run(ctx)
+
+
+# -- model-parallel ------------------------------------------------------------
+
+
+def test_model_parallel_threads_the_activation_between_stages():
+    ctx = make_ctx(ShardMean(8), identities=[WorkerIdentity(1, ("gpu0",)),
+                                             WorkerIdentity(2, ("gpu1",))])
+    strat = strategy("model-parallel",
+                     partitions=[{"nodes": ["b"], "tag": "gpu1"}, {"nodes": ["a"], "tag": "gpu0"}])
+    result = strat.run(ctx)
+    seen = [(rank, req["nodes"], np.asarray(req["x"]).tolist())
+            for rank, req in ctx.pool.log if req["op"] == "stage"]
+    assert seen[0] == (1, ["a"], [[10.0, 0.0]]), "stage 1 on gpu0 gets the input"
+    # Stage 2 receives stage 1's output, not the graph input.
+    assert seen[1] == (2, ["b"], [[11.0, 1.0]])
+    assert result.metrics["accuracy"] == 1.0  # argmax of [12, 2] is class 0
+
+
+def test_partitions_are_ordered_by_the_graph_not_by_declaration():
+    declared = [Partition(("c", "d"), tag="gpu1"), Partition(("a", "b"), tag="gpu0")]
+    stages = order_partitions(declared, ["a", "b", "c", "d"])
+    assert [nodes for _, nodes in stages] == [["a", "b"], ["c", "d"]]
+
+
+def test_a_node_in_two_partitions_is_refused():
+    declared = [Partition(("a", "b"), rank=1), Partition(("b",), rank=2)]
+    with pytest.raises(ConfigError, match="'b' is claimed by partitions 0 and 1"):
+        order_partitions(declared, ["a", "b"])
+
+
+def test_an_unclaimed_node_is_refused_by_name():
+    with pytest.raises(ConfigError, match="no partition claims b"):
+        order_partitions([Partition(("a",), rank=1)], ["a", "b"])
+
+
+def test_interleaved_partitions_are_refused():
+    declared = [Partition(("a", "c"), rank=1), Partition(("b",), rank=2)]
+    with pytest.raises(ConfigError) as err:
+        order_partitions(declared, ["a", "b", "c"])
+    assert "interleaved" in str(err.value) and "'c'" in str(err.value)
+
+
+def test_no_partitions_at_all_is_refused():
+    with pytest.raises(ConfigError, match="nothing to say where any node runs"):
+        order_partitions([], ["a"])
+
+
+def test_a_partition_claiming_a_node_outside_the_graph_names_the_graph():
+    with pytest.raises(ConfigError, match="not in this graph. Its nodes are: a, b"):
+        order_partitions([Partition(("z",), rank=1)], ["a", "b"])
+
+
+def test_a_partition_pinned_to_an_unknown_tag_is_refused_naming_the_registered_workers():
+    ctx = make_ctx(ShardMean(8), identities=[WorkerIdentity(1, ("cpu",))])
+    with pytest.raises(PlacementError) as err:
+        ctx.worker_for(Partition(("a",), tag="gpu"))
+    assert "no live worker answers to tag 'gpu'" in str(err.value)
+    assert "rank 1: cpu" in str(err.value)
+    assert ctx.worker_for(Partition(("a",), tag="cpu")) == 1
+    assert ctx.worker_for(Partition(("a",), rank=2)) == 2
+    with pytest.raises(PlacementError, match="pinned to rank 5"):
+        ctx.worker_for(Partition(("a",), rank=5))
+
+
+def test_a_partition_needs_exactly_one_target():
+    with pytest.raises(ConfigError, match="exactly one of rank"):
+        strategy("model-parallel", partitions=[{"nodes": ["a"]}])
+
+
+# -- refusals and unknown names ------------------------------------------------
+
+
+def test_population_based_is_refused_saying_why_and_what_instead():
+    with pytest.raises(meshkit.RefusedError) as err:
+        strategy("population-based")
+    message = str(err.value)
+    assert "not a distribution strategy" in message
+    assert "own hyperparameters" in message and "executor" in message
+
+
+def test_custom_is_refused_saying_it_needs_a_coordinator_and_what_instead():
+    with pytest.raises(meshkit.RefusedError) as err:
+        strategy("custom")
+    message = str(err.value)
+    assert "user-provided coordinator" in message
+    assert "meshkit_strategies()" in message and "federated" in message
+
+
+def test_an_unknown_strategy_names_the_installed_ones_and_never_falls_back():
+    with pytest.raises(meshkit.UnknownComponentError) as err:
+        strategy("gossip")
+    message = str(err.value)
+    assert "no strategy named 'gossip'" in message
+    for name in ("data-parallel", "federated", "local", "model-parallel"):
+        assert name in message
+
+
+def test_a_worker_error_stops_the_run_with_the_workers_message():
+    class Broken(ShardMean):
+        def fit(self, state, x, y, *, seed):
+            raise ValueError("bad shard")
+
+    with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
+        strategy("federated", rounds=1).run(make_ctx(Broken(8)))
+
+
+def test_a_stop_request_ends_the_run_between_rounds():
+    ctx = make_ctx(ShardMean(8))
+    ctx.on_round = lambda report, state: ctx.stop.set()
+    with pytest.raises(MeshError, match="stopped"):
+        strategy("federated", rounds=5).run(ctx)
+
+
+def test_losing_the_only_worker_is_a_peer_lost_error_naming_it():
+    ctx = make_ctx(ShardMean(8), ranks=(1,), fail=lambda rank, request: "gone")
+    with pytest.raises(PeerLostError) as err:
+        strategy("local", rounds=1).run(ctx)
+    assert "0 worker(s) left" in str(err.value) and "rank 1 (gone)" in str(err.value)
+
+
+def test_data_parallel_continues_with_the_surviving_replicas():
+    lost = {"after": 2}
+
+    def fail(rank, request):
+        if rank == 2 and request["op"] == "grads":
+            lost["after"] -= 1
+            if lost["after"] < 0:
+                return "connection reset"
+        return None
+
+    reports = []
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2, 3), fail=fail,
+                   aggregator=meshkit.plugins.create("aggregator", "allreduce"),
+                   on_round=lambda report, state: reports.append(report))
+    result = strategy("data-parallel", rounds=2, steps=2, min_workers=2).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(-4.0), "every step still happened"
+    assert reports[1].answered == (1, 3) and reports[1].dropped == (2,)
+    # After the loss, shards are re-cut over the survivors.
+    last = [req for rank, req in ctx.pool.log if req["op"] == "grads"][-2:]
+    assert [req["shards"] for req in last] == [2, 2]
+
+
+def test_a_metric_named_like_a_report_field_is_kept_beside_it_not_over_it():
+    report = RoundReport(round=3, rounds=5, strategy="federated", answered=(1, 2),
+                         examples=640, seconds=1.25,
+                         metrics={"examples": 600.0, "round": 9.0, "loss": 0.5})
+    line = report.to_json()
+    assert line["examples"] == 640 and line["round"] == 3
+    assert line["task.examples"] == 600.0 and line["task.round"] == 9.0
+    assert line["loss"] == 0.5
+
+
+@pytest.mark.parametrize("state", [{}, {"#": np.arange(3.0), "w": np.ones(2)}, {"a/b": 1.0}])
+def test_trainer_messages_carry_any_state_keys_and_empty_states(state):
+    from meshkit.train.worker import decode, encode
+
+    message = {"op": "fit", "state": state, "gradients": {}, "round": 2}
+    back = decode(encode(message))
+    assert back["op"] == "fit" and back["round"] == 2 and back["gradients"] == {}
+    assert back["state"].keys() == state.keys()
+    for key, value in state.items():
+        np.testing.assert_array_equal(back["state"][key], value)

@@ -1,0 +1,63 @@
+"""The [transport] table reaches every rank: the coordinator and each spawned node."""
+
+from __future__ import annotations
+
+import threading
+
+import attrs
+import pytest
+
+from meshkit.errors import ConfigError
+from meshkit.train.runner import Runner
+from meshkit_tcp.testing import inproc_configs
+
+from conftest import run_cli
+from test_run import write_config
+
+
+def test_node_config_connects_with_its_transport_options():
+    configs = [attrs.evolve(c, transport_options={"bf16_wire": True})
+               for c in inproc_configs(2)]
+    groups = [None, None]
+
+    def join(rank):
+        groups[rank] = configs[rank].connect()
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    try:
+        assert all(g is not None and g.bf16_wire for g in groups)
+    finally:
+        for g in groups:
+            g.close()
+
+
+def test_an_unknown_transport_option_names_the_table_and_key():
+    configs = [attrs.evolve(c, transport_options={"bf16_wir": True}) for c in inproc_configs(2)]
+    with pytest.raises(ConfigError, match=r"\[transport\] bf16_wir: unknown key"):
+        configs[1].connect()
+
+
+def test_meshkit_node_refuses_a_bad_transport_option_before_connecting(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 32)
+    result = run_cli("node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9",
+                     "--secret-file", str(secret), "--transport-option", "bf16_wire=maybe")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "[transport] bf16_wire: expected true or false, got 'maybe'" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_local_run_hands_the_transport_table_to_every_worker(tmp_path):
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=2)
+    config.write_text(config.read_text() + "\n[transport]\nbf16_wire = true\n")
+    procs = {}
+    report = Runner(str(config), on_workers=procs.update).run()
+    assert report.ok and report.rounds_completed == 2
+    for proc in procs.values():
+        args = list(proc.args)
+        assert args[args.index("--transport-option") + 1] == "bf16_wire=true"

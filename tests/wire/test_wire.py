@@ -1,0 +1,884 @@
+"""The authenticated wire codec over real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import select
+import socket
+import struct
+import threading
+import time
+import tracemalloc
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from meshkit import wire
+from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+
+SECRET = b"correct horse battery staple 123"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected pair of real TCP sockets on 127.0.0.1 (port 0)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(5)
+        dialer = socket.create_connection(listener.getsockname(), timeout=5)
+        accepted, _ = listener.accept()
+    return dialer, accepted
+
+
+class Outcome:
+    """Runs ``fn`` on a thread and keeps its result or exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            self.error = exc
+
+    def get(self, timeout: float = 10.0) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "background side did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def channel_pair(secret_a: bytes = SECRET, secret_b: bytes = SECRET, *, world_a: int = 2,
+                 world_b: int = 2, timeout: float = 5.0, **kwargs: Any
+                 ) -> tuple[wire.Channel, wire.Channel]:
+    a, b = tcp_pair()
+    other = Outcome(lambda: wire.handshake(b, secret_b, rank=1, world=world_b, timeout=timeout,
+                                           **kwargs))
+    first = wire.handshake(a, secret_a, rank=0, world=world_a, timeout=timeout, **kwargs)
+    return first, other.get()
+
+
+@pytest.fixture
+def pair():
+    a, b = channel_pair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+class Recorder:
+    """Stands in for a channel's socket to capture the exact bytes of frames."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def send(self, view: Any) -> int:
+        self.data += view
+        return len(view)
+
+
+def record(channel: wire.Channel, *frames: tuple[int, int, dict]) -> list[bytes]:
+    """The wire bytes of each frame, as ``channel`` would send them next."""
+    real = channel._sock
+    out = []
+    try:
+        for kind, tag, state in frames:
+            rec = Recorder()
+            channel._sock = rec  # type: ignore[assignment]
+            channel.send(kind, tag, state)
+            out.append(bytes(rec.data))
+    finally:
+        channel._sock = real
+    return out
+
+
+def gmac(key: bytes, seq: int, header: bytes, body: bytes) -> bytes:
+    """The body tag as docs/wire.md defines it."""
+    return AESGCM(key).encrypt(struct.pack("<IQ", 0, seq), header, body)[-16:]
+
+
+def send_raw(channel: wire.Channel, data: bytes) -> None:
+    """Write bytes straight to a channel's (non-blocking) socket, bypassing the codec."""
+    sock = channel._sock
+    view = memoryview(data)
+    for _ in range(100_000):
+        if not view:
+            return
+        if not select.select([], [sock], [], 5)[1]:
+            break
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            continue
+    raise AssertionError(f"could not write {len(view)} raw bytes: the peer is not reading")
+
+
+def every_dtype_state() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    state: dict[str, Any] = {
+        "f32": rng.standard_normal((3, 4)).astype(np.float32),
+        "f64": rng.standard_normal(5),
+        "f16": rng.standard_normal((2, 2)).astype(np.float16),
+        "bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+        "bool": np.array([[True, False, True]]),
+        "scalar": np.array(2.5, dtype=np.float64),
+        "empty": np.zeros((0, 3), dtype=np.int32),
+        "strided": np.arange(20, dtype=np.int64)[::3],
+        "big_endian": np.arange(4, dtype=">i4"),
+        "json": {"lr": 0.1, "steps": [1, 2, 3], "name": "ünïcode", "none": None, "ok": True},
+        "int": 7,
+        "text": "hello",
+        "nan": float("nan"),
+    }
+    for bits in (8, 16, 32, 64):
+        state[f"i{bits}"] = np.array([-(2 ** (bits - 1)), 0, 2 ** (bits - 1) - 1],
+                                     dtype=f"int{bits}")
+        state[f"u{bits}"] = np.array([0, 1, 2 ** bits - 1], dtype=f"uint{bits}")
+    return state
+
+
+def assert_same_state(got: dict[str, Any], sent: dict[str, Any]) -> None:
+    assert list(got) == list(sent)
+    for key, value in sent.items():
+        if isinstance(value, np.ndarray):
+            assert got[key].dtype == value.dtype.newbyteorder("=") or got[key].dtype == value.dtype
+            assert got[key].shape == value.shape
+            np.testing.assert_array_equal(got[key], value)
+        elif isinstance(value, float) and value != value:
+            assert got[key] != got[key]
+        else:
+            assert got[key] == value
+
+
+# ----------------------------------------------------------------------------- roundtrips
+
+
+def test_every_dtype_and_json_leaf_roundtrips_exactly_over_tcp(pair):
+    a, b = pair
+    state = every_dtype_state()
+    a.send(5, 42, state)
+    frame = b.recv()
+    assert (frame.kind, frame.tag, frame.sender, frame.seq, frame.bf16) == (5, 42, 0, 0, False)
+    assert_same_state(frame.state, state)
+
+
+def test_decoded_arrays_are_writable_views_of_one_frame_buffer(pair):
+    a, b = pair
+    a.send(1, 1, {"x": np.ones(4, np.float32), "y": np.zeros(3)})
+    frame = b.recv()
+    x, y = frame.state["x"], frame.state["y"]
+    assert x.flags.writeable and y.flags.writeable
+    assert np.shares_memory(x, frame.body)
+    x += 1  # folding in place must not disturb the neighbouring entry
+    np.testing.assert_array_equal(y, 0)
+    assert x.ctypes.data % 8 == 0 and y.ctypes.data % 8 == 0
+
+
+def test_a_receive_buffer_is_not_recycled_while_a_decoded_array_uses_it(pair):
+    a, b = pair
+    n = 1 << 15  # 128 KiB frames: in the recycled range
+    a.send(1, 1, {"w": np.full(n, 1.0, np.float32)})
+    kept = b.recv().state["w"]
+    for value in (2.0, 3.0, 4.0, 5.0, 6.0):
+        a.send(1, 1, {"w": np.full(n, value, np.float32)})
+        other = b.recv().state["w"]
+        assert not np.shares_memory(kept, other)
+        assert other[0] == value
+    np.testing.assert_array_equal(kept, 1.0)
+
+
+def test_a_receive_buffer_nothing_refers_to_is_recycled(pair):
+    a, b = pair
+    n = 1 << 15
+    a.send(1, 1, {"w": np.zeros(n, np.float32)})
+    frame = b.recv()
+    address = frame.body.ctypes.data
+    del frame
+    a.send(1, 1, {"w": np.ones(n, np.float32)})
+    frame = b.recv()
+    assert frame.body.ctypes.data == address
+    np.testing.assert_array_equal(frame.state["w"], 1.0)
+
+
+def test_bf16_narrows_float32_only_and_widens_back_on_receipt(pair):
+    a, b = pair
+    weights = np.linspace(-3, 3, 1000, dtype=np.float32)
+    state = {"w": weights, "f64": np.array([1 / 3]), "n": np.array([257], np.int32),
+             "meta": {"round": 3, "loss": 0.123456789}}
+    a.send(2, 9, state, bf16=True)
+    frame = b.recv()
+    assert frame.bf16
+    assert frame.state["w"].dtype == np.float32
+    np.testing.assert_allclose(frame.state["w"], weights, rtol=2 ** -8)
+    assert frame.state["f64"][0] == 1 / 3  # control values stay exact
+    assert frame.state["n"][0] == 257
+    assert frame.state["meta"] == {"round": 3, "loss": 0.123456789}
+    np.testing.assert_array_equal(frame.state["w"], weights.astype(ml_dtypes.bfloat16))
+
+
+def test_bf16_frames_are_half_the_size_of_float32_frames(pair):
+    a, b = pair
+    weights = np.ones(1 << 16, np.float32)
+    full = a.send(1, 1, {"w": weights})
+    half = a.send(1, 1, {"w": weights}, bf16=True)
+    b.recv(), b.recv()
+    assert half < full * 0.51
+
+
+def test_a_large_frame_roundtrips_with_its_body_tag(pair):
+    a, b = pair
+    big = {"w": np.random.default_rng(1).standard_normal(3 << 20).astype(np.float32)}
+    sending = Outcome(lambda: a.send(1, 3, big))
+    frame = b.recv()
+    assert sending.get() == frame.nbytes
+    np.testing.assert_array_equal(frame.state["w"], big["w"])
+
+
+def test_both_directions_work_concurrently_from_one_sender_and_one_receiver_thread(pair):
+    a, b = pair
+    n = 50
+
+    def pump(ch: wire.Channel, base: int) -> list[int]:
+        sender = Outcome(lambda: [ch.send(1, base + i, {"i": i, "x": np.full(1000, i)})
+                                  for i in range(n)])
+        got = [ch.recv().state["i"] for _ in range(n)]
+        sender.get()
+        return got
+
+    other = Outcome(lambda: pump(b, 1000))
+    assert pump(a, 0) == list(range(n))
+    assert other.get() == list(range(n))
+
+
+def test_forward_relays_a_frame_body_unchanged_with_the_original_sender():
+    a, hub_a = channel_pair()
+    hub_b, c = channel_pair()
+    a.send(4, 77, {"x": np.arange(5)}, bf16=False)
+    frame = hub_a.recv()
+    hub_b.forward(frame)
+    relayed = c.recv()
+    assert (relayed.kind, relayed.tag, relayed.sender) == (4, 77, frame.sender)
+    np.testing.assert_array_equal(relayed.state["x"], np.arange(5))
+    for ch in (a, hub_a, hub_b, c):
+        ch.close()
+
+
+def test_forward_now_writes_a_whole_frame_or_nothing_and_never_waits():
+    """A relay's reader thread uses forward_now: while the destination reads nothing,
+    it must report False without writing a byte, so the stream stays in sync."""
+    a, hub_a = channel_pair()
+    hub_b, c = channel_pair()
+    hub_b._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    a.send(4, 1, {"x": np.arange(256, dtype=np.float32)})
+    frame = hub_a.recv()
+    written = 0
+    for _ in range(10_000):  # c reads nothing, so the buffers fill up
+        if not hub_b.forward_now(frame):
+            break
+        written += 1
+    else:
+        pytest.fail("forward_now never reported a full send buffer")
+    # (Had it waited for room instead, the loop would have ended in the 5 s stall
+    # timeout's PeerLostError.)
+    assert written > 0  # the first frames went straight out
+    got = [c.recv(timeout=5) for _ in range(written)]
+    assert [f.seq for f in got] == list(range(written))
+    np.testing.assert_array_equal(got[-1].state["x"], np.arange(256, dtype=np.float32))
+    with pytest.raises(wire.RecvTimeout):
+        c.recv(timeout=0.2)  # nothing half-written follows
+    hub_b.forward(frame)  # and the stream is still in sync for the next frame
+    assert c.recv(timeout=5).seq == written
+    for ch in (a, hub_a, hub_b, c):
+        ch.close()
+
+
+def test_frame_macs_can_be_disabled_only_on_both_ends_for_benchmarks():
+    a, b = channel_pair(benchmark_only_disable_mac=True)
+    a.send(1, 1, {"x": np.arange(3)})
+    np.testing.assert_array_equal(b.recv().state["x"], np.arange(3))
+    assert not a.mac_enabled
+    a.close(), b.close()
+
+    x, y = tcp_pair()
+    other = Outcome(lambda: wire.handshake(y, SECRET, rank=1, world=2))
+    with pytest.raises(WireError, match="MACs may only be disabled on both ends"):
+        wire.handshake(x, SECRET, rank=0, world=2, benchmark_only_disable_mac=True)
+    with pytest.raises(WireError, match="MACs may only be disabled"):
+        other.get()
+
+
+# ----------------------------------------------------------------------------- handshake
+
+
+def test_a_wrong_secret_is_an_authentication_error_on_both_ends():
+    a, b = tcp_pair()
+    other = Outcome(lambda: wire.handshake(b, b"another secret", rank=1, world=2))
+    with pytest.raises(AuthenticationError, match="wrong secret"):
+        wire.handshake(a, SECRET, rank=0, world=2)
+    with pytest.raises(AuthenticationError, match="wrong secret") as info:
+        other.get()
+    assert SECRET.decode() not in str(info.value)
+
+
+def test_a_world_size_mismatch_names_both_sizes_on_both_ends():
+    a, b = tcp_pair()
+    other = Outcome(lambda: wire.handshake(b, SECRET, rank=1, world=3))
+    with pytest.raises(WireError, match="world of 3.*world of 4"):
+        wire.handshake(a, SECRET, rank=0, world=4)
+    with pytest.raises(WireError, match="world of 4.*world of 3"):
+        other.get()
+
+
+def _hello(version: int = wire.PROTOCOL_VERSION, rank: int = 1, world: int = 2) -> bytes:
+    return struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\x00", version, 0, 0, 0, rank, world,
+                       wire.DEFAULT_MAX_FRAME, bytes(16), bytes(range(32)))
+
+
+def test_a_protocol_version_mismatch_names_both_versions():
+    a, b = tcp_pair()
+    b.sendall(_hello(version=9))
+    with pytest.raises(WireError, match=f"version 9.*version {wire.PROTOCOL_VERSION}"):
+        wire.handshake(a, SECRET, rank=0, world=2)
+    b.close()
+
+
+def test_a_peer_that_is_not_meshkit_is_refused_by_its_first_bytes():
+    a, b = tcp_pair()
+    b.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(60))
+    with pytest.raises(WireError, match="not a meshkit node"):
+        wire.handshake(a, SECRET, rank=0, world=2)
+    b.close()
+
+
+def test_a_reflected_hello_is_refused():
+    a, b = tcp_pair()
+    reflector = Outcome(lambda: b.sendall(b.recv(wire.HELLO_SIZE)))
+    with pytest.raises(AuthenticationError, match="reflection"):
+        wire.handshake(a, SECRET, rank=0, world=2, timeout=2)
+    reflector.get()
+    b.close()
+
+
+def test_different_jobs_refuse_each_other():
+    a, b = tcp_pair()
+    other = Outcome(lambda: wire.handshake(b, SECRET, rank=1, world=2, session=b"job-b"))
+    with pytest.raises(WireError, match="job"):
+        wire.handshake(a, SECRET, rank=0, world=2, session=b"job-a")
+    with pytest.raises(WireError):
+        other.get()
+
+
+def test_the_handshake_carries_rank_world_role_and_session():
+    a, b = channel_pair(session=b"job-7", role=3)
+    assert (a.peer.rank, a.peer.world, a.peer.role, a.peer.session) == (1, 2, 3, b"job-7")
+    assert (b.peer.rank, b.peer.world) == (0, 2)
+    assert a.peer.address.startswith("127.0.0.1:")
+    a.close(), b.close()
+
+
+def test_a_peer_that_connects_and_sends_nothing_times_out_in_the_handshake():
+    a, b = tcp_pair()
+    with pytest.raises(PeerLostError, match="handshake timeout"):
+        wire.handshake(a, SECRET, rank=0, world=2, timeout=0.2)
+    b.close()
+
+
+def test_a_peer_dribbling_its_handshake_is_dropped_at_the_handshake_deadline():
+    a, b = tcp_pair()
+    stop = threading.Event()
+
+    def dribble() -> None:
+        for byte in _hello() + bytes(32):
+            if stop.wait(0.02):  # pacing of a misbehaving peer, not synchronisation
+                return
+            b.sendall(bytes([byte]))
+
+    dribbler = Outcome(dribble)
+    with pytest.raises(PeerLostError, match="handshake timeout"):
+        wire.handshake(a, SECRET, rank=0, world=2, timeout=5, handshake_timeout=0.3)
+    stop.set()
+    try:
+        dribbler.get()
+    except OSError:
+        pass  # our end hung up on it mid-dribble
+    b.close()
+
+
+def test_no_secret_is_refused_before_connecting():
+    a, b = tcp_pair()
+    with pytest.raises(ConfigError, match="no shared secret"):
+        wire.handshake(a, None, rank=0, world=2)
+    with pytest.raises(ConfigError, match="no shared secret"):
+        wire.handshake(a, b"", rank=0, world=2)
+    with pytest.raises(ConfigError, match=r"must be bytes, got a str; pass secret.encode\(\)"):
+        wire.handshake(a, "text", rank=0, world=2)  # type: ignore[arg-type]
+    a.close(), b.close()
+
+
+# ----------------------------------------------------------------------------- forged frames
+
+
+def _forged_header(nbytes: int, key: bytes | None = None, seq: int = 0) -> bytes:
+    head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 1, 0, 0, 7, 1, seq, nbytes)
+    mac = hmac.digest(key, head, "sha256") if key else bytes(32)
+    return head + mac
+
+
+class CountingSocket:
+    """Wraps a channel's socket to count the bytes its reader consumed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.read = 0
+
+    def recv_into(self, view: Any, n: int = 0) -> int:
+        k = self._sock.recv_into(view, n)
+        self.read += k
+        return k
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_a_forged_header_is_rejected_after_reading_only_the_header(pair):
+    a, b = pair
+    claimed = 512 << 20
+    send_raw(a, _forged_header(claimed) + b"x" * 4096)
+    counting = b._sock = CountingSocket(b._sock)  # type: ignore[assignment]
+    tracemalloc.start()
+    try:
+        with pytest.raises(AuthenticationError, match="header .* failed authentication"):
+            b.recv()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"a body-sized buffer was allocated ({peak} bytes)"
+    assert counting.read == wire.HEADER_SIZE  # not one byte of the "body" was read
+    assert b.closed
+
+
+def test_an_oversized_body_is_refused_before_it_is_allocated_or_read():
+    a, b = channel_pair()
+    b.max_frame = 1 << 20
+    # A correctly authenticated header (the peer really holds the key) that
+    # announces more than this node accepts.
+    send_raw(a, _forged_header(1 << 40, key=a._keys.send_header) + b"x" * 4096)
+    counting = b._sock = CountingSocket(b._sock)  # type: ignore[assignment]
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError, match="refused before reading"):
+            b.recv()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert counting.read == wire.HEADER_SIZE
+    a.close(), b.close()
+
+
+def test_a_sender_refuses_a_frame_above_the_ceiling_the_peer_announced():
+    a, b = channel_pair(max_frame=1024)
+    with pytest.raises(WireError, match="exceeds the 1024-byte ceiling"):
+        a.send(1, 1, {"x": np.zeros(1024)})
+    a.close(), b.close()
+
+
+def test_oversized_counts_are_refused_by_the_encoder():
+    with pytest.raises(WireError, match="at most 65536 entries"):
+        wire.encode_state({str(i): i for i in range(wire.MAX_TENSORS + 1)})
+    with pytest.raises(WireError, match="limit is 1024"):
+        wire.encode_state({"n" * 1025: 1})
+    with pytest.raises(WireError, match="limit is 32"):
+        wire.encode_state({"x": np.zeros((1,) * 33)})
+
+
+def test_an_authenticated_frame_claiming_too_many_tensors_is_refused(pair):
+    a, b = pair
+    body = struct.pack("<II", wire.MAX_TENSORS + 1, 0) + bytes(24)
+    # MAC a body with a hostile count, as a buggy peer holding the key could.
+    header = _forged_header(len(body), key=a._keys.send_header)
+    send_raw(a, header + body + gmac(a._keys.send_body, 0, header, body))
+    with pytest.raises(WireError, match="65537 entries; the limit is 65536"):
+        b.recv()
+
+
+def test_a_replayed_frame_is_refused(pair):
+    a, b = pair
+    (frame,) = record(a, (1, 1, {"x": 1}))
+    send_raw(a, frame)
+    assert b.recv().state == {"x": 1}
+    send_raw(a, frame)
+    with pytest.raises(AuthenticationError, match="sequence number 0, expected 1.*replayed"):
+        b.recv()
+
+
+def test_a_reordered_frame_is_refused(pair):
+    a, b = pair
+    first, second = record(a, (1, 1, {"n": 1}), (1, 1, {"n": 2}))
+    send_raw(a, second + first)
+    with pytest.raises(AuthenticationError, match="sequence number 1, expected 0"):
+        b.recv()
+
+
+def test_a_reflected_frame_is_refused(pair):
+    a, b = pair
+    (own,) = record(b, (1, 1, {"x": 1}))
+    send_raw(a, own)  # b's own frame, echoed back to b
+    with pytest.raises(AuthenticationError, match="forged, corrupted or reflected"):
+        b.recv()
+
+
+def test_a_body_tag_is_bound_to_its_header(pair):
+    a, b = pair
+    body = struct.pack("<II", 0, 0)
+    header = _forged_header(len(body), key=a._keys.send_header)
+    # A valid header MAC, but the body tag was computed for another header
+    # (a different tag field) carrying the same body and sequence number.
+    other = struct.pack("<4sBBHIIQQ", b"MKF\x01", 1, 0, 0, 8, 1, 0, len(body))
+    other += hmac.digest(a._keys.send_header, other, "sha256")
+    send_raw(a, header + body + gmac(a._keys.send_body, 0, other, body))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+
+
+def test_a_body_tag_from_another_sequence_number_is_refused(pair):
+    a, b = pair
+    body = struct.pack("<II", 0, 0)
+    header = _forged_header(len(body), key=a._keys.send_header)
+    send_raw(a, header + body + gmac(a._keys.send_body, 1, header, body))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+
+
+@pytest.mark.parametrize("n", [16, 1 << 17], ids=["small-one-shot", "large-streamed"])
+def test_frames_carry_the_16_byte_body_tag_the_docs_define(pair, n):
+    a, b = pair
+    state = {"x": np.arange(n, dtype=np.float32), "meta": {"round": 1}}
+    first, second = record(a, (1, 1, state), (1, 2, state))
+    body = wire.encode_state(state)
+    for seq, frame in enumerate((first, second)):
+        assert len(frame) == wire.HEADER_SIZE + body.nbytes + wire.BODY_TAG_SIZE == \
+            wire.HEADER_SIZE + body.nbytes + 16
+        header, tag = frame[:wire.HEADER_SIZE], frame[-16:]
+        assert tag == gmac(a._keys.send_body, seq, header, frame[wire.HEADER_SIZE:-16])
+    # A new nonce per frame: the same body never gets the same tag twice.
+    assert first[-16:] != second[-16:]
+    writing = Outcome(lambda: send_raw(a, first + second))
+    assert [b.recv().tag, b.recv().tag] == [1, 2]
+    writing.get()
+
+
+def test_a_tampered_large_body_is_refused_when_authenticated_while_reading(pair):
+    a, b = pair
+    (frame,) = record(a, (1, 1, {"x": np.zeros(1 << 19, np.float32)}))
+    assert len(frame) > 2 * wire._MAC_STEP  # authenticated in pieces as it arrives
+    tampered = bytearray(frame)
+    tampered[len(frame) - 16 - 5] ^= 0x80  # the body's last bytes
+    writing = Outcome(lambda: send_raw(a, bytes(tampered)))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+    writing.get()
+
+
+def test_a_tampered_body_is_refused(pair):
+    a, b = pair
+    (frame,) = record(a, (1, 1, {"x": np.zeros(16)}))
+    tampered = bytearray(frame)
+    tampered[wire.HEADER_SIZE + 100] ^= 0x01
+    send_raw(a, bytes(tampered))
+    with pytest.raises(AuthenticationError, match="body .* failed authentication"):
+        b.recv()
+
+
+# ----------------------------------------------------------------------------- stalls and loss
+
+
+def test_a_peer_that_stops_mid_frame_is_dropped_after_the_timeout():
+    a, b = channel_pair(timeout=0.3)
+    (frame,) = record(a, (1, 1, {"x": np.zeros(4096)}))
+    send_raw(a, frame[: len(frame) // 2])
+    with pytest.raises(PeerLostError, match="stalled"):
+        b.recv()
+    assert b.closed
+    a.close()
+
+
+def test_waiting_for_a_frame_that_never_starts_leaves_the_channel_usable(pair):
+    a, b = pair
+    with pytest.raises(wire.RecvTimeout, match="no frame"):
+        b.recv(timeout=0.05)
+    assert not b.closed
+    a.send(1, 2, {"ok": True})
+    assert b.recv().state == {"ok": True}
+
+
+def test_a_peer_that_closes_mid_frame_is_lost(pair):
+    a, b = pair
+    (frame,) = record(a, (1, 1, {"x": np.zeros(64)}))
+    send_raw(a, frame[:100])
+    a.close()
+    with pytest.raises(PeerLostError, match="closed the connection after"):
+        b.recv()
+
+
+def test_closing_a_channel_wakes_a_thread_blocked_in_recv(pair):
+    a, b = pair
+    waiting = Outcome(lambda: b.recv(timeout=None))
+    b.close()
+    with pytest.raises(PeerLostError):
+        waiting.get(timeout=5)
+
+
+def test_sending_on_a_closed_channel_is_peer_lost(pair):
+    a, b = pair
+    a.close()
+    with pytest.raises(PeerLostError, match="closed"):
+        a.send(1, 1, {})
+
+
+# ----------------------------------------------------------------------------- encoder refusals
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"c": np.zeros(2, np.complex64)}, "dtype complex64 is not a wire dtype"),
+        ({"o": np.array([object()])}, "dtype object is not a wire dtype"),
+        ({"s": np.float32(1.0)}, "numpy float32 scalar"),
+        ({"f": {1, 2}}, "neither a numpy array nor a JSON value"),
+        ({1: 2}, "state keys must be non-empty str"),
+        ({"": 2}, "state keys must be non-empty str"),
+        ({"t": (1, 2)}, "a tuple is not a JSON value"),
+        ({"t": {"inner": [1, (2, 3)]}}, "a tuple is not a JSON value"),
+        ({"d": {"x": {1: "a"}}}, "JSON object keys must be strings, found 1"),
+    ],
+)
+def test_values_that_cannot_travel_are_refused_naming_the_key(state, message):
+    with pytest.raises(WireError, match=message):
+        wire.encode_state(state)
+
+
+def test_the_codec_roundtrips_without_a_socket():
+    state = every_dtype_state()
+    encoded = wire.encode_state(state)
+    body = bytearray().join(memoryview(b).cast("B") for b in encoded.buffers)
+    assert len(body) == encoded.nbytes
+    assert_same_state(wire.decode_state(np.frombuffer(body, np.uint8)), state)
+
+
+# ----------------------------------------------------------------------------- datagrams
+
+
+def test_datagrams_are_authenticated_under_the_shared_secret():
+    sealed = wire.seal_datagram(SECRET, b"rank=3 port=29503")
+    assert wire.open_datagram(SECRET, sealed) == b"rank=3 port=29503"
+    with pytest.raises(AuthenticationError, match="wrong secret"):
+        wire.open_datagram(b"other", sealed)
+    tampered = bytearray(sealed)
+    tampered[6] ^= 1
+    with pytest.raises(AuthenticationError):
+        wire.open_datagram(SECRET, bytes(tampered))
+    with pytest.raises(WireError, match="not a meshkit datagram"):
+        wire.open_datagram(SECRET, b"hello")
+
+
+# ----------------------------------------------------------------------------- docs/wire.md
+
+
+class DocPeer:
+    """A peer written only from docs/wire.md (struct, hmac and AESGCM; no meshkit.wire)."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int) -> None:
+        import os
+
+        self.sock = sock
+        nonce = os.urandom(32)
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 2, 0, 0, 0, rank, world, 1 << 30,
+                           bytes(16), nonce)
+        sock.sendall(mine)
+        theirs = self._read(80)
+        a, b = sorted((mine, theirs))
+        transcript = hashlib.sha256(b"meshkit/1 transcript" + a + b).digest()
+        prk = hmac.digest(transcript, secret, "sha256")
+
+        def key(label: bytes, n: bytes) -> bytes:
+            return hmac.digest(prk, b"meshkit/1 " + label + b" " + n + b"\x01", "sha256")
+
+        peer_nonce = theirs[48:80]
+        self.send_keys = (key(b"header", nonce), AESGCM(key(b"body-gmac", nonce)))
+        self.recv_keys = (key(b"header", peer_nonce), AESGCM(key(b"body-gmac", peer_nonce)))
+        sock.sendall(hmac.digest(key(b"confirm", nonce), transcript, "sha256"))
+        assert self._read(32) == hmac.digest(key(b"confirm", peer_nonce), transcript, "sha256")
+        self.seq_out = self.seq_in = 0
+
+    def _read(self, n: int) -> bytes:
+        return self.sock.recv(n, socket.MSG_WAITALL)
+
+    def send_array(self, tag: int, name: str, array: np.ndarray, code: int) -> None:
+        raw = name.encode()
+        table = struct.pack("<II", 1, 0) + struct.pack("<BBBBIQ", 1, code, array.ndim, 0,
+                                                        len(raw), array.nbytes)
+        table += b"".join(struct.pack("<Q", d) for d in array.shape) + raw
+        table += bytes(-len(table) % 64)
+        body = table + array.astype(array.dtype.newbyteorder("<")).tobytes()
+        head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, 0, 0, tag, 1, self.seq_out, len(body))
+        header = head + hmac.digest(self.send_keys[0], head, "sha256")
+        nonce = struct.pack("<IQ", 0, self.seq_out)
+        tag_ = self.send_keys[1].encrypt(nonce, header, body)[-16:]
+        self.sock.sendall(header + body + tag_)
+        self.seq_out += 1
+
+    def recv_json(self) -> tuple[int, dict]:
+        header = self._read(64)
+        assert hmac.compare_digest(header[32:], hmac.digest(self.recv_keys[0], header[:32],
+                                                            "sha256"))
+        magic, kind, flags, _, tag, sender, seq, body_len = struct.unpack("<4sBBHIIQQ",
+                                                                          header[:32])
+        assert (magic, seq) == (b"MKF\x01", self.seq_in)
+        body = self._read(body_len)
+        tag_ = self._read(16)
+        nonce = struct.pack("<IQ", 0, self.seq_in)
+        assert hmac.compare_digest(tag_, self.recv_keys[1].encrypt(nonce, header, body)[-16:])
+        self.seq_in += 1
+        count, _ = struct.unpack_from("<II", body)
+        pos, entries = 8, []
+        for _ in range(count):
+            kind_, code, ndim, eflags, name_len, data_len = struct.unpack_from("<BBBBIQ", body, pos)
+            pos += 16 + 8 * ndim
+            entries.append((body[pos:pos + name_len].decode(), kind_, data_len))
+            pos += name_len
+        out, offset = {}, -(-pos // 64) * 64
+        for name, kind_, data_len in entries:
+            assert kind_ == 2
+            out[name] = json.loads(body[offset:offset + data_len])
+            offset = -(-(offset + data_len) // 64) * 64
+        return tag, out
+
+
+def test_a_peer_written_from_the_docs_interoperates():
+    a, b = tcp_pair()
+    other = Outcome(lambda: wire.handshake(b, SECRET, rank=0, world=3))
+    peer = DocPeer(a, SECRET, rank=1, world=3)
+    channel = other.get()
+    assert channel.peer.rank == 1
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
+    peer.send_array(11, "w", matrix, code=12)
+    frame = channel.recv()
+    assert (frame.kind, frame.tag, frame.sender) == (9, 11, 1)
+    np.testing.assert_array_equal(frame.state["w"], matrix)
+    channel.send(3, 12, {"round": 4, "names": ["a", "b"], "loss": 0.5})
+    assert peer.recv_json() == (12, {"round": 4, "names": ["a", "b"], "loss": 0.5})
+    channel.close()
+    a.close()
+
+
+def test_a_peer_that_stops_reading_makes_send_fail_after_the_stall_timeout():
+    a, b = channel_pair(timeout=0.3)
+    with pytest.raises(PeerLostError, match="took no data for 0.3 s"):
+        a.send(1, 1, {"w": np.zeros(16 << 20, np.uint8)})  # b never reads
+    assert a.closed
+    b.close()
+
+
+def _trickle_reader(sock: socket.socket, stop: threading.Event) -> threading.Thread:
+    """Reads ``sock`` slowly but steadily: 64 KiB every 20 ms, never stalling."""
+    def run() -> None:
+        for _ in range(2000):  # bounded: 40 s at most
+            try:
+                if not sock.recv(65536):
+                    return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
+            if stop.wait(0.02):
+                return
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_write_deadline_drops_a_peer_that_reads_too_slowly():
+    # b keeps reading, so the 5 s stall timeout never trips; the deadline must.
+    a, b = channel_pair(timeout=5.0)
+    stop = threading.Event()
+    reader = _trickle_reader(b._sock, stop)
+    try:
+        with pytest.raises(PeerLostError, match="deadline passed") as err:
+            a.send(1, 1, {"w": np.zeros(64 << 20, np.uint8)},
+                   deadline=time.monotonic() + 0.5)
+        assert "reads too slowly" in str(err.value)
+        assert a.closed
+    finally:
+        stop.set()
+        reader.join(5)
+        b.close()
+
+
+def test_a_write_within_its_deadline_is_delivered_whole(pair):
+    a, b = pair
+    payload = np.arange(1 << 20, dtype=np.float32)
+    received = Outcome(b.recv)
+    a.send(1, 7, {"w": payload}, deadline=time.monotonic() + 30)
+    frame = received.get()
+    np.testing.assert_array_equal(frame.state["w"], payload)
+
+
+def test_one_encoded_body_is_scattered_to_many_peers():
+    first, peer_1 = channel_pair()
+    second, peer_2 = channel_pair()
+    encoded = wire.encode_state({"w": np.arange(1 << 18, dtype=np.float32)}, bf16=True)
+    first.send_encoded(2, 5, encoded)
+    second.send_encoded(2, 5, encoded)
+    got_1, got_2 = peer_1.recv(), peer_2.recv()
+    np.testing.assert_array_equal(got_1.state["w"], got_2.state["w"])
+    for ch in (first, peer_1, second, peer_2):
+        ch.close()
+
+
+def test_concurrent_senders_on_one_channel_never_interleave_frames(pair):
+    a, b = pair
+    payload = np.arange(100_000, dtype=np.int64)
+    senders = [Outcome(lambda t=t: [a.send(1, t, {"x": payload}) for _ in range(5)])
+               for t in range(4)]
+    frames = [b.recv() for _ in range(20)]
+    for s in senders:
+        s.get()
+    assert sorted(f.tag for f in frames) == sorted(list(range(4)) * 5)
+    assert [f.seq for f in frames] == list(range(20))
+    for f in frames:
+        np.testing.assert_array_equal(f.state["x"], payload)
+
+
+def test_recv_accepts_an_infinite_wait_and_a_changed_timeout(pair):
+    a, b = pair
+    a.send(1, 1, {"k": 1})
+    assert b.recv(timeout=float("inf")).state == {"k": 1}
+    b.timeout = 0.25
+    assert b.timeout == 0.25
+    with pytest.raises(ConfigError, match="positive"):
+        b.timeout = 0
+
+
+def test_no_configuration_option_can_turn_frame_macs_off():
+    import attrs
+
+    from meshkit import plugins
+    from meshkit.node.config import NodeConfig
+
+    names = [f.name for f in attrs.fields(NodeConfig)]
+    for component in plugins.available("transport").values():
+        if component.options is not None:
+            names += [f.name for f in attrs.fields(component.options)]
+    assert not [n for n in names if "mac" in n.lower() or "auth" in n.lower()], names
