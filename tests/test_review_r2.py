@@ -13,11 +13,11 @@ import meshkit.plugins
 from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from meshkit.config import check, load_config, parse_config
 from meshkit.errors import ConfigError, MeshError
-from meshkit.train.runner import Runner, build_components
+from meshkit.train import Runner, build_components
 from meshkit.state import BFLOAT16
-from meshkit.train.strategy import StrategyContext, sample_clients
+from meshkit.train import StrategyContext, sample_clients
 from meshkit.task import FitResult, create_task
-from meshkit.train.worker import LocalPool
+from meshkit.train import LocalPool
 
 # -- checkpoints ---------------------------------------------------------------
 
@@ -323,7 +323,7 @@ def test_a_worker_error_reply_still_stops_a_federated_run():
 
 
 def test_a_run_report_with_numpy_metrics_still_writes_its_summary():
-    from meshkit.train.runner import RunReport
+    from meshkit.train import RunReport
 
     report = RunReport(ok=True, out="o", strategy="federated", rounds=1, rounds_completed=1,
                        metrics={"loss": np.float32(0.5), "accuracy": np.float64(0.75)})
@@ -332,7 +332,8 @@ def test_a_run_report_with_numpy_metrics_still_writes_its_summary():
 
 
 def _resume_fixture(tmp_path, metrics_rounds):
-    from meshkit.train.runner import _identity, read_metrics
+    from meshkit.train import read_metrics
+    from meshkit.train._runner import _identity
 
     out = tmp_path / "out"
     path = write(tmp_path, f"""
@@ -384,7 +385,7 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling():
     import uuid
 
     from meshkit.node.config import NodeConfig
-    from meshkit.train.worker import GroupPool, serve_trainer
+    from meshkit.train import GroupPool, serve_trainer
 
     hub = f"inproc://{uuid.uuid4().hex}"
     groups = {}
@@ -432,7 +433,7 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling():
 
 
 def test_resume_refuses_a_checkpoint_whose_model_does_not_fit_the_task_options(tmp_path):
-    from meshkit.train.runner import _identity
+    from meshkit.train._runner import _identity
 
     out = tmp_path / "out"
     made = check(write(tmp_path, f'[run]\nout = "{out}"\n[task]\nhidden = 32\n', "a.toml"))

@@ -111,7 +111,7 @@ def check_command(config: str) -> None:
     everything `run` would refuse before starting a process.
     """
     from meshkit.config import check
-    from meshkit.train.runner import build_components
+    from meshkit.train import build_components
 
     plan = check(config)
     build_components(plan)

@@ -40,7 +40,7 @@ def _render(event: Any) -> None:
 
 
 def _execute(config: str, resume: bool, launch: str | None, verbose: int) -> None:
-    from meshkit.train.runner import Runner
+    from meshkit.train import Runner
 
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,

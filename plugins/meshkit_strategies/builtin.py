@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 
 from meshkit.errors import ConfigError, MeshError, RefusedError
-from meshkit.train.strategy import (
+from meshkit.train import (
     Partition,
     RoundReport,
     StrategyContext,

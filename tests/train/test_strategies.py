@@ -10,7 +10,7 @@ import pytest
 import meshkit
 import meshkit.plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
-from meshkit.train.strategy import (
+from meshkit.train import (
     Partition,
     RoundReport,
     StrategyContext,
@@ -20,7 +20,7 @@ from meshkit.train.strategy import (
     shard_pair,
 )
 from meshkit.task import FitResult
-from meshkit.train.worker import LocalPool
+from meshkit.train import LocalPool
 
 
 class ShardMean:
@@ -364,7 +364,7 @@ def test_a_metric_named_like_a_report_field_is_kept_beside_it_not_over_it():
 
 @pytest.mark.parametrize("state", [{}, {"#": np.arange(3.0), "w": np.ones(2)}, {"a/b": 1.0}])
 def test_trainer_messages_carry_any_state_keys_and_empty_states(state):
-    from meshkit.train.worker import decode, encode
+    from meshkit.train import decode, encode
 
     message = {"op": "fit", "state": state, "gradients": {}, "round": 2}
     back = decode(encode(message))

@@ -10,8 +10,8 @@ import pytest
 
 import meshkit.plugins
 from meshkit.node.config import NodeConfig
-from meshkit.train.strategy import StrategyContext
-from meshkit.train.worker import GroupPool, serve_trainer
+from meshkit.train import StrategyContext
+from meshkit.train import GroupPool, serve_trainer
 
 SECRET = b"s" * 32
 SPEC = {"task": "digits", "task_options": {"epochs": 1}, "strategy": "federated", "seed": 0}
@@ -81,7 +81,7 @@ def test_federated_over_a_group_trains_and_workers_report(mesh):
 
 
 def test_the_group_path_equals_the_in_process_path_bit_for_bit(mesh):
-    from meshkit.train.worker import LocalPool
+    from meshkit.train import LocalPool
 
     start, _, _ = mesh
     groups = start(3, serve=(1, 2))
