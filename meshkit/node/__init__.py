@@ -1015,7 +1015,7 @@ def _serve_train(group: Any, caps: NodeCaps, job: Mapping[str, Any],
                     "message": why})
         return None
     try:
-        from meshkit.train.worker import serve_trainer
+        from meshkit.train import serve_trainer
     except ImportError as exc:
         _up(group, {"kind": "error", "job": job_id, "error": "RefusedError",
                     "message": f"rank {group.rank} cannot train: meshkit.train.worker is not "
