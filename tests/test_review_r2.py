@@ -270,7 +270,7 @@ def test_an_unknown_key_in_a_nested_table_reads_as_table_then_key(tmp_path):
 
 
 def test_the_coordinator_strips_meshkit_secret_like_meshkit_node_does():
-    from meshkit.cli.node import read_secret
+    from meshkit.cli import read_secret
 
     env = {"MESHKIT_SECRET": "s" * 32 + "\n"}
     config = parse_config({})
