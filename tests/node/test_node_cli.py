@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshkit import ConfigError
-from meshkit.cli.node import parse_board_options, read_secret
+from meshkit.cli import parse_board_options, read_secret
 from meshkit_boards import LoopbackOptions
 
 
