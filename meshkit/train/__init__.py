@@ -5,6 +5,8 @@ One idea per module:
 * ``_strategy`` — the contract a strategy is written against
   (:class:`Strategy`, :class:`StrategyContext`, :class:`RoundReport`,
   :class:`StrategyResult`, :class:`RunStopped`);
+* ``_rounds`` — the round skeleton every strategy shares
+  (:func:`run_rounds`, :class:`RoundOutcome`);
 * ``_sharding`` — which rows a client trains on, which clients a round
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
@@ -27,6 +29,7 @@ from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._runner import RunEvent, Runner, RunReport, build_components, run
 from meshkit.train._sharding import client_seed, sample_clients, shard_bounds, shard_pair
 from meshkit.train._strategy import (
@@ -35,7 +38,6 @@ from meshkit.train._strategy import (
     Strategy,
     StrategyContext,
     StrategyResult,
-    timed,
     weighted_mean,
 )
 from meshkit.train._worker import Trainer, serve_trainer
@@ -47,8 +49,11 @@ __all__ = [
     "StrategyResult",
     "RoundReport",
     "RunStopped",
-    "timed",
     "weighted_mean",
+    # the round skeleton
+    "run_rounds",
+    "RoundOutcome",
+    "timed",
     # sharding and sampling
     "shard_bounds",
     "shard_pair",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import attrs
@@ -29,7 +28,6 @@ __all__ = [
     "RoundReport",
     "RunStopped",
     "REPORT_FIELDS",
-    "timed",
     "weighted_mean",
 ]
 
@@ -218,11 +216,6 @@ class StrategyContext:
     def aggregation_begin(self) -> Any:
         """A fold of the selected aggregator (streaming when it offers one)."""
         return begin(self.aggregator)
-
-
-def timed() -> Callable[[], float]:
-    start = time.perf_counter()
-    return lambda: time.perf_counter() - start
 
 
 def weighted_mean(pairs: Iterable[tuple[float, float]]) -> float | None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
 from meshkit import ConfigError, MeshError
-from meshkit.train import RoundReport, StrategyContext, StrategyResult, client_seed, timed
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, client_seed, run_rounds
 
 from meshkit_strategies._shared import train_loss, training_rows
 from meshkit_strategies.options import DataParallelOptions
@@ -48,47 +48,46 @@ class DataParallel:
                    else "average", workers=len(ctx.workers))
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
-        replies = ctx.call([(r, {"op": "set_state", "state": state}) for r in live])
-        metrics: dict[str, float] = {}
-        for rnd in range(ctx.start_round + 1, opts.rounds + 1):
-            ctx.check_stop()
-            clock = timed()
-            answered: set[int] = set()
-            examples = 0
-            losses: list[Any] = []
-            for step in range(opts.steps):
-                live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
-                global_step = (rnd - 1) * opts.steps + step
-                replies = ctx.call([
-                    (r, {"op": "grads", "shard": i, "shards": len(live),
-                         "batch_size": opts.batch_size,
-                         "seed": client_seed(ctx.seed, global_step, i)})
-                    for i, r in enumerate(live)])
-                ok = [r for r in replies if r.ok]
-                if len(ok) < opts.min_workers:
-                    ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
-                # Each replica's gradient is already the mean over its batch, so
-                # every replica counts once (DDP's rule, and allreduce's).
-                fold = ctx.aggregation_begin()
-                for reply in ok:
-                    fold.add(reply.payload["gradients"], 1.0, source=f"rank {reply.rank}")
-                averaged = fold.result()
-                # The step happens here, on every replica, on the same mean.
-                ctx.call([(r.rank, {"op": "apply", "gradients": averaged}) for r in ok])
-                answered.update(r.rank for r in ok)
-                examples += sum(int(r.payload["examples"]) for r in ok)
-                losses.extend(ok)
-            reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
-            # Read back over the wire *after* the step: a state remembered from
-            # before apply() would hand back the untrained model.
-            back = ctx.call([(reader, {"op": "get_state"})])[0]
-            if not back.ok:
-                raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
-                                f"failed: {back.error}")
-            state = dict(back.payload["state"])
-            metrics = {**train_loss(losses), **ctx.task.evaluate(state)}
-            ctx.round_completed(RoundReport(
-                rnd, opts.rounds, "data-parallel", answered=tuple(sorted(answered)),
-                dropped=tuple(sorted(set(ctx.dropped))), examples=examples,
-                metrics=metrics, seconds=clock()), state)
-        return StrategyResult(state, opts.rounds, metrics)
+        ctx.call([(r, {"op": "set_state", "state": state}) for r in live])
+        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
+
+    def play_round(self, ctx: StrategyContext, rnd: int,
+                   state: Mapping[str, Any]) -> RoundOutcome:
+        opts = self.options
+        answered: set[int] = set()
+        examples = 0
+        losses: list[Any] = []
+        for step in range(opts.steps):
+            live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
+            global_step = (rnd - 1) * opts.steps + step
+            replies = ctx.call([
+                (r, {"op": "grads", "shard": i, "shards": len(live),
+                     "batch_size": opts.batch_size,
+                     "seed": client_seed(ctx.seed, global_step, i)})
+                for i, r in enumerate(live)])
+            ok = [r for r in replies if r.ok]
+            if len(ok) < opts.min_workers:
+                ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
+            # Each replica's gradient is already the mean over its batch, so
+            # every replica counts once (DDP's rule, and allreduce's).
+            fold = ctx.aggregation_begin()
+            for reply in ok:
+                fold.add(reply.payload["gradients"], 1.0, source=f"rank {reply.rank}")
+            averaged = fold.result()
+            # The step happens here, on every replica, on the same mean.
+            ctx.call([(r.rank, {"op": "apply", "gradients": averaged}) for r in ok])
+            answered.update(r.rank for r in ok)
+            examples += sum(int(r.payload["examples"]) for r in ok)
+            losses.extend(ok)
+        reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
+        # Read back over the wire *after* the step: a state remembered from
+        # before apply() would hand back the untrained model.
+        back = ctx.call([(reader, {"op": "get_state"})])[0]
+        if not back.ok:
+            raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
+                            f"failed: {back.error}")
+        state = dict(back.payload["state"])
+        metrics = {**train_loss(losses), **ctx.task.evaluate(state)}
+        return RoundOutcome(
+            state, answered=tuple(sorted(answered)), dropped=tuple(sorted(set(ctx.dropped))),
+            examples=examples, metrics=metrics)

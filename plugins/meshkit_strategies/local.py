@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import attrs
 
 from meshkit import MeshError
-from meshkit.train import RoundReport, StrategyContext, StrategyResult, client_seed, timed
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, client_seed, run_rounds
 
 from meshkit_strategies._shared import train_loss
 from meshkit_strategies.options import LocalOptions
@@ -18,25 +20,21 @@ class Local:
     options: LocalOptions
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
-        state = ctx.initial_state()
-        rounds = self.options.rounds
-        metrics: dict[str, float] = {}
-        for rnd in range(ctx.start_round + 1, rounds + 1):
-            ctx.check_stop()
-            clock = timed()
-            rank = ctx.require_live(1, f"round {rnd}")[0]
-            reply = ctx.call([(rank, {"op": "fit", "state": state, "shard": 0, "shards": 1,
-                                      "seed": client_seed(ctx.seed, rnd, 0)})])[0]
-            if not reply.ok:
-                ctx.require_live(1, f"round {rnd}")
-                raise MeshError(f"round {rnd}: rank {rank} did not answer: {reply.error}")
-            fitted = dict(reply.payload["state"])
-            # docs/strategies.md: the outer optimizer steps the global model
-            # from the fit's result (average adopts it).
-            state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
-            metrics = {**train_loss([reply]), **ctx.task.evaluate(state)}
-            ctx.round_completed(RoundReport(
-                rnd, rounds, "local", answered=(rank,), clients=(0,),
-                examples=int(reply.payload["examples"]), metrics=metrics,
-                seconds=clock()), state)
-        return StrategyResult(state, rounds, metrics)
+        return run_rounds(ctx, "local", self.options.rounds, ctx.initial_state(),
+                          self.play_round)
+
+    def play_round(self, ctx: StrategyContext, rnd: int,
+                   state: Mapping[str, Any]) -> RoundOutcome:
+        rank = ctx.require_live(1, f"round {rnd}")[0]
+        reply = ctx.call([(rank, {"op": "fit", "state": state, "shard": 0, "shards": 1,
+                                  "seed": client_seed(ctx.seed, rnd, 0)})])[0]
+        if not reply.ok:
+            ctx.require_live(1, f"round {rnd}")
+            raise MeshError(f"round {rnd}: rank {rank} did not answer: {reply.error}")
+        fitted = dict(reply.payload["state"])
+        # docs/strategies.md: the outer optimizer steps the global model
+        # from the fit's result (average adopts it).
+        state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
+        metrics = {**train_loss([reply]), **ctx.task.evaluate(state)}
+        return RoundOutcome(state, answered=(rank,), clients=(0,),
+                            examples=int(reply.payload["examples"]), metrics=metrics)

@@ -16,11 +16,11 @@ from meshkit import ConfigError, MeshError
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import (
     Partition,
-    RoundReport,
+    RoundOutcome,
     StrategyContext,
     StrategyResult,
     order_partitions,
-    timed,
+    run_rounds,
 )
 
 from meshkit_strategies.options import ModelParallelOptions
@@ -71,20 +71,17 @@ class ModelParallel:
         state = dict(loaded) if loaded is not None else ctx.initial_state()
         keys_of = getattr(ctx.task, "stage_keys", None)
         x, y = ctx.task.test_data()
-        metrics: dict[str, float] = {}
-        for rnd in range(ctx.start_round + 1, opts.rounds + 1):
-            ctx.check_stop()
-            clock = timed()
+
+        def play_round(ctx: StrategyContext, rnd: int,
+                       state: Mapping[str, Any]) -> RoundOutcome:
             outputs = [
                 thread_activation(ctx, placed, state, x[start:start + opts.batch_size], keys_of)
                 for start in range(0, len(x), opts.batch_size)]
             logits = np.concatenate(outputs)
-            metrics = _classification_metrics(logits, y)
-            ctx.round_completed(RoundReport(
-                rnd, opts.rounds, "model-parallel",
-                answered=tuple(sorted({r for r, _ in placed})), examples=len(x),
-                metrics=metrics, seconds=clock()), state)
-        return StrategyResult(state, opts.rounds, metrics)
+            return RoundOutcome(state, answered=tuple(sorted({r for r, _ in placed})),
+                                examples=len(x), metrics=_classification_metrics(logits, y))
+
+        return run_rounds(ctx, "model-parallel", opts.rounds, state, play_round)
 
 
 def thread_activation(ctx: StrategyContext, placed: Sequence[tuple[int, Sequence[str]]],
