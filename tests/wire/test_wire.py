@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.wire._channel import _MAC_STEP
 
 SECRET = b"correct horse battery staple 123"
 
@@ -582,7 +583,7 @@ def test_frames_carry_the_16_byte_body_tag_the_docs_define(pair, n):
 def test_a_tampered_large_body_is_refused_when_authenticated_while_reading(pair):
     a, b = pair
     (frame,) = record(a, (1, 1, {"x": np.zeros(1 << 19, np.float32)}))
-    assert len(frame) > 2 * wire._MAC_STEP  # authenticated in pieces as it arrives
+    assert len(frame) > 2 * _MAC_STEP  # authenticated in pieces as it arrives
     tampered = bytearray(frame)
     tampered[len(frame) - 16 - 5] ^= 0x80  # the body's last bytes
     writing = Outcome(lambda: send_raw(a, bytes(tampered)))
