@@ -323,20 +323,28 @@ def test_forward_now_writes_a_whole_frame_or_nothing_and_never_waits():
 # ----------------------------------------------------------------------------- forged frames
 
 
-def test_a_forged_header_is_rejected_after_reading_only_the_header(pair):
-    a, b = pair
-    claimed = 512 << 20
-    send_raw(a, _forged_header(claimed) + b"x" * 4096)
-    counting = b._sock = CountingSocket(b._sock)  # type: ignore[assignment]
+def assert_refused_after_the_header_alone(channel: wire.Channel, error: type[Exception],
+                                          match: str) -> None:
+    """``channel.recv()`` raises ``error`` having read only the header and
+    allocated nothing body-sized."""
+    counting = channel._sock = CountingSocket(channel._sock)  # type: ignore[assignment]
     tracemalloc.start()
     try:
-        with pytest.raises(AuthenticationError, match="header .* failed authentication"):
-            b.recv()
+        with pytest.raises(error, match=match):
+            channel.recv()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"a body-sized buffer was allocated ({peak} bytes)"
     assert counting.read == wire.HEADER_SIZE  # not one byte of the "body" was read
+
+
+def test_a_forged_header_is_rejected_after_reading_only_the_header(pair):
+    a, b = pair
+    claimed = 512 << 20
+    send_raw(a, _forged_header(claimed) + b"x" * 4096)
+    assert_refused_after_the_header_alone(b, AuthenticationError,
+                                          "header .* failed authentication")
     assert b.closed
 
 
@@ -346,16 +354,7 @@ def test_an_oversized_body_is_refused_before_it_is_allocated_or_read():
     # A correctly authenticated header (the peer really holds the key) that
     # announces more than this node accepts.
     send_raw(a, _forged_header(1 << 40, key=a._keys.send_header) + b"x" * 4096)
-    counting = b._sock = CountingSocket(b._sock)  # type: ignore[assignment]
-    tracemalloc.start()
-    try:
-        with pytest.raises(WireError, match="refused before reading"):
-            b.recv()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 1 << 20
-    assert counting.read == wire.HEADER_SIZE
+    assert_refused_after_the_header_alone(b, WireError, "refused before reading")
     a.close(), b.close()
 
 
