@@ -6,11 +6,74 @@ Ranks are threads on an in-process mesh running the same
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pytest
 from inproc_mesh import loopback, mesh_factory, reply  # noqa: F401  (the mesh fixture)
 
-from meshkit.node import TAG_UP, send_job
+from meshkit import MeshError, NodeReport, RefusedError
+from meshkit.node import TAG_UP, NodeCaps, NodeControl, report_job_error, send_job
 from meshkit.pipeline import Stage, run_pipeline
+
+
+class EchoJob:
+    """A custom job kind: reports how many items the job carried."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, NodeCaps, dict[str, Any], NodeControl]] = []
+
+    def __call__(self, group: Any, caps: NodeCaps, job: Any,
+                 control: NodeControl) -> NodeReport | None:
+        self.calls.append((group.rank, caps, dict(job), control))
+        return NodeReport(rank=group.rank, job=job["job"], activations=len(job["items"]))
+
+
+def test_serve_node_hands_a_custom_job_kind_to_its_handler(mesh_factory):  # noqa: F811
+    echo = EchoJob()
+    control = NodeControl()
+    mesh = mesh_factory({1: {"jobs": {"echo": echo}, "control": control}})
+    send_job(mesh.g0, 1, {"kind": "echo", "job": 41, "items": [1, 2, 3]})
+    msg = reply(mesh.g0, ("report", "error"))
+    assert (msg["src"], msg["kind"], msg["job"]) == (1, "report", 41)
+    assert msg["report"]["type"] == "node" and msg["report"]["activations"] == 3
+    ((rank, caps, job, given),) = echo.calls
+    assert rank == 1 and caps == mesh.caps[0] and job["items"] == [1, 2, 3]
+    assert given is control
+    mesh.close()
+    assert [(r.job, r.activations) for r in mesh.results[1]] == [(41, 3)]
+
+
+def test_a_job_kind_no_handler_serves_is_reported_upstream_and_the_node_serves_on(
+        mesh_factory):  # noqa: F811
+    mesh = mesh_factory({1: {"jobs": {"echo": EchoJob()}}})
+    send_job(mesh.g0, 1, {"kind": "teleport", "job": 42})
+    msg = reply(mesh.g0, ("report", "error"))
+    assert (msg["src"], msg["kind"], msg["job"], msg["error"]) == (1, "error", 42, "WireError")
+    assert msg["message"] == "rank 1 does not know job kind 'teleport'"
+    # Without a "pipeline" handler, a pipeline job is just another unknown kind.
+    with pytest.raises(MeshError, match="rank 1 does not know job kind 'pipeline'"):
+        run_pipeline(mesh.g0, [Stage(op="relu")], mesh.caps, [np.ones(2)], timeout=5.0)
+    send_job(mesh.g0, 1, {"kind": "echo", "job": 43, "items": []})
+    assert reply(mesh.g0, ("report", "error"))["kind"] == "report"
+    assert 1 not in mesh.errors
+
+
+def test_a_handler_that_refuses_a_job_sends_no_report_and_the_node_serves_on(
+        mesh_factory):  # noqa: F811
+    def refuse(group: Any, caps: NodeCaps, job: Any, control: NodeControl) -> None:
+        report_job_error(group, job["job"], RefusedError(f"rank {group.rank} is busy"))
+        return None
+
+    mesh = mesh_factory({1: {"jobs": {"busy": refuse, "echo": EchoJob()}}})
+    send_job(mesh.g0, 1, {"kind": "busy", "job": 44})
+    msg = reply(mesh.g0, ("report", "error"))
+    assert (msg["kind"], msg["error"], msg["message"]) == ("error", "RefusedError",
+                                                           "rank 1 is busy")
+    send_job(mesh.g0, 1, {"kind": "echo", "job": 45, "items": [0]})
+    assert reply(mesh.g0, ("report", "error"))["job"] == 45
+    mesh.close()
+    assert [r.job for r in mesh.results[1]] == [45]
 
 
 def test_a_pipeline_job_the_node_cannot_parse_is_reported_not_left_to_time_out(
