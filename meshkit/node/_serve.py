@@ -142,7 +142,7 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
         try:
             report = handler(group, caps, job, control)
         except PeerLostError as exc:
-            if kind == "pipeline" and _coordinator_gone(group, exc, f" during job {job_id!r}"):
+            if _coordinator_gone(group, exc, f" during job {job_id!r}"):
                 break
             raise
         if report is None:

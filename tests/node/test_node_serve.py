@@ -12,8 +12,16 @@ import numpy as np
 import pytest
 from inproc_mesh import loopback, mesh_factory, reply  # noqa: F401  (the mesh fixture)
 
-from meshkit import MeshError, NodeReport, RefusedError
-from meshkit.node import TAG_UP, NodeCaps, NodeControl, report_job_error, send_job
+from meshkit import MeshError, NodeReport, PeerLostError, RefusedError
+from meshkit.node import (
+    TAG_UP,
+    NodeCaps,
+    NodeControl,
+    local_caps,
+    report_job_error,
+    send_job,
+    serve_node,
+)
 from meshkit.pipeline import Stage, run_pipeline
 
 
@@ -96,3 +104,42 @@ def test_a_training_job_sent_to_a_fixed_function_rank_is_refused_by_the_node(mes
     assert reply["kind"] == "error" and reply["error"] == "PlacementError"
     assert "rank 1 is a fixed-function rank implementing the pre-synthesized stage [enc0] " \
            "and cannot train: its datapath has no backward pass" in reply["message"]
+
+
+class OneJobGroup:
+    """Rank 1 whose coordinator sends one job and then (maybe) dies mid-job."""
+
+    rank, world_size, timeout = 1, 2, 5.0
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.jobs = [job]
+        self.dead: dict[int, str] = {}
+        self.sent: list[tuple[int, int, Any]] = []
+
+    def send(self, dst: int, tag: int, payload: Any) -> None:
+        if dst in self.dead:
+            raise PeerLostError(f"rank {dst} is dead")
+        self.sent.append((dst, tag, payload))
+
+    def recv(self, src: int, tag: int, timeout: float | None = None) -> dict[str, Any]:
+        if not self.jobs:
+            raise PeerLostError("nothing queued")
+        return self.jobs.pop(0)
+
+
+def test_a_coordinator_lost_during_any_job_kind_makes_the_node_leave():
+    group = OneJobGroup({"kind": "fit", "job": 46})
+
+    def fit(group: Any, caps: NodeCaps, job: Any, control: NodeControl) -> None:
+        group.dead[0] = "connection reset by peer"
+        raise PeerLostError("rank 0 is dead: connection reset by peer")
+
+    assert serve_node(group, local_caps(1), jobs={"fit": fit}, send_handshake=False) == []
+    # A peer lost while the coordinator is alive is not the node's to swallow.
+    group = OneJobGroup({"kind": "fit", "job": 47})
+
+    def lose_a_peer(group: Any, caps: NodeCaps, job: Any, control: NodeControl) -> None:
+        raise PeerLostError("rank 2 is dead")
+
+    with pytest.raises(PeerLostError, match="rank 2 is dead"):
+        serve_node(group, local_caps(1), jobs={"fit": lose_a_peer}, send_handshake=False)
