@@ -160,6 +160,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
     from meshkit.node import NodeControl, caps_for, serve_node
     from meshkit.node.config import NodeConfig
+    from meshkit.pipeline import serve_pipeline_job
+    from meshkit.train._node_job import serve_train_job
 
     secret = read_secret(secret_file)
     if board_options and not board_name:
@@ -237,7 +239,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         try:
             click.echo(json.dumps({"event": "caps", "caps": caps.to_json()}), nl=True)
             sys.stdout.flush()
-            reports = serve_node(group, caps, board=board, control=control)
+            reports = serve_node(group, caps, board=board, control=control,
+                                 jobs={"pipeline": serve_pipeline_job, "train": serve_train_job})
             for report in reports:
                 click.echo(json.dumps({"event": "report", "report": report.to_json()}))
         finally:
