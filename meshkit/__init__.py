@@ -36,8 +36,8 @@ hookimpl = pluggy.HookimplMarker("meshkit")
 # Public names that live in modules too heavy to import eagerly.
 _LAZY = {
     "NodeConfig": "meshkit.node.config",
-    "NodeRole": "meshkit.node.config",
-    "FixedFunction": "meshkit.node.fixed_function",
+    "NodeRole": "meshkit.node",
+    "FixedFunction": "meshkit.node",
     "NodeCaps": "meshkit.node",
     "NodeControl": "meshkit.node",
     "NodeReport": "meshkit.node",

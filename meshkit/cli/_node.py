@@ -22,6 +22,8 @@ from meshkit.errors import ConfigError
 from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
+from meshkit.pipeline import serve_pipeline_job
+from meshkit.train import serve_train_job
 
 __all__ = ["node"]
 
@@ -154,7 +156,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         try:
             click.echo(json.dumps({"event": "caps", "caps": caps.to_json()}), nl=True)
             sys.stdout.flush()
-            reports = serve_node(group, caps, board=board, control=control)
+            reports = serve_node(group, caps, board=board, control=control,
+                                 jobs={"pipeline": serve_pipeline_job, "train": serve_train_job})
             for report in reports:
                 click.echo(json.dumps({"event": "report", "report": report.to_json()}))
         finally:

@@ -1,4 +1,5 @@
-"""Fixed-function boards: the driver protocol and the deadline every call gets.
+"""Fixed-function boards: the descriptor, the driver protocol, the deadline every
+call gets, and the length checks at the board's edges.
 
 A *board* is hardware that implements one pre-synthesized stage (an FPGA
 bitstream) and cannot compile anything. Board drivers are components of kind
@@ -23,6 +24,12 @@ driver in a :class:`DeadlineBoard`, which runs each call on a dedicated
 thread and gives up after the deadline, so a wedged PCIe link or a board
 that stopped clocking is an error naming the stage, not a node that hangs
 forever while the mesh waits on it.
+
+Every check at a board's edges lives here: that a board implements the stage
+its rank advertises (:func:`check_board`), that a stage is the one a
+descriptor implements (:meth:`FixedFunction.check`), and that each activation
+going in and each result coming out has the length the descriptor declares
+(:func:`execute_checked`).
 """
 
 from __future__ import annotations
@@ -32,22 +39,91 @@ import queue
 import threading
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from meshkit.errors import BoardError, BoardTimeoutError, MeshError
-from meshkit.node.fixed_function import FixedFunction
+import attrs
+import numpy as np
+
+from meshkit import plugins as _plugins
+from meshkit.errors import BoardError, BoardTimeoutError, MeshError, PlacementError
+from meshkit.node._activation import as_activation
+from meshkit.options import structure_strict
 
 __all__ = [
     "DEFAULT_DEADLINE",
+    "FixedFunction",
     "Board",
     "BoardError",
     "BoardTimeoutError",
     "DeadlineBoard",
     "open_board",
+    "check_board",
+    "execute_checked",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Seconds one ``execute`` call may take when the driver names no deadline.
 DEFAULT_DEADLINE = 10.0
+
+#: The datapath dtypes a descriptor may name.
+_DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int16", "int32")
+
+
+@attrs.frozen
+class FixedFunction:
+    """A stage baked into hardware that cannot be reprogrammed at run time.
+
+    An FPGA bitstream implements exactly one datapath and synthesis takes
+    minutes, so a board cannot be shipped a graph: it advertises this
+    descriptor and the coordinator only ever assigns it the matching stage.
+    Activations cross the wire as float32; ``dtype`` is what the datapath was
+    synthesized for, and the board's host driver converts.
+    """
+
+    stage_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    input_elems: int = attrs.field(validator=[attrs.validators.instance_of(int),
+                                              attrs.validators.gt(0)])
+    output_elems: int = attrs.field(validator=[attrs.validators.instance_of(int),
+                                               attrs.validators.gt(0)])
+    dtype: str = attrs.field(default="float32", validator=attrs.validators.in_(_DTYPES))
+
+    @stage_id.validator
+    def _stage_id_not_empty(self, attribute: Any, value: str) -> None:
+        if not value:
+            raise ValueError("FixedFunction.stage_id must not be empty")
+
+    def check(self, stage: Any) -> None:
+        """Raise :class:`PlacementError` unless this hardware can run ``stage``.
+
+        ``stage`` is anything with a ``stage_id`` attribute (or a stage id
+        string). Checked by the coordinator before shipping, so a mismatch is
+        a clear error at placement time, not a hang or a wrong number later.
+        """
+        stage_id = stage if isinstance(stage, str) or stage is None else getattr(
+            stage, "stage_id", None)
+        if stage_id is None:
+            raise PlacementError(
+                f"fixed-function rank implements stage [{self.stage_id}], but the "
+                f"stage it was offered carries no stage_id: set stage_id on the "
+                f"stage to target pre-synthesized hardware")
+        if stage_id != self.stage_id:
+            raise PlacementError(
+                f"fixed-function rank implements stage [{self.stage_id}], cannot run "
+                f"[{stage_id}]: an FPGA datapath is synthesized, not compiled")
+
+    def accepts(self, stage: Any) -> bool:
+        """Whether :meth:`check` passes for ``stage``."""
+        try:
+            self.check(stage)
+        except PlacementError:
+            return False
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> FixedFunction:
+        return structure_strict(data, cls, where="fixed_function")
 
 
 @runtime_checkable
@@ -178,8 +254,44 @@ def open_board(name: str, options: Mapping[str, Any] | Any = None, *,
     None). ``deadline`` overrides the driver's own.
     """
     if plugins is None:
-        from meshkit import plugins as _plugins
-
         plugins = _plugins.default()
     driver = plugins.create("board", name, options)
     return DeadlineBoard(driver, deadline)
+
+
+def check_board(board: Any, advertised: FixedFunction) -> None:
+    """Refuse a board whose stage differs from the one the rank advertises."""
+    actual = board.descriptor
+    if actual != advertised:
+        raise PlacementError(
+            f"the board implements stage [{actual.stage_id}] ({actual.input_elems} -> "
+            f"{actual.output_elems} {actual.dtype}) but this rank advertises stage "
+            f"[{advertised.stage_id}] ({advertised.input_elems} -> "
+            f"{advertised.output_elems} {advertised.dtype}): fix the board options or "
+            f"the advertised descriptor so they agree")
+
+
+def execute_checked(board: Board, x: np.ndarray) -> np.ndarray:
+    """Push one activation through ``board``, checking both lengths against its descriptor.
+
+    An activation of another length is refused rather than clocked into the
+    fabric, and a result of another length never travels on: either is a
+    :class:`PlacementError` naming both sizes. The driver is always handed
+    float32 (a host driver may DMA the raw bytes), whatever dtype a peer put
+    on the wire; what it returns must be numbers (:class:`BoardError`).
+    """
+    ff = board.descriptor
+    if x.size != ff.input_elems:
+        raise PlacementError(
+            f"fixed-function stage [{ff.stage_id}] takes {ff.input_elems} elements, got "
+            f"an activation of {x.size}: the datapath is synthesized for one shape and "
+            f"cannot adapt; fix the stage feeding it")
+    x = x.reshape(-1) if x.dtype == np.float32 else x.reshape(-1).astype(np.float32)
+    y = as_activation(board.execute(x), f"fixed-function stage [{ff.stage_id}]: the board",
+                      BoardError)
+    if y.size != ff.output_elems:
+        raise PlacementError(
+            f"fixed-function stage [{ff.stage_id}] declares {ff.output_elems} output "
+            f"elements, but the board returned {y.size}: the board and its descriptor "
+            f"disagree; fix the board driver or its descriptor")
+    return y

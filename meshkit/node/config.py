@@ -1,4 +1,10 @@
-"""How a node joins a mesh: :class:`NodeConfig`, with environment parity."""
+"""How a node joins a mesh: :class:`NodeConfig`, with environment parity.
+
+Everything a node needs to join (rank, world, peers or discovery, its
+device and heap budget, the board it drives, the transport and the shared
+secret) is one frozen record, checked when it is built; the environment
+(:meth:`NodeConfig.from_env`) is read in one place.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,10 @@ from typing import Any, Mapping
 
 import attrs
 
+from meshkit import plugins
 from meshkit.errors import ConfigError
-from meshkit.node.fixed_function import FixedFunction
+from meshkit.node._caps import NodeCaps, NodeRole, local_caps
+from meshkit.node.board import FixedFunction
 
 #: The longest timeout meshkit accepts, in seconds (about 31 years): far
 #: below threading.TIMEOUT_MAX and the socket layer's limit (about 9.2e9 s
@@ -16,18 +24,11 @@ from meshkit.node.fixed_function import FixedFunction
 #: at configuration time.
 MAX_TIMEOUT = 1e9
 
-__all__ = ["NodeConfig", "NodeRole", "DEFAULT_DISC_PORT", "DEFAULT_DATA_BASE"]
+__all__ = ["NodeConfig", "caps_for", "MAX_TIMEOUT", "DEFAULT_DISC_PORT", "DEFAULT_DATA_BASE"]
 
 DEFAULT_DISC_PORT = 29600
 DEFAULT_DATA_BASE = 29500
 TOPOLOGIES = ("star", "mesh")
-
-
-class NodeRole:
-    """The two roles a node can have (plain strings on the wire)."""
-
-    WORKER = "worker"
-    FIXED_FUNCTION = "fixed_function"
 
 
 def _peers(value: Any) -> tuple[str, ...]:
@@ -115,16 +116,12 @@ class NodeConfig:
     def with_secret(self, secret: bytes) -> NodeConfig:
         return attrs.evolve(self, secret=secret)
 
-    def caps(self) -> Any:
+    def caps(self) -> NodeCaps:
         """The :class:`meshkit.NodeCaps` this node advertises in the handshake."""
-        from meshkit.node import caps_for
-
         return caps_for(self)
 
     def connect(self) -> Any:
         """Build the selected transport and join the mesh; returns its ``Group``."""
-        from meshkit import plugins
-
         return plugins.create("transport", self.transport,
                               self.transport_options or None).connect(self)
 
@@ -187,3 +184,9 @@ class NodeConfig:
             kwargs["secret"] = env["MESHKIT_SECRET"].encode()
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
+
+
+def caps_for(config: NodeConfig, **kwargs: Any) -> NodeCaps:
+    """:func:`~meshkit.node.local_caps` for a :class:`NodeConfig` (``kwargs`` pass on)."""
+    return local_caps(config.rank, fixed_function=config.fixed_function,
+                      device=config.device, heap_bytes=config.heap_bytes, **kwargs)

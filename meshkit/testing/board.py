@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from meshkit.errors import MeshError
+from meshkit.node import FixedFunction
 from meshkit.testing.support import ContractBase
 
 __all__ = ["BoardContract"]
@@ -67,8 +68,6 @@ class BoardContract(ContractBase):
         return outcome["value"]
 
     def test_the_descriptor_is_a_fixed_function(self) -> None:
-        from meshkit.node.fixed_function import FixedFunction
-
         board = self.make()
         assert isinstance(board.descriptor, FixedFunction), (
             f"descriptor must be a meshkit.FixedFunction, got {board.descriptor!r}")

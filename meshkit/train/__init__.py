@@ -12,6 +12,7 @@ One idea per module:
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
 * ``_protocol`` — the trainer requests and replies, and their tags;
 * ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
+* ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round
   (:class:`GroupPool`, :class:`LocalPool`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
@@ -26,6 +27,7 @@ Strategy plugins import from here, never from a ``_private`` module.
 from __future__ import annotations
 
 from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -75,6 +77,7 @@ __all__ = [
     "decode",
     "Trainer",
     "serve_trainer",
+    "serve_train_job",
     # running a job
     "RunReport",
     "RunEvent",

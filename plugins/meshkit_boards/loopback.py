@@ -17,8 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 import meshkit
-from meshkit import ConfigError
-from meshkit.node.board import BoardError
+from meshkit import BoardError, ConfigError
 
 __all__ = ["LoopbackBoard", "resolve_callable"]
 

@@ -1,4 +1,4 @@
-"""NodeCaps, the capability handshake, FixedFunction.accepts and NodeControl."""
+"""NodeCaps: what a node advertises, how it reads from the wire, and the handshake."""
 
 from __future__ import annotations
 
@@ -7,22 +7,12 @@ import threading
 import pytest
 
 import meshkit
-from meshkit import FixedFunction, NodeCaps, NodeConfig, NodeControl, PlacementError
+from meshkit import FixedFunction, NodeCaps, NodeConfig, PlacementError
 from meshkit.errors import ConfigError, PeerLostError, WireError
 from meshkit.node import TAG_CAPS, caps_for, collect_caps, local_caps, send_caps
 from meshkit.pipeline import Stage
 
 FF = FixedFunction("enc0", 16, 8)
-
-
-def test_fixed_function_accepts_only_its_own_stage_and_names_both_ids():
-    assert FF.accepts(Stage.board("enc0"))
-    assert not FF.accepts(Stage.board("dec1"))
-    with pytest.raises(PlacementError) as err:
-        FF.check(Stage.board("dec1"))
-    assert str(err.value) == (
-        "fixed-function rank implements stage [enc0], cannot run [dec1]: an FPGA "
-        "datapath is synthesized, not compiled")
 
 
 def test_a_stage_without_a_stage_id_is_refused_with_a_hint_to_set_one():
@@ -89,20 +79,6 @@ def test_caps_from_the_wire_ignore_unknown_keys_and_refuse_wrong_types():
         NodeCaps.from_json({"role": "worker"})
     with pytest.raises(WireError, match="must carry its FixedFunction descriptor"):
         NodeCaps.from_json({**data, "role": "fixed_function"})
-
-
-def test_node_control_budget_and_stop():
-    control = NodeControl(steps=2)
-    assert control.should_continue()
-    control.count()
-    control.count()
-    assert not control.should_continue() and control.reason() == "budget"
-    other = NodeControl()
-    threading.Thread(target=other.stop).start()
-    assert other.stop_handle.wait(5)
-    assert not other.should_continue() and other.reason() == "stop"
-    with pytest.raises(ConfigError, match="non-negative integer"):
-        NodeControl(steps=-1)
 
 
 # -- the handshake over a real (in-process) group --------------------------------

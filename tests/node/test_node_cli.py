@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from meshkit import ConfigError
@@ -49,3 +51,31 @@ def test_bad_board_options_name_the_key(pairs, message):
     with pytest.raises(ConfigError) as err:
         parse_board_options(pairs, LoopbackOptions)
     assert str(err.value) == message
+
+
+def _node(*extra: str) -> Any:
+    from click.testing import CliRunner
+
+    from meshkit.cli import main
+
+    base = ["node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9", "--board",
+            "loopback", "--board-option", "input_elems=2", "--board-option", "output_elems=2"]
+    return CliRunner().invoke(main, [*base, *extra], env={"MESHKIT_SECRET": "s"})
+
+
+@pytest.mark.parametrize("options, message", [
+    (["stage_id=s", "dtype=float64"], "[board] 'dtype' must be in"),
+    (["stage_id="], "[board] FixedFunction.stage_id must not be empty"),
+    (["stage_id=s", "function=r3_broken_board_module:run"],
+     ("[board] function: cannot import module 'r3_broken_board_module': RuntimeError: "
+      "boom at import")),
+])
+def test_bad_board_options_exit_2_with_a_message_not_a_traceback(tmp_path, monkeypatch,
+                                                                  options, message):
+    (tmp_path / "r3_broken_board_module.py").write_text(
+        "raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = [f for option in options for f in ("--board-option", option)]
+    result = _node(*flags)
+    assert result.exit_code == 2, result.exception
+    assert message in result.output

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from meshkit import wire
 from meshkit.errors import AuthenticationError, PeerLostError, WireError
 
-from test_wire import SECRET, Outcome, channel_pair, record, send_raw
+from test_channel import SECRET, Outcome, channel_pair, record, send_raw
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

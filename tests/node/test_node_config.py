@@ -76,3 +76,18 @@ def test_both_peers_forms_are_accepted():
     assert star.is_star and star.peers == ("coord:29500",)
     mesh = NodeConfig(rank=1, world=3, peers=["a:1", "b:2", "c:3"])
     assert not mesh.is_star and len(mesh.peers) == 3
+
+
+def test_discovery_data_ports_past_65535_are_refused_naming_the_setting():
+    # Rank r listens on data_base + r: rank 1 of 2 would need port 65536. Before
+    # this was refused, discovery dropped the datagram and the node timed out.
+    with pytest.raises(ConfigError) as err:
+        NodeConfig(rank=1, world=2, discover=True, data_base=65535, secret=b"s")
+    assert str(err.value) == (
+        "data_base 65535: with discovery, rank r listens on data_base + r, so a world of "
+        "2 needs ports up to 65536; choose a data_base of at most 65534")
+    with pytest.raises(ConfigError, match="needs ports up to 65536"):
+        NodeConfig.from_env({"RANK": "1", "WORLD": "2", "DISCOVER": "1", "DATA_PORT": "65535"})
+    assert NodeConfig(rank=1, world=2, discover=True, data_base=65534).data_base == 65534
+    # Without discovery the data ports are not used.
+    assert NodeConfig(rank=1, world=2, peers=["h:1"], data_base=65535).data_base == 65535

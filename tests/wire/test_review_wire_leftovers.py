@@ -1,4 +1,7 @@
-"""Regression tests from the adversarial review of the wire and transports (R1).
+"""Regression tests from the adversarial review of the wire and transports (R1)
+that protect other packages (the tcp transport, discovery, the reduce round,
+node configuration), left here for the lead to move next to the code they
+protect.
 
 Each test pins one bug that was found and fixed: real sockets on 127.0.0.1,
 port 0, synchronised on events and bounded joins (no sleeps).
@@ -45,7 +48,6 @@ def _read_hello(sock: socket.socket) -> bytes:
     return got
 
 
-
 def assert_a_good_worker_still_joins(coordinator) -> None:
     """After whatever the test threw at it, the coordinator still admits rank 1."""
     worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
@@ -54,6 +56,7 @@ def assert_a_good_worker_still_joins(coordinator) -> None:
         assert coordinator.wait_for_workers(timeout=5) == [1]
     finally:
         worker.close()
+
 
 def test_closing_a_coordinator_does_not_wait_out_a_half_finished_handshake() -> None:
     # A peer that connected and stopped mid-handshake held close() for the
@@ -136,16 +139,6 @@ def test_failing_to_start_a_handshake_thread_does_not_stop_ranks_joining_later()
         assert_a_good_worker_still_joins(coordinator)
     finally:
         coordinator.close()
-
-
-def test_a_json_object_with_non_string_keys_is_refused_not_silently_rekeyed() -> None:
-    # json.dumps turns {1: "a"} into {"1": "a"}: the receiver got other keys
-    # than were sent, and {1: "a", "1": "b"} arrived with one entry lost.
-    for value in ({1: "a"}, {"ok": [{"1": "b", 1: "a"}]}, {None: 0}):
-        with pytest.raises(WireError, match=r"'labels'.*keys must be strings"):
-            wire.encode_state({"labels": value})
-    state = wire.decode_state(b"".join(wire.encode_state({"labels": {"1": "a"}}).buffers))
-    assert state == {"labels": {"1": "a"}}
 
 
 def test_an_infinite_or_nan_node_timeout_is_a_config_error_not_an_overflow() -> None:
@@ -272,55 +265,6 @@ def test_a_bad_max_frame_is_refused_when_the_coordinator_starts() -> None:
         with pytest.raises(ConfigError, match="max_frame_bytes"):
             NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0", secret=SECRET,
                        transport_options={"max_frame_bytes": bad}, timeout=5.0).connect()
-
-
-def test_a_handshake_refused_for_its_arguments_still_closes_the_socket() -> None:
-    # The docstring promises the socket is closed on every error; argument
-    # errors were raised before the guard, leaving the peer waiting.
-    for kwargs in ({"secret": None}, {"max_frame": 0}, {"rank": 2}, {"session": b"x" * 17}):
-        a, b = socket.socketpair()
-        try:
-            args = {"secret": SECRET, "rank": 0, "world": 2, **kwargs}
-            with pytest.raises(ConfigError):
-                wire.handshake(a, args.pop("secret"), **args)
-            assert a.fileno() == -1, kwargs
-        finally:
-            a.close()
-            b.close()
-
-
-@pytest.mark.parametrize("stall", [1e9, math.inf])
-def test_a_very_long_channel_timeout_does_not_overflow_the_poll(stall) -> None:
-    # The config refuses inf, so "wait for ever" is written 1e9 s; poll()
-    # takes at most 2**31 - 1 ms, and every frame that had to wait for the
-    # socket died with a bare OverflowError (the timeout setter allows inf).
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        dialer = socket.create_connection(listener.getsockname(), timeout=5)
-        accepted, _ = listener.accept()
-    result: dict = {}
-
-    def other_end() -> None:
-        try:
-            channel = wire.handshake(accepted, SECRET, rank=1, world=2, timeout=30.0)
-            channel.timeout = stall
-            result["channel"] = channel
-            channel.send(1, 7, {"w": np.ones(4 << 20, np.float32)})  # 16 MiB: must wait
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            result["error"] = exc
-
-    thread = threading.Thread(target=other_end, daemon=True)
-    thread.start()
-    channel = wire.handshake(dialer, SECRET, rank=0, world=2, timeout=30.0)
-    channel.timeout = stall
-    try:
-        frame = channel.recv(timeout=60.0)
-        thread.join(10)
-        assert "error" not in result, result.get("error")
-        assert frame.tag == 7 and frame.state["w"].shape == (4 << 20,)
-    finally:
-        channel.close()
-        if "channel" in result:
-            result["channel"].close()
 
 
 def test_the_refusal_log_of_a_long_lived_coordinator_stays_bounded() -> None:

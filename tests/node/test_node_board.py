@@ -1,4 +1,4 @@
-"""The board kind: the loopback driver, its options, and the deadline wrapper."""
+"""Boards (``meshkit/node/board.py``): the descriptor, the loopback driver, the deadline."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ import threading
 import numpy as np
 import pytest
 
-from meshkit import ConfigError, FixedFunction, plugins
-from meshkit.node.board import BoardError, BoardTimeoutError, DeadlineBoard, open_board
+from meshkit import (
+    BoardError,
+    BoardTimeoutError,
+    ConfigError,
+    FixedFunction,
+    PlacementError,
+    plugins,
+)
+from meshkit.node.board import DeadlineBoard, open_board
+from meshkit.pipeline import Stage
 
 RELEASE = threading.Event()
 
@@ -82,7 +90,7 @@ def test_identity_cannot_change_the_length_and_unknown_functions_are_refused():
 
 def test_a_module_function_board_runs_the_function():
     board = open_board("loopback", {"stage_id": "s", "input_elems": 6, "output_elems": 3,
-                                    "function": "test_boards:halve_length"})
+                                    "function": "test_node_board:halve_length"})
     assert board.execute(np.arange(6, dtype=np.float32)).tolist() == [0, 1, 2]
 
 
@@ -107,7 +115,7 @@ def test_the_loopback_driver_refuses_a_wrong_input_length():
 def test_a_hung_board_is_an_error_naming_the_stage_and_the_deadline_not_a_hang():
     RELEASE.clear()
     board = open_board("loopback", {"stage_id": "slow", "input_elems": 2, "output_elems": 2,
-                                    "function": "test_boards:hang", "deadline": 0.2})
+                                    "function": "test_node_board:hang", "deadline": 0.2})
     try:
         with pytest.raises(BoardTimeoutError) as err:
             board.execute(np.zeros(2, np.float32))
@@ -123,7 +131,7 @@ def test_a_hung_board_is_an_error_naming_the_stage_and_the_deadline_not_a_hang()
 
 def test_a_board_that_raises_is_a_board_error_naming_the_stage():
     board = open_board("loopback", {"stage_id": "dma", "input_elems": 2, "output_elems": 2,
-                                    "function": "test_boards:broken"})
+                                    "function": "test_node_board:broken"})
     with pytest.raises(BoardError) as err:
         board.execute(np.zeros(2, np.float32))
     assert str(err.value) == "board for stage [dma] failed: RuntimeError: DMA transfer failed"
@@ -143,3 +151,51 @@ def test_unknown_board_options_are_config_errors():
     with pytest.raises(ConfigError, match="colour: unknown key"):
         open_board("loopback", {"stage_id": "s", "input_elems": 2, "output_elems": 2,
                                 "colour": "red"})
+
+
+FF = FixedFunction("enc0", 16, 8)
+
+
+def test_fixed_function_accepts_only_its_own_stage_and_names_both_ids():
+    assert FF.accepts(Stage.board("enc0"))
+    assert not FF.accepts(Stage.board("dec1"))
+    with pytest.raises(PlacementError) as err:
+        FF.check(Stage.board("dec1"))
+    assert str(err.value) == (
+        "fixed-function rank implements stage [enc0], cannot run [dec1]: an FPGA "
+        "datapath is synthesized, not compiled")
+
+
+def return_nothing(x: np.ndarray) -> None:
+    """A stage function that forgot its return statement."""
+
+
+def test_a_loopback_function_returning_none_is_a_board_error():
+    board = open_board("loopback", {"stage_id": "s", "input_elems": 2, "output_elems": 1,
+                                    "function": "test_node_board:return_nothing"})
+    with pytest.raises(BoardError, match="expected numbers"):
+        board.execute(np.zeros(2, np.float32))
+    board.close()
+
+
+@pytest.mark.parametrize("deadline", [float("inf"), 1e300])
+def test_a_deadline_too_large_to_wait_on_is_refused_up_front(deadline):
+    with pytest.raises(BoardError, match="board deadline must be"):
+        open_board("loopback", {"stage_id": "s", "input_elems": 2, "output_elems": 2,
+                                "deadline": deadline})
+
+
+def test_weights_that_are_not_one_numeric_npy_array_are_config_errors(tmp_path):
+    npz = tmp_path / "w.npz"
+    np.savez(npz, w=np.ones((2, 2)))
+    text = tmp_path / "s.npy"
+    np.save(text, np.array([["a", "b"], ["c", "d"]]))
+    cplx = tmp_path / "c.npy"
+    np.save(cplx, np.ones((2, 2), complex))
+    for path, found in ((npz, "an .npz archive"), (text, "dtype <U1"),
+                        (cplx, "dtype complex128")):
+        with pytest.raises(ConfigError) as err:
+            open_board("loopback", {"stage_id": "s", "input_elems": 2, "output_elems": 2,
+                                    "function": "affine", "weights": str(path)})
+        assert str(err.value).startswith(f"[board] weights: {str(path)!r}")
+        assert found in str(err.value)

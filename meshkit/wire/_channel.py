@@ -1,0 +1,523 @@
+"""Every byte a frame puts on the socket is decided here.
+
+A :class:`Channel` is what :func:`~meshkit.wire.handshake` returns: one
+connected socket and its per-direction keys. Sending packs the header (kind,
+flags, tag, sender, sequence number, body length), MACs it with HMAC-SHA256,
+writes the body straight from the arrays' memory and ends with the
+AES-256-GMAC body tag (the GCM tag of the header with the body as associated
+data, nonce = the sequence number). Receiving reads the header alone, checks
+its MAC, sequence number, flags and length *before* a body-sized buffer
+exists, then reads the body and tag and checks the tag, all while the bytes
+are still in cache. Stall timeouts and write deadlines are enforced here; any
+error but :class:`RecvTimeout` closes the channel, since the stream can no
+longer be trusted to be in sync. The layouts themselves are in ``_codec``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.wire._codec import (
+    _HEADER,
+    _KNOWN_FRAME_FLAGS,
+    BODY_TAG_SIZE,
+    FLAG_BF16,
+    FRAME_MAGIC,
+    HEADER_SIZE,
+    MAC_SIZE,
+    EncodedState,
+    Hello,
+    _byte_view,
+    decode_state,
+    encode_state,
+)
+from meshkit.wire._keys import _Keys
+from meshkit.wire._sockets import _Poller, _send_queue_has_room, close_socket
+
+#: Largest frame body a channel accepts unless told otherwise (1 GiB).
+DEFAULT_MAX_FRAME = 1 << 30
+_ZERO_MAC = bytes(MAC_SIZE)
+_ZERO_TAG = bytes(BODY_TAG_SIZE)
+# 96-bit GCM nonce: 4 zero bytes then the frame's u64 sequence number. The key
+# is per connection and per direction and the sequence number never repeats
+# in a direction, so a (key, nonce) pair is never reused.
+_GCM_NONCE = struct.Struct("<IQ")
+# AESGCM's one-shot call takes at most 2**31 - 1 bytes of associated data;
+# bigger bodies (max_frame can be raised past 2 GiB) are fed in pieces.
+_AAD_PIECE = 1 << 30
+
+# A whole frame this small is built in one buffer and sent with one call; big
+# buffers go straight from the array's memory (no concatenation copy).
+_COALESCE = 256 * 1024
+# Big bodies are authenticated piecewise, each piece right before it is sent
+# or right after it arrived, while it is still in cache: one pass over memory.
+# The pieces also pipeline the two ends: the receiver copies and checks one
+# piece while the sender tags the next. Received bytes are fed to the tag
+# every _MAC_STEP; a body is sent in halves up to _SEND_PIECE each, so even a
+# 1 MiB frame overlaps (docs/benchmarks/allreduce.md: the MAC's share of a
+# 1 MiB ping-pong fell from about 100 % to about 25 % with this).
+_MAC_STEP = 256 << 10
+_SEND_PIECE = 1 << 20
+# Receive buffers between these sizes are recycled once nothing refers to them
+# (see Channel._receive_buffer); at most _POOL_SIZE per channel are kept, so
+# an idle channel holds at most 16 MiB (one buffer per frame a steady stream
+# keeps in flight, in practice). Above 4 MiB the transfer dominates and
+# numpy backs the allocation with huge pages anyway.
+_POOL_MIN = 64 * 1024
+_POOL_MAX = 4 << 20
+_POOL_SIZE = 4
+_RECV_CHUNK = 4 << 20
+_SEND_CHUNK = 4 << 20
+
+
+def _streaming_gmac(key: bytes, seq: int) -> Any:
+    """A GCM encryptor to feed the body to (``authenticate_additional_data``),
+    then the header (``update``); ``finalize()`` then ``.tag`` is the body tag."""
+    return Cipher(algorithms.AES(key), modes.GCM(_GCM_NONCE.pack(0, seq))).encryptor()
+
+
+def _body_tag(gcm: AESGCM, key: bytes, seq: int, header: bytes, body: list[memoryview]) -> bytes:
+    """The GCM tag of ``header`` (plaintext) with ``body`` as associated data.
+
+    GMAC authenticates at tens of GiB/s (AES-NI + carry-less multiply), where
+    SHA-256 manages under 2 GiB/s; encrypting the header binds it (kind, tag,
+    sender, seq, length) to the body. Only the tag is sent; the ciphertext is
+    discarded. Equals ``AESGCM(key).encrypt(nonce, header, body)[-16:]``.
+    """
+    nonce = _GCM_NONCE.pack(0, seq)
+    if len(body) == 1 and body[0].nbytes <= _AAD_PIECE:
+        return gcm.encrypt(nonce, header, body[0])[-BODY_TAG_SIZE:]
+    # Scattered buffers (or a huge body): the streaming form, no concatenation.
+    encryptor = _streaming_gmac(key, seq)
+    for view in body:
+        for start in range(0, view.nbytes, _AAD_PIECE):
+            encryptor.authenticate_additional_data(view[start:start + _AAD_PIECE])
+    encryptor.update(header)
+    encryptor.finalize()
+    return encryptor.tag
+
+
+class RecvTimeout(PeerLostError):
+    """No frame started within the receive timeout; the channel is still usable."""
+
+
+@attrs.frozen
+class Frame:
+    """One authenticated frame as received."""
+
+    kind: int
+    tag: int
+    sender: int
+    seq: int
+    state: dict[str, Any]
+    bf16: bool = False
+    nbytes: int = 0
+    #: The raw body (a numpy uint8 array the state's arrays are views of).
+    body: Any = attrs.field(default=None, repr=False, eq=False)
+    flags: int = 0
+
+
+_UNSET: Any = object()
+
+
+class Channel:
+    """An authenticated, sequenced frame stream over one connected socket.
+
+    Build one with :func:`handshake`. ``timeout`` is a stall timeout: a read
+    or write that makes no progress for that many seconds drops the peer
+    with :class:`PeerLostError`; a large frame that keeps moving is never cut
+    off. Any error other than :class:`RecvTimeout` closes the channel, since
+    the stream can no longer be trusted to be in sync.
+    """
+
+    def __init__(self, sock: socket.socket, *, keys: _Keys, rank: int, world: int, peer: Hello,
+                 timeout: float, max_frame: int, mac: bool = True) -> None:
+        self._sock = sock
+        self._keys = keys
+        self.rank = rank
+        self.world = world
+        self.peer = peer
+        self._timeout = timeout
+        self.max_frame = max_frame
+        self.mac_enabled = mac
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._closed = False
+        self._close_reason: str | None = None
+        self._pool: list[np.ndarray] = []
+        # The socket is non-blocking and the channel polls only when a read or
+        # write would block: with a socket timeout set, CPython polls before
+        # *every* recv/send, and a small frame paid five syscalls instead of two.
+        # One poll object per direction: a poll object refuses concurrent use.
+        sock.setblocking(False)
+        self._read_poll = _Poller(sock)
+        self._write_poll = _Poller(sock, write=True)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (f"<Channel rank {self.rank} <-> {self.peer.describe()}, {state}, "
+                f"sent {self._send_seq}, received {self._recv_seq}>")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def timeout(self) -> float:
+        """Stall timeout in seconds for reads and writes (settable)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ConfigError(f"a channel timeout must be positive seconds, got {seconds}")
+        self._timeout = seconds
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self, reason: str | None = None) -> None:
+        """Close the socket; a thread blocked in :meth:`recv` wakes with PeerLostError.
+
+        ``reason`` (the first one given wins) is quoted by the errors other
+        threads then get, so a reader that wakes to a channel a failed write
+        closed reports why, not just that it was closed.
+        """
+        if reason is not None and self._close_reason is None:
+            self._close_reason = reason
+        self._closed = True
+        close_socket(self._sock)
+        self._pool = []  # recycled receive buffers are not needed any more
+
+    def _closed_error(self, tense: str = "was") -> PeerLostError:
+        why = f" ({self._close_reason})" if self._close_reason else ""
+        return PeerLostError(f"channel to {self.peer.describe()} {tense} closed{why}")
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, kind: int, tag: int, state: Mapping[str, Any], *, bf16: bool = False,
+             sender: int | None = None, deadline: float | None = None) -> int:
+        """Send one frame; returns the body size in bytes.
+
+        ``kind`` (0..255) and ``tag`` (0..2**32-1) are the transport's to
+        interpret. ``sender`` defaults to this end's rank (a relay passes the
+        original sender). With ``bf16``, float32 arrays travel as bfloat16.
+        ``deadline`` (``time.monotonic()`` seconds) bounds the whole write on
+        top of the stall timeout: a peer that reads, but too slowly, is a
+        :class:`PeerLostError` once it passes, and the channel is closed.
+        """
+        return self.send_encoded(kind, tag, encode_state(state, bf16=bf16), sender=sender,
+                                 deadline=deadline)
+
+    def send_encoded(self, kind: int, tag: int, encoded: EncodedState, *,
+                     sender: int | None = None, deadline: float | None = None) -> int:
+        """Send a body prepared by :func:`encode_state` (encode once, scatter to many)."""
+        return self._send_buffers(kind, tag, encoded.flags, encoded,
+                                  self.rank if sender is None else sender, deadline)
+
+    def forward(self, frame: Frame, *, sender: int | None = None,
+                deadline: float | None = None) -> int:
+        """Re-send a received frame's body unchanged (for relays: no re-encoding).
+
+        The body tag is recomputed under this channel's key and sequence
+        number: tags are per connection and per direction.
+        """
+        encoded = EncodedState(buffers=(frame.body,), nbytes=frame.nbytes, flags=frame.flags)
+        return self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
+                                  frame.sender if sender is None else sender, deadline)
+
+    def forward_now(self, frame: Frame, *, sender: int | None = None) -> bool:
+        """Forward ``frame`` (as :meth:`forward`) only if that cannot wait on the peer.
+
+        Returns True once the frame is written, or False, having written
+        nothing, when the send lock is busy or the kernel's send buffer might
+        not take the whole frame at once. A relay calls this on the thread
+        that reads from the *sender*: that thread must never wait for a
+        destination that has stopped reading, so on False it hands the frame
+        to a thread that may wait.
+        """
+        encoded = EncodedState(buffers=(frame.body,), nbytes=frame.nbytes, flags=frame.flags)
+        sent = self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
+                                  frame.sender if sender is None else sender, if_room=True)
+        return sent is not None
+
+    def _send_buffers(self, kind: int, tag: int, flags: int, encoded: EncodedState,
+                      sender: int, deadline: float | None = None, *,
+                      if_room: bool = False) -> int | None:
+        # ``if_room``: send only if it cannot wait (see forward_now); None if not sent.
+        nbytes = encoded.nbytes
+        if not 0 <= kind <= 0xFF:
+            raise WireError(f"frame kind must be 0..255, got {kind}")
+        if not 0 <= tag <= 0xFFFFFFFF:
+            raise WireError(f"frame tag must be 0..{0xFFFFFFFF}, got {tag}")
+        if not 0 <= sender <= 0xFFFFFFFF:
+            raise WireError(f"frame sender must be a rank >= 0, got {sender}")
+        limit = min(self.max_frame, self.peer.max_frame)
+        if nbytes > limit:
+            raise WireError(f"frame body of {nbytes} bytes exceeds the {limit}-byte ceiling "
+                            f"agreed with {self.peer.describe()}; raise max_frame on both ends "
+                            "or send the state in parts")
+        views = [_byte_view(buf) for buf in encoded.buffers]
+        if not self._send_lock.acquire(blocking=not if_room):
+            return None
+        try:
+            if self._closed:
+                raise self._closed_error("is")
+            if if_room and not _send_queue_has_room(
+                    self._sock, HEADER_SIZE + nbytes + BODY_TAG_SIZE):
+                return None
+            seq = self._send_seq
+            head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
+            header = head + (hmac.digest(self._keys.send_header, head, "sha256")
+                             if self.mac_enabled else _ZERO_MAC)
+            try:
+                self._write(header, views, nbytes, seq, deadline)
+            except BaseException as exc:
+                self.close(str(exc) if isinstance(exc, PeerLostError) else None)
+                raise
+            self._send_seq = seq + 1
+        finally:
+            self._send_lock.release()
+        return nbytes
+
+    def _tag(self, seq: int, header: bytes, body: list[memoryview]) -> bytes:
+        if not self.mac_enabled:
+            return _ZERO_TAG
+        return _body_tag(self._keys.send_gcm, self._keys.send_body, seq, header, body)
+
+    def _write(self, header: bytes, views: list[memoryview], nbytes: int, seq: int,
+               deadline: float | None) -> None:
+        if nbytes < _COALESCE:
+            # Small frame: one buffer, one tag call over it, one send.
+            whole = bytearray(header)
+            for view in views:
+                whole += view
+            with memoryview(whole) as body:
+                tag = self._tag(seq, header, [body[HEADER_SIZE:]])
+            whole += tag
+            self._send_all(memoryview(whole), deadline)
+            return
+        gmac = _streaming_gmac(self._keys.send_body, seq) if self.mac_enabled else None
+        pending = bytearray(header)
+        for view in views:
+            if view.nbytes < _COALESCE:
+                if gmac is not None:
+                    gmac.authenticate_additional_data(view)
+                pending += view
+                continue
+            if pending:
+                self._send_all(memoryview(pending), deadline)
+                pending = bytearray()
+            step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
+            for start in range(0, view.nbytes, step):
+                piece = view[start:start + step]
+                if gmac is not None:
+                    gmac.authenticate_additional_data(piece)
+                self._send_all(piece, deadline)
+        if gmac is not None:
+            gmac.update(header)
+            gmac.finalize()
+            pending += gmac.tag
+        else:
+            pending += _ZERO_TAG
+        self._send_all(memoryview(pending), deadline)
+
+    def _send_all(self, view: memoryview, deadline: float | None = None) -> None:
+        # The stall timeout measures lack of progress (no byte taken for
+        # ``timeout`` s), not the total time a large frame takes; ``deadline``
+        # bounds the total when the caller needs that.
+        sent = 0
+        total = view.nbytes
+        while sent < total:
+            try:
+                sent += self._sock.send(view[sent:sent + _SEND_CHUNK])
+                continue
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                if self._closed:
+                    raise self._closed_error() from None
+                raise PeerLostError(f"lost {self.peer.describe()} while sending: {exc}") from None
+            wait = self._timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerLostError(
+                        f"{self.peer.describe()} was still being written to when the write's "
+                        f"deadline passed ({sent} of {total} bytes of this piece written): it "
+                        f"reads too slowly; dropped")
+                wait = min(wait, left)
+            if not self._write_poll.wait(wait):
+                if deadline is not None and time.monotonic() >= deadline:
+                    continue  # reported above, with the deadline's message
+                raise PeerLostError(
+                    f"{self.peer.describe()} took no data for {self.timeout} s "
+                    f"({sent} of {total} bytes written); dropped as stalled")
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def recv(self, timeout: float | None = _UNSET) -> Frame:
+        """Receive the next frame.
+
+        ``timeout`` bounds the wait for a frame to *start* (default: the
+        channel's timeout; None waits until a frame arrives or the channel
+        closes); expiry raises :class:`RecvTimeout` and leaves the channel
+        usable. Once a frame has started, a stall longer than the channel's
+        timeout is a :class:`PeerLostError`.
+        """
+        wait = self.timeout if timeout is _UNSET else timeout
+        if wait is not None and wait == float("inf"):
+            wait = None
+        with self._recv_lock:
+            if self._closed:
+                raise self._closed_error("is")
+            header = bytearray(HEADER_SIZE)
+            # Under load the next frame is usually there already: read first,
+            # poll only when nothing has arrived.
+            try:
+                got = self._sock.recv_into(header, HEADER_SIZE)
+            except (BlockingIOError, InterruptedError):
+                got = -1
+            except OSError:
+                got = -1  # let the read after the poll report what happened
+            if got == 0:
+                closed_here = self._closed
+                self.close()
+                if closed_here:
+                    raise self._closed_error()
+                raise PeerLostError(f"{self.peer.describe()} closed the connection")
+            if got < 0:
+                got = 0
+                if not self._read_poll.wait(wait):
+                    raise RecvTimeout(f"no frame from {self.peer.describe()} within {wait} s")
+            try:
+                return self._recv_frame(header, got)
+            except BaseException:
+                self.close()
+                raise
+
+    def _read_into(self, view: memoryview, what: str, gmac: Any = None,
+                   mac_end: int = 0, got: int = 0) -> None:
+        # With ``gmac``, bytes [0, mac_end) are fed to it as they arrive, in
+        # pieces of about _MAC_STEP, while they are still in cache. ``got``:
+        # bytes already in ``view``.
+        total = view.nbytes
+        fed = 0
+        while got < total:
+            try:
+                k = self._sock.recv_into(view[got:], min(total - got, _RECV_CHUNK))
+            except (BlockingIOError, InterruptedError):
+                if not self._read_poll.wait(self._timeout):
+                    raise PeerLostError(
+                        f"{self.peer.describe()} stalled: no bytes for {self.timeout} s after "
+                        f"{got} of {total} bytes of a frame {what}; dropped") from None
+                continue
+            except OSError as exc:
+                if self._closed:
+                    raise self._closed_error() from None
+                raise PeerLostError(f"lost {self.peer.describe()} while receiving: {exc}") from None
+            if k == 0:
+                if self._closed:
+                    raise self._closed_error()
+                if what == "header" and got == 0:
+                    raise PeerLostError(f"{self.peer.describe()} closed the connection")
+                raise PeerLostError(f"{self.peer.describe()} closed the connection after {got} "
+                                    f"of {total} bytes of a frame {what}")
+            got += k
+            if gmac is not None and min(got, mac_end) - fed >= _MAC_STEP:
+                upto = min(got, mac_end)
+                gmac.authenticate_additional_data(view[fed:upto])
+                fed = upto
+        if gmac is not None and fed < mac_end:
+            gmac.authenticate_additional_data(view[fed:mac_end])
+
+    def _receive_buffer(self, size: int) -> np.ndarray:
+        """A buffer for one frame: a recycled one nothing references any more, or a new one.
+
+        Reading into memory that was just used keeps a steady stream of
+        frames in cache (a fresh allocation is cold, and often page-faulted
+        in). A buffer is only recycled once no decoded array, frame or view
+        refers to it: numpy views keep their base alive, so the reference
+        count says so exactly.
+        """
+        if not _POOL_MIN <= size <= _POOL_MAX:
+            return np.empty(size, dtype=np.uint8)
+        pool = self._pool
+        for buf in pool:
+            # References: the pool's slot, ``buf`` and getrefcount's argument.
+            if buf.nbytes == size and sys.getrefcount(buf) <= 3:
+                return buf
+        buf = np.empty(size, dtype=np.uint8)
+        if len(pool) >= _POOL_SIZE:
+            pool.pop(0)
+        pool.append(buf)
+        return buf
+
+    def _recv_frame(self, header: bytearray, got: int) -> Frame:
+        self._read_into(memoryview(header), "header", got=got)
+        head = bytes(header[:_HEADER.size])
+        if self.mac_enabled:
+            expected = hmac.digest(self._keys.recv_header, head, "sha256")
+            if not hmac.compare_digest(expected, bytes(header[_HEADER.size:])):
+                raise AuthenticationError(
+                    f"frame header from {self.peer.describe()} failed authentication "
+                    "(forged, corrupted or reflected); connection dropped")
+        magic, kind, flags, reserved, tag, sender, seq, nbytes = _HEADER.unpack(head)
+        if magic != FRAME_MAGIC:
+            raise WireError(f"frame from {self.peer.describe()} starts with {magic!r}, expected "
+                            f"{FRAME_MAGIC!r}; the stream is out of sync")
+        if seq != self._recv_seq:
+            raise AuthenticationError(
+                f"frame from {self.peer.describe()} has sequence number {seq}, expected "
+                f"{self._recv_seq} (a replayed or reordered frame); connection dropped")
+        if flags & ~_KNOWN_FRAME_FLAGS or reserved:
+            raise WireError(f"frame from {self.peer.describe()} has unknown flags {flags:#x}")
+        if nbytes > self.max_frame:
+            raise WireError(
+                f"{self.peer.describe()} announced a frame body of {nbytes} bytes, above this "
+                f"node's max_frame of {self.max_frame}; refused before reading it")
+        # Only now, with the header authenticated and its length bounded, is
+        # anything body-sized allocated. Body and tag arrive in one read.
+        whole = self._receive_buffer(nbytes + BODY_TAG_SIZE)
+        body = whole[:nbytes]
+        if not self.mac_enabled:
+            self._read_into(memoryview(whole), "body")
+        elif nbytes < _MAC_STEP:
+            self._read_into(memoryview(whole), "body")
+            expected = _body_tag(self._keys.recv_gcm, self._keys.recv_body, seq, bytes(header),
+                                 [memoryview(body)])
+        else:
+            gmac = _streaming_gmac(self._keys.recv_body, seq)
+            self._read_into(memoryview(whole), "body", gmac, nbytes)
+            gmac.update(bytes(header))
+            gmac.finalize()
+            expected = gmac.tag
+        if self.mac_enabled:
+            if not hmac.compare_digest(expected, whole[nbytes:].tobytes()):
+                raise AuthenticationError(
+                    f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
+                    "authentication (forged or corrupted); connection dropped")
+        self._recv_seq = seq + 1
+        state = decode_state(body, flags=flags)
+        return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=state,
+                     bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=body, flags=flags)

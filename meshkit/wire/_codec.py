@@ -1,0 +1,362 @@
+"""The sans-io codec: what every byte of a hello, a frame header and a body means.
+
+Nothing here touches a socket: the handshake and the channel do the I/O and
+use these layouts (``docs/wire.md`` is the byte-level spec). A body is a
+tensor table: a count, one entry per state key (kind, dtype, shape, name,
+data length), then the data, each piece aligned to 64 bytes.
+:func:`decode_state` checks every count, length and shape against the bytes
+actually present *before* it allocates or reads anything, and bounds JSON
+nesting (``meshkit.state.MAX_JSON_DEPTH``); :func:`encode_state` refuses
+anything JSON would silently change. Never pickle, never eval.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import abc
+from typing import Any, Mapping
+
+import attrs
+import ml_dtypes
+import numpy as np
+
+from meshkit.errors import WireError
+from meshkit.state import MAX_JSON_DEPTH, json_depth
+
+# Version 2: the body tag is AES-256-GMAC (16 bytes) instead of
+# HMAC-SHA256 over the body's SHA-256 (32 bytes).
+PROTOCOL_VERSION = 2
+#: Every MAC on the wire (header, key confirmation, datagram) is HMAC-SHA256.
+MAC_SIZE = 32
+
+# ----------------------------------------------------------------------------- hello
+
+HELLO_MAGIC = b"MESHKIT\x00"
+SESSION_SIZE = 16
+# Hello: magic 8s | version u16 | flags u16 | role u16 | reserved u16 | rank u32 |
+# world u32 | max_frame u64 | session 16s | nonce 32s   -> 80 bytes.
+_HELLO = struct.Struct("<8sHHHHIIQ16s32s")
+HELLO_SIZE = _HELLO.size
+# The first 10 bytes (magic + version) keep this layout in every version, so
+# two versions can always tell each other apart before anything else.
+_HELLO_PREFIX = 10
+HELLO_FLAG_NO_MAC = 0x0001
+
+
+@attrs.frozen
+class Hello:
+    """What one end announced in the handshake (authenticated after it)."""
+
+    version: int
+    flags: int
+    role: int
+    rank: int
+    world: int
+    max_frame: int
+    session: bytes
+    nonce: bytes
+    address: str = ""
+
+    def describe(self) -> str:
+        where = f" at {self.address}" if self.address else ""
+        return f"peer{where} (claims rank {self.rank} of world {self.world})"
+
+
+# ----------------------------------------------------------------------------- frame header
+
+#: Tags at or above this value belong to the kernel (handshake, reduce, caps).
+RESERVED_TAG_BASE = 0xFFFF0000
+FRAME_MAGIC = b"MKF\x01"
+# Frame header: magic 4s | kind u8 | flags u8 | reserved u16 | tag u32 |
+# sender u32 | seq u64 | body_len u64 | header MAC 32s  -> 64 bytes.
+_HEADER = struct.Struct("<4sBBHIIQQ")
+HEADER_SIZE = _HEADER.size + MAC_SIZE
+FLAG_BF16 = 0x01
+_KNOWN_FRAME_FLAGS = FLAG_BF16
+#: Size of the AES-GMAC body tag that follows every frame body.
+BODY_TAG_SIZE = 16
+
+# ----------------------------------------------------------------------------- body
+
+MAX_TENSORS = 65_536
+MAX_NDIM = 32
+MAX_NAME_BYTES = 1024
+# Body: count u32 | reserved u32, then per entry: kind u8 | dtype u8 | ndim u8 |
+# entry flags u8 | name_len u32 | data_len u64, ndim x u64 dims, name bytes.
+_BODY_HEAD = struct.Struct("<II")
+_ENTRY = struct.Struct("<BBBBIQ")
+_DIM = struct.Struct("<Q")
+#: ``_DIMS[n]`` packs or unpacks n dimensions at once.
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
+# One encoder for every JSON leaf (json.dumps with options builds one per call).
+_JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
+ENTRY_ARRAY = 1
+ENTRY_JSON = 2
+ENTRY_FLAG_WIDEN_F32 = 0x01
+DATA_ALIGN = 64
+
+
+def _dtype_table() -> dict[int, np.dtype]:
+    names = [
+        (1, "bool"), (2, "<i1"), (3, "<u1"), (4, "<i2"), (5, "<u2"), (6, "<i4"), (7, "<u4"),
+        (8, "<i8"), (9, "<u8"), (10, "<f2"), (12, "<f4"), (13, "<f8"),
+    ]
+    table = {code: np.dtype(name) for code, name in names}
+    table[11] = np.dtype(ml_dtypes.bfloat16)
+    return table
+
+
+#: Wire dtype code -> numpy dtype (little-endian).
+DTYPE_CODES: dict[int, np.dtype] = _dtype_table()
+_CODE_OF = {dt: code for code, dt in DTYPE_CODES.items()}
+_BF16 = DTYPE_CODES[11]
+_F32 = DTYPE_CODES[12]
+
+
+def _little_endian(dtype: np.dtype) -> np.dtype:
+    try:
+        return dtype.newbyteorder("<")
+    except (TypeError, ValueError):  # extension dtypes (bfloat16) have no byte order to set
+        return dtype
+
+
+def _align(n: int) -> int:
+    return (n + DATA_ALIGN - 1) // DATA_ALIGN * DATA_ALIGN
+
+
+@attrs.define(eq=False)
+class EncodedState:
+    """A state laid out for the wire: ``buffers`` concatenated are the body.
+
+    Encode once and send to many peers with :meth:`Channel.send_encoded`
+    (each channel computes its own body tag, which costs far less than the
+    encoding it saves).
+    """
+
+    buffers: tuple[Any, ...]
+    nbytes: int
+    flags: int
+
+
+def _byte_view(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _entry_error(name: str, what: str) -> WireError:
+    return WireError(f"cannot put state key {name!r} on the wire: {what}")
+
+
+def _json_problem(value: Any) -> str | None:
+    """What JSON would silently change in ``value``, or None.
+
+    Runs after a successful encode (so ``value`` is finite and acyclic): JSON
+    turns int, float, bool and None keys into strings, so the receiver would
+    see other keys than were sent (and ``{1: a, "1": b}`` would lose an
+    entry), and a tuple into a list, so the receiver would get another type.
+    The state model (``meshkit.state.validate_state``) refuses both, and so
+    does every transport.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            return ("a tuple is not a JSON value: JSON would turn it into a list "
+                    "(send list(...) yourself)")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return (f"JSON object keys must be strings, found {key!r} "
+                            f"({type(key).__name__}); JSON would turn it into a string "
+                            f"(convert it yourself)")
+                if isinstance(child, (dict, list, tuple)):
+                    stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(child for child in item if isinstance(child, (dict, list, tuple)))
+    return None
+
+
+def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
+    """Lay ``state`` out as a frame body without copying array data.
+
+    Arrays must have one of the dtypes in :data:`DTYPE_CODES`; everything
+    else must be a JSON value (number, str, bool, None, list, dict). With
+    ``bf16``, float32 arrays are narrowed to bfloat16 (round to nearest even)
+    and marked to be widened back to float32 by the receiver.
+    """
+    # typing.Mapping's isinstance check costs microseconds; a plain dict none.
+    if type(state) is not dict and not isinstance(state, abc.Mapping):
+        raise WireError(f"a state must be a mapping of names to arrays or JSON values, "
+                        f"got {type(state).__name__}")
+    if len(state) > MAX_TENSORS:
+        raise WireError(f"a state may carry at most {MAX_TENSORS} entries, got {len(state)}")
+    table = bytearray(_BODY_HEAD.pack(len(state), 0))
+    datas: list[tuple[Any, int]] = []
+    for name, value in state.items():
+        if not isinstance(name, str) or not name:
+            raise WireError(f"state keys must be non-empty str, got {name!r} "
+                            f"({type(name).__name__})")
+        raw_name = name.encode("utf-8")
+        if len(raw_name) > MAX_NAME_BYTES:
+            raise _entry_error(name[:64] + "...", f"its name is {len(raw_name)} bytes of UTF-8, "
+                               f"the limit is {MAX_NAME_BYTES}")
+        if isinstance(value, np.ndarray):
+            dims = value.shape
+            if len(dims) > MAX_NDIM:
+                raise _entry_error(name, f"{len(dims)} dimensions, the limit is {MAX_NDIM}")
+            eflags = 0
+            array = value
+            if bf16 and value.dtype.kind == "f" and value.dtype.itemsize == 4:
+                array = value.astype(_BF16)
+                eflags = ENTRY_FLAG_WIDEN_F32
+            code = _CODE_OF.get(array.dtype)
+            if code is None:
+                little = _little_endian(array.dtype)
+                if little != array.dtype:
+                    # The wire is little-endian whatever the host.
+                    array = array.astype(little)
+                code = _CODE_OF.get(array.dtype)
+                if code is None:
+                    raise _entry_error(name, f"dtype {value.dtype} is not a wire dtype; "
+                                       "supported: "
+                                       + ", ".join(str(d) for d in DTYPE_CODES.values()))
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            data = array.reshape(-1).view(np.uint8)
+            table += _ENTRY.pack(ENTRY_ARRAY, code, len(dims), eflags, len(raw_name), data.nbytes)
+            table += _DIMS[len(dims)].pack(*dims)
+            table += raw_name
+            datas.append((data, data.nbytes))
+        else:
+            if isinstance(value, np.generic):
+                raise _entry_error(name, f"it is a numpy {value.dtype} scalar; send "
+                                   f"numpy.asarray(value) for an array or value.item() for JSON")
+            try:
+                text = _JSON_ENCODER.encode(value).encode("utf-8")
+                if isinstance(value, (dict, list, tuple)):
+                    problem = _json_problem(value)
+                    if problem:
+                        raise _entry_error(name, problem)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise _entry_error(name, f"a {type(value).__name__} is neither a numpy array nor "
+                                   f"a JSON value ({exc})") from None
+            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, len(raw_name), len(text))
+            table += raw_name
+            datas.append((text, len(text)))
+    buffers: list[Any] = []
+    offset = _align(len(table)) if datas else len(table)
+    table += bytes(offset - len(table))
+    buffers.append(table)
+    for i, (data, n) in enumerate(datas):
+        buffers.append(data)
+        offset += n
+        if i + 1 < len(datas):
+            pad = _align(offset) - offset
+            if pad:
+                buffers.append(bytes(pad))
+                offset += pad
+    return EncodedState(buffers=tuple(buffers), nbytes=offset,
+                        flags=FLAG_BF16 if bf16 else 0)
+
+
+def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
+    """Decode a frame body into a state; arrays are views into ``body``.
+
+    ``body`` is any writable-or-not buffer (a numpy uint8 array gives
+    writable views). Every count, length and shape is checked against the
+    body's size before use; any inconsistency is a :class:`WireError`.
+    """
+    buf = body if isinstance(body, np.ndarray) else np.frombuffer(body, dtype=np.uint8)
+    if buf.dtype != np.uint8 or buf.ndim != 1:
+        buf = buf.reshape(-1).view(np.uint8)
+    size = buf.nbytes
+    mv = memoryview(buf)
+    if size < _BODY_HEAD.size:
+        raise WireError(f"frame body of {size} bytes is shorter than its {_BODY_HEAD.size}-byte "
+                        "tensor-table header")
+    count, reserved = _BODY_HEAD.unpack_from(mv, 0)
+    if reserved:
+        raise WireError(f"frame body has {reserved:#x} in its reserved field, expected 0 "
+                        "(a newer body format?)")
+    if count > MAX_TENSORS:
+        raise WireError(f"frame claims {count} entries; the limit is {MAX_TENSORS}")
+    pos = _BODY_HEAD.size
+    entries: list[tuple[str, int, int, tuple[int, ...], int, int]] = []
+    for index in range(count):
+        if pos + _ENTRY.size > size:
+            raise WireError(f"frame body truncated in the table at entry {index} of {count}")
+        kind, code, ndim, eflags, name_len, data_len = _ENTRY.unpack_from(mv, pos)
+        pos += _ENTRY.size
+        if kind not in (ENTRY_ARRAY, ENTRY_JSON):
+            raise WireError(f"entry {index}: unknown entry kind {kind} "
+                            "(expected 1 array or 2 JSON)")
+        if ndim > MAX_NDIM:
+            raise WireError(f"entry {index}: {ndim} dimensions, the limit is {MAX_NDIM}")
+        if name_len > MAX_NAME_BYTES:
+            raise WireError(f"entry {index}: name of {name_len} bytes, "
+                            f"the limit is {MAX_NAME_BYTES}")
+        if data_len > size:
+            raise WireError(f"entry {index}: claims {data_len} bytes of data in a {size}-byte body")
+        if pos + ndim * _DIM.size + name_len > size:
+            raise WireError(f"frame body truncated in the table at entry {index} of {count}")
+        dims = _DIMS[ndim].unpack_from(mv, pos)
+        pos += ndim * _DIM.size
+        try:
+            name = bytes(mv[pos:pos + name_len]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise WireError(f"entry {index}: name is not valid UTF-8") from None
+        pos += name_len
+        if kind == ENTRY_ARRAY:
+            dtype = DTYPE_CODES.get(code)
+            if dtype is None:
+                raise WireError(f"entry {name!r}: unknown dtype code {code}")
+            if eflags & ~ENTRY_FLAG_WIDEN_F32 or (eflags and code != 11):
+                raise WireError(f"entry {name!r}: unknown entry flags {eflags:#x} "
+                                f"for dtype {dtype}")
+            elements = 1
+            for d in dims:
+                elements *= d  # Python ints: no overflow however large the claim
+            if elements * dtype.itemsize != data_len:
+                raise WireError(f"entry {name!r}: shape {dims} of {dtype} needs "
+                                f"{elements * dtype.itemsize} bytes, the table says {data_len}")
+        elif code or ndim or eflags:
+            raise WireError(f"entry {name!r}: a JSON entry must have dtype, ndim and flags 0")
+        entries.append((name, kind, code, dims, eflags, data_len))
+    offset = _align(pos) if entries else pos
+    state: dict[str, Any] = {}
+    for i, (name, kind, code, dims, eflags, data_len) in enumerate(entries):
+        end = offset + data_len
+        if end > size:
+            raise WireError(f"entry {name!r}: data runs to byte {end} of a {size}-byte body")
+        if name in state:
+            raise WireError(f"entry {name!r} appears twice in one frame")
+        if kind == ENTRY_ARRAY:
+            dtype = DTYPE_CODES[code]
+            try:
+                array = buf[offset:end].view(dtype).reshape(dims)
+            except ValueError as exc:  # e.g. a zero-sized shape with an absurd dimension
+                raise WireError(f"entry {name!r}: shape {dims} is not a valid array shape "
+                                f"({exc})") from None
+            if code == 1 and data_len and int(buf[offset:end].max()) > 1:
+                raise WireError(f"entry {name!r}: a bool array holds bytes other than 0 and 1")
+            if eflags & ENTRY_FLAG_WIDEN_F32:
+                array = array.astype(_F32)
+            state[name] = array
+        else:
+            try:
+                value = json.loads(bytes(mv[offset:end]).decode("utf-8"))
+            except (ValueError, RecursionError) as exc:
+                raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
+            # Bounded like every other count: whatever walks it later (a fold,
+            # validation) recurses, and must not be driven past the stack.
+            if json_depth(value) > MAX_JSON_DEPTH:
+                raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} "
+                                f"levels deep")
+            state[name] = value
+        offset = end if i + 1 == len(entries) else _align(end)
+    if offset != size:
+        raise WireError(f"frame body is {size} bytes but its table accounts for {offset}")
+    if flags & ~_KNOWN_FRAME_FLAGS:
+        raise WireError(f"unknown frame flags {flags:#x}")
+    return state

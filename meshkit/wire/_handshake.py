@@ -1,0 +1,156 @@
+"""The hello exchange: how a connected socket becomes an authenticated :class:`Channel`.
+
+Both ends send an 80-byte hello at once (no dialer/listener asymmetry), read
+the peer's magic and protocol version first (so two versions always tell each
+other apart), derive the keys from both hellos, and prove they hold them with
+a 32-byte confirmation MAC. Only then are the peer's claims (world size, rank,
+job, MAC flag) trusted enough to be checked and reported as facts. One
+deadline bounds the whole exchange, and every failure closes the socket so
+the peer never waits on it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socket
+import struct
+import time
+
+from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel
+from meshkit.wire._codec import (
+    _HELLO,
+    _HELLO_PREFIX,
+    HELLO_FLAG_NO_MAC,
+    HELLO_MAGIC,
+    HELLO_SIZE,
+    MAC_SIZE,
+    PROTOCOL_VERSION,
+    SESSION_SIZE,
+    Hello,
+)
+from meshkit.wire._keys import NONCE_SIZE, _check_secret, _derive_keys
+from meshkit.wire._sockets import _configure, _peer_address, _read_exact, close_socket
+
+log = logging.getLogger(__name__)
+
+
+def handshake(
+    sock: socket.socket,
+    secret: bytes | None,
+    *,
+    rank: int,
+    world: int,
+    role: int = 0,
+    session: bytes = b"",
+    timeout: float = 30.0,
+    handshake_timeout: float | None = None,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    benchmark_only_disable_mac: bool = False,
+) -> Channel:
+    """Authenticate a connected stream socket and return a :class:`Channel`.
+
+    Both ends call this (there is no dialer/listener asymmetry). ``rank`` and
+    ``world`` are what this end announces; the peer's claims are in
+    ``channel.peer`` once this returns (the transport checks rank ranges and
+    duplicates). ``role`` is an opaque 16-bit value for the transport.
+    ``session`` (at most 16 bytes) identifies a job: two ends with different
+    non-empty sessions refuse each other. ``timeout`` is the channel's
+    read/write stall timeout; ``handshake_timeout`` (default ``timeout``)
+    bounds the whole handshake.
+
+    ``benchmark_only_disable_mac`` turns frame MACs off (the handshake is
+    still authenticated) so benchmarks can measure the MAC's cost. Both ends
+    must set it; it is never read from configuration and a peer cannot ask
+    for it.
+
+    Raises :class:`AuthenticationError` (wrong secret, reflection),
+    :class:`WireError` (not meshkit, version/world/session mismatch) or
+    :class:`PeerLostError` (peer closed or stalled), and closes ``sock``.
+    """
+    try:
+        secret = _check_secret(secret)
+        if not 0 <= rank < world:
+            raise ConfigError(f"rank {rank} is out of range for a world of {world}")
+        if len(session) > SESSION_SIZE:
+            raise ConfigError(f"session id must be at most {SESSION_SIZE} bytes, "
+                              f"got {len(session)}")
+        if not 0 < max_frame < 1 << 63:
+            raise ConfigError(f"max_frame must be a positive byte count, got {max_frame}")
+    except ConfigError:
+        close_socket(sock)  # as on every other error: the peer must not wait on it
+        raise
+    deadline_budget = timeout if handshake_timeout is None else handshake_timeout
+    deadline = time.monotonic() + deadline_budget
+    address = _peer_address(sock)
+    where = f"peer at {address}" if address else "peer"
+    flags = HELLO_FLAG_NO_MAC if benchmark_only_disable_mac else 0
+    nonce = os.urandom(NONCE_SIZE)
+    mine = _HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, role, 0, rank, world, max_frame,
+                       session.ljust(SESSION_SIZE, b"\x00"), nonce)
+    try:
+        _configure(sock)
+        sock.settimeout(deadline_budget)
+        try:
+            sock.sendall(mine)
+        except socket.timeout:
+            raise PeerLostError(f"{where} did not take our handshake within "
+                                f"{deadline_budget} s; dropped") from None
+        except OSError as exc:
+            raise PeerLostError(f"{where} failed during the handshake: {exc}") from None
+        prefix = _read_exact(sock, _HELLO_PREFIX, "handshake", where, deadline)
+        magic, version = struct.unpack("<8sH", prefix)
+        if magic != HELLO_MAGIC:
+            raise WireError(f"{where} is not a meshkit node: its first bytes are {prefix[:8]!r}, "
+                            f"expected {HELLO_MAGIC!r}; check the address and port")
+        if version != PROTOCOL_VERSION:
+            raise WireError(f"{where} speaks meshkit wire protocol version {version}, this node "
+                            f"speaks version {PROTOCOL_VERSION}; run the same meshkit release "
+                            "on every node")
+        theirs = prefix + _read_exact(sock, HELLO_SIZE - _HELLO_PREFIX, "handshake", where,
+                                      deadline)
+        fields = _HELLO.unpack(theirs)
+        peer = Hello(version=fields[1], flags=fields[2], role=fields[3], rank=fields[5],
+                     world=fields[6], max_frame=fields[7], session=fields[8].rstrip(b"\x00"),
+                     nonce=fields[9], address=address)
+        if peer.nonce == nonce:
+            raise AuthenticationError(f"{where} echoed our own handshake back (a reflection); "
+                                      "refused")
+        keys = _derive_keys(secret, mine, theirs)
+        try:
+            sock.sendall(keys.confirm_mine)
+        except (socket.timeout, OSError) as exc:
+            raise PeerLostError(f"{peer.describe()} failed during the handshake: {exc}") from None
+        confirm = _read_exact(sock, MAC_SIZE, "key confirmation", peer.describe(), deadline)
+        if not hmac.compare_digest(confirm, keys.confirm_theirs):
+            raise AuthenticationError(
+                f"{peer.describe()} failed authentication: its key confirmation does not match "
+                "ours (wrong secret? every node must use the same shared secret)")
+        # From here on the peer's hello is authenticated, so its claims are
+        # worth reporting as facts.
+        if peer.world != world:
+            raise WireError(f"{peer.describe()} is in a world of {peer.world}, this node "
+                            f"(rank {rank}) is in a world of {world}; every node must be "
+                            "started with the same world size")
+        if not 0 <= peer.rank < peer.world:
+            raise WireError(f"{peer.describe()}: rank {peer.rank} is out of range 0..{world - 1}")
+        if peer.session and session and peer.session != session.rstrip(b"\x00"):
+            raise WireError(f"{peer.describe()} belongs to job {peer.session.hex()}, this node to "
+                            f"job {session.hex()}; refused")
+        if (peer.flags & HELLO_FLAG_NO_MAC) != flags:
+            raise WireError(f"{peer.describe()} has frame MACs "
+                            f"{'off' if peer.flags & HELLO_FLAG_NO_MAC else 'on'}, this node has "
+                            f"them {'off' if flags else 'on'}; MACs may only be disabled on both "
+                            "ends, for benchmarks")
+        if peer.flags & ~HELLO_FLAG_NO_MAC:
+            raise WireError(f"{peer.describe()} sent unknown handshake flags {peer.flags:#x}")
+        sock.settimeout(timeout)
+    except BaseException as exc:
+        log.debug("handshake with %s failed: %s", where, exc)
+        close_socket(sock)
+        raise
+    log.debug("authenticated %s (role %d)", peer.describe(), peer.role)
+    return Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
+                   max_frame=max_frame, mac=not benchmark_only_disable_mac)

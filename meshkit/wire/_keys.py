@@ -1,0 +1,87 @@
+"""The key schedule: every key a connection or a datagram uses comes from here.
+
+The shared secret is checked once (:func:`_check_secret`), then HKDF-SHA256
+(RFC 5869, one 32-byte output block) turns it into per-connection,
+per-direction keys salted with a hash of both hellos (:func:`_derive_keys`),
+or into the datagram key. No socket and no frame layout here: the handshake
+decides when to derive, the channel and the datagrams use what comes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import attrs
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from meshkit.errors import ConfigError
+
+#: Bytes of random nonce each end puts in its hello.
+NONCE_SIZE = 32
+
+# The labels keep their "meshkit/1" spelling: the hello's version field is
+# what tells protocol versions apart, and the body key has its own label.
+_LABEL = b"meshkit/1 "
+
+
+def _hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
+    return hmac.digest(salt, ikm, "sha256")
+
+
+def _hkdf_expand(prk: bytes, info: bytes) -> bytes:
+    # One output block (32 bytes) is all we ever need: T(1) = HMAC(PRK, info | 0x01).
+    return hmac.digest(prk, info + b"\x01", "sha256")
+
+
+def _check_secret(secret: bytes | None) -> bytes:
+    if isinstance(secret, str):
+        raise ConfigError("the shared secret must be bytes, got a str; pass secret.encode() "
+                          "(or read the secret file in binary mode)")
+    if secret is None or not isinstance(secret, (bytes, bytearray)) or len(secret) == 0:
+        raise ConfigError(
+            "no shared secret: every meshkit connection is authenticated with one; "
+            "set `secret_file` in [mesh] or MESHKIT_SECRET (all nodes must use the same one)")
+    return bytes(secret)
+
+
+@attrs.frozen(repr=False)
+class _Keys:
+    send_header: bytes
+    #: AES-256 keys of the body tags; the AESGCM objects keep their cipher
+    #: contexts, so a small frame's tag costs well under a microsecond.
+    send_body: bytes
+    recv_header: bytes
+    recv_body: bytes
+    confirm_mine: bytes
+    confirm_theirs: bytes
+    send_gcm: AESGCM = attrs.field(init=False)
+    recv_gcm: AESGCM = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "send_gcm", AESGCM(self.send_body))
+        object.__setattr__(self, "recv_gcm", AESGCM(self.recv_body))
+
+
+def _derive_keys(secret: bytes, mine: bytes, theirs: bytes) -> _Keys:
+    # Both ends hash the two hellos in the same (sorted) order, so the
+    # transcript and the keys agree without a dialer/listener role; each
+    # direction's keys are bound to the *sender's* nonce, so a frame echoed
+    # back to its sender never verifies.
+    lo, hi = sorted((mine, theirs))
+    transcript = hashlib.sha256(_LABEL + b"transcript" + lo + hi).digest()
+    prk = _hkdf_extract(transcript, secret)
+    nonce_mine = mine[-NONCE_SIZE:]
+    nonce_theirs = theirs[-NONCE_SIZE:]
+
+    def key(label: bytes, nonce: bytes) -> bytes:
+        return _hkdf_expand(prk, _LABEL + label + b" " + nonce)
+
+    return _Keys(
+        send_header=key(b"header", nonce_mine),
+        send_body=key(b"body-gmac", nonce_mine),
+        recv_header=key(b"header", nonce_theirs),
+        recv_body=key(b"body-gmac", nonce_theirs),
+        confirm_mine=hmac.digest(key(b"confirm", nonce_mine), transcript, "sha256"),
+        confirm_theirs=hmac.digest(key(b"confirm", nonce_theirs), transcript, "sha256"),
+    )

@@ -1,0 +1,104 @@
+"""The body codec on its own (``meshkit.wire._codec``): no socket involved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from meshkit import wire
+from meshkit.errors import WireError
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def every_dtype_state() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    state: dict[str, Any] = {
+        "f32": rng.standard_normal((3, 4)).astype(np.float32),
+        "f64": rng.standard_normal(5),
+        "f16": rng.standard_normal((2, 2)).astype(np.float16),
+        "bf16": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+        "bool": np.array([[True, False, True]]),
+        "scalar": np.array(2.5, dtype=np.float64),
+        "empty": np.zeros((0, 3), dtype=np.int32),
+        "strided": np.arange(20, dtype=np.int64)[::3],
+        "big_endian": np.arange(4, dtype=">i4"),
+        "json": {"lr": 0.1, "steps": [1, 2, 3], "name": "ünïcode", "none": None, "ok": True},
+        "int": 7,
+        "text": "hello",
+        "nan": float("nan"),
+    }
+    for bits in (8, 16, 32, 64):
+        state[f"i{bits}"] = np.array([-(2 ** (bits - 1)), 0, 2 ** (bits - 1) - 1],
+                                     dtype=f"int{bits}")
+        state[f"u{bits}"] = np.array([0, 1, 2 ** bits - 1], dtype=f"uint{bits}")
+    return state
+
+
+def assert_same_state(got: dict[str, Any], sent: dict[str, Any]) -> None:
+    assert list(got) == list(sent)
+    for key, value in sent.items():
+        if isinstance(value, np.ndarray):
+            assert got[key].dtype == value.dtype.newbyteorder("=") or got[key].dtype == value.dtype
+            assert got[key].shape == value.shape
+            np.testing.assert_array_equal(got[key], value)
+        elif isinstance(value, float) and value != value:
+            assert got[key] != got[key]
+        else:
+            assert got[key] == value
+
+
+# ----------------------------------------------------------------------------- roundtrips
+
+
+def test_the_codec_roundtrips_without_a_socket():
+    state = every_dtype_state()
+    encoded = wire.encode_state(state)
+    body = bytearray().join(memoryview(b).cast("B") for b in encoded.buffers)
+    assert len(body) == encoded.nbytes
+    assert_same_state(wire.decode_state(np.frombuffer(body, np.uint8)), state)
+
+
+# ----------------------------------------------------------------------------- encoder refusals
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"c": np.zeros(2, np.complex64)}, "dtype complex64 is not a wire dtype"),
+        ({"o": np.array([object()])}, "dtype object is not a wire dtype"),
+        ({"s": np.float32(1.0)}, "numpy float32 scalar"),
+        ({"f": {1, 2}}, "neither a numpy array nor a JSON value"),
+        ({1: 2}, "state keys must be non-empty str"),
+        ({"": 2}, "state keys must be non-empty str"),
+        ({"t": (1, 2)}, "a tuple is not a JSON value"),
+        ({"t": {"inner": [1, (2, 3)]}}, "a tuple is not a JSON value"),
+        ({"d": {"x": {1: "a"}}}, "JSON object keys must be strings, found 1"),
+    ],
+)
+def test_values_that_cannot_travel_are_refused_naming_the_key(state, message):
+    with pytest.raises(WireError, match=message):
+        wire.encode_state(state)
+
+
+def test_oversized_counts_are_refused_by_the_encoder():
+    with pytest.raises(WireError, match="at most 65536 entries"):
+        wire.encode_state({str(i): i for i in range(wire.MAX_TENSORS + 1)})
+    with pytest.raises(WireError, match="limit is 1024"):
+        wire.encode_state({"n" * 1025: 1})
+    with pytest.raises(WireError, match="limit is 32"):
+        wire.encode_state({"x": np.zeros((1,) * 33)})
+
+
+def test_a_json_object_with_non_string_keys_is_refused_not_silently_rekeyed() -> None:
+    # json.dumps turns {1: "a"} into {"1": "a"}: the receiver got other keys
+    # than were sent, and {1: "a", "1": "b"} arrived with one entry lost.
+    for value in ({1: "a"}, {"ok": [{"1": "b", 1: "a"}]}, {None: 0}):
+        with pytest.raises(WireError, match=r"'labels'.*keys must be strings"):
+            wire.encode_state({"labels": value})
+    state = wire.decode_state(b"".join(wire.encode_state({"labels": {"1": "a"}}).buffers))
+    assert state == {"labels": {"1": "a"}}
