@@ -42,7 +42,7 @@ _LAZY = {
     "NodeControl": "meshkit.node",
     "NodeReport": "meshkit.node",
     "TrainReport": "meshkit.node",
-    "StrategyContext": "meshkit.train.strategy",
+    "StrategyContext": "meshkit.train",
 }
 
 __all__ = [

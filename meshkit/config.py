@@ -17,10 +17,12 @@ from typing import Any, Mapping
 
 import attrs
 
+from meshkit import plugins
 from meshkit.components import Component
 from meshkit.errors import ConfigError, UnknownComponentError
 from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import structure_options, structure_strict
+from meshkit.task import resolve_task_component
 
 __all__ = [
     "RunTable",
@@ -216,8 +218,6 @@ class Plan:
 
 def _module_reference(selection: Selection, path: str) -> Component:
     """A task (or other component) named ``"module:attribute"`` instead of by plugin."""
-    from meshkit.task import resolve_task_component
-
     # One lookup for the coordinator and the workers (meshkit.task), so a
     # module that raises on import, a non-callable attribute or a non-attrs
     # ``Options`` is the same clear error on both.
@@ -230,8 +230,6 @@ def _module_reference(selection: Selection, path: str) -> Component:
 def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | None = None) -> Plan:
     """Look up every selected component and validate its options table."""
     if pset is None:
-        from meshkit import plugins
-
         pset = plugins.default()
     components: dict[str, Component] = {}
     options: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_chec
 
 import attrs
 
+from meshkit import plugins
 from meshkit.components import Component
 from meshkit.errors import ConfigError, MeshError
 from meshkit.options import structure_options
@@ -119,8 +120,6 @@ def resolve_task_component(name: str, pset: Any = None) -> Component:
             options = None
         return Component(name, obj, options=options, summary="selected by module reference")
     if pset is None:
-        from meshkit import plugins
-
         pset = plugins.default()
     return pset.registry.get("task", name)
 

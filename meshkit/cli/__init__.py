@@ -1,21 +1,51 @@
-"""The ``meshkit`` command line. Every :class:`MeshError` is a message and exit 2."""
+"""The ``meshkit`` command line. Every :class:`MeshError` is a message and exit 2.
+
+Each command lives in a module named for it and loads only when it runs:
+
+* ``_plugins`` — ``meshkit plugins``;
+* ``_check`` — ``meshkit check``;
+* ``_run`` — ``meshkit run`` and ``meshkit coordinator``;
+* ``_node`` — ``meshkit node`` (with ``_options``: ``KEY=VALUE`` flags and
+  the secret).
+
+``meshkit --help`` lists the commands from :data:`_COMMANDS` without loading
+any, so it starts fast everywhere (no numpy, no plugin's heavy code).
+"""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import importlib
+from typing import Any, Mapping
 
 import click
 
 from meshkit import __version__
-from meshkit.components import KINDS
+from meshkit.cli._options import parse_board_options, parse_options, read_secret
 from meshkit.errors import MeshError
 
-__all__ = ["main"]
+__all__ = ["main", "read_secret", "parse_options", "parse_board_options"]
+
+#: Every command: name -> (its "module:attribute", the first paragraph of its
+#: help, which ``meshkit --help`` shortens the way click would).
+_COMMANDS: Mapping[str, tuple[str, str]] = {
+    "check": ("meshkit.cli._check:check_command",
+              "Validate CONFIG, resolve every named component, print the plan."),
+    "coordinator": ("meshkit.cli._run:coordinator",
+                    "Run only the coordinator of CONFIG, for nodes started elsewhere."),
+    "node": ("meshkit.cli._node:node",
+             "Join a mesh as a worker, or with --board as a fixed-function rank."),
+    "plugins": ("meshkit.cli._plugins:plugins_command",
+                "List every discovered component, and plugins that failed to load."),
+    "run": ("meshkit.cli._run:run", "Run the training job CONFIG."),
+}
 
 
 class _MeshGroup(click.Group):
-    """A click group that turns a MeshError into one paragraph and exit status 2."""
+    """A click group that turns a MeshError into one paragraph and exit status 2.
+
+    Its commands load on first use (:data:`_COMMANDS`), so listing them
+    imports none of the code they drive.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -23,6 +53,28 @@ class _MeshGroup(click.Group):
         except MeshError as exc:
             click.echo(f"meshkit: error: {exc}", err=True)
             ctx.exit(2)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            module, _, attribute = _COMMANDS[cmd_name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # A command not loaded yet is described by its table entry, shortened
+        # by click itself, so the listing reads as if every command were loaded.
+        names = self.list_commands(ctx)
+        shown = {name: self.commands.get(name) or click.Command(name, help=_COMMANDS[name][1])
+                 for name in names}
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [(name, cmd.get_short_help_str(limit)) for name, cmd in shown.items()
+                if not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=_MeshGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,111 +86,6 @@ def main() -> None:
     tasks) come from plugins in the `meshkit` entry-point group; select them by
     name in one TOML config.
     """
-
-
-def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                            list[dict[str, Any]]]:
-    from meshkit import plugins
-
-    pset = plugins.default()
-    rows: list[dict[str, Any]] = []
-    for k in KINDS:
-        if kind is not None and k != kind:
-            continue
-        for name, component in pset.available(k).items():
-            prov = component.provenance
-            rows.append({
-                "kind": k,
-                "name": name,
-                "plugin": prov.plugin if prov else None,
-                "distribution": prov.distribution if prov else None,
-                "version": prov.version if prov else None,
-                "summary": component.summary,
-            })
-    failed = [
-        {"plugin": f.name, "distribution": f.distribution, "version": f.version, "error": f.error}
-        for f in pset.failures
-    ]
-    loaded = [
-        {"plugin": p.name, "distribution": p.distribution, "version": p.version,
-         "hooks": pset.hooks_of(p.name)}
-        for p in pset.loaded
-    ]
-    return rows, failed, loaded
-
-
-@main.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--kind", type=click.Choice(list(KINDS)), help="Only components of this kind.")
-def plugins_command(as_json: bool, kind: str | None) -> None:
-    """List every discovered component, and plugins that failed to load.
-
-    Plugins that offer no component (observers of the event hooks) are listed
-    after the components with the hooks they implement.
-    """
-    rows, failed, loaded = _plugin_rows(kind)
-    if as_json:
-        click.echo(json.dumps({"components": rows, "failed": failed, "plugins": loaded},
-                              indent=2))
-        return
-    headers = ("kind", "name", "plugin", "distribution", "version", "summary")
-    table = [[str(r[h] or "") for h in headers] for r in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in table]) for i, h in enumerate(headers)]
-    widths[-1] = len(headers[-1])  # the summary column runs free
-    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
-    for row in table:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    if not rows:
-        click.echo("(no components: is MESHKIT_PLUGINS set to an empty list?)")
-    providers = {r["plugin"] for r in rows}
-    for p in loaded:
-        if p["plugin"] in providers or kind is not None:
-            continue
-        source = f" ({p['distribution']} {p['version']})" if p["distribution"] else ""
-        hooks = ", ".join(p["hooks"]) or "no hooks"
-        click.echo(f"observer  {p['plugin']}{source}: {hooks}")
-    for f in failed:
-        source = f" ({f['distribution']} {f['version']})" if f["distribution"] else ""
-        click.echo(f"failed  {f['plugin']}{source}: {f['error']}")
-
-
-@main.command("check")
-@click.argument("config", type=click.Path(dir_okay=False))
-def check_command(config: str) -> None:
-    """Validate CONFIG, resolve every named component, print the plan.
-
-    Components are built and the strategy's own checks run, so `check` refuses
-    everything `run` would refuse before starting a process.
-    """
-    from meshkit.config import check
-    from meshkit.train.runner import build_components
-
-    plan = check(config)
-    build_components(plan)
-    for line in plan.describe():
-        click.echo(line)
-    click.echo("ok")
-
-
-def _register_optional_commands() -> None:
-    """Commands defined next to the code they drive (kept out of this module's imports)."""
-    import importlib
-
-    for module, names in (("meshkit.cli.node", ("node",)),
-                          ("meshkit.cli.run", ("run", "coordinator"))):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue
-            raise
-        for name in names:
-            command = getattr(mod, name, None)
-            if command is not None:
-                main.add_command(command)
-
-
-_register_optional_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,13 +9,13 @@ Subclass :class:`StrategyContract` and point it at your strategy::
 
 Each test drives the strategy through a real
 :class:`meshkit.StrategyContext` whose workers are in-process trainers
-(:class:`meshkit.train.worker.LocalPool`) running ``task`` (the shipped ``digits``
+(:class:`meshkit.train.LocalPool`) running ``task`` (the shipped ``digits``
 task by default), so no process or socket is involved.
 
 What it checks: ``run(ctx)`` returns the final state after reporting every
 round once, in order, with a JSON-serialisable report; the same seed gives
 the same model bit for bit; a stop request ends the run between rounds with
-:class:`meshkit.train.strategy.RunStopped`; a worker that stops answering is
+:class:`meshkit.train.RunStopped`; a worker that stops answering is
 dropped and named, or stops the run with a :class:`meshkit.MeshError`, never
 anything else; the final state is a valid meshkit state.
 """
@@ -25,10 +25,14 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, ClassVar, Mapping
 
+import numpy as np
 import pytest
 
+from meshkit import plugins
 from meshkit.errors import MeshError
+from meshkit.testing import make_plugin_set
 from meshkit.testing.support import ContractBase, assert_states_identical, json_leaves_ok
+from meshkit.train import LocalPool, RunStopped, StrategyContext
 
 __all__ = ["StrategyContract"]
 
@@ -71,22 +75,13 @@ class StrategyContract(ContractBase):
 
     def _create(self, kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
         if self.plugins is not None:
-            from meshkit.testing import make_plugin_set
-
             return make_plugin_set(*self.plugins, entry_points=True).create(kind, name, options)
-        from meshkit import plugins
-
         return plugins.create(kind, name, options)
 
     def make_context(self, *, fail: Callable[[int, Mapping[str, Any]], str | None] | None = None,
                      on_round: Callable[[Any, Mapping[str, Any]], None] | None = None,
                      seed: int | None = None) -> Any:
         """A StrategyContext over in-process workers (``fail`` simulates lost ones)."""
-        import numpy as np
-
-        from meshkit.train.strategy import StrategyContext
-        from meshkit.train.worker import LocalPool
-
         seed = self.seed if seed is None else seed
         build_task = lambda: self._create("task", self.task, dict(self.task_options))  # noqa: E731
         ranks = list(range(1, self.workers + 1))
@@ -139,8 +134,6 @@ class StrategyContract(ContractBase):
     def test_a_stop_request_ends_the_run_between_rounds(self) -> None:
         if self.rounds < 2:
             pytest.skip("needs at least two rounds")
-        from meshkit.train.strategy import RunStopped
-
         holder: dict[str, Any] = {}
         ctx = self.make_context(on_round=lambda report, state: holder["ctx"].stop.set())
         holder["ctx"] = ctx

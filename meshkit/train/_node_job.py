@@ -4,7 +4,7 @@
 given to :func:`~meshkit.node.serve_node`. A rank that cannot train (a
 fixed-function rank: :meth:`~meshkit.NodeCaps.why_not_train` says why)
 refuses upstream; any other runs
-:func:`meshkit.train.worker.serve_trainer` on the job's ``spec``.
+:func:`meshkit.train.serve_trainer` on the job's ``spec``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import attrs
 
 from meshkit.errors import MeshError, PlacementError
 from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error
-from meshkit.train.worker import serve_trainer
+from meshkit.train._worker import serve_trainer
 
 __all__ = ["serve_train_job"]
 

@@ -1,7 +1,8 @@
 """Built-in strategies: local, data-parallel, federated, model-parallel, and two refusals.
 
-Only records and options classes live here; the loops (numpy, aggregation)
-load when a strategy is built, so listing plugins stays fast.
+One module per strategy. Only the records, the options classes and the
+refusals are imported here; a strategy's loop (numpy, aggregation) loads
+when its factory builds it, so listing plugins stays fast.
 """
 
 from __future__ import annotations
@@ -16,37 +17,54 @@ from meshkit_strategies.options import (
     LocalOptions,
     ModelParallelOptions,
 )
+from meshkit_strategies.refusals import refuse_custom, refuse_population_based
 
 
-def _build(name: str) -> Any:
-    def factory(options: Any = None) -> Any:
-        from meshkit_strategies import builtin
+def build_local(options: LocalOptions | None = None) -> Any:
+    from meshkit_strategies.local import Local
 
-        return builtin.build(name, options)
+    return Local(options or LocalOptions())
 
-    factory.__name__ = f"build_{name.replace('-', '_')}"
-    return factory
+
+def build_data_parallel(options: DataParallelOptions | None = None) -> Any:
+    from meshkit_strategies.data_parallel import DataParallel
+
+    return DataParallel(options or DataParallelOptions())
+
+
+def build_federated(options: FederatedOptions | None = None) -> Any:
+    from meshkit_strategies.federated import Federated
+
+    return Federated(options or FederatedOptions())
+
+
+def build_model_parallel(options: ModelParallelOptions | None = None) -> Any:
+    from meshkit_strategies.model_parallel import ModelParallel
+
+    strategy = ModelParallel(options or ModelParallelOptions())
+    strategy.loaded_state()  # a missing checkpoint fails before anything starts
+    return strategy
 
 
 @meshkit.hookimpl
 def meshkit_strategies() -> Iterable[meshkit.Component]:
     return [
-        meshkit.Component("local", _build("local"), LocalOptions,
+        meshkit.Component("local", build_local, LocalOptions,
                           summary="one worker fits the whole training set, round by round"),
         meshkit.Component(
-            "data-parallel", _build("data-parallel"), DataParallelOptions,
+            "data-parallel", build_data_parallel, DataParallelOptions,
             summary="replicas compute gradients on their shards; the aggregated gradient is "
                     "applied on every replica"),
         meshkit.Component(
-            "federated", _build("federated"), FederatedOptions,
+            "federated", build_federated, FederatedOptions,
             summary="rounds of client fits folded by the aggregator, stepped by the outer "
                     "optimizer, redistributed"),
         meshkit.Component(
-            "model-parallel", _build("model-parallel"), ModelParallelOptions,
+            "model-parallel", build_model_parallel, ModelParallelOptions,
             summary="the task's graph split into stages pinned to workers; the activation "
                     "threads stage to stage"),
-        meshkit.Component("population-based", _build("population-based"),
+        meshkit.Component("population-based", refuse_population_based,
                           summary="refused: needs per-member hyperparameters (an executor)"),
-        meshkit.Component("custom", _build("custom"),
+        meshkit.Component("custom", refuse_custom,
                           summary="refused: needs a user-provided coordinator"),
     ]

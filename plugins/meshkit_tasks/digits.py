@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from meshkit.errors import ConfigError
+from meshkit import ConfigError
 from meshkit.task import FitResult
 from meshkit_tasks.options import DigitsOptions
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from meshkit import ConfigError
-from meshkit.cli.node import parse_board_options, read_secret
+from meshkit.cli import parse_board_options, read_secret
 from meshkit_boards import LoopbackOptions
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import meshkit.plugins
 from meshkit.errors import ConfigError
+from meshkit.task import create_task
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +95,9 @@ def test_bad_task_options_are_config_errors_naming_the_key():
         meshkit.plugins.create("task", "digits", {"proximal_mu": -1.0})
     with pytest.raises(ConfigError, match="unknown key"):
         meshkit.plugins.create("task", "digits", {"hiden": 3})
+
+
+@pytest.mark.parametrize("fraction, empty", [(0.0002, "test"), (0.9998, "training")])
+def test_a_digits_split_that_leaves_a_side_empty_is_refused(fraction, empty):
+    with pytest.raises(ConfigError, match=f"leaving an empty {empty} set"):
+        create_task("digits", {"test_fraction": fraction})

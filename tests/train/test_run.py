@@ -13,7 +13,7 @@ import pytest
 
 import meshkit.plugins
 from meshkit.checkpoint import load_checkpoint
-from meshkit.train.runner import Runner, read_metrics
+from meshkit.train import Runner, read_metrics
 
 from conftest import run_cli
 

@@ -1,4 +1,4 @@
-"""The reference strategy semantics, each with a test (driven in-process through LocalPool)."""
+"""The built-in strategies' semantics, each with a test (driven in-process through LocalPool)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,8 @@ import pytest
 import meshkit
 import meshkit.plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
-from meshkit.train.strategy import (
-    Partition,
-    RoundReport,
-    StrategyContext,
-    WorkerIdentity,
-    order_partitions,
-    sample_clients,
-    shard_pair,
-)
 from meshkit.task import FitResult
-from meshkit.train.worker import LocalPool
+from meshkit.train import LocalPool, Partition, StrategyContext, WorkerIdentity
 
 
 class ShardMean:
@@ -81,35 +72,6 @@ def strategy(name, **options):
     return meshkit.plugins.create("strategy", name, options)
 
 
-# -- sharding ------------------------------------------------------------------
-
-
-def test_sharding_splits_targets_alongside_inputs():
-    x = np.array([[1.0], [2.0], [3.0], [4.0]])
-    y = np.array([10.0, 20.0, 30.0, 40.0])
-    xs, ys = shard_pair(x, y, 2)
-    assert xs[0].tolist() == [[1.0], [2.0]] and ys[0].tolist() == [10.0, 20.0]
-    assert xs[1].tolist() == [[3.0], [4.0]] and ys[1].tolist() == [30.0, 40.0]
-
-
-def test_sharding_refuses_row_counts_that_disagree_naming_both():
-    with pytest.raises(ConfigError) as err:
-        shard_pair(np.zeros((4, 1)), np.zeros(2), 2)
-    assert "4 rows" in str(err.value) and "have 2" in str(err.value)
-
-
-def test_sharding_without_targets_yields_none_per_shard():
-    xs, ys = shard_pair(np.zeros((2, 1)), None, 2)
-    assert len(xs) == 2 and ys == [None, None]
-
-
-def test_the_last_shard_takes_the_remainder_and_too_few_rows_is_refused():
-    xs, _ = shard_pair(np.arange(7).reshape(7, 1), None, 3)
-    assert [len(s) for s in xs] == [2, 2, 3]
-    with pytest.raises(ConfigError, match="cannot split 2 rows into 3 shards"):
-        shard_pair(np.zeros((2, 1)), None, 3)
-
-
 # -- federated -----------------------------------------------------------------
 
 
@@ -160,13 +122,6 @@ def test_fewer_survivors_than_min_clients_stops_the_run_with_a_clear_error():
     assert "fewer than min_clients = 2" in message and "--resume" in message
 
 
-def test_client_sampling_is_seeded_and_respects_min_clients():
-    a = [sample_clients(np.random.default_rng(7), 10, 0.3, 1) for _ in range(2)]
-    assert a[0] == a[1] and len(a[0]) == 3
-    assert len(sample_clients(np.random.default_rng(7), 10, 0.1, 4)) == 4
-    assert sample_clients(np.random.default_rng(7), 3, 1.0, 1) == [0, 1, 2]
-
-
 def test_more_clients_than_workers_spreads_clients_over_workers():
     ctx = make_ctx(ShardMean(8), ranks=(1, 2))
     result = strategy("federated", rounds=1, clients=4).run(ctx)
@@ -181,6 +136,20 @@ def test_min_clients_above_the_client_count_is_a_config_error():
         strategy("federated", min_clients=5).run(make_ctx(ShardMean(8)))
 
 
+def test_min_clients_counts_answers_so_two_workers_can_serve_three_of_four_clients():
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2))
+    strategy = meshkit.plugins.create("strategy", "federated",
+                                      {"rounds": 1, "clients": 4, "min_clients": 3})
+    result = strategy.run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(3.5)
+
+
+def test_more_federated_clients_than_training_rows_is_refused_before_the_run():
+    strategy = meshkit.plugins.create("strategy", "federated", {"clients": 9})
+    with pytest.raises(ConfigError, match="clients = 9 but the task has only 8 training rows"):
+        strategy.check(task=ShardMean(8), outer_name="average", workers=2)
+
+
 # -- local ---------------------------------------------------------------------
 
 
@@ -189,6 +158,25 @@ def test_local_fits_the_whole_training_set_on_one_worker():
     result = strategy("local", rounds=1).run(ctx)
     assert float(result.state["m"][0]) == pytest.approx(3.5)
     assert {rank for rank, _ in ctx.pool.log} == {1}
+
+
+class PlusHundred:
+    """An outer optimizer whose step is unmistakable."""
+
+    def step(self, global_state, consensus):
+        return {k: np.asarray(v) + 100.0 for k, v in consensus.items()}
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, d):
+        pass
+
+
+def test_the_local_strategy_steps_the_outer_optimizer_as_documented():
+    ctx = make_ctx(ShardMean(8), ranks=(1,), outer=PlusHundred())
+    result = meshkit.plugins.create("strategy", "local", {"rounds": 1}).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(3.5 + 100.0)
 
 
 # -- data-parallel -------------------------------------------------------------
@@ -211,6 +199,18 @@ def test_data_parallel_refuses_an_outer_optimizer_it_would_ignore():
         strategy("data-parallel").run(ctx)
 
 
+def test_more_data_parallel_workers_than_training_rows_is_refused_before_the_run():
+    strategy = meshkit.plugins.create("strategy", "data-parallel", {})
+    with pytest.raises(ConfigError, match="3 training rows over 4 workers"):
+        strategy.check(task=ShardMean(3), outer_name="average", workers=4)
+
+
+def test_data_parallel_min_workers_above_the_worker_count_is_refused_before_the_run():
+    strategy = meshkit.plugins.create("strategy", "data-parallel", {"min_workers": 3})
+    with pytest.raises(ConfigError, match="min_workers = 3 but there are only 2 workers"):
+        strategy.check(task=ShardMean(8), outer_name="average", workers=2)
+
+
 # -- model-parallel ------------------------------------------------------------
 
 
@@ -228,40 +228,6 @@ def test_model_parallel_threads_the_activation_between_stages():
     assert result.metrics["accuracy"] == 1.0  # argmax of [12, 2] is class 0
 
 
-def test_partitions_are_ordered_by_the_graph_not_by_declaration():
-    declared = [Partition(("c", "d"), tag="gpu1"), Partition(("a", "b"), tag="gpu0")]
-    stages = order_partitions(declared, ["a", "b", "c", "d"])
-    assert [nodes for _, nodes in stages] == [["a", "b"], ["c", "d"]]
-
-
-def test_a_node_in_two_partitions_is_refused():
-    declared = [Partition(("a", "b"), rank=1), Partition(("b",), rank=2)]
-    with pytest.raises(ConfigError, match="'b' is claimed by partitions 0 and 1"):
-        order_partitions(declared, ["a", "b"])
-
-
-def test_an_unclaimed_node_is_refused_by_name():
-    with pytest.raises(ConfigError, match="no partition claims b"):
-        order_partitions([Partition(("a",), rank=1)], ["a", "b"])
-
-
-def test_interleaved_partitions_are_refused():
-    declared = [Partition(("a", "c"), rank=1), Partition(("b",), rank=2)]
-    with pytest.raises(ConfigError) as err:
-        order_partitions(declared, ["a", "b", "c"])
-    assert "interleaved" in str(err.value) and "'c'" in str(err.value)
-
-
-def test_no_partitions_at_all_is_refused():
-    with pytest.raises(ConfigError, match="nothing to say where any node runs"):
-        order_partitions([], ["a"])
-
-
-def test_a_partition_claiming_a_node_outside_the_graph_names_the_graph():
-    with pytest.raises(ConfigError, match="not in this graph. Its nodes are: a, b"):
-        order_partitions([Partition(("z",), rank=1)], ["a", "b"])
-
-
 def test_a_partition_pinned_to_an_unknown_tag_is_refused_naming_the_registered_workers():
     ctx = make_ctx(ShardMean(8), identities=[WorkerIdentity(1, ("cpu",))])
     with pytest.raises(PlacementError) as err:
@@ -277,6 +243,13 @@ def test_a_partition_pinned_to_an_unknown_tag_is_refused_naming_the_registered_w
 def test_a_partition_needs_exactly_one_target():
     with pytest.raises(ConfigError, match="exactly one of rank"):
         strategy("model-parallel", partitions=[{"nodes": ["a"]}])
+
+
+def test_state_from_a_missing_file_names_state_from_not_resume(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        meshkit.plugins.create("strategy", "model-parallel",
+                               {"state_from": str(tmp_path / "nope.npz")})
+    assert "state_from" in str(err.value) and "--resume" not in str(err.value)
 
 
 # -- refusals and unknown names ------------------------------------------------
@@ -316,6 +289,17 @@ def test_a_worker_error_stops_the_run_with_the_workers_message():
         strategy("federated", rounds=1).run(make_ctx(Broken(8)))
 
 
+def test_a_worker_error_reply_still_stops_a_federated_run():
+    # (guard for the min_clients change: a task error is not a lost peer)
+    class Broken(ShardMean):
+        def fit(self, state, x, y, *, seed):
+            raise ValueError("shape mismatch")
+
+    ctx = make_ctx(Broken(8), ranks=(1, 2))
+    with pytest.raises(MeshError, match="shape mismatch"):
+        meshkit.plugins.create("strategy", "federated", {"rounds": 1}).run(ctx)
+
+
 def test_a_stop_request_ends_the_run_between_rounds():
     ctx = make_ctx(ShardMean(8))
     ctx.on_round = lambda report, state: ctx.stop.set()
@@ -350,25 +334,3 @@ def test_data_parallel_continues_with_the_surviving_replicas():
     # After the loss, shards are re-cut over the survivors.
     last = [req for rank, req in ctx.pool.log if req["op"] == "grads"][-2:]
     assert [req["shards"] for req in last] == [2, 2]
-
-
-def test_a_metric_named_like_a_report_field_is_kept_beside_it_not_over_it():
-    report = RoundReport(round=3, rounds=5, strategy="federated", answered=(1, 2),
-                         examples=640, seconds=1.25,
-                         metrics={"examples": 600.0, "round": 9.0, "loss": 0.5})
-    line = report.to_json()
-    assert line["examples"] == 640 and line["round"] == 3
-    assert line["task.examples"] == 600.0 and line["task.round"] == 9.0
-    assert line["loss"] == 0.5
-
-
-@pytest.mark.parametrize("state", [{}, {"#": np.arange(3.0), "w": np.ones(2)}, {"a/b": 1.0}])
-def test_trainer_messages_carry_any_state_keys_and_empty_states(state):
-    from meshkit.train.worker import decode, encode
-
-    message = {"op": "fit", "state": state, "gradients": {}, "round": 2}
-    back = decode(encode(message))
-    assert back["op"] == "fit" and back["round"] == 2 and back["gradients"] == {}
-    assert back["state"].keys() == state.keys()
-    for key, value in state.items():
-        np.testing.assert_array_equal(back["state"][key], value)

@@ -7,8 +7,10 @@ import textwrap
 
 import pytest
 
+from meshkit.config import check
 from meshkit.errors import ConfigError, UnknownComponentError
 from meshkit.task import create_task, resolve_task_component
+from meshkit.train import build_components
 
 
 @pytest.fixture
@@ -86,3 +88,50 @@ def test_a_missing_attribute_and_a_non_callable_are_refused(user_module):
 def test_an_unknown_registered_task_names_the_installed_ones():
     with pytest.raises(UnknownComponentError, match="no task named 'mnist'.*digits"):
         create_task("mnist")
+
+
+def write(tmp_path, text: str, name: str = "c.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def user_tasks(tmp_path, monkeypatch):
+    (tmp_path / "r2_tasks_boom.py").write_text(textwrap.dedent("""
+        class Boom:
+            def __init__(self):
+                raise RuntimeError("no GPU here")
+
+        class DictOptions:
+            Options = dict
+
+        flag = False
+    """))
+    (tmp_path / "r2_tasks_raises.py").write_text('raise RuntimeError("import-time failure")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("task, message", [
+    ("r2_tasks_boom:Boom", "building it raised RuntimeError: no GPU here"),
+    ("r2_tasks_raises:Task", "importing it raised RuntimeError: import-time failure"),
+    (":Task", "expected a registered task name or 'module:attribute'"),
+    ("r2_tasks_boom:flag", "is a bool, not a task factory"),
+    ("r2_tasks_boom:DictOptions", r"is missing init_state\(\)"),
+])
+def test_a_module_task_that_raises_or_is_wrong_is_a_config_error_naming_the_file(
+        user_tasks, task, message):
+    path = write(user_tasks, f"""
+        [run]
+        task = "{task}"
+        out = "{user_tasks / 'out'}"
+    """)
+    with pytest.raises(ConfigError, match=message) as err:
+        build_components(check(path))
+    assert str(err.value).startswith(f"{path}: [run] task")
+
+
+def test_a_worker_building_a_raising_task_gets_a_config_error(user_tasks):
+    with pytest.raises(ConfigError, match="building it raised RuntimeError: no GPU here"):
+        create_task("r2_tasks_boom:Boom")

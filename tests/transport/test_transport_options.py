@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from meshkit.errors import ConfigError
-from meshkit.train.runner import Runner
+from meshkit.train import Runner
 from meshkit_tcp.testing import inproc_configs
 
 from conftest import run_cli

@@ -1,7 +1,9 @@
 """``meshkit run`` and ``meshkit coordinator``: a whole training job from one config.
 
-Imported by :mod:`meshkit.cli` at start-up, so it imports nothing heavy; the
-runner loads when a command runs.
+What a person sees of a run is decided here: :func:`_render` turns the
+runner's events into lines, and the exit status follows the outcome (130
+after Ctrl-C). :mod:`meshkit.cli` loads this module only when one of its
+commands runs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sys
 from typing import Any
 
 import click
+
+from meshkit.train import Runner
 
 __all__ = ["run", "coordinator"]
 
@@ -40,8 +44,6 @@ def _render(event: Any) -> None:
 
 
 def _execute(config: str, resume: bool, launch: str | None, verbose: int) -> None:
-    from meshkit.train.runner import Runner
-
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -1,4 +1,4 @@
-"""Strategies over a real Group (the inproc transport): the trainer protocol end to end."""
+"""GroupPool and serve_trainer over a real Group (the inproc transport): the trainer protocol end to end."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import meshkit.plugins
+from meshkit.errors import MeshError
 from meshkit.node.config import NodeConfig
-from meshkit.train.strategy import StrategyContext
-from meshkit.train.worker import GroupPool, serve_trainer
+from meshkit.train import GroupPool, LocalPool, StrategyContext, serve_trainer
 
 SECRET = b"s" * 32
 SPEC = {"task": "digits", "task_options": {"epochs": 1}, "strategy": "federated", "seed": 0}
@@ -81,8 +81,6 @@ def test_federated_over_a_group_trains_and_workers_report(mesh):
 
 
 def test_the_group_path_equals_the_in_process_path_bit_for_bit(mesh):
-    from meshkit.train.worker import LocalPool
-
     start, _, _ = mesh
     groups = start(3, serve=(1, 2))
     over_wire = meshkit.plugins.create("strategy", "federated", {"rounds": 2}).run(
@@ -107,3 +105,29 @@ def test_a_stalled_worker_is_dropped_after_the_timeout_and_the_round_completes(m
     assert "stalled" in ctx.drop_reasons[3]
     assert 3 in groups[0].dead, "the transport's ledger hears about the drop"
     assert reports[1].answered == (1, 2)
+
+
+def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
+    start, _, _ = mesh
+    groups = start(2, timeout=3.0)
+    raised = []
+
+    def worker():
+        # This worker's [task] options are refused (a node-local problem).
+        try:
+            serve_trainer(groups[1], {"task": "digits", "task_options": {"hidden": -1},
+                                      "seed": 0})
+        except MeshError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    ctx = context(groups[0], [1], timeout=3.0)
+    with pytest.raises(MeshError) as err:
+        meshkit.plugins.create("strategy", "federated", {"rounds": 1}).run(ctx)
+    assert type(err.value) is MeshError
+    assert "rank 1: cannot build the task on this worker" in str(err.value)
+    assert "hidden must be positive" in str(err.value)
+    ctx.pool.stop_all([1])
+    thread.join(10)
+    assert raised and "hidden" in str(raised[0])

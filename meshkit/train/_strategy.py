@@ -1,4 +1,4 @@
-"""Strategies: how a training run is organised, driven from the coordinator.
+"""The strategy contract: what a strategy is given, what it reports, what it returns.
 
 A strategy is an object with ``run(ctx: StrategyContext) -> StrategyResult``.
 It never touches sockets: it asks the context to send requests to workers
@@ -6,41 +6,29 @@ It never touches sockets: it asks the context to send requests to workers
 aggregator, steps the outer optimizer, and reports each round through
 :meth:`StrategyContext.round_completed` (which the runner turns into
 metrics, a checkpoint and observer hooks).
-
-This module also holds the two pieces of semantics every strategy shares:
-sharding inputs *with* their targets, and ordering and validating
-model-parallel partitions.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import attrs
 
-from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
-
-if TYPE_CHECKING:
-    import numpy as np
+from meshkit.aggregation import begin
+from meshkit.errors import MeshError, PeerLostError, PlacementError
+from meshkit.train._partitions import Partition, WorkerIdentity
+from meshkit.train._pool import Reply, WorkerPool
 
 __all__ = [
     "Strategy",
     "StrategyContext",
     "StrategyResult",
     "RoundReport",
-    "WorkerIdentity",
-    "WorkerPool",
-    "Reply",
-    "Partition",
     "RunStopped",
-    "shard_bounds",
-    "shard_pair",
-    "order_partitions",
-    "client_seed",
+    "REPORT_FIELDS",
+    "weighted_mean",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,162 +36,6 @@ log = logging.getLogger(__name__)
 
 class RunStopped(MeshError):
     """The run was asked to stop (Ctrl-C, a stop handle) between rounds."""
-
-
-# -- sharding ----------------------------------------------------------------
-
-
-def shard_bounds(rows: int, n: int) -> list[tuple[int, int]]:
-    """Row ranges of ``n`` contiguous shards; the last takes the remainder."""
-    if n < 1:
-        raise ConfigError(f"cannot split data into {n} shards; need at least one worker")
-    if rows < n:
-        raise ConfigError(
-            f"cannot split {rows} rows into {n} shards: every shard needs at least one "
-            f"row; use fewer clients or workers")
-    size = rows // n
-    return [(i * size, rows if i == n - 1 else (i + 1) * size) for i in range(n)]
-
-
-def shard_pair(x: np.ndarray, y: np.ndarray | None, n: int
-               ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
-    """Split inputs and targets into ``n`` shards *together*.
-
-    Sharding ``x`` and handing every worker the whole ``y`` fails silently:
-    a 4-row output against an 8-row target broadcasts instead of erroring,
-    so each replica would train on pairs that were never pairs. Row counts
-    that disagree are therefore an error naming both.
-    """
-    rows = len(x)
-    if y is not None and len(y) != rows:
-        raise ConfigError(
-            f"sharding across {n} workers: the inputs have {rows} rows and the targets "
-            f"have {len(y)}. Each shard pairs example i with target i, so the two must "
-            f"agree")
-    bounds = shard_bounds(rows, n)
-    xs = [x[a:b] for a, b in bounds]
-    ys = [None if y is None else y[a:b] for a, b in bounds]
-    return xs, ys
-
-
-def client_seed(seed: int, round_: int, client: int) -> int:
-    """The seed of one client's fit in one round, independent of which worker runs it.
-
-    Deriving it from (run seed, round, client) and not from the worker makes
-    a run reproducible when workers drop out or a run resumes.
-    """
-    import numpy as np
-
-    return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
-
-
-# -- model-parallel partitions -----------------------------------------------
-
-
-@attrs.frozen
-class Partition:
-    """A stage: the graph nodes it owns and the worker it is pinned to.
-
-    ``rank`` pins it to a worker by rank (its id), ``tag`` to the worker
-    advertising that tag; exactly one of the two.
-    """
-
-    nodes: tuple[str, ...] = attrs.field(converter=tuple)
-    rank: int | None = None
-    tag: str | None = None
-
-    def target(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else f"tag {self.tag!r}"
-
-
-def order_partitions(partitions: Sequence[Partition], node_ids: Sequence[str]
-                     ) -> list[tuple[Partition, list[str]]]:
-    """Put partitions in graph order and check they tile the graph.
-
-    A stage's output is the next stage's input, which only means something
-    when every node runs exactly once: a node claimed twice would run twice
-    with the second activation overwriting the first, an unclaimed node has
-    no worker (model parallelism has no default target), and interleaved
-    stages would need the activation to cross back.
-    """
-    if not partitions:
-        raise ConfigError(
-            "model-parallel with no partitions: there is nothing to say where any node "
-            f"runs. Add [[strategy.partitions]] tables covering {', '.join(node_ids)}")
-    position = {node: i for i, node in enumerate(node_ids)}
-    claimed: dict[str, int] = {}
-    stages: list[tuple[Partition, list[int]]] = []
-    for index, partition in enumerate(partitions):
-        if not partition.nodes:
-            raise ConfigError(f"partition {index} ({partition.target()}) claims no nodes")
-        positions = []
-        for node in partition.nodes:
-            if node not in position:
-                raise ConfigError(
-                    f"partition {index} claims {node!r}, which is not in this graph. Its "
-                    f"nodes are: {', '.join(node_ids)}")
-            if node in claimed:
-                raise ConfigError(
-                    f"{node!r} is claimed by partitions {claimed[node]} and {index}. A node "
-                    f"runs in one place")
-            claimed[node] = index
-            positions.append(position[node])
-        stages.append((partition, sorted(positions)))
-    unclaimed = [n for n in node_ids if n not in claimed]
-    if unclaimed:
-        raise ConfigError(
-            f"no partition claims {', '.join(unclaimed)}. Every node needs a worker; model "
-            f"parallelism has no default target")
-    stages.sort(key=lambda item: item[1][0])
-    expected = 0
-    for partition, positions in stages:
-        for pos in positions:
-            if pos != expected:
-                index = partitions.index(partition)
-                raise ConfigError(
-                    f"partition {index} is interleaved with another: it owns "
-                    f"{node_ids[pos]!r} but not {node_ids[expected]!r}, which runs before "
-                    f"it. A stage has to own a contiguous run of the graph")
-            expected += 1
-    return [(p, [node_ids[i] for i in positions]) for p, positions in stages]
-
-
-# -- what the context needs from below (workers) -----------------------------
-
-
-@attrs.frozen
-class Reply:
-    """A worker's answer to one request (``None`` payload: the worker was lost)."""
-
-    rank: int
-    payload: Mapping[str, Any] | None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.payload is not None
-
-
-class WorkerPool(Protocol):
-    """Sends requests to workers and collects their replies.
-
-    ``call`` sends every request, then waits (at most ``timeout`` seconds
-    overall) for each answer. A worker that disconnects or stalls gets a
-    :class:`Reply` with ``payload=None`` and the reason, in request order.
-    """
-
-    def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]],
-             timeout: float | None) -> list[Reply]: ...
-
-    def close(self) -> None: ...
-
-
-@attrs.frozen
-class WorkerIdentity:
-    """How a partition can name a worker: its rank and the tags it advertised."""
-
-    rank: int
-    tags: tuple[str, ...] = ()
 
 
 # -- reports -----------------------------------------------------------------
@@ -383,40 +215,7 @@ class StrategyContext:
 
     def aggregation_begin(self) -> Any:
         """A fold of the selected aggregator (streaming when it offers one)."""
-        try:
-            from meshkit.aggregation import begin
-        except ImportError:  # kernel helper absent: buffer, aggregate once
-            return _BufferingFold(self.aggregator)
         return begin(self.aggregator)
-
-
-@attrs.define
-class _BufferingFold:
-    aggregator: Any
-    states: list[Any] = attrs.Factory(list)
-    weights: list[float] = attrs.Factory(list)
-
-    def add(self, state: Any, weight: float = 1.0, *, source: str | None = None) -> None:
-        self.states.append(state)
-        self.weights.append(weight)
-
-    def result(self) -> dict[str, Any]:
-        return dict(self.aggregator.aggregate(self.states, self.weights))
-
-
-def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> list[int]:
-    """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted."""
-    # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
-    # point, and its ceiling would sample an eighth client.
-    k = min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
-    if k >= clients:
-        return list(range(clients))
-    return sorted(int(c) for c in rng.choice(clients, size=k, replace=False))
-
-
-def timed() -> Callable[[], float]:
-    start = time.perf_counter()
-    return lambda: time.perf_counter() - start
 
 
 def weighted_mean(pairs: Iterable[tuple[float, float]]) -> float | None:

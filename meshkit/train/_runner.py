@@ -3,23 +3,23 @@
 Order of events (:func:`run`):
 
 1. Resolve the config (every plugin found, every options table valid) and
-   build the task, strategy, aggregator and outer optimizer. A missing
-   plugin, a bad key or a refused strategy fails here, before any process
-   starts or any socket opens.
+   build the task, strategy, aggregator and outer optimizer
+   (:func:`build_components`). A missing plugin, a bad key or a refused
+   strategy fails here, before any process starts or any socket opens.
 2. ``meshkit_run_started(config)`` fires.
 3. The coordinator (rank 0) binds ``[mesh] bind``. With ``launch = "local"``
-   it writes a fresh per-run secret (0600, in a private temporary
-   directory) and spawns ``workers`` subprocesses ``python -m meshkit node
-   --rank i ...`` on loopback; with ``"external"`` it waits for nodes
+   it spawns ``workers`` local processes with a fresh per-run secret
+   (:mod:`meshkit.train._launch`); with ``"external"`` it waits for nodes
    started elsewhere with ``meshkit node`` and the configured secret.
 4. Workers announce their capabilities; each one that can train is sent a
-   ``train`` job (:mod:`meshkit.train.worker` documents the spec).
+   ``train`` job (:mod:`meshkit.train._worker` documents the spec).
 5. The strategy runs. After each round: an atomic checkpoint
    (:mod:`meshkit.checkpoint`), then one line appended (and flushed) to
    ``OUT/metrics.jsonl`` recording who answered, then the progress callback
    and ``meshkit_round_completed(report)``.
 6. Whatever happened, workers are stopped (local ones terminated),
-   ``OUT/report.png`` is drawn when matplotlib is installed, and
+   ``OUT/summary.json`` is written, ``OUT/report.png`` is drawn when
+   matplotlib is installed (:mod:`meshkit.train._artifacts`), and
    ``meshkit_run_finished(report)`` fires.
 
 A failure (a worker error, too few survivors, Ctrl-C) leaves the last
@@ -28,30 +28,40 @@ checkpoint intact; ``--resume`` continues from it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import secrets
 import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
+import numpy as np
 
+from meshkit import plugins
+from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from meshkit.config import Config, load_config, resolve
 from meshkit.errors import ConfigError, MeshError, PeerLostError
+from meshkit.node import collect_caps, send_job, shutdown_nodes
+from meshkit.node.config import NodeConfig
+from meshkit.pipeline import Stage, run_pipeline
+from meshkit.task import build_task, check_task
+from meshkit.train._artifacts import (
+    append_metrics,
+    clear_results,
+    plot,
+    truncate_metrics,
+    write_summary,
+)
+from meshkit.train._launch import exited_early, new_secret, reap, spawn_workers, write_secret
+from meshkit.train._partitions import WorkerIdentity
+from meshkit.train._pool import GroupPool
+from meshkit.train._strategy import StrategyContext
 
-__all__ = ["RunReport", "Runner", "run", "METRICS_NAME", "REPORT_NAME"]
+__all__ = ["RunReport", "RunEvent", "Runner", "run", "build_components"]
 
 log = logging.getLogger(__name__)
-
-METRICS_NAME = "metrics.jsonl"
-REPORT_NAME = "report.png"
-_SECRET_NAME = "secret"
 
 
 @attrs.frozen
@@ -137,9 +147,6 @@ class Runner:
     # -- entry ----------------------------------------------------------------
 
     def run(self) -> RunReport:
-        from meshkit import plugins
-        from meshkit.config import Config, load_config, resolve
-
         config = self.config if isinstance(self.config, Config) else load_config(self.config)
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
@@ -183,24 +190,17 @@ class Runner:
                 error=error, seconds=time.monotonic() - started,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0])
-            self._write_summary(out, report)
-            _plot(out)
+            write_summary(out, report.to_json())
+            plot(out)
             pset.hook.meshkit_run_finished(report=report)
         return report
 
     # -- steps ------------------------------------------------------------------
 
     def _prepare_out(self, plan: Any, out: Path, parts: dict[str, Any]) -> tuple[int, bool]:
-        from meshkit.checkpoint import load_checkpoint
-
         out.mkdir(parents=True, exist_ok=True)
-        metrics = out / METRICS_NAME
         if not self.resume:
-            # A fresh run owns its directory's results: stale rounds from an
-            # earlier run would be read as this one's.
-            metrics.write_text("")
-            for stale in ("checkpoint.npz", REPORT_NAME, "summary.json"):
-                (out / stale).unlink(missing_ok=True)
+            clear_results(out)
             return 0, False
         ckpt = load_checkpoint(out)
         expected = _identity(plan)
@@ -219,13 +219,11 @@ class Runner:
             parts["outer"].load_state_dict(ckpt.outer_state)
         if ckpt.rng_state:
             parts["rng"].bit_generator.state = dict(ckpt.rng_state)
-        _truncate_metrics(metrics, ckpt.round, ckpt.report)
+        truncate_metrics(out, ckpt.round, ckpt.report)
         log.info("resuming %s after round %d", out, ckpt.round)
         return ckpt.round, True
 
     def _connect(self, plan: Any, boards: Sequence[tuple[str, Mapping[str, Any]]]) -> Any:
-        from meshkit.node.config import NodeConfig
-
         cfg = plan.config
         launch = self.launch or cfg.mesh.launch
         if cfg.mesh.topology != "star":
@@ -236,7 +234,7 @@ class Runner:
                 f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
                 f"topology = \"star\"")
         if launch == "local":
-            secret = secrets.token_hex(32).encode()
+            secret = new_secret()
         else:
             secret = cfg.secret()
             if secret is None:
@@ -258,59 +256,19 @@ class Runner:
 
     def _spawn(self, plan: Any, address: str, secret: bytes,
                boards: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        cfg = plan.config
-        self._tmpdir = tempfile.mkdtemp(prefix="meshkit-run-")
-        secret_file = Path(self._tmpdir) / _SECRET_NAME
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secret)
-        logs = Path(cfg.run.out) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.pop("MESHKIT_SECRET", None)
-        # Workers import a "module:attribute" task the way the coordinator did.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
-        # Workers are ranks 1..workers; fixed-function boards follow them.
-        extra: dict[int, list[str]] = {}
-        for i, (board, options) in enumerate(boards):
-            flags = ["--board", board]
-            for key, value in options.items():
-                text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-                flags += ["--board-option", f"{key}={text}"]
-            extra[cfg.mesh.workers + 1 + i] = flags
-        # Every rank uses the same [transport] options as the coordinator.
-        transport_flags: list[str] = []
-        for key, value in cfg.transport.options.items():
-            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            transport_flags += ["--transport-option", f"{key}={text}"]
-        for rank in range(1, self._world):
-            cmd = [sys.executable, "-m", "meshkit", "node", "--rank", str(rank),
-                   "--world", str(self._world), "--peers", address,
-                   "--topology", "star", "--transport", cfg.mesh.transport,
-                   "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
-                   *transport_flags, *extra.get(rank, [])]
-            log_file = open(logs / f"worker-{rank}.log", "wb")
-            try:
-                # A new session: Ctrl-C in the terminal reaches the coordinator
-                # only, which then stops its workers in order.
-                self.processes[rank] = subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True)
-            finally:
-                log_file.close()
+        self._tmpdir, secret_file = write_secret(secret)
+        spawn_workers(self.processes, plan.config, address=address, secret_file=secret_file,
+                      world=self._world, boards=boards)
         if self.on_workers is not None:
             self.on_workers(dict(self.processes))
 
     def _join(self, plan: Any, group: Any, pset: Any) -> tuple[list[int], list[Any]]:
-        from meshkit.node import collect_caps
-        from meshkit.train.strategy import WorkerIdentity
-
         cfg = plan.config
         try:
             caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset)
         except PeerLostError as exc:
-            raise PeerLostError(f"{exc}{self._worker_logs_hint()}") from None
+            raise PeerLostError(
+                f"{exc}{exited_early(self.processes, self._out)}") from None
         self._caps = caps
         identities = []
         train_ranks = []
@@ -331,19 +289,14 @@ class Runner:
 
     def _context(self, plan: Any, parts: dict[str, Any], group: Any, train_ranks: list[int],
                  identities: list[Any], start_round: int, out: Path, completed: list[int],
-                 last_metrics: dict[str, float], final_state: list[Any], pset: Any) -> Any:
-        from meshkit.checkpoint import Checkpoint, save_checkpoint
-        from meshkit.node import send_job
-        from meshkit.train.strategy import StrategyContext
-        from meshkit.train.worker import GroupPool
-
+                 last_metrics: dict[str, float], final_state: list[Any],
+                 pset: Any) -> StrategyContext:
         cfg = plan.config
         self._timeout = cfg.mesh.timeout
         spec = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
                 "strategy": cfg.strategy.name, "seed": cfg.run.seed}
         for rank in train_ranks:
             send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
-        metrics_path = out / METRICS_NAME
         outer = parts["outer"]
         rng = parts["rng"]
         identity = _identity(plan)
@@ -355,10 +308,7 @@ class Runner:
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=identity, report=line))
-            with open(metrics_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_metrics(out, line)
             completed[0] = report.round
             last_metrics.clear()
             last_metrics.update(report.metrics)
@@ -378,75 +328,32 @@ class Runner:
 
     def _run_board(self, rank: int, stage_id: str, x: Any) -> Any:
         """Push rows through a fixed-function rank with the node pipeline protocol."""
-        import numpy as np
-
-        from meshkit.pipeline import Stage, run_pipeline
-
         rows = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
         result = run_pipeline(self._group, [Stage.board(stage_id)], self._caps, list(rows),
                               ranks=[rank], timeout=self._timeout)
         return np.stack([np.asarray(y) for y in result.outputs])
 
-    def _teardown(self, ctx: Any) -> None:
+    def _teardown(self, ctx: StrategyContext | None) -> None:
         group = self._group
         if group is not None:
             try:
                 if ctx is not None:
                     ctx.pool.stop_all(ctx.live)
-                from meshkit.node import shutdown_nodes
-
                 shutdown_nodes(group)
             except Exception:  # best effort: the processes are reaped below anyway
                 log.debug("stopping workers failed", exc_info=True)
-        self._reap(dropped=set(ctx.dropped) if ctx is not None else set())
+        reap(self.processes, dropped=set(ctx.dropped) if ctx is not None else set())
         if group is not None:
             group.close()
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    def _reap(self, grace: float = 5.0, dropped: set[int] = frozenset()) -> None:
-        # A dropped worker may be wedged (that is why it was dropped): no
-        # grace for it. The others were told to stop and get time to leave.
-        for rank in dropped:
-            proc = self.processes.get(rank)
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-        deadline = time.monotonic() + grace
-        for rank, proc in sorted(self.processes.items()):
-            try:
-                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-        for rank, proc in sorted(self.processes.items()):
-            try:
-                proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5.0)
-
-    def _worker_logs_hint(self) -> str:
-        if not self.processes:
-            return ""
-        exited = {r: p.poll() for r, p in self.processes.items() if p.poll() is not None}
-        logs = Path(self._out) / "logs"
-        if exited:
-            return ("; local worker(s) exited early: "
-                    + ", ".join(f"rank {r} (status {s})" for r, s in sorted(exited.items()))
-                    + f" — see {logs}/worker-N.log")
-        return ""
-
     def _emit(self, kind: str, message: str, report: Any = None) -> None:
         if report is None:
             log.info("%s", message)
         if self.progress is not None:
             self.progress(RunEvent(kind, message, report))
-
-    def _write_summary(self, out: Path, report: RunReport) -> None:
-        try:
-            (out / "summary.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        except OSError:
-            log.warning("could not write %s", out / "summary.json", exc_info=True)
 
 
 def _check_model_fits(out: Path, saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:
@@ -473,40 +380,12 @@ def _check_model_fits(out: Path, saved: Mapping[str, Any], fresh: Mapping[str, A
             f"without --resume to start afresh")
 
 
-def _truncate_metrics(path: Path, last_round: int,
-                      last_report: Mapping[str, Any] | None = None) -> None:
-    """Keep only the lines of rounds the checkpoint covers (a crash may leave one more).
-
-    The checkpoint is written before its round's line, so a crash between
-    the two leaves the line missing: ``last_report`` (the line the
-    checkpoint carries) fills that gap.
-    """
-    kept = []
-    recorded = 0
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash
-            if isinstance(row, dict) and row.get("round", 0) <= last_round:
-                kept.append(line)
-                recorded = max(recorded, int(row.get("round", 0)))
-    if last_report and recorded < last_round == last_report.get("round"):
-        kept.append(json.dumps(dict(last_report)))
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
 def build_components(plan: Any) -> dict[str, Any]:
     """Build every component of a resolved plan and run the strategy's own checks.
 
     Used by ``meshkit run`` before any process starts and by ``meshkit check``,
     so both refuse the same configs.
     """
-    import numpy as np
-
-    from meshkit.task import build_task, check_task
-
     cfg = plan.config
     strategy = plan.create("strategy")
     if not callable(getattr(strategy, "run", None)):
@@ -536,48 +415,6 @@ def build_components(plan: Any) -> dict[str, Any]:
         "ctx_state": None,
         "global_state": None,
     }
-
-
-def read_metrics(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rounds recorded in ``OUT/metrics.jsonl``."""
-    path = Path(out) / METRICS_NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def _plot(out: Path) -> Path | None:
-    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = read_metrics(out)
-    if not rows:
-        return None
-    from meshkit.train.strategy import REPORT_FIELDS
-
-    keys = sorted({k for row in rows for k, v in row.items()
-                   if k not in REPORT_FIELDS and isinstance(v, (int, float))})
-    if not keys:
-        return None
-    fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True,
-                             squeeze=False)
-    for ax, key in zip(axes[:, 0], keys):
-        pts = [(r["round"], r[key]) for r in rows if key in r]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
-        ax.set_ylabel(key)
-        ax.grid(True, alpha=0.3)
-    axes[-1, 0].set_xlabel("round")
-    fig.suptitle(f"{rows[-1].get('strategy', '')}: {out}")
-    fig.tight_layout()
-    path = out / REPORT_NAME
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def run(config: Any, *, resume: bool = False, pset: Any = None,

@@ -1,106 +1,33 @@
 """``meshkit node``: join a mesh as a worker or, with ``--board``, a fixed-function rank.
 
-Imported by :mod:`meshkit.cli` at start-up, so this module imports nothing
-heavy: numpy, the transport and the node driver load when the command runs.
+Flags win over the environment NodeConfig reads; every flag combination
+that cannot work is refused here, before the node connects.
+:mod:`meshkit.cli` loads this module only when the command runs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import types
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import click
 
+from meshkit import plugins
+from meshkit.cli._options import parse_board_options, parse_options, read_secret
 from meshkit.errors import ConfigError
+from meshkit.node import NodeControl, caps_for, serve_node
+from meshkit.node.board import DeadlineBoard
+from meshkit.node.config import NodeConfig
+from meshkit.pipeline import serve_pipeline_job
+from meshkit.train import serve_train_job
 
-__all__ = ["node", "parse_options", "parse_board_options", "read_secret"]
+__all__ = ["node"]
 
 log = logging.getLogger(__name__)
-
-
-def read_secret(secret_file: str | None, environ: Mapping[str, str] | None = None) -> bytes:
-    """The shared secret from ``secret_file`` or ``MESHKIT_SECRET``; refuse without one."""
-    env = os.environ if environ is None else environ
-    if secret_file:
-        path = Path(secret_file).expanduser()
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"--secret-file {str(path)!r}: cannot read it: {exc}") from None
-        if not secret:
-            raise ConfigError(f"--secret-file {str(path)!r} is empty; put the shared secret in it")
-        return secret
-    secret_env = (env.get("MESHKIT_SECRET") or "").strip()
-    if secret_env:
-        return secret_env.encode()
-    raise ConfigError(
-        "no shared secret: a node refuses to join a mesh unauthenticated. Pass "
-        "--secret-file FILE (the same secret as the coordinator's secret_file) or set "
-        "MESHKIT_SECRET")
-
-
-def _field_kind(field: Any) -> str:
-    """The plain type name of an attrs field ('int', 'float', 'bool', 'str'), best effort."""
-    annotation = field.type
-    if isinstance(annotation, type):
-        return annotation.__name__
-    text = str(annotation or "")
-    for name in ("bool", "int", "float", "str"):
-        if text == name or text.startswith(name + " ") or text.startswith(name + "|"):
-            return name
-    return "str"
-
-
-def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[str, Any]:
-    """``--board-option KEY=VALUE`` strings as a board options table (see :func:`parse_options`)."""
-    return parse_options(pairs, options_cls, flag="--board-option", table="[board]")
-
-
-def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
-                  table: str) -> dict[str, Any]:
-    """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
-
-    Values are converted to each field's declared type (int, float, bool),
-    so ``--board-option input_elems=8`` is the integer 8; a value that does
-    not convert is a :class:`ConfigError` naming the key. Unknown keys are
-    passed through for the options class to refuse with its own message.
-    """
-    import attrs
-
-    fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
-        if key in options:
-            raise ConfigError(f"{flag} {key}: given twice")
-        field = fields.get(key)
-        kind = _field_kind(field) if field is not None else "str"
-        value: Any = raw
-        try:
-            if kind == "int":
-                value = int(raw)
-            elif kind == "float":
-                value = float(raw)
-            elif kind == "bool":
-                lowered = raw.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(raw)
-                value = lowered in ("1", "true", "yes", "on")
-        except ValueError:
-            raise ConfigError(
-                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
-                f"got {raw!r}") from None
-        options[key] = value
-    return options
 
 
 @click.command("node", context_settings={"help_option_names": ["-h", "--help"],
@@ -158,11 +85,6 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
-    from meshkit.node import NodeControl, caps_for, serve_node
-    from meshkit.node.config import NodeConfig
-    from meshkit.pipeline import serve_pipeline_job
-    from meshkit.train._node_job import serve_train_job
-
     secret = read_secret(secret_file)
     if board_options and not board_name:
         raise ConfigError("--board-option needs --board NAME (the board component to drive)")
@@ -173,9 +95,6 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     board = None
     fixed_function = None
     if board_name:
-        from meshkit import plugins
-        from meshkit.node.board import DeadlineBoard
-
         pset = plugins.default()
         component = pset.registry.get("board", board_name)
         table = parse_board_options(board_options, component.options)
@@ -184,8 +103,6 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         fixed_function = board.descriptor
 
     if transport_options:
-        from meshkit import plugins
-
         transport_component = plugins.default().registry.get("transport", transport or "tcp")
         transport_table = parse_options(transport_options, transport_component.options,
                                             flag="--transport-option", table="[transport]")

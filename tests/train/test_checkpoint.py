@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import time
 
@@ -15,6 +17,7 @@ from meshkit.checkpoint import (
     save_checkpoint,
 )
 from meshkit.errors import ConfigError
+from meshkit.state import BFLOAT16
 
 
 def sample(round_: int = 3) -> Checkpoint:
@@ -83,3 +86,58 @@ def test_loading_never_unpickles(tmp_path):
 def test_a_missing_checkpoint_says_there_is_nothing_to_resume(tmp_path):
     with pytest.raises(ConfigError, match="nothing to resume from"):
         load_checkpoint(tmp_path)
+
+
+def _header(text: bytes) -> np.ndarray:
+    return np.frombuffer(text, dtype=np.uint8)
+
+
+def _write_truncated(path):
+    save_checkpoint(path.parent, Checkpoint(round=1, state={"w": np.ones(64)}))
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+CORRUPTIONS = {
+    "truncated (torn copy)": _write_truncated,
+    "empty file": lambda p: p.write_bytes(b""),
+    "zip magic then garbage": lambda p: p.write_bytes(b"PK\x03\x04" + b"\x00" * 64),
+    "a bare .npy array": lambda p: p.write_bytes(_npy_bytes()),
+    "header not utf-8": lambda p: _savez(p, __meta__=_header(b"\xff\xfe")),
+    "header not json": lambda p: _savez(p, __meta__=_header(b"not json")),
+    "header a list": lambda p: _savez(p, __meta__=_header(b"[1, 2]")),
+    "header missing round": lambda p: _savez(p, __meta__=_header(b'{"format": 1}')),
+    "dangling array reference": lambda p: _savez(p, __meta__=_header(json.dumps({
+        "format": 1, "round": 1, "state": {"w": {"__array__": "state/w"}}, "outer": {},
+        "rng": {}, "identity": {}}).encode())),
+}
+
+
+def _savez(path, **arrays):
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _npy_bytes() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.arange(3))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupted_checkpoint_is_a_clear_config_error_not_a_traceback(tmp_path, corruption):
+    path = tmp_path / "checkpoint.npz"
+    CORRUPTIONS[corruption](path)
+    with pytest.raises(ConfigError, match=r"checkpoint .*checkpoint\.npz"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_bfloat16_state_survives_a_checkpoint_with_its_dtype(tmp_path):
+    w = np.array([1.5, -2.25, 3.0], dtype=BFLOAT16)
+    save_checkpoint(tmp_path, Checkpoint(round=2, state={"w": w, "b": np.zeros(2)},
+                                         outer_state={"m": {"w": w.copy()}}))
+    back = load_checkpoint(tmp_path)
+    assert back.state["w"].dtype == BFLOAT16
+    assert back.outer_state["m"]["w"].dtype == BFLOAT16
+    assert np.array_equal(back.state["w"].astype(np.float32), w.astype(np.float32))
+    assert back.state["b"].dtype == np.float64

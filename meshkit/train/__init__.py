@@ -1,0 +1,90 @@
+"""Training runs: the strategy contract, the workers it drives, and the runner.
+
+One idea per module:
+
+* ``_strategy`` — the contract a strategy is written against
+  (:class:`Strategy`, :class:`StrategyContext`, :class:`RoundReport`,
+  :class:`StrategyResult`, :class:`RunStopped`);
+* ``_rounds`` — the round skeleton every strategy shares
+  (:func:`run_rounds`, :class:`RoundOutcome`);
+* ``_sharding`` — which rows a client trains on, which clients a round
+  asks, and the seed of each fit;
+* ``_partitions`` — model-parallel stages: ordering, validation, pinning;
+* ``_protocol`` — the trainer requests and replies, and their tags;
+* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
+* ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
+* ``_pool`` — reaching the workers, and where a dead rank leaves a round
+  (:class:`GroupPool`, :class:`LocalPool`);
+* ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
+  :func:`run`, :func:`build_components`);
+* ``_launch`` — the local worker processes and their per-run secret;
+* ``_artifacts`` — what a run leaves in ``out``: ``metrics.jsonl``,
+  ``summary.json``, ``report.png``.
+
+Strategy plugins import from here, never from a ``_private`` module.
+"""
+
+from __future__ import annotations
+
+from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+from meshkit.train._node_job import serve_train_job
+from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
+from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
+from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.train._rounds import RoundOutcome, run_rounds, timed
+from meshkit.train._runner import RunEvent, Runner, RunReport, build_components, run
+from meshkit.train._sharding import client_seed, sample_clients, shard_bounds, shard_pair
+from meshkit.train._strategy import (
+    RoundReport,
+    RunStopped,
+    Strategy,
+    StrategyContext,
+    StrategyResult,
+    weighted_mean,
+)
+from meshkit.train._worker import Trainer, serve_trainer
+
+__all__ = [
+    # the strategy contract
+    "Strategy",
+    "StrategyContext",
+    "StrategyResult",
+    "RoundReport",
+    "RunStopped",
+    "weighted_mean",
+    # the round skeleton
+    "run_rounds",
+    "RoundOutcome",
+    "timed",
+    # sharding and sampling
+    "shard_bounds",
+    "shard_pair",
+    "client_seed",
+    "sample_clients",
+    # model-parallel partitions
+    "Partition",
+    "WorkerIdentity",
+    "order_partitions",
+    # reaching workers
+    "Reply",
+    "WorkerPool",
+    "LocalPool",
+    "GroupPool",
+    # the trainer protocol and the worker side
+    "TAG_REQUEST",
+    "TAG_REPLY",
+    "encode",
+    "decode",
+    "Trainer",
+    "serve_trainer",
+    "serve_train_job",
+    # running a job
+    "RunReport",
+    "RunEvent",
+    "Runner",
+    "run",
+    "build_components",
+    "METRICS_NAME",
+    "REPORT_NAME",
+    "read_metrics",
+]

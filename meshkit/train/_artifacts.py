@@ -1,0 +1,129 @@
+"""What a run leaves in its ``out`` directory, besides the checkpoint.
+
+* ``metrics.jsonl`` — one line per finished round (:meth:`RoundReport.to_json`),
+  appended and flushed as the round completes; a resumed run first keeps
+  only the lines its checkpoint covers (:func:`truncate_metrics`);
+* ``summary.json`` — how the run ended (:meth:`RunReport.to_json`);
+* ``report.png`` — the metrics drawn round by round, when matplotlib is
+  installed.
+
+A fresh run owns its directory's results (:func:`clear_results`): stale
+rounds from an earlier run would be read as this one's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from meshkit.checkpoint import CHECKPOINT_NAME
+from meshkit.train._strategy import REPORT_FIELDS
+
+__all__ = [
+    "METRICS_NAME",
+    "REPORT_NAME",
+    "SUMMARY_NAME",
+    "clear_results",
+    "append_metrics",
+    "read_metrics",
+    "truncate_metrics",
+    "write_summary",
+    "plot",
+]
+
+log = logging.getLogger(__name__)
+
+METRICS_NAME = "metrics.jsonl"
+REPORT_NAME = "report.png"
+SUMMARY_NAME = "summary.json"
+
+
+def clear_results(out: Path) -> None:
+    """Start ``out`` afresh: an empty metrics file, no checkpoint, plot or summary."""
+    (out / METRICS_NAME).write_text("")
+    for stale in (CHECKPOINT_NAME, REPORT_NAME, SUMMARY_NAME):
+        (out / stale).unlink(missing_ok=True)
+
+
+def append_metrics(out: Path, line: Mapping[str, Any]) -> None:
+    """Append one round's line, on disk before this returns."""
+    with open(out / METRICS_NAME, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_metrics(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rounds recorded in ``OUT/metrics.jsonl``."""
+    path = Path(out) / METRICS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def truncate_metrics(out: Path, last_round: int,
+                     last_report: Mapping[str, Any] | None = None) -> None:
+    """Keep only the lines of rounds the checkpoint covers (a crash may leave one more).
+
+    The checkpoint is written before its round's line, so a crash between
+    the two leaves the line missing: ``last_report`` (the line the
+    checkpoint carries) fills that gap.
+    """
+    path = out / METRICS_NAME
+    kept = []
+    recorded = 0
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash
+            if isinstance(row, dict) and row.get("round", 0) <= last_round:
+                kept.append(line)
+                recorded = max(recorded, int(row.get("round", 0)))
+    if last_report and recorded < last_round == last_report.get("round"):
+        kept.append(json.dumps(dict(last_report)))
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
+    """Write ``summary.json``; a failure is logged, never raised (the run's outcome wins)."""
+    try:
+        (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError:
+        log.warning("could not write %s", out / SUMMARY_NAME, exc_info=True)
+
+
+def plot(out: Path) -> Path | None:
+    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = read_metrics(out)
+    if not rows:
+        return None
+    keys = sorted({k for row in rows for k, v in row.items()
+                   if k not in REPORT_FIELDS and isinstance(v, (int, float))})
+    if not keys:
+        return None
+    fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True,
+                             squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        pts = [(r["round"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_ylabel(key)
+        ax.grid(True, alpha=0.3)
+    axes[-1, 0].set_xlabel("round")
+    fig.suptitle(f"{rows[-1].get('strategy', '')}: {out}")
+    fig.tight_layout()
+    path = out / REPORT_NAME
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

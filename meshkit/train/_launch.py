@@ -1,0 +1,127 @@
+"""``[mesh] launch = "local"``: the worker processes a run starts on this machine.
+
+Each local run gets a fresh secret (:func:`new_secret`), written 0600 into
+a private temporary directory (:func:`write_secret`) that only the spawned
+workers are pointed at; ``MESHKIT_SECRET`` is removed from their
+environment, so no secret of the user's is ever reused on loopback. Workers
+are ranks ``1..workers``, fixed-function boards follow them, and each
+writes its output to ``OUT/logs/worker-RANK.log``. :func:`reap` stops them
+in order when the run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping, Sequence
+
+__all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir"]
+
+_SECRET_NAME = "secret"
+
+
+def new_secret() -> bytes:
+    """A fresh secret for one local run."""
+    return secrets.token_hex(32).encode()
+
+
+def write_secret(secret: bytes) -> tuple[str, Path]:
+    """Write ``secret`` 0600 into a new private directory: (directory, file)."""
+    tmpdir = tempfile.mkdtemp(prefix="meshkit-run-")
+    secret_file = Path(tmpdir) / _SECRET_NAME
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    return tmpdir, secret_file
+
+
+def logs_dir(out: str | os.PathLike[str]) -> Path:
+    """Where local workers write their output."""
+    return Path(out) / "logs"
+
+
+def _flag_text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
+                  address: str, secret_file: Path, world: int,
+                  boards: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    """Start ``python -m meshkit node`` for ranks 1..world-1, recording each in ``processes``.
+
+    Each process is recorded as soon as it starts, so a failure to start a
+    later one still leaves the earlier ones to be reaped.
+    """
+    logs = logs_dir(cfg.run.out)
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("MESHKIT_SECRET", None)
+    # Workers import a "module:attribute" task the way the coordinator did.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
+    # Workers are ranks 1..workers; fixed-function boards follow them.
+    extra: dict[int, list[str]] = {}
+    for i, (board, options) in enumerate(boards):
+        flags = ["--board", board]
+        for key, value in options.items():
+            flags += ["--board-option", f"{key}={_flag_text(value)}"]
+        extra[cfg.mesh.workers + 1 + i] = flags
+    # Every rank uses the same [transport] options as the coordinator.
+    transport_flags: list[str] = []
+    for key, value in cfg.transport.options.items():
+        transport_flags += ["--transport-option", f"{key}={_flag_text(value)}"]
+    for rank in range(1, world):
+        cmd = [sys.executable, "-m", "meshkit", "node", "--rank", str(rank),
+               "--world", str(world), "--peers", address,
+               "--topology", "star", "--transport", cfg.mesh.transport,
+               "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
+               *transport_flags, *extra.get(rank, [])]
+        log_file = open(logs / f"worker-{rank}.log", "wb")
+        try:
+            # A new session: Ctrl-C in the terminal reaches the coordinator
+            # only, which then stops its workers in order.
+            processes[rank] = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True)
+        finally:
+            log_file.close()
+
+
+def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
+         dropped: set[int] = frozenset()) -> None:
+    """Wait for the workers to leave; terminate, then kill, the ones that do not."""
+    # A dropped worker may be wedged (that is why it was dropped): no
+    # grace for it. The others were told to stop and get time to leave.
+    for rank in dropped:
+        proc = processes.get(rank)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + grace
+    for rank, proc in sorted(processes.items()):
+        try:
+            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+    for rank, proc in sorted(processes.items()):
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5.0)
+
+
+def exited_early(processes: Mapping[int, subprocess.Popen], out: str | os.PathLike[str]) -> str:
+    """A hint naming the local workers that already exited ("" when none did)."""
+    if not processes:
+        return ""
+    exited = {r: p.poll() for r, p in processes.items() if p.poll() is not None}
+    if exited:
+        return ("; local worker(s) exited early: "
+                + ", ".join(f"rank {r} (status {s})" for r, s in sorted(exited.items()))
+                + f" — see {logs_dir(out)}/worker-N.log")
+    return ""

@@ -1,0 +1,67 @@
+"""The trainer protocol: every request the coordinator sends a worker, and its reply.
+
+Requests arrive on tag :data:`TAG_REQUEST` and replies leave on
+:data:`TAG_REPLY`; each is one flat state (the wire's unit), where a nested
+model state travels as ``"state/<key>"`` entries (:func:`encode`,
+:func:`decode`). Every request carries ``seq`` and its reply echoes it, so a
+late answer from a worker that was already given up on can never be taken
+for a fresh one.
+
+==============  =====================================  ===========================
+op              request fields                          reply fields
+==============  =====================================  ===========================
+``fit``         state, shard, shards, seed              state, examples, metrics
+``set_state``   state                                   (ack)
+``grads``       shard, shards, seed, batch_size         gradients, examples, metrics
+``apply``       gradients                               (ack)
+``get_state``   —                                       state
+``stage``       nodes, x, state (the stage's keys)      x
+``stop``        —                                       (none: the worker returns)
+==============  =====================================  ===========================
+
+The data never travels: every node builds the same task and takes shard
+``shard`` of ``shards`` of its training data (inputs and targets together).
+A request the task cannot serve is answered with ``{"error": MESSAGE}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
+
+#: Tags of the trainer protocol (user range; the kernel reserves >= 0xFFFF0000).
+TAG_REQUEST = 0x6D6B_0101
+TAG_REPLY = 0x6D6B_0102
+
+#: Request/reply fields that hold a nested state and travel flattened.
+_NESTED = ("state", "gradients")
+
+
+def encode(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten nested states into one wire-level state (``"state/<key>"``)."""
+    out: dict[str, Any] = {}
+    for key, value in message.items():
+        if key in _NESTED and isinstance(value, Mapping):
+            # The count (so an empty state still travels) sits beside the
+            # flattened keys, where no state key can land: "#state".
+            out[f"#{key}"] = len(value)
+            for inner, leaf in value.items():
+                out[f"{key}/{inner}"] = leaf
+        else:
+            out[key] = value
+    return out
+
+
+def decode(frame: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`encode`."""
+    out: dict[str, Any] = {}
+    for key, value in frame.items():
+        head, sep, inner = key.partition("/")
+        if sep and head in _NESTED:
+            out.setdefault(head, {})[inner] = value
+        elif key.startswith("#") and key[1:] in _NESTED:
+            out.setdefault(key[1:], {})
+        else:
+            out[key] = value
+    return out

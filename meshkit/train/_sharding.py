@@ -1,0 +1,69 @@
+"""Which rows a client trains on, which clients a round asks, and the seed of each fit.
+
+Every rule here is a pure function of the run seed, the round and the
+client, never of the worker that happens to serve it: that is what keeps a
+run reproducible when workers drop out or a run resumes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from meshkit.errors import ConfigError
+
+__all__ = ["shard_bounds", "shard_pair", "client_seed", "sample_clients"]
+
+
+def shard_bounds(rows: int, n: int) -> list[tuple[int, int]]:
+    """Row ranges of ``n`` contiguous shards; the last takes the remainder."""
+    if n < 1:
+        raise ConfigError(f"cannot split data into {n} shards; need at least one worker")
+    if rows < n:
+        raise ConfigError(
+            f"cannot split {rows} rows into {n} shards: every shard needs at least one "
+            f"row; use fewer clients or workers")
+    size = rows // n
+    return [(i * size, rows if i == n - 1 else (i + 1) * size) for i in range(n)]
+
+
+def shard_pair(x: np.ndarray, y: np.ndarray | None, n: int
+               ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """Split inputs and targets into ``n`` shards *together*.
+
+    Sharding ``x`` and handing every worker the whole ``y`` fails silently:
+    a 4-row output against an 8-row target broadcasts instead of erroring,
+    so each replica would train on pairs that were never pairs. Row counts
+    that disagree are therefore an error naming both.
+    """
+    rows = len(x)
+    if y is not None and len(y) != rows:
+        raise ConfigError(
+            f"sharding across {n} workers: the inputs have {rows} rows and the targets "
+            f"have {len(y)}. Each shard pairs example i with target i, so the two must "
+            f"agree")
+    bounds = shard_bounds(rows, n)
+    xs = [x[a:b] for a, b in bounds]
+    ys = [None if y is None else y[a:b] for a, b in bounds]
+    return xs, ys
+
+
+def client_seed(seed: int, round_: int, client: int) -> int:
+    """The seed of one client's fit in one round, independent of which worker runs it.
+
+    Deriving it from (run seed, round, client) and not from the worker makes
+    a run reproducible when workers drop out or a run resumes.
+    """
+    return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
+
+
+def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> list[int]:
+    """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted."""
+    # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
+    # point, and its ceiling would sample an eighth client.
+    k = min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
+    if k >= clients:
+        return list(range(clients))
+    return sorted(int(c) for c in rng.choice(clients, size=k, replace=False))

@@ -1,0 +1,191 @@
+"""The worker side of a training run: a task answering the coordinator's requests.
+
+A worker started with ``meshkit node`` receives a job ``{"kind": "train",
+"spec": SPEC}`` from rank 0 and calls :func:`serve_trainer`. SPEC is a JSON
+object:
+
+=================  ==========================================================
+``task``           registered task name or ``"module:attribute"``
+``task_options``   the ``[task]`` table (a JSON object), validated here too
+``strategy``       the strategy name (for logs and reports)
+``seed``           the run seed
+``idle_timeout``   seconds to wait for the next request before giving up
+                   (default 3600; the coordinator may evaluate between rounds)
+=================  ==========================================================
+
+The worker then answers requests (:mod:`meshkit.train._protocol` lists
+them) until ``{"op": "stop"}`` or until the coordinator goes away. A request
+the task cannot serve is answered with ``{"error": MESSAGE}``, never with
+silence: the coordinator would read silence as a stalled worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from meshkit.errors import MeshError, PeerLostError
+from meshkit.node import TrainReport
+from meshkit.task import create_task
+from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.train._sharding import shard_pair
+
+__all__ = ["Trainer", "serve_trainer"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class Trainer:
+    """Answers trainer requests with a task; the model it holds is ``state``."""
+
+    task: Any
+    state: dict[str, Any] | None = None
+    requests: int = 0
+    fits: int = 0
+    examples: int = 0
+    metrics: dict[str, float] = attrs.Factory(dict)
+    _shards: dict[tuple[int, int], tuple[Any, Any]] = attrs.Factory(dict)
+
+    def _shard(self, index: int, count: int) -> tuple[Any, Any]:
+        key = (count, index)
+        if key not in self._shards:
+            x, y = self.task.train_data()
+            xs, ys = shard_pair(x, y, count)
+            if not 0 <= index < count:
+                raise MeshError(f"shard {index} requested, but there are only {count}")
+            self._shards[key] = (xs[index], ys[index])
+        return self._shards[key]
+
+    def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """One request in, one reply out; a failure is an ``error`` reply, not a crash."""
+        self.requests += 1
+        op = request.get("op")
+        try:
+            reply = self._dispatch(op, request)
+        except Exception as exc:  # the coordinator must hear why, not see a hang
+            log.exception("trainer request %r failed", op)
+            reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+        reply["seq"] = request.get("seq", 0)
+        return reply
+
+    def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+        if op == "fit":
+            x, y = self._shard(int(request["shard"]), int(request["shards"]))
+            result = self.task.fit(request["state"], x, y, seed=int(request["seed"]))
+            self.state = dict(result.state)
+            self.fits += 1
+            self.examples += int(result.examples)
+            self.metrics = {k: float(v) for k, v in result.metrics.items()}
+            return {"state": self.state, "examples": int(result.examples),
+                    "metrics": self.metrics}
+        if op == "set_state":
+            self.state = dict(request["state"])
+            return {}
+        if op == "grads":
+            self._require_state(op)
+            x, y = self._shard(int(request["shard"]), int(request["shards"]))
+            batch = int(request.get("batch_size") or 0)
+            if 0 < batch < len(y):
+                rows = np.sort(np.random.default_rng(int(request["seed"])).choice(
+                    len(y), size=batch, replace=False))
+                x, y = x[rows], y[rows]
+            result = self.task.gradients(self.state, x, y)
+            self.examples += int(result.examples)
+            return {"gradients": dict(result.state), "examples": int(result.examples),
+                    "metrics": {k: float(v) for k, v in result.metrics.items()}}
+        if op == "apply":
+            self._require_state(op)
+            self.state = dict(self.task.apply(self.state, request["gradients"]))
+            return {}
+        if op == "get_state":
+            self._require_state(op)
+            return {"state": self.state}
+        if op == "stage":
+            x = request["x"]
+            for node in request["nodes"]:
+                x = self.task.run_stage(request.get("state", {}), node, x)
+            return {"x": x}
+        raise MeshError(f"unknown trainer request {op!r}")
+
+    def _require_state(self, op: str) -> None:
+        if self.state is None:
+            raise MeshError(f"{op!r} before any model was set on this worker")
+
+
+def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> TrainReport:
+    """Serve trainer requests from rank 0 until told to stop; returns a ``TrainReport``.
+
+    ``control`` is a :class:`meshkit.NodeControl` (its stop flag is observed
+    between requests) or None.
+    """
+    started = time.monotonic()
+    try:
+        trainer: Trainer | None = Trainer(
+            create_task(str(spec["task"]), spec.get("task_options") or {}))
+        failure: MeshError | None = None
+    except MeshError as exc:
+        # Answer every request with the reason instead of leaving: the
+        # coordinator waits on replies, and silence would read as a stalled
+        # worker (dropped after [mesh] timeout) rather than as this error.
+        log.error("rank %s cannot build the task: %s", getattr(group, "rank", "?"), exc)
+        trainer, failure = None, exc
+    idle = float(spec.get("idle_timeout", 3600.0))
+    poll = min(idle, 1.0)
+    idle_since = time.monotonic()
+    stopped: str | None = None
+    while True:
+        if _stopped(control):
+            stopped = "stop"
+            break
+        try:
+            frame = group.recv(0, TAG_REQUEST, timeout=poll)
+        except PeerLostError as exc:
+            # The transport says "lost" for a dead coordinator and for a quiet
+            # one alike; only the dead one ends the job.
+            if 0 in getattr(group, "dead", {}) or time.monotonic() - idle_since > idle:
+                stopped = f"coordinator lost: {exc}"
+                break
+            continue
+        idle_since = time.monotonic()
+        request = decode(frame)
+        if request.get("op") == "stop":
+            break
+        if trainer is None:
+            reply = {"error": f"cannot build the task on this worker: {failure}",
+                     "seq": request.get("seq", 0)}
+        else:
+            reply = trainer.handle(request)
+        try:
+            group.send(0, TAG_REPLY, encode(reply))
+        except PeerLostError as exc:
+            stopped = f"coordinator lost: {exc}"
+            break
+    if failure is not None:
+        raise failure
+    log.info("trainer on rank %s finished%s", getattr(group, "rank", "?"),
+             f": {stopped}" if stopped else "")
+    return _train_report(group, trainer, stopped, time.monotonic() - started)
+
+
+def _stopped(control: Any) -> bool:
+    if control is None:
+        return False
+    for name in ("stopped", "should_stop", "is_stopped"):
+        value = getattr(control, name, None)
+        if callable(value):
+            return bool(value())
+        if value is not None:
+            return bool(value)
+    return False
+
+
+def _train_report(group: Any, trainer: Trainer, stopped: str | None,
+                  seconds: float) -> TrainReport:
+    return TrainReport(rank=getattr(group, "rank", -1), steps=trainer.requests,
+                       rounds=trainer.fits, examples=trainer.examples,
+                       metrics=dict(trainer.metrics), stopped=stopped, seconds=seconds)

@@ -1,0 +1,93 @@
+"""``data-parallel``: synchronous SGD, one averaged gradient applied on every replica per step."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from meshkit import ConfigError, MeshError
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, client_seed, run_rounds
+
+from meshkit_strategies._shared import train_loss, training_rows
+from meshkit_strategies.options import DataParallelOptions
+
+
+@attrs.frozen
+class DataParallel:
+    """Synchronous SGD: every step, replicas send gradients of their shard's
+    minibatch, the aggregator averages them, and every replica applies the
+    same average. The round's state is read back from a replica *after* the
+    step, so the training just done is what is returned."""
+
+    options: DataParallelOptions
+
+    def check(self, *, task: Any, outer_name: str, workers: int) -> None:
+        """Refuse what cannot work before any process starts."""
+        if self.options.min_workers > workers:
+            raise ConfigError(
+                f"[strategy] min_workers = {self.options.min_workers} but there are only "
+                f"{workers} workers; lower min_workers or add workers")
+        if outer_name != "average":
+            raise ConfigError(
+                f"data-parallel applies the averaged gradient on every replica each step; "
+                f"there is no round consensus for outer optimizer {outer_name!r} to "
+                f"step. Use [outer_optimizer] name = \"average\", or strategy federated")
+        for method in ("gradients", "apply"):
+            if not callable(getattr(task, method, None)):
+                raise ConfigError(f"data-parallel needs the task to offer {method}()")
+        rows = training_rows(task)
+        if rows is not None and rows < workers:
+            raise ConfigError(
+                f"data-parallel shards the task's {rows} training rows over {workers} "
+                f"workers; every replica needs at least one row. Use at most {rows} workers")
+
+    def run(self, ctx: StrategyContext) -> StrategyResult:
+        opts = self.options
+        self.check(task=ctx.task, outer_name=ctx.outer_name if ctx.outer is not None
+                   else "average", workers=len(ctx.workers))
+        state = ctx.initial_state()
+        live = ctx.require_live(opts.min_workers, "start")
+        ctx.call([(r, {"op": "set_state", "state": state}) for r in live])
+        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
+
+    def play_round(self, ctx: StrategyContext, rnd: int,
+                   state: Mapping[str, Any]) -> RoundOutcome:
+        opts = self.options
+        answered: set[int] = set()
+        examples = 0
+        losses: list[Any] = []
+        for step in range(opts.steps):
+            live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
+            global_step = (rnd - 1) * opts.steps + step
+            replies = ctx.call([
+                (r, {"op": "grads", "shard": i, "shards": len(live),
+                     "batch_size": opts.batch_size,
+                     "seed": client_seed(ctx.seed, global_step, i)})
+                for i, r in enumerate(live)])
+            ok = [r for r in replies if r.ok]
+            if len(ok) < opts.min_workers:
+                ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
+            # Each replica's gradient is already the mean over its batch, so
+            # every replica counts once (DDP's rule, and allreduce's).
+            fold = ctx.aggregation_begin()
+            for reply in ok:
+                fold.add(reply.payload["gradients"], 1.0, source=f"rank {reply.rank}")
+            averaged = fold.result()
+            # The step happens here, on every replica, on the same mean.
+            ctx.call([(r.rank, {"op": "apply", "gradients": averaged}) for r in ok])
+            answered.update(r.rank for r in ok)
+            examples += sum(int(r.payload["examples"]) for r in ok)
+            losses.extend(ok)
+        reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
+        # Read back over the wire *after* the step: a state remembered from
+        # before apply() would hand back the untrained model.
+        back = ctx.call([(reader, {"op": "get_state"})])[0]
+        if not back.ok:
+            raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
+                            f"failed: {back.error}")
+        state = dict(back.payload["state"])
+        metrics = {**train_loss(losses), **ctx.task.evaluate(state)}
+        return RoundOutcome(
+            state, answered=tuple(sorted(answered)), dropped=tuple(sorted(set(ctx.dropped))),
+            examples=examples, metrics=metrics)

@@ -1,0 +1,101 @@
+"""``meshkit check`` end to end: the resolved plan, and config errors as one clean paragraph.
+
+Every check runs ``python -m meshkit`` in a subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from conftest import run_cli
+
+
+HELLO_ONLY = {"MESHKIT_PLUGINS": "hello"}
+
+
+GOOD_CONFIG = """
+[run]
+task = "hello-task"
+seed = 3
+out = "runs/hello"
+
+[mesh]
+transport = "hello-wire"
+workers = 2
+
+[strategy]
+name = "hello-loop"
+rounds = 4
+
+[aggregator]
+name = "hello-sum"
+
+[outer_optimizer]
+name = "hello-scaled"
+factor = 0.5
+"""
+
+
+def _write(tmp_path, text, name="job.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _assert_clean_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_selecting_a_component_of_a_failed_plugin_quotes_its_failure(hello_site, tmp_path):
+    config = _write(tmp_path, GOOD_CONFIG.replace('name = "hello-sum"', 'name = "fpga-sum"'))
+    result = run_cli("check", config, pythonpath=hello_site,
+                     env={"MESHKIT_PLUGINS": "hello,hello-broken"})
+    _assert_clean_error(result, "[aggregator] name: no aggregator named 'fpga-sum'",
+                        "available: hello-sum",
+                        "plugin 'hello-broken' from meshkit-hello 1.2.3 failed to load")
+
+
+def test_check_prints_the_resolved_plan(hello_site, tmp_path):
+    config = _write(tmp_path, GOOD_CONFIG)
+    result = run_cli("check", config, pythonpath=hello_site, env=HELLO_ONLY)
+    assert result.returncode == 0, result.stderr
+    assert "strategy: hello-loop from plugin 'hello' (meshkit-hello 1.2.3) [rounds=4]" \
+        in result.stdout
+    assert "outer_optimizer: hello-scaled" in result.stdout and "factor=0.5" in result.stdout
+    assert "world 3" in result.stdout
+    assert result.stdout.rstrip().endswith("ok")
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("rounds = 4", "rounds = 4\nrunds = 5"), ["[strategy] runds: unknown key"]),
+    (("rounds = 4", 'rounds = "four"'), ["[strategy] rounds: expected an integer, got 'four'"]),
+    (("workers = 2", "workers = 2\nwrokers = 3"), ["[mesh] wrokers: unknown key"]),
+    (("seed = 3", "seed = 3.5"), ["[run] seed: expected an integer, got 3.5"]),
+    (("factor = 0.5", "factor = 0.5\nlr = 1"), ["[outer_optimizer] lr: unknown key"]),
+    (('name = "hello-sum"', 'name = "nope"'),
+     ["[aggregator] name: no aggregator named 'nope'", "available: hello-sum"]),
+    (('task = "hello-task"', 'task = "nope"'), ["[run] task: no task named 'nope'"]),
+    (('[outer_optimizer]', '[outer]'), ["[outer]: unknown table"]),
+    (('workers = 2', 'workers = 2\nlaunch = "cloud"'), ["[mesh]", "launch"]),
+    (('[run]', '[run\n'), ["not valid TOML"]),
+])
+def test_a_bad_config_exits_2_naming_file_table_and_key(hello_site, tmp_path, edit, fragments):
+    config = _write(tmp_path, GOOD_CONFIG.replace(*edit))
+    result = run_cli("check", config, pythonpath=hello_site, env=HELLO_ONLY)
+    _assert_clean_error(result, config, *fragments)
+
+
+def test_a_multi_host_config_without_a_secret_is_refused(hello_site, tmp_path):
+    config = _write(tmp_path, GOOD_CONFIG.replace("workers = 2", 'workers = 2\nlaunch = "external"'))
+    result = run_cli("check", config, pythonpath=hello_site, env=HELLO_ONLY)
+    _assert_clean_error(result, "[mesh] secret_file: required when launch = 'external'")
+
+
+def test_a_missing_config_file_is_a_clean_error(tmp_path):
+    result = run_cli("check", str(tmp_path / "absent.toml"))
+    _assert_clean_error(result, "absent.toml: no such config file")

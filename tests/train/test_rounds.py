@@ -1,0 +1,58 @@
+"""The round skeleton: rounds after start_round, one report per outcome, stops between rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshkit.train import LocalPool, RoundOutcome, RunStopped, StrategyContext, run_rounds
+
+
+def context(**kw) -> StrategyContext:
+    return StrategyContext(task=None, aggregator=None, pool=LocalPool({}), workers=[1, 2],
+                           rng=None, **kw)
+
+
+def count_round(ctx, rnd, state):
+    return RoundOutcome({"n": state["n"] + 1}, answered=(1,), dropped=(2,), clients=(rnd,),
+                        examples=10 * rnd, metrics={"n": float(state["n"] + 1)})
+
+
+def test_each_outcome_becomes_one_report_in_round_order_and_the_last_state_wins():
+    reports = []
+    ctx = context(on_round=lambda report, state: reports.append((report, dict(state))))
+    result = run_rounds(ctx, "counting", 3, {"n": 0}, count_round)
+    assert [(r.round, r.rounds, r.strategy) for r, _ in reports] == [
+        (1, 3, "counting"), (2, 3, "counting"), (3, 3, "counting")]
+    first, state = reports[0]
+    assert (first.answered, first.dropped, first.clients, first.examples) == ((1,), (2,), (1,), 10)
+    assert first.metrics == {"n": 1.0} and state == {"n": 1} and first.seconds >= 0.0
+    assert (dict(result.state), result.rounds, dict(result.metrics)) == ({"n": 3}, 3, {"n": 3.0})
+
+
+def test_a_resumed_run_plays_only_the_rounds_after_its_checkpoint():
+    played = []
+
+    def play(ctx, rnd, state):
+        played.append(rnd)
+        return count_round(ctx, rnd, state)
+
+    result = run_rounds(context(start_round=2), "counting", 4, {"n": 2}, play)
+    assert played == [3, 4] and dict(result.state) == {"n": 4}
+    finished = run_rounds(context(start_round=4), "counting", 4, {"n": 4}, play)
+    assert played == [3, 4] and dict(finished.state) == {"n": 4} and finished.metrics == {}
+
+
+def test_a_stop_request_is_honoured_between_rounds_not_inside_one():
+    ctx = context()
+    played = []
+
+    def play(ctx, rnd, state):
+        played.append(rnd)
+        ctx.stop.set()  # asked mid-round: this round still completes and reports
+        return count_round(ctx, rnd, state)
+
+    reports = []
+    ctx.on_round = lambda report, state: reports.append(report.round)
+    with pytest.raises(RunStopped, match="the last checkpoint is intact"):
+        run_rounds(ctx, "counting", 5, {"n": 0}, play)
+    assert played == [1] and reports == [1]
