@@ -43,7 +43,22 @@ _LAZY = {
     "NodeReport": "meshkit.node",
     "TrainReport": "meshkit.node",
     "StrategyContext": "meshkit.train",
+    "RoundReport": "meshkit.train",
+    "FitResult": "meshkit.task",
+    "serve_node": "meshkit.node",
+    "serve_fixed_function": "meshkit.node",
+    "serve_worker": "meshkit.pipeline",
+    "serve_trainer": "meshkit.train",
+    "run": "meshkit.train",
 }
+
+# Subpackages and modules reachable as attributes after ``import meshkit``
+# (``meshkit.plugins.available("aggregator")``), imported on first use.
+_SUBMODULES = frozenset({
+    "aggregation", "checkpoint", "cli", "config", "hookspecs", "node", "options", "outer",
+    "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
+    "wire",
+})
 
 __all__ = [
     "__version__",
@@ -67,7 +82,13 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"meshkit.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'meshkit' has no attribute {name!r}")

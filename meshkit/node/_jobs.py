@@ -20,7 +20,7 @@ each to the :data:`~meshkit.node.JobHandler` registered for its kind.
       activations come from), ``next`` (rank results go to; 0 = back to the
       coordinator) and ``index`` (position in the pipeline).
     * ``{"kind": "train", "job": id, "spec": {...}}``: run
-      ``meshkit.train.worker.serve_trainer(group, spec, control)`` (its module
+      ``meshkit.train.serve_trainer(group, spec, control)`` (its module
       documents ``spec``). A fixed-function rank answers with an ``error``
       (it cannot train: :meth:`NodeCaps.can_train` says why).
     * ``{"kind": "shutdown"}``: leave the mesh (:func:`shutdown_nodes`).

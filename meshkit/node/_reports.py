@@ -48,7 +48,7 @@ class NodeReport:
 
 @attrs.frozen
 class TrainReport:
-    """What a node did in a training job (built by ``meshkit.train.worker.serve_trainer``).
+    """What a node did in a training job (built by ``meshkit.train.serve_trainer``).
 
     ``steps`` counts optimizer steps (or local epochs in a federated round),
     ``rounds`` the reduce rounds it took part in, ``examples`` the examples it

@@ -25,7 +25,7 @@ from meshkit.node import (
     shutdown_nodes,
 )
 from meshkit.pipeline import serve_pipeline_job
-from meshkit.train._node_job import serve_train_job
+from meshkit.train import serve_train_job
 
 #: The job handlers ``meshkit node`` serves with.
 JOBS = {"pipeline": serve_pipeline_job, "train": serve_train_job}
