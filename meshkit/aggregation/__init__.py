@@ -14,9 +14,11 @@ contributions as they arrive with O(model) memory::
 :func:`begin` gives a fold for *any* aggregator: the aggregator's own when it
 has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
 and calls ``aggregate`` at ``result()`` (O(workers x model) memory, but a
-plain third-party aggregator works everywhere). A state given to ``add()``
-belongs to the fold until ``result()`` returns: folds may hold it by
-reference, so the caller must not modify it in between.
+plain third-party aggregator works everywhere); :func:`streaming` gives the
+same choice as an aggregator with ``begin()``, for code that takes a
+streaming aggregator (``group.reduce_round(streaming(aggregator))``). A
+state given to ``add()`` belongs to the fold until ``result()`` returns:
+folds may hold it by reference, so the caller must not modify it in between.
 
 :class:`MeanFold` is the strict element-wise (weighted) mean behind the
 built-in ``allreduce`` and ``fedavg``, public so a plugin can reuse it;
@@ -27,7 +29,7 @@ Where each idea lives:
 
 * ``_contract.py``: the protocols, :func:`check_weight`, :func:`default_source`,
   :func:`aggregate_by_folding`;
-* ``_buffering.py``: :class:`BufferingFold` and :func:`begin`;
+* ``_buffering.py``: :class:`BufferingFold`, :func:`begin`, :func:`streaming`;
 * ``_mean.py``: :class:`MeanFold` and :func:`check_contributions`;
 * ``_json.py``: how JSON leaves are averaged and checked;
 * ``_threads.py``: how a large fold is split across threads;
@@ -36,7 +38,7 @@ Where each idea lives:
 
 from __future__ import annotations
 
-from meshkit.aggregation._buffering import BufferingFold, begin
+from meshkit.aggregation._buffering import BufferingFold, begin, streaming
 from meshkit.aggregation._contract import (
     Aggregator,
     Fold,
@@ -53,6 +55,7 @@ __all__ = [
     "Aggregator",
     "StreamingAggregator",
     "begin",
+    "streaming",
     "aggregate_by_folding",
     "BufferingFold",
     "MeanFold",

@@ -2,13 +2,15 @@
 
 :func:`begin` gives a fold for *any* aggregator: the aggregator's own when it
 has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
-and calls ``aggregate`` at ``result()``.
+and calls ``aggregate`` at ``result()``. :func:`streaming` gives the same
+choice as an aggregator with ``begin()``, for code that takes a streaming
+aggregator (the reduce service: ``group.reduce_round(streaming(agg))``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from meshkit.aggregation._contract import Fold, check_weight, default_source
 from meshkit.errors import AggregationError
@@ -18,15 +20,37 @@ from meshkit.state import State
 _CONTRIBUTOR = re.compile(r"\bcontributor #(\d+)(?!\d)")
 
 
-def begin(aggregator: Any) -> Fold:
-    """A fold for ``aggregator``: its own streaming fold, or a buffering adapter."""
-    start = getattr(aggregator, "begin", None)
-    if callable(start):
-        return start()
+def streaming(aggregator: Any) -> Any:
+    """``aggregator`` with a ``begin()``: its own, or one that buffers (:class:`BufferingFold`)."""
+    if callable(getattr(aggregator, "begin", None)):
+        return aggregator
     if not callable(getattr(aggregator, "aggregate", None)):
         raise TypeError(f"{aggregator!r} is not an aggregator: it has neither aggregate() "
                         f"nor begin()")
-    return BufferingFold(aggregator)
+    return _Buffered(aggregator)
+
+
+def begin(aggregator: Any) -> Fold:
+    """A fold for ``aggregator``: its own streaming fold, or a buffering adapter."""
+    return streaming(aggregator).begin()
+
+
+class _Buffered:
+    """An aggregator without ``begin()``, given one that buffers the round."""
+
+    def __init__(self, aggregator: Any) -> None:
+        self.aggregator = aggregator
+        self.name = _name_of(aggregator)
+
+    def begin(self) -> BufferingFold:
+        return BufferingFold(self.aggregator)
+
+    def aggregate(self, states: Sequence[State],
+                  weights: Sequence[float] | None = None) -> dict[str, Any]:
+        return dict(self.aggregator.aggregate(states, weights))
+
+    def __repr__(self) -> str:
+        return f"streaming({self.aggregator!r})"
 
 
 class BufferingFold:

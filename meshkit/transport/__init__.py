@@ -52,8 +52,10 @@ default for every blocking call, from ``NodeConfig.timeout``),
 
 ``reduce_round(aggregator, outer=None, global_state=None, timeout=None, *, contribution=None, weight=1.0) -> RoundResult`` (coordinator)
     One round of the star reduce service (``_reduce.py`` documents it): every
-    live worker's contribution is folded as it arrives through
-    ``meshkit.aggregation.begin(aggregator)``; workers that die, stall past
+    live worker's contribution is folded as it arrives into
+    ``aggregator.begin()`` (a streaming aggregator; wrap one that only has
+    ``aggregate()`` in ``meshkit.aggregation.streaming(aggregator)``, which
+    buffers the round); workers that die, stall past
     ``timeout`` or fail authentication are declared dead and their
     contributions discarded; ``outer.step(global_state, consensus)`` runs when
     ``outer`` is given; one state is scattered to every surviving

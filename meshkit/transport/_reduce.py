@@ -8,9 +8,12 @@ Semantics (carried from the reference cluster controller, DESIGN §5):
   ``group.all_reduce(state, weight)`` (:meth:`ReduceService.contribute`).
   The weight is the *realized work* behind the contribution (examples seen;
   1.0 for a plain mean).
-* Contributions are folded **as they arrive** through
-  ``meshkit.aggregation.begin(aggregator)``, so the coordinator holds one
-  accumulator, not one copy per worker. Only complete, authenticated frames
+* Contributions are folded **as they arrive** into ``aggregator.begin()``,
+  so the coordinator holds one accumulator, not one copy per worker. The
+  service takes the fold from the aggregator itself (the transport knows
+  nothing of :mod:`meshkit.aggregation`); an aggregator with only
+  ``aggregate()`` is refused with a message naming
+  ``meshkit.aggregation.streaming(aggregator)``, which buffers the round. Only complete, authenticated frames
   reach the fold: the transport decodes a frame fully (and checks its MAC)
   before handing it over, so a frame cut off mid-way is never half-folded.
 * The fold divides once, by the mass it actually accepted, so a rank that
@@ -97,33 +100,6 @@ class RoundResult:
     def total_weight(self) -> float:
         """The accepted mass the fold divided by."""
         return float(sum(self.weights))
-
-
-class _BufferingFold:
-    """Fallback when ``meshkit.aggregation`` is unavailable: buffer, then aggregate."""
-
-    def __init__(self, aggregator: Any) -> None:
-        self._aggregator = aggregator
-        self._states: list[Any] = []
-        self._weights: list[float] = []
-
-    def add(self, state: Any, weight: float = 1.0, *, source: str | None = None) -> None:
-        self._states.append(state)
-        self._weights.append(weight)
-
-    def result(self) -> dict[str, Any]:
-        return dict(self._aggregator.aggregate(self._states, self._weights))
-
-
-def begin_fold(aggregator: Any) -> Any:
-    """The aggregator's streaming fold (``meshkit.aggregation.begin``)."""
-    try:
-        from meshkit.aggregation import begin
-    except ImportError:  # kernel module not present (partial installs, early tests)
-        if hasattr(aggregator, "begin"):
-            return aggregator.begin()
-        return _BufferingFold(aggregator)
-    return begin(aggregator)
 
 
 def _check_weight(weight: Any, who: str) -> float:
@@ -231,17 +207,21 @@ class ReduceService:
             raise MeshError(
                 "reduce_round: an outer optimizer needs the current global state to step "
                 "from (pass global_state=...)")
-        if aggregator is None or not (hasattr(aggregator, "aggregate")
-                                      or hasattr(aggregator, "begin")):
+        start = getattr(aggregator, "begin", None)
+        if not callable(start):
             raise MeshError(
-                f"reduce_round needs an aggregator (an object with aggregate() or begin()), "
-                f"got {aggregator!r}; build one with meshkit.plugins.create('aggregator', name)")
+                f"reduce_round needs a streaming aggregator (one with begin(), which the "
+                f"service folds each contribution into as it arrives), got {aggregator!r}; "
+                f"build one with meshkit.plugins.create('aggregator', name), or wrap an "
+                f"aggregator that only has aggregate() in "
+                f"meshkit.aggregation.streaming(aggregator), which buffers the round "
+                f"(O(workers x model) memory)")
         if timeout is None:
             timeout = self._timeout
         deadline = deadline_after(timeout, self._timeout)
         round_no = self._round
         self._round += 1
-        fold = begin_fold(aggregator)
+        fold = start()
         contributors: list[int] = []
         weights: list[float] = []
 

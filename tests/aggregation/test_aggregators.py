@@ -8,7 +8,7 @@ import pytest
 import meshkit
 import meshkit_aggregators
 from meshkit import AggregationError, ConfigError, RefusedError
-from meshkit.aggregation import BufferingFold, MeanFold, begin
+from meshkit.aggregation import BufferingFold, MeanFold, StreamingAggregator, begin, streaming
 from meshkit.plugins import build_manager
 from meshkit.state import BFLOAT16
 
@@ -489,6 +489,23 @@ def test_begin_uses_the_aggregators_own_streaming_fold(fedavg):
 def test_begin_refuses_something_that_is_not_an_aggregator():
     with pytest.raises(TypeError, match="has neither aggregate\\(\\) nor begin\\(\\)"):
         begin(object())
+
+
+def test_streaming_keeps_a_streaming_aggregator_and_gives_a_plain_one_a_buffering_begin(
+        fedavg):
+    assert streaming(fedavg) is fedavg
+    median = Median()
+    wrapped = streaming(median)
+    assert isinstance(wrapped, StreamingAggregator) and wrapped.name == "Median"
+    fold = wrapped.begin()
+    assert isinstance(fold, BufferingFold)
+    fold.add({"w": f64(1.0)}, 1.0, source="rank 1")
+    fold.add({"w": f64(5.0)}, 1.0, source="rank 2")
+    assert fold.result()["w"].tolist() == [3.0]
+    assert wrapped.aggregate([{"w": f64(2.0)}])["w"].tolist() == [2.0]
+    assert median.calls == [[1.0, 1.0], None]
+    with pytest.raises(TypeError, match="has neither aggregate\\(\\) nor begin\\(\\)"):
+        streaming(object())
 
 
 def test_the_aggregators_are_offered_through_the_public_api():

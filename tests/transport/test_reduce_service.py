@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from meshkit import AggregationError, MeshError, PeerLostError, plugins
+from meshkit.aggregation import streaming
 from meshkit.transport import TAG_SCATTER, RoundResult
 from meshkit_tcp.inproc import InprocLinks, InprocTransport
 from meshkit_tcp.testing import inproc_configs, run_ranks
@@ -234,6 +235,44 @@ def test_roles_are_enforced() -> None:
     finally:
         worker.close()
         coordinator.close()
+
+
+class PlainMean:
+    """A third-party aggregator with only aggregate() (no streaming form)."""
+
+    def aggregate(self, states, weights=None):
+        weights = [1.0] * len(states) if weights is None else list(weights)
+        return {"w": sum(w * s["w"] for s, w in zip(states, weights)) / sum(weights)}
+
+
+def test_an_aggregator_without_begin_is_refused_naming_the_buffering_wrapper() -> None:
+    configs = inproc_configs(2)
+    coordinator = configs[0].connect()
+    try:
+        with pytest.raises(MeshError, match=r"needs a streaming aggregator \(one with begin"
+                                            r"\(\).*meshkit\.aggregation\.streaming"):
+            coordinator.reduce_round(PlainMean())
+        with pytest.raises(MeshError, match="needs a streaming aggregator"):
+            coordinator.reduce_round(None)
+    finally:
+        coordinator.close()
+
+
+def test_a_plain_aggregator_wrapped_in_streaming_reduces_a_buffered_round() -> None:
+    configs = inproc_configs(3)
+    coordinator = configs[0].connect()
+    try:
+        ranks = run_ranks(configs[1:], lambda g: g.all_reduce({"w": np.full(2, float(g.rank))},
+                                                             weight=g.rank))
+        result = coordinator.reduce_round(streaming(PlainMean()))
+        scattered = ranks.join()
+    finally:
+        coordinator.close()
+    assert sorted(result.contributors) == [1, 2]
+    expected = (1 * 1 + 2 * 2) / 3
+    np.testing.assert_allclose(result.consensus["w"], expected)
+    for state in scattered.values():
+        np.testing.assert_allclose(state["w"], expected)
 
 
 def test_bf16_on_the_wire_keeps_accumulation_wide_and_control_frames_exact(fedavg) -> None:
