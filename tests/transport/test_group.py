@@ -1,4 +1,4 @@
-"""The Group API over the in-process transport: routing, refusals, timeouts, ledger."""
+"""The Group API over the in-process transport: routing, mailboxes, refusals, timeouts, ledger."""
 
 from __future__ import annotations
 
