@@ -13,7 +13,7 @@ A transport's ``connect(node_config)`` therefore reads::
     links = MyLinks(node_config)
     group = Group(links, rank=node_config.rank, world_size=node_config.world,
                   timeout=node_config.timeout, is_star=node_config.is_star)
-    links.bring_up()          # dial / accept; events.linked(peer) for each link
+    ...                       # your own dial / accept: events.linked(peer) per link
     return group
 
 Threads: the kernel calls :meth:`Links.transmit`, :meth:`Links.relay_now`
