@@ -121,43 +121,13 @@ from meshkit.transport._ledger import describe_dead
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
 from meshkit.transport._reduce import MIN_SCATTER_BYTES_PER_SECOND, RoundResult
 from meshkit.transport._timeouts import deadline_after
-from meshkit.transport.tags import (
-    RESERVED_TAGS,
-    SERVICE_TAGS,
-    TAG_ABORT,
-    TAG_ACT,
-    TAG_BYE,
-    TAG_CAPS,
-    TAG_CONTROL,
-    TAG_JOB,
-    TAG_MAX,
-    TAG_REDUCE,
-    TAG_REPLY,
-    TAG_REQUEST,
-    TAG_SCATTER,
-    TAG_UP,
-    TAG_WELCOME,
-    check_tag,
-)
+# Every tag, as tags.__all__ lists them (the module is the one place they live).
+from meshkit.transport.tags import *  # noqa: F403
 
 __all__ = [
     "ANY",
     "tags",
-    "RESERVED_TAGS",
-    "SERVICE_TAGS",
-    "TAG_MAX",
-    "TAG_WELCOME",
-    "TAG_BYE",
-    "TAG_REDUCE",
-    "TAG_SCATTER",
-    "TAG_CAPS",
-    "TAG_CONTROL",
-    "TAG_JOB",
-    "TAG_UP",
-    "TAG_ACT",
-    "TAG_ABORT",
-    "TAG_REQUEST",
-    "TAG_REPLY",
+    *tags.__all__,
     "META_KEY",
     "KINDS",
     "Message",
@@ -166,7 +136,6 @@ __all__ = [
     "LinkEvents",
     "RoundResult",
     "MIN_SCATTER_BYTES_PER_SECOND",
-    "check_tag",
     "check_state",
     "deadline_after",
     "describe_dead",

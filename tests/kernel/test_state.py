@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -109,10 +111,8 @@ def test_state_nbytes_counts_arrays_only():
 
 
 def _nested(depth: int):
-    value = 0
-    for _ in range(depth):
-        value = [value]
-    return value
+    """``depth`` lists inside each other around a 0."""
+    return functools.reduce(lambda inner, _: [inner], range(depth), 0)
 
 
 def test_the_wire_refuses_json_nested_past_the_bound():
