@@ -86,7 +86,6 @@ default for every blocking call, from ``NodeConfig.timeout``),
     Leave the mesh: peers see this rank's link as lost. Idempotent; a group is
     also a context manager.
 
-
 Writing a transport
 -------------------
 
@@ -108,8 +107,10 @@ Where each idea lives: ``tags.py`` (every reserved tag), ``_message.py``
 ``_ledger.py`` (joined ranks, links, the dead ledger), ``_mailbox.py``
 (received messages until a ``recv`` takes them), ``_relay.py`` (the star
 relay's per-destination queues and writers), ``_reduce.py`` (the reduce
-service), ``_timeouts.py`` (timeouts as deadlines), ``discovery.py`` (UDP
-discovery; imported on its own, it loads the wire codec).
+service), ``_timeouts.py`` (timeouts as deadlines). UDP discovery is the
+public module :mod:`meshkit.transport.discovery` (``DiscoveryServer``,
+``discover``, ``resolve``), imported on its own because it loads the wire
+codec, which ``import meshkit.transport`` does not need.
 """
 
 from __future__ import annotations
