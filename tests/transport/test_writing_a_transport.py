@@ -83,6 +83,8 @@ class QueueLinks(Links):
                 del ranks[self.rank]
             peers = [ranks[r] for r in self.peers if r in ranks]
             self.peers.clear()
+            if not ranks:
+                _hubs.pop(self.hub, None)
         for peer in peers:
             peer.inbox.put((self.rank, None))
         self.inbox.put(None)  # ends the reader
