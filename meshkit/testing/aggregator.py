@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 import pytest
 
+from meshkit.aggregation import begin
 from meshkit.errors import AggregationError
 from meshkit.testing.support import (
     ContractBase,
@@ -316,13 +317,7 @@ class AggregatorContract(ContractBase):
     # -- streaming ----------------------------------------------------------
 
     def _fold(self, agg: Any) -> Any:
-        if hasattr(agg, "begin"):
-            return agg.begin()
-        try:
-            from meshkit import aggregation
-        except ImportError:
-            pytest.skip("no begin() and no meshkit.aggregation adapter")
-        return aggregation.begin(agg)
+        return begin(agg)
 
     def test_streaming_equals_batch(self) -> None:
         agg = self.make()

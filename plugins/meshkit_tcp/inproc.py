@@ -3,12 +3,16 @@
 Ranks meet at a *hub* named by ``NodeConfig.peers[0]`` (e.g.
 ``"inproc://job-1"``). As with ``tcp``, one peer entry means a star; a mesh
 repeats the hub name once per rank (``peers=["inproc://job-1"] * world``,
-``topology="mesh"``) and ``connect`` then waits until every rank is there. Same Group API, same routing (a star's workers reach
-each other through the coordinator), same dead ledger and reduce service as
-``tcp``; payloads are validated and copied exactly as the wire would, so a
-test that passes here exercises everything above the socket. The secret is
-required and compared like the handshake would, so tests do not silently
-skip the refusal paths.
+``topology="mesh"``) and ``connect`` then waits until every rank is there.
+Same Group API, same routing (a star's workers reach each other through the
+coordinator), same dead ledger and reduce service as ``tcp``; payloads are
+validated and copied exactly as the wire would, so a test that passes here
+exercises everything above the socket. The secret is required and compared
+like the handshake would, so tests do not silently skip the refusal paths.
+
+It is also the smallest complete example of the transport contract:
+:class:`InprocLinks` implements :class:`meshkit.transport.Links` and
+``connect`` wraps it in a plain :class:`meshkit.transport.Group`.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import numpy as np
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
-from meshkit.state import copy_state, validate_state
-from meshkit.transport import GroupBase, Message
+from meshkit.state import BFLOAT16, copy_state, validate_state
+from meshkit.transport import Group, LinkEvents, Links, Message
 
-__all__ = ["InprocTransport", "InprocGroup"]
+__all__ = ["InprocTransport", "InprocLinks"]
 
 _hubs: dict[str, _Hub] = {}
 _hubs_lock = threading.Lock()
@@ -36,13 +40,11 @@ class _Hub:
         self.name = name
         self.world = world
         self.secret = secret
-        self.groups: dict[int, InprocGroup] = {}
+        self.links: dict[int, InprocLinks] = {}
         self.cv = threading.Condition(_hubs_lock)
 
 
 def _bf16_roundtrip(payload: dict[str, Any]) -> dict[str, Any]:
-    from meshkit.state import BFLOAT16
-
     for key, value in payload.items():
         if isinstance(value, np.ndarray) and value.dtype == np.float32:
             payload[key] = value.astype(BFLOAT16).astype(np.float32)
@@ -55,59 +57,82 @@ def _is_star(config: NodeConfig) -> bool:
     return config.is_star
 
 
-class InprocGroup(GroupBase):
-    """One rank's handle on an in-process hub."""
+class InprocLinks(Links):
+    """One rank's links at an in-process hub: a send is a copy into the peer's mailbox."""
 
     # A send is a copy into the peer's mailbox: it never waits on the peer.
     send_deadlines = True
 
-    def __init__(self, hub: _Hub, config: NodeConfig, bf16_wire: bool) -> None:
-        super().__init__(config.rank, config.world, timeout=config.timeout,
-                         is_star=_is_star(config), bf16_wire=bf16_wire,
-                         address=f"inproc://{hub.name}" if "://" not in hub.name else hub.name)
+    def __init__(self, hub: _Hub, rank: int, bf16_wire: bool) -> None:
         self._hub = hub
+        self.rank = rank
+        self._bf16_wire = bf16_wire
+        self._address = f"inproc://{hub.name}" if "://" not in hub.name else hub.name
+        #: Ranks this one is linked to (under the hub lock).
+        self._peers: set[int] = set()
+        self.events: LinkEvents | None = None
 
-    def _peer(self, rank: int) -> InprocGroup | None:
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def attach(self, events: LinkEvents) -> None:
+        self.events = events
+
+    def _peer(self, rank: int) -> InprocLinks | None:
         with _hubs_lock:
-            return self._hub.groups.get(rank)
+            return self._hub.links.get(rank)
 
-    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
         target = self._peer(peer)
-        if target is None or target._closed:
+        if target is None or target.events is None or target.events.closed:
             raise PeerLostError(f"rank {peer} is not connected to {self._hub.name}")
-        with self._cv:
-            if peer in self._dead:
-                raise PeerLostError(f"rank {peer} is dead: {self._dead[peer]}")
+        assert self.events is not None
+        why = self.events.dead_reason(peer)
+        if why is not None:
+            raise PeerLostError(f"rank {peer} is dead: {why}")
         # Copy and validate exactly as encoding a frame would: the receiver must
         # never share arrays with the sender.
         validate_state(message.payload, where=f"frame to rank {message.dst}",
                        allow_nonfinite=True, error=WireError)
         payload = copy_state(message.payload)
-        if message.kind == "model" and self.bf16_wire:
+        if message.kind == "model" and self._bf16_wire:
             payload = _bf16_roundtrip(payload)
-        target._deliver(Message(message.src, message.dst, message.tag, payload,
-                                dict(message.meta), message.kind))
+        target.events.deliver(Message(message.src, message.dst, message.tag, payload,
+                                      dict(message.meta), message.kind))
 
-    def _relay_now(self, peer: int, message: Message) -> bool:
+    def relay_now(self, peer: int, message: Message) -> bool:
         # A copy into a mailbox never waits on the peer: relay on the spot.
-        self._transmit(peer, message, None)
+        self.transmit(peer, message, None)
         return True
 
-    def _drop_link(self, peer: int) -> None:
+    def drop(self, peer: int) -> None:
         target = self._peer(peer)
-        if target is not None:
-            target._link_lost(self.rank, f"rank {self.rank} dropped the connection")
+        if target is not None and target.events is not None:
+            target.events.lost(self.rank, f"rank {self.rank} dropped the connection")
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
         with _hubs_lock:
-            if self._hub.groups.get(self.rank) is self:
-                del self._hub.groups[self.rank]
-            peers = [g for r, g in self._hub.groups.items() if r in self._links]
-            if not self._hub.groups and _hubs.get(self._hub.name) is self._hub:
+            if self._hub.links.get(self.rank) is self:
+                del self._hub.links[self.rank]
+            peers = [links for r, links in self._hub.links.items() if r in self._peers]
+            if not self._hub.links and _hubs.get(self._hub.name) is self._hub:
                 del _hubs[self._hub.name]
             self._hub.cv.notify_all()
         for peer in peers:
-            peer._link_lost(self.rank, "closed its connection (left the mesh)", quiet=True)
+            if peer.events is not None:
+                peer.events.lost(self.rank, "closed its connection (left the mesh)", quiet=True)
+
+    def link(self, peer: InprocLinks) -> None:
+        """Link this rank and ``peer`` both ways."""
+        with _hubs_lock:
+            self._peers.add(peer.rank)
+            peer._peers.add(self.rank)
+        for one, other in ((self, peer), (peer, self)):
+            assert one.events is not None
+            # In a mesh the coordinator still runs the reduce service, so every
+            # rank linked to rank 0 counts as joined there (the kernel's rule).
+            one.events.linked(other.rank)
 
 
 class InprocTransport:
@@ -116,7 +141,7 @@ class InprocTransport:
     def __init__(self, options: Any = None) -> None:
         self.bf16_wire = bool(getattr(options, "bf16_wire", False))
 
-    def connect(self, config: NodeConfig) -> InprocGroup:
+    def connect(self, config: NodeConfig) -> Group:
         if not config.peers:
             raise ConfigError(
                 "the inproc transport needs a hub name: set peers to one name shared by "
@@ -131,11 +156,14 @@ class InprocTransport:
             if hub is None:
                 hub = _hubs[name] = _Hub(name, config.world, config.secret)
             self._check(hub, config)
-            group = InprocGroup(hub, config, self.bf16_wire)
-            hub.groups[config.rank] = group
+            links = InprocLinks(hub, config.rank, self.bf16_wire)
+            group = Group(links, rank=config.rank, world_size=config.world,
+                          timeout=config.timeout, is_star=_is_star(config),
+                          bf16_wire=self.bf16_wire)
+            hub.links[config.rank] = links
             hub.cv.notify_all()
         try:
-            self._link(hub, group, config)
+            self._link(hub, links, config)
         except BaseException:
             group.close()
             raise
@@ -152,40 +180,34 @@ class InprocTransport:
                 f"rank {config.rank}: world size mismatch: this rank was configured for a "
                 f"world of {config.world}, the mesh at {hub.name} has {hub.world}; give "
                 f"every rank the same world")
-        if config.rank in hub.groups:
+        if config.rank in hub.links:
             raise WireError(
                 f"rank {config.rank} is already connected to {hub.name} (duplicate rank): "
                 f"give each node a distinct rank in 1..{hub.world - 1}")
-        coordinator = hub.groups.get(0)
-        if coordinator is not None and config.rank in coordinator._dead:
+        coordinator = hub.links.get(0)
+        why = None
+        if coordinator is not None and coordinator.events is not None:
+            why = coordinator.events.dead_reason(config.rank)
+        if why is not None:
             raise WireError(
                 f"rank {config.rank} was declared dead by the coordinator "
-                f"({coordinator._dead[config.rank]}); a dead rank cannot rejoin this run")
+                f"({why}); a dead rank cannot rejoin this run")
 
     @staticmethod
-    def _link(hub: _Hub, group: InprocGroup, config: NodeConfig) -> None:
+    def _link(hub: _Hub, links: InprocLinks, config: NodeConfig) -> None:
         star = _is_star(config)
         needed = {0} if star and config.rank != 0 else (
             set() if star else set(range(config.world)) - {config.rank})
         deadline = time.monotonic() + config.timeout
         with _hubs_lock:
-            while not needed <= set(hub.groups):
+            while not needed <= set(hub.links):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = sorted(needed - set(hub.groups))
+                    missing = sorted(needed - set(hub.links))
                     raise PeerLostError(
                         f"rank {config.rank}: rank(s) {missing} did not appear at {hub.name} "
                         f"within {config.timeout:g} s")
                 hub.cv.wait(remaining)
-            peers = [hub.groups[r] for r in needed]
+            peers = [hub.links[r] for r in needed]
         for peer in peers:
-            # In a mesh the coordinator still runs the reduce service, so every
-            # rank linked to rank 0 counts as joined there.
-            if group.rank == 0:
-                group._joined_rank(peer.rank)
-            else:
-                group._add_link(peer.rank)
-            if peer.rank == 0:
-                peer._joined_rank(group.rank)
-            else:
-                peer._add_link(group.rank)
+            links.link(peer)

@@ -36,7 +36,17 @@ from typing import Any
 from meshkit import wire
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
-from meshkit.transport import META_KEY, TAG_BYE, TAG_WELCOME, GroupBase, Message
+from meshkit.transport import (
+    META_KEY,
+    TAG_BYE,
+    TAG_WELCOME,
+    Group,
+    LinkEvents,
+    Links,
+    Message,
+    describe_dead,
+)
+from meshkit.transport.discovery import resolve
 
 __all__ = ["TcpTransport", "TcpGroup", "parse_address"]
 
@@ -103,14 +113,26 @@ def _listen(address: str, what: str) -> socket.socket:
     return sock
 
 
-class TcpGroup(GroupBase):
-    """One rank's handle on a TCP star or mesh (see the module docstring)."""
+class TcpGroup(Group):
+    """One rank's handle on a TCP star or mesh (see the module docstring).
 
-    send_deadlines = True
+    A :class:`meshkit.transport.Group` whose links are this module's TCP
+    channels (the kernel reaches them through :class:`_TcpLinks`); it adds
+    ``refused``. Its own state is guarded by its own lock: nothing here
+    touches the kernel's.
+    """
 
     def __init__(self, config: NodeConfig, options: Any) -> None:
-        super().__init__(config.rank, config.world, timeout=config.timeout,
-                         is_star=config.is_star, bf16_wire=getattr(options, "bf16_wire", False))
+        #: Guards the channels, threads, handshakes and refusals below; notified
+        #: when a link comes up, is dropped, or a connection is refused.
+        self._lock = threading.Condition()
+        #: The kernel's callbacks (set by Group.__init__ through _TcpLinks.attach).
+        self._events: LinkEvents
+        #: Where this rank listens, once bound (``group.address``).
+        self._bound = ""
+        super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
+                         timeout=config.timeout, is_star=config.is_star,
+                         bf16_wire=getattr(options, "bf16_wire", False))
         self.config = config
         self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
         if not 0 < self.max_frame < 1 << 63:
@@ -132,26 +154,26 @@ class TcpGroup(GroupBase):
         #: Rank 0's UDP discovery responder, closed with the group.
         self._discovery: Any = None
 
-    # -- transport hooks ------------------------------------------------------
+    # -- the links (the kernel calls these through _TcpLinks) ------------------
 
     def _channel(self, peer: int) -> wire.Channel:
-        with self._cv:
+        with self._lock:
             channel = self._channels.get(peer)
-            if channel is None:
-                why = self._dead.get(peer, "no connection")
-                raise PeerLostError(f"rank {peer} is unreachable: {why}")
+        if channel is None:
+            why = self._events.dead_reason(peer) or "no connection"
+            raise PeerLostError(f"rank {peer} is unreachable: {why}")
         return channel
 
     def _relay_now(self, peer: int, message: Message) -> bool:
         # Forward on the sender's reader thread only when the kernel takes the
-        # whole frame at once; otherwise GroupBase queues it for a writer thread.
+        # whole frame at once; otherwise the kernel queues it for a writer thread.
         if message.raw is None:
             return False
         channel = self._channel(peer)
         try:
             return channel.forward_now(message.raw, sender=message.src)
         except PeerLostError as exc:
-            self._link_lost(peer, str(exc))
+            self._events.lost(peer, str(exc))
             raise
 
     def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
@@ -172,16 +194,17 @@ class TcpGroup(GroupBase):
             channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag, state,
                          bf16=model and self.bf16_wire, deadline=message.deadline)
         except PeerLostError as exc:
-            self._link_lost(peer, str(exc))
+            self._events.lost(peer, str(exc))
             raise
         except WireError:
             if channel.closed:  # a write failure, not a payload we could not encode
-                self._link_lost(peer, "the connection broke while sending")
+                self._events.lost(peer, "the connection broke while sending")
             raise
 
     def _drop_link(self, peer: int) -> None:
-        with self._cv:
+        with self._lock:
             channel = self._channels.pop(peer, None)
+            self._lock.notify_all()  # a mesh forming waits for links or deaths
         if channel is not None:
             channel.close()
 
@@ -194,7 +217,7 @@ class TcpGroup(GroupBase):
                 self._listener.close()
             except OSError:
                 pass
-        with self._cv:
+        with self._lock:
             channels = list(self._channels.values())
             self._channels.clear()
             pending = list(self._handshaking)
@@ -218,7 +241,7 @@ class TcpGroup(GroupBase):
         for channel in channels:
             channel.close()
         current = threading.current_thread()
-        with self._cv:
+        with self._lock:
             threads = list(self._threads)
         for thread in threads:
             if thread is not current:
@@ -228,7 +251,7 @@ class TcpGroup(GroupBase):
 
     def _start(self, target: Any, *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        with self._cv:
+        with self._lock:
             # Forget finished threads: a long-lived coordinator sees many
             # short handshake threads (reconnects, refused peers).
             self._threads = [t for t in self._threads if t.is_alive()]
@@ -236,20 +259,18 @@ class TcpGroup(GroupBase):
         try:
             thread.start()
         except BaseException:
-            with self._cv:  # close() must not join a thread that never started
+            with self._lock:  # close() must not join a thread that never started
                 self._threads.remove(thread)
             raise
 
     def _register(self, rank: int, channel: wire.Channel) -> None:
-        with self._cv:
-            if self._closed:
+        with self._lock:
+            if self._events.closed:
                 channel.close()
                 return
             self._channels[rank] = channel
-        if self.is_coordinator:
-            self._joined_rank(rank)
-        else:
-            self._add_link(rank)
+            self._lock.notify_all()
+        self._events.linked(rank)
         self._start(self._reader, rank, channel, name=f"meshkit-tcp-r{self.rank}-from-{rank}")
 
     def _reader(self, rank: int, channel: wire.Channel) -> None:
@@ -257,39 +278,40 @@ class TcpGroup(GroupBase):
         # the sender; a star worker hears only the coordinator, which names the
         # original sender of relayed frames.
         trust_sender = self.is_star and not self.is_coordinator
+        events = self._events
         while True:
             try:
                 frame = channel.recv(timeout=None)
             except (PeerLostError, WireError) as exc:
-                if not self._closed:
-                    self._link_lost(rank, str(exc))
+                if not events.closed:
+                    events.lost(rank, str(exc))
                 return
             except Exception as exc:  # a decoder bug must still drop the peer, not hang
                 log.exception("rank %d: unexpected error reading from rank %d", self.rank, rank)
-                self._link_lost(rank, f"unexpected {type(exc).__name__}: {exc}")
+                events.lost(rank, f"unexpected {type(exc).__name__}: {exc}")
                 return
             if frame.tag == TAG_BYE:
-                self._link_lost(rank, "closed its connection (left the mesh)", quiet=True)
+                events.lost(rank, "closed its connection (left the mesh)", quiet=True)
                 return
             state = frame.state
             meta = state.pop(META_KEY, None)
             if meta is None:
                 meta = {}
             if not isinstance(meta, dict):
-                self.declare_dead(rank, f"sent a malformed {META_KEY!r} entry (protocol violation)")
+                events.lost(rank, f"sent a malformed {META_KEY!r} entry (protocol violation)")
                 return
             src = frame.sender if trust_sender else rank
             if not trust_sender and frame.sender != rank:
-                self.declare_dead(rank, (
+                events.lost(rank, (
                     f"sent a frame claiming to come from rank {frame.sender} "
                     f"(protocol violation)"))
                 return
             dst = meta.get("dst", self.rank)
             if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < self.world_size:
-                self.declare_dead(rank, f"sent a frame for invalid rank {dst!r}")
+                events.lost(rank, f"sent a frame for invalid rank {dst!r}")
                 return
-            self._deliver(Message(src, dst, frame.tag, state, meta,
-                                  _KIND_NAMES.get(frame.kind, "control"), raw=frame))
+            events.deliver(Message(src, dst, frame.tag, state, meta,
+                                   _KIND_NAMES.get(frame.kind, "control"), raw=frame))
 
     def _handshake(self, sock: socket.socket, timeout: float) -> wire.Channel:
         return wire.handshake(
@@ -302,7 +324,7 @@ class TcpGroup(GroupBase):
 
     def _listen(self, address: str) -> None:
         self._listener = _listen(address, "listen address")
-        self._address = _format_address(self._listener.getsockname())
+        self._bound = _format_address(self._listener.getsockname())
         self._accepting.set()
         self._start(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
 
@@ -338,27 +360,27 @@ class TcpGroup(GroupBase):
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("rank %d refused %s: %s", self.rank, where, message)
-        with self._cv:
+        with self._lock:
             self.refused.append(f"{where}: {message}")
             # Anyone may connect and hang up: keep the newest, not every one.
             del self.refused[:-_MAX_REFUSED]
-            self._cv.notify_all()
+            self._lock.notify_all()
 
     def _admit(self, sock: socket.socket, where: str) -> None:
         sock.settimeout(self.timeout)
-        with self._cv:
-            if self._closed:
+        with self._lock:
+            if self._events.closed:
                 sock.close()
                 return
             self._handshaking.add(sock)
         try:
             channel = self._handshake(sock, self.timeout)
         except (MeshError, OSError) as exc:
-            if not self._closed:
+            if not self._events.closed:
                 self._refuse(where, str(exc))
             return
         finally:
-            with self._cv:
+            with self._lock:
                 self._handshaking.discard(sock)
         rank = channel.peer.rank
         problem = self._rank_problem(rank, channel.peer.role)
@@ -375,7 +397,7 @@ class TcpGroup(GroupBase):
                 "ok": True, "topology": "star" if self.is_star else "mesh"})
         except (MeshError, OSError) as exc:
             channel.close()
-            with self._cv:
+            with self._lock:
                 self._admitting.discard(rank)
             self._refuse(f"{where} (rank {rank})", str(exc))
             return
@@ -384,7 +406,7 @@ class TcpGroup(GroupBase):
         finally:
             # Only now that the rank is in the routing table: released any
             # earlier, a second node claiming it could be welcomed too.
-            with self._cv:
+            with self._lock:
                 self._admitting.discard(rank)
 
     def _rank_problem(self, rank: int, role: int) -> str | None:
@@ -395,7 +417,8 @@ class TcpGroup(GroupBase):
             return (f"rank {rank} runs a {theirs} topology, rank {self.rank} a {mine}; give "
                     f"every node the same peers form (one coordinator address for a star, "
                     f"world addresses for a mesh)")
-        with self._cv:
+        dead = self._events.dead_reason(rank)
+        with self._lock:
             if rank == self.rank:
                 return (f"rank {rank} is this node's own rank; give the dialing node a "
                         f"different rank")
@@ -404,8 +427,8 @@ class TcpGroup(GroupBase):
             if not self.is_star and rank < self.rank:
                 return (f"in a mesh rank {self.rank} dials rank {rank}, not the other way "
                         f"round; check that every node has the same peers list")
-            if rank in self._dead:
-                return (f"rank {rank} was declared dead ({self._dead[rank]}); a dead rank "
+            if dead is not None:
+                return (f"rank {rank} was declared dead ({dead}); a dead rank "
                         f"cannot rejoin this run")
             if rank in self._channels or rank in self._admitting:
                 return (f"rank {rank} is already connected to rank {self.rank} (duplicate "
@@ -430,7 +453,7 @@ class TcpGroup(GroupBase):
                 sock = socket.create_connection((host, port), timeout=min(remaining, self.timeout))
                 break
             except (ConnectionRefusedError, ConnectionResetError, socket.timeout, OSError) as exc:
-                if self._closed:
+                if self._events.closed:
                     raise PeerLostError("the group was closed while connecting") from exc
                 # The peer may not be listening yet: back off and retry until the deadline.
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -493,24 +516,55 @@ class TcpGroup(GroupBase):
         if self.rank < self.world_size - 1:
             self._listen(listen_at)
         else:
-            self._address = listen_at
+            self._bound = listen_at
         for rank in range(self.rank):
             self._dial(rank, cfg.peers[rank], deadline)
         expected = set(range(self.world_size)) - {self.rank}
-        with self._cv:
-            while not expected <= set(self._channels) | set(self._dead):
+        with self._lock:
+            # _register and _drop_link notify: a link came up, or a peer died.
+            while not expected <= set(self._channels) | set(self.dead):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     missing = sorted(expected - set(self._channels))
                     raise PeerLostError(
                         f"rank {self.rank}: rank(s) {missing} did not connect within "
                         f"{self.timeout:g} s; start every rank with the same peers list")
-                self._cv.wait(remaining)
-            if self._dead:
-                raise PeerLostError(f"rank {self.rank}: lost a peer while forming the mesh: "
-                                    f"{self._describe_dead()}")
+                self._lock.wait(remaining)
+        dead = self.dead
+        if dead:
+            raise PeerLostError(f"rank {self.rank}: lost a peer while forming the mesh: "
+                                f"{describe_dead(dead)}")
         # Every pair is connected: nobody else may join a mesh.
         self._accepting.clear()
+
+
+class _TcpLinks(Links):
+    """TcpGroup's side of the transport contract: what the kernel calls."""
+
+    # Every write runs through a channel that honours Message.deadline.
+    send_deadlines = True
+
+    def __init__(self, group: TcpGroup) -> None:
+        self._group = group
+
+    @property
+    def address(self) -> str:
+        return self._group._bound
+
+    def attach(self, events: LinkEvents) -> None:
+        self._group._events = events
+
+    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+        self._group._transmit(peer, message, timeout)
+
+    def relay_now(self, peer: int, message: Message) -> bool:
+        return self._group._relay_now(peer, message)
+
+    def drop(self, peer: int) -> None:
+        self._group._drop_link(peer)
+
+    def close(self) -> None:
+        self._group._shutdown()
 
 
 class TcpTransport:
@@ -529,8 +583,6 @@ class TcpTransport:
                 "set secret_file in [mesh] or MESHKIT_SECRET (the same on every node)")
         server = None
         if config.discover and not config.peers:
-            from meshkit.transport.discovery import resolve
-
             config, server = resolve(config)
         try:
             group = TcpGroup(config, self.options)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import meshkit
 import meshkit_aggregators
 from meshkit import AggregationError, ConfigError, RefusedError
-from meshkit.aggregation import BufferingFold, MeanFold, begin
+from meshkit.aggregation import MeanFold, begin
 from meshkit.plugins import build_manager
 from meshkit.state import BFLOAT16
 
@@ -156,6 +158,19 @@ def test_one_contributor_is_the_identity_bit_for_bit(fedavg, dtype):
     assert out["x"] is not x
     assert out["n"] == 3 and type(out["n"]) is int
     assert out["f"] == 0.1 and out["meta"] == {"tag": "a", "lr": [0.5, 2]}
+
+
+@pytest.mark.parametrize("retain", [0, 1])
+def test_one_bf16_contributor_with_nan_payloads_is_the_identity_bit_for_bit(retain):
+    bits = np.array([0x7FC1, 0xFFC0, 0x7F81, 0x7F80, 0x0001, 0x8000, 0x3F80], np.uint16)
+    state = {"w": bits.view(BFLOAT16)}
+    fold = MeanFold(allow_nonfinite=True, retain=retain)
+    fold.add(state, 2.5, source="rank 1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # allowed NaNs are no reason to warn
+        out = fold.result()
+    assert out["w"].dtype == BFLOAT16
+    assert out["w"].view(np.uint16).tolist() == bits.tolist()
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
@@ -445,50 +460,6 @@ def test_an_unknown_option_is_a_config_error(pset):
         pset.create("aggregator", "fedavg", {"accumulate": "float16"})
     with pytest.raises(ConfigError, match="trim"):
         pset.create("aggregator", "fedavg", {"trim": 0.1})
-
-
-# -- the kernel's adapter for plain aggregators -------------------------------------
-
-
-class Median:
-    """A third-party aggregator with only ``aggregate``."""
-
-    def __init__(self):
-        self.calls = []
-
-    def aggregate(self, states, weights=None):
-        self.calls.append(list(weights) if weights is not None else None)
-        return {k: np.median([s[k] for s in states], axis=0) for k in states[0]}
-
-
-def test_a_plain_aggregator_is_buffered_by_the_kernel():
-    median = Median()
-    fold = begin(median)
-    assert isinstance(fold, BufferingFold)
-    for i, v in enumerate([1.0, 7.0, 3.0]):
-        fold.add({"w": f64(v)}, weight=i + 1, source=f"rank {i + 1}")
-    assert fold.result()["w"].tolist() == [3.0]
-    assert median.calls == [[1.0, 2.0, 3.0]]
-    assert fold.sources == ["rank 1", "rank 2", "rank 3"]
-
-
-def test_the_buffering_fold_checks_weights_and_gives_its_result_once():
-    fold = begin(Median())
-    with pytest.raises(AggregationError, match="rank 9 has negative weight"):
-        fold.add({"w": f64(1)}, -2, source="rank 9")
-    fold.add({"w": f64(1)})
-    fold.result()
-    with pytest.raises(AggregationError, match="already produced its result"):
-        fold.result()
-
-
-def test_begin_uses_the_aggregators_own_streaming_fold(fedavg):
-    assert isinstance(begin(fedavg), MeanFold)
-
-
-def test_begin_refuses_something_that_is_not_an_aggregator():
-    with pytest.raises(TypeError, match="has neither aggregate\\(\\) nor begin\\(\\)"):
-        begin(object())
 
 
 def test_the_aggregators_are_offered_through_the_public_api():

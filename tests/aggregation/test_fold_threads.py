@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from meshkit import AggregationError, ConfigError, aggregation
-from meshkit.aggregation import MeanFold
+from meshkit import AggregationError, ConfigError
+from meshkit.aggregation import MeanFold, _threads
 from meshkit.plugins import build_manager
 from meshkit.state import BFLOAT16
 
@@ -105,7 +105,7 @@ def test_any_split_of_any_fold_is_bit_identical(n, size, chunk, threads, retain,
     states = contributions(n, [size, max(size // 3, 1)], dtype=dtype, seed=seed)
     weights = list(np.random.default_rng(seed).uniform(0.1, 10, size=n))
     one = fold(states, weights, threads=1, retain=retain, chunk=chunk)
-    with mock.patch.object(aggregation, "_THREADED_MIN_ELEMENTS", 0):
+    with mock.patch.object(_threads, "_THREADED_MIN_ELEMENTS", 0):
         many = fold(states, weights, threads=threads, retain=retain, chunk=chunk)
     for key in one:
         assert many[key].dtype == one[key].dtype

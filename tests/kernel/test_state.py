@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 import meshkit
 from meshkit import state as st
+from meshkit.errors import WireError
 from meshkit.state import BFLOAT16, StateError, validate_state
+from meshkit.wire import decode_state, encode_state
 
 
 def test_bfloat16_is_a_real_numpy_dtype():
@@ -101,3 +105,21 @@ def test_json_numbers_are_listed_with_their_paths():
 def test_state_nbytes_counts_arrays_only():
     assert st.state_nbytes({"w": np.ones(4, np.float32), "b": np.ones(2, BFLOAT16),
                             "m": 1.0}) == 20
+
+
+# -- the JSON nesting bound, as the wire enforces it ------------------------------
+
+
+def _nested(depth: int):
+    """``depth`` lists inside each other around a 0."""
+    return functools.reduce(lambda inner, _: [inner], range(depth), 0)
+
+
+def test_the_wire_refuses_json_nested_past_the_bound():
+    def body(state):
+        return b"".join(bytes(b) for b in encode_state(state).buffers)
+
+    assert decode_state(body({"meta": _nested(64)}))["meta"] == _nested(64)
+    # A hostile peer encodes what a well-behaved one never would.
+    with pytest.raises(WireError, match="'meta': JSON nested more than 64 levels"):
+        decode_state(body({"meta": _nested(65)}))

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import meshkit_outer
-from meshkit import AggregationError, ConfigError
+from meshkit import AggregationError, ConfigError, plugins
 from meshkit.plugins import build_manager
+from meshkit.testing import OuterOptimizerContract
 from meshkit.state import BFLOAT16, StateError
 
 
@@ -238,3 +239,60 @@ def test_defaults_follow_the_design_table(pset):
     assert (d.lr, d.beta1, d.beta2, d.tau, d.bias_correction) == (0.1, 0.9, 0.99, 1e-3, False)
     d = defaults["fedyogi"]
     assert (d.lr, d.beta1, d.beta2, d.tau) == (0.01, 0.9, 0.99, 1e-3)
+
+
+# -- models without float arrays, checkpoints without moments ---------------------
+
+STATEFUL = ["nesterov", "fedavgm", "fedadagrad", "fedadam", "fedyogi"]
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_an_optimizer_reloads_its_own_state_for_a_model_without_float_arrays(name):
+    # A Python filter's {"mu": 1.5} state has nothing to step: the optimizer
+    # counts rounds but holds no moments, and resuming must still work.
+    opt = plugins.create("outer_optimizer", name, {})
+    new = opt.step({"mu": 1.5, "n": np.arange(2)}, {"mu": 1.0, "n": np.arange(2)})
+    assert new["mu"] == 1.0
+    restored = plugins.create("outer_optimizer", name, {})
+    restored.load_state_dict(opt.state_dict())
+    assert restored.state_dict()["t"] == 1
+    assert restored.step({"mu": 1.0}, {"mu": 0.5}) == {"mu": 0.5}
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_a_checkpoint_past_round_0_without_moments_is_refused_for_a_float_model(name):
+    opt = plugins.create("outer_optimizer", name, {})
+    opt.load_state_dict({"optimizer": name, "t": 3})
+    x = {"w": np.ones(2, np.float32)}
+    with pytest.raises(StateError, match="round 3 but holds no moment buffers"):
+        opt.step(x, {"w": np.zeros(2, np.float32)})
+
+
+# -- the conformance kit ----------------------------------------------------------
+
+
+def test_the_outer_contract_accepts_a_numpy_scalar_in_state_dict():
+    class Counting:
+        """A correct optimizer (average) that counts rounds in a numpy int."""
+
+        def __init__(self) -> None:
+            self.rounds = np.int64(0)
+
+        def step(self, global_state, consensus):
+            self.rounds += 1
+            return dict(consensus)
+
+        def state_dict(self):
+            return {"rounds": self.rounds}
+
+        def load_state_dict(self, d):
+            self.rounds = np.int64(d["rounds"])
+
+    class Suite(OuterOptimizerContract):
+        def make(self, **overrides):
+            return Counting()
+
+    suite = Suite()
+    suite.test_state_dict_holds_only_arrays_and_json()
+    suite.test_a_fresh_state_round_trips()
+    suite.test_a_restored_optimizer_continues_bit_for_bit(np.float32)

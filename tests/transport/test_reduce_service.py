@@ -1,4 +1,4 @@
-"""The star reduce service (meshkit.transport.reduce) over the in-process transport."""
+"""The star reduce service (meshkit/transport/_reduce.py) over the in-process transport."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from meshkit import AggregationError, MeshError, PeerLostError, plugins
-from meshkit.transport.reduce import RoundResult
-from meshkit.transport import TAG_SCATTER
+from meshkit.aggregation import streaming
+from meshkit.transport import TAG_SCATTER, RoundResult
+from meshkit_tcp.inproc import InprocLinks, InprocTransport
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
 
@@ -236,9 +237,45 @@ def test_roles_are_enforced() -> None:
         coordinator.close()
 
 
-def test_bf16_on_the_wire_keeps_accumulation_wide_and_control_frames_exact(fedavg) -> None:
-    from meshkit_tcp.inproc import InprocTransport
+class PlainMean:
+    """A third-party aggregator with only aggregate() (no streaming form)."""
 
+    def aggregate(self, states, weights=None):
+        weights = [1.0] * len(states) if weights is None else list(weights)
+        return {"w": sum(w * s["w"] for s, w in zip(states, weights)) / sum(weights)}
+
+
+def test_an_aggregator_without_begin_is_refused_naming_the_buffering_wrapper() -> None:
+    configs = inproc_configs(2)
+    coordinator = configs[0].connect()
+    try:
+        with pytest.raises(MeshError, match=r"needs a streaming aggregator \(one with begin"
+                                            r"\(\).*meshkit\.aggregation\.streaming"):
+            coordinator.reduce_round(PlainMean())
+        with pytest.raises(MeshError, match="needs a streaming aggregator"):
+            coordinator.reduce_round(None)
+    finally:
+        coordinator.close()
+
+
+def test_a_plain_aggregator_wrapped_in_streaming_reduces_a_buffered_round() -> None:
+    configs = inproc_configs(3)
+    coordinator = configs[0].connect()
+    try:
+        ranks = run_ranks(configs[1:], lambda g: g.all_reduce({"w": np.full(2, float(g.rank))},
+                                                             weight=g.rank))
+        result = coordinator.reduce_round(streaming(PlainMean()))
+        scattered = ranks.join()
+    finally:
+        coordinator.close()
+    assert sorted(result.contributors) == [1, 2]
+    expected = (1 * 1 + 2 * 2) / 3
+    np.testing.assert_allclose(result.consensus["w"], expected)
+    for state in scattered.values():
+        np.testing.assert_allclose(state["w"], expected)
+
+
+def test_bf16_on_the_wire_keeps_accumulation_wide_and_control_frames_exact(fedavg) -> None:
     class Bf16:
         bf16_wire = True
 
@@ -292,29 +329,28 @@ def test_many_rounds_keep_their_numbers_in_step(fedavg) -> None:
 
 
 def test_a_rank_that_never_finishes_reading_the_scatter_is_dropped_and_the_round_returns(
-        fedavg) -> None:
+        fedavg, monkeypatch) -> None:
     """A trickling reader never trips the stall timeout; the scatter's own deadline must."""
     configs = inproc_configs(4, timeout=0.5)
     coordinator = configs[0].connect()
-    real_send, real_declare = coordinator._send_message, coordinator.declare_dead
+    real_transmit = InprocLinks.transmit
     rank3_dropped = threading.Event()
 
-    def declare_dead(rank, reason, **kwargs):
-        real_declare(rank, reason, **kwargs)
+    def on_dead(rank, reason):
         if rank == 3:
             rank3_dropped.set()
 
-    def trickling_send(message, timeout):
-        if message.dst == 3 and message.tag == TAG_SCATTER:
+    def trickling_transmit(links, peer, message, timeout):
+        if links.rank == 0 and message.dst == 3 and message.tag == TAG_SCATTER:
             # Stands for a reader that keeps making a little progress: the
             # write ends only when the coordinator drops the link.
             if not rank3_dropped.wait(30):
                 raise AssertionError("the scatter to rank 3 was never cut off")
             raise PeerLostError("link to rank 3 dropped")
-        return real_send(message, timeout)
+        return real_transmit(links, peer, message, timeout)
 
-    coordinator._send_message = trickling_send
-    coordinator.declare_dead = declare_dead
+    monkeypatch.setattr(InprocLinks, "transmit", trickling_transmit)
+    coordinator.on_dead = on_dead
     try:
         ranks = run_ranks(configs[1:], lambda g: g.all_reduce(contribution(g.rank), weight=1.0))
         result = coordinator.reduce_round(fedavg)

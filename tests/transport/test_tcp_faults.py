@@ -20,6 +20,7 @@ import pytest
 from meshkit import AuthenticationError, WireError, plugins, wire
 from meshkit.aggregation import begin
 from meshkit.node.config import NodeConfig
+from meshkit.transport import _reduce, _relay
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
 SECRET = b"tcp-fault-secret"
@@ -31,9 +32,13 @@ def star_coordinator(world: int, timeout: float = 5.0):
 
 
 def wait_until(group, predicate, timeout: float = 5.0) -> bool:
-    """Wait on the group's own condition (no sleeps) for a bounded time."""
-    with group._cv:
-        return group._cv.wait_for(predicate, timeout)
+    """Wait on the tcp group's own condition (no sleeps) for a bounded time.
+
+    It is notified when a connection is refused, a link comes up or a link
+    is dropped (a rank declared dead).
+    """
+    with group._lock:
+        return group._lock.wait_for(predicate, timeout)
 
 
 def contribute(group):
@@ -239,11 +244,9 @@ def test_a_lone_worker_reading_the_scatter_too_slowly_is_cut_off_at_the_deadline
         monkeypatch) -> None:
     """With one rank to scatter to, the write runs on the coordinator's thread:
     the transport must end it at the scatter's deadline, not the stall timeout."""
-    from meshkit.transport import reduce
-
     # Budget: the 0.5 s stall timeout + 4 MiB at 4 MiB/s = 1.5 s; reading
     # 4 MiB at about 400 KB/s would take 10 s.
-    monkeypatch.setattr(reduce, "MIN_SCATTER_BYTES_PER_SECOND", 4 << 20)
+    monkeypatch.setattr(_reduce, "MIN_SCATTER_BYTES_PER_SECOND", 4 << 20)
     coordinator = star_coordinator(2, timeout=0.5)
     worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
                         secret=SECRET, timeout=0.5).connect()
@@ -380,10 +383,8 @@ def test_a_destination_that_stops_reading_does_not_hold_up_relays_to_other_ranks
     """Rank 1 floods rank 2, which has stopped reading, then writes to rank 3. The
     coordinator relays to each destination on its own, so rank 3 gets its message
     long before rank 2 is declared dead, and rank 1's link is never at risk."""
-    from meshkit import transport
-
     if queue is not None:
-        monkeypatch.setattr(transport, "_RELAY_QUEUE", queue)
+        monkeypatch.setattr(_relay, "RELAY_QUEUE", queue)
     coordinator = star_coordinator(4, timeout=3.0)
     release = threading.Event()
     workers = [NodeConfig(rank=r, world=4, peers=[coordinator.address], topology="star",
@@ -403,7 +404,7 @@ def test_a_destination_that_stops_reading_does_not_hold_up_relays_to_other_ranks
         # rank 1's reader waits for room until rank 2 is declared dead.
         assert three.recv(1, 8, timeout=1.5 if queue is None else 5.0) == {
             "hello": "from rank 1"}
-        assert wait_until(coordinator, lambda: 2 in coordinator._dead, timeout=15)
+        assert wait_until(coordinator, lambda: 2 in coordinator.dead, timeout=15)
         assert reason in coordinator.dead[2]
         assert 1 not in coordinator.dead and 3 not in coordinator.dead
         assert 0 not in one.dead

@@ -1,4 +1,4 @@
-"""The Group API over the in-process transport: routing, refusals, timeouts, ledger."""
+"""The Group API over the in-process transport: routing, mailboxes, refusals, timeouts, ledger."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from meshkit import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit import AuthenticationError, ConfigError, PeerLostError, WireError, plugins
 from meshkit.node.config import NodeConfig
 from meshkit.transport import ANY, RESERVED_TAGS, TAG_REDUCE, TAG_SCATTER
+from meshkit_tcp import inproc
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
 
@@ -193,8 +194,6 @@ def test_wait_for_workers_names_the_missing_ranks() -> None:
 
 
 def test_the_transport_is_selected_by_name_through_the_plugin_registry() -> None:
-    from meshkit import plugins
-
     assert {"tcp", "inproc"} <= set(plugins.available("transport"))
     configs = inproc_configs(1)
     group = configs[0].connect()
@@ -206,8 +205,6 @@ def test_the_transport_is_selected_by_name_through_the_plugin_registry() -> None
 
 
 def test_a_hub_is_forgotten_once_every_rank_left() -> None:
-    from meshkit_tcp import inproc
-
     configs = inproc_configs(2)
     hub = configs[0].peers[0]
     groups = [c.connect() for c in configs]
@@ -239,10 +236,11 @@ def test_messages_held_for_a_rank_that_never_joins_are_freed_when_it_is_declared
     worker = configs[1].connect()
     try:
         worker.send(3, 7, {"x": np.zeros(4)})  # rank 3 has not joined: held by the relay
-        with coordinator._cv:
-            assert coordinator._cv.wait_for(lambda: 3 in coordinator._held, 5)
+        ledger = coordinator._ledger
+        with ledger.cv:
+            assert ledger.cv.wait_for(lambda: 3 in ledger._held, 5)
         coordinator.declare_dead(3, "never joined")
-        assert 3 not in coordinator._held
+        assert 3 not in ledger._held
     finally:
         worker.close()
         coordinator.close()

@@ -1,0 +1,201 @@
+"""The transport contract: what a transport implements, and the callbacks the kernel gives it.
+
+A transport moves bytes between ranks over *direct links* and nothing more.
+It implements :class:`Links`; :class:`meshkit.transport.Group` wraps one and
+does everything above a direct link — routing (a star's coordinator relays
+worker-to-worker messages), mailboxes, timeouts, the dead ledger and the
+reduce service. The transport reports what happens on its links through the
+:class:`LinkEvents` the group hands to :meth:`Links.attach`. Neither side
+touches the other's locks or underscore attributes.
+
+A transport's ``connect(node_config)`` therefore reads::
+
+    links = MyLinks(node_config)
+    group = Group(links, rank=node_config.rank, world_size=node_config.world,
+                  timeout=node_config.timeout, is_star=node_config.is_star)
+    ...                       # your own dial / accept: events.linked(peer) per link
+    return group
+
+Threads: the kernel calls :meth:`Links.transmit`, :meth:`Links.relay_now`
+and :meth:`Links.drop` from any thread, concurrently for different peers
+(and for the same peer from different threads), and concurrently with the
+transport's own receive path; a transport serialises writes to one link
+itself. Every :class:`LinkEvents` method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from meshkit.transport._message import Message
+
+__all__ = ["Links", "LinkEvents"]
+
+
+class LinkEvents(abc.ABC):
+    """What the kernel offers a transport: report an arrival, a link up, a link lost.
+
+    The group implements it and passes it to :meth:`Links.attach`; a
+    transport calls it from its receive path and its link management.
+    """
+
+    @abc.abstractmethod
+    def deliver(self, message: Message) -> None:
+        """A complete, authenticated message arrived over the link from ``message.src``.
+
+        Call it in the order messages arrived on a link, and only for a
+        message whose every byte was received and checked: the kernel folds
+        reduce contributions as they are delivered, so a half-read one must
+        never be. The kernel queues the message for ``recv``, relays it
+        (``message.dst`` is another rank and this is a star's coordinator),
+        or drops a reduce-service frame this peer may not send. It may wait
+        while the relay queue for ``message.dst`` is full (at most half the
+        stall timeout): only the calling receive path waits.
+
+        Raises:
+            Nothing.
+        """
+
+    @abc.abstractmethod
+    def linked(self, peer: int) -> None:
+        """A direct link to ``peer`` is up (its handshake completed).
+
+        The kernel may transmit to ``peer`` from now on. On the coordinator
+        (rank 0) ``peer`` has joined the mesh: messages held for it are
+        relayed, and it is expected in the next reduce round.
+
+        Raises:
+            Nothing.
+        """
+
+    @abc.abstractmethod
+    def lost(self, peer: int, reason: str, *, quiet: bool = False) -> None:
+        """The link to ``peer`` died; ``reason`` says how, for the dead ledger.
+
+        Report an end of stream, a stalled or broken read or write, a frame
+        that failed authentication, or a protocol violation. ``peer`` is
+        declared dead for the rest of the group's life and :meth:`Links.drop`
+        is called for it. ``quiet=True`` for a peer that left on purpose
+        (logged at INFO, not WARNING). Reporting a dead peer again, or
+        anything after the group closed, changes nothing.
+
+        Raises:
+            Nothing.
+        """
+
+    @abc.abstractmethod
+    def dead_reason(self, peer: int) -> str | None:
+        """Why ``peer`` was declared dead, or None while it is not.
+
+        A transport refuses a dead rank that tries to join again: a rank
+        that missed a round no longer holds the model the others hold.
+
+        Raises:
+            Nothing.
+        """
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """Whether the group was closed: a link lost from now on is no news.
+
+        Raises:
+            Nothing.
+        """
+
+
+class Links(abc.ABC):
+    """This rank's direct links to its peers: the part of a transport that moves bytes.
+
+    Implement :meth:`attach`, :meth:`transmit` and :meth:`drop`; override
+    :meth:`relay_now`, :meth:`close`, :attr:`address` and
+    :attr:`send_deadlines` when the defaults do not fit. Ranks are ints in
+    ``0 .. world_size - 1``; rank 0 is the coordinator.
+    """
+
+    #: Whether :meth:`transmit` honours ``Message.deadline``: fails the write
+    #: with ``PeerLostError`` (and reports the link lost) once it passes. The
+    #: reduce service then writes a scatter with a single target on its own
+    #: thread; otherwise every scatter write runs on a helper thread the
+    #: service can stop waiting for, so a transport that ignores deadlines is
+    #: still safe.
+    send_deadlines: bool = False
+
+    @property
+    def address(self) -> str:
+        """Where this rank can be reached (``host:port`` once bound, ``inproc://name``).
+
+        ``group.address`` reads it; ``""`` until it is known.
+
+        Raises:
+            Nothing.
+        """
+        return ""
+
+    @abc.abstractmethod
+    def attach(self, events: LinkEvents) -> None:
+        """Keep the kernel's callbacks; the group calls it once, before any other method.
+
+        Call ``events`` from the receive path and the link management from
+        now on (``Group(links, ...)`` returns after this).
+
+        Raises:
+            Nothing.
+        """
+
+    @abc.abstractmethod
+    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+        """Write ``message`` whole over the direct link to ``peer``, then return.
+
+        ``peer`` is the next hop and may differ from ``message.dst`` (a star
+        worker sends everything to rank 0, which relays it); carry ``src``,
+        ``dst``, ``tag``, ``meta``, ``kind`` and ``payload`` so that the
+        other side delivers an equal :class:`Message`. The payload must be
+        copied onto the link before returning: the caller may reuse its
+        arrays. ``message.raw``, when set, is the frame this rank received
+        (a relay may forward it unchanged). ``timeout`` bounds a stalled
+        write in seconds (None: the transport's own stall timeout).
+
+        Raises:
+            PeerLostError: there is no link to ``peer``, or it broke or
+                stalled while writing; report a link that broke with
+                :meth:`LinkEvents.lost` before raising.
+            WireError: the payload cannot be encoded; nothing was sent and
+                the link is intact.
+        """
+
+    @abc.abstractmethod
+    def drop(self, peer: int) -> None:
+        """Close the direct link to ``peer``: the kernel declared it dead.
+
+        Idempotent; a peer without a link is no error. A write to ``peer``
+        in progress on another thread must end (closing its socket does).
+
+        Raises:
+            Nothing that matters: the kernel logs an exception and carries on.
+        """
+
+    def relay_now(self, peer: int, message: Message) -> bool:
+        """Star coordinator: write a relayed ``message`` to ``peer`` at once, if that cannot wait.
+
+        Called on the thread that received ``message``, which must not wait
+        for a destination that stopped reading. Return True once sent, or
+        False, having sent nothing, to have it queued for ``peer``'s relay
+        writer thread. The default always queues.
+
+        Raises:
+            PeerLostError: the write failed (the kernel logs it and drops
+                the message).
+            WireError: likewise.
+        """
+        return False
+
+    def close(self) -> None:
+        """Release the transport's resources (sockets, threads): the group was closed.
+
+        Called once, by ``group.close()``, after the group stopped taking
+        messages. Peers must then see this rank's links as lost.
+
+        Raises:
+            Nothing.
+        """

@@ -1,0 +1,225 @@
+"""The Group: one rank's handle on the mesh, built on a transport's :class:`Links`.
+
+Everything above a direct link is decided here, once for every transport:
+which rank a message goes to first (routing; a star's workers reach each
+other through the coordinator), what a received message is (for this rank's
+mailboxes, to relay, or a forged reduce-service frame to drop), and what
+declaring a rank dead does (the ledger records it, its relay queue is
+freed, the transport drops its link, ``on_dead`` hears of it). The pieces
+live in their own modules: the ledger (``_ledger.py``), the mailboxes
+(``_mailbox.py``), the star relay (``_relay.py``) and the reduce service
+(``_reduce.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping
+
+from meshkit.errors import MeshError
+from meshkit.transport._contract import LinkEvents, Links
+from meshkit.transport._ledger import Ledger
+from meshkit.transport._mailbox import Mailboxes
+from meshkit.transport._message import Message, check_state
+from meshkit.transport._reduce import ReduceService, RoundResult
+from meshkit.transport._relay import StarRelay
+from meshkit.transport._timeouts import deadline_after, shown
+from meshkit.transport.tags import TAG_REDUCE, TAG_SCATTER, TAG_WELCOME, check_tag
+
+__all__ = ["ANY", "Group"]
+
+log = logging.getLogger(__name__)
+
+#: ``recv(ANY, tag)`` on the coordinator takes the next frame from any rank.
+ANY = None
+
+
+class Group:
+    """One rank's handle on the mesh (the Group API; the package docstring has it all).
+
+    Built by a transport's ``connect()`` around its :class:`Links`. A
+    transport may subclass it to add attributes of its own (``tcp`` adds
+    ``refused``); the group's underscore attributes are not part of the
+    contract.
+    """
+
+    def __init__(self, links: Links, *, rank: int, world_size: int, timeout: float,
+                 is_star: bool, bf16_wire: bool = False) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.is_star = bool(is_star)
+        #: Whether the transport narrows float32 model frames to bfloat16.
+        self.bf16_wire = bool(bf16_wire)
+        #: Called with (rank, reason) after a rank is declared dead (observers).
+        self.on_dead: Callable[[int, str], None] | None = None
+        self._links = links
+        self._ledger = Ledger(rank, world_size, is_star=self.is_star)
+        self._mailboxes = Mailboxes(self._ledger, self.timeout)
+        self._relay = StarRelay(self._ledger, links, self.declare_dead, self.timeout)
+        self._reduce = ReduceService(self._ledger, self._mailboxes, self._send_message,
+                                     self.declare_dead, timeout=self.timeout,
+                                     send_deadlines=bool(links.send_deadlines))
+        links.attach(_Events(self))
+
+    # -- properties -----------------------------------------------------------
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def address(self) -> str:
+        """Where this rank can be reached (the transport's :attr:`Links.address`)."""
+        return self._links.address
+
+    @property
+    def dead(self) -> dict[int, str]:
+        """The dead ledger: rank -> why it was declared dead (a copy)."""
+        return self._ledger.dead()
+
+    @property
+    def joined(self) -> list[int]:
+        return self._ledger.joined()
+
+    @property
+    def live_ranks(self) -> list[int]:
+        return self._ledger.live_ranks()
+
+    @property
+    def round(self) -> int:
+        """How many reduce rounds this group has started."""
+        return self._reduce.round
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} rank {self.rank}/{self.world_size} "
+                f"{'star' if self.is_star else 'mesh'} {self.address}>")
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the Group API --------------------------------------------------------
+
+    def send(self, dst: int, tag: int, payload: Mapping[str, Any]) -> None:
+        """Send ``payload`` to rank ``dst`` under ``tag`` (see the package docstring)."""
+        self._check_rank(dst, "dst")
+        if dst == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to itself")
+        check_tag(tag)
+        check_state(payload)
+        self._send_message(Message(self.rank, dst, tag, payload))
+
+    def recv(self, src: int | None, tag: int, timeout: float | None = None) -> Any:
+        """Receive the next payload with ``tag`` from ``src`` (``ANY``: ``(src, state)``)."""
+        if src is not None:
+            self._check_rank(src, "src")
+        elif not self.is_coordinator:
+            raise ValueError("recv(ANY, tag) is only available on the coordinator (rank 0)")
+        check_tag(tag, service=True)
+        message = self._mailboxes.take(tag, None if src is None else {src}, timeout)
+        if src is None:
+            return message.src, message.payload
+        return message.payload
+
+    def wait_for_workers(self, timeout: float | None = None) -> list[int]:
+        """Coordinator: block until every worker has joined (or is dead)."""
+        if not self.is_coordinator:
+            raise MeshError("wait_for_workers() is for the coordinator (rank 0)")
+        deadline = deadline_after(timeout, self.timeout)
+        return self._ledger.wait_for_workers(deadline, shown(timeout, self.timeout))
+
+    def all_reduce(self, state: Mapping[str, Any], weight: float = 1.0,
+                   timeout: float | None = None, *, kind: str = "model") -> dict[str, Any]:
+        """Worker: contribute to the coordinator's reduce round and return its scatter."""
+        return self._reduce.contribute(state, weight, timeout, kind=kind)
+
+    def reduce_round(self, aggregator: Any, outer: Any = None, global_state: Any = None,
+                     timeout: float | None = None, *, contribution: Any = None,
+                     weight: float = 1.0, kind: str = "model") -> RoundResult:
+        """Coordinator: run one round of the star reduce service."""
+        return self._reduce.run_round(aggregator, outer, global_state, timeout,
+                                      contribution=contribution, weight=weight, kind=kind)
+
+    def declare_dead(self, rank: int, reason: str, *, quiet: bool = False) -> None:
+        """Record ``rank`` as dead for the rest of this group's life and drop its link.
+
+        ``quiet`` logs at INFO instead of WARNING (a rank that left on purpose).
+        """
+        if not self._ledger.record_death(rank, reason):
+            return
+        # Relays queued for it cannot be delivered either; readers waiting for
+        # room in its queue move on.
+        self._relay.forget(rank)
+        if not self._ledger.closed:
+            log.log(logging.INFO if quiet else logging.WARNING,
+                    "rank %d: declaring rank %d dead: %s", self.rank, rank, reason)
+        try:
+            self._links.drop(rank)
+        except Exception:  # dropping a dead link is best effort
+            log.debug("dropping link to rank %d failed", rank, exc_info=True)
+        callback = self.on_dead
+        if callback is not None:
+            callback(rank, reason)
+
+    def close(self) -> None:
+        """Leave the mesh; peers see this rank's links as lost. Idempotent."""
+        if not self._ledger.close():
+            return
+        self._relay.close()
+        self._links.close()
+
+    # -- inside ---------------------------------------------------------------
+
+    def _check_rank(self, rank: Any, what: str) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"{what} must be a rank in 0..{self.world_size - 1}, got {rank!r}")
+        return rank
+
+    def _send_message(self, message: Message, timeout: float | None = None) -> None:
+        """Route a kernel message (reserved tags allowed) to its next hop."""
+        self._links.transmit(self._ledger.next_hop(message.dst), message, timeout)
+
+    def _deliver(self, message: Message) -> None:
+        """A complete, authenticated message arrived: relay it or queue it."""
+        # Only the coordinator may speak for the reduce service: a worker
+        # forging a scatter (or a contribution aimed elsewhere) is dropped.
+        if (message.tag == TAG_SCATTER and message.src != 0) or (
+                message.tag == TAG_REDUCE and message.dst != 0) or message.tag == TAG_WELCOME:
+            log.warning("rank %d dropped a reduce-service frame (tag 0x%X) from rank %d to "
+                        "rank %d: only the coordinator runs the reduce service",
+                        self.rank, message.tag, message.src, message.dst)
+            return
+        if message.dst != self.rank:
+            self._relay.relay(message)
+            return
+        self._mailboxes.put(message)
+
+    def _linked(self, peer: int) -> None:
+        for message in self._ledger.link(peer):
+            self._relay.relay(message)
+
+
+class _Events(LinkEvents):
+    """The callbacks a group gives its transport (:meth:`Links.attach`)."""
+
+    def __init__(self, group: Group) -> None:
+        self._group = group
+
+    def deliver(self, message: Message) -> None:
+        self._group._deliver(message)
+
+    def linked(self, peer: int) -> None:
+        self._group._linked(peer)
+
+    def lost(self, peer: int, reason: str, *, quiet: bool = False) -> None:
+        self._group.declare_dead(peer, reason, quiet=quiet)
+
+    def dead_reason(self, peer: int) -> str | None:
+        return self._group._ledger.reason(peer)
+
+    @property
+    def closed(self) -> bool:
+        return self._group._ledger.closed

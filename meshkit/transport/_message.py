@@ -1,0 +1,70 @@
+"""What a transport moves: one routed :class:`Message`, and the rules every payload obeys.
+
+A payload is a *state*: a mapping of str keys to numpy arrays or JSON
+values. The key :data:`META_KEY` is the transport's own (routing, round
+numbers), so a user state may not use it. A message's ``kind`` says whether
+its float32 arrays may travel as bfloat16 (``"model"``) or must travel
+exactly (``"control"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from meshkit.errors import WireError
+
+__all__ = ["META_KEY", "KINDS", "Message", "check_state", "check_kind"]
+
+#: Reserved payload key carrying transport metadata (routing, round numbers);
+#: a user state may not use it.
+META_KEY = "__meshkit__"
+
+#: Frame kinds: "model" may travel as bf16 when the transport allows it,
+#: "control" always travels exactly.
+KINDS = ("model", "control")
+
+
+@attrs.frozen
+class Message:
+    """One routed message inside a group (what a transport moves).
+
+    ``meta`` is small JSON the transport itself uses (round numbers,
+    weights, relay source); ``payload`` is the user's state. ``kind`` says
+    whether bf16 on the wire may apply ("model") or not ("control").
+    """
+
+    src: int
+    dst: int
+    tag: int
+    payload: Mapping[str, Any]
+    meta: Mapping[str, Any] = attrs.Factory(dict)
+    kind: str = "control"
+    #: The transport's received frame, so a relay can forward it unchanged.
+    raw: Any = attrs.field(default=None, eq=False, repr=False)
+    #: ``time.monotonic()`` by which the whole write must be done, or None.
+    #: A transport that can bound a write (see ``Links.send_deadlines``)
+    #: drops the link when it passes; others may ignore it.
+    deadline: float | None = attrs.field(default=None, eq=False, repr=False)
+
+
+def check_state(payload: Any, what: str = "payload") -> Mapping[str, Any]:
+    """A state must be a mapping with str keys; the reserved key is refused."""
+    if not isinstance(payload, Mapping):
+        raise WireError(
+            f"{what} must be a mapping of name -> numpy array or JSON value, "
+            f"got {type(payload).__name__}")
+    for key in payload:
+        if not isinstance(key, str):
+            raise WireError(f"{what}: every key must be a str, got {key!r}")
+        if key == META_KEY:
+            raise WireError(f"{what}: key {META_KEY!r} is reserved for the transport; rename it")
+    return payload
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it is one of :data:`KINDS`, else ``ValueError``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return kind

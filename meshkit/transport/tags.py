@@ -1,0 +1,114 @@
+"""Every reserved tag lives here.
+
+A tag is an int in ``0 .. TAG_MAX`` that matches a message to the ``recv``
+waiting for it. Tags at or above :data:`RESERVED_TAGS` belong to the kernel;
+user code (a task, a third-party strategy) picks tags below it. Every tag the
+kernel itself sends is defined in this module, whoever speaks it, so a new
+protocol message cannot take a value an old one already has:
+
+================  ==============  ============================================
+tag               value           spoken by
+================  ==============  ============================================
+``TAG_WELCOME``   ``0xFFFF0000``  a transport's handshake (accepting side)
+``TAG_REDUCE``    ``0xFFFF0001``  the reduce service (worker -> rank 0)
+``TAG_SCATTER``   ``0xFFFF0002``  the reduce service (rank 0 -> worker)
+``TAG_BYE``       ``0xFFFF0003``  a transport, on ``close()``
+``TAG_CAPS``      ``0xFFFF0010``  the node driver's capability handshake
+``TAG_CONTROL``   ``0xFFFF0011``  the node driver: rank 0 -> worker jobs
+                                  (``TAG_JOB`` is the same tag)
+``TAG_UP``        ``0xFFFF0012``  the node driver: worker -> rank 0 replies
+``TAG_ACT``       ``0xFFFF0013``  pipeline activations, stage to stage
+``TAG_ABORT``     ``0xFFFF0014``  the node driver: abandon a pipeline job
+``TAG_REQUEST``   ``0x6D6B0101``  the trainer protocol (rank 0 -> worker)
+``TAG_REPLY``     ``0x6D6B0102``  the trainer protocol (worker -> rank 0)
+================  ==============  ============================================
+
+The transport's own four (:data:`SERVICE_TAGS`) are refused by ``send``:
+a message under them would spoof the handshake or the reduce service. The
+node driver's tags are reserved but sent with the ordinary ``send``; their
+messages are documented in :mod:`meshkit.node`.
+
+The trainer's two tags are *not* reserved, on purpose: the trainer protocol
+(:mod:`meshkit.train.worker`) is built on the public ``send``/``recv`` like
+any third-party strategy could be, and needs nothing a user tag lacks. Its
+values spell ``"mk"`` in the high half, far from the small numbers user code
+picks, and they stay where they are because a new value would be a new wire
+protocol. They are listed here so every tag the kernel sends is in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "RESERVED_TAGS",
+    "TAG_MAX",
+    "TAG_WELCOME",
+    "TAG_REDUCE",
+    "TAG_SCATTER",
+    "TAG_BYE",
+    "TAG_CAPS",
+    "TAG_CONTROL",
+    "TAG_JOB",
+    "TAG_UP",
+    "TAG_ACT",
+    "TAG_ABORT",
+    "TAG_REQUEST",
+    "TAG_REPLY",
+    "SERVICE_TAGS",
+    "check_tag",
+]
+
+#: Tags at or above this value belong to the kernel (the same value as
+#: :data:`meshkit.wire.RESERVED_TAG_BASE`, which the codec documents).
+RESERVED_TAGS = 0xFFFF0000
+#: The largest tag (tags travel as unsigned 32-bit ints).
+TAG_MAX = 0xFFFFFFFF
+
+# -- the transport: handshake, leaving, the reduce service ----------------------
+
+#: The coordinator's answer to a worker's handshake (welcome or refusal).
+TAG_WELCOME = 0xFFFF0000
+#: A worker's contribution to a reduce round (reduce service only).
+TAG_REDUCE = 0xFFFF0001
+#: The state the coordinator scatters at the end of a round (reduce service only).
+TAG_SCATTER = 0xFFFF0002
+#: A rank leaving the mesh on purpose (close()), so peers log it quietly.
+TAG_BYE = 0xFFFF0003
+
+# -- the node driver (meshkit.node documents each message) ----------------------
+
+#: Capability handshake: a worker announces its ``NodeCaps`` to rank 0.
+TAG_CAPS = 0xFFFF0010
+#: Kernel control messages between the coordinator loop and node drivers.
+TAG_CONTROL = 0xFFFF0011
+#: rank 0 -> worker: the next job (pipeline stage, training spec, shutdown);
+#: a control message, so it travels on :data:`TAG_CONTROL`.
+TAG_JOB = TAG_CONTROL
+#: worker -> rank 0: ready / result / error / report / left.
+TAG_UP = 0xFFFF0012
+#: Activations moving along a pipeline.
+TAG_ACT = 0xFFFF0013
+#: rank 0 -> worker: abandon a pipeline job (a stage before you died).
+TAG_ABORT = 0xFFFF0014
+
+# -- the trainer protocol (user range; see the module docstring) ----------------
+
+#: rank 0 -> worker: one trainer request (fit, grads, apply, ...).
+TAG_REQUEST = 0x6D6B_0101
+#: worker -> rank 0: the answer to a trainer request.
+TAG_REPLY = 0x6D6B_0102
+
+#: Tags user code may not send: they would spoof the handshake or the reduce service.
+SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE})
+
+
+def check_tag(tag: Any, *, service: bool = False) -> int:
+    """Validate a tag; the reduce service's own tags only when ``service``."""
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= TAG_MAX:
+        raise ValueError(f"a tag must be an int in 0..0x{TAG_MAX:X}, got {tag!r}")
+    if tag in SERVICE_TAGS and not service:
+        raise ValueError(
+            f"tag 0x{tag:X} is the reduce service's own; use all_reduce/reduce_round, "
+            f"or a tag below 0x{RESERVED_TAGS:X} for your own messages")
+    return tag
