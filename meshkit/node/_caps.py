@@ -150,11 +150,7 @@ class NodeCaps:
 
     def accepts(self, stage: Any) -> bool:
         """Whether this node can run ``stage`` (see :meth:`check`)."""
-        try:
-            self.check(stage)
-        except PlacementError:
-            return False
-        return True
+        return self.fixed_function is None or self.fixed_function.accepts(stage)
 
     def check_train(self) -> None:
         """Raise :class:`PlacementError` unless this node can join a training run."""
