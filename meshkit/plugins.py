@@ -18,7 +18,9 @@ import attrs
 import pluggy
 
 from meshkit import hookspecs
+from meshkit.components import PluginFailure, Provenance
 from meshkit.errors import PluginError
+from meshkit.registry import Registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -46,20 +48,6 @@ class LoadedPlugin:
     version: str | None = None
 
 
-@attrs.frozen
-class PluginFailure:
-    """A plugin that could not be used, and why (shown by ``meshkit plugins``)."""
-
-    name: str
-    distribution: str | None
-    version: str | None
-    error: str
-
-    def describe(self) -> str:
-        source = f" from {self.distribution} {self.version}" if self.distribution else ""
-        return f"plugin {self.name!r}{source} failed to load: {self.error}"
-
-
 @attrs.define
 class PluginSet:
     """A pluggy manager plus what was loaded, what failed, and the registry."""
@@ -67,19 +55,24 @@ class PluginSet:
     manager: pluggy.PluginManager
     loaded: list[LoadedPlugin] = attrs.Factory(list)
     failures: list[PluginFailure] = attrs.Factory(list)
-    _registry: Any = None
+    _registry: Registry | None = None
 
     @property
     def hook(self) -> Any:
         return self.manager.hook
 
     @property
-    def registry(self) -> Any:
+    def registry(self) -> Registry:
         if self._registry is None:
-            from meshkit.registry import Registry
-
             self._registry = Registry(self)
         return self._registry
+
+    def provenance(self, plugin_name: str) -> Provenance:
+        """Where the plugin registered as ``plugin_name`` came from."""
+        for loaded in self.loaded:
+            if loaded.name == plugin_name:
+                return Provenance(loaded.name, loaded.distribution, loaded.version)
+        return Provenance(plugin_name)
 
     def available(self, kind: str) -> Mapping[str, Any]:
         return self.registry.available(kind)

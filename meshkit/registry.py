@@ -2,32 +2,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import attrs
 
-from meshkit.components import KINDS, Component, Provenance
+from meshkit.components import KINDS, Component, PluginFailure, Provenance
 from meshkit.errors import ConfigError, PluginError, UnknownComponentError
 from meshkit.options import structure_options
 
-if TYPE_CHECKING:
-    from meshkit.plugins import PluginSet
+__all__ = ["PluginSource", "Registry"]
 
-__all__ = ["Registry"]
+
+class PluginSource(Protocol):
+    """What a registry reads from a plugin set (:class:`meshkit.plugins.PluginSet` is one)."""
+
+    @property
+    def hook(self) -> Any:
+        """The pluggy hook relay whose component hooks are collected."""
+
+    @property
+    def failures(self) -> Sequence[PluginFailure]:
+        """Plugins that could not be used, quoted when a name is not found."""
+
+    def provenance(self, plugin_name: str) -> Provenance:
+        """Where the plugin registered as ``plugin_name`` came from."""
 
 
 class Registry:
     """Component records by kind and name, with the plugin that supplied each."""
 
-    def __init__(self, pset: PluginSet) -> None:
-        self._pset = pset
+    def __init__(self, source: PluginSource) -> None:
+        self._pset = source
         self._by_kind: dict[str, dict[str, Component]] = {}
-
-    def _provenance(self, plugin_name: str) -> Provenance:
-        for loaded in self._pset.loaded:
-            if loaded.name == plugin_name:
-                return Provenance(loaded.name, loaded.distribution, loaded.version)
-        return Provenance(plugin_name)
 
     def available(self, kind: str) -> Mapping[str, Component]:
         """Every component of ``kind``, by name (collected once, then cached)."""
@@ -41,7 +47,7 @@ class Registry:
         # Call each implementation ourselves so every record can be stamped
         # with the plugin that returned it.
         for impl in reversed(caller.get_hookimpls()):
-            provenance = self._provenance(impl.plugin_name)
+            provenance = self._pset.provenance(impl.plugin_name)
             try:
                 records = impl.function()
                 records = list(records or [])

@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 import pytest
 
+from meshkit import aggregation
 from meshkit.errors import AggregationError
 from meshkit.testing.support import (
     ContractBase,
@@ -318,10 +319,6 @@ class AggregatorContract(ContractBase):
     def _fold(self, agg: Any) -> Any:
         if hasattr(agg, "begin"):
             return agg.begin()
-        try:
-            from meshkit import aggregation
-        except ImportError:
-            pytest.skip("no begin() and no meshkit.aggregation adapter")
         return aggregation.begin(agg)
 
     def test_streaming_equals_batch(self) -> None:

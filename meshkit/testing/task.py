@@ -29,6 +29,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from meshkit import wire
+from meshkit.state import validate_state
+from meshkit.task import create_task
+from meshkit.testing import make_plugin_set
 from meshkit.testing.support import ContractBase, assert_states_identical, snapshot
 
 __all__ = ["TaskContract"]
@@ -50,12 +54,8 @@ class TaskContract(ContractBase):
                 f"{type(self).__name__}: set `component = \"<registered name>\"` (or "
                 f"\"module:attribute\", and `options = {{...}}` if it needs any) or "
                 f"override make()", pytrace=False)
-        from meshkit.task import create_task
-
         pset = None
         if self.plugins is not None:
-            from meshkit.testing import make_plugin_set
-
             pset = make_plugin_set(*self.plugins)
         return create_task(self.component, {**dict(self.options), **overrides}, pset)
 
@@ -92,8 +92,6 @@ class TaskContract(ContractBase):
 
     @staticmethod
     def _crosses_the_wire(state: Mapping[str, Any], what: str) -> None:
-        from meshkit import wire
-
         encoded = wire.encode_state(state)
         body = np.concatenate([np.frombuffer(bytes(b), np.uint8) for b in encoded.buffers])
         back = wire.decode_state(body, flags=encoded.flags)
@@ -102,8 +100,6 @@ class TaskContract(ContractBase):
     # -- the model and the data --------------------------------------------------
 
     def test_init_state_is_a_state_and_a_pure_function_of_the_seed(self) -> None:
-        from meshkit.state import validate_state
-
         state = self.make().init_state(0)
         validate_state(state, where="init_state(0)")
         again = self.make().init_state(0)  # a fresh task: no hidden global state

@@ -30,7 +30,10 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import pytest
 
+from meshkit.aggregation import MeanFold, aggregate_by_folding
 from meshkit.errors import MeshError, PeerLostError
+from meshkit.node.config import NodeConfig
+from meshkit.transport import ANY
 from meshkit.testing.support import ContractBase, assert_states_identical, bfloat16
 
 __all__ = ["TransportContract"]
@@ -66,13 +69,9 @@ class _MeanAggregator:
     """A strict weighted mean built only from meshkit's public aggregation API."""
 
     def begin(self) -> Any:
-        from meshkit.aggregation import MeanFold
-
         return MeanFold(weighted=True, name="contract-mean")
 
     def aggregate(self, states: Any, weights: Any = None) -> dict[str, Any]:
-        from meshkit.aggregation import aggregate_by_folding
-
         return aggregate_by_folding(self.begin(), states, weights)
 
 
@@ -103,8 +102,6 @@ class TransportContract(ContractBase):
 
     def node_config(self, rank: int, world: int, address: str, *,
                     secret: bytes | None = None) -> Any:
-        from meshkit.node.config import NodeConfig
-
         return NodeConfig(rank=rank, world=world, peers=(address,), topology="star",
                           transport=self.component or "", timeout=self.timeout,
                           secret=self.secret if secret is None else secret)
@@ -184,8 +181,6 @@ class TransportContract(ContractBase):
         assert [(m["tag"], m["seq"]) for m in got7] == [(7, 0), (7, 1), (7, 2)], got7
 
     def test_the_coordinator_takes_the_next_frame_from_any_rank(self, star: list[Any]) -> None:
-        from meshkit.transport import ANY
-
         for rank in range(1, self.world_size):
             star[rank].send(0, 21, {"from": rank})
         seen = {}
