@@ -74,13 +74,21 @@ class Component:
 
 @attrs.frozen
 class PluginFailure:
-    """A plugin that could not be used, and why (shown by ``meshkit plugins``)."""
+    """A plugin that could not be used, and why (shown by ``meshkit plugins``).
+
+    ``hook`` is None when the plugin failed to load at all; otherwise it names
+    the one hook that broke its contract, and the plugin's other hooks still
+    work.
+    """
 
     name: str
     distribution: str | None
     version: str | None
     error: str
+    hook: str | None = attrs.field(default=None, kw_only=True)
 
     def describe(self) -> str:
         source = f" from {self.distribution} {self.version}" if self.distribution else ""
-        return f"plugin {self.name!r}{source} failed to load: {self.error}"
+        if self.hook is None:
+            return f"plugin {self.name!r}{source} failed to load: {self.error}"
+        return f"plugin {self.name!r}{source}: {self.error}"
