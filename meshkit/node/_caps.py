@@ -302,7 +302,7 @@ def collect_caps(group: Any, *, timeout: float | None = None,
         log.info("rank %d joined: %s %s, devices %s", src, caps.role, caps.platform,
                  ",".join(caps.devices))
         if hook:
-            plugins.hook.meshkit_node_joined(caps=caps)
+            _plugins.notify(plugins, "meshkit_node_joined", caps=caps)
     dead = expected - found.keys()
     if dead:
         raise PeerLostError(
