@@ -46,6 +46,16 @@ import numpy as np
 
 SIZES = {"1KiB": 1024, "1MiB": 1 << 20}
 
+#: When each output of the last timed run arrived (``time.perf_counter()``),
+#: the run's start first: with one activation in flight the gaps between them
+#: are the round trips, whose p50 and p99 the table reports.
+LAST_STAMPS: list[float] = []
+
+
+def round_trips(stamps: list[float]) -> np.ndarray:
+    """Seconds between consecutive outputs of a run with one activation in flight."""
+    return np.diff(np.asarray(stamps, dtype=np.float64))
+
 
 # -- raw relay ------------------------------------------------------------------
 
@@ -169,10 +179,13 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
         started = time.perf_counter()
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
+        stamps = LAST_STAMPS
+        stamps[:] = [started]
         for _ in range(count):
             if not _recv_exact(out, buf):
                 raise RuntimeError("relay chain closed early")
             window.release()
+            stamps.append(time.perf_counter())
         elapsed = time.perf_counter() - started
         feeder.join()
         cpu = cpu_seconds(pids) - cpu
@@ -252,14 +265,19 @@ def meshkit_run(mesh: Mesh, stages: list, nbytes: int, count: int, in_flight: in
     pids = [p.pid for p in mesh.procs]
     last: list = []
 
+    stamps = LAST_STAMPS
+    clock = time.perf_counter
+
     def take(index: int, y: np.ndarray) -> None:
         # Streamed like the relay's drain: each output is looked at, then let go
         # (collecting them all would cost fresh memory per output, which the
         # relay, reusing one buffer, never pays).
         last[:] = [index, y]
+        stamps.append(clock())
 
     cpu = cpu_seconds(pids)
     started = time.perf_counter()
+    stamps[:] = [started]
     result = run_pipeline(mesh.group, stages, mesh.caps, (x for _ in range(count)),
                           in_flight=in_flight, batch=batch, timeout=60, on_output=take)
     elapsed = time.perf_counter() - started
@@ -307,17 +325,27 @@ def main() -> None:
             measured = {}
             try:
                 meshkit_run(mesh, stages, nbytes, min(count, 50), in_flight)  # warm-up
+                runs: dict[int, list[tuple[float, float]]] = {}
                 for batch in batches:
-                    measured[batch] = min(
-                        meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
-                        for _ in range(args.repeat))
-                m_lat = min(meshkit_run(mesh, stages, nbytes, latency_count, 1)[0]
-                            for _ in range(args.repeat))
+                    runs[batch] = [meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
+                                   for _ in range(args.repeat)]
+                    measured[batch] = min(runs[batch])
+                m_trips = []
+                for _ in range(args.repeat):
+                    meshkit_run(mesh, stages, nbytes, latency_count, 1)
+                    m_trips.append(round_trips(LAST_STAMPS))
             finally:
                 mesh.close()
             raw_relay(nbytes, min(count, 50), in_flight, star)  # warm-up
-            r_lat = min(raw_relay(nbytes, latency_count, 1, star)[0]
-                        for _ in range(args.repeat))
+            r_trips = []
+            for _ in range(args.repeat):
+                raw_relay(nbytes, latency_count, 1, star)
+                r_trips.append(round_trips(LAST_STAMPS))
+            # The best run's distribution (lowest p50), and the spread of p50s.
+            m_best = min(m_trips, key=lambda t: float(np.median(t)))
+            r_best = min(r_trips, key=lambda t: float(np.median(t)))
+            m_p50s = sorted(float(np.median(t)) * 1e6 for t in m_trips)
+            r_p50s = sorted(float(np.median(t)) * 1e6 for t in r_trips)
             raw: dict[int, tuple[float, float]] = {}
             for batch in sorted({1, *batches}):
                 raw[batch] = min(raw_relay(nbytes, count, in_flight, star, batch)
@@ -337,8 +365,16 @@ def main() -> None:
                     # CPU (all processes) per activation, in the timed runs above
                     "meshkit_cpu_us": m_cpu / count * 1e6,
                     "raw_cpu_us": raw[1][1] / count * 1e6,
-                    "meshkit_latency_us": m_lat / latency_count * 1e6,
-                    "raw_latency_us": r_lat / latency_count * 1e6,
+                    "meshkit_latency_us": float(np.mean(m_best)) * 1e6,
+                    "raw_latency_us": float(np.mean(r_best)) * 1e6,
+                    "meshkit_p50_us": float(np.percentile(m_best, 50)) * 1e6,
+                    "meshkit_p99_us": float(np.percentile(m_best, 99)) * 1e6,
+                    "raw_p50_us": float(np.percentile(r_best, 50)) * 1e6,
+                    "raw_p99_us": float(np.percentile(r_best, 99)) * 1e6,
+                    "p50_ratio": float(np.median(m_best) / np.median(r_best)),
+                    "meshkit_p50s_us": m_p50s,
+                    "raw_p50s_us": r_p50s,
+                    "throughput_runs": [count / t for t, _ in runs[batch]],
                     "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
                 })
     if args.json:
@@ -347,18 +383,26 @@ def main() -> None:
     print(f"3-rank pipeline on 127.0.0.1, topology {args.topology}"
           f"{', middle rank a loopback board' if args.board else ''}, "
           f"authentication on (HMAC-SHA256 headers, AES-GMAC bodies), best of {args.repeat}; "
-          f"latency = mean round trip with one activation in flight")
+          f"latency = round trips with one activation in flight (p50, p99 of the best run)")
     print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
           f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
-          f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}  "
+          f"{'meshkit p50':>11}  {'p99':>8}  {'raw p50':>8}  {'p99':>8}  {'p50 ratio':>9}  "
           f"{'CPU/act meshkit':>15}  {'raw':>6}")
     for r in rows:
         print(f"{r['size']:>5} {r['in_flight']:>6} {r['batch']:>5}  "
               f"{r['meshkit_act_per_s']:>13.0f}  {r['raw_act_per_s']:>10.0f}  "
               f"{r['ratio']:>5.2f}  {r['raw_same_msgs_act_per_s']:>12.0f}  "
-              f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_latency_us']:>9.0f}us  "
-              f"{r['raw_latency_us']:>6.0f}us  {r['meshkit_MiB_per_s']:>13.1f}  "
+              f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_p50_us']:>9.0f}us  "
+              f"{r['meshkit_p99_us']:>6.0f}us  {r['raw_p50_us']:>6.0f}us  "
+              f"{r['raw_p99_us']:>6.0f}us  {r['p50_ratio']:>8.1f}x  "
               f"{r['meshkit_cpu_us']:>13.0f}us  {r['raw_cpu_us']:>4.0f}us")
+    print("spread: meshkit act/s per run " + "; ".join(
+        f"{r['size']} batch {r['batch']}: " + ", ".join(f"{v:.0f}" for v in r["throughput_runs"])
+        for r in rows))
+    print("spread: p50 per run (us) " + "; ".join(
+        f"{r['size']}: meshkit " + ", ".join(f"{v:.0f}" for v in r["meshkit_p50s_us"])
+        + " raw " + ", ".join(f"{v:.0f}" for v in r["raw_p50s_us"])
+        for r in rows if r["batch"] == 1))
 
 
 if __name__ == "__main__":
