@@ -20,9 +20,13 @@ through the coordinator (6 hops); the raw relay then takes the same 6 hops
 (each relay sends back to a forwarder in this process).
 
 Reported per size: activations/s with ``--in-flight`` activations in flight
-(throughput), the mean per-activation latency with one in flight, and the
-ratio meshkit / raw. Targets (issue 5): >= 0.5x the raw relay's throughput at
-1 KiB and >= 0.8x at 1 MiB, with authentication on.
+(throughput) and the ratio meshkit / raw; the round trips with one
+activation in flight as a distribution (p50 and p99 of the best run) and
+the p50 ratio; the CPU every process spent per activation; every run's
+figures (the spread); and the floor: one hop's per-frame work on one thread
+(:func:`hop_floor`), which bounds both. Targets (issue 18), authentication
+on: p50 latency at 1 KiB <= 5x the raw relay's, 1 KiB at one activation a
+frame >= 0.3x, 1 MiB >= 0.6x.
 
     .venv/bin/python benchmarks/pipeline.py                # mesh, 1 KiB and 1 MiB
     .venv/bin/python benchmarks/pipeline.py --topology star --board
@@ -202,6 +206,63 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
         sink.close()
 
 
+# -- the floor: one hop's work on one thread -------------------------------------------
+
+
+def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
+    """CPU microseconds one hop's per-frame work takes on one thread, no waiting.
+
+    Over a socketpair, with nothing else in the way: the raw relay's hop
+    (``sendall`` + ``recv_into`` a preallocated buffer) and meshkit's wire
+    hop (``Channel.send`` of an activation frame + ``Channel.recv``: header
+    HMACs, body GMACs, the tensor-table encode and decode). A pipeline can
+    beat neither: with every process on two cores its CPU per activation is
+    at least the hops times this, and with one activation in flight its
+    latency is at least the sum.
+    """
+    from meshkit import wire
+
+    x = np.zeros((1, nbytes // 4), np.float32)
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    channels: dict[str, object] = {}
+
+    def shake(sock: socket.socket, rank: int) -> None:
+        channels[str(rank)] = wire.handshake(sock, b"s" * 32, rank=rank, world=2, role=2,
+                                             timeout=30, handshake_timeout=30,
+                                             max_frame=1 << 30)
+
+    t = threading.Thread(target=shake, args=(b, 1))
+    t.start()
+    shake(a, 0)
+    t.join()
+    ca, cb = channels["0"], channels["1"]
+    count = count if nbytes <= 65536 else max(50, count // 40)
+    started = time.process_time()
+    for i in range(count):
+        ca.send(1, 0xFFFF0013, {"act": [1, i], "x": x})
+        cb.recv()
+    wire_us = (time.process_time() - started) / count * 1e6
+    ca.close()
+    cb.close()
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    payload = memoryview(bytes(nbytes))
+    buf = memoryview(bytearray(nbytes))
+    started = time.process_time()
+    for _ in range(count):
+        a.sendall(payload)
+        _recv_exact(b, buf)
+    raw_us = (time.process_time() - started) / count * 1e6
+    a.close()
+    b.close()
+    return {"wire_hop_us": wire_us, "raw_hop_us": raw_us}
+
+
 # -- meshkit ------------------------------------------------------------------------
 
 
@@ -350,6 +411,7 @@ def main() -> None:
             for batch in sorted({1, *batches}):
                 raw[batch] = min(raw_relay(nbytes, count, in_flight, star, batch)
                                  for _ in range(args.repeat))
+            floor = hop_floor(nbytes)
             for batch in batches:
                 m_tp, m_cpu = measured[batch]
                 rows.append({
@@ -375,6 +437,7 @@ def main() -> None:
                     "meshkit_p50s_us": m_p50s,
                     "raw_p50s_us": r_p50s,
                     "throughput_runs": [count / t for t, _ in runs[batch]],
+                    **floor,
                     "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
                 })
     if args.json:
@@ -399,6 +462,9 @@ def main() -> None:
     print("spread: meshkit act/s per run " + "; ".join(
         f"{r['size']} batch {r['batch']}: " + ", ".join(f"{v:.0f}" for v in r["throughput_runs"])
         for r in rows))
+    print("floor, one hop on one thread (CPU us): " + "; ".join(
+        f"{r['size']}: meshkit wire {r['wire_hop_us']:.0f}, raw {r['raw_hop_us']:.0f}"
+        for r in rows if r["batch"] == 1))
     print("spread: p50 per run (us) " + "; ".join(
         f"{r['size']}: meshkit " + ", ".join(f"{v:.0f}" for v in r["meshkit_p50s_us"])
         + " raw " + ", ".join(f"{v:.0f}" for v in r["raw_p50s_us"])
