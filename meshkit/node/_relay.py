@@ -20,9 +20,9 @@ bounded, so it holds up only the link it read from, and never for long:
   (:data:`INLINE_WRITE_SHARE`) drops the next rank as stalled, as the star
   relay does, well before the ranks sending here give up on this one;
 * results bigger than :data:`INLINE_BYTES` (whose write may take long and
-  whose wake-up cost is noise) and a stage slower than :data:`INLINE_BUDGET`
-  per frame go to the serving thread instead, for the rest of the job, so a
-  slow stage never sits on a reader;
+  whose wake-up cost is noise) go to the serving thread, and so does the
+  rest of the job once a frame took the stage more than :data:`INLINE_BUDGET`
+  of CPU time, so a slow stage does not sit on a reader;
 * everything that is not a plain activation of this job (its ``end``, a
   stale or malformed frame), a stop or spent budget, and a failure go to the
   serving thread, which runs exactly the loop it runs without inline
@@ -61,8 +61,8 @@ log = logging.getLogger(__name__)
 #: Results of at most this many bytes a frame are written on by the reader
 #: that read the activation; bigger ones go through the serving thread.
 INLINE_BYTES = 256 << 10
-#: A frame whose stage took longer than this (seconds) sends the rest of
-#: the job through the serving thread: a slow stage must not sit on a reader.
+#: A frame whose stage took more CPU time than this (seconds) sends the rest
+#: of the job through the serving thread: a slow stage must not sit on a reader.
 INLINE_BUDGET = 0.01
 #: Share of the stall timeout a reader may wait to write a result on before
 #: the next rank is dropped as stalled.
@@ -244,9 +244,11 @@ class _Relay:
         if item is None or item is _STALE:
             return payload
         seq, batch = item
-        started = time.perf_counter()
+        # CPU time, not wall time: a reader preempted on a busy machine is
+        # not a slow stage.
+        started = time.thread_time()
         outcome = self.compute(seq, batch, first=True)
-        if time.perf_counter() - started > INLINE_BUDGET:
+        if time.thread_time() - started > INLINE_BUDGET:
             self._inline = False  # the rest of this job goes through the serving thread
         if outcome.failure is not None or outcome.stopped is not None or not outcome.ys \
                 or sum(y.nbytes for y in outcome.ys) > INLINE_BYTES:
@@ -296,7 +298,11 @@ class _Relay:
                             break  # a whole poll and nothing arrived
                         if time.monotonic() >= deadline:
                             break
-                    seen = self._inline_frames
+                    if self._inline_frames != seen:
+                        # The reader served frames meanwhile: ``timeout`` bounds
+                        # a wait with nothing arriving, not the whole job.
+                        seen = self._inline_frames
+                        deadline = time.monotonic() + self.timeout
                     left = deadline - time.monotonic()
                     self._cv.wait(min(POLL_INTERVAL, left) if left > 0 else POLL_INTERVAL)
                     waited = True
