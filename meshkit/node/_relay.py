@@ -129,10 +129,11 @@ class _Outcome:
     ended the frame early, ``send_error`` a failed inline write.
     """
 
-    __slots__ = ("seq", "ys", "failure", "stopped", "sent", "send_error")
+    __slots__ = ("seq", "ys", "failure", "stopped", "sent", "send_error", "compact")
 
     def __init__(self, seq: int, ys: list[np.ndarray], failure: MeshError | None,
-                 stopped: str | None) -> None:
+                 stopped: str | None, compact: bool = False) -> None:
+        self.compact = compact
         self.seq = seq
         self.ys = ys
         self.failure = failure
@@ -172,6 +173,7 @@ class _Relay:
         self._inline_frames = 0
         self._diverted = False
         self._draining = False
+        self._act_prefix = f"act/{self.job}/"
 
     # -- the diverted feed --------------------------------------------------------------
 
@@ -243,11 +245,11 @@ class _Relay:
             return payload
         if item is None or item is _STALE:
             return payload
-        seq, batch = item
+        seq, batch, compact = item
         # CPU time, not wall time: a reader preempted on a busy machine is
         # not a slow stage.
         started = time.thread_time()
-        outcome = self.compute(seq, batch, first=True)
+        outcome = self.compute(seq, batch, compact, first=True)
         if time.thread_time() - started > INLINE_BUDGET:
             self._inline = False  # the rest of this job goes through the serving thread
         if outcome.failure is not None or outcome.stopped is not None or not outcome.ys \
@@ -328,9 +330,23 @@ class _Relay:
     # -- what the serving thread and the reader share -----------------------------------
 
     def _parse(self, msg: Mapping[str, Any]) -> Any:
-        """``(seq, x)``, None at this job's end, or ``_STALE``; ``WireError`` if malformed."""
+        """``(seq, x, compact)``, None at this job's end, or ``_STALE``; ``WireError`` if malformed.
+
+        ``compact``: the frame came as ``{"act/<job>/<seq>": x}`` (one entry,
+        no JSON leaf to encode and decode on every hop) and its results go on
+        in that form; ``{"act": [job, seq], "x": x}`` frames get results in theirs.
+        """
         if "end" in msg:
             return None if msg["end"] == self.job else _STALE  # else an older, aborted job's
+        if len(msg) == 1:
+            ((key, x),) = msg.items()
+            if key.startswith(self._act_prefix) and isinstance(x, np.ndarray) and x.ndim == 2:
+                seq = key[len(self._act_prefix):]
+                if seq.isdigit():
+                    return int(seq), x, True
+            if key.startswith("act/") and key.count("/") == 2:
+                log.debug("rank %d: dropping a stale activation (%s)", self.group.rank, key)
+                return _STALE
         head = msg.get("act")
         x = msg.get("x")
         if not (isinstance(head, list) and len(head) == 2 and isinstance(head[1], int)
@@ -342,9 +358,10 @@ class _Relay:
             log.debug("rank %d: dropping a stale activation of job %r", self.group.rank,
                       head[0])
             return _STALE
-        return head[1], x
+        return head[1], x, False
 
-    def compute(self, seq: int, batch: np.ndarray, *, first: bool = False) -> _Outcome:
+    def compute(self, seq: int, batch: np.ndarray, compact: bool = False, *,
+                first: bool = False) -> _Outcome:
         """Run each row of ``batch`` through the stage, checking control between rows.
 
         A frame may carry several activations (rows); each is one step, so a
@@ -357,23 +374,23 @@ class _Relay:
             if ys or first:
                 stopped = control.reason()
                 if stopped is not None:
-                    return _Outcome(seq, ys, None, stopped)
+                    return _Outcome(seq, ys, None, stopped, compact)
             try:
                 ys.append(self.run(row))
             except MeshError as exc:
-                return _Outcome(seq, ys, exc, None)
+                return _Outcome(seq, ys, exc, None, compact)
             except Exception as exc:  # noqa: BLE001 (a user function or driver broke: report it)
                 stage = f" [{self.stage_id}]" if self.stage_id else ""
                 return _Outcome(seq, ys, MeshError(
                     f"stage{stage} on rank {self.group.rank} failed: "
-                    f"{type(exc).__name__}: {exc}"), None)
+                    f"{type(exc).__name__}: {exc}"), None, compact)
             control.count()
-        return _Outcome(seq, ys, None, None)
+        return _Outcome(seq, ys, None, None, compact)
 
     def forward_all(self, outcome: _Outcome, deadline: float | None = None) -> None:
         first = outcome.seq
         for part in _stack(outcome.ys):
-            self.forward(first, part, deadline)
+            self.forward(first, part, deadline, compact=outcome.compact)
             first += part.shape[0]
         outcome.sent = True
 
@@ -409,10 +426,12 @@ class _Relay:
                          self.job)
                 return True
 
-    def forward(self, seq: int, y: np.ndarray, deadline: float | None = None) -> None:
-        # One JSON leaf per frame: every leaf costs an encode and a decode on
-        # every hop, and these frames are the pipeline's hot path.
-        msg = {"act" if self.next != 0 else "result": [self.job, seq], "x": y}
+    def forward(self, seq: int, y: np.ndarray, deadline: float | None = None, *,
+                compact: bool = False) -> None:
+        # Every entry costs an encode and a decode on every hop, and these
+        # frames are the pipeline's hot path: the compact form has one.
+        kind = "act" if self.next != 0 else "result"
+        msg = {f"{kind}/{self.job}/{seq}": y} if compact else {kind: [self.job, seq], "x": y}
         tag = TAG_ACT if self.next != 0 else TAG_UP
         if deadline is None:
             self.group.send(self.next, tag, msg)

@@ -110,6 +110,15 @@ class _Collector:
                 if len(self.group.dead) >= self.group.world_size - 1:
                     raise PeerLostError(f"pipeline job {self.job}: {exc}") from None
                 continue  # quiet for a poll: look at the dead ledger again
+            if len(msg) == 1 and next(iter(msg)).startswith("result/"):
+                ((key, x),) = msg.items()
+                _, job, seq = key.split("/", 2) if key.count("/") == 2 else ("", "", "")
+                if not seq.isdigit():
+                    raise WireError(f"pipeline job {self.job}: rank {src} sent a malformed "
+                                    f"result header {key!r}")
+                if src in self.ranks and job == str(self.job):
+                    return src, {"kind": "result", "seq": int(seq), "x": x}
+                continue
             if "result" in msg:
                 head = msg["result"]
                 if not (isinstance(head, list) and len(head) == 2):
@@ -188,19 +197,18 @@ class _Feed:
                 or self._moving + self._ready[0][1].shape[0] <= self.in_flight):
             seq, frame = self._ready.pop(0)
             self._moving += frame.shape[0]
+            # The compact form: one entry, no JSON leaf (see meshkit.node).
+            msg = {f"act/{self.job}/{seq}": frame}
             if deadline is None:
-                self.group.send(self.first, TAG_ACT, {"act": [self.job, seq], "x": frame})
+                self.group.send(self.first, TAG_ACT, msg)
             else:
-                self.group.send(self.first, TAG_ACT, {"act": [self.job, seq], "x": frame},
-                                deadline=deadline)
+                self.group.send(self.first, TAG_ACT, msg, deadline=deadline)
 
     def _result(self, payload: Mapping[str, Any]) -> bool:
         """On the last rank's reader: a result frees room; refill it. Always declined
         (the result goes on to the mailbox, where :func:`run_pipeline` takes it)."""
-        head = payload.get("result")
-        x = payload.get("x")
-        if not (isinstance(head, list) and len(head) == 2 and head[0] == self.job
-                and isinstance(x, np.ndarray) and x.ndim == 2):
+        x = _compact_result(payload, self.job)
+        if x is None:
             return False
         with self._lock:
             self._moving = max(0, self._moving - x.shape[0])
@@ -220,6 +228,16 @@ class _Feed:
             self._ready.clear()
         if self.inline:
             self.group.undivert(self.last, TAG_UP, self._result)
+
+
+def _compact_result(msg: Mapping[str, Any], job: int) -> np.ndarray | None:
+    """The rows of a ``{"result/<job>/<seq>": x}`` frame of ``job``, or None."""
+    if len(msg) != 1:
+        return None
+    ((key, x),) = msg.items()
+    if not (key.startswith(f"result/{job}/") and isinstance(x, np.ndarray) and x.ndim == 2):
+        return None
+    return x
 
 
 def _error_from(msg: Mapping[str, Any], src: int) -> MeshError:

@@ -122,3 +122,27 @@ def test_a_slow_stage_does_not_hold_up_other_ranks_frames(mesh_factory):
     assert not driver.is_alive()
     assert STATE["got"] == 5
     assert [y[0] for y in out["result"].outputs] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_a_stage_answers_in_the_form_it_was_fed(mesh_factory, transport):
+    # run_pipeline sends the compact form ({"act/<job>/<seq>": x}, one entry a
+    # frame); a frame in the {"act": [job, seq], "x": x} form still works and
+    # is answered in its own form.
+    from meshkit.node import TAG_ACT, TAG_UP, send_job
+
+    mesh = mesh_factory({1: {}}, transport=transport)
+    job = {"kind": "pipeline", "job": 904, **Stage(op="scale", scale=2.0).to_message()}
+    job["stage"] = {**job["stage"], "prev": 0, "next": 0, "index": 0}
+    send_job(mesh.g0, 1, job)
+    assert mesh.g0.recv(1, TAG_UP, timeout=5)["kind"] == "ready"
+    mesh.g0.send(1, TAG_ACT, {"act/904/0": np.ones((2, 3), np.float32)})
+    mesh.g0.send(1, TAG_ACT, {"act": [904, 2], "x": np.ones((1, 3), np.float32)})
+    mesh.g0.send(1, TAG_ACT, {"act/903/0": np.ones((1, 3), np.float32)})  # stale: dropped
+    mesh.g0.send(1, TAG_ACT, {"end": 904})
+    first = mesh.g0.recv(1, TAG_UP, timeout=5)
+    second = mesh.g0.recv(1, TAG_UP, timeout=5)
+    report = mesh.g0.recv(1, TAG_UP, timeout=5)
+    assert list(first) == ["result/904/0"] and first["result/904/0"].tolist() == [[2.0] * 3] * 2
+    assert second["result"] == [904, 2] and second["x"].tolist() == [[2.0] * 3]
+    assert report["kind"] == "report" and report["report"]["activations"] == 3
