@@ -53,8 +53,7 @@ from meshkit.node._control import POLL_INTERVAL, NodeControl, recv_polling
 from meshkit.node._jobs import TAG_ABORT, TAG_ACT, TAG_UP, report_job_error, send_up
 from meshkit.node._reports import NodeReport
 
-__all__ = ["StageRoute", "parse_job", "serve_stage", "INLINE_BYTES", "INLINE_BUDGET",
-           "INLINE_WRITE_SHARE"]
+__all__ = ["StageRoute", "parse_job", "serve_stage"]
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from meshkit.transport._ledger import Ledger
 from meshkit.transport._message import Message
 from meshkit.transport._timeouts import deadline_after, remaining, shown
 
-__all__ = ["Mailboxes", "Handler"]
+__all__ = ["Mailboxes"]
 
 log = logging.getLogger(__name__)
 
