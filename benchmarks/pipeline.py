@@ -20,9 +20,13 @@ through the coordinator (6 hops); the raw relay then takes the same 6 hops
 (each relay sends back to a forwarder in this process).
 
 Reported per size: activations/s with ``--in-flight`` activations in flight
-(throughput), the mean per-activation latency with one in flight, and the
-ratio meshkit / raw. Targets (issue 5): >= 0.5x the raw relay's throughput at
-1 KiB and >= 0.8x at 1 MiB, with authentication on.
+(throughput) and the ratio meshkit / raw; the round trips with one
+activation in flight as a distribution (p50 and p99 of the best run) and
+the p50 ratio; the CPU every process spent per activation; every run's
+figures (the spread); and the floor: one hop's per-frame work on one thread
+(:func:`hop_floor`), which bounds both. Targets (issue 18), authentication
+on: p50 latency at 1 KiB <= 5x the raw relay's, 1 KiB at one activation a
+frame >= 0.3x, 1 MiB >= 0.6x.
 
     .venv/bin/python benchmarks/pipeline.py                # mesh, 1 KiB and 1 MiB
     .venv/bin/python benchmarks/pipeline.py --topology star --board
@@ -45,6 +49,16 @@ from pathlib import Path
 import numpy as np
 
 SIZES = {"1KiB": 1024, "1MiB": 1 << 20}
+
+#: When each output of the last timed run arrived (``time.perf_counter()``),
+#: the run's start first: with one activation in flight the gaps between them
+#: are the round trips, whose p50 and p99 the table reports.
+LAST_STAMPS: list[float] = []
+
+
+def round_trips(stamps: list[float]) -> np.ndarray:
+    """Seconds between consecutive outputs of a run with one activation in flight."""
+    return np.diff(np.asarray(stamps, dtype=np.float64))
 
 
 # -- raw relay ------------------------------------------------------------------
@@ -169,10 +183,13 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
         started = time.perf_counter()
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
+        stamps = LAST_STAMPS
+        stamps[:] = [started]
         for _ in range(count):
             if not _recv_exact(out, buf):
                 raise RuntimeError("relay chain closed early")
             window.release()
+            stamps.append(time.perf_counter())
         elapsed = time.perf_counter() - started
         feeder.join()
         cpu = cpu_seconds(pids) - cpu
@@ -187,6 +204,63 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
                 p.terminate()
                 p.wait(10)
         sink.close()
+
+
+# -- the floor: one hop's work on one thread -------------------------------------------
+
+
+def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
+    """CPU microseconds one hop's per-frame work takes on one thread, no waiting.
+
+    Over a socketpair, with nothing else in the way: the raw relay's hop
+    (``sendall`` + ``recv_into`` a preallocated buffer) and meshkit's wire
+    hop (``Channel.send`` of an activation frame + ``Channel.recv``: header
+    HMACs, body GMACs, the tensor-table encode and decode). A pipeline can
+    beat neither: with every process on two cores its CPU per activation is
+    at least the hops times this, and with one activation in flight its
+    latency is at least the sum.
+    """
+    from meshkit import wire
+
+    x = np.zeros((1, nbytes // 4), np.float32)
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    channels: dict[str, object] = {}
+
+    def shake(sock: socket.socket, rank: int) -> None:
+        channels[str(rank)] = wire.handshake(sock, b"s" * 32, rank=rank, world=2, role=2,
+                                             timeout=30, handshake_timeout=30,
+                                             max_frame=1 << 30)
+
+    t = threading.Thread(target=shake, args=(b, 1))
+    t.start()
+    shake(a, 0)
+    t.join()
+    ca, cb = channels["0"], channels["1"]
+    count = count if nbytes <= 65536 else max(50, count // 40)
+    started = time.process_time()
+    for i in range(count):
+        ca.send(1, 0xFFFF0013, {"act": [1, i], "x": x})
+        cb.recv()
+    wire_us = (time.process_time() - started) / count * 1e6
+    ca.close()
+    cb.close()
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    payload = memoryview(bytes(nbytes))
+    buf = memoryview(bytearray(nbytes))
+    started = time.process_time()
+    for _ in range(count):
+        a.sendall(payload)
+        _recv_exact(b, buf)
+    raw_us = (time.process_time() - started) / count * 1e6
+    a.close()
+    b.close()
+    return {"wire_hop_us": wire_us, "raw_hop_us": raw_us}
 
 
 # -- meshkit ------------------------------------------------------------------------
@@ -252,14 +326,19 @@ def meshkit_run(mesh: Mesh, stages: list, nbytes: int, count: int, in_flight: in
     pids = [p.pid for p in mesh.procs]
     last: list = []
 
+    stamps = LAST_STAMPS
+    clock = time.perf_counter
+
     def take(index: int, y: np.ndarray) -> None:
         # Streamed like the relay's drain: each output is looked at, then let go
         # (collecting them all would cost fresh memory per output, which the
         # relay, reusing one buffer, never pays).
         last[:] = [index, y]
+        stamps.append(clock())
 
     cpu = cpu_seconds(pids)
     started = time.perf_counter()
+    stamps[:] = [started]
     result = run_pipeline(mesh.group, stages, mesh.caps, (x for _ in range(count)),
                           in_flight=in_flight, batch=batch, timeout=60, on_output=take)
     elapsed = time.perf_counter() - started
@@ -307,21 +386,32 @@ def main() -> None:
             measured = {}
             try:
                 meshkit_run(mesh, stages, nbytes, min(count, 50), in_flight)  # warm-up
+                runs: dict[int, list[tuple[float, float]]] = {}
                 for batch in batches:
-                    measured[batch] = min(
-                        meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
-                        for _ in range(args.repeat))
-                m_lat = min(meshkit_run(mesh, stages, nbytes, latency_count, 1)[0]
-                            for _ in range(args.repeat))
+                    runs[batch] = [meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
+                                   for _ in range(args.repeat)]
+                    measured[batch] = min(runs[batch])
+                m_trips = []
+                for _ in range(args.repeat):
+                    meshkit_run(mesh, stages, nbytes, latency_count, 1)
+                    m_trips.append(round_trips(LAST_STAMPS))
             finally:
                 mesh.close()
             raw_relay(nbytes, min(count, 50), in_flight, star)  # warm-up
-            r_lat = min(raw_relay(nbytes, latency_count, 1, star)[0]
-                        for _ in range(args.repeat))
+            r_trips = []
+            for _ in range(args.repeat):
+                raw_relay(nbytes, latency_count, 1, star)
+                r_trips.append(round_trips(LAST_STAMPS))
+            # The best run's distribution (lowest p50), and the spread of p50s.
+            m_best = min(m_trips, key=lambda t: float(np.median(t)))
+            r_best = min(r_trips, key=lambda t: float(np.median(t)))
+            m_p50s = sorted(float(np.median(t)) * 1e6 for t in m_trips)
+            r_p50s = sorted(float(np.median(t)) * 1e6 for t in r_trips)
             raw: dict[int, tuple[float, float]] = {}
             for batch in sorted({1, *batches}):
                 raw[batch] = min(raw_relay(nbytes, count, in_flight, star, batch)
                                  for _ in range(args.repeat))
+            floor = hop_floor(nbytes)
             for batch in batches:
                 m_tp, m_cpu = measured[batch]
                 rows.append({
@@ -337,8 +427,17 @@ def main() -> None:
                     # CPU (all processes) per activation, in the timed runs above
                     "meshkit_cpu_us": m_cpu / count * 1e6,
                     "raw_cpu_us": raw[1][1] / count * 1e6,
-                    "meshkit_latency_us": m_lat / latency_count * 1e6,
-                    "raw_latency_us": r_lat / latency_count * 1e6,
+                    "meshkit_latency_us": float(np.mean(m_best)) * 1e6,
+                    "raw_latency_us": float(np.mean(r_best)) * 1e6,
+                    "meshkit_p50_us": float(np.percentile(m_best, 50)) * 1e6,
+                    "meshkit_p99_us": float(np.percentile(m_best, 99)) * 1e6,
+                    "raw_p50_us": float(np.percentile(r_best, 50)) * 1e6,
+                    "raw_p99_us": float(np.percentile(r_best, 99)) * 1e6,
+                    "p50_ratio": float(np.median(m_best) / np.median(r_best)),
+                    "meshkit_p50s_us": m_p50s,
+                    "raw_p50s_us": r_p50s,
+                    "throughput_runs": [count / t for t, _ in runs[batch]],
+                    **floor,
                     "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
                 })
     if args.json:
@@ -347,18 +446,29 @@ def main() -> None:
     print(f"3-rank pipeline on 127.0.0.1, topology {args.topology}"
           f"{', middle rank a loopback board' if args.board else ''}, "
           f"authentication on (HMAC-SHA256 headers, AES-GMAC bodies), best of {args.repeat}; "
-          f"latency = mean round trip with one activation in flight")
+          f"latency = round trips with one activation in flight (p50, p99 of the best run)")
     print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
           f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
-          f"{'meshkit lat':>11}  {'raw lat':>8}  {'meshkit MiB/s':>13}  "
+          f"{'meshkit p50':>11}  {'p99':>8}  {'raw p50':>8}  {'p99':>8}  {'p50 ratio':>9}  "
           f"{'CPU/act meshkit':>15}  {'raw':>6}")
     for r in rows:
         print(f"{r['size']:>5} {r['in_flight']:>6} {r['batch']:>5}  "
               f"{r['meshkit_act_per_s']:>13.0f}  {r['raw_act_per_s']:>10.0f}  "
               f"{r['ratio']:>5.2f}  {r['raw_same_msgs_act_per_s']:>12.0f}  "
-              f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_latency_us']:>9.0f}us  "
-              f"{r['raw_latency_us']:>6.0f}us  {r['meshkit_MiB_per_s']:>13.1f}  "
+              f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_p50_us']:>9.0f}us  "
+              f"{r['meshkit_p99_us']:>6.0f}us  {r['raw_p50_us']:>6.0f}us  "
+              f"{r['raw_p99_us']:>6.0f}us  {r['p50_ratio']:>8.1f}x  "
               f"{r['meshkit_cpu_us']:>13.0f}us  {r['raw_cpu_us']:>4.0f}us")
+    print("spread: meshkit act/s per run " + "; ".join(
+        f"{r['size']} batch {r['batch']}: " + ", ".join(f"{v:.0f}" for v in r["throughput_runs"])
+        for r in rows))
+    print("floor, one hop on one thread (CPU us): " + "; ".join(
+        f"{r['size']}: meshkit wire {r['wire_hop_us']:.0f}, raw {r['raw_hop_us']:.0f}"
+        for r in rows if r["batch"] == 1))
+    print("spread: p50 per run (us) " + "; ".join(
+        f"{r['size']}: meshkit " + ", ".join(f"{v:.0f}" for v in r["meshkit_p50s_us"])
+        + " raw " + ", ".join(f"{v:.0f}" for v in r["raw_p50s_us"])
+        for r in rows if r["batch"] == 1))
 
 
 if __name__ == "__main__":

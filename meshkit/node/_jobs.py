@@ -26,17 +26,21 @@ each to the :data:`~meshkit.node.JobHandler` registered for its kind.
     * ``{"kind": "shutdown"}``: leave the mesh (:func:`shutdown_nodes`).
 
 ``TAG_ACT`` (stage to stage, and rank 0 -> first stage)
-    ``{"act": [job, seq], "x": float32 array of shape (k, n)}``: ``k``
+    ``{"act/<job>/<seq>": float32 array of shape (k, n)}``: ``k``
     activations (rows) numbered ``seq .. seq + k - 1``; and ``{"end": job}``
     after the last one: a stage forwards ``end`` to ``next`` and reports.
     Frames of another job are stale (left over from an aborted job) and are
-    dropped. (One JSON leaf a frame: this is the hot path.)
+    dropped. (One entry a frame and no JSON leaf: this is the hot path, and
+    every entry costs an encode and a decode on every hop.) The older form
+    ``{"act": [job, seq], "x": array}`` is still served, and answered in
+    that form.
 
 ``TAG_UP`` (worker -> rank 0): replies, so the coordinator can take them with
 one ``recv(ANY, TAG_UP)`` (:func:`send_up`)
     * ``{"kind": "ready", "job": id}``: the stage was accepted; activations
       may move;
-    * ``{"result": [job, seq], "x": array}``: the last stage's output rows;
+    * ``{"result/<job>/<seq>": array}`` (or ``{"result": [job, seq], "x":
+      array}``, answering the older form): the last stage's output rows;
     * ``{"kind": "error", "job": id, "error": ExceptionName, "message": str}``:
       the job failed on this rank (:func:`report_job_error`; the rank then
       drains the job until its ``end`` and reports, so the pipeline unwinds

@@ -6,12 +6,19 @@ one length sharing a frame), and collects the last stage's outputs in input
 order. Every failure — a stage that refuses or fails, a rank that leaves or
 dies, a stalled pipeline — unwinds the job here (every live stage drains and
 reports) before the first failure is raised.
+
+Where the transport delivers on a reader thread per link, the next frame
+does not wait for this thread to wake up: the reader that brings a result
+in from the last stage writes the next prepared frame to the first stage
+itself (:class:`_Feed`), and this thread keeps a window's worth of frames
+prepared ahead and does the bookkeeping behind it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -103,6 +110,15 @@ class _Collector:
                 if len(self.group.dead) >= self.group.world_size - 1:
                     raise PeerLostError(f"pipeline job {self.job}: {exc}") from None
                 continue  # quiet for a poll: look at the dead ledger again
+            if len(msg) == 1 and next(iter(msg)).startswith("result/"):
+                ((key, x),) = msg.items()
+                _, job, seq = key.split("/", 2) if key.count("/") == 2 else ("", "", "")
+                if not seq.isdigit():
+                    raise WireError(f"pipeline job {self.job}: rank {src} sent a malformed "
+                                    f"result header {key!r}")
+                if src in self.ranks and job == str(self.job):
+                    return src, {"kind": "result", "seq": int(seq), "x": x}
+                continue
             if "result" in msg:
                 head = msg["result"]
                 if not (isinstance(head, list) and len(head) == 2):
@@ -136,6 +152,92 @@ class _Collector:
             self.failure = PeerLostError(
                 f"pipeline job {self.job}: rank(s) {dead} died: "
                 + "; ".join(f"rank {r}: {self.group.dead[r]}" for r in dead))
+
+
+class _Feed:
+    """Frames prepared for the first stage, sent by whichever thread has room first.
+
+    This thread prepares frames (:meth:`add`); a result coming in from the
+    last stage frees its rows' room in the window, and the reader that read
+    it sends the next prepared frame on the spot (:meth:`_result`, diverted
+    from the last rank's ``TAG_UP``) before the result goes on to the
+    mailbox, so the window refills without a thread hand-off. Sends happen
+    in order, under one lock.
+    """
+
+    def __init__(self, group: Any, job: int, first: int, last: int, in_flight: int) -> None:
+        self.group = group
+        self.job = job
+        self.first = first
+        self.last = last
+        self.in_flight = in_flight
+        self._lock = threading.Lock()
+        self._ready: list[tuple[int, np.ndarray]] = []
+        self._moving = 0  # activations sent and not yet seen back here
+        self._closed = False
+        self.inline = bool(getattr(group, "inline_delivery", False)) and hasattr(group, "divert")
+        if self.inline:
+            group.divert(last, TAG_UP, self._result)
+
+    @property
+    def ahead(self) -> int:
+        """Activations to keep prepared beyond those in flight (none without a reader)."""
+        return self.in_flight if self.inline else 0
+
+    def add(self, seq: int, frame: np.ndarray) -> None:
+        """Queue a prepared frame and send what the window has room for."""
+        with self._lock:
+            self._ready.append((seq, frame))
+            self._pump(None)
+
+    def _pump(self, deadline: float | None) -> None:
+        # Without a reader refilling it, run_pipeline's own window is the limit.
+        while self._ready and not self._closed and (
+                not self.inline or self._moving == 0
+                or self._moving + self._ready[0][1].shape[0] <= self.in_flight):
+            seq, frame = self._ready.pop(0)
+            self._moving += frame.shape[0]
+            # The compact form: one entry, no JSON leaf (see meshkit.node).
+            msg = {f"act/{self.job}/{seq}": frame}
+            if deadline is None:
+                self.group.send(self.first, TAG_ACT, msg)
+            else:
+                self.group.send(self.first, TAG_ACT, msg, deadline=deadline)
+
+    def _result(self, payload: Mapping[str, Any]) -> bool:
+        """On the last rank's reader: a result frees room; refill it. Always declined
+        (the result goes on to the mailbox, where :func:`run_pipeline` takes it)."""
+        x = _compact_result(payload, self.job)
+        if x is None:
+            return False
+        with self._lock:
+            self._moving = max(0, self._moving - x.shape[0])
+            try:
+                # Bounded like a stage's own write: a first stage that takes
+                # nothing is dropped rather than holding this reader.
+                self._pump(time.monotonic() + 0.5 * self.group.timeout)
+            except PeerLostError as exc:
+                log.debug("pipeline job %d: refilling rank %d failed: %s", self.job,
+                          self.first, exc)
+        return False
+
+    def close(self) -> None:
+        """No more frames go out (the job ends or unwinds); prepared ones are dropped."""
+        with self._lock:
+            self._closed = True
+            self._ready.clear()
+        if self.inline:
+            self.group.undivert(self.last, TAG_UP, self._result)
+
+
+def _compact_result(msg: Mapping[str, Any], job: int) -> np.ndarray | None:
+    """The rows of a ``{"result/<job>/<seq>": x}`` frame of ``job``, or None."""
+    if len(msg) != 1:
+        return None
+    ((key, x),) = msg.items()
+    if not (key.startswith(f"result/{job}/") and isinstance(x, np.ndarray) and x.ndim == 2):
+        return None
+    return x
 
 
 def _error_from(msg: Mapping[str, Any], src: int) -> MeshError:
@@ -211,6 +313,7 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
         raise collector.failure
 
     first = placed[0]
+    feed = _Feed(group, job, first, placed[-1], in_flight)
     outputs: dict[int, np.ndarray] = {}
     pending: set[int] = set()
     sent = 0
@@ -223,9 +326,10 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
             # Fill the window. Consecutive activations of one length share a
             # frame (up to ``batch``), which amortises the per-frame cost (MAC,
             # header, syscalls) without changing what any stage computes.
-            while (not exhausted or lookahead) and len(pending) < in_flight \
+            window = in_flight + feed.ahead
+            while (not exhausted or lookahead) and len(pending) < window \
                     and collector.failure is None:
-                room = min(batch, in_flight - len(pending))
+                room = min(batch, window - len(pending))
                 rows: list[np.ndarray] = []
                 while len(rows) < room:
                     if auto_batch and rows and (len(rows) + 1) * rows[0].nbytes > BATCH_BYTES:
@@ -246,7 +350,7 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
                 if not rows:
                     break
                 frame = rows[0].reshape(1, -1) if len(rows) == 1 else np.stack(rows)
-                group.send(first, TAG_ACT, {"act": [job, sent], "x": frame})
+                feed.add(sent, frame)
                 pending.update(range(sent, sent + len(rows)))
                 sent += len(rows)
             if collector.failure is not None or not pending:
@@ -270,8 +374,10 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
     except BaseException:
         # Something broke on this side (a lost first stage, a stalled pipeline,
         # Ctrl-C): abort every stage rather than hope an end gets through.
+        feed.close()
         _unwind(group, placement, collector, job, set(placed), started=True, abort_all=True)
         raise
+    feed.close()
     _unwind(group, placement, collector, job, set(placed), started=True)
     if collector.failure is not None:
         raise collector.failure

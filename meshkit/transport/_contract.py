@@ -121,6 +121,13 @@ class Links(abc.ABC):
     #: still safe.
     send_deadlines: bool = False
 
+    #: Whether :meth:`LinkEvents.deliver` runs on a thread that reads this
+    #: link alone (a reader thread per link), so the kernel may let a
+    #: diverted handler (``Group.divert``) compute and send on it: it holds
+    #: up only the link it read from. Leave False when delivery runs on some
+    #: other thread (``inproc`` delivers on the sender's).
+    inline_delivery: bool = False
+
     @property
     def address(self) -> str:
         """Where this rank can be reached (``host:port`` once bound, ``inproc://name``).

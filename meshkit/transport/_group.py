@@ -9,6 +9,12 @@ freed, the transport drops its link, ``on_dead`` hears of it). The pieces
 live in their own modules: the ledger (``_ledger.py``), the mailboxes
 (``_mailbox.py``), the star relay (``_relay.py``) and the reduce service
 (``_reduce.py``).
+
+A hot path that cannot afford a thread hand-off per message (a pipeline
+stage) diverts its (source, tag) to a handler (:meth:`Group.divert`), which
+then runs on the thread that delivered the message; :attr:`Group.inline_delivery`
+says whether that is the transport's reader of that one link (so the handler
+may do real work there) or some other thread it must not hold up.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Callable, Mapping
 from meshkit.errors import MeshError
 from meshkit.transport._contract import LinkEvents, Links
 from meshkit.transport._ledger import Ledger
-from meshkit.transport._mailbox import Mailboxes
+from meshkit.transport._mailbox import Handler, Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport._reduce import ReduceService, RoundResult
 from meshkit.transport._relay import StarRelay
@@ -87,6 +93,22 @@ class Group:
         return self._ledger.live_ranks()
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (every wait then ends in ``PeerLostError``)."""
+        return self._ledger.closed
+
+    @property
+    def inline_delivery(self) -> bool:
+        """Whether a diverted handler runs on the transport's reader of the sender's link.
+
+        True (the transport's :attr:`Links.inline_delivery`): the handler
+        may compute and send there, holding up only that link. False: it
+        runs on a thread it must not hold up (``inproc`` delivers on the
+        sender's thread), so it should only queue the payload.
+        """
+        return bool(getattr(self._links, "inline_delivery", False))
+
+    @property
     def round(self) -> int:
         """How many reduce rounds this group has started."""
         return self._reduce.round
@@ -103,14 +125,20 @@ class Group:
 
     # -- the Group API --------------------------------------------------------
 
-    def send(self, dst: int, tag: int, payload: Mapping[str, Any]) -> None:
-        """Send ``payload`` to rank ``dst`` under ``tag`` (see the package docstring)."""
+    def send(self, dst: int, tag: int, payload: Mapping[str, Any], *,
+             deadline: float | None = None) -> None:
+        """Send ``payload`` to rank ``dst`` under ``tag`` (see the package docstring).
+
+        ``deadline`` (``time.monotonic()`` seconds) bounds the whole write on
+        transports that honour it (:attr:`Links.send_deadlines`): a next hop
+        still not taking it by then is dropped, a ``PeerLostError``.
+        """
         self._check_rank(dst, "dst")
         if dst == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to itself")
         check_tag(tag)
         check_state(payload)
-        self._send_message(Message(self.rank, dst, tag, payload))
+        self._send_message(Message(self.rank, dst, tag, payload, deadline=deadline))
 
     def recv(self, src: int | None, tag: int, timeout: float | None = None) -> Any:
         """Receive the next payload with ``tag`` from ``src`` (``ANY``: ``(src, state)``)."""
@@ -123,6 +151,25 @@ class Group:
         if src is None:
             return message.src, message.payload
         return message.payload
+
+    def divert(self, src: int, tag: int, handler: Handler) -> list[Mapping[str, Any]]:
+        """Hand each later message with ``tag`` from ``src`` to ``handler(payload)``.
+
+        The handler runs on the thread that delivered the message (see
+        :attr:`inline_delivery`), in arrival order, instead of the message
+        waiting for a ``recv``; it returns True when it took the payload, or
+        False to have it queued for ``recv`` as usual (and must then decline
+        every later one too, so order holds). Returns the payloads of such
+        messages queued before this call, oldest first: serve them before
+        anything the handler gets. :meth:`undivert` ends it.
+        """
+        self._check_rank(src, "src")
+        check_tag(tag)
+        return self._mailboxes.divert(src, tag, handler)
+
+    def undivert(self, src: int, tag: int, handler: Handler) -> None:
+        """Stop diverting ``tag`` from ``src`` to ``handler``: ``recv`` gets them again."""
+        self._mailboxes.undivert(src, tag, handler)
 
     def wait_for_workers(self, timeout: float | None = None) -> list[int]:
         """Coordinator: block until every worker has joined (or is dead)."""

@@ -6,11 +6,20 @@ matching message is there, when every rank it could come from is dead (the
 ledger's condition wakes it), when the group closes, or at its deadline: a
 lost peer is always a :class:`~meshkit.PeerLostError`, never a hang. Frames a
 peer completed before dying are still taken first.
+
+A (source, tag) pair can instead be *diverted* to a handler
+(:meth:`Mailboxes.divert`): each such message is then handed to it on the
+thread that delivered it, without a wake-up of a waiting receiver. The
+handler takes it (returns True) or declines it (False: it is queued here as
+usual); a handler that declines one message declines every later one, so
+per-sender order holds either way.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+from typing import Any, Callable, Mapping
 
 from meshkit.errors import PeerLostError
 from meshkit.transport._ledger import Ledger
@@ -18,6 +27,12 @@ from meshkit.transport._message import Message
 from meshkit.transport._timeouts import deadline_after, remaining, shown
 
 __all__ = ["Mailboxes"]
+
+log = logging.getLogger(__name__)
+
+#: Takes a diverted message's payload on the delivering thread: True when
+#: taken, False to have it queued for ``recv`` instead.
+Handler = Callable[[Mapping[str, Any]], bool]
 
 
 class Mailboxes:
@@ -29,14 +44,61 @@ class Mailboxes:
         self._timeout = timeout
         self._inbox: dict[int, collections.deque[Message]] = collections.defaultdict(
             collections.deque)
+        self._handlers: dict[tuple[int, int], Handler] = {}
 
     def put(self, message: Message) -> None:
-        """Keep ``message`` for a receive (dropped once the group is closed)."""
+        """Keep ``message`` for a receive, or hand it to its diverted handler.
+
+        Dropped once the group is closed. A handler runs on this (the
+        delivering) thread, outside the lock; one that raises is logged and
+        the message queued, so a handler bug never loses a frame silently.
+        """
         with self._cv:
             if self._ledger.closed:
                 return
-            self._inbox[message.tag].append(message)
-            self._cv.notify_all()
+            handler = self._handlers.get((message.src, message.tag)) if self._handlers else None
+            if handler is None:
+                self._inbox[message.tag].append(message)
+                self._cv.notify_all()
+                return
+        try:
+            taken = handler(message.payload)
+        except Exception:  # noqa: BLE001 (a handler bug must not take the reader down)
+            log.exception("rank %d: the handler for tag 0x%X from rank %d failed",
+                          self._ledger.rank, message.tag, message.src)
+            taken = False
+        if not taken:
+            with self._cv:
+                if not self._ledger.closed:
+                    self._inbox[message.tag].append(message)
+                    self._cv.notify_all()
+
+    def divert(self, src: int, tag: int, handler: Handler) -> list[Mapping[str, Any]]:
+        """Hand every later message with ``tag`` from ``src`` to ``handler``.
+
+        Returns the payloads of such messages already queued, oldest first
+        (taken out of the mailbox, atomically with installing the handler),
+        so the caller serves them before anything the handler is given.
+        """
+        with self._cv:
+            key = (src, tag)
+            if key in self._handlers:
+                raise ValueError(f"messages with tag 0x{tag:X} from rank {src} are already "
+                                 f"diverted")
+            self._handlers[key] = handler
+            queue = self._inbox.get(tag)
+            if not queue:
+                return []
+            taken = [m for m in queue if m.src == src]
+            if taken:
+                self._inbox[tag] = collections.deque(m for m in queue if m.src != src)
+            return [m.payload for m in taken]
+
+    def undivert(self, src: int, tag: int, handler: Handler) -> None:
+        """Queue messages with ``tag`` from ``src`` for ``recv`` again (if ``handler`` had them)."""
+        with self._cv:
+            if self._handlers.get((src, tag)) == handler:
+                del self._handlers[(src, tag)]
 
     def take(self, tag: int, sources: set[int] | None, timeout: float | None,
              what: str | None = None) -> Message:

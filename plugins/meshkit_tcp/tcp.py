@@ -543,6 +543,8 @@ class _TcpLinks(Links):
 
     # Every write runs through a channel that honours Message.deadline.
     send_deadlines = True
+    # Each link has its own reader thread, which delivers only that link's frames.
+    inline_delivery = True
 
     def __init__(self, group: TcpGroup) -> None:
         self._group = group

@@ -3,12 +3,15 @@
 Ranks are threads joined through the ``inproc`` transport, each running the
 same :func:`meshkit.node.serve_node` a ``meshkit node`` process runs, with
 the same job handlers. Test files take the fixture with
-``from inproc_mesh import mesh_factory``.
+``from inproc_mesh import mesh_factory``. ``transport="tcp"`` joins them over
+authenticated sockets on 127.0.0.1 instead (a star, or ``topology="mesh"``),
+where each link has its own reader thread and activations are served on it.
 """
 
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 from typing import Any
 
@@ -40,17 +43,27 @@ class Mesh:
     ``caps``, ``control`` and ``jobs`` (the handlers; :data:`JOBS` by default).
     """
 
-    def __init__(self, nodes: dict[int, dict[str, Any]], timeout: float = 10.0) -> None:
+    def __init__(self, nodes: dict[int, dict[str, Any]], timeout: float = 10.0, *,
+                 transport: str = "inproc", topology: str = "star") -> None:
         self.world = max(nodes) + 1
         hub = f"inproc://serve-{next(_hubs)}"
         self.results: dict[int, Any] = {}
         self.errors: dict[int, BaseException] = {}
         self.groups: dict[int, Any] = {}
         self.nodes = nodes
+        g0 = None
+        if transport == "inproc":
+            peers = [hub] if topology == "star" else [hub] * self.world
+        elif topology == "star":
+            g0 = NodeConfig(rank=0, world=self.world, topology="star", bind="127.0.0.1:0",
+                            transport="tcp", secret=b"test-secret", timeout=timeout).connect()
+            peers = [g0.address]
+        else:
+            peers = [f"127.0.0.1:{port}" for port in _free_ports(self.world)]
 
         def config(rank: int) -> NodeConfig:
-            return NodeConfig(rank=rank, world=self.world, peers=[hub], topology="star",
-                              transport="inproc", secret=b"test-secret", timeout=timeout)
+            return NodeConfig(rank=rank, world=self.world, peers=peers, topology=topology,
+                              transport=transport, secret=b"test-secret", timeout=timeout)
 
         def run(rank: int) -> None:
             spec = nodes[rank]
@@ -67,7 +80,7 @@ class Mesh:
         self.threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in nodes]
         for t in self.threads:
             t.start()
-        self.g0 = config(0).connect()
+        self.g0 = g0 if g0 is not None else config(0).connect()
         self.g0.wait_for_workers()
         self.caps = collect_caps(self.g0, hook=False)
 
@@ -82,6 +95,17 @@ class Mesh:
         self.g0.close()
         for g in self.groups.values():
             g.close()
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture

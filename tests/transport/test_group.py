@@ -269,3 +269,40 @@ def test_both_transports_refuse_what_json_would_change(transport, payload):
     finally:
         worker.close()
         coordinator.close()
+
+
+def test_a_diverted_tag_goes_to_its_handler_in_order_and_back_to_recv_when_declined() -> None:
+    configs = inproc_configs(2)
+    coordinator = configs[0].connect()
+    worker = configs[1].connect()
+    try:
+        coordinator.wait_for_workers(timeout=5)
+        coordinator.send(1, 5, {"n": 0})
+        taken: list[int] = []
+        declined = threading.Event()
+
+        def handler(payload):
+            if payload["n"] >= 3:
+                declined.set()
+                return False  # and every later one: recv gets them, in order
+            taken.append(payload["n"])
+            return True
+
+        # What was queued before the divert is handed back first, oldest first.
+        assert worker.divert(0, 5, handler) == [{"n": 0}]
+        assert not worker.inline_delivery  # inproc delivers on the sender's thread
+        for n in range(1, 5):
+            coordinator.send(1, 5, {"n": n})
+        coordinator.send(1, 6, {"other": True})  # another tag is not diverted
+        assert declined.wait(5)
+        assert taken == [1, 2]
+        assert [worker.recv(0, 5, timeout=5)["n"] for _ in range(2)] == [3, 4]
+        assert worker.recv(0, 6, timeout=5) == {"other": True}
+        with pytest.raises(ValueError, match="already diverted"):
+            worker.divert(0, 5, handler)
+        worker.undivert(0, 5, handler)
+        coordinator.send(1, 5, {"n": 1})
+        assert worker.recv(0, 5, timeout=5) == {"n": 1} and taken == [1, 2]
+    finally:
+        worker.close()
+        coordinator.close()
