@@ -44,6 +44,7 @@ def test_an_unknown_transport_option_names_the_table_and_key():
 def test_meshkit_node_refuses_a_bad_transport_option_before_connecting(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("x" * 32)
+    secret.chmod(0o600)
     result = run_cli("node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9",
                      "--secret-file", str(secret), "--transport-option", "bf16_wire=maybe")
     assert result.returncode == 2 and "Traceback" not in result.stderr
