@@ -626,7 +626,7 @@ class TcpTransport:
             if announce:
                 port = int(group._bound.rpartition(":")[2])
                 group._discovery = DiscoveryServer(config.secret, config.world, data_port=port,
-                                                   port=config.disc_port)
+                                                   port=config.disc_port, topology="star")
                 log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
                          group._discovery.port, port)
         except BaseException:
