@@ -236,6 +236,11 @@ class Runner:
                 f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
                 f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
                 f"topology = \"star\"")
+        if launch == "local" and cfg.mesh.authorized_nodes:
+            raise ConfigError(
+                f"{cfg.path}: [mesh] authorized_nodes: admits nodes started elsewhere with "
+                f"`meshkit node --key`; the workers launch = \"local\" spawns have no keys. Use "
+                f"launch = \"external\" (or `meshkit coordinator`), or drop authorized_nodes")
         if launch == "local":
             secret = new_secret()
         else:

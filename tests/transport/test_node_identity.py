@@ -76,3 +76,18 @@ def test_unknown_revoked_and_misbound_keys_are_refused_and_the_authorized_finish
     assert len(lines) == 4, err
     for reason in ("is unknown", "is revoked", "bound to rank 2", "no node key"):
         assert sum(reason in line for line in lines) == 1, lines
+
+
+def test_a_local_launch_with_authorized_nodes_is_refused_before_it_spawns(tmp_path):
+    from meshkit.errors import ConfigError
+    from meshkit.train import Runner
+
+    wire.generate_node_key(tmp_path / "k")
+    (tmp_path / "authorized").write_text((tmp_path / "k.pub").read_text())
+    config = external_config(tmp_path, workers=1, rounds=1,
+                             extra=f'authorized_nodes = "{tmp_path / "authorized"}"')
+    config.write_text(config.read_text().replace('launch = "external"', 'launch = "local"'))
+    procs: dict = {}
+    with pytest.raises(ConfigError, match="authorized_nodes: admits nodes started elsewhere"):
+        Runner(str(config), on_workers=procs.update).run()
+    assert procs == {}
