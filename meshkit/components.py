@@ -1,4 +1,11 @@
-"""The records component hooks return: :class:`Component` and its provenance."""
+"""The records the kernel keeps about components: what a plugin offers, who offered it,
+and which plugin (or which of its hooks) could not be used.
+
+:class:`Component` is what a component hook returns; the kernel stamps each with
+its :class:`Provenance`; a :class:`PluginFailure` is kept for a plugin that
+failed to load or whose hook broke its contract, so it can be listed and quoted
+instead of taking the kernel down.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from typing import Any, Callable
 
 import attrs
 
-__all__ = ["KINDS", "Component", "Provenance"]
+__all__ = ["KINDS", "Component", "PluginFailure", "Provenance"]
 
 #: Component kinds, each with the hook that offers it.
 KINDS: dict[str, str] = {
@@ -63,3 +70,25 @@ class Component:
         if options is None:
             options = self.options()
         return self.factory(options)
+
+
+@attrs.frozen
+class PluginFailure:
+    """A plugin that could not be used, and why (shown by ``meshkit plugins``).
+
+    ``hook`` is None when the plugin failed to load at all; otherwise it names
+    the one hook that broke its contract, and the plugin's other hooks still
+    work.
+    """
+
+    name: str
+    distribution: str | None
+    version: str | None
+    error: str
+    hook: str | None = attrs.field(default=None, kw_only=True)
+
+    def describe(self) -> str:
+        source = f" from {self.distribution} {self.version}" if self.distribution else ""
+        if self.hook is None:
+            return f"plugin {self.name!r}{source} failed to load: {self.error}"
+        return f"plugin {self.name!r}{source}: {self.error}"

@@ -19,9 +19,9 @@ import attrs
 
 from meshkit import plugins, wire
 from meshkit.components import Component
-from meshkit.errors import ConfigError, UnknownComponentError
+from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
-from meshkit.options import structure_options, structure_strict
+from meshkit.options import closest, structure_options, structure_strict
 from meshkit.task import resolve_task_component
 
 __all__ = [
@@ -165,8 +165,10 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     """Structure an already-parsed TOML document."""
     for table, value in data.items():
         if table not in _KNOWN_TABLES:
+            near = closest(table, _KNOWN_TABLES)
             raise ConfigError(
-                f"{path}: [{table}]: unknown table; known tables are "
+                f"{path}: [{table}]: unknown table"
+                + (f" (did you mean [{near}]?)" if near else "") + "; known tables are "
                 + ", ".join(f"[{t}]" for t in _KNOWN_TABLES))
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: {table}: expected a table, got {value!r}")
@@ -254,8 +256,8 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
         else:
             try:
                 component = pset.registry.get(selection.kind, selection.name)
-            except UnknownComponentError as exc:
-                raise UnknownComponentError(f"{config.path}: {key_where}: {exc}") from None
+            except PluginError as exc:  # an unknown name, or one two plugins offer
+                raise type(exc)(f"{config.path}: {key_where}: {exc}") from None
         try:
             opts = structure_options(component, selection.options, where=selection.where)
         except ConfigError as exc:

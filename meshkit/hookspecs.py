@@ -1,8 +1,12 @@
 """Every hook meshkit calls, with when it is called and what it must do.
 
 A plugin implements any subset of these with :data:`meshkit.hookimpl`.
-Component hooks return records and change no kernel state; event hooks are
-for observers (loggers, dashboards) and their return values are ignored.
+Component hooks return records and change no kernel state; one that raises
+or returns anything but :class:`meshkit.Component` records costs only its own
+plugin's components of that kind (:mod:`meshkit.registry`). Event hooks are
+for observers (loggers, dashboards): they are called one observer at a time
+through :func:`meshkit.plugins.notify`, their return values are ignored, and
+one that raises is logged with its plugin's name while the run goes on.
 """
 
 from __future__ import annotations

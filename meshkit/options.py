@@ -1,16 +1,19 @@
 """Turning config tables into attrs options classes with cattrs, strictly.
 
 Every error names the table and the key, so ``meshkit check`` can say
-``config.toml: [aggregator] trim: expected float, got 'a lot'``.
+``config.toml: [aggregator] trim: expected float, got 'a lot'``, and an unknown
+key says which known key it is closest to (``[strategy] runds: unknown key
+(did you mean 'rounds'?)``).
 """
 
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import re
 import types
 import typing
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import attrs
 import cattrs
@@ -18,10 +21,27 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from meshkit.errors import ConfigError
 
-__all__ = ["converter", "structure_strict", "structure_options"]
+__all__ = ["converter", "closest", "structure_strict", "structure_options"]
 
 #: The converter for user-facing config: unknown keys are errors.
 converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The one of ``choices`` a misspelt ``word`` most likely meant, or None if none is close."""
+    choices = [str(c) for c in choices]
+    by_lower = {c.lower(): c for c in choices}
+    # Case is the commonest slip ("Rounds"); difflib alone would rank it low.
+    if word.lower() in by_lower:
+        return by_lower[word.lower()]
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _unknown_key(cls: Any, key: str) -> str:
+    fields = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
+    near = closest(key, fields)
+    return f"unknown key (did you mean {near!r}?)" if near else "unknown key"
 
 
 def _describe(exc: BaseException, where: str) -> list[str]:
@@ -31,8 +51,9 @@ def _describe(exc: BaseException, where: str) -> list[str]:
     def walk(err: BaseException, path: str) -> None:
         if isinstance(err, ForbiddenExtraKeysError):
             for key in sorted(err.extra_fields):
-                lines.append(f"{where} {path}.{key}: unknown key"
-                             if path else f"{where} {key}: unknown key")
+                problem = _unknown_key(err.cl, key)
+                lines.append(f"{where} {path}.{key}: {problem}"
+                             if path else f"{where} {key}: {problem}")
             return
         if isinstance(err, (ClassValidationError, IterableValidationError)):
             for sub in err.exceptions:

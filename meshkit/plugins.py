@@ -1,5 +1,12 @@
 """Building the plugin manager: entry points loaded one by one, failures kept.
 
+The rule: a broken plugin costs only itself. An entry point that fails to
+import, or a plugin with a misspelt hook, is recorded as a
+:class:`PluginFailure` and the rest still load; a component hook that breaks
+its contract is isolated by the registry (:mod:`meshkit.registry`); an
+observer whose event hook raises is logged and recorded by :func:`notify`,
+and the run goes on.
+
 ``meshkit.plugins.available(kind)`` and ``meshkit.plugins.create(kind, name,
 options)`` are the public API; they use a default manager built from the
 ``meshkit`` entry-point group the first time they are called. Tests and
@@ -8,8 +15,8 @@ embedders build their own with :func:`build_manager`.
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata
+import logging
 import os
 import threading
 from typing import Any, Iterable, Mapping, Sequence
@@ -18,11 +25,17 @@ import attrs
 import pluggy
 
 from meshkit import hookspecs
+from meshkit.components import KINDS, PluginFailure, Provenance
 from meshkit.errors import PluginError
+from meshkit.options import closest
+from meshkit.registry import Conflict, Registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "EVENT_HOOKS",
+    "Conflict",
     "LoadedPlugin",
+    "ObserverFailure",
     "PluginFailure",
     "PluginSet",
     "build_manager",
@@ -32,9 +45,16 @@ __all__ = [
     "installed_entry_points",
     "available",
     "create",
+    "notify",
 ]
 
 ENTRY_POINT_GROUP = "meshkit"
+
+#: The event hooks (for observers): every hook spec that offers no component kind.
+EVENT_HOOKS: tuple[str, ...] = tuple(sorted(
+    n for n in dir(hookspecs) if n.startswith("meshkit_") and n not in KINDS.values()))
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -46,18 +66,23 @@ class LoadedPlugin:
     version: str | None = None
 
 
-@attrs.frozen
-class PluginFailure:
-    """A plugin that could not be used, and why (shown by ``meshkit plugins``)."""
+@attrs.define
+class ObserverFailure:
+    """An observer whose event hook raised: kept once per plugin and hook, and counted."""
 
-    name: str
+    plugin: str
+    hook: str
     distribution: str | None
     version: str | None
+    #: The first error, as ``ExceptionType: message``.
     error: str
+    count: int = 1
 
     def describe(self) -> str:
-        source = f" from {self.distribution} {self.version}" if self.distribution else ""
-        return f"plugin {self.name!r}{source} failed to load: {self.error}"
+        source = f" ({self.distribution} {self.version})" if self.distribution else ""
+        times = "" if self.count == 1 else f" ({self.count} times)"
+        return (f"observer plugin {self.plugin!r}{source}: {self.hook}() raised "
+                f"{self.error}{times}; meshkit went on without it")
 
 
 @attrs.define
@@ -66,23 +91,42 @@ class PluginSet:
 
     manager: pluggy.PluginManager
     loaded: list[LoadedPlugin] = attrs.Factory(list)
-    failures: list[PluginFailure] = attrs.Factory(list)
-    _registry: Any = None
+    #: Plugins that did not register at all (import error, misspelt hook, ...).
+    load_failures: list[PluginFailure] = attrs.Factory(list)
+    #: Observers whose event hooks raised, once per plugin and hook (see :func:`notify`).
+    observer_failures: list[ObserverFailure] = attrs.Factory(list)
+    _registry: Registry | None = None
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
 
     @property
     def hook(self) -> Any:
         return self.manager.hook
 
     @property
-    def registry(self) -> Any:
+    def registry(self) -> Registry:
         if self._registry is None:
-            from meshkit.registry import Registry
-
             self._registry = Registry(self)
         return self._registry
 
+    @property
+    def failures(self) -> list[PluginFailure]:
+        """Plugins that failed to load, then component hooks that broke their contract
+        (for the kinds listed or selected so far)."""
+        return [*self.load_failures, *self.registry.failures()]
+
+    def provenance(self, plugin_name: str) -> Provenance:
+        """Where the plugin registered as ``plugin_name`` came from."""
+        for loaded in self.loaded:
+            if loaded.name == plugin_name:
+                return Provenance(loaded.name, loaded.distribution, loaded.version)
+        return Provenance(plugin_name)
+
     def available(self, kind: str) -> Mapping[str, Any]:
         return self.registry.available(kind)
+
+    def conflicts(self, kind: str | None = None) -> list[Conflict]:
+        """Names several plugins offer for one kind (none of them is selectable)."""
+        return self.registry.conflicts(kind)
 
     def create(self, kind: str, name: str, options: Mapping[str, Any] | None = None) -> Any:
         return self.registry.create(kind, name, options)
@@ -109,11 +153,62 @@ class PluginSet:
             message = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
             if strict:
                 raise PluginError(f"plugin {name!r}: {message}") from None
-            self.failures.append(PluginFailure(name, distribution, version, message))
+            self.load_failures.append(PluginFailure(name, distribution, version, message))
             return False
         self.loaded.append(LoadedPlugin(name, distribution, version))
         self._registry = None
         return True
+
+    def _observer_failed(self, plugin_name: str, hook_name: str,
+                         exc: Exception) -> ObserverFailure:
+        error = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            for failure in self.observer_failures:
+                if failure.plugin == plugin_name and failure.hook == hook_name:
+                    failure.count += 1
+                    first = False
+                    break
+            else:
+                provenance = self.provenance(plugin_name)
+                failure = ObserverFailure(plugin_name, hook_name, provenance.distribution,
+                                          provenance.version, error)
+                self.observer_failures.append(failure)
+                first = True
+        if first:
+            # The traceback once: it is what the plugin's author needs. Later
+            # failures of the same hook are counted, not repeated every round.
+            log.warning("%s", failure.describe(), exc_info=exc)
+        else:
+            log.debug("%s (again: %s)", failure.describe(), error)
+        return failure
+
+
+def notify(pset: PluginSet, hook_name: str, /, **kwargs: Any) -> list[ObserverFailure]:
+    """Call the event hook ``hook_name`` on every observer, one at a time; never raises.
+
+    An observer is a guest: one whose implementation raises is logged with its
+    plugin's name (and the traceback, the first time), recorded in
+    ``pset.observer_failures``, and the next observer is still called, so a
+    broken logger or dashboard never stops a run. ``KeyboardInterrupt`` (any
+    ``BaseException`` that is not an ``Exception``) still propagates. Returns
+    the failures of this call (empty when every observer returned).
+    """
+    if hook_name not in EVENT_HOOKS:
+        raise ValueError(f"{hook_name!r} is not an event hook; event hooks are: "
+                         f"{', '.join(EVENT_HOOKS)}")
+    caller = getattr(pset.hook, hook_name)
+    failed: list[ObserverFailure] = []
+    # pluggy's own call order (last registered first, tryfirst/trylast kept).
+    for impl in reversed(caller.get_hookimpls()):
+        others = [p for p in pset.manager.get_plugins() if p is not impl.plugin]
+        # A caller holding this one plugin runs its implementation exactly as
+        # pluggy would (arguments it asks for, wrappers), but alone.
+        alone = pset.manager.subset_hook_caller(hook_name, remove_plugins=others)
+        try:
+            alone(**kwargs)
+        except Exception as exc:  # an observer's bug is the observer's, not the run's
+            failed.append(pset._observer_failed(impl.plugin_name, hook_name, exc))
+    return failed
 
 
 def _check_hook_names(manager: pluggy.PluginManager, plugin: Any, name: str) -> None:
@@ -125,8 +220,8 @@ def _check_hook_names(manager: pluggy.PluginManager, plugin: Any, name: str) -> 
         impls = [i for i in caller.get_hookimpls() if i.plugin is plugin]
         if all(i.optionalhook for i in impls):
             continue
-        close = difflib.get_close_matches(caller.name, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        near = closest(caller.name, known)
+        hint = f" (did you mean {near!r}?)" if near else ""
         raise PluginError(
             f"plugin {name!r} implements unknown hook {caller.name!r}{hint}; "
             f"meshkit's hooks are: {', '.join(known)}"
@@ -176,7 +271,7 @@ def build_manager(
             dist_name = dist.name if dist is not None else None
             dist_version = dist.version if dist is not None else None
             if manager.has_plugin(ep.name):
-                pset.failures.append(PluginFailure(
+                pset.load_failures.append(PluginFailure(
                     ep.name, dist_name, dist_version,
                     "another plugin is already registered under this entry-point name",
                 ))
@@ -184,7 +279,7 @@ def build_manager(
             try:
                 obj = ep.load()
             except Exception as exc:  # a broken plugin must not take the kernel down
-                pset.failures.append(PluginFailure(
+                pset.load_failures.append(PluginFailure(
                     ep.name, dist_name, dist_version, f"{type(exc).__name__}: {exc}"))
                 continue
             pset.register(obj, ep.name, distribution=dist_name, version=dist_version,

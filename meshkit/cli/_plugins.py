@@ -18,7 +18,7 @@ __all__ = ["plugins_command"]
 
 
 def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                            list[dict[str, Any]]]:
+                                            list[dict[str, Any]], list[dict[str, Any]]]:
     pset = plugins.default()
     rows: list[dict[str, Any]] = []
     for k in KINDS:
@@ -35,15 +35,22 @@ def _plugin_rows(kind: str | None) -> tuple[list[dict[str, Any]], list[dict[str,
                 "summary": component.summary,
             })
     failed = [
-        {"plugin": f.name, "distribution": f.distribution, "version": f.version, "error": f.error}
+        {"plugin": f.name, "distribution": f.distribution, "version": f.version,
+         "hook": f.hook, "error": f.error}
         for f in pset.failures
+    ]
+    conflicts = [
+        {"kind": c.kind, "name": c.name, "error": c.describe(),
+         "providers": [{"plugin": p.plugin, "distribution": p.distribution,
+                        "version": p.version} for p in c.providers]}
+        for c in pset.conflicts(kind)
     ]
     loaded = [
         {"plugin": p.name, "distribution": p.distribution, "version": p.version,
          "hooks": pset.hooks_of(p.name)}
         for p in pset.loaded
     ]
-    return rows, failed, loaded
+    return rows, failed, conflicts, loaded
 
 
 @click.command("plugins")
@@ -53,12 +60,14 @@ def plugins_command(as_json: bool, kind: str | None) -> None:
     """List every discovered component, and plugins that failed to load.
 
     Plugins that offer no component (observers of the event hooks) are listed
-    after the components with the hooks they implement.
+    after the components with the hooks they implement. A plugin whose hook
+    raised or returned junk is listed as failed beside the healthy ones; a name
+    two plugins offer is listed as a conflict (selecting it is an error).
     """
-    rows, failed, loaded = _plugin_rows(kind)
+    rows, failed, conflicts, loaded = _plugin_rows(kind)
     if as_json:
-        click.echo(json.dumps({"components": rows, "failed": failed, "plugins": loaded},
-                              indent=2))
+        click.echo(json.dumps({"components": rows, "failed": failed, "conflicts": conflicts,
+                               "plugins": loaded}, indent=2))
         return
     headers = ("kind", "name", "plugin", "distribution", "version", "summary")
     table = [[str(r[h] or "") for h in headers] for r in rows]
@@ -69,7 +78,8 @@ def plugins_command(as_json: bool, kind: str | None) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     if not rows:
         click.echo("(no components: is MESHKIT_PLUGINS set to an empty list?)")
-    providers = {r["plugin"] for r in rows}
+    providers = {r["plugin"] for r in rows} | {f["plugin"] for f in failed} | {
+        p["plugin"] for c in conflicts for p in c["providers"]}
     for p in loaded:
         if p["plugin"] in providers or kind is not None:
             continue
@@ -79,3 +89,5 @@ def plugins_command(as_json: bool, kind: str | None) -> None:
     for f in failed:
         source = f" ({f['distribution']} {f['version']})" if f["distribution"] else ""
         click.echo(f"failed  {f['plugin']}{source}: {f['error']}")
+    for c in conflicts:
+        click.echo(f"conflict  {c['error']}")

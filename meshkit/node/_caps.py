@@ -150,11 +150,7 @@ class NodeCaps:
 
     def accepts(self, stage: Any) -> bool:
         """Whether this node can run ``stage`` (see :meth:`check`)."""
-        try:
-            self.check(stage)
-        except PlacementError:
-            return False
-        return True
+        return self.fixed_function is None or self.fixed_function.accepts(stage)
 
     def check_train(self) -> None:
         """Raise :class:`PlacementError` unless this node can join a training run."""
@@ -306,7 +302,7 @@ def collect_caps(group: Any, *, timeout: float | None = None,
         log.info("rank %d joined: %s %s, devices %s", src, caps.role, caps.platform,
                  ",".join(caps.devices))
         if hook:
-            plugins.hook.meshkit_node_joined(caps=caps)
+            _plugins.notify(plugins, "meshkit_node_joined", caps=caps)
     dead = expected - found.keys()
     if dead:
         raise PeerLostError(

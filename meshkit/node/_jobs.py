@@ -58,7 +58,7 @@ from typing import Any, Iterable, Mapping
 
 from meshkit.errors import MeshError, PeerLostError, WireError
 from meshkit.node._control import NodeControl, recv_polling
-from meshkit.transport import TAG_CONTROL
+from meshkit.transport.tags import TAG_ABORT, TAG_ACT, TAG_JOB, TAG_UP
 
 __all__ = [
     "TAG_JOB",
@@ -72,14 +72,6 @@ __all__ = [
     "report_job_error",
 ]
 
-#: rank 0 -> worker: the next job (pipeline stage, training spec, shutdown).
-TAG_JOB = TAG_CONTROL
-#: worker -> rank 0: ready / result / error / report / left.
-TAG_UP = 0xFFFF0012
-#: Activations moving along a pipeline.
-TAG_ACT = 0xFFFF0013
-#: rank 0 -> worker: abandon a pipeline job (a stage before you died).
-TAG_ABORT = 0xFFFF0014
 
 
 def send_job(group: Any, rank: int, job: Mapping[str, Any]) -> None:

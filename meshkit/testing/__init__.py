@@ -30,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
-if TYPE_CHECKING:
-    from meshkit.plugins import PluginSet
+from meshkit import plugins as _plugins
+from meshkit.plugins import PluginSet, installed_entry_points
 
 __all__ = [
     "make_plugin_set",
@@ -86,8 +86,6 @@ def make_plugin_set(*plugins: Any, entry_points: bool = False) -> PluginSet:
     only what it names. A plugin with a misspelled or malformed hook raises
     :class:`meshkit.PluginError` here, exactly as it would at start-up.
     """
-    from meshkit import plugins as _plugins
-
     environ = None
     if entry_points:
         environ = _environ_without(plugins)
@@ -101,8 +99,6 @@ def _environ_without(plugins: tuple[Any, ...]) -> dict[str, str]:
     entry-point name; loading it twice would make every component it offers
     clash with itself.
     """
-    from meshkit.plugins import installed_entry_points
-
     modules = {getattr(p, "__name__", None) for p in plugins} - {None}
     environ = dict(os.environ)
     blocked = {n.strip() for n in environ.get("MESHKIT_DISABLE_PLUGINS", "").split(",")
@@ -124,8 +120,6 @@ def use_plugins(*plugins: Any, entry_points: bool = True) -> Iterator[PluginSet]
     calls see ``my_plugin`` (plus the installed entry points unless
     ``entry_points=False``); the previous default is restored on exit.
     """
-    from meshkit import plugins as _plugins
-
     pset = make_plugin_set(*plugins, entry_points=entry_points)
     # Saved and put back as is: reset(None) would forget a default some other
     # fixture installed instead of restoring it.

@@ -15,6 +15,15 @@ a shape or dtype that disagrees, zero contributors, a bad weight, each is an
 contributor, dtype preservation, no mutation of the inputs, independence from
 the order contributors arrive in, weighted semantics when declared, and that
 the streaming form (``begin()``) gives what the batch form gives.
+
+Small rounds hide the mistakes of rules that select or cut contributors: a
+trimmed mean with ``trim = 0.2`` cuts nothing from 4 contributors, so one that
+forgets to sort passes every check made with 4. The many-contributors checks
+therefore use :data:`MANY` contributors whose values are arranged against the
+arrival order (the extremes arrive in the middle, central values first and
+last), so that a rule cutting by position instead of by value gives another
+result for another arrival order, misses its declared ``reference``, or, when
+it declares ``robust``, lets one wild contributor drag it away.
 """
 
 from __future__ import annotations
@@ -35,9 +44,13 @@ from meshkit.testing.support import (
     snapshot,
 )
 
-__all__ = ["AggregatorContract"]
+__all__ = ["AggregatorContract", "MANY"]
 
 State = Mapping[str, Any]
+
+#: Contributors in the many-contributors checks: enough that trimming any
+#: fraction from 1/40 up cuts at least one whole contributor from each end.
+MANY = 40
 
 
 def _contributions(n: int, dtype: Any = np.float32, seed: int = 0) -> list[dict[str, Any]]:
@@ -47,6 +60,44 @@ def _contributions(n: int, dtype: Any = np.float32, seed: int = 0) -> list[dict[
          "b": rng.standard_normal(5).astype(dtype)}
         for _ in range(n)
     ]
+
+
+def _adversarial(n: int = MANY, seed: int = 12) -> list[dict[str, Any]]:
+    """``n`` float64 contributions whose extremes arrive in the middle.
+
+    Per coordinate the values are distinct and heavy-tailed (Student t, two
+    degrees of freedom). The first and last quarter of the arrival order hold
+    the central values and the middle half the extremes, shuffled
+    independently for every coordinate, so a rule that trims or selects by
+    arrival position keeps exactly what it should have cut.
+    """
+    rng = np.random.default_rng(seed)
+    shapes = {"w": (3, 4), "b": (5,)}
+    size = sum(int(np.prod(s)) for s in shapes.values())
+    ranked = np.sort(rng.standard_t(2, size=(n, size)) * 3.0, axis=0)
+    by_centrality = np.argsort(np.abs(np.arange(n) - (n - 1) / 2), kind="stable")
+    central, extreme = by_centrality[: n // 2], by_centrality[n // 2:]
+    quarter = n // 4
+    ends = np.r_[0:quarter, n - (n // 2 - quarter):n]
+    middle = np.setdiff1d(np.arange(n), ends)
+    values = np.empty_like(ranked)
+    for j in range(size):
+        values[ends, j] = ranked[rng.permutation(central), j]
+        values[middle, j] = ranked[rng.permutation(extreme), j]
+    states = []
+    for row in values:
+        state, start = {}, 0
+        for key, shape in shapes.items():
+            count = int(np.prod(shape))
+            state[key] = row[start:start + count].reshape(shape).copy()
+            start += count
+        states.append(state)
+    return states
+
+
+def _many_weights(n: int = MANY) -> list[float]:
+    """Integer weights 1..4 (realized work), so weight k can be read as k copies."""
+    return [float(1 + (7 * i) % 4) for i in range(n)]
 
 
 def _values(states: Sequence[State], key: str) -> np.ndarray:
@@ -72,8 +123,15 @@ class AggregatorContract(ContractBase):
     bounded: ClassVar[bool] = True
     #: Optional ``reference(values, weights) -> expected`` computed in
     #: float64: ``values`` has the contributors on axis 0, ``weights`` is a
-    #: float64 vector (all ones when the test passes no weights).
+    #: float64 vector (all ones when the test passes no weights; whole numbers
+    #: otherwise, so ``np.repeat(values, weights.astype(int), axis=0)`` is a
+    #: valid way to honour them).
     reference: ClassVar[Callable[[np.ndarray, np.ndarray], np.ndarray] | None] = None
+    #: One contributor in :data:`MANY` sending a wild value (1e6), wherever it
+    #: arrives and with the least weight, leaves the result within the range
+    #: of the honest ones. True of a median, or of a trimmed mean cutting at
+    #: least 1/40 of the weight from each end; never of a mean.
+    robust: ClassVar[bool] = False
 
     # -- helpers ---------------------------------------------------------
 
@@ -291,6 +349,81 @@ class AggregatorContract(ContractBase):
                 np.testing.assert_allclose(
                     np.asarray(result[key], dtype=np.float64), expected, rtol=1e-9,
                     atol=1e-12, err_msg=f"key {key!r}, weights {weights}")
+
+    # -- many contributors: rules that cut or select ----------------------------
+
+    def test_many_contributors_in_any_order_give_one_result(self) -> None:
+        states = _adversarial()
+        weights = self.weights(_many_weights())
+        expected = self.aggregate(states, weights)
+        rng = np.random.default_rng(13)
+        orders = {
+            "reversed": list(range(MANY))[::-1],
+            "rotated by a quarter": [(i + MANY // 4) % MANY for i in range(MANY)],
+            "shuffled": list(rng.permutation(MANY)),
+            "shuffled again": list(rng.permutation(MANY)),
+        }
+        for what, order in orders.items():
+            result = self.aggregate([states[i] for i in order], [weights[i] for i in order])
+            try:
+                assert_states_close(result, expected, what=f"{MANY} contributors, {what}",
+                                    rtol=1e-9, atol=1e-12)
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{MANY} contributors {what} gave another result than in arrival order: "
+                    f"the aggregator depends on the order contributions arrive in (does it "
+                    f"trim or select by position instead of sorting the values?)\n{exc}"
+                ) from None
+
+    def test_many_contributors_match_the_declared_reference(self) -> None:
+        reference = type(self).reference
+        if reference is None:
+            pytest.skip("no reference declared")
+        states = _adversarial(seed=14)
+        for weights in (None, self.weights(_many_weights())):
+            w = np.ones(MANY) if weights is None else np.asarray(weights, dtype=np.float64)
+            result = self.aggregate(states, weights)
+            for key in states[0]:
+                expected = np.asarray(reference(_values(states, key), w))
+                np.testing.assert_allclose(
+                    np.asarray(result[key], dtype=np.float64), expected, rtol=1e-9,
+                    atol=1e-12, err_msg=f"{MANY} contributors, extremes arriving in the "
+                                        f"middle: key {key!r}, weights {weights}")
+
+    def test_many_integer_weights_count_as_copies(self) -> None:
+        if not self.weighted:
+            pytest.skip("the aggregator does not declare weighted = True")
+        states = _adversarial(n=MANY // 2, seed=15)
+        weights = _many_weights(MANY // 2)
+        copies = [s for s, w in zip(states, weights) for _ in range(int(w))]
+        assert_states_close(self.aggregate(states, weights), self.aggregate(copies),
+                            what=f"{len(states)} contributors weighted 1..4 vs "
+                                 f"{len(copies)} copies", rtol=1e-9, atol=1e-12)
+
+    @pytest.mark.parametrize("arriving", ["first", "in the middle", "last"])
+    def test_one_wild_contributor_cannot_drag_a_robust_result(self, arriving: str) -> None:
+        if not self.robust:
+            pytest.skip("the aggregator does not declare robust = True")
+        rng = np.random.default_rng(16)
+        honest = [{"w": rng.uniform(-1.0, 1.0, (3, 4)), "b": rng.uniform(-1.0, 1.0, 5)}
+                  for _ in range(MANY - 1)]
+        wild = {"w": np.full((3, 4), 1e6), "b": np.full(5, -1e6)}
+        position = {"first": 0, "in the middle": MANY // 2, "last": MANY - 1}[arriving]
+        states = honest[:position] + [wild] + honest[position:]
+        # The wild one carries the least weight (1): robustness to one
+        # contributor, not to a contributor that did most of the work.
+        work = _many_weights(MANY - 1)
+        weights = self.weights(work[:position] + [1.0] + work[position:])
+        result = self.aggregate(states, weights)
+        for key in honest[0]:
+            values = _values(honest, key)
+            got = np.asarray(result[key], dtype=np.float64)
+            inside = (got >= values.min(axis=0) - 1e-9) & (got <= values.max(axis=0) + 1e-9)
+            assert np.all(inside), (
+                f"key {key!r}: one contributor in {MANY} sending {wild[key].flat[0]:g} "
+                f"(arriving {arriving}) dragged the result out of the honest contributions' "
+                f"range [{values.min():.3g}, {values.max():.3g}] (got values up to "
+                f"{np.abs(got).max():.3g}), although the aggregator declares robust = True")
 
     # -- JSON leaves --------------------------------------------------------
 

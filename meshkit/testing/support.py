@@ -10,6 +10,9 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 import pytest
 
+from meshkit import plugins
+from meshkit.testing import make_plugin_set
+
 __all__ = [
     "ContractBase",
     "bfloat16",
@@ -69,11 +72,7 @@ class ContractBase:
                 f"`options = {{...}}` if it needs any) or override make()", pytrace=False)
         options = {**dict(self.options), **overrides}
         if self.plugins is not None:
-            from meshkit.testing import make_plugin_set
-
             return make_plugin_set(*self.plugins).create(self.kind, self.component, options)
-        from meshkit import plugins
-
         return plugins.create(self.kind, self.component, options)
 
 

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from meshkit.transport.tags import TAG_REPLY, TAG_REQUEST
+
 __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
-#: Tags of the trainer protocol (user range; the kernel reserves >= 0xFFFF0000).
-TAG_REQUEST = 0x6D6B_0101
-TAG_REPLY = 0x6D6B_0102
 
 #: Request/reply fields that hold a nested state and travel flattened.
 _NESTED = ("state", "gradients")

@@ -157,7 +157,7 @@ class Runner:
         out = Path(config.run.out)
         self._out = str(out)
         start_round, resumed = self._prepare_out(plan, out, parts)
-        pset.hook.meshkit_run_started(config=config)
+        plugins.notify(pset, "meshkit_run_started", config=config)
         started = time.monotonic()
         completed = [start_round]
         last_metrics: dict[str, float] = {}
@@ -195,7 +195,7 @@ class Runner:
                 state=final_state[0])
             write_summary(out, report.to_json())
             plot(out)
-            pset.hook.meshkit_run_finished(report=report)
+            plugins.notify(pset, "meshkit_run_finished", report=report)
         return report
 
     # -- steps ------------------------------------------------------------------
@@ -328,7 +328,7 @@ class Runner:
             last_metrics.update(report.metrics)
             final_state[0] = state
             self._emit("round", "", report)
-            pset.hook.meshkit_round_completed(report=report)
+            plugins.notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:
                 self.on_round(report, state)
 

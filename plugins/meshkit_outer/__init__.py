@@ -63,6 +63,8 @@ class FedAdamOptions:
     beta1: float = attrs.field(default=0.9, validator=_unit)
     beta2: float = attrs.field(default=0.99, validator=_unit)
     tau: float = attrs.field(default=1e-3, validator=_positive)
+    #: Divide m by 1 - beta1^t and v by 1 - beta2^t (t = rounds from 1). With
+    #: it fedadam is Adam: v starts at 0, not tau^2 (docs/outer-optimizers.md).
     bias_correction: bool = False
 
 

@@ -245,9 +245,22 @@ class FedAdagrad(_Adaptive):
 
 
 class FedAdam(_Adaptive):
-    """``v <- b2 v + (1-b2) g^2``; optional bias correction by ``1 - b^t``."""
+    """``v <- b2 v + (1-b2) g^2``; optional bias correction by ``1 - b^t``.
+
+    With bias correction it is Adam (``torch.optim.Adam`` with ``eps = tau``
+    and ``g`` as the gradient): both moments start at zero, which is the
+    start the ``1 - b^t`` divisors undo. Starting ``v`` at ``tau^2`` and then
+    dividing it by ``1 - b2^t`` would inflate that floor a hundredfold in
+    round one (``b2 = 0.99``) and damp the first steps. Without bias
+    correction ``v`` starts at ``tau^2`` (Reddi et al.), as for the others.
+    """
 
     name = "fedadam"
+
+    def _initial(self, buffer: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if buffer == "v" and self.options.bias_correction:
+            return np.zeros(shape, dtype=dtype)
+        return super()._initial(buffer, shape, dtype)
 
     def _second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
         np.multiply(v, self.options.beta2, out=v)

@@ -62,20 +62,21 @@ def test_a_misspelled_hook_in_an_installed_plugin_names_the_plugin(hello_site):
 
 
 def test_a_name_clash_between_installed_plugins_names_both(hello_site):
+    # Listed, not fatal: selecting the name is the error (test_cli_broken_plugins.py).
     result = run_cli("plugins", pythonpath=hello_site,
                      env={"MESHKIT_PLUGINS": "outer,hello-clash"})
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr
     for fragment in ("two plugins offer the outer_optimizer 'average'",
                      "plugin 'outer' (meshkit 0.1.0)",
                      "plugin 'hello-clash' (meshkit-hello 1.2.3)"):
-        assert fragment in result.stderr, result.stderr
+        assert fragment in result.stdout, result.stdout
 
 
 def test_an_empty_allow_list_loads_nothing_and_plugins_still_works():
     result = run_cli("plugins", "--json", env={"MESHKIT_PLUGINS": ""})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"components": [], "failed": [], "plugins": []}
+    assert json.loads(result.stdout) == {"components": [], "failed": [], "conflicts": [],
+                                         "plugins": []}
     table = run_cli("plugins", env={"MESHKIT_PLUGINS": ""})
     assert table.returncode == 0 and "no components" in table.stdout
 

@@ -175,6 +175,9 @@ def guide_project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     names = sorted(str(p.relative_to(work)) for p in files)
     assert names == [
         "job.toml",
+        "meshkit-median/meshkit_median.py",
+        "meshkit-median/pyproject.toml",
+        "meshkit-median/test_median.py",
         "meshkit-midrange/README.md",
         "meshkit-midrange/pyproject.toml",
         "meshkit-midrange/src/meshkit_midrange/__init__.py",
@@ -182,8 +185,38 @@ def guide_project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "meshkit-midrange/tests/test_midrange.py",
     ], names
     site = work / "site"
-    pip_install_target(site, work / "meshkit-midrange")
+    pip_install_target(site, work / "meshkit-median", work / "meshkit-midrange")
     return {"work": str(work), "site": str(site)}
+
+
+def _run_pytest(tests: Path, site: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS")}
+    env["PYTHONPATH"] = site
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+         str(tests), str(tests)],
+        capture_output=True, text=True, env=env, cwd=str(tests), timeout=120)
+
+
+def test_the_guides_short_path_is_a_few_dozen_lines(guide_project):
+    package = Path(guide_project["work"]) / "meshkit-median"
+    lines = sum(len(f.read_text().splitlines()) for f in package.iterdir() if f.is_file())
+    assert lines <= 80, f"the short path grew to {lines} lines"
+    text = GUIDE.read_text()
+    assert text.index("## The short path") < text.index("## 1. The package")
+
+
+def test_the_guides_short_path_installs_is_listed_and_passes_its_contract(guide_project):
+    result = run_cli("plugins", "--json", pythonpath=guide_project["site"])
+    assert result.returncode == 0, result.stderr
+    rows = {(r["kind"], r["name"]): r for r in json.loads(result.stdout)["components"]}
+    row = rows[("aggregator", "median")]
+    assert (row["plugin"], row["distribution"], row["version"]) == (
+        "median", "meshkit-median", "0.1.0")
+    tested = _run_pytest(Path(guide_project["work"]) / "meshkit-median", guide_project["site"])
+    assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-2000:]
+    assert "failed" not in tested.stdout and " passed" in tested.stdout
 
 
 def test_the_guides_plugin_installs_and_is_listed(guide_project):
@@ -196,14 +229,8 @@ def test_the_guides_plugin_installs_and_is_listed(guide_project):
 
 
 def test_the_guides_plugin_passes_its_contract_suite(guide_project):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS")}
-    env["PYTHONPATH"] = guide_project["site"]
-    tests = Path(guide_project["work"]) / "meshkit-midrange" / "tests"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-         str(tests), str(tests)],
-        capture_output=True, text=True, env=env, cwd=str(tests), timeout=120)
+    result = _run_pytest(Path(guide_project["work"]) / "meshkit-midrange" / "tests",
+                         guide_project["site"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "failed" not in result.stdout and " passed" in result.stdout
 
@@ -230,8 +257,9 @@ def test_the_guides_failure_table_quotes_real_messages(guide_project, tmp_path):
                                               "allow_nonfinit = false"))
     result = run_cli("check", str(bad), pythonpath=guide_project["site"])
     assert result.returncode == 2
-    assert "[aggregator] allow_nonfinit: unknown key" in result.stderr
-    assert "`job.toml: [aggregator] allow_nonfinit: unknown key`" in text
+    message = "[aggregator] allow_nonfinit: unknown key (did you mean 'allow_nonfinite'?)"
+    assert message in result.stderr
+    assert f"`job.toml: {message}`" in text
 
     bad.write_text(config.read_text().replace("allow_nonfinite = false",
                                               'allow_nonfinite = "no"'))

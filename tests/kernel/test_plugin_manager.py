@@ -54,6 +54,17 @@ def test_an_unknown_option_key_names_the_key():
         pset.create("aggregator", "double", {"sclae": 3})
 
 
+def test_an_unknown_option_key_suggests_the_closest_known_key():
+    pset = build_manager([_plugin("mine", meshkit_aggregators=_doubler_records)],
+                         entry_points=False)
+    with pytest.raises(ConfigError, match=r"\[aggregator\] sclae: unknown key "
+                                          r"\(did you mean 'scale'\?\)"):
+        pset.create("aggregator", "double", {"sclae": 3})
+    with pytest.raises(ConfigError) as info:
+        pset.create("aggregator", "double", {"momentum": 3})
+    assert str(info.value) == "[aggregator] momentum: unknown key"
+
+
 def test_a_wrong_option_type_names_the_key():
     pset = build_manager([_plugin("mine", meshkit_aggregators=_doubler_records)],
                          entry_points=False)
@@ -85,10 +96,15 @@ def test_a_name_offered_twice_is_an_error_naming_both_providers():
         "first": _plugin("first", meshkit_aggregators=_doubler_records),
         "second": _plugin("second", meshkit_aggregators=_doubler_records),
     }, entry_points=False)
+    # Neither provider wins: the name is listed as a conflict, not as a component.
+    assert "double" not in pset.available("aggregator")
+    (conflict,) = pset.conflicts("aggregator")
+    assert [p.plugin for p in conflict.providers] == ["first", "second"]
     with pytest.raises(PluginError) as info:
-        pset.available("aggregator")
+        pset.create("aggregator", "double")
     message = str(info.value)
-    assert "'double'" in message and "'first'" in message and "'second'" in message
+    assert "two plugins offer the aggregator 'double'" in message
+    assert "'first'" in message and "'second'" in message
 
 
 def test_a_misspelled_hook_names_the_plugin_and_suggests_the_real_hook():
@@ -104,8 +120,12 @@ def test_a_misspelled_hook_names_the_plugin_and_suggests_the_real_hook():
 def test_a_hook_returning_something_else_than_components_names_the_plugin():
     bad = _plugin("bad", meshkit_tasks=lambda: ["not a component"])
     pset = build_manager([bad], entry_points=False)
-    with pytest.raises(PluginError, match="plugin 'bad'.*must return meshkit.Component"):
-        pset.available("task")
+    assert pset.available("task") == {}
+    (failure,) = pset.failures
+    assert failure.hook == "meshkit_tasks"
+    assert "must return meshkit.Component records, got 'not a component'" in failure.error
+    with pytest.raises(UnknownComponentError, match="plugin 'bad'.*must return meshkit.Component"):
+        pset.create("task", "anything")
 
 
 def test_a_hook_that_raises_names_the_plugin():
@@ -113,8 +133,9 @@ def test_a_hook_that_raises_names_the_plugin():
         raise RuntimeError("boom")
 
     pset = build_manager([_plugin("fragile", meshkit_boards=explode)], entry_points=False)
-    with pytest.raises(PluginError, match="plugin 'fragile'.*RuntimeError: boom"):
-        pset.available("board")
+    assert pset.available("board") == {}
+    with pytest.raises(UnknownComponentError, match="plugin 'fragile'.*RuntimeError: boom"):
+        pset.create("board", "fpga")
 
 
 def test_an_unknown_kind_is_refused():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -364,3 +365,94 @@ def test_a_suite_without_a_component_says_what_to_set(pytester):
     """))
     result = pytester.runpytest_inprocess("-p", "no:randomly", "-x")
     result.stdout.fnmatch_lines(["*TestNothing: set `component = \"<registered name>\"`*"])
+
+
+# -- a trimmed mean that forgets to sort (issue 13) ---------------------------------
+
+ROBUST_SRC = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "meshkit-robust" / "src"
+
+UNSORTED = '''
+import types
+
+import numpy as np
+
+import meshkit
+import meshkit_robust
+from meshkit_robust.robust import CoordinateWise
+from meshkit.testing import AggregatorContract
+
+
+def unsorted_trimmed_mean(values, weights, trim=0.2):
+    """The classic slip: cut int(trim * n) rows from each end without sorting them first."""
+    n = len(values)
+    k = int(trim * n)
+    return values[k:n - k].mean(axis=0)
+
+
+wrong = types.SimpleNamespace(__name__="wrong", meshkit_aggregators=meshkit.hookimpl(
+    lambda: [meshkit.Component("unsorted-trimmed-mean", lambda: CoordinateWise(
+        "unsorted-trimmed-mean", unsorted_trimmed_mean))]))
+
+
+class TestUnsortedTrimmedMean(AggregatorContract):
+    component = "unsorted-trimmed-mean"
+    plugins = [wrong]
+
+
+class TestUnsortedTrimmedMeanDeclaredRobust(AggregatorContract):
+    component = "unsorted-trimmed-mean"
+    plugins = [wrong]
+    robust = True
+
+
+# examples/plugins/meshkit-robust, the correct rules, declared as they are.
+class TestTrimmedMean(AggregatorContract):
+    component = "trimmed-mean"
+    options = {"trim": 0.2}
+    plugins = [meshkit_robust]
+    weighted = True
+    robust = True
+
+
+class TestMedian(AggregatorContract):
+    component = "median"
+    plugins = [meshkit_robust]
+    weighted = True
+    robust = True
+    reference = staticmethod(lambda values, weights: np.median(
+        np.repeat(values, weights.astype(int), axis=0), axis=0))
+'''
+
+
+def test_the_aggregator_contract_catches_a_trimmed_mean_that_forgets_to_sort(pytester):
+    pytester.syspathinsert(ROBUST_SRC)
+    pytester.makepyfile(test_unsorted=UNSORTED)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-p", "no:cacheprovider",
+                                          "--tb=short")
+    reports = [r for r in result.reprec.getreports("pytest_runtest_logreport")
+               if r.when == "call"]
+    failed = {r.nodeid.split("::", 1)[1] for r in reports if r.failed}
+    passed = {r.nodeid.split("::", 1)[1] for r in reports if r.passed}
+    text = result.stdout.str()
+
+    # With 4 contributors trim = 0.2 cuts nothing, so the small-round checks
+    # all pass it; the many-contributors one does not.
+    assert _failures(failed, "TestUnsortedTrimmedMean") == {
+        "test_many_contributors_in_any_order_give_one_result"}
+    assert "does it trim or select by position instead of sorting the values?" in text
+    # Declared robust, a wild value arriving mid-round survives its cut.
+    assert {n for n in failed if n.startswith("TestUnsortedTrimmedMeanDeclaredRobust::")} == {
+        "TestUnsortedTrimmedMeanDeclaredRobust::"
+        "test_many_contributors_in_any_order_give_one_result",
+        "TestUnsortedTrimmedMeanDeclaredRobust::"
+        "test_one_wild_contributor_cannot_drag_a_robust_result[in the middle]"}
+    assert "dragged the result out of the honest contributions' range" in text
+
+    # The correct trimmed mean and median of meshkit-robust pass every check,
+    # the new ones included.
+    assert not {n for n in failed if n.startswith(("TestTrimmedMean::", "TestMedian::"))}
+    for cls in ("TestTrimmedMean", "TestMedian"):
+        assert {"test_many_contributors_in_any_order_give_one_result",
+                "test_many_integer_weights_count_as_copies",
+                "test_one_wild_contributor_cannot_drag_a_robust_result"} <= _failures(passed, cls)
+    assert "TestMedian::test_many_contributors_match_the_declared_reference" in passed

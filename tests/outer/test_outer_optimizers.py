@@ -72,15 +72,64 @@ def test_fedadam_uses_an_exponential_second_moment(pset):
 
 
 def test_fedadam_bias_correction_divides_by_one_minus_beta_to_the_t(pset):
-    # t=1: m_hat = 0.03 / 0.1 = 0.3, v_hat = 0.00090099 / 0.01 = 0.090099
-    # t=2: m_hat = 0.047 / 0.19, v_hat = 0.0012919801 / 0.0199
+    # Adam: m and v both start at 0 (not v at tau^2), then are divided by 1 - beta^t.
+    # t=1: m = 0.03, v = 0.01 * 0.09 = 0.0009; m_hat = 0.3, v_hat = 0.09
+    #   x = 1 - 0.1 * 0.3 / (0.3 + 0.001) = 0.900332225913...
+    # t=2: m = 0.9 * 0.03 + 0.1 * 0.2 = 0.047, v = 0.99 * 0.0009 + 0.01 * 0.04 = 0.001291
+    #   m_hat = 0.047 / 0.19, v_hat = 0.001291 / 0.0199
     opt = pset.create("outer_optimizer", "fedadam", {"bias_correction": True})
     first, second = two_rounds(opt)
-    assert first == pytest.approx(1 - 0.1 * 0.3 / (math.sqrt(0.090099) + 0.001), rel=1e-12)
-    x1 = first
+    assert first == pytest.approx(1 - 0.1 * 0.3 / (0.3 + 0.001), rel=1e-12)
+    assert first == pytest.approx(0.9003322259136213, rel=1e-12)
     assert second == pytest.approx(
-        x1 - 0.1 * (0.047 / 0.19) / (math.sqrt(0.0012919801 / 0.0199) + 0.001), rel=1e-10)
-    assert second == pytest.approx(0.8036834093699889, rel=1e-12)
+        first - 0.1 * (0.047 / 0.19) / (math.sqrt(0.001291 / 0.0199) + 0.001), rel=1e-12)
+    assert second == pytest.approx(0.803592262041793, rel=1e-12)
+    state = opt.state_dict()
+    assert state["m/w"].tolist() == pytest.approx([0.047], rel=1e-12)
+    assert state["v/w"].tolist() == pytest.approx([0.001291], rel=1e-12)  # stored uncorrected
+
+
+def test_fedadam_with_bias_correction_takes_adams_first_step():
+    # Issue 13's numbers: g = 0.01, tau = 1e-3. Adam's first step is
+    # lr * g / (|g| + tau) = 0.1 * 0.01 / 0.011, whatever beta1 and beta2 are;
+    # starting v at tau^2 gave 0.93380 instead.
+    pset = build_manager([meshkit_outer], entry_points=False)
+    opt = pset.create("outer_optimizer", "fedadam", {"bias_correction": True})
+    out = opt.step({"w": np.array([1.0])}, {"w": np.array([0.99])})
+    assert float(out["w"][0]) == pytest.approx(1 - 0.1 * 0.01 / 0.011, rel=1e-12)
+    assert float(out["w"][0]) == pytest.approx(0.90909, abs=1e-5)
+
+
+def test_fedadam_without_bias_correction_keeps_v_starting_at_tau_squared(pset):
+    # DESIGN §4: without bias correction v starts at tau^2 (Reddi et al.).
+    opt = pset.create("outer_optimizer", "fedadam")
+    opt.step({"w": np.array([1.0])}, {"w": np.array([0.99])})
+    assert opt.state_dict()["v/w"].tolist() == pytest.approx([0.99 * 1e-6 + 0.01 * 1e-4],
+                                                             rel=1e-12)
+
+
+@pytest.mark.parametrize("beta1, beta2, lr, tau", [(0.9, 0.99, 0.1, 1e-3),
+                                                   (0.8, 0.999, 0.05, 1e-8)])
+def test_fedadam_with_bias_correction_is_torch_adam_over_several_rounds(
+        pset, beta1, beta2, lr, tau):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((3, 4))
+    # Pseudo-gradients of changing size and sign, as rounds give them.
+    gradients = [rng.standard_normal((3, 4)) * scale for scale in (1.0, 0.1, 2.0, 0.01, 0.5, 1.0)]
+
+    opt = pset.create("outer_optimizer", "fedadam", {
+        "lr": lr, "beta1": beta1, "beta2": beta2, "tau": tau, "bias_correction": True})
+    param = torch.nn.Parameter(torch.tensor(x0, dtype=torch.float64))
+    adam = torch.optim.Adam([param], lr=lr, betas=(beta1, beta2), eps=tau)
+    x = {"w": x0.copy()}
+    for round_, g in enumerate(gradients, start=1):
+        # meshkit descends on g = global - consensus: the consensus is x - g.
+        x = opt.step(x, {"w": x["w"] - g})
+        param.grad = torch.tensor(g, dtype=torch.float64)
+        adam.step()
+        np.testing.assert_allclose(x["w"], param.detach().numpy(), rtol=1e-12, atol=1e-14,
+                                   err_msg=f"round {round_}")
 
 
 def test_fedyogi_moves_the_second_moment_by_the_sign_of_v_minus_g_squared(pset):

@@ -53,3 +53,20 @@ def test_other_tags_may_be_sent(tag) -> None:
 def test_a_tag_must_be_an_int_in_range(tag) -> None:
     with pytest.raises(ValueError, match="a tag must be an int"):
         tags.check_tag(tag)
+
+
+def test_no_kernel_module_but_tags_py_defines_a_tag():
+    import ast
+    from pathlib import Path
+
+    kernel = Path(__file__).resolve().parents[2] / "meshkit"
+    found = []
+    for path in sorted(kernel.rglob("*.py")):
+        if path == kernel / "transport" / "tags.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                    and isinstance(node.value.value, int):
+                found += [f"{path.relative_to(kernel)}:{node.lineno} {t.id}" for t in node.targets
+                          if isinstance(t, ast.Name) and t.id.startswith("TAG_")]
+    assert found == [], "define tags in meshkit/transport/tags.py only: " + ", ".join(found)
