@@ -3,9 +3,13 @@
 Every rank is a separate process on this machine (loopback TCP), and every
 rank contributes a float32 vector of the given size and gets the mean back:
 
-* ``meshkit``: ``tcp`` transport, star topology, authentication on. Rank 0
-  folds its own contribution (``reduce_round(..., contribution=x)``) and the
-  workers' (``all_reduce``), then scatters the mean.
+* ``meshkit``: ``tcp`` transport, star topology, the default: bodies
+  AES-256-GCM encrypted. Rank 0 folds its own contribution
+  (``reduce_round(..., contribution=x)``) and the workers' (``all_reduce``),
+  then scatters the mean.
+* ``meshkit-auth``: the same with ``encrypt=False`` (``[mesh] encrypt =
+  false``): authenticated only (header HMAC, body GMAC), to measure what
+  encryption costs ("enc cost" column).
 * ``meshkit-nomac``: the same path with frame MACs off on both ends
   (``benchmark_only_disable_mac``; the handshake is still authenticated),
   to measure what authentication costs.
@@ -65,7 +69,7 @@ def _free_port() -> int:
 
 
 def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, mac: bool,
-                  address: Any, results: Any, sync: bool = False) -> None:
+                  address: Any, results: Any, sync: bool = False, encrypt: bool = True) -> None:
     from meshkit_tcp import TcpOptions
     from meshkit_tcp.tcp import TcpTransport
 
@@ -79,7 +83,7 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
     barrier = {"b": np.zeros(1, np.float32)}
     if rank == 0:
         config = NodeConfig(rank=0, world=world, topology="star", bind="127.0.0.1:0",
-                            secret=SECRET, timeout=120)
+                            secret=SECRET, timeout=120, encrypt=encrypt)
         group = transport.connect(config)
         for _ in range(world - 1):
             address.put(group.address)
@@ -104,7 +108,7 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
         return
     coordinator = address.get(timeout=120)
     config = NodeConfig(rank=rank, world=world, topology="star", peers=[coordinator],
-                        secret=SECRET, timeout=120)
+                        secret=SECRET, timeout=120, encrypt=encrypt)
     group = transport.connect(config)
     try:
         for _ in range(warmup + reps):
@@ -154,7 +158,8 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
         address = ctx.Queue()
         procs = [ctx.Process(target=_meshkit_rank,
                              args=(r, world, nbytes, reps, warmup, kind != "meshkit-nomac",
-                                   address, results, kind == "meshkit-sync"))
+                                   address, results, kind == "meshkit-sync",
+                                   kind not in ("meshkit-auth", "meshkit-nomac")))
                  for r in range(world)]
     for proc in procs:
         proc.start()
@@ -178,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
                              "(0: 7 at 1 MiB or less, where whole runs land in a slow mode "
                              "most often, else 3)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
+    parser.add_argument("--kinds", nargs="+", default=None,
+                        help="only these kinds (meshkit and meshkit-auth always run)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-nomac", "meshkit-sync"]
-    if not args.no_gloo:
+    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync"]
+    if args.kinds:
+        kinds = ["meshkit", "meshkit-auth", *[k for k in kinds[2:] if k in args.kinds]]
+    if not args.no_gloo and (not args.kinds or "gloo" in args.kinds):
         try:
             import torch  # noqa: F401
             kinds += ["gloo", "gloo-sync"]
@@ -195,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
           f"the best trial (each the median of its rounds)")
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
-              + f" {'MB/s':>6} {'vs gloo':>8} {'vs gloo-sync':>13} {'MAC cost':>9}")
+              + f" {'MB/s':>6} {'vs gloo':>8} {'vs gloo-sync':>13} {'MAC cost':>9}"
+              + f" {'enc cost':>9} {'enc spread':>17}")
     print(header)
     rows = []
     for world in args.worlds:
@@ -213,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
                    **{f"{k}_median_of_trials_s": statistics.median(v) for k, v in trials.items()},
                    **{f"{k}_trials_s": v for k, v in trials.items()}}
             row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
-            row["mac_overhead"] = times["meshkit"] / times["meshkit-nomac"] - 1
-            if "gloo" in times:
+            if "meshkit-nomac" in times:
+                row["mac_overhead"] = times["meshkit-auth"] / times["meshkit-nomac"] - 1
+            # Encryption's cost: the best trials, and the range over trial pairs
+            # run back to back (the spread a shared machine adds).
+            row["encryption_overhead"] = times["meshkit"] / times["meshkit-auth"] - 1
+            pairs = [e / a - 1 for e, a in zip(trials["meshkit"], trials["meshkit-auth"])]
+            row["encryption_overhead_per_trial"] = pairs
+            if "gloo" in times and "gloo-sync" in times and "meshkit-sync" in times:
                 row["vs_gloo"] = times["gloo"] / times["meshkit"]
                 row["vs_gloo_sync"] = times["gloo-sync"] / times["meshkit-sync"]
             rows.append(row)
@@ -223,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{world:>5} {mib:>4} "
                   + " ".join(f"{times[k] * 1e3:>{widths[k]}.2f}" for k in kinds)
                   + f" {row['meshkit_MBps']:>6.0f} {vs:>8} {vs_sync:>13} "
-                  f"{row['mac_overhead']:>8.0%}", flush=True)
+                  + (f"{row['mac_overhead']:>8.0%}" if "mac_overhead" in row else f"{'-':>8}")
+                  + f" {row['encryption_overhead']:>9.0%}"
+                  + f" {min(pairs):>7.0%}..{max(pairs):<7.0%}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)

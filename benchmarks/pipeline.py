@@ -2,8 +2,8 @@
 
 What is measured, in one run:
 
-* **meshkit**: a coordinator (this process, ``tcp`` transport, authenticated
-  frames: HMAC-SHA256 on every header, AES-GMAC on every body) and three
+* **meshkit**: a coordinator (this process, ``tcp`` transport, the default
+  frames: HMAC-SHA256 on every header, AES-256-GCM encrypted bodies) and three
   ``meshkit node`` subprocesses, each serving an ``identity`` stage (so the
   transport and the node driver are measured, not a model). ``--board`` makes the middle rank a
   ``meshkit node --board loopback`` fixed-function rank instead (adds the
@@ -28,6 +28,12 @@ figures (the spread); and the floor: one hop's per-frame work on one thread
 on: p50 latency at 1 KiB <= 5x the raw relay's, 1 KiB at one activation a
 frame >= 0.3x, 1 MiB >= 0.6x.
 
+``--compare-encryption`` also builds the same pipeline with ``encrypt=False``
+(``[mesh] encrypt = false``, nodes ``--no-encrypt``: authenticated only,
+header HMAC and body GMAC), keeps both up and alternates their timed runs,
+and reports the authenticated-only throughput and what encryption costs
+(issue 17's target: <= 10 % at 16 MiB; add ``--sizes 16MiB``).
+
     .venv/bin/python benchmarks/pipeline.py                # mesh, 1 KiB and 1 MiB
     .venv/bin/python benchmarks/pipeline.py --topology star --board
 """
@@ -48,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = {"1KiB": 1024, "1MiB": 1 << 20}
+SIZES = {"1KiB": 1024, "1MiB": 1 << 20, "16MiB": 16 << 20}
 
 #: When each output of the last timed run arrived (``time.perf_counter()``),
 #: the run's start first: with one activation in flight the gaps between them
@@ -267,7 +273,8 @@ def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
 
 
 class Mesh:
-    def __init__(self, topology: str, board_elems: int | None, secret_file: Path) -> None:
+    def __init__(self, topology: str, board_elems: int | None, secret_file: Path,
+                 encrypt: bool = True) -> None:
         from meshkit import NodeConfig
         from meshkit.node import collect_caps
 
@@ -276,11 +283,11 @@ class Mesh:
         if topology == "mesh":
             peers = [f"127.0.0.1:{_free_port()}" for _ in range(4)]
             config = NodeConfig(rank=0, world=4, peers=peers, topology="mesh",
-                                transport="tcp", secret=secret, timeout=60)
+                                transport="tcp", secret=secret, timeout=60, encrypt=encrypt)
             peer_arg = ",".join(peers)
         else:
             config = NodeConfig(rank=0, world=4, topology="star", bind="127.0.0.1:0",
-                                transport="tcp", secret=secret, timeout=60)
+                                transport="tcp", secret=secret, timeout=60, encrypt=encrypt)
         holder: dict = {}
         connector = threading.Thread(target=lambda: holder.setdefault("g", config.connect()))
         connector.start()
@@ -294,7 +301,7 @@ class Mesh:
             args = [sys.executable, *(["-m", "cProfile", "-o", f"/tmp/node{rank}.prof"]
                                       if profile else []), "-m", "meshkit", "node", "--rank", str(rank), "--world",
                     "4", "--peers", peer_arg, "--topology", topology, "--timeout", "60",
-                    "--secret-file", str(secret_file)]
+                    "--secret-file", str(secret_file), *([] if encrypt else ["--no-encrypt"])]
             if rank == 2 and board_elems is not None:
                 args += ["--board", "loopback", "--board-option", "stage_id=mid",
                          "--board-option", f"input_elems={board_elems}",
@@ -358,6 +365,12 @@ def main() -> None:
     parser.add_argument("--batches-1KiB", default="1,16",
                         help="activations per frame/message to measure (comma list)")
     parser.add_argument("--batches-1MiB", default="1")
+    parser.add_argument("--in-flight-16MiB", type=int, default=2)
+    parser.add_argument("--batches-16MiB", default="1")
+    parser.add_argument("--count-16MiB", type=int, default=24)
+    parser.add_argument("--compare-encryption", action="store_true",
+                        help="also time the authenticated-only path (encrypt=False), "
+                             "alternating with the encrypted one")
     parser.add_argument("--count-1KiB", type=int, default=8000)
     parser.add_argument("--count-1MiB", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3, help="best of N")
@@ -383,20 +396,35 @@ def main() -> None:
                       Stage.board("mid") if args.board else Stage(op="identity"),
                       Stage(op="identity")]
             mesh = Mesh(args.topology, board, secret_file)
+            plain = (Mesh(args.topology, board, secret_file, encrypt=False)
+                     if args.compare_encryption else None)
             measured = {}
+            auth: dict[int, list[float]] = {}
+            enc: dict[int, list[float]] = {}
             try:
                 meshkit_run(mesh, stages, nbytes, min(count, 50), in_flight)  # warm-up
+                if plain is not None:
+                    meshkit_run(plain, stages, nbytes, min(count, 50), in_flight)
                 runs: dict[int, list[tuple[float, float]]] = {}
                 for batch in batches:
-                    runs[batch] = [meshkit_run(mesh, stages, nbytes, count, in_flight, batch)
-                                   for _ in range(args.repeat)]
+                    runs[batch] = []
+                    for _ in range(args.repeat):
+                        # Alternated, so a load spike hits both paths alike.
+                        runs[batch].append(
+                            meshkit_run(mesh, stages, nbytes, count, in_flight, batch))
+                        if plain is not None:
+                            auth.setdefault(batch, []).append(
+                                meshkit_run(plain, stages, nbytes, count, in_flight, batch)[0])
                     measured[batch] = min(runs[batch])
+                    enc[batch] = [r[0] for r in runs[batch]]
                 m_trips = []
                 for _ in range(args.repeat):
                     meshkit_run(mesh, stages, nbytes, latency_count, 1)
                     m_trips.append(round_trips(LAST_STAMPS))
             finally:
                 mesh.close()
+                if plain is not None:
+                    plain.close()
             raw_relay(nbytes, min(count, 50), in_flight, star)  # warm-up
             r_trips = []
             for _ in range(args.repeat):
@@ -440,12 +468,17 @@ def main() -> None:
                     **floor,
                     "meshkit_MiB_per_s": count * nbytes / m_tp / (1 << 20),
                 })
+                if batch in auth:
+                    rows[-1]["auth_act_per_s"] = count / min(auth[batch])
+                    rows[-1]["encryption_overhead"] = m_tp / min(auth[batch]) - 1
+                    rows[-1]["encryption_overhead_per_trial"] = [
+                        e / a - 1 for e, a in zip(enc[batch], auth[batch])]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     print(f"3-rank pipeline on 127.0.0.1, topology {args.topology}"
           f"{', middle rank a loopback board' if args.board else ''}, "
-          f"authentication on (HMAC-SHA256 headers, AES-GMAC bodies), best of {args.repeat}; "
+          f"encryption on (HMAC-SHA256 headers, AES-256-GCM bodies), best of {args.repeat}; "
           f"latency = round trips with one activation in flight (p50, p99 of the best run)")
     print(f"{'size':>5} {'flight':>6} {'batch':>5}  {'meshkit act/s':>13}  "
           f"{'raw act/s':>10}  {'ratio':>5}  {'raw same-msg':>12}  {'ratio':>5}  "
@@ -458,7 +491,12 @@ def main() -> None:
               f"{r['ratio_same_msgs']:>5.2f}  {r['meshkit_p50_us']:>9.0f}us  "
               f"{r['meshkit_p99_us']:>6.0f}us  {r['raw_p50_us']:>6.0f}us  "
               f"{r['raw_p99_us']:>6.0f}us  {r['p50_ratio']:>8.1f}x  "
-              f"{r['meshkit_cpu_us']:>13.0f}us  {r['raw_cpu_us']:>4.0f}us")
+              f"{r['meshkit_cpu_us']:>13.0f}us  {r['raw_cpu_us']:>4.0f}us"
+              + (f"  auth-only {r['auth_act_per_s']:.0f} act/s, encryption costs "
+                 f"{r['encryption_overhead']:.0%} (per trial "
+                 f"{min(r['encryption_overhead_per_trial']):.0%}.."
+                 f"{max(r['encryption_overhead_per_trial']):.0%})"
+                 if "auth_act_per_s" in r else ""))
     print("spread: meshkit act/s per run " + "; ".join(
         f"{r['size']} batch {r['batch']}: " + ", ".join(f"{v:.0f}" for v in r["throughput_runs"])
         for r in rows))

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from meshkit import plugins
+from meshkit import plugins, wire
 from meshkit.components import Component
 from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
@@ -67,6 +67,17 @@ class MeshTable:
     workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     bind: str = "127.0.0.1:0"
     secret_file: str = ""
+    #: Encrypt frame bodies (AES-256-GCM). ``false`` is the explicit opt-out:
+    #: bodies then travel in clear, still authenticated (docs/security.md).
+    encrypt: bool = True
+    #: A file of node public keys the coordinator admits (``meshkit keygen``;
+    #: format in docs/security.md); empty: any node holding the secret.
+    authorized_nodes: str = ""
+    #: Run the UDP discovery responder, so nodes can join with ``--discover``.
+    discovery: bool = False
+    #: The discovery responder's UDP port (0: any free port, printed at start).
+    discovery_port: int = attrs.field(default=29600, validator=[attrs.validators.ge(0),
+                                                                attrs.validators.le(65535)])
     #: Seconds a read or write may stall before the peer is declared dead.
     timeout: float = attrs.field(default=30.0, validator=[attrs.validators.gt(0), _finite])
     #: Seconds the coordinator waits for every worker to join.
@@ -110,26 +121,26 @@ class Config:
         return [self.task, self.strategy, self.aggregator, self.outer_optimizer, self.transport]
 
     def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
-        """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``)."""
+        """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``).
+
+        Both sources become bytes as :mod:`meshkit.wire` says (and
+        docs/security.md): whitespace stripped at both ends, never decoded,
+        at least 16 bytes; the file must be private (mode 0600).
+        """
         env = os.environ if environ is None else environ
-        # Stripped like `meshkit node` strips it, or the two ends would hold
-        # different secrets when the variable carries a trailing newline.
         if (env.get("MESHKIT_SECRET") or "").strip():
-            return env["MESHKIT_SECRET"].strip().encode()
+            return wire.secret_from_text(env["MESHKIT_SECRET"])
         if not self.mesh.secret_file:
             return None
-        path = Path(self.mesh.secret_file)
-        try:
-            data = path.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"{self.path}: [mesh] secret_file: cannot read {str(path)!r}: "
-                f"{exc.strerror}") from None
-        if len(data) < 16:
-            raise ConfigError(
-                f"{self.path}: [mesh] secret_file: {str(path)!r} holds {len(data)} "
-                f"bytes; use at least 16 random bytes (e.g. `openssl rand -hex 32`)")
-        return data
+        return wire.read_secret_file(Path(self.mesh.secret_file),
+                                     f"{self.path}: [mesh] secret_file")
+
+    def authorized_nodes(self) -> wire.AuthorizedNodes | None:
+        """The parsed ``[mesh] authorized_nodes`` file, or None when not set."""
+        if not self.mesh.authorized_nodes:
+            return None
+        return wire.load_authorized_nodes(Path(self.mesh.authorized_nodes),
+                                          f"{self.path}: [mesh] authorized_nodes")
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -253,6 +264,15 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
             raise ConfigError(f"{config.path}: {exc}") from None
         components[selection.kind] = component
         options[selection.kind] = opts
+    if getattr(options.get("transport"), "bf16_wire", False):
+        # No option that silently does nothing: every model a run moves goes
+        # in the trainer protocol's exact control frames, which bf16_wire
+        # never narrows (it applies to Group.all_reduce / reduce_round).
+        raise ConfigError(
+            f"{config.path}: [transport] bf16_wire: has no effect in `meshkit run` jobs (the "
+            f"trainer protocol sends models as exact control frames); it applies to model "
+            f"frames of the reduce service (Group.all_reduce / reduce_round) started from "
+            f"Python or `meshkit node`; remove it from this config")
     env = os.environ if environ is None else environ
     if config.mesh.launch != "local" and not env.get("MESHKIT_SECRET") and not config.mesh.secret_file:
         raise ConfigError(

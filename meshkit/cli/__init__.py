@@ -5,6 +5,7 @@ Each command lives in a module named for it and loads only when it runs:
 * ``_plugins`` — ``meshkit plugins``;
 * ``_check`` — ``meshkit check``;
 * ``_run`` — ``meshkit run`` and ``meshkit coordinator``;
+* ``_keygen`` — ``meshkit keygen``;
 * ``_node`` — ``meshkit node`` (with ``_options``: ``KEY=VALUE`` flags and
   the secret).
 
@@ -20,10 +21,19 @@ from typing import Any, Mapping
 import click
 
 from meshkit import __version__
-from meshkit.cli._options import parse_board_options, parse_options, read_secret
 from meshkit.errors import MeshError
 
 __all__ = ["main", "read_secret", "parse_options", "parse_board_options"]
+
+#: Helpers re-exported from ``_options``, loaded on first use: they reach
+#: meshkit.wire (numpy), which ``meshkit --help`` must not import.
+_LAZY = {"read_secret", "parse_options", "parse_board_options"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("meshkit.cli._options"), name)
+    raise AttributeError(f"module 'meshkit.cli' has no attribute {name!r}")
 
 #: Every command: name -> (its "module:attribute", the first paragraph of its
 #: help, which ``meshkit --help`` shortens the way click would).
@@ -32,6 +42,8 @@ _COMMANDS: Mapping[str, tuple[str, str]] = {
               "Validate CONFIG, resolve every named component, print the plan."),
     "coordinator": ("meshkit.cli._run:coordinator",
                     "Run only the coordinator of CONFIG, for nodes started elsewhere."),
+    "keygen": ("meshkit.cli._keygen:keygen",
+               "Write a node key pair: FILE (private, 0600) and FILE.pub."),
     "node": ("meshkit.cli._node:node",
              "Join a mesh as a worker, or with --board as a fixed-function rank."),
     "plugins": ("meshkit.cli._plugins:plugins_command",

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from meshkit import plugins
+from meshkit import plugins, wire
 from meshkit.cli._options import parse_board_options, parse_options, read_secret
 from meshkit.errors import ConfigError
 from meshkit.node import NodeControl, caps_for, serve_node
@@ -28,6 +28,10 @@ from meshkit.train import serve_train_job
 __all__ = ["node"]
 
 log = logging.getLogger(__name__)
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT arrived while the node was still joining."""
 
 
 @click.command("node", context_settings={"help_option_names": ["-h", "--help"],
@@ -61,6 +65,12 @@ log = logging.getLogger(__name__)
               help="A board option (repeatable), e.g. stage_id=enc0.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the shared secret. Env: MESHKIT_SECRET.")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), default=None,
+              help="This node's private key (from `meshkit keygen`), proven in the handshake; "
+                   "needed when the coordinator has [mesh] authorized_nodes.")
+@click.option("--encrypt/--no-encrypt", default=True,
+              help="Encrypt frame bodies; --no-encrypt matches a coordinator with "
+                   "[mesh] encrypt = false.")
 @click.option("--steps", type=int, default=None,
               help="Step budget: serve at most this many activations, then leave.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
@@ -69,8 +79,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          topology: str | None, device: str | None, heap_mb: int | None,
          transport: str | None, timeout: float | None,
          transport_options: tuple[str, ...], board_name: str | None,
-         board_options: tuple[str, ...], secret_file: str | None, steps: int | None,
-         verbose: int) -> None:
+         board_options: tuple[str, ...], secret_file: str | None, key_file: str | None,
+         encrypt: bool, steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
 
     Flags mirror meshkit.NodeConfig and win over the environment variables
@@ -86,6 +96,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
     secret = read_secret(secret_file)
+    node_key = wire.load_node_key(key_file, "--key") if key_file else None
     if board_options and not board_name:
         raise ConfigError("--board-option needs --board NAME (the board component to drive)")
     if disc_port is not None or data_port is not None or via is not None:
@@ -112,7 +123,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         "transport_options": transport_table,
         "rank": rank, "world": world, "topology": topology, "device": device,
         "transport": transport, "timeout": timeout, "fixed_function": fixed_function,
-        "secret": secret,
+        "secret": secret, "encrypt": encrypt, "node_key": node_key,
     }
     if heap_mb is not None:
         if heap_mb <= 0:
@@ -139,8 +150,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             "per rank, for a mesh), or --discover (env PEERS / DISCOVER=1)")
 
     control = NodeControl(steps=steps)
+    joined = False
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
+        if not joined:
+            # Still joining (discovery, dialing): nothing to finish, stop now.
+            raise _Stopped(signal.Signals(signum).name)
         # Leave after the current activation rather than dying mid-frame.
         control.stop()
 
@@ -152,7 +167,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             pass
     try:
         caps = caps_for(config)
-        group = config.connect()
+        try:
+            group = config.connect()
+        except _Stopped as stopped:
+            click.echo(f"meshkit node: stopped by {stopped} while joining the mesh", err=True)
+            sys.exit(143 if str(stopped) == "SIGTERM" else 130)
+        joined = True
         try:
             click.echo(json.dumps({"event": "caps", "caps": caps.to_json()}), nl=True)
             sys.stdout.flush()

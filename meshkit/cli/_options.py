@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
+from meshkit import wire
 from meshkit.errors import ConfigError
 
 __all__ = ["read_secret", "parse_options", "parse_board_options"]
@@ -21,17 +22,11 @@ def read_secret(secret_file: str | None, environ: Mapping[str, str] | None = Non
     """The shared secret from ``secret_file`` or ``MESHKIT_SECRET``; refuse without one."""
     env = os.environ if environ is None else environ
     if secret_file:
-        path = Path(secret_file).expanduser()
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"--secret-file {str(path)!r}: cannot read it: {exc}") from None
-        if not secret:
-            raise ConfigError(f"--secret-file {str(path)!r} is empty; put the shared secret in it")
-        return secret
+        # The same rule as [mesh] secret_file (meshkit.wire, docs/security.md).
+        return wire.read_secret_file(Path(secret_file).expanduser(), "--secret-file")
     secret_env = (env.get("MESHKIT_SECRET") or "").strip()
     if secret_env:
-        return secret_env.encode()
+        return wire.secret_from_text(secret_env)
     raise ConfigError(
         "no shared secret: a node refuses to join a mesh unauthenticated. Pass "
         "--secret-file FILE (the same secret as the coordinator's secret_file) or set "

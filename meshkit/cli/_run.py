@@ -40,14 +40,15 @@ def _render(event: Any) -> None:
             line += f"  (dropped rank {', '.join(map(str, r.dropped))})"
         click.echo(line)
     else:
-        click.echo(event.message, err=event.kind != "listening")
+        click.echo(event.message, err=event.kind not in ("listening", "discovery"))
 
 
-def _execute(config: str, resume: bool, launch: str | None, verbose: int) -> None:
+def _execute(config: str, resume: bool, launch: str | None, verbose: int,
+             discovery: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    runner = Runner(config, resume=resume, progress=_render, launch=launch)
+    runner = Runner(config, resume=resume, progress=_render, launch=launch, discovery=discovery)
     try:
         report = runner.run()
     except KeyboardInterrupt:
@@ -84,13 +85,18 @@ def run(config: str, resume: bool, verbose: int) -> None:
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--resume", is_flag=True,
               help="Continue from OUT/checkpoint.npz instead of starting afresh.")
+@click.option("--discovery", is_flag=True,
+              help="Start the UDP discovery responder ([mesh] discovery = true), so nodes "
+                   "can join with `meshkit node --discover [--via HOST]`.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
-def coordinator(config: str, resume: bool, verbose: int) -> None:
+def coordinator(config: str, resume: bool, discovery: bool, verbose: int) -> None:
     """Run only the coordinator of CONFIG, for nodes started elsewhere.
 
     Like `meshkit run` with launch = "external": binds [mesh] bind, waits for
     [mesh] workers nodes (`meshkit node --peers HOST:PORT --secret-file F
     --rank i --world N`) and drives the job. Needs a shared secret
-    (secret_file or MESHKIT_SECRET).
+    (secret_file or MESHKIT_SECRET). With --discovery (or [mesh] discovery
+    = true) nodes can instead join with `meshkit node --discover` (broadcast)
+    or `--discover --via THIS_HOST`; the UDP port is [mesh] discovery_port.
     """
-    _execute(config, resume, "external", verbose)
+    _execute(config, resume, "external", verbose, discovery)

@@ -67,6 +67,15 @@ class NodeConfig:
     secret: bytes | None = attrs.field(default=None, repr=False)
     timeout: float = 30.0
     bind: str | None = None
+    #: Encrypt frame bodies (the default); False only authenticates them.
+    #: Every node of a mesh must agree (the handshake checks it).
+    encrypt: bool = True
+    #: This node's :class:`meshkit.wire.NodeKey` (``meshkit node --key``),
+    #: proven to every peer in the handshake; None: none.
+    node_key: Any = attrs.field(default=None, repr=False)
+    #: The coordinator's :class:`meshkit.wire.AuthorizedNodes`: when set,
+    #: only nodes proving a listed, unrevoked key for their rank may join.
+    authorized_nodes: Any = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.world < 1:
@@ -81,7 +90,9 @@ class NodeConfig:
                 f"(one per rank, for a mesh) or 1 (the coordinator, for a star)")
         for port_name in ("disc_port", "data_base"):
             port = getattr(self, port_name)
-            if not 0 < port < 65536:
+            # Rank 0 may run its discovery responder on any free port (0).
+            lowest = 0 if port_name == "disc_port" and self.rank == 0 else 1
+            if not lowest <= port < 65536:
                 raise ConfigError(f"{port_name} must be a port number 1..65535, got {port}")
         if self.discover and self.data_base + self.world - 1 > 65535:
             # Discovery silently drops an announcement of a port past 65535,

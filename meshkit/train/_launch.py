@@ -80,6 +80,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                "--world", str(world), "--peers", address,
                "--topology", "star", "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
+               *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
                *transport_flags, *extra.get(rank, [])]
         log_file = open(logs / f"worker-{rank}.log", "wb")
         try:

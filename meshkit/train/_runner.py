@@ -132,6 +132,9 @@ class Runner:
     pset: Any = None
     progress: Callable[[RunEvent], None] | None = None
     launch: str | None = None
+    #: Start the discovery responder whatever ``[mesh] discovery`` says
+    #: (``meshkit coordinator --discovery``).
+    discovery: bool = False
     on_workers: Callable[[Mapping[int, subprocess.Popen]], None] | None = None
     on_round: Callable[[Any, Mapping[str, Any]], None] | None = None
     stop: threading.Event = attrs.Factory(threading.Event)
@@ -233,6 +236,11 @@ class Runner:
                 f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
                 f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
                 f"topology = \"star\"")
+        if launch == "local" and cfg.mesh.authorized_nodes:
+            raise ConfigError(
+                f"{cfg.path}: [mesh] authorized_nodes: admits nodes started elsewhere with "
+                f"`meshkit node --key`; the workers launch = \"local\" spawns have no keys. Use "
+                f"launch = \"external\" (or `meshkit coordinator`), or drop authorized_nodes")
         if launch == "local":
             secret = new_secret()
         else:
@@ -242,14 +250,20 @@ class Runner:
                     f"{cfg.path}: [mesh] secret_file: nodes started elsewhere must share a "
                     f"secret with the coordinator; set secret_file or MESHKIT_SECRET")
         self._world = cfg.mesh.workers + len(boards) + 1
+        discovery = cfg.mesh.discovery or self.discovery
         node_config = NodeConfig(
             rank=0, world=self._world, topology="star", transport=cfg.mesh.transport,
-            secret=secret, timeout=cfg.mesh.timeout, bind=cfg.mesh.bind)
+            secret=secret, timeout=cfg.mesh.timeout, bind=cfg.mesh.bind,
+            encrypt=cfg.mesh.encrypt, authorized_nodes=cfg.authorized_nodes(),
+            discover=discovery, disc_port=cfg.mesh.discovery_port)
         transport = plan.create("transport")
         group = transport.connect(node_config)
         self._group = group
         self._emit("listening", f"coordinator listening on {group.address} for "
                                 f"{cfg.mesh.workers} worker(s)")
+        if discovery:
+            self._emit("discovery", f"discovery responder on UDP port "
+                                    f"{getattr(group, 'discovery_port', None)}")
         if launch == "local":
             self._spawn(plan, group.address, secret, boards)
         return group

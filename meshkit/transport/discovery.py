@@ -32,8 +32,14 @@ Datagram body (UTF-8 JSON, inside the sealed envelope):
 * hello: ``{"v": 2, "t": "hello", "rank": r, "world": w, "port": p, "nonce": hex,
   "session": hex}`` (``session`` absent until the server named it)
 * challenge: ``{"v": 2, "t": "challenge", "nonce": hex, "session": hex}``
-* table: ``{"v": 2, "t": "table", "nonce": hex, "world": w, "peers": {"0": "host:port", ...}}``
-  (an empty host means "the address this reply came from")
+* table: ``{"v": 2, "t": "table", "nonce": hex, "world": w, "peers": {"0": "host:port", ...},
+  "topology": "star" | "mesh"}`` (an empty host means "the address this reply came
+  from"; ``topology``, when present, is the coordinator's: a node that asked as
+  a mesh rank joins a star coordinator as a star worker)
+
+Every step is logged (``-v`` on the command line shows them), and a node that
+gives up says what it tried: where it sent hellos, how many, for how long,
+and what (if anything) answered.
 * refused: ``{"v": 2, "t": "refused", "nonce": hex, "error": "..."}``
 """
 
@@ -87,11 +93,13 @@ class DiscoveryServer:
     """Rank 0's discovery responder: a thread answering hellos on a UDP port."""
 
     def __init__(self, secret: bytes, world: int, *, data_port: int, host: str = "0.0.0.0",
-                 port: int = 29600) -> None:
+                 port: int = 29600, topology: str | None = None) -> None:
         if not secret:
             raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
         self.secret = bytes(secret)
         self.world = world
+        #: Announced in every table (None: not announced).
+        self.topology = topology
         #: This run's session: a hello must carry it to be registered.
         self.session = os.urandom(16).hex()
         #: Datagrams ignored: foreign, forged, malformed, from the wrong run,
@@ -214,15 +222,22 @@ class DiscoveryServer:
                 log.warning("discovery: refused a hello from %s: %s", host, error)
                 return {"v": VERSION, "t": "refused", "nonce": nonce, "error": error}
             peers = {str(r): f"{h}:{p}" for r, (h, p, _) in self._table.items()}
-        return {"v": VERSION, "t": "table", "nonce": nonce, "world": self.world, "peers": peers}
+        log.info("discovery: rank %d said hello from %s; answering with the table of %d rank(s)",
+                 rank, host, len(peers))
+        table = {"v": VERSION, "t": "table", "nonce": nonce, "world": self.world, "peers": peers}
+        if self.topology is not None:
+            table["topology"] = self.topology
+        return table
 
 
 @attrs.frozen
 class DiscoveryResult:
-    """What :func:`discover` found: ``peers`` (rank -> host:port) and datagrams ignored."""
+    """What :func:`discover` found: ``peers`` (rank -> host:port), datagrams ignored,
+    and the coordinator's topology when it announced one."""
 
     peers: dict[int, str]
     ignored: int
+    topology: str | None = None
 
 
 def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port: int = 29600,
@@ -231,9 +246,10 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
     """Announce ``rank`` and ask the coordinator for addresses until satisfied.
 
     Broadcasts on ``disc_port`` unless ``via`` names a rendezvous host (then
-    unicast). Returns once rank 0 is known (``want_all``: every rank), or
-    raises :class:`PeerLostError` at ``timeout`` and :class:`WireError` when
-    the coordinator refuses this rank (duplicate rank, world size).
+    unicast). Returns once rank 0 is known (``want_all``: every rank, unless
+    the coordinator announces a star), or raises :class:`PeerLostError` at
+    ``timeout`` saying what was tried, and :class:`WireError` when the
+    coordinator refuses this rank (duplicate rank, world size).
     """
     if not secret:
         raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
@@ -242,20 +258,25 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
               "nonce": nonce}
     hello = _encode(secret, fields)
     target = (via, disc_port) if via else ("<broadcast>", disc_port)
+    how = f"unicast to {via}:{disc_port}" if via else f"broadcast to UDP port {disc_port}"
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    ignored = 0
+    ignored = sent = challenges = tables = 0
+    started = time.monotonic()
+    log.info("discovery: rank %d of %d looking for the coordinator by %s (for up to %g s)",
+             rank, world, how, timeout)
     try:
         if not via:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
         sock.settimeout(_RETRY)
-        deadline = time.monotonic() + timeout
+        deadline = started + timeout
         peers: dict[int, str] = {}
         while time.monotonic() < deadline:
             try:
                 sock.sendto(hello, target)
             except OSError as exc:
-                raise PeerLostError(f"discovery: cannot send to {target[0]}:{disc_port}: "
-                                    f"{exc}") from None
+                raise PeerLostError(f"discovery: cannot send a hello by {how}: {exc}") from None
+            sent += 1
+            log.debug("discovery: hello #%d sent by %s", sent, how)
             # Answers within this retry period; then say hello again (UDP loses datagrams).
             until = min(deadline, time.monotonic() + _RETRY)
             while time.monotonic() < until:
@@ -266,12 +287,17 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
                 body = _decode(secret, datagram)
                 if body is None or body.get("nonce") != nonce:
                     ignored += 1
+                    log.debug("discovery: ignored a foreign or unauthenticated datagram from %s",
+                              source[0])
                     continue
                 if body["t"] == "challenge":
                     session = body.get("session")
                     if not isinstance(session, str) or len(session) > 64:
                         ignored += 1
                         continue
+                    challenges += 1
+                    log.info("discovery: the coordinator at %s:%d answered with its session; "
+                             "saying hello again with it", source[0], source[1])
                     # Say hello again at once, now carrying this run's session.
                     hello = _encode(secret, {**fields, "session": session})
                     break
@@ -282,15 +308,34 @@ def discover(secret: bytes, *, rank: int, world: int, data_port: int, disc_port:
                 if body["t"] != "table" or not isinstance(table, dict):
                     ignored += 1
                     continue
+                tables += 1
                 peers = _parse_table(table, source[0], world)
-                if 0 in peers and (not want_all or len(peers) >= world):
-                    return DiscoveryResult(peers, ignored)
+                topology = body.get("topology")
+                topology = topology if topology in ("star", "mesh") else None
+                log.info("discovery: the coordinator at %s lists %d of %d rank(s)%s", source[0],
+                         len(peers), world, "" if 0 not in peers else
+                         f"; rank 0 is at {peers[0]}")
+                if 0 in peers and (not want_all or topology == "star" or len(peers) >= world):
+                    return DiscoveryResult(peers, ignored, topology)
         known = sorted(peers)
+        if tables:
+            found = f"the coordinator answered but listed only ranks {known} of {world}"
+            advice = "start the missing ranks (a mesh waits for every rank)"
+        elif challenges:
+            found = "the coordinator answered only with its session, never with its table"
+            advice = "check for another node with the same rank or a different world size"
+        else:
+            found = "nothing answered"
+            advice = (f"is `meshkit coordinator --discovery` (or [mesh] discovery = true) "
+                      f"running{' on ' + via if via else ' on this LAN'} with UDP port "
+                      f"{disc_port} reachable, and the same shared secret (a wrong secret "
+                      f"gets no answer)?")
+            if not via:
+                advice += " Without broadcast on this network, use --via HOST"
         raise PeerLostError(
-            f"discovery: rank {rank} found {'no coordinator' if not known else f'ranks {known}'} "
-            f"within {timeout:g} s via {'unicast to ' + via if via else 'broadcast'} on UDP port "
-            f"{disc_port} ({ignored} foreign or malformed datagram(s) ignored); check "
-            f"DISC_PORT, the secret, or use a rendezvous host (via / DISCOVER_HOST)")
+            f"discovery: rank {rank} tried for {time.monotonic() - started:.1f} s: {sent} "
+            f"hello(s) by {how}; {found} ({ignored} foreign or unauthenticated datagram(s) "
+            f"ignored). {advice}")
     finally:
         sock.close()
 
@@ -320,7 +365,7 @@ def resolve(config: Any) -> tuple[Any, DiscoveryServer | None]:
     own = f"0.0.0.0:{config.data_base + config.rank}"
     if config.rank == 0:
         server = DiscoveryServer(secret, config.world, data_port=config.data_base,
-                                 port=config.disc_port)
+                                 port=config.disc_port, topology="mesh" if mesh else "star")
         try:
             if not mesh:
                 return attrs.evolve(config, bind=config.bind or own), server
@@ -333,7 +378,8 @@ def resolve(config: Any) -> tuple[Any, DiscoveryServer | None]:
     result = discover(secret, rank=config.rank, world=config.world,
                       data_port=config.data_base + config.rank, disc_port=config.disc_port,
                       via=config.via, want_all=mesh, timeout=config.timeout)
-    if not mesh:
-        return attrs.evolve(config, peers=[result.peers[0]]), None
+    if not mesh or result.topology == "star":
+        # A star coordinator: dial it, whatever topology this node assumed.
+        return attrs.evolve(config, peers=[result.peers[0]], topology="star"), None
     peers = [own if r == config.rank else result.peers[r] for r in range(config.world)]
     return attrs.evolve(config, peers=peers), None

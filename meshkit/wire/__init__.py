@@ -1,4 +1,4 @@
-"""The authenticated wire codec: handshake, frames and tensor tables.
+"""The encrypted, authenticated wire codec: handshake, frames and tensor tables.
 
 Everything that crosses a socket between two meshkit nodes goes through this
 package. It knows nothing about rank registries, routing or reductions (that
@@ -9,21 +9,24 @@ is the transport's job); it turns a connected stream socket into a
 The exact byte layout is in ``docs/wire.md``. In short:
 
 * **Handshake** (:func:`handshake`): both ends send an 80-byte hello (magic,
-  protocol version, flags, role, rank, world, max frame, session id, 32-byte
-  random nonce), derive per-connection, per-direction keys with HKDF-SHA256
-  from the shared secret, salted with a hash of both hellos, and prove they
-  hold the key with a 32-byte confirmation MAC. A wrong secret is an
-  :class:`~meshkit.errors.AuthenticationError` on both ends; a protocol
-  version or world size that differs is a :class:`~meshkit.errors.WireError`
-  naming both values.
+  protocol version, flags, role, rank, world, max frame, session id, and an
+  ephemeral X25519 public key as the 32-byte nonce), derive per-connection,
+  per-direction keys with HKDF-SHA256 from the shared secret and the X25519
+  shared value, salted with a hash of both hellos, and prove they hold the
+  key with a 32-byte confirmation MAC. An end with a node key
+  (:class:`NodeKey`) then signs that transcript with Ed25519. A wrong secret
+  is an :class:`~meshkit.errors.AuthenticationError` on both ends; a
+  protocol version, world size or encryption setting that differs is a
+  :class:`~meshkit.errors.WireError` naming both values.
 * **Frames**: a 64-byte header (kind, flags, tag, sender, sequence number,
   body length) with its own HMAC-SHA256, checked *before* the body is
-  allocated or read; then the body; then a 16-byte AES-256-GMAC body tag
-  (the GCM tag of the header as plaintext with the body as associated data,
-  under a per-direction key, nonce = the frame's sequence number), which
-  binds the body to its header. Sequence numbers are per direction, so a
-  replayed, reordered or reflected frame is an
-  :class:`~meshkit.errors.AuthenticationError`.
+  allocated or read; then the body, AES-256-GCM encrypted with the header as
+  associated data (under a per-direction key, nonce = the frame's sequence
+  number); then the 16-byte GCM tag. With ``encrypt=False`` on both ends the
+  body travels in clear and the tag is the GCM tag of the header with the
+  body as associated data (AES-GMAC). Either way the tag binds the body to
+  its header. Sequence numbers are per direction, so a replayed, reordered
+  or reflected frame is an :class:`~meshkit.errors.AuthenticationError`.
 * **Body**: a tensor table of named arrays (bool, int8..int64, uint8..uint64,
   float16, bfloat16, float32, float64, little-endian, C order) and JSON
   leaves. Never pickle, never eval. Optionally float32 arrays travel as
@@ -32,7 +35,7 @@ The exact byte layout is in ``docs/wire.md``. In short:
 
 Public API
 ----------
-``handshake(sock, secret, *, rank, world, ...) -> Channel``
+``handshake(sock, secret, *, rank, world, encrypt=True, node_key=None, ...) -> Channel``
     Authenticate a connected socket (either end calls the same function).
 ``Channel``
     ``send(kind, tag, state, *, bf16=False, sender=None) -> int``,
@@ -41,7 +44,8 @@ Public API
     ``forward(frame, *, sender=None)`` (relay without re-encoding; the body
     tag is recomputed under the outgoing channel's key), ``close()``;
     attributes ``rank``, ``world``, ``peer`` (a
-    :class:`Hello`), ``timeout``, ``max_frame``, ``closed``. One receiving
+    :class:`Hello`), ``peer_key`` (the node key it proved, or None),
+    ``encrypted``, ``timeout``, ``max_frame``, ``closed``. One receiving
     thread and any number of sending threads may use a channel at the same
     time (sends are serialised by a lock; ``close()`` from any thread wakes
     a blocked ``recv``).
@@ -61,10 +65,18 @@ Public API
 ``seal_datagram(secret, payload) -> bytes``, ``open_datagram(secret, datagram) -> bytes``
     Authenticate single datagrams (UDP discovery) under a key derived from
     the shared secret.
+``read_secret_file(path, what) -> bytes``, ``secret_from_text(value, what) -> bytes``, ``check_private_file(path, what)``
+    How each secret source becomes bytes (whitespace stripped at both ends,
+    never hex-decoded, at least ``MIN_SECRET`` = 16 bytes, files mode 0600).
+``NodeKey``, ``generate_node_key(path)``, ``load_node_key(path)``, ``public_key_text``, ``parse_public_key``, ``fingerprint``
+    Ed25519 node identity: the key files ``meshkit keygen`` writes.
+``AuthorizedNodes``, ``AuthorizedKey``, ``load_authorized_nodes(path)``
+    The coordinator's ``authorized_nodes`` file; ``problem(key, rank)`` says
+    why a node may not join, or None.
 Constants: ``PROTOCOL_VERSION``, ``DEFAULT_MAX_FRAME``, ``MAX_TENSORS``,
 ``MAX_NDIM``, ``MAX_NAME_BYTES``, ``RESERVED_TAG_BASE``, ``HELLO_MAGIC``,
 ``HELLO_SIZE``, ``HEADER_SIZE``, ``MAC_SIZE``, ``BODY_TAG_SIZE``, ``FLAG_BF16``,
-``DTYPE_CODES``.
+``DTYPE_CODES``, ``MIN_SECRET``, ``HELLO_FLAG_PLAINTEXT``, ``HELLO_FLAG_NODE_KEY``.
 
 Decoded arrays are **writable numpy views** into one buffer that holds that
 frame alone, so they may be folded from or modified in place; they keep the
@@ -82,10 +94,13 @@ import no sibling):
   (:func:`encode_state`, :func:`decode_state`); bounds checked before
   allocation, JSON depth.
 * ``_keys``: the shared secret's check, HKDF, the per-connection key schedule.
+* ``_secrets``: how each secret source becomes bytes; private-file modes.
+* ``_identity``: Ed25519 node keys, their files, ``authorized_nodes``.
 * ``_sockets``: socket plumbing (:func:`close_socket`, exact reads under a
   deadline, poll, send-queue room).
 * ``_channel``: every byte a frame puts on the socket: :class:`Channel`,
-  :class:`Frame`, sequence numbers, header MAC and body tag, timeouts.
+  :class:`Frame`, sequence numbers, header MAC, body encryption and tag,
+  timeouts.
 * ``_handshake``: the hello exchange, :func:`handshake`.
 * ``_datagrams``: :func:`seal_datagram` and :func:`open_datagram`.
 """
@@ -98,6 +113,8 @@ from meshkit.wire._codec import (
     DTYPE_CODES,
     FLAG_BF16,
     HEADER_SIZE,
+    HELLO_FLAG_NODE_KEY,
+    HELLO_FLAG_PLAINTEXT,
     HELLO_MAGIC,
     HELLO_SIZE,
     MAC_SIZE,
@@ -114,6 +131,19 @@ from meshkit.wire._codec import (
 from meshkit.wire._codec import _HELLO  # noqa: F401 - tests forge hellos with wire._HELLO
 from meshkit.wire._datagrams import open_datagram, seal_datagram
 from meshkit.wire._handshake import handshake
+from meshkit.wire._identity import (
+    AuthorizedKey,
+    AuthorizedNodes,
+    NodeKey,
+    fingerprint,
+    generate_node_key,
+    load_authorized_nodes,
+    load_node_key,
+    parse_public_key,
+    public_key_text,
+)
+from meshkit.wire._keys import MIN_SECRET
+from meshkit.wire._secrets import check_private_file, read_secret_file, secret_from_text
 from meshkit.wire._sockets import close_socket
 
 __all__ = [
@@ -141,4 +171,19 @@ __all__ = [
     "decode_state",
     "seal_datagram",
     "open_datagram",
+    "MIN_SECRET",
+    "HELLO_FLAG_PLAINTEXT",
+    "HELLO_FLAG_NODE_KEY",
+    "read_secret_file",
+    "secret_from_text",
+    "check_private_file",
+    "NodeKey",
+    "generate_node_key",
+    "load_node_key",
+    "public_key_text",
+    "parse_public_key",
+    "fingerprint",
+    "AuthorizedKey",
+    "AuthorizedNodes",
+    "load_authorized_nodes",
 ]

@@ -3,12 +3,15 @@
 A :class:`Channel` is what :func:`~meshkit.wire.handshake` returns: one
 connected socket and its per-direction keys. Sending packs the header (kind,
 flags, tag, sender, sequence number, body length), MACs it with HMAC-SHA256,
-writes the body straight from the arrays' memory and ends with the
-AES-256-GMAC body tag (the GCM tag of the header with the body as associated
-data, nonce = the sequence number). Receiving reads the header alone, checks
-its MAC, sequence number, flags and length *before* a body-sized buffer
-exists, then reads the body and tag and checks the tag, all while the bytes
-are still in cache. Stall timeouts and write deadlines are enforced here; any
+then sends the body AES-256-GCM encrypted (the header is the associated
+data, the nonce the sequence number) piece by piece straight from the arrays'
+memory, and ends with the 16-byte GCM tag. With encryption off the body
+travels in clear, followed by the GCM tag of the header with the body as
+associated data (AES-GMAC). Receiving reads the header alone, checks its
+MAC, sequence number, flags and length *before* a body-sized buffer exists,
+then reads the body into that buffer, decrypting it in place (or feeding it
+to the tag) piece by piece while the bytes are still in cache, and checks
+the tag before anything is decoded. Stall timeouts and write deadlines are enforced here; any
 error but :class:`RecvTimeout` closes the channel, since the stream can no
 longer be trusted to be in sync. The layouts themselves are in ``_codec``.
 """
@@ -25,6 +28,7 @@ from typing import Any, Mapping
 
 import attrs
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -88,6 +92,14 @@ def _streaming_gmac(key: bytes, seq: int) -> Any:
     return Cipher(algorithms.AES(key), modes.GCM(_GCM_NONCE.pack(0, seq))).encryptor()
 
 
+def _streaming_gcm(key: bytes, seq: int, header: bytes, *, decrypt: bool = False) -> Any:
+    """A GCM encryptor (or decryptor) with ``header`` as associated data, for the body."""
+    cipher = Cipher(algorithms.AES(key), modes.GCM(_GCM_NONCE.pack(0, seq)))
+    context = cipher.decryptor() if decrypt else cipher.encryptor()
+    context.authenticate_additional_data(header)
+    return context
+
+
 def _body_tag(gcm: AESGCM, key: bytes, seq: int, header: bytes, body: list[memoryview]) -> bytes:
     """The GCM tag of ``header`` (plaintext) with ``body`` as associated data.
 
@@ -143,7 +155,8 @@ class Channel:
     """
 
     def __init__(self, sock: socket.socket, *, keys: _Keys, rank: int, world: int, peer: Hello,
-                 timeout: float, max_frame: int, mac: bool = True) -> None:
+                 timeout: float, max_frame: int, mac: bool = True, encrypt: bool = False,
+                 peer_key: bytes | None = None) -> None:
         self._sock = sock
         self._keys = keys
         self.rank = rank
@@ -152,6 +165,12 @@ class Channel:
         self._timeout = timeout
         self.max_frame = max_frame
         self.mac_enabled = mac
+        #: Whether bodies travel AES-256-GCM encrypted (agreed in the handshake).
+        self.encrypted = encrypt and mac
+        #: The Ed25519 public key the peer proved in the handshake (32 bytes), or None.
+        self.peer_key = peer_key
+        #: Where big bodies are encrypted before they are sent (one piece at a time).
+        self._scratch: bytearray | None = None
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._send_seq = 0
@@ -307,6 +326,9 @@ class Channel:
 
     def _write(self, header: bytes, views: list[memoryview], nbytes: int, seq: int,
                deadline: float | None) -> None:
+        if self.encrypted:
+            self._write_encrypted(header, views, nbytes, seq, deadline)
+            return
         if nbytes < _COALESCE:
             # Small frame: one buffer, one tag call over it, one send.
             whole = bytearray(header)
@@ -340,6 +362,43 @@ class Channel:
             pending += gmac.tag
         else:
             pending += _ZERO_TAG
+        self._send_all(memoryview(pending), deadline)
+
+    def _write_encrypted(self, header: bytes, views: list[memoryview], nbytes: int, seq: int,
+                         deadline: float | None) -> None:
+        if nbytes < _COALESCE:
+            # Small frame: one AEAD call over the joined body, one send.
+            if len(views) == 1:
+                body: Any = views[0]
+            else:
+                body = bytearray()
+                for view in views:
+                    body += view
+            sealed = self._keys.send_gcm.encrypt(_GCM_NONCE.pack(0, seq), body, header)
+            self._send_all(memoryview(header + sealed), deadline)
+            return
+        # Big frame: each piece is read from the arrays' memory, encrypted into
+        # one reused scratch buffer and sent while it is still in cache.
+        gcm = _streaming_gcm(self._keys.send_body, seq, header)
+        if self._scratch is None:
+            self._scratch = bytearray(_SEND_PIECE)
+        scratch = memoryview(self._scratch)
+        pending = bytearray(header)
+        for view in views:
+            if view.nbytes < _COALESCE:
+                pending += gcm.update(view)
+                continue
+            if pending:
+                self._send_all(memoryview(pending), deadline)
+                pending = bytearray()
+            step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
+            for start in range(0, view.nbytes, step):
+                piece = view[start:start + step]
+                out = scratch[:piece.nbytes]
+                gcm.update_into(piece, out)
+                self._send_all(out, deadline)
+        pending += gcm.finalize()
+        pending += gcm.tag
         self._send_all(memoryview(pending), deadline)
 
     def _send_all(self, view: memoryview, deadline: float | None = None) -> None:
@@ -416,11 +475,12 @@ class Channel:
                 self.close()
                 raise
 
-    def _read_into(self, view: memoryview, what: str, gmac: Any = None,
+    def _read_into(self, view: memoryview, what: str, feed: Any = None,
                    mac_end: int = 0, got: int = 0) -> None:
-        # With ``gmac``, bytes [0, mac_end) are fed to it as they arrive, in
-        # pieces of about _MAC_STEP, while they are still in cache. ``got``:
-        # bytes already in ``view``.
+        # With ``feed``, bytes [0, mac_end) are passed to it (as a memoryview)
+        # as they arrive, in pieces of about _MAC_STEP, while they are still
+        # in cache: to the tag, or decrypted in place. ``got``: bytes already
+        # in ``view``.
         total = view.nbytes
         fed = 0
         while got < total:
@@ -444,12 +504,12 @@ class Channel:
                 raise PeerLostError(f"{self.peer.describe()} closed the connection after {got} "
                                     f"of {total} bytes of a frame {what}")
             got += k
-            if gmac is not None and min(got, mac_end) - fed >= _MAC_STEP:
+            if feed is not None and min(got, mac_end) - fed >= _MAC_STEP:
                 upto = min(got, mac_end)
-                gmac.authenticate_additional_data(view[fed:upto])
+                feed(view[fed:upto])
                 fed = upto
-        if gmac is not None and fed < mac_end:
-            gmac.authenticate_additional_data(view[fed:mac_end])
+        if feed is not None and fed < mac_end:
+            feed(view[fed:mac_end])
 
     def _receive_buffer(self, size: int) -> np.ndarray:
         """A buffer for one frame: a recycled one nothing references any more, or a new one.
@@ -500,7 +560,9 @@ class Channel:
         # anything body-sized allocated. Body and tag arrive in one read.
         whole = self._receive_buffer(nbytes + BODY_TAG_SIZE)
         body = whole[:nbytes]
-        if not self.mac_enabled:
+        if self.encrypted:
+            self._decrypt_into(whole, bytes(header), seq, tag, nbytes)
+        elif not self.mac_enabled:
             self._read_into(memoryview(whole), "body")
         elif nbytes < _MAC_STEP:
             self._read_into(memoryview(whole), "body")
@@ -508,11 +570,11 @@ class Channel:
                                  [memoryview(body)])
         else:
             gmac = _streaming_gmac(self._keys.recv_body, seq)
-            self._read_into(memoryview(whole), "body", gmac, nbytes)
+            self._read_into(memoryview(whole), "body", gmac.authenticate_additional_data, nbytes)
             gmac.update(bytes(header))
             gmac.finalize()
             expected = gmac.tag
-        if self.mac_enabled:
+        if self.mac_enabled and not self.encrypted:
             if not hmac.compare_digest(expected, whole[nbytes:].tobytes()):
                 raise AuthenticationError(
                     f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
@@ -521,3 +583,25 @@ class Channel:
         state = decode_state(body, flags=flags)
         return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=state,
                      bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=body, flags=flags)
+
+    def _decrypt_into(self, whole: np.ndarray, header: bytes, seq: int, tag: int,
+                      nbytes: int) -> None:
+        """Read an encrypted body and its tag into ``whole``; decrypt in place and verify."""
+        view = memoryview(whole)
+        try:
+            if nbytes < _MAC_STEP:
+                self._read_into(view, "body")
+                plain = self._keys.recv_gcm.decrypt(_GCM_NONCE.pack(0, seq), view, header)
+                whole[:nbytes] = np.frombuffer(plain, dtype=np.uint8)
+                return
+            gcm = _streaming_gcm(self._keys.recv_body, seq, header, decrypt=True)
+
+            def decrypt(piece: memoryview) -> None:
+                gcm.update_into(piece, piece)
+
+            self._read_into(view, "body", decrypt, nbytes)
+            gcm.finalize_with_tag(whole[nbytes:].tobytes())
+        except InvalidTag:
+            raise AuthenticationError(
+                f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
+                "authentication (forged or corrupted); connection dropped") from None

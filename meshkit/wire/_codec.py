@@ -26,7 +26,10 @@ from meshkit.state import MAX_JSON_DEPTH, json_depth
 
 # Version 2: the body tag is AES-256-GMAC (16 bytes) instead of
 # HMAC-SHA256 over the body's SHA-256 (32 bytes).
-PROTOCOL_VERSION = 2
+# Version 3: the hello's nonce is an ephemeral X25519 key whose shared value
+# enters the key schedule; bodies are AES-256-GCM encrypted unless both ends
+# opt out (HELLO_FLAG_PLAINTEXT); a node may prove an Ed25519 key.
+PROTOCOL_VERSION = 3
 #: Every MAC on the wire (header, key confirmation, datagram) is HMAC-SHA256.
 MAC_SIZE = 32
 
@@ -42,6 +45,11 @@ HELLO_SIZE = _HELLO.size
 # two versions can always tell each other apart before anything else.
 _HELLO_PREFIX = 10
 HELLO_FLAG_NO_MAC = 0x0001
+#: This end sends bodies in clear (tagged only): ``[mesh] encrypt = false``.
+HELLO_FLAG_PLAINTEXT = 0x0002
+#: This end proves a node key right after the key confirmation.
+HELLO_FLAG_NODE_KEY = 0x0004
+_KNOWN_HELLO_FLAGS = HELLO_FLAG_NO_MAC | HELLO_FLAG_PLAINTEXT | HELLO_FLAG_NODE_KEY
 
 
 @attrs.frozen

@@ -2,9 +2,13 @@
 
 Both ends send an 80-byte hello at once (no dialer/listener asymmetry), read
 the peer's magic and protocol version first (so two versions always tell each
-other apart), derive the keys from both hellos, and prove they hold them with
-a 32-byte confirmation MAC. Only then are the peer's claims (world size, rank,
-job, MAC flag) trusted enough to be checked and reported as facts. One
+other apart), derive the keys from the shared secret, the X25519 value of the
+two ephemeral keys the hellos carry and both hellos, and prove they hold them
+with a 32-byte confirmation MAC. Only then are the peer's claims (world size,
+rank, job, encryption and MAC flags) trusted enough to be checked and
+reported as facts. An end with a node key then signs the transcript (its
+public key and a 64-byte Ed25519 signature), and the other checks the
+signature; whether that key may join is the transport's decision. One
 deadline bounds the whole exchange, and every failure closes the socket so
 the peer never waits on it.
 """
@@ -13,17 +17,22 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import socket
 import struct
 import time
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel
 from meshkit.wire._codec import (
     _HELLO,
     _HELLO_PREFIX,
+    _KNOWN_HELLO_FLAGS,
     HELLO_FLAG_NO_MAC,
+    HELLO_FLAG_NODE_KEY,
+    HELLO_FLAG_PLAINTEXT,
     HELLO_MAGIC,
     HELLO_SIZE,
     MAC_SIZE,
@@ -31,7 +40,8 @@ from meshkit.wire._codec import (
     SESSION_SIZE,
     Hello,
 )
-from meshkit.wire._keys import NONCE_SIZE, _check_secret, _derive_keys
+from meshkit.wire._identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, NodeKey, verify_signature
+from meshkit.wire._keys import _check_secret, _derive_keys
 from meshkit.wire._sockets import _configure, _peer_address, _read_exact, close_socket
 
 log = logging.getLogger(__name__)
@@ -48,6 +58,8 @@ def handshake(
     timeout: float = 30.0,
     handshake_timeout: float | None = None,
     max_frame: int = DEFAULT_MAX_FRAME,
+    encrypt: bool = True,
+    node_key: NodeKey | None = None,
     benchmark_only_disable_mac: bool = False,
 ) -> Channel:
     """Authenticate a connected stream socket and return a :class:`Channel`.
@@ -61,10 +73,17 @@ def handshake(
     read/write stall timeout; ``handshake_timeout`` (default ``timeout``)
     bounds the whole handshake.
 
+    ``encrypt`` (the default) encrypts every frame body with AES-256-GCM;
+    ``encrypt=False`` only authenticates them (``[mesh] encrypt = false``).
+    Both ends must agree: a mismatch is a :class:`WireError` on both.
+    ``node_key`` (a :class:`NodeKey`) is proven to the peer by signing this
+    handshake's transcript; the peer's proven key, if it sent one, is
+    ``channel.peer_key`` (32 raw bytes, or None).
+
     ``benchmark_only_disable_mac`` turns frame MACs off (the handshake is
     still authenticated) so benchmarks can measure the MAC's cost. Both ends
-    must set it; it is never read from configuration and a peer cannot ask
-    for it.
+    must set it (it implies ``encrypt=False``); it is never read from
+    configuration and a peer cannot ask for it.
 
     Raises :class:`AuthenticationError` (wrong secret, reflection),
     :class:`WireError` (not meshkit, version/world/session mismatch) or
@@ -86,8 +105,16 @@ def handshake(
     deadline = time.monotonic() + deadline_budget
     address = _peer_address(sock)
     where = f"peer at {address}" if address else "peer"
-    flags = HELLO_FLAG_NO_MAC if benchmark_only_disable_mac else 0
-    nonce = os.urandom(NONCE_SIZE)
+    encrypt = encrypt and not benchmark_only_disable_mac
+    flags = ((HELLO_FLAG_NO_MAC if benchmark_only_disable_mac else 0)
+             | (0 if encrypt else HELLO_FLAG_PLAINTEXT)
+             | (HELLO_FLAG_NODE_KEY if node_key is not None else 0))
+    # The nonce field is a fresh X25519 public key: random to anyone else,
+    # and the key exchange that keeps the session keys out of reach of
+    # anyone who only knows the shared secret.
+    ephemeral = X25519PrivateKey.generate()
+    nonce = ephemeral.public_key().public_bytes(serialization.Encoding.Raw,
+                                                serialization.PublicFormat.Raw)
     mine = _HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, role, 0, rank, world, max_frame,
                        session.ljust(SESSION_SIZE, b"\x00"), nonce)
     try:
@@ -118,7 +145,12 @@ def handshake(
         if peer.nonce == nonce:
             raise AuthenticationError(f"{where} echoed our own handshake back (a reflection); "
                                       "refused")
-        keys = _derive_keys(secret, mine, theirs)
+        try:
+            shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(peer.nonce))
+        except ValueError:  # a low-order point: the shared value would be all zeros
+            raise AuthenticationError(f"{where} sent an invalid key-exchange value in its "
+                                      "hello; refused") from None
+        keys = _derive_keys(secret, mine, theirs, shared)
         try:
             sock.sendall(keys.confirm_mine)
         except (socket.timeout, OSError) as exc:
@@ -139,13 +171,32 @@ def handshake(
         if peer.session and session and peer.session != session.rstrip(b"\x00"):
             raise WireError(f"{peer.describe()} belongs to job {peer.session.hex()}, this node to "
                             f"job {session.hex()}; refused")
-        if (peer.flags & HELLO_FLAG_NO_MAC) != flags:
+        if peer.flags & ~_KNOWN_HELLO_FLAGS:
+            raise WireError(f"{peer.describe()} sent unknown handshake flags {peer.flags:#x}")
+        if (peer.flags & HELLO_FLAG_NO_MAC) != (flags & HELLO_FLAG_NO_MAC):
             raise WireError(f"{peer.describe()} has frame MACs "
                             f"{'off' if peer.flags & HELLO_FLAG_NO_MAC else 'on'}, this node has "
-                            f"them {'off' if flags else 'on'}; MACs may only be disabled on both "
-                            "ends, for benchmarks")
-        if peer.flags & ~HELLO_FLAG_NO_MAC:
-            raise WireError(f"{peer.describe()} sent unknown handshake flags {peer.flags:#x}")
+                            f"them {'off' if benchmark_only_disable_mac else 'on'}; MACs may "
+                            "only be disabled on both ends, for benchmarks")
+        if (peer.flags & HELLO_FLAG_PLAINTEXT) != (flags & HELLO_FLAG_PLAINTEXT):
+            theirs_on = not peer.flags & HELLO_FLAG_PLAINTEXT
+            raise WireError(
+                f"{peer.describe()} has frame encryption {'on' if theirs_on else 'off'}, this "
+                f"node has it {'on' if encrypt else 'off'}; set `[mesh] encrypt` the same on "
+                "every node (encryption is on unless `encrypt = false`)")
+        peer_key = None
+        if node_key is not None:
+            proof = node_key.public + node_key.sign(keys.transcript, nonce)
+            try:
+                sock.sendall(proof)
+            except (socket.timeout, OSError) as exc:
+                raise PeerLostError(f"{peer.describe()} failed during the handshake: "
+                                    f"{exc}") from None
+        if peer.flags & HELLO_FLAG_NODE_KEY:
+            proof = _read_exact(sock, PUBLIC_KEY_SIZE + SIGNATURE_SIZE, "node key proof",
+                                peer.describe(), deadline)
+            peer_key = proof[:PUBLIC_KEY_SIZE]
+            verify_signature(peer_key, proof[PUBLIC_KEY_SIZE:], keys.transcript, peer.nonce)
         sock.settimeout(timeout)
     except BaseException as exc:
         log.debug("handshake with %s failed: %s", where, exc)
@@ -153,4 +204,5 @@ def handshake(
         raise
     log.debug("authenticated %s (role %d)", peer.describe(), peer.role)
     return Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
-                   max_frame=max_frame, mac=not benchmark_only_disable_mac)
+                   max_frame=max_frame, mac=not benchmark_only_disable_mac, encrypt=encrypt,
+                   peer_key=peer_key)

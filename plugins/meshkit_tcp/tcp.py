@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+import attrs
+
 from meshkit import wire
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
@@ -46,7 +48,7 @@ from meshkit.transport import (
     Message,
     describe_dead,
 )
-from meshkit.transport.discovery import resolve
+from meshkit.transport.discovery import DiscoveryServer, resolve
 
 __all__ = ["TcpTransport", "TcpGroup", "parse_address"]
 
@@ -153,6 +155,11 @@ class TcpGroup(Group):
         self._benchmark_only_disable_mac = False
         #: Rank 0's UDP discovery responder, closed with the group.
         self._discovery: Any = None
+
+    @property
+    def discovery_port(self) -> int | None:
+        """The UDP port of this rank's discovery responder, or None without one."""
+        return None if self._discovery is None else self._discovery.port
 
     # -- the links (the kernel calls these through _TcpLinks) ------------------
 
@@ -318,6 +325,7 @@ class TcpGroup(Group):
             sock, self.config.secret, rank=self.rank, world=self.world_size,
             role=ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
+            encrypt=self.config.encrypt, node_key=self.config.node_key,
             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
 
     # -- accepting side -------------------------------------------------------
@@ -383,7 +391,9 @@ class TcpGroup(Group):
             with self._lock:
                 self._handshaking.discard(sock)
         rank = channel.peer.rank
-        problem = self._rank_problem(rank, channel.peer.role)
+        problem = self._identity_problem(channel)
+        if problem is None:
+            problem = self._rank_problem(rank, channel.peer.role)
         if problem is not None:
             try:
                 channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
@@ -408,6 +418,13 @@ class TcpGroup(Group):
             # earlier, a second node claiming it could be welcomed too.
             with self._lock:
                 self._admitting.discard(rank)
+
+    def _identity_problem(self, channel: wire.Channel) -> str | None:
+        """Why the node key ``channel``'s peer proved (or did not) may not join, or None."""
+        authorized = self.config.authorized_nodes
+        if authorized is None:
+            return None
+        return authorized.problem(channel.peer_key, channel.peer.rank)
 
     def _rank_problem(self, rank: int, role: int) -> str | None:
         """Why a handshaken peer claiming ``rank`` may not join, or None."""
@@ -583,8 +600,17 @@ class TcpTransport:
             raise ConfigError(
                 "no secret: every meshkit connection is authenticated with a shared secret; "
                 "set secret_file in [mesh] or MESHKIT_SECRET (the same on every node)")
+        if len(config.secret) < wire.MIN_SECRET:
+            raise ConfigError(
+                f"the shared secret is {len(config.secret)} bytes; use at least "
+                f"{wire.MIN_SECRET} random bytes (e.g. `openssl rand -hex 32 > secret`)")
         server = None
-        if config.discover and not config.peers:
+        # A star's coordinator listens first and then announces the port it
+        # actually bound (bind may be port 0); everyone else resolves first.
+        announce = config.discover and not config.peers and config.rank == 0 and config.is_star
+        if announce:
+            config = attrs.evolve(config, bind=config.bind or f"0.0.0.0:{config.data_base}")
+        elif config.discover and not config.peers:
             config, server = resolve(config)
         try:
             group = TcpGroup(config, self.options)
@@ -599,6 +625,12 @@ class TcpTransport:
                 group._start_star()
             else:
                 group._start_mesh()
+            if announce:
+                port = int(group._bound.rpartition(":")[2])
+                group._discovery = DiscoveryServer(config.secret, config.world, data_port=port,
+                                                   port=config.disc_port, topology="star")
+                log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
+                         group._discovery.port, port)
         except BaseException:
             group.close()
             raise

@@ -13,9 +13,12 @@ from meshkit_boards import LoopbackOptions
 
 def test_the_secret_comes_from_the_file_first_then_the_environment(tmp_path):
     secret_file = tmp_path / "secret"
-    secret_file.write_text("from-file\n")
-    assert read_secret(str(secret_file), {"MESHKIT_SECRET": "from-env"}) == b"from-file"
-    assert read_secret(None, {"MESHKIT_SECRET": "from-env"}) == b"from-env"
+    secret_file.write_text("from-the-secret-file\n")
+    secret_file.chmod(0o600)
+    assert read_secret(str(secret_file), {"MESHKIT_SECRET": "from-the-environment"}) == \
+        b"from-the-secret-file"
+    assert read_secret(None, {"MESHKIT_SECRET": "from-the-environment"}) == \
+        b"from-the-environment"
 
 
 def test_no_secret_is_refused_with_what_to_do(tmp_path):
@@ -60,7 +63,7 @@ def _node(*extra: str) -> Any:
 
     base = ["node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9", "--board",
             "loopback", "--board-option", "input_elems=2", "--board-option", "output_elems=2"]
-    return CliRunner().invoke(main, [*base, *extra], env={"MESHKIT_SECRET": "s"})
+    return CliRunner().invoke(main, [*base, *extra], env={"MESHKIT_SECRET": "s" * 16})
 
 
 @pytest.mark.parametrize("options, message", [

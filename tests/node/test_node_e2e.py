@@ -147,6 +147,7 @@ def test_a_pipeline_over_a_full_mesh_moves_activations_rank_to_rank(tmp_path):
 
     secret_file = tmp_path / "secret"
     secret_file.write_bytes(SECRET)
+    secret_file.chmod(0o600)
     peers = [f"127.0.0.1:{p}" for p in _free_ports(3)]
     config = NodeConfig(rank=0, world=3, peers=peers, topology="mesh", transport="tcp",
                         secret=SECRET, timeout=20)
@@ -190,7 +191,7 @@ def test_meshkit_node_refuses_to_start_without_a_secret():
 def test_meshkit_node_reports_bad_flags_and_env_values_clearly(tmp_path):
     from conftest import run_cli
 
-    secret = {"MESHKIT_SECRET": "s"}
+    secret = {"MESHKIT_SECRET": "s" * 16}
     proc = run_cli("node", "--rank", "1", "--world", "4", "--peers", "a:1,b:2", env=secret)
     assert proc.returncode == 2
     assert "peers: got 2 address(es); expected 4 (one per rank, for a mesh) or 1 " \

@@ -63,7 +63,7 @@ def test_a_world_size_mismatch_names_both_sizes(server) -> None:
 def test_foreign_forged_and_malformed_datagrams_are_ignored_and_counted(server) -> None:
     junk = [
         os.urandom(40),                                            # random bytes
-        wire.seal_datagram(b"another secret", b'{"v":1,"t":"hello"}'),  # foreign key
+        wire.seal_datagram(b"another secret 0123", b'{"v":1,"t":"hello"}'),  # foreign key
         wire.seal_datagram(SECRET, b"not json"),                   # malformed body
         wire.seal_datagram(SECRET, b'{"v":99,"t":"hello"}'),        # unknown version
         wire.seal_datagram(SECRET, b'{"v":1,"t":"hello","rank":"1"}'),  # wrong field types
@@ -78,8 +78,12 @@ def test_foreign_forged_and_malformed_datagrams_are_ignored_and_counted(server) 
 
 
 def test_a_worker_with_the_wrong_secret_gets_no_answer(server) -> None:
-    with pytest.raises(PeerLostError, match="found no coordinator"):
-        ask(server, 1, secret=b"wrong secret", timeout=0.5)
+    with pytest.raises(PeerLostError) as info:
+        ask(server, 1, secret=b"wrong secret 0123456", timeout=0.5)
+    # What was tried, for how long, and what to check.
+    message = str(info.value)
+    assert "rank 1 tried for" in message and "hello(s) by unicast to 127.0.0.1:" in message
+    assert "nothing answered" in message and "same shared secret" in message
     assert server.ignored >= 1 and 1 not in server.table()
 
 

@@ -78,7 +78,7 @@ def test_a_worker_with_the_wrong_secret_is_refused() -> None:
     coordinator = configs[0].connect()
     try:
         bad = NodeConfig(rank=1, world=3, peers=configs[0].peers, transport="inproc",
-                         secret=b"not-the-secret", timeout=2)
+                         secret=b"not-the-secret-0123", timeout=2)
         with pytest.raises(AuthenticationError, match="wrong secret"):
             bad.connect()
     finally:
@@ -253,12 +253,12 @@ def test_both_transports_refuse_what_json_would_change(transport, payload):
         configs = inproc_configs(2)
     else:
         coordinator_config = NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0",
-                                        secret=b"test-secret", timeout=5)
+                                        secret=b"test-secret-0123456", timeout=5)
         configs = [coordinator_config]
     coordinator = configs[0].connect()
     if transport == "tcp":
         configs.append(NodeConfig(rank=1, world=2, topology="star",
-                                  peers=[coordinator.address], secret=b"test-secret", timeout=5))
+                                  peers=[coordinator.address], secret=b"test-secret-0123456", timeout=5))
     worker = configs[1].connect()
     try:
         assert coordinator.wait_for_workers(timeout=5) == [1]

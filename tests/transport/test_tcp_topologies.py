@@ -14,7 +14,7 @@ from meshkit.transport import ANY
 from meshkit_tcp.tcp import parse_address
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
-SECRET = b"tcp-test-secret"
+SECRET = b"tcp-test-secret-0123"
 
 
 def free_ports(n: int) -> list[int]:

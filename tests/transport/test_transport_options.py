@@ -44,6 +44,7 @@ def test_an_unknown_transport_option_names_the_table_and_key():
 def test_meshkit_node_refuses_a_bad_transport_option_before_connecting(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("x" * 32)
+    secret.chmod(0o600)
     result = run_cli("node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9",
                      "--secret-file", str(secret), "--transport-option", "bf16_wire=maybe")
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -54,10 +55,21 @@ def test_meshkit_node_refuses_a_bad_transport_option_before_connecting(tmp_path)
 def test_a_local_run_hands_the_transport_table_to_every_worker(tmp_path):
     out = tmp_path / "out"
     config = write_config(tmp_path / "c.toml", out, workers=2, rounds=2)
-    config.write_text(config.read_text() + "\n[transport]\nbf16_wire = true\n")
+    config.write_text(config.read_text() + "\n[transport]\nmax_frame_bytes = 536870912\n")
     procs = {}
     report = Runner(str(config), on_workers=procs.update).run()
     assert report.ok and report.rounds_completed == 2
     for proc in procs.values():
         args = list(proc.args)
-        assert args[args.index("--transport-option") + 1] == "bf16_wire=true"
+        assert args[args.index("--transport-option") + 1] == "max_frame_bytes=536870912"
+
+
+def test_bf16_wire_in_a_run_config_is_refused_saying_where_it_applies(tmp_path):
+    config = write_config(tmp_path / "c.toml", tmp_path / "out", workers=2, rounds=1)
+    config.write_text(config.read_text() + "\n[transport]\nbf16_wire = true\n")
+    for command in ("check", "run"):
+        result = run_cli(command, str(config))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "[transport] bf16_wire: has no effect in `meshkit run` jobs" in result.stderr
+        assert "Group.all_reduce" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -110,8 +110,18 @@ def record(channel: wire.Channel, *frames: tuple[int, int, dict]) -> list[bytes]
 
 
 def gmac(key: bytes, seq: int, header: bytes, body: bytes) -> bytes:
-    """The body tag as docs/wire.md defines it."""
+    """The body tag with encryption off, as docs/wire.md defines it."""
     return AESGCM(key).encrypt(struct.pack("<IQ", 0, seq), header, body)[-16:]
+
+
+def seal(channel: wire.Channel, seq: int, header: bytes, body: bytes) -> bytes:
+    """What follows ``header`` on the wire for ``body``, as docs/wire.md defines it:
+    the AES-256-GCM ciphertext and tag (header = associated data), or with
+    encryption off the body in clear and its GMAC tag."""
+    key = channel._keys.send_body
+    if channel.encrypted:
+        return AESGCM(key).encrypt(struct.pack("<IQ", 0, seq), body, header)
+    return body + gmac(key, seq, header, body)
 
 
 def send_raw(channel: wire.Channel, data: bytes) -> None:
@@ -370,7 +380,7 @@ def test_an_authenticated_frame_claiming_too_many_tensors_is_refused(pair):
     body = struct.pack("<II", wire.MAX_TENSORS + 1, 0) + bytes(24)
     # MAC a body with a hostile count, as a buggy peer holding the key could.
     header = _forged_header(len(body), key=a._keys.send_header)
-    send_raw(a, header + body + gmac(a._keys.send_body, 0, header, body))
+    send_raw(a, header + seal(a, 0, header, body))
     with pytest.raises(WireError, match="65537 entries; the limit is 65536"):
         b.recv()
 
@@ -409,7 +419,7 @@ def test_a_body_tag_is_bound_to_its_header(pair):
     # (a different tag field) carrying the same body and sequence number.
     other = struct.pack("<4sBBHIIQQ", b"MKF\x01", 1, 0, 0, 8, 1, 0, len(body))
     other += hmac.digest(a._keys.send_header, other, "sha256")
-    send_raw(a, header + body + gmac(a._keys.send_body, 0, other, body))
+    send_raw(a, header + seal(a, 0, other, body))
     with pytest.raises(AuthenticationError, match="body .* failed authentication"):
         b.recv()
 
@@ -418,27 +428,40 @@ def test_a_body_tag_from_another_sequence_number_is_refused(pair):
     a, b = pair
     body = struct.pack("<II", 0, 0)
     header = _forged_header(len(body), key=a._keys.send_header)
-    send_raw(a, header + body + gmac(a._keys.send_body, 1, header, body))
+    send_raw(a, header + seal(a, 1, header, body))
     with pytest.raises(AuthenticationError, match="body .* failed authentication"):
         b.recv()
 
 
-@pytest.mark.parametrize("n", [16, 1 << 17], ids=["small-one-shot", "large-streamed"])
-def test_frames_carry_the_16_byte_body_tag_the_docs_define(pair, n):
-    a, b = pair
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "authenticated"])
+@pytest.mark.parametrize("n", [16, 1 << 17, 1 << 20],
+                         ids=["small-one-shot", "large-streamed", "pieces"])
+def test_frames_carry_the_body_and_16_byte_tag_the_docs_define(n, encrypt):
+    a, b = channel_pair(encrypt=encrypt)
+    assert a.encrypted is b.encrypted is encrypt
     state = {"x": np.arange(n, dtype=np.float32), "meta": {"round": 1}}
     first, second = record(a, (1, 1, state), (1, 2, state))
     body = wire.encode_state(state)
+    plain = b"".join(bytes(_byte(buf)) for buf in body.buffers)
     for seq, frame in enumerate((first, second)):
         assert len(frame) == wire.HEADER_SIZE + body.nbytes + wire.BODY_TAG_SIZE == \
             wire.HEADER_SIZE + body.nbytes + 16
-        header, tag = frame[:wire.HEADER_SIZE], frame[-16:]
-        assert tag == gmac(a._keys.send_body, seq, header, frame[wire.HEADER_SIZE:-16])
+        header = frame[:wire.HEADER_SIZE]
+        assert frame[wire.HEADER_SIZE:] == seal(a, seq, header, plain)
+        assert (plain in frame) is not encrypt
     # A new nonce per frame: the same body never gets the same tag twice.
     assert first[-16:] != second[-16:]
     writing = Outcome(lambda: send_raw(a, first + second))
-    assert [b.recv().tag, b.recv().tag] == [1, 2]
+    got = [b.recv(), b.recv()]
+    assert [frame.tag for frame in got] == [1, 2]
+    np.testing.assert_array_equal(got[1].state["x"], state["x"])
     writing.get()
+    a.close(), b.close()
+
+
+def _byte(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def test_a_tampered_large_body_is_refused_when_authenticated_while_reading(pair):

@@ -133,9 +133,9 @@ RUNTIME_PROBE = textwrap.dedent("""
         a, b = socket.socketpair()
         box = {}
         t = threading.Thread(target=lambda: box.setdefault(
-            "b", wire.handshake(b, b"s3cret", rank=1, world=2, timeout=10)))
+            "b", wire.handshake(b, b"s3cret-0123456789", rank=1, world=2, timeout=10)))
         t.start()
-        ca = wire.handshake(a, b"s3cret", rank=0, world=2, timeout=10)
+        ca = wire.handshake(a, b"s3cret-0123456789", rank=0, world=2, timeout=10)
         t.join()
         cb = box["b"]
         state = {"f": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -153,7 +153,7 @@ RUNTIME_PROBE = textwrap.dedent("""
             t = in_background(lambda: cb.forward(frame))
             ca.recv()
             t.join()
-        wire.open_datagram(b"s3cret", wire.seal_datagram(b"s3cret", b"hello"))
+        wire.open_datagram(b"s3cret-0123456789", wire.seal_datagram(b"s3cret-0123456789", b"hello"))
         ca.close(); cb.close()
 
     exchange()  # warm up: every lazy import happens here, before the tripwires

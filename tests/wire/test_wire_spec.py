@@ -9,7 +9,11 @@ import socket
 import struct
 
 import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from meshkit import wire
 
@@ -17,29 +21,36 @@ from test_channel import SECRET, Outcome, tcp_pair
 
 
 class DocPeer:
-    """A peer written only from docs/wire.md (struct, hmac and AESGCM; no meshkit.wire)."""
+    """A peer written only from docs/wire.md (struct, hmac, AESGCM, X25519 and
+    Ed25519 from ``cryptography``; no meshkit.wire)."""
 
-    def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int) -> None:
-        import os
-
+    def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int, *,
+                 encrypt: bool = True, node_key: Ed25519PrivateKey | None = None) -> None:
         self.sock = sock
-        nonce = os.urandom(32)
-        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 2, 0, 0, 0, rank, world, 1 << 30,
-                           bytes(16), nonce)
+        self.encrypt = encrypt
+        ephemeral = X25519PrivateKey.generate()
+        nonce = ephemeral.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        flags = (0 if encrypt else 0x0002) | (0x0004 if node_key is not None else 0)
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 3, flags, 0, 0, rank, world,
+                           1 << 30, bytes(16), nonce)
         sock.sendall(mine)
         theirs = self._read(80)
+        peer_nonce = theirs[48:80]
+        shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(peer_nonce))
         a, b = sorted((mine, theirs))
         transcript = hashlib.sha256(b"meshkit/1 transcript" + a + b).digest()
-        prk = hmac.digest(transcript, secret, "sha256")
+        prk = hmac.digest(transcript, secret + shared, "sha256")
 
         def key(label: bytes, n: bytes) -> bytes:
             return hmac.digest(prk, b"meshkit/1 " + label + b" " + n + b"\x01", "sha256")
 
-        peer_nonce = theirs[48:80]
-        self.send_keys = (key(b"header", nonce), AESGCM(key(b"body-gmac", nonce)))
-        self.recv_keys = (key(b"header", peer_nonce), AESGCM(key(b"body-gmac", peer_nonce)))
+        self.send_keys = (key(b"header", nonce), AESGCM(key(b"body", nonce)))
+        self.recv_keys = (key(b"header", peer_nonce), AESGCM(key(b"body", peer_nonce)))
         sock.sendall(hmac.digest(key(b"confirm", nonce), transcript, "sha256"))
         assert self._read(32) == hmac.digest(key(b"confirm", peer_nonce), transcript, "sha256")
+        if node_key is not None:
+            public = node_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            sock.sendall(public + node_key.sign(b"meshkit/1 node identity " + transcript + nonce))
         self.seq_out = self.seq_in = 0
 
     def _read(self, n: int) -> bytes:
@@ -55,8 +66,11 @@ class DocPeer:
         head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, 0, 0, tag, 1, self.seq_out, len(body))
         header = head + hmac.digest(self.send_keys[0], head, "sha256")
         nonce = struct.pack("<IQ", 0, self.seq_out)
-        tag_ = self.send_keys[1].encrypt(nonce, header, body)[-16:]
-        self.sock.sendall(header + body + tag_)
+        if self.encrypt:
+            sealed = self.send_keys[1].encrypt(nonce, body, header)
+        else:
+            sealed = body + self.send_keys[1].encrypt(nonce, header, body)[-16:]
+        self.sock.sendall(header + sealed)
         self.seq_out += 1
 
     def recv_json(self) -> tuple[int, dict]:
@@ -69,7 +83,10 @@ class DocPeer:
         body = self._read(body_len)
         tag_ = self._read(16)
         nonce = struct.pack("<IQ", 0, self.seq_in)
-        assert hmac.compare_digest(tag_, self.recv_keys[1].encrypt(nonce, header, body)[-16:])
+        if self.encrypt:
+            body = self.recv_keys[1].decrypt(nonce, body + tag_, header)
+        else:
+            assert hmac.compare_digest(tag_, self.recv_keys[1].encrypt(nonce, header, body)[-16:])
         self.seq_in += 1
         count, _ = struct.unpack_from("<II", body)
         pos, entries = 8, []
@@ -86,12 +103,15 @@ class DocPeer:
         return tag, out
 
 
-def test_a_peer_written_from_the_docs_interoperates():
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "authenticated"])
+def test_a_peer_written_from_the_docs_interoperates(encrypt):
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, SECRET, rank=0, world=3))
-    peer = DocPeer(a, SECRET, rank=1, world=3)
+    node_key = Ed25519PrivateKey.generate()
+    other = Outcome(lambda: wire.handshake(b, SECRET, rank=0, world=3, encrypt=encrypt))
+    peer = DocPeer(a, SECRET, rank=1, world=3, encrypt=encrypt, node_key=node_key)
     channel = other.get()
-    assert channel.peer.rank == 1
+    assert channel.peer.rank == 1 and channel.encrypted is encrypt
+    assert channel.peer_key == node_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
     peer.send_array(11, "w", matrix, code=12)
     frame = channel.recv()

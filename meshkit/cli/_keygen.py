@@ -1,0 +1,39 @@
+"""``meshkit keygen``: a node's Ed25519 key pair, for ``meshkit node --key``.
+
+The private key is written mode 0600 (a key others can read is refused when
+loaded); the public key goes to ``FILE.pub`` as one ``authorized_nodes``
+line, which is also printed, ready to append to the coordinator's file.
+:mod:`meshkit.cli` loads this module only when the command runs.
+"""
+
+from __future__ import annotations
+
+import click
+
+from meshkit import wire
+
+__all__ = ["keygen"]
+
+
+@click.command("keygen", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--comment", default="", help="Text after the key on the .pub line (a name).")
+@click.option("--rank", "ranks", type=int, multiple=True,
+              help="Bind the printed authorized_nodes line to this rank (repeatable).")
+@click.option("--force", is_flag=True, help="Replace FILE and FILE.pub if they exist.")
+def keygen(file: str, comment: str, ranks: tuple[int, ...], force: bool) -> None:
+    """Write a node key pair: FILE (private, 0600) and FILE.pub.
+
+    Prints the public key as an authorized_nodes line; append it to the file
+    named by the coordinator's [mesh] authorized_nodes (add `rank=N` to bind
+    it to a rank, or start the line with `revoked` to refuse it later).
+    """
+    public = wire.generate_node_key(file, comment=comment, overwrite=force)
+    line = wire.public_key_text(public)
+    if ranks:
+        line += " rank=" + ",".join(str(r) for r in ranks)
+    if comment:
+        line += f" {comment}"
+    click.echo(line)
+    click.echo(f"wrote {file} (private, mode 600) and {file}.pub; fingerprint "
+               f"{wire.fingerprint(public)}", err=True)
