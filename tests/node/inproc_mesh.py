@@ -56,14 +56,14 @@ class Mesh:
             peers = [hub] if topology == "star" else [hub] * self.world
         elif topology == "star":
             g0 = NodeConfig(rank=0, world=self.world, topology="star", bind="127.0.0.1:0",
-                            transport="tcp", secret=b"test-secret", timeout=timeout).connect()
+                            transport="tcp", secret=b"test-secret-0123456789", timeout=timeout).connect()
             peers = [g0.address]
         else:
             peers = [f"127.0.0.1:{port}" for port in _free_ports(self.world)]
 
         def config(rank: int) -> NodeConfig:
             return NodeConfig(rank=rank, world=self.world, peers=peers, topology=topology,
-                              transport=transport, secret=b"test-secret", timeout=timeout)
+                              transport=transport, secret=b"test-secret-0123456789", timeout=timeout)
 
         def run(rank: int) -> None:
             spec = nodes[rank]
