@@ -4,7 +4,7 @@ Order of events (:func:`run`):
 
 1. Resolve the config (every plugin found, every options table valid) and
    build the task, strategy, aggregator and outer optimizer
-   (:func:`build_components`). A missing plugin, a bad key or a refused
+   (:func:`~meshkit.train._preflight.build_components`). A missing plugin, a bad key or a refused
    strategy fails here, before any process starts or any socket opens.
 2. ``meshkit_run_started(config)`` fires.
 3. The coordinator (rank 0) binds ``[mesh] bind``. With ``launch = "local"``
@@ -46,7 +46,6 @@ from meshkit.errors import ConfigError, MeshError, PeerLostError
 from meshkit.node import collect_caps, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import Stage, run_pipeline
-from meshkit.task import build_task, check_task
 from meshkit.train._artifacts import (
     append_metrics,
     clear_results,
@@ -57,9 +56,10 @@ from meshkit.train._artifacts import (
 from meshkit.train._launch import exited_early, new_secret, reap, spawn_workers, write_secret
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._pool import GroupPool
+from meshkit.train._preflight import build_components
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["RunReport", "RunEvent", "Runner", "run", "build_components"]
+__all__ = ["RunReport", "RunEvent", "Runner", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -378,43 +378,6 @@ def _check_model_fits(out: Path, saved: Mapping[str, Any], fresh: Mapping[str, A
             f"cannot resume {str(out)!r}: its checkpoint's model does not fit the task this "
             f"config builds ({'; '.join(problems[:5])}). Use the same [task] options, or run "
             f"without --resume to start afresh")
-
-
-def build_components(plan: Any) -> dict[str, Any]:
-    """Build every component of a resolved plan and run the strategy's own checks.
-
-    Used by ``meshkit run`` before any process starts and by ``meshkit check``,
-    so both refuse the same configs.
-    """
-    cfg = plan.config
-    strategy = plan.create("strategy")
-    if not callable(getattr(strategy, "run", None)):
-        raise ConfigError(f"{cfg.path}: [strategy] {cfg.strategy.name!r} built a "
-                          f"{type(strategy).__name__} with no run(ctx) method")
-    try:
-        task = check_task(build_task(plan.components["task"], plan.options["task"],
-                                     cfg.run.task), cfg.run.task)
-    except ConfigError as exc:
-        raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
-    check = getattr(strategy, "check", None)
-    if callable(check):
-        try:
-            check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers)
-        except ConfigError as exc:
-            raise ConfigError(f"{cfg.path}: {exc}") from None
-    rounds = getattr(getattr(strategy, "options", None), "rounds", 0)
-    extra = getattr(strategy, "extra_ranks", None)
-    return {
-        "boards": list(extra()) if callable(extra) else [],
-        "strategy": strategy,
-        "task": task,
-        "aggregator": plan.create("aggregator"),
-        "outer": plan.create("outer_optimizer"),
-        "rng": np.random.default_rng(cfg.run.seed),
-        "rounds": int(rounds or 0),
-        "ctx_state": None,
-        "global_state": None,
-    }
 
 
 def run(config: Any, *, resume: bool = False, pset: Any = None,
