@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshkit.checkpoint import CHECKPOINT_NAME
+from meshkit.errors import ConfigError
 from meshkit.train._strategy import REPORT_FIELDS
 
 __all__ = [
@@ -61,7 +62,30 @@ def read_metrics(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(out) / METRICS_NAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [json.loads(line) for line in _lines(path) if line]
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{str(path)!r} is not UTF-8 text (byte {exc.start} is not: {exc.reason}), so it "
+            f"is not a metrics file meshkit wrote. Fix or remove it, or start afresh with "
+            f"--overwrite") from None
+
+
+def _round_of(path: Path, number: int, row: Any) -> int:
+    """The round a kept metrics line records, or a ConfigError naming the line."""
+    rnd = row.get("round") if isinstance(row, dict) else None
+    if isinstance(rnd, bool) or not isinstance(rnd, int):
+        what = f"its round is {rnd!r}" if isinstance(row, dict) else (
+            f"it is {type(row).__name__}, not a JSON object")
+        raise ConfigError(
+            f"{str(path)!r} line {number}: {what}, not a round number; a resumed run cannot "
+            f"tell which rounds it records. Fix or remove the line, or start afresh with "
+            f"--overwrite")
+    return rnd
 
 
 def truncate_metrics(out: Path, last_round: int,
@@ -70,20 +94,23 @@ def truncate_metrics(out: Path, last_round: int,
 
     The checkpoint is written before its round's line, so a crash between
     the two leaves the line missing: ``last_report`` (the line the
-    checkpoint carries) fills that gap.
+    checkpoint carries) fills that gap. A line that is not JSON is a torn
+    last line from a crash and is dropped; a JSON line that does not record
+    a round is refused (something other than meshkit wrote it).
     """
     path = out / METRICS_NAME
     kept = []
     recorded = 0
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for number, line in enumerate(_lines(path), 1):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn last line from a crash
-            if isinstance(row, dict) and row.get("round", 0) <= last_round:
+            rnd = _round_of(path, number, row)
+            if rnd <= last_round:
                 kept.append(line)
-                recorded = max(recorded, int(row.get("round", 0)))
+                recorded = max(recorded, rnd)
     if last_report and recorded < last_round == last_report.get("round"):
         kept.append(json.dumps(dict(last_report)))
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
