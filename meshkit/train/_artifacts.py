@@ -33,6 +33,7 @@ __all__ = [
     "truncate_metrics",
     "write_summary",
     "plot",
+    "figure",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,11 @@ def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
 
 
 def plot(out: Path) -> Path | None:
-    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed."""
+    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed.
+
+    Called whatever the run's outcome, so a failure is logged, never raised:
+    the run's own error (or success) is what the user must see.
+    """
     try:
         import matplotlib
 
@@ -133,24 +138,55 @@ def plot(out: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = read_metrics(out)
-    if not rows:
+    try:
+        fig = figure(read_metrics(out), title=str(out))
+        if fig is None:
+            return None
+        path = out / REPORT_NAME
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+    except Exception:
+        log.warning("could not draw %s", out / REPORT_NAME, exc_info=True)
         return None
+
+
+def figure(rows: list[dict[str, Any]], title: str = "") -> Any:
+    """The metrics of ``rows`` drawn round by round (a matplotlib figure), or None.
+
+    Rounds are whole numbers, so the round axis has integer ticks only; a
+    single round (a model-parallel pass, an evaluation-only run) is one
+    labelled point centred on its own tick rather than a dot on a
+    fractional axis.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     keys = sorted({k for row in rows for k, v in row.items()
-                   if k not in REPORT_FIELDS and isinstance(v, (int, float))})
+                   if k not in REPORT_FIELDS and isinstance(v, (int, float))
+                   and not isinstance(v, bool)})
     if not keys:
         return None
+    rounds = sorted({r["round"] for r in rows})
     fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True,
                              squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
         pts = [(r["round"], r[key]) for r in rows if key in r]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        if len(pts) == 1:
+            ax.annotate(f"{pts[0][1]:.4g}", pts[0], textcoords="offset points",
+                        xytext=(8, 0), va="center")
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
-    axes[-1, 0].set_xlabel("round")
-    fig.suptitle(f"{rows[-1].get('strategy', '')}: {out}")
+    bottom = axes[-1, 0]
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(rounds) == 1:
+        bottom.set_xticks(rounds)
+        bottom.set_xlim(rounds[0] - 1, rounds[0] + 1)
+    bottom.set_xlabel("round")
+    fig.suptitle(f"{rows[-1].get('strategy', '')}: {title}")
     fig.tight_layout()
-    path = out / REPORT_NAME
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
