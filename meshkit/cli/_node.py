@@ -139,9 +139,11 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             "per rank, for a mesh), or --discover (env PEERS / DISCOVER=1)")
 
     control = NodeControl(steps=steps)
+    signalled: list[int] = []
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
         # Leave after the current activation rather than dying mid-frame.
+        signalled.append(signum)
         control.stop()
 
     previous = {}
@@ -167,3 +169,9 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             signal.signal(sig, handler)
         if board is not None:
             board.close()
+    if signalled:
+        # The same statuses as an interrupted `meshkit run`: 130 / 143.
+        name = signal.Signals(signalled[0]).name
+        click.echo(f"meshkit node: stopped by {'Ctrl-C' if name == 'SIGINT' else name}",
+                   err=True)
+        sys.exit(128 + signalled[0])

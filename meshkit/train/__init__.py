@@ -35,7 +35,7 @@ from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._preflight import build_components
-from meshkit.train._runner import RunEvent, Runner, RunReport, run
+from meshkit.train._runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import client_seed, sample_clients, shard_bounds, shard_pair
 from meshkit.train._strategy import (
     RoundReport,
@@ -85,7 +85,9 @@ __all__ = [
     "RunReport",
     "RunEvent",
     "Runner",
+    "Interrupted",
     "run",
+    "load_run_config",
     "build_components",
     "METRICS_NAME",
     "REPORT_NAME",
