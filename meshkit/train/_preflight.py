@@ -14,7 +14,7 @@ rejects would only move the failure to a worse moment. In order:
 4. the task's initial model is built on the coordinator
    (:func:`initial_model`), so a model that cannot fit in memory is a
    :class:`ConfigError` here rather than a ``MemoryError`` after workers
-   were spawned; the run then starts from this very state;
+   were spawned;
 5. the aggregator and the outer optimizer.
 
 What ``check`` prints about the plan is measured here too: the world the
@@ -34,8 +34,8 @@ import numpy as np
 from meshkit.errors import ConfigError, MeshError
 from meshkit.task import build_task, check_task
 
-__all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model", "world_size",
-           "ModelSize"]
+__all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model",
+           "world_size", "ModelSize"]
 
 
 def check_out(cfg: Any) -> None:
@@ -186,6 +186,11 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "outer": plan.create("outer_optimizer"),
         "rng": np.random.default_rng(cfg.run.seed),
         "rounds": None if rounds is None else int(rounds),
-        "ctx_state": state,
-        "global_state": state,
+        # The model the checks built: resume compares shapes with it and an
+        # evaluation-only run evaluates it. A training run lets it go before
+        # starting (the strategy builds it again, the same pure function of
+        # the seed), so the coordinator holds no extra copy for the run.
+        "initial_state": state,
+        "ctx_state": None,
+        "global_state": None,
     }

@@ -101,7 +101,7 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
         raise ConfigError(
             f"cannot resume {str(out)!r}: its checkpoint belongs to a different run "
             f"({what}). Use the same config, or start afresh with --overwrite")
-    check_model_fits(out, ckpt.state, parts["global_state"])
+    check_model_fits(out, ckpt.state, parts["initial_state"])
     rounds = parts["rounds"]
     if rounds is not None and ckpt.round >= rounds:
         log.info("%s is complete: its checkpoint covers round %d of %d", out, ckpt.round,

@@ -213,6 +213,8 @@ class Runner:
         start = prepare_out(plan, parts, resume=self.resume, overwrite=self.overwrite)
         if start.complete:
             return _already_complete(config, parts, start)
+        if parts["rounds"] != 0:
+            parts["initial_state"] = None  # the strategy builds its own (see _preflight)
         plugins.notify(pset, "meshkit_run_started", config=config)
         started = time.monotonic()
         completed = [start.round]
@@ -276,7 +278,7 @@ class Runner:
         """``rounds = 0``: evaluate the model the run would start from, as round 0."""
         loaded = getattr(parts["strategy"], "loaded_state", None)
         state = loaded() if callable(loaded) else None
-        state = dict(state) if state is not None else parts["global_state"]
+        state = dict(state) if state is not None else parts["initial_state"]
         clock = time.perf_counter()
         metrics = dict(parts["task"].evaluate(state))
         report = RoundReport(0, 0, plan.config.strategy.name, answered=(), metrics=metrics,

@@ -1,4 +1,4 @@
-"""A run never loses another run's work: fresh, ``--overwrite`` and ``--resume`` of a finished run."""
+"""A run never loses another run's work: fresh, ``--overwrite``, ``--resume`` of a finished run."""
 
 from __future__ import annotations
 

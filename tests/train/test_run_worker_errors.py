@@ -1,4 +1,4 @@
-"""A worker's error says where its traceback is, and a task's missing dependency is named as such."""
+"""A worker's error says where its traceback is; a task's missing dependency is named as such."""
 
 from __future__ import annotations
 
