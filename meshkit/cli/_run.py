@@ -76,7 +76,7 @@ def _interrupts(runner: Runner) -> Iterator[None]:
     """SIGTERM and SIGINT raise :class:`Interrupted` in the run, once.
 
     While the runner is finishing (stopping workers, writing results) a
-    signal is held off: raising then would leave workers behind, and the run
+    signal is ignored: raising then would leave workers behind, and the run
     is about to end anyway.
     """
     fired: list[int] = []

@@ -185,7 +185,7 @@ class Runner:
     stop: threading.Event = attrs.Factory(threading.Event)
     processes: dict[int, subprocess.Popen] = attrs.Factory(dict)
     #: True once the run is stopping its workers and writing its results: an
-    #: interrupt then would only leave workers behind (the CLI holds it off).
+    #: interrupt then would only leave workers behind (the CLI ignores one).
     finishing: bool = False
     #: How the run ended, once it has (also when run() raised): summary.json's content.
     report: RunReport | None = None
