@@ -241,7 +241,8 @@ class Runner:
                      f"last checkpoint is intact")
             raise
         except WorkerError as exc:
-            located = WorkerError(exc.rank, f"{exc.detail}; {self._traceback_hint(plan, exc.rank)}")
+            hint = self._traceback_hint(plan, exc.rank)
+            located = WorkerError(exc.rank, f"{exc.detail}; {hint}")
             error = str(located)
             raise located from None
         except MeshError as exc:
