@@ -49,6 +49,7 @@ _LAZY = {
     "serve_fixed_function": "meshkit.node",
     "serve_worker": "meshkit.pipeline",
     "serve_trainer": "meshkit.train",
+    # meshkit.run(config): a path, a mapping or a parsed config -> RunReport.
     "run": "meshkit.train",
 }
 

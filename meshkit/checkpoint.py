@@ -167,8 +167,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     except Exception as exc:  # zip, zlib, json, utf-8, shape: all mean "corrupt"
         raise ConfigError(
             f"checkpoint {str(file)!r} is unreadable ({type(exc).__name__}: {exc}); it is "
-            f"corrupt or not a meshkit checkpoint. Run without --resume to start "
-            f"afresh") from None
+            f"corrupt or not a meshkit checkpoint. {_AFRESH}") from None
 
 
 def _read(file: Path) -> Checkpoint:
@@ -179,19 +178,44 @@ def _read(file: Path) -> Checkpoint:
     header = arrays.pop(_META, None)
     if header is None:
         raise ConfigError(f"checkpoint {str(file)!r} has no {_META} header; not a meshkit "
-                          f"checkpoint")
+                          f"checkpoint. {_AFRESH}")
     meta = json.loads(header.tobytes().decode("utf-8"))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ConfigError(f"checkpoint {str(file)!r} has format {found!r}; this "
                           f"meshkit reads format {FORMAT}")
+    _check_meta(file, meta)
     for name, spelled in dict(meta.get("dtypes") or {}).items():
         arrays[name] = arrays[name].view(dtype_from_name(spelled))
     return Checkpoint(
-        round=int(meta["round"]),
+        round=meta["round"],
         state=_from_json(meta["state"], arrays),
         outer_state=_from_json(meta["outer"], arrays),
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
     )
+
+
+#: What to do about a checkpoint that cannot be trusted.
+_AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
+
+#: The header fields that hold JSON objects; "report" and "dtypes" may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes")
+_OPTIONAL = ("report", "dtypes")
+
+
+def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:
+    """Refuse a header field of the wrong JSON type, naming it (not a traceback later)."""
+    problems = []
+    rnd = meta.get("round")
+    if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+        problems.append(f"round is {rnd!r}, not a round number")
+    for name in _OBJECTS:
+        value = meta.get(name)
+        if not isinstance(value, dict) and not (name in _OPTIONAL and value is None):
+            problems.append(f"{name} is {'missing' if value is None else repr(value)[:40]}, "
+                            f"not a JSON object")
+    if problems:
+        raise ConfigError(f"checkpoint {str(file)!r} is damaged or not from this meshkit: its "
+                          f"header's {'; '.join(problems)}. {_AFRESH}")

@@ -33,10 +33,14 @@ __all__ = [
     "load_config",
     "parse_config",
     "resolve",
+    "check",
+    "MIN_SECRET_BYTES",
 ]
 
 LAUNCHES = ("local", "external")
 TOPOLOGIES = ("star", "mesh")
+#: The one minimum length of a shared secret, whatever its source.
+MIN_SECRET_BYTES = wire.MIN_SECRET
 
 
 def _finite(instance: Any, attribute: attrs.Attribute, value: float) -> None:
@@ -45,6 +49,21 @@ def _finite(instance: Any, attribute: attrs.Attribute, value: float) -> None:
     if not math.isfinite(value) or value > MAX_TIMEOUT:
         raise ValueError(f"{attribute.name} must be a finite number of seconds, at most "
                          f"{MAX_TIMEOUT:.0e}, got {value}")
+
+
+def _listen_address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    # Checked when the file loads, so `meshkit check` refuses the address the
+    # transport would refuse only once the run has started.
+    host, sep, port = str(value).strip().rpartition(":")
+    if not sep or not host.strip("[]"):
+        raise ValueError(f"{attribute.name} must be host:port (e.g. 127.0.0.1:0), got {value!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"{attribute.name} {value!r}: port {port!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"{attribute.name} {value!r}: port {number} is out of range 0..65535 "
+                         f"(0 picks a free port)")
 
 
 @attrs.frozen
@@ -65,7 +84,7 @@ class MeshTable:
     topology: str = attrs.field(default="star", validator=attrs.validators.in_(TOPOLOGIES))
     launch: str = attrs.field(default="local", validator=attrs.validators.in_(LAUNCHES))
     workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
-    bind: str = "127.0.0.1:0"
+    bind: str = attrs.field(default="127.0.0.1:0", validator=_listen_address)
     secret_file: str = ""
     #: Encrypt frame bodies (AES-256-GCM). ``false`` is the explicit opt-out:
     #: bodies then travel in clear, still authenticated (docs/security.md).
@@ -209,15 +228,20 @@ class Plan:
         """Build the selected component of ``kind`` with its validated options."""
         return self.components[kind].build(self.options[kind])
 
-    def describe(self) -> list[str]:
-        """The resolved plan as lines a person reads (``meshkit check``)."""
+    def describe(self, world: int | None = None) -> list[str]:
+        """The resolved plan as lines a person reads (``meshkit check``).
+
+        ``world`` is the run's real world size when the caller knows it (a
+        strategy may add fixed-function ranks to the workers); by default the
+        coordinator and ``[mesh] workers``.
+        """
         cfg = self.config
         lines = [
             f"config: {cfg.path}",
             f"run: task={cfg.run.task} seed={cfg.run.seed} out={cfg.run.out}",
             f"mesh: transport={cfg.mesh.transport} topology={cfg.mesh.topology} "
             f"launch={cfg.mesh.launch} workers={cfg.mesh.workers} "
-            f"(world {cfg.mesh.workers + 1}) bind={cfg.mesh.bind}",
+            f"(world {world or cfg.mesh.workers + 1}) bind={cfg.mesh.bind}",
         ]
         for selection in cfg.selections():
             component = self.components[selection.kind]

@@ -18,6 +18,7 @@ __all__ = [
     "WireError",
     "AuthenticationError",
     "PeerLostError",
+    "WorkerError",
     "StateError",
     "BoardError",
     "BoardTimeoutError",
@@ -66,6 +67,20 @@ class AuthenticationError(WireError):
 
 class PeerLostError(MeshError):
     """A peer disconnected, stalled past its timeout, or was declared dead."""
+
+
+class WorkerError(MeshError):
+    """A worker answered a request with an error: its task raised, or cannot be built.
+
+    Not a lost peer (the worker is alive and said why); ``rank`` is the
+    worker, ``detail`` its message, so the runner can say where the worker's
+    traceback is.
+    """
+
+    def __init__(self, rank: int, detail: str) -> None:
+        super().__init__(f"rank {rank}: {detail}")
+        self.rank = rank
+        self.detail = detail
 
 
 class StateError(MeshError, ValueError):

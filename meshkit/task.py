@@ -15,6 +15,8 @@ not what is in it.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
@@ -85,12 +87,19 @@ def _import_reference(reference: str) -> Any:
     if not module_name or not attribute:
         raise ConfigError(
             f"task {reference!r}: expected a registered task name or 'module:attribute'")
+    _current_directory_importable()
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name and not _is_or_contains(exc.name, module_name):
+            # The task module was found; something it imports was not.
+            raise ConfigError(
+                f"task {reference!r}: module {module_name!r} imports {exc.name!r}, which is "
+                f"not installed ({exc}); install it on every node") from exc
         raise ConfigError(
-            f"task {reference!r}: cannot import module {module_name!r} ({exc}); is it "
-            f"on PYTHONPATH on every node?") from None
+            f"task {reference!r}: cannot import module {module_name!r} ({exc}); it must be "
+            f"importable from the current directory ({os.getcwd()}) or PYTHONPATH on every "
+            f"node") from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigError(
             f"task {reference!r}: cannot import module {module_name!r}: importing it "
@@ -103,6 +112,23 @@ def _import_reference(reference: str) -> Any:
                 f"task {reference!r}: module {module_name!r} has no attribute "
                 f"{attribute!r}") from None
     return obj
+
+
+def _is_or_contains(missing: str, module_name: str) -> bool:
+    """Whether ``missing`` is ``module_name`` itself or one of its parent packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _current_directory_importable() -> None:
+    """Put the current directory on ``sys.path``, as ``python -m`` does.
+
+    A ``"module:attribute"`` task is found from the current directory
+    (DESIGN §4), whether meshkit was started as ``meshkit`` (whose script
+    directory is what Python puts first) or as ``python -m meshkit``.
+    """
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def resolve_task_component(name: str, pset: Any = None) -> Component:

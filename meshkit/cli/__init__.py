@@ -1,5 +1,10 @@
 """The ``meshkit`` command line. Every :class:`MeshError` is a message and exit 2.
 
+Exit statuses, the same for every command (docs/cli.md has the table): 0
+done; 2 a user's mistake or a refusal (one paragraph on stderr, no
+traceback); 130 / 143 interrupted by Ctrl-C / SIGTERM; 1 a bug (the
+traceback is printed).
+
 Each command lives in a module named for it and loads only when it runs:
 
 * ``_plugins`` — ``meshkit plugins``;
@@ -65,6 +70,11 @@ class _MeshGroup(click.Group):
         except MeshError as exc:
             click.echo(f"meshkit: error: {exc}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            # Not click's "Aborted!" and status 1 (a bug's): an interrupt is
+            # 130, as for `meshkit run` (which says how to resume itself).
+            click.echo("meshkit: interrupted", err=True)
+            ctx.exit(130)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *_COMMANDS})

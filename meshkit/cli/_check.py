@@ -1,25 +1,107 @@
-"""``meshkit check``: refuse everything ``meshkit run`` would refuse, before any process starts."""
+"""``meshkit check``: refuse everything ``meshkit run`` would refuse, before any process starts.
+
+It runs the very start-up checks ``meshkit run`` runs
+(:func:`meshkit.train.build_components`), then prints the plan: every
+component with its options, the world the run will really have (the
+coordinator, the workers and any fixed-function ranks) and the model's
+size. With ``--json`` the plan (or the error) is one JSON document on
+stdout. Exit status: 0 ok, 2 refused.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
 import click
 
+from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.config import check
+from meshkit.errors import MeshError
 from meshkit.train import build_components
 
 __all__ = ["check_command"]
 
 
+def _ranks(plan: Any, parts: dict[str, Any]) -> str:
+    workers = plan.config.mesh.workers
+    boards = parts["boards"]
+    text = f"world {parts['world']}: the coordinator, {workers} worker(s)"
+    if boards:
+        text += f" and {len(boards)} fixed-function board(s) ({', '.join(b for b, _ in boards)})"
+    return text
+
+
+def _out_note(plan: Any) -> str | None:
+    out = Path(plan.config.run.out)
+    if (out / CHECKPOINT_NAME).exists():
+        return (f"out: {out} holds a checkpoint; `meshkit run` will need --resume (continue "
+                f"it) or --overwrite (replace it)")
+    return None
+
+
+def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
+    cfg = plan.config
+    components = {}
+    for selection in cfg.selections():
+        component = plan.components[selection.kind]
+        opts = plan.options[selection.kind]
+        prov = component.provenance
+        components[selection.kind] = {
+            "name": component.name,
+            "plugin": prov.plugin if prov else None,
+            "distribution": prov.distribution if prov else None,
+            "version": prov.version if prov else None,
+            "options": (attrs.asdict(opts) if opts is not None and attrs.has(type(opts))
+                        else {}),
+        }
+    return {
+        "ok": True,
+        "config": cfg.path,
+        "out": cfg.run.out,
+        "out_has_checkpoint": (Path(cfg.run.out) / CHECKPOINT_NAME).exists(),
+        "world": parts["world"],
+        "workers": cfg.mesh.workers,
+        "boards": [b for b, _ in parts["boards"]],
+        "launch": cfg.mesh.launch,
+        "rounds": parts["rounds"],
+        "model": parts["model"].to_json(),
+        "components": components,
+    }
+
+
 @click.command("check")
 @click.argument("config", type=click.Path(dir_okay=False))
-def check_command(config: str) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print only the final line (ok).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the resolved plan (or the error) as JSON on stdout.")
+def check_command(config: str, quiet: bool, as_json: bool) -> None:
     """Validate CONFIG, resolve every named component, print the plan.
 
-    Components are built and the strategy's own checks run, so `check` refuses
-    everything `run` would refuse before starting a process.
+    Components and the initial model are built and every start-up check of
+    `run` runs, so `check` refuses everything `run` would refuse before
+    starting a process. Exit status: 0 ok, 2 refused.
     """
-    plan = check(config)
-    build_components(plan)
-    for line in plan.describe():
-        click.echo(line)
+    try:
+        plan = check(config)
+        parts = build_components(plan)
+    except MeshError as exc:
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": str(exc)}))
+        raise
+    if as_json:
+        click.echo(json.dumps(_as_json(plan, parts), indent=2, default=str))
+        return
+    if not quiet:
+        for line in plan.describe(world=parts["world"]):
+            click.echo(line)
+        click.echo(_ranks(plan, parts))
+        click.echo(f"model: {parts['model'].describe()}")
+        if parts["rounds"] == 0:
+            click.echo("rounds = 0: evaluation only; no worker is started")
+        note = _out_note(plan)
+        if note:
+            click.echo(note)
     click.echo("ok")

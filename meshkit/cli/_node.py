@@ -151,12 +151,14 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
 
     control = NodeControl(steps=steps)
     joined = False
+    signalled: list[int] = []
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
         if not joined:
             # Still joining (discovery, dialing): nothing to finish, stop now.
             raise _Stopped(signal.Signals(signum).name)
         # Leave after the current activation rather than dying mid-frame.
+        signalled.append(signum)
         control.stop()
 
     previous = {}
@@ -187,3 +189,9 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             signal.signal(sig, handler)
         if board is not None:
             board.close()
+    if signalled:
+        # The same statuses as an interrupted `meshkit run`: 130 / 143.
+        name = signal.Signals(signalled[0]).name
+        click.echo(f"meshkit node: stopped by {'Ctrl-C' if name == 'SIGINT' else name}",
+                   err=True)
+        sys.exit(128 + signalled[0])

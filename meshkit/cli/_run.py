@@ -1,22 +1,38 @@
 """``meshkit run`` and ``meshkit coordinator``: a whole training job from one config.
 
 What a person sees of a run is decided here: :func:`_render` turns the
-runner's events into lines, and the exit status follows the outcome (130
-after Ctrl-C). :mod:`meshkit.cli` loads this module only when one of its
-commands runs.
+runner's events into lines (with ``-q`` only the final line is printed, with
+``--json`` the result is one JSON document on stdout and progress goes to
+stderr), and the exit status follows the outcome:
+
+* 0 — the run finished (or ``--resume`` found it complete already);
+* 2 — a user's mistake or a refusal (:class:`meshkit.MeshError`), one
+  paragraph on stderr;
+* 130 / 143 — interrupted by Ctrl-C / SIGTERM: the workers are stopped, the
+  last checkpoint is intact and one line says how to resume.
+
+:mod:`meshkit.cli` loads this module only when one of its commands runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import signal
 import sys
-from typing import Any
+import types
+from typing import Any, Iterator
 
 import click
 
-from meshkit.train import Runner
+from meshkit.errors import MeshError
+from meshkit.train import Interrupted, Runner, RunReport
 
 __all__ = ["run", "coordinator"]
+
+#: Seconds a round may run before the terminal is told it is still alive.
+HEARTBEAT = 10.0
 
 
 def _fmt_metrics(metrics: Any) -> str:
@@ -29,67 +45,172 @@ def _fmt_metrics(metrics: Any) -> str:
     return "  ".join(parts)
 
 
-def _render(event: Any) -> None:
-    if event.kind == "round":
-        r = event.report
-        answered = len(r.answered)
-        asked = answered + len(r.dropped)
-        line = (f"round {r.round:>3}/{r.rounds}  workers {answered}/{asked}  "
-                f"{_fmt_metrics(r.metrics)}  {r.seconds:.2f}s")
-        if r.dropped:
-            line += f"  (dropped rank {', '.join(map(str, r.dropped))})"
-        click.echo(line)
-    else:
-        click.echo(event.message, err=event.kind not in ("listening", "discovery"))
+def _round_line(r: Any) -> str:
+    if r.round == 0:
+        return f"round   0 (evaluation only)  {_fmt_metrics(r.metrics)}  {r.seconds:.2f}s"
+    answered = len(r.answered)
+    asked = answered + len(r.dropped)
+    line = (f"round {r.round:>3}/{r.rounds}  workers {answered}/{asked}  "
+            f"{_fmt_metrics(r.metrics)}  {r.seconds:.2f}s")
+    if r.dropped:
+        line += f"  (dropped rank {', '.join(map(str, r.dropped))})"
+    return line
 
 
-def _execute(config: str, resume: bool, launch: str | None, verbose: int,
+def _progress(*, quiet: bool, to_stderr: bool) -> Any:
+    """Renders runner events: round lines on stdout (stderr with --json), the rest on stderr."""
+
+    def render(event: Any) -> None:
+        if quiet:
+            return
+        if event.kind == "round":
+            click.echo(_round_line(event.report), err=to_stderr)
+        else:
+            click.echo(event.message,
+                       err=to_stderr or event.kind not in ("listening", "discovery"))
+
+    return render
+
+
+@contextlib.contextmanager
+def _interrupts(runner: Runner) -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the run, once.
+
+    While the runner is finishing (stopping workers, writing results) a
+    signal is ignored: raising then would leave workers behind, and the run
+    is about to end anyway.
+    """
+    fired: list[int] = []
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        if runner.finishing or fired:
+            return
+        fired.append(signum)
+        raise Interrupted(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread (CliRunner in a thread): leave them be
+            pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _final_line(report: RunReport) -> str:
+    if report.already_complete:
+        return (f"complete: {report.out} already holds {report.rounds_completed} of "
+                f"{report.rounds} round(s) ({_fmt_metrics(report.metrics)}); nothing was "
+                f"started. Raise [strategy] rounds to train on, or --overwrite to start afresh")
+    if report.rounds == 0:
+        return (f"done: {report.strategy}, evaluation only in {report.seconds:.1f}s; "
+                f"{_fmt_metrics(report.metrics)}")
+    start = f" (resumed after round {report.resumed_from})" if report.resumed_from else ""
+    return (f"done: {report.strategy}, {report.rounds_completed} round(s){start} in "
+            f"{report.seconds:.1f}s; {_fmt_metrics(report.metrics)}")
+
+
+def _execute(config: str, *, resume: bool, overwrite: bool, quiet: bool, as_json: bool,
+             launch: str | None, verbose: int, command: str,
              discovery: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    runner = Runner(config, resume=resume, progress=_render, launch=launch, discovery=discovery)
+    runner = Runner(config, resume=resume, overwrite=overwrite,
+                    progress=_progress(quiet=quiet, to_stderr=as_json),
+                    launch=launch, heartbeat=None if quiet else HEARTBEAT,
+                    discovery=discovery)
     try:
-        report = runner.run()
-    except KeyboardInterrupt:
-        click.echo("meshkit: interrupted; workers stopped, the last checkpoint is intact "
-                   "(continue with --resume)", err=True)
-        sys.exit(130)
-    start = f" (resumed after round {report.resumed_from})" if report.resumed_from else ""
-    click.echo(f"done: {report.strategy}, {report.rounds_completed} round(s){start} in "
-               f"{report.seconds:.1f}s; {_fmt_metrics(report.metrics)}")
+        with _interrupts(runner):
+            report = runner.run()
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+        how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        ended = runner.report
+        if as_json:
+            click.echo(json.dumps(ended.to_json() if ended is not None else
+                                  {"ok": False, "error": f"interrupted ({how})"}, indent=2))
+        after = f" after round {ended.rounds_completed}" if ended is not None else ""
+        click.echo(f"meshkit: interrupted by {how}{after}; workers stopped, the last "
+                   f"checkpoint is intact. Continue with: meshkit {command} {config} "
+                   f"--resume", err=True)
+        sys.exit(128 + signum)
+    except MeshError as exc:
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": str(exc)}))
+        raise
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(_final_line(report))
+    if quiet or report.already_complete:
+        return
     if report.dropped:
         click.echo("dropped: " + "; ".join(f"rank {r}: {why}"
                                            for r, why in sorted(report.dropped.items())))
-    click.echo(f"results: {report.out}/metrics.jsonl, {report.out}/checkpoint.npz")
+    saved = "" if report.rounds == 0 else f", {report.out}/checkpoint.npz"
+    click.echo(f"results: {report.out}/metrics.jsonl{saved}")
+
+
+def _run_options(command: Any) -> Any:
+    for option in reversed([
+        click.option("--resume", is_flag=True,
+                     help="Continue from OUT/checkpoint.npz instead of starting afresh."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the checkpoint and results another run left in OUT "
+                          "(without it, a fresh run refuses to)."),
+        click.option("-q", "--quiet", is_flag=True, help="Print only the final line."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="Print the run's result (summary.json's content) as JSON on stdout; "
+                          "progress goes to stderr."),
+        click.option("-v", "--verbose", count=True,
+                     help="Log more (-v info, -vv debug) to stderr."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _exclusive(resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise click.UsageError("--resume continues OUT's checkpoint and --overwrite replaces "
+                               "it: give one of them")
 
 
 @click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--resume", is_flag=True,
-              help="Continue from OUT/checkpoint.npz instead of starting afresh.")
-@click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
-def run(config: str, resume: bool, verbose: int) -> None:
+@_run_options
+def run(config: str, resume: bool, overwrite: bool, quiet: bool, as_json: bool,
+        verbose: int) -> None:
     """Run the training job CONFIG.
 
-    Resolves every component first (a missing plugin fails before anything
-    starts). With [mesh] launch = "local" the workers are spawned here on
-    loopback with a fresh secret; with "external" the coordinator waits for
-    nodes started with `meshkit node`. Appends OUT/metrics.jsonl and rewrites
-    OUT/checkpoint.npz (atomically) every round.
+    Resolves every component and runs every start-up check first (a missing
+    plugin fails before anything starts). With [mesh] launch = "local" the
+    workers are spawned here on loopback with a fresh secret; with "external"
+    the coordinator waits for nodes started with `meshkit node`. Appends
+    OUT/metrics.jsonl and rewrites OUT/checkpoint.npz (atomically) every
+    round. A fresh run refuses an OUT holding another run's checkpoint:
+    --resume continues it, --overwrite replaces it.
+
+    Exit status: 0 done, 2 a mistake or refusal, 130/143 interrupted
+    (Ctrl-C/SIGTERM; --resume continues), 1 a bug.
     """
-    _execute(config, resume, None, verbose)
+    _exclusive(resume, overwrite)
+    _execute(config, resume=resume, overwrite=overwrite, quiet=quiet, as_json=as_json,
+             launch=None, verbose=verbose, command="run")
 
 
 @click.command("coordinator", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--resume", is_flag=True,
-              help="Continue from OUT/checkpoint.npz instead of starting afresh.")
+@_run_options
 @click.option("--discovery", is_flag=True,
               help="Start the UDP discovery responder ([mesh] discovery = true), so nodes "
                    "can join with `meshkit node --discover [--via HOST]`.")
-@click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
-def coordinator(config: str, resume: bool, discovery: bool, verbose: int) -> None:
+def coordinator(config: str, resume: bool, overwrite: bool, quiet: bool, as_json: bool,
+                verbose: int, discovery: bool) -> None:
     """Run only the coordinator of CONFIG, for nodes started elsewhere.
 
     Like `meshkit run` with launch = "external": binds [mesh] bind, waits for
@@ -99,4 +220,6 @@ def coordinator(config: str, resume: bool, discovery: bool, verbose: int) -> Non
     = true) nodes can instead join with `meshkit node --discover` (broadcast)
     or `--discover --via THIS_HOST`; the UDP port is [mesh] discovery_port.
     """
-    _execute(config, resume, "external", verbose, discovery)
+    _exclusive(resume, overwrite)
+    _execute(config, resume=resume, overwrite=overwrite, quiet=quiet, as_json=as_json,
+             launch="external", verbose=verbose, command="coordinator", discovery=discovery)

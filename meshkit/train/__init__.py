@@ -15,8 +15,10 @@ One idea per module:
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round
   (:class:`GroupPool`, :class:`LocalPool`);
+* ``_preflight`` — everything a run refuses before any process starts, so
+  ``meshkit check`` refuses the same (:func:`build_components`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
-  :func:`run`, :func:`build_components`);
+  :func:`run`);
 * ``_launch`` — the local worker processes and their per-run secret;
 * ``_artifacts`` — what a run leaves in ``out``: ``metrics.jsonl``,
   ``summary.json``, ``report.png``.
@@ -32,7 +34,8 @@ from meshkit.train._partitions import Partition, WorkerIdentity, order_partition
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
-from meshkit.train._runner import RunEvent, Runner, RunReport, build_components, run
+from meshkit.train._preflight import build_components
+from meshkit.train._runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import client_seed, sample_clients, shard_bounds, shard_pair
 from meshkit.train._strategy import (
     RoundReport,
@@ -82,7 +85,9 @@ __all__ = [
     "RunReport",
     "RunEvent",
     "Runner",
+    "Interrupted",
     "run",
+    "load_run_config",
     "build_components",
     "METRICS_NAME",
     "REPORT_NAME",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshkit.checkpoint import CHECKPOINT_NAME
+from meshkit.errors import ConfigError
 from meshkit.train._strategy import REPORT_FIELDS
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "truncate_metrics",
     "write_summary",
     "plot",
+    "figure",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,30 @@ def read_metrics(out: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = Path(out) / METRICS_NAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [json.loads(line) for line in _lines(path) if line]
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{str(path)!r} is not UTF-8 text (byte {exc.start} is not: {exc.reason}), so it "
+            f"is not a metrics file meshkit wrote. Fix or remove it, or start afresh with "
+            f"--overwrite") from None
+
+
+def _round_of(path: Path, number: int, row: Any) -> int:
+    """The round a kept metrics line records, or a ConfigError naming the line."""
+    rnd = row.get("round") if isinstance(row, dict) else None
+    if isinstance(rnd, bool) or not isinstance(rnd, int):
+        what = f"its round is {rnd!r}" if isinstance(row, dict) else (
+            f"it is {type(row).__name__}, not a JSON object")
+        raise ConfigError(
+            f"{str(path)!r} line {number}: {what}, not a round number; a resumed run cannot "
+            f"tell which rounds it records. Fix or remove the line, or start afresh with "
+            f"--overwrite")
+    return rnd
 
 
 def truncate_metrics(out: Path, last_round: int,
@@ -70,20 +95,23 @@ def truncate_metrics(out: Path, last_round: int,
 
     The checkpoint is written before its round's line, so a crash between
     the two leaves the line missing: ``last_report`` (the line the
-    checkpoint carries) fills that gap.
+    checkpoint carries) fills that gap. A line that is not JSON is a torn
+    last line from a crash and is dropped; a JSON line that does not record
+    a round is refused (something other than meshkit wrote it).
     """
     path = out / METRICS_NAME
     kept = []
     recorded = 0
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for number, line in enumerate(_lines(path), 1):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn last line from a crash
-            if isinstance(row, dict) and row.get("round", 0) <= last_round:
+            rnd = _round_of(path, number, row)
+            if rnd <= last_round:
                 kept.append(line)
-                recorded = max(recorded, int(row.get("round", 0)))
+                recorded = max(recorded, rnd)
     if last_report and recorded < last_round == last_report.get("round"):
         kept.append(json.dumps(dict(last_report)))
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
@@ -98,7 +126,11 @@ def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
 
 
 def plot(out: Path) -> Path | None:
-    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed."""
+    """Draw ``OUT/report.png`` from metrics.jsonl when matplotlib is installed.
+
+    Called whatever the run's outcome, so a failure is logged, never raised:
+    the run's own error (or success) is what the user must see.
+    """
     try:
         import matplotlib
 
@@ -106,24 +138,55 @@ def plot(out: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = read_metrics(out)
-    if not rows:
+    try:
+        fig = figure(read_metrics(out), title=str(out))
+        if fig is None:
+            return None
+        path = out / REPORT_NAME
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+    except Exception:
+        log.warning("could not draw %s", out / REPORT_NAME, exc_info=True)
         return None
+
+
+def figure(rows: list[dict[str, Any]], title: str = "") -> Any:
+    """The metrics of ``rows`` drawn round by round (a matplotlib figure), or None.
+
+    Rounds are whole numbers, so the round axis has integer ticks only; a
+    single round (a model-parallel pass, an evaluation-only run) is one
+    labelled point centred on its own tick rather than a dot on a
+    fractional axis.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     keys = sorted({k for row in rows for k, v in row.items()
-                   if k not in REPORT_FIELDS and isinstance(v, (int, float))})
+                   if k not in REPORT_FIELDS and isinstance(v, (int, float))
+                   and not isinstance(v, bool)})
     if not keys:
         return None
+    rounds = sorted({r["round"] for r in rows})
     fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.2 * len(keys)), sharex=True,
                              squeeze=False)
     for ax, key in zip(axes[:, 0], keys):
         pts = [(r["round"], r[key]) for r in rows if key in r]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        if len(pts) == 1:
+            ax.annotate(f"{pts[0][1]:.4g}", pts[0], textcoords="offset points",
+                        xytext=(8, 0), va="center")
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
-    axes[-1, 0].set_xlabel("round")
-    fig.suptitle(f"{rows[-1].get('strategy', '')}: {out}")
+    bottom = axes[-1, 0]
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(rounds) == 1:
+        bottom.set_xticks(rounds)
+        bottom.set_xlim(rounds[0] - 1, rounds[0] + 1)
+    bottom.set_xlabel("round")
+    fig.suptitle(f"{rows[-1].get('strategy', '')}: {title}")
     fig.tight_layout()
-    path = out / REPORT_NAME
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig

@@ -1,35 +1,48 @@
 """Running a training job from one config: the coordinator side of ``meshkit run``.
 
-Order of events (:func:`run`):
+Order of events (:meth:`Runner.run`):
 
-1. Resolve the config (every plugin found, every options table valid) and
-   build the task, strategy, aggregator and outer optimizer
-   (:func:`build_components`). A missing plugin, a bad key or a refused
-   strategy fails here, before any process starts or any socket opens.
+1. Resolve the config (a path, a mapping or a parsed :class:`Config`), build
+   the task, strategy, aggregator and outer optimizer and the initial model,
+   and run every start-up check (:mod:`meshkit.train._preflight`, which
+   ``meshkit check`` shares). Then decide what the out directory allows
+   (:mod:`meshkit.train._resume`): a fresh run never replaces another run's
+   checkpoint without ``overwrite``; ``resume`` continues one, and a run
+   whose checkpoint covers every round is already complete (nothing
+   starts). Every refusal here happens before any process starts or any
+   socket opens.
 2. ``meshkit_run_started(config)`` fires.
-3. The coordinator (rank 0) binds ``[mesh] bind``. With ``launch = "local"``
-   it spawns ``workers`` local processes with a fresh per-run secret
-   (:mod:`meshkit.train._launch`); with ``"external"`` it waits for nodes
-   started elsewhere with ``meshkit node`` and the configured secret.
-4. Workers announce their capabilities; each one that can train is sent a
+3. ``rounds = 0`` evaluates the initial model (or the one a strategy serves,
+   model-parallel's ``state_from``, named by its ``loaded_state()``) on the
+   coordinator, records it as round 0 and ends: no worker is needed.
+4. Otherwise the coordinator (rank 0) binds ``[mesh] bind``. With
+   ``launch = "local"`` it spawns ``workers`` local processes with a fresh
+   per-run secret (:mod:`meshkit.train._launch`); with ``"external"`` it
+   waits for nodes started elsewhere with ``meshkit node`` and the
+   configured secret.
+5. Workers announce their capabilities; each one that can train is sent a
    ``train`` job (:mod:`meshkit.train._worker` documents the spec).
-5. The strategy runs. After each round: an atomic checkpoint
+6. The strategy runs. After each round: an atomic checkpoint
    (:mod:`meshkit.checkpoint`), then one line appended (and flushed) to
    ``OUT/metrics.jsonl`` recording who answered, then the progress callback
-   and ``meshkit_round_completed(report)``.
-6. Whatever happened, workers are stopped (local ones terminated),
+   and ``meshkit_round_completed(report)``. With ``heartbeat`` set, a round
+   that takes longer than that is reported alive every ``heartbeat``
+   seconds (an ``"alive"`` event).
+7. Whatever happened, workers are stopped (local ones terminated),
    ``OUT/summary.json`` is written, ``OUT/report.png`` is drawn when
    matplotlib is installed (:mod:`meshkit.train._artifacts`), and
    ``meshkit_run_finished(report)`` fires.
 
-A failure (a worker error, too few survivors, Ctrl-C) leaves the last
-checkpoint intact; ``--resume`` continues from it.
+A failure (a worker error, too few survivors, Ctrl-C or SIGTERM raised as
+:class:`Interrupted`) leaves the last checkpoint intact; ``--resume``
+continues from it.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -40,28 +53,47 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
-from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from meshkit.config import Config, load_config, resolve
-from meshkit.errors import ConfigError, MeshError, PeerLostError
+from meshkit.checkpoint import Checkpoint, save_checkpoint
+from meshkit.config import Config, load_config, parse_config, resolve
+from meshkit.errors import ConfigError, MeshError, PeerLostError, WorkerError
 from meshkit.node import collect_caps, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import Stage, run_pipeline
-from meshkit.task import build_task, check_task
-from meshkit.train._artifacts import (
-    append_metrics,
-    clear_results,
-    plot,
-    truncate_metrics,
-    write_summary,
+from meshkit.train._artifacts import append_metrics, plot, write_summary
+from meshkit.train._launch import (
+    exited_early,
+    logs_dir,
+    new_secret,
+    reap,
+    spawn_workers,
+    write_secret,
 )
-from meshkit.train._launch import exited_early, new_secret, reap, spawn_workers, write_secret
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._pool import GroupPool
-from meshkit.train._strategy import StrategyContext
+from meshkit.train._preflight import build_components
+from meshkit.train._resume import Start, identity, prepare_out
+from meshkit.train._strategy import REPORT_FIELDS, RoundReport, StrategyContext
 
-__all__ = ["RunReport", "RunEvent", "Runner", "run", "build_components"]
+__all__ = ["RunReport", "RunEvent", "Runner", "Interrupted", "run", "load_run_config"]
 
 log = logging.getLogger(__name__)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was interrupted by a signal (``meshkit run`` raises it for SIGTERM/SIGINT).
+
+    A KeyboardInterrupt, so code that handles Ctrl-C handles SIGTERM the same
+    way; ``signum`` says which signal, so the exit status can be 128 + it.
+    """
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def signal_name(self) -> str:
+        name = signal.Signals(self.signum).name
+        return "Ctrl-C" if name == "SIGINT" else name
 
 
 @attrs.frozen
@@ -80,6 +112,8 @@ class RunReport:
     seconds: float = 0.0
     #: Where the coordinator listened (so a user can point nodes at it).
     address: str = ""
+    #: ``--resume`` found every round done already: nothing was started.
+    already_complete: bool = False
     #: The final global state (not in the JSON form).
     state: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
 
@@ -102,29 +136,41 @@ def _number(value: Any) -> Any:
 
 @attrs.frozen
 class RunEvent:
-    """Something the CLI may show: ``kind`` is "listening", "joined", "round"
-    or "dropped"; ``report`` is the round's :class:`RoundReport` for "round"."""
+    """Something the CLI may show.
+
+    ``kind`` is "listening", "joined", "round" (``report`` is the round's
+    :class:`RoundReport`) or "alive" (a long round is still running;
+    ``message`` says which and for how long).
+    """
 
     kind: str
     message: str = ""
     report: Any = None
 
 
-def _identity(plan: Any) -> dict[str, Any]:
-    cfg = plan.config
-    return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
-            "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name}
+def load_run_config(config: Any) -> Config:
+    """A run's config from a path, a mapping (a TOML document's tables) or a :class:`Config`."""
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return parse_config(config, path="<mapping>")
+    return load_config(config)
 
 
 @attrs.define
 class Runner:
     """One run; :func:`run` is the usual entry point.
 
+    ``config`` is a path, a mapping or a parsed :class:`Config`. ``resume``
+    continues from the out directory's checkpoint; ``overwrite`` replaces a
+    checkpoint a fresh run finds there (without it, that is refused).
     ``progress(event)`` receives :class:`RunEvent` records (the CLI renders
-    them). ``launch`` overrides ``[mesh] launch`` (``meshkit coordinator``
-    forces "external"). ``on_workers(processes)`` is called with the local
-    worker ``Popen`` objects by rank once they are spawned (tests use it to
-    inject faults).
+    them; "alive" events come from a timer thread). ``heartbeat`` is the
+    seconds between "alive" events of a long round (None: no events).
+    ``launch`` overrides ``[mesh] launch`` (``meshkit coordinator`` forces
+    "external"). ``on_workers(processes)`` is called with the local worker
+    ``Popen`` objects by rank once they are spawned (tests use it to inject
+    faults).
     """
 
     config: Any
@@ -137,8 +183,15 @@ class Runner:
     discovery: bool = False
     on_workers: Callable[[Mapping[int, subprocess.Popen]], None] | None = None
     on_round: Callable[[Any, Mapping[str, Any]], None] | None = None
+    overwrite: bool = False
+    heartbeat: float | None = None
     stop: threading.Event = attrs.Factory(threading.Event)
     processes: dict[int, subprocess.Popen] = attrs.Factory(dict)
+    #: True once the run is stopping its workers and writing its results: an
+    #: interrupt then would only leave workers behind (the CLI ignores one).
+    finishing: bool = False
+    #: How the run ended, once it has (also when run() raised): summary.json's content.
+    report: RunReport | None = None
     _tmpdir: str | None = None
     _group: Any = None
     _world: int = 0
@@ -146,35 +199,55 @@ class Runner:
     _boards: dict[int, str] = attrs.Factory(dict)
     _timeout: float | None = None
     _out: str = "."
+    _round_started: float = 0.0
 
     # -- entry ----------------------------------------------------------------
 
     def run(self) -> RunReport:
-        config = self.config if isinstance(self.config, Config) else load_config(self.config)
+        if self.resume and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: --resume continues the "
+                              "out directory's checkpoint, --overwrite replaces it")
+        config = load_run_config(self.config)
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
-        parts = build_components(plan)
+        parts = build_components(plan, launch=self.launch)
         out = Path(config.run.out)
         self._out = str(out)
-        start_round, resumed = self._prepare_out(plan, out, parts)
+        start = prepare_out(plan, parts, resume=self.resume, overwrite=self.overwrite)
+        if start.complete:
+            return _already_complete(config, parts, start)
+        if parts["rounds"] != 0:
+            parts["initial_state"] = None  # the strategy builds its own (see _preflight)
         plugins.notify(pset, "meshkit_run_started", config=config)
         started = time.monotonic()
-        completed = [start_round]
+        completed = [start.round]
         last_metrics: dict[str, float] = {}
         final_state: list[Any] = [parts["ctx_state"]]
         error: str | None = None
         ctx = None
+        ticker = threading.Event()
         try:
-            group = self._connect(plan, parts["boards"])
-            train_ranks, identities = self._join(plan, group, pset)
-            ctx = self._context(plan, parts, group, train_ranks, identities, start_round,
-                                out, completed, last_metrics, final_state, pset)
-            result = parts["strategy"].run(ctx)
-            final_state[0] = result.state
-            last_metrics.update(result.metrics)
-        except KeyboardInterrupt:
-            error = "interrupted (Ctrl-C); workers terminated, the last checkpoint is intact"
+            if parts["rounds"] == 0:
+                self._evaluate_only(plan, parts, out, last_metrics, final_state, pset)
+            else:
+                group = self._connect(plan, parts)
+                train_ranks, identities = self._join(plan, group, pset)
+                ctx = self._context(plan, parts, group, train_ranks, identities, start.round,
+                                    out, completed, last_metrics, final_state, pset)
+                self._start_ticker(ticker, ctx, parts["rounds"], completed)
+                result = parts["strategy"].run(ctx)
+                final_state[0] = result.state
+                last_metrics.update(result.metrics)
+        except KeyboardInterrupt as exc:
+            how = exc.signal_name if isinstance(exc, Interrupted) else "Ctrl-C"
+            error = (f"interrupted ({how}) after round {completed[0]}; workers stopped, the "
+                     f"last checkpoint is intact")
             raise
+        except WorkerError as exc:
+            hint = self._traceback_hint(plan, exc.rank)
+            located = WorkerError(exc.rank, f"{exc.detail}; {hint}")
+            error = str(located)
+            raise located from None
         except MeshError as exc:
             error = str(exc)
             raise
@@ -184,15 +257,18 @@ class Runner:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            self.finishing = True
+            ticker.set()
             self._teardown(ctx)
             report = RunReport(
                 ok=error is None, out=str(out), strategy=config.strategy.name,
-                rounds=parts["rounds"], rounds_completed=completed[0],
-                resumed_from=start_round if resumed else 0, metrics=dict(last_metrics),
+                rounds=parts["rounds"] or 0, rounds_completed=completed[0],
+                resumed_from=start.round if start.resumed else 0, metrics=dict(last_metrics),
                 dropped=dict(ctx.drop_reasons) if ctx is not None else {},
                 error=error, seconds=time.monotonic() - started,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0])
+            self.report = report
             write_summary(out, report.to_json())
             plot(out)
             plugins.notify(pset, "meshkit_run_finished", report=report)
@@ -200,56 +276,32 @@ class Runner:
 
     # -- steps ------------------------------------------------------------------
 
-    def _prepare_out(self, plan: Any, out: Path, parts: dict[str, Any]) -> tuple[int, bool]:
-        out.mkdir(parents=True, exist_ok=True)
-        if not self.resume:
-            clear_results(out)
-            return 0, False
-        ckpt = load_checkpoint(out)
-        expected = _identity(plan)
-        differs = {k: (ckpt.identity.get(k), v) for k, v in expected.items()
-                   if ckpt.identity.get(k) != v}
-        if differs:
-            what = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}"
-                             for k, (a, b) in differs.items())
-            raise ConfigError(
-                f"cannot resume {str(out)!r}: its checkpoint belongs to a different run "
-                f"({what}). Use the same config, or run without --resume to start afresh")
-        _check_model_fits(out, ckpt.state, parts["task"].init_state(plan.config.run.seed))
-        parts["global_state"] = dict(ckpt.state)
-        parts["ctx_state"] = dict(ckpt.state)
-        if ckpt.outer_state:
-            parts["outer"].load_state_dict(ckpt.outer_state)
-        if ckpt.rng_state:
-            parts["rng"].bit_generator.state = dict(ckpt.rng_state)
-        truncate_metrics(out, ckpt.round, ckpt.report)
-        log.info("resuming %s after round %d", out, ckpt.round)
-        return ckpt.round, True
+    def _evaluate_only(self, plan: Any, parts: dict[str, Any], out: Path,
+                       last_metrics: dict[str, float], final_state: list[Any],
+                       pset: Any) -> None:
+        """``rounds = 0``: evaluate the model the run would start from, as round 0."""
+        loaded = getattr(parts["strategy"], "loaded_state", None)
+        state = loaded() if callable(loaded) else None
+        state = dict(state) if state is not None else parts["initial_state"]
+        clock = time.perf_counter()
+        metrics = dict(parts["task"].evaluate(state))
+        report = RoundReport(0, 0, plan.config.strategy.name, answered=(), metrics=metrics,
+                             seconds=time.perf_counter() - clock)
+        append_metrics(out, report.to_json())
+        last_metrics.update(metrics)
+        final_state[0] = state
+        self._emit("round", "", report)
+        plugins.notify(pset, "meshkit_round_completed", report=report)
+        if self.on_round is not None:
+            self.on_round(report, state)
 
-    def _connect(self, plan: Any, boards: Sequence[tuple[str, Mapping[str, Any]]]) -> Any:
+    def _connect(self, plan: Any, parts: dict[str, Any]) -> Any:
         cfg = plan.config
         launch = self.launch or cfg.mesh.launch
-        if cfg.mesh.topology != "star":
-            # The trainer protocol is coordinator <-> worker only; a full mesh
-            # would need every rank's address up front and buys nothing here.
-            raise ConfigError(
-                f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
-                f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
-                f"topology = \"star\"")
-        if launch == "local" and cfg.mesh.authorized_nodes:
-            raise ConfigError(
-                f"{cfg.path}: [mesh] authorized_nodes: admits nodes started elsewhere with "
-                f"`meshkit node --key`; the workers launch = \"local\" spawns have no keys. Use "
-                f"launch = \"external\" (or `meshkit coordinator`), or drop authorized_nodes")
-        if launch == "local":
-            secret = new_secret()
-        else:
-            secret = cfg.secret()
-            if secret is None:
-                raise ConfigError(
-                    f"{cfg.path}: [mesh] secret_file: nodes started elsewhere must share a "
-                    f"secret with the coordinator; set secret_file or MESHKIT_SECRET")
-        self._world = cfg.mesh.workers + len(boards) + 1
+        # The preflight (build_components) refused a missing or short secret, a
+        # mesh topology, and authorized_nodes with a local launch already.
+        secret = new_secret() if launch == "local" else cfg.secret()
+        self._world = parts["world"]
         discovery = cfg.mesh.discovery or self.discovery
         node_config = NodeConfig(
             rank=0, world=self._world, topology="star", transport=cfg.mesh.transport,
@@ -265,7 +317,7 @@ class Runner:
             self._emit("discovery", f"discovery responder on UDP port "
                                     f"{getattr(group, 'discovery_port', None)}")
         if launch == "local":
-            self._spawn(plan, group.address, secret, boards)
+            self._spawn(plan, group.address, secret, parts["boards"])
         return group
 
     def _spawn(self, plan: Any, address: str, secret: bytes,
@@ -313,7 +365,7 @@ class Runner:
             send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
         outer = parts["outer"]
         rng = parts["rng"]
-        identity = _identity(plan)
+        run_identity = identity(plan)
 
         def on_round(report: Any, state: Mapping[str, Any]) -> None:
             # Checkpoint first: a metrics line never describes a round the
@@ -321,9 +373,10 @@ class Runner:
             line = report.to_json()
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
-                rng_state=rng.bit_generator.state, identity=identity, report=line))
+                rng_state=rng.bit_generator.state, identity=run_identity, report=line))
             append_metrics(out, line)
             completed[0] = report.round
+            self._round_started = time.monotonic()
             last_metrics.clear()
             last_metrics.update(report.metrics)
             final_state[0] = state
@@ -339,6 +392,32 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board)
+
+    def _start_ticker(self, done: threading.Event, ctx: StrategyContext, rounds: int,
+                      completed: list[int]) -> None:
+        """Report a long round alive every ``heartbeat`` seconds until ``done`` is set."""
+        every = self.heartbeat
+        if not every or self.progress is None:
+            return
+        self._round_started = time.monotonic()
+
+        def tick() -> None:
+            while not done.wait(every):
+                running = time.monotonic() - self._round_started
+                if running < every:
+                    continue  # a round finished since the last tick: it is not long
+                live = ctx.live
+                self._emit("alive", f"round {completed[0] + 1}/{rounds}: still running, "
+                                    f"{running:.0f} s ({len(live)} of {len(ctx.workers)} "
+                                    f"worker(s) live)")
+
+        threading.Thread(target=tick, name="meshkit-heartbeat", daemon=True).start()
+
+    def _traceback_hint(self, plan: Any, rank: int) -> str:
+        """Where a worker's traceback is: its log file for a local launch."""
+        if rank in self.processes:
+            return f"its traceback is in {logs_dir(plan.config.run.out) / f'worker-{rank}.log'}"
+        return f"its traceback is in the log (stderr) of `meshkit node --rank {rank}`"
 
     def _run_board(self, rank: int, stage_id: str, x: Any) -> Any:
         """Push rows through a fixed-function rank with the node pipeline protocol."""
@@ -370,70 +449,27 @@ class Runner:
             self.progress(RunEvent(kind, message, report))
 
 
-def _check_model_fits(out: Path, saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:
-    """Refuse a checkpoint whose model is not the shape this config's task builds.
-
-    The identity check cannot see ``[task]`` options: a checkpoint made with
-    ``hidden = 32`` would otherwise be trained on under ``hidden = 64``,
-    silently keeping the old shapes (or failing deep inside a worker).
-    """
-    problems = []
-    for key, value in fresh.items():
-        shape = getattr(value, "shape", None)
-        if shape is None:
-            continue
-        if key not in saved:
-            problems.append(f"{key}: not in the checkpoint")
-        elif getattr(saved[key], "shape", None) != shape:
-            problems.append(f"{key}: checkpoint shape {getattr(saved[key], 'shape', None)}, "
-                            f"this config's task {shape}")
-    if problems:
-        raise ConfigError(
-            f"cannot resume {str(out)!r}: its checkpoint's model does not fit the task this "
-            f"config builds ({'; '.join(problems[:5])}). Use the same [task] options, or run "
-            f"without --resume to start afresh")
+def _already_complete(config: Config, parts: dict[str, Any], start: Start) -> RunReport:
+    """``--resume`` of a finished run: its results stand, nothing is started or rewritten."""
+    ckpt = start.checkpoint
+    line = dict(ckpt.report or {}) if ckpt is not None else {}
+    metrics = {k: v for k, v in line.items()
+               if k not in REPORT_FIELDS and isinstance(v, (int, float))}
+    return RunReport(
+        ok=True, out=str(config.run.out), strategy=config.strategy.name,
+        rounds=parts["rounds"] or 0, rounds_completed=start.round, resumed_from=start.round,
+        metrics=metrics, already_complete=True,
+        state=dict(ckpt.state) if ckpt is not None else None)
 
 
-def build_components(plan: Any) -> dict[str, Any]:
-    """Build every component of a resolved plan and run the strategy's own checks.
-
-    Used by ``meshkit run`` before any process starts and by ``meshkit check``,
-    so both refuse the same configs.
-    """
-    cfg = plan.config
-    strategy = plan.create("strategy")
-    if not callable(getattr(strategy, "run", None)):
-        raise ConfigError(f"{cfg.path}: [strategy] {cfg.strategy.name!r} built a "
-                          f"{type(strategy).__name__} with no run(ctx) method")
-    try:
-        task = check_task(build_task(plan.components["task"], plan.options["task"],
-                                     cfg.run.task), cfg.run.task)
-    except ConfigError as exc:
-        raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
-    check = getattr(strategy, "check", None)
-    if callable(check):
-        try:
-            check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers)
-        except ConfigError as exc:
-            raise ConfigError(f"{cfg.path}: {exc}") from None
-    rounds = getattr(getattr(strategy, "options", None), "rounds", 0)
-    extra = getattr(strategy, "extra_ranks", None)
-    return {
-        "boards": list(extra()) if callable(extra) else [],
-        "strategy": strategy,
-        "task": task,
-        "aggregator": plan.create("aggregator"),
-        "outer": plan.create("outer_optimizer"),
-        "rng": np.random.default_rng(cfg.run.seed),
-        "rounds": int(rounds or 0),
-        "ctx_state": None,
-        "global_state": None,
-    }
-
-
-def run(config: Any, *, resume: bool = False, pset: Any = None,
+def run(config: Any, *, resume: bool = False, overwrite: bool = False, pset: Any = None,
         progress: Callable[[RunEvent], None] | None = None, launch: str | None = None,
         **kwargs: Any) -> RunReport:
-    """Run the job ``config`` (a path or a :class:`meshkit.config.Config`)."""
-    return Runner(config, resume=resume, pset=pset, progress=progress, launch=launch,
-                  **kwargs).run()
+    """Run the job ``config`` (a path, a mapping or a :class:`meshkit.config.Config`).
+
+    Returns the :class:`RunReport` (its ``state`` is the final model); a
+    user's mistake raises :class:`meshkit.MeshError` before anything starts.
+    Takes :class:`Runner`'s keyword arguments.
+    """
+    return Runner(config, resume=resume, overwrite=overwrite, pset=pset, progress=progress,
+                  launch=launch, **kwargs).run()

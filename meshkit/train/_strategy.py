@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import attrs
 
 from meshkit.aggregation import begin
-from meshkit.errors import MeshError, PeerLostError, PlacementError
+from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool
 
@@ -178,7 +178,7 @@ class StrategyContext:
                 self.drop_reasons[reply.rank] = reply.error or "lost"
                 log.warning("rank %d dropped: %s", reply.rank, reply.error or "lost")
             elif reply.payload is not None and reply.payload.get("error"):
-                raise MeshError(f"rank {reply.rank}: {reply.payload['error']}")
+                raise WorkerError(reply.rank, str(reply.payload["error"]))
         return replies
 
     def require_live(self, minimum: int, what: str) -> list[int]:

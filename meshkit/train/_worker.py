@@ -49,6 +49,8 @@ class Trainer:
     fits: int = 0
     examples: int = 0
     metrics: dict[str, float] = attrs.Factory(dict)
+    #: The last request that failed, as the coordinator was told (the report says it).
+    error: str | None = None
     _shards: dict[tuple[int, int], tuple[Any, Any]] = attrs.Factory(dict)
 
     def _shard(self, index: int, count: int) -> tuple[Any, Any]:
@@ -70,6 +72,7 @@ class Trainer:
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
             reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+            self.error = reply["error"]
         reply["seq"] = request.get("seq", 0)
         return reply
 
@@ -188,4 +191,5 @@ def _train_report(group: Any, trainer: Trainer, stopped: str | None,
                   seconds: float) -> TrainReport:
     return TrainReport(rank=getattr(group, "rank", -1), steps=trainer.requests,
                        rounds=trainer.fits, examples=trainer.examples,
-                       metrics=dict(trainer.metrics), stopped=stopped, seconds=seconds)
+                       metrics=dict(trainer.metrics), stopped=stopped, error=trainer.error,
+                       seconds=seconds)

@@ -61,6 +61,16 @@ class ModelParallel:
             if not callable(getattr(task, method, None)):
                 raise ConfigError(f"model-parallel needs the task to offer {method}()")
         order_partitions(self.partitions(), list(task.stages()))
+        # Ranks are the workers, then the boards; a pin past them would only
+        # fail once every process had started.
+        ranks = workers + len(self.options.boards)
+        for p in self.options.partitions:
+            if p.rank is not None and not 1 <= p.rank <= ranks:
+                raise ConfigError(
+                    f"[strategy] partition {list(p.nodes)} is pinned to rank {p.rank}, but the "
+                    f"run has ranks 1..{ranks} ({workers} worker(s), "
+                    f"{len(self.options.boards)} board(s)); pin it to one of those, or add "
+                    f"workers")
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         opts = self.options

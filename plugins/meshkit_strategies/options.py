@@ -23,6 +23,12 @@ def _at_least(low: int) -> Any:
     return check
 
 
+def _rounds(default: int) -> Any:
+    """A ``rounds`` key: 0 is an evaluation-only run (the runner evaluates the
+    model it would start from, as round 0, and starts no worker)."""
+    return attrs.field(default=default, validator=_at_least(0))
+
+
 def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{attribute.name} must be in (0, 1], got {value}")
@@ -30,12 +36,12 @@ def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen
 class LocalOptions:
-    rounds: int = attrs.field(default=5, validator=_at_least(1))
+    rounds: int = _rounds(5)
 
 
 @attrs.frozen
 class DataParallelOptions:
-    rounds: int = attrs.field(default=5, validator=_at_least(1))
+    rounds: int = _rounds(5)
     #: Synchronous steps per round (one aggregated gradient each).
     steps: int = attrs.field(default=20, validator=_at_least(1))
     #: Examples per replica per step (0: the replica's whole shard).
@@ -46,7 +52,7 @@ class DataParallelOptions:
 
 @attrs.frozen
 class FederatedOptions:
-    rounds: int = attrs.field(default=5, validator=_at_least(1))
+    rounds: int = _rounds(5)
     #: How many clients (data shards); 0 means one per worker.
     clients: int = attrs.field(default=0, validator=_at_least(0))
     #: A round needs answers from at least this many clients, or the run stops.
@@ -89,7 +95,7 @@ class ModelParallelOptions:
     #: Fixed-function ranks to start alongside the workers (launch = "local").
     boards: list[BoardOptions] = attrs.Factory(list)
     #: Passes of the held-out set through the pipeline.
-    rounds: int = attrs.field(default=1, validator=_at_least(1))
+    rounds: int = _rounds(1)
     #: Rows per activation sent between stages.
     batch_size: int = attrs.field(default=128, validator=_at_least(1))
     #: A checkpoint file or run directory whose model to serve ("" = the initial model).

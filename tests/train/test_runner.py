@@ -13,7 +13,7 @@ from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import check
 from meshkit.errors import ConfigError
 from meshkit.train import Runner, build_components, read_metrics
-from meshkit.train._runner import _identity
+from meshkit.train._resume import identity, prepare_out
 
 
 def write(tmp_path, text: str, name: str = "c.toml"):
@@ -66,12 +66,12 @@ def _resume_fixture(tmp_path, metrics_rounds):
     state = parts["task"].init_state(0)
     line = {"round": 2, "rounds": 4, "strategy": "federated", "answered": [1, 2],
             "accuracy": 0.5}
-    save_checkpoint(out, Checkpoint(round=2, state=state, identity=_identity(plan),
+    save_checkpoint(out, Checkpoint(round=2, state=state, identity=identity(plan),
                                     rng_state=parts["rng"].bit_generator.state, report=line))
     (out / "metrics.jsonl").write_text("".join(
         json.dumps({**line, "round": r}) + "\n" for r in metrics_rounds))
-    start, resumed = Runner(str(path), resume=True)._prepare_out(plan, out, parts)
-    assert (start, resumed) == (2, True)
+    start = prepare_out(plan, parts, resume=True)
+    assert (start.round, start.resumed, start.complete) == (2, True, False)
     return read_metrics(out)
 
 
@@ -91,11 +91,10 @@ def test_resume_refuses_a_checkpoint_whose_model_does_not_fit_the_task_options(t
     made = check(write(tmp_path, f'[run]\nout = "{out}"\n[task]\nhidden = 32\n', "a.toml"))
     parts = build_components(made)
     save_checkpoint(out, Checkpoint(round=1, state=parts["task"].init_state(0),
-                                    identity=_identity(made)))
+                                    identity=identity(made)))
     changed = check(write(tmp_path, f'[run]\nout = "{out}"\n[task]\nhidden = 64\n', "b.toml"))
     with pytest.raises(ConfigError) as err:
-        Runner(str(changed.config.path), resume=True)._prepare_out(
-            changed, out, build_components(changed))
+        prepare_out(changed, build_components(changed), resume=True)
     message = str(err.value)
     assert "does not fit the task this config builds" in message
     assert "hidden.w: checkpoint shape (64, 32), this config's task (64, 64)" in message

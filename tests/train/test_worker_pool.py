@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import meshkit.plugins
-from meshkit.errors import MeshError
+from meshkit.errors import MeshError, WorkerError
 from meshkit.node.config import NodeConfig
 from meshkit.train import GroupPool, LocalPool, StrategyContext, serve_trainer
 
@@ -125,7 +125,8 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
     ctx = context(groups[0], [1], timeout=3.0)
     with pytest.raises(MeshError) as err:
         meshkit.plugins.create("strategy", "federated", {"rounds": 1}).run(ctx)
-    assert type(err.value) is MeshError
+    # The worker said why: a WorkerError naming it, not a lost peer.
+    assert type(err.value) is WorkerError and err.value.rank == 1
     assert "rank 1: cannot build the task on this worker" in str(err.value)
     assert "hidden must be positive" in str(err.value)
     ctx.pool.stop_all([1])

@@ -1,0 +1,202 @@
+"""Everything ``meshkit run`` refuses before any process starts, decided once.
+
+``meshkit run`` calls :func:`build_components` before it binds a socket or
+spawns a worker, and ``meshkit check`` calls the same function, so the two
+refuse the same configs: a check that says ok to a config the run then
+rejects would only move the failure to a worse moment. In order:
+
+1. the out directory can be created and written (:func:`check_out`);
+2. the workers are driven as a star (:func:`check_topology`), and a run
+   whose nodes start elsewhere has a readable secret of at least 16
+   bytes (:func:`check_secret`);
+3. the strategy, the task and the strategy's own checks (a partition pinned
+   to a rank the run will not have, a task lacking a method, ...);
+4. the task's initial model is built on the coordinator
+   (:func:`initial_model`), so a model that cannot fit in memory is a
+   :class:`ConfigError` here rather than a ``MemoryError`` after workers
+   were spawned;
+5. the aggregator and the outer optimizer.
+
+What ``check`` prints about the plan is measured here too: the world the
+run will really have (:func:`world_size`: the coordinator, the workers and
+the fixed-function ranks) and the model's size (:class:`ModelSize`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from meshkit.errors import ConfigError, MeshError
+from meshkit.task import build_task, check_task
+
+__all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model",
+           "world_size", "ModelSize"]
+
+
+def check_out(cfg: Any) -> None:
+    """Refuse an ``[run] out`` that cannot be created or written.
+
+    Nothing is created: the nearest existing ancestor must be a directory
+    this process may write into. (Root may write where permission bits say
+    no; what the operating system still refuses then, the run reports as
+    the same kind of error when it creates the directory.)
+    """
+    out = Path(cfg.run.out)
+    where = f"{cfg.path}: [run] out = {cfg.run.out!r}"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{where} is a file, not a directory; choose another out")
+    probe = out.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{where}: {str(probe)!r} is a file, so no directory can be "
+                          f"created inside it; choose another out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is not writable" if probe == out.absolute() else (
+            f"cannot be created: {str(probe)!r} is not writable")
+        raise ConfigError(f"{where} {what} by this user; choose a directory you can write "
+                          f"to")
+
+
+def check_topology(cfg: Any) -> None:
+    """``meshkit run`` drives its workers as a star."""
+    if cfg.mesh.topology != "star":
+        # The trainer protocol is coordinator <-> worker only; a full mesh
+        # would need every rank's address up front and buys nothing here.
+        raise ConfigError(
+            f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
+            f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
+            f"topology = \"star\"")
+
+
+def check_secret(cfg: Any, launch: str | None = None) -> None:
+    """Nodes started elsewhere need the shared secret: refuse a missing or short one.
+
+    A local launch makes a fresh secret per run, so only ``"external"``
+    (``[mesh] launch``, or ``meshkit coordinator`` forcing it) reads it.
+    """
+    if (launch or cfg.mesh.launch) == "local" and cfg.mesh.authorized_nodes:
+        raise ConfigError(
+            f"{cfg.path}: [mesh] authorized_nodes: admits nodes started elsewhere with "
+            f"`meshkit node --key`; the workers launch = \"local\" spawns have no keys. Use "
+            f"launch = \"external\" (or `meshkit coordinator`), or drop authorized_nodes")
+    if (launch or cfg.mesh.launch) == "local":
+        return
+    if cfg.secret() is None:  # reads secret_file: unreadable or short is refused there
+        raise ConfigError(
+            f"{cfg.path}: [mesh] secret_file: nodes started elsewhere must share a "
+            f"secret with the coordinator; set secret_file or MESHKIT_SECRET")
+    cfg.authorized_nodes()  # a missing, malformed or world-readable file is refused here
+
+
+def initial_model(task: Any, cfg: Any) -> dict[str, Any]:
+    """The task's initial model from the run seed, or a ConfigError saying why not."""
+    try:
+        return dict(task.init_state(cfg.run.seed))
+    except MemoryError as exc:
+        raise ConfigError(
+            f"{cfg.path}: [task]: the initial model of task {cfg.run.task!r} does not fit in "
+            f"this machine's memory ({exc}); check the [task] options that size the model "
+            f"(e.g. hidden)") from None
+    except MeshError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"{cfg.path}: [run] task: {cfg.run.task!r}: init_state(seed={cfg.run.seed}) raised "
+            f"{type(exc).__name__}: {exc}") from exc
+
+
+@attrs.frozen
+class ModelSize:
+    """How big a state is: its array leaves' elements and bytes, and its other keys."""
+
+    parameters: int
+    nbytes: int
+    arrays: int
+    values: int
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any]) -> ModelSize:
+        arrays = [v for v in state.values() if isinstance(v, np.ndarray)]
+        return cls(parameters=sum(int(a.size) for a in arrays),
+                   nbytes=sum(int(a.nbytes) for a in arrays), arrays=len(arrays),
+                   values=len(state) - len(arrays))
+
+    def describe(self) -> str:
+        text = (f"{self.parameters:,} parameters in {self.arrays} array(s), "
+                f"{_bytes(self.nbytes)}")
+        return text + (f", and {self.values} other value(s)" if self.values else "")
+
+    def to_json(self) -> dict[str, int]:
+        return attrs.asdict(self)
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"  # pragma: no cover
+
+
+def world_size(cfg: Any, boards: list[Any]) -> int:
+    """Ranks the run has: the coordinator, ``[mesh] workers`` and each fixed-function board."""
+    return cfg.mesh.workers + len(boards) + 1
+
+
+def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
+    """Build every component of a resolved plan and run every start-up check.
+
+    Used by ``meshkit run`` before any process starts and by ``meshkit check``,
+    so both refuse the same configs. ``launch`` overrides ``[mesh] launch``
+    (``meshkit coordinator`` forces ``"external"``).
+    """
+    cfg = plan.config
+    check_out(cfg)
+    check_topology(cfg)
+    check_secret(cfg, launch)
+    strategy = plan.create("strategy")
+    if not callable(getattr(strategy, "run", None)):
+        raise ConfigError(f"{cfg.path}: [strategy] {cfg.strategy.name!r} built a "
+                          f"{type(strategy).__name__} with no run(ctx) method")
+    try:
+        task = check_task(build_task(plan.components["task"], plan.options["task"],
+                                     cfg.run.task), cfg.run.task)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
+    check = getattr(strategy, "check", None)
+    if callable(check):
+        try:
+            check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers)
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.path}: {exc}") from None
+    state = initial_model(task, cfg)
+    # None: the strategy has no rounds option (only a declared 0 means
+    # "evaluate only").
+    rounds = getattr(getattr(strategy, "options", None), "rounds", None)
+    extra = getattr(strategy, "extra_ranks", None)
+    boards = list(extra()) if callable(extra) else []
+    return {
+        "boards": boards,
+        "world": world_size(cfg, boards),
+        "model": ModelSize.of(state),
+        "strategy": strategy,
+        "task": task,
+        "aggregator": plan.create("aggregator"),
+        "outer": plan.create("outer_optimizer"),
+        "rng": np.random.default_rng(cfg.run.seed),
+        "rounds": None if rounds is None else int(rounds),
+        # The model the checks built: resume compares shapes with it and an
+        # evaluation-only run evaluates it. A training run lets it go before
+        # starting (the strategy builds it again, the same pure function of
+        # the seed), so the coordinator holds no extra copy for the run.
+        "initial_state": state,
+        "ctx_state": None,
+        "global_state": None,
+    }
