@@ -32,6 +32,7 @@ _COMMANDS: Mapping[str, tuple[str, str]] = {
               "Validate CONFIG, resolve every named component, print the plan."),
     "coordinator": ("meshkit.cli._run:coordinator",
                     "Run only the coordinator of CONFIG, for nodes started elsewhere."),
+    "export": ("meshkit.cli._export:export_command", "Write RUN's model as a torch state_dict."),
     "node": ("meshkit.cli._node:node",
              "Join a mesh as a worker, or with --board as a fixed-function rank."),
     "plugins": ("meshkit.cli._plugins:plugins_command",
