@@ -46,6 +46,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 import meshkit.torch
+from meshkit.train import read_metrics
 
 HERE = Path(__file__).resolve().parent
 FEATURES, HIDDEN, WIDTH, CLASSES = 256, 1024, 768, 10
@@ -151,8 +152,6 @@ threads = 1
 
 
 def through_meshkit(workers: int, rounds: int) -> list[float]:
-    from meshkit.train import read_metrics
-
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     if str(HERE) not in sys.path:
