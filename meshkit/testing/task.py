@@ -12,7 +12,11 @@ JSON values) and a pure function of the seed; ``train_data()`` pairs its
 rows and is the same every call; ``fit`` keeps keys, shapes and dtypes,
 reports its realized work as a positive ``int`` and finite named metrics, is
 bit-for-bit deterministic given its seed, trains (changes the model; set
-``trains = False`` if it may not), and modifies none of its inputs;
+``trains = False`` if it may not), and modifies none of its inputs (a
+read-only state, as the wire delivers it, included); the keys stay those of
+``init_state`` round after round, a state lacking a key is refused (not
+loaded non-strictly), and integer arrays agree between fits on unequal
+shards (fedavg refuses integers that differ);
 ``evaluate`` returns finite named numbers; every state it produces crosses
 the wire unchanged. When the task offers them, the data-parallel pair
 (``gradients`` then ``apply``) and the model-parallel pair (``stages`` then
@@ -171,6 +175,66 @@ class TaskContract(ContractBase):
         assert_states_identical(model, before["model"], what="the model after fit/evaluate")
         assert np.array_equal(x, before["x"]) and np.array_equal(y, before["y"]), (
             "fit() modified its training shard in place")
+
+    def test_fit_keeps_the_keys_of_init_state_round_after_round(self) -> None:
+        task = self.make()
+        model = task.init_state(0)
+        assert sorted(self.make().init_state(1)) == sorted(model), (
+            "init_state(1) has other keys than init_state(0): the keys of a model must not "
+            "depend on the seed")
+        x, y = self._shard(task)
+        second = task.fit(task.fit(model, x, y, seed=1).state, x, y, seed=2).state
+        self._check_like(second, model, "fit() of the state a first fit returned (round 2)")
+
+    def test_fit_refuses_a_state_that_lacks_a_key(self) -> None:
+        task = self.make()
+        model = task.init_state(0)
+        arrays = [k for k, v in model.items() if isinstance(v, np.ndarray)]
+        if not arrays:
+            pytest.skip("the model has no arrays")
+        dropped = sorted(arrays)[0]
+        partial = {k: v for k, v in model.items() if k != dropped}
+        x, y = self._shard(task)
+        try:
+            task.fit(partial, x, y, seed=1)
+        except Exception:
+            return
+        pytest.fail(
+            f"fit() trained from a state without {dropped!r} instead of refusing it: a "
+            f"task that loads non-strictly (torch's load_state_dict(strict=False)) hides "
+            f"real key mismatches between the global model and its own", pytrace=False)
+
+    def test_integer_arrays_agree_across_unequal_shards(self) -> None:
+        task = self.make()
+        model = task.init_state(0)
+        x, y = task.train_data()
+        small = max(1, self.shard_rows // 4)
+        states = [task.fit(model, x[:rows], y[:rows], seed=1).state
+                  for rows in (self.shard_rows, small)]
+        for key, value in states[0].items():
+            if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
+                other = states[1][key]
+                assert np.array_equal(value, other), (
+                    f"fit() on {self.shard_rows} rows and on {small} rows returned different "
+                    f"{value.dtype} {key!r} ({value.tolist()} and {np.asarray(other).tolist()}):"
+                    f" fedavg refuses integer arrays that differ between clients, so a "
+                    f"federated run over unequal shards aborts in round 1. Carry a count as "
+                    f"a float (meshkit.torch does, for BatchNorm's num_batches_tracked)")
+
+    def test_fit_accepts_a_read_only_state_as_the_wire_delivers_it(self) -> None:
+        task = self.make()
+        model = task.init_state(0)
+        frozen = {}
+        for key, value in model.items():
+            if isinstance(value, np.ndarray):
+                value = value.copy()
+                value.setflags(write=False)
+            frozen[key] = value
+        before = snapshot(frozen)
+        x, y = self._shard(task)
+        result = task.fit(frozen, x, y, seed=1)
+        self._check_like(result.state, model, "fit() of a read-only state")
+        assert_states_identical(frozen, before, what="a read-only input state after fit")
 
     # -- evaluate --------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""``meshkit export``: a run's global model written in another framework's format.
+
+Only ``--format torch`` exists: a ``torch.save`` file of the run's last
+checkpointed model, which ``torch.load(FILE, weights_only=True)`` reads as a
+state_dict. torch is optional, so without it the command says how to get it.
+"""
+
+from __future__ import annotations
+
+import click
+
+from meshkit.errors import ConfigError
+
+try:  # the torch extra is optional; only this command needs it
+    import meshkit.torch as meshkit_torch
+except ImportError as exc:
+    meshkit_torch = None
+    _WHY = str(exc)
+
+__all__ = ["export_command"]
+
+
+@click.command("export")
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--format", "fmt", type=click.Choice(["torch"]), default="torch",
+              show_default=True, help="The file format to write.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The file to write (replaced atomically).")
+def export_command(run: str, fmt: str, output: str) -> None:
+    """Write RUN's model as a torch state_dict.
+
+    RUN is a run directory (its last checkpoint) or a checkpoint file.
+    """
+    if meshkit_torch is None:
+        raise ConfigError(f"meshkit export --format torch needs PyTorch: {_WHY}")
+    path = meshkit_torch.export(run, output)
+    click.echo(f"wrote {path} ({fmt} state_dict; read it with torch.load(FILE, "
+               f"weights_only=True))")
