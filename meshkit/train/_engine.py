@@ -193,9 +193,10 @@ class _Round:
             else:
                 self.spare.append(key)
         if self.state is None:
-            self.ready = set(workers)
-        for rank in workers if self.state is not None else ():
-            self._send_state(rank)
+            self.ready = set(workers)  # replicas: each holds its own state
+        else:
+            for rank in workers:
+                self._send_state(rank)
         # Bounded: each reply settles one request, and each key is handed out
         # again only after a worker died (at most once per worker).
         limit = 8 * (len(self.requests) + 1) * (len(self.ctx.workers) + 1)

@@ -7,16 +7,8 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError
-from meshkit.train import (
-    RoundOutcome,
-    StrategyContext,
-    StrategyResult,
-    Work,
-    client_seed,
-    fold_round,
-    run_rounds,
-    train_loss,
-)
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds, train_loss
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions

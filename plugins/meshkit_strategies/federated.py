@@ -7,16 +7,8 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError
-from meshkit.train import (
-    RoundOutcome,
-    StrategyContext,
-    StrategyResult,
-    Work,
-    client_seed,
-    fold_round,
-    run_rounds,
-    sample_clients,
-)
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds, sample_clients
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import FederatedOptions
@@ -72,5 +64,4 @@ class Federated:
                 f"run again with --resume")
         consensus = folded.result
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
-        del consensus
         return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})

@@ -7,15 +7,8 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import MeshError
-from meshkit.train import (
-    RoundOutcome,
-    StrategyContext,
-    StrategyResult,
-    Work,
-    client_seed,
-    fold_round,
-    run_rounds,
-)
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds
 
 from meshkit_strategies.options import LocalOptions
 

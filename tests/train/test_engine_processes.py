@@ -2,56 +2,38 @@
 
 from __future__ import annotations
 
-import textwrap
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-import meshkit.train._pool
-from meshkit.train import Runner, read_metrics
+from meshkit.train import GroupPool, Runner, read_metrics
+
+from test_run import write_config
 
 pytestmark = pytest.mark.slow
 
 
-def write_config(path: Path, out: Path, *, workers: int, rounds: int, clients: int = 0,
-                 params: int = 4096, timeout: float = 30.0) -> Path:
-    path.write_text(textwrap.dedent(f"""
-        [run]
-        task = "synthetic"
-        seed = 3
-        out = "{out}"
-
-        [mesh]
-        launch = "local"
-        workers = {workers}
-        timeout = {timeout}
-        join_timeout = 120
-
-        [strategy]
-        name = "federated"
-        rounds = {rounds}
-        clients = {clients}
-        min_clients = {clients or workers}
-
-        [task]
-        params = {params}
-        rows = 1024
-    """))
-    return path
+def synthetic_config(path: Path, out: Path, *, workers: int, rounds: int, clients: int = 0,
+                     params: int = 4096, timeout: float = 30.0) -> Path:
+    """A federated run of the synthetic task, every client required."""
+    extra = (f"clients = {clients}\nmin_clients = {clients or workers}\n"
+             f"[task]\nparams = {params}\nrows = 1024")
+    return write_config(path, out, workers=workers, rounds=rounds, task="synthetic",
+                        extra=extra, timeout=timeout)
 
 
 def test_a_worker_killed_between_rounds_is_sent_no_client_and_every_client_is_served(
         tmp_path, monkeypatch):
     sent: list[tuple[int, int, str]] = []
     rounds_done = [0]
-    original = meshkit.train._pool.GroupPool.send
+    original = GroupPool.send
 
     def recording_send(self, rank, request, timeout):
         sent.append((rounds_done[0] + 1, rank, request.get("op")))
         return original(self, rank, request, timeout)
 
-    monkeypatch.setattr(meshkit.train._pool.GroupPool, "send", recording_send)
+    monkeypatch.setattr(GroupPool, "send", recording_send)
     procs = {}
 
     def on_round(report, state):
@@ -61,7 +43,7 @@ def test_a_worker_killed_between_rounds_is_sent_no_client_and_every_client_is_se
             procs[2].wait(10)
 
     out = tmp_path / "out"
-    config = write_config(tmp_path / "c.toml", out, workers=4, rounds=3, clients=8)
+    config = synthetic_config(tmp_path / "c.toml", out, workers=4, rounds=3, clients=8)
     report = Runner(str(config), on_workers=procs.update, on_round=on_round).run()
     assert report.ok and 2 in report.dropped
 
@@ -88,7 +70,7 @@ def test_coordinator_memory_stays_a_few_model_copies_with_16_workers(tmp_path):
     params = 2_000_000
     model = params * 4
     out = tmp_path / "out"
-    config = write_config(tmp_path / "c.toml", out, workers=16, rounds=2, params=params,
+    config = synthetic_config(tmp_path / "c.toml", out, workers=16, rounds=2, params=params,
                           timeout=120.0)
     tracemalloc.start()
     try:
