@@ -63,8 +63,9 @@ MB = 1 << 20
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, window: int | None,
-                timeout: float) -> str:
+                retain: int | None, timeout: float) -> str:
     window_line = f"window = {window}" if window is not None else ""
+    retain_line = f"retain = {retain}" if retain is not None else ""
     return textwrap.dedent(f"""
         [run]
         task = "{TASK}"
@@ -86,6 +87,10 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, window: in
         params = {params}
         rows = {max(1024, workers)}
 
+        [aggregator]
+        name = "fedavg"
+        {retain_line}
+
         [outer_optimizer]
         name = "average"
     """)
@@ -103,13 +108,13 @@ def ensure_synthetic(tree: Path) -> None:
 
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
-            window: int | None, timeout: float) -> dict[str, Any]:
+            window: int | None, retain: int | None, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-round-memory-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
-                                      window=window, timeout=timeout))
+                                      window=window, retain=retain, timeout=timeout))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         started = time.perf_counter()
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--window", type=int, default=None,
                         help="[strategy] window (this tree only; default: the strategy's)")
+    parser.add_argument("--retain", type=int, default=None,
+                        help="[aggregator] retain of fedavg (this tree only; default: its own)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of the pre-engine code (with DIR/.venv)")
@@ -150,11 +157,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sizes = [int(p) for p in (args.params or [10_000_000])]
         grid = [(p, w) for p in sizes for w in (args.workers or [2, 4, 8, 16])]
-    trees = [("engine", sys.executable, ROOT, args.window)]
+    trees = [("engine", sys.executable, ROOT, args.window, args.retain)]
     if args.baseline is not None:
         base = args.baseline.resolve()
         ensure_synthetic(base)
-        trees.append(("today", str(base / ".venv" / "bin" / "python"), base, None))
+        trees.append(("today", str(base / ".venv" / "bin" / "python"), base, None, None))
 
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
           f"{args.rounds} rounds, {args.repeat} repeats; min (spread) over repeats", flush=True)
@@ -163,11 +170,17 @@ def main(argv: list[str] | None = None) -> None:
     for params, workers in grid:
         model = params * 4
         target = 4 * model + 200 * MB
-        for label, python, tree, window in trees:
-            runs = [one_run(python, tree, params=params, workers=workers, rounds=args.rounds,
-                            window=window, timeout=args.timeout) for _ in range(args.repeat)]
-            rss, rss_spread = spread([r["rss"] for r in runs])
-            sec, sec_spread = spread([r["seconds"] for r in runs])
+        # Trees take turns, repeat by repeat, so a change in the machine's load
+        # (it is shared) falls on both alike.
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in trees}
+        for _ in range(args.repeat):
+            for label, python, tree, window, retain in trees:
+                runs[label].append(one_run(python, tree, params=params, workers=workers,
+                                           rounds=args.rounds, window=window, retain=retain,
+                                           timeout=args.timeout))
+        for label, *_ in trees:
+            rss, rss_spread = spread([r["rss"] for r in runs[label]])
+            sec, sec_spread = spread([r["seconds"] for r in runs[label]])
             print(f"{params:>10} {workers:>7} {label:>7} "
                   f"{rss / MB:>9.0f} ({rss_spread / MB:>4.0f}) "
                   f"{rss / model:>7.2f} ({rss_spread / model:>4.2f}) "

@@ -197,6 +197,9 @@ class _Round:
         else:
             for rank in workers:
                 self._send_state(rank)
+                # A large state takes a while to write: start the workers that
+                # already acknowledged theirs instead of waiting for the last.
+                self._drain()
         # Bounded: each reply settles one request, and each key is handed out
         # again only after a worker died (at most once per worker).
         limit = 8 * (len(self.requests) + 1) * (len(self.ctx.workers) + 1)
@@ -267,6 +270,15 @@ class _Round:
         return keys.pop(i)
 
     # -- receiving -------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Settle every reply already there, without waiting, then hand out work."""
+        for _ in range(len(self.busy)):
+            reply = self.ctx.pool.receive(block=False)
+            if reply is None:
+                break
+            self._settle(reply)
+        self._dispatch()
 
     def _settle(self, reply: Any) -> None:
         rank, kind, key = self.busy.pop(reply.seq)

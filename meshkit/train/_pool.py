@@ -70,7 +70,8 @@ class WorkerPool(Protocol):
     permanent); ``live(ranks)`` the given ranks that are still in.
     ``send`` returns a ticket and never raises for a lost worker;
     ``receive`` blocks for the next reply to any outstanding request, a
-    lost worker's requests coming back as failed :class:`Reply` records.
+    lost worker's requests coming back as failed :class:`Reply` records
+    (``receive(block=False)`` returns None at once when none is there yet).
     ``pending`` counts requests not answered yet.
     """
 
@@ -83,7 +84,7 @@ class WorkerPool(Protocol):
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int: ...
 
-    def receive(self) -> Reply: ...
+    def receive(self, block: bool = True) -> Reply | None: ...
 
     @property
     def pending(self) -> int: ...
@@ -173,7 +174,7 @@ class GroupPool:
         self._owed.setdefault(rank, _Outstanding()).push(seq, timeout)
         return seq
 
-    def receive(self) -> Reply:
+    def receive(self, block: bool = True) -> Reply | None:
         while True:
             if self._failed:
                 return self._failed.popleft()
@@ -192,10 +193,12 @@ class GroupPool:
                     self.declare_dead(rank, reason)
                     return Reply(rank, None, self.group.dead.get(rank, reason), o.pop())
                 soonest = min(soonest, deadline)
-            wait = min(POLL_SECONDS, max(0.0, soonest - now))
+            wait = min(POLL_SECONDS, max(0.0, soonest - now)) if block else 0.0
             try:
                 src, frame = self.group.recv(None, TAG_REPLY, timeout=wait)
             except PeerLostError:
+                if not block:
+                    return None
                 continue  # nothing yet (or a death): look at the ledger again
             reply = decode(frame)
             o = owed.get(src)
@@ -266,10 +269,12 @@ class LocalPool:
         self._queue.setdefault(rank, collections.deque()).append((self._seq, dict(request)))
         return self._seq
 
-    def receive(self) -> Reply:
+    def receive(self, block: bool = True) -> Reply | None:
         ranks = sorted((q[0][0], r) for r, q in self._queue.items() if q)
         if not ranks:
             raise MeshError("receive() with no request outstanding")
+        if not block:
+            return None  # in-process workers answer only when asked to
         pick = 0 if self.order is None else int(self.order.integers(len(ranks)))
         rank = ranks[pick][1]
         seq, request = self._queue[rank].popleft()

@@ -112,8 +112,8 @@ def test_a_worker_keeps_at_most_hold_results_waiting():
     held = []
 
     class Watch(LocalPool):
-        def receive(self):
-            reply = super().receive()
+        def receive(self, block=True):
+            reply = super().receive(block)
             held.append(max(len(t.kept) for t in self.trainers.values()))
             return reply
 
