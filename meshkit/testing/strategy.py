@@ -14,10 +14,16 @@ task by default), so no process or socket is involved.
 
 What it checks: ``run(ctx)`` returns the final state after reporting every
 round once, in order, with a JSON-serialisable report; the same seed gives
-the same model bit for bit; a stop request ends the run between rounds with
-:class:`meshkit.train.RunStopped`; a worker that stops answering is
-dropped and named, or stops the run with a :class:`meshkit.MeshError`, never
-anything else; the final state is a valid meshkit state.
+the same model bit for bit, and so does any order in which the workers'
+answers arrive (``LocalPool(order=...)`` shuffles them); a stop request ends
+the run between rounds with :class:`meshkit.train.RunStopped`; a worker that
+stops answering is declared dead in the pool's ledger and never sent
+anything again, the run completing without it (every folded client served
+by a live worker) or stopping with a :class:`meshkit.MeshError` naming it;
+with many workers the coordinator never holds more than a few whole
+contributions at once (``max_held``: the round engine's window plus what the
+fold and the round's own state keep); the final state is a valid meshkit
+state.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from meshkit import plugins
 from meshkit.errors import MeshError
 from meshkit.testing import make_plugin_set
 from meshkit.testing.support import ContractBase, assert_states_identical, json_leaves_ok
-from meshkit.train import LocalPool, RunStopped, StrategyContext
+from meshkit.train import DEFAULT_WINDOW, LocalPool, RunStopped, StrategyContext
 
 __all__ = ["StrategyContract"]
 
@@ -70,6 +76,10 @@ class StrategyContract(ContractBase):
     aggregator: ClassVar[str] = "fedavg"
     outer_optimizer: ClassVar[str] = "average"
     seed: ClassVar[int] = 0
+    #: Workers of the memory check, and the most whole states (client models,
+    #: gradients) the coordinator may hold at once among their replies.
+    memory_workers: ClassVar[int] = 8
+    max_held: ClassVar[int] = DEFAULT_WINDOW + 2
 
     # -- building a context --------------------------------------------------
 
@@ -80,14 +90,20 @@ class StrategyContract(ContractBase):
 
     def make_context(self, *, fail: Callable[[int, Mapping[str, Any]], str | None] | None = None,
                      on_round: Callable[[Any, Mapping[str, Any]], None] | None = None,
-                     seed: int | None = None) -> Any:
-        """A StrategyContext over in-process workers (``fail`` simulates lost ones)."""
+                     seed: int | None = None, order: Any = None,
+                     workers: int | None = None) -> Any:
+        """A StrategyContext over in-process workers.
+
+        ``fail`` simulates lost workers, ``order`` (a ``numpy.random.Generator``)
+        shuffles the order their answers arrive in, ``workers`` overrides the
+        class's worker count.
+        """
         seed = self.seed if seed is None else seed
         build_task = lambda: self._create("task", self.task, dict(self.task_options))  # noqa: E731
-        ranks = list(range(1, self.workers + 1))
+        ranks = list(range(1, (self.workers if workers is None else workers) + 1))
         ctx = StrategyContext(
             task=build_task(), aggregator=self._create("aggregator", self.aggregator),
-            pool=LocalPool.of(build_task, ranks, fail=fail), workers=ranks,
+            pool=LocalPool.of(build_task, ranks, fail=fail, order=order), workers=ranks,
             rng=np.random.default_rng(seed), seed=seed,
             outer=self._create("outer_optimizer", self.outer_optimizer),
             outer_name=self.outer_optimizer, strategy_name=self.component or "",
@@ -131,6 +147,24 @@ class StrategyContract(ContractBase):
         assert_states_identical(dict(second.state), dict(first.state),
                                 what="two runs with the same seed")
 
+    def test_the_order_answers_arrive_in_does_not_change_the_model(self) -> None:
+        first = self.make().run(self.make_context())
+        for shuffle in (1, 2, 3):
+            again = self.make().run(self.make_context(order=np.random.default_rng(shuffle)))
+            assert_states_identical(
+                dict(again.state), dict(first.state),
+                what=f"a run whose workers answered in shuffled order #{shuffle} (fold "
+                     f"contributions in client order, not arrival order)")
+
+    def test_the_coordinator_holds_a_bounded_number_of_contributions(self) -> None:
+        ctx = self.make_context(workers=self.memory_workers)
+        self.make().run(ctx)
+        assert ctx.pool.peak_held <= self.max_held, (
+            f"with {self.memory_workers} workers the coordinator held "
+            f"{ctx.pool.peak_held} whole states at once (at most {self.max_held} "
+            f"allowed): fold contributions as they come (meshkit.train.fold_round) "
+            f"instead of collecting every reply first")
+
     def test_a_stop_request_ends_the_run_between_rounds(self) -> None:
         if self.rounds < 2:
             pytest.skip("needs at least two rounds")
@@ -145,18 +179,38 @@ class StrategyContract(ContractBase):
 
     def test_a_worker_that_stops_answering_is_dropped_or_stops_the_run(self) -> None:
         lost = self.workers
-        ctx = self.make_context(fail=lambda rank, request: "vanished (contract test)"
-                                if rank == lost else None)
+        died_at: list[int] = []
+
+        def fail(rank: int, request: Mapping[str, Any]) -> str | None:
+            if rank != lost:
+                return None
+            if not died_at:
+                died_at.append(len(ctx.pool.log))
+            return "vanished (contract test)"
+
+        ctx = self.make_context(fail=fail)
         try:
             self.make().run(ctx)
         except MeshError as exc:
             assert "vanished" in str(exc) or str(lost) in str(exc), (
                 f"the error should say which worker was lost and why: {exc}")
             return
-        if all(rank != lost for rank, _ in ctx.pool.log):
+        if not died_at:
             return  # the strategy never asked it (sampling), so nothing to drop
-        assert lost in ctx.dropped, (
-            f"rank {lost} never answered, yet the run completed without dropping it "
-            f"(dropped: {ctx.dropped})")
-        assert all(lost not in r.answered for r in _reports(ctx)), (
-            f"rank {lost} never answered but a report lists it as answered")
+        assert lost in ctx.dead, (
+            f"rank {lost} never answered, yet the run completed without the ledger "
+            f"declaring it dead (dead: {ctx.dead})")
+        after = [request.get("op") for rank, request in ctx.pool.log[died_at[0]:]
+                 if rank == lost]
+        assert not after, (
+            f"rank {lost} was declared dead, yet it was sent {after} afterwards: hand "
+            f"work only to ctx.live")
+        for report in _reports(ctx):
+            assert lost not in report.answered, (
+                f"rank {lost} never answered but round {report.round} lists it as answered")
+            assert lost not in report.served.values(), (
+                f"round {report.round} says rank {lost} served {report.served}")
+            if report.served:
+                assert tuple(report.served) == tuple(report.clients), (
+                    f"round {report.round}: served {report.served} does not match the "
+                    f"clients folded {report.clients}")

@@ -7,14 +7,18 @@ One idea per module:
   :class:`StrategyResult`, :class:`RunStopped`);
 * ``_rounds`` — the round skeleton every strategy shares
   (:func:`run_rounds`, :class:`RoundOutcome`);
+* ``_engine`` — the one round engine: a round's contributions folded in key
+  order, a bounded number held at once, lost workers' work served again
+  (:func:`fold_round`, :class:`Work`, :class:`Folded`);
 * ``_sharding`` — which rows a client trains on, which clients a round
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
 * ``_protocol`` — the trainer requests and replies, and their tags;
 * ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
-* ``_pool`` — reaching the workers, and where a dead rank leaves a round
-  (:class:`GroupPool`, :class:`LocalPool`);
+* ``_pool`` — reaching the workers, and where a dead rank leaves a round:
+  liveness is the transport's dead ledger (:class:`GroupPool`,
+  :class:`LocalPool`);
 * ``_preflight`` — everything a run refuses before any process starts, so
   ``meshkit check`` refuses the same (:func:`build_components`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
@@ -29,9 +33,18 @@ Strategy plugins import from here, never from a ``_private`` module.
 from __future__ import annotations
 
 from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+from meshkit.train._engine import (
+    DEFAULT_WINDOW,
+    HOLD,
+    Folded,
+    Work,
+    by_examples,
+    fold_round,
+    train_loss,
+)
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
-from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool
+from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, call
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._preflight import build_components
@@ -59,6 +72,14 @@ __all__ = [
     "run_rounds",
     "RoundOutcome",
     "timed",
+    # the round engine
+    "fold_round",
+    "Work",
+    "Folded",
+    "by_examples",
+    "train_loss",
+    "DEFAULT_WINDOW",
+    "HOLD",
     # sharding and sampling
     "shard_bounds",
     "shard_pair",
@@ -73,6 +94,7 @@ __all__ = [
     "WorkerPool",
     "LocalPool",
     "GroupPool",
+    "call",
     # the trainer protocol and the worker side
     "TAG_REQUEST",
     "TAG_REPLY",

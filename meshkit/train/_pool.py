@@ -1,39 +1,62 @@
-"""Reaching the workers from the coordinator, and where a dead rank leaves a round.
+"""Reaching the workers from the coordinator; who is alive comes from one ledger.
 
-A pool sends a round's requests and collects one :class:`Reply` per request,
-in request order. A worker that disconnects, fails a send or stalls past the
-deadline is answered *for* with ``payload=None`` and the reason; from then
-on :class:`GroupPool` never waits on it again and tells the transport's dead
-ledger, so a late frame from it cannot be mistaken for a live one.
-:class:`LocalPool` runs the same protocol in-process (tests, the contract
-suite), with ``fail`` to simulate a lost worker.
+A pool sends trainer requests (:meth:`WorkerPool.send`) and hands back the
+replies as they arrive, from whichever worker answers first
+(:meth:`WorkerPool.receive`). A worker serves its requests one after another,
+so each request's deadline starts when the one before it on that worker was
+answered.
+
+Liveness is decided in one place, the transport's dead ledger: a
+:class:`GroupPool`'s live workers are the group's joined ranks minus
+``group.dead``, and a worker that disconnects, fails a send or stalls past a
+request's deadline is declared dead *there* (``group.declare_dead``), so the
+strategy, the engine, the runner's report and the transport (which drops the
+link, so a late frame cannot pass for a live one) all agree. A send never
+raises for a lost worker: the loss comes back from ``receive`` as a
+:class:`Reply` with ``payload=None`` and the reason, once per request that
+worker still owed.
+
+:class:`LocalPool` runs the same protocol in-process, with a ledger of its
+own (tests, the strategy contract suite): ``fail`` simulates a lost worker,
+``order`` (a seeded ``numpy.random.Generator``) answers pending requests in
+a shuffled order, and ``peak_held`` counts the most whole states it handed
+to the coordinator that were alive at once.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+import weakref
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import attrs
+import numpy as np
 
-from meshkit.errors import PeerLostError, WireError
+from meshkit.errors import MeshError, PeerLostError
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._worker import Trainer
 
-__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool"]
+__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call"]
 
 log = logging.getLogger(__name__)
+
+#: How often (seconds) a wait for replies looks at the dead ledger: a death
+#: the transport records mid-wait is acted on within this long.
+POLL_SECONDS = 0.1
 
 
 @attrs.frozen
 class Reply:
-    """A worker's answer to one request (``None`` payload: the worker was lost)."""
+    """A worker's answer to one request (``None`` payload: the worker was lost, ``error`` says why)."""
 
     rank: int
     payload: Mapping[str, Any] | None
     error: str | None = None
+    #: The request's ticket, as :meth:`WorkerPool.send` returned it.
+    seq: int = 0
 
     @property
     def ok(self) -> bool:
@@ -41,51 +64,71 @@ class Reply:
 
 
 class WorkerPool(Protocol):
-    """Sends requests to workers and collects their replies.
+    """Sends trainer requests to workers and hands back replies as they come.
 
-    ``call`` sends every request, then waits (at most ``timeout`` seconds
-    overall) for each answer. A worker that disconnects or stalls gets a
-    :class:`Reply` with ``payload=None`` and the reason, in request order.
+    ``dead`` is the ledger (rank -> why it was declared dead; deaths are
+    permanent); ``live(ranks)`` the given ranks that are still in.
+    ``send`` returns a ticket and never raises for a lost worker;
+    ``receive`` blocks for the next reply to any outstanding request, a
+    lost worker's requests coming back as failed :class:`Reply` records
+    (``receive(block=False)`` returns None at once when none is there yet).
+    ``pending`` counts requests not answered yet.
     """
 
-    def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]],
-             timeout: float | None) -> list[Reply]: ...
+    @property
+    def dead(self) -> Mapping[int, str]: ...
+
+    def live(self, ranks: Iterable[int]) -> list[int]: ...
+
+    def declare_dead(self, rank: int, reason: str) -> None: ...
+
+    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int: ...
+
+    def receive(self, block: bool = True) -> Reply | None: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    def stop_all(self, ranks: Sequence[int]) -> None: ...
 
     def close(self) -> None: ...
 
 
+def call(pool: WorkerPool, requests: Sequence[tuple[int, Mapping[str, Any]]],
+         timeout: float | None) -> list[Reply]:
+    """Send every request, wait for every answer; the replies in request order."""
+    if pool.pending:
+        raise MeshError(f"call() while {pool.pending} request(s) are outstanding; finish "
+                        f"receiving those first")
+    tickets = [pool.send(rank, request, timeout) for rank, request in requests]
+    replies: dict[int, Reply] = {}
+    for _ in tickets:
+        reply = pool.receive()
+        replies[reply.seq] = reply
+    return [replies[t] for t in tickets]
+
+
 @attrs.define
-class LocalPool:
-    """In-process workers: one :class:`Trainer` per rank, called directly.
+class _Outstanding:
+    """The requests one worker owes, oldest first, and when it began on the oldest."""
 
-    For tests and for strategies on a single machine without processes.
-    ``fail(rank, request)`` may return a reason to simulate a lost worker.
-    """
+    tickets: collections.deque[tuple[int, float | None]] = attrs.Factory(collections.deque)
+    since: float = 0.0
 
-    trainers: dict[int, Trainer]
-    fail: Callable[[int, Mapping[str, Any]], str | None] | None = None
-    log: list[tuple[int, dict[str, Any]]] = attrs.Factory(list)
+    def push(self, seq: int, timeout: float | None) -> None:
+        if not self.tickets:
+            self.since = time.monotonic()
+        self.tickets.append((seq, timeout))
 
-    @classmethod
-    def of(cls, task_factory: Callable[[], Any], ranks: Sequence[int], **kw: Any) -> LocalPool:
-        return cls({r: Trainer(task_factory()) for r in ranks}, **kw)
+    def pop(self) -> int:
+        seq, _ = self.tickets.popleft()
+        # The worker starts on its next request once it answered this one.
+        self.since = time.monotonic()
+        return seq
 
-    def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]],
-             timeout: float | None) -> list[Reply]:
-        replies = []
-        for rank, request in requests:
-            self.log.append((rank, dict(request)))
-            reason = self.fail(rank, request) if self.fail else None
-            if reason:
-                replies.append(Reply(rank, None, reason))
-                continue
-            # Round-trip through the wire encoding, so tests exercise it.
-            reply = decode(encode(self.trainers[rank].handle(decode(encode(request)))))
-            replies.append(Reply(rank, reply))
-        return replies
-
-    def close(self) -> None:
-        pass
+    def deadline(self) -> float:
+        timeout = self.tickets[0][1]
+        return math.inf if timeout is None else self.since + timeout
 
 
 @attrs.define
@@ -94,78 +137,172 @@ class GroupPool:
 
     group: Any
     _seq: int = 0
-    _lost: dict[int, str] = attrs.Factory(dict)
+    _owed: dict[int, _Outstanding] = attrs.Factory(dict)
+    _failed: collections.deque[Reply] = attrs.Factory(collections.deque)
 
-    def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]],
-             timeout: float | None) -> list[Reply]:
-        per_rank: dict[int, int] = {}
-        pending: list[tuple[int, int]] = []
-        for rank, request in requests:
-            self._seq += 1
-            per_rank[rank] = per_rank.get(rank, 0) + 1
-            if rank not in self._lost:
-                try:
-                    self.group.send(rank, TAG_REQUEST, encode({**request, "seq": self._seq}))
-                except (PeerLostError, WireError, OSError) as exc:
-                    self._lost[rank] = f"send failed: {exc}"
-            pending.append((rank, self._seq))
-        # A worker serves its requests one after another, so its budget grows
-        # with how many it was given.
-        busiest = max(per_rank.values(), default=1)
-        deadline = None if timeout is None else time.monotonic() + timeout * busiest
-        replies = []
-        for rank, seq in pending:
-            if rank in self._lost:
-                replies.append(Reply(rank, None, self._lost[rank]))
-                continue
-            try:
-                replies.append(Reply(rank, self._receive(rank, seq, deadline)))
-            except (PeerLostError, WireError, TimeoutError, OSError) as exc:
-                reason = str(exc) or type(exc).__name__
-                if isinstance(exc, TimeoutError):
-                    reason = f"no answer within {timeout:g} s (stalled)"
-                self._lost[rank] = reason
-                self._declare_dead(rank, reason)
-                replies.append(Reply(rank, None, reason))
-        return replies
+    @property
+    def dead(self) -> dict[int, str]:
+        return self.group.dead
 
-    def _receive(self, rank: int, seq: int, deadline: float | None) -> dict[str, Any]:
-        for _ in range(1000):  # bounded: stale replies are few
-            # Past the shared deadline a reply that already arrived still
-            # counts: waiting on a slow rank must not condemn a prompt one.
-            remaining = math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+    def live(self, ranks: Iterable[int]) -> list[int]:
+        joined = set(self.group.joined)
+        dead = self.group.dead
+        return [r for r in ranks if r in joined and r not in dead]
+
+    def declare_dead(self, rank: int, reason: str) -> None:
+        # The ledger drops the link too, so a late frame from the rank can
+        # never be mistaken for a live one.
+        self.group.declare_dead(rank, reason)
+
+    @property
+    def pending(self) -> int:
+        return len(self._failed) + sum(len(o.tickets) for o in self._owed.values())
+
+    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
+        self._seq += 1
+        seq = self._seq
+        dead = self.group.dead
+        if rank in dead:
+            self._failed.append(Reply(rank, None, dead[rank], seq))
+            return seq
+        try:
+            self.group.send(rank, TAG_REQUEST, encode({**request, "seq": seq}))
+        except (PeerLostError, OSError) as exc:
+            self.declare_dead(rank, f"send failed: {exc}")
+            self._failed.append(Reply(rank, None, self.group.dead.get(rank, str(exc)), seq))
+            return seq
+        self._owed.setdefault(rank, _Outstanding()).push(seq, timeout)
+        return seq
+
+    def receive(self, block: bool = True) -> Reply | None:
+        while True:
+            if self._failed:
+                return self._failed.popleft()
+            owed = {rank: o for rank, o in self._owed.items() if o.tickets}
+            if not owed:
+                raise MeshError("receive() with no request outstanding")
+            dead = self.group.dead
+            now = time.monotonic()
+            soonest = math.inf
+            for rank, o in owed.items():
+                if rank in dead:
+                    return Reply(rank, None, dead[rank], o.pop())
+                deadline = o.deadline()
+                if deadline <= now:
+                    reason = f"no answer within {o.tickets[0][1]:g} s (stalled)"
+                    self.declare_dead(rank, reason)
+                    return Reply(rank, None, self.group.dead.get(rank, reason), o.pop())
+                soonest = min(soonest, deadline)
+            wait = min(POLL_SECONDS, max(0.0, soonest - now)) if block else 0.0
             try:
-                frame = self.group.recv(rank, TAG_REPLY, timeout=remaining)
+                src, frame = self.group.recv(None, TAG_REPLY, timeout=wait)
             except PeerLostError:
-                if rank in getattr(self.group, "dead", {}):
-                    raise
-                raise TimeoutError from None
+                if not block:
+                    return None
+                continue  # nothing yet (or a death): look at the ledger again
             reply = decode(frame)
-            if reply.get("seq") == seq:
-                return reply
-            log.debug("rank %d: discarding a stale reply (seq %s, want %d)",
-                      rank, reply.get("seq"), seq)
-        raise WireError(f"rank {rank} sent too many unexpected replies")
-
-    def _declare_dead(self, rank: int, reason: str) -> None:
-        # Tell the transport's ledger, so it drops the link and a late frame
-        # from the rank can never be mistaken for a live one.
-        declare = getattr(self.group, "declare_dead", None)
-        if callable(declare):
-            try:
-                declare(rank, reason)
-            except Exception:  # best effort: the rank is dropped here regardless
-                log.debug("declare_dead(%d) failed", rank, exc_info=True)
+            o = owed.get(src)
+            if o is None or o.tickets[0][0] != reply.get("seq"):
+                log.debug("rank %d: discarding a stale reply (seq %s)", src, reply.get("seq"))
+                continue
+            return Reply(src, reply, None, o.pop())
 
     def stop_all(self, ranks: Sequence[int]) -> None:
         """Tell workers the run is over (best effort: some may be gone)."""
-        for rank in ranks:
-            if rank in self._lost:
-                continue
+        for rank in self.live(ranks):
             try:
                 self.group.send(rank, TAG_REQUEST, {"op": "stop", "seq": 0})
-            except (PeerLostError, WireError, OSError):
+            except (PeerLostError, OSError):
                 pass
+
+    def close(self) -> None:
+        pass
+
+
+@attrs.define
+class LocalPool:
+    """In-process workers: one :class:`Trainer` per rank, called directly.
+
+    For tests and for strategies on a single machine without processes.
+    ``fail(rank, request)`` may return a reason to simulate a lost worker
+    (it is then dead for good); ``order``, a ``numpy.random.Generator``,
+    picks which worker answers next (default: the oldest request first).
+    ``log`` records every ``(rank, request)`` sent.
+    """
+
+    trainers: dict[int, Trainer]
+    fail: Callable[[int, Mapping[str, Any]], str | None] | None = None
+    order: np.random.Generator | None = None
+    log: list[tuple[int, dict[str, Any]]] = attrs.Factory(list)
+    #: The most whole states (``state``/``gradients`` replies) alive at once.
+    peak_held: int = 0
+    _dead: dict[int, str] = attrs.Factory(dict)
+    _queue: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = attrs.Factory(dict)
+    _seq: int = 0
+    _held: int = 0
+
+    @classmethod
+    def of(cls, task_factory: Callable[[], Any], ranks: Sequence[int], **kw: Any) -> LocalPool:
+        return cls({r: Trainer(task_factory()) for r in ranks}, **kw)
+
+    @property
+    def dead(self) -> dict[int, str]:
+        return dict(self._dead)
+
+    def live(self, ranks: Iterable[int]) -> list[int]:
+        return [r for r in ranks if r in self.trainers and r not in self._dead]
+
+    def declare_dead(self, rank: int, reason: str) -> None:
+        if rank not in self._dead:
+            log.warning("rank %d declared dead: %s", rank, reason)
+            self._dead[rank] = reason
+
+    @property
+    def pending(self) -> int:
+        return sum(len(q) for q in self._queue.values())
+
+    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
+        self._seq += 1
+        self.log.append((rank, dict(request)))
+        if rank not in self.trainers:
+            self.declare_dead(rank, f"rank {rank} is not a worker of this pool")
+        self._queue.setdefault(rank, collections.deque()).append((self._seq, dict(request)))
+        return self._seq
+
+    def receive(self, block: bool = True) -> Reply | None:
+        ranks = sorted((q[0][0], r) for r, q in self._queue.items() if q)
+        if not ranks:
+            raise MeshError("receive() with no request outstanding")
+        if not block:
+            return None  # in-process workers answer only when asked to
+        pick = 0 if self.order is None else int(self.order.integers(len(ranks)))
+        rank = ranks[pick][1]
+        seq, request = self._queue[rank].popleft()
+        if rank in self._dead:
+            return Reply(rank, None, self._dead[rank], seq)
+        reason = self.fail(rank, request) if self.fail else None
+        if reason:
+            self.declare_dead(rank, reason)
+            return Reply(rank, None, reason, seq)
+        # Round-trip through the wire encoding, so tests exercise it.
+        reply = decode(encode(self.trainers[rank].handle(decode(encode(request)))))
+        self._track(reply)
+        return Reply(rank, reply, None, seq)
+
+    def _track(self, reply: Mapping[str, Any]) -> None:
+        """Count whole states handed out until the coordinator lets go of them."""
+        for field in ("state", "gradients"):
+            arrays = [v for v in (reply.get(field) or {}).values() if isinstance(v, np.ndarray)]
+            if arrays:
+                self._held += 1
+                self.peak_held = max(self.peak_held, self._held)
+                weakref.finalize(arrays[0], self._release)
+
+    def _release(self) -> None:
+        self._held -= 1
+
+    def stop_all(self, ranks: Sequence[int]) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -7,17 +7,26 @@ model state travels as ``"state/<key>"`` entries (:func:`encode`,
 late answer from a worker that was already given up on can never be taken
 for a fresh one.
 
-==============  =====================================  ===========================
+==============  ======================================  =============================
 op              request fields                          reply fields
-==============  =====================================  ===========================
-``fit``         state, shard, shards, seed              state, examples, metrics
-``set_state``   state                                   (ack)
-``grads``       shard, shards, seed, batch_size         gradients, examples, metrics
+==============  ======================================  =============================
+``set_state``   state                                   (ack); discards kept results
+``fit``         shard, shards, seed; state?; keep?      examples, metrics; state or kept
+``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
+``take``        key                                     state (the kept result, dropped)
 ``apply``       gradients                               (ack)
 ``get_state``   —                                       state
 ``stage``       nodes, x, state (the stage's keys)      x
 ``stop``        —                                       (none: the worker returns)
-==============  =====================================  ===========================
+==============  ======================================  =============================
+
+A ``fit`` without ``state`` starts from the worker's model (the round's
+global state, sent once per worker by ``set_state``), and never changes
+it. With ``keep = KEY`` a fit's (or a ``grads``') result stays on the
+worker and the reply carries only ``examples``, ``metrics`` and
+``kept = KEY``; the coordinator pulls it with ``take`` when the fold is
+ready for it (:mod:`meshkit.train._engine`). Without ``keep`` the reply
+carries the result itself.
 
 The data never travels: every node builds the same task and takes shard
 ``shard`` of ``shards`` of its training data (inputs and targets together).

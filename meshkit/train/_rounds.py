@@ -4,8 +4,11 @@ A strategy differs from another only in what it asks the workers to do in
 one round: :func:`run_rounds` calls its ``play_round(ctx, rnd, state)`` once
 per round, from the round after ``ctx.start_round`` (where a resumed run picks
 up) to ``rounds``, and turns each :class:`RoundOutcome` into the
-:class:`RoundReport` the runner checkpoints and records. A stop request is
-honoured between rounds, never inside one.
+:class:`RoundReport` the runner checkpoints and records. Who was dropped is
+read from the dead ledger here, not reported by the strategy: each report
+names the workers declared dead since the report before it (between rounds
+or during this one). A stop request is honoured between rounds, never
+inside one.
 """
 
 from __future__ import annotations
@@ -22,14 +25,20 @@ __all__ = ["RoundOutcome", "run_rounds", "timed"]
 
 @attrs.frozen
 class RoundOutcome:
-    """What one round produced: the new global state and what its report says."""
+    """What one round produced: the new global state and what its report says.
+
+    ``served`` maps each folded client to the rank that served it and
+    ``not_served`` each client the round could not fold to the reason
+    (:meth:`meshkit.train.Folded.outcome` fills both from the engine).
+    """
 
     state: Mapping[str, Any]
     answered: tuple[int, ...]
-    dropped: tuple[int, ...] = ()
     clients: tuple[int, ...] = ()
     examples: int = 0
     metrics: Mapping[str, float] = attrs.Factory(dict)
+    served: Mapping[int, int] = attrs.Factory(dict)
+    not_served: Mapping[int, str] = attrs.Factory(dict)
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
@@ -37,15 +46,19 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
                ) -> StrategyResult:
     """Play rounds ``ctx.start_round + 1 .. rounds``, reporting each; the last state wins."""
     metrics: Mapping[str, float] = {}
+    reported: set[int] = set()
     for rnd in range(ctx.start_round + 1, rounds + 1):
         ctx.check_stop()
         clock = timed()
         outcome = play_round(ctx, rnd, state)
         state, metrics = outcome.state, outcome.metrics
+        dead = set(ctx.dead)
+        dropped, reported = tuple(sorted(dead - reported)), reported | dead
         ctx.round_completed(RoundReport(
-            rnd, rounds, name, answered=outcome.answered, dropped=outcome.dropped,
+            rnd, rounds, name, answered=outcome.answered, dropped=dropped,
             clients=outcome.clients, examples=outcome.examples, metrics=metrics,
-            seconds=clock()), state)
+            seconds=clock(), served=dict(outcome.served),
+            not_served=dict(outcome.not_served)), state)
     return StrategyResult(state, rounds, metrics)
 
 

@@ -264,7 +264,7 @@ class Runner:
                 ok=error is None, out=str(out), strategy=config.strategy.name,
                 rounds=parts["rounds"] or 0, rounds_completed=completed[0],
                 resumed_from=start.round if start.resumed else 0, metrics=dict(last_metrics),
-                dropped=dict(ctx.drop_reasons) if ctx is not None else {},
+                dropped=dict(ctx.dead) if ctx is not None else {},
                 error=error, seconds=time.monotonic() - started,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0])
@@ -435,7 +435,7 @@ class Runner:
                 shutdown_nodes(group)
             except Exception:  # best effort: the processes are reaped below anyway
                 log.debug("stopping workers failed", exc_info=True)
-        reap(self.processes, dropped=set(ctx.dropped) if ctx is not None else set())
+        reap(self.processes, dropped=set(ctx.dead) if ctx is not None else set())
         if group is not None:
             group.close()
         if self._tmpdir:

@@ -1,16 +1,18 @@
 """The strategy contract: what a strategy is given, what it reports, what it returns.
 
 A strategy is an object with ``run(ctx: StrategyContext) -> StrategyResult``.
-It never touches sockets: it asks the context to send requests to workers
-(:meth:`StrategyContext.call`), folds what comes back with the selected
-aggregator, steps the outer optimizer, and reports each round through
+It never touches sockets: it hands a round's work to the round engine
+(:func:`meshkit.train.fold_round`), which sends it to live workers and folds
+what comes back with the selected aggregator; it steps the outer optimizer,
+and the round skeleton reports each round through
 :meth:`StrategyContext.round_completed` (which the runner turns into
-metrics, a checkpoint and observer hooks).
+metrics, a checkpoint and observer hooks). Who is alive is the pool's
+ledger (:attr:`StrategyContext.live`, :attr:`StrategyContext.dead`), never a
+list of the strategy's own.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -19,7 +21,7 @@ import attrs
 from meshkit.aggregation import begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
 from meshkit.train._partitions import Partition, WorkerIdentity
-from meshkit.train._pool import Reply, WorkerPool
+from meshkit.train._pool import Reply, WorkerPool, call
 
 __all__ = [
     "Strategy",
@@ -31,8 +33,6 @@ __all__ = [
     "weighted_mean",
 ]
 
-log = logging.getLogger(__name__)
-
 
 class RunStopped(MeshError):
     """The run was asked to stop (Ctrl-C, a stop handle) between rounds."""
@@ -43,10 +43,15 @@ class RunStopped(MeshError):
 
 @attrs.frozen
 class RoundReport:
-    """One finished round: who answered, who was dropped, and the metrics.
+    """One finished round: who served which client, who was dropped, and the metrics.
 
     This is what ``meshkit_round_completed`` observers receive and what each
-    line of ``metrics.jsonl`` records.
+    line of ``metrics.jsonl`` records. ``answered`` are the ranks that served
+    at least one client; ``dropped`` the workers the dead ledger gained since
+    the previous report; ``clients`` the clients folded, in fold order;
+    ``served`` maps each of them to the rank whose contribution was folded;
+    ``not_served`` maps each client the round asked for and could not fold
+    to the reason.
     """
 
     round: int
@@ -58,6 +63,8 @@ class RoundReport:
     examples: int = 0
     metrics: Mapping[str, float] = attrs.Factory(dict)
     seconds: float = 0.0
+    served: Mapping[int, int] = attrs.Factory(dict)
+    not_served: Mapping[int, str] = attrs.Factory(dict)
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -74,6 +81,9 @@ class RoundReport:
             "clients": list(self.clients),
             "examples": self.examples,
             "seconds": round(self.seconds, 4),
+            # JSON keys are strings: client ids become "3".
+            "served": {str(c): int(r) for c, r in self.served.items()},
+            "not_served": {str(c): str(why) for c, why in self.not_served.items()},
         }
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
@@ -117,7 +127,8 @@ class StrategyContext:
       None for strategies that have no round consensus).
     * ``rng`` — the run's seeded ``numpy.random.Generator`` (client
       sampling); it is checkpointed, so a resumed run samples the same.
-    * ``pool`` — reaches the workers; ``workers`` are their ranks.
+    * ``pool`` — reaches the workers; ``workers`` are their ranks; who of
+      them is still in is the pool's dead ledger (:attr:`live`, :attr:`dead`).
     * ``start_round``/``global_state`` — where a resumed run picks up.
     * ``on_round(report, state)`` — called after every round (metrics,
       checkpoint, observer hooks); ``stop`` — set it to stop between rounds.
@@ -142,14 +153,17 @@ class StrategyContext:
     boards: dict[int, str] = attrs.Factory(dict)
     #: ``run_board(rank, stage_id, x) -> y``: push a batch of rows through a board rank.
     run_board: Callable[[int, str, Any], Any] | None = None
-    dropped: list[int] = attrs.Factory(list)
-    #: Reasons each dropped rank was dropped (shown to the user).
-    drop_reasons: dict[int, str] = attrs.Factory(dict)
 
     @property
     def live(self) -> list[int]:
-        """Workers still in the run, in rank order."""
-        return [r for r in self.workers if r not in self.dropped]
+        """Workers still in the run (joined, not in the dead ledger), in rank order."""
+        return self.pool.live(self.workers)
+
+    @property
+    def dead(self) -> dict[int, str]:
+        """Workers the ledger declared dead, and why (shown to the user)."""
+        ledger = self.pool.dead
+        return {r: ledger[r] for r in self.workers if r in ledger}
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -162,30 +176,31 @@ class StrategyContext:
         return self.task.init_state(self.seed)
 
     def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]]) -> list[Reply]:
-        """Send requests to workers; a worker that fails to answer is dropped for good.
+        """Send requests to workers and wait for every answer (replies in request order).
 
-        A worker that reports an error (its task raised) is not a lost peer:
-        that is a bug or a misconfiguration, and it stops the run with the
-        worker's message rather than quietly continuing without it.
+        A worker that fails to answer is declared dead in the ledger (its
+        reply has ``payload=None``). A worker that reports an error (its task
+        raised) is not a lost peer: that is a bug or a misconfiguration, and
+        it stops the run with the worker's message rather than quietly
+        continuing without it. Rounds that fold contributions go through
+        :func:`meshkit.train.fold_round` instead, which bounds what is held.
         """
+        dead = self.dead
         for rank, _ in requests:
-            if rank in self.dropped:
-                raise PlacementError(f"rank {rank} was dropped from this run; cannot send to it")
-        replies = self.pool.call(requests, self.timeout)
+            if rank in dead:
+                raise PlacementError(f"rank {rank} was dropped from this run ({dead[rank]}); "
+                                     f"cannot send to it")
+        replies = call(self.pool, requests, self.timeout)
         for reply in replies:
-            if reply.payload is None and reply.rank not in self.dropped:
-                self.dropped.append(reply.rank)
-                self.drop_reasons[reply.rank] = reply.error or "lost"
-                log.warning("rank %d dropped: %s", reply.rank, reply.error or "lost")
-            elif reply.payload is not None and reply.payload.get("error"):
+            if reply.payload is not None and reply.payload.get("error"):
                 raise WorkerError(reply.rank, str(reply.payload["error"]))
         return replies
 
     def require_live(self, minimum: int, what: str) -> list[int]:
+        """The live workers, or :class:`PeerLostError` naming the dead when fewer than ``minimum``."""
         live = self.live
         if len(live) < minimum:
-            lost = ", ".join(f"rank {r} ({self.drop_reasons.get(r, 'lost')})"
-                             for r in self.dropped) or "none"
+            lost = ", ".join(f"rank {r} ({why})" for r, why in self.dead.items()) or "none"
             raise PeerLostError(
                 f"{what}: {len(live)} worker(s) left, fewer than the {minimum} required "
                 f"(dropped: {lost}). The last checkpoint is intact; restart the workers "

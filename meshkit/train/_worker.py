@@ -39,12 +39,26 @@ __all__ = ["Trainer", "serve_trainer"]
 log = logging.getLogger(__name__)
 
 
+#: Results one worker keeps for the coordinator to take, at most. The round
+#: engine asks for far fewer (docs/strategies.md); this refuses a coordinator
+#: that would fill a worker's memory.
+MAX_KEPT = 8
+
+
 @attrs.define
 class Trainer:
-    """Answers trainer requests with a task; the model it holds is ``state``."""
+    """Answers trainer requests with a task.
+
+    ``state`` is the model this worker holds: the round's global state
+    (``set_state``), or a data-parallel replica (moved by ``apply``). A fit
+    never changes it. ``kept`` holds results a request asked to ``keep``
+    until the coordinator takes them (``take``); a new ``set_state``
+    discards them.
+    """
 
     task: Any
     state: dict[str, Any] | None = None
+    kept: dict[int, dict[str, Any]] = attrs.Factory(dict)
     requests: int = 0
     fits: int = 0
     examples: int = 0
@@ -79,35 +93,40 @@ class Trainer:
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if op == "fit":
             x, y = self._shard(int(request["shard"]), int(request["shards"]))
-            result = self.task.fit(request["state"], x, y, seed=int(request["seed"]))
-            self.state = dict(result.state)
+            start = request["state"] if "state" in request else self._require_state(op)
+            result = self.task.fit(start, x, y, seed=int(request["seed"]))
             self.fits += 1
             self.examples += int(result.examples)
             self.metrics = {k: float(v) for k, v in result.metrics.items()}
-            return {"state": self.state, "examples": int(result.examples),
-                    "metrics": self.metrics}
+            return self._answer(request, "state", result.state, result.examples, self.metrics)
         if op == "set_state":
             self.state = dict(request["state"])
+            # A new round: whatever the last one left unclaimed is stale.
+            self.kept.clear()
             return {}
         if op == "grads":
-            self._require_state(op)
+            state = self._require_state(op)
             x, y = self._shard(int(request["shard"]), int(request["shards"]))
             batch = int(request.get("batch_size") or 0)
             if 0 < batch < len(y):
                 rows = np.sort(np.random.default_rng(int(request["seed"])).choice(
                     len(y), size=batch, replace=False))
                 x, y = x[rows], y[rows]
-            result = self.task.gradients(self.state, x, y)
+            result = self.task.gradients(state, x, y)
             self.examples += int(result.examples)
-            return {"gradients": dict(result.state), "examples": int(result.examples),
-                    "metrics": {k: float(v) for k, v in result.metrics.items()}}
+            return self._answer(request, "gradients", result.state, result.examples,
+                                {k: float(v) for k, v in result.metrics.items()})
+        if op == "take":
+            key = int(request["key"])
+            if key not in self.kept:
+                raise MeshError(f"no result {key} is kept here (kept: "
+                                f"{sorted(self.kept) or 'none'}); a new round discards them")
+            return {"state": self.kept.pop(key)}
         if op == "apply":
-            self._require_state(op)
-            self.state = dict(self.task.apply(self.state, request["gradients"]))
+            self.state = dict(self.task.apply(self._require_state(op), request["gradients"]))
             return {}
         if op == "get_state":
-            self._require_state(op)
-            return {"state": self.state}
+            return {"state": self._require_state(op)}
         if op == "stage":
             x = request["x"]
             for node in request["nodes"]:
@@ -115,9 +134,25 @@ class Trainer:
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
 
-    def _require_state(self, op: str) -> None:
+    def _answer(self, request: Mapping[str, Any], field: str, result: Mapping[str, Any],
+                examples: int, metrics: dict[str, float]) -> dict[str, Any]:
+        """The reply to a fit or grads: the result itself, or kept for a later ``take``."""
+        reply: dict[str, Any] = {"examples": int(examples), "metrics": metrics}
+        keep = request.get("keep")
+        if keep is None:
+            reply[field] = dict(result)
+            return reply
+        if len(self.kept) >= MAX_KEPT and int(keep) not in self.kept:
+            raise MeshError(f"asked to keep result {keep}, but {len(self.kept)} results "
+                            f"(the most a worker keeps) are waiting to be taken already")
+        self.kept[int(keep)] = dict(result)
+        reply["kept"] = int(keep)
+        return reply
+
+    def _require_state(self, op: str) -> dict[str, Any]:
         if self.state is None:
             raise MeshError(f"{op!r} before any model was set on this worker")
+        return self.state
 
 
 def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> TrainReport:

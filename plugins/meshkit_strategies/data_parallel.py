@@ -7,18 +7,28 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError
-from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, client_seed, run_rounds
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds, train_loss
 
-from meshkit_strategies._shared import train_loss, training_rows
+from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions
+
+
+def _once(reply: Mapping[str, Any]) -> float:
+    # Each replica's gradient is already the mean over its batch, so every
+    # shard counts once (DDP's rule, and allreduce's).
+    return 1.0
 
 
 @attrs.frozen
 class DataParallel:
-    """Synchronous SGD: every step, replicas send gradients of their shard's
-    minibatch, the aggregator averages them, and every replica applies the
-    same average. The round's state is read back from a replica *after* the
-    step, so the training just done is what is returned."""
+    """Synchronous SGD: every step, replicas compute gradients of their shard's
+    minibatch, the round engine folds them in shard order, and every replica
+    applies the same average. A replica lost mid-step has its shard
+    recomputed by a live one in the same step (replicas are bit-identical,
+    so the step's mean is unchanged); later steps shard over the survivors.
+    The round's state is read back from a replica *after* the step, so the
+    training just done is what is returned."""
 
     options: DataParallelOptions
 
@@ -56,29 +66,27 @@ class DataParallel:
         opts = self.options
         answered: set[int] = set()
         examples = 0
-        losses: list[Any] = []
+        replies: list[Mapping[str, Any]] = []
+        served: dict[int, int] = {}
         for step in range(opts.steps):
             live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
             global_step = (rnd - 1) * opts.steps + step
-            replies = ctx.call([
-                (r, {"op": "grads", "shard": i, "shards": len(live),
-                     "batch_size": opts.batch_size,
-                     "seed": client_seed(ctx.seed, global_step, i)})
-                for i, r in enumerate(live)])
-            ok = [r for r in replies if r.ok]
-            if len(ok) < opts.min_workers:
+            work = [Work(i, {"op": "grads", "shard": i, "shards": len(live),
+                             "batch_size": opts.batch_size,
+                             "seed": client_seed(ctx.seed, global_step, i)})
+                    for i in range(len(live))]
+            folded = fold_round(ctx, work, weight=_once, window=opts.window, label="shard")
+            if folded.not_served:
+                # Every shard or none: a mean over fewer shards is another step.
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
-            # Each replica's gradient is already the mean over its batch, so
-            # every replica counts once (DDP's rule, and allreduce's).
-            fold = ctx.aggregation_begin()
-            for reply in ok:
-                fold.add(reply.payload["gradients"], 1.0, source=f"rank {reply.rank}")
-            averaged = fold.result()
-            # The step happens here, on every replica, on the same mean.
-            ctx.call([(r.rank, {"op": "apply", "gradients": averaged}) for r in ok])
-            answered.update(r.rank for r in ok)
-            examples += sum(int(r.payload["examples"]) for r in ok)
-            losses.extend(ok)
+                raise MeshError(f"round {rnd} step {step + 1}: shards not served: "
+                                f"{folded.not_served}")
+            # The step happens here, on every live replica, on the same mean.
+            ctx.call([(r, {"op": "apply", "gradients": folded.result}) for r in ctx.live])
+            answered.update(folded.answered)
+            examples += folded.examples
+            served = folded.served
+            replies.extend(folded.replies.values())
         reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
@@ -87,7 +95,7 @@ class DataParallel:
             raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
                             f"failed: {back.error}")
         state = dict(back.payload["state"])
-        metrics = {**train_loss(losses), **ctx.task.evaluate(state)}
-        return RoundOutcome(
-            state, answered=tuple(sorted(answered)), dropped=tuple(sorted(set(ctx.dropped))),
-            examples=examples, metrics=metrics)
+        metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
+        # The round's last step says which replica served each shard.
+        return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
+                            examples=examples, metrics=metrics, served=served)

@@ -7,16 +7,10 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError
-from meshkit.train import (
-    RoundOutcome,
-    StrategyContext,
-    StrategyResult,
-    client_seed,
-    run_rounds,
-    sample_clients,
-)
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds, sample_clients
 
-from meshkit_strategies._shared import train_loss, training_rows
+from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import FederatedOptions
 
 
@@ -24,8 +18,9 @@ from meshkit_strategies.options import FederatedOptions
 class Federated:
     """Rounds of: sample clients, fit each on its shard, fold, outer step, redistribute.
 
-    The new global state travels to the clients with the next round's fit
-    request, so redistribution costs no extra message.
+    The round engine (:func:`meshkit.train.fold_round`) sends the global
+    state once to each worker the round needs, hands the sampled clients to
+    live workers and folds their fits in client order as it pulls them.
     """
 
     options: FederatedOptions
@@ -52,38 +47,21 @@ class Federated:
                    state: Mapping[str, Any]) -> RoundOutcome:
         opts = self.options
         clients = opts.clients or len(ctx.workers)
-        # min_clients counts answers, not workers: clients are spread over
-        # the live workers round-robin, so one worker can serve several.
-        live = ctx.require_live(1, f"round {rnd}")
         sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
-        # Clients are spread over the live workers round-robin; a client's
-        # fit is seeded by (run seed, round, client), never by its worker.
-        requests = [
-            (live[i % len(live)], {"op": "fit", "state": state, "shard": c,
-                                   "shards": clients, "seed": client_seed(ctx.seed, rnd, c)})
-            for i, c in enumerate(sampled)]
-        replies = ctx.call(requests)
-        answered = [(c, r) for c, r in zip(sampled, replies) if r.ok]
-        if len(answered) < opts.min_clients:
-            lost = ", ".join(f"rank {r.rank}: {r.error}" for r in replies if not r.ok)
+        # A client's fit is seeded by (run seed, round, client), never by the
+        # worker that serves it: any live worker gives the same contribution.
+        work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
+                         "seed": client_seed(ctx.seed, rnd, c)}) for c in sampled]
+        folded = fold_round(ctx, work, state=state, window=opts.window)
+        # min_clients counts served clients, not workers: one live worker
+        # may serve every client of a round.
+        if len(folded.served) < opts.min_clients:
+            missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
             raise MeshError(
-                f"round {rnd}: {len(answered)} of {len(sampled)} clients answered, fewer "
-                f"than min_clients = {opts.min_clients} ({lost}). The last checkpoint "
-                f"(round {rnd - 1}) is intact; restart the workers and run again with "
-                f"--resume")
-        # Fold in client order, whatever order answers arrived in, so the
-        # float sums (and the final model) are the same run after run.
-        fold = ctx.aggregation_begin()
-        for c, reply in answered:
-            fold.add(reply.payload["state"], float(reply.payload["examples"]),
-                     source=f"client {c} (rank {reply.rank})")
-        consensus = fold.result()
+                f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer "
+                f"than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
+                f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and "
+                f"run again with --resume")
+        consensus = folded.result
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
-        metrics = {**train_loss([r for _, r in answered]), **ctx.task.evaluate(state)}
-        return RoundOutcome(
-            state,
-            answered=tuple(sorted({r.rank for _, r in answered})),
-            dropped=tuple(sorted({r.rank for r in replies if not r.ok})),
-            clients=tuple(c for c, _ in answered),
-            examples=sum(int(r.payload["examples"]) for _, r in answered),
-            metrics=metrics)
+        return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})

@@ -7,15 +7,34 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import MeshError
-from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, client_seed, run_rounds
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import client_seed, fold_round, run_rounds
 
-from meshkit_strategies._shared import train_loss
 from meshkit_strategies.options import LocalOptions
+
+
+class _Adopt:
+    """The "fold" of a single fit: the fit itself (local aggregates nothing)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+
+    def add(self, state: Mapping[str, Any], weight: float = 1.0, *,
+            source: str | None = None) -> None:
+        self.state = dict(state)
+
+    def result(self) -> dict[str, Any]:
+        assert self.state is not None
+        return self.state
 
 
 @attrs.frozen
 class Local:
-    """One worker, the whole training set, ``rounds`` fits; no aggregation at all."""
+    """One worker, the whole training set, ``rounds`` fits; no aggregation at all.
+
+    The fit runs on a live worker through the round engine, so a worker lost
+    mid-fit is replaced by the next live one in the same round.
+    """
 
     options: LocalOptions
 
@@ -25,16 +44,15 @@ class Local:
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:
-        rank = ctx.require_live(1, f"round {rnd}")[0]
-        reply = ctx.call([(rank, {"op": "fit", "state": state, "shard": 0, "shards": 1,
-                                  "seed": client_seed(ctx.seed, rnd, 0)})])[0]
-        if not reply.ok:
+        ctx.require_live(1, f"round {rnd}")
+        work = [Work(0, {"op": "fit", "shard": 0, "shards": 1,
+                         "seed": client_seed(ctx.seed, rnd, 0)})]
+        folded = fold_round(ctx, work, state=state, fold=_Adopt())
+        if folded.result is None:
             ctx.require_live(1, f"round {rnd}")
-            raise MeshError(f"round {rnd}: rank {rank} did not answer: {reply.error}")
-        fitted = dict(reply.payload["state"])
+            raise MeshError(f"round {rnd}: the fit was not served: {folded.not_served[0]}")
         # docs/strategies.md: the outer optimizer steps the global model
         # from the fit's result (average adopts it).
+        fitted = folded.result
         state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
-        metrics = {**train_loss([reply]), **ctx.task.evaluate(state)}
-        return RoundOutcome(state, answered=(rank,), clients=(0,),
-                            examples=int(reply.payload["examples"]), metrics=metrics)
+        return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})

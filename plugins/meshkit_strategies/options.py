@@ -48,6 +48,9 @@ class DataParallelOptions:
     batch_size: int = attrs.field(default=32, validator=_at_least(0))
     #: Fewest replicas a step may complete with after workers are dropped.
     min_workers: int = attrs.field(default=1, validator=_at_least(1))
+    #: Whole gradients the coordinator holds at once while folding a step
+    #: (the round engine's window; meshkit.train.DEFAULT_WINDOW).
+    window: int = attrs.field(default=1, validator=_at_least(1))
 
 
 @attrs.frozen
@@ -59,6 +62,9 @@ class FederatedOptions:
     min_clients: int = attrs.field(default=1, validator=_at_least(1))
     #: Share of the clients sampled each round (seeded, so reproducible).
     fraction: float = attrs.field(default=1.0, validator=_fraction)
+    #: Whole client models the coordinator holds at once while folding a round
+    #: (the round engine's window; meshkit.train.DEFAULT_WINDOW).
+    window: int = attrs.field(default=1, validator=_at_least(1))
 
 
 @attrs.frozen

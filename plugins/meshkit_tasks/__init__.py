@@ -1,4 +1,5 @@
-"""Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here.
+"""Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here, and
+``synthetic``, a model of any size whose fit costs next to nothing (for benchmarks and tests).
 
 Only records and options are declared at import; numpy and the data load when
 the task is built, so listing plugins stays fast.
@@ -10,13 +11,19 @@ from typing import Any, Iterable
 
 import meshkit
 
-from meshkit_tasks.options import DigitsOptions
+from meshkit_tasks.options import DigitsOptions, SyntheticOptions
 
 
 def _digits(options: Any) -> Any:
     from meshkit_tasks.digits import DigitsTask
 
     return DigitsTask(options)
+
+
+def _synthetic(options: Any) -> Any:
+    from meshkit_tasks.synthetic import SyntheticTask
+
+    return SyntheticTask(options)
 
 
 @meshkit.hookimpl
@@ -26,4 +33,8 @@ def meshkit_tasks() -> Iterable[meshkit.Component]:
             "digits", _digits, DigitsOptions,
             summary="numpy MLP on the 8x8 handwritten digits (1,797 images, shipped; "
                     "UCI via scikit-learn, CC BY 4.0 / BSD-3)"),
+        meshkit.Component(
+            "synthetic", _synthetic, SyntheticOptions,
+            summary="a model of `params` parameters whose fit is a seeded perturbation "
+                    "(for measuring the mesh, not learning)"),
     ]

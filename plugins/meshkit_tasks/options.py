@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["DigitsOptions"]
+__all__ = ["DigitsOptions", "SyntheticOptions"]
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -42,3 +42,21 @@ class DigitsOptions:
     test_fraction: float = attrs.field(default=0.2, validator=_fraction)
     #: Seed of the train/test split (fixed, so every node agrees on it).
     split_seed: int = 0
+
+
+@attrs.frozen
+class SyntheticOptions:
+    """``[task]`` keys for ``synthetic`` (a model of any size, for measuring the mesh)."""
+
+    #: Float parameters in the model.
+    params: int = attrs.field(default=1_000_000, validator=_positive)
+    #: The model's dtype: float16, bfloat16, float32 or float64.
+    dtype: str = "float32"
+    #: Arrays the parameters are split over (as evenly as they go).
+    arrays: int = attrs.field(default=1, validator=_positive)
+    #: Training rows (each client's shard is a block of them).
+    rows: int = attrs.field(default=1024, validator=_positive)
+    #: Scale of a fit's seeded perturbation.
+    noise: float = attrs.field(default=0.01, validator=_non_negative)
+    #: Step size of data-parallel ``apply``.
+    lr: float = attrs.field(default=0.1, validator=_positive)

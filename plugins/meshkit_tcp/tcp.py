@@ -319,6 +319,9 @@ class TcpGroup(Group):
                 return
             events.deliver(Message(src, dst, frame.tag, state, meta,
                                    _KIND_NAMES.get(frame.kind, "control"), raw=frame))
+            # Blocked in the next recv, this reader must not keep the frame it
+            # delivered alive: one reader per peer would hold a model per peer.
+            del frame, state
 
     def _handshake(self, sock: socket.socket, timeout: float) -> wire.Channel:
         return wire.handshake(

@@ -74,3 +74,13 @@ def test_a_task_suite_without_a_component_says_what_to_set(pytester):
     """))
     result = pytester.runpytest_inprocess("-p", "no:randomly", "-x", "-q")
     assert "set `component = " in result.stdout.str()
+
+
+class TestSynthetic(TaskContract):
+    component = "synthetic"
+    options = {"params": 1000, "arrays": 3, "rows": 256}
+
+
+class TestSyntheticBfloat16(TaskContract):
+    component = "synthetic"
+    options = {"params": 100, "dtype": "bfloat16", "rows": 128}

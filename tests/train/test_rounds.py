@@ -13,8 +13,9 @@ def context(**kw) -> StrategyContext:
 
 
 def count_round(ctx, rnd, state):
-    return RoundOutcome({"n": state["n"] + 1}, answered=(1,), dropped=(2,), clients=(rnd,),
-                        examples=10 * rnd, metrics={"n": float(state["n"] + 1)})
+    return RoundOutcome({"n": state["n"] + 1}, answered=(1,), clients=(rnd,),
+                        examples=10 * rnd, metrics={"n": float(state["n"] + 1)},
+                        served={rnd: 1}, not_served={rnd + 100: "no live worker left"})
 
 
 def test_each_outcome_becomes_one_report_in_round_order_and_the_last_state_wins():
@@ -24,9 +25,28 @@ def test_each_outcome_becomes_one_report_in_round_order_and_the_last_state_wins(
     assert [(r.round, r.rounds, r.strategy) for r, _ in reports] == [
         (1, 3, "counting"), (2, 3, "counting"), (3, 3, "counting")]
     first, state = reports[0]
-    assert (first.answered, first.dropped, first.clients, first.examples) == ((1,), (2,), (1,), 10)
+    assert (first.answered, first.dropped, first.clients, first.examples) == ((1,), (), (1,), 10)
+    assert first.served == {1: 1} and first.not_served == {101: "no live worker left"}
     assert first.metrics == {"n": 1.0} and state == {"n": 1} and first.seconds >= 0.0
     assert (dict(result.state), result.rounds, dict(result.metrics)) == ({"n": 3}, 3, {"n": 3.0})
+    line = first.to_json()
+    assert line["served"] == {"1": 1} and line["not_served"] == {"101": "no live worker left"}
+
+
+def test_each_report_names_the_workers_the_ledger_gained_since_the_last_one():
+    ctx = context()
+    reports = []
+    ctx.on_round = lambda report, state: reports.append(report.dropped)
+
+    def play(ctx, rnd, state):
+        if rnd == 1:
+            ctx.pool.declare_dead(2, "gone during round 1")
+        if rnd == 3:
+            ctx.pool.declare_dead(1, "gone during round 3")
+        return count_round(ctx, rnd, state)
+
+    run_rounds(ctx, "counting", 3, {"n": 0}, play)
+    assert reports == [(2,), (), (1,)]
 
 
 def test_a_resumed_run_plays_only_the_rounds_after_its_checkpoint():

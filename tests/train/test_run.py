@@ -225,7 +225,8 @@ def test_too_few_survivors_stop_the_run_with_a_clear_error_and_the_checkpoint_in
 
     def on_round(report, state):
         if report.round == 1:
-            for rank in (2, 3):
+            # One live worker would serve every client; none can serve any.
+            for rank in (1, 2, 3):
                 procs[rank].kill()
                 procs[rank].wait(10)
 
@@ -233,6 +234,7 @@ def test_too_few_survivors_stop_the_run_with_a_clear_error_and_the_checkpoint_in
         Runner(str(config), on_workers=procs.update, on_round=on_round).run()
     message = str(err.value)
     assert "min_clients = 2" in message and "--resume" in message
+    assert "no live worker left to serve it" in message
     assert load_checkpoint(out).round == 1
     assert [r["round"] for r in read_metrics(out)] == [1]
     assert all(p.poll() is not None for p in procs.values())

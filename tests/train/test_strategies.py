@@ -94,7 +94,7 @@ def test_federated_reports_every_round_with_who_answered():
     assert reports[-1].metrics["m"] == pytest.approx(3.5)
 
 
-def test_a_worker_lost_mid_run_is_dropped_and_the_round_completes_with_the_survivors():
+def test_a_worker_lost_mid_round_is_dropped_and_its_client_served_by_a_survivor():
     lost = threading.Event()
 
     def fail(rank, request):
@@ -106,20 +106,35 @@ def test_a_worker_lost_mid_run_is_dropped_and_the_round_completes_with_the_survi
     reports = []
     ctx = make_ctx(ShardMean(8), ranks=(1, 2, 3), fail=fail,
                    on_round=lambda report, state: reports.append(report))
-    strategy("federated", rounds=2, min_clients=2).run(ctx)
+    result = strategy("federated", rounds=2, min_clients=3).run(ctx)
     assert reports[0].answered == (1, 3) and reports[0].dropped == (2,)
-    assert ctx.dropped == [2]
-    # Round 2 goes to the survivors only.
+    assert list(ctx.dead) == [2] and ctx.dead[2] == "connection reset"
+    # Every client was served: rank 2's client 1 by a survivor, in the same round.
+    assert reports[0].clients == (0, 1, 2) and reports[0].not_served == {}
+    assert reports[0].served[1] in (1, 3)
+    # Round 2 goes to the survivors only, and still folds all three clients.
     assert reports[1].answered == (1, 3) and reports[1].dropped == ()
+    assert all(rank != 2 for rank, req in ctx.pool.log[len(ctx.pool.log) // 2:])
+    # Shards (0, 1), (2, 3), (4..7): means 0.5, 2.5, 5.5 weighted 2, 2, 4 -- every row.
+    assert float(result.state["m"][0]) == pytest.approx(3.5)
 
 
-def test_fewer_survivors_than_min_clients_stops_the_run_with_a_clear_error():
+def test_one_survivor_serves_every_client_so_min_clients_still_holds():
     ctx = make_ctx(ShardMean(8), ranks=(1, 2),
                    fail=lambda rank, request: "gone" if rank == 2 else None)
+    result = strategy("federated", rounds=2, min_clients=2).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(3.5)
+
+
+def test_clients_no_live_worker_can_serve_stop_the_run_saying_which_and_why():
+    ctx = make_ctx(ShardMean(8), ranks=(1, 2),
+                   fail=lambda rank, request: "gone" if request["op"] == "fit" else None)
     with pytest.raises(MeshError) as err:
         strategy("federated", rounds=3, min_clients=2).run(ctx)
     message = str(err.value)
-    assert "fewer than min_clients = 2" in message and "--resume" in message
+    assert "0 of 2 clients served, fewer than min_clients = 2" in message
+    assert "client 0: no live worker left to serve it" in message
+    assert "rank 1: gone" in message and "--resume" in message
 
 
 def test_more_clients_than_workers_spreads_clients_over_workers():
@@ -127,8 +142,8 @@ def test_more_clients_than_workers_spreads_clients_over_workers():
     result = strategy("federated", rounds=1, clients=4).run(ctx)
     # Shards of 2 rows: means 0.5, 2.5, 4.5, 6.5 -> 3.5.
     assert float(result.state["m"][0]) == pytest.approx(3.5)
-    fits = [(rank, req["shard"]) for rank, req in ctx.pool.log if req["op"] == "fit"]
-    assert fits == [(1, 0), (2, 1), (1, 2), (2, 3)]
+    fits = {(rank, req["shard"]) for rank, req in ctx.pool.log if req["op"] == "fit"}
+    assert fits == {(1, 0), (2, 1), (1, 2), (2, 3)}, "planned round-robin, in client order"
 
 
 def test_min_clients_above_the_client_count_is_a_config_error():

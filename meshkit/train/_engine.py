@@ -1,0 +1,335 @@
+"""The one round engine: every strategy's contributions reach the fold here, and only here.
+
+Rule: a round's contributions (clients' fits, replicas' gradients) are
+folded one at a time, in key order (the client or shard id), through the
+aggregator's streaming fold, while the coordinator holds at most ``window``
+whole contributions besides what the fold itself keeps (one, for the
+built-in means). So coordinator memory does not grow with the number of
+workers or clients, and the fold order -- hence every bit of the result --
+does not depend on which worker answered first.
+
+How a round goes (:func:`fold_round`):
+
+1. The round's global state, when there is one, goes once to each worker
+   the round needs (``set_state``, which also discards what an earlier
+   round left on the worker). A worker is handed work only after it has
+   acknowledged it: a worker that died between rounds never acknowledges,
+   is declared dead in the ledger and is never sent a client.
+2. The keys are planned round-robin over those workers, in key order (the
+   first worker the first key, ...), and handed out one request at a time
+   per worker; a worker done with its plan takes over the last planned key
+   of the busiest ready worker, so a slow worker does not hold up the round.
+   A fit's result stays on its worker (``keep``) and the reply is small. A
+   worker keeps at most :data:`HOLD` results waiting (more only when the
+   fold waits on the next key).
+3. The coordinator pulls results (``take``) only for the first ``window``
+   keys not folded yet, and folds each as soon as every key before it is
+   folded.
+4. A worker that dies or stalls (the pool declares it dead in the ledger)
+   loses everything it held or was doing for this round; those keys go
+   back to the front of the queue and are served again by a live worker in
+   the same round. A fit is a pure function of (global state, shard, seed),
+   so the re-served contribution is the very same bits. A key no live
+   worker is left to serve is recorded as not served, with the reason.
+
+A reply carrying ``error`` (the task raised) stops the round with the
+worker's message: that is a bug or a misconfiguration, not a lost peer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+
+from meshkit.errors import MeshError, WorkerError
+from meshkit.train._rounds import RoundOutcome
+from meshkit.train._strategy import StrategyContext, weighted_mean
+
+__all__ = ["Work", "Folded", "fold_round", "by_examples", "train_loss", "HOLD",
+           "DEFAULT_WINDOW"]
+
+log = logging.getLogger(__name__)
+
+#: Whole contributions the coordinator holds by default (pulled or arriving,
+#: not yet folded). One keeps the bound lowest: the round's global state, the
+#: fold's accumulator, the one contribution the fold retains and the one
+#: arriving (docs/strategies.md, "The round engine").
+DEFAULT_WINDOW = 1
+
+#: Results a worker keeps waiting for the coordinator to take before it is
+#: handed more work: enough to fit the next client while the last waits.
+HOLD = 2
+
+
+@attrs.frozen
+class Work:
+    """One contribution a round asks for: its key (fold order) and the request.
+
+    ``request`` is a ``fit`` or ``grads`` request without the global state
+    (the engine sends that once per worker) and without ``keep`` (the engine
+    adds it).
+    """
+
+    key: int
+    request: Mapping[str, Any]
+
+
+def by_examples(reply: Mapping[str, Any]) -> float:
+    """A contribution's weight: the examples it was trained on (realized work)."""
+    return float(reply["examples"])
+
+
+def train_loss(replies: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The example-weighted mean ``train_loss`` of small replies ({} when none had one)."""
+    loss = weighted_mean((r["metrics"]["train_loss"], r.get("examples", 1))
+                         for r in replies if "train_loss" in r.get("metrics", {}))
+    return {} if loss is None else {"train_loss": loss}
+
+
+@attrs.frozen
+class Folded:
+    """What :func:`fold_round` produced.
+
+    ``result`` is the fold's result (None when nothing was served);
+    ``served`` maps each folded key, in fold order, to the rank whose
+    contribution was folded; ``not_served`` maps each key that could not be
+    folded to the reason; ``replies`` holds each served key's small reply
+    (``examples``, ``metrics``).
+    """
+
+    result: dict[str, Any] | None
+    served: dict[int, int]
+    not_served: dict[int, str]
+    replies: dict[int, Mapping[str, Any]]
+
+    @property
+    def answered(self) -> tuple[int, ...]:
+        """The ranks that served at least one key, sorted."""
+        return tuple(sorted(set(self.served.values())))
+
+    @property
+    def examples(self) -> int:
+        return sum(int(r.get("examples", 0)) for r in self.replies.values())
+
+    def train_loss(self) -> dict[str, float]:
+        """The example-weighted mean of the served keys' ``train_loss`` ({} when none had one)."""
+        return train_loss(self.replies.values())
+
+    def outcome(self, state: Mapping[str, Any], metrics: Mapping[str, float]) -> RoundOutcome:
+        """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what."""
+        return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
+                            examples=self.examples, metrics=dict(metrics),
+                            served=dict(self.served), not_served=dict(self.not_served))
+
+
+def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
+               state: Mapping[str, Any] | None = None,
+               weight: Callable[[Mapping[str, Any]], float] = by_examples,
+               window: int = DEFAULT_WINDOW, fold: Any = None,
+               label: str = "client") -> Folded:
+    """Serve ``work`` on the live workers and fold the contributions in key order.
+
+    ``state`` (the round's global state) is sent once to each worker the
+    round needs; without it the workers' own state is used (data-parallel
+    replicas). ``weight(reply)`` gives a contribution's weight from its small
+    reply (default: examples seen). ``fold`` defaults to the aggregator's
+    (``ctx.aggregation_begin()``). ``label`` names contributions in errors
+    (``"client 3 (rank 2)"``).
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    keys = [w.key for w in work]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"every piece of work needs its own key, got {keys}")
+    round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window,
+                    ctx.aggregation_begin() if fold is None else fold, label)
+    return round_.play()
+
+
+@attrs.define
+class _Round:
+    """The state of one round while it is played (see the module docstring)."""
+
+    ctx: StrategyContext
+    requests: dict[int, Mapping[str, Any]]
+    state: Mapping[str, Any] | None
+    weight: Callable[[Mapping[str, Any]], float]
+    window: int
+    fold: Any
+    label: str
+    #: Keys not folded yet and not given up on, in fold order.
+    unfolded: list[int] = attrs.Factory(list)
+    #: Keys planned for each worker and not handed out yet (ascending).
+    plan: dict[int, list[int]] = attrs.Factory(dict)
+    #: Keys whose worker was lost: any worker may serve them (sorted).
+    spare: list[int] = attrs.Factory(list)
+    #: Workers that hold this round's state and may be handed work.
+    ready: set[int] = attrs.Factory(set)
+    #: Workers sent the round's state (acknowledged or not), and those lost since.
+    sent_state: set[int] = attrs.Factory(set)
+    lost: set[int] = attrs.Factory(set)
+    #: The one request each busy worker owes: ticket -> (rank, kind, key).
+    busy: dict[int, tuple[int, str, int | None]] = attrs.Factory(dict)
+    #: Results waiting on each worker, by key.
+    held: dict[int, set[int]] = attrs.Factory(dict)
+    #: The small reply of each key whose result exists (held or taken).
+    replies: dict[int, Mapping[str, Any]] = attrs.Factory(dict)
+    #: Whole contributions pulled and waiting for their turn: key -> (rank, state).
+    taken: dict[int, tuple[int, Mapping[str, Any]]] = attrs.Factory(dict)
+    served: dict[int, int] = attrs.Factory(dict)
+    not_served: dict[int, str] = attrs.Factory(dict)
+
+    def play(self) -> Folded:
+        self.unfolded = sorted(self.requests)
+        live = self.ctx.live
+        # Only as many workers as there is work: the rest get no state.
+        workers = live if self.state is None else live[:len(self.unfolded)]
+        for i, key in enumerate(self.unfolded):
+            if workers:
+                self.plan.setdefault(workers[i % len(workers)], []).append(key)
+            else:
+                self.spare.append(key)
+        if self.state is None:
+            self.ready = set(workers)  # replicas: each holds its own state
+        else:
+            for rank in workers:
+                self._send_state(rank)
+                # A large state takes a while to write: start the workers that
+                # already acknowledged theirs instead of waiting for the last.
+                self._drain()
+        # Bounded: each reply settles one request, and each key is handed out
+        # again only after a worker died (at most once per worker).
+        limit = 8 * (len(self.requests) + 1) * (len(self.ctx.workers) + 1)
+        for _ in range(limit):
+            self._dispatch()
+            if not self.busy:
+                break
+            self._settle(self.ctx.pool.receive())
+        else:  # pragma: no cover - a bug in the scheduling, never a hang
+            raise MeshError(f"the round engine settled {limit} replies without finishing")
+        if self.unfolded:
+            self._give_up()
+        result = self.fold.result() if self.served else None
+        return Folded(result, dict(self.served), dict(self.not_served),
+                      {k: self.replies[k] for k in self.served})
+
+    # -- sending ---------------------------------------------------------------
+
+    def _send(self, rank: int, kind: str, key: int | None, request: Mapping[str, Any]) -> None:
+        ticket = self.ctx.pool.send(rank, request, self.ctx.timeout)
+        self.busy[ticket] = (rank, kind, key)
+
+    def _send_state(self, rank: int) -> None:
+        self.sent_state.add(rank)
+        self._send(rank, "state", None, {"op": "set_state", "state": self.state})
+
+    def _dispatch(self) -> None:
+        """Give every idle ready worker its next request: a pull first, else new work."""
+        busy = {rank for rank, _, _ in self.busy.values()}
+        window = set(self.unfolded[:self.window])
+        for rank in sorted(self.ready - busy):
+            waiting = sorted(self.held.get(rank, set()) & window)
+            if waiting:
+                key = waiting[0]
+                self.held[rank].discard(key)
+                busy.add(rank)
+                self._send(rank, "take", key, {"op": "take", "key": key})
+            else:
+                key = self._next_key(rank, busy)
+                if key is not None:
+                    busy.add(rank)
+                    self._send(rank, "work", key, {**self.requests[key], "keep": key})
+        if self.spare and self.state is not None:
+            # A worker that had this round's state was lost and its work
+            # waits: bring in a live worker that was not sent the state yet.
+            fresh = [r for r in self.ctx.live if r not in self.sent_state]
+            if fresh and len(self.sent_state - self.lost) < len(self.unfolded):
+                self._send_state(fresh[0])
+
+    def _next_key(self, rank: int, busy: set[int]) -> int | None:
+        """The key ``rank`` serves next: its own plan's, a lost worker's, or a busy one's last."""
+        own = self.plan.get(rank)
+        victims = [self.plan[r] for r in sorted(self.ready)
+                   if r != rank and r in busy and self.plan.get(r)]
+        options: list[tuple[list[int], int]] = []
+        if own:
+            options.append((own, 0))
+        if self.spare:
+            options.append((self.spare, 0))
+        if victims:
+            options.append((max(victims, key=len), -1))
+        if len(self.held.get(rank, ())) >= HOLD:
+            # Full: only the key the fold waits on may still be taken on.
+            options = [(keys, i) for keys, i in options if keys[i] == self.unfolded[0]]
+        if not options:
+            return None
+        keys, i = options[0]
+        return keys.pop(i)
+
+    # -- receiving -------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Settle every reply already there, without waiting, then hand out work."""
+        for _ in range(len(self.busy)):
+            reply = self.ctx.pool.receive(block=False)
+            if reply is None:
+                break
+            self._settle(reply)
+        self._dispatch()
+
+    def _settle(self, reply: Any) -> None:
+        rank, kind, key = self.busy.pop(reply.seq)
+        if not reply.ok:
+            self._lost(rank, kind, key, reply.error or "lost")
+            return
+        payload = reply.payload
+        if payload.get("error"):
+            raise WorkerError(rank, str(payload["error"]))
+        if kind == "state":
+            self.ready.add(rank)
+        elif kind == "work":
+            self.held.setdefault(rank, set()).add(key)
+            self.replies[key] = {"examples": payload.get("examples", 0),
+                                 "metrics": dict(payload.get("metrics") or {})}
+        else:  # take
+            self.taken[key] = (rank, payload["state"])
+            self._advance()
+
+    def _advance(self) -> None:
+        """Fold every pulled contribution whose turn has come, in key order."""
+        while self.unfolded and self.unfolded[0] in self.taken:
+            key = self.unfolded.pop(0)
+            rank, contribution = self.taken.pop(key)
+            self.fold.add(contribution, self.weight(self.replies[key]),
+                          source=f"{self.label} {key} (rank {rank})")
+            del contribution  # the fold holds it now, or has folded it
+            self.served[key] = rank
+
+    def _lost(self, rank: int, kind: str, key: int | None, reason: str) -> None:
+        """A worker is gone: what it held or was doing goes back to the queue."""
+        self.ready.discard(rank)
+        self.lost.add(rank)
+        again = self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+        if kind in ("work", "take") and key is not None:
+            again.add(key)
+        for k in sorted(again):
+            self.replies.pop(k, None)
+            bisect.insort(self.spare, k)
+        if again:
+            log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
+                        reason, self.label + ("s" if len(again) > 1 else ""),
+                        ", ".join(map(str, sorted(again))))
+
+    def _give_up(self) -> None:
+        """No live worker is left: every key not pulled yet is not served."""
+        dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
+        why = f"no live worker left to serve it (dead: {dead})"
+        for key in self.unfolded:
+            if key not in self.taken:
+                self.not_served[key] = why
+        # What was pulled before the last worker went is still folded, in order.
+        self.unfolded = [k for k in self.unfolded if k in self.taken]
+        self._advance()
