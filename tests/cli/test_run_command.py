@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ class Slow(DigitsTask):
     def evaluate(self, state):
         Slow.calls += 1
         if str(Slow.calls) == os.environ.get("SLOW_ROUND"):
+            if os.environ.get("SLOW_MARK"):  # tell the test the slow evaluation began
+                open(os.environ["SLOW_MARK"], "w").close()
             time.sleep(600)
         return super().evaluate(state)
 '''
@@ -207,7 +210,8 @@ def test_meshkit_node_and_meshkit_coordinator_exit_143_on_sigterm_too(tmp_path):
     path = config(tmp_path, task="slow:Slow", rounds=3)
     path.write_text(path.read_text().replace(
         "workers = 1", f'workers = 1\nlaunch = "external"\nsecret_file = "{secret}"'))
-    env = clean_env(SLOW_ROUND="2", PYTHONPATH=str(tmp_path))
+    mark = tmp_path / "evaluating"
+    env = clean_env(SLOW_ROUND="2", SLOW_MARK=str(mark), PYTHONPATH=str(tmp_path))
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "meshkit", "coordinator", str(path)], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -224,7 +228,13 @@ def test_meshkit_node_and_meshkit_coordinator_exit_143_on_sigterm_too(tmp_path):
             if not line or line.startswith("round   1/3"):
                 break
         assert line.startswith("round   1/3"), line
-        # The coordinator is in round 2's (slow) evaluation; the node waits for requests.
+        # Wait until the coordinator is in round 2's (slow) evaluation: round 2's
+        # fits are done and the node waits for requests. A node stopped mid-fit
+        # would take its kept result with it, and round 2 would fail instead.
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), "the coordinator never reached round 2's evaluation"
         node.send_signal(signal.SIGTERM)
         _, node_err = node.communicate(timeout=60)
         assert node.returncode == 143, node_err
