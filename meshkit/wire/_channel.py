@@ -84,6 +84,27 @@ _POOL_MAX = 4 << 20
 _POOL_SIZE = 4
 _RECV_CHUNK = 4 << 20
 _SEND_CHUNK = 4 << 20
+# Big bodies are encrypted piece by piece into a scratch buffer of
+# _SEND_PIECE bytes. The buffers are shared by every channel in the process:
+# a coordinator has one channel per worker, and a scratch each would make
+# its memory grow by _SEND_PIECE per worker. A sender takes one for the frame
+# and gives it back; at most _SCRATCH_KEEP are kept between frames.
+_SCRATCH_KEEP = 4
+_scratch_free: list[bytearray] = []
+_scratch_lock = threading.Lock()
+
+
+def _take_scratch() -> bytearray:
+    with _scratch_lock:
+        if _scratch_free:
+            return _scratch_free.pop()
+    return bytearray(_SEND_PIECE)
+
+
+def _give_scratch(buffer: bytearray) -> None:
+    with _scratch_lock:
+        if len(_scratch_free) < _SCRATCH_KEEP:
+            _scratch_free.append(buffer)
 
 
 def _streaming_gmac(key: bytes, seq: int) -> Any:
@@ -169,8 +190,6 @@ class Channel:
         self.encrypted = encrypt and mac
         #: The Ed25519 public key the peer proved in the handshake (32 bytes), or None.
         self.peer_key = peer_key
-        #: Where big bodies are encrypted before they are sent (one piece at a time).
-        self._scratch: bytearray | None = None
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._send_seq = 0
@@ -378,28 +397,30 @@ class Channel:
             self._send_all(memoryview(header + sealed), deadline)
             return
         # Big frame: each piece is read from the arrays' memory, encrypted into
-        # one reused scratch buffer and sent while it is still in cache.
+        # a reused scratch buffer and sent while it is still in cache.
         gcm = _streaming_gcm(self._keys.send_body, seq, header)
-        if self._scratch is None:
-            self._scratch = bytearray(_SEND_PIECE)
-        scratch = memoryview(self._scratch)
-        pending = bytearray(header)
-        for view in views:
-            if view.nbytes < _COALESCE:
-                pending += gcm.update(view)
-                continue
-            if pending:
-                self._send_all(memoryview(pending), deadline)
-                pending = bytearray()
-            step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
-            for start in range(0, view.nbytes, step):
-                piece = view[start:start + step]
-                out = scratch[:piece.nbytes]
-                gcm.update_into(piece, out)
-                self._send_all(out, deadline)
-        pending += gcm.finalize()
-        pending += gcm.tag
-        self._send_all(memoryview(pending), deadline)
+        buffer = _take_scratch()
+        try:
+            scratch = memoryview(buffer)
+            pending = bytearray(header)
+            for view in views:
+                if view.nbytes < _COALESCE:
+                    pending += gcm.update(view)
+                    continue
+                if pending:
+                    self._send_all(memoryview(pending), deadline)
+                    pending = bytearray()
+                step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
+                for start in range(0, view.nbytes, step):
+                    piece = view[start:start + step]
+                    out = scratch[:piece.nbytes]
+                    gcm.update_into(piece, out)
+                    self._send_all(out, deadline)
+            pending += gcm.finalize()
+            pending += gcm.tag
+            self._send_all(memoryview(pending), deadline)
+        finally:
+            _give_scratch(buffer)
 
     def _send_all(self, view: memoryview, deadline: float | None = None) -> None:
         # The stall timeout measures lack of progress (no byte taken for
