@@ -21,7 +21,20 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from meshkit.errors import ConfigError
 
-__all__ = ["converter", "closest", "structure_strict", "structure_options"]
+__all__ = ["converter", "closest", "structure_strict", "structure_options", "positive",
+           "non_negative"]
+
+def positive(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator: the option must be greater than zero."""
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+def non_negative(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator: the option must be zero or more."""
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be zero or more, got {value}")
+
 
 #: The converter for user-facing config: unknown keys are errors.
 converter = cattrs.Converter(forbid_extra_keys=True)

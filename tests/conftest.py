@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,29 @@ def _fresh_default_plugins():
     meshkit.plugins.reset()
     yield
     meshkit.plugins.reset()
+
+
+def write_config(path: Path, out: Path, *, workers: int = 3, rounds: int = 4,
+                 task: str = "digits", strategy: str = "federated", extra: str = "",
+                 timeout: float = 10.0, outer: str | None = None) -> Path:
+    """A meshkit run config with a local launch, for the end-to-end tests."""
+    path.write_text(textwrap.dedent(f"""
+        [run]
+        task = "{task}"
+        seed = 7
+        out = "{out}"
+
+        [mesh]
+        launch = "local"
+        workers = {workers}
+        timeout = {timeout}
+
+        [strategy]
+        name = "{strategy}"
+        rounds = {rounds}
+        {extra}
+
+        [outer_optimizer]
+        name = "{outer or "average"}"
+    """))
+    return path

@@ -6,17 +6,9 @@ from typing import Any
 
 import attrs
 
+from meshkit.options import non_negative, positive
+
 __all__ = ["DigitsOptions", "SyntheticOptions"]
-
-
-def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must be zero or more, got {value}")
 
 
 def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -29,15 +21,15 @@ class DigitsOptions:
     """``[task]`` keys for ``digits``."""
 
     #: Width of the hidden layer.
-    hidden: int = attrs.field(default=32, validator=_positive)
+    hidden: int = attrs.field(default=32, validator=positive)
     #: SGD learning rate (client-side fit and data-parallel apply).
-    lr: float = attrs.field(default=0.1, validator=_positive)
+    lr: float = attrs.field(default=0.1, validator=positive)
     #: Passes over the shard per federated fit.
-    epochs: int = attrs.field(default=1, validator=_positive)
-    batch_size: int = attrs.field(default=32, validator=_positive)
+    epochs: int = attrs.field(default=1, validator=positive)
+    batch_size: int = attrs.field(default=32, validator=positive)
     #: FedProx proximal coefficient: adds ``mu/2 * ||w - w_global||^2`` to the
     #: client loss, so clients are pulled towards the model they started from.
-    proximal_mu: float = attrs.field(default=0.0, validator=_non_negative)
+    proximal_mu: float = attrs.field(default=0.0, validator=non_negative)
     #: Share of the images held out for evaluation (never trained on).
     test_fraction: float = attrs.field(default=0.2, validator=_fraction)
     #: Seed of the train/test split (fixed, so every node agrees on it).
@@ -49,14 +41,14 @@ class SyntheticOptions:
     """``[task]`` keys for ``synthetic`` (a model of any size, for measuring the mesh)."""
 
     #: Float parameters in the model.
-    params: int = attrs.field(default=1_000_000, validator=_positive)
+    params: int = attrs.field(default=1_000_000, validator=positive)
     #: The model's dtype: float16, bfloat16, float32 or float64.
     dtype: str = "float32"
     #: Arrays the parameters are split over (as evenly as they go).
-    arrays: int = attrs.field(default=1, validator=_positive)
+    arrays: int = attrs.field(default=1, validator=positive)
     #: Training rows (each client's shard is a block of them).
-    rows: int = attrs.field(default=1024, validator=_positive)
+    rows: int = attrs.field(default=1024, validator=positive)
     #: Scale of a fit's seeded perturbation.
-    noise: float = attrs.field(default=0.01, validator=_non_negative)
+    noise: float = attrs.field(default=0.01, validator=non_negative)
     #: Step size of data-parallel ``apply``.
-    lr: float = attrs.field(default=0.1, validator=_positive)
+    lr: float = attrs.field(default=0.1, validator=positive)

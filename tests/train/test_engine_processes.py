@@ -9,7 +9,7 @@ import pytest
 
 from meshkit.train import GroupPool, Runner, read_metrics
 
-from test_run import write_config
+from conftest import write_config
 
 pytestmark = pytest.mark.slow
 

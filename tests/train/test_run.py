@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import meshkit.plugins
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import Runner, read_metrics
 
-from conftest import run_cli
+from conftest import run_cli, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -25,31 +24,6 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def outer_name() -> str:
     """FedAdam when installed (its state is checkpointed too), else plain averaging."""
     return "fedadam" if "fedadam" in meshkit.plugins.available("outer_optimizer") else "average"
-
-
-def write_config(path: Path, out: Path, *, workers: int = 3, rounds: int = 4,
-                 task: str = "digits", strategy: str = "federated", extra: str = "",
-                 timeout: float = 10.0, outer: str | None = None) -> Path:
-    path.write_text(textwrap.dedent(f"""
-        [run]
-        task = "{task}"
-        seed = 7
-        out = "{out}"
-
-        [mesh]
-        launch = "local"
-        workers = {workers}
-        timeout = {timeout}
-
-        [strategy]
-        name = "{strategy}"
-        rounds = {rounds}
-        {extra}
-
-        [outer_optimizer]
-        name = "{outer or "average"}"
-    """))
-    return path
 
 
 def pids_of_workers(out: Path) -> list[int]:

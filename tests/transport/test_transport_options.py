@@ -11,8 +11,7 @@ from meshkit.errors import ConfigError
 from meshkit.train import Runner
 from meshkit_tcp.testing import inproc_configs
 
-from conftest import run_cli
-from test_run import write_config
+from conftest import run_cli, write_config
 
 
 def test_node_config_connects_with_its_transport_options():
