@@ -26,6 +26,7 @@ from meshkit.errors import (
     StateError,
     UnknownComponentError,
     WireError,
+    WorkerError,
 )
 
 __version__ = "0.1.0"
@@ -79,6 +80,7 @@ __all__ = [
     "StateError",
     "BoardError",
     "BoardTimeoutError",
+    "WorkerError",
     *_LAZY,
 ]
 
