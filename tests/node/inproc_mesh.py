@@ -59,7 +59,7 @@ class Mesh:
                             transport="tcp", secret=b"test-secret-0123456789", timeout=timeout).connect()
             peers = [g0.address]
         else:
-            peers = [f"127.0.0.1:{port}" for port in _free_ports(self.world)]
+            peers = [f"127.0.0.1:{port}" for port in free_ports(self.world)]
 
         def config(rank: int) -> NodeConfig:
             return NodeConfig(rank=rank, world=self.world, peers=peers, topology=topology,
@@ -97,7 +97,7 @@ class Mesh:
             g.close()
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:

@@ -22,6 +22,8 @@ from meshkit.node.board import open_board
 from meshkit.node import collect_caps, shutdown_nodes
 from meshkit.pipeline import Stage, place_training, run_local, run_pipeline
 
+from inproc_mesh import free_ports
+
 pytestmark = pytest.mark.slow
 
 SECRET = b"e2e-secret-0123456789abcdef"
@@ -129,26 +131,13 @@ def test_a_three_stage_pipeline_across_real_processes(tmp_path):
     assert reports[2][0]["stage_id"] == "fpga.mid"
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_a_pipeline_over_a_full_mesh_moves_activations_rank_to_rank(tmp_path):
     import threading
 
     secret_file = tmp_path / "secret"
     secret_file.write_bytes(SECRET)
     secret_file.chmod(0o600)
-    peers = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+    peers = [f"127.0.0.1:{p}" for p in free_ports(3)]
     config = NodeConfig(rank=0, world=3, peers=peers, topology="mesh", transport="tcp",
                         secret=SECRET, timeout=20)
     holder: dict = {}
