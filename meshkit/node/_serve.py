@@ -97,6 +97,20 @@ def _coordinator_gone(group: Any, exc: PeerLostError, during: str) -> bool:
     return True
 
 
+def _after_loss(group: Any) -> str:
+    """How serving ended when the coordinator is gone: did it end the run first?
+
+    A coordinator ending the run sends ``shutdown`` and closes at once, so
+    the report a node sends after its last job may find it gone: a
+    ``shutdown`` already received still means the run finished.
+    """
+    try:
+        job = recv_job(group, timeout=0.05)
+    except (PeerLostError, WireError):
+        return LOST
+    return "shutdown" if job is not None and job.get("kind") == "shutdown" else LOST
+
+
 def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
                board: Any = None, control: NodeControl | None = None,
                send_handshake: bool = True,
@@ -157,7 +171,7 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
             raise
         if report is None:
             if 0 in group.dead:
-                control.ended = LOST
+                control.ended = _after_loss(group)
                 break
             continue
         reports.append(report)
@@ -166,7 +180,7 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
             send_up(group, {"kind": "left" if leaving else "report", "job": job_id,
                             "report": report.to_json()})
         except PeerLostError:
-            control.ended = LOST
+            control.ended = _after_loss(group)
             break
         if leaving or control.reason() is not None:
             break
