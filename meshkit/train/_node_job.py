@@ -4,7 +4,9 @@
 given to :func:`~meshkit.node.serve_node`. A rank that cannot train (a
 fixed-function rank: :meth:`~meshkit.NodeCaps.why_not_train` says why)
 refuses upstream; any other runs
-:func:`meshkit.train.serve_trainer` on the job's ``spec``.
+:func:`meshkit.train.serve_trainer` on the job's ``spec``, with the device
+its task runs on (:func:`meshkit.node.task_device`: the node's ``--device``,
+else the run's required device, else ``auto``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit.errors import MeshError, PlacementError
-from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error
+from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error, task_device
 from meshkit.train._worker import serve_trainer
 
 __all__ = ["serve_train_job"]
@@ -29,7 +31,9 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         report_job_error(group, job_id, PlacementError(why))
         return None
     try:
-        report = serve_trainer(group, job.get("spec"), control)
+        spec = job.get("spec") or {}
+        device = task_device(caps.device, str(spec.get("device") or ""), caps.devices)
+        report = serve_trainer(group, spec, control, device=device)
     except MeshError as exc:
         report_job_error(group, job_id, exc)
         return None

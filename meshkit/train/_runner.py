@@ -20,8 +20,14 @@ Order of events (:meth:`Runner.run`):
    per-run secret (:mod:`meshkit.train._launch`); with ``"external"`` it
    waits for nodes started elsewhere with ``meshkit node`` and the
    configured secret.
-5. Workers announce their capabilities; each one that can train is sent a
-   ``train`` job (:mod:`meshkit.train._worker` documents the spec).
+5. Workers announce their capabilities; each one that can train (and has
+   the device ``[strategy] device`` requires, if any: no such rank is a
+   :class:`PlacementError` before any work moves) is sent a ``train`` job
+   (:mod:`meshkit.train._worker` documents the spec). With ``[mesh]
+   min_workers`` the run starts once that many have joined. Between rounds
+   the coordinator takes in the workers that joined since: late ones, and
+   restarted ones the transport let back (``group.take_back()``): each
+   announces its capabilities again and is sent the job (:meth:`Runner._admit`).
 6. The strategy runs. After each round: an atomic checkpoint
    (:mod:`meshkit.checkpoint`), then one line appended (and flushed) to
    ``OUT/metrics.jsonl`` recording who answered, then the progress callback
@@ -55,8 +61,8 @@ import numpy as np
 from meshkit import plugins
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
-from meshkit.errors import ConfigError, MeshError, PeerLostError, WorkerError
-from meshkit.node import collect_caps, send_job, shutdown_nodes
+from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError, WorkerError
+from meshkit.node import collect_caps, receive_caps, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import append_metrics, plot, write_summary
@@ -200,6 +206,11 @@ class Runner:
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
+    #: ``[strategy] device``: training is placed only on ranks that have it ("" = any).
+    _device: str = ""
+    #: Ranks that joined late but cannot train here (not asked again).
+    _left_out: set[int] = attrs.Factory(set)
+    _join_timeout: float = 60.0
 
     # -- entry ----------------------------------------------------------------
 
@@ -211,6 +222,9 @@ class Runner:
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
         parts = build_components(plan, launch=self.launch)
+        self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
+                           or "")
+        self._join_timeout = config.mesh.join_timeout
         out = Path(config.run.out)
         self._out = str(out)
         start = prepare_out(plan, parts, resume=self.resume, overwrite=self.overwrite)
@@ -331,7 +345,8 @@ class Runner:
     def _join(self, plan: Any, group: Any, pset: Any) -> tuple[list[int], list[Any]]:
         cfg = plan.config
         try:
-            caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset)
+            caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset,
+                                minimum=cfg.mesh.min_workers or None)
         except PeerLostError as exc:
             raise PeerLostError(
                 f"{exc}{exited_early(self.processes, self._out)}") from None
@@ -339,19 +354,83 @@ class Runner:
         identities = []
         train_ranks = []
         for c in caps:
-            tags = [*c.devices, c.platform, c.role]
-            if c.hostname:
-                tags.append(c.hostname)
-            if c.fixed_function is not None:
-                tags.append(c.fixed_function.stage_id)
-                self._boards[c.rank] = c.fixed_function.stage_id
-            identities.append(WorkerIdentity(c.rank, tuple(tags)))
-            if c.can_train():
+            identities.append(self._identity(c))
+            if self._can_place(c):
                 train_ranks.append(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
+        self._left_out = {c.rank for c in caps} - set(train_ranks)
+        if not train_ranks and self._device:
+            raise PlacementError(
+                f"[strategy] device = {self._device!r}: no worker has it; they advertise "
+                + "; ".join(f"rank {c.rank}: {', '.join(c.devices)}" for c in caps)
+                + ". Start a node that has it (meshkit node --device "
+                f"{self._device}), or drop the device key")
         if not train_ranks:
             raise PeerLostError("no worker that can train joined the run")
         return train_ranks, identities
+
+    def _identity(self, c: Any) -> WorkerIdentity:
+        tags = [*c.devices, c.platform, c.role]
+        if c.hostname:
+            tags.append(c.hostname)
+        if c.fixed_function is not None:
+            tags.append(c.fixed_function.stage_id)
+            self._boards[c.rank] = c.fixed_function.stage_id
+        return WorkerIdentity(c.rank, tuple(tags))
+
+    def _can_place(self, c: Any) -> bool:
+        """Whether training may be placed on the rank ``c`` describes (and why not, logged)."""
+        if not c.can_train():
+            return False
+        if self._device and not c.has_device(self._device):
+            log.warning("rank %d has no %s device (it has %s): no training is placed on it",
+                        c.rank, self._device, ", ".join(c.devices))
+            return False
+        return True
+
+    def _admit(self, ctx: StrategyContext, pool: GroupPool, spec: Mapping[str, Any],
+               pset: Any) -> list[int]:
+        """Between rounds: take in the workers that joined late or restarted since.
+
+        Each is taken back from the dead ledger (a restart), announces its
+        capabilities, and is sent the run's job; it then serves the round
+        about to start. One that cannot train here, or announces nothing, is
+        left out (and declared dead, so a later restart may try again).
+        """
+        group = self._group
+        assert pool.admitted is not None
+        back = set(group.take_back())
+        dead = group.dead
+        pool.admitted -= back  # a restarted process holds nothing of the old one's
+        self._left_out -= back
+        fresh = sorted((set(group.joined) - pool.admitted - self._left_out - set(dead))
+                       | back)
+        taken: list[int] = []
+        for rank in fresh:
+            try:
+                caps = receive_caps(group, rank, timeout=self._join_timeout, plugins=pset)
+            except MeshError as exc:
+                group.declare_dead(rank, f"joined but did not announce itself: {exc}")
+                continue
+            self._caps = [c for c in self._caps if c.rank != rank] + [caps]
+            identity = self._identity(caps)
+            ctx.identities[:] = [i for i in ctx.identities if i.rank != rank] + [identity]
+            if not self._can_place(caps):
+                self._left_out.add(rank)
+                continue
+            try:
+                send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
+            except PeerLostError as exc:
+                log.warning("rank %d joined but could not be sent the job: %s", rank, exc)
+                continue
+            pool.admitted.add(rank)
+            if rank not in ctx.workers:
+                ctx.workers.append(rank)
+                ctx.workers.sort()
+            taken.append(rank)
+            self._emit("joined", f"rank {rank} {'rejoined' if rank in back else 'joined'} "
+                                 f"({caps.role}, {caps.platform}) before this round")
+        return taken
 
     def _context(self, plan: Any, parts: dict[str, Any], group: Any, train_ranks: list[int],
                  identities: list[Any], start_round: int, out: Path, completed: list[int],
@@ -361,8 +440,15 @@ class Runner:
         self._timeout = cfg.mesh.timeout
         spec = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
                 "strategy": cfg.strategy.name, "seed": cfg.run.seed}
+        if self._device:
+            spec["device"] = self._device
         for rank in train_ranks:
             send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
+        pool = GroupPool(group, admitted=set(train_ranks))
+        # Ranks that have not joined yet ([mesh] min_workers) count as workers
+        # from the start, so the client count does not change when they come.
+        joined = {c.rank for c in self._caps}
+        workers = sorted(set(train_ranks) | (set(range(1, self._world)) - joined))
         outer = parts["outer"]
         rng = parts["rng"]
         run_identity = identity(plan)
@@ -385,13 +471,15 @@ class Runner:
             if self.on_round is not None:
                 self.on_round(report, state)
 
-        return StrategyContext(
-            task=parts["task"], aggregator=parts["aggregator"], pool=GroupPool(group),
-            workers=train_ranks, rng=rng, seed=cfg.run.seed, outer=outer,
+        ctx = StrategyContext(
+            task=parts["task"], aggregator=parts["aggregator"], pool=pool,
+            workers=workers, rng=rng, seed=cfg.run.seed, outer=outer,
             outer_name=cfg.outer_optimizer.name, strategy_name=cfg.strategy.name,
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board)
+        ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
+        return ctx
 
     def _start_ticker(self, done: threading.Event, ctx: StrategyContext, rounds: int,
                       completed: list[int]) -> None:
@@ -430,6 +518,10 @@ class Runner:
         group = self._group
         if group is not None:
             try:
+                # A restarted node still waiting to be taken back hears the end too.
+                take_back = getattr(group, "take_back", None)
+                if callable(take_back):
+                    take_back()
                 if ctx is not None:
                     ctx.pool.stop_all(ctx.live)
                 shutdown_nodes(group)

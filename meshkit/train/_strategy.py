@@ -51,7 +51,10 @@ class RoundReport:
     the previous report; ``clients`` the clients folded, in fold order;
     ``served`` maps each of them to the rank whose contribution was folded;
     ``not_served`` maps each client the round asked for and could not fold
-    to the reason.
+    to the reason; ``late`` the ranks whose answer missed the round deadline
+    (not dead: they serve the next round); ``joined`` the workers taken in
+    at the start of this round (a late joiner, or a restarted worker back
+    from the dead ledger).
     """
 
     round: int
@@ -65,6 +68,8 @@ class RoundReport:
     seconds: float = 0.0
     served: Mapping[int, int] = attrs.Factory(dict)
     not_served: Mapping[int, str] = attrs.Factory(dict)
+    late: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -84,6 +89,8 @@ class RoundReport:
             # JSON keys are strings: client ids become "3".
             "served": {str(c): int(r) for c, r in self.served.items()},
             "not_served": {str(c): str(why) for c, why in self.not_served.items()},
+            "late": list(self.late),
+            "joined": list(self.joined),
         }
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
@@ -132,6 +139,9 @@ class StrategyContext:
     * ``start_round``/``global_state`` — where a resumed run picks up.
     * ``on_round(report, state)`` — called after every round (metrics,
       checkpoint, observer hooks); ``stop`` — set it to stop between rounds.
+    * ``admit()`` — between rounds, take in the workers that joined late or
+      restarted since (capability handshake, job sent); returns their ranks.
+      The round skeleton calls it; a strategy never does.
     """
 
     task: Any
@@ -153,6 +163,7 @@ class StrategyContext:
     boards: dict[int, str] = attrs.Factory(dict)
     #: ``run_board(rank, stage_id, x) -> y``: push a batch of rows through a board rank.
     run_board: Callable[[int, str, Any], Any] | None = None
+    admit: Callable[[], Sequence[int]] = lambda: ()
 
     @property
     def live(self) -> list[int]:

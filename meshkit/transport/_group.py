@@ -211,6 +211,19 @@ class Group:
         if callback is not None:
             callback(rank, reason)
 
+    @property
+    def returning(self) -> list[int]:
+        """Coordinator: dead ranks whose node connected again (a restart), not taken back yet."""
+        return self._ledger.returning()
+
+    def take_back(self) -> list[int]:
+        """Coordinator: clear the returning ranks from the dead ledger; returns them.
+
+        Only between rounds (see :meth:`Ledger.take_back`); a transport that
+        never lets a dead rank connect again has none to take back.
+        """
+        return self._ledger.take_back()
+
     def close(self) -> None:
         """Leave the mesh; peers see this rank's links as lost. Idempotent."""
         if not self._ledger.close():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping
 
 import attrs
@@ -32,6 +33,12 @@ class Federated:
             raise ConfigError(
                 f"[strategy] min_clients = {self.options.min_clients} but there are only "
                 f"{clients} clients; lower min_clients or add clients/workers")
+        if self.options.time_budget and not _takes_time_budget(task):
+            raise ConfigError(
+                f"[strategy] time_budget = {self.options.time_budget:g}: the task "
+                f"({type(task).__name__}) cannot honour a time budget: its fit() takes no "
+                f"time_budget argument (docs/tasks.md). Drop time_budget, or give fit() a "
+                f"time_budget keyword and stop when it runs out")
         rows = training_rows(task)
         if rows is not None and rows < clients:
             raise ConfigError(
@@ -50,9 +57,11 @@ class Federated:
         sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
         # A client's fit is seeded by (run seed, round, client), never by the
         # worker that serves it: any live worker gives the same contribution.
+        budget = {"time_budget": opts.time_budget} if opts.time_budget else {}
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
-                         "seed": client_seed(ctx.seed, rnd, c)}) for c in sampled]
-        folded = fold_round(ctx, work, state=state, window=opts.window)
+                         "seed": client_seed(ctx.seed, rnd, c), **budget}) for c in sampled]
+        folded = fold_round(ctx, work, state=state, window=opts.window,
+                            deadline=opts.round_timeout or None)
         # min_clients counts served clients, not workers: one live worker
         # may serve every client of a round.
         if len(folded.served) < opts.min_clients:
@@ -65,3 +74,13 @@ class Federated:
         consensus = folded.result
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
         return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})
+
+
+def _takes_time_budget(task: Any) -> bool:
+    """Whether ``task.fit`` accepts a ``time_budget`` keyword (how a task says it honours one)."""
+    try:
+        parameters = inspect.signature(task.fit).parameters
+    except (TypeError, ValueError):
+        return False
+    return "time_budget" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

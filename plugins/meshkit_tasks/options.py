@@ -16,6 +16,13 @@ def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be between 0 and 1 (exclusive), got {value}")
 
 
+def _cpu(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ("cpu", "auto"):
+        raise ValueError(
+            f"{attribute.name} = {value!r}: digits is a numpy task and runs on the cpu only; "
+            f"use 'cpu' (run a torch task for {value!r})")
+
+
 @attrs.frozen
 class DigitsOptions:
     """``[task]`` keys for ``digits``."""
@@ -34,6 +41,9 @@ class DigitsOptions:
     test_fraction: float = attrs.field(default=0.2, validator=_fraction)
     #: Seed of the train/test split (fixed, so every node agrees on it).
     split_seed: int = 0
+    #: Where the model runs; numpy runs on the cpu, so only "cpu" (or "auto").
+    #: A node's --device reaches the task here (docs/federating-real-data.md).
+    device: str = attrs.field(default="cpu", validator=_cpu)
 
 
 @attrs.frozen
