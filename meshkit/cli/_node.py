@@ -18,7 +18,7 @@ import click
 
 from meshkit import plugins, wire
 from meshkit.cli._options import parse_board_options, parse_options, read_secret
-from meshkit.errors import ConfigError, PeerLostError
+from meshkit.errors import ConfigError, PeerLostError, RefusedError
 from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
@@ -199,6 +199,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         click.echo(f"meshkit node: stopped by {'Ctrl-C' if name == 'SIGINT' else name}",
                    err=True)
         sys.exit(128 + signalled[0])
+    if control.ended == "refused":
+        raise RefusedError(f"refused by the coordinator: {control.refusal}")
     if control.ended == "coordinator lost":
         # Not 0: a supervisor (systemd, a job array) must see that the run
         # did not finish here and restart the node, which then rejoins.

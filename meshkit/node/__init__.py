@@ -46,6 +46,7 @@ from meshkit.node._jobs import (
     report_job_error,
     send_job,
     send_up,
+    refuse_node,
     shutdown_nodes,
 )
 from meshkit.node._relay import StageRoute, parse_job, serve_stage
@@ -94,6 +95,7 @@ __all__ = [
     "send_up",
     "report_job_error",
     "report_from_json",
+    "refuse_node",
     "shutdown_nodes",
     "parse_job",
     "serve_stage",

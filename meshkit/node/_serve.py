@@ -123,7 +123,8 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
     name is reported to rank 0 as an error, and the node serves on. Each
     job's report is sent to rank 0 and returned in the list; how serving
     ended is left in ``control.ended`` (``"shutdown"`` when the coordinator
-    ended the run, ``"coordinator lost"`` when it went away, else the stop
+    ended the run, ``"coordinator lost"`` when it went away, ``"refused"``
+    with the reason in ``control.refusal``, else the stop
     handle's or budget's reason). ``board`` is
     required when ``caps`` is a fixed-function rank's (and must implement
     the advertised stage); that rank's ``pipeline`` jobs then run on the
@@ -155,6 +156,11 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
         kind = job["kind"]
         if kind == "shutdown":
             control.ended = "shutdown"
+            break
+        if kind == "refused":
+            control.ended = "refused"
+            control.refusal = str(job.get("message", ""))
+            log.warning("rank %d: refused by the coordinator: %s", group.rank, control.refusal)
             break
         job_id = job.get("job")
         handler = handlers.get(kind)

@@ -61,8 +61,9 @@ import numpy as np
 from meshkit import plugins
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
-from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError, WorkerError
-from meshkit.node import collect_caps, receive_caps, send_job, shutdown_nodes
+from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLostError,
+                            PlacementError, WorkerError)
+from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import append_metrics, plot, write_summary
@@ -144,7 +145,7 @@ def _number(value: Any) -> Any:
 class RunEvent:
     """Something the CLI may show.
 
-    ``kind`` is "listening", "joined", "round" (``report`` is the round's
+    ``kind`` is "listening", "joined", "refused", "round" (``report`` is the round's
     :class:`RoundReport`) or "alive" (a long round is still running;
     ``message`` says which and for how long).
     """
@@ -203,6 +204,8 @@ class Runner:
     _world: int = 0
     _caps: list[Any] = attrs.Factory(list)
     _boards: dict[int, str] = attrs.Factory(dict)
+    #: ``[mesh] authorized_nodes``, parsed at join (None: keys bind no tags).
+    _authorized: Any = None
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
@@ -350,14 +353,20 @@ class Runner:
         except PeerLostError as exc:
             raise PeerLostError(
                 f"{exc}{exited_early(self.processes, self._out)}") from None
-        self._caps = caps
+        self._authorized = cfg.authorized_nodes()
+        accepted = []
         identities = []
         train_ranks = []
         for c in caps:
-            identities.append(self._identity(c))
+            identity = self._trusted_identity(group, c)
+            if identity is None:
+                continue
+            accepted.append(c)
+            identities.append(identity)
             if self._can_place(c):
                 train_ranks.append(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
+        self._caps = caps = accepted
         self._left_out = {c.rank for c in caps} - set(train_ranks)
         if not train_ranks and self._device:
             raise PlacementError(
@@ -377,6 +386,29 @@ class Runner:
             tags.append(c.fixed_function.stage_id)
             self._boards[c.rank] = c.fixed_function.stage_id
         return WorkerIdentity(c.rank, tuple(tags))
+
+    def _trusted_identity(self, group: Any, c: Any) -> WorkerIdentity | None:
+        """``c``'s identity with the tags its node key carries; None once it is refused.
+
+        With ``[mesh] authorized_nodes``, a tag bound to a key is reserved
+        for it: a node claiming one its key is not bound to (as a hostname,
+        a device, a stage id) is told why and declared dead, and the run
+        goes on with the others.
+        """
+        identity = self._identity(c)
+        authorized = self._authorized
+        if authorized is None:
+            return identity
+        try:
+            tags = authorized.tags_for(group.peer_key(c.rank), c.rank, identity.tags)
+        except AuthenticationError as exc:
+            log.warning("refusing rank %d: %s", c.rank, exc)
+            self._emit("refused", f"rank {c.rank} refused: {exc}")
+            refuse_node(group, c.rank, str(exc))
+            group.declare_dead(c.rank, f"refused: {exc}")
+            self._boards.pop(c.rank, None)
+            return None
+        return WorkerIdentity(c.rank, tags)
 
     def _can_place(self, c: Any) -> bool:
         """Whether training may be placed on the rank ``c`` describes (and why not, logged)."""
@@ -412,8 +444,10 @@ class Runner:
             except MeshError as exc:
                 group.declare_dead(rank, f"joined but did not announce itself: {exc}")
                 continue
+            identity = self._trusted_identity(group, caps)
+            if identity is None:
+                continue
             self._caps = [c for c in self._caps if c.rank != rank] + [caps]
-            identity = self._identity(caps)
             ctx.identities[:] = [i for i in ctx.identities if i.rank != rank] + [identity]
             if not self._can_place(caps):
                 self._left_out.add(rank)

@@ -108,6 +108,10 @@ class Group:
         """
         return bool(getattr(self._links, "inline_delivery", False))
 
+    def peer_key(self, rank: int) -> bytes | None:
+        """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""
+        return self._links.peer_key(rank)
+
     @property
     def round(self) -> int:
         """How many reduce rounds this group has started."""

@@ -587,6 +587,10 @@ class _TcpLinks(Links):
     def drop(self, peer: int) -> None:
         self._group._drop_link(peer)
 
+    def peer_key(self, peer: int) -> bytes | None:
+        channel = self._group._channels.get(peer)
+        return None if channel is None else channel.peer_key
+
     def close(self) -> None:
         self._group._shutdown()
 
