@@ -134,3 +134,16 @@ def test_the_contract_catches_integer_buffers_that_differ_across_shards():
 def test_the_contract_catches_a_non_strict_load():
     with pytest.raises(pytest.fail.Exception, match="strict=False"):
         _contract_for(NonStrict).test_fit_refuses_a_state_that_lacks_a_key()
+
+
+def test_a_spent_time_budget_stops_a_torch_fit_at_the_first_batch_and_reports_it():
+    task = _task()
+    model = task.init_state(0)
+    x, y = task.train_data()
+    batch = task.options.batch_size
+    spent = task.fit(model, x[:3 * batch], y[:3 * batch], seed=1, time_budget=0.0)
+    assert spent.examples == batch  # always one batch, then the spent budget stops it
+    whole = task.fit(model, x[:3 * batch], y[:3 * batch], seed=1, time_budget=3600.0)
+    assert whole.examples == 3 * batch * task.options.epochs
+    assert_states_identical(whole.state, task.fit(model, x[:3 * batch], y[:3 * batch],
+                                                  seed=1).state, what="an unspent budget")
