@@ -684,6 +684,8 @@ class TcpGroup(Group):
         for rank in sorted(link.ranks):
             self._events.lost(rank, f"its host relay {link.name!r} was lost: {reason}",
                               quiet=quiet)
+        with self._lock:
+            self._lock.notify_all()  # whoever waits on the group sees the deaths
 
     # -- dialing side ---------------------------------------------------------
 
