@@ -256,6 +256,7 @@ class HostRelay:
         self._admitting: set[int] = set()
         self._up: wire.Channel | None = None
         self._listener: socket.socket | None = None
+        self._address = ""
         self._closed = threading.Event()
         self._stopped = ""
         self._threads: list[threading.Thread] = []
@@ -267,10 +268,7 @@ class HostRelay:
     @property
     def address(self) -> str:
         """Where this host's ranks dial the relay (``host:port``, once bound)."""
-        if self._listener is None:
-            return ""
-        host, port = self._listener.getsockname()[:2]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self._address
 
     @property
     def dead(self) -> dict[int, str]:
@@ -308,6 +306,8 @@ class HostRelay:
                     from None
             listener.settimeout(_ACCEPT_POLL)
             self._listener = listener
+            host, port = listener.getsockname()[:2]
+            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         except BaseException:
             self.close()
             raise

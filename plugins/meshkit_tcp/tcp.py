@@ -542,6 +542,7 @@ class TcpGroup(Group):
             # once finds it; _relay_problem reserved the name and ranks.
             self._relays[name] = link
             self._admitting.difference_update(ranks)
+            self._lock.notify_all()
         try:
             channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
         except (MeshError, OSError) as exc:
