@@ -258,6 +258,7 @@ class HostRelay:
         self._listener: socket.socket | None = None
         self._address = ""
         self._closed = threading.Event()
+        self._done = threading.Event()
         self._stopped = ""
         self._threads: list[threading.Thread] = []
         self._work: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -378,11 +379,16 @@ class HostRelay:
     def close(self, reason: str = "closed") -> None:
         """Leave: every local link and the upstream connection close. Idempotent."""
         with self._lock:
-            if self._closed.is_set() and self._up is None and not self._down:
-                return
-            if not self._stopped:
-                self._stopped = reason
-            self._closed.set()
+            closing = self._closed.is_set()
+            if not closing:
+                self._stopped = self._stopped or reason
+                self._closed.set()
+        if closing:
+            # Another thread is saying goodbye: let it finish before the caller
+            # (serve(), then the process) goes.
+            self._done.wait(5.0)
+            return
+        with self._lock:
             channels = list(self._down.values())
             self._down.clear()
             up, self._up = self._up, None
@@ -400,6 +406,7 @@ class HostRelay:
             except (MeshError, OSError):
                 pass
             channel.close()
+        self._done.set()
 
     def lost(self, rank: int, reason: str, *, quiet: bool = False, tell: bool = True) -> None:
         """A local rank is gone: drop its link, tell the coordinator (unless it told us)."""
