@@ -24,6 +24,11 @@ coordinator declares arrives as control and drops the rank here. When the
 coordinator goes, the relay closes every local link and ends; it also ends
 once every rank it carries has left.
 
+Frames for a local rank are written on the thread that reads the
+coordinator's connection, under the channel's stall timeout: a local rank
+that stops reading holds the relay's downstream traffic up to that timeout,
+then it is dropped (and reported) as stalled.
+
 A relay decrypts what passes through it: it sees its ranks' models in clear.
 Run it on the host whose ranks it carries (docs/scaling-out.md).
 """
@@ -43,7 +48,14 @@ import attrs
 
 from meshkit import wire
 from meshkit.aggregation import MeanFold
-from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, WireError
+from meshkit.errors import (
+    AggregationError,
+    ConfigError,
+    MeshError,
+    PeerLostError,
+    WireError,
+    WorkerError,
+)
 from meshkit.train import (
     Reply,
     StrategyContext,
@@ -623,8 +635,11 @@ class HostRelay:
                     reply = {"error": f"relay {self.name!r}: unknown request {op!r}"}
             except AggregationError as exc:
                 reply = {"error": str(exc), "reason": "aggregation"}
+            except WorkerError as exc:
+                # The worker's own message: the coordinator names the rank again.
+                reply = {"error": exc.detail, "rank": exc.rank}
             except MeshError as exc:
-                reply = {"error": str(exc), "rank": getattr(exc, "rank", None)}
+                reply = {"error": str(exc)}
             except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
                 log.exception("relay %r: request %r failed", self.name, op)
                 reply = {"error": f"relay {self.name!r}: {type(exc).__name__}: {exc}"}
