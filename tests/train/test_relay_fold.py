@@ -27,8 +27,9 @@ def synthetic():
 class RelayedPool:
     """The coordinator's pool with every worker behind an in-process relay."""
 
-    def __init__(self, layout=LAYOUT, *, order=None, lose=()):
+    def __init__(self, layout=LAYOUT, *, order=None, lose=(), direct=False):
         self.layout = layout
+        self.direct = direct
         self.order = order
         self.lose = set(lose)
         self.gone: set[str] = set()
@@ -65,7 +66,7 @@ class RelayedPool:
 
     def send_relay(self, name, request, timeout):
         self._seq += 1
-        self.asked.append(name)
+        self.asked.append(f"{name}:{request['op']}")
         if name in self.lose:
             # The relay dies with the request in flight: its ranks go with it.
             self.gone.add(name)
@@ -74,13 +75,22 @@ class RelayedPool:
             self._answers.append(Reply(self.layout[name][0], None, "lost", self._seq))
         else:
             # Through the trainer protocol's encoding, as on the wire.
-            answer = self._relays[name]._fold(decode(encode(request)))
+            relay, op = self._relays[name], request["op"]
+            answer = (relay._fold if op == "fold" else relay._fanout)(decode(encode(request)))
             self._answers.append(Reply(self.layout[name][0], decode(encode(answer)), None,
                                        self._seq))
         return self._seq
 
-    def send(self, rank, request, timeout):  # pragma: no cover - never used here
-        raise AssertionError("a relayed round sends nothing to a rank directly")
+    def send(self, rank, request, timeout):
+        # One rank's own request (data-parallel's read-back) goes through its relay.
+        if not self.direct:
+            raise AssertionError("a relayed round sends nothing to a rank directly")
+        self._seq += 1
+        local = next(r for n, r in self._relays.items() if rank in self.layout[n])._pool
+        local.send(rank, request, timeout)
+        reply = local.receive()
+        self._answers.append(Reply(rank, reply.payload, reply.error, self._seq))
+        return self._seq
 
     def receive(self, block=True):
         pick = 0 if self.order is None else int(self.order.integers(len(self._answers)))
@@ -114,7 +124,7 @@ def test_two_relays_fold_to_the_flat_weighted_mean_whatever_order_they_answer_in
     for shuffle in range(4):
         pool = RelayedPool(order=np.random.default_rng(shuffle))
         folded = fold_round(context(pool), fits(8), state=state)
-        assert sorted(pool.asked) == ["hostA", "hostB"], "one fold request per relay"
+        assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"], "one request per relay"
         assert folded.served == flat.served  # the same plan: client c on the same rank
         assert folded.examples == flat.examples
         for key, value in flat.result.items():
@@ -128,7 +138,8 @@ def test_a_relay_lost_mid_round_has_its_clients_served_by_the_other_relay():
     state = synthetic().init_state(0)
     pool = RelayedPool(lose={"hostA"})
     folded = fold_round(context(pool), fits(8), state=state)
-    assert pool.asked == ["hostA", "hostB", "hostB"]  # the second wave: hostA's clients
+    # The second wave: hostA's clients, to hostB.
+    assert pool.asked == ["hostA:fold", "hostB:fold", "hostB:fold"]
     assert sorted(folded.served) == list(range(8)) and folded.not_served == {}
     assert set(folded.served.values()) == {3, 4}
     # Every client's fit is a pure function of (state, shard, seed): the mean is
@@ -158,3 +169,24 @@ def test_an_aggregator_that_is_not_the_mean_folds_flat():
     with pytest.raises(AssertionError, match="sends nothing to a rank directly"):
         fold_round(ctx, fits(4), state=synthetic().init_state(0))
     assert pool.asked == []
+
+
+def test_data_parallel_through_relays_reaches_the_flat_replicas_model():
+    ranks = [1, 2, 3, 4]
+
+    def run(pool):
+        ctx = StrategyContext(task=synthetic(), aggregator=meshkit.plugins.create(
+            "aggregator", "allreduce"), pool=pool, workers=ranks,
+            rng=np.random.default_rng(0), timeout=30.0)
+        strategy = meshkit.plugins.create("strategy", "data-parallel", {"rounds": 2,
+                                                                        "steps": 2})
+        return strategy.run(ctx).state
+
+    flat = run(LocalPool.of(synthetic, ranks))
+    pool = RelayedPool(direct=True)
+    relayed = run(pool)
+    # set_state and every apply cross once per relay; each step folds once per relay.
+    assert pool.asked.count("hostA:fanout") == pool.asked.count("hostB:fanout") == 5
+    assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
+    for key, value in flat.items():
+        np.testing.assert_allclose(relayed[key], value, rtol=1e-6, atol=1e-7)
