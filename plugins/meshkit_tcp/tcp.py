@@ -49,7 +49,6 @@ from meshkit.node.config import NodeConfig
 from meshkit.transport import (
     META_KEY,
     TAG_BYE,
-    TAG_RELAY,
     TAG_RELAY_CTL,
     TAG_REPLY,
     TAG_WELCOME,
