@@ -9,12 +9,15 @@ that behave carry on; deaths travel both ways.
 from __future__ import annotations
 
 import socket
+import threading
 
+import numpy as np
 import pytest
 
-from meshkit import AuthenticationError, WireError, plugins
+from meshkit import AuthenticationError, WireError, plugins, wire
 from meshkit.node.config import NodeConfig
 from meshkit.transport import TAG_RELAY_CTL
+from meshkit_tcp.tcp import KIND_CONTROL, ROLE_STAR
 
 SECRET = b"host-relay-test-secret"
 TAG = 7
@@ -150,9 +153,6 @@ def test_a_rank_may_not_forge_the_relays_own_news(mesh):
 
 
 def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on():
-    from meshkit import wire
-    from meshkit_tcp.tcp import KIND_CONTROL, ROLE_STAR
-
     group = coordinator(world=3)
     relay = start_relay(group.address, ranks=(1, 2), world=3)
     good = worker(1, relay.address, world=3)
@@ -173,3 +173,22 @@ def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on
         good.close()
         relay.close()
         group.close()
+
+
+def test_the_reduce_service_works_through_a_relay_flat(mesh):
+    group, relay, ranks = mesh
+    results = {}
+
+    def contribute(rank):
+        results[rank] = ranks[rank].all_reduce({"w": np.full(4, float(rank), np.float32)},
+                                               weight=float(rank))
+
+    threads = [threading.Thread(target=contribute, args=(r,)) for r in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    round_ = group.reduce_round(plugins.create("aggregator", "fedavg"))
+    for t in threads:
+        t.join(10)
+    expected = (1 + 4 + 9) / 6
+    assert sorted(round_.contributors) == [1, 2, 3]
+    assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))
