@@ -84,6 +84,10 @@ class MeshTable:
     topology: str = attrs.field(default="star", validator=attrs.validators.in_(TOPOLOGIES))
     launch: str = attrs.field(default="local", validator=attrs.validators.in_(LAUNCHES))
     workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    #: ``launch = "local"``: start this many host relays (``meshkit relay``) on
+    #: this machine; the workers are split among them in contiguous blocks of
+    #: ranks and each dials its relay (docs/scaling-out.md). 0: none.
+    relays: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     bind: str = attrs.field(default="127.0.0.1:0", validator=_listen_address)
     secret_file: str = ""
     #: Encrypt frame bodies (AES-256-GCM). ``false`` is the explicit opt-out:

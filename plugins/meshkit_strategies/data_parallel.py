@@ -58,7 +58,7 @@ class DataParallel:
                    else "average", workers=len(ctx.workers))
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
-        ctx.call([(r, {"op": "set_state", "state": state}) for r in live])
+        ctx.broadcast(live, {"op": "set_state", "state": state})
         return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
@@ -81,8 +81,9 @@ class DataParallel:
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
                 raise MeshError(f"round {rnd} step {step + 1}: shards not served: "
                                 f"{folded.not_served}")
-            # The step happens here, on every live replica, on the same mean.
-            ctx.call([(r, {"op": "apply", "gradients": folded.result}) for r in ctx.live])
+            # The step happens here, on every live replica, on the same mean
+            # (sent once per host relay when the replicas are behind relays).
+            ctx.broadcast(ctx.live, {"op": "apply", "gradients": folded.result})
             answered.update(folded.answered)
             examples += folded.examples
             served = folded.served
