@@ -102,6 +102,7 @@ class TorchdistGroup(Group):
         self._broken: dict[tuple[int, ...], str] = {}
         self._collective_lock = threading.Lock()
         self._address = ""
+        self._readers: list[threading.Thread] = []
         super().__init__(_DistLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=False,
                          bf16_wire=bool(getattr(options, "bf16_wire", False)))
@@ -214,8 +215,11 @@ class TorchdistGroup(Group):
             self._send_locks[peer] = threading.Lock()
             self._lock.notify_all()
         self._events.linked(peer)
-        threading.Thread(target=self._reader, args=(peer, pg), daemon=True,
-                         name=f"meshkit-torchdist-r{self.rank}-from-{peer}").start()
+        reader = threading.Thread(target=self._reader, args=(peer, pg), daemon=True,
+                                  name=f"meshkit-torchdist-r{self.rank}-from-{peer}")
+        with self._lock:
+            self._readers.append(reader)
+        reader.start()
 
     def _start(self) -> None:
         self._rendezvous()
@@ -302,7 +306,12 @@ class TorchdistGroup(Group):
                     events.lost(peer, f"its torch.distributed link broke: {exc}")
                 return
             if tag == TAG_BYE:
+                closing = events.closed
                 events.lost(peer, "closed its group (left the mesh)", quiet=True)
+                if not closing:
+                    # Answer the goodbye, so the leaving rank's reader for us ends
+                    # too and its close() need not wait for ours.
+                    self._goodbye(peer, pg)
                 return
             try:
                 state = wire.decode_state(body.numpy(), flags=flags)
@@ -327,19 +336,20 @@ class TorchdistGroup(Group):
             self._send_locks.pop(peer, None)
             self._lock.notify_all()
 
+    def _goodbye(self, peer: int, pg: Any) -> None:
+        header = torch.tensor([0, TAG_BYE, 0, 0], dtype=torch.int64)
+        try:
+            pg.send([header], 1 if self.rank < peer else 0, 0).wait(_seconds(1.0))
+        except RuntimeError:
+            pass
+
     def _shutdown(self) -> None:
         with self._lock:
             pairs = dict(self._pairs)
             self._pairs.clear()
             self._lock.notify_all()
 
-        def goodbye(peer: int, pg: Any) -> None:
-            header = torch.tensor([0, TAG_BYE, 0, 0], dtype=torch.int64)
-            try:
-                pg.send([header], 1 if self.rank < peer else 0, 0).wait(_seconds(1.0))
-            except RuntimeError:
-                pass
-
+        goodbye = self._goodbye
         # Peers' readers end on the goodbye (ours end on theirs, or when
         # their process exits); bounded, so a stalled peer cannot hold close().
         byes = [threading.Thread(target=goodbye, args=item, daemon=True)
@@ -348,6 +358,25 @@ class TorchdistGroup(Group):
             thread.start()
         for thread in byes:
             thread.join(1.5)
+        # A reader ends on its peer's goodbye (a peer that closes too). Wait
+        # for them, bounded: gloo aborts an interpreter that exits while one
+        # still waits inside a receive.
+        with self._lock:
+            readers = list(self._readers)
+        deadline = time.monotonic() + min(self.timeout, 3.0)
+        for reader in readers:
+            if reader is not threading.current_thread():
+                reader.join(max(0.0, deadline - time.monotonic()))
+        with self._collective_lock:
+            engines = list(self._engine_groups.values())
+            self._engine_groups.clear()
+        # gloo's own threads must be stopped before the interpreter exits, or
+        # their destructors abort the process ("terminate called ...").
+        for pg in [*engines, *pairs.values()]:
+            try:
+                pg.shutdown()
+            except Exception:  # best effort: the group is closing
+                log.debug("shutting a process group down failed", exc_info=True)
 
     # -- the all-reduce ---------------------------------------------------------
 
