@@ -105,8 +105,10 @@ def test_a_lost_peer_is_an_error_on_every_rank_within_the_timeout() -> None:
 
 def test_layouts_that_differ_are_refused_on_every_rank() -> None:
     configs = inproc_configs(3, topology="mesh")
+    joined = threading.Barrier(3)
 
     def body(group):
+        joined.wait(5)  # nobody leaves before every link is up
         shape = 4 if group.rank != 2 else 5
         return group.mesh_all_reduce({"x": np.ones(shape, np.float32)})
 
