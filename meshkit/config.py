@@ -101,6 +101,10 @@ class MeshTable:
     #: The discovery responder's UDP port (0: any free port, printed at start).
     discovery_port: int = attrs.field(default=29600, validator=[attrs.validators.ge(0),
                                                                 attrs.validators.le(65535)])
+    #: The network between the nodes is trusted: a transport that authenticates
+    #: nothing (``torchdist``: torch.distributed) may then use a non-loopback
+    #: address, which it refuses otherwise (docs/security.md).
+    trust_network: bool = False
     #: Seconds a read or write may stall before the peer is declared dead.
     timeout: float = attrs.field(default=30.0, validator=[attrs.validators.gt(0), _finite])
     #: Seconds the coordinator waits for every worker to join.

@@ -207,6 +207,12 @@ class GroupPool:
     #: that joins late or rejoins only between rounds); None: every joined rank.
     admitted: set[int] | None = None
     _seq: int = 0
+
+    @property
+    def peer_reduce(self) -> bool:
+        """Whether the workers reach each other directly (a mesh), so they can all-reduce
+        among themselves (``group.mesh_all_reduce``) instead of through rank 0."""
+        return not getattr(self.group, "is_star", True)
     _owed: dict[int, _Outstanding] = attrs.Factory(dict)
     _failed: collections.deque[Reply] = attrs.Factory(collections.deque)
     #: Tickets given up on (a round deadline passed): their replies are discarded.

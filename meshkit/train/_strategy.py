@@ -171,6 +171,12 @@ class StrategyContext:
         return self.pool.live(self.workers)
 
     @property
+    def peer_reduce(self) -> bool:
+        """Whether the workers can all-reduce among themselves (a mesh, or a transport
+        with its own collective such as ``torchdist``): the trainer's ``step``."""
+        return bool(getattr(self.pool, "peer_reduce", False))
+
+    @property
     def dead(self) -> dict[int, str]:
         """Workers the ledger declared dead, and why (shown to the user)."""
         ledger = self.pool.dead

@@ -13,6 +13,7 @@ tag               value           spoken by
 ``TAG_REDUCE``    ``0xFFFF0001``  the reduce service (worker -> rank 0)
 ``TAG_SCATTER``   ``0xFFFF0002``  the reduce service (rank 0 -> worker)
 ``TAG_BYE``       ``0xFFFF0003``  a transport, on ``close()``
+``TAG_RING``      ``0xFFFF0004``  the mesh all-reduce (rank to rank, a ring)
 ``TAG_CAPS``      ``0xFFFF0010``  the node driver's capability handshake
 ``TAG_CONTROL``   ``0xFFFF0011``  the node driver: rank 0 -> worker jobs
                                   (``TAG_JOB`` is the same tag)
@@ -28,8 +29,8 @@ tag               value           spoken by
 ================  ==============  ============================================
 
 The transport's own five (:data:`SERVICE_TAGS`) are refused by ``send``:
-a message under them would spoof the handshake, the reduce service or a
-host relay's membership news. The
+a message under them would spoof the handshake, the reduce service, a
+host relay's membership news or the mesh all-reduce's ring. The
 node driver's tags are reserved but sent with the ordinary ``send``; their
 messages are documented in :mod:`meshkit.node`.
 
@@ -52,6 +53,7 @@ __all__ = [
     "TAG_REDUCE",
     "TAG_SCATTER",
     "TAG_BYE",
+    "TAG_RING",
     "TAG_CAPS",
     "TAG_CONTROL",
     "TAG_JOB",
@@ -82,6 +84,9 @@ TAG_REDUCE = 0xFFFF0001
 TAG_SCATTER = 0xFFFF0002
 #: A rank leaving the mesh on purpose (close()), so peers log it quietly.
 TAG_BYE = 0xFFFF0003
+#: A chunk (or an abort) of the mesh all-reduce, to the next rank of the ring
+#: (``Group.mesh_all_reduce``; ``_collective.py``).
+TAG_RING = 0xFFFF0004
 
 # -- the node driver (meshkit.node documents each message) ----------------------
 
@@ -117,8 +122,9 @@ TAG_REQUEST = 0x6D6B_0101
 TAG_REPLY = 0x6D6B_0102
 
 #: Tags user code may not send: they would spoof the handshake, the reduce
-#: service or a host relay's membership news.
-SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE, TAG_RELAY_CTL})
+#: service, a host relay's membership news or the ring all-reduce.
+SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE, TAG_RELAY_CTL,
+                          TAG_RING})
 
 
 def check_tag(tag: Any, *, service: bool = False) -> int:
