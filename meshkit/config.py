@@ -22,6 +22,7 @@ from meshkit.components import Component
 from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import closest, structure_options, structure_strict
+from meshkit.partitioner import DEFAULT_PARTITIONER
 from meshkit.task import resolve_task_component
 
 __all__ = [
@@ -119,8 +120,10 @@ _SELECTED_TABLES = {
     "strategy": ("strategy", "federated"),
     "aggregator": ("aggregator", "fedavg"),
     "outer_optimizer": ("outer_optimizer", "average"),
+    "partitioner": ("partitioner", DEFAULT_PARTITIONER),
 }
-_KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "task", "transport")
+_KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
+                 "task", "transport")
 
 
 @attrs.frozen
@@ -135,9 +138,12 @@ class Config:
     outer_optimizer: Selection
     task: Selection
     transport: Selection
+    #: ``[partitioner]``: how a federated run splits the training set into clients.
+    partitioner: Selection = Selection("partitioner", DEFAULT_PARTITIONER, {}, "[partitioner]")
 
     def selections(self) -> list[Selection]:
-        return [self.task, self.strategy, self.aggregator, self.outer_optimizer, self.transport]
+        return [self.task, self.strategy, self.aggregator, self.outer_optimizer,
+                self.partitioner, self.transport]
 
     def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``).

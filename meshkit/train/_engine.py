@@ -70,11 +70,14 @@ class Work:
 
     ``request`` is a ``fit`` or ``grads`` request without the global state
     (the engine sends that once per worker) and without ``keep`` (the engine
-    adds it).
+    adds it). ``rank`` pins the work to one worker: a client whose data only
+    that node has (``[partitioner] name = "local"``). No other worker serves
+    it; when that worker is lost, the key is not served this round.
     """
 
     key: int
     request: Mapping[str, Any]
+    rank: int | None = None
 
 
 def by_examples(reply: Mapping[str, Any]) -> float:
@@ -122,7 +125,9 @@ class Folded:
         """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what."""
         return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
                             examples=self.examples, metrics=dict(metrics),
-                            served=dict(self.served), not_served=dict(self.not_served))
+                            served=dict(self.served), not_served=dict(self.not_served),
+                            client_examples={k: int(self.replies[k].get("examples", 0))
+                                             for k in self.served})
 
 
 def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
@@ -145,7 +150,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window,
-                    ctx.aggregation_begin() if fold is None else fold, label)
+                    ctx.aggregation_begin() if fold is None else fold, label,
+                    pinned={w.key: w.rank for w in work if w.rank is not None})
     return round_.play()
 
 
@@ -160,6 +166,10 @@ class _Round:
     window: int
     fold: Any
     label: str
+    #: Keys only one worker may serve: key -> rank.
+    pinned: dict[int, int] = attrs.Factory(dict)
+    #: Pinned keys planned for each worker and not handed out yet (ascending).
+    own: dict[int, list[int]] = attrs.Factory(dict)
     #: Keys not folded yet and not given up on, in fold order.
     unfolded: list[int] = attrs.Factory(list)
     #: Keys planned for each worker and not handed out yet (ascending).
@@ -185,9 +195,21 @@ class _Round:
     def play(self) -> Folded:
         self.unfolded = sorted(self.requests)
         live = self.ctx.live
+        for key in self.unfolded:
+            if key in self.pinned:
+                rank = self.pinned[key]
+                if rank in live:
+                    self.own.setdefault(rank, []).append(key)
+                else:
+                    self.not_served[key] = (f"its data is on rank {rank}, which is not a live "
+                                            f"worker")
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
+        free = [k for k in self.unfolded if k not in self.pinned]
         # Only as many workers as there is work: the rest get no state.
-        workers = live if self.state is None else live[:len(self.unfolded)]
-        for i, key in enumerate(self.unfolded):
+        workers = live if self.state is None else live[:len(free)]
+        if self.pinned:
+            workers = sorted({*workers, *self.own})
+        for i, key in enumerate(free):
             if workers:
                 self.plan.setdefault(workers[i % len(workers)], []).append(key)
             else:
@@ -255,6 +277,8 @@ class _Round:
         victims = [self.plan[r] for r in sorted(self.ready)
                    if r != rank and r in busy and self.plan.get(r)]
         options: list[tuple[list[int], int]] = []
+        if self.own.get(rank):
+            options.append((self.own[rank], 0))
         if own:
             options.append((own, 0))
         if self.spare:
@@ -312,9 +336,19 @@ class _Round:
         """A worker is gone: what it held or was doing goes back to the queue."""
         self.ready.discard(rank)
         self.lost.add(rank)
-        again = self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+        again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+                 | set(self.own.pop(rank, [])))
         if kind in ("work", "take") and key is not None:
             again.add(key)
+        stuck = {k for k in again if k in self.pinned}
+        for k in sorted(stuck):
+            # Nobody else has its data: this round goes on without it.
+            self.replies.pop(k, None)
+            self.not_served[k] = f"its data is on rank {rank}, which was lost ({reason})"
+        if stuck:
+            self.unfolded = [k for k in self.unfolded if k not in stuck]
+            again -= stuck
+            self._advance()
         for k in sorted(again):
             self.replies.pop(k, None)
             bisect.insort(self.spare, k)

@@ -39,6 +39,10 @@ class RoundOutcome:
     metrics: Mapping[str, float] = attrs.Factory(dict)
     served: Mapping[int, int] = attrs.Factory(dict)
     not_served: Mapping[int, str] = attrs.Factory(dict)
+    #: Examples each folded client trained on (its fedavg weight).
+    client_examples: Mapping[int, int] = attrs.Factory(dict)
+    #: Each client's own evaluation of the new global model (``evaluate = "clients"``).
+    client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
@@ -58,7 +62,9 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             rnd, rounds, name, answered=outcome.answered, dropped=dropped,
             clients=outcome.clients, examples=outcome.examples, metrics=metrics,
             seconds=clock(), served=dict(outcome.served),
-            not_served=dict(outcome.not_served)), state)
+            not_served=dict(outcome.not_served),
+            client_examples=dict(outcome.client_examples),
+            client_metrics=dict(outcome.client_metrics)), state)
     return StrategyResult(state, rounds, metrics)
 
 

@@ -58,6 +58,7 @@ from meshkit.config import Config, load_config, parse_config, resolve
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WorkerError
 from meshkit.node import collect_caps, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
+from meshkit.partitioner import is_per_node
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import append_metrics, plot, write_summary
 from meshkit.train._launch import (
@@ -197,6 +198,8 @@ class Runner:
     _world: int = 0
     _caps: list[Any] = attrs.Factory(list)
     _boards: dict[int, str] = attrs.Factory(dict)
+    #: Ranks that asked to be sent the training set (``--pull-data``).
+    _pull: set[int] = attrs.Factory(set)
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
@@ -348,6 +351,8 @@ class Runner:
             identities.append(WorkerIdentity(c.rank, tuple(tags)))
             if c.can_train():
                 train_ranks.append(c.rank)
+                if getattr(c, "pull_data", False):
+                    self._pull.add(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
         if not train_ranks:
             raise PeerLostError("no worker that can train joined the run")
@@ -360,9 +365,13 @@ class Runner:
         cfg = plan.config
         self._timeout = cfg.mesh.timeout
         spec = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
-                "strategy": cfg.strategy.name, "seed": cfg.run.seed}
+                "strategy": cfg.strategy.name, "seed": cfg.run.seed,
+                "partitioner": {"name": cfg.partitioner.name,
+                                "options": dict(cfg.partitioner.options)}}
+        pulled = self._pulled_data(plan, parts, train_ranks)
         for rank in train_ranks:
-            send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
+            job_spec = {**spec, "data": pulled} if rank in self._pull else spec
+            send_job(group, rank, {"kind": "train", "job": 1, "spec": job_spec})
         outer = parts["outer"]
         rng = parts["rng"]
         run_identity = identity(plan)
@@ -391,7 +400,25 @@ class Runner:
             outer_name=cfg.outer_optimizer.name, strategy_name=cfg.strategy.name,
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
-            boards=dict(self._boards), run_board=self._run_board)
+            boards=dict(self._boards), run_board=self._run_board,
+            partitioner=parts["partitioner"])
+
+    def _pulled_data(self, plan: Any, parts: dict[str, Any],
+                     train_ranks: list[int]) -> dict[str, Any] | None:
+        """The training set for nodes that asked to be sent it (``meshkit node --pull-data``)."""
+        if not any(r in self._pull for r in train_ranks):
+            return None
+        if is_per_node(parts["partitioner"]):
+            ranks = ", ".join(str(r) for r in sorted(self._pull))
+            raise ConfigError(
+                f"{plan.config.path}: rank(s) {ranks} asked for their data (--pull-data), but "
+                f"[partitioner] name = \"local\" trains each node on its own data; drop "
+                f"--pull-data, or use a partitioner that splits the coordinator's data")
+        # Every worker may serve any client (the round engine moves work to
+        # whoever is live), so such a node is sent the training set, and cuts
+        # its clients' shards from it by the same partitioner as every other.
+        x, y = parts["task"].train_data()
+        return {"x": np.asarray(x), "y": np.asarray(y)}
 
     def _start_ticker(self, done: threading.Event, ctx: StrategyContext, rounds: int,
                       completed: list[int]) -> None:

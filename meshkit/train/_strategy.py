@@ -51,7 +51,8 @@ class RoundReport:
     the previous report; ``clients`` the clients folded, in fold order;
     ``served`` maps each of them to the rank whose contribution was folded;
     ``not_served`` maps each client the round asked for and could not fold
-    to the reason.
+    to the reason; ``client_examples`` each folded client's examples, and
+    ``client_metrics`` each client's own evaluation when clients evaluate.
     """
 
     round: int
@@ -65,6 +66,10 @@ class RoundReport:
     seconds: float = 0.0
     served: Mapping[int, int] = attrs.Factory(dict)
     not_served: Mapping[int, str] = attrs.Factory(dict)
+    #: Examples each folded client trained on (its weight in fedavg).
+    client_examples: Mapping[int, int] = attrs.Factory(dict)
+    #: Each evaluating client's metrics and held-out ``examples`` (``evaluate = "clients"``).
+    client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -84,6 +89,9 @@ class RoundReport:
             # JSON keys are strings: client ids become "3".
             "served": {str(c): int(r) for c, r in self.served.items()},
             "not_served": {str(c): str(why) for c, why in self.not_served.items()},
+            "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
+            "client_metrics": {str(c): {k: float(v) for k, v in m.items()}
+                               for c, m in self.client_metrics.items()},
         }
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
@@ -153,6 +161,9 @@ class StrategyContext:
     boards: dict[int, str] = attrs.Factory(dict)
     #: ``run_board(rank, stage_id, x) -> y``: push a batch of rows through a board rank.
     run_board: Callable[[int, str, Any], Any] | None = None
+    #: The run's partitioner (``[partitioner]``): how the training set is split into
+    #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
+    partitioner: Any = None
 
     @property
     def live(self) -> list[int]:
