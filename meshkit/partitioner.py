@@ -75,8 +75,10 @@ def check_split(parts: Sequence[Any], rows: int, clients: int, *, name: str) -> 
                               f"of row numbers, got {array.dtype}{list(array.shape)}")
         array = array.astype(np.int64, copy=False)
         if array.size == 0:
-            raise ConfigError(f"partitioner {name!r} gave client {c} no rows; every client "
-                              f"needs at least one")
+            raise ConfigError(
+                f"partitioner {name!r} gave client {c} no rows; every client needs at least "
+                f"one. Use fewer clients, another [run] seed, or options that spread the rows "
+                f"more evenly (for dirichlet, a larger alpha)")
         if array.min() < 0 or array.max() >= rows:
             raise ConfigError(f"partitioner {name!r}: client {c} has row numbers outside "
                               f"0..{rows - 1}")
