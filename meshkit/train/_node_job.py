@@ -61,6 +61,8 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         return None
     try:
         spec = with_node_options(job.get("spec") or {}, task_options)
+        if "data.x" in job:  # --pull-data: the coordinator sent the training set
+            spec["data"] = {"x": job["data.x"], "y": job["data.y"]}
     except ConfigError as exc:
         report_job_error(group, job_id, ConfigError(f"rank {group.rank}: {exc}"))
         raise

@@ -370,8 +370,11 @@ class Runner:
                                 "options": dict(cfg.partitioner.options)}}
         pulled = self._pulled_data(plan, parts, train_ranks)
         for rank in train_ranks:
-            job_spec = {**spec, "data": pulled} if rank in self._pull else spec
-            send_job(group, rank, {"kind": "train", "job": 1, "spec": job_spec})
+            job = {"kind": "train", "job": 1, "spec": spec}
+            if rank in self._pull and pulled is not None:
+                # Arrays travel as the job's own entries (the spec is JSON).
+                job.update(pulled)
+            send_job(group, rank, job)
         outer = parts["outer"]
         rng = parts["rng"]
         run_identity = identity(plan)
@@ -418,7 +421,7 @@ class Runner:
         # whoever is live), so such a node is sent the training set, and cuts
         # its clients' shards from it by the same partitioner as every other.
         x, y = parts["task"].train_data()
-        return {"x": np.asarray(x), "y": np.asarray(y)}
+        return {"data.x": np.ascontiguousarray(x), "data.y": np.ascontiguousarray(y)}
 
     def _start_ticker(self, done: threading.Event, ctx: StrategyContext, rounds: int,
                       completed: list[int]) -> None:

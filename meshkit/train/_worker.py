@@ -13,7 +13,8 @@ object:
                    of ``shards`` is cut from the training set (default:
                    contiguous blocks); every worker computes the same split
 ``data``           ``{"x": ..., "y": ...}``: the training set, sent by the
-                   coordinator to a node that asked for it (``--pull-data``)
+                   coordinator to a node that asked for it (``--pull-data``;
+                   on the wire as the job's ``data.x``/``data.y`` arrays)
 ``idle_timeout``   seconds to wait for the next request before giving up
                    (default 3600; the coordinator may evaluate between rounds)
 =================  ==========================================================

@@ -38,6 +38,50 @@ def _node(rank: int, peers: str, secret: Path, *extra: str) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _run_with_nodes(config: Path, secret: Path, node_flags: dict[int, list[str]]) -> None:
+    """Run ``config`` in this process while ``meshkit node`` processes serve it."""
+    listening: list[str] = []
+    ready = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def progress(event: Any) -> None:
+        if event.kind == "listening":
+            listening.append(event.message.split()[3])
+            ready.set()
+
+    def drive() -> None:
+        try:
+            outcome["report"] = Runner(str(config), progress=progress).run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            outcome["error"] = exc
+        ready.set()
+
+    coordinator = threading.Thread(target=drive, daemon=True)
+    coordinator.start()
+    assert ready.wait(60), "the coordinator never started listening"
+    assert listening, outcome.get("error")
+    procs = [_node(rank, listening[0], secret, *flags) for rank, flags in node_flags.items()]
+    try:
+        coordinator.join(120)
+        assert not coordinator.is_alive(), "the run did not finish"
+        for proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def _secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "secret"
+    secret.write_text("node-local-data-secret-0123456789")
+    secret.chmod(0o600)
+    return secret
+
+
 def test_each_node_trains_and_evaluates_on_its_own_csv(tmp_path):
     from meshkit_tasks.digits import load_digits
 
@@ -54,9 +98,7 @@ def test_each_node_trains_and_evaluates_on_its_own_csv(tmp_path):
         _write_csv(test, order[start + n_train:start + n_train + n_test], x, y)
         start += n_train + n_test
         files[rank] = (train, test)
-    secret = tmp_path / "secret"
-    secret.write_text("node-local-data-secret-0123456789")
-    secret.chmod(0o600)
+    secret = _secret(tmp_path)
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [run]
@@ -82,41 +124,9 @@ name = "local"
 train_csv = "{tmp_path / 'nowhere' / 'train.csv'}"
 test_csv = "{tmp_path / 'nowhere' / 'test.csv'}"
 """)
-    listening: list[str] = []
-    ready = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def progress(event: Any) -> None:
-        if event.kind == "listening":
-            listening.append(event.message.split()[3])
-            ready.set()
-
-    def drive() -> None:
-        try:
-            outcome["report"] = Runner(str(config), progress=progress).run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            outcome["error"] = exc
-        ready.set()
-
-    coordinator = threading.Thread(target=drive, daemon=True)
-    coordinator.start()
-    assert ready.wait(60), "the coordinator never started listening"
-    assert listening, outcome.get("error")
-    procs = [_node(rank, listening[0], secret, "--task-option", f"train_csv={train}",
-                   "--task-option", f"test_csv={test}")
-             for rank, (train, test) in files.items()]
-    try:
-        coordinator.join(120)
-        assert not coordinator.is_alive(), "the run did not finish"
-        for proc in procs:
-            _, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    if "error" in outcome:
-        raise outcome["error"]
+    _run_with_nodes(config, secret, {
+        rank: ["--task-option", f"train_csv={train}", "--task-option", f"test_csv={test}"]
+        for rank, (train, test) in files.items()})
     lines = read_metrics(tmp_path / "out")
     assert [line["round"] for line in lines] == [1, 2]
     for line in lines:
@@ -129,3 +139,35 @@ test_csv = "{tmp_path / 'nowhere' / 'test.csv'}"
         mean = (80 * accuracies[0] + 60 * accuracies[1]) / 140
         assert line["client_accuracy"] == pytest.approx(mean)
         assert "accuracy" not in line  # the coordinator evaluated nothing
+
+
+def test_a_node_without_storage_is_sent_the_training_set(tmp_path):
+    # Its own train_csv points nowhere: had it read its own data, its fit would fail.
+    secret = _secret(tmp_path)
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[run]
+task = "digits"
+out = "{tmp_path / 'out'}"
+
+[mesh]
+launch = "external"
+workers = 2
+secret_file = "{secret}"
+timeout = 20
+
+[strategy]
+name = "federated"
+rounds = 1
+clients = 4
+
+[partitioner]
+name = "iid"
+""")
+    _run_with_nodes(config, secret, {
+        1: [], 2: ["--pull-data", "--task-option", f"train_csv={tmp_path / 'none.csv'}"]})
+    (line,) = read_metrics(tmp_path / "out")
+    # A worker always serves the first client planned for it (only later ones
+    # may move to a faster worker), so rank 2 trained on what it was sent.
+    assert 2 in line["served"].values()
+    assert sum(line["client_examples"].values()) == 1438  # every training row, once
