@@ -31,6 +31,9 @@ How a round goes (:func:`fold_round`):
    the same round. A fit is a pure function of (global state, shard, seed),
    so the re-served contribution is the very same bits. A key no live
    worker is left to serve is recorded as not served, with the reason.
+5. A key pinned to a rank (``Work.rank``: a client whose data only that
+   node has) is planned for that worker alone and never taken over; when
+   that worker is lost, the key is not served this round.
 
 A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
