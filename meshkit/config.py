@@ -120,7 +120,6 @@ _SELECTED_TABLES = {
     "strategy": ("strategy", "federated"),
     "aggregator": ("aggregator", "fedavg"),
     "outer_optimizer": ("outer_optimizer", "average"),
-    "partitioner": ("partitioner", DEFAULT_PARTITIONER),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
                  "task", "transport")
@@ -139,11 +138,19 @@ class Config:
     task: Selection
     transport: Selection
     #: ``[partitioner]``: how a federated run splits the training set into clients.
-    partitioner: Selection = Selection("partitioner", DEFAULT_PARTITIONER, {}, "[partitioner]")
+    #: None (no table): contiguous row blocks, which need no plugin.
+    partitioner: Selection | None = None
 
     def selections(self) -> list[Selection]:
-        return [self.task, self.strategy, self.aggregator, self.outer_optimizer,
-                self.partitioner, self.transport]
+        chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
+        if self.partitioner is not None:
+            chosen.append(self.partitioner)
+        return [*chosen, self.transport]
+
+    @property
+    def partitioner_name(self) -> str:
+        """The selected partitioner, ``contiguous`` when there is no ``[partitioner]`` table."""
+        return DEFAULT_PARTITIONER if self.partitioner is None else self.partitioner.name
 
     def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``).
@@ -217,9 +224,18 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         if not isinstance(chosen, str) or not chosen:
             raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
         selections[name] = Selection(kind, chosen, options, f"[{name}]")
+    partitioner = None
+    if "partitioner" in data:
+        options = table("partitioner")
+        chosen = options.pop("name", DEFAULT_PARTITIONER)
+        if not isinstance(chosen, str) or not chosen:
+            raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
+                              f"{chosen!r}")
+        partitioner = Selection("partitioner", chosen, options, "[partitioner]")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
-    return Config(path=path, run=run, mesh=mesh, task=task, transport=transport, **selections)
+    return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
+                  partitioner=partitioner, **selections)
 
 
 @attrs.frozen

@@ -37,7 +37,7 @@ def _ranks(plan: Any, parts: dict[str, Any]) -> str:
 def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
     """One line per client: its examples and its examples per label."""
     shares = parts["clients"]
-    name = plan.config.partitioner.name
+    name = plan.config.partitioner_name
     if shares is None:
         if not getattr(parts["strategy"], "partitioned", False):
             return []

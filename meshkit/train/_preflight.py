@@ -34,6 +34,7 @@ import numpy as np
 from meshkit.errors import ConfigError, MeshError
 from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
 from meshkit.task import build_task, check_task
+from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model",
            "world_size", "ModelSize", "ClientShare", "client_shares"]
@@ -173,8 +174,11 @@ def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
     clients = count(cfg.mesh.workers, partitioner) if callable(count) else cfg.mesh.workers
     try:
         _, labels = task.train_data()
-        parts = split_rows(partitioner, labels, clients, seed=cfg.run.seed,
-                           name=cfg.partitioner.name)
+        if partitioner is None:  # no [partitioner]: the kernel's contiguous blocks
+            parts = [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
+        else:
+            parts = split_rows(partitioner, labels, clients, seed=cfg.run.seed,
+                               name=cfg.partitioner_name)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
     return [ClientShare(c, len(rows), counts)
@@ -206,12 +210,12 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
                                      cfg.run.task), cfg.run.task)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
-    partitioner = plan.create("partitioner")
+    partitioner = plan.create("partitioner") if cfg.partitioner is not None else None
     partitioned = bool(getattr(strategy, "partitioned", False))
-    if not partitioned and cfg.partitioner.name != DEFAULT_PARTITIONER:
+    if not partitioned and cfg.partitioner_name != DEFAULT_PARTITIONER:
         # No option that silently does nothing: only a federated run has clients.
         raise ConfigError(
-            f"{cfg.path}: [partitioner] name = {cfg.partitioner.name!r}: strategy "
+            f"{cfg.path}: [partitioner] name = {cfg.partitioner_name!r}: strategy "
             f"{cfg.strategy.name!r} does not split the training set into clients (federated "
             f"does); remove the [partitioner] table")
     check = getattr(strategy, "check", None)

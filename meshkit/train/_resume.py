@@ -47,7 +47,7 @@ def identity(plan: Any) -> dict[str, Any]:
     cfg = plan.config
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
-            "partitioner": cfg.partitioner.name}
+            "partitioner": cfg.partitioner_name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.

@@ -364,10 +364,11 @@ class Runner:
                  pset: Any) -> StrategyContext:
         cfg = plan.config
         self._timeout = cfg.mesh.timeout
-        spec = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
-                "strategy": cfg.strategy.name, "seed": cfg.run.seed,
-                "partitioner": {"name": cfg.partitioner.name,
-                                "options": dict(cfg.partitioner.options)}}
+        spec: dict[str, Any] = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
+                                "strategy": cfg.strategy.name, "seed": cfg.run.seed}
+        if cfg.partitioner is not None:
+            spec["partitioner"] = {"name": cfg.partitioner.name,
+                                   "options": dict(cfg.partitioner.options)}
         pulled = self._pulled_data(plan, parts, train_ranks)
         for rank in train_ranks:
             job = {"kind": "train", "job": 1, "spec": spec}
