@@ -103,6 +103,14 @@ class MeshTable:
     #: Seconds the coordinator waits for every worker to join.
     join_timeout: float = attrs.field(default=60.0,
                                       validator=[attrs.validators.gt(0), _finite])
+    #: Start once this many workers have joined (0: all of them); the rest
+    #: are taken in at a round boundary when they join (late joiners).
+    min_workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_workers > self.workers:
+            raise ValueError(f"min_workers = {self.min_workers} is more than workers = "
+                             f"{self.workers}; use at most {self.workers} (0: all)")
 
 
 @attrs.frozen

@@ -20,18 +20,27 @@ __all__ = ["keygen"]
 @click.option("--comment", default="", help="Text after the key on the .pub line (a name).")
 @click.option("--rank", "ranks", type=int, multiple=True,
               help="Bind the printed authorized_nodes line to this rank (repeatable).")
+@click.option("--tag", "tags", multiple=True,
+              help="Bind a placement tag to the printed line (repeatable); only keys bound "
+                   "to a tag may carry it.")
 @click.option("--force", is_flag=True, help="Replace FILE and FILE.pub if they exist.")
-def keygen(file: str, comment: str, ranks: tuple[int, ...], force: bool) -> None:
+def keygen(file: str, comment: str, ranks: tuple[int, ...], tags: tuple[str, ...],
+           force: bool) -> None:
     """Write a node key pair: FILE (private, 0600) and FILE.pub.
 
     Prints the public key as an authorized_nodes line; append it to the file
     named by the coordinator's [mesh] authorized_nodes (add `rank=N` to bind
-    it to a rank, or start the line with `revoked` to refuse it later).
+    it to a rank, `tag=T` to bind a placement tag, or start the line with
+    `revoked` to refuse it later).
     """
     public = wire.generate_node_key(file, comment=comment, overwrite=force)
     line = wire.public_key_text(public)
     if ranks:
         line += " rank=" + ",".join(str(r) for r in ranks)
+    if tags:
+        if not all(t and "," not in t and not t.isspace() and " " not in t for t in tags):
+            raise click.UsageError("--tag takes one name without spaces or commas")
+        line += " tag=" + ",".join(tags)
     if comment:
         line += f" {comment}"
     click.echo(line)

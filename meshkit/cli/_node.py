@@ -20,7 +20,7 @@ import click
 
 from meshkit import plugins, wire
 from meshkit.cli._options import parse_board_options, parse_options, read_secret
-from meshkit.errors import ConfigError
+from meshkit.errors import ConfigError, PeerLostError, RefusedError
 from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
@@ -54,7 +54,9 @@ class _Stopped(BaseException):
               help="Unicast discovery to this rendezvous host (no broadcast). Env: DISCOVER_HOST.")
 @click.option("--topology", type=click.Choice(["star", "mesh"]), default=None,
               help="star: dial out to the coordinator only. Env: TOPOLOGY / DIAL_OUT=1.")
-@click.option("--device", default=None, help="'auto' or a device name. Env: DEVICE.")
+@click.option("--device", default=None,
+              help="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps': the device this node's task "
+                   "runs on (a non-cpu one is checked through torch). Env: DEVICE.")
 @click.option("--heap-mb", type=int, default=None, help="Memory budget in MiB. Env: HEAP_MB.")
 @click.option("--transport", default=None, help="Transport component name (default tcp).")
 @click.option("--timeout", type=float, default=None,
@@ -100,7 +102,9 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     node refuses to start.
 
     Prints one JSON line {"event": "caps", ...} once it has joined and one
-    {"event": "report", ...} per job it served; logs go to stderr.
+    {"event": "report", ...} per job it served; logs go to stderr. Serves
+    job after job until the coordinator ends the run (exit 0); a refusal or
+    a lost coordinator exits 2.
     """
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
@@ -215,3 +219,11 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         click.echo(f"meshkit node: stopped by {'Ctrl-C' if name == 'SIGINT' else name}",
                    err=True)
         sys.exit(128 + signalled[0])
+    if control.ended == "refused":
+        raise RefusedError(f"refused by the coordinator: {control.refusal}")
+    if control.ended == "coordinator lost":
+        # Not 0: a supervisor (systemd, a job array) must see that the run
+        # did not finish here and restart the node, which then rejoins.
+        raise PeerLostError(
+            "lost the coordinator before it ended the run; start the node again (same "
+            "rank and credentials) to rejoin at the next round")

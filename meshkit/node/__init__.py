@@ -12,6 +12,7 @@ Where each idea lives:
 * ``config.py`` — :class:`NodeConfig`, how a node joins (with environment parity);
 * ``_caps.py`` — :class:`NodeCaps`, :func:`local_caps` and the capability handshake;
 * ``_control.py`` — :class:`NodeControl`: the step budget and the stop handle;
+* ``_devices.py`` — which devices a node has (torch asked only when wanted);
 * ``_reports.py`` — :class:`NodeReport`, :class:`TrainReport`;
 * ``_jobs.py`` — the messages between coordinator and node, and their tags
   (the protocol is documented there);
@@ -31,9 +32,11 @@ from meshkit.node._caps import (
     collect_caps,
     local_caps,
     platform_tag,
+    receive_caps,
     send_caps,
 )
 from meshkit.node._control import NodeControl
+from meshkit.node._devices import check_device, device_matches, present_devices, task_device
 from meshkit.node._jobs import (
     TAG_ABORT,
     TAG_ACT,
@@ -43,6 +46,7 @@ from meshkit.node._jobs import (
     report_job_error,
     send_job,
     send_up,
+    refuse_node,
     shutdown_nodes,
 )
 from meshkit.node._relay import StageRoute, parse_job, serve_stage
@@ -60,6 +64,10 @@ from meshkit.node.config import NodeConfig, caps_for
 from meshkit.transport import TAG_CAPS
 
 __all__ = [
+    "present_devices",
+    "check_device",
+    "device_matches",
+    "task_device",
     "TAG_CAPS",
     "TAG_JOB",
     "TAG_UP",
@@ -81,11 +89,13 @@ __all__ = [
     "caps_for",
     "send_caps",
     "collect_caps",
+    "receive_caps",
     "send_job",
     "recv_job",
     "send_up",
     "report_job_error",
     "report_from_json",
+    "refuse_node",
     "shutdown_nodes",
     "parse_job",
     "serve_stage",

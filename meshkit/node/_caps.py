@@ -23,6 +23,7 @@ import numpy
 import meshkit
 from meshkit import plugins as _plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError, WireError
+from meshkit.node._devices import check_device, device_matches, present_devices
 from meshkit.node.board import FixedFunction
 from meshkit.transport import TAG_CAPS
 
@@ -33,6 +34,7 @@ __all__ = [
     "local_caps",
     "send_caps",
     "collect_caps",
+    "receive_caps",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,10 @@ class NodeCaps:
                 f"every rank that does. Leave it out of the training job (train on "
                 f"worker ranks only)")
 
+    def has_device(self, wanted: str) -> bool:
+        """Whether this node advertised ``wanted`` (``cuda`` matches any ``cuda:N``)."""
+        return device_matches(wanted, self.devices)
+
     def can_train(self) -> bool:
         """Whether this node can join a training run (:meth:`check_train` says why not)."""
         return self.fixed_function is None
@@ -233,11 +239,21 @@ class NodeCaps:
 
 def local_caps(rank: int, *, fixed_function: FixedFunction | None = None,
                device: str = "auto", heap_bytes: int | None = None,
-               devices: Sequence[str] | None = None) -> NodeCaps:
-    """This process's capabilities as rank ``rank`` (what :func:`send_caps` advertises)."""
+               devices: Sequence[str] | None = None, probe: bool = False) -> NodeCaps:
+    """This process's capabilities as rank ``rank`` (what :func:`send_caps` advertises).
+
+    ``devices`` defaults to what is present (:func:`meshkit.node.present_devices`:
+    torch is asked only when imported already, when ``device`` names a
+    non-cpu device, or with ``probe``); a ``device`` this node does not have
+    is a :class:`ConfigError`.
+    """
     free, total = _memory()
     if devices is None:
-        devices = ["fpga"] if fixed_function is not None else ["cpu"]
+        if fixed_function is not None:
+            devices = ["fpga"]
+        else:
+            devices = present_devices(device, probe=probe)
+            check_device(device, devices)
     return NodeCaps(
         rank=rank,
         role=NodeRole.FIXED_FUNCTION if fixed_function is not None else NodeRole.WORKER,
@@ -270,7 +286,8 @@ def send_caps(group: Any, caps: NodeCaps) -> None:
 
 
 def collect_caps(group: Any, *, timeout: float | None = None,
-                 plugins: Any = None, hook: bool = True) -> list[NodeCaps]:
+                 plugins: Any = None, hook: bool = True,
+                 minimum: int | None = None) -> list[NodeCaps]:
     """Coordinator: collect every worker's :class:`NodeCaps`, in rank order.
 
     Records are taken as they arrive; ``meshkit_node_joined(caps=...)`` fires
@@ -278,7 +295,9 @@ def collect_caps(group: Any, *, timeout: float | None = None,
     :class:`meshkit.plugins.PluginSet`; the default set when None; no hook
     when ``hook`` is false). A worker that never announces itself is a
     :class:`PeerLostError` at ``timeout`` naming the ranks still missing; a
-    record claiming another rank's identity is a :class:`WireError`.
+    record claiming another rank's identity is a :class:`WireError`. With
+    ``minimum``, it returns as soon as that many workers have announced
+    themselves (the others may join later: see ``[mesh] min_workers``).
     """
     if group.rank != 0:
         raise MeshError("collect_caps() runs on the coordinator (rank 0)")
@@ -288,6 +307,8 @@ def collect_caps(group: Any, *, timeout: float | None = None,
     found: dict[int, NodeCaps] = {}
     expected = set(range(1, group.world_size))
     while expected - found.keys() - set(group.dead):
+        if minimum is not None and len(found) >= minimum:
+            return [found[r] for r in sorted(found)]
         remaining = deadline - time.monotonic()
         try:
             src, payload = group.recv(None, TAG_CAPS, timeout=max(remaining, 0.0))
@@ -315,3 +336,24 @@ def collect_caps(group: Any, *, timeout: float | None = None,
             f"capability handshake: rank(s) {sorted(dead)} died before announcing "
             f"themselves: " + "; ".join(f"rank {r}: {group.dead.get(r)}" for r in sorted(dead)))
     return [found[r] for r in sorted(found)]
+
+
+def receive_caps(group: Any, rank: int, *, timeout: float | None = None,
+                 plugins: Any = None, hook: bool = True) -> NodeCaps:
+    """Coordinator: the :class:`NodeCaps` of one worker that joined late or came back.
+
+    The same checks as :func:`collect_caps` (and the same
+    ``meshkit_node_joined`` hook), for a rank taken in between rounds. A
+    rank that announces nothing within ``timeout`` is a :class:`PeerLostError`.
+    """
+    payload = group.recv(rank, TAG_CAPS, timeout=group.timeout if timeout is None else timeout)
+    caps = NodeCaps.from_json(payload.get("caps"), where=f"caps from rank {rank}")
+    if caps.rank != rank:
+        raise WireError(f"capability handshake: rank {rank} advertised the caps of rank "
+                        f"{caps.rank}; each node must announce its own rank")
+    log.info("rank %d joined: %s %s, devices %s", rank, caps.role, caps.platform,
+             ",".join(caps.devices))
+    if hook:
+        _plugins.notify(_plugins.default() if plugins is None else plugins,
+                        "meshkit_node_joined", caps=caps)
+    return caps

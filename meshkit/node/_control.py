@@ -38,6 +38,13 @@ class NodeControl:
     steps: int | None = attrs.field(default=None)
     _stop: threading.Event = attrs.field(factory=threading.Event, alias="stop_event")
     done: int = attrs.field(default=0, init=False)
+    #: How :func:`~meshkit.node.serve_node` ended: ``"shutdown"`` (the
+    #: coordinator ended the run), ``"coordinator lost"``, ``"refused"``,
+    #: ``"stop"`` or ``"budget"``; None while it serves. ``meshkit node``
+    #: exits 0 only for ``"shutdown"``.
+    ended: str | None = attrs.field(default=None, init=False)
+    #: The coordinator's reason when ``ended == "refused"``.
+    refusal: str = attrs.field(default="", init=False)
 
     @steps.validator
     def _check_steps(self, attribute: Any, value: int | None) -> None:

@@ -24,6 +24,10 @@ each to the :data:`~meshkit.node.JobHandler` registered for its kind.
       documents ``spec``). A fixed-function rank answers with an ``error``
       (it cannot train: :meth:`NodeCaps.can_train` says why).
     * ``{"kind": "shutdown"}``: leave the mesh (:func:`shutdown_nodes`).
+    * ``{"kind": "refused", "message": str}``: the coordinator will not place
+      work on this node (say, it claims a placement tag its node key is not
+      bound to); the node leaves and ``meshkit node`` exits 2 with the
+      message (:func:`refuse_node`).
 
 ``TAG_ACT`` (stage to stage, and rank 0 -> first stage)
     ``{"act/<job>/<seq>": float32 array of shape (k, n)}``: ``k``
@@ -73,6 +77,7 @@ __all__ = [
     "recv_job",
     "shutdown_nodes",
     "send_up",
+    "refuse_node",
     "report_job_error",
 ]
 
@@ -101,6 +106,14 @@ def shutdown_nodes(group: Any, ranks: Iterable[int] | None = None) -> None:
             send_job(group, rank, {"kind": "shutdown"})
         except PeerLostError:
             pass  # already gone: nothing left to shut down
+
+
+def refuse_node(group: Any, rank: int, message: str) -> None:
+    """Coordinator: tell ``rank`` it is refused, and why (it leaves; no-op if it is gone)."""
+    try:
+        send_job(group, rank, {"kind": "refused", "message": str(message)})
+    except PeerLostError:
+        pass
 
 
 def send_up(group: Any, message: Mapping[str, Any]) -> None:

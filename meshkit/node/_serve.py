@@ -31,6 +31,9 @@ __all__ = ["JobHandler", "serve_node", "serve_fixed_function"]
 
 log = logging.getLogger(__name__)
 
+#: How a node ends whose coordinator went away without ending the run.
+LOST = "coordinator lost"
+
 #: Serves one job of a kind: ``handler(group, caps, job, control)``, where
 #: ``job`` is the job message (see :mod:`meshkit.node`). Returns the job's
 #: report, which :func:`serve_node` sends to rank 0, or None when the
@@ -94,6 +97,20 @@ def _coordinator_gone(group: Any, exc: PeerLostError, during: str) -> bool:
     return True
 
 
+def _after_loss(group: Any) -> str:
+    """How serving ended when the coordinator is gone: did it end the run first?
+
+    A coordinator ending the run sends ``shutdown`` and closes at once, so
+    the report a node sends after its last job may find it gone: a
+    ``shutdown`` already received still means the run finished.
+    """
+    try:
+        job = recv_job(group, timeout=0.05)
+    except (PeerLostError, WireError):
+        return LOST
+    return "shutdown" if job is not None and job.get("kind") == "shutdown" else LOST
+
+
 def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
                board: Any = None, control: NodeControl | None = None,
                send_handshake: bool = True,
@@ -104,7 +121,11 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
     :mod:`meshkit.node`) to ``jobs[kind]`` until ``shutdown``, the stop
     handle, the step budget, or a lost coordinator. A kind ``jobs`` does not
     name is reported to rank 0 as an error, and the node serves on. Each
-    job's report is sent to rank 0 and returned in the list. ``board`` is
+    job's report is sent to rank 0 and returned in the list; how serving
+    ended is left in ``control.ended`` (``"shutdown"`` when the coordinator
+    ended the run, ``"coordinator lost"`` when it went away, ``"refused"``
+    with the reason in ``control.refusal``, else the stop
+    handle's or budget's reason). ``board`` is
     required when ``caps`` is a fixed-function rank's (and must implement
     the advertised stage); that rank's ``pipeline`` jobs then run on the
     board, whatever ``jobs`` says, since the board is the only stage it has.
@@ -121,17 +142,25 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
     if send_handshake:
         send_caps(group, caps)
     reports: list[NodeReport | TrainReport] = []
+    control.ended = None
     while not control.stopped:
         try:
             job = recv_job(group, control=control, timeout=job_timeout)
         except PeerLostError as exc:
             if _coordinator_gone(group, exc, ""):
+                control.ended = LOST
                 break
             raise
         if job is None:
             break
         kind = job["kind"]
         if kind == "shutdown":
+            control.ended = "shutdown"
+            break
+        if kind == "refused":
+            control.ended = "refused"
+            control.refusal = str(job.get("message", ""))
+            log.warning("rank %d: refused by the coordinator: %s", group.rank, control.refusal)
             break
         job_id = job.get("job")
         handler = handlers.get(kind)
@@ -143,9 +172,13 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
             report = handler(group, caps, job, control)
         except PeerLostError as exc:
             if _coordinator_gone(group, exc, f" during job {job_id!r}"):
+                control.ended = LOST
                 break
             raise
         if report is None:
+            if 0 in group.dead:
+                control.ended = _after_loss(group)
+                break
             continue
         reports.append(report)
         leaving = report.stopped in ("stop", "budget")
@@ -153,7 +186,10 @@ def serve_node(group: Any, caps: NodeCaps, *, jobs: Mapping[str, JobHandler],
             send_up(group, {"kind": "left" if leaving else "report", "job": job_id,
                             "report": report.to_json()})
         except PeerLostError:
+            control.ended = _after_loss(group)
             break
         if leaving or control.reason() is not None:
             break
+    if control.ended is None:
+        control.ended = control.reason() or (LOST if 0 in group.dead else "stop")
     return reports

@@ -153,10 +153,12 @@ def _assert_leaf_identical(actual: Any, expected: Any, what: str) -> None:
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, (
             f"{what}: expected {expected.dtype}{list(expected.shape)}, "
             f"got {actual.dtype}{list(actual.shape)}")
-        assert np.ascontiguousarray(actual).tobytes() == \
-            np.ascontiguousarray(expected).tobytes(), (
-            f"{what}: values differ bit-for-bit (max abs difference "
-            f"{_max_diff(actual, expected)})")
+        # Not `assert a == b` on the bytes: pytest would explain a failure by
+        # diffing their reprs, quadratic in the array's size (minutes for a
+        # few KiB when CI is set and explanations are not truncated).
+        if not _same_bytes(actual, expected):
+            raise AssertionError(f"{what}: values differ bit-for-bit (max abs difference "
+                                 f"{_max_diff(actual, expected)})")
         return
     if isinstance(expected, Mapping):
         assert isinstance(actual, Mapping) and sorted(actual) == sorted(expected), (
@@ -172,6 +174,10 @@ def _assert_leaf_identical(actual: Any, expected: Any, what: str) -> None:
         return
     assert type(actual) is type(expected) and actual == expected, (
         f"{what}: expected {expected!r}, got {actual!r}")
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:

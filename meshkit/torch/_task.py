@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -273,8 +274,14 @@ class TorchTask:
             module = self.build_model()
         return module_state(module)  # the module is dropped: nothing else shares its memory
 
-    def fit(self, state: Mapping[str, Any], x: Any, y: Any, *, seed: int) -> FitResult:
-        """``epochs`` passes of a fresh optimizer over rows ``x``, from ``state``."""
+    def fit(self, state: Mapping[str, Any], x: Any, y: Any, *, seed: int,
+            time_budget: float | None = None) -> FitResult:
+        """``epochs`` passes of a fresh optimizer over rows ``x``, from ``state``.
+
+        With ``time_budget`` (seconds, ``[strategy] time_budget``) it also stops
+        at the first batch boundary once the budget is spent (after at least
+        one batch) and reports the examples it actually processed.
+        """
         train, _, _ = self._datasets()
         rows = self._rows(x, train)
         module = self._working_module()
@@ -285,19 +292,28 @@ class TorchTask:
         loader = self._loader(train, rows, batch=self.options.batch_size, seed=seed)
         module.train()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        ends = None if time_budget is None else time.monotonic() + float(time_budget)
+        examples = last_pass = 0
         with self._seeded(seed):
             for _ in range(self.options.epochs):
                 total.zero_()
+                last_pass = 0
                 for batch in loader:
+                    if ends is not None and examples and time.monotonic() >= ends:
+                        break
                     inputs, targets = self._to_device(batch)
                     optimizer.zero_grad(set_to_none=True)
                     loss = self._loss(module(inputs), targets)
                     loss.backward()
                     optimizer.step()
                     total += loss.detach() * len(targets)
-        examples = len(rows) * self.options.epochs
+                    examples += len(targets)
+                    last_pass += len(targets)
+                else:
+                    continue
+                break  # the time budget ran out inside this pass
         return FitResult(module_state(module), examples,
-                         {"train_loss": float(total) / max(len(rows), 1)})
+                         {"train_loss": float(total) / max(last_pass, 1)})
 
     def evaluate(self, state: Mapping[str, Any], x: Any = None,
                  y: Any = None) -> dict[str, float]:

@@ -58,7 +58,7 @@ from meshkit.train._strategy import (
     StrategyResult,
     weighted_mean,
 )
-from meshkit.train._worker import Trainer, serve_trainer
+from meshkit.train._worker import Trainer, serve_trainer, with_device
 
 __all__ = [
     # the strategy contract
@@ -95,6 +95,7 @@ __all__ = [
     "LocalPool",
     "GroupPool",
     "call",
+    "with_device",
     # the trainer protocol and the worker side
     "TAG_REQUEST",
     "TAG_REPLY",

@@ -35,6 +35,15 @@ How a round goes (:func:`fold_round`):
    node has) is planned for that worker alone and never taken over; when
    that worker is lost, the key is not served this round.
 
+5. With a round deadline (``deadline`` seconds, ``[strategy]
+   round_timeout``), the engine stops handing out work when it passes:
+   every key whose fit had not answered by then is *late*, recorded in
+   ``not_served`` (the reason starts with ``late``) and in ``Folded.late``,
+   and its request is abandoned in the pool (:meth:`WorkerPool.abandon`),
+   so the worker is not declared dead and its late reply is discarded when
+   it comes, never taken for the next round's. Keys that had answered are
+   still pulled and folded.
+
 A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
 """
@@ -43,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -103,13 +113,15 @@ class Folded:
     ``served`` maps each folded key, in fold order, to the rank whose
     contribution was folded; ``not_served`` maps each key that could not be
     folded to the reason; ``replies`` holds each served key's small reply
-    (``examples``, ``metrics``).
+    (``examples``, ``metrics``); ``late`` maps each key whose answer missed
+    the round deadline to the rank that owed it (None: never handed out).
     """
 
     result: dict[str, Any] | None
     served: dict[int, int]
     not_served: dict[int, str]
     replies: dict[int, Mapping[str, Any]]
+    late: dict[int, int | None] = attrs.Factory(dict)
 
     @property
     def answered(self) -> tuple[int, ...]:
@@ -130,14 +142,16 @@ class Folded:
                             examples=self.examples, metrics=dict(metrics),
                             served=dict(self.served), not_served=dict(self.not_served),
                             client_examples={k: int(self.replies[k].get("examples", 0))
-                                             for k in self.served})
+                                             for k in self.served},
+                            late=tuple(sorted({r for r in self.late.values()
+                                               if r is not None})))
 
 
 def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                state: Mapping[str, Any] | None = None,
                weight: Callable[[Mapping[str, Any]], float] = by_examples,
                window: int = DEFAULT_WINDOW, fold: Any = None,
-               label: str = "client") -> Folded:
+               label: str = "client", deadline: float | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -145,16 +159,20 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     replicas). ``weight(reply)`` gives a contribution's weight from its small
     reply (default: examples seen). ``fold`` defaults to the aggregator's
     (``ctx.aggregation_begin()``). ``label`` names contributions in errors
-    (``"client 3 (rank 2)"``).
+    (``"client 3 (rank 2)"``). ``deadline`` (seconds from now; None or 0:
+    none) is the round deadline of the module docstring's step 5.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
+    if deadline is not None and not deadline >= 0:
+        raise ValueError(f"deadline must be a number of seconds >= 0, got {deadline}")
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window,
                     ctx.aggregation_begin() if fold is None else fold, label,
-                    pinned={w.key: w.rank for w in work if w.rank is not None})
+                    pinned={w.key: w.rank for w in work if w.rank is not None},
+                    deadline=deadline or None)
     return round_.play()
 
 
@@ -173,6 +191,11 @@ class _Round:
     pinned: dict[int, int] = attrs.Factory(dict)
     #: Pinned keys planned for each worker and not handed out yet (ascending).
     own: dict[int, list[int]] = attrs.Factory(dict)
+    #: Seconds the round may take before unanswered keys are late (None: no deadline).
+    deadline: float | None = None
+    #: Keys whose answer missed the deadline -> the rank that owed it (None: not handed out).
+    late: dict[int, int | None] = attrs.Factory(dict)
+    expired: bool = False
     #: Keys not folded yet and not given up on, in fold order.
     unfolded: list[int] = attrs.Factory(list)
     #: Keys planned for each worker and not handed out yet (ascending).
@@ -196,6 +219,7 @@ class _Round:
     not_served: dict[int, str] = attrs.Factory(dict)
 
     def play(self) -> Folded:
+        ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
         live = self.ctx.live
         for key in self.unfolded:
@@ -232,14 +256,21 @@ class _Round:
             self._dispatch()
             if not self.busy:
                 break
-            self._settle(self.ctx.pool.receive())
+            if ends is None or self.expired:
+                self._settle(self.ctx.pool.receive())
+                continue
+            reply = self.ctx.pool.receive(until=ends)
+            if reply is None:
+                self._expire()
+            else:
+                self._settle(reply)
         else:  # pragma: no cover - a bug in the scheduling, never a hang
             raise MeshError(f"the round engine settled {limit} replies without finishing")
         if self.unfolded:
             self._give_up()
         result = self.fold.result() if self.served else None
         return Folded(result, dict(self.served), dict(self.not_served),
-                      {k: self.replies[k] for k in self.served})
+                      {k: self.replies[k] for k in self.served}, dict(self.late))
 
     # -- sending ---------------------------------------------------------------
 
@@ -267,7 +298,7 @@ class _Round:
                 if key is not None:
                     busy.add(rank)
                     self._send(rank, "work", key, {**self.requests[key], "keep": key})
-        if self.spare and self.state is not None:
+        if self.spare and self.state is not None and not self.expired:
             # A worker that had this round's state was lost and its work
             # waits: bring in a live worker that was not sent the state yet.
             fresh = [r for r in self.ctx.live if r not in self.sent_state]
@@ -276,6 +307,8 @@ class _Round:
 
     def _next_key(self, rank: int, busy: set[int]) -> int | None:
         """The key ``rank`` serves next: its own plan's, a lost worker's, or a busy one's last."""
+        if self.expired:
+            return None
         own = self.plan.get(rank)
         victims = [self.plan[r] for r in sorted(self.ready)
                    if r != rank and r in busy and self.plan.get(r)]
@@ -359,6 +392,39 @@ class _Round:
             log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
                         reason, self.label + ("s" if len(again) > 1 else ""),
                         ", ".join(map(str, sorted(again))))
+
+    def _expire(self) -> None:
+        """The round deadline passed: whatever has not answered is late (module docstring)."""
+        self.expired = True
+        why = f"no answer within round_timeout = {self.deadline:g} s"
+        for ticket, (rank, kind, key) in list(self.busy.items()):
+            if kind == "take":
+                continue  # answered in time; its result is still pulled
+            del self.busy[ticket]
+            self.ctx.pool.abandon(ticket)
+            if kind == "state":
+                self.ready.discard(rank)
+            else:
+                self.late[key] = rank
+        for plan in (self.plan, self.own):
+            for rank, keys in plan.items():
+                for key in keys:
+                    self.late.setdefault(key, rank if rank in self.sent_state else None)
+        self.own.clear()
+        for key in self.spare:
+            self.late.setdefault(key, None)
+        self.plan.clear()
+        self.spare.clear()
+        for key, rank in sorted(self.late.items()):
+            self.not_served[key] = (f"late: rank {rank} {why}" if rank is not None
+                                    else f"late: not started within round_timeout = "
+                                         f"{self.deadline:g} s")
+        self.unfolded = [k for k in self.unfolded if k not in self.late]
+        if self.late:
+            log.warning("round deadline: %s %s late (%s); their workers serve on",
+                        self.label + ("s" if len(self.late) > 1 else ""),
+                        ", ".join(map(str, sorted(self.late))), why)
+        self._advance()
 
     def _give_up(self) -> None:
         """No live worker is left: every key not pulled yet is not served."""

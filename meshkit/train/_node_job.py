@@ -4,11 +4,13 @@
 given to :func:`~meshkit.node.serve_node`. A rank that cannot train (a
 fixed-function rank: :meth:`~meshkit.NodeCaps.why_not_train` says why)
 refuses upstream; any other runs
-:func:`meshkit.train.serve_trainer` on the job's ``spec``. The node's own
-task options (``meshkit node --task-option KEY=VALUE``) override the
-coordinator's ``[task]`` values here, on this node only
-(:func:`with_node_options`), typed and validated against the task's options
-class once the job says which task it is.
+:func:`meshkit.train.serve_trainer` on the job's ``spec``, with the device
+its task runs on (:func:`meshkit.node.task_device`: the node's ``--device``,
+else the run's required device, else ``auto``). The node's own task options
+(``meshkit node --task-option KEY=VALUE``) override the coordinator's
+``[task]`` values here, on this node only (:func:`with_node_options`), typed
+and validated against the task's options class once the job says which task
+it is.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from meshkit.errors import ConfigError, MeshError, PlacementError
-from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error
+from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error, task_device
 from meshkit.options import parse_options, structure_options
 from meshkit.task import resolve_task_component
 from meshkit.train._worker import serve_trainer
@@ -67,7 +69,8 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         report_job_error(group, job_id, ConfigError(f"rank {group.rank}: {exc}"))
         raise
     try:
-        report = serve_trainer(group, spec, control)
+        device = task_device(caps.device, str(spec.get("device") or ""), caps.devices)
+        report = serve_trainer(group, spec, control, device=device)
     except MeshError as exc:
         report_job_error(group, job_id, exc)
         return None

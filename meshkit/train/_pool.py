@@ -72,7 +72,12 @@ class WorkerPool(Protocol):
     ``receive`` blocks for the next reply to any outstanding request, a
     lost worker's requests coming back as failed :class:`Reply` records
     (``receive(block=False)`` returns None at once when none is there yet).
-    ``pending`` counts requests not answered yet.
+    ``pending`` counts requests not answered yet. ``receive(until=T)``
+    returns None once ``time.monotonic()`` reaches ``T`` with no reply (a
+    round deadline); ``abandon(ticket)`` gives up on a request without
+    declaring its worker dead: the late reply, when it comes, is discarded
+    (never handed to a later request), and the worker serves its next
+    request after it.
     """
 
     @property
@@ -84,7 +89,9 @@ class WorkerPool(Protocol):
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int: ...
 
-    def receive(self, block: bool = True) -> Reply | None: ...
+    def receive(self, block: bool = True, until: float | None = None) -> Reply | None: ...
+
+    def abandon(self, ticket: int) -> None: ...
 
     @property
     def pending(self) -> int: ...
@@ -136,9 +143,14 @@ class GroupPool:
     """Reaches workers through a transport group (the coordinator is rank 0)."""
 
     group: Any
+    #: The workers that were handed this run's job (the runner admits a rank
+    #: that joins late or rejoins only between rounds); None: every joined rank.
+    admitted: set[int] | None = None
     _seq: int = 0
     _owed: dict[int, _Outstanding] = attrs.Factory(dict)
     _failed: collections.deque[Reply] = attrs.Factory(collections.deque)
+    #: Tickets given up on (a round deadline passed): their replies are discarded.
+    _abandoned: set[int] = attrs.Factory(set)
 
     @property
     def dead(self) -> dict[int, str]:
@@ -146,8 +158,13 @@ class GroupPool:
 
     def live(self, ranks: Iterable[int]) -> list[int]:
         joined = set(self.group.joined)
+        if self.admitted is not None:
+            joined &= self.admitted
         dead = self.group.dead
         return [r for r in ranks if r in joined and r not in dead]
+
+    def abandon(self, ticket: int) -> None:
+        self._abandoned.add(ticket)
 
     def declare_dead(self, rank: int, reason: str) -> None:
         # The ledger drops the link too, so a late frame from the rank can
@@ -156,7 +173,8 @@ class GroupPool:
 
     @property
     def pending(self) -> int:
-        return len(self._failed) + sum(len(o.tickets) for o in self._owed.values())
+        return len(self._failed) + sum(
+            1 for o in self._owed.values() for seq, _ in o.tickets if seq not in self._abandoned)
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         self._seq += 1
@@ -174,7 +192,16 @@ class GroupPool:
         self._owed.setdefault(rank, _Outstanding()).push(seq, timeout)
         return seq
 
-    def receive(self, block: bool = True) -> Reply | None:
+    def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
+        while True:
+            reply = self._next(block, until)
+            if reply is None or reply.seq not in self._abandoned:
+                return reply
+            # A late answer to a request given up on: its round is over.
+            self._abandoned.discard(reply.seq)
+            log.info("rank %d: discarding a late reply (seq %d)", reply.rank, reply.seq)
+
+    def _next(self, block: bool, until: float | None) -> Reply | None:
         while True:
             if self._failed:
                 return self._failed.popleft()
@@ -183,7 +210,7 @@ class GroupPool:
                 raise MeshError("receive() with no request outstanding")
             dead = self.group.dead
             now = time.monotonic()
-            soonest = math.inf
+            soonest = math.inf if until is None else until
             for rank, o in owed.items():
                 if rank in dead:
                     return Reply(rank, None, dead[rank], o.pop())
@@ -193,6 +220,8 @@ class GroupPool:
                     self.declare_dead(rank, reason)
                     return Reply(rank, None, self.group.dead.get(rank, reason), o.pop())
                 soonest = min(soonest, deadline)
+            if until is not None and until <= now:
+                return None
             wait = min(POLL_SECONDS, max(0.0, soonest - now)) if block else 0.0
             try:
                 src, frame = self.group.recv(None, TAG_REPLY, timeout=wait)
@@ -269,7 +298,14 @@ class LocalPool:
         self._queue.setdefault(rank, collections.deque()).append((self._seq, dict(request)))
         return self._seq
 
-    def receive(self, block: bool = True) -> Reply | None:
+    def abandon(self, ticket: int) -> None:
+        # In-process workers answer only when asked: an abandoned request is never run.
+        for queue in self._queue.values():
+            for item in list(queue):
+                if item[0] == ticket:
+                    queue.remove(item)
+
+    def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
         ranks = sorted((q[0][0], r) for r, q in self._queue.items() if q)
         if not ranks:
             raise MeshError("receive() with no request outstanding")

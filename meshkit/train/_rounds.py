@@ -8,7 +8,10 @@ up) to ``rounds``, and turns each :class:`RoundOutcome` into the
 read from the dead ledger here, not reported by the strategy: each report
 names the workers declared dead since the report before it (between rounds
 or during this one). A stop request is honoured between rounds, never
-inside one.
+inside one, and so is a worker coming in (``ctx.admit()``: a late joiner,
+or a restarted worker taken back from the dead ledger), which is handed
+the round's state before the round starts and named in its report's
+``joined``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class RoundOutcome:
     client_examples: Mapping[int, int] = attrs.Factory(dict)
     #: Each client's own evaluation of the new global model (``evaluate = "clients"``).
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
+    #: Ranks whose answer missed the round deadline (they are not dead).
+    late: tuple[int, ...] = ()
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
@@ -54,16 +59,21 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
     for rnd in range(ctx.start_round + 1, rounds + 1):
         ctx.check_stop()
         clock = timed()
+        joined = tuple(sorted(ctx.admit()))
+        if joined:
+            # A replica (data-parallel) or a restarted worker holds no model yet.
+            ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
         outcome = play_round(ctx, rnd, state)
         state, metrics = outcome.state, outcome.metrics
         dead = set(ctx.dead)
-        dropped, reported = tuple(sorted(dead - reported)), reported | dead
+        # A rank taken back and lost again is reported again.
+        dropped, reported = tuple(sorted(dead - reported)), dead
         ctx.round_completed(RoundReport(
             rnd, rounds, name, answered=outcome.answered, dropped=dropped,
             clients=outcome.clients, examples=outcome.examples, metrics=metrics,
             seconds=clock(), served=dict(outcome.served),
-            not_served=dict(outcome.not_served),
-            client_examples=dict(outcome.client_examples),
+            not_served=dict(outcome.not_served), late=tuple(outcome.late),
+            joined=joined, client_examples=dict(outcome.client_examples),
             client_metrics=dict(outcome.client_metrics)), state)
     return StrategyResult(state, rounds, metrics)
 

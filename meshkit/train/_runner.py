@@ -20,8 +20,14 @@ Order of events (:meth:`Runner.run`):
    per-run secret (:mod:`meshkit.train._launch`); with ``"external"`` it
    waits for nodes started elsewhere with ``meshkit node`` and the
    configured secret.
-5. Workers announce their capabilities; each one that can train is sent a
-   ``train`` job (:mod:`meshkit.train._worker` documents the spec).
+5. Workers announce their capabilities; each one that can train (and has
+   the device ``[strategy] device`` requires, if any: no such rank is a
+   :class:`PlacementError` before any work moves) is sent a ``train`` job
+   (:mod:`meshkit.train._worker` documents the spec). With ``[mesh]
+   min_workers`` the run starts once that many have joined. Between rounds
+   the coordinator takes in the workers that joined since: late ones, and
+   restarted ones the transport let back (``group.take_back()``): each
+   announces its capabilities again and is sent the job (:meth:`Runner._admit`).
 6. The strategy runs. After each round: an atomic checkpoint
    (:mod:`meshkit.checkpoint`), then one line appended (and flushed) to
    ``OUT/metrics.jsonl`` recording who answered, then the progress callback
@@ -55,8 +61,9 @@ import numpy as np
 from meshkit import plugins
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
-from meshkit.errors import ConfigError, MeshError, PeerLostError, WorkerError
-from meshkit.node import collect_caps, send_job, shutdown_nodes
+from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLostError,
+                            PlacementError, WorkerError)
+from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.partitioner import is_per_node
 from meshkit.pipeline import Stage, run_pipeline
@@ -139,7 +146,7 @@ def _number(value: Any) -> Any:
 class RunEvent:
     """Something the CLI may show.
 
-    ``kind`` is "listening", "joined", "round" (``report`` is the round's
+    ``kind`` is "listening", "joined", "refused", "round" (``report`` is the round's
     :class:`RoundReport`) or "alive" (a long round is still running;
     ``message`` says which and for how long).
     """
@@ -200,9 +207,18 @@ class Runner:
     _boards: dict[int, str] = attrs.Factory(dict)
     #: Ranks that asked to be sent the training set (``--pull-data``).
     _pull: set[int] = attrs.Factory(set)
+    #: The plan and built components, once the run has them (the pulled data's source).
+    _plan_parts: Any = None
+    #: ``[mesh] authorized_nodes``, parsed at join (None: keys bind no tags).
+    _authorized: Any = None
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
+    #: ``[strategy] device``: training is placed only on ranks that have it ("" = any).
+    _device: str = ""
+    #: Ranks that joined late but cannot train here (not asked again).
+    _left_out: set[int] = attrs.Factory(set)
+    _join_timeout: float = 60.0
 
     # -- entry ----------------------------------------------------------------
 
@@ -214,6 +230,9 @@ class Runner:
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
         parts = build_components(plan, launch=self.launch)
+        self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
+                           or "")
+        self._join_timeout = config.mesh.join_timeout
         out = Path(config.run.out)
         self._out = str(out)
         start = prepare_out(plan, parts, resume=self.resume, overwrite=self.overwrite)
@@ -334,29 +353,127 @@ class Runner:
     def _join(self, plan: Any, group: Any, pset: Any) -> tuple[list[int], list[Any]]:
         cfg = plan.config
         try:
-            caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset)
+            caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset,
+                                minimum=cfg.mesh.min_workers or None)
         except PeerLostError as exc:
             raise PeerLostError(
                 f"{exc}{exited_early(self.processes, self._out)}") from None
-        self._caps = caps
+        self._authorized = cfg.authorized_nodes()
+        accepted = []
         identities = []
         train_ranks = []
         for c in caps:
-            tags = [*c.devices, c.platform, c.role]
-            if c.hostname:
-                tags.append(c.hostname)
-            if c.fixed_function is not None:
-                tags.append(c.fixed_function.stage_id)
-                self._boards[c.rank] = c.fixed_function.stage_id
-            identities.append(WorkerIdentity(c.rank, tuple(tags)))
-            if c.can_train():
+            identity = self._trusted_identity(group, c)
+            if identity is None:
+                continue
+            accepted.append(c)
+            identities.append(identity)
+            if self._can_place(c):
                 train_ranks.append(c.rank)
                 if getattr(c, "pull_data", False):
                     self._pull.add(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
+        self._caps = caps = accepted
+        self._left_out = {c.rank for c in caps} - set(train_ranks)
+        if not train_ranks and self._device:
+            raise PlacementError(
+                f"[strategy] device = {self._device!r}: no worker has it; they advertise "
+                + "; ".join(f"rank {c.rank}: {', '.join(c.devices)}" for c in caps)
+                + ". Start a node that has it (meshkit node --device "
+                f"{self._device}), or drop the device key")
         if not train_ranks:
             raise PeerLostError("no worker that can train joined the run")
         return train_ranks, identities
+
+    def _identity(self, c: Any) -> WorkerIdentity:
+        tags = [*c.devices, c.platform, c.role]
+        if c.hostname:
+            tags.append(c.hostname)
+        if c.fixed_function is not None:
+            tags.append(c.fixed_function.stage_id)
+            self._boards[c.rank] = c.fixed_function.stage_id
+        return WorkerIdentity(c.rank, tuple(tags))
+
+    def _trusted_identity(self, group: Any, c: Any) -> WorkerIdentity | None:
+        """``c``'s identity with the tags its node key carries; None once it is refused.
+
+        With ``[mesh] authorized_nodes``, a tag bound to a key is reserved
+        for it: a node claiming one its key is not bound to (as a hostname,
+        a device, a stage id) is told why and declared dead, and the run
+        goes on with the others.
+        """
+        identity = self._identity(c)
+        authorized = self._authorized
+        if authorized is None:
+            return identity
+        try:
+            tags = authorized.tags_for(group.peer_key(c.rank), c.rank, identity.tags)
+        except AuthenticationError as exc:
+            log.warning("refusing rank %d: %s", c.rank, exc)
+            self._emit("refused", f"rank {c.rank} refused: {exc}")
+            refuse_node(group, c.rank, str(exc))
+            group.declare_dead(c.rank, f"refused: {exc}")
+            self._boards.pop(c.rank, None)
+            return None
+        return WorkerIdentity(c.rank, tags)
+
+    def _can_place(self, c: Any) -> bool:
+        """Whether training may be placed on the rank ``c`` describes (and why not, logged)."""
+        if not c.can_train():
+            return False
+        if self._device and not c.has_device(self._device):
+            log.warning("rank %d has no %s device (it has %s): no training is placed on it",
+                        c.rank, self._device, ", ".join(c.devices))
+            return False
+        return True
+
+    def _admit(self, ctx: StrategyContext, pool: GroupPool, spec: Mapping[str, Any],
+               pset: Any) -> list[int]:
+        """Between rounds: take in the workers that joined late or restarted since.
+
+        Each is taken back from the dead ledger (a restart), announces its
+        capabilities, and is sent the run's job; it then serves the round
+        about to start. One that cannot train here, or announces nothing, is
+        left out (and declared dead, so a later restart may try again).
+        """
+        group = self._group
+        assert pool.admitted is not None
+        back = set(group.take_back())
+        dead = group.dead
+        pool.admitted -= back  # a restarted process holds nothing of the old one's
+        self._left_out -= back
+        fresh = sorted((set(group.joined) - pool.admitted - self._left_out - set(dead))
+                       | back)
+        taken: list[int] = []
+        for rank in fresh:
+            try:
+                caps = receive_caps(group, rank, timeout=self._join_timeout, plugins=pset)
+            except MeshError as exc:
+                group.declare_dead(rank, f"joined but did not announce itself: {exc}")
+                continue
+            identity = self._trusted_identity(group, caps)
+            if identity is None:
+                continue
+            self._caps = [c for c in self._caps if c.rank != rank] + [caps]
+            ctx.identities[:] = [i for i in ctx.identities if i.rank != rank] + [identity]
+            if not self._can_place(caps):
+                self._left_out.add(rank)
+                continue
+            if getattr(caps, "pull_data", False):
+                self._pull.add(rank)
+            try:
+                send_job(group, rank, self._train_job(rank, spec))
+            except PeerLostError as exc:
+                log.warning("rank %d joined but could not be sent the job: %s", rank, exc)
+                continue
+            pool.admitted.add(rank)
+            if rank not in ctx.workers:
+                ctx.workers.append(rank)
+                ctx.workers.sort()
+            taken.append(rank)
+            self._emit("joined", f"rank {rank} {'rejoined' if rank in back else 'joined'} "
+                                 f"({caps.role}, {caps.platform}) before this round")
+        return taken
 
     def _context(self, plan: Any, parts: dict[str, Any], group: Any, train_ranks: list[int],
                  identities: list[Any], start_round: int, out: Path, completed: list[int],
@@ -369,13 +486,16 @@ class Runner:
         if cfg.partitioner is not None:
             spec["partitioner"] = {"name": cfg.partitioner.name,
                                    "options": dict(cfg.partitioner.options)}
-        pulled = self._pulled_data(plan, parts, train_ranks)
+        if self._device:
+            spec["device"] = self._device
+        self._plan_parts = (plan, parts)
         for rank in train_ranks:
-            job = {"kind": "train", "job": 1, "spec": spec}
-            if rank in self._pull and pulled is not None:
-                # Arrays travel as the job's own entries (the spec is JSON).
-                job.update(pulled)
-            send_job(group, rank, job)
+            send_job(group, rank, self._train_job(rank, spec))
+        pool = GroupPool(group, admitted=set(train_ranks))
+        # Ranks that have not joined yet ([mesh] min_workers) count as workers
+        # from the start, so the client count does not change when they come.
+        joined = {c.rank for c in self._caps}
+        workers = sorted(set(train_ranks) | (set(range(1, self._world)) - joined))
         outer = parts["outer"]
         rng = parts["rng"]
         run_identity = identity(plan)
@@ -398,20 +518,28 @@ class Runner:
             if self.on_round is not None:
                 self.on_round(report, state)
 
-        return StrategyContext(
-            task=parts["task"], aggregator=parts["aggregator"], pool=GroupPool(group),
-            workers=train_ranks, rng=rng, seed=cfg.run.seed, outer=outer,
+        ctx = StrategyContext(
+            task=parts["task"], aggregator=parts["aggregator"], pool=pool,
+            workers=workers, rng=rng, seed=cfg.run.seed, outer=outer,
             outer_name=cfg.outer_optimizer.name, strategy_name=cfg.strategy.name,
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"])
+        ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
+        return ctx
 
-    def _pulled_data(self, plan: Any, parts: dict[str, Any],
-                     train_ranks: list[int]) -> dict[str, Any] | None:
+    def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``train`` job for ``rank``: the spec, and the training set if it asked for it."""
+        job: dict[str, Any] = {"kind": "train", "job": 1, "spec": spec}
+        if rank in self._pull:
+            # Arrays travel as the job's own entries (the spec is JSON).
+            job.update(self._pulled_data())
+        return job
+
+    def _pulled_data(self) -> dict[str, Any]:
         """The training set for nodes that asked to be sent it (``meshkit node --pull-data``)."""
-        if not any(r in self._pull for r in train_ranks):
-            return None
+        plan, parts = self._plan_parts
         if is_per_node(parts["partitioner"]):
             ranks = ", ".join(str(r) for r in sorted(self._pull))
             raise ConfigError(
@@ -461,6 +589,10 @@ class Runner:
         group = self._group
         if group is not None:
             try:
+                # A restarted node still waiting to be taken back hears the end too.
+                take_back = getattr(group, "take_back", None)
+                if callable(take_back):
+                    take_back()
                 if ctx is not None:
                     ctx.pool.stop_all(ctx.live)
                 shutdown_nodes(group)

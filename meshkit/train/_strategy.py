@@ -52,7 +52,11 @@ class RoundReport:
     ``served`` maps each of them to the rank whose contribution was folded;
     ``not_served`` maps each client the round asked for and could not fold
     to the reason; ``client_examples`` each folded client's examples, and
-    ``client_metrics`` each client's own evaluation when clients evaluate.
+    ``client_metrics`` each client's own evaluation when clients evaluate;
+    ``late`` the ranks whose answer missed the round deadline
+    (not dead: they serve the next round); ``joined`` the workers taken in
+    at the start of this round (a late joiner, or a restarted worker back
+    from the dead ledger).
     """
 
     round: int
@@ -70,6 +74,8 @@ class RoundReport:
     client_examples: Mapping[int, int] = attrs.Factory(dict)
     #: Each evaluating client's metrics and held-out ``examples`` (``evaluate = "clients"``).
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
+    late: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -92,6 +98,8 @@ class RoundReport:
             "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
             "client_metrics": {str(c): {k: float(v) for k, v in m.items()}
                                for c, m in self.client_metrics.items()},
+            "late": list(self.late),
+            "joined": list(self.joined),
         }
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
@@ -140,6 +148,9 @@ class StrategyContext:
     * ``start_round``/``global_state`` — where a resumed run picks up.
     * ``on_round(report, state)`` — called after every round (metrics,
       checkpoint, observer hooks); ``stop`` — set it to stop between rounds.
+    * ``admit()`` — between rounds, take in the workers that joined late or
+      restarted since (capability handshake, job sent); returns their ranks.
+      The round skeleton calls it; a strategy never does.
     """
 
     task: Any
@@ -164,6 +175,7 @@ class StrategyContext:
     #: The run's partitioner (``[partitioner]``): how the training set is split into
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Any = None
+    admit: Callable[[], Sequence[int]] = lambda: ()
 
     @property
     def live(self) -> list[int]:

@@ -17,7 +17,14 @@ object:
                    on the wire as the job's ``data.x``/``data.y`` arrays)
 ``idle_timeout``   seconds to wait for the next request before giving up
                    (default 3600; the coordinator may evaluate between rounds)
+``device``         the device placement requires (``[strategy] device``), or
+                   absent; the node's own ``--device`` wins over it
 =================  ==========================================================
+
+The device reaches the task through its options: a task whose options
+class has a ``device`` field (meshkit.torch's, ``digits``) is built with
+this node's device (:func:`with_device`); one without runs on the cpu, and
+a node asked for another device refuses it rather than ignore the request.
 
 The worker then answers requests (:mod:`meshkit.train._protocol` lists
 them) until ``{"op": "stop"}`` or until the coordinator goes away. A request
@@ -38,11 +45,11 @@ from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError
 from meshkit.node import TrainReport
 from meshkit.partitioner import is_per_node, split_rows
-from meshkit.task import accepts_data, create_task
+from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
-__all__ = ["Trainer", "serve_trainer"]
+__all__ = ["Trainer", "serve_trainer", "with_device"]
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +151,12 @@ class Trainer:
         if op == "fit":
             x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
             start = request["state"] if "state" in request else self._require_state(op)
-            result = self.task.fit(start, x, y, seed=int(request["seed"]))
+            budget = request.get("time_budget")
+            if budget is None:
+                result = self.task.fit(start, x, y, seed=int(request["seed"]))
+            else:
+                result = self.task.fit(start, x, y, seed=int(request["seed"]),
+                                       time_budget=float(budget))
             self.fits += 1
             self.examples += int(result.examples)
             self.metrics = {k: float(v) for k, v in result.metrics.items()}
@@ -225,15 +237,39 @@ class Trainer:
         return self.state
 
 
-def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> TrainReport:
+def with_device(name: str, options: Mapping[str, Any], device: str) -> dict[str, Any]:
+    """The ``[task]`` options with ``device`` set, when the task has a ``device`` option.
+
+    ``auto`` changes nothing. A task without a ``device`` option runs on the
+    cpu: any other device is a :class:`ConfigError` (the node was asked for
+    hardware the task would silently not use).
+    """
+    options = dict(options)
+    if device.strip().lower() in ("", "auto"):
+        return options
+    component = resolve_task_component(name)
+    fields = attrs.fields_dict(component.options) if component.options is not None else {}
+    if "device" in fields:
+        options["device"] = device
+    elif device.strip().lower() != "cpu":
+        raise ConfigError(
+            f"task {name!r} has no device option, so it runs on the cpu; this node was "
+            f"asked to run it on {device!r}. Use a task that takes a device (meshkit.torch's "
+            f"does) or start the node with --device cpu")
+    return options
+
+
+def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
+                  device: str = "auto") -> TrainReport:
     """Serve trainer requests from rank 0 until told to stop; returns a ``TrainReport``.
 
     ``control`` is a :class:`meshkit.NodeControl` (its stop flag is observed
-    between requests) or None.
+    between requests) or None. ``device`` is the device this node's task
+    runs on (:func:`with_device`).
     """
     started = time.monotonic()
     try:
-        trainer: Trainer | None = _trainer(spec)
+        trainer: Trainer | None = _trainer(spec, device)
         failure: MeshError | None = None
     except MeshError as exc:
         # Answer every request with the reason instead of leaving: the
@@ -279,9 +315,11 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None) -> T
     return _train_report(group, trainer, stopped, time.monotonic() - started)
 
 
-def _trainer(spec: Mapping[str, Any]) -> Trainer:
-    """The worker's task, partitioner and (pulled) data, as the spec says."""
-    trainer = Trainer(create_task(str(spec["task"]), spec.get("task_options") or {}),
+def _trainer(spec: Mapping[str, Any], device: str = "auto") -> Trainer:
+    """The worker's task (on ``device``), partitioner and (pulled) data, as the spec says."""
+    name = str(spec["task"])
+    trainer = Trainer(create_task(name, with_device(name, spec.get("task_options") or {},
+                                                    device)),
                       seed=int(spec.get("seed", 0)))
     chosen = spec.get("partitioner")
     if chosen:

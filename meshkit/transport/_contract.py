@@ -197,6 +197,17 @@ class Links(abc.ABC):
         """
         return False
 
+    def peer_key(self, peer: int) -> bytes | None:
+        """The node key (32 raw Ed25519 bytes) ``peer`` proved on its link, or None.
+
+        The coordinator uses it to trust the placement tags bound to that key
+        (``authorized_nodes``). The default: this transport proves no keys.
+
+        Raises:
+            Nothing.
+        """
+        return None
+
     def close(self) -> None:
         """Release the transport's resources (sockets, threads): the group was closed.
 

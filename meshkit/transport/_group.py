@@ -108,6 +108,10 @@ class Group:
         """
         return bool(getattr(self._links, "inline_delivery", False))
 
+    def peer_key(self, rank: int) -> bytes | None:
+        """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""
+        return self._links.peer_key(rank)
+
     @property
     def round(self) -> int:
         """How many reduce rounds this group has started."""
@@ -210,6 +214,19 @@ class Group:
         callback = self.on_dead
         if callback is not None:
             callback(rank, reason)
+
+    @property
+    def returning(self) -> list[int]:
+        """Coordinator: dead ranks whose node connected again (a restart), not taken back yet."""
+        return self._ledger.returning()
+
+    def take_back(self) -> list[int]:
+        """Coordinator: clear the returning ranks from the dead ledger; returns them.
+
+        Only between rounds (see :meth:`Ledger.take_back`); a transport that
+        never lets a dead rank connect again has none to take back.
+        """
+        return self._ledger.take_back()
 
     def close(self) -> None:
         """Leave the mesh; peers see this rank's links as lost. Idempotent."""

@@ -1,8 +1,11 @@
 """Who is in the mesh: joined ranks, direct links, and the dead ledger.
 
-Every death is recorded here, once and for good: a rank declared dead stays
-dead for the life of the group, because a rank that missed a round no longer
-holds the model the others hold. Routing asks this ledger for the next hop,
+Every death is recorded here, once: a rank declared dead stays dead until
+whoever runs the rounds takes it back (:meth:`Ledger.take_back`), and only
+between rounds, because a rank that missed a round no longer holds the model
+the others hold. A dead rank whose node connects again (a restarted worker)
+is *returning*: linked, its messages queued, but dead for routing and for
+every wait until it is taken back. Routing asks this ledger for the next hop,
 and every wait (a ``recv``, a reduce round, ``wait_for_workers``) watches
 its condition, so a death wakes whoever was waiting for that rank.
 
@@ -48,6 +51,8 @@ class Ledger:
         self._joined: set[int] = set()
         self._links: set[int] = set()
         self._held: dict[int, collections.deque[Message]] = {}
+        #: Dead ranks linked again since (a restarted node), until taken back.
+        self._returning: set[int] = set()
         self._closed = False
 
     @property
@@ -83,6 +88,11 @@ class Ledger:
             if self.is_coordinator:
                 return sorted(r for r in self._joined if r not in self._dead)
             return sorted(r for r in self._links if r not in self._dead)
+
+    def returning(self) -> list[int]:
+        """Dead ranks whose node connected again, waiting to be taken back."""
+        with self.cv:
+            return sorted(self._returning)
 
     def describe(self) -> str:
         """The ledger as an error message quotes it (:func:`describe_dead`)."""
@@ -121,6 +131,8 @@ class Ledger:
         """A direct link to ``rank`` is up; on the coordinator it joined: its held messages."""
         with self.cv:
             self._links.add(rank)
+            if rank in self._dead:
+                self._returning.add(rank)
             held: list[Message] = []
             if self.is_coordinator:
                 self._joined.add(rank)
@@ -151,6 +163,12 @@ class Ledger:
     def record_death(self, rank: int, reason: str) -> bool:
         """Record ``rank`` as dead; False if it already is, or is this rank."""
         with self.cv:
+            if rank in self._returning:
+                # The returning node's new link failed before it was taken back.
+                self._returning.discard(rank)
+                self._dead[rank] = reason
+                self.cv.notify_all()
+                return True
             if rank in self._dead or rank == self.rank:
                 return False
             self._dead[rank] = reason
@@ -158,6 +176,21 @@ class Ledger:
             self._held.pop(rank, None)
             self.cv.notify_all()
         return True
+
+    def take_back(self) -> list[int]:
+        """Clear every returning rank from the dead ledger; the ranks taken back.
+
+        Call it only between rounds: a rank taken back mid-round could be
+        handed work by a round that already gave its share to others.
+        """
+        with self.cv:
+            back = sorted(self._returning)
+            for rank in back:
+                self._dead.pop(rank, None)
+            self._returning.clear()
+            if back:
+                self.cv.notify_all()
+        return back
 
     def close(self) -> bool:
         """Mark the group closed and wake every waiter; False if it already was."""

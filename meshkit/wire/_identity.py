@@ -13,12 +13,17 @@ Files:
   refused if group or others may access it.
 * a **public key** (``KEY.pub``) and each line of ``authorized_nodes``::
 
-      meshkit-ed25519 BASE64-OF-32-BYTES [rank=N[,M...]] [comment...]
+      meshkit-ed25519 BASE64-OF-32-BYTES [rank=N[,M...]] [tag=T[,U...]] [comment...]
       revoked meshkit-ed25519 BASE64-OF-32-BYTES [comment...]
 
   ``#`` starts a comment line. ``rank=`` binds the key to those ranks (a
   node presenting it under another rank is refused); without it the key may
-  take any rank. A ``revoked`` line refuses that key whatever else says.
+  take any rank. ``tag=`` binds placement tags to the key: the node holding
+  it carries those tags whatever it advertises, and a tag bound to any key
+  is *reserved* — a node whose key does not carry it may not claim it (as a
+  hostname, device or stage id) and is refused. A tag no line binds stays
+  free for every admitted node. A ``revoked`` line refuses that key whatever
+  else says.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import binascii
 import hashlib
 import os
 from pathlib import Path
+from typing import Iterable
 
 import attrs
 from cryptography.exceptions import InvalidSignature
@@ -152,6 +158,8 @@ class AuthorizedKey:
     public: bytes
     #: The ranks this key may take; empty: any.
     ranks: frozenset[int] = frozenset()
+    #: The placement tags this key carries (and reserves for itself).
+    tags: frozenset[str] = frozenset()
     revoked: bool = False
     comment: str = ""
 
@@ -182,6 +190,42 @@ class AuthorizedNodes:
         return (f"node key {name} is bound to rank {', '.join(map(str, bound))} in "
                 f"{self.path}, but the node claims rank {rank}; refused")
 
+    def granted_tags(self, public: bytes | None) -> frozenset[str]:
+        """The placement tags bound to ``public`` (none for an unknown or revoked key)."""
+        entries = [k for k in self.keys if k.public == public]
+        if public is None or any(k.revoked for k in entries):
+            return frozenset()
+        return frozenset(t for k in entries for t in k.tags)
+
+    def reserved_tags(self) -> frozenset[str]:
+        """Every tag bound to a key that is not revoked: only its keys may carry it."""
+        revoked = {k.public for k in self.keys if k.revoked}
+        return frozenset(t for k in self.keys if k.public not in revoked for t in k.tags)
+
+    def tag_problem(self, public: bytes | None, rank: int,
+                    claimed: Iterable[str]) -> str | None:
+        """Why rank ``rank`` (key ``public``) may not claim the tags ``claimed``, or None."""
+        stolen = sorted((set(claimed) & self.reserved_tags()) - self.granted_tags(public))
+        if not stolen:
+            return None
+        who = f"node key {fingerprint(public)}" if public is not None else "a node without a key"
+        return (f"rank {rank} ({who}) claims tag(s) {', '.join(map(repr, stolen))}, which "
+                f"{self.path} binds to other node keys; refused (add tag=... to this "
+                f"node's line to let it carry them)")
+
+    def tags_for(self, public: bytes | None, rank: int, claimed: Iterable[str]) -> tuple[str, ...]:
+        """The tags placement may trust for this node: what it claimed plus what its key carries.
+
+        Raises :class:`AuthenticationError` when it claims a tag reserved for
+        other keys (:meth:`tag_problem`).
+        """
+        claimed = tuple(claimed)
+        problem = self.tag_problem(public, rank, claimed)
+        if problem is not None:
+            raise AuthenticationError(problem)
+        extra = sorted(self.granted_tags(public) - set(claimed))
+        return claimed + tuple(extra)
+
 
 def load_authorized_nodes(path: str | os.PathLike[str],
                           what: str = "[mesh] authorized_nodes") -> AuthorizedNodes:
@@ -204,6 +248,7 @@ def load_authorized_nodes(path: str | os.PathLike[str],
                               f"[comment]`, got {line.strip()!r}")
         public = parse_public_key(" ".join(words[:2]), where)
         ranks: set[int] = set()
+        tags: set[str] = set()
         rest = words[2:]
         comment = []
         for word in rest:
@@ -213,8 +258,15 @@ def load_authorized_nodes(path: str | os.PathLike[str],
                 except ValueError:
                     raise ConfigError(f"{where}: {word!r}: ranks must be integers, e.g. "
                                       "rank=2 or rank=1,3") from None
+            elif word.startswith("tag="):
+                names = word[4:].split(",")
+                if not all(names):
+                    raise ConfigError(f"{where}: {word!r}: tags must be non-empty names, "
+                                      "e.g. tag=gpu or tag=gpu,edge")
+                tags.update(names)
             else:
                 comment.append(word)
-        keys.append(AuthorizedKey(public=public, ranks=frozenset(ranks), revoked=revoked,
+        keys.append(AuthorizedKey(public=public, ranks=frozenset(ranks),
+                                  tags=frozenset(tags), revoked=revoked,
                                   comment=" ".join(comment)))
     return AuthorizedNodes(path=os.fspath(path), keys=tuple(keys))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar, Mapping
 
 import attrs
@@ -61,6 +62,12 @@ class Federated:
                 f"held-out data, but the task ({type(task).__name__}) has no test_data() to "
                 f"say what that is; give the task test_data(), or use evaluate = "
                 f"\"coordinator\"")
+        if self.options.time_budget and not _takes_time_budget(task):
+            raise ConfigError(
+                f"[strategy] time_budget = {self.options.time_budget:g}: the task "
+                f"({type(task).__name__}) cannot honour a time budget: its fit() takes no "
+                f"time_budget argument (docs/tasks.md). Drop time_budget, or give fit() a "
+                f"time_budget keyword and stop when it runs out")
         if per_node:
             return  # the coordinator need not hold any data: every node has its own
         rows = training_rows(task)
@@ -97,10 +104,12 @@ class Federated:
         # A client's fit is seeded by (run seed, round, client), never by the
         # worker that serves it: any live worker gives the same contribution.
         # With local data, client c *is* worker c: only it has the rows.
+        budget = {"time_budget": opts.time_budget} if opts.time_budget else {}
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
-                         "seed": client_seed(ctx.seed, rnd, c)},
+                         "seed": client_seed(ctx.seed, rnd, c), **budget},
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
-        folded = fold_round(ctx, work, state=state, window=opts.window)
+        folded = fold_round(ctx, work, state=state, window=opts.window,
+                            deadline=opts.round_timeout or None)
         # min_clients counts served clients, not workers: one live worker
         # may serve every client of a round.
         if len(folded.served) < opts.min_clients:
@@ -154,3 +163,13 @@ def client_means(per_client: Mapping[int, Mapping[str, float]]) -> dict[str, flo
         if mean is not None:
             means[f"client_{name}"] = mean
     return means
+
+
+def _takes_time_budget(task: Any) -> bool:
+    """Whether ``task.fit`` accepts a ``time_budget`` keyword (how a task says it honours one)."""
+    try:
+        parameters = inspect.signature(task.fit).parameters
+    except (TypeError, ValueError):
+        return False
+    return "time_budget" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

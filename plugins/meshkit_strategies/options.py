@@ -33,6 +33,18 @@ def _rounds(default: int) -> Any:
     return attrs.field(default=default, validator=_at_least(0))
 
 
+def _seconds(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not 0.0 <= value < 1e9:
+        raise ValueError(f"{attribute.name} must be a number of seconds >= 0 (0: none), "
+                         f"got {value}")
+
+
+def _device() -> Any:
+    """A ``device`` key: training is placed only on ranks that advertise it
+    (``cuda`` matches any ``cuda:N``); "" places anywhere."""
+    return attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+
 def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{attribute.name} must be in (0, 1], got {value}")
@@ -55,6 +67,8 @@ class DataParallelOptions:
     #: Whole gradients the coordinator holds at once while folding a step
     #: (the round engine's window; meshkit.train.DEFAULT_WINDOW).
     window: int = attrs.field(default=1, validator=_at_least(1))
+    #: Train only on ranks that advertise this device ("" = any).
+    device: str = _device()
 
 
 @attrs.frozen
@@ -73,6 +87,14 @@ class FederatedOptions:
     #: task's held-out data), the sampled clients (each on its own), or both.
     evaluate: str = attrs.field(default="coordinator", validator=attrs.validators.in_(
         EVALUATE))
+    #: Train only on ranks that advertise this device ("" = any).
+    device: str = _device()
+    #: Seconds each client fit may take (0: none): a client stops when it runs
+    #: out and reports the examples it processed, which fedavg weighs by.
+    time_budget: float = attrs.field(default=0.0, validator=_seconds)
+    #: Seconds a round waits for client answers (0: no deadline): a later
+    #: answer is dropped for that round (recorded late), its worker serves on.
+    round_timeout: float = attrs.field(default=0.0, validator=_seconds)
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -99,6 +100,8 @@ class DigitsTask:
 
     def __init__(self, options: DigitsOptions | None = None) -> None:
         self.options = options or DigitsOptions()
+        #: The clock a time budget is measured on (tests slow a client with a fake one).
+        self.clock = time.monotonic
         n_test = int(round(1797 * self.options.test_fraction))
         if not 0 < n_test < 1797:
             # An empty split would evaluate to NaN (or leave nothing to train on).
@@ -194,12 +197,17 @@ class DigitsTask:
         return loss, grads
 
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
-            seed: int) -> FitResult:
+            seed: int, time_budget: float | None = None) -> FitResult:
         """Minibatch SGD over the shard for ``epochs`` passes, from ``state``.
 
         With ``proximal_mu > 0`` this is FedProx's client update: the gradient
         gains ``mu * (w - w_start)``, where ``w_start`` is the global model the
         round handed this client.
+
+        With ``time_budget`` (seconds), the fit also stops at the first batch
+        boundary once the budget is spent (at least one batch is always
+        trained) and reports the examples it actually processed: a slow
+        client contributes, and weighs, less.
         """
         opts = self.options
         p = self._params(state)
@@ -207,20 +215,30 @@ class DigitsTask:
         rng = np.random.default_rng(seed)
         n = len(y)
         losses: list[float] = []
+        seen = 0
+        ends = None if time_budget is None else self.clock() + float(time_budget)
         for _ in range(opts.epochs):
             order = rng.permutation(n)
             losses.clear()
             for start in range(0, n, opts.batch_size):
+                if ends is not None and seen and self.clock() >= ends:
+                    break
                 batch = order[start:start + opts.batch_size]
                 loss, grads = self._loss_and_grads(p, x[batch], y[batch])
                 losses.append(loss * len(batch))
+                seen += len(batch)
                 for key, g in grads.items():
                     if anchor is not None:
                         g += opts.proximal_mu * (p[key] - anchor[key])
                     g *= opts.lr
                     np.subtract(p[key], g, out=p[key])
-        return FitResult(state=p, examples=n * opts.epochs,
-                         metrics={"train_loss": float(sum(losses) / max(n, 1))})
+            else:
+                continue
+            break  # the budget ran out inside this pass
+        # The mean loss of the last pass, over the rows that pass trained on.
+        last_pass = seen - n * ((seen - 1) // n) if seen and n else n
+        return FitResult(state=p, examples=seen,
+                         metrics={"train_loss": float(sum(losses) / max(last_pass, 1))})
 
     def gradients(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray) -> FitResult:
         """Mean cross-entropy gradients on ``(x, y)``; ``state`` of the result holds them."""

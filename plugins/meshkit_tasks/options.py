@@ -16,6 +16,13 @@ def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be between 0 and 1 (exclusive), got {value}")
 
 
+def _cpu(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ("cpu", "auto"):
+        raise ValueError(
+            f"{attribute.name} = {value!r}: digits is a numpy task and runs on the cpu only; "
+            f"use 'cpu' (run a torch task for {value!r})")
+
+
 @attrs.frozen
 class DigitsOptions:
     """``[task]`` keys for ``digits``."""
@@ -42,6 +49,9 @@ class DigitsOptions:
     #: The same for held-out images. Empty: the shipped images' held-out split,
     #: unless ``train_csv`` is set (then this node has no held-out data).
     test_csv: str = ""
+    #: Where the model runs; numpy runs on the cpu, so only "cpu" (or "auto").
+    #: A node's --device reaches the task here (docs/federating-real-data.md).
+    device: str = attrs.field(default="cpu", validator=_cpu)
 
 
 @attrs.frozen

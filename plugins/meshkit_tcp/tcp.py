@@ -12,7 +12,9 @@ connection. ``connect`` returns once all ``world - 1`` links are up.
 
 Every connection runs :func:`meshkit.wire.handshake` (secret-derived keys,
 protocol version, world size), then the accepting side checks the claimed
-rank (range, expected, not a duplicate of a live rank, not declared dead)
+rank (range, expected, not a duplicate of a live rank; in a mesh, not
+declared dead: a star's coordinator lets a dead rank's restarted node in,
+and the ledger keeps it *returning* until the rounds take it back)
 and answers with a welcome frame or a refusal the dialer raises as a
 :class:`~meshkit.WireError` naming what differed. A refused or failed
 connection never takes the accept loop down: it is logged and counted in
@@ -447,9 +449,9 @@ class TcpGroup(Group):
             if not self.is_star and rank < self.rank:
                 return (f"in a mesh rank {self.rank} dials rank {rank}, not the other way "
                         f"round; check that every node has the same peers list")
-            if dead is not None:
+            if dead is not None and not (self.is_coordinator and self.is_star):
                 return (f"rank {rank} was declared dead ({dead}); a dead rank "
-                        f"cannot rejoin this run")
+                        f"cannot rejoin a mesh")
             if rank in self._channels or rank in self._admitting:
                 return (f"rank {rank} is already connected to rank {self.rank} (duplicate "
                         f"rank): give each node a distinct rank in 1..{self.world_size - 1}")
@@ -584,6 +586,10 @@ class _TcpLinks(Links):
 
     def drop(self, peer: int) -> None:
         self._group._drop_link(peer)
+
+    def peer_key(self, peer: int) -> bytes | None:
+        channel = self._group._channels.get(peer)
+        return None if channel is None else channel.peer_key
 
     def close(self) -> None:
         self._group._shutdown()

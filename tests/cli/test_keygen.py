@@ -9,16 +9,17 @@ from conftest import run_cli
 
 def test_keygen_writes_the_pair_and_prints_a_bindable_line(tmp_path):
     key = tmp_path / "node.key"
-    result = run_cli("keygen", str(key), "--rank", "2", "--comment", "lab-1")
+    result = run_cli("keygen", str(key), "--rank", "2", "--tag", "gpu", "--comment", "lab-1")
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip()
     public = wire.load_node_key(key).public
-    assert line == f"{wire.public_key_text(public)} rank=2 lab-1"
+    assert line == f"{wire.public_key_text(public)} rank=2 tag=gpu lab-1"
     assert key.stat().st_mode & 0o777 == 0o600
     assert wire.parse_public_key((tmp_path / "node.key.pub").read_text()) == public
     (tmp_path / "authorized").write_text(line + "\n")
     nodes = wire.load_authorized_nodes(tmp_path / "authorized")
     assert nodes.problem(public, 2) is None and "bound to rank 2" in nodes.problem(public, 1)
+    assert nodes.granted_tags(public) == {"gpu"}
 
 
 def test_keygen_never_replaces_a_key_unless_forced(tmp_path):

@@ -160,3 +160,16 @@ def test_clients_evaluate_their_share_and_a_node_reads_its_own_data(tmp_path):
     own = _task(data=str(tmp_path))
     assert len(own.train_data()[0]) == 50 and len(own.test_data()[0]) == 20
     assert "accuracy" in own.evaluate(own.init_state(0))
+
+
+def test_a_spent_time_budget_stops_a_torch_fit_at_the_first_batch_and_reports_it():
+    task = _task()
+    model = task.init_state(0)
+    x, y = task.train_data()
+    batch = task.options.batch_size
+    spent = task.fit(model, x[:3 * batch], y[:3 * batch], seed=1, time_budget=0.0)
+    assert spent.examples == batch  # always one batch, then the spent budget stops it
+    whole = task.fit(model, x[:3 * batch], y[:3 * batch], seed=1, time_budget=3600.0)
+    assert whole.examples == 3 * batch * task.options.epochs
+    assert_states_identical(whole.state, task.fit(model, x[:3 * batch], y[:3 * batch],
+                                                  seed=1).state, what="an unspent budget")

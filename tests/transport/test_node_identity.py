@@ -9,6 +9,7 @@ authorized nodes finish the run.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -76,6 +77,45 @@ def test_unknown_revoked_and_misbound_keys_are_refused_and_the_authorized_finish
     assert len(lines) == 4, err
     for reason in ("is unknown", "is revoked", "bound to rank 2", "no node key"):
         assert sum(reason in line for line in lines) == 1, lines
+
+
+def test_a_tag_bound_to_another_key_is_refused_at_caps_and_the_run_goes_on(tmp_path):
+    # Both nodes advertise this host's name as a placement tag; the file
+    # binds it to key "one", so the node holding key "two" may not carry it.
+    host = socket.gethostname()
+    keys = {name: wire.generate_node_key(tmp_path / name) for name in ("one", "two")}
+    (tmp_path / "authorized").write_text(
+        wire.public_key_text(keys["one"]) + f" tag={host}\n"
+        + wire.public_key_text(keys["two"]) + "\n")
+    config = external_config(tmp_path, workers=2, rounds=1,
+                             extra=f'authorized_nodes = "{tmp_path / "authorized"}"')
+    env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
+    coordinator = subprocess.Popen([sys.executable, "-m", "meshkit", "coordinator", str(config)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=env)
+    procs = []
+    try:
+        first = coordinator.stdout.readline()
+        assert first.startswith("coordinator listening on "), first
+        address = first.split()[3]
+        secret = tmp_path / "secret"
+        procs = [node(1, 3, address, secret, "--key", str(tmp_path / "one")),
+                 node(2, 3, address, secret, "--key", str(tmp_path / "two"))]
+        _, err = finish(procs[1], 60)
+        assert procs[1].returncode == 2, err
+        assert f"refused by the coordinator: rank 2 (node key {wire.fingerprint(keys['two'])})" \
+            f" claims tag(s) '{host}'" in err, err
+        assert "Traceback" not in err
+        out, coordinator_err = finish(coordinator, 180)
+        assert coordinator.returncode == 0, coordinator_err
+        assert "done: federated, 1 round(s)" in out
+        _, err = finish(procs[0], 60)
+        assert procs[0].returncode == 0, err
+    finally:
+        for proc in (coordinator, *procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_a_local_launch_with_authorized_nodes_is_refused_before_it_spawns(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from meshkit import wire
-from meshkit.errors import ConfigError
+from meshkit.errors import AuthenticationError, ConfigError
 
 from test_channel import channel_pair
 
@@ -106,4 +106,30 @@ def test_authorized_nodes_bind_ranks_and_revoke(tmp_path):
     assert "no node key" in nodes.problem(None, 1)
     (tmp_path / "bad").write_text("meshkit-ed25519 not-base64!\n")
     with pytest.raises(ConfigError, match="bad:1"):
+        wire.load_authorized_nodes(tmp_path / "bad")
+
+
+def test_a_tag_bound_to_a_key_is_carried_by_it_and_reserved_from_every_other(tmp_path):
+    gpu = wire.generate_node_key(tmp_path / "gpu")
+    plain = wire.generate_node_key(tmp_path / "plain")
+    gone = wire.generate_node_key(tmp_path / "gone")
+    (tmp_path / "authorized").write_text("\n".join([
+        wire.public_key_text(gpu) + " rank=1 tag=gpu-box,trusted lab",
+        wire.public_key_text(plain),
+        wire.public_key_text(gone) + " tag=edge",
+        "revoked " + wire.public_key_text(gone),
+    ]))
+    nodes = wire.load_authorized_nodes(tmp_path / "authorized")
+    assert nodes.keys[0].tags == {"gpu-box", "trusted"} and nodes.keys[0].comment == "lab"
+    # The bound key carries its tags even when it does not advertise them.
+    assert nodes.tags_for(gpu, 1, ["cpu", "linux"]) == ("cpu", "linux", "gpu-box", "trusted")
+    # Another key may not claim them (say, a hostname of gpu-box) ...
+    with pytest.raises(AuthenticationError, match=r"rank 2 .* claims tag\(s\) 'gpu-box'"):
+        nodes.tags_for(plain, 2, ["cpu", "gpu-box"])
+    assert "binds to other node keys" in nodes.tag_problem(None, 3, ["trusted"])
+    # ... while free tags stay free, and a revoked line reserves nothing.
+    assert nodes.tags_for(plain, 2, ["cpu", "edge"]) == ("cpu", "edge")
+    assert nodes.granted_tags(gone) == frozenset()
+    (tmp_path / "bad").write_text(wire.public_key_text(gpu) + " tag=a,,b\n")
+    with pytest.raises(ConfigError, match="tags must be non-empty names"):
         wire.load_authorized_nodes(tmp_path / "bad")
