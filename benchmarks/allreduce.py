@@ -13,6 +13,10 @@ rank contributes a float32 vector of the given size and gets the mean back:
 * ``meshkit-nomac``: the same path with frame MACs off on both ends
   (``benchmark_only_disable_mac``; the handshake is still authenticated),
   to measure what authentication costs.
+* ``mesh``: ``tcp`` transport, full mesh, bodies encrypted (the default):
+  every rank calls ``group.mesh_all_reduce`` (ring reduce-scatter +
+  all-gather over the direct links, no coordinator fold), weighted mean;
+  timed on rank 0 like the others ("mesh vs gloo" column).
 * ``gloo``: ``torch.distributed.all_reduce`` with the gloo backend (the
   named baseline; install with ``pip install torch==2.13.0`` or the
   ``bench`` extra).
@@ -119,6 +123,35 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
         group.close()
 
 
+def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers: list[str],
+               results: Any) -> None:
+    from meshkit_tcp import TcpOptions
+    from meshkit_tcp.tcp import TcpTransport
+
+    from meshkit.node.config import NodeConfig
+
+    transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31))
+    config = NodeConfig(rank=rank, world=world, topology="mesh", peers=peers, secret=SECRET,
+                        timeout=120)
+    group = transport.connect(config)
+    x = np.full(nbytes // 4, float(rank + 1), np.float32)
+    try:
+        times = []
+        for i in range(warmup + reps):
+            start = time.perf_counter()
+            mean = group.mesh_all_reduce({"x": x}, weight=1.0, timeout=120)
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                times.append(elapsed)
+        expected = (world + 1) / 2
+        if not np.allclose(mean["x"][:4], expected):
+            raise AssertionError(f"wrong mean {mean['x'][:4]} != {expected}")
+        if rank == 0:
+            results.put(times)
+    finally:
+        group.close()
+
+
 def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port: int,
                results: Any, barrier: bool = False) -> None:
     import torch
@@ -149,7 +182,12 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
 def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    if kind.startswith("gloo"):
+    if kind == "mesh":
+        peers = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
+        procs = [ctx.Process(target=_mesh_rank, args=(r, world, nbytes, reps, warmup, peers,
+                                                       results))
+                 for r in range(world)]
+    elif kind.startswith("gloo"):
         port = _free_port()
         procs = [ctx.Process(target=_gloo_rank, args=(r, world, nbytes, reps, warmup, port,
                                                        results, kind == "gloo-sync"))
@@ -188,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync"]
+    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh"]
     if args.kinds:
         kinds = ["meshkit", "meshkit-auth", *[k for k in kinds[2:] if k in args.kinds]]
     if not args.no_gloo and (not args.kinds or "gloo" in args.kinds):
@@ -205,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
               + f" {'MB/s':>6} {'vs gloo':>8} {'vs gloo-sync':>13} {'MAC cost':>9}"
-              + f" {'enc cost':>9} {'enc spread':>17}")
+              + f" {'enc cost':>9} {'enc spread':>17} {'mesh vs gloo':>13}")
     print(header)
     rows = []
     for world in args.worlds:
@@ -233,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             if "gloo" in times and "gloo-sync" in times and "meshkit-sync" in times:
                 row["vs_gloo"] = times["gloo"] / times["meshkit"]
                 row["vs_gloo_sync"] = times["gloo-sync"] / times["meshkit-sync"]
+            if "gloo" in times and "mesh" in times:
+                row["mesh_vs_gloo"] = times["gloo"] / times["mesh"]
+                row["mesh_vs_gloo_per_trial"] = [g / m for g, m in zip(trials["gloo"],
+                                                                       trials["mesh"])]
             rows.append(row)
             vs = f"{row['vs_gloo']:.2f}x" if "vs_gloo" in row else "-"
             vs_sync = f"{row['vs_gloo_sync']:.2f}x" if "vs_gloo_sync" in row else "-"
@@ -241,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                   + f" {row['meshkit_MBps']:>6.0f} {vs:>8} {vs_sync:>13} "
                   + (f"{row['mac_overhead']:>8.0%}" if "mac_overhead" in row else f"{'-':>8}")
                   + f" {row['encryption_overhead']:>9.0%}"
-                  + f" {min(pairs):>7.0%}..{max(pairs):<7.0%}", flush=True)
+                  + f" {min(pairs):>7.0%}..{max(pairs):<7.0%}"
+                  + (f" {row['mesh_vs_gloo']:>12.2f}x" if "mesh_vs_gloo" in row else f" {'-':>13}"),
+                  flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)

@@ -85,6 +85,10 @@ class MeshTable:
     topology: str = attrs.field(default="star", validator=attrs.validators.in_(TOPOLOGIES))
     launch: str = attrs.field(default="local", validator=attrs.validators.in_(LAUNCHES))
     workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    #: ``launch = "local"``: start this many host relays (``meshkit relay``) on
+    #: this machine; the workers are split among them in contiguous blocks of
+    #: ranks and each dials its relay (docs/scaling-out.md). 0: none.
+    relays: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     bind: str = attrs.field(default="127.0.0.1:0", validator=_listen_address)
     secret_file: str = ""
     #: Encrypt frame bodies (AES-256-GCM). ``false`` is the explicit opt-out:
@@ -98,6 +102,10 @@ class MeshTable:
     #: The discovery responder's UDP port (0: any free port, printed at start).
     discovery_port: int = attrs.field(default=29600, validator=[attrs.validators.ge(0),
                                                                 attrs.validators.le(65535)])
+    #: The network between the nodes is trusted: a transport that authenticates
+    #: nothing (``torchdist``: torch.distributed) may then use a non-loopback
+    #: address, which it refuses otherwise (docs/security.md).
+    trust_network: bool = False
     #: Seconds a read or write may stall before the peer is declared dead.
     timeout: float = attrs.field(default=30.0, validator=[attrs.validators.gt(0), _finite])
     #: Seconds the coordinator waits for every worker to join.

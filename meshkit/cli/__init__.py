@@ -13,7 +13,8 @@ Each command lives in a module named for it and loads only when it runs:
 * ``_keygen`` — ``meshkit keygen``;
 * ``_export`` — ``meshkit export`` (a run's model as a torch state_dict);
 * ``_node`` — ``meshkit node`` (with ``_options``: ``KEY=VALUE`` flags and
-  the secret).
+  the secret);
+* ``_relay`` — ``meshkit relay`` (a host relay, from the transport).
 
 ``meshkit --help`` lists the commands from :data:`_COMMANDS` without loading
 any, so it starts fast everywhere (no numpy, no plugin's heavy code).
@@ -55,6 +56,8 @@ _COMMANDS: Mapping[str, tuple[str, str]] = {
              "Join a mesh as a worker, or with --board as a fixed-function rank."),
     "plugins": ("meshkit.cli._plugins:plugins_command",
                 "List every discovered component, and plugins that failed to load."),
+    "relay": ("meshkit.cli._relay:relay",
+              "A host relay: one connection to the coordinator for this host's ranks."),
     "run": ("meshkit.cli._run:run", "Run the training job CONFIG."),
 }
 

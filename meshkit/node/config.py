@@ -76,6 +76,10 @@ class NodeConfig:
     #: The coordinator's :class:`meshkit.wire.AuthorizedNodes`: when set,
     #: only nodes proving a listed, unrevoked key for their rank may join.
     authorized_nodes: Any = attrs.field(default=None, repr=False)
+    #: ``[mesh] trust_network``: the network between the nodes is trusted, so a
+    #: transport that authenticates nothing (``torchdist``) may use a
+    #: non-loopback address. False: such a transport refuses one.
+    trust_network: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.world < 1:

@@ -18,7 +18,9 @@ One idea per module:
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
-  :class:`LocalPool`);
+  :class:`LocalPool`), and one request for many ranks (:func:`broadcast`);
+* ``_relay_round`` — a round folded through host relays, one partial per
+  relay;
 * ``_preflight`` — everything a run refuses before any process starts, so
   ``meshkit check`` refuses the same (:func:`build_components`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
@@ -44,7 +46,7 @@ from meshkit.train._engine import (
 )
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
-from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, call
+from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._preflight import build_components
@@ -95,6 +97,7 @@ __all__ = [
     "LocalPool",
     "GroupPool",
     "call",
+    "broadcast",
     "with_device",
     # the trainer protocol and the worker side
     "TAG_REQUEST",

@@ -46,6 +46,10 @@ How a round goes (:func:`fold_round`):
 
 A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
+
+Behind host relays (``meshkit relay``) the round is played by
+:mod:`meshkit.train._relay_round` instead: each relay folds its own ranks'
+contributions and the coordinator folds one partial per relay.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ import attrs
 
 from meshkit.errors import MeshError, WorkerError
 from meshkit.train._rounds import RoundOutcome
+from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "train_loss", "HOLD",
@@ -169,9 +174,20 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
-    round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window,
-                    ctx.aggregation_begin() if fold is None else fold, label,
-                    pinned={w.key: w.rank for w in work if w.rank is not None},
+    fold = ctx.aggregation_begin() if fold is None else fold
+    pinned = {w.key: w.rank for w in work if w.rank is not None}
+    # A round deadline is kept per client by _Round; relays fold their ranks
+    # themselves, so a round with a deadline folds flat (relays forward). So
+    # does one with pinned work: a relay would not keep a client on its node.
+    groups = None if deadline or pinned else relay_plan_applies(
+        ctx, fold, relay_weight(weight, by_examples), keys)
+    if groups is not None:
+        result, served, not_served, replies = fold_through_relays(
+            ctx, groups, {w.key: w.request for w in work}, state,
+            relay_weight(weight, by_examples) or "", window, fold, label)
+        return Folded(result, served, not_served, replies)
+    round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
+                    pinned=pinned,
                     deadline=deadline or None)
     return round_.play()
 

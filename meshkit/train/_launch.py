@@ -7,18 +7,28 @@ environment, so no secret of the user's is ever reused on loopback. Workers
 are ranks ``1..workers``, fixed-function boards follow them, and each
 writes its output to ``OUT/logs/worker-RANK.log``. :func:`reap` stops them
 in order when the run ends.
+
+With ``[mesh] relays = R``, R host relays (``meshkit relay``) start first,
+each carrying a contiguous block of the worker ranks and writing to
+``OUT/logs/relay-I.log``; those workers dial their relay instead of the
+coordinator. Relays are kept in the same processes table under the keys
+``-1 .. -R``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import select
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping, Sequence
+
+from meshkit.errors import ConfigError, PeerLostError
 
 __all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir"]
 
@@ -75,9 +85,15 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     transport_flags: list[str] = []
     for key, value in cfg.transport.options.items():
         transport_flags += ["--transport-option", f"{key}={_flag_text(value)}"]
+    peers = {rank: address for rank in range(1, world)}
+    relays = int(getattr(cfg.mesh, "relays", 0) or 0)
+    if relays:
+        peers.update(_spawn_relays(processes, cfg, relays, address=address,
+                                   secret_file=secret_file, world=world, env=env,
+                                   transport_flags=transport_flags))
     for rank in range(1, world):
         cmd = [sys.executable, "-m", "meshkit", "node", "--rank", str(rank),
-               "--world", str(world), "--peers", address,
+               "--world", str(world), "--peers", peers[rank],
                "--topology", "star", "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
@@ -91,6 +107,75 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                 env=env, start_new_session=True)
         finally:
             log_file.close()
+
+
+def relay_blocks(workers: int, relays: int) -> list[list[int]]:
+    """Worker ranks 1..workers split into ``relays`` contiguous blocks, as even as can be."""
+    if not 1 <= relays <= workers:
+        raise ConfigError(f"[mesh] relays = {relays}, but there are {workers} workers; a relay "
+                          f"carries at least one worker, so use 1..{workers} relays (or 0)")
+    size, extra = divmod(workers, relays)
+    blocks, start = [], 1
+    for i in range(relays):
+        count = size + (1 if i < extra else 0)
+        blocks.append(list(range(start, start + count)))
+        start += count
+    return blocks
+
+
+def _spawn_relays(processes: MutableMapping[int, subprocess.Popen], cfg: Any, relays: int, *,
+                  address: str, secret_file: Path, world: int, env: Mapping[str, str],
+                  transport_flags: list[str]) -> dict[int, str]:
+    """Start the local host relays; each worker rank -> the address of its relay."""
+    logs = logs_dir(cfg.run.out)
+    started: list[tuple[int, list[int], subprocess.Popen]] = []
+    for i, block in enumerate(relay_blocks(cfg.mesh.workers, relays)):
+        cmd = [sys.executable, "-m", "meshkit", "relay", "--coordinator", address,
+               "--bind", "127.0.0.1:0", "--world", str(world),
+               "--ranks", ",".join(map(str, block)), "--name", f"relay-{i + 1}",
+               "--transport", cfg.mesh.transport, "--timeout", str(cfg.mesh.timeout),
+               "--secret-file", str(secret_file),
+               *([] if cfg.mesh.encrypt else ["--no-encrypt"]), *transport_flags]
+        log_file = open(logs / f"relay-{i + 1}.log", "wb")
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=log_file, env=dict(env), start_new_session=True)
+        finally:
+            log_file.close()
+        processes[-(i + 1)] = proc
+        started.append((i + 1, block, proc))
+    peers: dict[int, str] = {}
+    deadline = time.monotonic() + max(float(cfg.mesh.timeout), 10.0)
+    for index, block, proc in started:
+        line = _first_line(proc, deadline)
+        try:
+            relay_address = json.loads(line)["address"]
+        except (ValueError, KeyError, TypeError):
+            raise PeerLostError(
+                f"local host relay {index} did not start (it printed {line[:200]!r}); see "
+                f"{logs / f'relay-{index}.log'}") from None
+        for rank in block:
+            peers[rank] = relay_address
+    return peers
+
+
+def _first_line(proc: subprocess.Popen, deadline: float) -> str:
+    """The first line ``proc`` prints, waiting until ``deadline`` at most ("" if none)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0].decode(errors="replace")
 
 
 def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
@@ -123,6 +208,7 @@ def exited_early(processes: Mapping[int, subprocess.Popen], out: str | os.PathLi
     exited = {r: p.poll() for r, p in processes.items() if p.poll() is not None}
     if exited:
         return ("; local worker(s) exited early: "
-                + ", ".join(f"rank {r} (status {s})" for r, s in sorted(exited.items()))
-                + f" — see {logs_dir(out)}/worker-N.log")
+                + ", ".join(f"{'rank' if r > 0 else 'relay'} {abs(r)} (status {s})"
+                            for r, s in sorted(exited.items()))
+                + f" — see {logs_dir(out)}/worker-N.log (relay-N.log)")
     return ""

@@ -21,6 +21,13 @@ own (tests, the strategy contract suite): ``fail`` simulates a lost worker,
 ``order`` (a seeded ``numpy.random.Generator``) answers pending requests in
 a shuffled order, and ``peak_held`` counts the most whole states it handed
 to the coordinator that were alive at once.
+
+Host relays (``meshkit relay``): a group whose transport has them lists
+them in ``group.relays`` (name -> the live ranks each carries), and a
+:class:`GroupPool` then also sends requests to a relay itself
+(:meth:`GroupPool.send_relay`): its ticket is lost when the relay is, not
+when one of its ranks is. :func:`broadcast` sends one request to many
+ranks, once per relay for the ranks behind one.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ import numpy as np
 
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.transport.tags import TAG_RELAY
 from meshkit.train._worker import Trainer
 
-__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call"]
+__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call", "broadcast"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +123,58 @@ def call(pool: WorkerPool, requests: Sequence[tuple[int, Mapping[str, Any]]],
     return [replies[t] for t in tickets]
 
 
+def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any],
+              timeout: float | None) -> list[Reply]:
+    """Send the same ``request`` to every rank in ``ranks``; the replies in rank order.
+
+    Ranks behind a host relay get it through one ``fanout`` request to that
+    relay (the request crosses the coordinator's link once per relay, not
+    once per rank); the others one request each, as :func:`call` sends.
+    """
+    relays = getattr(pool, "relays", None) or {}
+    owner = {r: name for name, carried in relays.items() for r in carried}
+    groups: dict[str, list[int]] = {}
+    for rank in ranks:
+        if rank in owner:
+            groups.setdefault(owner[rank], []).append(rank)
+    single = [(r, request) for r in ranks if r not in owner or len(groups[owner[r]]) == 1]
+    fanned = {name: rs for name, rs in groups.items() if len(rs) > 1}
+    if not fanned:
+        return call(pool, single, timeout)
+    if pool.pending:
+        raise MeshError(f"broadcast() while {pool.pending} request(s) are outstanding; "
+                        f"finish receiving those first")
+    tickets = {pool.send(rank, req, timeout): ("rank", rank) for rank, req in single}
+    for name, carried in fanned.items():
+        fan = {**request, "op": "fanout", "inner": request["op"], "ranks": carried,
+               "timeout": timeout}
+        tickets[pool.send_relay(name, fan, timeout)] = ("relay", name)  # type: ignore[attr-defined]
+    replies: dict[int, Reply] = {}
+    for _ in range(len(tickets)):
+        reply = pool.receive()
+        assert reply is not None
+        kind, who = tickets[reply.seq]
+        if kind == "rank":
+            replies[who] = reply
+            continue
+        carried = fanned[who]
+        if reply.payload is None or reply.payload.get("error"):
+            why = reply.error if reply.payload is None else str(reply.payload["error"])
+            for rank in carried:
+                # The relay itself failed: every rank it was to reach failed with it.
+                replies[rank] = (Reply(rank, None, why, reply.seq) if reply.payload is None
+                                 else Reply(rank, {"error": why}, None, reply.seq))
+            continue
+        for rank, ok, error in reply.payload.get("answers", []):
+            replies[int(rank)] = (Reply(int(rank), {} if error is None else {"error": error},
+                                        None, reply.seq) if ok
+                                  else Reply(int(rank), None, str(error), reply.seq))
+        for rank in carried:
+            replies.setdefault(rank, Reply(rank, None, f"host relay {who!r} did not answer "
+                                                        f"for rank {rank}", reply.seq))
+    return [replies[r] for r in ranks]
+
+
 @attrs.define
 class _Outstanding:
     """The requests one worker owes, oldest first, and when it began on the oldest."""
@@ -147,10 +207,47 @@ class GroupPool:
     #: that joins late or rejoins only between rounds); None: every joined rank.
     admitted: set[int] | None = None
     _seq: int = 0
+
+    @property
+    def peer_reduce(self) -> bool:
+        """Whether the workers reach each other directly (a mesh), so they can all-reduce
+        among themselves (``group.mesh_all_reduce``) instead of through rank 0."""
+        return not getattr(self.group, "is_star", True)
     _owed: dict[int, _Outstanding] = attrs.Factory(dict)
     _failed: collections.deque[Reply] = attrs.Factory(collections.deque)
     #: Tickets given up on (a round deadline passed): their replies are discarded.
     _abandoned: set[int] = attrs.Factory(set)
+    #: Requests to host relays: seq -> (relay name, the rank addressed, deadline).
+    _relay_owed: dict[int, tuple[str, int, float]] = attrs.Factory(dict)
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        """The group's host relays (name -> the live ranks each carries); {} without any."""
+        relays = getattr(self.group, "relays", None)
+        return dict(relays) if relays else {}
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
+        """Send ``request`` to host relay ``name`` itself; a ticket, as :meth:`send` gives.
+
+        The relay answers on the trainer's reply tag, naming itself; the
+        ticket fails when the relay is lost (not when one of its ranks is),
+        or after ``timeout`` seconds.
+        """
+        self._seq += 1
+        seq = self._seq
+        live = self.relays.get(name)
+        if not live:
+            self._failed.append(Reply(-1, None, f"host relay {name!r} is lost or carries no "
+                                                f"live rank", seq))
+            return seq
+        try:
+            self.group.send(live[0], TAG_RELAY, encode({**request, "seq": seq}))
+        except (PeerLostError, OSError) as exc:
+            self._failed.append(Reply(live[0], None, f"host relay {name!r}: {exc}", seq))
+            return seq
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        self._relay_owed[seq] = (name, live[0], deadline)
+        return seq
 
     @property
     def dead(self) -> dict[int, str]:
@@ -173,8 +270,23 @@ class GroupPool:
 
     @property
     def pending(self) -> int:
-        return len(self._failed) + sum(
-            1 for o in self._owed.values() for seq, _ in o.tickets if seq not in self._abandoned)
+        return (len(self._failed) + len(self._relay_owed) + sum(
+            1 for o in self._owed.values() for seq, _ in o.tickets if seq not in self._abandoned))
+
+    def _relay_failure(self, now: float) -> Reply | None:
+        """A request to a host relay that can no longer be answered, or None."""
+        if not self._relay_owed:
+            return None
+        relays = self.relays
+        for seq, (name, rank, deadline) in list(self._relay_owed.items()):
+            if name not in relays:
+                del self._relay_owed[seq]
+                return Reply(rank, None, f"host relay {name!r} was lost", seq)
+            if deadline <= now:
+                del self._relay_owed[seq]
+                return Reply(rank, None, f"host relay {name!r} did not answer in time "
+                                         f"(stalled)", seq)
+        return None
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         self._seq += 1
@@ -206,11 +318,16 @@ class GroupPool:
             if self._failed:
                 return self._failed.popleft()
             owed = {rank: o for rank, o in self._owed.items() if o.tickets}
-            if not owed:
+            if not owed and not self._relay_owed:
                 raise MeshError("receive() with no request outstanding")
             dead = self.group.dead
             now = time.monotonic()
-            soonest = math.inf if until is None else until
+            lost_relay = self._relay_failure(now)
+            if lost_relay is not None:
+                return lost_relay
+            soonest = min([d for _, _, d in self._relay_owed.values()], default=math.inf)
+            if until is not None:
+                soonest = min(soonest, until)
             for rank, o in owed.items():
                 if rank in dead:
                     return Reply(rank, None, dead[rank], o.pop())
@@ -230,6 +347,12 @@ class GroupPool:
                     return None
                 continue  # nothing yet (or a death): look at the ledger again
             reply = decode(frame)
+            if "relay" in reply:
+                entry = self._relay_owed.pop(reply.get("seq"), None)  # type: ignore[arg-type]
+                if entry is None or entry[0] != reply["relay"]:
+                    log.debug("discarding a stale reply from host relay %r", reply["relay"])
+                    continue
+                return Reply(entry[1], reply, None, reply["seq"])
             o = owed.get(src)
             if o is None or o.tickets[0][0] != reply.get("seq"):
                 log.debug("rank %d: discarding a stale reply (seq %s)", src, reply.get("seq"))

@@ -6,7 +6,8 @@ refuse the same configs: a check that says ok to a config the run then
 rejects would only move the failure to a worse moment. In order:
 
 1. the out directory can be created and written (:func:`check_out`);
-2. the workers are driven as a star (:func:`check_topology`), and a run
+2. the workers are driven as a star, through at most one local relay per
+   worker (:func:`check_topology`), and a run
    whose nodes start elsewhere has a readable secret of at least 16
    bytes (:func:`check_secret`);
 3. the strategy, the task and the strategy's own checks (a partition pinned
@@ -74,6 +75,12 @@ def check_topology(cfg: Any) -> None:
             f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
             f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
             f"topology = \"star\"")
+    relays = int(getattr(cfg.mesh, "relays", 0) or 0)
+    if relays > cfg.mesh.workers:
+        raise ConfigError(
+            f"{cfg.path}: [mesh] relays = {relays}, but there are {cfg.mesh.workers} "
+            f"workers; a relay carries at least one worker, so use 1..{cfg.mesh.workers} "
+            f"relays (or 0)")
 
 
 def check_secret(cfg: Any, launch: str | None = None) -> None:
@@ -201,6 +208,11 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     check_out(cfg)
     check_topology(cfg)
     check_secret(cfg, launch)
+    if getattr(cfg.mesh, "relays", 0) and (launch or cfg.mesh.launch) != "local":
+        raise ConfigError(
+            f"{cfg.path}: [mesh] relays = {cfg.mesh.relays} starts host relays on this "
+            f"machine for a local launch; with nodes started elsewhere, start `meshkit relay` "
+            f"on each of their hosts instead (docs/scaling-out.md) and drop relays")
     strategy = plan.create("strategy")
     if not callable(getattr(strategy, "run", None)):
         raise ConfigError(f"{cfg.path}: [strategy] {cfg.strategy.name!r} built a "

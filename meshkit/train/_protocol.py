@@ -13,6 +13,7 @@ op              request fields                          reply fields
 ``set_state``   state                                   (ack); discards kept results
 ``fit``         shard, shards, seed; state?; keep?      examples, metrics; state or kept
 ``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
+``step``        shard, shards, seed, batch_size, ranks  examples, metrics (all-reduce + apply)
 ``take``        key                                     state (the kept result, dropped)
 ``apply``       gradients                               (ack)
 ``get_state``   —                                       state
@@ -27,6 +28,11 @@ worker and the reply carries only ``examples``, ``metrics`` and
 ``kept = KEY``; the coordinator pulls it with ``take`` when the fold is
 ready for it (:mod:`meshkit.train._engine`). Without ``keep`` the reply
 carries the result itself.
+
+``step`` is data-parallel on a mesh: the worker computes its shard's
+gradients, averages them with the other ``ranks`` through
+``group.mesh_all_reduce`` (no fold on the coordinator) and applies the mean
+to its replica, as ``grads`` + ``apply`` would.
 
 The data never travels: every node builds the same task and takes shard
 ``shard`` of ``shards`` of its training data (inputs and targets together).

@@ -329,7 +329,8 @@ class Runner:
             rank=0, world=self._world, topology="star", transport=cfg.mesh.transport,
             secret=secret, timeout=cfg.mesh.timeout, bind=cfg.mesh.bind,
             encrypt=cfg.mesh.encrypt, authorized_nodes=cfg.authorized_nodes(),
-            discover=discovery, disc_port=cfg.mesh.discovery_port)
+            discover=discovery, disc_port=cfg.mesh.discovery_port,
+            trust_network=cfg.mesh.trust_network)
         transport = plan.create("transport")
         group = transport.connect(node_config)
         self._group = group

@@ -21,7 +21,7 @@ import attrs
 from meshkit.aggregation import begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
 from meshkit.train._partitions import Partition, WorkerIdentity
-from meshkit.train._pool import Reply, WorkerPool, call
+from meshkit.train._pool import Reply, WorkerPool, broadcast, call
 
 __all__ = [
     "Strategy",
@@ -183,6 +183,12 @@ class StrategyContext:
         return self.pool.live(self.workers)
 
     @property
+    def peer_reduce(self) -> bool:
+        """Whether the workers can all-reduce among themselves (a mesh, or a transport
+        with its own collective such as ``torchdist``): the trainer's ``step``."""
+        return bool(getattr(self.pool, "peer_reduce", False))
+
+    @property
     def dead(self) -> dict[int, str]:
         """Workers the ledger declared dead, and why (shown to the user)."""
         ledger = self.pool.dead
@@ -214,6 +220,24 @@ class StrategyContext:
                 raise PlacementError(f"rank {rank} was dropped from this run ({dead[rank]}); "
                                      f"cannot send to it")
         replies = call(self.pool, requests, self.timeout)
+        for reply in replies:
+            if reply.payload is not None and reply.payload.get("error"):
+                raise WorkerError(reply.rank, str(reply.payload["error"]))
+        return replies
+
+    def broadcast(self, ranks: Sequence[int], request: Mapping[str, Any]) -> list[Reply]:
+        """Send one request to every rank in ``ranks`` (as :meth:`call` would, one each).
+
+        Behind host relays the request crosses the coordinator's link once per
+        relay, which fans it out to its ranks. Replies come in ``ranks`` order;
+        a lost worker's reply has ``payload=None``, a task error stops the run.
+        """
+        dead = self.dead
+        for rank in ranks:
+            if rank in dead:
+                raise PlacementError(f"rank {rank} was dropped from this run ({dead[rank]}); "
+                                     f"cannot send to it")
+        replies = broadcast(self.pool, list(ranks), request, self.timeout)
         for reply in replies:
             if reply.payload is not None and reply.payload.get("error"):
                 raise WorkerError(reply.rank, str(reply.payload["error"]))

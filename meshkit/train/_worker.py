@@ -80,6 +80,9 @@ class Trainer:
     metrics: dict[str, float] = attrs.Factory(dict)
     #: The last request that failed, as the coordinator was told (the report says it).
     error: str | None = None
+    #: This worker's group, for ``step``'s all-reduce among the replicas (None:
+    #: the trainer answers the requests that need no peers).
+    group: Any = None
     #: How a fit's shard is cut (:mod:`meshkit.partitioner`); None: contiguous blocks.
     partitioner: Any = None
     partitioner_name: str = "contiguous"
@@ -168,16 +171,24 @@ class Trainer:
             return {}
         if op == "grads":
             state = self._require_state(op)
-            x, y = self._shard(int(request["shard"]), int(request["shards"]))
-            batch = int(request.get("batch_size") or 0)
-            if 0 < batch < len(y):
-                rows = np.sort(np.random.default_rng(int(request["seed"])).choice(
-                    len(y), size=batch, replace=False))
-                x, y = x[rows], y[rows]
-            result = self.task.gradients(state, x, y)
+            result = self.task.gradients(state, *self._batch(request))
             self.examples += int(result.examples)
             return self._answer(request, "gradients", result.state, result.examples,
                                 {k: float(v) for k, v in result.metrics.items()})
+        if op == "step":
+            # Data-parallel on a mesh: the replicas average their gradients
+            # among themselves (no fold on the coordinator), then each applies
+            # the same mean. A failed all-reduce is an error, never a local step.
+            state = self._require_state(op)
+            if self.group is None:
+                raise MeshError("'step' needs the worker's group (serve_trainer passes it)")
+            result = self.task.gradients(state, *self._batch(request))
+            mean = self.group.mesh_all_reduce(result.state, 1.0,
+                                              ranks=[int(r) for r in request["ranks"]])
+            self.state = dict(self.task.apply(state, mean))
+            self.examples += int(result.examples)
+            return {"examples": int(result.examples),
+                    "metrics": {k: float(v) for k, v in result.metrics.items()}}
         if op == "take":
             key = int(request["key"])
             if key not in self.kept:
@@ -215,6 +226,16 @@ class Trainer:
                 x = self.task.run_stage(request.get("state", {}), node, x)
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
+
+    def _batch(self, request: Mapping[str, Any]) -> tuple[Any, Any]:
+        """The rows of a ``grads``/``step`` request: its shard, or a seeded batch of it."""
+        x, y = self._shard(int(request["shard"]), int(request["shards"]))
+        batch = int(request.get("batch_size") or 0)
+        if 0 < batch < len(y):
+            rows = np.sort(np.random.default_rng(int(request["seed"])).choice(
+                len(y), size=batch, replace=False))
+            x, y = x[rows], y[rows]
+        return x, y
 
     def _answer(self, request: Mapping[str, Any], field: str, result: Mapping[str, Any],
                 examples: int, metrics: dict[str, float]) -> dict[str, Any]:
@@ -269,7 +290,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
     """
     started = time.monotonic()
     try:
-        trainer: Trainer | None = _trainer(spec, device)
+        trainer: Trainer | None = _trainer(spec, device, group)
         failure: MeshError | None = None
     except MeshError as exc:
         # Answer every request with the reason instead of leaving: the
@@ -315,12 +336,12 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
     return _train_report(group, trainer, stopped, time.monotonic() - started)
 
 
-def _trainer(spec: Mapping[str, Any], device: str = "auto") -> Trainer:
+def _trainer(spec: Mapping[str, Any], device: str = "auto", group: Any = None) -> Trainer:
     """The worker's task (on ``device``), partitioner and (pulled) data, as the spec says."""
     name = str(spec["task"])
     trainer = Trainer(create_task(name, with_device(name, spec.get("task_options") or {},
                                                     device)),
-                      seed=int(spec.get("seed", 0)))
+                      group=group, seed=int(spec.get("seed", 0)))
     chosen = spec.get("partitioner")
     if chosen:
         name = str(chosen["name"])

@@ -64,6 +64,17 @@ default for every blocking call, from ``NodeConfig.timeout``),
     dead) it raises :class:`~meshkit.PeerLostError` quoting the dead ledger:
     the service ends cleanly, it never invents a consensus.
 
+``mesh_all_reduce(state, weight=1.0, *, ranks=None, timeout=None) -> State`` (any rank)
+    Every rank in ``ranks`` (default: all) calls it; each gets the weighted
+    mean ``sum w_i x_i / sum w_i`` of their floating arrays, each in its own
+    dtype, with no fold on the coordinator: the transport's own collective
+    when it offers one (:meth:`Links.all_reduce_sum`; ``torchdist``), else a
+    ring reduce-scatter + all-gather over the direct links (a mesh; refused
+    in a star). A participant lost or stalled past ``timeout`` (per step) is
+    :class:`~meshkit.PeerLostError` on *every* participant; keys, shapes or
+    dtypes that differ between ranks, an integer array or a JSON value are
+    :class:`~meshkit.AggregationError`. ``_collective.py`` has the rule.
+
 ``dead -> dict[int, str]``
     The dead-rank ledger: rank -> why it was declared dead. Deaths are
     permanent for the life of the group. ``declare_dead(rank, reason)`` adds to
@@ -90,8 +101,8 @@ Writing a transport
 -------------------
 
 Implement :class:`Links` (this rank's direct links: ``attach``,
-``transmit``, ``drop``; optionally ``relay_now``, ``close``, ``address``,
-``send_deadlines``), wrap it in ``Group(links, rank=..., world_size=...,
+``transmit``, ``drop``; optionally ``relay_now``, ``all_reduce_sum``, ``close``,
+``address``, ``send_deadlines``), wrap it in ``Group(links, rank=..., world_size=...,
 timeout=..., is_star=...)`` and return the group from ``connect``. Report
 what happens on the links through the :class:`LinkEvents` the group hands
 to ``Links.attach``: ``deliver(message)`` for each complete, authenticated
@@ -104,7 +115,7 @@ through a complete example.
 Where each idea lives: ``tags.py`` (every reserved tag), ``_message.py``
 (:class:`Message`, the payload rules), ``_contract.py`` (:class:`Links`,
 :class:`LinkEvents`), ``_group.py`` (:class:`Group`: the API and routing),
-``_ledger.py`` (joined ranks, links, the dead ledger), ``_mailbox.py``
+``_collective.py`` (the mesh all-reduce), ``_ledger.py`` (joined ranks, links, the dead ledger), ``_mailbox.py``
 (received messages until a ``recv`` takes them), ``_relay.py`` (the star
 relay's per-destination queues and writers), ``_reduce.py`` (the reduce
 service), ``_timeouts.py`` (timeouts as deadlines). UDP discovery is the

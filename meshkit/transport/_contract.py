@@ -108,8 +108,8 @@ class Links(abc.ABC):
     """This rank's direct links to its peers: the part of a transport that moves bytes.
 
     Implement :meth:`attach`, :meth:`transmit` and :meth:`drop`; override
-    :meth:`relay_now`, :meth:`close`, :attr:`address` and
-    :attr:`send_deadlines` when the defaults do not fit. Ranks are ints in
+    :meth:`relay_now`, :meth:`all_reduce_sum`, :meth:`close`, :attr:`address`
+    and :attr:`send_deadlines` when the defaults do not fit. Ranks are ints in
     ``0 .. world_size - 1``; rank 0 is the coordinator.
     """
 
@@ -207,6 +207,24 @@ class Links(abc.ABC):
             Nothing.
         """
         return None
+
+    def all_reduce_sum(self, buffers: Any, ranks: list[int], check: int,
+                       timeout: float) -> bool:
+        """Optional: sum ``buffers`` in place over ``ranks`` with the transport's own collective.
+
+        ``buffers`` are flat float32/float64 numpy arrays, the same sizes on
+        every participant; ``check`` is an int that must be equal on every
+        participant (a digest of the layout): raise ``AggregationError`` on a
+        rank whose ``check`` differs. Return True once every buffer holds the
+        sum over ``ranks``, or False, having done nothing, to have the group
+        run its own ring over the direct links (the default).
+
+        Raises:
+            PeerLostError: a participant was lost or stalled past ``timeout``
+                seconds; the collective failed on every participant.
+            AggregationError: the participants' ``check`` values differ.
+        """
+        return False
 
     def close(self) -> None:
         """Release the transport's resources (sockets, threads): the group was closed.

@@ -23,6 +23,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from meshkit.errors import MeshError
+from meshkit.transport._collective import Collective
 from meshkit.transport._contract import LinkEvents, Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Handler, Mailboxes
@@ -66,6 +67,8 @@ class Group:
         self._reduce = ReduceService(self._ledger, self._mailboxes, self._send_message,
                                      self.declare_dead, timeout=self.timeout,
                                      send_deadlines=bool(links.send_deadlines))
+        self._collective = Collective(self._ledger, self._mailboxes, self._send_message, links,
+                                      self.timeout, self.is_star)
         links.attach(_Events(self))
 
     # -- properties -----------------------------------------------------------
@@ -193,6 +196,16 @@ class Group:
         """Coordinator: run one round of the star reduce service."""
         return self._reduce.run_round(aggregator, outer, global_state, timeout,
                                       contribution=contribution, weight=weight, kind=kind)
+
+    def mesh_all_reduce(self, state: Mapping[str, Any], weight: float = 1.0, *,
+                        ranks: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        """Every rank in ``ranks`` (default: all): the weighted mean of their states, no fold on rank 0.
+
+        The transport's own collective when it has one, else a ring over the
+        direct links (``_collective.py`` documents the rule); a star without
+        one is refused.
+        """
+        return self._collective.all_reduce(state, weight, ranks, timeout)
 
     def declare_dead(self, rank: int, reason: str, *, quiet: bool = False) -> None:
         """Record ``rank`` as dead for the rest of this group's life and drop its link.

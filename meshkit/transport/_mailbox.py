@@ -101,8 +101,12 @@ class Mailboxes:
                 del self._handlers[(src, tag)]
 
     def take(self, tag: int, sources: set[int] | None, timeout: float | None,
-             what: str | None = None) -> Message:
-        """Pop the first message with ``tag`` from one of ``sources`` (None: any)."""
+             what: str | None = None, *, watch: frozenset[int] = frozenset()) -> Message:
+        """Pop the first message with ``tag`` from one of ``sources`` (None: any).
+
+        ``watch``: ranks whose death also ends the wait (a collective's other
+        participants: one of them lost means the awaited message never comes).
+        """
         ledger = self._ledger
         deadline = deadline_after(timeout, self._timeout)
         with self._cv:
@@ -116,6 +120,9 @@ class Mailboxes:
                 if ledger.closed:
                     raise PeerLostError(f"rank {ledger.rank}: the group was closed while waiting")
                 label = what or f"a message with tag 0x{tag:X}"
+                lost = [reason for reason in map(ledger.unreachable, sorted(watch)) if reason]
+                if lost:
+                    raise PeerLostError(f"waiting for {label}: {'; '.join(lost)}")
                 if sources is not None:
                     reasons = [ledger.unreachable(s) for s in sources]
                     if all(reasons):

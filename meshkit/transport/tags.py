@@ -13,18 +13,24 @@ tag               value           spoken by
 ``TAG_REDUCE``    ``0xFFFF0001``  the reduce service (worker -> rank 0)
 ``TAG_SCATTER``   ``0xFFFF0002``  the reduce service (rank 0 -> worker)
 ``TAG_BYE``       ``0xFFFF0003``  a transport, on ``close()``
+``TAG_RING``      ``0xFFFF0004``  the mesh all-reduce (rank to rank, a ring)
 ``TAG_CAPS``      ``0xFFFF0010``  the node driver's capability handshake
 ``TAG_CONTROL``   ``0xFFFF0011``  the node driver: rank 0 -> worker jobs
                                   (``TAG_JOB`` is the same tag)
 ``TAG_UP``        ``0xFFFF0012``  the node driver: worker -> rank 0 replies
 ``TAG_ACT``       ``0xFFFF0013``  pipeline activations, stage to stage
 ``TAG_ABORT``     ``0xFFFF0014``  the node driver: abandon a pipeline job
+``TAG_RELAY``     ``0xFFFF0020``  rank 0 -> a host relay: a request for the
+                                  relay itself (fold its ranks' work, fan out)
+``TAG_RELAY_CTL`` ``0xFFFF0021``  a host relay <-> rank 0: who it carries,
+                                  who joined it, who died (transport only)
 ``TAG_REQUEST``   ``0x6D6B0101``  the trainer protocol (rank 0 -> worker)
 ``TAG_REPLY``     ``0x6D6B0102``  the trainer protocol (worker -> rank 0)
 ================  ==============  ============================================
 
-The transport's own four (:data:`SERVICE_TAGS`) are refused by ``send``:
-a message under them would spoof the handshake or the reduce service. The
+The transport's own five (:data:`SERVICE_TAGS`) are refused by ``send``:
+a message under them would spoof the handshake, the reduce service, a
+host relay's membership news or the mesh all-reduce's ring. The
 node driver's tags are reserved but sent with the ordinary ``send``; their
 messages are documented in :mod:`meshkit.node`.
 
@@ -47,12 +53,15 @@ __all__ = [
     "TAG_REDUCE",
     "TAG_SCATTER",
     "TAG_BYE",
+    "TAG_RING",
     "TAG_CAPS",
     "TAG_CONTROL",
     "TAG_JOB",
     "TAG_UP",
     "TAG_ACT",
     "TAG_ABORT",
+    "TAG_RELAY",
+    "TAG_RELAY_CTL",
     "TAG_REQUEST",
     "TAG_REPLY",
     "SERVICE_TAGS",
@@ -75,6 +84,9 @@ TAG_REDUCE = 0xFFFF0001
 TAG_SCATTER = 0xFFFF0002
 #: A rank leaving the mesh on purpose (close()), so peers log it quietly.
 TAG_BYE = 0xFFFF0003
+#: A chunk (or an abort) of the mesh all-reduce, to the next rank of the ring
+#: (``Group.mesh_all_reduce``; ``_collective.py``).
+TAG_RING = 0xFFFF0004
 
 # -- the node driver (meshkit.node documents each message) ----------------------
 
@@ -92,6 +104,16 @@ TAG_ACT = 0xFFFF0013
 #: rank 0 -> worker: abandon a pipeline job (a stage before you died).
 TAG_ABORT = 0xFFFF0014
 
+# -- host relays (meshkit relay; docs/scaling-out.md) ---------------------------
+
+#: rank 0 -> the host relay carrying the addressed rank: a request for the relay
+#: itself (fold its ranks' contributions, fan one request out to its ranks). The
+#: relay answers on :data:`TAG_REPLY`, naming itself.
+TAG_RELAY = 0xFFFF0020
+#: A host relay <-> rank 0, on the relay's own connection only: the ranks it
+#: carries, a rank that joined or died behind it, a death rank 0 declared.
+TAG_RELAY_CTL = 0xFFFF0021
+
 # -- the trainer protocol (user range; see the module docstring) ----------------
 
 #: rank 0 -> worker: one trainer request (fit, grads, apply, ...).
@@ -99,8 +121,10 @@ TAG_REQUEST = 0x6D6B_0101
 #: worker -> rank 0: the answer to a trainer request.
 TAG_REPLY = 0x6D6B_0102
 
-#: Tags user code may not send: they would spoof the handshake or the reduce service.
-SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE})
+#: Tags user code may not send: they would spoof the handshake, the reduce
+#: service, a host relay's membership news or the ring all-reduce.
+SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE, TAG_RELAY_CTL,
+                          TAG_RING})
 
 
 def check_tag(tag: Any, *, service: bool = False) -> int:
@@ -109,6 +133,7 @@ def check_tag(tag: Any, *, service: bool = False) -> int:
         raise ValueError(f"a tag must be an int in 0..0x{TAG_MAX:X}, got {tag!r}")
     if tag in SERVICE_TAGS and not service:
         raise ValueError(
-            f"tag 0x{tag:X} is the reduce service's own; use all_reduce/reduce_round, "
+            f"tag 0x{tag:X} is the transport's (the reduce service's own, or a host "
+            f"relay's); use all_reduce/reduce_round, "
             f"or a tag below 0x{RESERVED_TAGS:X} for your own messages")
     return tag

@@ -28,7 +28,14 @@ class DataParallel:
     recomputed by a live one in the same step (replicas are bit-identical,
     so the step's mean is unchanged); later steps shard over the survivors.
     The round's state is read back from a replica *after* the step, so the
-    training just done is what is returned."""
+    training just done is what is returned.
+
+    On a mesh (``ctx.peer_reduce``: the tcp mesh, or ``torchdist``) the
+    replicas average their gradients among themselves with
+    ``group.mesh_all_reduce`` (the trainer's ``step``), so the coordinator
+    neither receives nor folds a gradient. There a replica lost mid-step
+    fails the step on every replica (a collective has no survivors' mean):
+    the run stops, and ``--resume`` continues from the last checkpoint."""
 
     options: DataParallelOptions
 
@@ -58,7 +65,7 @@ class DataParallel:
                    else "average", workers=len(ctx.workers))
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
-        ctx.call([(r, {"op": "set_state", "state": state}) for r in live])
+        ctx.broadcast(live, {"op": "set_state", "state": state})
         return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
@@ -71,6 +78,13 @@ class DataParallel:
         for step in range(opts.steps):
             live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
             global_step = (rnd - 1) * opts.steps + step
+            if ctx.peer_reduce:
+                stepped = self._mesh_step(ctx, live, global_step, f"round {rnd} step {step + 1}")
+                answered.update(live)
+                examples += sum(int(p.get("examples", 0)) for p in stepped)
+                served = dict(enumerate(live))
+                replies.extend(stepped)
+                continue
             work = [Work(i, {"op": "grads", "shard": i, "shards": len(live),
                              "batch_size": opts.batch_size,
                              "seed": client_seed(ctx.seed, global_step, i)})
@@ -81,13 +95,36 @@ class DataParallel:
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
                 raise MeshError(f"round {rnd} step {step + 1}: shards not served: "
                                 f"{folded.not_served}")
-            # The step happens here, on every live replica, on the same mean.
-            ctx.call([(r, {"op": "apply", "gradients": folded.result}) for r in ctx.live])
+            # The step happens here, on every live replica, on the same mean
+            # (sent once per host relay when the replicas are behind relays).
+            ctx.broadcast(ctx.live, {"op": "apply", "gradients": folded.result})
             answered.update(folded.answered)
             examples += folded.examples
             served = folded.served
             replies.extend(folded.replies.values())
         reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
+        return self._read_back(ctx, rnd, reader, answered, examples, replies, served)
+
+    def _mesh_step(self, ctx: StrategyContext, live: list[int], global_step: int,
+                   label: str) -> list[Mapping[str, Any]]:
+        """One step on a mesh: every live replica all-reduces its shard's gradients and applies."""
+        opts = self.options
+        replies = ctx.call([(r, {"op": "step", "shard": i, "shards": len(live),
+                                 "batch_size": opts.batch_size, "ranks": list(live),
+                                 "seed": client_seed(ctx.seed, global_step, i)})
+                            for i, r in enumerate(live)])
+        lost = {reply.rank: reply.error for reply in replies if not reply.ok}
+        if lost:
+            why = "; ".join(f"rank {r}: {error}" for r, error in lost.items())
+            raise MeshError(
+                f"{label}: replica(s) {sorted(lost)} were lost during the mesh all-reduce "
+                f"({why}); the replicas' step failed with them, so the run stops here "
+                f"(--resume continues from the last checkpoint)")
+        return [reply.payload for reply in replies]
+
+    def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
+                   examples: int, replies: list[Mapping[str, Any]],
+                   served: dict[int, int]) -> RoundOutcome:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
         back = ctx.call([(reader, {"op": "get_state"})])[0]

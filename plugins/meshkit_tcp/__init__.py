@@ -33,9 +33,10 @@ class InprocOptions:
 
 
 def _tcp(options: TcpOptions) -> Any:
+    from meshkit_tcp.relay import start_relay
     from meshkit_tcp.tcp import TcpTransport
 
-    return TcpTransport(options)
+    return TcpTransport(options, relay_factory=start_relay)
 
 
 def _inproc(options: InprocOptions) -> Any:
@@ -49,7 +50,7 @@ def meshkit_transports() -> Iterable[meshkit.Component]:
     return [
         meshkit.Component(
             "tcp", _tcp, TcpOptions,
-            summary="TCP star or full mesh, authenticated frames, optional UDP discovery"),
+            summary="TCP star or full mesh, authenticated frames, optional UDP discovery, host relays"),
         meshkit.Component(
             "inproc", _inproc, InprocOptions,
             summary="ranks as threads of one process (fast tests of everything above the wire)"),

@@ -24,6 +24,14 @@ Each link has one reader thread that waits for a frame to start without a
 timeout (a worker may train for a long time between frames) and then reads
 it under the channel's stall timeout: a peer that stops mid-frame, sends
 garbage, or fails authentication is dropped and declared dead.
+
+Host relays (``meshkit relay``, :mod:`meshkit_tcp.relay`): a star's
+coordinator also accepts a relay's connection (handshake role ``relay``),
+which announces the ranks it carries. Each carried rank that joins the
+relay joins the coordinator over that one connection (``group.relays``
+lists them); frames to it carry their destination, deaths the coordinator
+declares are forwarded to the relay, and a relay connection that is lost
+takes exactly its ranks with it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from meshkit.node.config import NodeConfig
 from meshkit.transport import (
     META_KEY,
     TAG_BYE,
+    TAG_RELAY_CTL,
+    TAG_REPLY,
     TAG_WELCOME,
     Group,
     LinkEvents,
@@ -65,7 +75,9 @@ _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
 #: accepting side can refuse a mismatch before anything else happens.
 ROLE_STAR = 1
 ROLE_MESH = 2
-_ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh"}
+#: A host relay dialing a star's coordinator for the ranks it carries.
+ROLE_RELAY = 3
+_ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh", ROLE_RELAY: "relay"}
 
 #: Accept-loop poll period: how quickly close() stops the listener.
 _ACCEPT_POLL = 0.2
@@ -157,6 +169,21 @@ class TcpGroup(Group):
         self._benchmark_only_disable_mac = False
         #: Rank 0's UDP discovery responder, closed with the group.
         self._discovery: Any = None
+        #: Host relays connected to this coordinator, by name, and the relay
+        #: each rank behind one is reached through (all under ``_lock``).
+        self._relays: dict[str, _RelayLink] = {}
+        self._via: dict[int, str] = {}
+        #: Body bytes this rank received and sent (benchmarks/scale.py reads them).
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        """Coordinator: each connected host relay's name -> the live ranks it carries."""
+        dead = self.dead
+        with self._lock:
+            return {name: sorted(r for r in link.joined if r not in dead)
+                    for name, link in self._relays.items()}
 
     @property
     def discovery_port(self) -> int | None:
@@ -191,17 +218,20 @@ class TcpGroup(Group):
             if message.raw is not None and message.src != self.rank:
                 # A relay forwards the authenticated body unchanged (no re-encoding),
                 # naming the original sender in the new header.
-                channel.forward(message.raw, sender=message.src, deadline=message.deadline)
+                self.bytes_out += channel.forward(message.raw, sender=message.src,
+                                                  deadline=message.deadline)
                 return
             state = dict(message.payload)
             meta = dict(message.meta)
-            if message.dst != peer:
+            if message.dst != peer or peer in self._via:
+                # A relay's connection carries several ranks: it needs the destination.
                 meta["dst"] = message.dst
             if meta:
                 state[META_KEY] = meta
             model = message.kind == "model"
-            channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag, state,
-                         bf16=model and self.bf16_wire, deadline=message.deadline)
+            self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
+                                           state, bf16=model and self.bf16_wire,
+                                           deadline=message.deadline)
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise
@@ -213,7 +243,23 @@ class TcpGroup(Group):
     def _drop_link(self, peer: int) -> None:
         with self._lock:
             channel = self._channels.pop(peer, None)
+            relay = self._via.pop(peer, None)
+            link = self._relays.get(relay) if relay is not None else None
+            told = link is not None and peer in link.reported
             self._lock.notify_all()  # a mesh forming waits for links or deaths
+        if relay is not None and channel is not None:
+            if told:
+                return  # the relay reported this death: it dropped the rank already
+            # The relay's connection carries other ranks: tell the relay to drop
+            # this one instead of closing it (best effort: a dying relay is
+            # noticed by its reader).
+            reason = self._events.dead_reason(peer) or "declared dead"
+            try:
+                channel.send(KIND_CONTROL, TAG_RELAY_CTL,
+                             {"op": "dead", "rank": peer, "reason": reason})
+            except (MeshError, OSError):
+                pass
+            return
         if channel is not None:
             channel.close()
 
@@ -227,8 +273,12 @@ class TcpGroup(Group):
             except OSError:
                 pass
         with self._lock:
-            channels = list(self._channels.values())
+            # One goodbye per connection, a relay's included.
+            channels = list({id(c): c for c in self._channels.values()}.values())
+            channels += [link.channel for link in self._relays.values()
+                         if all(link.channel is not c for c in channels)]
             self._channels.clear()
+            self._via.clear()
             pending = list(self._handshaking)
         for sock in pending:  # unblock handshakes in progress
             wire.close_socket(sock)
@@ -302,6 +352,7 @@ class TcpGroup(Group):
             if frame.tag == TAG_BYE:
                 events.lost(rank, "closed its connection (left the mesh)", quiet=True)
                 return
+            self.bytes_in += frame.nbytes
             state = frame.state
             meta = state.pop(META_KEY, None)
             if meta is None:
@@ -396,6 +447,9 @@ class TcpGroup(Group):
             with self._lock:
                 self._handshaking.discard(sock)
         rank = channel.peer.rank
+        if channel.peer.role == ROLE_RELAY:
+            self._admit_relay(channel, where)
+            return
         problem = self._identity_problem(channel)
         if problem is None:
             problem = self._rank_problem(rank, channel.peer.role)
@@ -455,10 +509,185 @@ class TcpGroup(Group):
             if rank in self._channels or rank in self._admitting:
                 return (f"rank {rank} is already connected to rank {self.rank} (duplicate "
                         f"rank): give each node a distinct rank in 1..{self.world_size - 1}")
+            carried = [n for n, link in self._relays.items() if rank in link.ranks]
+            if carried:
+                return (f"rank {rank} is carried by host relay {carried[0]!r}: start it with "
+                        f"--peers naming that relay's address, not the coordinator's")
             # Reserve the rank until the welcome is sent, so two connections
             # claiming it at once cannot both get in.
             self._admitting.add(rank)
         return None
+
+    # -- host relays (the coordinator's side; meshkit_tcp.relay is the relay's) ------
+
+    def _admit_relay(self, channel: wire.Channel, where: str) -> None:
+        """A host relay handshook: check what it announces, welcome it, read its link."""
+        try:
+            hello = channel.recv(timeout=self.timeout)
+        except (MeshError, OSError) as exc:
+            channel.close()
+            self._refuse(f"{where} (relay)", f"sent no relay hello: {exc}")
+            return
+        name, ranks, problem = self._relay_problem(channel, hello)
+        if problem is not None:
+            try:
+                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
+            except (MeshError, OSError):
+                pass
+            channel.close()
+            self._refuse(f"{where} (relay {name!r})", problem)
+            return
+        link = _RelayLink(name, channel, frozenset(ranks))
+        with self._lock:
+            # Registered before the welcome, so a rank joining through it at
+            # once finds it; _relay_problem reserved the name and ranks.
+            self._relays[name] = link
+            self._admitting.difference_update(ranks)
+            self._lock.notify_all()
+        try:
+            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
+        except (MeshError, OSError) as exc:
+            self._relay_lost(link, f"the welcome could not be sent: {exc}")
+            return
+        log.info("rank 0: host relay %r at %s carries ranks %s", name, where, sorted(ranks))
+        self._start(self._relay_reader, link, name=f"meshkit-tcp-relay-{name}")
+
+    def _relay_problem(self, channel: wire.Channel, hello: wire.Frame
+                       ) -> tuple[str, list[int], str | None]:
+        """(name, ranks, why the relay may not join or None); reserves the ranks if not."""
+        state = hello.state
+        name, ranks = state.get("name"), state.get("ranks")
+        if hello.tag != TAG_RELAY_CTL or state.get("op") != "hello":
+            return "?", [], "a relay must start with its hello (the ranks it carries)"
+        if not isinstance(name, str) or not name or len(name) > 200:
+            return "?", [], f"a relay needs a name of 1..200 characters, got {name!r}"
+        if (not isinstance(ranks, list) or not ranks or len(ranks) >= self.world_size
+                or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
+            return name, [], f"relay {name!r} announced no valid list of ranks ({ranks!r})"
+        if not self.is_coordinator or not self.is_star:
+            return name, [], "only a star's coordinator (rank 0) accepts host relays"
+        authorized = self.config.authorized_nodes
+        for rank in ranks:
+            if not 1 <= rank < self.world_size:
+                return name, [], (f"relay {name!r} announced rank {rank}, outside the workers "
+                                  f"1..{self.world_size - 1}")
+            if authorized is not None:
+                problem = authorized.problem(channel.peer_key, rank)
+                if problem is not None:
+                    return name, [], f"relay {name!r} may not carry rank {rank}: {problem}"
+        dead = {r: self._events.dead_reason(r) for r in ranks}
+        with self._lock:
+            if name in self._relays:
+                return name, [], f"a host relay named {name!r} is already connected"
+            for rank in ranks:
+                if dead[rank] is not None:
+                    return name, [], (f"rank {rank} was declared dead ({dead[rank]}); a dead "
+                                      f"rank cannot rejoin this run")
+                if rank in self._channels or rank in self._admitting:
+                    return name, [], (f"relay {name!r} announced rank {rank}, which is "
+                                      f"already connected")
+                owner = [n for n, link in self._relays.items() if rank in link.ranks]
+                if owner:
+                    return name, [], (f"relay {name!r} announced rank {rank}, which relay "
+                                      f"{owner[0]!r} carries; give each relay its own ranks")
+            if len(set(ranks)) != len(ranks):
+                return name, [], f"relay {name!r} announced a rank twice: {ranks}"
+            self._admitting.update(ranks)
+        return name, sorted(ranks), None
+
+    def _relay_reader(self, link: _RelayLink) -> None:
+        """Read a relay's connection: its ranks' frames, and who joined or died behind it."""
+        events = self._events
+        while True:
+            try:
+                frame = link.channel.recv(timeout=None)
+            except (PeerLostError, WireError) as exc:
+                self._relay_lost(link, str(exc))
+                return
+            except Exception as exc:  # a decoder bug must still drop the relay, not hang
+                log.exception("rank 0: unexpected error reading from relay %r", link.name)
+                self._relay_lost(link, f"unexpected {type(exc).__name__}: {exc}")
+                return
+            if frame.tag == TAG_BYE:
+                self._relay_lost(link, "closed its connection (left the mesh)", quiet=True)
+                return
+            self.bytes_in += frame.nbytes
+            state = frame.state
+            if frame.tag == TAG_RELAY_CTL:
+                problem = self._relay_news(link, state)
+                if problem is not None:
+                    self._relay_lost(link, f"protocol violation: {problem}")
+                    return
+                continue
+            meta = state.pop(META_KEY, None) or {}
+            src = frame.sender
+            # A relay speaks for its joined ranks only; its own answers (to a
+            # TAG_RELAY request) name a rank it carries.
+            allowed = link.ranks if frame.tag == TAG_REPLY and "relay" in state else link.joined
+            if not isinstance(meta, dict) or src not in allowed:
+                self._relay_lost(link, (
+                    f"protocol violation: sent a frame for rank {src}, which it does not "
+                    f"carry (or with a malformed {META_KEY!r} entry)"))
+                return
+            dst = meta.get("dst", self.rank)
+            if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < self.world_size:
+                self._relay_lost(link, f"protocol violation: a frame for invalid rank {dst!r}")
+                return
+            if events.dead_reason(src) is not None and "relay" not in state:
+                continue  # a late frame from a rank declared dead
+            events.deliver(Message(src, dst, frame.tag, state, meta,
+                                   _KIND_NAMES.get(frame.kind, "control"), raw=frame))
+            del frame, state
+
+    def _relay_news(self, link: _RelayLink, state: dict[str, Any]) -> str | None:
+        """A relay's control message (a rank joined or was lost behind it); a problem or None."""
+        op, rank = state.get("op"), state.get("rank")
+        if rank not in link.ranks:
+            return f"control {op!r} for rank {rank!r}, which it does not carry"
+        if op == "joined":
+            if self._events.dead_reason(rank) is not None:
+                return None  # too late: the coordinator already forwarded its death
+            with self._lock:
+                if self._events.closed or rank in link.joined:
+                    return None
+                link.joined.add(rank)
+                self._channels[rank] = link.channel
+                self._via[rank] = link.name
+                self._lock.notify_all()
+            self._events.linked(rank)
+            return None
+        if op == "lost":
+            reason = str(state.get("reason") or "lost")
+            with self._lock:
+                link.reported.add(rank)
+            self._events.lost(rank, f"lost behind host relay {link.name!r}: {reason}",
+                              quiet=bool(state.get("quiet")))
+            return None
+        return f"unknown control {op!r}"
+
+    def _relay_lost(self, link: _RelayLink, reason: str, *, quiet: bool = False) -> None:
+        """A relay's connection is gone: it takes exactly the ranks it carries with it."""
+        with self._lock:
+            if self._relays.get(link.name) is not link:
+                return
+            del self._relays[link.name]
+            for rank in link.ranks:
+                if self._via.get(rank) == link.name:
+                    del self._via[rank]
+                    self._channels.pop(rank, None)
+            self._admitting.difference_update(link.ranks)
+            self._lock.notify_all()
+        link.channel.close()
+        if self._events.closed:
+            return
+        log.log(logging.INFO if quiet else logging.WARNING,
+                "rank 0: host relay %r lost (%s); its ranks %s go with it", link.name,
+                reason, sorted(link.ranks))
+        for rank in sorted(link.ranks):
+            self._events.lost(rank, f"its host relay {link.name!r} was lost: {reason}",
+                              quiet=quiet)
+        with self._lock:
+            self._lock.notify_all()  # whoever waits on the group sees the deaths
 
     # -- dialing side ---------------------------------------------------------
 
@@ -560,6 +789,18 @@ class TcpGroup(Group):
         self._accepting.clear()
 
 
+@attrs.define(eq=False)
+class _RelayLink:
+    """A host relay's connection to the coordinator: the ranks it may carry, those that joined."""
+
+    name: str
+    channel: wire.Channel
+    ranks: frozenset[int]
+    joined: set[int] = attrs.Factory(set)
+    #: Ranks whose loss the relay itself reported (no need to tell it back).
+    reported: set[int] = attrs.Factory(set)
+
+
 class _TcpLinks(Links):
     """TcpGroup's side of the transport contract: what the kernel calls."""
 
@@ -598,11 +839,26 @@ class _TcpLinks(Links):
 class TcpTransport:
     """Factory result of the ``tcp`` component: ``connect(node_config) -> Group``."""
 
-    def __init__(self, options: Any = None, *, benchmark_only_disable_mac: bool = False) -> None:
+    def __init__(self, options: Any = None, *, benchmark_only_disable_mac: bool = False,
+                 relay_factory: Any = None) -> None:
         self.options = options
         # Never reachable from config: only benchmarks/allreduce.py builds a
         # transport this way, on every rank, to measure what the MAC costs.
         self._benchmark_only_disable_mac = benchmark_only_disable_mac
+        # meshkit_tcp.relay's start_relay (the component factory passes it in:
+        # the relay builds on this module, so this module cannot import it).
+        self._relay_factory = relay_factory
+
+    def start_relay(self, **settings: Any) -> Any:
+        """Start a host relay (``meshkit relay``); ``settings`` are ``RelayConfig``'s fields.
+
+        Returns the running :class:`meshkit_tcp.relay.HostRelay` (its
+        ``address``, ``serve()``, ``close()``).
+        """
+        if self._relay_factory is None:
+            raise ConfigError("this tcp transport was built without host relay support; "
+                              "create it with meshkit.plugins.create('transport', 'tcp')")
+        return self._relay_factory(self.options, **settings)
 
     def connect(self, config: NodeConfig) -> TcpGroup:
         if not config.secret:

@@ -1,0 +1,293 @@
+"""The mesh all-reduce: a weighted mean computed by the participants themselves, no coordinator fold.
+
+The rule: every rank in ``ranks`` calls :meth:`Group.mesh_all_reduce` with the
+same ``ranks``, the same keys, shapes and dtypes, and its own weight, in the
+same order as every other collective over those ranks; each gets back
+``sum_i w_i x_i / sum_i w_i`` in each array's own dtype. Only floating
+arrays take part (float16, bfloat16, float32 accumulate in float32; float64
+in float64): a count or a JSON value has no mean that a sum could give, so
+it is refused, as is a layout that differs between ranks
+(:class:`~meshkit.AggregationError` on every participant, naming the keys).
+
+How, in two steps:
+
+* **Pack** (:func:`pack`): the state becomes one flat buffer per
+  accumulation dtype, each contribution scaled by its weight, with the
+  weight itself in the buffer's last slot, so one sum gives both the
+  numerator and the mass it divides by.
+* **Sum**: the transport's own collective when it offers one
+  (:meth:`Links.all_reduce_sum`: ``torchdist`` hands the buffer to
+  torch.distributed), else a ring over the direct links (:func:`ring_sum`):
+  reduce-scatter, then all-gather, ``n - 1`` steps each, every rank sending
+  and receiving ``(n - 1) / n`` of the buffer per phase at the same time (the
+  bandwidth-optimal schedule of Patarasuk & Yuan, 2009). Every chunk is an
+  ordinary message under :data:`TAG_RING`, so on ``tcp`` it is
+  authenticated and encrypted like every frame.
+
+A participant that is lost, stalls past the timeout (per step), or
+disagrees on the layout makes the collective fail on *every* participant:
+the rank that notices sends an abort to all the others before raising, and a
+rank waiting on a chunk also wakes when the rank it waits on is declared dead. A
+failed all-reduce never returns a partial sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from meshkit.errors import AggregationError, MeshError, PeerLostError
+from meshkit.transport._ledger import Ledger
+from meshkit.transport._mailbox import Mailboxes
+from meshkit.transport._message import Message, check_state
+from meshkit.transport.tags import TAG_RING
+
+__all__ = ["Layout", "pack", "unpack", "ring_sum", "Collective"]
+
+
+def _accumulation_dtype(key: str, value: Any) -> np.dtype:
+    if not isinstance(value, np.ndarray):
+        raise AggregationError(
+            f"mesh_all_reduce: {key!r} is a {type(value).__name__}; only floating arrays "
+            f"have a mean a sum can give (send counts and JSON values with send/recv)")
+    if value.dtype == np.float64:
+        return np.dtype(np.float64)
+    if value.dtype.kind == "f" or value.dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    raise AggregationError(
+        f"mesh_all_reduce: {key!r} is {value.dtype}; only floating arrays (float16, "
+        f"bfloat16, float32, float64) are averaged, so an integer buffer must travel "
+        f"another way (send/recv, or the coordinator's reduce_round)")
+
+
+@attrs.frozen
+class Layout:
+    """Where each key lives in the packed buffers, and what every rank must agree on."""
+
+    #: (key, buffer index, offset, shape, dtype) per key, in key order.
+    entries: tuple[tuple[str, int, int, tuple[int, ...], np.dtype], ...]
+    #: The accumulation dtype of each buffer.
+    dtypes: tuple[np.dtype, ...]
+    #: The length of each buffer (the weight slot included in buffer 0).
+    sizes: tuple[int, ...]
+    #: A 63-bit digest of the keys, shapes and dtypes (and the ranks): equal on
+    #: every participant, or the sum would add unrelated numbers.
+    check: int
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {d}{list(s)}" for k, _, _, s, d in self.entries) or "(empty)"
+
+
+def pack(state: Mapping[str, Any], weight: float,
+         ranks: Sequence[int]) -> tuple[Layout, list[np.ndarray]]:
+    """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot."""
+    groups: dict[np.dtype, list[tuple[str, Any]]] = {}
+    for key in sorted(state):
+        value = state[key]
+        groups.setdefault(_accumulation_dtype(key, value), []).append((key, value))
+    # float32 first: its buffer carries the weight when there is one.
+    dtypes = sorted(groups, key=lambda d: d.itemsize) or [np.dtype(np.float32)]
+    entries = []
+    sizes = []
+    for index, dtype in enumerate(dtypes):
+        offset = 0
+        for key, value in groups.get(dtype, []):
+            entries.append((key, index, offset, tuple(value.shape), value.dtype))
+            offset += value.size
+        sizes.append(offset + (1 if index == 0 else 0))
+    entries.sort(key=lambda e: e[0])
+    digest = hashlib.blake2b(repr((
+        [(k, s, d.str if d.name != "bfloat16" else "bf16") for k, _, _, s, d in entries],
+        list(ranks))).encode(), digest_size=8).digest()
+    layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
+                    int.from_bytes(digest, "little") >> 1)
+    buffers = [np.empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
+    for key, index, offset, _, _ in layout.entries:
+        value = state[key]
+        segment = buffers[index][offset:offset + value.size]
+        segment[...] = value.reshape(-1)
+        if weight != 1.0:
+            segment *= weight
+    buffers[0][-1] = weight
+    return layout, buffers
+
+
+def unpack(layout: Layout, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The summed buffers divided by the summed weight, each key in its own dtype and shape."""
+    mass = float(buffers[0][-1])
+    if not mass > 0 or not math.isfinite(mass):
+        raise AggregationError(
+            f"mesh_all_reduce: the participants' weights sum to {mass}; a mean needs a "
+            f"positive total weight (the realized work, e.g. examples seen)")
+    out: dict[str, Any] = {}
+    for key, index, offset, shape, dtype in layout.entries:
+        size = math.prod(shape)
+        segment = buffers[index][offset:offset + size]
+        np.divide(segment, mass, out=segment)
+        value = segment.reshape(shape)
+        out[key] = value if value.dtype == dtype else value.astype(dtype)
+    return out
+
+
+#: ``send(dst, payload, deadline)`` and ``take(round) -> (src, payload)`` as the ring sees them.
+Send = Callable[[int, Mapping[str, Any]], None]
+Take = Callable[[], tuple[int, Mapping[str, Any]]]
+
+
+def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check: int,
+             round_: int, send: Send, take: Take) -> None:
+    """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
+
+    Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
+    rank ``i`` sends chunk ``i - s`` to the next rank and adds chunk
+    ``i - s - 1`` from the previous one, so after ``n - 1`` steps it holds
+    chunk ``i + 1`` summed over every rank; the all-gather then passes the
+    summed chunks round the ring. ``take`` returns the next message from a
+    participant (the caller turns aborts and losses into errors).
+    """
+    n = len(ranks)
+    i = ranks.index(me)
+    nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
+    bounds = [[len(b) * j // n for j in range(n + 1)] for b in buffers]
+
+    def chunk(b: int, c: int) -> np.ndarray:
+        return buffers[b][bounds[b][c]:bounds[b][c + 1]]
+
+    def frame(c: int, phase: str) -> dict[str, Any]:
+        return {"r": round_, "check": check, "c": c, "phase": phase,
+                **{str(b): chunk(b, c) for b in range(len(buffers))}}
+
+    def receive(c: int, phase: str) -> Mapping[str, Any]:
+        src, payload = take()
+        if src != prv or payload.get("c") != c or payload.get("phase") != phase:
+            raise MeshError(
+                f"mesh_all_reduce round {round_}: rank {me} expected chunk {c} ({phase}) "
+                f"from rank {prv}, got chunk {payload.get('c')!r} ({payload.get('phase')!r}) "
+                f"from rank {src}: the participants disagree on the ranks or the order of "
+                f"collectives")
+        if payload.get("check") != check:
+            raise AggregationError(
+                f"mesh_all_reduce round {round_}: rank {src} contributes a different layout "
+                f"(keys, shapes or dtypes) than rank {me}; every participant must reduce the "
+                f"same keys with the same shapes and dtypes")
+        return payload
+
+    for s in range(n - 1):
+        send(nxt, frame((i - s) % n, "reduce"))
+        c = (i - s - 1) % n
+        got = receive(c, "reduce")
+        for b in range(len(buffers)):
+            target = chunk(b, c)
+            np.add(target, got[str(b)], out=target)
+    for s in range(n - 1):
+        send(nxt, frame((i + 1 - s) % n, "gather"))
+        c = (i - s) % n
+        got = receive(c, "gather")
+        for b in range(len(buffers)):
+            chunk(b, c)[...] = got[str(b)]
+
+
+class Collective:
+    """One group's mesh all-reduce: rounds per set of participants, the ring or the engine's sum."""
+
+    def __init__(self, ledger: Ledger, mailboxes: Mailboxes,
+                 send: Callable[[Message], None], links: Any, timeout: float,
+                 is_star: bool) -> None:
+        self._ledger = ledger
+        self._mailboxes = mailboxes
+        self._send = send
+        self._links = links
+        self._timeout = timeout
+        self._is_star = is_star
+        self._rounds: dict[tuple[int, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def all_reduce(self, state: Mapping[str, Any], weight: float,
+                   ranks: Sequence[int] | None, timeout: float | None) -> dict[str, Any]:
+        me = self._ledger.rank
+        world = self._ledger.world_size
+        members = tuple(sorted(set(range(world) if ranks is None else ranks)))
+        if not members or any(isinstance(r, bool) or not isinstance(r, int)
+                              or not 0 <= r < world for r in members):
+            raise ValueError(f"ranks must be ranks in 0..{world - 1}, got {ranks!r}")
+        if me not in members:
+            raise ValueError(f"rank {me} called mesh_all_reduce over ranks {list(members)}, "
+                             f"which do not include it")
+        check_state(state)
+        weight = _check_weight(weight, me)
+        wait = self._timeout if timeout is None else float(timeout)
+        with self._lock:
+            round_ = self._rounds.get(members, 0) + 1
+            self._rounds[members] = round_
+        layout, buffers = pack(state, weight, members)
+        if len(members) > 1:
+            engine = getattr(self._links, "all_reduce_sum", None)
+            done = engine is not None and engine(buffers, list(members), layout.check, wait)
+            if not done:
+                if self._is_star:
+                    raise MeshError(
+                        "mesh_all_reduce needs direct links between the participants (a mesh, "
+                        "or a transport with its own collective); in a star use all_reduce on "
+                        "the workers and reduce_round on the coordinator")
+                self._ring(buffers, members, layout.check, round_, wait)
+        return unpack(layout, buffers)
+
+    def _ring(self, buffers: list[np.ndarray], members: tuple[int, ...], check: int,
+              round_: int, wait: float) -> None:
+        me = self._ledger.rank
+        others = frozenset(members) - {me}
+        # Only the previous rank's chunks are needed; a rank further round
+        # the ring may finish and leave first. A loss elsewhere reaches us as
+        # the abort of the rank that waited on it.
+        prv = frozenset({members[(members.index(me) - 1) % len(members)]})
+
+        def send(dst: int, payload: Mapping[str, Any]) -> None:
+            self._send(Message(me, dst, TAG_RING, payload))
+
+        def take() -> tuple[int, Mapping[str, Any]]:
+            while True:
+                message = self._mailboxes.take(
+                    TAG_RING, set(others), wait, f"mesh_all_reduce round {round_}",
+                    watch=prv)
+                payload = message.payload
+                if not isinstance(payload.get("r"), int) or payload["r"] < round_:
+                    continue  # a chunk of an all-reduce that failed earlier
+                if "abort" in payload:
+                    error = AggregationError if payload.get("kind") == "aggregation" \
+                        else PeerLostError
+                    raise error(f"mesh_all_reduce round {round_}: rank {message.src} gave "
+                                f"up: {payload['abort']}")
+                return message.src, payload
+
+        try:
+            ring_sum(buffers, list(members), me, check, round_, send, take)
+        except (MeshError, OSError) as exc:
+            kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
+            for rank in sorted(others):
+                if self._ledger.reason(rank) is not None:
+                    continue
+                try:  # every participant must stop waiting, not only the next one
+                    self._send(Message(me, rank, TAG_RING, {
+                        "r": round_, "abort": str(exc), "kind": kind}))
+                except (MeshError, OSError):
+                    pass
+            if isinstance(exc, OSError):
+                raise PeerLostError(f"mesh_all_reduce round {round_}: {exc}") from exc
+            raise
+
+
+def _check_weight(weight: Any, rank: int) -> float:
+    try:
+        value = float(weight)
+    except (TypeError, ValueError):
+        raise AggregationError(f"mesh_all_reduce on rank {rank}: the weight must be a number "
+                               f"(the realized work), got {weight!r}") from None
+    if isinstance(weight, bool) or not math.isfinite(value) or value < 0:
+        raise AggregationError(f"mesh_all_reduce on rank {rank}: the weight must be finite "
+                               f"and >= 0 (the realized work), got {weight!r}")
+    return value

@@ -1,0 +1,710 @@
+"""The tcp host relay (``meshkit relay``): one connection to the coordinator for a host's ranks.
+
+Rule: a relay forwards every frame between its ranks and the coordinator
+unchanged (the authenticated body is re-tagged under the other connection's
+keys, never re-encoded), except the requests addressed to the relay itself
+(``TAG_RELAY``), which it serves with its own ranks and answers once:
+
+* ``fold``: the round engine's work for this relay's ranks (the round's
+  state, sent once, and the keys to serve). The relay runs the round engine
+  (:func:`meshkit.train.fold_round`) on its own ranks, folds their
+  contributions in key order through a weighted :class:`meshkit.aggregation.MeanFold`
+  (weight = realized work) and answers with the partial mean and its mass
+  (the sum of the weights), so the coordinator's fold of the relays'
+  partials, weighted by mass, is the flat star's weighted mean.
+* ``fanout``: one request (a data-parallel ``apply``, a ``set_state``) for
+  several of its ranks, sent upstream once.
+
+Both legs run the ordinary handshake (shared secret, encryption, world
+size): the ranks dial the relay exactly as they would dial the coordinator
+(``meshkit node --peers RELAY_ADDR``), the relay dials the coordinator with
+the handshake role ``relay`` and announces the ranks it carries. It accepts
+only those ranks. A rank lost here is reported upstream; a death the
+coordinator declares arrives as control and drops the rank here. When the
+coordinator goes, the relay closes every local link and ends; it also ends
+once every rank it carries has left.
+
+Frames for a local rank are written on the thread that reads the
+coordinator's connection, under the channel's stall timeout: a local rank
+that stops reading holds the relay's downstream traffic up to that timeout,
+then it is dropped (and reported) as stalled.
+
+A relay decrypts what passes through it: it sees its ranks' models in clear.
+Run it on the host whose ranks it carries (docs/scaling-out.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import queue
+import socket
+import threading
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+
+from meshkit import wire
+from meshkit.aggregation import MeanFold
+from meshkit.errors import (
+    AggregationError,
+    ConfigError,
+    MeshError,
+    PeerLostError,
+    WireError,
+    WorkerError,
+)
+from meshkit.train import (
+    Reply,
+    StrategyContext,
+    Work,
+    by_examples,
+    decode,
+    encode,
+    fold_round,
+)
+from meshkit.transport import (
+    META_KEY,
+    TAG_BYE,
+    TAG_RELAY,
+    TAG_RELAY_CTL,
+    TAG_REPLY,
+    TAG_REQUEST,
+    TAG_WELCOME,
+)
+
+from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, parse_address
+
+__all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
+
+log = logging.getLogger(__name__)
+
+#: Accept-loop poll period: how quickly close() stops the listener.
+_ACCEPT_POLL = 0.2
+
+
+@attrs.frozen
+class RelayConfig:
+    """What ``meshkit relay`` is started with.
+
+    ``coordinator``: the coordinator's ``host:port``; ``bind``: where this
+    host's ranks dial the relay (port 0: any free port, ``relay.address``
+    says which); ``ranks``: the global ranks this relay carries.
+    """
+
+    coordinator: str
+    bind: str
+    world: int
+    ranks: tuple[int, ...]
+    secret: bytes = attrs.field(repr=False)
+    name: str = ""
+    timeout: float = 30.0
+    encrypt: bool = True
+    node_key: Any = attrs.field(default=None, repr=False)
+    max_frame: int = wire.DEFAULT_MAX_FRAME
+
+    def __attrs_post_init__(self) -> None:
+        if not self.ranks:
+            raise ConfigError("a relay needs the ranks it carries (--ranks 1,2)")
+        bad = [r for r in self.ranks if not 1 <= r < self.world]
+        if bad:
+            raise ConfigError(f"relay ranks {bad} are outside the workers 1..{self.world - 1} "
+                              f"of a world of {self.world}")
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ConfigError(f"relay ranks {list(self.ranks)} name a rank twice")
+        if not self.secret or len(self.secret) < wire.MIN_SECRET:
+            raise ConfigError(
+                f"a relay needs the run's shared secret (at least {wire.MIN_SECRET} bytes): "
+                f"--secret-file or MESHKIT_SECRET")
+        if not 0 < self.timeout <= 1e9:
+            raise ConfigError(f"timeout must be positive seconds, got {self.timeout}")
+
+
+@attrs.frozen
+class RelayReport:
+    """What a relay did, once it ended."""
+
+    name: str
+    ranks: tuple[int, ...]
+    joined: tuple[int, ...]
+    dead: Mapping[int, str]
+    folds: int
+    fanouts: int
+    frames_up: int
+    frames_down: int
+    stopped: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ranks": list(self.ranks), "joined": list(self.joined),
+                "dead": {str(r): why for r, why in self.dead.items()}, "folds": self.folds,
+                "fanouts": self.fanouts, "frames_up": self.frames_up,
+                "frames_down": self.frames_down, "stopped": self.stopped}
+
+
+def _once(reply: Mapping[str, Any]) -> float:
+    return 1.0
+
+
+class _RelayPool:
+    """The round engine's :class:`meshkit.train.WorkerPool` over this relay's own ranks.
+
+    Requests the relay issues carry negative ``seq`` numbers, the
+    coordinator's positive ones: a worker echoes ``seq``, so each reply
+    goes back to whoever asked.
+    """
+
+    def __init__(self, relay: HostRelay) -> None:
+        self._relay = relay
+        self._cv = threading.Condition()
+        self._seq = 0
+        self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
+        self._replies: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
+        self._failed: collections.deque[Reply] = collections.deque()
+
+    @property
+    def dead(self) -> dict[int, str]:
+        return self._relay.dead
+
+    def live(self, ranks: Iterable[int]) -> list[int]:
+        joined, dead = self._relay.joined, self._relay.dead
+        return [r for r in ranks if r in joined and r not in dead]
+
+    def declare_dead(self, rank: int, reason: str) -> None:
+        self._relay.lost(rank, reason)
+
+    @property
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._failed) + sum(len(q) for q in self._owed.values())
+
+    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
+        with self._cv:
+            self._seq -= 1
+            seq = self._seq
+        dead = self._relay.dead
+        if rank in dead:
+            with self._cv:
+                self._failed.append(Reply(rank, None, dead[rank], seq))
+            return seq
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._owed.setdefault(rank, collections.deque()).append((seq, deadline))
+        try:
+            self._relay.send_down(rank, TAG_REQUEST, encode({**request, "seq": seq}))
+        except (PeerLostError, WireError, OSError) as exc:
+            self._relay.lost(rank, f"send failed: {exc}")
+        return seq
+
+    def deliver(self, rank: int, reply: dict[str, Any]) -> None:
+        """A worker answered one of the relay's requests (called by its reader)."""
+        with self._cv:
+            self._replies.append((rank, reply))
+            self._cv.notify_all()
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def receive(self, block: bool = True) -> Reply | None:
+        with self._cv:
+            while True:
+                if self._failed:
+                    return self._failed.popleft()
+                while self._replies:
+                    rank, reply = self._replies.popleft()
+                    owed = self._owed.get(rank)
+                    if owed and owed[0][0] == reply.get("seq"):
+                        seq, _ = owed.popleft()
+                        return Reply(rank, reply, None, seq)
+                    log.debug("relay: discarding a stale reply from rank %d", rank)
+                if not any(self._owed.values()):
+                    raise MeshError("receive() with no request outstanding")
+                dead = self._relay.dead
+                now = time.monotonic()
+                soonest = math.inf
+                for rank, owed in self._owed.items():
+                    if not owed:
+                        continue
+                    if rank in dead:
+                        seq, _ = owed.popleft()
+                        return Reply(rank, None, dead[rank], seq)
+                    if owed[0][1] <= now:
+                        seq, _ = owed.popleft()
+                        reason = "no answer within the request's timeout (stalled)"
+                        threading.Thread(target=self._relay.lost, args=(rank, reason),
+                                         daemon=True).start()
+                        return Reply(rank, None, reason, seq)
+                    soonest = min(soonest, owed[0][1])
+                if not block:
+                    return None
+                self._cv.wait(min(1.0, max(0.0, soonest - now)))
+
+    def stop_all(self, ranks: Sequence[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class HostRelay:
+    """One host relay: the upstream connection, the local ranks' links, the relay's own work."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.name = config.name or f"relay-{'-'.join(map(str, config.ranks))}"
+        self.ranks = frozenset(config.ranks)
+        self.folds = 0
+        self.fanouts = 0
+        self.frames_up = 0
+        self.frames_down = 0
+        #: Connections refused at the handshake (newest last), as the tcp group keeps them.
+        self.refused: list[str] = []
+        self._lock = threading.Condition()
+        self._down: dict[int, wire.Channel] = {}
+        self._joined: set[int] = set()
+        self._dead: dict[int, str] = {}
+        self._admitting: set[int] = set()
+        self._up: wire.Channel | None = None
+        self._listener: socket.socket | None = None
+        self._address = ""
+        self._closed = threading.Event()
+        self._done = threading.Event()
+        self._stopped = ""
+        self._threads: list[threading.Thread] = []
+        self._work: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._pool = _RelayPool(self)
+
+    # -- state ------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """Where this host's ranks dial the relay (``host:port``, once bound)."""
+        return self._address
+
+    @property
+    def dead(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._dead)
+
+    @property
+    def joined(self) -> set[int]:
+        with self._lock:
+            return set(self._joined)
+
+    def report(self) -> RelayReport:
+        with self._lock:
+            return RelayReport(self.name, tuple(sorted(self.ranks)), tuple(sorted(self._joined)),
+                               dict(self._dead), self.folds, self.fanouts, self.frames_up,
+                               self.frames_down, self._stopped)
+
+    # -- bring-up -----------------------------------------------------------------
+
+    def start(self) -> HostRelay:
+        """Dial the coordinator, announce the ranks, then listen for them."""
+        cfg = self.config
+        try:
+            self._up = self._dial_up()
+            host, port = parse_address(cfg.bind, what="relay bind address")
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((host, port))
+                listener.listen(128)
+            except OSError as exc:
+                listener.close()
+                raise ConfigError(f"cannot listen on relay bind address {cfg.bind}: {exc}") \
+                    from None
+            listener.settimeout(_ACCEPT_POLL)
+            self._listener = listener
+            host, port = listener.getsockname()[:2]
+            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        except BaseException:
+            self.close()
+            raise
+        self._spawn(self._up_reader, name=f"meshkit-relay-{self.name}-up")
+        self._spawn(self._accept_loop, name=f"meshkit-relay-{self.name}-accept")
+        self._spawn(self._serve_work, name=f"meshkit-relay-{self.name}-work")
+        log.info("relay %r: carries ranks %s, listening at %s", self.name, sorted(self.ranks),
+                 self.address)
+        return self
+
+    def _dial_up(self) -> wire.Channel:
+        cfg = self.config
+        host, port = parse_address(cfg.coordinator, what="coordinator address")
+        deadline = time.monotonic() + cfg.timeout
+        delay = 0.05
+        while True:
+            try:
+                sock = socket.create_connection(
+                    (host, port), timeout=max(0.05, min(cfg.timeout, deadline - time.monotonic())))
+                break
+            except OSError as exc:
+                if time.monotonic() + delay >= deadline:
+                    raise PeerLostError(
+                        f"relay {self.name!r} could not reach the coordinator at "
+                        f"{cfg.coordinator} within {cfg.timeout:g} s: {exc}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        channel = wire.handshake(
+            sock, cfg.secret, rank=min(self.ranks), world=cfg.world, role=ROLE_RELAY,
+            timeout=cfg.timeout, handshake_timeout=max(0.05, deadline - time.monotonic()),
+            max_frame=cfg.max_frame, encrypt=cfg.encrypt, node_key=cfg.node_key)
+        if channel.peer.rank != 0:
+            channel.close()
+            raise WireError(f"the node at {cfg.coordinator} is rank {channel.peer.rank}, not "
+                            f"the coordinator (rank 0)")
+        try:
+            channel.send(KIND_CONTROL, TAG_RELAY_CTL,
+                         {"op": "hello", "name": self.name, "ranks": sorted(self.ranks)})
+            frame = channel.recv(timeout=max(0.05, deadline - time.monotonic()))
+        except (PeerLostError, WireError):
+            channel.close()
+            raise
+        if frame.tag != TAG_WELCOME or not isinstance(frame.state.get("ok"), bool):
+            channel.close()
+            raise WireError(f"the coordinator at {cfg.coordinator} answered the relay's hello "
+                            f"with an unexpected frame (tag 0x{frame.tag:X})")
+        if not frame.state["ok"]:
+            channel.close()
+            raise WireError(f"the coordinator at {cfg.coordinator} refused relay "
+                            f"{self.name!r}: {frame.state.get('error')}")
+        return channel
+
+    def _spawn(self, target: Any, *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    # -- running ------------------------------------------------------------------
+
+    def serve(self, timeout: float | None = None) -> RelayReport:
+        """Block until the coordinator ends the run (or is lost); the relay's report."""
+        self._closed.wait(timeout)
+        self.close()
+        return self.report()
+
+    def close(self, reason: str = "closed") -> None:
+        """Leave: every local link and the upstream connection close. Idempotent."""
+        with self._lock:
+            closing = self._closed.is_set()
+            if not closing:
+                self._stopped = self._stopped or reason
+                self._closed.set()
+        if closing:
+            # Another thread is saying goodbye: let it finish before the caller
+            # (serve(), then the process) goes.
+            self._done.wait(5.0)
+            return
+        with self._lock:
+            channels = list(self._down.values())
+            self._down.clear()
+            up, self._up = self._up, None
+            self._lock.notify_all()
+        self._work.put(None)
+        self._pool.wake()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+        for channel in [*channels, *([up] if up is not None else [])]:
+            try:
+                channel.send(KIND_CONTROL, TAG_BYE, {})
+            except (MeshError, OSError):
+                pass
+            channel.close()
+        self._done.set()
+
+    def lost(self, rank: int, reason: str, *, quiet: bool = False, tell: bool = True) -> None:
+        """A local rank is gone: drop its link, tell the coordinator (unless it told us)."""
+        with self._lock:
+            if rank in self._dead:
+                return
+            self._dead[rank] = reason
+            channel = self._down.pop(rank, None)
+            self._lock.notify_all()
+        if channel is not None:
+            channel.close()
+        self._pool.wake()
+        if not self._closed.is_set():
+            log.log(logging.INFO if quiet else logging.WARNING, "relay %r: rank %d lost: %s",
+                    self.name, rank, reason)
+        if tell:
+            self._send_up_control({"op": "lost", "rank": rank, "reason": reason,
+                                   "quiet": quiet})
+        with self._lock:
+            done = self.ranks <= set(self._dead)
+        if done:
+            # Nothing left to carry (the run ended, or every rank here died).
+            self.close("every rank it carries has left")
+
+    def send_down(self, rank: int, tag: int, state: Mapping[str, Any]) -> None:
+        """The relay's own frame (as rank 0) to local ``rank``."""
+        with self._lock:
+            channel = self._down.get(rank)
+        if channel is None:
+            raise PeerLostError(f"rank {rank} is not connected to relay {self.name!r}")
+        channel.send(KIND_CONTROL, tag, state)
+
+    def _send_up(self, tag: int, state: Mapping[str, Any], sender: int) -> None:
+        up = self._up
+        if up is None:
+            raise PeerLostError(f"relay {self.name!r} has no coordinator connection")
+        up.send(KIND_CONTROL, tag, state, sender=sender)
+
+    def _send_up_control(self, state: Mapping[str, Any]) -> None:
+        try:
+            self._send_up(TAG_RELAY_CTL, state, min(self.ranks))
+        except (MeshError, OSError) as exc:
+            log.debug("relay %r: could not tell the coordinator %s: %s", self.name, state, exc)
+
+    # -- the coordinator's side ---------------------------------------------------------
+
+    def _up_reader(self) -> None:
+        up = self._up
+        assert up is not None
+        while True:
+            try:
+                frame = up.recv(timeout=None)
+            except (PeerLostError, WireError) as exc:
+                self.close(f"coordinator lost: {exc}")
+                return
+            if frame.tag == TAG_BYE:
+                self.close("the coordinator ended the run")
+                return
+            if frame.tag == TAG_RELAY_CTL:
+                if frame.state.get("op") == "dead" and frame.state.get("rank") in self.ranks:
+                    self.lost(int(frame.state["rank"]),
+                              str(frame.state.get("reason") or "declared dead by rank 0"),
+                              tell=False)
+                continue
+            meta = frame.state.get(META_KEY) or {}
+            dst = meta.get("dst") if isinstance(meta, dict) else None
+            if frame.tag == TAG_RELAY:
+                state = dict(frame.state)
+                state.pop(META_KEY, None)
+                self._work.put({"via": dst, **decode(state)})
+                continue
+            with self._lock:
+                channel = self._down.get(dst) if isinstance(dst, int) else None
+                self.frames_down += 1
+            if channel is None:
+                log.debug("relay %r: dropped a frame for rank %r (not connected here)",
+                          self.name, dst)
+                continue
+            try:
+                channel.forward(frame)
+            except (PeerLostError, WireError) as exc:
+                self.lost(dst, f"a write from the relay failed: {exc}")
+            del frame
+
+    # -- this host's ranks ----------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._closed.is_set():
+            try:
+                sock, peer = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if not self._closed.is_set():
+                    log.warning("relay %r: the listener failed", self.name, exc_info=True)
+                return
+            self._spawn(self._admit, sock, f"{peer[0]}:{peer[1]}",
+                        name=f"meshkit-relay-{self.name}-admit")
+
+    def _refuse(self, where: str, message: str) -> None:
+        log.warning("relay %r refused %s: %s", self.name, where, message)
+        with self._lock:
+            self.refused.append(f"{where}: {message}")
+            del self.refused[:-256]
+            self._lock.notify_all()
+
+    def _admit(self, sock: socket.socket, where: str) -> None:
+        cfg = self.config
+        try:
+            channel = wire.handshake(sock, cfg.secret, rank=0, world=cfg.world, role=ROLE_STAR,
+                                     timeout=cfg.timeout, max_frame=cfg.max_frame,
+                                     encrypt=cfg.encrypt)
+        except (MeshError, OSError) as exc:
+            if not self._closed.is_set():
+                self._refuse(where, str(exc))
+            return
+        rank = channel.peer.rank
+        problem = None
+        with self._lock:
+            if channel.peer.role != ROLE_STAR:
+                problem = "a host relay serves star workers only"
+            elif rank not in self.ranks:
+                problem = (f"relay {self.name!r} carries ranks {sorted(self.ranks)}, not rank "
+                           f"{rank}; point that node's --peers at its own relay or the "
+                           f"coordinator")
+            elif rank in self._dead:
+                problem = (f"rank {rank} was declared dead ({self._dead[rank]}); a dead rank "
+                           f"cannot rejoin this run")
+            elif rank in self._down or rank in self._admitting:
+                problem = f"rank {rank} is already connected to relay {self.name!r}"
+            else:
+                self._admitting.add(rank)
+        if problem is not None:
+            try:
+                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
+            except (MeshError, OSError):
+                pass
+            channel.close()
+            self._refuse(f"{where} (rank {rank})", problem)
+            return
+        try:
+            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
+            with self._lock:
+                self._down[rank] = channel
+                self._joined.add(rank)
+            # Told only now, so the coordinator never routes to a rank the relay lacks.
+            self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
+        except (MeshError, OSError) as exc:
+            self.lost(rank, f"joining failed: {exc}")
+            return
+        finally:
+            with self._lock:
+                self._admitting.discard(rank)
+        self._down_reader(rank, channel)
+
+    def _down_reader(self, rank: int, channel: wire.Channel) -> None:
+        while True:
+            try:
+                frame = channel.recv(timeout=None)
+            except (PeerLostError, WireError) as exc:
+                if not self._closed.is_set():
+                    self.lost(rank, str(exc))
+                return
+            if frame.tag == TAG_BYE:
+                self.lost(rank, "closed its connection (left the mesh)", quiet=True)
+                return
+            if frame.sender != rank:
+                self.lost(rank, f"sent a frame claiming to come from rank {frame.sender} "
+                                f"(protocol violation)")
+                return
+            if frame.tag in (TAG_RELAY, TAG_RELAY_CTL) or (
+                    frame.tag == TAG_REPLY and "relay" in frame.state):
+                # Only the relay speaks for itself: a rank forging its news or its
+                # answers would be believed by the coordinator.
+                self.lost(rank, f"sent a host relay's own frame (tag 0x{frame.tag:X}; "
+                                f"protocol violation)")
+                return
+            seq = frame.state.get("seq")
+            if frame.tag == TAG_REPLY and isinstance(seq, int) and seq < 0:
+                state = dict(frame.state)
+                state.pop(META_KEY, None)
+                self._pool.deliver(rank, decode(state))
+                continue
+            up = self._up
+            if up is None:
+                return
+            try:
+                up.forward(frame)
+                with self._lock:
+                    self.frames_up += 1
+            except (PeerLostError, WireError) as exc:
+                self.close(f"coordinator lost: {exc}")
+                return
+            del frame
+
+    # -- the relay's own work ---------------------------------------------------------------
+
+    def _serve_work(self) -> None:
+        while True:
+            request = self._work.get()
+            if request is None or self._closed.is_set():
+                return
+            op, seq, via = request.get("op"), request.get("seq"), request.get("via")
+            try:
+                if op == "fold":
+                    reply = self._fold(request)
+                    self.folds += 1
+                elif op == "fanout":
+                    reply = self._fanout(request)
+                    self.fanouts += 1
+                else:
+                    reply = {"error": f"relay {self.name!r}: unknown request {op!r}"}
+            except AggregationError as exc:
+                reply = {"error": str(exc), "reason": "aggregation"}
+            except WorkerError as exc:
+                # The worker's own message: the coordinator names the rank again.
+                reply = {"error": exc.detail, "rank": exc.rank}
+            except MeshError as exc:
+                reply = {"error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
+                log.exception("relay %r: request %r failed", self.name, op)
+                reply = {"error": f"relay {self.name!r}: {type(exc).__name__}: {exc}"}
+            reply.update(relay=self.name, seq=seq)
+            sender = via if isinstance(via, int) and via in self.ranks else min(self.ranks)
+            try:
+                self._send_up(TAG_REPLY, encode(reply), sender)
+            except (MeshError, OSError) as exc:
+                self.close(f"coordinator lost: {exc}")
+                return
+
+    def _context(self, timeout: Any) -> StrategyContext:
+        return StrategyContext(task=None, aggregator=None, pool=self._pool,
+                               workers=sorted(self.ranks), rng=None,
+                               timeout=None if timeout is None else float(timeout))
+
+    def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Serve the coordinator's keys on this host's ranks; the partial mean and its mass."""
+        work = [Work(int(key), dict(req)) for key, req in request["work"]]
+        fold = MeanFold(weighted=bool(request.get("weighted", True)),
+                        name=request.get("aggregator") or None,
+                        allow_nonfinite=bool(request.get("allow_nonfinite", False)),
+                        wide=bool(request.get("wide", False)))
+        folded = fold_round(self._context(request.get("timeout")), work,
+                            state=request.get("state"),
+                            weight=by_examples if request.get("weight") == "examples" else _once,
+                            window=int(request.get("window") or 1), fold=fold,
+                            label=str(request.get("label") or "client"))
+        reply: dict[str, Any] = {
+            "op": "fold", "mass": fold.mass, "count": fold.count,
+            "served": [[k, r] for k, r in folded.served.items()],
+            "not_served": [[k, why] for k, why in folded.not_served.items()],
+            "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
+                        for k, r in folded.replies.items()]}
+        if folded.result is not None:
+            reply["state"] = folded.result
+        return reply
+
+    def _fanout(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request to several of this host's ranks; each one's answer."""
+        ranks = [int(r) for r in request["ranks"]]
+        inner = {k: v for k, v in request.items()
+                 if k not in ("ranks", "via", "seq", "inner", "timeout")}
+        inner["op"] = request["inner"]
+        timeout = request.get("timeout")
+        tickets = {self._pool.send(r, inner, None if timeout is None else float(timeout)): r
+                   for r in ranks}
+        answers: dict[int, Any] = {}
+        for _ in tickets:
+            reply = self._pool.receive()
+            answers[tickets[reply.seq]] = (
+                [False, reply.error] if reply.payload is None
+                else [True, reply.payload.get("error")])
+        return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
+
+
+def start_relay(options: Any = None, **settings: Any) -> HostRelay:
+    """A started :class:`HostRelay` from :class:`RelayConfig`'s fields (the tcp options
+    give its largest frame)."""
+    if options is not None and "max_frame" not in settings:
+        settings["max_frame"] = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
+    return HostRelay(RelayConfig(**settings)).start()
+
+
+def serve_relay(config: RelayConfig) -> RelayReport:
+    """Run a relay until its coordinator ends the run; its report."""
+    relay = HostRelay(config).start()
+    return relay.serve()

@@ -1,0 +1,74 @@
+"""The ``torchdist`` transport: the Group API on torch.distributed process groups.
+
+Needs the ``torch`` extra (``pip install 'meshkit[torch]'``, or your own torch
+build). Only the record and the options class live here, so ``meshkit
+plugins`` lists ``torchdist`` (and ``import meshkit`` stays torch-free) on a
+machine without torch; selecting it there is a :class:`meshkit.PluginError`
+saying what to install.
+
+torch.distributed authenticates nothing: ``torchdist`` refuses a
+non-loopback rendezvous address unless ``[mesh] trust_network = true``
+(``meshkit_torchdist.group`` says why; docs/security.md what it leaves
+open). Launch with torchrun: ``torchrun --standalone --nproc-per-node 3 -m
+meshkit_torchdist CONFIG`` (:mod:`meshkit_torchdist.launch`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import attrs
+
+import meshkit
+
+__all__ = ["TorchdistOptions"]
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@attrs.frozen
+class TorchdistOptions:
+    """Options of the ``torchdist`` transport (the ``[transport]`` config table)."""
+
+    #: Where the ranks meet: ``"env://"`` (MASTER_ADDR, MASTER_PORT, RANK and
+    #: WORLD_SIZE, as torchrun sets them) or ``"tcp://host:port"`` (rank 0
+    #: hosts the store there). Empty: ``tcp://`` at the node's bind or peer
+    #: address when it has one, else ``env://``.
+    init_method: str = ""
+    #: The all-reduce's backend: ``"gloo"`` (CPU), ``"nccl"`` (CUDA), or
+    #: ``"auto"`` (nccl when torch sees a CUDA device, else gloo). Control
+    #: messages always travel over gloo.
+    backend: str = attrs.field(default="auto", validator=attrs.validators.in_(BACKENDS))
+    #: Largest control frame body accepted, checked before anything is allocated.
+    max_frame_bytes: int = attrs.field(default=1 << 30, validator=attrs.validators.gt(0))
+    #: Send float32 model frames as bfloat16 (as ``tcp``'s option); the
+    #: all-reduce itself always sums float32 or wider.
+    bf16_wire: bool = False
+    #: Seconds rank 0 waits for a rank to rendezvous (the process group forms
+    #: only once every rank has started); at least ``[mesh] timeout``.
+    join_timeout: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))
+
+
+def _torchdist(options: TorchdistOptions) -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise meshkit.PluginError(
+            f"the torchdist transport runs on torch.distributed, and torch is not importable "
+            f"here ({exc}); install it (pip install 'meshkit[torch]', or your platform's "
+            f"torch build), or select transport \"tcp\"") from None
+    if not dist.is_available():
+        raise meshkit.PluginError(
+            "the torchdist transport needs torch.distributed, which this torch build lacks "
+            "(torch.distributed.is_available() is False); select transport \"tcp\"")
+    from meshkit_torchdist.group import TorchdistTransport
+
+    return TorchdistTransport(options)
+
+
+@meshkit.hookimpl
+def meshkit_transports() -> Iterable[meshkit.Component]:
+    return [meshkit.Component(
+        "torchdist", _torchdist, TorchdistOptions,
+        summary="torch.distributed process groups (gloo, nccl); torchrun env:// rendezvous; "
+                "authenticates nothing")]

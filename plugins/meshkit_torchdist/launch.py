@@ -1,0 +1,138 @@
+"""torchrun starts meshkit: rank 0 runs the coordinator, every other rank a node.
+
+Run one config on every process torchrun starts::
+
+    torchrun --standalone --nproc-per-node 3 -m meshkit_torchdist CONFIG [--resume | --overwrite]
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:29400 -m meshkit_torchdist CONFIG   # trust_network = true
+
+The rule: the config says ``[mesh] transport = "torchdist"`` and ``workers =
+WORLD_SIZE - 1`` (torchrun's world minus the coordinator); this module reads
+RANK and WORLD_SIZE, and the transport rendezvouses ``env://`` (MASTER_ADDR,
+MASTER_PORT). Rank 0 is ``meshkit run CONFIG`` with ``launch = "external"``
+(its workers are torchrun's other processes): metrics, checkpoints and the
+summary land in ``[run] out`` as for any run. Every other rank is ``meshkit
+node``: it serves the coordinator's jobs until the run ends. Exit status: 0
+when the run finished, 2 when it was refused or a rank was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from typing import Any
+
+import attrs
+
+import meshkit
+from meshkit.config import Selection, load_config
+from meshkit.node import NodeConfig, caps_for, serve_node
+from meshkit.pipeline import serve_pipeline_job
+from meshkit.train import serve_train_job
+
+__all__ = ["main", "torchrun_config"]
+
+log = logging.getLogger(__name__)
+
+
+def _env_int(name: str) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw)
+    except ValueError:
+        raise meshkit.ConfigError(
+            f"{name} = {raw!r}: python -m meshkit_torchdist runs under torchrun, which sets "
+            f"RANK and WORLD_SIZE; start it with `torchrun --nproc-per-node N -m "
+            f"meshkit_torchdist CONFIG`") from None
+
+
+def torchrun_config(path: str, world: int) -> Any:
+    """The config at ``path`` as this launch runs it: checked, ``env://``, external launch."""
+    config = load_config(path)
+    if config.mesh.transport != "torchdist":
+        raise meshkit.ConfigError(
+            f"{path}: [mesh] transport = {config.mesh.transport!r}; under torchrun set "
+            f"transport = \"torchdist\" (torchrun's processes meet through torch.distributed)")
+    if config.mesh.workers != world - 1:
+        raise meshkit.ConfigError(
+            f"{path}: [mesh] workers = {config.mesh.workers}, but torchrun started "
+            f"WORLD_SIZE = {world} processes: rank 0 is the coordinator, so set workers = "
+            f"{world - 1} (or start {config.mesh.workers + 1} processes)")
+    options = dict(config.transport.options)
+    options.setdefault("init_method", "env://")
+    transport = Selection(config.transport.kind, config.transport.name, options,
+                          config.transport.where)
+    return attrs.evolve(config, mesh=attrs.evolve(config.mesh, launch="external"),
+                        transport=transport)
+
+
+def _coordinator(config: Any, *, resume: bool, overwrite: bool) -> int:
+    if not (os.environ.get("MESHKIT_SECRET") or config.mesh.secret_file):
+        # torchdist authenticates nothing, so no secret guards its links; the
+        # runner's check for one (written for transports that use it) is met
+        # with a throwaway value that never leaves this process.
+        os.environ["MESHKIT_SECRET"] = secrets.token_hex(32)
+    report = meshkit.run(config, launch="external", resume=resume, overwrite=overwrite)
+    print(f"meshkit_torchdist: rank 0: run {'finished' if report.ok else 'failed'}: "
+          f"{report.rounds_completed}/{report.rounds} round(s), metrics "
+          f"{ {k: round(v, 4) for k, v in report.metrics.items()} }"
+          + (f"; {report.error}" if report.error else ""), flush=True)
+    return 0 if report.ok else 2
+
+
+def _node(config: Any, rank: int, world: int) -> int:
+    node = NodeConfig(rank=rank, world=world, transport="torchdist",
+                      transport_options=dict(config.transport.options),
+                      timeout=config.mesh.timeout, trust_network=config.mesh.trust_network)
+    group = node.connect()
+    try:
+        reports = serve_node(group, caps_for(node),
+                             jobs={"train": serve_train_job, "pipeline": serve_pipeline_job})
+    finally:
+        group.close()
+    stopped = [r for r in reports if getattr(r, "error", None)]
+    return 2 if stopped else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m meshkit_torchdist",
+        description="Run a meshkit config on the processes torchrun starts "
+                    "(rank 0: the coordinator; others: nodes).")
+    parser.add_argument("config", help="the run's TOML config ([mesh] transport = \"torchdist\")")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the run's last checkpoint (as meshkit run --resume)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run in [run] out (as meshkit run --overwrite)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        config = torchrun_config(args.config, world)
+        if rank == 0:
+            return _coordinator(config, resume=args.resume, overwrite=args.overwrite)
+        return _node(config, rank, world)
+    except meshkit.MeshError as exc:
+        print(f"meshkit_torchdist: rank {os.environ.get('RANK', '?')}: {exc}", file=sys.stderr)
+        return 2
+
+
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown, once every group is closed.
+
+    A gloo receive still waiting on a peer that has not closed yet (it
+    leaves when it reads our goodbye) makes an ordinary exit abort with
+    "terminate called without an active exception": the run is over and its
+    artifacts are written, so nothing is lost by skipping the teardown.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_now(main())

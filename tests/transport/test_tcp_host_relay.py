@@ -1,0 +1,194 @@
+"""The tcp host relay in one process: who it carries, what it forwards, and what it refuses.
+
+A coordinator, a relay (threads) carrying ranks 1 and 2, and rank 3 dialing
+the coordinator directly. Bad connections at the relay (wrong secret,
+garbage, a rank it does not carry) get a specific error while the ranks
+that behave carry on; deaths travel both ways.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from meshkit import AuthenticationError, WireError, plugins, wire
+from meshkit.node.config import NodeConfig
+from meshkit.transport import TAG_RELAY_CTL
+from meshkit_tcp.tcp import KIND_CONTROL, ROLE_STAR
+
+SECRET = b"host-relay-test-secret"
+TAG = 7
+
+
+def coordinator(world: int = 4, timeout: float = 5.0):
+    return NodeConfig(rank=0, world=world, topology="star", bind="127.0.0.1:0", secret=SECRET,
+                      timeout=timeout).connect()
+
+
+def start_relay(address: str, ranks=(1, 2), *, world: int = 4, secret: bytes = SECRET,
+                name: str = "hostA"):
+    transport = plugins.create("transport", "tcp")
+    return transport.start_relay(coordinator=address, bind="127.0.0.1:0", world=world,
+                                 ranks=ranks, secret=secret, name=name, timeout=5.0)
+
+
+def worker(rank: int, peer: str, *, world: int = 4, secret: bytes = SECRET):
+    return NodeConfig(rank=rank, world=world, topology="star", peers=(peer,), secret=secret,
+                      timeout=5.0).connect()
+
+
+def wait_until(lock, predicate, timeout: float = 5.0) -> bool:
+    """Wait on a group's or relay's own condition (notified on every change); bounded."""
+    with lock:
+        return lock.wait_for(predicate, timeout)
+
+
+@pytest.fixture
+def mesh():
+    """Coordinator, relay carrying 1 and 2, both joined through it, rank 3 direct."""
+    group = coordinator()
+    relay = start_relay(group.address)
+    ranks = {1: worker(1, relay.address), 2: worker(2, relay.address),
+             3: worker(3, group.address)}
+    try:
+        assert group.wait_for_workers(timeout=5) == [1, 2, 3]
+        yield group, relay, ranks
+    finally:
+        for g in ranks.values():
+            g.close()
+        relay.close()
+        group.close()
+
+
+def test_ranks_behind_a_relay_join_and_talk_through_its_one_connection(mesh):
+    group, relay, ranks = mesh
+    assert group.relays == {"hostA": [1, 2]}
+    # The coordinator to a rank behind the relay, and back.
+    group.send(1, TAG, {"x": 1})
+    assert ranks[1].recv(0, TAG) == {"x": 1}
+    ranks[2].send(0, TAG, {"y": 2})
+    assert group.recv(2, TAG) == {"y": 2}
+    # Worker to worker: from behind the relay to a direct rank, and across it.
+    ranks[1].send(3, TAG, {"z": 3})
+    assert ranks[3].recv(1, TAG) == {"z": 3}
+    ranks[3].send(2, TAG, {"w": 4})
+    assert ranks[2].recv(3, TAG) == {"w": 4}
+    assert (relay.frames_up, relay.frames_down) == (2, 2)
+
+
+def test_a_death_the_coordinator_declares_reaches_the_owning_relay(mesh):
+    group, relay, ranks = mesh
+    group.declare_dead(1, "the strategy gave up on it")
+    assert wait_until(relay._lock, lambda: 1 in relay._dead)
+    assert "the strategy gave up on it" in relay.dead[1]
+    # Its neighbour behind the same relay is untouched.
+    group.send(2, TAG, {"still": True})
+    assert ranks[2].recv(0, TAG) == {"still": True}
+    assert group.relays == {"hostA": [2]}
+
+
+def test_a_relay_that_goes_takes_exactly_its_ranks(mesh):
+    group, relay, ranks = mesh
+    relay.close()
+    assert wait_until(group._lock, lambda: sorted(group.dead) == [1, 2])
+    dead = group.dead
+    assert group.relays == {}
+    assert sorted(dead) == [1, 2]
+    assert all("host relay 'hostA'" in why for why in dead.values())
+    group.send(3, TAG, {"alive": 1})
+    assert ranks[3].recv(0, TAG) == {"alive": 1}
+
+
+def test_wrong_secret_garbage_and_foreign_ranks_are_refused_at_the_relay(mesh):
+    group, relay, ranks = mesh
+    with pytest.raises(AuthenticationError, match="wrong secret"):
+        worker(2, relay.address, secret=b"not-the-right-secret!")
+    host, port = relay.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(80))
+        assert wait_until(relay._lock, lambda: any("not a meshkit node" in r
+                                                   for r in relay.refused))
+    with pytest.raises(WireError, match=r"carries ranks \[1, 2\], not rank 3"):
+        worker(3, relay.address)
+    assert any("failed authentication" in r or "wrong secret" in r for r in relay.refused)
+    # The relay and the coordinator keep serving the ranks that behave.
+    group.send(1, TAG, {"ok": 1})
+    assert ranks[1].recv(0, TAG) == {"ok": 1}
+    assert group.dead == {} and group.relays == {"hostA": [1, 2]}
+
+
+def test_a_relay_with_the_wrong_secret_is_refused_and_the_coordinator_keeps_serving():
+    group = coordinator(world=3)
+    try:
+        with pytest.raises(AuthenticationError, match="wrong secret"):
+            start_relay(group.address, ranks=(1,), world=3, secret=b"a-wrong-relay-secret")
+        assert wait_until(group._lock, lambda: bool(group.refused))
+        direct = worker(1, group.address, world=3)
+        try:
+            group.send(1, TAG, {"ok": 1})
+            assert direct.recv(0, TAG) == {"ok": 1}
+        finally:
+            direct.close()
+    finally:
+        group.close()
+
+
+def test_the_coordinator_refuses_a_relay_announcing_taken_or_invalid_ranks(mesh):
+    group, relay, ranks = mesh
+    with pytest.raises(WireError, match="relay 'hostB' announced rank 3, which is already "
+                                        "connected"):
+        start_relay(group.address, ranks=(3,), name="hostB")
+    with pytest.raises(WireError, match="a host relay named 'hostA' is already connected"):
+        start_relay(group.address, ranks=(3,), name="hostA")
+    assert group.dead == {}
+
+
+def test_a_rank_may_not_forge_the_relays_own_news(mesh):
+    group, relay, ranks = mesh
+    with pytest.raises(ValueError, match="transport's"):
+        ranks[1].send(0, TAG_RELAY_CTL, {"op": "lost", "rank": 2})
+
+
+def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on():
+    group = coordinator(world=3)
+    relay = start_relay(group.address, ranks=(1, 2), world=3)
+    good = worker(1, relay.address, world=3)
+    try:
+        host, port = relay.address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        forger = wire.handshake(sock, SECRET, rank=2, world=3, role=ROLE_STAR, timeout=5.0)
+        assert forger.recv(timeout=5).state["ok"] is True
+        # A forged "rank 1 was lost", in the relay's own control tag.
+        forger.send(KIND_CONTROL, TAG_RELAY_CTL, {"op": "lost", "rank": 1, "reason": "forged"})
+        assert wait_until(group._lock, lambda: 2 in group.dead)
+        assert "host relay's own frame" in group.dead[2] and "protocol violation" in group.dead[2]
+        forger.close()
+        group.send(1, TAG, {"ok": 1})
+        assert good.recv(0, TAG) == {"ok": 1}
+        assert 1 not in group.dead
+    finally:
+        good.close()
+        relay.close()
+        group.close()
+
+
+def test_the_reduce_service_works_through_a_relay_flat(mesh):
+    group, relay, ranks = mesh
+    results = {}
+
+    def contribute(rank):
+        results[rank] = ranks[rank].all_reduce({"w": np.full(4, float(rank), np.float32)},
+                                               weight=float(rank))
+
+    threads = [threading.Thread(target=contribute, args=(r,)) for r in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    round_ = group.reduce_round(plugins.create("aggregator", "fedavg"))
+    for t in threads:
+        t.join(10)
+    expected = (1 + 4 + 9) / 6
+    assert sorted(round_.contributors) == [1, 2, 3]
+    assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))

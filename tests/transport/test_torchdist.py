@@ -1,0 +1,100 @@
+"""The torchdist transport: the transport contract over gloo, its all-reduce, and its refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from meshkit import PeerLostError, RefusedError, plugins  # noqa: E402
+from meshkit.node.config import NodeConfig  # noqa: E402
+from meshkit.testing import TransportContract  # noqa: E402
+from meshkit_tcp.testing import run_ranks  # noqa: E402
+from meshkit_torchdist.group import is_loopback  # noqa: E402
+
+
+class TestTorchdist(TransportContract):
+    """Every rank is a thread with its own gloo pairs, meeting at a TCPStore on rank 0."""
+
+    component = "torchdist"
+
+    def test_connecting_without_a_secret_is_refused(self) -> None:
+        pytest.skip("does not apply: torch.distributed authenticates nothing, so torchdist "
+                    "has no secret to check; it refuses a non-loopback address instead "
+                    "(test_a_non_loopback_address_is_refused_without_trust_network)")
+
+
+def _world(world: int, timeout: float = 5.0, **options) -> tuple:
+    transport = plugins.create("transport", "torchdist", options or None)
+    coordinator = transport.connect(NodeConfig(rank=0, world=world, bind="127.0.0.1:0",
+                                               transport="torchdist", timeout=timeout))
+    configs = [NodeConfig(rank=r, world=world, peers=[coordinator.address],
+                          transport="torchdist", timeout=timeout) for r in range(1, world)]
+    return transport, coordinator, configs
+
+
+def test_the_all_reduce_is_the_engines_weighted_mean_over_the_workers(monkeypatch) -> None:
+    import meshkit.transport._collective as collective
+
+    def no_ring(*args, **kwargs):
+        raise AssertionError("torchdist must sum with torch.distributed, not meshkit's ring")
+
+    monkeypatch.setattr(collective, "ring_sum", no_ring)
+    transport, coordinator, configs = _world(4)
+    try:
+        def worker(group):
+            x = np.full((3, 5), float(group.rank), np.float32)
+            return group.mesh_all_reduce({"x": x, "d": x.astype(np.float64)},
+                                         weight=float(group.rank), ranks=[1, 2, 3])
+
+        results = run_ranks(configs, worker, close=False)
+        got = results.join(30)
+    finally:
+        for group in results.groups.values():
+            group.close()
+        coordinator.close()
+    want = (1 + 4 + 9) / 6
+    for rank, state in got.items():
+        assert state["x"].dtype == np.float32 and state["d"].dtype == np.float64
+        np.testing.assert_allclose(state["x"], want, rtol=1e-6)
+        np.testing.assert_allclose(state["d"], want, rtol=1e-12)
+
+
+def test_a_lost_rank_is_a_peer_lost_error_within_the_timeout() -> None:
+    transport, coordinator, configs = _world(3, timeout=2.0)
+    try:
+        def worker(group):
+            if group.rank == 2:
+                return None  # leaves (closes its group) without joining the all-reduce
+            return group.mesh_all_reduce({"x": np.ones(4, np.float32)}, ranks=[1, 2])
+
+        ranks = run_ranks(configs, worker)
+        ranks.join(30, raise_errors=False)
+        with pytest.raises(PeerLostError, match="rank 2"):
+            coordinator.recv(2, 5, timeout=10)
+    finally:
+        coordinator.close()
+    assert isinstance(ranks.errors.get(1), PeerLostError), ranks.errors
+
+
+def test_a_non_loopback_address_is_refused_without_trust_network() -> None:
+    transport = plugins.create("transport", "torchdist", {"init_method": "tcp://10.1.2.3:29500"})
+    with pytest.raises(RefusedError, match=r"trust_network") as info:
+        transport.connect(NodeConfig(rank=1, world=2, transport="torchdist", timeout=1))
+    assert "authenticates nothing" in str(info.value)
+
+
+def test_env_rendezvous_refuses_a_non_loopback_master_addr(monkeypatch) -> None:
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.7")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    transport = plugins.create("transport", "torchdist", {"init_method": "env://"})
+    with pytest.raises(RefusedError, match=r"MASTER_ADDR.*\[mesh\] trust_network = true"):
+        transport.connect(NodeConfig(rank=1, world=2, transport="torchdist", timeout=1))
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True),
+                                            ("::1", True), ("10.0.0.1", False),
+                                            ("192.0.2.7", False)])
+def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
