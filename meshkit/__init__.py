@@ -58,7 +58,7 @@ _LAZY = {
 # (``meshkit.plugins.available("aggregator")``), imported on first use.
 _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "hookspecs", "node", "options", "outer",
-    "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
+    "partitioner", "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
     "wire",
 })
 

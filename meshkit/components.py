@@ -23,6 +23,7 @@ KINDS: dict[str, str] = {
     "board": "meshkit_boards",
     "strategy": "meshkit_strategies",
     "task": "meshkit_tasks",
+    "partitioner": "meshkit_partitioners",
 }
 
 

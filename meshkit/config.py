@@ -22,6 +22,7 @@ from meshkit.components import Component
 from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import closest, structure_options, structure_strict
+from meshkit.partitioner import DEFAULT_PARTITIONER
 from meshkit.task import resolve_task_component
 
 __all__ = [
@@ -136,7 +137,8 @@ _SELECTED_TABLES = {
     "aggregator": ("aggregator", "fedavg"),
     "outer_optimizer": ("outer_optimizer", "average"),
 }
-_KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "task", "transport")
+_KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
+                 "task", "transport")
 
 
 @attrs.frozen
@@ -151,9 +153,20 @@ class Config:
     outer_optimizer: Selection
     task: Selection
     transport: Selection
+    #: ``[partitioner]``: how a federated run splits the training set into clients.
+    #: None (no table): contiguous row blocks, which need no plugin.
+    partitioner: Selection | None = None
 
     def selections(self) -> list[Selection]:
-        return [self.task, self.strategy, self.aggregator, self.outer_optimizer, self.transport]
+        chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
+        if self.partitioner is not None:
+            chosen.append(self.partitioner)
+        return [*chosen, self.transport]
+
+    @property
+    def partitioner_name(self) -> str:
+        """The selected partitioner, ``contiguous`` when there is no ``[partitioner]`` table."""
+        return DEFAULT_PARTITIONER if self.partitioner is None else self.partitioner.name
 
     def secret(self, environ: Mapping[str, str] | None = None) -> bytes | None:
         """The configured shared secret (``MESHKIT_SECRET`` wins over ``secret_file``).
@@ -227,9 +240,18 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         if not isinstance(chosen, str) or not chosen:
             raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
         selections[name] = Selection(kind, chosen, options, f"[{name}]")
+    partitioner = None
+    if "partitioner" in data:
+        options = table("partitioner")
+        chosen = options.pop("name", DEFAULT_PARTITIONER)
+        if not isinstance(chosen, str) or not chosen:
+            raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
+                              f"{chosen!r}")
+        partitioner = Selection("partitioner", chosen, options, "[partitioner]")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
-    return Config(path=path, run=run, mesh=mesh, task=task, transport=transport, **selections)
+    return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
+                  partitioner=partitioner, **selections)
 
 
 @attrs.frozen

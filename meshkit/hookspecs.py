@@ -90,6 +90,18 @@ def meshkit_tasks() -> Iterable[Component]:
     """
 
 
+@_hookspec
+def meshkit_partitioners() -> Iterable[Component]:
+    """Offer partitioners: how a training set is split into the clients of a federation.
+
+    Called once per plugin manager, the first time a partitioner is listed
+    or selected (``[partitioner] name``). Return :class:`meshkit.Component`
+    records whose factory builds an object with ``split(labels, clients, *,
+    seed) -> parts`` (:class:`meshkit.partitioner.Partitioner`): a pure
+    function of its arguments and options, every row in exactly one part.
+    """
+
+
 # -- event hooks -------------------------------------------------------------
 
 

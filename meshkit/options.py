@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 import cattrs
@@ -22,7 +22,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from meshkit.errors import ConfigError
 
 __all__ = ["converter", "closest", "structure_strict", "structure_options", "positive",
-           "non_negative"]
+           "non_negative", "parse_options"]
 
 def positive(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator: the option must be greater than zero."""
@@ -192,3 +192,54 @@ def structure_options(component: Any, data: Mapping[str, Any], *, where: str) ->
                 f"{where} {keys}: unknown key; {component.name!r} takes no options")
         return None
     return structure_strict(data, component.options, where=where)
+
+
+def _field_kind(field: Any) -> str:
+    """The plain type name of an attrs field ('int', 'float', 'bool', 'str'), best effort."""
+    annotation = field.type
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = str(annotation or "")
+    for name in ("bool", "int", "float", "str"):
+        if text == name or text.startswith(name + " ") or text.startswith(name + "|"):
+            return name
+    return "str"
+
+
+def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
+                  table: str) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
+
+    Values are converted to each field's declared type (int, float, bool),
+    so ``--board-option input_elems=8`` is the integer 8; a value that does
+    not convert is a :class:`ConfigError` naming the key. Unknown keys are
+    passed through for the options class to refuse with its own message.
+    """
+    fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
+        if key in options:
+            raise ConfigError(f"{flag} {key}: given twice")
+        field = fields.get(key)
+        kind = _field_kind(field) if field is not None else "str"
+        value: Any = raw
+        try:
+            if kind == "int":
+                value = int(raw)
+            elif kind == "float":
+                value = float(raw)
+            elif kind == "bool":
+                lowered = raw.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(raw)
+                value = lowered in ("1", "true", "yes", "on")
+        except ValueError:
+            raise ConfigError(
+                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
+                f"got {raw!r}") from None
+        options[key] = value
+    return options

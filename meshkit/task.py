@@ -15,6 +15,7 @@ not what is in it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["FitResult", "Task", "resolve_task_component", "create_task", "build_task",
-           "check_task"]
+           "check_task", "accepts_data", "has_held_out"]
 
 #: The methods every task has; the rest are needed only by the strategies that use them.
 REQUIRED = ("init_state", "train_data", "fit", "evaluate")
@@ -75,11 +76,33 @@ class Task(Protocol):
     def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
         """Held-out metrics (``loss``, ``accuracy``, ...) of ``state``."""
 
+    # Optional, for evaluation on the clients ([strategy] evaluate = "clients"):
+    #   test_data() -> (x, y)                   (this node's held-out examples)
+    #   evaluate(state, x=None, y=None)         (metrics on some of them: one
+    #                                            simulated client's share)
     # Optional, per strategy:
     #   gradients(state, x, y) -> FitResult     (data-parallel)
     #   apply(state, gradients) -> state        (data-parallel)
     #   stages() -> Sequence[str]               (model-parallel: the graph, in order)
     #   run_stage(state, node, x) -> activation (model-parallel)
+
+
+def has_held_out(task: Any) -> bool:
+    """Whether the task can say what its held-out data is (``test_data()``)."""
+    return callable(getattr(task, "test_data", None))
+
+
+def accepts_data(task: Any) -> bool:
+    """Whether ``task.evaluate`` takes the examples to evaluate on: ``evaluate(state, x, y)``."""
+    try:
+        signature = inspect.signature(task.evaluate)
+    except (TypeError, ValueError):
+        return False
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        return False
+    return True
 
 
 def _import_reference(reference: str) -> Any:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import meshkit.torch
-from meshkit_tasks.digits import DigitsTask
+from meshkit_tasks.digits import DigitsOptions, DigitsTask
 
 
 class Net(nn.Module):
@@ -28,9 +28,12 @@ class Net(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-def digits():
-    """The digits task's fixed 80/20 split as images [n, 1, 8, 8] in 0..1 and labels."""
-    split = DigitsTask()
+def digits(options):
+    """Images [n, 1, 8, 8] in 0..1 and labels: the digits task's fixed 80/20 split, or
+    a node's own train.csv/test.csv in directory ``options.data`` (--task-option data=DIR)."""
+    own = options.data and {"train_csv": f"{options.data}/train.csv",
+                            "test_csv": f"{options.data}/test.csv"}
+    split = DigitsTask(DigitsOptions(**own) if own else None)
 
     def images(x, y):
         return np.asarray(x, np.float32).reshape(-1, 1, 8, 8) / 16, np.asarray(y)

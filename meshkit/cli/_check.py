@@ -34,6 +34,19 @@ def _ranks(plan: Any, parts: dict[str, Any]) -> str:
     return text
 
 
+def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
+    """One line per client: its examples and its examples per label."""
+    shares = parts["clients"]
+    name = plan.config.partitioner_name
+    if shares is None:
+        if not getattr(parts["strategy"], "partitioned", False):
+            return []
+        return [f"clients: one per worker, each on its node's own data ([partitioner] {name}); "
+                f"the coordinator does not see their examples"]
+    return [f"clients: {len(shares)} ([partitioner] {name})",
+            *(f"  {share.describe()}" for share in shares)]
+
+
 def _out_note(plan: Any) -> str | None:
     out = Path(plan.config.run.out)
     if (out / CHECKPOINT_NAME).exists():
@@ -69,6 +82,8 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "rounds": parts["rounds"],
         "model": parts["model"].to_json(),
         "components": components,
+        "clients": (None if parts["clients"] is None
+                    else [share.to_json() for share in parts["clients"]]),
     }
 
 
@@ -99,6 +114,8 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(line)
         click.echo(_ranks(plan, parts))
         click.echo(f"model: {parts['model'].describe()}")
+        for line in _client_lines(plan, parts):
+            click.echo(line)
         if parts["rounds"] == 0:
             click.echo("rounds = 0: evaluation only; no worker is started")
         note = _out_note(plan)

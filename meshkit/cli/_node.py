@@ -7,6 +7,7 @@ that cannot work is refused here, before the node connects.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -14,6 +15,7 @@ import sys
 import types
 from typing import Any
 
+import attrs
 import click
 
 from meshkit import plugins, wire
@@ -65,6 +67,13 @@ class _Stopped(BaseException):
               help="Join as a fixed-function rank driving this board component.")
 @click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",
               help="A board option (repeatable), e.g. stage_id=enc0.")
+@click.option("--task-option", "task_options", multiple=True, metavar="KEY=VALUE",
+              help="A task option on this node only (repeatable), over the coordinator's "
+                   "[task], e.g. train_csv=/data/mine.csv; checked against the task's options "
+                   "when the job arrives.")
+@click.option("--pull-data", is_flag=True, default=False,
+              help="This node has no data of its own: the coordinator sends it the training "
+                   "set with the job.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the shared secret. Env: MESHKIT_SECRET.")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), default=None,
@@ -81,7 +90,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          topology: str | None, device: str | None, heap_mb: int | None,
          transport: str | None, timeout: float | None,
          transport_options: tuple[str, ...], board_name: str | None,
-         board_options: tuple[str, ...], secret_file: str | None, key_file: str | None,
+         board_options: tuple[str, ...], task_options: tuple[str, ...], pull_data: bool,
+         secret_file: str | None, key_file: str | None,
          encrypt: bool, steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
 
@@ -101,6 +111,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
+    for pair in task_options:
+        if "=" not in pair or not pair.partition("=")[0].strip():
+            raise ConfigError(f"--task-option {pair!r}: expected KEY=VALUE")
+    if (task_options or pull_data) and board_name:
+        raise ConfigError("--task-option/--pull-data are for a worker that trains; a --board "
+                          "rank runs only its board's stage")
     if board_options and not board_name:
         raise ConfigError("--board-option needs --board NAME (the board component to drive)")
     if disc_port is not None or data_port is not None or via is not None:
@@ -173,6 +189,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             pass
     try:
         caps = caps_for(config)
+        if pull_data:
+            caps = attrs.evolve(caps, pull_data=True)
         try:
             group = config.connect()
         except _Stopped as stopped:
@@ -183,7 +201,9 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             click.echo(json.dumps({"event": "caps", "caps": caps.to_json()}), nl=True)
             sys.stdout.flush()
             reports = serve_node(group, caps, board=board, control=control,
-                                 jobs={"pipeline": serve_pipeline_job, "train": serve_train_job})
+                                 jobs={"pipeline": serve_pipeline_job,
+                                       "train": functools.partial(serve_train_job,
+                                                                  task_options=task_options)})
             for report in reports:
                 click.echo(json.dumps({"event": "report", "report": report.to_json()}))
         finally:

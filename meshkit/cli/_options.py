@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import attrs
-
 from meshkit import wire
 from meshkit.errors import ConfigError
+from meshkit.options import parse_options
 
+# parse_options lives in meshkit.options (the train layer types --task-option with it).
 __all__ = ["read_secret", "parse_options", "parse_board_options"]
 
 
@@ -33,57 +33,6 @@ def read_secret(secret_file: str | None, environ: Mapping[str, str] | None = Non
         "MESHKIT_SECRET")
 
 
-def _field_kind(field: Any) -> str:
-    """The plain type name of an attrs field ('int', 'float', 'bool', 'str'), best effort."""
-    annotation = field.type
-    if isinstance(annotation, type):
-        return annotation.__name__
-    text = str(annotation or "")
-    for name in ("bool", "int", "float", "str"):
-        if text == name or text.startswith(name + " ") or text.startswith(name + "|"):
-            return name
-    return "str"
-
-
 def parse_board_options(pairs: Sequence[str], options_cls: type | None) -> dict[str, Any]:
     """``--board-option KEY=VALUE`` strings as a board options table (see :func:`parse_options`)."""
     return parse_options(pairs, options_cls, flag="--board-option", table="[board]")
-
-
-def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
-                  table: str) -> dict[str, Any]:
-    """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
-
-    Values are converted to each field's declared type (int, float, bool),
-    so ``--board-option input_elems=8`` is the integer 8; a value that does
-    not convert is a :class:`ConfigError` naming the key. Unknown keys are
-    passed through for the options class to refuse with its own message.
-    """
-    fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
-        if key in options:
-            raise ConfigError(f"{flag} {key}: given twice")
-        field = fields.get(key)
-        kind = _field_kind(field) if field is not None else "str"
-        value: Any = raw
-        try:
-            if kind == "int":
-                value = int(raw)
-            elif kind == "float":
-                value = float(raw)
-            elif kind == "bool":
-                lowered = raw.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(raw)
-                value = lowered in ("1", "true", "yes", "on")
-        except ValueError:
-            raise ConfigError(
-                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
-                f"got {raw!r}") from None
-        options[key] = value
-    return options

@@ -123,6 +123,9 @@ class NodeCaps:
     python: str = ""
     numpy: str = ""
     meshkit: str = ""
+    #: The node has no storage and asks the coordinator for its training data
+    #: (``meshkit node --pull-data``).
+    pull_data: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.role not in (NodeRole.WORKER, NodeRole.FIXED_FUNCTION):
@@ -220,6 +223,9 @@ class NodeCaps:
                     raise WireError(f"{where}: {key} must be an integer, got {value!r}")
             elif key in ("memory_free", "memory_total", "heap_bytes"):
                 value = _optional_int(value, key, where)
+            elif key == "pull_data":
+                if not isinstance(value, bool):
+                    raise WireError(f"{where}: pull_data must be true or false, got {value!r}")
             elif not isinstance(value, str):
                 raise WireError(f"{where}: {key} must be a string, got {value!r}")
             kwargs[key] = value

@@ -12,7 +12,7 @@ point, so every test suite of a project that installs meshkit gets:
   at a component: :class:`AggregatorContract`,
   :class:`OuterOptimizerContract`, :class:`BoardContract`,
   :class:`TransportContract`, :class:`StrategyContract`,
-  :class:`TaskContract`::
+  :class:`TaskContract`, :class:`PartitionerContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -46,6 +46,7 @@ __all__ = [
     "TransportContract",
     "StrategyContract",
     "TaskContract",
+    "PartitionerContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -58,6 +59,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.strategy",
     "meshkit.testing.support",
     "meshkit.testing.task",
+    "meshkit.testing.partitioner",
 )
 
 _LAZY = {
@@ -67,6 +69,7 @@ _LAZY = {
     "TransportContract": "meshkit.testing.transport",
     "StrategyContract": "meshkit.testing.strategy",
     "TaskContract": "meshkit.testing.task",
+    "PartitionerContract": "meshkit.testing.partitioner",
 }
 
 

@@ -40,3 +40,7 @@ class TorchOptions:
     #: torch intra-op threads in this process (0: leave torch's default). Set
     #: it to 1 when several workers share a few cores.
     threads: int = attrs.field(default=0, validator=non_negative)
+    #: Where this node's own data is (a file or directory, read by the data
+    #: factory as ``options.data``); set per node with ``meshkit node
+    #: --task-option data=PATH``. Empty: the factory's default data.
+    data: str = ""

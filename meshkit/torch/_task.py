@@ -19,8 +19,13 @@ How the task contract maps onto torch:
   steps, and the buffers (BatchNorm's running statistics) travel beside the
   gradients so ``apply`` loads the replicas' mean. Every replica applies the
   same bytes to the same model, so the replicas stay bit-identical.
-* ``evaluate`` runs the held-out set on the process that asks (the
-  coordinator today).
+* ``evaluate`` runs the held-out set on the process that asks: the
+  coordinator, or each client with ``[strategy] evaluate = "clients"``
+  (``test_data()`` gives the held-out row numbers; ``evaluate(state, x, y)``
+  runs some of them). The data factory receives the options, so a node's own
+  data comes from its task options (``meshkit node --task-option
+  data_dir=...`` with an options subclass that has the key); nothing is read
+  until a method needs it.
 """
 
 from __future__ import annotations
@@ -160,6 +165,7 @@ class TorchTask:
             torch.set_num_threads(self.options.threads)
         self._lock = threading.Lock()
         self._data: tuple[Dataset, Dataset, np.ndarray] | None = None
+        self._test_labels: np.ndarray | None = None
         self._module: torch.nn.Module | None = None
         self._replica: _Replica | None = None
 
@@ -206,7 +212,8 @@ class TorchTask:
                     raise MeshError(f"the data factory must return (train, test), got "
                                     f"{type(parts).__name__}")
                 train, labels = _as_dataset(parts[0], "train")
-                test, _ = _as_dataset(parts[1], "test")
+                test, test_labels = _as_dataset(parts[1], "test")
+                self._test_labels = test_labels
                 self._data = (train, test, labels)
             return self._data
 
@@ -215,6 +222,12 @@ class TorchTask:
         train, _, labels = self._datasets()
         rows = np.arange(len(train), dtype=np.int64)
         return rows, rows if labels is None else labels
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(row numbers, labels)`` of the held-out set (``evaluate(state, x, y)`` takes them)."""
+        _, test, _ = self._datasets()
+        rows = np.arange(len(test), dtype=np.int64)
+        return rows, rows if self._test_labels is None else self._test_labels
 
     def _rows(self, x: Any, train: Dataset) -> list[int]:
         rows = np.asarray(x)
@@ -302,15 +315,21 @@ class TorchTask:
         return FitResult(module_state(module), examples,
                          {"train_loss": float(total) / max(last_pass, 1)})
 
-    def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
-        """Mean held-out ``loss``, and ``accuracy`` when the model outputs class scores."""
+    def evaluate(self, state: Mapping[str, Any], x: Any = None,
+                 y: Any = None) -> dict[str, float]:
+        """Mean held-out ``loss``, and ``accuracy`` when the model outputs class scores.
+
+        ``x`` (row numbers of the held-out set, from :meth:`test_data`) limits it
+        to those rows: one client's share.
+        """
         _, test, _ = self._datasets()
+        rows = None if x is None else self._rows(x, test)
         module = self._working_module()
         load_module_state(module, state, where="evaluate", assign=True, copy=False)
         module.eval()
         loss_sum, correct, seen, classes = 0.0, 0, 0, True
         with torch.no_grad():
-            for batch in self._loader(test, None, batch=self.options.eval_batch_size,
+            for batch in self._loader(test, rows, batch=self.options.eval_batch_size,
                                       seed=None):
                 inputs, targets = self._to_device(batch)
                 out = module(inputs)

@@ -31,6 +31,9 @@ How a round goes (:func:`fold_round`):
    the same round. A fit is a pure function of (global state, shard, seed),
    so the re-served contribution is the very same bits. A key no live
    worker is left to serve is recorded as not served, with the reason.
+5. A key pinned to a rank (``Work.rank``: a client whose data only that
+   node has) is planned for that worker alone and never taken over; when
+   that worker is lost, the key is not served this round.
 
 5. With a round deadline (``deadline`` seconds, ``[strategy]
    round_timeout``), the engine stops handing out work when it passes:
@@ -85,11 +88,14 @@ class Work:
 
     ``request`` is a ``fit`` or ``grads`` request without the global state
     (the engine sends that once per worker) and without ``keep`` (the engine
-    adds it).
+    adds it). ``rank`` pins the work to one worker: a client whose data only
+    that node has (``[partitioner] name = "local"``). No other worker serves
+    it; when that worker is lost, the key is not served this round.
     """
 
     key: int
     request: Mapping[str, Any]
+    rank: int | None = None
 
 
 def by_examples(reply: Mapping[str, Any]) -> float:
@@ -140,6 +146,8 @@ class Folded:
         return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
                             examples=self.examples, metrics=dict(metrics),
                             served=dict(self.served), not_served=dict(self.not_served),
+                            client_examples={k: int(self.replies[k].get("examples", 0))
+                                             for k in self.served},
                             late=tuple(sorted({r for r in self.late.values()
                                                if r is not None})))
 
@@ -167,16 +175,19 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     fold = ctx.aggregation_begin() if fold is None else fold
+    pinned = {w.key: w.rank for w in work if w.rank is not None}
     # A round deadline is kept per client by _Round; relays fold their ranks
-    # themselves, so a round with a deadline folds flat (relays forward).
-    groups = None if deadline else relay_plan_applies(ctx, fold, relay_weight(weight, by_examples),
-                                                      keys)
+    # themselves, so a round with a deadline folds flat (relays forward). So
+    # does one with pinned work: a relay would not keep a client on its node.
+    groups = None if deadline or pinned else relay_plan_applies(
+        ctx, fold, relay_weight(weight, by_examples), keys)
     if groups is not None:
         result, served, not_served, replies = fold_through_relays(
             ctx, groups, {w.key: w.request for w in work}, state,
             relay_weight(weight, by_examples) or "", window, fold, label)
         return Folded(result, served, not_served, replies)
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
+                    pinned=pinned,
                     deadline=deadline or None)
     return round_.play()
 
@@ -192,6 +203,10 @@ class _Round:
     window: int
     fold: Any
     label: str
+    #: Keys only one worker may serve: key -> rank.
+    pinned: dict[int, int] = attrs.Factory(dict)
+    #: Pinned keys planned for each worker and not handed out yet (ascending).
+    own: dict[int, list[int]] = attrs.Factory(dict)
     #: Seconds the round may take before unanswered keys are late (None: no deadline).
     deadline: float | None = None
     #: Keys whose answer missed the deadline -> the rank that owed it (None: not handed out).
@@ -223,9 +238,21 @@ class _Round:
         ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
         live = self.ctx.live
+        for key in self.unfolded:
+            if key in self.pinned:
+                rank = self.pinned[key]
+                if rank in live:
+                    self.own.setdefault(rank, []).append(key)
+                else:
+                    self.not_served[key] = (f"its data is on rank {rank}, which is not a live "
+                                            f"worker")
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
+        free = [k for k in self.unfolded if k not in self.pinned]
         # Only as many workers as there is work: the rest get no state.
-        workers = live if self.state is None else live[:len(self.unfolded)]
-        for i, key in enumerate(self.unfolded):
+        workers = live if self.state is None else live[:len(free)]
+        if self.pinned:
+            workers = sorted({*workers, *self.own})
+        for i, key in enumerate(free):
             if workers:
                 self.plan.setdefault(workers[i % len(workers)], []).append(key)
             else:
@@ -302,6 +329,8 @@ class _Round:
         victims = [self.plan[r] for r in sorted(self.ready)
                    if r != rank and r in busy and self.plan.get(r)]
         options: list[tuple[list[int], int]] = []
+        if self.own.get(rank):
+            options.append((self.own[rank], 0))
         if own:
             options.append((own, 0))
         if self.spare:
@@ -359,9 +388,19 @@ class _Round:
         """A worker is gone: what it held or was doing goes back to the queue."""
         self.ready.discard(rank)
         self.lost.add(rank)
-        again = self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+        again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+                 | set(self.own.pop(rank, [])))
         if kind in ("work", "take") and key is not None:
             again.add(key)
+        stuck = {k for k in again if k in self.pinned}
+        for k in sorted(stuck):
+            # Nobody else has its data: this round goes on without it.
+            self.replies.pop(k, None)
+            self.not_served[k] = f"its data is on rank {rank}, which was lost ({reason})"
+        if stuck:
+            self.unfolded = [k for k in self.unfolded if k not in stuck]
+            again -= stuck
+            self._advance()
         for k in sorted(again):
             self.replies.pop(k, None)
             bisect.insort(self.spare, k)
@@ -383,9 +422,11 @@ class _Round:
                 self.ready.discard(rank)
             else:
                 self.late[key] = rank
-        for rank, keys in self.plan.items():
-            for key in keys:
-                self.late.setdefault(key, rank if rank in self.sent_state else None)
+        for plan in (self.plan, self.own):
+            for rank, keys in plan.items():
+                for key in keys:
+                    self.late.setdefault(key, rank if rank in self.sent_state else None)
+        self.own.clear()
         for key in self.spare:
             self.late.setdefault(key, None)
         self.plan.clear()

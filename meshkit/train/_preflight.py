@@ -33,10 +33,12 @@ import attrs
 import numpy as np
 
 from meshkit.errors import ConfigError, MeshError
+from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
 from meshkit.task import build_task, check_task
+from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model",
-           "world_size", "ModelSize"]
+           "world_size", "ModelSize", "ClientShare", "client_shares"]
 
 
 def check_out(cfg: Any) -> None:
@@ -152,6 +154,44 @@ def _bytes(n: int) -> str:
     return f"{n} bytes"  # pragma: no cover
 
 
+@attrs.frozen
+class ClientShare:
+    """One client of a simulated federation: its examples and its examples per label."""
+
+    client: int
+    examples: int
+    labels: Mapping[Any, int]
+
+    def describe(self) -> str:
+        counts = " ".join(f"{k}:{n}" for k, n in self.labels.items())
+        return f"client {self.client}: {self.examples} examples; labels {counts}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"client": self.client, "examples": self.examples,
+                "labels": {str(k): n for k, n in self.labels.items()}}
+
+
+def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
+                  ) -> list[ClientShare] | None:
+    """The split every worker will compute, computed here (so ``check`` shows it and
+    refuses a split that cannot be made); None with ``local`` (each node's own data)."""
+    if is_per_node(partitioner):
+        return None
+    count = getattr(strategy, "clients", None)
+    clients = count(cfg.mesh.workers, partitioner) if callable(count) else cfg.mesh.workers
+    try:
+        _, labels = task.train_data()
+        if partitioner is None:  # no [partitioner]: the kernel's contiguous blocks
+            parts = [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
+        else:
+            parts = split_rows(partitioner, labels, clients, seed=cfg.run.seed,
+                               name=cfg.partitioner_name)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.path}: {exc}") from None
+    return [ClientShare(c, len(rows), counts)
+            for c, (rows, counts) in enumerate(zip(parts, label_counts(labels, parts)))]
+
+
 def world_size(cfg: Any, boards: list[Any]) -> int:
     """Ranks the run has: the coordinator, ``[mesh] workers`` and each fixed-function board."""
     return cfg.mesh.workers + len(boards) + 1
@@ -182,12 +222,23 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
                                      cfg.run.task), cfg.run.task)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
+    partitioner = plan.create("partitioner") if cfg.partitioner is not None else None
+    partitioned = bool(getattr(strategy, "partitioned", False))
+    if not partitioned and cfg.partitioner_name != DEFAULT_PARTITIONER:
+        # No option that silently does nothing: only a federated run has clients.
+        raise ConfigError(
+            f"{cfg.path}: [partitioner] name = {cfg.partitioner_name!r}: strategy "
+            f"{cfg.strategy.name!r} does not split the training set into clients (federated "
+            f"does); remove the [partitioner] table")
     check = getattr(strategy, "check", None)
     if callable(check):
+        extra = {"partitioner": partitioner} if partitioned else {}
         try:
-            check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers)
+            check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers,
+                  **extra)
         except ConfigError as exc:
             raise ConfigError(f"{cfg.path}: {exc}") from None
+    shares = client_shares(cfg, strategy, task, partitioner) if partitioned else None
     state = initial_model(task, cfg)
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
@@ -200,6 +251,9 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "model": ModelSize.of(state),
         "strategy": strategy,
         "task": task,
+        "partitioner": partitioner,
+        #: Each client's examples and labels (None: each node's own data, unknown here).
+        "clients": shares,
         "aggregator": plan.create("aggregator"),
         "outer": plan.create("outer_optimizer"),
         "rng": np.random.default_rng(cfg.run.seed),

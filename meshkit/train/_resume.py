@@ -23,6 +23,7 @@ import attrs
 
 from meshkit.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from meshkit.errors import ConfigError, MeshError
+from meshkit.partitioner import DEFAULT_PARTITIONER
 from meshkit.train._artifacts import clear_results, truncate_metrics
 
 __all__ = ["Start", "prepare_out", "identity"]
@@ -45,7 +46,12 @@ def identity(plan: Any) -> dict[str, Any]:
     """What makes a checkpoint this run's (checked by ``--resume``)."""
     cfg = plan.config
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
-            "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name}
+            "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
+            "partitioner": cfg.partitioner_name}
+
+
+#: What a checkpoint written before a key joined the identity meant by it.
+_BEFORE = {"partitioner": DEFAULT_PARTITIONER}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
@@ -93,8 +99,8 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
     ckpt = load_checkpoint(out)
     file = checkpoint_path(out)
     expected = identity(plan)
-    differs = {k: (ckpt.identity.get(k), v) for k, v in expected.items()
-               if ckpt.identity.get(k) != v}
+    differs = {k: (ckpt.identity.get(k, _BEFORE.get(k)), v) for k, v in expected.items()
+               if ckpt.identity.get(k, _BEFORE.get(k)) != v}
     if differs:
         what = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}"
                          for k, (a, b) in differs.items())

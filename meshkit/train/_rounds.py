@@ -42,6 +42,10 @@ class RoundOutcome:
     metrics: Mapping[str, float] = attrs.Factory(dict)
     served: Mapping[int, int] = attrs.Factory(dict)
     not_served: Mapping[int, str] = attrs.Factory(dict)
+    #: Examples each folded client trained on (its fedavg weight).
+    client_examples: Mapping[int, int] = attrs.Factory(dict)
+    #: Each client's own evaluation of the new global model (``evaluate = "clients"``).
+    client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     #: Ranks whose answer missed the round deadline (they are not dead).
     late: tuple[int, ...] = ()
 
@@ -69,7 +73,8 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             clients=outcome.clients, examples=outcome.examples, metrics=metrics,
             seconds=clock(), served=dict(outcome.served),
             not_served=dict(outcome.not_served), late=tuple(outcome.late),
-            joined=joined), state)
+            joined=joined, client_examples=dict(outcome.client_examples),
+            client_metrics=dict(outcome.client_metrics)), state)
     return StrategyResult(state, rounds, metrics)
 
 

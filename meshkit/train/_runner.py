@@ -65,6 +65,7 @@ from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLos
                             PlacementError, WorkerError)
 from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
+from meshkit.partitioner import is_per_node
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import append_metrics, plot, write_summary
 from meshkit.train._launch import (
@@ -204,6 +205,10 @@ class Runner:
     _world: int = 0
     _caps: list[Any] = attrs.Factory(list)
     _boards: dict[int, str] = attrs.Factory(dict)
+    #: Ranks that asked to be sent the training set (``--pull-data``).
+    _pull: set[int] = attrs.Factory(set)
+    #: The plan and built components, once the run has them (the pulled data's source).
+    _plan_parts: Any = None
     #: ``[mesh] authorized_nodes``, parsed at join (None: keys bind no tags).
     _authorized: Any = None
     _timeout: float | None = None
@@ -366,6 +371,8 @@ class Runner:
             identities.append(identity)
             if self._can_place(c):
                 train_ranks.append(c.rank)
+                if getattr(c, "pull_data", False):
+                    self._pull.add(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
         self._caps = caps = accepted
         self._left_out = {c.rank for c in caps} - set(train_ranks)
@@ -453,8 +460,10 @@ class Runner:
             if not self._can_place(caps):
                 self._left_out.add(rank)
                 continue
+            if getattr(caps, "pull_data", False):
+                self._pull.add(rank)
             try:
-                send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
+                send_job(group, rank, self._train_job(rank, spec))
             except PeerLostError as exc:
                 log.warning("rank %d joined but could not be sent the job: %s", rank, exc)
                 continue
@@ -473,12 +482,16 @@ class Runner:
                  pset: Any) -> StrategyContext:
         cfg = plan.config
         self._timeout = cfg.mesh.timeout
-        spec = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
-                "strategy": cfg.strategy.name, "seed": cfg.run.seed}
+        spec: dict[str, Any] = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
+                                "strategy": cfg.strategy.name, "seed": cfg.run.seed}
+        if cfg.partitioner is not None:
+            spec["partitioner"] = {"name": cfg.partitioner.name,
+                                   "options": dict(cfg.partitioner.options)}
         if self._device:
             spec["device"] = self._device
+        self._plan_parts = (plan, parts)
         for rank in train_ranks:
-            send_job(group, rank, {"kind": "train", "job": 1, "spec": spec})
+            send_job(group, rank, self._train_job(rank, spec))
         pool = GroupPool(group, admitted=set(train_ranks))
         # Ranks that have not joined yet ([mesh] min_workers) count as workers
         # from the start, so the client count does not change when they come.
@@ -512,9 +525,33 @@ class Runner:
             outer_name=cfg.outer_optimizer.name, strategy_name=cfg.strategy.name,
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
-            boards=dict(self._boards), run_board=self._run_board)
+            boards=dict(self._boards), run_board=self._run_board,
+            partitioner=parts["partitioner"])
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
+
+    def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``train`` job for ``rank``: the spec, and the training set if it asked for it."""
+        job: dict[str, Any] = {"kind": "train", "job": 1, "spec": spec}
+        if rank in self._pull:
+            # Arrays travel as the job's own entries (the spec is JSON).
+            job.update(self._pulled_data())
+        return job
+
+    def _pulled_data(self) -> dict[str, Any]:
+        """The training set for nodes that asked to be sent it (``meshkit node --pull-data``)."""
+        plan, parts = self._plan_parts
+        if is_per_node(parts["partitioner"]):
+            ranks = ", ".join(str(r) for r in sorted(self._pull))
+            raise ConfigError(
+                f"{plan.config.path}: rank(s) {ranks} asked for their data (--pull-data), but "
+                f"[partitioner] name = \"local\" trains each node on its own data; drop "
+                f"--pull-data, or use a partitioner that splits the coordinator's data")
+        # Every worker may serve any client (the round engine moves work to
+        # whoever is live), so such a node is sent the training set, and cuts
+        # its clients' shards from it by the same partitioner as every other.
+        x, y = parts["task"].train_data()
+        return {"data.x": np.ascontiguousarray(x), "data.y": np.ascontiguousarray(y)}
 
     def _start_ticker(self, done: threading.Event, ctx: StrategyContext, rounds: int,
                       completed: list[int]) -> None:

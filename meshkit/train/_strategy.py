@@ -51,7 +51,9 @@ class RoundReport:
     the previous report; ``clients`` the clients folded, in fold order;
     ``served`` maps each of them to the rank whose contribution was folded;
     ``not_served`` maps each client the round asked for and could not fold
-    to the reason; ``late`` the ranks whose answer missed the round deadline
+    to the reason; ``client_examples`` each folded client's examples, and
+    ``client_metrics`` each client's own evaluation when clients evaluate;
+    ``late`` the ranks whose answer missed the round deadline
     (not dead: they serve the next round); ``joined`` the workers taken in
     at the start of this round (a late joiner, or a restarted worker back
     from the dead ledger).
@@ -68,6 +70,10 @@ class RoundReport:
     seconds: float = 0.0
     served: Mapping[int, int] = attrs.Factory(dict)
     not_served: Mapping[int, str] = attrs.Factory(dict)
+    #: Examples each folded client trained on (its weight in fedavg).
+    client_examples: Mapping[int, int] = attrs.Factory(dict)
+    #: Each evaluating client's metrics and held-out ``examples`` (``evaluate = "clients"``).
+    client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     late: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
 
@@ -89,6 +95,9 @@ class RoundReport:
             # JSON keys are strings: client ids become "3".
             "served": {str(c): int(r) for c, r in self.served.items()},
             "not_served": {str(c): str(why) for c, why in self.not_served.items()},
+            "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
+            "client_metrics": {str(c): {k: float(v) for k, v in m.items()}
+                               for c, m in self.client_metrics.items()},
             "late": list(self.late),
             "joined": list(self.joined),
         }
@@ -163,6 +172,9 @@ class StrategyContext:
     boards: dict[int, str] = attrs.Factory(dict)
     #: ``run_board(rank, stage_id, x) -> y``: push a batch of rows through a board rank.
     run_board: Callable[[int, str, Any], Any] | None = None
+    #: The run's partitioner (``[partitioner]``): how the training set is split into
+    #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
+    partitioner: Any = None
     admit: Callable[[], Sequence[int]] = lambda: ()
 
     @property

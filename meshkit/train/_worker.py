@@ -9,6 +9,12 @@ object:
 ``task_options``   the ``[task]`` table (a JSON object), validated here too
 ``strategy``       the strategy name (for logs and reports)
 ``seed``           the run seed
+``partitioner``    ``{"name": NAME, "options": {...}}``: how a fit's ``shard``
+                   of ``shards`` is cut from the training set (default:
+                   contiguous blocks); every worker computes the same split
+``data``           ``{"x": ..., "y": ...}``: the training set, sent by the
+                   coordinator to a node that asked for it (``--pull-data``;
+                   on the wire as the job's ``data.x``/``data.y`` arrays)
 ``idle_timeout``   seconds to wait for the next request before giving up
                    (default 3600; the coordinator may evaluate between rounds)
 ``device``         the device placement requires (``[strategy] device``), or
@@ -35,9 +41,11 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError
 from meshkit.node import TrainReport
-from meshkit.task import create_task, resolve_task_component
+from meshkit.partitioner import is_per_node, split_rows
+from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
@@ -75,17 +83,59 @@ class Trainer:
     #: This worker's group, for ``step``'s all-reduce among the replicas (None:
     #: the trainer answers the requests that need no peers).
     group: Any = None
-    _shards: dict[tuple[int, int], tuple[Any, Any]] = attrs.Factory(dict)
+    #: How a fit's shard is cut (:mod:`meshkit.partitioner`); None: contiguous blocks.
+    partitioner: Any = None
+    partitioner_name: str = "contiguous"
+    #: The run seed: a split is a pure function of it.
+    seed: int = 0
+    #: The training set the coordinator sent (``--pull-data``), instead of the task's.
+    data: tuple[Any, Any] | None = None
+    _shards: dict[tuple[str, int, int], tuple[Any, Any]] = attrs.Factory(dict)
 
-    def _shard(self, index: int, count: int) -> tuple[Any, Any]:
-        key = (count, index)
+    def train_data(self) -> tuple[Any, Any]:
+        return self.data if self.data is not None else self.task.train_data()
+
+    def _shard(self, index: int, count: int, *, partitioned: bool = False) -> tuple[Any, Any]:
+        """Shard ``index`` of ``count``: the partitioner's (a fit) or a contiguous block."""
+        if not 0 <= index < count:
+            raise MeshError(f"shard {index} requested, but there are only {count}")
+        how = "split" if partitioned and self.partitioner is not None else "block"
+        key = (how, count, index)
         if key not in self._shards:
-            x, y = self.task.train_data()
-            xs, ys = shard_pair(x, y, count)
-            if not 0 <= index < count:
-                raise MeshError(f"shard {index} requested, but there are only {count}")
-            self._shards[key] = (xs[index], ys[index])
+            x, y = self.train_data()
+            if how == "block":
+                xs, ys = shard_pair(x, y, count)
+                self._shards[key] = (xs[index], ys[index])
+            else:
+                rows = self._rows(y, index, count)
+                self._shards[key] = (x[rows], y[rows])
         return self._shards[key]
+
+    def _rows(self, labels: Any, index: int, count: int) -> Any:
+        """This client's training rows (a slice when they are one block: no copy)."""
+        if is_per_node(self.partitioner):
+            # This node's own data is its one client, whatever index it has.
+            return slice(0, len(labels))
+        rows = split_rows(self.partitioner, labels, count, seed=self.seed,
+                          name=self.partitioner_name)[index]
+        if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
+            return slice(int(rows[0]), int(rows[-1]) + 1)
+        return rows
+
+    def held_out(self, index: int, count: int) -> tuple[Any, Any]:
+        """This client's held-out examples: the task's ``test_data()``, split as training is."""
+        test_data = getattr(self.task, "test_data", None)
+        if not callable(test_data):
+            raise ConfigError(f"the task ({type(self.task).__name__}) has no test_data(): "
+                              f"there is no held-out data to evaluate on here")
+        x, y = test_data()
+        if self.partitioner is None or is_per_node(self.partitioner):
+            return x, y
+        # The held-out set is split by the same rule (and seed) as the training
+        # set; a client may hold none of it.
+        parts = self.partitioner.split(np.asarray(y), count, seed=self.seed)
+        rows = np.asarray(parts[index], dtype=np.int64)
+        return x[rows], y[rows]
 
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """One request in, one reply out; a failure is an ``error`` reply, not a crash."""
@@ -102,7 +152,7 @@ class Trainer:
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if op == "fit":
-            x, y = self._shard(int(request["shard"]), int(request["shards"]))
+            x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
             start = request["state"] if "state" in request else self._require_state(op)
             budget = request.get("time_budget")
             if budget is None:
@@ -150,6 +200,26 @@ class Trainer:
             return {}
         if op == "get_state":
             return {"state": self._require_state(op)}
+        if op == "held_out":
+            test_data = getattr(self.task, "test_data", None)
+            if not callable(test_data):
+                return {"examples": 0}
+            return {"examples": int(len(test_data()[1]))}
+        if op == "evaluate":
+            state = request["state"] if "state" in request else self._require_state(op)
+            x, y = self.held_out(int(request["shard"]), int(request["shards"]))
+            if len(y) == 0:
+                return {"examples": 0, "metrics": {}}
+            if accepts_data(self.task):
+                metrics = self.task.evaluate(state, x, y)
+            elif self.partitioner is None or is_per_node(self.partitioner):
+                metrics = self.task.evaluate(state)  # its whole held-out set is this client's
+            else:
+                raise ConfigError(
+                    f"the task's evaluate(state) cannot evaluate on one client's share of "
+                    f"the held-out set; give it evaluate(state, x=None, y=None)")
+            return {"examples": int(len(y)), "metrics": {k: float(v)
+                                                         for k, v in metrics.items()}}
         if op == "stage":
             x = request["x"]
             for node in request["nodes"]:
@@ -220,10 +290,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
     """
     started = time.monotonic()
     try:
-        name = str(spec["task"])
-        trainer: Trainer | None = Trainer(
-            create_task(name, with_device(name, spec.get("task_options") or {}, device)),
-            group=group)
+        trainer: Trainer | None = _trainer(spec, device, group)
         failure: MeshError | None = None
     except MeshError as exc:
         # Answer every request with the reason instead of leaving: the
@@ -267,6 +334,24 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
     log.info("trainer on rank %s finished%s", getattr(group, "rank", "?"),
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)
+
+
+def _trainer(spec: Mapping[str, Any], device: str = "auto", group: Any = None) -> Trainer:
+    """The worker's task (on ``device``), partitioner and (pulled) data, as the spec says."""
+    name = str(spec["task"])
+    trainer = Trainer(create_task(name, with_device(name, spec.get("task_options") or {},
+                                                    device)),
+                      group=group, seed=int(spec.get("seed", 0)))
+    chosen = spec.get("partitioner")
+    if chosen:
+        name = str(chosen["name"])
+        trainer.partitioner = plugins.default().create("partitioner", name,
+                                                       dict(chosen.get("options") or {}))
+        trainer.partitioner_name = name
+    data = spec.get("data")
+    if data:
+        trainer.data = (np.asarray(data["x"]), np.asarray(data["y"]))
+    return trainer
 
 
 def _stopped(control: Any) -> bool:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import attrs
 
 from meshkit import ConfigError, MeshError
+from meshkit.partitioner import is_per_node
+from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
-from meshkit.train import client_seed, fold_round, run_rounds, sample_clients
+from meshkit.train import client_seed, fold_round, run_rounds, sample_clients, weighted_mean
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import FederatedOptions
@@ -22,23 +24,52 @@ class Federated:
     The round engine (:func:`meshkit.train.fold_round`) sends the global
     state once to each worker the round needs, hands the sampled clients to
     live workers and folds their fits in client order as it pulls them.
+    Which rows a client trains on is the run's partitioner's
+    (``[partitioner]``); with ``local`` each worker's own data is one client,
+    and only that worker serves it. With ``evaluate = "clients"`` (or
+    ``"both"``) the sampled clients evaluate the new global model on their
+    own held-out data.
     """
 
     options: FederatedOptions
+    #: The run's partitioner splits this strategy's training set into clients.
+    partitioned: ClassVar[bool] = True
 
-    def check(self, *, task: Any, outer_name: str, workers: int) -> None:
+    def clients(self, workers: int, partitioner: Any = None) -> int:
+        """How many clients the run has: one per worker with ``local``."""
+        if is_per_node(partitioner):
+            return workers
+        return self.options.clients or workers
+
+    def check(self, *, task: Any, outer_name: str, workers: int,
+              partitioner: Any = None) -> None:
         """Refuse what cannot work before any process starts."""
-        clients = self.options.clients or workers
-        if self.options.min_clients > clients:
+        opts = self.options
+        per_node = is_per_node(partitioner)
+        if per_node and opts.clients not in (0, workers):
             raise ConfigError(
-                f"[strategy] min_clients = {self.options.min_clients} but there are only "
+                f"[strategy] clients = {opts.clients}, but with [partitioner] name = \"local\" "
+                f"each of the {workers} workers' own data is one client; drop clients (or "
+                f"set it to {workers})")
+        clients = self.clients(workers, partitioner)
+        if opts.min_clients > clients:
+            raise ConfigError(
+                f"[strategy] min_clients = {opts.min_clients} but there are only "
                 f"{clients} clients; lower min_clients or add clients/workers")
+        if opts.evaluate != "coordinator" and not has_held_out(task):
+            raise ConfigError(
+                f"[strategy] evaluate = {opts.evaluate!r}: the clients evaluate on their own "
+                f"held-out data, but the task ({type(task).__name__}) has no test_data() to "
+                f"say what that is; give the task test_data(), or use evaluate = "
+                f"\"coordinator\"")
         if self.options.time_budget and not _takes_time_budget(task):
             raise ConfigError(
                 f"[strategy] time_budget = {self.options.time_budget:g}: the task "
                 f"({type(task).__name__}) cannot honour a time budget: its fit() takes no "
                 f"time_budget argument (docs/tasks.md). Drop time_budget, or give fit() a "
                 f"time_budget keyword and stop when it runs out")
+        if per_node:
+            return  # the coordinator need not hold any data: every node has its own
         rows = training_rows(task)
         if rows is not None and rows < clients:
             raise ConfigError(
@@ -46,20 +77,37 @@ class Federated:
                 f"every client's shard needs at least one row. Use at most {rows} clients")
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
-        self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers))
+        self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers),
+                   partitioner=ctx.partitioner)
+        if self.options.evaluate != "coordinator":
+            self._check_held_out(ctx)
         return run_rounds(ctx, "federated", self.options.rounds, ctx.initial_state(),
                           self.play_round)
+
+    def _check_held_out(self, ctx: StrategyContext) -> None:
+        """Every worker must have held-out data before any round trains (it is asked)."""
+        live = ctx.live
+        for reply in ctx.call([(r, {"op": "held_out"}) for r in live]):
+            if reply.payload is not None and not reply.payload.get("examples"):
+                raise ConfigError(
+                    f"[strategy] evaluate = {self.options.evaluate!r}, but rank {reply.rank} "
+                    f"has no held-out data (its task's test_data() is empty or missing); give "
+                    f"that node held-out data (e.g. --task-option test_csv=FILE for digits), or "
+                    f"use evaluate = \"coordinator\"")
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:
         opts = self.options
-        clients = opts.clients or len(ctx.workers)
+        per_node = is_per_node(ctx.partitioner)
+        clients = self.clients(len(ctx.workers), ctx.partitioner)
         sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
         # A client's fit is seeded by (run seed, round, client), never by the
         # worker that serves it: any live worker gives the same contribution.
+        # With local data, client c *is* worker c: only it has the rows.
         budget = {"time_budget": opts.time_budget} if opts.time_budget else {}
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
-                         "seed": client_seed(ctx.seed, rnd, c), **budget}) for c in sampled]
+                         "seed": client_seed(ctx.seed, rnd, c), **budget},
+                     rank=ctx.workers[c] if per_node else None) for c in sampled]
         folded = fold_round(ctx, work, state=state, window=opts.window,
                             deadline=opts.round_timeout or None)
         # min_clients counts served clients, not workers: one live worker
@@ -73,7 +121,48 @@ class Federated:
                 f"run again with --resume")
         consensus = folded.result
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
-        return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})
+        metrics = dict(folded.train_loss())
+        if opts.evaluate in ("coordinator", "both"):
+            metrics.update(ctx.task.evaluate(state))
+        per_client: dict[int, dict[str, float]] = {}
+        if opts.evaluate in ("clients", "both"):
+            per_client = self._evaluate_on_clients(ctx, state, sampled, clients, per_node)
+            metrics.update(client_means(per_client))
+        outcome = folded.outcome(state, metrics)
+        return attrs.evolve(outcome, client_metrics=per_client)
+
+    def _evaluate_on_clients(self, ctx: StrategyContext, state: Mapping[str, Any],
+                             sampled: list[int], clients: int,
+                             per_node: bool) -> dict[int, dict[str, float]]:
+        """Each sampled client's metrics of ``state`` on its own held-out data."""
+        live = ctx.live
+        if per_node:
+            where = {c: ctx.workers[c] for c in sampled if ctx.workers[c] in live}
+        else:
+            where = {c: live[i % len(live)] for i, c in enumerate(sampled)} if live else {}
+        ranks = sorted(set(where.values()))
+        ctx.call([(r, {"op": "set_state", "state": state}) for r in ranks])
+        replies = ctx.call([(r, {"op": "evaluate", "shard": c, "shards": clients})
+                            for c, r in where.items()])
+        found: dict[int, dict[str, float]] = {}
+        for client, reply in zip(where, replies):
+            if reply.payload is None:  # lost since: the round reports the others
+                continue
+            found[client] = {**{k: float(v) for k, v in reply.payload["metrics"].items()},
+                             "examples": float(reply.payload["examples"])}
+        return found
+
+
+def client_means(per_client: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """The example-weighted mean of each client metric, as ``client_<name>``."""
+    names = sorted({k for m in per_client.values() for k in m if k != "examples"})
+    means: dict[str, float] = {}
+    for name in names:
+        mean = weighted_mean((m[name], m["examples"]) for m in per_client.values()
+                             if name in m)
+        if mean is not None:
+            means[f"client_{name}"] = mean
+    return means
 
 
 def _takes_time_budget(task: Any) -> bool:

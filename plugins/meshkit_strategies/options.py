@@ -16,6 +16,10 @@ __all__ = [
 ]
 
 
+#: ``[strategy] evaluate`` values of ``federated``.
+EVALUATE = ("coordinator", "clients", "both")
+
+
 def _at_least(low: int) -> Any:
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value < low:
@@ -79,6 +83,10 @@ class FederatedOptions:
     #: Whole client models the coordinator holds at once while folding a round
     #: (the round engine's window; meshkit.train.DEFAULT_WINDOW).
     window: int = attrs.field(default=1, validator=_at_least(1))
+    #: Who evaluates each round's new global model: the coordinator (on its
+    #: task's held-out data), the sampled clients (each on its own), or both.
+    evaluate: str = attrs.field(default="coordinator", validator=attrs.validators.in_(
+        EVALUATE))
     #: Train only on ranks that advertise this device ("" = any).
     device: str = _device()
     #: Seconds each client fit may take (0: none): a client stops when it runs

@@ -5,6 +5,11 @@ ships inside this package, so nothing is downloaded at run time. The model is
 ``scale -> hidden (tanh) -> output (logits)``, each stage a node of the graph
 model-parallel runs: ``scale`` divides the 0..16 pixels by 16 and has no
 parameters, which is what lets a fixed-function board serve it.
+
+Building the task reads no data: the images are read the first time a method
+needs them, so a coordinator that only sends models (``[partitioner] name =
+"local"``, ``[strategy] evaluate = "clients"``) runs with no data at all. A
+node may train on images of its own with ``train_csv``/``test_csv``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import gzip
 import importlib.resources
 import threading
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,7 +27,7 @@ from meshkit import ConfigError
 from meshkit.task import FitResult
 from meshkit_tasks.options import DigitsOptions
 
-__all__ = ["DigitsOptions", "DigitsTask", "load_digits"]
+__all__ = ["DigitsOptions", "DigitsTask", "load_digits", "read_digits_csv"]
 
 _DATA_LOCK = threading.Lock()
 _DATA: tuple[np.ndarray, np.ndarray] | None = None
@@ -49,6 +55,37 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
         return _DATA
 
 
+def _table(table: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    table = np.atleast_2d(table)
+    if table.size == 0:
+        return np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64)
+    if table.shape[1] != FEATURES + 1:
+        raise ConfigError(f"{where}: expected {FEATURES + 1} columns (64 pixels, then the "
+                          f"label), found {table.shape[1]}")
+    labels = table[:, FEATURES]
+    if np.any(labels != np.round(labels)) or labels.min() < 0 or labels.max() >= CLASSES:
+        raise ConfigError(f"{where}: the last column must be a label 0..{CLASSES - 1}")
+    return np.ascontiguousarray(table[:, :FEATURES]), labels.astype(np.int64)
+
+
+def read_digits_csv(path: str, *, key: str = "csv") -> tuple[np.ndarray, np.ndarray]:
+    """A node's own images: ``(x [n, 64], y [n])`` from a CSV file (see :class:`DigitsOptions`)."""
+    where = f"[task] {key} = {path!r}"
+    file = Path(path).expanduser()
+    try:
+        opener = gzip.open if file.suffix == ".gz" else open
+        with opener(file, "rt") as text:
+            table = np.loadtxt(text, delimiter=",", dtype=np.float64, ndmin=2)
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file on this node; give each node the path of "
+                          f"its own file (meshkit node --task-option {key}=PATH)") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not a CSV of numbers: {exc}") from None
+    return _table(table, where)
+
+
 def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=1, keepdims=True)
     np.exp(shifted, out=shifted)
@@ -65,26 +102,54 @@ class DigitsTask:
         self.options = options or DigitsOptions()
         #: The clock a time budget is measured on (tests slow a client with a fake one).
         self.clock = time.monotonic
-        x, y = load_digits()
-        order = np.random.default_rng(self.options.split_seed).permutation(len(y))
-        n_test = int(round(len(y) * self.options.test_fraction))
-        if not 0 < n_test < len(y):
+        n_test = int(round(1797 * self.options.test_fraction))
+        if not 0 < n_test < 1797:
             # An empty split would evaluate to NaN (or leave nothing to train on).
             raise ConfigError(
                 f"[task] test_fraction = {self.options.test_fraction} holds out {n_test} of "
-                f"{len(y)} images, leaving an empty "
+                f"1797 images, leaving an empty "
                 f"{'test' if n_test == 0 else 'training'} set; use a value that keeps at "
                 f"least one image on each side (e.g. 0.2)")
-        test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
-        self._train = (x[train], y[train])
-        self._test = (x[test], y[test])
+        self._lock = threading.Lock()
+        self._train: tuple[np.ndarray, np.ndarray] | None = None
+        self._test: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- data ---------------------------------------------------------------
 
+    def _shipped(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        x, y = load_digits()
+        order = np.random.default_rng(self.options.split_seed).permutation(len(y))
+        n_test = int(round(len(y) * self.options.test_fraction))
+        test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+        return (x[train], y[train]), (x[test], y[test])
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._train is not None:
+                return
+            opts = self.options
+            shipped = None
+            if not (opts.train_csv and opts.test_csv):
+                shipped = self._shipped()
+            train = (read_digits_csv(opts.train_csv, key="train_csv") if opts.train_csv
+                     else shipped[0])
+            if opts.test_csv:
+                test = read_digits_csv(opts.test_csv, key="test_csv")
+            elif opts.train_csv:
+                test = (np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64))  # none here
+            else:
+                test = shipped[1]
+            self._train, self._test = train, test
+
     def train_data(self) -> tuple[np.ndarray, np.ndarray]:
+        self._load()
+        assert self._train is not None
         return self._train
 
     def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        """This node's held-out images (none when ``train_csv`` is set without ``test_csv``)."""
+        self._load()
+        assert self._test is not None
         return self._test
 
     # -- model --------------------------------------------------------------
@@ -188,9 +253,16 @@ class DigitsTask:
             value -= self.options.lr * g
         return p
 
-    def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
-        """Loss and accuracy on the held-out split."""
-        x, y = self._test
+    def evaluate(self, state: Mapping[str, Any], x: np.ndarray | None = None,
+                 y: np.ndarray | None = None) -> dict[str, float]:
+        """Loss and accuracy on the held-out split (or on the held-out examples ``x, y``)."""
+        if x is None or y is None:
+            x, y = self.test_data()
+        if len(y) == 0:
+            raise ConfigError(
+                "[task] digits has no held-out images on this node (train_csv is set and "
+                "test_csv is not): set test_csv, or let the clients evaluate on theirs "
+                "([strategy] evaluate = \"clients\")")
         probs = self.predict(state, x)
         loss = float(-np.log(np.maximum(probs[np.arange(len(y)), y], 1e-12)).mean())
         accuracy = float((probs.argmax(axis=1) == y).mean())

@@ -41,6 +41,14 @@ class DigitsOptions:
     test_fraction: float = attrs.field(default=0.2, validator=_fraction)
     #: Seed of the train/test split (fixed, so every node agrees on it).
     split_seed: int = 0
+    #: A CSV file of this node's own training images (64 pixel values 0..16, then
+    #: the label, comma-separated, one image a line, no header; ``.gz`` read as
+    #: gzip). Empty: the shipped images' training split. Read when the data is
+    #: first needed, never when the task is built.
+    train_csv: str = ""
+    #: The same for held-out images. Empty: the shipped images' held-out split,
+    #: unless ``train_csv`` is set (then this node has no held-out data).
+    test_csv: str = ""
     #: Where the model runs; numpy runs on the cpu, so only "cpu" (or "auto").
     #: A node's --device reaches the task here (docs/federating-real-data.md).
     device: str = attrs.field(default="cpu", validator=_cpu)

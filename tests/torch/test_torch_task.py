@@ -136,6 +136,32 @@ def test_the_contract_catches_a_non_strict_load():
         _contract_for(NonStrict).test_fit_refuses_a_state_that_lacks_a_key()
 
 
+def test_clients_evaluate_their_share_and_a_node_reads_its_own_data(tmp_path):
+    from meshkit_tasks.digits import load_digits
+    from meshkit.train import Trainer
+
+    task = _task()
+    state = task.init_state(0)
+    rows, labels = task.test_data()
+    whole = task.evaluate(state)
+    halves = [task.evaluate(state, rows[:100], labels[:100]),
+              task.evaluate(state, rows[100:], labels[100:])]
+    mean = (100 * halves[0]["accuracy"] + (len(rows) - 100) * halves[1]["accuracy"]) / len(rows)
+    assert mean == pytest.approx(whole["accuracy"])
+    # The same through the worker's evaluate request (one client of three, iid).
+    trainer = Trainer(task, partitioner=meshkit.plugins.create("partitioner", "iid"))
+    reply = trainer.handle({"op": "evaluate", "state": state, "shard": 0, "shards": 3})
+    assert reply["examples"] == len(np.array_split(rows, 3)[0])
+    # A node's own files, through the example's `data` option: nothing read until needed.
+    x, y = load_digits()
+    for name, part in (("train", slice(0, 50)), ("test", slice(50, 70))):
+        np.savetxt(tmp_path / f"{name}.csv", np.column_stack([x[part], y[part]]),
+                   delimiter=",", fmt="%g")
+    own = _task(data=str(tmp_path))
+    assert len(own.train_data()[0]) == 50 and len(own.test_data()[0]) == 20
+    assert "accuracy" in own.evaluate(own.init_state(0))
+
+
 def test_a_spent_time_budget_stops_a_torch_fit_at_the_first_batch_and_reports_it():
     task = _task()
     model = task.init_state(0)

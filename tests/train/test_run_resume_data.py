@@ -151,3 +151,17 @@ def test_a_checkpoint_that_is_not_a_zip_says_to_restore_it_or_overwrite(tmp_path
         load_checkpoint(out)
     assert_actionable(str(err.value), out / "checkpoint.npz", "unreadable")
     assert not zipfile.is_zipfile(out / "checkpoint.npz")
+
+
+def test_resume_with_another_partitioner_is_refused_and_an_older_checkpoint_means_contiguous(
+        tmp_path):
+    path, out = setup(tmp_path)
+    file = out / "checkpoint.npz"
+    with np.load(file, allow_pickle=False) as data:
+        meta = json.loads(data["__meta__"].tobytes())
+    older = {k: v for k, v in meta["identity"].items() if k != "partitioner"}
+    rewrite_header(file, identity=older)
+    resume(path)  # written before partitioners existed: it used contiguous blocks
+    path.write_text(path.read_text() + '\n[partitioner]\nname = "iid"\n')
+    with pytest.raises(ConfigError, match="partitioner: checkpoint 'contiguous', config 'iid'"):
+        resume(path)
