@@ -75,7 +75,7 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, parse_address
+from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, parse_address, send_refusal
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 
@@ -554,11 +554,7 @@ class HostRelay:
             else:
                 self._admitting.add(rank)
         if problem is not None:
-            try:
-                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
-            except (MeshError, OSError):
-                pass
-            channel.close()
+            send_refusal(channel, problem)
             self._refuse(f"{where} (rank {rank})", problem)
             return
         try:

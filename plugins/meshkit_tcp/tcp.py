@@ -109,6 +109,15 @@ def parse_address(address: str, *, what: str = "address") -> tuple[str, int]:
     return host, number
 
 
+def send_refusal(channel: wire.Channel, problem: str) -> None:
+    """Tell a peer just handshaken why it is not admitted (best effort), then close its link."""
+    try:
+        channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
+    except (MeshError, OSError):
+        pass
+    channel.close()
+
+
 def _format_address(sockname: Any) -> str:
     host, port = sockname[0], sockname[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -454,11 +463,7 @@ class TcpGroup(Group):
         if problem is None:
             problem = self._rank_problem(rank, channel.peer.role)
         if problem is not None:
-            try:
-                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
-            except (MeshError, OSError):
-                pass
-            channel.close()
+            send_refusal(channel, problem)
             self._refuse(f"{where} (rank {rank})", problem)
             return
         try:
@@ -530,11 +535,7 @@ class TcpGroup(Group):
             return
         name, ranks, problem = self._relay_problem(channel, hello)
         if problem is not None:
-            try:
-                channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": False, "error": problem})
-            except (MeshError, OSError):
-                pass
-            channel.close()
+            send_refusal(channel, problem)
             self._refuse(f"{where} (relay {name!r})", problem)
             return
         link = _RelayLink(name, channel, frozenset(ranks))
