@@ -326,8 +326,7 @@ class Channel:
                 return None
             seq = self._send_seq
             head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
-            header = head + (hmac.digest(self._keys.send_header, head, "sha256")
-                             if self.mac_enabled else _ZERO_MAC)
+            header = head + (self._keys.send_mac(head) if self.mac_enabled else _ZERO_MAC)
             try:
                 self._write(header, views, nbytes, seq, deadline)
             except BaseException as exc:
@@ -558,7 +557,7 @@ class Channel:
         self._read_into(memoryview(header), "header", got=got)
         head = bytes(header[:_HEADER.size])
         if self.mac_enabled:
-            expected = hmac.digest(self._keys.recv_header, head, "sha256")
+            expected = self._keys.recv_mac(head)
             if not hmac.compare_digest(expected, bytes(header[_HEADER.size:])):
                 raise AuthenticationError(
                     f"frame header from {self.peer.describe()} failed authentication "
