@@ -432,7 +432,7 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
                 raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
             # Bounded like every other count: whatever walks it later (a fold,
             # validation) recurses, and must not be driven past the stack.
-            if json_depth(value) > MAX_JSON_DEPTH:
+            if isinstance(value, (list, dict)) and json_depth(value) > MAX_JSON_DEPTH:
                 raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} "
                                 f"levels deep")
             state[name] = value
