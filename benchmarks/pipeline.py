@@ -220,8 +220,11 @@ def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
 
     Over a socketpair, with nothing else in the way: the raw relay's hop
     (``sendall`` + ``recv_into`` a preallocated buffer) and meshkit's wire
-    hop (``Channel.send`` of an activation frame + ``Channel.recv``: header
-    HMACs, body GMACs, the tensor-table encode and decode). A pipeline can
+    hop (``Channel.send`` of an activation frame as the pipeline sends it,
+    ``{"act/<job>/<seq>": rows}``, + ``Channel.recv``: header HMACs, the
+    AES-GCM body, the tensor-table encode and decode). ``wire_leaf_hop_us``
+    is the same with the older ``{"act": [job, seq], "x": rows}`` frame
+    (an array plus a JSON leaf), which nodes still serve. A pipeline can
     beat neither: with every process on two cores its CPU per activation is
     at least the hops times this, and with one activation in flight its
     latency is at least the sum.
@@ -248,9 +251,14 @@ def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
     count = count if nbytes <= 65536 else max(50, count // 40)
     started = time.process_time()
     for i in range(count):
-        ca.send(1, 0xFFFF0013, {"act": [1, i], "x": x})
+        ca.send(1, 0xFFFF0013, {f"act/1/{i}": x})
         cb.recv()
     wire_us = (time.process_time() - started) / count * 1e6
+    started = time.process_time()
+    for i in range(count):
+        ca.send(1, 0xFFFF0013, {"act": [1, i], "x": x})
+        cb.recv()
+    leaf_us = (time.process_time() - started) / count * 1e6
     ca.close()
     cb.close()
     a, b = socket.socketpair()
@@ -266,7 +274,7 @@ def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
     raw_us = (time.process_time() - started) / count * 1e6
     a.close()
     b.close()
-    return {"wire_hop_us": wire_us, "raw_hop_us": raw_us}
+    return {"wire_hop_us": wire_us, "wire_leaf_hop_us": leaf_us, "raw_hop_us": raw_us}
 
 
 # -- meshkit ------------------------------------------------------------------------
@@ -501,7 +509,8 @@ def main() -> None:
         f"{r['size']} batch {r['batch']}: " + ", ".join(f"{v:.0f}" for v in r["throughput_runs"])
         for r in rows))
     print("floor, one hop on one thread (CPU us): " + "; ".join(
-        f"{r['size']}: meshkit wire {r['wire_hop_us']:.0f}, raw {r['raw_hop_us']:.0f}"
+        f"{r['size']}: meshkit wire {r['wire_hop_us']:.0f} (JSON-leaf frame "
+        f"{r['wire_leaf_hop_us']:.0f}), raw {r['raw_hop_us']:.0f}"
         for r in rows if r["batch"] == 1))
     print("spread: p50 per run (us) " + "; ".join(
         f"{r['size']}: meshkit " + ", ".join(f"{v:.0f}" for v in r["meshkit_p50s_us"])

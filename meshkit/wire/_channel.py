@@ -61,6 +61,9 @@ _GCM_NONCE = struct.Struct("<IQ")
 # AESGCM's one-shot call takes at most 2**31 - 1 bytes of associated data;
 # bigger bodies (max_frame can be raised past 2 GiB) are fed in pieces.
 _AAD_PIECE = 1 << 30
+# AESGCM.decrypt_into (cryptography 46+) decrypts a small body into its
+# receive buffer; older releases return new bytes, copied in.
+_DECRYPT_INTO = hasattr(AESGCM, "decrypt_into")
 
 # A whole frame this small is built in one buffer and sent with one call; big
 # buffers go straight from the array's memory (no concatenation copy).
@@ -326,8 +329,7 @@ class Channel:
                 return None
             seq = self._send_seq
             head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
-            header = head + (hmac.digest(self._keys.send_header, head, "sha256")
-                             if self.mac_enabled else _ZERO_MAC)
+            header = head + (self._keys.send_mac(head) if self.mac_enabled else _ZERO_MAC)
             try:
                 self._write(header, views, nbytes, seq, deadline)
             except BaseException as exc:
@@ -387,12 +389,7 @@ class Channel:
                          deadline: float | None) -> None:
         if nbytes < _COALESCE:
             # Small frame: one AEAD call over the joined body, one send.
-            if len(views) == 1:
-                body: Any = views[0]
-            else:
-                body = bytearray()
-                for view in views:
-                    body += view
+            body: Any = views[0] if len(views) == 1 else b"".join(views)
             sealed = self._keys.send_gcm.encrypt(_GCM_NONCE.pack(0, seq), body, header)
             self._send_all(memoryview(header + sealed), deadline)
             return
@@ -555,11 +552,12 @@ class Channel:
         return buf
 
     def _recv_frame(self, header: bytearray, got: int) -> Frame:
-        self._read_into(memoryview(header), "header", got=got)
+        if got < HEADER_SIZE:  # usually the whole header came with the first read
+            self._read_into(memoryview(header), "header", got=got)
         head = bytes(header[:_HEADER.size])
         if self.mac_enabled:
-            expected = hmac.digest(self._keys.recv_header, head, "sha256")
-            if not hmac.compare_digest(expected, bytes(header[_HEADER.size:])):
+            expected = self._keys.recv_mac(head)
+            if not hmac.compare_digest(expected, header[_HEADER.size:]):
                 raise AuthenticationError(
                     f"frame header from {self.peer.describe()} failed authentication "
                     "(forged, corrupted or reflected); connection dropped")
@@ -612,8 +610,12 @@ class Channel:
         try:
             if nbytes < _MAC_STEP:
                 self._read_into(view, "body")
-                plain = self._keys.recv_gcm.decrypt(_GCM_NONCE.pack(0, seq), view, header)
-                whole[:nbytes] = np.frombuffer(plain, dtype=np.uint8)
+                nonce = _GCM_NONCE.pack(0, seq)
+                if _DECRYPT_INTO:  # straight into the buffer, nothing to copy
+                    self._keys.recv_gcm.decrypt_into(nonce, bytes(view), header, view[:nbytes])
+                else:
+                    plain = self._keys.recv_gcm.decrypt(nonce, view, header)
+                    whole[:nbytes] = np.frombuffer(plain, dtype=np.uint8)
                 return
             gcm = _streaming_gcm(self._keys.recv_body, seq, header, decrypt=True)
 

@@ -101,6 +101,10 @@ _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
 _JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
 ENTRY_ARRAY = 1
 ENTRY_JSON = 2
+#: ``_ONE_ARRAY[n]``: the whole table of a body that is one n-dimensional
+#: array (count, reserved, the entry, its dims) in one pack or unpack.
+_ONE_ARRAY = [struct.Struct(f"<IIBBBBIQ{n}Q") for n in range(MAX_NDIM + 1)]
+_ONE_HEAD = struct.Struct("<IIBBBBIQ")
 ENTRY_FLAG_WIDEN_F32 = 0x01
 DATA_ALIGN = 64
 
@@ -185,6 +189,35 @@ def _json_problem(value: Any) -> str | None:
     return None
 
 
+def _encode_one_array(state: Mapping[str, Any], bf16: bool) -> EncodedState | None:
+    """The body of a one-array state (every pipeline activation frame), or None.
+
+    Same bytes as the general path, in one struct pack; None for anything
+    that needs the general path's work or its error messages (another
+    dtype or byte order, a non-contiguous or bf16-narrowed array, a bad name).
+    """
+    ((name, value),) = state.items()
+    if type(value) is not np.ndarray or type(name) is not str or not name:
+        return None
+    code = _CODE_OF.get(value.dtype)
+    dims = value.shape
+    ndim = len(dims)
+    if (code is None or ndim > MAX_NDIM or not value.flags.c_contiguous
+            or (bf16 and code == 12)):
+        return None
+    raw_name = name.encode("utf-8")
+    name_len = len(raw_name)
+    if name_len > MAX_NAME_BYTES:
+        return None
+    data = value.reshape(-1).view(np.uint8)
+    used = _ONE_HEAD.size + 8 * ndim + name_len
+    offset = _align(used)
+    table = (_ONE_ARRAY[ndim].pack(1, 0, ENTRY_ARRAY, code, ndim, 0, name_len, data.nbytes, *dims)
+             + raw_name + bytes(offset - used))
+    return EncodedState(buffers=(table, data), nbytes=offset + data.nbytes,
+                        flags=FLAG_BF16 if bf16 else 0)
+
+
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
     """Lay ``state`` out as a frame body without copying array data.
 
@@ -197,6 +230,10 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
     if type(state) is not dict and not isinstance(state, abc.Mapping):
         raise WireError(f"a state must be a mapping of names to arrays or JSON values, "
                         f"got {type(state).__name__}")
+    if len(state) == 1:
+        encoded = _encode_one_array(state, bf16)
+        if encoded is not None:
+            return encoded
     if len(state) > MAX_TENSORS:
         raise WireError(f"a state may carry at most {MAX_TENSORS} entries, got {len(state)}")
     table = bytearray(_BODY_HEAD.pack(len(state), 0))
@@ -268,6 +305,39 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
                         flags=FLAG_BF16 if bf16 else 0)
 
 
+def _decode_one_array(buf: np.ndarray, mv: memoryview, size: int) -> dict[str, Any] | None:
+    """The state of a well-formed one-array body (every activation frame), or None.
+
+    Checks everything the general path checks for such a body, against the
+    bytes present, before it reads data; anything else (another shape of
+    body, a bool or bf16-widened array, any inconsistency) is None and goes
+    to the general path, which decodes it or says what is wrong.
+    """
+    count, reserved, kind, code, ndim, eflags, name_len, data_len = _ONE_HEAD.unpack_from(mv, 0)
+    if count != 1 or reserved or kind != ENTRY_ARRAY or eflags or ndim > MAX_NDIM:
+        return None
+    dtype = DTYPE_CODES.get(code)
+    # bool arrays need their bytes checked: the general path does that.
+    if dtype is None or code == 1 or name_len > MAX_NAME_BYTES:
+        return None
+    pos = _ONE_HEAD.size + 8 * ndim
+    end = pos + name_len
+    offset = _align(end)
+    if offset + data_len != size:
+        return None
+    dims = _DIMS[ndim].unpack_from(mv, _ONE_HEAD.size)
+    elements = 1
+    for d in dims:
+        elements *= d  # Python ints: no overflow however large the claim
+    if elements * dtype.itemsize != data_len:
+        return None
+    try:
+        name = bytes(mv[pos:end]).decode("utf-8")
+        return {name: buf[offset:size].view(dtype).reshape(dims)}
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     """Decode a frame body into a state; arrays are views into ``body``.
 
@@ -283,6 +353,10 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     if size < _BODY_HEAD.size:
         raise WireError(f"frame body of {size} bytes is shorter than its {_BODY_HEAD.size}-byte "
                         "tensor-table header")
+    if size >= _ONE_HEAD.size and not flags & ~_KNOWN_FRAME_FLAGS:
+        state = _decode_one_array(buf, mv, size)
+        if state is not None:
+            return state
     count, reserved = _BODY_HEAD.unpack_from(mv, 0)
     if reserved:
         raise WireError(f"frame body has {reserved:#x} in its reserved field, expected 0 "
@@ -358,7 +432,7 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
                 raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
             # Bounded like every other count: whatever walks it later (a fold,
             # validation) recurses, and must not be driven past the stack.
-            if json_depth(value) > MAX_JSON_DEPTH:
+            if isinstance(value, (list, dict)) and json_depth(value) > MAX_JSON_DEPTH:
                 raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} "
                                 f"levels deep")
             state[name] = value

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Callable
 
 import attrs
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -36,6 +37,30 @@ def _hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
 def _hkdf_expand(prk: bytes, info: bytes) -> bytes:
     # One output block (32 bytes) is all we ever need: T(1) = HMAC(PRK, info | 0x01).
     return hmac.digest(prk, info + b"\x01", "sha256")
+
+
+def _hmac_sha256(key: bytes) -> Callable[[bytes], bytes]:
+    """HMAC-SHA256 under ``key`` (RFC 2104) with both padded keys hashed once.
+
+    ``hmac.digest(key, data, "sha256")`` re-derives the two padded keys on
+    every call; a frame header's MAC is then two thirds key set-up. Here a
+    MAC is two copies of prepared hash states and two short updates: the
+    same 32 bytes, about a third of the CPU.
+    """
+    if len(key) > 64:  # the SHA-256 block: longer keys are hashed first (never, here)
+        key = hashlib.sha256(key).digest()
+    block = key.ljust(64, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def mac(data: bytes) -> bytes:
+        step = inner.copy()
+        step.update(data)
+        last = outer.copy()
+        last.update(step.digest())
+        return last.digest()
+
+    return mac
 
 
 def _check_secret(secret: bytes | None) -> bytes:
@@ -68,10 +93,15 @@ class _Keys:
     transcript: bytes = b""
     send_gcm: AESGCM = attrs.field(init=False)
     recv_gcm: AESGCM = attrs.field(init=False)
+    #: HMAC-SHA256 under ``send_header`` / ``recv_header``, pads prepared once.
+    send_mac: Callable[[bytes], bytes] = attrs.field(init=False)
+    recv_mac: Callable[[bytes], bytes] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "send_gcm", AESGCM(self.send_body))
         object.__setattr__(self, "recv_gcm", AESGCM(self.recv_body))
+        object.__setattr__(self, "send_mac", _hmac_sha256(self.send_header))
+        object.__setattr__(self, "recv_mac", _hmac_sha256(self.recv_header))
 
 
 def _derive_keys(secret: bytes, mine: bytes, theirs: bytes, shared: bytes = b"") -> _Keys:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac as std_hmac
+
 import pytest
 
 from meshkit import wire
 from meshkit.errors import ConfigError
-from meshkit.wire._keys import _derive_keys
+from meshkit.wire._keys import _derive_keys, _hmac_sha256
 
 from test_channel import SECRET, tcp_pair
 
@@ -46,3 +48,12 @@ def test_every_key_depends_on_the_secret_and_on_every_byte_of_both_hellos():
         assert other.send_header != base.send_header
         assert other.send_body != base.send_body
         assert other.confirm_mine != base.confirm_mine
+
+
+@pytest.mark.parametrize("key_len", [16, 32, 64, 65, 100])
+def test_the_prepared_header_mac_is_hmac_sha256(key_len):
+    key = bytes(range(key_len))
+    mac = _hmac_sha256(key)
+    for data in (b"", b"x" * 40, bytes(200)):
+        assert mac(data) == std_hmac.digest(key, data, "sha256")
+        assert mac(data) == mac(data)  # the prepared states are copied, never consumed

@@ -1,0 +1,110 @@
+"""The one-array fast paths of encode_state/decode_state agree with the general path.
+
+Every pipeline activation frame is one array (``{"act/<job>/<seq>": rows}``);
+``_encode_one_array`` and ``_decode_one_array`` handle it without the
+general loop. They must produce the same bytes and the same state, and
+anything hostile they are handed must end as the general path ends it: the
+same state or a ``WireError``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshkit import wire
+from meshkit.errors import WireError
+from meshkit.wire import _codec
+
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+def _joined(encoded: wire.EncodedState) -> bytes:
+    return bytes(bytearray().join(memoryview(b).cast("B") for b in encoded.buffers))
+
+
+def _general_encode(state: dict, bf16: bool = False) -> bytes:
+    original = _codec._encode_one_array
+    _codec._encode_one_array = lambda state, bf16: None
+    try:
+        return _joined(wire.encode_state(state, bf16=bf16))
+    finally:
+        _codec._encode_one_array = original
+
+
+def _outcome(data: bytes, flags: int = 0, *, general: bool = False) -> object:
+    original = _codec._decode_one_array
+    if general:
+        _codec._decode_one_array = lambda buf, mv, size: None
+    try:
+        state = wire.decode_state(np.frombuffer(bytearray(data), dtype=np.uint8), flags=flags)
+    except WireError:
+        return WireError
+    finally:
+        _codec._decode_one_array = original
+    return {k: (v.dtype, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v
+            for k, v in state.items()}
+
+
+ARRAYS = [
+    np.zeros((1, 256), np.float32),
+    np.arange(24, dtype=np.float64).reshape(2, 3, 4),
+    np.array(7, dtype=np.int32),  # 0-d
+    np.zeros((0, 5), np.uint8),
+    np.ones(3, ml_dtypes.bfloat16),
+    np.arange(6, dtype=">i4"),  # big-endian: the general path converts it
+    np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],  # not contiguous
+    np.array([True, False]),
+]
+
+
+@pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype}{a.shape}")
+@pytest.mark.parametrize("bf16", [False, True])
+def test_one_array_encodes_to_the_general_paths_bytes_and_decodes_alike(array, bf16):
+    state = {"act/3/41": array}
+    fast = _joined(wire.encode_state(state, bf16=bf16))
+    assert fast == _general_encode(state, bf16)
+    flags = wire.FLAG_BF16 if bf16 else 0
+    assert _outcome(fast, flags) == _outcome(fast, flags, general=True)
+    decoded = wire.decode_state(np.frombuffer(bytearray(fast), dtype=np.uint8), flags=flags)
+    expected = array
+    if bf16 and array.dtype == np.float32:  # narrowed on the wire, widened back
+        expected = array.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(decoded["act/3/41"], expected)
+
+
+def test_a_decoded_activation_is_a_writable_view_of_the_body():
+    body = np.frombuffer(bytearray(_joined(wire.encode_state({"x": np.ones((1, 4), np.float32)}))),
+                         dtype=np.uint8)
+    x = wire.decode_state(body)["x"]
+    assert x.flags.writeable and np.shares_memory(x, body)
+
+
+SAMPLE = _joined(wire.encode_state({"act/1/2": np.arange(40, dtype=np.float32).reshape(2, 20)}))
+
+
+@FUZZ
+@given(pos=st.integers(0, len(SAMPLE) - 1), value=st.integers(0, 255),
+       cut=st.integers(0, len(SAMPLE)), flags=st.sampled_from([0, 1, 2, 0x80]))
+def test_hostile_one_array_bodies_end_as_the_general_path_ends_them(pos, value, cut, flags):
+    data = bytearray(SAMPLE)
+    data[pos] = value
+    data = bytes(data[:cut]) if cut < len(data) // 2 else bytes(data)
+    assert _outcome(data, flags) == _outcome(data, flags, general=True)
+
+
+@FUZZ
+@given(code=st.integers(0, 255), ndim=st.integers(0, 40), eflags=st.integers(0, 3),
+       name_len=st.integers(0, 2048), data_len=st.integers(0, 2 ** 64 - 1),
+       dims=st.lists(st.integers(0, 2 ** 64 - 1), max_size=6), tail=st.binary(max_size=200))
+def test_hostile_one_array_tables_are_refused_or_decoded_as_before(code, ndim, eflags, name_len,
+                                                                  data_len, dims, tail):
+    data = (struct.pack("<IIBBBBIQ", 1, 0, 1, code, ndim, eflags, name_len, data_len)
+            + b"".join(struct.pack("<Q", d) for d in dims) + tail)
+    assert _outcome(data) == _outcome(data, general=True)
