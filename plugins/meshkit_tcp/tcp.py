@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 KIND_CONTROL = 1
 KIND_MODEL = 2
 _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
+#: How long a restarted rank's admission waits for its dead predecessor's
+#: link to be dropped (seconds).
+_STALE_LINK_WAIT = 2.0
 
 #: The handshake's ``role`` field carries the dialer's topology, so the
 #: accepting side can refuse a mismatch before anything else happens.
@@ -511,6 +514,11 @@ class TcpGroup(Group):
             if dead is not None and not (self.is_coordinator and self.is_star):
                 return (f"rank {rank} was declared dead ({dead}); a dead rank "
                         f"cannot rejoin a mesh")
+            if dead is not None and rank in self._channels:
+                # Declared dead, its old link not dropped yet (the ledger marks
+                # a death before the group drops the link): wait for that drop,
+                # bounded, rather than refuse the restarted node as a duplicate.
+                self._lock.wait_for(lambda: rank not in self._channels, _STALE_LINK_WAIT)
             if rank in self._channels or rank in self._admitting:
                 return (f"rank {rank} is already connected to rank {self.rank} (duplicate "
                         f"rank): give each node a distinct rank in 1..{self.world_size - 1}")

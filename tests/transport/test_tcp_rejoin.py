@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from meshkit import PeerLostError
@@ -67,4 +69,37 @@ def test_a_returning_rank_that_drops_again_before_it_is_taken_back_stays_dead():
         assert wait_until(g0, lambda: g0.returning == [])
         assert 1 in g0.dead and g0.take_back() == []
     finally:
+        g0.close()
+
+
+def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch):
+    # The ledger marks a death before the group drops the old link; a restarted
+    # node handshaking in between must wait for that drop, not be refused as
+    # a duplicate rank. Hold the drop until the restarted node is being admitted.
+    g0 = coordinator(2)
+    first = worker(1, 2, g0.address)
+    second = None
+    try:
+        g0.wait_for_workers(timeout=5)
+        admitting = threading.Event()
+        drop, problem = g0._drop_link, g0._rank_problem
+
+        def held_drop(peer):
+            admitting.wait(10)
+            drop(peer)
+
+        def seen_problem(rank, role):
+            admitting.set()
+            return problem(rank, role)
+
+        monkeypatch.setattr(g0, "_drop_link", held_drop)
+        monkeypatch.setattr(g0, "_rank_problem", seen_problem)
+        first.close()
+        assert wait_until(g0, lambda: 1 in g0.dead)
+        second = worker(1, 2, g0.address)
+        assert wait_until(g0, lambda: g0.returning == [1])
+        assert g0.take_back() == [1] and g0.live_ranks == [1]
+    finally:
+        if second is not None:
+            second.close()
         g0.close()
