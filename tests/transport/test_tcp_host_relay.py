@@ -128,6 +128,10 @@ def test_a_relay_with_the_wrong_secret_is_refused_and_the_coordinator_keeps_serv
         assert wait_until(group._lock, lambda: bool(group.refused))
         direct = worker(1, group.address, world=3)
         try:
+            # The worker returns once welcomed, maybe before rank 0 recorded the
+            # link: a frame from it arrives only after that.
+            direct.send(0, TAG, {"hello": 1})
+            assert group.recv(1, TAG, timeout=5) == {"hello": 1}
             group.send(1, TAG, {"ok": 1})
             assert direct.recv(0, TAG) == {"ok": 1}
         finally:
