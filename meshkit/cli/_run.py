@@ -54,6 +54,12 @@ def _round_line(r: Any) -> str:
             f"{_fmt_metrics(r.metrics)}  {r.seconds:.2f}s")
     if r.dropped:
         line += f"  (dropped rank {', '.join(map(str, r.dropped))})"
+    if r.not_served:
+        late = f", {len(r.late)} late" if r.late else ""
+        line += (f"  ({len(r.not_served)} of {len(r.clients) + len(r.not_served)} client(s) "
+                 f"not served{late}; see metrics.jsonl)")
+    if r.joined:
+        line += f"  (joined rank {', '.join(map(str, r.joined))})"
     return line
 
 

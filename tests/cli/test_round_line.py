@@ -1,0 +1,24 @@
+"""The progress line of one round says who was dropped, what was not served, and who joined."""
+
+from __future__ import annotations
+
+from meshkit.cli._run import _round_line
+from meshkit.train import RoundReport
+
+
+def _report(**fields):
+    return RoundReport(round=2, rounds=5, strategy="federated", answered=(1, 3),
+                       metrics={"train_loss": 0.5}, seconds=1.25, **fields)
+
+
+def test_a_clean_round_says_only_its_workers_metrics_and_time():
+    assert _round_line(_report(clients=(0, 1))) == (
+        "round   2/5  workers 2/2  train_loss 0.5000  1.25s")
+
+
+def test_clients_not_served_late_and_joined_ranks_are_on_the_line():
+    line = _round_line(_report(clients=(0, 1), not_served={2: "late: no answer", 3: "lost"},
+                               late=(2,), dropped={2: "gone"}, joined=(4,)))
+    assert "workers 2/3" in line and "(dropped rank 2)" in line
+    assert "(2 of 4 client(s) not served, 1 late; see metrics.jsonl)" in line
+    assert line.endswith("(joined rank 4)")
