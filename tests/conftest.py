@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,18 @@ import pytest
 import meshkit.plugins
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports on 127.0.0.1 (bound together, then released for the test to bind)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, pythonpath: str | None = None,

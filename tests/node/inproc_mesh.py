@@ -11,7 +11,6 @@ where each link has its own reader thread and activations are served on it.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 from typing import Any
 
@@ -29,6 +28,8 @@ from meshkit.node import (
 )
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
+
+from conftest import free_ports
 
 #: The job handlers ``meshkit node`` serves with.
 JOBS = {"pipeline": serve_pipeline_job, "train": serve_train_job}
@@ -96,16 +97,6 @@ class Mesh:
         for g in self.groups.values():
             g.close()
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture

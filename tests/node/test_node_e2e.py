@@ -22,7 +22,7 @@ from meshkit.node.board import open_board
 from meshkit.node import collect_caps, shutdown_nodes
 from meshkit.pipeline import Stage, place_training, run_local, run_pipeline
 
-from inproc_mesh import free_ports
+from conftest import free_ports
 
 pytestmark = pytest.mark.slow
 

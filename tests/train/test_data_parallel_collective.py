@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
@@ -12,21 +11,13 @@ import meshkit.plugins
 from meshkit.node.config import NodeConfig
 from meshkit.train import GroupPool, StrategyContext, serve_trainer
 
+from conftest import free_ports
+
 SECRET = b"data-parallel-collective-secret"
 SPEC = {"task": "digits", "task_options": {}, "strategy": "data-parallel", "seed": 3}
 OPTIONS = {"rounds": 2, "steps": 3, "batch_size": 16}
 WORLD = 4
 
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def star_configs() -> list[NodeConfig]:
@@ -36,7 +27,7 @@ def star_configs() -> list[NodeConfig]:
 
 
 def tcp_mesh_configs() -> list[NodeConfig]:
-    peers = [f"127.0.0.1:{p}" for p in _ports(WORLD)]
+    peers = [f"127.0.0.1:{p}" for p in free_ports(WORLD)]
     return [NodeConfig(rank=r, world=WORLD, peers=peers, topology="mesh", secret=SECRET,
                        timeout=10) for r in range(WORLD)]
 

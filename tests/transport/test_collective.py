@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
@@ -13,22 +12,14 @@ from meshkit.node.config import NodeConfig
 from meshkit.transport._collective import pack, unpack
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
+from conftest import free_ports
+
 SECRET = b"collective-test-secret"
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 def tcp_mesh(world: int, timeout: float = 5.0) -> list[NodeConfig]:
-    peers = [f"127.0.0.1:{p}" for p in _ports(world)]
+    peers = [f"127.0.0.1:{p}" for p in free_ports(world)]
     return [NodeConfig(rank=r, world=world, peers=peers, topology="mesh", secret=SECRET,
                        timeout=timeout) for r in range(world)]
 

@@ -14,20 +14,10 @@ from meshkit.transport import ANY
 from meshkit_tcp.tcp import parse_address
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
+from conftest import free_ports
+
 SECRET = b"tcp-test-secret-0123"
 
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (bound then released; the test binds them right after)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def star_coordinator(world: int, timeout: float = 5.0, **kw):
