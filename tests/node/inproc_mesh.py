@@ -78,7 +78,8 @@ class Mesh:
             except BaseException as exc:  # handed to the test
                 self.errors[rank] = exc
 
-        self.threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in nodes]
+        self.threads = [threading.Thread(target=run, args=(r,), daemon=True,
+                                         name=f"mesh-node-r{r}") for r in nodes]
         for t in self.threads:
             t.start()
         self.g0 = g0 if g0 is not None else config(0).connect()
