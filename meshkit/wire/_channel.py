@@ -78,13 +78,17 @@ _COALESCE = 256 * 1024
 _MAC_STEP = 256 << 10
 _SEND_PIECE = 1 << 20
 # Receive buffers between these sizes are recycled once nothing refers to them
-# (see Channel._receive_buffer); at most _POOL_SIZE per channel are kept, so
-# an idle channel holds at most 16 MiB (one buffer per frame a steady stream
-# keeps in flight, in practice). Above 4 MiB the transfer dominates and
-# numpy backs the allocation with huge pages anyway.
+# (see _receive_buffer). The pool is shared by every channel in the process,
+# like the scratch buffers below: a coordinator has one channel per worker,
+# and a pool each made its memory grow by up to _POOL_SIZE frames per worker.
+# At most _POOL_SIZE are kept, so the process holds at most 32 MiB of idle
+# receive buffers. Above 4 MiB the transfer dominates and numpy backs the
+# allocation with huge pages anyway.
 _POOL_MIN = 64 * 1024
 _POOL_MAX = 4 << 20
-_POOL_SIZE = 4
+_POOL_SIZE = 8
+_recv_pool: list[np.ndarray] = []
+_recv_pool_lock = threading.Lock()
 _RECV_CHUNK = 4 << 20
 _SEND_CHUNK = 4 << 20
 # Big bodies are encrypted piece by piece into a scratch buffer of
@@ -95,6 +99,30 @@ _SEND_CHUNK = 4 << 20
 _SCRATCH_KEEP = 4
 _scratch_free: list[bytearray] = []
 _scratch_lock = threading.Lock()
+
+
+def _receive_buffer(size: int) -> np.ndarray:
+    """A buffer for one frame: a recycled one nothing references any more, or a new one.
+
+    Reading into memory that was just used keeps a steady stream of frames
+    in cache (a fresh allocation is cold, and often page-faulted in). A
+    buffer is only recycled once no decoded array, frame or view refers to
+    it: numpy views keep their base alive, so the reference count says so
+    exactly. The check runs under the pool's lock and the taker holds its
+    reference from then on, so two readers never get the same buffer.
+    """
+    if not _POOL_MIN <= size <= _POOL_MAX:
+        return np.empty(size, dtype=np.uint8)
+    with _recv_pool_lock:
+        for buf in _recv_pool:
+            # References: the pool's slot, ``buf`` and getrefcount's argument.
+            if buf.nbytes == size and sys.getrefcount(buf) <= 3:
+                return buf
+        buf = np.empty(size, dtype=np.uint8)
+        if len(_recv_pool) >= _POOL_SIZE:
+            _recv_pool.pop(0)
+        _recv_pool.append(buf)
+        return buf
 
 
 def _take_scratch() -> bytearray:
@@ -199,7 +227,6 @@ class Channel:
         self._recv_seq = 0
         self._closed = False
         self._close_reason: str | None = None
-        self._pool: list[np.ndarray] = []
         # The socket is non-blocking and the channel polls only when a read or
         # write would block: with a socket timeout set, CPython polls before
         # *every* recv/send, and a small frame paid five syscalls instead of two.
@@ -242,7 +269,6 @@ class Channel:
             self._close_reason = reason
         self._closed = True
         close_socket(self._sock)
-        self._pool = []  # recycled receive buffers are not needed any more
 
     def _closed_error(self, tense: str = "was") -> PeerLostError:
         why = f" ({self._close_reason})" if self._close_reason else ""
@@ -529,28 +555,6 @@ class Channel:
         if feed is not None and fed < mac_end:
             feed(view[fed:mac_end])
 
-    def _receive_buffer(self, size: int) -> np.ndarray:
-        """A buffer for one frame: a recycled one nothing references any more, or a new one.
-
-        Reading into memory that was just used keeps a steady stream of
-        frames in cache (a fresh allocation is cold, and often page-faulted
-        in). A buffer is only recycled once no decoded array, frame or view
-        refers to it: numpy views keep their base alive, so the reference
-        count says so exactly.
-        """
-        if not _POOL_MIN <= size <= _POOL_MAX:
-            return np.empty(size, dtype=np.uint8)
-        pool = self._pool
-        for buf in pool:
-            # References: the pool's slot, ``buf`` and getrefcount's argument.
-            if buf.nbytes == size and sys.getrefcount(buf) <= 3:
-                return buf
-        buf = np.empty(size, dtype=np.uint8)
-        if len(pool) >= _POOL_SIZE:
-            pool.pop(0)
-        pool.append(buf)
-        return buf
-
     def _recv_frame(self, header: bytearray, got: int) -> Frame:
         if got < HEADER_SIZE:  # usually the whole header came with the first read
             self._read_into(memoryview(header), "header", got=got)
@@ -577,7 +581,7 @@ class Channel:
                 f"node's max_frame of {self.max_frame}; refused before reading it")
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
-        whole = self._receive_buffer(nbytes + BODY_TAG_SIZE)
+        whole = _receive_buffer(nbytes + BODY_TAG_SIZE)
         body = whole[:nbytes]
         if self.encrypted:
             self._decrypt_into(whole, bytes(header), seq, tag, nbytes)

@@ -64,10 +64,11 @@ def test_a_worker_killed_between_rounds_is_sent_no_client_and_every_client_is_se
     assert any(op == "fit" for rnd, rank, op in sent if rank == 2 and rnd == 1)
 
 
-def test_coordinator_memory_stays_a_few_model_copies_with_16_workers(tmp_path):
-    # float32: 8 MB a model. (Frames of at most 4 MB are recycled by the wire,
-    # a few per link, so a smaller model would measure that pool as well.)
-    params = 2_000_000
+@pytest.mark.parametrize("params", [
+    2_000_000,  # 8 MB a model: frames too big for the wire's receive-buffer pool
+    750_000,    # 3 MB: pooled frames; the pool is one per process, not one per link
+], ids=["8MB", "3MB-pooled"])
+def test_coordinator_memory_stays_a_few_model_copies_with_16_workers(tmp_path, params):
     model = params * 4
     out = tmp_path / "out"
     config = synthetic_config(tmp_path / "c.toml", out, workers=16, rounds=2, params=params,
