@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import queue
+import sys
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -47,7 +49,7 @@ from meshkit.transport._mailbox import Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
 
-__all__ = ["Layout", "pack", "unpack", "ring_sum", "Collective"]
+__all__ = ["Layout", "pack", "unpack", "segments", "ring_sum", "Collective", "SEGMENT_BYTES"]
 
 
 def _accumulation_dtype(key: str, value: Any) -> np.dtype:
@@ -83,9 +85,14 @@ class Layout:
         return ", ".join(f"{k} {d}{list(s)}" for k, _, _, s, d in self.entries) or "(empty)"
 
 
-def pack(state: Mapping[str, Any], weight: float,
-         ranks: Sequence[int]) -> tuple[Layout, list[np.ndarray]]:
-    """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot."""
+def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
+         empty: Callable[[int, np.dtype], np.ndarray] = np.empty,
+         ) -> tuple[Layout, list[np.ndarray]]:
+    """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot.
+
+    ``empty(size, dtype)`` gives each buffer (a fresh one by default;
+    :class:`Collective` recycles buffers nothing refers to any more).
+    """
     groups: dict[np.dtype, list[tuple[str, Any]]] = {}
     for key in sorted(state):
         value = state[key]
@@ -106,13 +113,16 @@ def pack(state: Mapping[str, Any], weight: float,
         list(ranks))).encode(), digest_size=8).digest()
     layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
                     int.from_bytes(digest, "little") >> 1)
-    buffers = [np.empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
+    buffers = [empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
     for key, index, offset, _, _ in layout.entries:
         value = state[key]
         segment = buffers[index][offset:offset + value.size]
-        segment[...] = value.reshape(-1)
-        if weight != 1.0:
-            segment *= weight
+        if weight != 1.0 and value.dtype == segment.dtype:
+            np.multiply(value.reshape(-1), weight, out=segment)  # one pass, not two
+        else:
+            segment[...] = value.reshape(-1)
+            if weight != 1.0:
+                segment *= weight
     buffers[0][-1] = weight
     return layout, buffers
 
@@ -134,62 +144,181 @@ def unpack(layout: Layout, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
     return out
 
 
-#: ``send(dst, payload, deadline)`` and ``take(round) -> (src, payload)`` as the ring sees them.
+#: ``send(dst, payload)`` and ``take() -> (src, payload)`` as the ring sees them.
 Send = Callable[[int, Mapping[str, Any]], None]
 Take = Callable[[], tuple[int, Mapping[str, Any]]]
 
+#: A chunk bigger than this travels in segments of at most this many bytes, so
+#: the ring pipelines: while a rank adds segment k, its sender thread encrypts
+#: and writes segment k - 1 and its reader thread receives and decrypts
+#: segment k + 1. Small enough that the pipeline fills within a 1 MiB state,
+#: big enough that a frame's fixed cost stays small (docs/benchmarks.md).
+SEGMENT_BYTES = 1 << 20
+
+
+def segments(buffers: Sequence[np.ndarray], n: int,
+             segment_bytes: int = SEGMENT_BYTES) -> list[list[tuple[int, int, int]]]:
+    """Per chunk ``c`` of ``n``: its (buffer, start, stop) segments, in the order they travel.
+
+    Chunk ``c`` of each buffer is elements ``[len * c // n, len * (c + 1) // n)``;
+    each is cut into the fewest near-equal segments of at most
+    ``segment_bytes``. A chunk empty in every buffer still has one (empty)
+    segment, so every step moves at least one frame and a layout mismatch is
+    always seen.
+    """
+    if segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+    plan: list[list[tuple[int, int, int]]] = []
+    for c in range(n):
+        chunk: list[tuple[int, int, int]] = []
+        for b, buffer in enumerate(buffers):
+            lo, hi = len(buffer) * c // n, len(buffer) * (c + 1) // n
+            if hi == lo:
+                continue
+            pieces = -(-(hi - lo) * buffer.itemsize // segment_bytes)
+            chunk.extend((b, lo + (hi - lo) * k // pieces, lo + (hi - lo) * (k + 1) // pieces)
+                         for k in range(pieces))
+        plan.append(chunk or [(0, 0, 0)])
+    return plan
+
+
+#: Buffers of at least _SPARE_MIN bytes are kept for reuse, the last _SPARE_KEEP of them.
+_SPARE_MIN = 1 << 20
+_SPARE_KEEP = 4
+
+
+class _Sender:
+    """The frames a rank sends, in order: on its own thread once the ring is segmented.
+
+    With one segment per chunk a step's send can only follow the previous
+    step's receive, so sending inline loses nothing. With several, a thread
+    lets a segment's encryption and write overlap the next one's add. A send
+    that fails ends the thread and calls ``interrupt`` (which wakes the
+    ring's receive); :meth:`finish` waits for the last frame to be written,
+    since the caller then reuses the buffers the frames are views of.
+    """
+
+    def __init__(self, send: Callable[[Mapping[str, Any]], None], threaded: bool,
+                 interrupt: Callable[[BaseException], None] | None, name: str) -> None:
+        self._send = send
+        self._interrupt = interrupt
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._queue: queue.SimpleQueue[Mapping[str, Any] | None] | None = None
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    def post(self, frame: Mapping[str, Any]) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._queue is None:
+            self._send(frame)
+        else:
+            self._queue.put(frame)
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (frame := self._queue.get()) is not None:
+            if self._stopped:
+                continue  # the ring failed: drain without sending
+            try:
+                self._send(frame)
+            except BaseException as exc:  # noqa: BLE001 (handed to the ring's thread)
+                self._error = exc
+                self._stopped = True
+                if self._interrupt is not None:
+                    self._interrupt(exc)
+
+    def finish(self) -> None:
+        """Wait until every posted frame is written; raise the send's error if one failed."""
+        if self._thread is not None:
+            assert self._queue is not None
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Send nothing more (the ring failed); returns without waiting for the thread."""
+        self._stopped = True
+        if self._queue is not None:
+            self._queue.put(None)
+
 
 def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check: int,
-             round_: int, send: Send, take: Take) -> None:
+             round_: int, send: Send, take: Take, *, segment_bytes: int = SEGMENT_BYTES,
+             interrupt: Callable[[BaseException], None] | None = None) -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
     rank ``i`` sends chunk ``i - s`` to the next rank and adds chunk
     ``i - s - 1`` from the previous one, so after ``n - 1`` steps it holds
     chunk ``i + 1`` summed over every rank; the all-gather then passes the
-    summed chunks round the ring. ``take`` returns the next message from a
-    participant (the caller turns aborts and losses into errors).
+    summed chunks round the ring. The chunk a step receives is the one the
+    next step sends, so each received segment (see :func:`segments`) is added
+    (or copied) into place and at once posted onward: the sends run on a
+    thread of their own when a chunk has several segments. ``take`` returns
+    the next message from a participant (the caller turns aborts and losses
+    into errors); ``interrupt`` is how a failed send on that thread wakes it.
     """
     n = len(ranks)
     i = ranks.index(me)
     nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
-    bounds = [[len(b) * j // n for j in range(n + 1)] for b in buffers]
+    plan = segments(buffers, n, segment_bytes)
+    # Step t receives chunk recv[t] in phase[t] and, but for the last, sends it on at t + 1.
+    recv = [(i - s - 1) % n for s in range(n - 1)] + [(i - s) % n for s in range(n - 1)]
+    phase = ["reduce"] * (n - 1) + ["gather"] * (n - 1)
+    sender = _Sender(lambda frame: send(nxt, frame), any(len(c) > 1 for c in plan),
+                     interrupt, f"meshkit-ring-r{me}")
 
-    def chunk(b: int, c: int) -> np.ndarray:
-        return buffers[b][bounds[b][c]:bounds[b][c + 1]]
+    def post(c: int, step: int, k: int, b: int, lo: int, hi: int) -> None:
+        sender.post({"r": round_, "check": check, "c": c, "phase": phase[step], "k": k,
+                     "x": buffers[b][lo:hi]})
 
-    def frame(c: int, phase: str) -> dict[str, Any]:
-        return {"r": round_, "check": check, "c": c, "phase": phase,
-                **{str(b): chunk(b, c) for b in range(len(buffers))}}
-
-    def receive(c: int, phase: str) -> Mapping[str, Any]:
+    def receive(c: int, step: int, k: int) -> np.ndarray:
         src, payload = take()
-        if src != prv or payload.get("c") != c or payload.get("phase") != phase:
-            raise MeshError(
-                f"mesh_all_reduce round {round_}: rank {me} expected chunk {c} ({phase}) "
-                f"from rank {prv}, got chunk {payload.get('c')!r} ({payload.get('phase')!r}) "
-                f"from rank {src}: the participants disagree on the ranks or the order of "
-                f"collectives")
-        if payload.get("check") != check:
+        if payload.get("check") != check and src == prv:
             raise AggregationError(
                 f"mesh_all_reduce round {round_}: rank {src} contributes a different layout "
                 f"(keys, shapes or dtypes) than rank {me}; every participant must reduce the "
                 f"same keys with the same shapes and dtypes")
-        return payload
+        if (src != prv or payload.get("c") != c or payload.get("phase") != phase[step]
+                or payload.get("k") != k):
+            raise MeshError(
+                f"mesh_all_reduce round {round_}: rank {me} expected segment {k} of chunk {c} "
+                f"({phase[step]}) from rank {prv}, got segment {payload.get('k')!r} of chunk "
+                f"{payload.get('c')!r} ({payload.get('phase')!r}) from rank {src}: the "
+                f"participants disagree on the ranks or the order of collectives")
+        return payload["x"]
 
-    for s in range(n - 1):
-        send(nxt, frame((i - s) % n, "reduce"))
-        c = (i - s - 1) % n
-        got = receive(c, "reduce")
-        for b in range(len(buffers)):
-            target = chunk(b, c)
-            np.add(target, got[str(b)], out=target)
-    for s in range(n - 1):
-        send(nxt, frame((i + 1 - s) % n, "gather"))
-        c = (i - s) % n
-        got = receive(c, "gather")
-        for b in range(len(buffers)):
-            chunk(b, c)[...] = got[str(b)]
+    try:
+        for k, (b, lo, hi) in enumerate(plan[i]):
+            post(i, 0, k, b, lo, hi)
+        last = len(recv) - 1
+        for step, c in enumerate(recv):
+            adding = phase[step] == "reduce"
+            for k, (b, lo, hi) in enumerate(plan[c]):
+                got = receive(c, step, k)
+                target = buffers[b][lo:hi]
+                if got.shape != target.shape or got.dtype != target.dtype:
+                    raise AggregationError(
+                        f"mesh_all_reduce round {round_}: rank {prv} sent {got.dtype}"
+                        f"{list(got.shape)} for segment {k} of chunk {c}, rank {me} expected "
+                        f"{target.dtype}{list(target.shape)}: the participants' layouts differ")
+                if adding:
+                    np.add(target, got, out=target)
+                else:
+                    target[...] = got
+                del got  # the channel recycles the receive buffer once nothing holds it
+                if step < last:
+                    post(c, step + 1, k, b, lo, hi)
+        sender.finish()
+    except BaseException:
+        sender.stop()
+        raise
 
 
 class Collective:
@@ -206,6 +335,10 @@ class Collective:
         self._is_star = is_star
         self._rounds: dict[tuple[int, ...], int] = {}
         self._lock = threading.Lock()
+        # Buffers of earlier all-reduces, reused once nothing refers to them
+        # (see _buffer): a fresh model-sized buffer is page-faulted in on its
+        # first write, which cost as much as the copy into it.
+        self._spare: list[np.ndarray] = []
 
     def all_reduce(self, state: Mapping[str, Any], weight: float,
                    ranks: Sequence[int] | None, timeout: float | None) -> dict[str, Any]:
@@ -224,7 +357,7 @@ class Collective:
         with self._lock:
             round_ = self._rounds.get(members, 0) + 1
             self._rounds[members] = round_
-        layout, buffers = pack(state, weight, members)
+        layout, buffers = pack(state, weight, members, self._buffer)
         if len(members) > 1:
             engine = getattr(self._links, "all_reduce_sum", None)
             done = engine is not None and engine(buffers, list(members), layout.check, wait)
@@ -236,6 +369,27 @@ class Collective:
                         "the workers and reduce_round on the coordinator")
                 self._ring(buffers, members, layout.check, round_, wait)
         return unpack(layout, buffers)
+
+    def _buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """A buffer for :func:`pack`: a spare one nothing references any more, or a new one.
+
+        The mean a rank got back is views of its buffers, so a buffer is only
+        reused once every such view (and the ring's frames) is gone: numpy
+        views keep their base alive, so its reference count says so exactly.
+        The last :data:`_SPARE_KEEP` buffers are kept (a training loop that
+        replaces its state by the mean alternates between two).
+        """
+        with self._lock:
+            for buffer in self._spare:
+                # References: the list's slot, ``buffer`` and getrefcount's argument.
+                if (buffer.size == size and buffer.dtype == dtype
+                        and sys.getrefcount(buffer) <= 3):
+                    return buffer
+            buffer = np.empty(size, dtype)
+            if size * buffer.itemsize >= _SPARE_MIN:
+                self._spare.append(buffer)
+                del self._spare[:-_SPARE_KEEP]
+            return buffer
 
     def _ring(self, buffers: list[np.ndarray], members: tuple[int, ...], check: int,
               round_: int, wait: float) -> None:
@@ -249,10 +403,19 @@ class Collective:
         def send(dst: int, payload: Mapping[str, Any]) -> None:
             self._send(Message(me, dst, TAG_RING, payload))
 
+        def interrupt(exc: BaseException) -> None:
+            # The ring's sender thread failed: wake the ring's receive with an
+            # abort of its own (a send error is a lost link, as inline).
+            kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
+            self._mailboxes.put(Message(me, me, TAG_RING, {
+                "r": round_, "abort": f"sending failed: {exc}", "kind": kind}))
+
+        sources = set(others) | {me}
+
         def take() -> tuple[int, Mapping[str, Any]]:
             while True:
                 message = self._mailboxes.take(
-                    TAG_RING, set(others), wait, f"mesh_all_reduce round {round_}",
+                    TAG_RING, sources, wait, f"mesh_all_reduce round {round_}",
                     watch=prv)
                 payload = message.payload
                 if not isinstance(payload.get("r"), int) or payload["r"] < round_:
@@ -265,7 +428,8 @@ class Collective:
                 return message.src, payload
 
         try:
-            ring_sum(buffers, list(members), me, check, round_, send, take)
+            ring_sum(buffers, list(members), me, check, round_, send, take,
+                     interrupt=interrupt)
         except (MeshError, OSError) as exc:
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
             for rank in sorted(others):
