@@ -33,23 +33,27 @@ failed all-reduce never returns a partial sum.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import queue
 import sys
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from meshkit.errors import AggregationError, MeshError, PeerLostError
+from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
 
-__all__ = ["Layout", "pack", "unpack", "segments", "ring_sum", "Collective", "SEGMENT_BYTES"]
+__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "pack", "ring_sum",
+           "segments", "unpack"]
 
 
 def _accumulation_dtype(key: str, value: Any) -> np.dtype:
@@ -86,12 +90,14 @@ class Layout:
 
 
 def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
-         empty: Callable[[int, np.dtype], np.ndarray] = np.empty,
-         ) -> tuple[Layout, list[np.ndarray]]:
+         empty: Callable[[int, np.dtype], np.ndarray] = np.empty, *,
+         fill: bool = True) -> tuple[Layout, list[np.ndarray]]:
     """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot.
 
     ``empty(size, dtype)`` gives each buffer (a fresh one by default;
-    :class:`Collective` recycles buffers nothing refers to any more).
+    :class:`Collective` recycles buffers nothing refers to any more). With
+    ``fill=False`` the buffers are left as ``empty`` gave them, for the ring
+    to fill segment by segment (:func:`contribution`) as it first needs each.
     """
     groups: dict[np.dtype, list[tuple[str, Any]]] = {}
     for key in sorted(state):
@@ -114,17 +120,63 @@ def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
     layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
                     int.from_bytes(digest, "little") >> 1)
     buffers = [empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
-    for key, index, offset, _, _ in layout.entries:
-        value = state[key]
-        segment = buffers[index][offset:offset + value.size]
-        if weight != 1.0 and value.dtype == segment.dtype:
-            np.multiply(value.reshape(-1), weight, out=segment)  # one pass, not two
-        else:
-            segment[...] = value.reshape(-1)
-            if weight != 1.0:
-                segment *= weight
-    buffers[0][-1] = weight
+    if fill:
+        own = contribution(layout, state, weight)
+        for b, buffer in enumerate(buffers):
+            source = own(b, 0, len(buffer), buffer)
+            if source is not None:
+                buffer[...] = source
     return layout, buffers
+
+
+#: ``own(b, lo, hi, out)``: this rank's scaled contribution to buffer ``b``'s
+#: elements ``[lo, hi)``: either an array to read it from (the state's own
+#: memory, when no scaling or conversion is needed) or None, having written it
+#: into ``out`` (that range of the buffer).
+Own = Callable[[int, int, int, np.ndarray], "np.ndarray | None"]
+
+
+def contribution(layout: Layout, state: Mapping[str, Any], weight: float) -> Own:
+    """What :func:`pack` would put in any range of the buffers, computed for that range only.
+
+    The ring asks for a segment's share right before it adds the previous
+    rank's segment to it, so the state is read once, while the segment is in
+    cache, instead of copied into the buffers in a pass of its own first.
+    """
+    flats: list[list[tuple[int, np.ndarray]]] = [[] for _ in layout.sizes]
+    for key, index, offset, _, _ in layout.entries:
+        flat = np.ravel(state[key])  # a view unless the array is not contiguous
+        if flat.size:
+            flats[index].append((offset, flat))
+    for pieces in flats:
+        pieces.sort(key=lambda p: p[0])
+    starts = [[offset for offset, _ in pieces] for pieces in flats]
+    slot = layout.sizes[0] - 1  # the weight's slot in buffer 0
+
+    def own(b: int, lo: int, hi: int, out: np.ndarray) -> np.ndarray | None:
+        pieces = flats[b]
+        j = max(bisect.bisect_right(starts[b], lo) - 1, 0)
+        if (weight == 1.0 and j < len(pieces) and not (b == 0 and lo <= slot < hi)):
+            offset, flat = pieces[j]
+            if offset <= lo and hi <= offset + flat.size and flat.dtype == out.dtype:
+                return flat[lo - offset:hi - offset]  # the state itself: nothing to copy
+        while j < len(pieces) and pieces[j][0] < hi:
+            offset, flat = pieces[j]
+            a, z = max(lo, offset), min(hi, offset + flat.size)
+            if a < z:
+                target = out[a - lo:z - lo]
+                if weight != 1.0 and flat.dtype == target.dtype:
+                    np.multiply(flat[a - offset:z - offset], weight, out=target)
+                else:
+                    target[...] = flat[a - offset:z - offset]
+                    if weight != 1.0:
+                        target *= weight
+            j += 1
+        if b == 0 and lo <= slot < hi:
+            out[slot - lo] = weight
+        return None
+
+    return own
 
 
 def unpack(layout: Layout, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
@@ -249,8 +301,9 @@ class _Sender:
 
 
 def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check: int,
-             round_: int, send: Send, take: Take, *, segment_bytes: int = SEGMENT_BYTES,
-             interrupt: Callable[[BaseException], None] | None = None) -> None:
+             round_: int, send: Send, take: Take, *, segment_bytes: int | None = None,
+             interrupt: Callable[[BaseException], None] | None = None,
+             own: Own | None = None) -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
@@ -263,20 +316,24 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
     thread of their own when a chunk has several segments. ``take`` returns
     the next message from a participant (the caller turns aborts and losses
     into errors); ``interrupt`` is how a failed send on that thread wakes it.
+    With ``own`` (:func:`contribution`) the buffers start unfilled: each
+    segment's own share is read from the state as the ring first needs it
+    (chunk ``i`` is sent straight from it and every other chunk is added to
+    it on arrival, so no separate packing pass is made).
     """
     n = len(ranks)
     i = ranks.index(me)
     nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
-    plan = segments(buffers, n, segment_bytes)
+    plan = segments(buffers, n, SEGMENT_BYTES if segment_bytes is None else segment_bytes)
     # Step t receives chunk recv[t] in phase[t] and, but for the last, sends it on at t + 1.
     recv = [(i - s - 1) % n for s in range(n - 1)] + [(i - s) % n for s in range(n - 1)]
     phase = ["reduce"] * (n - 1) + ["gather"] * (n - 1)
     sender = _Sender(lambda frame: send(nxt, frame), any(len(c) > 1 for c in plan),
                      interrupt, f"meshkit-ring-r{me}")
 
-    def post(c: int, step: int, k: int, b: int, lo: int, hi: int) -> None:
+    def post(c: int, step: int, k: int, x: np.ndarray) -> None:
         sender.post({"r": round_, "check": check, "c": c, "phase": phase[step], "k": k,
-                     "x": buffers[b][lo:hi]})
+                     "x": x})
 
     def receive(c: int, step: int, k: int) -> np.ndarray:
         src, payload = take()
@@ -296,7 +353,12 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
 
     try:
         for k, (b, lo, hi) in enumerate(plan[i]):
-            post(i, 0, k, b, lo, hi)
+            mine = buffers[b][lo:hi]
+            if own is not None:
+                source = own(b, lo, hi, mine)
+                if source is not None:
+                    mine = source  # overwritten only by the all-gather, after it is sent
+            post(i, 0, k, mine)
         last = len(recv) - 1
         for step, c in enumerate(recv):
             adding = phase[step] == "reduce"
@@ -308,13 +370,16 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                         f"mesh_all_reduce round {round_}: rank {prv} sent {got.dtype}"
                         f"{list(got.shape)} for segment {k} of chunk {c}, rank {me} expected "
                         f"{target.dtype}{list(target.shape)}: the participants' layouts differ")
-                if adding:
-                    np.add(target, got, out=target)
-                else:
+                if not adding:
                     target[...] = got
+                elif own is not None:  # each chunk visits once in the reduce: add our share
+                    source = own(b, lo, hi, target)
+                    np.add(target if source is None else source, got, out=target)
+                else:
+                    np.add(target, got, out=target)
                 del got  # the channel recycles the receive buffer once nothing holds it
                 if step < last:
-                    post(c, step + 1, k, b, lo, hi)
+                    post(c, step + 1, k, target)
         sender.finish()
     except BaseException:
         sender.stop()
@@ -357,9 +422,17 @@ class Collective:
         with self._lock:
             round_ = self._rounds.get(members, 0) + 1
             self._rounds[members] = round_
-        layout, buffers = pack(state, weight, members, self._buffer)
-        if len(members) > 1:
-            engine = getattr(self._links, "all_reduce_sum", None)
+        # The ring fills the buffers itself as it goes (no packing pass); only a
+        # transport with a collective of its own needs them filled first.
+        engine = getattr(self._links, "all_reduce_sum", None)
+        own_engine = engine is not None and (
+            getattr(type(self._links), "all_reduce_sum", None) is not Links.all_reduce_sum)
+        ring = len(members) > 1 and not own_engine and not self._is_star
+        layout, buffers = pack(state, weight, members, self._buffer, fill=not ring)
+        if ring:
+            self._ring(buffers, members, layout.check, round_, wait,
+                       contribution(layout, state, weight))
+        elif len(members) > 1:
             done = engine is not None and engine(buffers, list(members), layout.check, wait)
             if not done:
                 if self._is_star:
@@ -392,7 +465,7 @@ class Collective:
             return buffer
 
     def _ring(self, buffers: list[np.ndarray], members: tuple[int, ...], check: int,
-              round_: int, wait: float) -> None:
+              round_: int, wait: float, own: Own | None = None) -> None:
         me = self._ledger.rank
         others = frozenset(members) - {me}
         # Only the previous rank's chunks are needed; a rank further round
@@ -429,7 +502,7 @@ class Collective:
 
         try:
             ring_sum(buffers, list(members), me, check, round_, send, take,
-                     interrupt=interrupt)
+                     interrupt=interrupt, own=own)
         except (MeshError, OSError) as exc:
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
             for rank in sorted(others):
