@@ -203,9 +203,10 @@ Take = Callable[[], tuple[int, Mapping[str, Any]]]
 #: A chunk bigger than this travels in segments of at most this many bytes, so
 #: the ring pipelines: while a rank adds segment k, its sender thread encrypts
 #: and writes segment k - 1 and its reader thread receives and decrypts
-#: segment k + 1. Small enough that the pipeline fills within a 1 MiB state,
-#: big enough that a frame's fixed cost stays small (docs/benchmarks.md).
-SEGMENT_BYTES = 1 << 20
+#: segment k + 1. Just under 4 MiB so that a segment's frame still fits the
+#: channel's recycled receive buffers (wire ``_POOL_MAX``); 1 and 2 MiB
+#: measured slower, the frames' fixed costs adding up (docs/benchmarks.md).
+SEGMENT_BYTES = (4 << 20) - 4096
 
 
 def segments(buffers: Sequence[np.ndarray], n: int,
