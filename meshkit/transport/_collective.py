@@ -20,7 +20,13 @@ How, in two steps:
   torch.distributed), else a ring over the direct links (:func:`ring_sum`):
   reduce-scatter, then all-gather, ``n - 1`` steps each, every rank sending
   and receiving ``(n - 1) / n`` of the buffer per phase at the same time (the
-  bandwidth-optimal schedule of Patarasuk & Yuan, 2009). Every chunk is an
+  bandwidth-optimal schedule of Patarasuk & Yuan, 2009). A chunk travels in
+  segments of under 4 MiB (:func:`segments`), and the chunk a step receives
+  is the one the next step sends, so each segment is added into place and
+  posted onward at once, a sender thread writing it while the next one
+  arrives: encryption, transfer, decryption and the add pipeline. The ring
+  makes no packing pass: each segment's own share is read from the state
+  (:func:`contribution`) when the ring first needs it. Every segment is an
   ordinary message under :data:`TAG_RING`, so on ``tcp`` it is
   authenticated and encrypted like every frame.
 
