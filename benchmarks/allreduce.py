@@ -17,6 +17,9 @@ rank contributes a float32 vector of the given size and gets the mean back:
   every rank calls ``group.mesh_all_reduce`` (ring reduce-scatter +
   all-gather over the direct links, no coordinator fold), weighted mean;
   timed on rank 0 like the others ("mesh vs gloo" column).
+* ``mesh-auth``: the same mesh with ``encrypt=False``: every frame
+  authenticated (header HMAC, body GMAC), bodies in clear, as gloo's are
+  ("auth vs gloo" column). Asking for ``mesh`` runs both, interleaved.
 * ``gloo``: ``torch.distributed.all_reduce`` with the gloo backend (the
   named baseline; install with ``pip install torch==2.13.0`` or the
   ``bench`` extra).
@@ -43,6 +46,7 @@ a slow mode about 1.6x slower), and ``--json`` keeps every trial. Ratios
 > 1 mean meshkit is faster. Run::
 
     python benchmarks/allreduce.py                      # worlds 2 and 4, 1/16/64 MiB
+    python benchmarks/allreduce.py --kinds mesh gloo    # the mesh, encrypted and auth-only
     python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5 --trials 1
 
 This is a measurement, not a test: nothing here asserts a time.
@@ -124,7 +128,7 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
 
 
 def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers: list[str],
-               results: Any) -> None:
+               results: Any, encrypt: bool = True) -> None:
     from meshkit_tcp import TcpOptions
     from meshkit_tcp.tcp import TcpTransport
 
@@ -132,7 +136,7 @@ def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers
 
     transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31))
     config = NodeConfig(rank=rank, world=world, topology="mesh", peers=peers, secret=SECRET,
-                        timeout=120)
+                        timeout=120, encrypt=encrypt)
     group = transport.connect(config)
     x = np.full(nbytes // 4, float(rank + 1), np.float32)
     try:
@@ -182,10 +186,10 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
 def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    if kind == "mesh":
+    if kind in ("mesh", "mesh-auth"):
         peers = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
         procs = [ctx.Process(target=_mesh_rank, args=(r, world, nbytes, reps, warmup, peers,
-                                                       results))
+                                                       results, kind == "mesh"))
                  for r in range(world)]
     elif kind.startswith("gloo"):
         port = _free_port()
@@ -211,6 +215,13 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -222,29 +233,50 @@ def main(argv: list[str] | None = None) -> int:
                              "most often, else 3)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
     parser.add_argument("--kinds", nargs="+", default=None,
-                        help="only these kinds (meshkit and meshkit-auth always run)")
+                        help="only these kinds (default: all); 'mesh' also runs mesh-auth, "
+                             "'gloo' also gloo-sync when a -sync kind runs, 'star' means "
+                             "meshkit and meshkit-auth")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh"]
+    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh", "mesh-auth"]
     if args.kinds:
-        kinds = ["meshkit", "meshkit-auth", *[k for k in kinds[2:] if k in args.kinds]]
+        wanted = set(args.kinds)
+        if "star" in wanted:
+            wanted |= {"meshkit", "meshkit-auth"}
+        if "mesh" in wanted:
+            wanted.add("mesh-auth")
+        kinds = [k for k in kinds if k in wanted]
     if not args.no_gloo and (not args.kinds or "gloo" in args.kinds):
         try:
             import torch  # noqa: F401
-            kinds += ["gloo", "gloo-sync"]
+            kinds += ["gloo"]
+            if "meshkit-sync" in kinds:
+                kinds += ["gloo-sync"]
         except ImportError:
             print("torch is not installed: skipping the gloo baseline "
                   "(pip install torch==2.13.0)", file=sys.stderr)
+    if not kinds:
+        parser.error("no kind to run")
 
     print(f"# meshkit all-reduce vs gloo, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPU(s), python {platform.python_version()}; ms per round, "
-          f"the best trial (each the median of its rounds)")
+          f"the best trial (each the median of its rounds); load {_load()}")
+    # The ratio columns this run can fill: (label, numerator kind, denominator kind);
+    # "x" columns are throughput ratios (> 1: the first kind is faster), "%" costs.
+    ratios = [(label, a, b, unit) for label, a, b, unit in (
+        ("star vs gloo", "gloo", "meshkit", "x"),
+        ("vs gloo-sync", "gloo-sync", "meshkit-sync", "x"),
+        ("MAC cost", "meshkit-auth", "meshkit-nomac", "%"),
+        ("enc cost", "meshkit", "meshkit-auth", "%"),
+        ("mesh vs gloo", "gloo", "mesh", "x"),
+        ("auth vs gloo", "gloo", "mesh-auth", "x"),
+        ("mesh enc cost", "mesh", "mesh-auth", "%"),
+    ) if a in kinds and b in kinds]
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
-              + f" {'MB/s':>6} {'vs gloo':>8} {'vs gloo-sync':>13} {'MAC cost':>9}"
-              + f" {'enc cost':>9} {'enc spread':>17} {'mesh vs gloo':>13}")
-    print(header)
+              + "".join(f" {label + ' (trials)':>{len(label) + 18}}" for label, *_ in ratios))
+    print(header, flush=True)
     rows = []
     for world in args.worlds:
         for mib in args.sizes:
@@ -253,39 +285,36 @@ def main(argv: list[str] | None = None) -> int:
             reps = args.reps or (100 if mib <= 1 else 20 if mib <= 16 else 8)
             trials: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.trials if args.trials > 0 else 7 if mib <= 1 else 3):
-                for k in kinds:
+                for k in kinds:  # interleaved: a load spike hits every kind alike
                     trials[k].append(_run(k, world, nbytes, reps, warmup=2))
             times = {k: min(v) for k, v in trials.items()}
-            row = {"world": world, "mib": mib, "reps": reps, "trials": len(trials["meshkit"]),
-                   **{f"{k}_s": t for k, t in times.items()},
-                   **{f"{k}_median_of_trials_s": statistics.median(v) for k, v in trials.items()},
-                   **{f"{k}_trials_s": v for k, v in trials.items()}}
-            row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
-            if "meshkit-nomac" in times:
-                row["mac_overhead"] = times["meshkit-auth"] / times["meshkit-nomac"] - 1
-            # Encryption's cost: the best trials, and the range over trial pairs
-            # run back to back (the spread a shared machine adds).
-            row["encryption_overhead"] = times["meshkit"] / times["meshkit-auth"] - 1
-            pairs = [e / a - 1 for e, a in zip(trials["meshkit"], trials["meshkit-auth"])]
-            row["encryption_overhead_per_trial"] = pairs
-            if "gloo" in times and "gloo-sync" in times and "meshkit-sync" in times:
-                row["vs_gloo"] = times["gloo"] / times["meshkit"]
-                row["vs_gloo_sync"] = times["gloo-sync"] / times["meshkit-sync"]
-            if "gloo" in times and "mesh" in times:
-                row["mesh_vs_gloo"] = times["gloo"] / times["mesh"]
-                row["mesh_vs_gloo_per_trial"] = [g / m for g, m in zip(trials["gloo"],
-                                                                       trials["mesh"])]
+            row: dict[str, Any] = {
+                "world": world, "mib": mib, "reps": reps, "trials": len(trials[kinds[0]]),
+                "load": _load(),
+                **{f"{k}_s": t for k, t in times.items()},
+                **{f"{k}_median_of_trials_s": statistics.median(v) for k, v in trials.items()},
+                **{f"{k}_trials_s": v for k, v in trials.items()}}
+            if "meshkit" in times:
+                row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
+            cells = []
+            for label, a, b, unit in ratios:
+                key = label.replace(" ", "_")
+                # The best trials' ratio, and the range over trial pairs run
+                # back to back (the spread a shared machine adds).
+                per_trial = [x / y for x, y in zip(trials[a], trials[b])]
+                best = times[a] / times[b]
+                if unit == "%":
+                    best, per_trial = best - 1, [p - 1 for p in per_trial]
+                    text = f"{best:.0%} ({min(per_trial):.0%}..{max(per_trial):.0%})"
+                else:
+                    text = f"{best:.2f}x ({min(per_trial):.2f}..{max(per_trial):.2f})"
+                row[key] = best
+                row[f"{key}_per_trial"] = per_trial
+                cells.append(f" {text:>{len(label) + 18}}")
             rows.append(row)
-            vs = f"{row['vs_gloo']:.2f}x" if "vs_gloo" in row else "-"
-            vs_sync = f"{row['vs_gloo_sync']:.2f}x" if "vs_gloo_sync" in row else "-"
             print(f"{world:>5} {mib:>4} "
                   + " ".join(f"{times[k] * 1e3:>{widths[k]}.2f}" for k in kinds)
-                  + f" {row['meshkit_MBps']:>6.0f} {vs:>8} {vs_sync:>13} "
-                  + (f"{row['mac_overhead']:>8.0%}" if "mac_overhead" in row else f"{'-':>8}")
-                  + f" {row['encryption_overhead']:>9.0%}"
-                  + f" {min(pairs):>7.0%}..{max(pairs):<7.0%}"
-                  + (f" {row['mesh_vs_gloo']:>12.2f}x" if "mesh_vs_gloo" in row else f" {'-':>13}"),
-                  flush=True)
+                  + "".join(cells), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)

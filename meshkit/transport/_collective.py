@@ -20,7 +20,13 @@ How, in two steps:
   torch.distributed), else a ring over the direct links (:func:`ring_sum`):
   reduce-scatter, then all-gather, ``n - 1`` steps each, every rank sending
   and receiving ``(n - 1) / n`` of the buffer per phase at the same time (the
-  bandwidth-optimal schedule of Patarasuk & Yuan, 2009). Every chunk is an
+  bandwidth-optimal schedule of Patarasuk & Yuan, 2009). A chunk travels in
+  segments of under 4 MiB (:func:`segments`), and the chunk a step receives
+  is the one the next step sends, so each segment is added into place and
+  posted onward at once, a sender thread writing it while the next one
+  arrives: encryption, transfer, decryption and the add pipeline. The ring
+  makes no packing pass: each segment's own share is read from the state
+  (:func:`contribution`) when the ring first needs it. Every segment is an
   ordinary message under :data:`TAG_RING`, so on ``tcp`` it is
   authenticated and encrypted like every frame.
 
@@ -33,21 +39,27 @@ failed all-reduce never returns a partial sum.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
+import queue
+import sys
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from meshkit.errors import AggregationError, MeshError, PeerLostError
+from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
 
-__all__ = ["Layout", "pack", "unpack", "ring_sum", "Collective"]
+__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "pack", "ring_sum",
+           "segments", "unpack"]
 
 
 def _accumulation_dtype(key: str, value: Any) -> np.dtype:
@@ -83,9 +95,16 @@ class Layout:
         return ", ".join(f"{k} {d}{list(s)}" for k, _, _, s, d in self.entries) or "(empty)"
 
 
-def pack(state: Mapping[str, Any], weight: float,
-         ranks: Sequence[int]) -> tuple[Layout, list[np.ndarray]]:
-    """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot."""
+def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
+         empty: Callable[[int, np.dtype], np.ndarray] = np.empty, *,
+         fill: bool = True) -> tuple[Layout, list[np.ndarray]]:
+    """``state`` scaled by ``weight`` into flat buffers, the weight in buffer 0's last slot.
+
+    ``empty(size, dtype)`` gives each buffer (a fresh one by default;
+    :class:`Collective` recycles buffers nothing refers to any more). With
+    ``fill=False`` the buffers are left as ``empty`` gave them, for the ring
+    to fill segment by segment (:func:`contribution`) as it first needs each.
+    """
     groups: dict[np.dtype, list[tuple[str, Any]]] = {}
     for key in sorted(state):
         value = state[key]
@@ -106,15 +125,64 @@ def pack(state: Mapping[str, Any], weight: float,
         list(ranks))).encode(), digest_size=8).digest()
     layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
                     int.from_bytes(digest, "little") >> 1)
-    buffers = [np.empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
-    for key, index, offset, _, _ in layout.entries:
-        value = state[key]
-        segment = buffers[index][offset:offset + value.size]
-        segment[...] = value.reshape(-1)
-        if weight != 1.0:
-            segment *= weight
-    buffers[0][-1] = weight
+    buffers = [empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
+    if fill:
+        own = contribution(layout, state, weight)
+        for b, buffer in enumerate(buffers):
+            source = own(b, 0, len(buffer), buffer)
+            if source is not None:
+                buffer[...] = source
     return layout, buffers
+
+
+#: ``own(b, lo, hi, out)``: this rank's scaled contribution to buffer ``b``'s
+#: elements ``[lo, hi)``: either an array to read it from (the state's own
+#: memory, when no scaling or conversion is needed) or None, having written it
+#: into ``out`` (that range of the buffer).
+Own = Callable[[int, int, int, np.ndarray], "np.ndarray | None"]
+
+
+def contribution(layout: Layout, state: Mapping[str, Any], weight: float) -> Own:
+    """What :func:`pack` would put in any range of the buffers, computed for that range only.
+
+    The ring asks for a segment's share right before it adds the previous
+    rank's segment to it, so the state is read once, while the segment is in
+    cache, instead of copied into the buffers in a pass of its own first.
+    """
+    flats: list[list[tuple[int, np.ndarray]]] = [[] for _ in layout.sizes]
+    for key, index, offset, _, _ in layout.entries:
+        flat = np.ravel(state[key])  # a view unless the array is not contiguous
+        if flat.size:
+            flats[index].append((offset, flat))
+    for pieces in flats:
+        pieces.sort(key=lambda p: p[0])
+    starts = [[offset for offset, _ in pieces] for pieces in flats]
+    slot = layout.sizes[0] - 1  # the weight's slot in buffer 0
+
+    def own(b: int, lo: int, hi: int, out: np.ndarray) -> np.ndarray | None:
+        pieces = flats[b]
+        j = max(bisect.bisect_right(starts[b], lo) - 1, 0)
+        if (weight == 1.0 and j < len(pieces) and not (b == 0 and lo <= slot < hi)):
+            offset, flat = pieces[j]
+            if offset <= lo and hi <= offset + flat.size and flat.dtype == out.dtype:
+                return flat[lo - offset:hi - offset]  # the state itself: nothing to copy
+        while j < len(pieces) and pieces[j][0] < hi:
+            offset, flat = pieces[j]
+            a, z = max(lo, offset), min(hi, offset + flat.size)
+            if a < z:
+                target = out[a - lo:z - lo]
+                if weight != 1.0 and flat.dtype == target.dtype:
+                    np.multiply(flat[a - offset:z - offset], weight, out=target)
+                else:
+                    target[...] = flat[a - offset:z - offset]
+                    if weight != 1.0:
+                        target *= weight
+            j += 1
+        if b == 0 and lo <= slot < hi:
+            out[slot - lo] = weight
+        return None
+
+    return own
 
 
 def unpack(layout: Layout, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
@@ -134,62 +202,195 @@ def unpack(layout: Layout, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
     return out
 
 
-#: ``send(dst, payload, deadline)`` and ``take(round) -> (src, payload)`` as the ring sees them.
+#: ``send(dst, payload)`` and ``take() -> (src, payload)`` as the ring sees them.
 Send = Callable[[int, Mapping[str, Any]], None]
 Take = Callable[[], tuple[int, Mapping[str, Any]]]
 
+#: A chunk bigger than this travels in segments of at most this many bytes, so
+#: the ring pipelines: while a rank adds segment k, its sender thread encrypts
+#: and writes segment k - 1 and its reader thread receives and decrypts
+#: segment k + 1. Just under 4 MiB so that a segment's frame still fits the
+#: channel's recycled receive buffers (wire ``_POOL_MAX``); 1 and 2 MiB
+#: measured slower, the frames' fixed costs adding up (docs/benchmarks.md).
+SEGMENT_BYTES = (4 << 20) - 4096
+
+
+def segments(buffers: Sequence[np.ndarray], n: int,
+             segment_bytes: int = SEGMENT_BYTES) -> list[list[tuple[int, int, int]]]:
+    """Per chunk ``c`` of ``n``: its (buffer, start, stop) segments, in the order they travel.
+
+    Chunk ``c`` of each buffer is elements ``[len * c // n, len * (c + 1) // n)``;
+    each is cut into the fewest near-equal segments of at most
+    ``segment_bytes``. A chunk empty in every buffer still has one (empty)
+    segment, so every step moves at least one frame and a layout mismatch is
+    always seen.
+    """
+    if segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+    plan: list[list[tuple[int, int, int]]] = []
+    for c in range(n):
+        chunk: list[tuple[int, int, int]] = []
+        for b, buffer in enumerate(buffers):
+            lo, hi = len(buffer) * c // n, len(buffer) * (c + 1) // n
+            if hi == lo:
+                continue
+            pieces = -(-(hi - lo) * buffer.itemsize // segment_bytes)
+            chunk.extend((b, lo + (hi - lo) * k // pieces, lo + (hi - lo) * (k + 1) // pieces)
+                         for k in range(pieces))
+        plan.append(chunk or [(0, 0, 0)])
+    return plan
+
+
+#: Buffers of at least _SPARE_MIN bytes are kept for reuse, the last _SPARE_KEEP of them.
+_SPARE_MIN = 1 << 20
+_SPARE_KEEP = 4
+
+
+class _Sender:
+    """The frames a rank sends, in order: on its own thread once the ring is segmented.
+
+    With one segment per chunk a step's send can only follow the previous
+    step's receive, so sending inline loses nothing. With several, a thread
+    lets a segment's encryption and write overlap the next one's add. A send
+    that fails ends the thread and calls ``interrupt`` (which wakes the
+    ring's receive); :meth:`finish` waits for the last frame to be written,
+    since the caller then reuses the buffers the frames are views of.
+    """
+
+    def __init__(self, send: Callable[[Mapping[str, Any]], None], threaded: bool,
+                 interrupt: Callable[[BaseException], None] | None, name: str) -> None:
+        self._send = send
+        self._interrupt = interrupt
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._queue: queue.SimpleQueue[Mapping[str, Any] | None] | None = None
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    def post(self, frame: Mapping[str, Any]) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._queue is None:
+            self._send(frame)
+        else:
+            self._queue.put(frame)
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (frame := self._queue.get()) is not None:
+            if self._stopped:
+                continue  # the ring failed: drain without sending
+            try:
+                self._send(frame)
+            except BaseException as exc:  # noqa: BLE001 (handed to the ring's thread)
+                self._error = exc
+                self._stopped = True
+                if self._interrupt is not None:
+                    self._interrupt(exc)
+
+    def finish(self) -> None:
+        """Wait until every posted frame is written; raise the send's error if one failed."""
+        if self._thread is not None:
+            assert self._queue is not None
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Send nothing more (the ring failed); returns without waiting for the thread."""
+        self._stopped = True
+        if self._queue is not None:
+            self._queue.put(None)
+
 
 def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check: int,
-             round_: int, send: Send, take: Take) -> None:
+             round_: int, send: Send, take: Take, *, segment_bytes: int | None = None,
+             interrupt: Callable[[BaseException], None] | None = None,
+             own: Own | None = None) -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
     rank ``i`` sends chunk ``i - s`` to the next rank and adds chunk
     ``i - s - 1`` from the previous one, so after ``n - 1`` steps it holds
     chunk ``i + 1`` summed over every rank; the all-gather then passes the
-    summed chunks round the ring. ``take`` returns the next message from a
-    participant (the caller turns aborts and losses into errors).
+    summed chunks round the ring. The chunk a step receives is the one the
+    next step sends, so each received segment (see :func:`segments`) is added
+    (or copied) into place and at once posted onward: the sends run on a
+    thread of their own when a chunk has several segments. ``take`` returns
+    the next message from a participant (the caller turns aborts and losses
+    into errors); ``interrupt`` is how a failed send on that thread wakes it.
+    With ``own`` (:func:`contribution`) the buffers start unfilled: each
+    segment's own share is read from the state as the ring first needs it
+    (chunk ``i`` is sent straight from it and every other chunk is added to
+    it on arrival, so no separate packing pass is made).
     """
     n = len(ranks)
     i = ranks.index(me)
     nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
-    bounds = [[len(b) * j // n for j in range(n + 1)] for b in buffers]
+    plan = segments(buffers, n, SEGMENT_BYTES if segment_bytes is None else segment_bytes)
+    # Step t receives chunk recv[t] in phase[t] and, but for the last, sends it on at t + 1.
+    recv = [(i - s - 1) % n for s in range(n - 1)] + [(i - s) % n for s in range(n - 1)]
+    phase = ["reduce"] * (n - 1) + ["gather"] * (n - 1)
+    sender = _Sender(lambda frame: send(nxt, frame), any(len(c) > 1 for c in plan),
+                     interrupt, f"meshkit-ring-r{me}")
 
-    def chunk(b: int, c: int) -> np.ndarray:
-        return buffers[b][bounds[b][c]:bounds[b][c + 1]]
+    def post(c: int, step: int, k: int, x: np.ndarray) -> None:
+        sender.post({"r": round_, "check": check, "c": c, "phase": phase[step], "k": k,
+                     "x": x})
 
-    def frame(c: int, phase: str) -> dict[str, Any]:
-        return {"r": round_, "check": check, "c": c, "phase": phase,
-                **{str(b): chunk(b, c) for b in range(len(buffers))}}
-
-    def receive(c: int, phase: str) -> Mapping[str, Any]:
+    def receive(c: int, step: int, k: int) -> np.ndarray:
         src, payload = take()
-        if src != prv or payload.get("c") != c or payload.get("phase") != phase:
-            raise MeshError(
-                f"mesh_all_reduce round {round_}: rank {me} expected chunk {c} ({phase}) "
-                f"from rank {prv}, got chunk {payload.get('c')!r} ({payload.get('phase')!r}) "
-                f"from rank {src}: the participants disagree on the ranks or the order of "
-                f"collectives")
-        if payload.get("check") != check:
+        if payload.get("check") != check and src == prv:
             raise AggregationError(
                 f"mesh_all_reduce round {round_}: rank {src} contributes a different layout "
                 f"(keys, shapes or dtypes) than rank {me}; every participant must reduce the "
                 f"same keys with the same shapes and dtypes")
-        return payload
+        if (src != prv or payload.get("c") != c or payload.get("phase") != phase[step]
+                or payload.get("k") != k):
+            raise MeshError(
+                f"mesh_all_reduce round {round_}: rank {me} expected segment {k} of chunk {c} "
+                f"({phase[step]}) from rank {prv}, got segment {payload.get('k')!r} of chunk "
+                f"{payload.get('c')!r} ({payload.get('phase')!r}) from rank {src}: the "
+                f"participants disagree on the ranks or the order of collectives")
+        return payload["x"]
 
-    for s in range(n - 1):
-        send(nxt, frame((i - s) % n, "reduce"))
-        c = (i - s - 1) % n
-        got = receive(c, "reduce")
-        for b in range(len(buffers)):
-            target = chunk(b, c)
-            np.add(target, got[str(b)], out=target)
-    for s in range(n - 1):
-        send(nxt, frame((i + 1 - s) % n, "gather"))
-        c = (i - s) % n
-        got = receive(c, "gather")
-        for b in range(len(buffers)):
-            chunk(b, c)[...] = got[str(b)]
+    try:
+        for k, (b, lo, hi) in enumerate(plan[i]):
+            mine = buffers[b][lo:hi]
+            if own is not None:
+                source = own(b, lo, hi, mine)
+                if source is not None:
+                    mine = source  # overwritten only by the all-gather, after it is sent
+            post(i, 0, k, mine)
+        last = len(recv) - 1
+        for step, c in enumerate(recv):
+            adding = phase[step] == "reduce"
+            for k, (b, lo, hi) in enumerate(plan[c]):
+                got = receive(c, step, k)
+                target = buffers[b][lo:hi]
+                if got.shape != target.shape or got.dtype != target.dtype:
+                    raise AggregationError(
+                        f"mesh_all_reduce round {round_}: rank {prv} sent {got.dtype}"
+                        f"{list(got.shape)} for segment {k} of chunk {c}, rank {me} expected "
+                        f"{target.dtype}{list(target.shape)}: the participants' layouts differ")
+                if not adding:
+                    target[...] = got
+                elif own is not None:  # each chunk visits once in the reduce: add our share
+                    source = own(b, lo, hi, target)
+                    np.add(target if source is None else source, got, out=target)
+                else:
+                    np.add(target, got, out=target)
+                del got  # the channel recycles the receive buffer once nothing holds it
+                if step < last:
+                    post(c, step + 1, k, target)
+        sender.finish()
+    except BaseException:
+        sender.stop()
+        raise
 
 
 class Collective:
@@ -206,6 +407,10 @@ class Collective:
         self._is_star = is_star
         self._rounds: dict[tuple[int, ...], int] = {}
         self._lock = threading.Lock()
+        # Buffers of earlier all-reduces, reused once nothing refers to them
+        # (see _buffer): a fresh model-sized buffer is page-faulted in on its
+        # first write, which cost as much as the copy into it.
+        self._spare: list[np.ndarray] = []
 
     def all_reduce(self, state: Mapping[str, Any], weight: float,
                    ranks: Sequence[int] | None, timeout: float | None) -> dict[str, Any]:
@@ -224,9 +429,17 @@ class Collective:
         with self._lock:
             round_ = self._rounds.get(members, 0) + 1
             self._rounds[members] = round_
-        layout, buffers = pack(state, weight, members)
-        if len(members) > 1:
-            engine = getattr(self._links, "all_reduce_sum", None)
+        # The ring fills the buffers itself as it goes (no packing pass); only a
+        # transport with a collective of its own needs them filled first.
+        engine = getattr(self._links, "all_reduce_sum", None)
+        own_engine = engine is not None and (
+            getattr(type(self._links), "all_reduce_sum", None) is not Links.all_reduce_sum)
+        ring = len(members) > 1 and not own_engine and not self._is_star
+        layout, buffers = pack(state, weight, members, self._buffer, fill=not ring)
+        if ring:
+            self._ring(buffers, members, layout.check, round_, wait,
+                       contribution(layout, state, weight))
+        elif len(members) > 1:
             done = engine is not None and engine(buffers, list(members), layout.check, wait)
             if not done:
                 if self._is_star:
@@ -237,8 +450,29 @@ class Collective:
                 self._ring(buffers, members, layout.check, round_, wait)
         return unpack(layout, buffers)
 
+    def _buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """A buffer for :func:`pack`: a spare one nothing references any more, or a new one.
+
+        The mean a rank got back is views of its buffers, so a buffer is only
+        reused once every such view (and the ring's frames) is gone: numpy
+        views keep their base alive, so its reference count says so exactly.
+        The last :data:`_SPARE_KEEP` buffers are kept (a training loop that
+        replaces its state by the mean alternates between two).
+        """
+        with self._lock:
+            for buffer in self._spare:
+                # References: the list's slot, ``buffer`` and getrefcount's argument.
+                if (buffer.size == size and buffer.dtype == dtype
+                        and sys.getrefcount(buffer) <= 3):
+                    return buffer
+            buffer = np.empty(size, dtype)
+            if size * buffer.itemsize >= _SPARE_MIN:
+                self._spare.append(buffer)
+                del self._spare[:-_SPARE_KEEP]
+            return buffer
+
     def _ring(self, buffers: list[np.ndarray], members: tuple[int, ...], check: int,
-              round_: int, wait: float) -> None:
+              round_: int, wait: float, own: Own | None = None) -> None:
         me = self._ledger.rank
         others = frozenset(members) - {me}
         # Only the previous rank's chunks are needed; a rank further round
@@ -249,10 +483,19 @@ class Collective:
         def send(dst: int, payload: Mapping[str, Any]) -> None:
             self._send(Message(me, dst, TAG_RING, payload))
 
+        def interrupt(exc: BaseException) -> None:
+            # The ring's sender thread failed: wake the ring's receive with an
+            # abort of its own (a send error is a lost link, as inline).
+            kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
+            self._mailboxes.put(Message(me, me, TAG_RING, {
+                "r": round_, "abort": f"sending failed: {exc}", "kind": kind}))
+
+        sources = set(others) | {me}
+
         def take() -> tuple[int, Mapping[str, Any]]:
             while True:
                 message = self._mailboxes.take(
-                    TAG_RING, set(others), wait, f"mesh_all_reduce round {round_}",
+                    TAG_RING, sources, wait, f"mesh_all_reduce round {round_}",
                     watch=prv)
                 payload = message.payload
                 if not isinstance(payload.get("r"), int) or payload["r"] < round_:
@@ -265,7 +508,8 @@ class Collective:
                 return message.src, payload
 
         try:
-            ring_sum(buffers, list(members), me, check, round_, send, take)
+            ring_sum(buffers, list(members), me, check, round_, send, take,
+                     interrupt=interrupt, own=own)
         except (MeshError, OSError) as exc:
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
             for rank in sorted(others):
