@@ -81,12 +81,12 @@ _SEND_PIECE = 1 << 20
 # (see _receive_buffer). The pool is shared by every channel in the process,
 # like the scratch buffers below: a coordinator has one channel per worker,
 # and a pool each made its memory grow by up to _POOL_SIZE frames per worker.
-# At most _POOL_SIZE are kept, so the process holds at most 32 MiB of idle
+# At most _POOL_SIZE are kept, so the process holds at most 16 MiB of idle
 # receive buffers. Above 4 MiB the transfer dominates and numpy backs the
 # allocation with huge pages anyway.
 _POOL_MIN = 64 * 1024
 _POOL_MAX = 4 << 20
-_POOL_SIZE = 8
+_POOL_SIZE = 4
 _recv_pool: list[np.ndarray] = []
 _recv_pool_lock = threading.Lock()
 _RECV_CHUNK = 4 << 20
