@@ -75,14 +75,12 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, parse_address, send_refusal
+from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, format_address, listen, \
+    parse_address, send_refusal
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 
 log = logging.getLogger(__name__)
-
-#: Accept-loop poll period: how quickly close() stops the listener.
-_ACCEPT_POLL = 0.2
 
 
 @attrs.frozen
@@ -306,21 +304,8 @@ class HostRelay:
         cfg = self.config
         try:
             self._up = self._dial_up()
-            host, port = parse_address(cfg.bind, what="relay bind address")
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind((host, port))
-                listener.listen(128)
-            except OSError as exc:
-                listener.close()
-                raise ConfigError(f"cannot listen on relay bind address {cfg.bind}: {exc}") \
-                    from None
-            listener.settimeout(_ACCEPT_POLL)
-            self._listener = listener
-            host, port = listener.getsockname()[:2]
-            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self._listener = listen(cfg.bind, "relay bind address")
+            self._address = format_address(self._listener.getsockname())
         except BaseException:
             self.close()
             raise

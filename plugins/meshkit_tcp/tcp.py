@@ -121,12 +121,17 @@ def send_refusal(channel: wire.Channel, problem: str) -> None:
     channel.close()
 
 
-def _format_address(sockname: Any) -> str:
+def format_address(sockname: Any) -> str:
+    """``host:port`` of a socket name, the host bracketed when it is IPv6."""
     host, port = sockname[0], sockname[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _listen(address: str, what: str) -> socket.socket:
+def listen(address: str, what: str) -> socket.socket:
+    """A listening socket on ``address`` whose accept() wakes every _ACCEPT_POLL s.
+
+    A failure to bind is a :class:`ConfigError` naming ``what``.
+    """
     host, port = parse_address(address, what=what)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -399,8 +404,8 @@ class TcpGroup(Group):
     # -- accepting side -------------------------------------------------------
 
     def _listen(self, address: str) -> None:
-        self._listener = _listen(address, "listen address")
-        self._bound = _format_address(self._listener.getsockname())
+        self._listener = listen(address, "listen address")
+        self._bound = format_address(self._listener.getsockname())
         self._accepting.set()
         self._start(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
 
@@ -428,11 +433,11 @@ class TcpGroup(Group):
             # One thread per handshake, so a peer that connects and says
             # nothing cannot stall the ranks queued behind it.
             try:
-                self._start(self._admit, sock, _format_address(peer),
+                self._start(self._admit, sock, format_address(peer),
                             name=f"meshkit-tcp-admit-r{self.rank}")
             except RuntimeError as exc:  # out of threads (a connect flood): drop this one
                 sock.close()
-                self._refuse(_format_address(peer), f"no thread to run its handshake: {exc}")
+                self._refuse(format_address(peer), f"no thread to run its handshake: {exc}")
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("rank %d refused %s: %s", self.rank, where, message)
