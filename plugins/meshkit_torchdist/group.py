@@ -6,6 +6,8 @@ How the pieces map:
   (and RANK, WORLD_SIZE) as torchrun sets them, through
   ``torch.distributed.rendezvous``; ``tcp://host:port`` makes rank 0 host a
   ``TCPStore`` there (port 0: any free port, reported as ``group.address``).
+  Each group forms over its own clone of the store connection, since a
+  c10d store client holds its one lock while it waits for a key.
 * **Links**: every pair of ranks gets its own two-rank gloo process group.
   A message is a header tensor (body length, tag, codec flags, kind) and a
   body tensor holding the meshkit wire codec's encoding of the state (never
@@ -184,7 +186,18 @@ class TorchdistGroup(Group):
         else:
             raise ConfigError(f"[transport] init_method {method!r}: use \"env://\" or "
                               f"\"tcp://host:port\"")
-        self._store = dist.PrefixStore("meshkit", store)
+        self._store = store
+
+    def _scoped_store(self, scope: str) -> Any:
+        """A store connection of this thread's own under ``meshkit/<scope>``.
+
+        A c10d store client serialises its calls on one mutex and holds it
+        while it waits for a key. Pair groups form concurrently, so on one
+        shared client a thread waiting for a peer's address would block this
+        rank's other threads from publishing theirs, and two ranks could wait
+        on each other until the join timeout. A clone is a new connection.
+        """
+        return dist.PrefixStore(f"meshkit/{scope}", self._store.clone())
 
     def _options(self, threads: int) -> Any:
         opts = dist.ProcessGroupGloo._Options()
@@ -199,8 +212,8 @@ class TorchdistGroup(Group):
 
     def _form_pair(self, peer: int) -> None:
         low, high = sorted((self.rank, peer))
-        store = dist.PrefixStore(f"pair/{low}-{high}", self._store)
         try:
+            store = self._scoped_store(f"pair/{low}-{high}")
             pg = dist.ProcessGroupGloo(store, 0 if self.rank == low else 1, 2,
                                        self._options(_PAIR_THREADS))
         except Exception as exc:  # a rank that never came (gloo's rendezvous timed out)
@@ -389,9 +402,9 @@ class TorchdistGroup(Group):
             pg = self._engine_groups.get(ranks)
             if pg is not None:
                 return pg
-            store = dist.PrefixStore("coll/" + ",".join(map(str, ranks)), self._store)
             local = ranks.index(self.rank)
             try:
+                store = self._scoped_store("coll/" + ",".join(map(str, ranks)))
                 if self.backend == "nccl":
                     opts = dist.ProcessGroupNCCL.Options()
                     opts._timeout = _seconds(self.timeout)
