@@ -6,8 +6,8 @@ How the pieces map:
   (and RANK, WORLD_SIZE) as torchrun sets them, through
   ``torch.distributed.rendezvous``; ``tcp://host:port`` makes rank 0 host a
   ``TCPStore`` there (port 0: any free port, reported as ``group.address``).
-  Each group forms over its own clone of the store connection, since a
-  c10d store client holds its one lock while it waits for a key.
+  A rank forms its groups one at a time, in a global order (see
+  :meth:`TorchdistGroup._form_pairs`), over its one store connection.
 * **Links**: every pair of ranks gets its own two-rank gloo process group.
   A message is a header tensor (body length, tag, codec flags, kind) and a
   body tensor holding the meshkit wire codec's encoding of the state (never
@@ -105,6 +105,7 @@ class TorchdistGroup(Group):
         self._collective_lock = threading.Lock()
         self._address = ""
         self._readers: list[threading.Thread] = []
+        self._pairing: threading.Thread | None = None
         super().__init__(_DistLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=False,
                          bf16_wire=bool(getattr(options, "bf16_wire", False)))
@@ -186,18 +187,7 @@ class TorchdistGroup(Group):
         else:
             raise ConfigError(f"[transport] init_method {method!r}: use \"env://\" or "
                               f"\"tcp://host:port\"")
-        self._store = store
-
-    def _scoped_store(self, scope: str) -> Any:
-        """A store connection of this thread's own under ``meshkit/<scope>``.
-
-        A c10d store client serialises its calls on one mutex and holds it
-        while it waits for a key. Pair groups form concurrently, so on one
-        shared client a thread waiting for a peer's address would block this
-        rank's other threads from publishing theirs, and two ranks could wait
-        on each other until the join timeout. A clone is a new connection.
-        """
-        return dist.PrefixStore(f"meshkit/{scope}", self._store.clone())
+        self._store = dist.PrefixStore("meshkit", store)
 
     def _options(self, threads: int) -> Any:
         opts = dist.ProcessGroupGloo._Options()
@@ -212,8 +202,8 @@ class TorchdistGroup(Group):
 
     def _form_pair(self, peer: int) -> None:
         low, high = sorted((self.rank, peer))
+        store = dist.PrefixStore(f"pair/{low}-{high}", self._store)
         try:
-            store = self._scoped_store(f"pair/{low}-{high}")
             pg = dist.ProcessGroupGloo(store, 0 if self.rank == low else 1, 2,
                                        self._options(_PAIR_THREADS))
         except Exception as exc:  # a rank that never came (gloo's rendezvous timed out)
@@ -230,18 +220,39 @@ class TorchdistGroup(Group):
         self._events.linked(peer)
         reader = threading.Thread(target=self._reader, args=(peer, pg), daemon=True,
                                   name=f"meshkit-torchdist-r{self.rank}-from-{peer}")
-        with self._lock:
+        with self._lock:  # started before close() can see it, so close() may join it
+            reader.start()
             self._readers.append(reader)
-        reader.start()
+
+    def _form_pairs(self, peers: list[int]) -> None:
+        """Form this rank's pair groups one at a time, lowest peer first.
+
+        The store client is one connection that holds its lock while it
+        waits for a key, so groups forming concurrently on one rank would
+        block each other (a thread waiting for a peer's address keeps the
+        rank's other threads from publishing theirs, and two ranks can then
+        wait on each other until the join timeout). In increasing peer
+        order, every rank takes its pairs in the one global order of
+        (low, high): the least pair not yet formed always has both its
+        ranks at it, so the world forms without a deadlock.
+        """
+        for peer in sorted(peers):
+            if self._events.closed:
+                return
+            self._form_pair(peer)
+
+    def _await_pairing(self) -> None:
+        """Wait until this rank has formed (or given up on) every pair, bounded."""
+        pairing = self._pairing
+        if pairing is not None and pairing is not threading.current_thread():
+            pairing.join(self.join_timeout)
 
     def _start(self) -> None:
         self._rendezvous()
         peers = [p for p in range(self.world_size) if p != self.rank]
-        threads = [threading.Thread(target=self._form_pair, args=(p,), daemon=True,
-                                    name=f"meshkit-torchdist-pair-{self.rank}-{p}")
-                   for p in peers]
-        for thread in threads:
-            thread.start()
+        self._pairing = threading.Thread(target=self._form_pairs, args=(peers,), daemon=True,
+                                         name=f"meshkit-torchdist-pairs-{self.rank}")
+        self._pairing.start()
         if self.rank == 0:
             return  # workers join in their own time: wait_for_workers() waits for them
         deadline = time.monotonic() + self.join_timeout
@@ -394,6 +405,7 @@ class TorchdistGroup(Group):
     # -- the all-reduce ---------------------------------------------------------
 
     def _engine_group(self, ranks: tuple[int, ...]) -> Any:
+        self._await_pairing()  # the store connection is the pairing thread's until then
         with self._collective_lock:
             if ranks in self._broken:
                 raise PeerLostError(
@@ -402,9 +414,9 @@ class TorchdistGroup(Group):
             pg = self._engine_groups.get(ranks)
             if pg is not None:
                 return pg
+            store = dist.PrefixStore("coll/" + ",".join(map(str, ranks)), self._store)
             local = ranks.index(self.rank)
             try:
-                store = self._scoped_store("coll/" + ",".join(map(str, ranks)))
                 if self.backend == "nccl":
                     opts = dist.ProcessGroupNCCL.Options()
                     opts._timeout = _seconds(self.timeout)

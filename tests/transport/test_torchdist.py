@@ -34,10 +34,6 @@ def _world(world: int, timeout: float = 5.0, **options) -> tuple:
     return transport, coordinator, configs
 
 
-@pytest.mark.skip(reason="known intermittent hang: with every rank a thread of one process, "
-                  "gloo's 3-rank collective group sometimes never forms (seen once in a "
-                  "fresh-clone CI, 2026-12-01; left open in issue 16). The all-reduce runs "
-                  "across real processes in test_torchdist_processes (torchrun).")
 def test_the_all_reduce_is_the_engines_weighted_mean_over_the_workers(monkeypatch) -> None:
     import meshkit.transport._collective as collective
 
