@@ -281,12 +281,15 @@ class Runner:
         finally:
             self.finishing = True
             ticker.set()
+            # Before teardown: the workers it stops leave the mesh, and that is
+            # no drop.
+            dropped = dict(ctx.dead) if ctx is not None else {}
             self._teardown(ctx)
             report = RunReport(
                 ok=error is None, out=str(out), strategy=config.strategy.name,
                 rounds=parts["rounds"] or 0, rounds_completed=completed[0],
                 resumed_from=start.round if start.resumed else 0, metrics=dict(last_metrics),
-                dropped=dict(ctx.dead) if ctx is not None else {},
+                dropped=dropped,
                 error=error, seconds=time.monotonic() - started,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0])
