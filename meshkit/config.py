@@ -52,19 +52,33 @@ def _finite(instance: Any, attribute: attrs.Attribute, value: float) -> None:
                          f"{MAX_TIMEOUT:.0e}, got {value}")
 
 
-def _listen_address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
-    # Checked when the file loads, so `meshkit check` refuses the address the
-    # transport would refuse only once the run has started.
+def _check_address(name: str, value: str) -> None:
     host, sep, port = str(value).strip().rpartition(":")
     if not sep or not host.strip("[]"):
-        raise ValueError(f"{attribute.name} must be host:port (e.g. 127.0.0.1:0), got {value!r}")
+        raise ValueError(f"{name} must be host:port (e.g. 127.0.0.1:0), got {value!r}")
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"{attribute.name} {value!r}: port {port!r} is not a number") from None
+        raise ValueError(f"{name} {value!r}: port {port!r} is not a number") from None
     if not 0 <= number <= 65535:
-        raise ValueError(f"{attribute.name} {value!r}: port {number} is out of range 0..65535 "
+        raise ValueError(f"{name} {value!r}: port {number} is out of range 0..65535 "
                          f"(0 picks a free port)")
+
+
+def _listen_address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    # Checked when the file loads, so `meshkit check` refuses the address the
+    # transport would refuse only once the run has started.
+    _check_address(attribute.name, value)
+
+
+def _peer_addresses(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    # Every rank of a mesh dials the others' addresses, so none may be port 0.
+    for i, address in enumerate(value):
+        name = f"{attribute.name}[{i}]"
+        _check_address(name, address)
+        if str(address).strip().rpartition(":")[2].strip() == "0":
+            raise ValueError(f"{name} {address!r}: a mesh peer needs a real port (the other "
+                             f"ranks dial it), not 0")
 
 
 @attrs.frozen
@@ -90,6 +104,11 @@ class MeshTable:
     #: ranks and each dials its relay (docs/scaling-out.md). 0: none.
     relays: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     bind: str = attrs.field(default="127.0.0.1:0", validator=_listen_address)
+    #: ``topology = "mesh"``: one ``host:port`` per rank, the coordinator's
+    #: first; rank r listens at its own and dials the lower ranks'. Empty with
+    #: ``launch = "local"``: free loopback ports picked when the run starts.
+    peers: tuple[str, ...] = attrs.field(default=(), converter=tuple,
+                                         validator=_peer_addresses)
     secret_file: str = ""
     #: Encrypt frame bodies (AES-256-GCM). ``false`` is the explicit opt-out:
     #: bodies then travel in clear, still authenticated (docs/security.md).

@@ -13,6 +13,11 @@ each carrying a contiguous block of the worker ranks and writing to
 ``OUT/logs/relay-I.log``; those workers dial their relay instead of the
 coordinator. Relays are kept in the same processes table under the keys
 ``-1 .. -R``.
+
+With ``[mesh] topology = "mesh"`` every rank gets the same list of one
+address per rank (``--peers``; :func:`loopback_peers` picks free loopback
+ports when the config gives none), listens at its own and dials the lower
+ranks'. The nodes start before the coordinator forms the mesh.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import os
 import secrets
 import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +36,8 @@ from typing import Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
 
-__all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir"]
+__all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir",
+           "loopback_peers", "mesh_bind"]
 
 _SECRET_NAME = "secret"
 
@@ -50,6 +57,34 @@ def write_secret(secret: bytes) -> tuple[str, Path]:
     return tmpdir, secret_file
 
 
+def loopback_peers(world: int) -> tuple[str, ...]:
+    """One free 127.0.0.1 port per rank, for a local mesh.
+
+    The ports are free when picked (all held open at once, so they are
+    distinct); another program could take one before its rank listens, and
+    that rank's start then fails with the address named.
+    """
+    held = []
+    try:
+        for _ in range(world):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return tuple(f"127.0.0.1:{sock.getsockname()[1]}" for sock in held)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def mesh_bind(bind: str, peers: Sequence[str]) -> str:
+    """Where a mesh's coordinator listens: ``[mesh] bind`` when it names a port, else peers[0].
+
+    (``bind = "0.0.0.0:29500"`` with ``peers[0] = "host0:29500"`` listens on
+    every interface; the default ``127.0.0.1:0`` defers to the peers list.)
+    """
+    return bind if not bind.strip().endswith(":0") else peers[0]
+
+
 def logs_dir(out: str | os.PathLike[str]) -> Path:
     """Where local workers write their output."""
     return Path(out) / "logs"
@@ -61,8 +96,12 @@ def _flag_text(value: Any) -> str:
 
 def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                   address: str, secret_file: Path, world: int,
-                  boards: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+                  boards: Sequence[tuple[str, Mapping[str, Any]]],
+                  mesh_peers: Sequence[str] = ()) -> None:
     """Start ``python -m meshkit node`` for ranks 1..world-1, recording each in ``processes``.
+
+    ``mesh_peers`` (one address per rank): a full mesh, every node given the
+    whole list; otherwise a star whose workers dial ``address`` (or their relay).
 
     Each process is recorded as soon as it starts, so a failure to start a
     later one still leaves the earlier ones to be reaped.
@@ -85,7 +124,8 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     transport_flags: list[str] = []
     for key, value in cfg.transport.options.items():
         transport_flags += ["--transport-option", f"{key}={_flag_text(value)}"]
-    peers = {rank: address for rank in range(1, world)}
+    topology = "mesh" if mesh_peers else "star"
+    peers = {rank: ",".join(mesh_peers) if mesh_peers else address for rank in range(1, world)}
     relays = int(getattr(cfg.mesh, "relays", 0) or 0)
     if relays:
         peers.update(_spawn_relays(processes, cfg, relays, address=address,
@@ -94,7 +134,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     for rank in range(1, world):
         cmd = [sys.executable, "-m", "meshkit", "node", "--rank", str(rank),
                "--world", str(world), "--peers", peers[rank],
-               "--topology", "star", "--transport", cfg.mesh.transport,
+               "--topology", topology, "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
                *transport_flags, *extra.get(rank, [])]

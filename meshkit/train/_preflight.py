@@ -6,8 +6,9 @@ refuse the same configs: a check that says ok to a config the run then
 rejects would only move the failure to a worse moment. In order:
 
 1. the out directory can be created and written (:func:`check_out`);
-2. the workers are driven as a star, through at most one local relay per
-   worker (:func:`check_topology`), and a run
+2. the workers are driven as a star (through at most one local relay per
+   worker) or as a full mesh with one address per rank
+   (:func:`check_topology`, :func:`check_mesh_peers`), and a run
    whose nodes start elsewhere has a readable secret of at least 16
    bytes (:func:`check_secret`);
 3. the strategy, the task and the strategy's own checks (a partition pinned
@@ -37,8 +38,9 @@ from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, 
 from meshkit.task import build_task, check_task
 from meshkit.train._sharding import shard_bounds
 
-__all__ = ["build_components", "check_out", "check_topology", "check_secret", "initial_model",
-           "world_size", "ModelSize", "ClientShare", "client_shares"]
+__all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers",
+           "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
+           "client_shares"]
 
 
 def check_out(cfg: Any) -> None:
@@ -66,21 +68,62 @@ def check_out(cfg: Any) -> None:
                           f"to")
 
 
-def check_topology(cfg: Any) -> None:
-    """``meshkit run`` drives its workers as a star."""
-    if cfg.mesh.topology != "star":
-        # The trainer protocol is coordinator <-> worker only; a full mesh
-        # would need every rank's address up front and buys nothing here.
-        raise ConfigError(
-            f"{cfg.path}: [mesh] topology: meshkit run drives its workers as a star "
-            f"(each worker dials the coordinator), got {cfg.mesh.topology!r}; set "
-            f"topology = \"star\"")
+def check_topology(cfg: Any, launch: str | None = None) -> None:
+    """``meshkit run`` drives a star, or a full mesh over one address per rank.
+
+    A mesh forms with every rank at once (each listens at its ``[mesh]
+    peers`` entry and dials the lower ranks'), so what needs a rank to dial
+    a coordinator it finds later (host relays, late joiners, discovery) is a
+    star's alone.
+    """
     relays = int(getattr(cfg.mesh, "relays", 0) or 0)
     if relays > cfg.mesh.workers:
         raise ConfigError(
             f"{cfg.path}: [mesh] relays = {relays}, but there are {cfg.mesh.workers} "
             f"workers; a relay carries at least one worker, so use 1..{cfg.mesh.workers} "
             f"relays (or 0)")
+    if cfg.mesh.topology == "star":
+        if cfg.mesh.peers:
+            raise ConfigError(
+                f"{cfg.path}: [mesh] peers: only topology = \"mesh\" takes one address per "
+                f"rank; a star's workers dial the coordinator's bind address. Remove peers, "
+                f"or set topology = \"mesh\"")
+        return
+    star_only = [("relays", relays, "host relays carry a star's ranks to its coordinator"),
+                 ("min_workers", cfg.mesh.min_workers,
+                  "a mesh forms with every rank at once, so no rank joins late"),
+                 ("discovery", cfg.mesh.discovery,
+                  "a mesh's ranks are found at their [mesh] peers addresses"),
+                 ("authorized_nodes", cfg.mesh.authorized_nodes,
+                  "node keys are checked by a star's coordinator, and a mesh's workers would "
+                  "take each other on the shared secret alone")]
+    for key, value, why in star_only:
+        if value:
+            raise ConfigError(f"{cfg.path}: [mesh] {key} = {_toml(value)}: {why}; use "
+                              f"topology = \"star\" for it, or drop {key}")
+    if (launch or cfg.mesh.launch) != "local" and not cfg.mesh.peers:
+        raise ConfigError(
+            f"{cfg.path}: [mesh] peers: a mesh whose nodes start elsewhere needs one "
+            f"host:port per rank, the coordinator's first (the nodes get the same list "
+            f"with --peers); with launch = \"local\" meshkit picks loopback ports itself")
+
+
+def check_mesh_peers(cfg: Any, world: int) -> None:
+    """A mesh's ``[mesh] peers``, when given, has exactly one address per rank."""
+    peers = cfg.mesh.peers
+    if cfg.mesh.topology == "mesh" and peers and len(peers) != world:
+        raise ConfigError(
+            f"{cfg.path}: [mesh] peers: {len(peers)} address(es) for a world of {world} "
+            f"(the coordinator, {cfg.mesh.workers} worker(s)"
+            + (f" and {world - 1 - cfg.mesh.workers} board rank(s)"
+               if world - 1 > cfg.mesh.workers else "")
+            + f"); give one host:port per rank, the coordinator's first")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"\"{value}\"" if isinstance(value, str) else str(value)
 
 
 def check_secret(cfg: Any, launch: str | None = None) -> None:
@@ -206,7 +249,7 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     """
     cfg = plan.config
     check_out(cfg)
-    check_topology(cfg)
+    check_topology(cfg, launch)
     check_secret(cfg, launch)
     if getattr(cfg.mesh, "relays", 0) and (launch or cfg.mesh.launch) != "local":
         raise ConfigError(
@@ -245,9 +288,11 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     rounds = getattr(getattr(strategy, "options", None), "rounds", None)
     extra = getattr(strategy, "extra_ranks", None)
     boards = list(extra()) if callable(extra) else []
+    world = world_size(cfg, boards)
+    check_mesh_peers(cfg, world)
     return {
         "boards": boards,
-        "world": world_size(cfg, boards),
+        "world": world,
         "model": ModelSize.of(state),
         "strategy": strategy,
         "task": task,

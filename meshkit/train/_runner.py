@@ -71,6 +71,8 @@ from meshkit.train._artifacts import append_metrics, plot, write_summary
 from meshkit.train._launch import (
     exited_early,
     logs_dir,
+    loopback_peers,
+    mesh_bind,
     new_secret,
     reap,
     spawn_workers,
@@ -324,33 +326,45 @@ class Runner:
         cfg = plan.config
         launch = self.launch or cfg.mesh.launch
         # The preflight (build_components) refused a missing or short secret, a
-        # mesh topology, and authorized_nodes with a local launch already.
+        # mesh that cannot form, and authorized_nodes with a local launch already.
         secret = new_secret() if launch == "local" else cfg.secret()
         self._world = parts["world"]
         discovery = cfg.mesh.discovery or self.discovery
+        mesh = cfg.mesh.topology == "mesh"
+        peers = tuple(cfg.mesh.peers) or (loopback_peers(self._world) if mesh else ())
+        if mesh and launch == "local":
+            # A mesh forms with every rank at once: the nodes start first and
+            # dial the lower ranks until they answer (within [mesh] timeout).
+            self._spawn(plan, "", secret, parts["boards"], peers=peers)
         node_config = NodeConfig(
-            rank=0, world=self._world, topology="star", transport=cfg.mesh.transport,
-            secret=secret, timeout=cfg.mesh.timeout, bind=cfg.mesh.bind,
+            rank=0, world=self._world, topology=cfg.mesh.topology,
+            transport=cfg.mesh.transport, secret=secret, timeout=cfg.mesh.timeout,
+            bind=mesh_bind(cfg.mesh.bind, peers) if mesh else cfg.mesh.bind, peers=peers,
             encrypt=cfg.mesh.encrypt, authorized_nodes=cfg.authorized_nodes(),
             discover=discovery, disc_port=cfg.mesh.discovery_port,
             trust_network=cfg.mesh.trust_network)
         transport = plan.create("transport")
+        if mesh:
+            self._emit("listening", f"coordinator forming a mesh of {self._world} ranks at "
+                                    f"{', '.join(peers)}")
         group = transport.connect(node_config)
         self._group = group
-        self._emit("listening", f"coordinator listening on {group.address} for "
-                                f"{cfg.mesh.workers} worker(s)")
+        if not mesh:
+            self._emit("listening", f"coordinator listening on {group.address} for "
+                                    f"{cfg.mesh.workers} worker(s)")
         if discovery:
             self._emit("discovery", f"discovery responder on UDP port "
                                     f"{getattr(group, 'discovery_port', None)}")
-        if launch == "local":
+        if launch == "local" and not mesh:
             self._spawn(plan, group.address, secret, parts["boards"])
         return group
 
     def _spawn(self, plan: Any, address: str, secret: bytes,
-               boards: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+               boards: Sequence[tuple[str, Mapping[str, Any]]],
+               peers: Sequence[str] = ()) -> None:
         self._tmpdir, secret_file = write_secret(secret)
         spawn_workers(self.processes, plan.config, address=address, secret_file=secret_file,
-                      world=self._world, boards=boards)
+                      world=self._world, boards=boards, mesh_peers=peers)
         if self.on_workers is not None:
             self.on_workers(dict(self.processes))
 

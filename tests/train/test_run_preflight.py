@@ -157,9 +157,11 @@ def test_a_bind_of_localhost_is_accepted_by_check_and_run_alike(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-def test_a_topology_run_cannot_drive_is_refused_by_check(tmp_path):
-    both_refuse(config(tmp_path, tmp_path / "out", mesh='topology = "mesh"'),
-                "[mesh] topology", "as a star")
+def test_a_mesh_that_cannot_form_is_refused_by_check(tmp_path):
+    # Host relays carry a star's ranks; the other star-only keys are checked
+    # in-process (tests/train/test_run_mesh.py).
+    both_refuse(config(tmp_path, tmp_path / "out", mesh='topology = "mesh"\nrelays = 1'),
+                "[mesh] relays = 1", "topology = \"star\"")
 
 
 def _external(tmp_path: Path, secret_file: Path) -> Path:
