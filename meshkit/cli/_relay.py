@@ -15,6 +15,7 @@ import logging
 import signal
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import click
@@ -69,13 +70,17 @@ def _ranks(text: str) -> tuple[int, ...]:
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), default=None,
               help="This relay's private key, proven to the coordinator (authorized_nodes "
                    "must allow it for every rank it carries).")
+@click.option("--authorized-nodes", "authorized_file", type=click.Path(dir_okay=False),
+              default=None, help="Node public keys this relay admits for its ranks (the "
+              "[mesh] authorized_nodes format); default: any node holding the secret.")
 @click.option("--encrypt/--no-encrypt", default=True,
               help="Encrypt frame bodies on both legs; --no-encrypt matches "
                    "[mesh] encrypt = false.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
 def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, transport: str,
           transport_options: tuple[str, ...], timeout: float, secret_file: str | None,
-          key_file: str | None, encrypt: bool, verbose: int) -> None:
+          key_file: str | None, authorized_file: str | None, encrypt: bool,
+          verbose: int) -> None:
     """A host relay: one connection to the coordinator for this host's ranks.
 
     It folds its ranks' contributions into one per round and fans the
@@ -92,6 +97,8 @@ def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, t
         format="%(asctime)s meshkit relay %(levelname)s %(message)s", stream=sys.stderr)
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
+    authorized = (wire.load_authorized_nodes(Path(authorized_file), "--authorized-nodes")
+                  if authorized_file else None)
     pset = plugins.default()
     component = pset.registry.get("transport", transport)
     table = (parse_options(transport_options, component.options, flag="--transport-option",
@@ -103,7 +110,8 @@ def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, t
                           f"transport does")
     host_relay: Any = start(coordinator=coordinator, bind=bind, world=world,
                             ranks=_ranks(ranks_text), secret=secret, name=name,
-                            timeout=timeout, encrypt=encrypt, node_key=node_key)
+                            timeout=timeout, encrypt=encrypt, node_key=node_key,
+                            authorized_nodes=authorized)
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
         host_relay.close(f"stopped by {signal.Signals(signum).name}")

@@ -101,6 +101,10 @@ class RelayConfig:
     timeout: float = 30.0
     encrypt: bool = True
     node_key: Any = attrs.field(default=None, repr=False)
+    #: A :class:`meshkit.wire.AuthorizedNodes`: the node keys this relay admits
+    #: for its ranks (``meshkit relay --authorized-nodes``); None: any node
+    #: holding the secret, whose identity is then the relay's.
+    authorized_nodes: Any = attrs.field(default=None, repr=False)
     max_frame: int = wire.DEFAULT_MAX_FRAME
 
     def __attrs_post_init__(self) -> None:
@@ -536,7 +540,11 @@ class HostRelay:
                            f"cannot rejoin this run")
             elif rank in self._down or rank in self._admitting:
                 problem = f"rank {rank} is already connected to relay {self.name!r}"
-            else:
+            elif cfg.authorized_nodes is not None:
+                why = cfg.authorized_nodes.problem(channel.peer_key, rank)
+                problem = (None if why is None else
+                           f"relay {self.name!r} checks node keys (--authorized-nodes): {why}")
+            if problem is None:
                 self._admitting.add(rank)
         if problem is not None:
             send_refusal(channel, problem)

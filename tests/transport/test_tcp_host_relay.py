@@ -196,3 +196,35 @@ def test_the_reduce_service_works_through_a_relay_flat(mesh):
     expected = (1 + 4 + 9) / 6
     assert sorted(round_.contributors) == [1, 2, 3]
     assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))
+
+
+def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
+    public = {name: wire.generate_node_key(tmp_path / name) for name in ("one", "other")}
+    keys = {name: wire.load_node_key(tmp_path / name) for name in public}
+    listed = tmp_path / "authorized"
+    listed.write_text(wire.public_key_text(public["one"]) + " rank=1\n")
+    group = coordinator()
+    transport = plugins.create("transport", "tcp")
+    relay = transport.start_relay(
+        coordinator=group.address, bind="127.0.0.1:0", world=4, ranks=(1, 2), secret=SECRET,
+        name="hostA", timeout=5.0, authorized_nodes=wire.load_authorized_nodes(listed))
+    joined = []
+    try:
+        joined.append(NodeConfig(rank=1, world=4, topology="star", peers=(relay.address,),
+                                 secret=SECRET, timeout=5.0, node_key=keys["one"]).connect())
+        for key, fragment in ((None, "no node key"),
+                              (keys["other"], "is unknown"),
+                              (keys["one"], "is bound to rank 1")):
+            with pytest.raises(WireError, match="checks node keys") as info:
+                NodeConfig(rank=2, world=4, topology="star", peers=(relay.address,),
+                           secret=SECRET, timeout=5.0, node_key=key).connect()
+            assert fragment in str(info.value)
+        assert wait_until(relay._lock, lambda: len(relay.refused) == 3)
+        # Rank 1 is through; rank 3 (direct) is not the relay's business.
+        joined.append(worker(3, group.address))
+        assert wait_until(group._lock, lambda: {1, 3} <= set(group.joined))
+    finally:
+        for g in joined:
+            g.close()
+        relay.close()
+        group.close()
