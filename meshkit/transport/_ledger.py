@@ -151,7 +151,7 @@ class Ledger:
         they are dropped, loudly).
         """
         dst = message.dst
-        with self.cv:
+        with self.lock:  # every relayed frame asks
             if dst in self._joined or dst in self._dead:
                 return False
             held = self._held.setdefault(dst, collections.deque())
