@@ -159,12 +159,13 @@ class _Relay:
         self.timeout = timeout
         self.served = 0
         # The diverted feed (unused when the group cannot divert: it is
-        # then read with recv_polling, as before). Under ``_lock`` (``_cv`` waits on it): the backlog of payloads and outcomes the serving
+        # then read with recv_polling, as before). Under ``_lock``, which
+        # ``_cv`` waits on: the backlog of payloads and outcomes the serving
         # thread has to take, whether the reader may serve inline
         # (``_armed``), whether it is doing so (``_busy``), and a count of
-        # frames it served (activity, for the idle abort check).
-        # ``with self._lock`` on the per-frame paths: a plain lock's enter and
-        # exit are C calls, a Condition's are Python ones.
+        # frames it served (activity, for the idle abort check). A plain
+        # lock's enter and exit are C calls, a Condition's Python ones, and
+        # the reader takes it twice per frame.
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._backlog: collections.deque[Any] = collections.deque()
