@@ -437,7 +437,8 @@ class Mesh:
             profile = os.environ.get("MESHKIT_BENCH_PROFILE_RANK") == str(rank)
             args = [sys.executable, *([__file__, "--profiled-node", f"/tmp/node{rank}"]
                                       if profile else ["-m", "meshkit"]),
-                    "node", "--rank", str(rank), "--world", "4", "--peers", peer_arg, "--topology", topology, "--timeout", "60",
+                    "node", "--rank", str(rank), "--world", "4", "--peers", peer_arg,
+                    "--topology", topology, "--timeout", "60",
                     "--secret-file", str(secret_file), *([] if encrypt else ["--no-encrypt"])]
             if rank == 2 and board_elems is not None:
                 args += ["--board", "loopback", "--board-option", "stage_id=mid",
@@ -667,7 +668,9 @@ def main() -> None:
 
 
 def profiled_node(prefix: str, argv: list[str]) -> None:
-    """``meshkit <argv>`` with one cProfile per thread (CPU time), dumped to ``<prefix>.<thread>.prof``.
+    """``meshkit <argv>`` with a cProfile (thread CPU time) on every thread.
+
+    Each thread's profile goes to ``<prefix>.<thread name>.prof`` at exit.
 
     ``python -m cProfile`` sees only the main thread, and a node serves its
     activations on the transport's reader threads.
