@@ -24,7 +24,12 @@ Reported per size: activations/s with ``--in-flight`` activations in flight
 activation in flight as a distribution (p50 and p99 of the best run) and
 the p50 ratio; the CPU every process spent per activation; every run's
 figures (the spread); and the floor: one hop's per-frame work on one thread
-(:func:`hop_floor`), which bounds both. Targets (issue 18), authentication
+(:func:`hop_floor`), which bounds both; and the *wire-level chain*
+(:func:`wire_chain`): the same hops, one activation in flight, each relay doing
+only the wire's receive and send, so meshkit's p50 against the chain's is what
+the layers above the wire add and the chain's against the raw relay's is the
+wire's share. ``MESHKIT_BENCH_PROFILE_RANK=r`` profiles node rank ``r`` on
+every thread. Targets (issue 18), authentication
 on: p50 latency at 1 KiB <= 5x the raw relay's, 1 KiB at one activation a
 frame >= 0.3x, 1 MiB >= 0.6x.
 
@@ -277,6 +282,129 @@ def hop_floor(nbytes: int, count: int = 4000) -> dict[str, float]:
     return {"wire_hop_us": wire_us, "wire_leaf_hop_us": leaf_us, "raw_hop_us": raw_us}
 
 
+# -- the wire-level chain: meshkit's wire on every hop, nothing above it ---------------
+
+_CHAIN_SECRET = b"wire-chain-benchmark-secret-0123"
+
+
+def _chain_channel(sock: socket.socket, rank: int) -> object:
+    from meshkit import wire
+
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return wire.handshake(sock, _CHAIN_SECRET, rank=rank, world=8, role=2, timeout=60,
+                          handshake_timeout=60, max_frame=1 << 30)
+
+
+def wire_relay_main(listen_port: int, next_port: int) -> None:
+    """One wire-level hop: ``Channel.recv`` a frame, ``Channel.send`` its state on.
+
+    What a node's reader does per activation with the transport, the node
+    and the stage taken away: authenticate, decrypt, decode, encode, seal.
+    """
+    listener = socket.create_server(("127.0.0.1", listen_port))
+    down_sock = socket.create_connection(("127.0.0.1", next_port))
+    print("ready", flush=True)
+    up_sock, _ = listener.accept()
+    shaken: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: shaken.setdefault("down", _chain_channel(
+        down_sock, 2)))
+    thread.start()
+    up = _chain_channel(up_sock, 1)
+    thread.join()
+    down = shaken["down"]
+    while True:
+        try:
+            frame = up.recv(timeout=None)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 (the chain is being taken down)
+            break
+        down.send(frame.kind, frame.tag, frame.state)  # type: ignore[attr-defined]
+    down.close()  # type: ignore[attr-defined]
+
+
+def _wire_forwarder(listen: socket.socket, next_port: int) -> threading.Thread:
+    """In-process hop for the star variant: the coordinator's relay (``Channel.forward``)."""
+
+    def run() -> None:
+        up_sock, _ = listen.accept()
+        down_sock = socket.create_connection(("127.0.0.1", next_port))
+        shaken: dict[str, object] = {}
+        other = threading.Thread(target=lambda: shaken.setdefault("down", _chain_channel(
+            down_sock, 4)))
+        other.start()
+        up = _chain_channel(up_sock, 3)
+        other.join()
+        down = shaken["down"]
+        while True:
+            try:
+                frame = up.recv(timeout=None)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                break
+            down.forward(frame)  # type: ignore[attr-defined]
+        down.close()  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def wire_chain(nbytes: int, count: int, star: bool) -> tuple[list[float], float]:
+    """Round trips (seconds) of ``count`` activations, one in flight, through wire-level
+    hops, and the CPU seconds every process of the chain spent meanwhile.
+
+    The same hops as the pipeline (three relay processes, in a star each
+    relaying back through a forwarder in this process), each doing only the
+    wire's receive and send of the frame the pipeline sends. The difference
+    from meshkit's p50 is what the transport, the node and the coordinator
+    add above the wire; the difference from the raw relay's is the wire's.
+    """
+    sink = socket.create_server(("127.0.0.1", 0))
+    next_port = sink.getsockname()[1]
+    procs = []
+    try:
+        for _ in range(3):
+            if star:
+                fwd = socket.create_server(("127.0.0.1", 0))
+                _wire_forwarder(fwd, next_port)
+                next_port = fwd.getsockname()[1]
+            port = _free_port()
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--wire-relay", str(port), str(next_port)],
+                stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            procs.append(proc)
+            next_port = port
+        src_sock = socket.create_connection(("127.0.0.1", next_port))
+        shaken: dict[str, object] = {}
+        other = threading.Thread(target=lambda: shaken.setdefault("src", _chain_channel(
+            src_sock, 0)))
+        other.start()
+        out_sock, _ = sink.accept()
+        out = _chain_channel(out_sock, 5)
+        other.join()
+        src = shaken["src"]
+        x = np.random.default_rng(0).standard_normal((1, nbytes // 4)).astype(np.float32)
+        trips = []
+        clock = time.perf_counter
+        pids = [p.pid for p in procs]
+        cpu = cpu_seconds(pids)
+        for i in range(count):
+            started = clock()
+            src.send(1, 0x13, {f"act/1/{i}": x})  # type: ignore[attr-defined]
+            out.recv(timeout=60)  # type: ignore[attr-defined]
+            trips.append(clock() - started)
+        cpu = cpu_seconds(pids) - cpu
+        src.close()  # type: ignore[attr-defined]
+        out.close()  # type: ignore[attr-defined]
+        return trips, cpu
+    finally:
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        sink.close()
+
+
 # -- meshkit ------------------------------------------------------------------------
 
 
@@ -304,11 +432,13 @@ class Mesh:
             peer_arg = holder["g"].address
         self.procs = []
         for rank in (1, 2, 3):
-            # MESHKIT_BENCH_PROFILE_RANK=r runs rank r under cProfile (/tmp/node<r>.prof).
+            # MESHKIT_BENCH_PROFILE_RANK=r runs rank r with a cProfile on every
+            # thread (its readers serve the activations), /tmp/node<r>.<thread>.prof.
             profile = os.environ.get("MESHKIT_BENCH_PROFILE_RANK") == str(rank)
-            args = [sys.executable, *(["-m", "cProfile", "-o", f"/tmp/node{rank}.prof"]
-                                      if profile else []), "-m", "meshkit", "node", "--rank", str(rank), "--world",
-                    "4", "--peers", peer_arg, "--topology", topology, "--timeout", "60",
+            args = [sys.executable, *([__file__, "--profiled-node", f"/tmp/node{rank}"]
+                                      if profile else ["-m", "meshkit"]),
+                    "node", "--rank", str(rank), "--world", "4", "--peers", peer_arg,
+                    "--topology", topology, "--timeout", "60",
                     "--secret-file", str(secret_file), *([] if encrypt else ["--no-encrypt"])]
             if rank == 2 and board_elems is not None:
                 args += ["--board", "loopback", "--board-option", "stage_id=mid",
@@ -438,6 +568,12 @@ def main() -> None:
             for _ in range(args.repeat):
                 raw_relay(nbytes, latency_count, 1, star)
                 r_trips.append(round_trips(LAST_STAMPS))
+            w_trips, w_cpu = [], []
+            for _ in range(args.repeat):
+                trips, cpu = wire_chain(nbytes, latency_count, star)
+                w_trips.append(np.asarray(trips))
+                w_cpu.append(cpu / latency_count * 1e6)
+            w_best = min(w_trips, key=lambda t: float(np.median(t)))
             # The best run's distribution (lowest p50), and the spread of p50s.
             m_best = min(m_trips, key=lambda t: float(np.median(t)))
             r_best = min(r_trips, key=lambda t: float(np.median(t)))
@@ -471,6 +607,11 @@ def main() -> None:
                     "raw_p99_us": float(np.percentile(r_best, 99)) * 1e6,
                     "p50_ratio": float(np.median(m_best) / np.median(r_best)),
                     "meshkit_p50s_us": m_p50s,
+                    # the same hops with meshkit's wire and nothing above it
+                    "wire_chain_p50_us": float(np.median(w_best)) * 1e6,
+                    "wire_chain_p99_us": float(np.percentile(w_best, 99)) * 1e6,
+                    "wire_chain_p50s_us": sorted(float(np.median(t)) * 1e6 for t in w_trips),
+                    "wire_chain_cpu_us": min(w_cpu),
                     "raw_p50s_us": r_p50s,
                     "throughput_runs": [count / t for t, _ in runs[batch]],
                     **floor,
@@ -512,14 +653,59 @@ def main() -> None:
         f"{r['size']}: meshkit wire {r['wire_hop_us']:.0f} (JSON-leaf frame "
         f"{r['wire_leaf_hop_us']:.0f}), raw {r['raw_hop_us']:.0f}"
         for r in rows if r["batch"] == 1))
+    print("wire-level chain, one in flight (the same hops, meshkit's wire and nothing above "
+          "it): " + "; ".join(
+              f"{r['size']}: p50 {r['wire_chain_p50_us']:.0f} us (p99 "
+              f"{r['wire_chain_p99_us']:.0f}), {r['wire_chain_p50_us'] / r['raw_p50_us']:.1f}x "
+              f"raw; meshkit p50 {r['meshkit_p50_us'] / r['wire_chain_p50_us']:.2f}x the chain's; "
+              f"chain CPU/act {r['wire_chain_cpu_us']:.0f} us"
+              for r in rows if r["batch"] == 1))
     print("spread: p50 per run (us) " + "; ".join(
         f"{r['size']}: meshkit " + ", ".join(f"{v:.0f}" for v in r["meshkit_p50s_us"])
         + " raw " + ", ".join(f"{v:.0f}" for v in r["raw_p50s_us"])
+        + " wire chain " + ", ".join(f"{v:.0f}" for v in r["wire_chain_p50s_us"])
         for r in rows if r["batch"] == 1))
+
+
+def profiled_node(prefix: str, argv: list[str]) -> None:
+    """``meshkit <argv>`` with a cProfile (thread CPU time) on every thread.
+
+    Each thread's profile goes to ``<prefix>.<thread name>.prof`` at exit.
+
+    ``python -m cProfile`` sees only the main thread, and a node serves its
+    activations on the transport's reader threads.
+    """
+    import cProfile
+
+    profiles: list[tuple[str, cProfile.Profile]] = []
+
+    def start(*_: object) -> None:
+        sys.setprofile(None)
+        # Thread CPU time, not wall time: a thread preempted on a busy machine
+        # (or parked in poll) is not charged for the wait.
+        profile = cProfile.Profile(time.thread_time_ns, 1e-9)
+        profiles.append((threading.current_thread().name, profile))
+        profile.enable()
+
+    threading.setprofile(start)
+    from meshkit.cli import main as cli_main
+
+    sys.argv = ["meshkit", *argv]
+    start()
+    try:
+        cli_main()
+    finally:
+        for name, profile in profiles:
+            profile.disable()
+            profile.dump_stats(f"{prefix}.{name}.prof")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--relay":
         relay_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--wire-relay":
+        wire_relay_main(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 2 and sys.argv[1] == "--profiled-node":
+        profiled_node(sys.argv[2], sys.argv[3:])
     else:
         main()

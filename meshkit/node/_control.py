@@ -75,14 +75,19 @@ class NodeControl:
 
     def reason(self) -> str | None:
         """Why serving must end (``"stop"``, ``"budget"``), or None."""
-        if self.stopped:
+        # Asked before every activation: spelled out rather than through the
+        # properties above (this is the serving path's per-frame check).
+        if self._stop.is_set():
             return "stop"
-        if self.budget_spent:
+        steps = self.steps
+        if steps is not None and self.done >= steps:
             return "budget"
         return None
 
     def count(self, n: int = 1) -> None:
-        self.done += n
+        # ``done`` has no validator: skip the class's validating __setattr__,
+        # a Python call on every activation served.
+        object.__setattr__(self, "done", self.done + n)
 
 
 def recv_polling(group: Any, src: int, tag: int, control: NodeControl | None,

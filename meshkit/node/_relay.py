@@ -159,11 +159,15 @@ class _Relay:
         self.timeout = timeout
         self.served = 0
         # The diverted feed (unused when the group cannot divert: it is
-        # then read with recv_polling, as before). Under ``_cv``: the backlog of payloads and outcomes the serving
+        # then read with recv_polling, as before). Under ``_lock``, which
+        # ``_cv`` waits on: the backlog of payloads and outcomes the serving
         # thread has to take, whether the reader may serve inline
         # (``_armed``), whether it is doing so (``_busy``), and a count of
-        # frames it served (activity, for the idle abort check).
-        self._cv = threading.Condition()
+        # frames it served (activity, for the idle abort check). A plain
+        # lock's enter and exit are C calls, a Condition's Python ones, and
+        # the reader takes it twice per frame.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self._backlog: collections.deque[Any] = collections.deque()
         self._inline = bool(getattr(group, "inline_delivery", False))
         self._armed = False
@@ -183,14 +187,14 @@ class _Relay:
             return
         queued = divert(self.prev, TAG_ACT, self._arrived)
         self._diverted = True
-        with self._cv:
+        with self._lock:
             self._backlog.extend(queued)
 
     def close(self) -> None:
         """End the divert once the reader is out of the stage (its frame done)."""
         if not self._diverted:
             return
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._armed = False
             while self._busy:
@@ -204,7 +208,7 @@ class _Relay:
 
     def _arrived(self, payload: Mapping[str, Any]) -> bool:
         """On the delivering thread: serve ``payload`` here if armed, else queue it."""
-        with self._cv:
+        with self._lock:
             if self._closed:
                 return False  # the job is over: to the mailbox, as without a divert
             if not self._armed:
@@ -220,7 +224,7 @@ class _Relay:
             log.exception("rank %d: serving an activation inline failed", self.group.rank)
             leftover = _Outcome(0, [], MeshError(f"rank {self.group.rank}: {exc}"), None)
         finally:
-            with self._cv:
+            with self._lock:
                 self._busy = False
                 self._inline_frames += 1
                 if leftover is not None:
@@ -246,13 +250,15 @@ class _Relay:
             return payload
         seq, batch, compact = item
         # CPU time, not wall time: a reader preempted on a busy machine is
-        # not a slow stage.
+        # not a slow stage. (Control was checked above, before the first row.)
         started = time.thread_time()
-        outcome = self.compute(seq, batch, compact, first=True)
+        outcome = self.compute(seq, batch, compact)
         if time.thread_time() - started > INLINE_BUDGET:
             self._inline = False  # the rest of this job goes through the serving thread
-        if outcome.failure is not None or outcome.stopped is not None or not outcome.ys \
-                or sum(y.nbytes for y in outcome.ys) > INLINE_BYTES:
+        ys = outcome.ys
+        if outcome.failure is not None or outcome.stopped is not None or not ys \
+                or (ys[0].nbytes if len(ys) == 1 else sum(y.nbytes for y in ys)) \
+                > INLINE_BYTES:
             return outcome
         deadline = time.monotonic() + INLINE_WRITE_SHARE * self.group.timeout
         try:
@@ -276,7 +282,7 @@ class _Relay:
         """
         deadline = time.monotonic() + self.timeout
         while True:
-            with self._cv:
+            with self._lock:
                 seen = self._inline_frames
                 waited = False
                 while True:
@@ -314,7 +320,7 @@ class _Relay:
             closed = bool(getattr(self.group, "closed", False))
             dead = self.group.dead
             if closed or self.prev in dead or 0 in dead:
-                with self._cv:
+                with self._lock:
                     if self._backlog:
                         continue  # what it sent before it went is served first
                 why = ("the group was closed" if closed
@@ -388,6 +394,10 @@ class _Relay:
 
     def forward_all(self, outcome: _Outcome, deadline: float | None = None) -> None:
         first = outcome.seq
+        if len(outcome.ys) == 1:  # the common case: one row, sent as a (1, n) view
+            self.forward(first, outcome.ys[0].reshape(1, -1), deadline, compact=outcome.compact)
+            outcome.sent = True
+            return
         for part in _stack(outcome.ys):
             self.forward(first, part, deadline, compact=outcome.compact)
             first += part.shape[0]

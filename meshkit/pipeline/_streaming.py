@@ -92,8 +92,9 @@ class _Collector:
         """
         deadline = time.monotonic() + self.timeout
         while True:
-            newly_dead = sorted((set(self.group.dead) & self.ranks)
-                                - self.reports.keys() - self._dead_seen)
+            dead = self.group.dead  # a copy; empty (falsy) while everyone lives
+            newly_dead = sorted((dead.keys() & self.ranks) - self.reports.keys()
+                                - self._dead_seen) if dead else None
             if newly_dead:
                 self._dead_seen.update(newly_dead)
                 self.check_dead()
@@ -147,8 +148,11 @@ class _Collector:
             return src, msg
 
     def check_dead(self) -> None:
-        dead = sorted(set(self.group.dead) & (self.ranks - self.reports.keys()))
-        if dead and self.failure is None:
+        ledger = self.group.dead
+        if not ledger or self.failure is not None:
+            return  # asked after every result: nothing to work out while no one died
+        dead = sorted(ledger.keys() & (self.ranks - self.reports.keys()))
+        if dead:
             self.failure = PeerLostError(
                 f"pipeline job {self.job}: rank(s) {dead} died: "
                 + "; ".join(f"rank {r}: {self.group.dead[r]}" for r in dead))
@@ -360,7 +364,8 @@ def run_pipeline(group: Any, stages: Sequence[Stage] | Placement, caps: Iterable
                 seq = msg.get("seq")
                 y = msg.get("x")
                 if not isinstance(seq, int) or not isinstance(y, np.ndarray) or y.ndim != 2 \
-                        or not set(range(seq, seq + y.shape[0])) <= pending:
+                        or not (seq in pending if y.shape[0] == 1
+                                else set(range(seq, seq + y.shape[0])) <= pending):
                     raise WireError(f"pipeline job {job}: rank {src} sent a malformed or "
                                     f"unexpected result (seq {seq!r})")
                 for i, row in enumerate(y):

@@ -284,6 +284,9 @@ class _Events(LinkEvents):
 
     def __init__(self, group: Group) -> None:
         self._group = group
+        # Every received frame comes through here: the bound method itself,
+        # not a method calling it.
+        self.deliver = group._deliver  # type: ignore[method-assign]
 
     def deliver(self, message: Message) -> None:
         self._group._deliver(message)

@@ -46,7 +46,10 @@ class Ledger:
         self.world_size = world_size
         self.is_star = is_star
         #: Guards everything here and the mailboxes; notified on every change.
-        self.cv = threading.Condition()
+        #: ``lock`` is its lock: ``with ledger.lock`` where a frame passes
+        #: (C calls), ``with ledger.cv`` where a wait or a notify follows.
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
         self._dead: dict[int, str] = {}
         self._joined: set[int] = set()
         self._links: set[int] = set()
@@ -108,7 +111,7 @@ class Ledger:
 
     def next_hop(self, dst: int) -> int:
         """The rank a message for ``dst`` goes to first, or ``PeerLostError`` saying why none."""
-        with self.cv:
+        with self.lock:
             if self._closed:
                 raise PeerLostError(f"rank {self.rank}: the group is closed")
             if dst in self._dead:
@@ -148,7 +151,7 @@ class Ledger:
         they are dropped, loudly).
         """
         dst = message.dst
-        with self.cv:
+        with self.lock:  # every relayed frame asks
             if dst in self._joined or dst in self._dead:
                 return False
             held = self._held.setdefault(dst, collections.deque())

@@ -41,6 +41,7 @@ class Mailboxes:
     def __init__(self, ledger: Ledger, timeout: float) -> None:
         self._ledger = ledger
         self._cv = ledger.cv
+        self._lock = ledger.lock
         self._timeout = timeout
         self._inbox: dict[int, collections.deque[Message]] = collections.defaultdict(
             collections.deque)
@@ -53,7 +54,7 @@ class Mailboxes:
         delivering) thread, outside the lock; one that raises is logged and
         the message queued, so a handler bug never loses a frame silently.
         """
-        with self._cv:
+        with self._lock:  # the cv's own lock (C calls per frame); notify needs it held
             if self._ledger.closed:
                 return
             handler = self._handlers.get((message.src, message.tag)) if self._handlers else None

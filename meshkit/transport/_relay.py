@@ -54,8 +54,10 @@ class StarRelay:
         self._declare_dead = declare_dead
         self._timeout = timeout
         # Per-destination queues, their queued bytes, the destinations with a
-        # writer thread and those being written to, all under ``_cv``.
-        self._cv = threading.Condition()
+        # writer thread and those being written to, all under ``_cv`` (``with
+        # self._lock``, the cv's own lock, on the per-frame path: C calls).
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._out: dict[int, collections.deque[Message]] = {}
         self._bytes: dict[int, int] = {}
         self._writers: set[int] = set()
@@ -99,7 +101,7 @@ class StarRelay:
         """
         dst = message.dst
         ledger = self._ledger
-        with self._cv:
+        with self._lock:
             # Nothing queued or being written for ``dst``: try writing it here.
             inline = not self._out.get(dst) and dst not in self._sending
             if inline:
@@ -113,7 +115,7 @@ class StarRelay:
                             message.src, dst, exc)
                 return
             finally:
-                with self._cv:
+                with self._lock:
                     self._sending.discard(dst)
                     self._cv.notify_all()
         size = _relay_size(message)

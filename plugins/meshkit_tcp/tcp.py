@@ -210,8 +210,8 @@ class TcpGroup(Group):
     # -- the links (the kernel calls these through _TcpLinks) ------------------
 
     def _channel(self, peer: int) -> wire.Channel:
-        with self._lock:
-            channel = self._channels.get(peer)
+        # Every send looks its channel up: one dict read is atomic, no lock needed.
+        channel = self._channels.get(peer)
         if channel is None:
             why = self._events.dead_reason(peer) or "no connection"
             raise PeerLostError(f"rank {peer} is unreachable: {why}")
@@ -238,13 +238,12 @@ class TcpGroup(Group):
                 self.bytes_out += channel.forward(message.raw, sender=message.src,
                                                   deadline=message.deadline)
                 return
-            state = dict(message.payload)
-            meta = dict(message.meta)
+            meta: Any = message.meta
             if message.dst != peer or peer in self._via:
                 # A relay's connection carries several ranks: it needs the destination.
-                meta["dst"] = message.dst
-            if meta:
-                state[META_KEY] = meta
+                meta = {**meta, "dst": message.dst}
+            # No copy of the payload when there is no metadata (an activation).
+            state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
             self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
                                            state, bf16=model and self.bf16_wire,
