@@ -82,6 +82,11 @@ __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_rela
 
 log = logging.getLogger(__name__)
 
+#: Frames that may wait for one local rank's writer. A rank that stops reading
+#: stalls only its own writer (whose write timeout then declares it lost);
+#: more than this many frames waiting for it declare it lost at once.
+_DOWN_QUEUE = 32
+
 
 @attrs.frozen
 class RelayConfig:
@@ -250,6 +255,19 @@ class _RelayPool:
         pass
 
 
+def _stop_writer(box: queue.Queue[tuple[Any, ...] | None]) -> None:
+    """End a local rank's writer: its queued frames are dropped (the rank is gone)."""
+    while True:
+        try:
+            box.get_nowait()
+        except queue.Empty:
+            break
+    try:
+        box.put_nowait(None)
+    except queue.Full:  # a frame was queued in between: the writer ends on its error
+        pass
+
+
 class HostRelay:
     """One host relay: the upstream connection, the local ranks' links, the relay's own work."""
 
@@ -265,6 +283,8 @@ class HostRelay:
         self.refused: list[str] = []
         self._lock = threading.Condition()
         self._down: dict[int, wire.Channel] = {}
+        #: Per local rank: the frames its writer thread sends, in order.
+        self._outbox: dict[int, queue.Queue[tuple[Any, ...] | None]] = {}
         self._joined: set[int] = set()
         self._dead: dict[int, str] = {}
         self._admitting: set[int] = set()
@@ -392,8 +412,12 @@ class HostRelay:
         with self._lock:
             channels = list(self._down.values())
             self._down.clear()
+            boxes = list(self._outbox.values())
+            self._outbox.clear()
             up, self._up = self._up, None
             self._lock.notify_all()
+        for box in boxes:
+            _stop_writer(box)
         self._work.put(None)
         self._pool.wake()
         if self._listener is not None:
@@ -416,7 +440,10 @@ class HostRelay:
                 return
             self._dead[rank] = reason
             channel = self._down.pop(rank, None)
+            box = self._outbox.pop(rank, None)
             self._lock.notify_all()
+        if box is not None:
+            _stop_writer(box)
         if channel is not None:
             channel.close()
         self._pool.wake()
@@ -433,12 +460,40 @@ class HostRelay:
             self.close("every rank it carries has left")
 
     def send_down(self, rank: int, tag: int, state: Mapping[str, Any]) -> None:
-        """The relay's own frame (as rank 0) to local ``rank``."""
-        with self._lock:
-            channel = self._down.get(rank)
-        if channel is None:
+        """The relay's own frame (as rank 0) to local ``rank``, through its writer."""
+        if not self._queue_down(rank, ("send", tag, state)):
             raise PeerLostError(f"rank {rank} is not connected to relay {self.name!r}")
-        channel.send(KIND_CONTROL, tag, state)
+
+    def _queue_down(self, rank: int, item: tuple[Any, ...]) -> bool:
+        """Hand ``item`` to local ``rank``'s writer; False when it is not connected."""
+        with self._lock:
+            box = self._outbox.get(rank)
+        if box is None:
+            return False
+        try:
+            box.put_nowait(item)
+        except queue.Full:
+            self.lost(rank, f"it stopped reading: {_DOWN_QUEUE} frames from the relay waited "
+                            f"for it")
+            return False
+        return True
+
+    def _down_writer(self, rank: int, channel: wire.Channel,
+                     box: queue.Queue[tuple[Any, ...] | None]) -> None:
+        """Send local ``rank``'s frames in order, so a rank that stalls stalls only this."""
+        while True:
+            item = box.get()
+            if item is None:
+                return
+            try:
+                if item[0] == "forward":
+                    channel.forward(item[1])
+                else:
+                    channel.send(KIND_CONTROL, item[1], item[2])
+            except (PeerLostError, WireError, OSError) as exc:
+                self.lost(rank, f"a write from the relay failed: {exc}")
+                return
+            del item
 
     def _send_up(self, tag: int, state: Mapping[str, Any], sender: int) -> None:
         up = self._up
@@ -480,16 +535,10 @@ class HostRelay:
                 self._work.put({"via": dst, **decode(state)})
                 continue
             with self._lock:
-                channel = self._down.get(dst) if isinstance(dst, int) else None
                 self.frames_down += 1
-            if channel is None:
+            if not (isinstance(dst, int) and self._queue_down(dst, ("forward", frame))):
                 log.debug("relay %r: dropped a frame for rank %r (not connected here)",
                           self.name, dst)
-                continue
-            try:
-                channel.forward(frame)
-            except (PeerLostError, WireError) as exc:
-                self.lost(dst, f"a write from the relay failed: {exc}")
             del frame
 
     # -- this host's ranks ----------------------------------------------------------------
@@ -552,9 +601,13 @@ class HostRelay:
             return
         try:
             channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
+            box: queue.Queue[tuple[Any, ...] | None] = queue.Queue(_DOWN_QUEUE)
             with self._lock:
                 self._down[rank] = channel
+                self._outbox[rank] = box
                 self._joined.add(rank)
+            self._spawn(self._down_writer, rank, channel, box,
+                        name=f"meshkit-relay-{self.name}-to-{rank}")
             # Told only now, so the coordinator never routes to a rank the relay lacks.
             self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
         except (MeshError, OSError) as exc:

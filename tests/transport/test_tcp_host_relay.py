@@ -228,3 +228,33 @@ def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
             g.close()
         relay.close()
         group.close()
+
+
+def test_a_rank_that_stops_reading_does_not_hold_up_its_neighbours_frames():
+    group = coordinator(world=3, timeout=10.0)
+    relay = start_relay(group.address, ranks=(1, 2), world=3)
+    good = worker(2, relay.address, world=3)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = relay.address.rsplit(":", 1)
+    sock.connect((host, int(port)))
+    stalled = wire.handshake(sock, SECRET, rank=1, world=3, role=ROLE_STAR, timeout=10.0)
+    try:
+        assert stalled.recv(timeout=5).state["ok"] is True
+        assert group.wait_for_workers(timeout=5) == [1, 2]
+        # Rank 1 reads nothing more: its frames fill the socket buffers and its
+        # writer at the relay blocks. Rank 2's frame, sent after them, must
+        # still reach it while rank 1 is not yet declared lost (before, the
+        # relay wrote every frame on its one upstream reader, so rank 2's
+        # waited for rank 1's write timeout).
+        big = {"x": np.zeros(1 << 20, np.float32)}
+        for _ in range(3):
+            group.send(1, TAG, big)
+        group.send(2, TAG, {"y": 2})
+        assert good.recv(0, TAG, timeout=8) == {"y": 2}
+        assert 1 not in relay.dead and 1 not in group.dead
+    finally:
+        stalled.close()
+        good.close()
+        relay.close()
+        group.close()
