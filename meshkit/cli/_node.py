@@ -82,6 +82,10 @@ class _Stopped(BaseException):
 @click.option("--encrypt/--no-encrypt", default=True,
               help="Encrypt frame bodies; --no-encrypt matches a coordinator with "
                    "[mesh] encrypt = false.")
+@click.option("--trust-network", is_flag=True, default=False,
+              help="The network between the nodes is trusted ([mesh] trust_network): only "
+                   "then may a transport that authenticates nothing (torchdist) use a "
+                   "non-loopback address.")
 @click.option("--steps", type=int, default=None,
               help="Step budget: serve at most this many activations, then leave.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
@@ -92,7 +96,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          transport_options: tuple[str, ...], board_name: str | None,
          board_options: tuple[str, ...], task_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None,
-         encrypt: bool, steps: int | None, verbose: int) -> None:
+         encrypt: bool, trust_network: bool, steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
 
     Flags mirror meshkit.NodeConfig and win over the environment variables
@@ -144,6 +148,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         "rank": rank, "world": world, "topology": topology, "device": device,
         "transport": transport, "timeout": timeout, "fixed_function": fixed_function,
         "secret": secret, "encrypt": encrypt, "node_key": node_key,
+        "trust_network": trust_network,
     }
     if heap_mb is not None:
         if heap_mb <= 0:

@@ -167,8 +167,9 @@ class TorchdistGroup(Group):
                         f"torchrun, [mesh] workers must be --nproc-per-node x --nnodes - 1")
             host = os.environ["MASTER_ADDR"]
             self._check_trust(host, "MASTER_ADDR")
-            store, _, _ = next(dist.rendezvous("env://", rank=self.rank,
-                                               world_size=self.world_size, timeout=timeout))
+            where = f"{host}:{os.environ['MASTER_PORT']}"
+            store = self._store_at(where, lambda: next(dist.rendezvous(
+                "env://", rank=self.rank, world_size=self.world_size, timeout=timeout))[0])
             self._address = f"env://{host}:{os.environ['MASTER_PORT']}"
         elif method.startswith("tcp://"):
             parsed = urlparse(method)
@@ -176,18 +177,29 @@ class TorchdistGroup(Group):
                 raise ConfigError(f"torchdist init_method {method!r} must be tcp://host:port")
             host, port = parsed.hostname, parsed.port
             self._check_trust(host, f"the rendezvous address {host}:{port}")
-            if self.rank == 0:
-                store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
-            else:
-                if port == 0:
-                    raise ConfigError("a torchdist worker needs rank 0's actual port, not 0")
-                store = dist.TCPStore(host, port, None, False, timeout)
+            if self.rank != 0 and port == 0:
+                raise ConfigError("a torchdist worker needs rank 0's actual port, not 0")
+            store = self._store_at(f"{host}:{port}", lambda: dist.TCPStore(
+                host, port, None, self.rank == 0, timeout, wait_for_workers=False))
             shown = f"[{host}]" if ":" in host else host
             self._address = f"{shown}:{store.port}"
         else:
             raise ConfigError(f"[transport] init_method {method!r}: use \"env://\" or "
                               f"\"tcp://host:port\"")
         self._store = dist.PrefixStore("meshkit", store)
+
+    def _store_at(self, where: str, make: Any) -> Any:
+        """The c10d store ``make()`` opens at ``where``; failing to, a :class:`MeshError`."""
+        try:
+            return make()
+        except RuntimeError as exc:  # DistNetworkError and DistStoreError are RuntimeErrors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if self.rank == 0:
+                raise ConfigError(f"torchdist rank 0 cannot host the rendezvous store at "
+                                  f"{where}: {first}") from None
+            raise PeerLostError(f"torchdist rank {self.rank} could not reach the rendezvous "
+                                f"store at {where} within {self.join_timeout:g} s: {first}; "
+                                f"is rank 0 running there?") from None
 
     def _options(self, threads: int) -> Any:
         opts = dist.ProcessGroupGloo._Options()
