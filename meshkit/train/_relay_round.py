@@ -102,6 +102,7 @@ def fold_through_relays(ctx: StrategyContext, groups: dict[str, list[int]],
         for name, keys in planned.items():
             request: dict[str, Any] = {
                 "op": "fold", "work": [[k, dict(requests[k])] for k in keys],
+                "ranks": list(groups[name]),
                 "weight": weight, "weighted": fold.weighted, "wide": fold.wide,
                 "allow_nonfinite": fold.allow_nonfinite, "aggregator": fold.name,
                 "window": window, "label": label, "timeout": ctx.timeout}

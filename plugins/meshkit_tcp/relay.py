@@ -287,6 +287,8 @@ class HostRelay:
         self._outbox: dict[int, queue.Queue[tuple[Any, ...] | None]] = {}
         self._joined: set[int] = set()
         self._dead: dict[int, str] = {}
+        #: Ranks that said goodbye (not merely died): when all have, the relay ends.
+        self._left: set[int] = set()
         self._admitting: set[int] = set()
         self._up: wire.Channel | None = None
         self._listener: socket.socket | None = None
@@ -439,6 +441,8 @@ class HostRelay:
             if rank in self._dead:
                 return
             self._dead[rank] = reason
+            if quiet:
+                self._left.add(rank)
             channel = self._down.pop(rank, None)
             box = self._outbox.pop(rank, None)
             self._lock.notify_all()
@@ -454,9 +458,10 @@ class HostRelay:
             self._send_up_control({"op": "lost", "rank": rank, "reason": reason,
                                    "quiet": quiet})
         with self._lock:
-            done = self.ranks <= set(self._dead)
+            done = self.ranks <= self._left
         if done:
-            # Nothing left to carry (the run ended, or every rank here died).
+            # Nothing left to carry: every rank here said goodbye (a rank that
+            # died instead may be restarted, and rejoins through the relay).
             self.close("every rank it carries has left")
 
     def send_down(self, rank: int, tag: int, state: Mapping[str, Any]) -> None:
@@ -584,9 +589,6 @@ class HostRelay:
                 problem = (f"relay {self.name!r} carries ranks {sorted(self.ranks)}, not rank "
                            f"{rank}; point that node's --peers at its own relay or the "
                            f"coordinator")
-            elif rank in self._dead:
-                problem = (f"rank {rank} was declared dead ({self._dead[rank]}); a dead rank "
-                           f"cannot rejoin this run")
             elif rank in self._down or rank in self._admitting:
                 problem = f"rank {rank} is already connected to relay {self.name!r}"
             elif cfg.authorized_nodes is not None:
@@ -603,6 +605,10 @@ class HostRelay:
             channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
             box: queue.Queue[tuple[Any, ...] | None] = queue.Queue(_DOWN_QUEUE)
             with self._lock:
+                # A rank that died and was restarted rejoins: the coordinator
+                # keeps it out of the rounds until it takes it back.
+                self._dead.pop(rank, None)
+                self._left.discard(rank)
                 self._down[rank] = channel
                 self._outbox[rank] = box
                 self._joined.add(rank)
@@ -693,9 +699,13 @@ class HostRelay:
                 self.close(f"coordinator lost: {exc}")
                 return
 
-    def _context(self, timeout: Any) -> StrategyContext:
+    def _context(self, timeout: Any, ranks: Any = None) -> StrategyContext:
+        # The coordinator names the ranks it counts live (a rank that rejoined
+        # is not, until it is taken back between rounds); all of ours otherwise.
+        workers = (sorted(self.ranks) if not isinstance(ranks, list)
+                   else sorted(r for r in ranks if r in self.ranks))
         return StrategyContext(task=None, aggregator=None, pool=self._pool,
-                               workers=sorted(self.ranks), rng=None,
+                               workers=workers, rng=None,
                                timeout=None if timeout is None else float(timeout))
 
     def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -705,7 +715,7 @@ class HostRelay:
                         name=request.get("aggregator") or None,
                         allow_nonfinite=bool(request.get("allow_nonfinite", False)),
                         wide=bool(request.get("wide", False)))
-        folded = fold_round(self._context(request.get("timeout")), work,
+        folded = fold_round(self._context(request.get("timeout"), request.get("ranks")), work,
                             state=request.get("state"),
                             weight=by_examples if request.get("weight") == "examples" else _once,
                             window=int(request.get("window") or 1), fold=fold,

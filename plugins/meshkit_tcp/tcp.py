@@ -262,6 +262,10 @@ class TcpGroup(Group):
             relay = self._via.pop(peer, None)
             link = self._relays.get(relay) if relay is not None else None
             told = link is not None and peer in link.reported
+            if link is not None:
+                # Restarted, the rank may join through its relay again.
+                link.joined.discard(peer)
+                link.reported.discard(peer)
             self._lock.notify_all()  # a mesh forming waits for links or deaths
         if relay is not None and channel is not None:
             if told:
@@ -646,8 +650,11 @@ class TcpGroup(Group):
             if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < self.world_size:
                 self._relay_lost(link, f"protocol violation: a frame for invalid rank {dst!r}")
                 return
-            if events.dead_reason(src) is not None and "relay" not in state:
-                continue  # a late frame from a rank declared dead
+            if (events.dead_reason(src) is not None and "relay" not in state
+                    and src not in link.joined):
+                # A late frame from a rank declared dead (its link was dropped);
+                # one that rejoined since is returning, and heard like a direct one.
+                continue
             events.deliver(Message(src, dst, frame.tag, state, meta,
                                    _KIND_NAMES.get(frame.kind, "control"), raw=frame))
             del frame, state
@@ -658,9 +665,13 @@ class TcpGroup(Group):
         if rank not in link.ranks:
             return f"control {op!r} for rank {rank!r}, which it does not carry"
         if op == "joined":
-            if self._events.dead_reason(rank) is not None:
-                return None  # too late: the coordinator already forwarded its death
             with self._lock:
+                if self._events.dead_reason(rank) is not None and rank in link.joined:
+                    # Restarted behind the relay, declared dead, its old link not
+                    # dropped yet (the ledger marks a death before the group drops
+                    # the link): wait for that drop, bounded. A dead rank that
+                    # joins is *returning*, as on a direct link.
+                    self._lock.wait_for(lambda: rank not in link.joined, _STALE_LINK_WAIT)
                 if self._events.closed or rank in link.joined:
                     return None
                 link.joined.add(rank)

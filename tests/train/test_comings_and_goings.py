@@ -65,7 +65,9 @@ def node_args(rank: int, world: int, address: str, secret_file: Path) -> list[st
             "--secret-file", str(secret_file)]
 
 
-def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again(tmp_path):
+@pytest.mark.parametrize("relays", [0, 1], ids=["direct", "behind-a-relay"])
+def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again(tmp_path,
+                                                                                 relays):
     procs: dict[int, subprocess.Popen] = {}
     restarted: list[Node] = []
 
@@ -81,6 +83,9 @@ def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again
     out = tmp_path / "out"
     config = write_config(tmp_path / "c.toml", out, workers=2, rounds=4, timeout=20,
                           extra="clients = 2")
+    # With a relay, the restarted node dials the relay again (its --peers), and
+    # the relay takes it in and tells the coordinator.
+    config.write_text(config.read_text().replace("workers = 2", f"workers = 2\nrelays = {relays}"))
     try:
         report = Runner(str(config), on_workers=procs.update, on_round=on_round).run()
         status = restarted[0].wait()
