@@ -20,6 +20,11 @@ rank contributes a float32 vector of the given size and gets the mean back:
 * ``mesh-auth``: the same mesh with ``encrypt=False``: every frame
   authenticated (header HMAC, body GMAC), bodies in clear, as gloo's are
   ("auth vs gloo" column). Asking for ``mesh`` runs both, interleaved.
+* ``mesh-auth-copy``: ``mesh-auth`` with segments received the way they were
+  before they landed in place (into the channel's receive buffer, then
+  added or copied from there: the links' ``receive_into`` hidden), to
+  measure what landing in place saves in the same run ("landing gain"
+  column: > 0 means landing is faster).
 * ``gloo``: ``torch.distributed.all_reduce`` with the gloo backend (the
   named baseline; install with ``pip install torch==2.13.0`` or the
   ``bench`` extra).
@@ -128,7 +133,7 @@ def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, ma
 
 
 def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers: list[str],
-               results: Any, encrypt: bool = True) -> None:
+               results: Any, encrypt: bool = True, land: bool = True) -> None:
     from meshkit_tcp import TcpOptions
     from meshkit_tcp.tcp import TcpTransport
 
@@ -138,6 +143,8 @@ def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers
     config = NodeConfig(rank=rank, world=world, topology="mesh", peers=peers, secret=SECRET,
                         timeout=120, encrypt=encrypt)
     group = transport.connect(config)
+    if not land:
+        group._links.receive_into = None  # the ring then receives every segment as a frame
     x = np.full(nbytes // 4, float(rank + 1), np.float32)
     try:
         times = []
@@ -186,10 +193,11 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
 def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    if kind in ("mesh", "mesh-auth"):
+    if kind in ("mesh", "mesh-auth", "mesh-auth-copy"):
         peers = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
         procs = [ctx.Process(target=_mesh_rank, args=(r, world, nbytes, reps, warmup, peers,
-                                                       results, kind == "mesh"))
+                                                       results, kind == "mesh",
+                                                       kind != "mesh-auth-copy"))
                  for r in range(world)]
     elif kind.startswith("gloo"):
         port = _free_port()
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh", "mesh-auth"]
+    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh", "mesh-auth",
+             "mesh-auth-copy"]
     if args.kinds:
         wanted = set(args.kinds)
         if "star" in wanted:
@@ -247,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if "mesh" in wanted:
             wanted.add("mesh-auth")
         kinds = [k for k in kinds if k in wanted]
+    else:
+        kinds.remove("mesh-auth-copy")  # a comparison of two ring variants: asked for by name
     if not args.no_gloo and (not args.kinds or "gloo" in args.kinds):
         try:
             import torch  # noqa: F401
@@ -272,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         ("mesh vs gloo", "gloo", "mesh", "x"),
         ("auth vs gloo", "gloo", "mesh-auth", "x"),
         ("mesh enc cost", "mesh", "mesh-auth", "%"),
+        ("landing gain", "mesh-auth-copy", "mesh-auth", "%"),
     ) if a in kinds and b in kinds]
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)

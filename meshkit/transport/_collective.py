@@ -28,7 +28,14 @@ How, in two steps:
   makes no packing pass: each segment's own share is read from the state
   (:func:`contribution`) when the ring first needs it. Every segment is an
   ordinary message under :data:`TAG_RING`, so on ``tcp`` it is
-  authenticated and encrypted like every frame.
+  authenticated and encrypted like every frame. When the links can receive
+  a frame into place (``receive_into``: ``tcp``'s mesh), the ring names
+  beforehand every segment it will take from the previous rank
+  (:class:`_Landing`, a :class:`meshkit.wire.Placer`): the body of a
+  reduce-scatter segment is read, decrypted and authenticated straight in
+  the segment's place in the output, and this rank's share is added to it
+  there once its tag has been checked; an all-gather segment lands where the
+  result needs it, so it is never copied at all.
 
 A participant that is lost, stalls past the timeout (per step), or
 disagrees on the layout makes the collective fail on *every* participant:
@@ -57,6 +64,7 @@ from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
+from meshkit.wire import encode_state
 
 __all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "pack", "ring_sum",
            "segments", "unpack"]
@@ -241,6 +249,51 @@ def segments(buffers: Sequence[np.ndarray], n: int,
     return plan
 
 
+#: Segments smaller than this are received as ordinary frames: landing one in
+#: place costs a read more than it saves.
+_LAND_MIN = 64 << 10
+
+
+def _segment(round_: int, check: int, c: int, phase: str, k: int,
+             x: np.ndarray) -> dict[str, Any]:
+    """The payload of one ring segment (the sender's, and what :class:`_Landing` expects)."""
+    return {"r": round_, "check": check, "c": c, "phase": phase, "k": k, "x": x}
+
+
+class _Landing:
+    """The segments a rank expects from the previous one, by the head of their frame body.
+
+    A :class:`meshkit.wire.Placer`: for every segment it will take, the ring
+    computes the exact bytes that precede the segment's data in the body (its
+    round, layout check, chunk, phase and index, encoded as the sender
+    encodes them) and the place in the output that data belongs. A frame
+    whose head is one of those is received straight into that place; any
+    other (a stale round's, a layout that differs, an abort) is received as
+    usual and judged by the ring. Each head matches once.
+    """
+
+    def __init__(self) -> None:
+        self._by_head: dict[bytes, tuple[np.ndarray, dict[str, Any]]] = {}
+        #: body length -> head length (0 when two expected heads disagree).
+        self._head_sizes: dict[int, int] = {}
+
+    def expect(self, payload: dict[str, Any], target: np.ndarray) -> None:
+        encoded = encode_state(payload)
+        head = b"".join(bytes(piece) for piece in encoded.buffers[:-1])
+        if encoded.nbytes != len(head) + target.nbytes or encoded.flags:
+            return  # not laid out as head + data: let it arrive as usual
+        known = self._head_sizes.setdefault(encoded.nbytes, len(head))
+        if known != len(head):
+            self._head_sizes[encoded.nbytes] = 0
+        self._by_head[head] = (target, payload)
+
+    def head_size(self, tag: int, flags: int, nbytes: int) -> int:
+        return 0 if flags else self._head_sizes.get(nbytes, 0)
+
+    def place(self, head: bytes) -> tuple[np.ndarray, dict[str, Any]] | None:
+        return self._by_head.pop(head, None)
+
+
 #: Buffers of at least _SPARE_MIN bytes are kept for reuse, the last _SPARE_KEEP of them.
 _SPARE_MIN = 1 << 20
 _SPARE_KEEP = 4
@@ -310,7 +363,8 @@ class _Sender:
 def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check: int,
              round_: int, send: Send, take: Take, *, segment_bytes: int | None = None,
              interrupt: Callable[[BaseException], None] | None = None,
-             own: Own | None = None) -> None:
+             own: Own | None = None,
+             receive_into: Callable[[_Landing], Callable[[], None]] | None = None) -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
@@ -339,8 +393,7 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                      interrupt, f"meshkit-ring-r{me}")
 
     def post(c: int, step: int, k: int, x: np.ndarray) -> None:
-        sender.post({"r": round_, "check": check, "c": c, "phase": phase[step], "k": k,
-                     "x": x})
+        sender.post(_segment(round_, check, c, phase[step], k, x))
 
     def receive(c: int, step: int, k: int) -> np.ndarray:
         src, payload = take()
@@ -358,6 +411,27 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                 f"participants disagree on the ranks or the order of collectives")
         return payload["x"]
 
+    scratch: dict[int, np.ndarray] = {}
+
+    def spare(b: int, size: int) -> np.ndarray:
+        # Where a scaled share is computed before it is added to a landed segment.
+        have = scratch.get(b)
+        if have is None or have.size < size:
+            have = scratch[b] = np.empty(max(hi - lo for c in plan for bb, lo, hi in c
+                                             if bb == b), buffers[b].dtype)
+        return have[:size]
+
+    remove = None
+    if receive_into is not None:
+        landing = _Landing()
+        for step, c in enumerate(recv):
+            if phase[step] == "reduce" and own is None:
+                continue  # the buffers already hold this rank's share: nothing may land there
+            for k, (b, lo, hi) in enumerate(plan[c]):
+                target = buffers[b][lo:hi]
+                if target.nbytes >= _LAND_MIN:
+                    landing.expect(_segment(round_, check, c, phase[step], k, target), target)
+        remove = receive_into(landing)
     try:
         for k, (b, lo, hi) in enumerate(plan[i]):
             mine = buffers[b][lo:hi]
@@ -377,7 +451,14 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                         f"mesh_all_reduce round {round_}: rank {prv} sent {got.dtype}"
                         f"{list(got.shape)} for segment {k} of chunk {c}, rank {me} expected "
                         f"{target.dtype}{list(target.shape)}: the participants' layouts differ")
-                if not adding:
+                landed = got.size > 0 and got.ctypes.data == target.ctypes.data
+                if landed:
+                    if adding:  # only with ``own``: add our share where the segment landed
+                        assert own is not None
+                        out = spare(b, hi - lo)
+                        source = own(b, lo, hi, out)
+                        np.add(target, out if source is None else source, out=target)
+                elif not adding:
                     target[...] = got
                 elif own is not None:  # each chunk visits once in the reduce: add our share
                     source = own(b, lo, hi, target)
@@ -391,6 +472,9 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
     except BaseException:
         sender.stop()
         raise
+    finally:
+        if remove is not None:
+            remove()  # nothing more lands in these buffers
 
 
 class Collective:
@@ -507,9 +591,17 @@ class Collective:
                                 f"up: {payload['abort']}")
                 return message.src, payload
 
+        register = getattr(self._links, "receive_into", None)
+        receive_into = None
+        if register is not None:
+            previous = members[(members.index(me) - 1) % len(members)]
+
+            def receive_into(placer: _Landing) -> Callable[[], None]:
+                return register(previous, TAG_RING, placer)
+
         try:
             ring_sum(buffers, list(members), me, check, round_, send, take,
-                     interrupt=interrupt, own=own)
+                     interrupt=interrupt, own=own, receive_into=receive_into)
         except (MeshError, OSError) as exc:
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
             for rank in sorted(others):

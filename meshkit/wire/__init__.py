@@ -51,7 +51,11 @@ Public API
     a blocked ``recv``).
 ``Frame``
     ``kind``, ``tag``, ``sender``, ``seq``, ``state``, ``bf16``, ``nbytes``,
-    ``body`` (the raw buffer), ``flags``.
+    ``body`` (the raw buffer), ``flags``, ``placed``.
+``Placer``
+    What ``recv(place=...)`` takes: ``head_size(tag, flags, nbytes)`` and
+    ``place(head) -> (target, state) | None``, so a body the receiver
+    expects is read (decrypted, authenticated) straight into its buffer.
 ``Hello``
     What a peer announced in the handshake (authenticated once
     :func:`handshake` returns).
@@ -107,7 +111,7 @@ import no sibling):
 
 from __future__ import annotations
 
-from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel, Frame, RecvTimeout
+from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel, Frame, Placer, RecvTimeout
 from meshkit.wire._codec import (
     BODY_TAG_SIZE,
     DTYPE_CODES,
@@ -163,6 +167,7 @@ __all__ = [
     "DTYPE_CODES",
     "Hello",
     "Frame",
+    "Placer",
     "Channel",
     "RecvTimeout",
     "EncodedState",

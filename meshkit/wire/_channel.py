@@ -11,7 +11,11 @@ associated data (AES-GMAC). Receiving reads the header alone, checks its
 MAC, sequence number, flags and length *before* a body-sized buffer exists,
 then reads the body into that buffer, decrypting it in place (or feeding it
 to the tag) piece by piece while the bytes are still in cache, and checks
-the tag before anything is decoded. Stall timeouts and write deadlines are enforced here; any
+the tag before anything is decoded. A receiver that knows what the next
+frames must hold (the mesh all-reduce's ring) can hand :meth:`Channel.recv`
+a :class:`Placer`: a body that starts with one of the heads it expects is
+then read (and decrypted, or fed to the tag) straight into the buffer that
+head names, not into a receive buffer to be copied from. Stall timeouts and write deadlines are enforced here; any
 error but :class:`RecvTimeout` closes the channel, since the stream can no
 longer be trusted to be in sync. The layouts themselves are in ``_codec``.
 """
@@ -24,7 +28,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import attrs
 import numpy as np
@@ -173,6 +177,34 @@ def _body_tag(gcm: AESGCM, key: bytes, seq: int, header: bytes, body: list[memor
     return encryptor.tag
 
 
+class Placer(Protocol):
+    """Where the bodies of expected frames go: straight into the receiver's own buffers.
+
+    :meth:`Channel.recv` asks :meth:`head_size` once a frame's header is
+    authenticated and its length bounded; a nonzero answer ``h`` makes it
+    read the body's first ``h`` bytes (decrypted when encryption is on) and
+    pass them to :meth:`place`. Those bytes are **not yet authenticated**:
+    they only select, by exact equality with a head the receiver itself
+    computed, one of the receiver's own destinations; they never say where
+    bytes go. ``place`` returns ``(target, state)``: the rest of the body
+    (exactly ``target.nbytes`` bytes, else the frame is received as usual)
+    is read into ``target``, a writable C-contiguous array, and once the
+    tag is checked the frame's ``state`` is the given ``state`` (which
+    should refer to ``target``). None receives the frame as usual. A frame
+    whose tag fails is an :class:`AuthenticationError` as always, and
+    ``target`` then holds unauthenticated bytes: the caller must treat its
+    contents as lost (the channel is closed).
+    """
+
+    def head_size(self, tag: int, flags: int, nbytes: int) -> int:
+        """How many leading body bytes decide where the rest goes (0: receive as usual)."""
+        ...
+
+    def place(self, head: bytes) -> tuple[np.ndarray, dict[str, Any]] | None:
+        """The buffer for the rest of the body and the state it stands for, or None."""
+        ...
+
+
 class RecvTimeout(PeerLostError):
     """No frame started within the receive timeout; the channel is still usable."""
 
@@ -191,6 +223,9 @@ class Frame:
     #: The raw body (a numpy uint8 array the state's arrays are views of).
     body: Any = attrs.field(default=None, repr=False, eq=False)
     flags: int = 0
+    #: True when a :class:`Placer` took the body: ``state`` is the one it
+    #: gave, its data already in place; ``body`` is None (nothing to forward).
+    placed: bool = False
 
 
 _UNSET: Any = object()
@@ -479,14 +514,16 @@ class Channel:
 
     # -- receiving -------------------------------------------------------------------------
 
-    def recv(self, timeout: float | None = _UNSET) -> Frame:
+    def recv(self, timeout: float | None = _UNSET, *, place: Placer | None = None) -> Frame:
         """Receive the next frame.
 
         ``timeout`` bounds the wait for a frame to *start* (default: the
         channel's timeout; None waits until a frame arrives or the channel
         closes); expiry raises :class:`RecvTimeout` and leaves the channel
         usable. Once a frame has started, a stall longer than the channel's
-        timeout is a :class:`PeerLostError`.
+        timeout is a :class:`PeerLostError`. With ``place``, a body the
+        placer expects is received straight into its buffer (see
+        :class:`Placer`).
         """
         wait = self.timeout if timeout is _UNSET else timeout
         if wait is not None and wait == float("inf"):
@@ -514,7 +551,7 @@ class Channel:
                 if not self._read_poll.wait(wait):
                     raise RecvTimeout(f"no frame from {self.peer.describe()} within {wait} s")
             try:
-                return self._recv_frame(header, got)
+                return self._recv_frame(header, got, place)
             except BaseException:
                 self.close()
                 raise
@@ -555,7 +592,7 @@ class Channel:
         if feed is not None and fed < mac_end:
             feed(view[fed:mac_end])
 
-    def _recv_frame(self, header: bytearray, got: int) -> Frame:
+    def _recv_frame(self, header: bytearray, got: int, place: Placer | None = None) -> Frame:
         if got < HEADER_SIZE:  # usually the whole header came with the first read
             self._read_into(memoryview(header), "header", got=got)
         head = bytes(header[:_HEADER.size])
@@ -581,6 +618,10 @@ class Channel:
                 f"node's max_frame of {self.max_frame}; refused before reading it")
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
+        head_size = 0 if place is None else place.head_size(tag, flags, nbytes)
+        if 0 < head_size <= nbytes:
+            return self._recv_placed(bytes(header), kind, flags, tag, sender, seq, nbytes,
+                                     head_size, place)
         whole = _receive_buffer(nbytes + BODY_TAG_SIZE)
         body = whole[:nbytes]
         if self.encrypted:
@@ -606,6 +647,65 @@ class Channel:
         state = decode_state(body, flags=flags)
         return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=state,
                      bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=body, flags=flags)
+
+    def _recv_placed(self, header: bytes, kind: int, flags: int, tag: int, sender: int,
+                     seq: int, nbytes: int, head_size: int, place: Placer) -> Frame:
+        """Receive a body a :class:`Placer` may take: its head first, then the rest where it says.
+
+        The head is decrypted (or fed to the tag) like any body bytes and
+        only compared by the placer; the rest goes to the placer's buffer,
+        or, when the placer declines, after the head into a receive buffer
+        as usual. The tag is checked before the frame is returned either way.
+        """
+        context: Any = None
+        feed: Any = None
+        if self.encrypted:
+            context = _streaming_gcm(self._keys.recv_body, seq, header, decrypt=True)
+
+            def feed(piece: memoryview) -> None:
+                context.update_into(piece, piece)
+        elif self.mac_enabled:
+            context = _streaming_gmac(self._keys.recv_body, seq)
+            feed = context.authenticate_additional_data
+        head = np.empty(head_size, dtype=np.uint8)
+        self._read_into(memoryview(head), "body", feed, head_size)
+        chosen = place.place(head.tobytes())
+        body: np.ndarray | None = None
+        if chosen is not None and _byte_view(chosen[0]).nbytes == nbytes - head_size:
+            target, state = chosen
+            rest = _byte_view(target)
+        else:
+            chosen = None
+            body = _receive_buffer(nbytes)
+            body[:head_size] = head
+            rest = memoryview(body)[head_size:]
+        self._read_into(rest, "body", feed, rest.nbytes)
+        del rest
+        received = bytearray(BODY_TAG_SIZE)
+        self._read_into(memoryview(received), "body")
+        failed = False
+        if self.encrypted:
+            try:
+                context.finalize_with_tag(bytes(received))
+            except InvalidTag:
+                failed = True
+        elif self.mac_enabled:
+            context.update(header)
+            context.finalize()
+            failed = not hmac.compare_digest(context.tag, bytes(received))
+        if failed:
+            raise AuthenticationError(
+                f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
+                "authentication (forged or corrupted); connection dropped")
+        self._recv_seq = seq + 1
+        if chosen is None:
+            assert body is not None
+            return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
+                         state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
+                         nbytes=nbytes, body=body, flags=flags)
+        return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=dict(state),
+                     bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=None, flags=flags,
+                     placed=True)
 
     def _decrypt_into(self, whole: np.ndarray, header: bytes, seq: int, tag: int,
                       nbytes: int) -> None:

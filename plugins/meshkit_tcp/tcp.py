@@ -23,7 +23,10 @@ connection never takes the accept loop down: it is logged and counted in
 Each link has one reader thread that waits for a frame to start without a
 timeout (a worker may train for a long time between frames) and then reads
 it under the channel's stall timeout: a peer that stops mid-frame, sends
-garbage, or fails authentication is dropped and declared dead.
+garbage, or fails authentication is dropped and declared dead. A reader
+hands the channel the placers registered for its peer
+(:meth:`_TcpLinks.receive_into`: the mesh all-reduce's ring), so an expected
+segment's body lands straight in the ring's buffer.
 
 Host relays (``meshkit relay``, :mod:`meshkit_tcp.relay`): a star's
 coordinator also accepts a relay's connection (handshake role ``relay``),
@@ -193,6 +196,9 @@ class TcpGroup(Group):
         #: Body bytes this rank received and sent (benchmarks/scale.py reads them).
         self.bytes_in = 0
         self.bytes_out = 0
+        #: (peer, tag) -> the wire placers the kernel registered for that
+        #: peer's frames (receive_into); read by the peer's reader thread.
+        self._placers: dict[tuple[int, int], list[Any]] = {}
 
     @property
     def relays(self) -> dict[str, list[int]]:
@@ -358,9 +364,11 @@ class TcpGroup(Group):
         # original sender of relayed frames.
         trust_sender = self.is_star and not self.is_coordinator
         events = self._events
+        # Only a mesh link carries a frame from its peer to this rank alone.
+        place = None if self.is_star else _LinkPlacer(self._placers, rank)
         while True:
             try:
-                frame = channel.recv(timeout=None)
+                frame = channel.recv(timeout=None, place=place)
             except (PeerLostError, WireError) as exc:
                 if not events.closed:
                     events.lost(rank, str(exc))
@@ -825,6 +833,28 @@ class _RelayLink:
     reported: set[int] = attrs.Factory(set)
 
 
+class _LinkPlacer:
+    """A mesh link's :class:`meshkit.wire.Placer`: the first placer registered for the frame's tag that wants it."""
+
+    def __init__(self, placers: dict[tuple[int, int], list[Any]], peer: int) -> None:
+        self._placers = placers
+        self._peer = peer
+        self._chosen: Any = None
+
+    def head_size(self, tag: int, flags: int, nbytes: int) -> int:
+        self._chosen = None
+        for placer in tuple(self._placers.get((self._peer, tag), ())):
+            size = placer.head_size(tag, flags, nbytes)
+            if size:
+                self._chosen = placer
+                return size
+        return 0
+
+    def place(self, head: bytes) -> Any:
+        chosen, self._chosen = self._chosen, None
+        return None if chosen is None else chosen.place(head)
+
+
 class _TcpLinks(Links):
     """TcpGroup's side of the transport contract: what the kernel calls."""
 
@@ -855,6 +885,29 @@ class _TcpLinks(Links):
     def peer_key(self, peer: int) -> bytes | None:
         channel = self._group._channels.get(peer)
         return None if channel is None else channel.peer_key
+
+    def receive_into(self, peer: int, tag: int, placer: Any) -> Any:
+        """Have ``peer``'s frames under ``tag`` offered to ``placer`` (a :class:`meshkit.wire.Placer`).
+
+        A mesh link's reader then receives a body the placer expects
+        straight into the placer's buffer (the mesh all-reduce's ring
+        segments). Returns a function that unregisters the placer; a star
+        offers no frame to a placer (its links carry relayed frames).
+        """
+        placers = self._group._placers
+        key = (peer, tag)
+        with self._group._lock:
+            placers[key] = [*placers.get(key, ()), placer]
+
+        def remove() -> None:
+            with self._group._lock:
+                left = [p for p in placers.get(key, ()) if p is not placer]
+                if left:
+                    placers[key] = left
+                else:
+                    placers.pop(key, None)
+
+        return remove
 
     def close(self) -> None:
         self._group._shutdown()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 
+import attrs
 import numpy as np
 import pytest
 
 from meshkit import AggregationError, MeshError, PeerLostError
 from meshkit.node.config import NodeConfig
+from meshkit.transport import _collective
 from meshkit.transport._collective import pack, unpack
+from meshkit.transport.tags import TAG_RING
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
 from conftest import free_ports
@@ -18,10 +21,10 @@ SECRET = b"collective-test-secret"
 
 
 
-def tcp_mesh(world: int, timeout: float = 5.0) -> list[NodeConfig]:
+def tcp_mesh(world: int, timeout: float = 5.0, **settings) -> list[NodeConfig]:
     peers = [f"127.0.0.1:{p}" for p in free_ports(world)]
     return [NodeConfig(rank=r, world=world, peers=peers, topology="mesh", secret=SECRET,
-                       timeout=timeout) for r in range(world)]
+                       timeout=timeout, **settings) for r in range(world)]
 
 
 def contribution(rank: int) -> dict:
@@ -143,3 +146,138 @@ def test_a_star_has_no_direct_links_and_is_refused() -> None:
     assert sorted(ranks.errors) == [0, 1], ranks.errors
     assert all(isinstance(e, MeshError) and "star" in str(e)
                for e in ranks.errors.values()), ranks.errors
+
+
+# -- segments received straight into place (tcp mesh) ---------------------------------
+
+def big_contribution(rank: int) -> dict:
+    # Odd sizes: chunks and segments of unequal, unaligned lengths, all above _LAND_MIN.
+    rng = np.random.default_rng(10 + rank)
+    return {"w": rng.standard_normal(250_007).astype(np.float32),
+            "b": rng.standard_normal(30_011)}  # float64: a buffer of its own
+
+
+@pytest.fixture
+def landings(monkeypatch):
+    """Small segments (100003 bytes, so several per chunk) and a record of those that landed."""
+    monkeypatch.setattr(_collective, "SEGMENT_BYTES", 100_003)
+    hits: list[tuple[str, int]] = []
+    real = _collective._Landing.place
+
+    def place(self, head):
+        got = real(self, head)
+        if got is not None:
+            hits.append((got[1]["phase"], got[0].size))
+        return got
+
+    monkeypatch.setattr(_collective._Landing, "place", place)
+    return hits
+
+
+@pytest.mark.parametrize("encrypt", [False, True], ids=["auth", "encrypted"])
+def test_segments_of_odd_sizes_land_in_place_and_give_the_weighted_mean(landings, encrypt):
+    world = 3
+    weights = [1.0, 2.5, 1.0]  # both ways to add a share: the state itself, and scaled
+    registered = threading.Barrier(world)
+
+    def body(group):
+        # A segment that arrives before its rank has named it is received as
+        # usual (and copied): every rank names its segments before any sends.
+        register = group._links.receive_into
+
+        def receive_into(peer, tag, placer):
+            remove = register(peer, tag, placer)
+            registered.wait(5)
+            return remove
+
+        group._links.receive_into = receive_into
+        return group.mesh_all_reduce(big_contribution(group.rank), weight=weights[group.rank])
+
+    results = run_ranks(tcp_mesh(world, encrypt=encrypt), body).join()
+    states = [big_contribution(r) for r in range(world)]
+    for key in states[0]:
+        want = sum(w * s[key].astype(np.float64) for s, w in zip(states, weights)) / sum(weights)
+        for rank in range(world):
+            np.testing.assert_allclose(results[rank][key], want, rtol=1e-5, atol=1e-6)
+            assert results[rank][key].tobytes() == results[0][key].tobytes()
+    # Every segment landed, in both phases, on every rank: each rank takes n - 1
+    # chunks in the reduce-scatter and n - 1 in the all-gather.
+    buffers = [np.empty(250_008, np.float32), np.empty(30_011)]  # the weight's slot in the first
+    plan = _collective.segments(buffers, world, 100_003)
+    assert all((hi - lo) * buffers[b].itemsize >= _collective._LAND_MIN
+               for chunk in plan for b, lo, hi in chunk)
+    assert len(landings) == 2 * (world - 1) * sum(len(chunk) for chunk in plan), landings
+    assert {phase for phase, _ in landings} == {"reduce", "gather"}
+
+
+def tamper_first_segment(group, dst: int, how) -> list[int]:
+    """Make ``group``'s first ring segment to ``dst`` travel altered by ``how``; returns a log."""
+    done: list[int] = []
+    real = group._transmit
+
+    def transmit(peer, message, timeout):
+        x = message.payload.get("x") if message.tag == TAG_RING else None
+        if peer == dst and x is not None and x.size > 1000 and not done:
+            done.append(message.payload["k"])
+            return how(real, peer, message, timeout)
+        return real(peer, message, timeout)
+
+    group._transmit = transmit
+    return done
+
+
+def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
+    configs = tcp_mesh(3, timeout=5.0, encrypt=False)
+
+    def corrupt(real, peer, message, timeout):
+        # Flip a bit of the body after its tag is computed: what a network attacker can do.
+        channel = real.__self__._channels[peer]
+        send_all = channel._send_all
+
+        def flipped(view, deadline=None):
+            if view.nbytes > 10_000 and not hasattr(flipped, "once"):
+                flipped.once = True
+                view = memoryview(bytearray(view))
+                view[view.nbytes // 2] ^= 0x10
+            return send_all(view, deadline)
+
+        channel._send_all = flipped
+        try:
+            return real(peer, message, timeout)
+        finally:
+            del channel._send_all
+
+    def body(group):
+        if group.rank == 1:
+            tamper_first_segment(group, 2, corrupt)
+        return group.mesh_all_reduce(big_contribution(group.rank), timeout=5)
+
+    ranks = run_ranks(configs, body)
+    ranks.join(30, raise_errors=False)
+    # Nobody returns a mean: the segment landed, failed its tag, and the collective failed.
+    assert sorted(ranks.errors) == [0, 1, 2], ranks.errors
+    for error in ranks.errors.values():
+        assert isinstance(error, MeshError), error
+    assert "failed authentication" in str(ranks.errors[2]), ranks.errors[2]
+
+
+def test_a_segment_of_the_wrong_length_is_refused_naming_the_peer(landings):
+    configs = tcp_mesh(3, timeout=5.0, encrypt=False)
+
+    def shorten(real, peer, message, timeout):
+        payload = dict(message.payload)
+        payload["x"] = payload["x"][:-1]
+        return real(peer, attrs.evolve(message, payload=payload), timeout)
+
+    def body(group):
+        if group.rank == 1:
+            tamper_first_segment(group, 2, shorten)
+        return group.mesh_all_reduce(big_contribution(group.rank), timeout=5)
+
+    ranks = run_ranks(configs, body)
+    ranks.join(30, raise_errors=False)
+    assert sorted(ranks.errors) == [0, 1, 2], ranks.errors
+    assert isinstance(ranks.errors[2], AggregationError), ranks.errors
+    assert "rank 1 sent float32" in str(ranks.errors[2]), ranks.errors[2]
+    for error in ranks.errors.values():
+        assert isinstance(error, AggregationError), error
