@@ -364,7 +364,8 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
              round_: int, send: Send, take: Take, *, segment_bytes: int | None = None,
              interrupt: Callable[[BaseException], None] | None = None,
              own: Own | None = None,
-             receive_into: Callable[[_Landing], Callable[[], None]] | None = None) -> None:
+             receive_into: Callable[[_Landing], Callable[[], None] | None] | None = None,
+             ) -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
@@ -591,13 +592,10 @@ class Collective:
                                 f"up: {payload['abort']}")
                 return message.src, payload
 
-        register = getattr(self._links, "receive_into", None)
-        receive_into = None
-        if register is not None:
-            previous = members[(members.index(me) - 1) % len(members)]
+        previous = members[(members.index(me) - 1) % len(members)]
 
-            def receive_into(placer: _Landing) -> Callable[[], None]:
-                return register(previous, TAG_RING, placer)
+        def receive_into(placer: _Landing) -> Callable[[], None] | None:
+            return self._links.receive_into(previous, TAG_RING, placer)
 
         try:
             ring_sum(buffers, list(members), me, check, round_, send, take,

@@ -208,6 +208,20 @@ class Links(abc.ABC):
         """
         return None
 
+    def receive_into(self, peer: int, tag: int, placer: Any) -> Any:
+        """Optional: offer ``peer``'s frames under ``tag`` to ``placer`` (a ``meshkit.wire.Placer``).
+
+        A transport whose links read wire frames can then receive a body the
+        placer expects straight into the placer's buffer (the mesh
+        all-reduce's ring segments land in place this way). Return a
+        function that unregisters the placer, or None (the default), having
+        registered nothing: frames then arrive as usual and the ring copies.
+
+        Raises:
+            Nothing.
+        """
+        return None
+
     def all_reduce_sum(self, buffers: Any, ranks: list[int], check: int,
                        timeout: float) -> bool:
         """Optional: sum ``buffers`` in place over ``ranks`` with the transport's own collective.
