@@ -305,20 +305,31 @@ def wire_relay_main(listen_port: int, next_port: int) -> None:
     down_sock = socket.create_connection(("127.0.0.1", next_port))
     print("ready", flush=True)
     up_sock, _ = listener.accept()
+    _chain_hop(up_sock, (1, down_sock, 2), forward=False)
+
+
+def _chain_hop(up_sock: socket.socket, down: tuple[int, socket.socket, int], *,
+               forward: bool) -> None:
+    """Handshake both links of a hop (``down`` = up rank, down socket, down rank), then pass
+    every frame on: decoded and sent again (a node's work), or forwarded (the star's relay)."""
+    up_rank, down_sock, down_rank = down
     shaken: dict[str, object] = {}
     thread = threading.Thread(target=lambda: shaken.setdefault("down", _chain_channel(
-        down_sock, 2)))
+        down_sock, down_rank)))
     thread.start()
-    up = _chain_channel(up_sock, 1)
+    up = _chain_channel(up_sock, up_rank)
     thread.join()
-    down = shaken["down"]
+    out = shaken["down"]
     while True:
         try:
             frame = up.recv(timeout=None)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 (the chain is being taken down)
             break
-        down.send(frame.kind, frame.tag, frame.state)  # type: ignore[attr-defined]
-    down.close()  # type: ignore[attr-defined]
+        if forward:
+            out.forward(frame)  # type: ignore[attr-defined]
+        else:
+            out.send(frame.kind, frame.tag, frame.state)  # type: ignore[attr-defined]
+    out.close()  # type: ignore[attr-defined]
 
 
 def _wire_forwarder(listen: socket.socket, next_port: int) -> threading.Thread:
@@ -327,20 +338,7 @@ def _wire_forwarder(listen: socket.socket, next_port: int) -> threading.Thread:
     def run() -> None:
         up_sock, _ = listen.accept()
         down_sock = socket.create_connection(("127.0.0.1", next_port))
-        shaken: dict[str, object] = {}
-        other = threading.Thread(target=lambda: shaken.setdefault("down", _chain_channel(
-            down_sock, 4)))
-        other.start()
-        up = _chain_channel(up_sock, 3)
-        other.join()
-        down = shaken["down"]
-        while True:
-            try:
-                frame = up.recv(timeout=None)  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001
-                break
-            down.forward(frame)  # type: ignore[attr-defined]
-        down.close()  # type: ignore[attr-defined]
+        _chain_hop(up_sock, (3, down_sock, 4), forward=True)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
