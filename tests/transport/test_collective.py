@@ -226,9 +226,21 @@ def tamper_first_segment(group, dst: int, how) -> list[int]:
     return done
 
 
-def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
+def errors_with_first_segment_altered(how) -> dict[int, BaseException]:
+    """Every rank's error from a world-3 all-reduce whose rank 1 alters its first segment to 2."""
     configs = tcp_mesh(3, timeout=5.0, encrypt=False)
 
+    def body(group):
+        if group.rank == 1:
+            tamper_first_segment(group, 2, how)
+        return group.mesh_all_reduce(big_contribution(group.rank), timeout=5)
+
+    ranks = run_ranks(configs, body)
+    ranks.join(30, raise_errors=False)
+    return ranks.errors
+
+
+def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
     def corrupt(real, peer, message, timeout):
         # Flip a bit of the body after its tag is computed: what a network attacker can do.
         channel = real.__self__._channels[peer]
@@ -247,37 +259,23 @@ def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
         finally:
             del channel._send_all
 
-    def body(group):
-        if group.rank == 1:
-            tamper_first_segment(group, 2, corrupt)
-        return group.mesh_all_reduce(big_contribution(group.rank), timeout=5)
-
-    ranks = run_ranks(configs, body)
-    ranks.join(30, raise_errors=False)
+    errors = errors_with_first_segment_altered(corrupt)
     # Nobody returns a mean: the segment landed, failed its tag, and the collective failed.
-    assert sorted(ranks.errors) == [0, 1, 2], ranks.errors
-    for error in ranks.errors.values():
+    assert sorted(errors) == [0, 1, 2], errors
+    for error in errors.values():
         assert isinstance(error, MeshError), error
-    assert "failed authentication" in str(ranks.errors[2]), ranks.errors[2]
+    assert "failed authentication" in str(errors[2]), errors[2]
 
 
 def test_a_segment_of_the_wrong_length_is_refused_naming_the_peer(landings):
-    configs = tcp_mesh(3, timeout=5.0, encrypt=False)
-
     def shorten(real, peer, message, timeout):
         payload = dict(message.payload)
         payload["x"] = payload["x"][:-1]
         return real(peer, attrs.evolve(message, payload=payload), timeout)
 
-    def body(group):
-        if group.rank == 1:
-            tamper_first_segment(group, 2, shorten)
-        return group.mesh_all_reduce(big_contribution(group.rank), timeout=5)
-
-    ranks = run_ranks(configs, body)
-    ranks.join(30, raise_errors=False)
-    assert sorted(ranks.errors) == [0, 1, 2], ranks.errors
-    assert isinstance(ranks.errors[2], AggregationError), ranks.errors
-    assert "rank 1 sent float32" in str(ranks.errors[2]), ranks.errors[2]
-    for error in ranks.errors.values():
+    errors = errors_with_first_segment_altered(shorten)
+    assert sorted(errors) == [0, 1, 2], errors
+    assert isinstance(errors[2], AggregationError), errors
+    assert "rank 1 sent float32" in str(errors[2]), errors[2]
+    for error in errors.values():
         assert isinstance(error, AggregationError), error
