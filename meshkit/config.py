@@ -298,7 +298,9 @@ class Plan:
             f"run: task={cfg.run.task} seed={cfg.run.seed} out={cfg.run.out}",
             f"mesh: transport={cfg.mesh.transport} topology={cfg.mesh.topology} "
             f"launch={cfg.mesh.launch} workers={cfg.mesh.workers} "
-            f"(world {world or cfg.mesh.workers + 1}) bind={cfg.mesh.bind}",
+            f"(world {world or cfg.mesh.workers + 1}) bind={cfg.mesh.bind}"
+            + ((" peers=" + (",".join(cfg.mesh.peers) or "free loopback ports at start"))
+               if cfg.mesh.topology == "mesh" else ""),
         ]
         for selection in cfg.selections():
             component = self.components[selection.kind]

@@ -81,3 +81,13 @@ def test_a_local_mesh_gets_distinct_loopback_ports_and_the_coordinator_listens_a
     assert all(int(p.rsplit(":", 1)[1]) > 0 for p in peers)
     assert mesh_bind("127.0.0.1:0", peers) == peers[0]
     assert mesh_bind("0.0.0.0:29500", ("host0:29500", "host1:29500")) == "0.0.0.0:29500"
+
+
+def test_check_shows_a_meshs_peers():
+    from meshkit import plugins
+    from meshkit.config import resolve
+
+    given = resolve(_mesh(peers=["h0:1", "h1:2", "h2:3"]), plugins.default()).describe()
+    assert "topology=mesh" in given[2] and given[2].endswith("peers=h0:1,h1:2,h2:3")
+    picked = resolve(_mesh(), plugins.default()).describe()
+    assert picked[2].endswith("peers=free loopback ports at start")
