@@ -14,11 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
 import pytest
+
+from conftest import external_config, write_secret_file
 
 pytestmark = pytest.mark.slow
 
@@ -30,34 +31,13 @@ def _env() -> dict[str, str]:
 
 
 def _secret(tmp_path: Path) -> Path:
-    path = tmp_path / "secret"
-    path.write_bytes(SECRET)
-    path.chmod(0o600)
-    return path
+    return write_secret_file(tmp_path / "secret", SECRET)
 
 
 def _config(tmp_path: Path, *, bind: str, discovery: bool) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(textwrap.dedent(f"""
-        [run]
-        task = "digits"
-        out = "{tmp_path / 'out'}"
-
-        [mesh]
-        launch = "external"
-        workers = 2
-        bind = "{bind}"
-        secret_file = "{_secret(tmp_path)}"
-        timeout = 20
-        join_timeout = 60
-        discovery = {"true" if discovery else "false"}
-        discovery_port = 0
-
-        [strategy]
-        name = "federated"
-        rounds = 1
-    """))
-    return path
+    return external_config(tmp_path, workers=2, rounds=1, secret=SECRET, bind=bind,
+                           mesh=f"discovery = {'true' if discovery else 'false'}\n"
+                                "discovery_port = 0")
 
 
 class Lines:

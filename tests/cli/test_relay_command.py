@@ -67,8 +67,7 @@ def test_the_relay_announces_where_its_ranks_dial_and_ends_with_the_coordinator(
 
 
 def test_relays_beyond_the_workers_or_with_an_external_launch_are_refused(tmp_path):
-    path = write_config(tmp_path / "c.toml", tmp_path / "out", workers=2)
-    path.write_text(path.read_text().replace("workers = 2", "workers = 2\nrelays = 3"))
+    path = write_config(tmp_path / "c.toml", tmp_path / "out", workers=2, mesh="relays = 3")
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 2 and "relays = 3, but there are 2 workers" in result.output
     path.write_text(path.read_text().replace("relays = 3", "relays = 1").replace(

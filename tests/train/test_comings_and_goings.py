@@ -81,11 +81,10 @@ def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again
             restarted[0].joined()  # connected: taken back before round 3
 
     out = tmp_path / "out"
-    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=4, timeout=20,
-                          extra="clients = 2")
     # With a relay, the restarted node dials the relay again (its --peers), and
     # the relay takes it in and tells the coordinator.
-    config.write_text(config.read_text().replace("workers = 2", f"workers = 2\nrelays = {relays}"))
+    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=4, timeout=20,
+                          extra="clients = 2", mesh=f"relays = {relays}")
     try:
         report = Runner(str(config), on_workers=procs.update, on_round=on_round).run()
         status = restarted[0].wait()

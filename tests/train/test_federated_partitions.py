@@ -84,11 +84,15 @@ def test_rounds_record_each_clients_examples_from_the_partitioner():
                                                         for c, p in enumerate(parts)}
 
 
-def test_with_local_data_each_client_is_served_by_its_own_node_only():
-    trainers = {1: Trainer(OwnRows(0, 4)), 2: Trainer(OwnRows(100, 6))}
+def _local_nodes(*tasks: object) -> tuple[dict[int, object], object]:
+    """Ranks 1.. each training on its own task's rows, under the ``local`` partitioner."""
     partitioner = _partitioner("local")
-    for t in trainers.values():
-        t.partitioner = partitioner
+    return ({r: Trainer(task, partitioner=partitioner) for r, task in enumerate(tasks, 1)},
+            partitioner)
+
+
+def test_with_local_data_each_client_is_served_by_its_own_node_only():
+    trainers, partitioner = _local_nodes(OwnRows(0, 4), OwnRows(100, 6))
     reports = []
     ctx = _ctx(trainers, partitioner=partitioner,
                on_round=lambda report, state: reports.append(report))
@@ -100,10 +104,7 @@ def test_with_local_data_each_client_is_served_by_its_own_node_only():
 
 
 def test_a_lost_node_with_local_data_leaves_its_client_unserved():
-    trainers = {1: Trainer(OwnRows(0, 4)), 2: Trainer(OwnRows(100, 6))}
-    partitioner = _partitioner("local")
-    for t in trainers.values():
-        t.partitioner = partitioner
+    trainers, partitioner = _local_nodes(OwnRows(0, 4), OwnRows(100, 6))
     reports = []
 
     def fail(rank, request):
@@ -118,10 +119,8 @@ def test_a_lost_node_with_local_data_leaves_its_client_unserved():
 
 
 def test_clients_evaluate_on_their_own_held_out_data():
-    trainers = {1: Trainer(OwnRows(0, 4, held_out=2)), 2: Trainer(OwnRows(100, 6, held_out=3))}
-    partitioner = _partitioner("local")
-    for t in trainers.values():
-        t.partitioner = partitioner
+    trainers, partitioner = _local_nodes(OwnRows(0, 4, held_out=2),
+                                         OwnRows(100, 6, held_out=3))
     reports = []
     ctx = _ctx(trainers, partitioner=partitioner,
                on_round=lambda report, state: reports.append(report))

@@ -10,17 +10,15 @@ CSV's rows.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from meshkit.train import Runner, read_metrics
+from meshkit.train import read_metrics
+
+from conftest import external_config, run_with_nodes, spawn_node
 
 pytestmark = pytest.mark.slow
 
@@ -30,56 +28,13 @@ def _write_csv(path: Path, rows: np.ndarray, x: np.ndarray, y: np.ndarray) -> No
     np.savetxt(path, table, delimiter=",", fmt="%g")
 
 
-def _node(rank: int, peers: str, secret: Path, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "meshkit", "node", "--rank", str(rank), "--world", "3",
-         "--peers", peers, "--secret-file", str(secret), "--timeout", "20", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+SECRET = b"node-local-data-secret-0123456789"
 
 
-def _run_with_nodes(config: Path, secret: Path, node_flags: dict[int, list[str]]) -> None:
-    """Run ``config`` in this process while ``meshkit node`` processes serve it."""
-    listening: list[str] = []
-    ready = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def progress(event: Any) -> None:
-        if event.kind == "listening":
-            listening.append(event.message.split()[3])
-            ready.set()
-
-    def drive() -> None:
-        try:
-            outcome["report"] = Runner(str(config), progress=progress).run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            outcome["error"] = exc
-        ready.set()
-
-    coordinator = threading.Thread(target=drive, daemon=True)
-    coordinator.start()
-    assert ready.wait(60), "the coordinator never started listening"
-    assert listening, outcome.get("error")
-    procs = [_node(rank, listening[0], secret, *flags) for rank, flags in node_flags.items()]
-    try:
-        coordinator.join(120)
-        assert not coordinator.is_alive(), "the run did not finish"
-        for proc in procs:
-            _, err = proc.communicate(timeout=60)
-            assert proc.returncode == 0, err
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    if "error" in outcome:
-        raise outcome["error"]
-
-
-def _secret(tmp_path: Path) -> Path:
-    secret = tmp_path / "secret"
-    secret.write_text("node-local-data-secret-0123456789")
-    secret.chmod(0o600)
-    return secret
+def _nodes(node_flags: dict[int, list[str]], secret: Path) -> Any:
+    """``start_nodes`` for :func:`run_with_nodes`: one node per rank, with its flags."""
+    return lambda address: [spawn_node(rank, 3, address, secret, *flags)
+                            for rank, flags in node_flags.items()]
 
 
 def test_each_node_trains_and_evaluates_on_its_own_csv(tmp_path):
@@ -98,35 +53,19 @@ def test_each_node_trains_and_evaluates_on_its_own_csv(tmp_path):
         _write_csv(test, order[start + n_train:start + n_train + n_test], x, y)
         start += n_train + n_test
         files[rank] = (train, test)
-    secret = _secret(tmp_path)
-    config = tmp_path / "run.toml"
-    config.write_text(f"""
-[run]
-task = "digits"
-out = "{tmp_path / 'out'}"
+    config = external_config(tmp_path, workers=2, rounds=2, secret=SECRET, extra=f"""
+        evaluate = "clients"
 
-[mesh]
-launch = "external"
-workers = 2
-secret_file = "{secret}"
-timeout = 20
-join_timeout = 60
+        [partitioner]
+        name = "local"
 
-[strategy]
-name = "federated"
-rounds = 2
-evaluate = "clients"
-
-[partitioner]
-name = "local"
-
-[task]
-train_csv = "{tmp_path / 'nowhere' / 'train.csv'}"
-test_csv = "{tmp_path / 'nowhere' / 'test.csv'}"
-""")
-    _run_with_nodes(config, secret, {
+        [task]
+        train_csv = "{tmp_path / 'nowhere' / 'train.csv'}"
+        test_csv = "{tmp_path / 'nowhere' / 'test.csv'}"
+    """)
+    run_with_nodes(config, _nodes({
         rank: ["--task-option", f"train_csv={train}", "--task-option", f"test_csv={test}"]
-        for rank, (train, test) in files.items()})
+        for rank, (train, test) in files.items()}, tmp_path / "secret"), timeout=120)
     lines = read_metrics(tmp_path / "out")
     assert [line["round"] for line in lines] == [1, 2]
     for line in lines:
@@ -143,29 +82,15 @@ test_csv = "{tmp_path / 'nowhere' / 'test.csv'}"
 
 def test_a_node_without_storage_is_sent_the_training_set(tmp_path):
     # Its own train_csv points nowhere: had it read its own data, its fit would fail.
-    secret = _secret(tmp_path)
-    config = tmp_path / "run.toml"
-    config.write_text(f"""
-[run]
-task = "digits"
-out = "{tmp_path / 'out'}"
+    config = external_config(tmp_path, workers=2, rounds=1, secret=SECRET, extra="""
+        clients = 4
 
-[mesh]
-launch = "external"
-workers = 2
-secret_file = "{secret}"
-timeout = 20
-
-[strategy]
-name = "federated"
-rounds = 1
-clients = 4
-
-[partitioner]
-name = "iid"
-""")
-    _run_with_nodes(config, secret, {
-        1: [], 2: ["--pull-data", "--task-option", f"train_csv={tmp_path / 'none.csv'}"]})
+        [partitioner]
+        name = "iid"
+    """)
+    run_with_nodes(config, _nodes({
+        1: [], 2: ["--pull-data", "--task-option", f"train_csv={tmp_path / 'none.csv'}"]},
+        tmp_path / "secret"), timeout=120)
     (line,) = read_metrics(tmp_path / "out")
     # A worker always serves the first client planned for it (only later ones
     # may move to a faster worker), so rank 2 trained on what it was sent.

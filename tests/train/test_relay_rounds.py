@@ -22,9 +22,8 @@ def relay_config(tmp_path, name: str, *, relays: int, strategy: str = "federated
     extra = "clients = 6\nmin_clients = 4\n" if strategy == "federated" else ""
     path = write_config(tmp_path / f"{name}.toml", out, workers=4, rounds=rounds,
                         task="synthetic", strategy=strategy, timeout=20.0,
-                        extra=extra + "[task]\nparams = 4096\nrows = 1024")
-    # [mesh] is the table write_config opens with the launch; relays go there.
-    path.write_text(path.read_text().replace("workers = 4", f"workers = 4\nrelays = {relays}"))
+                        extra=extra + "[task]\nparams = 4096\nrows = 1024",
+                        mesh=f"relays = {relays}")
     return path, out
 
 

@@ -18,11 +18,9 @@ from conftest import write_config
 
 
 def dp_config(tmp_path: Path, topology: str) -> Path:
-    path = write_config(tmp_path / f"{topology}.toml", tmp_path / topology, workers=3,
-                        rounds=2, strategy="data-parallel", timeout=20.0, extra="steps = 3")
-    path.write_text(path.read_text().replace(
-        "workers = 3", f"workers = 3\ntopology = \"{topology}\""))
-    return path
+    return write_config(tmp_path / f"{topology}.toml", tmp_path / topology, workers=3,
+                        rounds=2, strategy="data-parallel", timeout=20.0, extra="steps = 3",
+                        mesh=f'topology = "{topology}"')
 
 
 def test_data_parallel_on_a_local_mesh_reduces_among_the_replicas_to_the_stars_model(

@@ -9,11 +9,8 @@ values and key names, which proves the search can find them.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from meshkit.train import Runner
+from conftest import external_config, run_with_nodes, spawn_node
 
 pytestmark = pytest.mark.slow
 
@@ -89,99 +86,28 @@ class Proxy:
             return bytes(self.data)
 
 
-def write_secret(path: Path) -> Path:
-    path.write_bytes(SECRET + b"\n")
-    path.chmod(0o600)
-    return path
-
-
-def external_config(tmp_path: Path, *, workers: int, rounds: int, extra: str = "") -> Path:
-    secret = write_secret(tmp_path / "secret")
-    path = tmp_path / "run.toml"
-    path.write_text(textwrap.dedent(f"""
-        [run]
-        task = "digits"
-        seed = 3
-        out = "{tmp_path / 'out'}"
-
-        [mesh]
-        launch = "external"
-        workers = {workers}
-        bind = "127.0.0.1:0"
-        secret_file = "{secret}"
-        timeout = 20
-        join_timeout = 60
-        {extra}
-
-        [strategy]
-        name = "federated"
-        rounds = {rounds}
-    """))
-    return path
-
-
-def node(rank: int, world: int, peers: str, secret: Path, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "meshkit", "node", "--rank", str(rank), "--world", str(world),
-         "--peers", peers, "--secret-file", str(secret), "--timeout", "20", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate(timeout=10)
-
-
 def captured_run(tmp_path: Path, encrypt: bool) -> tuple[bytes, list[dict[str, np.ndarray]]]:
     """Every byte of a 2-round, 2-worker run, and the global state after each round."""
-    config = external_config(tmp_path, workers=2, rounds=2,
-                             extra="" if encrypt else "encrypt = false")
+    config = external_config(tmp_path, workers=2, rounds=2, secret=SECRET,
+                             mesh="" if encrypt else "encrypt = false")
     states: list[dict[str, np.ndarray]] = []
-    listening: list[str] = []
-    ready = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def progress(event: Any) -> None:
-        if event.kind == "listening":
-            listening.append(event.message.split()[3])
-            ready.set()
+    proxies: list[Proxy] = []
 
     def on_round(report: Any, state: Any) -> None:
         states.append({k: np.array(v) for k, v in state.items() if isinstance(v, np.ndarray)})
 
-    def drive() -> None:
-        try:
-            outcome["report"] = Runner(str(config), progress=progress, on_round=on_round).run()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome["error"] = exc
-        ready.set()
+    def start_nodes(address: str) -> list[subprocess.Popen]:
+        proxies.append(Proxy(address))
+        flags = [] if encrypt else ["--no-encrypt"]
+        return [spawn_node(r, 3, proxies[0].address, tmp_path / "secret", *flags)
+                for r in (1, 2)]
 
-    coordinator = threading.Thread(target=drive, daemon=True)
-    coordinator.start()
-    assert ready.wait(60), "the coordinator never started listening"
-    assert listening, outcome.get("error")
-    proxy = Proxy(listening[0])
-    flags = [] if encrypt else ["--no-encrypt"]
-    procs = [node(r, 3, proxy.address, tmp_path / "secret", *flags) for r in (1, 2)]
     try:
-        coordinator.join(180)
-        assert not coordinator.is_alive(), "the run did not finish"
-        for proc in procs:
-            out, err = finish(proc)
-            assert proc.returncode == 0, err
+        report = run_with_nodes(config, start_nodes, on_round=on_round)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    capture = proxy.close()
-    if "error" in outcome:
-        raise outcome["error"]
-    assert outcome["report"].rounds_completed == 2
-    assert proxy.connections == 2
+        capture = proxies[0].close() if proxies else b""
+    assert report.rounds_completed == 2
+    assert proxies[0].connections == 2
     return capture, states
 
 

@@ -17,7 +17,9 @@ import pytest
 
 from meshkit import wire
 
-from test_capture import external_config, finish, node
+from conftest import external_config, finish, spawn_node
+
+SECRET = b"node-identity-test-secret-0123456"
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +35,8 @@ def test_unknown_revoked_and_misbound_keys_are_refused_and_the_authorized_finish
         "revoked " + wire.public_key_text(keys["gone"]) + " lost laptop",
         wire.public_key_text(keys["bound"]) + " rank=2",
     ]) + "\n")
-    config = external_config(tmp_path, workers=2, rounds=2,
-                             extra=f'authorized_nodes = "{tmp_path / "authorized"}"')
+    config = external_config(tmp_path, workers=2, rounds=2, secret=SECRET,
+                             mesh=f'authorized_nodes = "{tmp_path / "authorized"}"')
     env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
     coordinator = subprocess.Popen([sys.executable, "-m", "meshkit", "coordinator", str(config)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -53,15 +55,15 @@ def test_unknown_revoked_and_misbound_keys_are_refused_and_the_authorized_finish
         }
         for name, reason in refusals.items():
             flags = ["--key", str(tmp_path / name)] if name else []
-            proc = node(1, 3, address, secret, *flags)
+            proc = spawn_node(1, 3, address, secret, *flags)
             out, err = finish(proc, 60)
             assert proc.returncode == 2, err
             assert "refused rank 1" in err and reason in err, err
             assert "Traceback" not in err
             if name == "bound":
                 assert "claims rank 1" in err
-        good = [node(1, 3, address, secret, "--key", str(tmp_path / "one")),
-                node(2, 3, address, secret, "--key", str(tmp_path / "two"))]
+        good = [spawn_node(1, 3, address, secret, "--key", str(tmp_path / "one")),
+                spawn_node(2, 3, address, secret, "--key", str(tmp_path / "two"))]
         out, err = finish(coordinator, 180)
         assert coordinator.returncode == 0, err
         assert "done: federated, 2 round(s)" in out
@@ -87,8 +89,8 @@ def test_a_tag_bound_to_another_key_is_refused_at_caps_and_the_run_goes_on(tmp_p
     (tmp_path / "authorized").write_text(
         wire.public_key_text(keys["one"]) + f" tag={host}\n"
         + wire.public_key_text(keys["two"]) + "\n")
-    config = external_config(tmp_path, workers=2, rounds=1,
-                             extra=f'authorized_nodes = "{tmp_path / "authorized"}"')
+    config = external_config(tmp_path, workers=2, rounds=1, secret=SECRET,
+                             mesh=f'authorized_nodes = "{tmp_path / "authorized"}"')
     env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
     coordinator = subprocess.Popen([sys.executable, "-m", "meshkit", "coordinator", str(config)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -99,8 +101,8 @@ def test_a_tag_bound_to_another_key_is_refused_at_caps_and_the_run_goes_on(tmp_p
         assert first.startswith("coordinator listening on "), first
         address = first.split()[3]
         secret = tmp_path / "secret"
-        procs = [node(1, 3, address, secret, "--key", str(tmp_path / "one")),
-                 node(2, 3, address, secret, "--key", str(tmp_path / "two"))]
+        procs = [spawn_node(1, 3, address, secret, "--key", str(tmp_path / "one")),
+                 spawn_node(2, 3, address, secret, "--key", str(tmp_path / "two"))]
         _, err = finish(procs[1], 60)
         assert procs[1].returncode == 2, err
         assert f"refused by the coordinator: rank 2 (node key {wire.fingerprint(keys['two'])})" \
@@ -124,8 +126,8 @@ def test_a_local_launch_with_authorized_nodes_is_refused_before_it_spawns(tmp_pa
 
     wire.generate_node_key(tmp_path / "k")
     (tmp_path / "authorized").write_text((tmp_path / "k.pub").read_text())
-    config = external_config(tmp_path, workers=1, rounds=1,
-                             extra=f'authorized_nodes = "{tmp_path / "authorized"}"')
+    config = external_config(tmp_path, workers=1, rounds=1, secret=SECRET,
+                             mesh=f'authorized_nodes = "{tmp_path / "authorized"}"')
     config.write_text(config.read_text().replace('launch = "external"', 'launch = "local"'))
     procs: dict = {}
     with pytest.raises(ConfigError, match="authorized_nodes: admits nodes started elsewhere"):
