@@ -41,6 +41,7 @@ from meshkit.train._engine import (
     Folded,
     Work,
     by_examples,
+    once,
     fold_round,
     train_loss,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "Work",
     "Folded",
     "by_examples",
+    "once",
     "train_loss",
     "DEFAULT_WINDOW",
     "HOLD",

@@ -66,7 +66,7 @@ from meshkit.train._rounds import RoundOutcome
 from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
-__all__ = ["Work", "Folded", "fold_round", "by_examples", "train_loss", "HOLD",
+__all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
            "DEFAULT_WINDOW"]
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,12 @@ class Work:
 def by_examples(reply: Mapping[str, Any]) -> float:
     """A contribution's weight: the examples it was trained on (realized work)."""
     return float(reply["examples"])
+
+
+def once(reply: Mapping[str, Any]) -> float:
+    """A contribution's weight when each counts the same (a data-parallel shard's
+    gradient is already the mean over its batch: DDP's rule)."""
+    return 1.0
 
 
 def train_loss(replies: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -179,12 +185,11 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # A round deadline is kept per client by _Round; relays fold their ranks
     # themselves, so a round with a deadline folds flat (relays forward). So
     # does one with pinned work: a relay would not keep a client on its node.
-    groups = None if deadline or pinned else relay_plan_applies(
-        ctx, fold, relay_weight(weight, by_examples), keys)
+    how = None if deadline or pinned else relay_weight(weight, by_examples)
+    groups = None if how is None else relay_plan_applies(ctx, fold, how, keys)
     if groups is not None:
         result, served, not_served, replies = fold_through_relays(
-            ctx, groups, {w.key: w.request for w in work}, state,
-            relay_weight(weight, by_examples) or "", window, fold, label)
+            ctx, groups, {w.key: w.request for w in work}, state, how, window, fold, label)
         return Folded(result, served, not_served, replies)
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
                     pinned=pinned,

@@ -87,10 +87,11 @@ def fold_through_relays(ctx: StrategyContext, groups: dict[str, list[int]],
     not_served: dict[int, str] = {}
     todo = sorted(requests)
     # Each wave either serves keys or loses a relay, so len(groups) + 1 waves suffice.
-    for _ in range(len(groups) + 1):
+    for wave in range(len(groups) + 1):
         if not todo:
             break
-        groups = {n: rs for n, rs in (relay_groups(ctx) or {}).items() if rs}
+        if wave:  # after a relay was lost: the relays and ranks still live
+            groups = relay_groups(ctx) or {}
         if not groups:
             break
         ranks = sorted(r for rs in groups.values() for r in rs)

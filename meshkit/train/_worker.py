@@ -91,6 +91,9 @@ class Trainer:
     #: The training set the coordinator sent (``--pull-data``), instead of the task's.
     data: tuple[Any, Any] | None = None
     _shards: dict[tuple[str, int, int], tuple[Any, Any]] = attrs.Factory(dict)
+    #: The partitioner's whole split per (set, client count): a pure function
+    #: of the labels, the count and the seed, so worked out once for every client.
+    _splits: dict[tuple[str, int], Any] = attrs.Factory(dict)
 
     def train_data(self) -> tuple[Any, Any]:
         return self.data if self.data is not None else self.task.train_data()
@@ -116,8 +119,11 @@ class Trainer:
         if is_per_node(self.partitioner):
             # This node's own data is its one client, whatever index it has.
             return slice(0, len(labels))
-        rows = split_rows(self.partitioner, labels, count, seed=self.seed,
-                          name=self.partitioner_name)[index]
+        key = ("train", count)
+        if key not in self._splits:
+            self._splits[key] = split_rows(self.partitioner, labels, count, seed=self.seed,
+                                           name=self.partitioner_name)
+        rows = self._splits[key][index]
         if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
             return slice(int(rows[0]), int(rows[-1]) + 1)
         return rows
@@ -133,8 +139,10 @@ class Trainer:
             return x, y
         # The held-out set is split by the same rule (and seed) as the training
         # set; a client may hold none of it.
-        parts = self.partitioner.split(np.asarray(y), count, seed=self.seed)
-        rows = np.asarray(parts[index], dtype=np.int64)
+        key = ("held_out", count)
+        if key not in self._splits:
+            self._splits[key] = self.partitioner.split(np.asarray(y), count, seed=self.seed)
+        rows = np.asarray(self._splits[key][index], dtype=np.int64)
         return x[rows], y[rows]
 
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:

@@ -563,7 +563,8 @@ class Collective:
         # Only the previous rank's chunks are needed; a rank further round
         # the ring may finish and leave first. A loss elsewhere reaches us as
         # the abort of the rank that waited on it.
-        prv = frozenset({members[(members.index(me) - 1) % len(members)]})
+        previous = members[(members.index(me) - 1) % len(members)]
+        prv = frozenset({previous})
 
         def send(dst: int, payload: Mapping[str, Any]) -> None:
             self._send(Message(me, dst, TAG_RING, payload))
@@ -591,8 +592,6 @@ class Collective:
                     raise error(f"mesh_all_reduce round {round_}: rank {message.src} gave "
                                 f"up: {payload['abort']}")
                 return message.src, payload
-
-        previous = members[(members.index(me) - 1) % len(members)]
 
         def receive_into(placer: _Landing) -> Callable[[], None] | None:
             return self._links.receive_into(previous, TAG_RING, placer)

@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from meshkit import ConfigError
+from meshkit.train import shard_bounds
 
 from meshkit_partitioners.options import DirichletOptions, NoOptions, PathologicalOptions
 
@@ -49,10 +50,7 @@ class Contiguous:
     options: NoOptions = NoOptions()
 
     def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
-        rows = len(labels)
-        size = rows // clients
-        return [np.arange(c * size, rows if c == clients - 1 else (c + 1) * size)
-                for c in range(clients)]
+        return [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
 
 
 @attrs.frozen

@@ -8,16 +8,10 @@ import attrs
 
 from meshkit import ConfigError, MeshError
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
-from meshkit.train import client_seed, fold_round, run_rounds, train_loss
+from meshkit.train import client_seed, fold_round, once, run_rounds, train_loss
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions
-
-
-def _once(reply: Mapping[str, Any]) -> float:
-    # Each replica's gradient is already the mean over its batch, so every
-    # shard counts once (DDP's rule, and allreduce's).
-    return 1.0
 
 
 @attrs.frozen
@@ -89,7 +83,7 @@ class DataParallel:
                              "batch_size": opts.batch_size,
                              "seed": client_seed(ctx.seed, global_step, i)})
                     for i in range(len(live))]
-            folded = fold_round(ctx, work, weight=_once, window=opts.window, label="shard")
+            folded = fold_round(ctx, work, weight=once, window=opts.window, label="shard")
             if folded.not_served:
                 # Every shard or none: a mean over fewer shards is another step.
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
