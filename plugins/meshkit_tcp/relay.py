@@ -64,6 +64,7 @@ from meshkit.train import (
     decode,
     encode,
     fold_round,
+    once,
 )
 from meshkit.transport import (
     META_KEY,
@@ -75,8 +76,8 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import KIND_CONTROL, ROLE_RELAY, ROLE_STAR, format_address, listen, \
-    parse_address, send_refusal
+from meshkit_tcp.tcp import KIND_CONTROL, MAX_REFUSED, ROLE_RELAY, ROLE_STAR, accept_loop, \
+    format_address, listen, parse_address, send_refusal
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 
@@ -148,10 +149,6 @@ class RelayReport:
                 "dead": {str(r): why for r, why in self.dead.items()}, "folds": self.folds,
                 "fanouts": self.fanouts, "frames_up": self.frames_up,
                 "frames_down": self.frames_down, "stopped": self.stopped}
-
-
-def _once(reply: Mapping[str, Any]) -> float:
-    return 1.0
 
 
 class _RelayPool:
@@ -296,7 +293,6 @@ class HostRelay:
         self._closed = threading.Event()
         self._done = threading.Event()
         self._stopped = ""
-        self._threads: list[threading.Thread] = []
         self._work: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._pool = _RelayPool(self)
 
@@ -385,11 +381,7 @@ class HostRelay:
         return channel
 
     def _spawn(self, target: Any, *args: Any, name: str) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
-        thread.start()
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
     # -- running ------------------------------------------------------------------
 
@@ -549,25 +541,17 @@ class HostRelay:
     # -- this host's ranks ----------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while not self._closed.is_set():
-            try:
-                sock, peer = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                if not self._closed.is_set():
-                    log.warning("relay %r: the listener failed", self.name, exc_info=True)
-                return
-            self._spawn(self._admit, sock, f"{peer[0]}:{peer[1]}",
-                        name=f"meshkit-relay-{self.name}-admit")
+        assert self._listener is not None
+        accept_loop(self._listener, lambda: not self._closed.is_set(), f"relay {self.name!r}",
+                    lambda sock, where: self._spawn(self._admit, sock, where,
+                                                    name=f"meshkit-relay-{self.name}-admit"),
+                    self._refuse)
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("relay %r refused %s: %s", self.name, where, message)
         with self._lock:
             self.refused.append(f"{where}: {message}")
-            del self.refused[:-256]
+            del self.refused[:-MAX_REFUSED]
             self._lock.notify_all()
 
     def _admit(self, sock: socket.socket, where: str) -> None:
@@ -717,7 +701,7 @@ class HostRelay:
                         wide=bool(request.get("wide", False)))
         folded = fold_round(self._context(request.get("timeout"), request.get("ranks")), work,
                             state=request.get("state"),
-                            weight=by_examples if request.get("weight") == "examples" else _once,
+                            weight=by_examples if request.get("weight") == "examples" else once,
                             window=int(request.get("window") or 1), fold=fold,
                             label=str(request.get("label") or "client"))
         reply: dict[str, Any] = {

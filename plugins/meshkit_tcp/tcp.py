@@ -44,7 +44,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
@@ -88,7 +88,7 @@ _ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh", ROLE_RELAY: "relay"}
 #: Accept-loop poll period: how quickly close() stops the listener.
 _ACCEPT_POLL = 0.2
 #: How many refusals ``group.refused`` keeps (the newest).
-_MAX_REFUSED = 256
+MAX_REFUSED = 256
 #: accept() errors that leave the listener usable (resource exhaustion, a
 #: connection reset before it was accepted).
 _TRANSIENT_ACCEPT_ERRORS = frozenset(
@@ -147,6 +147,40 @@ def listen(address: str, what: str) -> socket.socket:
         raise ConfigError(f"cannot listen on {what} {address}: {exc}") from None
     sock.settimeout(_ACCEPT_POLL)
     return sock
+
+
+def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
+                admit: Callable[[socket.socket, str], None],
+                refuse: Callable[[str, str], None]) -> None:
+    """Accept connections on ``listener`` while ``running()``; ``admit(sock, where)`` each.
+
+    ``admit`` starts a thread per handshake, so a peer that connects and says
+    nothing cannot stall the ones queued behind it; when no thread can be
+    started (a connect flood) the connection is dropped and passed to ``refuse``. An
+    accept() error that leaves the listener usable (out of descriptors or
+    memory) is logged and retried after a pause rather than ending the loop,
+    so a flood cannot keep every later rank out.
+    """
+    while running():
+        try:
+            sock, peer = listener.accept()
+        except socket.timeout:
+            continue
+        except OSError as exc:
+            if running() and exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+                log.warning("%s: cannot accept a connection (%s); retrying", who, exc)
+                time.sleep(_ACCEPT_POLL)
+                continue
+            if running():
+                log.warning("%s: the listener failed; no more ranks can join", who,
+                            exc_info=True)
+            return
+        where = format_address(peer)
+        try:
+            admit(sock, where)
+        except RuntimeError as exc:  # out of threads: drop this one
+            sock.close()
+            refuse(where, f"no thread to run its handshake: {exc}")
 
 
 class TcpGroup(Group):
@@ -421,41 +455,18 @@ class TcpGroup(Group):
         self._start(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
 
     def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None
-        while self._accepting.is_set():
-            try:
-                sock, peer = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError as exc:
-                if self._accepting.is_set() and exc.errno in _TRANSIENT_ACCEPT_ERRORS:
-                    # Out of descriptors or memory (a connect flood, say): the
-                    # listener itself is fine, so back off and keep serving
-                    # rather than let no rank ever join again.
-                    log.warning("rank %d: cannot accept a connection (%s); retrying",
-                                self.rank, exc)
-                    time.sleep(_ACCEPT_POLL)
-                    continue
-                if self._accepting.is_set():
-                    log.warning("rank %d: the listener failed; no more ranks can join", self.rank,
-                                exc_info=True)
-                return
-            # One thread per handshake, so a peer that connects and says
-            # nothing cannot stall the ranks queued behind it.
-            try:
-                self._start(self._admit, sock, format_address(peer),
-                            name=f"meshkit-tcp-admit-r{self.rank}")
-            except RuntimeError as exc:  # out of threads (a connect flood): drop this one
-                sock.close()
-                self._refuse(format_address(peer), f"no thread to run its handshake: {exc}")
+        assert self._listener is not None
+        accept_loop(self._listener, self._accepting.is_set, f"rank {self.rank}",
+                    lambda sock, where: self._start(self._admit, sock, where,
+                                                    name=f"meshkit-tcp-admit-r{self.rank}"),
+                    self._refuse)
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("rank %d refused %s: %s", self.rank, where, message)
         with self._lock:
             self.refused.append(f"{where}: {message}")
             # Anyone may connect and hang up: keep the newest, not every one.
-            del self.refused[:-_MAX_REFUSED]
+            del self.refused[:-MAX_REFUSED]
             self._lock.notify_all()
 
     def _admit(self, sock: socket.socket, where: str) -> None:
