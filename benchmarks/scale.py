@@ -116,17 +116,17 @@ def run_cell(workers: int, relays: int, *, params: int, rounds: int,
 def torchdist_vs_ddp(args: argparse.Namespace) -> None:
     """``torchdist`` data-parallel step time against torch DDP (gloo), world 4.
 
-    Owned by the torchdist work (its ``benchmarks/scale_torchdist.py``); this
-    is where it plugs in, so ``python benchmarks/scale.py --part torchdist``
-    runs it once both are merged.
+    ``benchmarks/scale_torchdist.py`` with its own defaults (4 replicas, 3
+    trials), run as ``python benchmarks/scale.py --part torchdist``.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        import scale_torchdist  # type: ignore[import-not-found]
-    except ImportError:
-        raise SystemExit("the torchdist part lives in benchmarks/scale_torchdist.py, which "
-                         "this tree does not have yet") from None
-    scale_torchdist.main(args)
+    import scale_torchdist  # type: ignore[import-not-found]
+
+    scale_torchdist.main([])  # its own defaults: 4 replicas (scale.py's flags are not its)
+
+
+def _ratio(value: float | None, width: int, places: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{places}f}"
 
 
 def relays_vs_flat(args: argparse.Namespace) -> None:
@@ -151,9 +151,10 @@ def relays_vs_flat(args: argparse.Namespace) -> None:
                             timeout=args.timeout)
             if relays == 0:
                 flat = cell
-            base = flat or cell
-            cell["seconds_ratio"] = cell["seconds"] / base["seconds"]
-            cell["bytes_ratio"] = cell["bytes"] / base["bytes"]
+            # Against the flat star of the same rank count; none measured
+            # (--relays without 0, or 0 not first): no ratio, rather than 1.00.
+            cell["seconds_ratio"] = cell["seconds"] / flat["seconds"] if flat else None
+            cell["bytes_ratio"] = cell["bytes"] / flat["bytes"] if flat else None
             cell["models_per_round"] = cell["bytes"] / cell["model_bytes"]
             if args.json:
                 print(json.dumps(cell))
@@ -161,8 +162,8 @@ def relays_vs_flat(args: argparse.Namespace) -> None:
                 spread = f"({cell['seconds_min']:.3f}-{cell['seconds_max']:.3f})"
                 print(f"{ranks:>5} {relays or 'flat':>6} {cell['seconds']:>9.3f} "
                       f"{spread:>17} {cell['bytes'] / 1e6:>15.1f} "
-                      f"{cell['models_per_round']:>12.2f} {cell['seconds_ratio']:>8.2f} "
-                      f"{cell['bytes_ratio']:>11.3f}")
+                      f"{cell['models_per_round']:>12.2f} {_ratio(cell['seconds_ratio'], 8, 2)} "
+                      f"{_ratio(cell['bytes_ratio'], 11, 3)}")
             sys.stdout.flush()
 
 

@@ -153,13 +153,13 @@ def torchdist(replicas: int, steps: int, rounds: int) -> list[float]:
     return [float(r["seconds"]) / steps for r in rows[1:]]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20, help="steps per round / timed DDP steps")
     parser.add_argument("--rounds", type=int, default=3, help="timed torchdist rounds")
     parser.add_argument("--trials", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"{args.replicas} replicas, batch {BATCH} each, 1.06M-parameter MLP, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     ratios, ddp_all, dist_all = [], [], []
