@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+import pytest
 
 from meshkit.partitioner import check_split, is_per_node
 from meshkit.testing.support import ContractBase
@@ -77,7 +78,7 @@ class PartitionerContract(ContractBase):
         partitioner = self.make()
         clients = self._clients(partitioner)
         if not self.seeded or clients == 1:
-            return
+            pytest.skip("does not apply: an unseeded or per-node partitioner has one split")
         labels = self._labels()
         a = partitioner.split(labels, clients, seed=0)
         b = partitioner.split(labels, clients, seed=1)
