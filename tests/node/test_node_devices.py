@@ -61,11 +61,16 @@ def test_a_numpy_only_node_advertises_cpu_without_importing_torch():
     assert json.loads(out) == {"torch": False, "devices": ["cpu"]}
 
 
-def test_torch_is_asked_once_it_is_imported_and_cpu_is_always_there():
-    pytest.importorskip("torch")
+def test_torch_is_asked_once_it_is_imported_and_cpu_is_always_there(monkeypatch):
+    torch = pytest.importorskip("torch")
     devices = present_devices("auto")
     assert devices[0] == "cpu"
     assert all(d == "mps" or d.startswith("cuda:") for d in devices[1:])
+    # With torch imported, its CUDA devices are listed (faked here: this
+    # machine has none, so the lines above would hold had torch not been asked).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert present_devices("auto")[:3] == ("cpu", "cuda:0", "cuda:1")
 
 
 def test_a_node_asking_for_a_device_it_does_not_have_is_refused_before_it_joins():

@@ -84,8 +84,10 @@ def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch
         admitting = threading.Event()
         drop, problem = g0._drop_link, g0._rank_problem
 
+        waited: list[bool] = []
+
         def held_drop(peer):
-            admitting.wait(10)
+            waited.append(admitting.wait(10))
             drop(peer)
 
         def seen_problem(rank, role):
@@ -99,6 +101,8 @@ def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch
         second = worker(1, 2, g0.address)
         assert wait_until(g0, lambda: g0.returning == [1])
         assert g0.take_back() == [1] and g0.live_ranks == [1]
+        # The race was really set up: the drop was held until the restart was admitted.
+        assert waited == [True]
     finally:
         if second is not None:
             second.close()
