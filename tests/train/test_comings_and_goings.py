@@ -16,7 +16,7 @@ import pytest
 
 from meshkit.train import Runner, read_metrics
 
-from conftest import write_config
+from conftest import external_config, write_config, write_secret_file
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,9 @@ class Node:
         self.lines: queue.Queue[dict] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        self._stderr = threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr),
+                                        daemon=True)
+        self._stderr.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -51,7 +53,10 @@ class Node:
                 return event["caps"]
 
     def wait(self, timeout: float = 60.0) -> int:
-        return self.proc.wait(timeout)
+        """The exit status, once the process ended and its stderr is read to the end."""
+        status = self.proc.wait(timeout)
+        self._stderr.join(timeout)
+        return status
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -105,16 +110,10 @@ def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again
 
 
 def test_a_late_worker_is_admitted_at_the_next_round(tmp_path):
-    secret_file = tmp_path / "secret"
-    secret_file.write_bytes(SECRET)
-    secret_file.chmod(0o600)
     out = tmp_path / "out"
-    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=3, timeout=20,
-                          extra="clients = 2")
-    text = config.read_text().replace(
-        'launch = "local"', f'launch = "external"\nmin_workers = 1\n'
-                            f'secret_file = "{secret_file}"')
-    config.write_text(text)
+    config = external_config(tmp_path, workers=2, rounds=3, secret=SECRET,
+                             mesh="min_workers = 1", extra="clients = 2")
+    secret_file = tmp_path / "secret"
     address: queue.Queue[str] = queue.Queue()
     nodes: list[Node] = []
 
@@ -158,7 +157,7 @@ COORDINATOR = textwrap.dedent("""
     from meshkit import NodeConfig
     from meshkit.node import collect_caps, send_job
     group = NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0", transport="tcp",
-                       secret=open(sys.argv[1], "rb").read(), timeout=20).connect()
+                       secret=open(sys.argv[1], "rb").read().strip(), timeout=20).connect()
     print(group.address, flush=True)
     collect_caps(group, hook=False, timeout=60)
     send_job(group, 1, {"kind": "train", "job": 1, "spec": {"task": "digits", "seed": 0}})
@@ -168,9 +167,7 @@ COORDINATOR = textwrap.dedent("""
 
 
 def test_a_node_whose_coordinator_is_sigkilled_exits_2(tmp_path):
-    secret_file = tmp_path / "secret"
-    secret_file.write_bytes(SECRET)
-    secret_file.chmod(0o600)
+    secret_file = write_secret_file(tmp_path / "secret", SECRET)
     coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR, str(secret_file)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                    env=_env())
