@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 from click.testing import CliRunner
@@ -10,7 +9,7 @@ from click.testing import CliRunner
 from meshkit.cli import main
 from meshkit.node.config import NodeConfig
 
-from conftest import write_config
+from conftest import external_config, write_config
 
 SECRET = "relay-command-secret-0123"
 
@@ -70,9 +69,6 @@ def test_relays_beyond_the_workers_or_with_an_external_launch_are_refused(tmp_pa
     path = write_config(tmp_path / "c.toml", tmp_path / "out", workers=2, mesh="relays = 3")
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 2 and "relays = 3, but there are 2 workers" in result.output
-    path.write_text(path.read_text().replace("relays = 3", "relays = 1").replace(
-        'launch = "local"', f'launch = "external"\nsecret_file = "{tmp_path / "s"}"'))
-    (tmp_path / "s").write_text("x" * 32)
-    os.chmod(tmp_path / "s", 0o600)
+    path = external_config(tmp_path, workers=2, rounds=4, secret=b"x" * 32, mesh="relays = 1")
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 2 and "start `meshkit relay`" in result.output

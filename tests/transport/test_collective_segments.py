@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import socket
 
 import numpy as np
 import pytest
@@ -15,18 +14,13 @@ from meshkit import PeerLostError
 from meshkit.node.config import NodeConfig
 from meshkit.transport._collective import contribution, pack, ring_sum, segments
 
+from conftest import free_ports
+
 SECRET = b"collective-segments-secret"
 
 
 def _mesh(world: int) -> list[NodeConfig]:
-    socks = [socket.socket() for _ in range(world)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        peers = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    peers = [f"127.0.0.1:{p}" for p in free_ports(world)]
     return [NodeConfig(rank=r, world=world, peers=peers, topology="mesh", secret=SECRET,
                        timeout=5.0) for r in range(world)]
 
