@@ -16,8 +16,9 @@ partitioner is an error naming it, not a silently smaller training set.
 
 A partitioner whose ``per_node`` attribute is true (the built-in ``local``)
 does not simulate anything: each node's own ``train_data()`` is one client,
-served by that node only. It is still asked to ``split(labels, 1, seed)``
-the node's own rows into that one client.
+served by that node only; the kernel never asks it to split (the
+conformance kit still checks that ``split(labels, 1, seed)`` keeps every row
+in that one client).
 """
 
 from __future__ import annotations
