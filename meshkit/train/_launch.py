@@ -126,7 +126,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
         transport_flags += ["--transport-option", f"{key}={_flag_text(value)}"]
     topology = "mesh" if mesh_peers else "star"
     peers = {rank: ",".join(mesh_peers) if mesh_peers else address for rank in range(1, world)}
-    relays = int(getattr(cfg.mesh, "relays", 0) or 0)
+    relays = cfg.mesh.relays
     if relays:
         peers.update(_spawn_relays(processes, cfg, relays, address=address,
                                    secret_file=secret_file, world=world, env=env,

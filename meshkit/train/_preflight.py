@@ -76,7 +76,7 @@ def check_topology(cfg: Any, launch: str | None = None) -> None:
     a coordinator it finds later (host relays, late joiners, discovery) is a
     star's alone.
     """
-    relays = int(getattr(cfg.mesh, "relays", 0) or 0)
+    relays = cfg.mesh.relays
     if relays > cfg.mesh.workers:
         raise ConfigError(
             f"{cfg.path}: [mesh] relays = {relays}, but there are {cfg.mesh.workers} "
@@ -251,7 +251,7 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     check_out(cfg)
     check_topology(cfg, launch)
     check_secret(cfg, launch)
-    if getattr(cfg.mesh, "relays", 0) and (launch or cfg.mesh.launch) != "local":
+    if cfg.mesh.relays and (launch or cfg.mesh.launch) != "local":
         raise ConfigError(
             f"{cfg.path}: [mesh] relays = {cfg.mesh.relays} starts host relays on this "
             f"machine for a local launch; with nodes started elsewhere, start `meshkit relay` "
