@@ -9,9 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 HELLO_ONLY = {"MESHKIT_PLUGINS": "hello"}
 
 

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
-
+from tests.support.cli import run_cli
 BASE = """
 [run]
 task = "{task}"

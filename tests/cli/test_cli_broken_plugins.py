@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import run_cli
-
+from tests.support.cli import run_cli
 BUILTINS_ONLY = """
 [run]
 task = "digits"

@@ -15,9 +15,7 @@ import pytest
 
 from meshkit.cli import _COMMANDS, main
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def test_version_and_help():
     assert run_cli("--version").stdout.strip() == "meshkit, version 0.1.0"
     help_text = run_cli("--help").stdout

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import external_config, write_secret_file
-
+from tests.support.configs import external_config, write_secret_file
 pytestmark = pytest.mark.slow
 
 SECRET = b"discovery-cli-secret-0123456789"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from meshkit import wire
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def test_keygen_writes_the_pair_and_prints_a_bindable_line(tmp_path):
     key = tmp_path / "node.key"
     result = run_cli("keygen", str(key), "--rank", "2", "--tag", "gpu", "--comment", "lab-1")

@@ -10,9 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def test_an_installed_third_party_plugin_is_listed_with_its_distribution(hello_site):
     result = run_cli("plugins", "--json", pythonpath=hello_site,
                      env={"MESHKIT_DISABLE_PLUGINS": "hello-clash"})

@@ -9,8 +9,7 @@ from click.testing import CliRunner
 from meshkit.cli import main
 from meshkit.node.config import NodeConfig
 
-from conftest import external_config, write_config
-
+from tests.support.configs import external_config, write_config
 SECRET = "relay-command-secret-0123"
 
 

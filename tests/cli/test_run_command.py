@@ -17,8 +17,7 @@ import pytest
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import read_metrics
 
-from conftest import run_cli
-
+from tests.support.cli import run_cli
 pytestmark = pytest.mark.slow
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pip_install_target, run_cli
-
+from tests.support.cli import pip_install_target, run_cli
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
 PACKAGES = ("meshkit-robust", "meshkit-int8board", "meshkit-csvlog")

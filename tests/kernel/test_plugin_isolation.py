@@ -22,9 +22,7 @@ import meshkit
 from meshkit.errors import PluginError, UnknownComponentError
 from meshkit.plugins import EVENT_HOOKS, build_manager, notify
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def _plugin(name: str, **hooks) -> types.SimpleNamespace:
     ns = types.SimpleNamespace(__name__=name)
     for hook, fn in hooks.items():

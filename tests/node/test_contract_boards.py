@@ -26,4 +26,4 @@ class TestLoopbackScaleInInt8(BoardContract):
 class TestLoopbackReducingStage(BoardContract):
     component = "loopback"
     options = {"stage_id": "head", "input_elems": 12, "output_elems": 3,
-               "function": "test_contract_boards:sum_in_groups_of_four"}
+               "function": f"{__name__}:sum_in_groups_of_four"}

@@ -90,7 +90,7 @@ def test_identity_cannot_change_the_length_and_unknown_functions_are_refused():
 
 def test_a_module_function_board_runs_the_function():
     board = open_board("loopback", {"stage_id": "s", "input_elems": 6, "output_elems": 3,
-                                    "function": "test_node_board:halve_length"})
+                                    "function": f"{__name__}:halve_length"})
     assert board.execute(np.arange(6, dtype=np.float32)).tolist() == [0, 1, 2]
 
 
@@ -115,7 +115,7 @@ def test_the_loopback_driver_refuses_a_wrong_input_length():
 def test_a_hung_board_is_an_error_naming_the_stage_and_the_deadline_not_a_hang():
     RELEASE.clear()
     board = open_board("loopback", {"stage_id": "slow", "input_elems": 2, "output_elems": 2,
-                                    "function": "test_node_board:hang", "deadline": 0.2})
+                                    "function": f"{__name__}:hang", "deadline": 0.2})
     try:
         with pytest.raises(BoardTimeoutError) as err:
             board.execute(np.zeros(2, np.float32))
@@ -131,7 +131,7 @@ def test_a_hung_board_is_an_error_naming_the_stage_and_the_deadline_not_a_hang()
 
 def test_a_board_that_raises_is_a_board_error_naming_the_stage():
     board = open_board("loopback", {"stage_id": "dma", "input_elems": 2, "output_elems": 2,
-                                    "function": "test_node_board:broken"})
+                                    "function": f"{__name__}:broken"})
     with pytest.raises(BoardError) as err:
         board.execute(np.zeros(2, np.float32))
     assert str(err.value) == "board for stage [dma] failed: RuntimeError: DMA transfer failed"
@@ -172,7 +172,7 @@ def return_nothing(x: np.ndarray) -> None:
 
 def test_a_loopback_function_returning_none_is_a_board_error():
     board = open_board("loopback", {"stage_id": "s", "input_elems": 2, "output_elems": 1,
-                                    "function": "test_node_board:return_nothing"})
+                                    "function": f"{__name__}:return_nothing"})
     with pytest.raises(BoardError, match="expected numbers"):
         board.execute(np.zeros(2, np.float32))
     board.close()

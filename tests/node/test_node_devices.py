@@ -10,7 +10,6 @@ import textwrap
 import attrs
 import pytest
 
-from inproc_mesh import mesh_factory  # noqa: F401 (fixture)
 from meshkit import ConfigError, NodeCaps
 from meshkit.node import device_matches, local_caps, present_devices, send_job, task_device
 from meshkit.task import FitResult

@@ -22,8 +22,8 @@ from meshkit.node.board import open_board
 from meshkit.node import collect_caps, shutdown_nodes
 from meshkit.pipeline import Stage, place_training, run_local, run_pipeline
 
-from conftest import free_ports
-
+from tests.support.cli import run_cli
+from tests.support.ports import free_ports
 pytestmark = pytest.mark.slow
 
 SECRET = b"e2e-secret-0123456789abcdef"
@@ -168,8 +168,6 @@ def test_a_pipeline_over_a_full_mesh_moves_activations_rank_to_rank(tmp_path):
 
 
 def test_meshkit_node_refuses_to_start_without_a_secret():
-    from conftest import run_cli
-
     proc = run_cli("node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9")
     assert proc.returncode == 2
     assert "no shared secret: a node refuses to join a mesh unauthenticated. Pass " \
@@ -178,8 +176,6 @@ def test_meshkit_node_refuses_to_start_without_a_secret():
 
 
 def test_meshkit_node_reports_bad_flags_and_env_values_clearly(tmp_path):
-    from conftest import run_cli
-
     secret = {"MESHKIT_SECRET": "s" * 16}
     proc = run_cli("node", "--rank", "1", "--world", "4", "--peers", "a:1,b:2", env=secret)
     assert proc.returncode == 2

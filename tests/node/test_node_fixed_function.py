@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inproc_mesh import JOBS, loopback, mesh_factory, reply  # noqa: F401  (the mesh fixture)
+from tests.support.inproc_mesh import JOBS, loopback, reply
 
 from meshkit import BoardError, FixedFunction, PlacementError
 from meshkit.node import (
@@ -72,7 +72,7 @@ def test_a_board_whose_stage_differs_from_the_advertised_one_is_refused():
         "they agree")
     with pytest.raises(PlacementError, match=r"implements stage \[enc0\] \(8 -> 4"):
         serve_fixed_function(object(),
-                             loopback("enc0", 8, 4, function="test_node_fixed_function:half"),
+                             loopback("enc0", 8, 4, function=f"{__name__}:half"),
                              advertised=FixedFunction("enc0", 8, 8))
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inproc_mesh import mesh_factory  # noqa: F401 (the fixture)
 
 from meshkit import NodeControl, PeerLostError
 from meshkit.pipeline import Stage, run_pipeline
@@ -58,7 +57,7 @@ def _fresh():
 def test_activations_are_served_on_the_thread_that_read_them(mesh_factory, topology):
     mesh = mesh_factory({1: {}, 2: {}, 3: {}}, transport="tcp", topology=topology)
     STATE["rank_of"] = {f"r{r}": r for r in (1, 2, 3)}
-    stages = [Stage(op="call", function="test_node_inline:where")] * 3
+    stages = [Stage(op="call", function=f"{__name__}:where")] * 3
     xs = [np.full(4, i, np.float32) for i in range(20)]
     for in_flight in (1, 8):
         result = run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=in_flight, batch=1)
@@ -80,7 +79,7 @@ def test_activations_are_served_on_the_thread_that_read_them(mesh_factory, topol
 def test_the_stop_handle_lands_on_an_exact_activation_on_the_reader(mesh_factory):
     control = STATE["control"] = NodeControl()
     mesh = mesh_factory({1: {"control": control}, 2: {}}, transport="tcp", topology="mesh")
-    stages = [Stage(op="call", function="test_node_inline:stop_on_third"), Stage(op="relu")]
+    stages = [Stage(op="call", function=f"{__name__}:stop_on_third"), Stage(op="relu")]
     xs = [np.full(3, i, np.float32) for i in range(10)]
     with pytest.raises(PeerLostError) as err:
         run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=4, batch=1)
@@ -116,7 +115,7 @@ def test_a_slow_stage_does_not_hold_up_other_ranks_frames(mesh_factory):
     # must not be holding.
     mesh = mesh_factory({1: {}, 2: {}}, transport="tcp", topology="mesh")
     STATE["group"] = mesh.groups[1]
-    stages = [Stage(op="identity"), Stage(op="call", function="test_node_inline:wait_for_rank_0")]
+    stages = [Stage(op="identity"), Stage(op="call", function=f"{__name__}:wait_for_rank_0")]
     out: dict[str, Any] = {}
 
     def drive() -> None:

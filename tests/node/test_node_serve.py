@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inproc_mesh import loopback, mesh_factory, reply  # noqa: F401  (the mesh fixture)
+from tests.support.inproc_mesh import loopback, reply
 
 from meshkit import MeshError, NodeReport, PeerLostError, RefusedError
 from meshkit.node import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from inproc_mesh import loopback, mesh_factory  # noqa: F401  (the in-process mesh fixture)
+from tests.support.inproc_mesh import loopback
 
 from meshkit.pipeline import Stage, run_local, run_pipeline
 

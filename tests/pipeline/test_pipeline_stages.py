@@ -51,8 +51,8 @@ def return_text(x: np.ndarray) -> str:
 
 
 @pytest.mark.parametrize("function, found", [
-    ("test_pipeline_stages:return_nothing", "None"),
-    ("test_pipeline_stages:return_text", "'not numbers'"),
+    (f"{__name__}:return_nothing", "None"),
+    (f"{__name__}:return_text", "'not numbers'"),
 ])
 def test_a_call_stage_returning_no_numbers_is_refused_not_turned_into_nan(function, found):
     stage = Stage(op="call", function=function, stage_id="fc")

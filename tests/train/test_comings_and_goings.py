@@ -16,8 +16,7 @@ import pytest
 
 from meshkit.train import Runner, read_metrics
 
-from conftest import external_config, write_config, write_secret_file
-
+from tests.support.configs import external_config, write_config, write_secret_file
 pytestmark = pytest.mark.slow
 
 SECRET = b"comings-and-goings-secret-0123456789"

@@ -7,8 +7,7 @@ import pytest
 from meshkit import PlacementError
 from meshkit.train import Runner, read_metrics
 
-from conftest import write_config
-
+from tests.support.configs import write_config
 pytestmark = pytest.mark.slow
 
 

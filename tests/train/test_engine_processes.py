@@ -10,8 +10,7 @@ import pytest
 from meshkit.train import GroupPool, Runner, read_metrics
 from meshkit.wire import _channel as wire_channel
 
-from conftest import write_config
-
+from tests.support.configs import write_config
 pytestmark = pytest.mark.slow
 
 

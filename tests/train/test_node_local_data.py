@@ -18,8 +18,8 @@ import pytest
 
 from meshkit.train import read_metrics
 
-from conftest import external_config, run_with_nodes, spawn_node
-
+from tests.support.configs import external_config
+from tests.support.nodes import run_with_nodes, spawn_node
 pytestmark = pytest.mark.slow
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from meshkit.train import GroupPool, Runner, read_metrics
 
-from conftest import write_config
-
+from tests.support.configs import write_config
 pytestmark = pytest.mark.slow
 
 

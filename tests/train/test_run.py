@@ -14,8 +14,8 @@ import meshkit.plugins
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import Runner, read_metrics
 
-from conftest import run_cli, write_config
-
+from tests.support.cli import run_cli
+from tests.support.configs import write_config
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

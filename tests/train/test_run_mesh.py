@@ -14,9 +14,7 @@ from meshkit.train import GroupPool, Runner
 from meshkit.train._launch import loopback_peers, mesh_bind
 from meshkit.train._preflight import check_mesh_peers, check_topology
 
-from conftest import write_config
-
-
+from tests.support.configs import write_config
 def dp_config(tmp_path: Path, topology: str) -> Path:
     return write_config(tmp_path / f"{topology}.toml", tmp_path / topology, workers=3,
                         rounds=2, strategy="data-parallel", timeout=20.0, extra="steps = 3",

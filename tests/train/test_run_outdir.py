@@ -13,8 +13,7 @@ import meshkit
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import Runner, read_metrics
 
-from conftest import run_cli
-
+from tests.support.cli import run_cli
 pytestmark = pytest.mark.slow
 
 

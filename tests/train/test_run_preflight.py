@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def config(tmp_path: Path, out: Path | str, *, mesh: str = "", strategy: str = "",
            task: str = "", name: str = "c.toml") -> Path:
     path = tmp_path / name

@@ -23,9 +23,7 @@ from meshkit.errors import ConfigError
 from meshkit.train import build_components
 from meshkit.train._resume import identity, prepare_out
 
-from conftest import run_cli
-
-
+from tests.support.cli import run_cli
 def setup(tmp_path: Path, rng_state=None) -> tuple[Path, Path]:
     """A config and, in its out dir, a checkpoint of its round 2 of 4 and a metrics file."""
     out = tmp_path / "out"

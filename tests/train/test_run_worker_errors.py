@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
-
+from tests.support.cli import run_cli
 pytestmark = pytest.mark.slow
 
 FAILING_TASK = '''

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import external_config, run_with_nodes, spawn_node
-
+from tests.support.configs import external_config
+from tests.support.nodes import run_with_nodes, spawn_node
 pytestmark = pytest.mark.slow
 
 SECRET = b"capture-test-secret-0123456789ab"

@@ -14,8 +14,7 @@ from meshkit import PeerLostError
 from meshkit.node.config import NodeConfig
 from meshkit.transport._collective import contribution, pack, ring_sum, segments
 
-from conftest import free_ports
-
+from tests.support.ports import free_ports
 SECRET = b"collective-segments-secret"
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from meshkit import wire
 
-from conftest import external_config, finish, spawn_node
-
+from tests.support.configs import external_config
+from tests.support.nodes import finish, spawn_node
 SECRET = b"node-identity-test-secret-0123456"
 
 pytestmark = pytest.mark.slow

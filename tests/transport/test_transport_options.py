@@ -11,9 +11,8 @@ from meshkit.errors import ConfigError
 from meshkit.train import Runner
 from meshkit_tcp.testing import inproc_configs
 
-from conftest import run_cli, write_config
-
-
+from tests.support.cli import run_cli
+from tests.support.configs import write_config
 def test_node_config_connects_with_its_transport_options():
     configs = [attrs.evolve(c, transport_options={"bf16_wire": True})
                for c in inproc_configs(2)]

@@ -1,20 +1,20 @@
 """Authenticated frames over real sockets on 127.0.0.1 (``meshkit.wire._channel``).
 
-The helpers here (a connected channel pair, recording the exact bytes of a
-frame, writing raw bytes past the codec) are shared by the other wire tests.
+The helpers the other wire tests share (a connected channel pair, recording
+the exact bytes of a frame, writing raw bytes past the codec) are in
+``tests/support/channels.py``.
 """
 
 from __future__ import annotations
 
 import hmac
 import math
-import select
 import socket
 import struct
 import threading
 import time
 import tracemalloc
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -25,88 +25,12 @@ from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._channel import _MAC_STEP
 
-from test_codec import assert_same_state, every_dtype_state
-
-SECRET = b"correct horse battery staple 123"
+from tests.support.channels import SECRET, channel_pair, record, send_raw
+from tests.support.states import assert_same_state, every_dtype_state
+from tests.support.threads import Outcome
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def tcp_pair() -> tuple[socket.socket, socket.socket]:
-    """A connected pair of real TCP sockets on 127.0.0.1 (port 0)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(5)
-        dialer = socket.create_connection(listener.getsockname(), timeout=5)
-        accepted, _ = listener.accept()
-    return dialer, accepted
-
-
-class Outcome:
-    """Runs ``fn`` on a thread and keeps its result or exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.value = fn()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            self.error = exc
-
-    def get(self, timeout: float = 10.0) -> Any:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "background side did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-def channel_pair(secret_a: bytes = SECRET, secret_b: bytes = SECRET, *, world_a: int = 2,
-                 world_b: int = 2, timeout: float = 5.0, **kwargs: Any
-                 ) -> tuple[wire.Channel, wire.Channel]:
-    a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, secret_b, rank=1, world=world_b, timeout=timeout,
-                                           **kwargs))
-    first = wire.handshake(a, secret_a, rank=0, world=world_a, timeout=timeout, **kwargs)
-    return first, other.get()
-
-
-@pytest.fixture
-def pair():
-    a, b = channel_pair()
-    yield a, b
-    a.close()
-    b.close()
-
-
-class Recorder:
-    """Stands in for a channel's socket to capture the exact bytes of frames."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def send(self, view: Any) -> int:
-        self.data += view
-        return len(view)
-
-
-def record(channel: wire.Channel, *frames: tuple[int, int, dict]) -> list[bytes]:
-    """The wire bytes of each frame, as ``channel`` would send them next."""
-    real = channel._sock
-    out = []
-    try:
-        for kind, tag, state in frames:
-            rec = Recorder()
-            channel._sock = rec  # type: ignore[assignment]
-            channel.send(kind, tag, state)
-            out.append(bytes(rec.data))
-    finally:
-        channel._sock = real
-    return out
 
 
 def gmac(key: bytes, seq: int, header: bytes, body: bytes) -> bytes:
@@ -122,22 +46,6 @@ def seal(channel: wire.Channel, seq: int, header: bytes, body: bytes) -> bytes:
     if channel.encrypted:
         return AESGCM(key).encrypt(struct.pack("<IQ", 0, seq), body, header)
     return body + gmac(key, seq, header, body)
-
-
-def send_raw(channel: wire.Channel, data: bytes) -> None:
-    """Write bytes straight to a channel's (non-blocking) socket, bypassing the codec."""
-    sock = channel._sock
-    view = memoryview(data)
-    for _ in range(100_000):
-        if not view:
-            return
-        if not select.select([], [sock], [], 5)[1]:
-            break
-        try:
-            view = view[sock.send(view):]
-        except BlockingIOError:
-            continue
-    raise AssertionError(f"could not write {len(view)} raw bytes: the peer is not reading")
 
 
 def _forged_header(nbytes: int, key: bytes | None = None, seq: int = 0) -> bytes:

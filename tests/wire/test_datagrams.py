@@ -7,9 +7,7 @@ import pytest
 from meshkit import wire
 from meshkit.errors import AuthenticationError, WireError
 
-from test_channel import SECRET
-
-
+from tests.support.channels import SECRET
 def test_datagrams_are_authenticated_under_the_shared_secret():
     sealed = wire.seal_datagram(SECRET, b"rank=3 port=29503")
     assert wire.open_datagram(SECRET, sealed) == b"rank=3 port=29503"

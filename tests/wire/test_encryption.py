@@ -8,9 +8,8 @@ import pytest
 from meshkit import wire
 from meshkit.errors import AuthenticationError, WireError
 
-from test_channel import SECRET, Outcome, channel_pair, record, send_raw, tcp_pair
-
-
+from tests.support.channels import SECRET, channel_pair, record, send_raw, tcp_pair
+from tests.support.threads import Outcome
 def test_encryption_is_the_default_and_round_trips_every_size():
     a, b = channel_pair()
     assert a.encrypted and b.encrypted

@@ -12,10 +12,8 @@ import pytest
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 
-from test_channel import SECRET, Outcome, channel_pair, tcp_pair
-
-
-# ----------------------------------------------------------------------------- helpers
+from tests.support.channels import SECRET, channel_pair, tcp_pair
+from tests.support.threads import Outcome
 
 
 def _hello(version: int = wire.PROTOCOL_VERSION, rank: int = 1, world: int = 2) -> bytes:

@@ -10,9 +10,7 @@ from meshkit import wire
 from meshkit.errors import ConfigError
 from meshkit.wire._keys import _derive_keys, _hmac_sha256
 
-from test_channel import SECRET, tcp_pair
-
-# Two hellos as far as the key schedule cares: 48 bytes of fields, then the nonce.
+from tests.support.channels import SECRET, tcp_pair
 MINE = bytes(range(48)) + b"a" * 32
 THEIRS = bytes(range(48)) + b"b" * 32
 

@@ -10,9 +10,8 @@ import pytest
 from meshkit import wire
 from meshkit.errors import AuthenticationError
 
-from test_channel import Outcome, channel_pair, record, send_raw
-
-
+from tests.support.channels import channel_pair, record, send_raw
+from tests.support.threads import Outcome
 class OnePlace:
     """Expects one body: ``payload`` with its last entry's data going to ``target``."""
 

@@ -11,9 +11,7 @@ import pytest
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError
 
-from test_channel import channel_pair
-
-
+from tests.support.channels import channel_pair
 def _private(path, data: bytes):
     path.write_bytes(data)
     path.chmod(0o600)

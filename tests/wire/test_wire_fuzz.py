@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from meshkit import wire
 from meshkit.errors import AuthenticationError, PeerLostError, WireError
 
-from test_channel import SECRET, Outcome, channel_pair, record, send_raw
-
+from tests.support.channels import SECRET, channel_pair, record, send_raw
+from tests.support.threads import Outcome
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 FEW = settings(max_examples=40, deadline=None, derandomize=True,

@@ -17,9 +17,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from meshkit import wire
 
-from test_channel import SECRET, Outcome, tcp_pair
-
-
+from tests.support.channels import SECRET, tcp_pair
+from tests.support.threads import Outcome
 class DocPeer:
     """A peer written only from docs/wire.md (struct, hmac, AESGCM, X25519 and
     Ed25519 from ``cryptography``; no meshkit.wire)."""

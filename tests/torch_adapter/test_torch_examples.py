@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="meshkit.torch needs PyTorch (the to
 import meshkit.torch as mt  # noqa: E402
 from meshkit.train import read_metrics  # noqa: E402
 
-from conftest import run_cli  # noqa: E402
+from tests.support.cli import run_cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "torch"

@@ -3,7 +3,7 @@
 Ranks are threads joined through the ``inproc`` transport, each running the
 same :func:`meshkit.node.serve_node` a ``meshkit node`` process runs, with
 the same job handlers. Test files take the fixture with
-``from inproc_mesh import mesh_factory``. ``transport="tcp"`` joins them over
+the ``mesh_factory`` fixture (``tests/node/conftest.py``). ``transport="tcp"`` joins them over
 authenticated sockets on 127.0.0.1 instead (a star, or ``topology="mesh"``),
 where each link has its own reader thread and activations are served on it.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 import itertools
 import threading
 from typing import Any
-
-import pytest
 
 from meshkit import NodeConfig
 from meshkit.node import (
@@ -29,7 +27,7 @@ from meshkit.node import (
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
 
-from conftest import free_ports
+from tests.support.ports import free_ports
 
 #: The job handlers ``meshkit node`` serves with.
 JOBS = {"pipeline": serve_pipeline_job, "train": serve_train_job}
@@ -98,20 +96,6 @@ class Mesh:
         for g in self.groups.values():
             g.close()
 
-
-
-@pytest.fixture
-def mesh_factory():
-    made: list[Mesh] = []
-
-    def make(nodes: dict[int, dict[str, Any]], **kw: Any) -> Mesh:
-        mesh = Mesh(nodes, **kw)
-        made.append(mesh)
-        return mesh
-
-    yield make
-    for mesh in made:
-        mesh.close()
 
 
 def loopback(stage_id: str = "mid", n_in: int = 8, n_out: int = 8,

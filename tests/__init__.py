@@ -1,0 +1,1 @@
+"""meshkit's test suite (a package, so that ``tests.support`` imports by name)."""
