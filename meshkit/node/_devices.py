@@ -19,12 +19,15 @@ have is a :class:`~meshkit.ConfigError` before it joins.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from typing import Any, Sequence
 
 from meshkit.errors import ConfigError
 
 __all__ = ["present_devices", "check_device", "device_matches", "task_device"]
+
+log = logging.getLogger(__name__)
 
 #: Directives that ask for no particular device.
 _CPU_LIKE = ("auto", "cpu", "")
@@ -40,26 +43,47 @@ def wants_torch(device: str) -> bool:
 
 
 def present_devices(device: str = "auto", *, probe: bool = False) -> tuple[str, ...]:
-    """The devices this process has: ``("cpu", "cuda:0", ..., "mps")`` (module docstring)."""
+    """The devices this process has: ``("cpu", "cuda:0", ..., "mps")`` (module docstring).
+
+    A torch that is installed but fails to import, or a CUDA / MPS back-end
+    that raises when asked, is a :class:`~meshkit.ConfigError` when ``device``
+    names a device only it could provide; otherwise a warning is logged with
+    the error and the node advertises what does work (``cpu``).
+    """
     found = ["cpu"]
     if not (probe or "torch" in sys.modules or wants_torch(device)) or not _torch_installed():
         return tuple(found)
+    wanted = device.strip().lower()
     try:
         import torch  # heavy optional dependency: only here, only when asked (docstring)
-    except Exception:  # noqa: BLE001 (a broken torch install is a cpu-only node)
+    except Exception as exc:  # a broken install: refused if it was asked for, else logged
+        _unusable("torch", exc, asked=wants_torch(device))
         return tuple(found)
-    try:
-        if torch.cuda.is_available():
-            found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 (a driver error means no usable GPU)
-        pass
-    mps = getattr(getattr(torch, "backends", None), "mps", None)
-    try:
-        if mps is not None and mps.is_available():
-            found.append("mps")
-    except Exception:  # noqa: BLE001
-        pass
+
+    def cuda() -> list[str]:
+        if not torch.cuda.is_available():
+            return []
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+    def mps() -> list[str]:
+        backend = getattr(torch.backends, "mps", None)  # absent from some builds
+        return ["mps"] if backend is not None and backend.is_available() else []
+
+    for name, ask in (("CUDA", cuda), ("MPS", mps)):
+        try:
+            found += ask()
+        except Exception as exc:  # a driver error: refused if asked for, else logged
+            _unusable(name, exc, asked=wanted.startswith(name.lower()))
     return tuple(found)
+
+
+def _unusable(what: str, exc: Exception, *, asked: bool) -> None:
+    """``what`` is installed but raised ``exc``: refuse if the node asked for it, else warn."""
+    problem = f"{what} is installed but failed: {type(exc).__name__}: {exc}"
+    if asked:
+        raise ConfigError(f"{problem}; fix the {what} set-up, or start this node with "
+                          f"--device cpu") from exc
+    log.warning("%s; this node advertises no %s device", problem, what)
 
 
 def device_matches(wanted: str, devices: Sequence[str]) -> bool:

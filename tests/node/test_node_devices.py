@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
+import types
 
 import attrs
 import pytest
@@ -79,6 +81,39 @@ def test_a_node_asking_for_a_device_it_does_not_have_is_refused_before_it_joins(
     with pytest.raises(ConfigError, match=r"--device 'cuda:3': this node has no such device "
                                           r"\(found: cpu"):
         local_caps(1, device="cuda:3")
+
+
+def _torch_with_a_broken_driver() -> types.SimpleNamespace:
+    """A stand-in for torch whose CUDA says it is there, then fails when counted."""
+    def device_count() -> int:
+        raise RuntimeError("CUDA driver initialization failed")
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True,
+                                                            device_count=device_count),
+                                 backends=types.SimpleNamespace())
+
+
+def test_a_broken_cuda_set_up_is_refused_when_the_node_asks_for_cuda(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _torch_with_a_broken_driver())
+    with pytest.raises(ConfigError, match=r"CUDA is installed but failed: RuntimeError: CUDA "
+                                          r"driver initialization failed; .*--device cpu"):
+        present_devices("cuda")
+
+
+def test_a_broken_cuda_set_up_on_an_auto_node_is_logged_not_hidden(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "torch", _torch_with_a_broken_driver())
+    with caplog.at_level(logging.WARNING, logger="meshkit.node._devices"):
+        assert present_devices("auto") == ("cpu",)
+    assert "CUDA is installed but failed: RuntimeError: CUDA driver initialization failed" \
+        in caplog.text
+
+
+def test_a_torch_that_fails_to_import_is_refused_when_a_device_needs_it(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(ConfigError, match=r"torch is installed but failed: \w*Error: import of torch"):
+        present_devices("mps")
+    with caplog.at_level(logging.WARNING, logger="meshkit.node._devices"):
+        assert present_devices("auto", probe=True) == ("cpu",)
+    assert "torch is installed but failed: ModuleNotFoundError" in caplog.text
 
 
 def test_a_device_class_matches_any_of_its_devices():
