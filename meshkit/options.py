@@ -19,7 +19,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from meshkit.errors import ConfigError
+from meshkit.errors import ConfigError, PluginError
 
 __all__ = ["converter", "closest", "structure_strict", "structure_options", "positive",
            "non_negative", "parse_options"]
@@ -109,12 +109,20 @@ def _problem(exc: BaseException) -> str:
 _PRIMITIVES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    """Field name -> type, resolved from string annotations when possible."""
+def _field_types(cls: type, where: str) -> dict[str, Any]:
+    """Field name -> type, resolved from string annotations.
+
+    An annotation that cannot be resolved (a name only imported under
+    ``TYPE_CHECKING``, a typo) would leave every value of the class unchecked,
+    so it is the plugin's bug, a :class:`~meshkit.PluginError` naming it.
+    """
     try:
         attrs.resolve_types(cls)
-    except Exception:  # an unresolvable forward reference: check what we can
-        pass
+    except Exception as exc:  # NameError (a forward reference), TypeError (a bad annotation)
+        raise PluginError(
+            f"{where}: the options class {cls.__module__}.{cls.__qualname__} has an "
+            f"annotation that cannot be resolved ({type(exc).__name__}: {exc}), so its "
+            f"values cannot be checked; import the annotated types at module level") from exc
     return {f.name: f.type for f in attrs.fields(cls)}
 
 
@@ -125,7 +133,7 @@ def _check_types(cls: type, data: Mapping[str, Any], where: str, prefix: str = "
     otherwise turn ``rank = 1.9`` into rank 1 and ``nodes = "abc"`` into
     ``["a", "b", "c"]``.
     """
-    types = _field_types(cls)
+    types = _field_types(cls, where)
     for key, value in data.items():
         if key in types:
             _check_value(types[key], value, where, f"{prefix}{key}")
