@@ -68,7 +68,12 @@ def relay_weight(weight: Callable[[Mapping[str, Any]], float],
         return "examples"
     try:
         probes = [float(weight({"examples": n, "metrics": {}})) for n in (1, 7)]
-    except Exception:  # noqa: BLE001 (a weight that needs more than a reply: fold flat)
+    except LookupError as exc:  # it reads more than examples: only a flat fold can weigh
+        log.debug("the round's weight reads %s, which a relay cannot see: folding flat", exc)
+        return None
+    except Exception as exc:  # a bug in the weight, or a weight not meant for this probe
+        log.warning("the round's weight function raised %s: %s on a reply of examples "
+                    "only; the round folds flat, not at the relays", type(exc).__name__, exc)
         return None
     if probes == [1.0, 7.0]:
         return "examples"  # the examples seen, whatever function reads them

@@ -14,6 +14,7 @@ import pytest
 import meshkit.plugins
 from meshkit.train import LocalPool, Reply, StrategyContext, Work, client_seed, decode, encode
 from meshkit.train import fold_round
+from meshkit.train._relay_round import relay_weight
 from meshkit_tcp.relay import HostRelay, RelayConfig
 
 SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
@@ -190,3 +191,30 @@ def test_data_parallel_through_relays_reaches_the_flat_replicas_model():
     assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
     for key, value in flat.items():
         np.testing.assert_allclose(relayed[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_weight_that_reads_only_examples_folds_at_the_relays():
+    def by_examples(reply):
+        return float(reply["examples"])
+
+    assert relay_weight(by_examples, by_examples) == "examples"
+    assert relay_weight(lambda r: 2.0 * r["examples"] / 2.0, by_examples) == "examples"
+    assert relay_weight(lambda r: 1.0, by_examples) == "once"
+
+
+def test_a_weight_that_reads_metrics_folds_flat_quietly(caplog):
+    with caplog.at_level("DEBUG", logger="meshkit.train._relay_round"):
+        assert relay_weight(lambda r: r["metrics"]["loss"], lambda r: 0.0) is None
+    assert "reads 'loss', which a relay cannot see" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_weight_function_bug_is_logged_not_hidden_in_the_fold_plan(caplog):
+    # Before, any exception meant "fold flat" without a word: a weight that
+    # divides by zero changed how relayed rounds fold and nobody was told.
+    def buggy(reply):
+        return reply["examples"] / 0
+
+    with caplog.at_level("WARNING", logger="meshkit.train._relay_round"):
+        assert relay_weight(buggy, lambda r: 0.0) is None
+    assert "weight function raised ZeroDivisionError: division by zero" in caplog.text
