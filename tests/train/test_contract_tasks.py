@@ -38,8 +38,21 @@ class InPlace(DigitsTask):
         return FitResult(state=state, examples=float(len(x)), metrics=result.metrics)
 
 
+class Crashes(DigitsTask):
+    """Trips over a state that lacks a key instead of refusing it by name."""
+
+    def fit(self, state, x, y, *, seed):
+        if len(state) < len(self.init_state(0)):
+            raise AttributeError("'NoneType' object has no attribute 'shape'")
+        return super().fit(state, x, y, seed=seed)
+
+
 class TestUnseeded(TaskContract):
     component = "test_broken_tasks:Unseeded"
+
+
+class TestCrashes(TaskContract):
+    component = "test_broken_tasks:Crashes"
 
 
 class TestInPlace(TaskContract):
@@ -61,7 +74,12 @@ def test_the_task_contract_catches_real_mistakes(pytester):
     assert {"TestInPlace::test_fit_and_evaluate_modify_none_of_their_inputs",
             "TestInPlace::test_fit_keeps_the_model_layout_and_reports_work_and_metrics"} <= failed
     assert "must be the realized work as a positive int" in text
+    # A crash is not a refusal (before, any exception passed this check).
+    assert "TestCrashes::test_fit_refuses_a_state_that_lacks_a_key" in failed
+    assert "raised AttributeError: 'NoneType' object has no attribute 'shape', which does " \
+           "not name the missing key: that is a crash, not a refusal" in text
     # The correct parts of each still pass.
+    assert "TestCrashes::test_fit_is_deterministic_given_its_seed" not in failed
     assert "TestUnseeded::test_evaluate_returns_finite_named_numbers" not in failed
 
 
