@@ -279,6 +279,8 @@ def build_manager(
             try:
                 obj = ep.load()
             except Exception as exc:  # a broken plugin must not take the kernel down
+                # Reported as a load failure (`meshkit plugins`); the traceback is here.
+                log.debug("plugin %r failed to load", ep.name, exc_info=exc)
                 pset.load_failures.append(PluginFailure(
                     ep.name, dist_name, dist_version, f"{type(exc).__name__}: {exc}"))
                 continue

@@ -386,6 +386,8 @@ class _Relay:
                 return _Outcome(seq, ys, exc, None, compact)
             except Exception as exc:  # noqa: BLE001 (a user function or driver broke: report it)
                 stage = f" [{self.stage_id}]" if self.stage_id else ""
+                # Reported to the coordinator as text; the traceback stays in this node's log.
+                log.debug("stage%s on rank %d failed", stage, self.group.rank, exc_info=exc)
                 return _Outcome(seq, ys, MeshError(
                     f"stage{stage} on rank {self.group.rank} failed: "
                     f"{type(exc).__name__}: {exc}"), None, compact)

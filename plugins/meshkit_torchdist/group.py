@@ -218,10 +218,9 @@ class TorchdistGroup(Group):
         try:
             pg = dist.ProcessGroupGloo(store, 0 if self.rank == low else 1, 2,
                                        self._options(_PAIR_THREADS))
-        except Exception as exc:  # a rank that never came (gloo's rendezvous timed out)
+        except Exception as exc:  # a rank that never came, or a store/network that failed
             if not self._events.closed:
-                self._events.lost(peer, f"did not join the torch.distributed world within "
-                                        f"{self.join_timeout:g} s ({exc})")
+                self._events.lost(peer, self._pair_failure(peer, exc))
             return
         with self._lock:
             if self._events.closed:
@@ -235,6 +234,23 @@ class TorchdistGroup(Group):
         with self._lock:  # started before close() can see it, so close() may join it
             reader.start()
             self._readers.append(reader)
+
+    def _pair_failure(self, peer: int, exc: Exception) -> str:
+        """Why forming the pair group with ``peer`` failed, told apart from a slow peer.
+
+        Only gloo's rendezvous timing out (a :class:`DistStoreError` that says
+        so) means the peer never came; any other error is this rank's store or
+        network, logged with its traceback and reported as itself.
+        """
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, dist.DistStoreError) and "timeout" in text.lower():
+            return (f"did not join the torch.distributed world within "
+                    f"{self.join_timeout:g} s ({text})")
+        log.error("torchdist rank %d: forming the pair group with rank %d failed",
+                  self.rank, peer, exc_info=exc)
+        return (f"could not form the gloo pair group: {type(exc).__name__}: {text} (the "
+                f"rendezvous store or the network interface, not a slow peer; "
+                f"GLOO_SOCKET_IFNAME picks the interface)")
 
     def _form_pairs(self, peers: list[int]) -> None:
         """Form this rank's pair groups one at a time, lowest peer first.
