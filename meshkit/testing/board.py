@@ -17,7 +17,6 @@ returns within ``deadline`` seconds, so a wedged board cannot hang a node.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,7 +24,7 @@ import pytest
 
 from meshkit.errors import MeshError
 from meshkit.node import FixedFunction
-from meshkit.testing.support import ContractBase
+from meshkit.testing.support import Call, ContractBase
 
 __all__ = ["BoardContract"]
 
@@ -47,25 +46,9 @@ class BoardContract(ContractBase):
 
     def execute(self, board: Any, x: np.ndarray) -> Any:
         """Run ``board.execute(x)`` on a thread; fail if it outlives ``deadline``."""
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["value"] = board.execute(x)
-            except BaseException as exc:  # handed back to the test thread
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=run, name="board-execute", daemon=True)
         deadline = getattr(board, "deadline", None) or self.deadline
-        thread.start()
-        thread.join(deadline)
-        if thread.is_alive():
-            pytest.fail(f"execute() did not return within {deadline} s: a board "
-                        f"driver must time out and raise rather than block its node",
-                        pytrace=False)
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
+        return Call(lambda: board.execute(x), "execute()", why="a board driver must time out "
+                    "and raise rather than block its node").result(deadline)
 
     def test_the_descriptor_is_a_fixed_function(self) -> None:
         board = self.make()

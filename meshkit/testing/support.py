@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-from typing import Any, ClassVar, Mapping, Sequence
+import threading
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from meshkit import plugins
 from meshkit.testing import make_plugin_set
 
 __all__ = [
+    "Call",
     "ContractBase",
     "bfloat16",
     "float_dtypes",
@@ -28,6 +30,39 @@ try:  # a meshkit dependency, but keep the kit usable without it
     from ml_dtypes import bfloat16
 except ImportError:  # pragma: no cover
     bfloat16 = None
+
+
+class Call:
+    """``fn()`` run on a daemon thread, for a test to join with a bound.
+
+    :meth:`result` returns what ``fn`` returned or raises what it raised, in
+    the test's thread; a call still running after ``timeout`` fails the test
+    (saying ``why`` it should have) instead of hanging it.
+    """
+
+    def __init__(self, fn: Callable[[], Any], name: str = "meshkit-test-call", *,
+                 why: str = "") -> None:
+        self.name = name
+        self.why = why
+        self._outcome: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._outcome["value"] = fn()
+        except BaseException as exc:  # handed to the test thread by result()
+            self._outcome["error"] = exc
+
+    def result(self, timeout: float = 10.0) -> Any:
+        """``fn``'s return value (or its exception, raised here) within ``timeout`` s."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            pytest.fail(f"{self.name} did not finish within {timeout:g} s"
+                        + (f": {self.why}" if self.why else ""), pytrace=False)
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
 
 
 def float_dtypes() -> list[Any]:

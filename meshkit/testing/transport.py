@@ -24,7 +24,6 @@ without a secret is refused.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
@@ -33,36 +32,15 @@ import pytest
 from meshkit.aggregation import MeanFold, aggregate_by_folding
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.node.config import NodeConfig
-from meshkit.testing.support import ContractBase, assert_states_identical, bfloat16
+from meshkit.testing.support import Call, ContractBase, assert_states_identical, bfloat16
 from meshkit.transport import ANY
 
 __all__ = ["TransportContract"]
 
 _hub_counter = itertools.count()
 
-
-class _Call:
-    """A blocking call run on a thread, joined with a bound."""
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        self._outcome: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._outcome["value"] = fn()
-        except BaseException as exc:  # handed back to the test thread
-            self._outcome["error"] = exc
-
-    def result(self, timeout: float) -> Any:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            pytest.fail(f"{self._thread.name} did not finish within {timeout} s: a blocking "
-                        f"call must honour its timeout", pytrace=False)
-        if "error" in self._outcome:
-            raise self._outcome["error"]
-        return self._outcome["value"]
+#: Why a call the contract runs on a thread must come back.
+_BOUNDED = "a blocking call must honour its timeout"
 
 
 class _MeanAggregator:
@@ -114,8 +92,8 @@ class TransportContract(ContractBase):
         groups = [coordinator]
         try:
             address = coordinator.address
-            calls = [_Call(lambda r=r: transport.connect(self.node_config(r, world, address)),
-                           f"connect rank {r}") for r in range(1, world)]
+            calls = [Call(lambda r=r: transport.connect(self.node_config(r, world, address)),
+                          f"connect rank {r}", why=_BOUNDED) for r in range(1, world)]
             groups += [c.result(self.timeout * 2) for c in calls]
             joined = coordinator.wait_for_workers(self.timeout)
             assert sorted(joined) == list(range(1, world)), (
@@ -133,8 +111,8 @@ class TransportContract(ContractBase):
         for g in groups:
             g.close()
 
-    def later(self, fn: Callable[[], Any], name: str = "rank call") -> _Call:
-        return _Call(fn, name)
+    def later(self, fn: Callable[[], Any], name: str = "rank call") -> Call:
+        return Call(fn, name, why=_BOUNDED)
 
     # -- tests ---------------------------------------------------------------
 

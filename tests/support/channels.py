@@ -7,8 +7,8 @@ import socket
 from typing import Any
 
 from meshkit import wire
+from meshkit.testing.support import Call
 
-from tests.support.threads import Outcome
 
 SECRET = b"correct horse battery staple 123"
 
@@ -26,10 +26,10 @@ def channel_pair(secret_a: bytes = SECRET, secret_b: bytes = SECRET, *, world_a:
                  world_b: int = 2, timeout: float = 5.0, **kwargs: Any
                  ) -> tuple[wire.Channel, wire.Channel]:
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, secret_b, rank=1, world=world_b, timeout=timeout,
-                                           **kwargs))
+    other = Call(lambda: wire.handshake(b, secret_b, rank=1, world=world_b, timeout=timeout,
+                                        **kwargs))
     first = wire.handshake(a, secret_a, rank=0, world=world_a, timeout=timeout, **kwargs)
-    return first, other.get()
+    return first, other.result()
 
 
 class Recorder:

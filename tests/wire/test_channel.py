@@ -24,10 +24,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._channel import _MAC_STEP
+from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, channel_pair, record, send_raw
 from tests.support.states import assert_same_state, every_dtype_state
-from tests.support.threads import Outcome
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -148,9 +148,9 @@ def test_bf16_frames_are_half_the_size_of_float32_frames(pair):
 def test_a_large_frame_roundtrips_with_its_body_tag(pair):
     a, b = pair
     big = {"w": np.random.default_rng(1).standard_normal(3 << 20).astype(np.float32)}
-    sending = Outcome(lambda: a.send(1, 3, big))
+    sending = Call(lambda: a.send(1, 3, big))
     frame = b.recv()
-    assert sending.get() == frame.nbytes
+    assert sending.result() == frame.nbytes
     np.testing.assert_array_equal(frame.state["w"], big["w"])
 
 
@@ -159,25 +159,25 @@ def test_both_directions_work_concurrently_from_one_sender_and_one_receiver_thre
     n = 50
 
     def pump(ch: wire.Channel, base: int) -> list[int]:
-        sender = Outcome(lambda: [ch.send(1, base + i, {"i": i, "x": np.full(1000, i)})
-                                  for i in range(n)])
+        sender = Call(lambda: [ch.send(1, base + i, {"i": i, "x": np.full(1000, i)})
+                               for i in range(n)])
         got = [ch.recv().state["i"] for _ in range(n)]
-        sender.get()
+        sender.result()
         return got
 
-    other = Outcome(lambda: pump(b, 1000))
+    other = Call(lambda: pump(b, 1000))
     assert pump(a, 0) == list(range(n))
-    assert other.get() == list(range(n))
+    assert other.result() == list(range(n))
 
 
 def test_concurrent_senders_on_one_channel_never_interleave_frames(pair):
     a, b = pair
     payload = np.arange(100_000, dtype=np.int64)
-    senders = [Outcome(lambda t=t: [a.send(1, t, {"x": payload}) for _ in range(5)])
+    senders = [Call(lambda t=t: [a.send(1, t, {"x": payload}) for _ in range(5)])
                for t in range(4)]
     frames = [b.recv() for _ in range(20)]
     for s in senders:
-        s.get()
+        s.result()
     assert sorted(f.tag for f in frames) == sorted(list(range(4)) * 5)
     assert [f.seq for f in frames] == list(range(20))
     for f in frames:
@@ -359,11 +359,11 @@ def test_frames_carry_the_body_and_16_byte_tag_the_docs_define(n, encrypt):
         assert (plain in frame) is not encrypt
     # A new nonce per frame: the same body never gets the same tag twice.
     assert first[-16:] != second[-16:]
-    writing = Outcome(lambda: send_raw(a, first + second))
+    writing = Call(lambda: send_raw(a, first + second))
     got = [b.recv(), b.recv()]
     assert [frame.tag for frame in got] == [1, 2]
     np.testing.assert_array_equal(got[1].state["x"], state["x"])
-    writing.get()
+    writing.result()
     a.close(), b.close()
 
 
@@ -378,10 +378,10 @@ def test_a_tampered_large_body_is_refused_when_authenticated_while_reading(pair)
     assert len(frame) > 2 * _MAC_STEP  # authenticated in pieces as it arrives
     tampered = bytearray(frame)
     tampered[len(frame) - 16 - 5] ^= 0x80  # the body's last bytes
-    writing = Outcome(lambda: send_raw(a, bytes(tampered)))
+    writing = Call(lambda: send_raw(a, bytes(tampered)))
     with pytest.raises(AuthenticationError, match="body .* failed authentication"):
         b.recv()
-    writing.get()
+    writing.result()
 
 
 def test_a_tampered_body_is_refused(pair):
@@ -427,10 +427,10 @@ def test_a_peer_that_closes_mid_frame_is_lost(pair):
 
 def test_closing_a_channel_wakes_a_thread_blocked_in_recv(pair):
     a, b = pair
-    waiting = Outcome(lambda: b.recv(timeout=None))
+    waiting = Call(lambda: b.recv(timeout=None))
     b.close()
     with pytest.raises(PeerLostError):
-        waiting.get(timeout=5)
+        waiting.result(timeout=5)
 
 
 def test_sending_on_a_closed_channel_is_peer_lost(pair):
@@ -486,9 +486,9 @@ def test_a_write_deadline_drops_a_peer_that_reads_too_slowly():
 def test_a_write_within_its_deadline_is_delivered_whole(pair):
     a, b = pair
     payload = np.arange(1 << 20, dtype=np.float32)
-    received = Outcome(b.recv)
+    received = Call(b.recv)
     a.send(1, 7, {"w": payload}, deadline=time.monotonic() + 30)
-    frame = received.get()
+    frame = received.result()
     np.testing.assert_array_equal(frame.state["w"], payload)
 
 

@@ -7,17 +7,17 @@ import pytest
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError, WireError
+from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, channel_pair, record, send_raw, tcp_pair
-from tests.support.threads import Outcome
 def test_encryption_is_the_default_and_round_trips_every_size():
     a, b = channel_pair()
     assert a.encrypted and b.encrypted
     for n in (0, 1, 1000, 70_000, 300_000, 3 << 20):
         state = {"weights": np.arange(n, dtype=np.float32), "meta": {"n": n}}
-        sending = Outcome(lambda: a.send(1, 5, state))
+        sending = Call(lambda: a.send(1, 5, state))
         frame = b.recv()
-        sending.get()
+        sending.result()
         np.testing.assert_array_equal(frame.state["weights"], state["weights"])
         assert frame.state["meta"] == {"n": n}
         frame.state["weights"][:1] = 7  # decrypted in place into a writable buffer
@@ -28,9 +28,9 @@ def test_scattered_buffers_are_encrypted_as_one_body():
     a, b = channel_pair()
     state = {f"layer{i}": np.full(100_000 + i, i, dtype=np.float32) for i in range(4)}
     state["small"] = np.ones(3)
-    sending = Outcome(lambda: a.send_encoded(1, 2, wire.encode_state(state)))
+    sending = Call(lambda: a.send_encoded(1, 2, wire.encode_state(state)))
     frame = b.recv(timeout=10)
-    sending.get()
+    sending.result()
     for key, value in state.items():
         np.testing.assert_array_equal(frame.state[key], value)
     a.close(), b.close()
@@ -39,11 +39,11 @@ def test_scattered_buffers_are_encrypted_as_one_body():
 @pytest.mark.parametrize("first", [True, False], ids=["dialer-encrypts", "dialer-in-clear"])
 def test_an_encryption_mismatch_is_a_clear_error_on_both_ends(first):
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, SECRET, rank=1, world=2, encrypt=not first))
+    other = Call(lambda: wire.handshake(b, SECRET, rank=1, world=2, encrypt=not first))
     with pytest.raises(WireError, match="frame encryption .*`\\[mesh\\] encrypt` the same"):
         wire.handshake(a, SECRET, rank=0, world=2, encrypt=first)
     with pytest.raises(WireError, match="frame encryption .*`\\[mesh\\] encrypt` the same"):
-        other.get()
+        other.result()
 
 
 @pytest.mark.parametrize("n", [64, 1 << 20], ids=["small", "large"])
@@ -52,10 +52,10 @@ def test_a_flipped_ciphertext_bit_is_refused_before_anything_is_decoded(n):
     (frame,) = record(a, (1, 1, {"x": np.zeros(n, dtype=np.uint8)}))
     tampered = bytearray(frame)
     tampered[wire.HEADER_SIZE + 10] ^= 1
-    writing = Outcome(lambda: send_raw(a, bytes(tampered)))
+    writing = Call(lambda: send_raw(a, bytes(tampered)))
     with pytest.raises(AuthenticationError, match="body .* failed authentication"):
         b.recv()
-    writing.get()
+    writing.result()
     assert b.closed
     a.close()
 
@@ -84,10 +84,10 @@ def test_node_keys_are_proven_and_reported_and_a_forged_proof_is_refused(tmp_pat
             return super().sign(transcript, bytes(32))  # a signature for another handshake
 
     x, y = tcp_pair()
-    other = Outcome(lambda: wire.handshake(y, SECRET, rank=1, world=2))
-    forging = Outcome(lambda: wire.handshake(x, SECRET, rank=0, world=2,
-                                             node_key=Forger(key.private)))
+    other = Call(lambda: wire.handshake(y, SECRET, rank=1, world=2))
+    forging = Call(lambda: wire.handshake(x, SECRET, rank=0, world=2,
+                                          node_key=Forger(key.private)))
     with pytest.raises(AuthenticationError, match="failed to prove possession"):
-        other.get()
+        other.result()
     with pytest.raises(Exception):
-        forging.get().recv(timeout=5)
+        forging.result().recv(timeout=5)

@@ -11,9 +11,9 @@ import pytest
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, channel_pair, tcp_pair
-from tests.support.threads import Outcome
 
 
 def _hello(version: int = wire.PROTOCOL_VERSION, rank: int = 1, world: int = 2) -> bytes:
@@ -26,21 +26,21 @@ def _hello(version: int = wire.PROTOCOL_VERSION, rank: int = 1, world: int = 2) 
 
 def test_a_wrong_secret_is_an_authentication_error_on_both_ends():
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, b"another secret, not ours", rank=1, world=2))
+    other = Call(lambda: wire.handshake(b, b"another secret, not ours", rank=1, world=2))
     with pytest.raises(AuthenticationError, match="wrong secret"):
         wire.handshake(a, SECRET, rank=0, world=2)
     with pytest.raises(AuthenticationError, match="wrong secret") as info:
-        other.get()
+        other.result()
     assert SECRET.decode() not in str(info.value)
 
 
 def test_a_world_size_mismatch_names_both_sizes_on_both_ends():
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, SECRET, rank=1, world=3))
+    other = Call(lambda: wire.handshake(b, SECRET, rank=1, world=3))
     with pytest.raises(WireError, match="world of 3.*world of 4"):
         wire.handshake(a, SECRET, rank=0, world=4)
     with pytest.raises(WireError, match="world of 4.*world of 3"):
-        other.get()
+        other.result()
 
 
 def test_a_protocol_version_mismatch_names_both_versions():
@@ -61,20 +61,20 @@ def test_a_peer_that_is_not_meshkit_is_refused_by_its_first_bytes():
 
 def test_a_reflected_hello_is_refused():
     a, b = tcp_pair()
-    reflector = Outcome(lambda: b.sendall(b.recv(wire.HELLO_SIZE)))
+    reflector = Call(lambda: b.sendall(b.recv(wire.HELLO_SIZE)))
     with pytest.raises(AuthenticationError, match="reflection"):
         wire.handshake(a, SECRET, rank=0, world=2, timeout=2)
-    reflector.get()
+    reflector.result()
     b.close()
 
 
 def test_different_jobs_refuse_each_other():
     a, b = tcp_pair()
-    other = Outcome(lambda: wire.handshake(b, SECRET, rank=1, world=2, session=b"job-b"))
+    other = Call(lambda: wire.handshake(b, SECRET, rank=1, world=2, session=b"job-b"))
     with pytest.raises(WireError, match="job"):
         wire.handshake(a, SECRET, rank=0, world=2, session=b"job-a")
     with pytest.raises(WireError):
-        other.get()
+        other.result()
 
 
 def test_a_handshake_refused_for_its_arguments_still_closes_the_socket() -> None:
@@ -123,12 +123,12 @@ def test_a_peer_dribbling_its_handshake_is_dropped_at_the_handshake_deadline():
                 return
             b.sendall(bytes([byte]))
 
-    dribbler = Outcome(dribble)
+    dribbler = Call(dribble)
     with pytest.raises(PeerLostError, match="handshake timeout"):
         wire.handshake(a, SECRET, rank=0, world=2, timeout=5, handshake_timeout=0.3)
     stop.set()
     try:
-        dribbler.get()
+        dribbler.result()
     except OSError:
         pass  # our end hung up on it mid-dribble
     b.close()
@@ -145,11 +145,11 @@ def test_frame_macs_can_be_disabled_only_on_both_ends_for_benchmarks():
     a.close(), b.close()
 
     x, y = tcp_pair()
-    other = Outcome(lambda: wire.handshake(y, SECRET, rank=1, world=2))
+    other = Call(lambda: wire.handshake(y, SECRET, rank=1, world=2))
     with pytest.raises(WireError, match="MACs may only be disabled on both ends"):
         wire.handshake(x, SECRET, rank=0, world=2, benchmark_only_disable_mac=True)
     with pytest.raises(WireError, match="MACs may only be disabled"):
-        other.get()
+        other.result()
 
 
 def test_no_configuration_option_can_turn_frame_macs_off():

@@ -9,9 +9,9 @@ import pytest
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError
+from meshkit.testing.support import Call
 
 from tests.support.channels import channel_pair, record, send_raw
-from tests.support.threads import Outcome
 class OnePlace:
     """Expects one body: ``payload`` with its last entry's data going to ``target``."""
 
@@ -42,24 +42,24 @@ def test_an_expected_body_lands_in_place_and_any_other_arrives_as_usual(encrypt:
         sent = np.arange(70_001, dtype=np.float32)  # an odd size, bigger than a MAC step
         target = np.zeros_like(sent)
         placer = OnePlace(expected(target), target)
-        reading = Outcome(lambda: b.recv(place=placer))
+        reading = Call(lambda: b.recv(place=placer))
         a.send(1, 7, {"r": 1, "k": 3, "x": sent})
-        frame = reading.get()
+        frame = reading.result()
         assert frame.placed and frame.body is None
         assert frame.state["x"] is target and frame.state["k"] == 3
         np.testing.assert_array_equal(target, sent)
         # Another segment index: the same length, another head: received as usual.
-        other = Outcome(lambda: b.recv(place=placer))
+        other = Call(lambda: b.recv(place=placer))
         a.send(1, 7, {"r": 1, "k": 4, "x": sent + 1})
-        frame = other.get()
+        frame = other.result()
         assert not frame.placed and frame.state["k"] == 4
         np.testing.assert_array_equal(frame.state["x"], sent + 1)
         np.testing.assert_array_equal(target, sent)  # nothing landed
         # A wrong length is never offered to the placer.
         before = len(placer.heads)
-        short = Outcome(lambda: b.recv(place=placer))
+        short = Call(lambda: b.recv(place=placer))
         a.send(1, 7, {"r": 1, "k": 3, "x": sent[:-1]})
-        assert short.get().state["x"].shape == (70_000,)
+        assert short.result().state["x"].shape == (70_000,)
         assert len(placer.heads) == before
     finally:
         a.close()
@@ -75,10 +75,10 @@ def test_a_tampered_body_that_landed_fails_authentication(encrypt: bool) -> None
         (data,) = record(a, (1, 7, {"r": 1, "k": 3, "x": np.ones(70_001, np.float32)}))
         forged = bytearray(data)
         forged[-1000] ^= 1  # a byte of the segment's data, past the head
-        reading = Outcome(lambda: b.recv(place=placer))
+        reading = Call(lambda: b.recv(place=placer))
         send_raw(a, bytes(forged))
         with pytest.raises(AuthenticationError, match="failed authentication"):
-            reading.get()
+            reading.result()
         assert placer.heads == [placer.head]  # it landed, and the frame was refused
         assert b.closed
     finally:

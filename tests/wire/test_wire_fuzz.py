@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from meshkit import wire
 from meshkit.errors import AuthenticationError, PeerLostError, WireError
+from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, channel_pair, record, send_raw
-from tests.support.threads import Outcome
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 FEW = settings(max_examples=40, deadline=None, derandomize=True,
@@ -203,24 +203,24 @@ def test_a_bit_flip_in_the_handshake_is_refused_by_the_end_that_hears_it(pos, bi
     # x <-> [y | tampering relay | peer_side] <-> honest; x's bytes get a flip.
     x, y = socket.socketpair()
     honest_sock, peer_side = socket.socketpair()
-    honest = Outcome(lambda: wire.handshake(honest_sock, SECRET, rank=1, world=2, timeout=5))
-    there = Outcome(lambda: _pump(y, peer_side, pos, bit))
-    back = Outcome(lambda: _pump(peer_side, y))
+    honest = Call(lambda: wire.handshake(honest_sock, SECRET, rank=1, world=2, timeout=5))
+    there = Call(lambda: _pump(y, peer_side, pos, bit))
+    back = Call(lambda: _pump(peer_side, y))
     try:
-        mine = Outcome(lambda: wire.handshake(x, SECRET, rank=0, world=2, timeout=5))
+        mine = Call(lambda: wire.handshake(x, SECRET, rank=0, world=2, timeout=5))
         with pytest.raises((WireError, PeerLostError)):
-            honest.get()
+            honest.result()
         if pos < wire.HELLO_SIZE:
             # A changed hello changes both transcripts: neither end authenticates.
             with pytest.raises((WireError, PeerLostError)):
-                mine.get()
+                mine.result()
         else:
             # Only x's confirmation was hit: x heard a valid one and proceeds,
             # but the honest end refused and hung up, so x's first recv fails.
-            channel = mine.get()
+            channel = mine.result()
             with pytest.raises(PeerLostError):
                 channel.recv(timeout=5)
-        there.get(), back.get()
+        there.result(), back.result()
     finally:
         for s in (x, y, honest_sock, peer_side):
             s.close()

@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from meshkit import wire
+from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, tcp_pair
-from tests.support.threads import Outcome
 class DocPeer:
     """A peer written only from docs/wire.md (struct, hmac, AESGCM, X25519 and
     Ed25519 from ``cryptography``; no meshkit.wire)."""
@@ -106,9 +106,9 @@ class DocPeer:
 def test_a_peer_written_from_the_docs_interoperates(encrypt):
     a, b = tcp_pair()
     node_key = Ed25519PrivateKey.generate()
-    other = Outcome(lambda: wire.handshake(b, SECRET, rank=0, world=3, encrypt=encrypt))
+    other = Call(lambda: wire.handshake(b, SECRET, rank=0, world=3, encrypt=encrypt))
     peer = DocPeer(a, SECRET, rank=1, world=3, encrypt=encrypt, node_key=node_key)
-    channel = other.get()
+    channel = other.result()
     assert channel.peer.rank == 1 and channel.encrypted is encrypt
     assert channel.peer_key == node_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
