@@ -11,12 +11,15 @@ one that raises is logged with its plugin's name while the run goes on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pluggy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the kernel's types, named here without importing them at run time
     from meshkit.components import Component
+    from meshkit.config import Config
+    from meshkit.node import NodeCaps
+    from meshkit.train import RoundReport, RunReport
 
 # The spec marker stays private: plugins only ever need ``meshkit.hookimpl``.
 _hookspec = pluggy.HookspecMarker("meshkit")
@@ -106,7 +109,7 @@ def meshkit_partitioners() -> Iterable[Component]:
 
 
 @_hookspec
-def meshkit_run_started(config: Any) -> None:
+def meshkit_run_started(config: Config) -> None:
     """A run is about to start.
 
     Called on the coordinator once, after the config is resolved and before
@@ -116,7 +119,7 @@ def meshkit_run_started(config: Any) -> None:
 
 
 @_hookspec
-def meshkit_node_joined(caps: Any) -> None:
+def meshkit_node_joined(caps: NodeCaps) -> None:
     """A node finished the capability handshake.
 
     Called on the coordinator once per node, in rank order of arrival, with
@@ -126,19 +129,21 @@ def meshkit_node_joined(caps: Any) -> None:
 
 
 @_hookspec
-def meshkit_round_completed(report: Any) -> None:
+def meshkit_round_completed(report: RoundReport) -> None:
     """A training round (or data-parallel step batch) finished.
 
     Called on the coordinator after the round's consensus is scattered and
     its metrics are recorded. ``report`` carries the round number, who
-    answered, and the metrics. The return value is ignored.
+    answered, and the metrics (a :class:`meshkit.train.RoundReport`). The
+    return value is ignored.
     """
 
 
 @_hookspec
-def meshkit_run_finished(report: Any) -> None:
+def meshkit_run_finished(report: RunReport) -> None:
     """A run ended, successfully or not.
 
     Called on the coordinator once, after the last round or after a failure
-    stopped the run; ``report`` says which. The return value is ignored.
+    stopped the run; ``report`` (a :class:`meshkit.train.RunReport`) says
+    which. The return value is ignored.
     """

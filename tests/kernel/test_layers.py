@@ -2,8 +2,12 @@
 
 * The kernel (``meshkit/``) never imports a plugin (``meshkit_*``).
 * A lower layer never imports a higher one, at module level, inside a
-  function, or under ``TYPE_CHECKING``.
-* No import cycles between kernel modules.
+  function, or under ``TYPE_CHECKING`` -- except that the hook contract
+  (``meshkit.hookspecs``) names the types its hooks are called with
+  (``Config``, ``NodeCaps``, ``RoundReport``) under ``TYPE_CHECKING``: for the
+  type checker only, never executed.
+* No import cycles between kernel modules (imports that run; ``TYPE_CHECKING``
+  ones do not).
 * A function-local import is only for a heavy optional third-party library.
 * Built-in plugins import only meshkit's public API: a package or module
   that is not ``_private``, and only names it lists in ``__all__``.
@@ -37,6 +41,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("meshkit.cli",),
     ("meshkit.testing", "meshkit", "meshkit.__main__"),
 ]
+
+#: Modules allowed to name a higher layer's types under ``TYPE_CHECKING`` (module doc).
+TYPES_FROM_ABOVE = {"meshkit.hookspecs"}
 
 #: Third-party libraries heavy enough, and optional enough, to import late.
 HEAVY_OPTIONAL = {"torch", "matplotlib"}
@@ -95,6 +102,18 @@ def _imports(path: Path, module: str) -> list[tuple[str, int, bool, list[str]]]:
     return found
 
 
+def _type_checking_lines(path: Path) -> set[int]:
+    """Lines of the imports under ``if TYPE_CHECKING:`` in a file (never executed)."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        test = node.test if isinstance(node, ast.If) else None
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            lines |= {n.lineno for child in node.body for n in ast.walk(child)
+                      if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
 def _kernel_target(name: str, modules: dict[str, Path]) -> str | None:
     """The kernel module an import resolves to (the longest existing prefix)."""
     parts = name.split(".")
@@ -125,9 +144,10 @@ def test_the_kernel_never_imports_a_plugin():
 def test_no_lower_layer_imports_a_higher_one():
     offences = []
     for module, path in MODULES.items():
+        types_only = _type_checking_lines(path) if module in TYPES_FROM_ABOVE else set()
         for name, line, _, _ in _imports(path, module):
             target = _kernel_target(name, MODULES)
-            if target is None or target == "meshkit":
+            if target is None or target == "meshkit" or line in types_only:
                 continue
             if _layer(target) > _layer(module):
                 offences.append(f"{module}:{line} (layer {_layer(module)}) imports {target} "
@@ -146,9 +166,10 @@ def test_function_local_imports_are_only_for_heavy_optional_libraries():
 def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
-        for name, _, _, _ in _imports(path, module):
+        types_only = _type_checking_lines(path)
+        for name, line, _, _ in _imports(path, module):
             target = _kernel_target(name, MODULES)
-            if target is not None and target != module:
+            if target is not None and target != module and line not in types_only:
                 graph[module].add(target)
     return graph
 
