@@ -109,7 +109,8 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{_META: header}, **arrays)
+            # numpy's stub checks **arrays against savez's allow_pickle flag.
+            np.savez(fh, **{_META: header}, **arrays)  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

@@ -230,15 +230,15 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     """Structure an already-parsed TOML document."""
-    for table, value in data.items():
-        if table not in _KNOWN_TABLES:
-            near = closest(table, _KNOWN_TABLES)
+    for section, value in data.items():
+        if section not in _KNOWN_TABLES:
+            near = closest(section, _KNOWN_TABLES)
             raise ConfigError(
-                f"{path}: [{table}]: unknown table"
+                f"{path}: [{section}]: unknown table"
                 + (f" (did you mean [{near}]?)" if near else "") + "; known tables are "
                 + ", ".join(f"[{t}]" for t in _KNOWN_TABLES))
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: {table}: expected a table, got {value!r}")
+            raise ConfigError(f"{path}: {section}: expected a table, got {value!r}")
 
     def table(name: str) -> dict[str, Any]:
         return dict(data.get(name, {}))

@@ -110,7 +110,8 @@ class Registry:
                     attrs.evolve(record, provenance=provenance))
         components = {name: found[0] for name, found in sorted(offers.items())
                       if len(found) == 1}
-        conflicts = {name: Conflict(kind, name, tuple(r.provenance for r in found))
+        conflicts = {name: Conflict(kind, name, tuple(r.provenance for r in found
+                                                      if r.provenance is not None))
                      for name, found in sorted(offers.items()) if len(found) > 1}
         return _Collected(components, conflicts, failures)
 

@@ -14,7 +14,7 @@ from meshkit.errors import ConfigError
 try:  # the torch extra is optional; only this command needs it
     import meshkit.torch as meshkit_torch
 except ImportError as exc:
-    meshkit_torch = None
+    meshkit_torch = None  # type: ignore[assignment]  # the extra is absent: said when used
     _WHY = str(exc)
 
 __all__ = ["export_command"]

@@ -134,7 +134,10 @@ class _Collector:
             kind = msg.get("kind")
             if kind in ("report", "left"):
                 report = report_from_json(msg.get("report") or {})
-                self.reports[src] = report  # type: ignore[assignment]
+                if not isinstance(report, NodeReport):  # a train report has no place here
+                    raise WireError(f"pipeline job {self.job}: rank {src} sent a "
+                                    f"{type(report).__name__}, not a node report")
+                self.reports[src] = report
                 if kind == "left" and self.failure is None:
                     why = ("stop handle raised" if report.stopped == "stop"
                            else "step budget spent")

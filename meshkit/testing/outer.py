@@ -98,7 +98,7 @@ class OuterOptimizerContract(ContractBase):
         parameter is not stepped: it adopts the consensus, under the same key."""
         opt = self.make()
         x = {**_model(), "seen": np.array([3, 4], np.int64), "meta": {"mu": 1.5}}
-        c = {**_consensus(_model(), seed=4), "seen": np.array([5, 6], np.int64),
+        c: dict[str, Any] = {**_consensus(_model(), seed=4), "seen": np.array([5, 6], np.int64),
              "meta": {"mu": 2.5}}
         for r in range(2):
             new = opt.step(snapshot(x), snapshot(c))

@@ -147,7 +147,8 @@ def _assert_leaf_close(actual: Any, expected: Any, what: str, *, rtol: float | N
             else actual
         e = expected.astype(np.float64) if expected.dtype.kind in "fc" or \
             expected.dtype == bfloat16 else expected
-        np.testing.assert_allclose(a, e, err_msg=what, equal_nan=True, **tol)
+        np.testing.assert_allclose(a, e, rtol=tol["rtol"], atol=tol["atol"], err_msg=what,
+                                   equal_nan=True)
         return
     if isinstance(expected, float) and isinstance(actual, (int, float)):
         assert math.isclose(actual, expected, rel_tol=rtol or 1e-9, abs_tol=atol or 1e-9), (

@@ -164,7 +164,7 @@ class TorchTask:
         if self.options.threads:
             torch.set_num_threads(self.options.threads)
         self._lock = threading.Lock()
-        self._data: tuple[Dataset, Dataset, np.ndarray] | None = None
+        self._data: tuple[Dataset, Dataset, np.ndarray | None] | None = None
         self._test_labels: np.ndarray | None = None
         self._module: torch.nn.Module | None = None
         self._replica: _Replica | None = None
@@ -204,7 +204,7 @@ class TorchTask:
 
     # -- data --------------------------------------------------------------------
 
-    def _datasets(self) -> tuple[Dataset, Dataset, np.ndarray]:
+    def _datasets(self) -> tuple[Dataset, Dataset, np.ndarray | None]:
         with self._lock:
             if self._data is None:
                 parts = self._call(self._data_factory)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
 
@@ -219,7 +219,7 @@ def _first_line(proc: subprocess.Popen, deadline: float) -> str:
 
 
 def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
-         dropped: set[int] = frozenset()) -> None:
+         dropped: AbstractSet[int] = frozenset()) -> None:
     """Wait for the workers to leave; terminate, then kill, the ones that do not."""
     # A dropped worker may be wedged (that is why it was dropped): no
     # grace for it. The others were told to stop and get time to leave.

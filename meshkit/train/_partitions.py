@@ -9,13 +9,17 @@ refuses anything else. Where a partition runs is decided by
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import attrs
 
 from meshkit.errors import ConfigError
 
 __all__ = ["Partition", "WorkerIdentity", "order_partitions"]
+
+
+def _names(nodes: Iterable[str]) -> tuple[str, ...]:
+    return tuple(nodes)
 
 
 @attrs.frozen
@@ -26,7 +30,7 @@ class Partition:
     advertising that tag; exactly one of the two.
     """
 
-    nodes: tuple[str, ...] = attrs.field(converter=tuple)
+    nodes: tuple[str, ...] = attrs.field(converter=_names)
     rank: int | None = None
     tag: str | None = None
 

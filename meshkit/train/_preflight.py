@@ -286,8 +286,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
     rounds = getattr(getattr(strategy, "options", None), "rounds", None)
-    extra = getattr(strategy, "extra_ranks", None)
-    boards = list(extra()) if callable(extra) else []
+    extra_ranks = getattr(strategy, "extra_ranks", None)
+    boards = list(extra_ranks()) if callable(extra_ranks) else []
     world = world_size(cfg, boards)
     check_mesh_peers(cfg, world)
     return {

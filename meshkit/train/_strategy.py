@@ -17,9 +17,13 @@ import threading
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import attrs
+import numpy as np
 
-from meshkit.aggregation import begin
+from meshkit.aggregation import Aggregator, begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
+from meshkit.outer import OuterOptimizer
+from meshkit.partitioner import Partitioner
+from meshkit.task import Task
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool, broadcast, call
 
@@ -153,13 +157,13 @@ class StrategyContext:
       The round skeleton calls it; a strategy never does.
     """
 
-    task: Any
-    aggregator: Any
+    task: Task
+    aggregator: Aggregator
     pool: WorkerPool
     workers: list[int]
-    rng: Any
+    rng: np.random.Generator
     seed: int = 0
-    outer: Any = None
+    outer: OuterOptimizer | None = None
     outer_name: str = "average"
     strategy_name: str = ""
     identities: list[WorkerIdentity] = attrs.Factory(list)
@@ -174,7 +178,7 @@ class StrategyContext:
     run_board: Callable[[int, str, Any], Any] | None = None
     #: The run's partitioner (``[partitioner]``): how the training set is split into
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
-    partitioner: Any = None
+    partitioner: Partitioner | None = None
     admit: Callable[[], Sequence[int]] = lambda: ()
 
     @property

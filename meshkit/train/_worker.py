@@ -339,6 +339,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
             break
     if failure is not None:
         raise failure
+    assert trainer is not None  # built, or failure was raised above
     log.info("trainer on rank %s finished%s", getattr(group, "rank", "?"),
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)

@@ -26,6 +26,7 @@ itself. Every :class:`LinkEvents` method may be called from any thread.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from meshkit.transport._message import Message
 

@@ -127,7 +127,7 @@ class Mailboxes:
                 if sources is not None:
                     reasons = [ledger.unreachable(s) for s in sources]
                     if all(reasons):
-                        raise PeerLostError(f"waiting for {label}: {'; '.join(reasons)}")
+                        raise PeerLostError(f"waiting for {label}: {'; '.join(r for r in reasons if r)}")
                 elif (ledger.world_size > 1
                       and len(ledger.dead()) >= ledger.world_size - 1):
                     raise PeerLostError(

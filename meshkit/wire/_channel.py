@@ -334,8 +334,10 @@ class Channel:
     def send_encoded(self, kind: int, tag: int, encoded: EncodedState, *,
                      sender: int | None = None, deadline: float | None = None) -> int:
         """Send a body prepared by :func:`encode_state` (encode once, scatter to many)."""
-        return self._send_buffers(kind, tag, encoded.flags, encoded,
+        sent = self._send_buffers(kind, tag, encoded.flags, encoded,
                                   self.rank if sender is None else sender, deadline)
+        assert sent is not None  # only forward_now (if_room) may send nothing
+        return sent
 
     def forward(self, frame: Frame, *, sender: int | None = None,
                 deadline: float | None = None) -> int:
@@ -345,8 +347,10 @@ class Channel:
         number: tags are per connection and per direction.
         """
         encoded = EncodedState(buffers=(frame.body,), nbytes=frame.nbytes, flags=frame.flags)
-        return self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
+        sent = self._send_buffers(frame.kind, frame.tag, frame.flags, encoded,
                                   frame.sender if sender is None else sender, deadline)
+        assert sent is not None  # only forward_now (if_room) may send nothing
+        return sent
 
     def forward_now(self, frame: Frame, *, sender: int | None = None) -> bool:
         """Forward ``frame`` (as :meth:`forward`) only if that cannot wait on the peer.
@@ -619,7 +623,7 @@ class Channel:
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
         head_size = 0 if place is None else place.head_size(tag, flags, nbytes)
-        if 0 < head_size <= nbytes:
+        if place is not None and 0 < head_size <= nbytes:
             return self._recv_placed(bytes(header), kind, flags, tag, sender, seq, nbytes,
                                      head_size, place)
         whole = _receive_buffer(nbytes + BODY_TAG_SIZE)
@@ -627,14 +631,14 @@ class Channel:
         if self.encrypted:
             self._decrypt_into(whole, bytes(header), seq, tag, nbytes)
         elif not self.mac_enabled:
-            self._read_into(memoryview(whole), "body")
+            self._read_into(whole.data, "body")
         elif nbytes < _MAC_STEP:
-            self._read_into(memoryview(whole), "body")
+            self._read_into(whole.data, "body")
             expected = _body_tag(self._keys.recv_gcm, self._keys.recv_body, seq, bytes(header),
-                                 [memoryview(body)])
+                                 [body.data])
         else:
             gmac = _streaming_gmac(self._keys.recv_body, seq)
-            self._read_into(memoryview(whole), "body", gmac.authenticate_additional_data, nbytes)
+            self._read_into(whole.data, "body", gmac.authenticate_additional_data, nbytes)
             gmac.update(bytes(header))
             gmac.finalize()
             expected = gmac.tag
@@ -668,7 +672,7 @@ class Channel:
             context = _streaming_gmac(self._keys.recv_body, seq)
             feed = context.authenticate_additional_data
         head = np.empty(head_size, dtype=np.uint8)
-        self._read_into(memoryview(head), "body", feed, head_size)
+        self._read_into(head.data, "body", feed, head_size)
         chosen = place.place(head.tobytes())
         body: np.ndarray | None = None
         if chosen is not None and _byte_view(chosen[0]).nbytes == nbytes - head_size:
@@ -678,7 +682,7 @@ class Channel:
             chosen = None
             body = _receive_buffer(nbytes)
             body[:head_size] = head
-            rest = memoryview(body)[head_size:]
+            rest = body.data[head_size:]
         self._read_into(rest, "body", feed, rest.nbytes)
         del rest
         received = bytearray(BODY_TAG_SIZE)
@@ -710,7 +714,7 @@ class Channel:
     def _decrypt_into(self, whole: np.ndarray, header: bytes, seq: int, tag: int,
                       nbytes: int) -> None:
         """Read an encrypted body and its tag into ``whole``; decrypt in place and verify."""
-        view = memoryview(whole)
+        view = whole.data
         try:
             if nbytes < _MAC_STEP:
                 self._read_into(view, "body")

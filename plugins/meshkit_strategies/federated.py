@@ -120,6 +120,7 @@ class Federated:
                 f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and "
                 f"run again with --resume")
         consensus = folded.result
+        assert consensus is not None  # min_clients (>= 1) clients were served
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
         metrics = dict(folded.train_loss())
         if opts.evaluate in ("coordinator", "both"):

@@ -75,12 +75,13 @@ class ModelParallel:
     def run(self, ctx: StrategyContext) -> StrategyResult:
         opts = self.options
         self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers))
-        stages = order_partitions(self.partitions(), list(ctx.task.stages()))
+        task: Any = ctx.task  # check() made sure it offers the optional staged methods
+        stages = order_partitions(self.partitions(), list(task.stages()))
         placed = [(ctx.worker_for(p), nodes) for p, nodes in stages]
         loaded = self.loaded_state()
         state = dict(loaded) if loaded is not None else ctx.initial_state()
-        keys_of = getattr(ctx.task, "stage_keys", None)
-        x, y = ctx.task.test_data()
+        keys_of = getattr(task, "stage_keys", None)
+        x, y = task.test_data()
 
         def play_round(ctx: StrategyContext, rnd: int,
                        state: Mapping[str, Any]) -> RoundOutcome:
@@ -108,7 +109,7 @@ def thread_activation(ctx: StrategyContext, placed: Sequence[tuple[int, Sequence
             needed = dict(state)
         reply = ctx.call([(rank, {"op": "stage", "nodes": list(nodes), "x": activation,
                                   "state": needed})])[0]
-        if not reply.ok:
+        if reply.payload is None:
             raise MeshError(f"stage {list(nodes)} on rank {rank} failed: {reply.error}; a "
                             f"pipeline cannot skip a stage")
         activation = reply.payload["x"]

@@ -128,17 +128,14 @@ class DigitsTask:
             if self._train is not None:
                 return
             opts = self.options
-            shipped = None
-            if not (opts.train_csv and opts.test_csv):
-                shipped = self._shipped()
-            train = (read_digits_csv(opts.train_csv, key="train_csv") if opts.train_csv
-                     else shipped[0])
-            if opts.test_csv:
-                test = read_digits_csv(opts.test_csv, key="test_csv")
-            elif opts.train_csv:
-                test = (np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64))  # none here
+            if opts.train_csv:
+                train = read_digits_csv(opts.train_csv, key="train_csv")
+                test = (read_digits_csv(opts.test_csv, key="test_csv") if opts.test_csv
+                        else (np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64)))  # none
             else:
-                test = shipped[1]
+                train, test = self._shipped()
+                if opts.test_csv:
+                    test = read_digits_csv(opts.test_csv, key="test_csv")
             self._train, self._test = train, test
 
     def train_data(self) -> tuple[np.ndarray, np.ndarray]:

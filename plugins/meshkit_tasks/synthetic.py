@@ -103,8 +103,9 @@ class SyntheticTask:
         """One step: ``w - lr * g``."""
         out = {}
         for key, value in state.items():
-            w = np.array(value, dtype=self._work)
-            w -= self.options.lr * np.asarray(gradients[key], dtype=self._work)
+            w: np.ndarray = np.array(value, dtype=self._work)
+            g: np.ndarray = np.asarray(gradients[key], dtype=self._work)
+            w -= self.options.lr * g
             out[key] = w.astype(self.dtype, copy=False)
         return out
 

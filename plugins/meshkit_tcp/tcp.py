@@ -957,6 +957,7 @@ class TcpTransport:
             raise ConfigError(
                 f"the shared secret is {len(config.secret)} bytes; use at least "
                 f"{wire.MIN_SECRET} random bytes (e.g. `openssl rand -hex 32 > secret`)")
+        secret: bytes = config.secret
         server = None
         # A star's coordinator listens first and then announces the port it
         # actually bound (bind may be port 0); everyone else resolves first.
@@ -980,7 +981,7 @@ class TcpTransport:
                 group._start_mesh()
             if announce:
                 port = int(group._bound.rpartition(":")[2])
-                group._discovery = DiscoveryServer(config.secret, config.world, data_port=port,
+                group._discovery = DiscoveryServer(secret, config.world, data_port=port,
                                                    port=config.disc_port, topology="star")
                 log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
                          group._discovery.port, port)

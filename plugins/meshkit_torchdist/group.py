@@ -84,7 +84,7 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(name, None)
     except OSError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
                                for i in infos)
 
 
