@@ -216,7 +216,7 @@ def run_local(stages: Sequence[Stage], inputs: Iterable[Any],
         y = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         for stage in stages:
             if stage.op is None:
-                if not boards or stage.stage_id not in boards:
+                if not boards or stage.stage_id is None or stage.stage_id not in boards:
                     raise PlacementError(f"run_local: no board given for {stage.describe()}")
                 y = as_activation(boards[stage.stage_id].execute(y),
                                   f"{stage.describe()}: the board", BoardError)

@@ -23,6 +23,7 @@ without a secret is refused.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -92,8 +93,12 @@ class TransportContract(ContractBase):
         groups = [coordinator]
         try:
             address = coordinator.address
-            calls = [Call(lambda r=r: transport.connect(self.node_config(r, world, address)),
-                          f"connect rank {r}", why=_BOUNDED) for r in range(1, world)]
+
+            def connect(rank: int) -> Any:
+                return transport.connect(self.node_config(rank, world, address))
+
+            calls = [Call(functools.partial(connect, r), f"connect rank {r}", why=_BOUNDED)
+                     for r in range(1, world)]
             groups += [c.result(self.timeout * 2) for c in calls]
             joined = coordinator.wait_for_workers(self.timeout)
             assert sorted(joined) == list(range(1, world)), (
@@ -219,9 +224,11 @@ class TransportContract(ContractBase):
             groups[gone].close()
             contributions = {r: {"w": np.full(4, float(r), np.float32)}
                              for r in range(1, gone)}
-            pending = [self.later(lambda r=r: groups[r].all_reduce(contributions[r],
-                                                                   weight=float(r)),
-                                  f"all_reduce rank {r}")
+
+            def reduce(rank: int) -> Any:
+                return groups[rank].all_reduce(contributions[rank], weight=float(rank))
+
+            pending = [self.later(functools.partial(reduce, r), f"all_reduce rank {r}")
                        for r in range(1, gone)]
             result = groups[0].reduce_round(_MeanAggregator(), timeout=self.timeout)
             scattered = [p.result(self.timeout * 3) for p in pending]
