@@ -52,6 +52,7 @@ from meshkit.node._caps import NodeRole
 from meshkit.node._control import POLL_INTERVAL, NodeControl, recv_polling
 from meshkit.node._jobs import TAG_ABORT, TAG_ACT, TAG_UP, report_job_error, send_up
 from meshkit.node._reports import NodeReport
+from meshkit.transport import Group
 
 __all__ = ["StageRoute", "parse_job", "serve_stage"]
 
@@ -147,7 +148,7 @@ _STALE = object()
 class _Relay:
     """One stage's side of the activation stream (see the module docstring)."""
 
-    def __init__(self, group: Any, route: StageRoute, run: Callable[[np.ndarray], np.ndarray],
+    def __init__(self, group: Group, route: StageRoute, run: Callable[[np.ndarray], np.ndarray],
                  control: NodeControl, timeout: float) -> None:
         self.group = group
         self.prev = route.prev
@@ -169,7 +170,7 @@ class _Relay:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._backlog: collections.deque[Any] = collections.deque()
-        self._inline = bool(getattr(group, "inline_delivery", False))
+        self._inline = group.inline_delivery
         self._armed = False
         self._busy = False
         self._closed = False
@@ -317,7 +318,7 @@ class _Relay:
             # Idle: nothing was served here or inline for a whole poll.
             if self.aborted():
                 return None
-            closed = bool(getattr(self.group, "closed", False))
+            closed = self.group.closed
             dead = self.group.dead
             if closed or self.prev in dead or 0 in dead:
                 with self._lock:

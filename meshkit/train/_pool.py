@@ -44,6 +44,7 @@ import numpy as np
 
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.transport import Group
 from meshkit.transport.tags import TAG_RELAY
 from meshkit.train._worker import Trainer
 
@@ -202,7 +203,7 @@ class _Outstanding:
 class GroupPool:
     """Reaches workers through a transport group (the coordinator is rank 0)."""
 
-    group: Any
+    group: Group
     #: The workers that were handed this run's job (the runner admits a rank
     #: that joins late or rejoins only between rounds); None: every joined rank.
     admitted: set[int] | None = None
@@ -212,7 +213,7 @@ class GroupPool:
     def peer_reduce(self) -> bool:
         """Whether the workers reach each other directly (a mesh), so they can all-reduce
         among themselves (``group.mesh_all_reduce``) instead of through rank 0."""
-        return not getattr(self.group, "is_star", True)
+        return not self.group.is_star
     _owed: dict[int, _Outstanding] = attrs.Factory(dict)
     _failed: collections.deque[Reply] = attrs.Factory(collections.deque)
     #: Tickets given up on (a round deadline passed): their replies are discarded.

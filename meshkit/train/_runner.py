@@ -388,7 +388,7 @@ class Runner:
             identities.append(identity)
             if self._can_place(c):
                 train_ranks.append(c.rank)
-                if getattr(c, "pull_data", False):
+                if c.pull_data:
                     self._pull.add(c.rank)
             self._emit("joined", f"rank {c.rank} joined ({c.role}, {c.platform})")
         self._caps = caps = accepted
@@ -477,7 +477,7 @@ class Runner:
             if not self._can_place(caps):
                 self._left_out.add(rank)
                 continue
-            if getattr(caps, "pull_data", False):
+            if caps.pull_data:
                 self._pull.add(rank)
             try:
                 send_job(group, rank, self._train_job(rank, spec))

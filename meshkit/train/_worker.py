@@ -48,6 +48,7 @@ from meshkit.partitioner import is_per_node, split_rows
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
+from meshkit.transport import Group
 
 __all__ = ["Trainer", "serve_trainer", "with_device"]
 
@@ -288,7 +289,7 @@ def with_device(name: str, options: Mapping[str, Any], device: str) -> dict[str,
     return options
 
 
-def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
+def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
                   device: str = "auto") -> TrainReport:
     """Serve trainer requests from rank 0 until told to stop; returns a ``TrainReport``.
 
@@ -304,7 +305,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
         # Answer every request with the reason instead of leaving: the
         # coordinator waits on replies, and silence would read as a stalled
         # worker (dropped after [mesh] timeout) rather than as this error.
-        log.error("rank %s cannot build the task: %s", getattr(group, "rank", "?"), exc)
+        log.error("rank %s cannot build the task: %s", group.rank, exc)
         trainer, failure = None, exc
     idle = float(spec.get("idle_timeout", 3600.0))
     poll = min(idle, 1.0)
@@ -319,7 +320,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
         except PeerLostError as exc:
             # The transport says "lost" for a dead coordinator and for a quiet
             # one alike; only the dead one ends the job.
-            if 0 in getattr(group, "dead", {}) or time.monotonic() - idle_since > idle:
+            if 0 in group.dead or time.monotonic() - idle_since > idle:
                 stopped = f"coordinator lost: {exc}"
                 break
             continue
@@ -340,7 +341,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
     if failure is not None:
         raise failure
     assert trainer is not None  # built, or failure was raised above
-    log.info("trainer on rank %s finished%s", getattr(group, "rank", "?"),
+    log.info("trainer on rank %s finished%s", group.rank,
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)
 
@@ -375,9 +376,9 @@ def _stopped(control: Any) -> bool:
     return False
 
 
-def _train_report(group: Any, trainer: Trainer, stopped: str | None,
+def _train_report(group: Group, trainer: Trainer, stopped: str | None,
                   seconds: float) -> TrainReport:
-    return TrainReport(rank=getattr(group, "rank", -1), steps=trainer.requests,
+    return TrainReport(rank=group.rank, steps=trainer.requests,
                        rounds=trainer.fits, examples=trainer.examples,
                        metrics=dict(trainer.metrics), stopped=stopped, error=trainer.error,
                        seconds=seconds)

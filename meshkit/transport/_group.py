@@ -109,7 +109,7 @@ class Group:
         runs on a thread it must not hold up (``inproc`` delivers on the
         sender's thread), so it should only queue the payload.
         """
-        return bool(getattr(self._links, "inline_delivery", False))
+        return bool(self._links.inline_delivery)
 
     def peer_key(self, rank: int) -> bytes | None:
         """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""

@@ -76,6 +76,7 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
+from meshkit_tcp import TcpOptions
 from meshkit_tcp.tcp import KIND_CONTROL, MAX_REFUSED, ROLE_RELAY, ROLE_STAR, accept_loop, \
     format_address, listen, parse_address, send_refusal
 
@@ -732,11 +733,11 @@ class HostRelay:
         return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
 
 
-def start_relay(options: Any = None, **settings: Any) -> HostRelay:
+def start_relay(options: TcpOptions | None = None, **settings: Any) -> HostRelay:
     """A started :class:`HostRelay` from :class:`RelayConfig`'s fields (the tcp options
     give its largest frame)."""
     if options is not None and "max_frame" not in settings:
-        settings["max_frame"] = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
+        settings["max_frame"] = int(options.max_frame_bytes)
     return HostRelay(RelayConfig(**settings)).start()
 
 

@@ -64,6 +64,7 @@ from meshkit.transport import (
     describe_dead,
 )
 from meshkit.transport.discovery import DiscoveryServer, resolve
+from meshkit_tcp import TcpOptions
 
 __all__ = ["TcpTransport", "TcpGroup", "parse_address"]
 
@@ -192,7 +193,7 @@ class TcpGroup(Group):
     touches the kernel's.
     """
 
-    def __init__(self, config: NodeConfig, options: Any) -> None:
+    def __init__(self, config: NodeConfig, options: TcpOptions) -> None:
         #: Guards the channels, threads, handshakes and refusals below; notified
         #: when a link comes up, is dropped, or a connection is refused.
         self._lock = threading.Condition()
@@ -202,9 +203,9 @@ class TcpGroup(Group):
         self._bound = ""
         super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=config.is_star,
-                         bf16_wire=getattr(options, "bf16_wire", False))
+                         bf16_wire=options.bf16_wire)
         self.config = config
-        self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
+        self.max_frame = int(options.max_frame_bytes)
         if not 0 < self.max_frame < 1 << 63:
             # Checked here: inside every handshake it would refuse each peer instead.
             raise ConfigError(f"[transport] max_frame_bytes must be a positive byte count "
@@ -927,9 +928,9 @@ class _TcpLinks(Links):
 class TcpTransport:
     """Factory result of the ``tcp`` component: ``connect(node_config) -> Group``."""
 
-    def __init__(self, options: Any = None, *, benchmark_only_disable_mac: bool = False,
-                 relay_factory: Any = None) -> None:
-        self.options = options
+    def __init__(self, options: TcpOptions | None = None, *,
+                 benchmark_only_disable_mac: bool = False, relay_factory: Any = None) -> None:
+        self.options = options if options is not None else TcpOptions()
         # Never reachable from config: only benchmarks/allreduce.py builds a
         # transport this way, on every rank, to measure what the MAC costs.
         self._benchmark_only_disable_mac = benchmark_only_disable_mac

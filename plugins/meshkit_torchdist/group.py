@@ -55,6 +55,7 @@ from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostErr
     WireError
 from meshkit.node.config import NodeConfig
 from meshkit.transport import META_KEY, TAG_BYE, Group, LinkEvents, Links, Message
+from meshkit_torchdist import TorchdistOptions
 
 __all__ = ["TorchdistTransport", "TorchdistGroup", "is_loopback"]
 
@@ -95,7 +96,7 @@ def _seconds(value: float) -> datetime.timedelta:
 class TorchdistGroup(Group):
     """One rank's handle on a torch.distributed world (see the module docstring)."""
 
-    def __init__(self, config: NodeConfig, options: Any) -> None:
+    def __init__(self, config: NodeConfig, options: TorchdistOptions) -> None:
         self._lock = threading.Condition()
         self._events: LinkEvents
         self._pairs: dict[int, Any] = {}
@@ -108,12 +109,12 @@ class TorchdistGroup(Group):
         self._pairing: threading.Thread | None = None
         super().__init__(_DistLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=False,
-                         bf16_wire=bool(getattr(options, "bf16_wire", False)))
+                         bf16_wire=options.bf16_wire)
         self.config = config
         self.options = options
-        self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
-        self.join_timeout = max(float(getattr(options, "join_timeout", 300.0)), self.timeout)
-        self.backend = self._pick_backend(str(getattr(options, "backend", "auto")))
+        self.max_frame = options.max_frame_bytes
+        self.join_timeout = max(float(options.join_timeout), self.timeout)
+        self.backend = self._pick_backend(options.backend)
         self._store: Any = None
         self._loopback = True
 
@@ -130,7 +131,7 @@ class TorchdistGroup(Group):
         return name
 
     def _init_method(self) -> str:
-        method = str(getattr(self.options, "init_method", "") or "")
+        method = self.options.init_method
         if method:
             return method
         address = self.config.bind if self.rank == 0 and self.config.bind else (
@@ -530,8 +531,8 @@ class _DistLinks(Links):
 class TorchdistTransport:
     """Factory result of the ``torchdist`` component: ``connect(node_config) -> Group``."""
 
-    def __init__(self, options: Any = None) -> None:
-        self.options = options
+    def __init__(self, options: TorchdistOptions | None = None) -> None:
+        self.options = options if options is not None else TorchdistOptions()
 
     def connect(self, config: NodeConfig) -> TorchdistGroup:
         group = TorchdistGroup(config, self.options)

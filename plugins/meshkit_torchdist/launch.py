@@ -93,7 +93,7 @@ def _node(config: Any, rank: int, world: int) -> int:
                              jobs={"train": serve_train_job, "pipeline": serve_pipeline_job})
     finally:
         group.close()
-    stopped = [r for r in reports if getattr(r, "error", None)]
+    stopped = [r for r in reports if r.error]
     return 2 if stopped else 0
 
 

@@ -141,6 +141,7 @@ class ScriptedGroup:
     """Rank 1 of a full mesh whose next stage (rank 2) has died: sends to it fail."""
 
     rank, world_size, timeout = 1, 4, 5.0
+    inline_delivery, closed = False, False  # as a Group says of itself
 
     def __init__(self, script: dict[int, list[dict[str, Any]]]) -> None:
         self.script = script
