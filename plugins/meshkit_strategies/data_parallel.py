@@ -83,7 +83,10 @@ class DataParallel:
                              "batch_size": opts.batch_size,
                              "seed": client_seed(ctx.seed, global_step, i)})
                     for i in range(len(live))]
-            folded = fold_round(ctx, work, weight=once, window=opts.window, label="shard")
+            # Each replica's gradients have the model's keys, shapes and dtypes:
+            # one that does not is its rank's protocol error, not the step's.
+            folded = fold_round(ctx, work, weight=once, window=opts.window, label="shard",
+                                reference=state)
             if folded.not_served:
                 # Every shard or none: a mean over fewer shards is another step.
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
