@@ -579,20 +579,28 @@ def signature(state: Mapping[str, Any]) -> Signature:
     return out
 
 
-def check_contribution(state: Mapping[str, Any], expected: Signature, what: str) -> None:
+def check_contribution(state: Mapping[str, Any], expected: Signature, what: str, *,
+                       subset: bool = False) -> None:
     """A contribution (a fit's model, gradients) matches the round's model, key for key.
 
-    The same keys, and each array the same shape and dtype as the model's (a
-    JSON value where the model has one); :class:`ProtocolError` saying the
-    first difference otherwise. One pass over the keys, none over elements.
+    The same keys (with ``subset``: some of them -- gradients need not carry
+    a model's JSON or integer entries), and each array the same shape and
+    dtype as the model's (a JSON value where the model has one);
+    :class:`ProtocolError` saying the first difference otherwise. One pass
+    over the keys, none over elements.
     """
-    if len(state) != len(expected) or state.keys() != expected.keys():
+    if subset:
+        unknown = [k for k in state if k not in expected]
+        if unknown:
+            raise ProtocolError(f"{what} does not match the round's model: unknown keys "
+                                f"{sorted(unknown)[:5]}")
+    elif len(state) != len(expected) or state.keys() != expected.keys():
         missing = sorted(expected.keys() - state.keys())[:5]
         extra = sorted(state.keys() - expected.keys())[:5]
         raise ProtocolError(f"{what} does not match the round's model: missing keys "
                             f"{missing or 'none'}, unknown keys {extra or 'none'}")
-    for key, want in expected.items():
-        value = state[key]
+    for key, value in state.items():
+        want = expected[key]
         if want is None:
             if isinstance(value, np.ndarray):
                 raise ProtocolError(f"{what}: {key!r} is an array where the model has a JSON "

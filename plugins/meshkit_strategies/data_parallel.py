@@ -6,9 +6,10 @@ from typing import Any, Mapping
 
 import attrs
 
-from meshkit import ConfigError, MeshError
+from meshkit import ConfigError, MeshError, ProtocolError
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
-from meshkit.train import client_seed, fold_round, once, run_rounds, train_loss
+from meshkit.train import check_contribution, client_seed, fold_round, once, run_rounds
+from meshkit.train import signature, train_loss
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions
@@ -100,7 +101,7 @@ class DataParallel:
             served = folded.served
             replies.extend(folded.replies.values())
         reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
-        return self._read_back(ctx, rnd, reader, answered, examples, replies, served)
+        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state)
 
     def _mesh_step(self, ctx: StrategyContext, live: list[int], global_step: int,
                    label: str) -> list[Mapping[str, Any]]:
@@ -121,13 +122,25 @@ class DataParallel:
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
                    examples: int, replies: list[Mapping[str, Any]],
-                   served: dict[int, int]) -> RoundOutcome:
+                   served: dict[int, int], before: Mapping[str, Any]) -> RoundOutcome:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
-        back = ctx.call([(reader, {"op": "get_state"})])[0]
-        if not back.ok:
-            raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
-                            f"failed: {back.error}")
+        # Replicas are bit-identical: a reader lost meanwhile, or one whose
+        # model does not have the round's keys, shapes and dtypes (its
+        # protocol error), is replaced by the next live one.
+        for _ in range(len(ctx.workers)):
+            back = ctx.call([(reader, {"op": "get_state"})])[0]
+            if back.ok:
+                try:
+                    check_contribution(back.payload["state"], signature(before),
+                                       f"rank {reader}'s model")
+                    break
+                except ProtocolError as exc:
+                    ctx.pool.declare_dead(reader, f"protocol error: {exc}")
+            reader = ctx.require_live(self.options.min_workers,
+                                      f"round {rnd}: reading the model back")[0]
+        else:
+            raise MeshError(f"round {rnd}: no replica's model could be read back")
         state = dict(back.payload["state"])
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
