@@ -329,3 +329,56 @@ def test_a_broken_step_or_stage_reply_is_a_lost_rank_not_a_crash(op, request_):
     assert not reply.ok and reply.error.startswith("protocol error")
     assert ctx.dead == {2: reply.error}
     assert ("x: expected an activation" if op == "stage" else "examples = -3") in reply.error
+
+
+# -- the boundary with real worker processes ---------------------------------------------
+
+ROGUE = '''
+import sys
+
+import meshkit.plugins
+from meshkit.task import FitResult
+
+
+class Rogue:
+    """The synthetic task, except that on rank 2 every fit reports a NaN loss."""
+
+    def __init__(self):
+        self.inner = meshkit.plugins.create("task", "synthetic", {"params": 256, "rows": 64})
+        argv = sys.argv  # the worker process is `meshkit node --rank N ...`
+        self.rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fit(self, state, x, y, seed):
+        result = self.inner.fit(state, x, y, seed=seed)
+        if self.rank == 2:
+            return FitResult(result.state, result.examples, {"train_loss": float("nan")})
+        return result
+'''
+
+
+@pytest.mark.slow
+def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
+    from conftest import write_config
+
+    from meshkit.train import Runner, read_metrics
+
+    (tmp_path / "rogue_task.py").write_text(ROGUE)
+    monkeypatch.chdir(tmp_path)  # workers import "module:attribute" from here
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", out, workers=3, rounds=2, task="rogue_task:Rogue",
+                          extra="clients = 6\nmin_clients = 6", timeout=30.0)
+    report = Runner(str(config)).run()
+    assert report.ok, report
+    assert list(report.dropped) == [2]
+    rows = read_metrics(out)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[0]["dropped"] == [2] and rows[1]["dropped"] == []
+    for row in rows:
+        assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
+        assert 2 not in row["served"].values()
+    summary = (out / "summary.json").read_text()
+    assert "protocol error" in summary and "metric 'train_loss' is nan" in summary
