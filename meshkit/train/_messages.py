@@ -196,22 +196,22 @@ def _field(wire: str, doc: str, *, optional: bool = False, default: Any = attrs.
 
 
 def _seq(default: Any = attrs.NOTHING) -> Any:
-    return _field("int", "the request's ticket, echoed by its reply", default=default,
+    return _field("int 0..2^63-1", "the request's ticket, echoed by its reply", default=default,
                   check=_between(0, MAX_SEQ))
 
 
 def _shard() -> Any:
-    return _field("int", "which shard (client) of `shards`; `0 <= shard < shards`",
+    return _field("int 0..shards-1", "which shard (client) of `shards`",
                   check=_between(0, MAX_COUNT))
 
 
 def _shards() -> Any:
-    return _field("int", "how many shards the training (or held-out) set is cut into",
+    return _field("int 1..2^31", "how many shards the training (or held-out) set is cut into",
                   check=_between(1, MAX_COUNT))
 
 
 def _examples(doc: str) -> Any:
-    return _field("int", doc, check=_between(0, MAX_EXAMPLES))
+    return _field("int 0..2^53", doc, check=_between(0, MAX_EXAMPLES))
 
 
 def _in_order(message: Any) -> None:
@@ -238,15 +238,15 @@ class FitRequest:
     seq: int = _seq(0)
     shard: int = _shard()
     shards: int = _shards()
-    seed: int = _field("int", "the fit's seed: a function of (run seed, round, client)",
+    seed: int = _field("int 0..2^64-1", "the fit's seed: a function of (run seed, round, client)",
                        check=_between(0, MAX_SEED))
     state: State | None = _field("state", "the model to start from (default: the worker's)",
                                  optional=True)
-    keep: int | None = _field("int", "keep the result on the worker under this key "
+    keep: int | None = _field("int 0..2^63-1", "keep the result on the worker under this key "
                                      "(the reply then carries `kept`)",
                               optional=True, check=_between(0, MAX_SEQ))
-    time_budget: float | None = _field("float", "seconds the fit may take; it reports the "
-                                                "examples it got through",
+    time_budget: float | None = _field("float (0, 1e7]", "seconds the fit may take; it "
+                                                         "reports the examples it got through",
                                        optional=True, check=_between(1e-9, MAX_BUDGET))
 
     def __attrs_post_init__(self) -> None:
@@ -260,10 +260,11 @@ class GradsRequest:
     seq: int = _seq(0)
     shard: int = _shard()
     shards: int = _shards()
-    seed: int = _field("int", "seeds the batch drawn from the shard", check=_between(0, MAX_SEED))
-    batch_size: int = _field("int", "rows per batch; 0: the whole shard", default=0,
+    seed: int = _field("int 0..2^64-1", "seeds the batch drawn from the shard",
+                       check=_between(0, MAX_SEED))
+    batch_size: int = _field("int 0..2^31", "rows per batch; 0: the whole shard", default=0,
                              check=_between(0, MAX_COUNT))
-    keep: int | None = _field("int", "keep the gradients on the worker under this key",
+    keep: int | None = _field("int 0..2^63-1", "keep the gradients on the worker under this key",
                               optional=True, check=_between(0, MAX_SEQ))
 
     def __attrs_post_init__(self) -> None:
@@ -277,10 +278,11 @@ class StepRequest:
     seq: int = _seq(0)
     shard: int = _shard()
     shards: int = _shards()
-    seed: int = _field("int", "seeds the batch drawn from the shard", check=_between(0, MAX_SEED))
-    ranks: list[int] = _field("list of int", "the replicas that all-reduce together "
-                                             "(distinct ranks >= 1)")
-    batch_size: int = _field("int", "rows per batch; 0: the whole shard", default=0,
+    seed: int = _field("int 0..2^64-1", "seeds the batch drawn from the shard",
+                       check=_between(0, MAX_SEED))
+    ranks: list[int] = _field("list of int >= 1", "the replicas that all-reduce together "
+                                                  "(distinct)")
+    batch_size: int = _field("int 0..2^31", "rows per batch; 0: the whole shard", default=0,
                              check=_between(0, MAX_COUNT))
 
     def __attrs_post_init__(self) -> None:
@@ -295,7 +297,7 @@ class TakeRequest:
     """Hand over (and forget) the result kept under ``key``."""
 
     seq: int = _seq(0)
-    key: int = _field("int", "the `keep` key of an earlier fit or grads",
+    key: int = _field("int 0..2^63-1", "the `keep` key of an earlier fit or grads",
                       check=_between(0, MAX_SEQ))
 
 
@@ -347,7 +349,8 @@ class StageRequest:
     """Run pipeline stage nodes in order on an activation (model-parallel)."""
 
     seq: int = _seq(0)
-    nodes: list[str] = _field("list of str", "the stage's nodes, in order", check=_nodes)
+    nodes: list[str] = _field("list of str", "the stage's nodes, in order (each 1..1024 "
+                                             "chars)", check=_nodes)
     x: Activation = _field("array", "the activation into the first node")
     state: State = _field("state", "the stage's keys of the model", default=attrs.Factory(dict))
 
@@ -356,7 +359,7 @@ class StageRequest:
 class StopRequest:
     """The run is over: the worker returns (no reply)."""
 
-    seq: int = _field("int", "0 (stop is never answered)", default=0,
+    seq: int = _field("int 0..2^63-1", "0 (stop is never answered)", default=0,
                       check=_between(0, MAX_SEQ))
 
 
@@ -390,7 +393,7 @@ class ErrorReply:
     """The request could not be served (any op): the worker's message."""
 
     seq: int = _seq()
-    error: str = _field("str", "what went wrong, for a person (1 to 65536 characters)",
+    error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
                         check=_length(1, MAX_ERROR))
 
 
@@ -407,7 +410,8 @@ class FitReply:
     metrics: Metrics = _metrics_field("the fit's metrics (`train_loss`, ...)")
     state: State | None = _field("state", "the fitted model; only without `keep`",
                                  optional=True)
-    kept: int | None = _field("int", "the request's `keep`; only with `keep`", optional=True,
+    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
+                              optional=True,
                               check=_between(0, MAX_SEQ))
 
 
@@ -420,7 +424,8 @@ class GradsReply:
     metrics: Metrics = _metrics_field("the batch's metrics")
     gradients: State | None = _field("state", "the gradients; only without `keep`",
                                      optional=True)
-    kept: int | None = _field("int", "the request's `keep`; only with `keep`", optional=True,
+    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
+                              optional=True,
                               check=_between(0, MAX_SEQ))
 
 

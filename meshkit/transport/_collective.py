@@ -50,6 +50,7 @@ import bisect
 import hashlib
 import math
 import queue
+import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -66,8 +67,8 @@ from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
 from meshkit.wire import encode_state
 
-__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "pack", "ring_sum",
-           "segments", "unpack"]
+__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "layout_bytes",
+           "layout_digest", "pack", "ring_sum", "segments", "unpack"]
 
 
 def _accumulation_dtype(key: str, value: Any) -> np.dtype:
@@ -103,6 +104,40 @@ class Layout:
         return ", ".join(f"{k} {d}{list(s)}" for k, _, _, s, d in self.entries) or "(empty)"
 
 
+def layout_bytes(entries: Sequence[tuple[str, Sequence[int], Any]],
+                 ranks: Sequence[int]) -> bytes:
+    """The canonical bytes a ring's layout digest is taken over (docs/protocol.md §5.1).
+
+    Every integer is an unsigned 64-bit little-endian number; a string is
+    its UTF-8 length, then its UTF-8 bytes. In order: the number of
+    entries; per entry, sorted by key (UTF-8 byte order), the key, the dtype
+    name (``float16``, ``bfloat16``, ``float32``, ``float64``), the number of
+    dimensions and each dimension; then the number of ranks and each rank.
+    Any language computes these bytes without Python's ``repr``.
+    """
+    out = [_U64.pack(len(entries))]
+    for key, shape, dtype in sorted(entries, key=lambda e: e[0].encode()):
+        for text in (key, np.dtype(dtype).name):
+            raw = text.encode()
+            out += [_U64.pack(len(raw)), raw]
+        out.append(_U64.pack(len(shape)))
+        out += [_U64.pack(int(d)) for d in shape]
+    out.append(_U64.pack(len(ranks)))
+    out += [_U64.pack(int(r)) for r in ranks]
+    return b"".join(out)
+
+
+def layout_digest(entries: Sequence[tuple[str, Sequence[int], Any]],
+                  ranks: Sequence[int]) -> int:
+    """A layout's check: BLAKE2b-64 of :func:`layout_bytes`, read little-endian, shifted
+    right by one (63 bits, so it is a non-negative signed 64-bit integer too)."""
+    digest = hashlib.blake2b(layout_bytes(entries, ranks), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+_U64 = struct.Struct("<Q")
+
+
 def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
          empty: Callable[[int, np.dtype], np.ndarray] = np.empty, *,
          fill: bool = True) -> tuple[Layout, list[np.ndarray]]:
@@ -128,11 +163,8 @@ def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
             offset += value.size
         sizes.append(offset + (1 if index == 0 else 0))
     entries.sort(key=lambda e: e[0])
-    digest = hashlib.blake2b(repr((
-        [(k, s, d.str if d.name != "bfloat16" else "bf16") for k, _, _, s, d in entries],
-        list(ranks))).encode(), digest_size=8).digest()
     layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
-                    int.from_bytes(digest, "little") >> 1)
+                    layout_digest([(k, s, d) for k, _, _, s, d in entries], ranks))
     buffers = [empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
     if fill:
         own = contribution(layout, state, weight)

@@ -382,3 +382,53 @@ def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkey
         assert 2 not in row["served"].values()
     summary = (out / "summary.json").read_text()
     assert "protocol error" in summary and "metric 'train_loss' is nan" in summary
+
+
+# -- docs/protocol.md is the schema --------------------------------------------------------
+
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def documented_tables() -> dict[tuple[str, str], list[tuple[str, str, str, str]]]:
+    """§7.1's tables: (op, "request" | "reply") -> rows of (field, type, required, meaning)."""
+    text = PROTOCOL.read_text()
+    section = text[text.index("### 7.1 Every message"):text.index("## 8. ")]
+    tables: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
+    current = None
+    for line in section.splitlines():
+        heading = re.fullmatch(r"#### `(\w+)` (request|reply)", line.strip())
+        if heading:
+            current = (heading.group(1), heading.group(2))
+            tables[current] = []
+        elif current and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            tables[current].append((cells[0].strip("`"), *cells[1:]))
+    return tables
+
+
+def test_the_protocol_page_lists_every_message_field_by_field_as_the_schema_does():
+    documented = documented_tables()
+    declared = {**{(op, "request"): cls for op, cls in REQUESTS.items()},
+                **{(op, "reply"): cls for op, cls in REPLIES.items()},
+                ("error", "reply"): messages.ErrorReply}
+    assert sorted(documented) == sorted(declared)
+    for key, cls in declared.items():
+        assert documented[key] == messages.field_table(cls), key
+
+
+def test_the_protocol_page_would_catch_a_field_added_to_the_code():
+    # The check above can fail: the doc's table lacks a field the code has.
+    documented = documented_tables()[("fit", "reply")]
+    changed = attrs.make_class("FitReply", {**{f.name: attrs.field(
+        default=f.default, metadata=f.metadata) for f in attrs.fields(messages.FitReply)},
+        "clipped": attrs.field(default=None, metadata={"wire": "float", "doc": "x"})})
+    assert documented != messages.field_table(changed)
+
+
+def test_the_protocol_page_lists_every_capability_a_node_sends():
+    from meshkit.node import NodeCaps
+
+    text = PROTOCOL.read_text()
+    block = text[text.index("### 6.1"):text.index("### 6.2")]
+    listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
+    assert listed == {f.name for f in attrs.fields(NodeCaps)}

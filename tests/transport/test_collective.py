@@ -279,3 +279,28 @@ def test_a_segment_of_the_wrong_length_is_refused_naming_the_peer(landings):
     assert "rank 1 sent float32" in str(errors[2]), errors[2]
     for error in errors.values():
         assert isinstance(error, AggregationError), error
+
+
+def test_the_layout_digest_is_the_documented_bytes_and_hash():
+    """docs/protocol.md §5.1's worked example, computed here from the bytes it lists."""
+    import hashlib
+    import re
+    from pathlib import Path
+
+    import ml_dtypes
+
+    from meshkit.transport._collective import layout_bytes, layout_digest, pack
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    example = text[text.index("Worked example"):]
+    documented = bytes.fromhex("".join(example.split("```")[1].split()))
+    check = int(re.search(r"to the check `(\d+)`", example).group(1))
+    entries = [("w", (2, 3), np.dtype(np.float32)), ("b", (3,), np.dtype(ml_dtypes.bfloat16))]
+    assert layout_bytes(entries, [1, 2]) == documented
+    # Any language can compute it: BLAKE2b-64 of those bytes, little-endian, >> 1.
+    assert int.from_bytes(hashlib.blake2b(documented, digest_size=8).digest(),
+                          "little") >> 1 == check == layout_digest(entries, [1, 2])
+    # And it is what the ring sends: pack's check for that state.
+    state = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, ml_dtypes.bfloat16)}
+    assert pack(state, 1.0, [1, 2])[0].check == check
+    assert pack(state, 1.0, [1, 3])[0].check != check
