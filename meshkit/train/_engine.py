@@ -47,8 +47,9 @@ How a round goes (:func:`fold_round`):
 6. Every reply was checked against its schema where the pool took it in
    (:mod:`meshkit.train._messages`); one that did not fit came back as a
    lost worker, its rank declared dead with a ``protocol error`` reason. A
-   pulled result is checked here against the round's model too (the same
-   keys, each array the same shape and dtype): one that does not match
+   pulled result is checked here against the round's model too (a fit's:
+   the same keys; gradients: some of them; each array the same shape and
+   dtype as the model's): one that does not match
    costs its rank the same way, and its keys are served again -- a
    malformed or hostile worker costs its own rank, never the round.
 
