@@ -59,7 +59,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from meshkit.errors import AggregationError, MeshError, PeerLostError
+from meshkit.errors import AggregationError, MeshError, PeerLostError, ProtocolError
 from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
@@ -442,7 +442,14 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                 f"({phase[step]}) from rank {prv}, got segment {payload.get('k')!r} of chunk "
                 f"{payload.get('c')!r} ({payload.get('phase')!r}) from rank {src}: the "
                 f"participants disagree on the ranks or the order of collectives")
-        return payload["x"]
+        x = payload.get("x")
+        if not isinstance(x, np.ndarray):
+            # The frame's fields are checked above; its data must be an array too.
+            raise ProtocolError(
+                f"mesh_all_reduce round {round_}: rank {src} sent segment {k} of chunk {c} "
+                f"without an array (x is {type(x).__name__}); a ring frame is "
+                f"{{r, check, c, phase, k, x}} (docs/protocol.md §5.1)")
+        return x
 
     scratch: dict[int, np.ndarray] = {}
 

@@ -304,3 +304,16 @@ def test_the_layout_digest_is_the_documented_bytes_and_hash():
     state = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, ml_dtypes.bfloat16)}
     assert pack(state, 1.0, [1, 2])[0].check == check
     assert pack(state, 1.0, [1, 3])[0].check != check
+
+
+def test_a_ring_frame_without_an_array_is_a_protocol_error_not_a_crash():
+    from meshkit import ProtocolError
+    from meshkit.transport._collective import ring_sum
+
+    layout, buffers = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])
+    sent = []
+    frame = {"r": 1, "check": layout.check, "c": 1, "phase": "reduce", "k": 0, "x": "junk"}
+    with pytest.raises(ProtocolError, match="without an array"):
+        ring_sum(buffers, [1, 2], 1, layout.check, 1, lambda dst, p: sent.append(dst),
+                 lambda: (2, frame))
+    assert sent == [2], "its own chunk went out first"
