@@ -128,12 +128,12 @@ class DataParallel:
         # Replicas are bit-identical: a reader lost meanwhile, or one whose
         # model does not have the round's keys, shapes and dtypes (its
         # protocol error), is replaced by the next live one.
+        expected = signature(before)
         for _ in range(len(ctx.workers)):
-            back = ctx.call([(reader, {"op": "get_state"})])[0]
-            if back.ok:
+            payload = ctx.call([(reader, {"op": "get_state"})])[0].payload
+            if payload is not None:
                 try:
-                    check_contribution(back.payload["state"], signature(before),
-                                       f"rank {reader}'s model")
+                    check_contribution(payload["state"], expected, f"rank {reader}'s model")
                     break
                 except ProtocolError as exc:
                     ctx.pool.declare_dead(reader, f"protocol error: {exc}")
@@ -141,7 +141,7 @@ class DataParallel:
                                       f"round {rnd}: reading the model back")[0]
         else:
             raise MeshError(f"round {rnd}: no replica's model could be read back")
-        state = dict(back.payload["state"])
+        state = dict(payload["state"])
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
