@@ -116,14 +116,18 @@ def layout_bytes(entries: Sequence[tuple[str, Sequence[int], Any]],
     Any language computes these bytes without Python's ``repr``.
     """
     out = [_U64.pack(len(entries))]
-    for key, shape, dtype in sorted(entries, key=lambda e: e[0].encode()):
-        for text in (key, np.dtype(dtype).name):
-            raw = text.encode()
-            out += [_U64.pack(len(raw)), raw]
-        out.append(_U64.pack(len(shape)))
-        out += [_U64.pack(int(d)) for d in shape]
-    out.append(_U64.pack(len(ranks)))
-    out += [_U64.pack(int(r)) for r in ranks]
+    # Python orders strings by code point, which is the order of their UTF-8 bytes.
+    for key, shape, dtype in sorted(entries, key=lambda e: e[0]):
+        raw = key.encode()
+        name = _DTYPE_BLOBS.get(dtype)
+        if name is None:
+            text = np.dtype(dtype).name.encode()
+            name = _DTYPE_BLOBS[dtype] = _U64.pack(len(text)) + text
+        dims = _DIMS.get(len(shape))
+        if dims is None:
+            dims = _DIMS[len(shape)] = struct.Struct(f"<{len(shape) + 1}Q")
+        out += (_U64.pack(len(raw)), raw, name, dims.pack(len(shape), *shape))
+    out.append(struct.pack(f"<{len(ranks) + 1}Q", len(ranks), *ranks))
     return b"".join(out)
 
 
@@ -136,6 +140,9 @@ def layout_digest(entries: Sequence[tuple[str, Sequence[int], Any]],
 
 
 _U64 = struct.Struct("<Q")
+#: Per dtype, its name as layout_bytes writes it; per dimension count, its Struct.
+_DTYPE_BLOBS: dict[Any, bytes] = {}
+_DIMS: dict[int, struct.Struct] = {}
 
 
 def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],

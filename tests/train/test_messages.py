@@ -115,7 +115,7 @@ def test_every_well_formed_reply_fits():
     assert set(GOOD) == set(REPLIES), "every op with a reply has a case here"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(breaches(), st.sampled_from(["extra", "none"]))
 def test_a_broken_reply_is_a_protocol_error_and_nothing_else(case, extra):
     op, field, how, value = case
@@ -271,7 +271,7 @@ def honest(strategy: str) -> Any:
 
 
 @pytest.mark.parametrize("op", sorted(SENDS))
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_a_worker_breaking_any_reply_costs_only_its_own_rank(op, data):
     _, field, how, value = data.draw(breaches((op,)))
