@@ -58,7 +58,8 @@ _LAZY = {
 # (``meshkit.plugins.available("aggregator")``), imported on first use.
 _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "hookspecs", "node", "options", "outer",
-    "partitioner", "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
+    "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
+    "train", "transport",
     "wire",
 })
 
