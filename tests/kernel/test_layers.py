@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("meshkit.transport",),
     ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner"),
     ("meshkit.node", "meshkit.task"),
-    ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch"),
+    ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
     ("meshkit.cli",),
     ("meshkit.testing", "meshkit", "meshkit.__main__"),
 ]
