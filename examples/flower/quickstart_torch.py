@@ -64,7 +64,7 @@ class FlowerClient(NumPyClient):
             loss = nn.functional.cross_entropy(self.net(x), y)
             loss.backward()
             optimizer.step()
-        return get_weights(self.net), len(y), {"train_loss": float(loss)}
+        return get_weights(self.net), len(y), {"train_loss": float(loss.detach())}
 
     def evaluate(self, parameters, config):
         set_weights(self.net, parameters)

@@ -227,7 +227,8 @@ def task(client_fn: Callable[[Context], Any]) -> Component:
     Select it as ``[run] task = "module:attribute"`` naming the result; its
     ``[task]`` keys are :class:`FlowerOptions`.
     """
-    client_fn = _check_client_fn(client_fn, getattr(client_fn, "__qualname__", "client_fn"))
+    label = getattr(client_fn, "__qualname__", None) or type(client_fn).__name__
+    client_fn = _check_client_fn(client_fn, f"meshkit.flower.task({label})")
     name = f"flower:{getattr(client_fn, '__module__', '?')}.{getattr(client_fn, '__qualname__', '?')}"
     return Component(name, lambda options: FlowerTask(client_fn, options), FlowerOptions,
                      summary="a Flower client_fn run as a meshkit task")
@@ -253,8 +254,9 @@ def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any]:
     kind = type(obj).__name__
     for cls in type(obj).__mro__:
         if cls.__name__ in _SERVER_SIDE and cls.__module__.startswith("flwr"):
-            raise RefusedError(f"{where} is a Flower {cls.__name__}: {_SERVER_SIDE[cls.__name__]}"
-                               f", which meshkit does not run; {_INSTEAD}")
+            what = kind if kind == cls.__name__ else f"{kind} (a {cls.__name__})"
+            raise RefusedError(f"{where} is a Flower {what}: {_SERVER_SIDE[cls.__name__]}, "
+                               f"which meshkit does not run; {_INSTEAD}")
     if type(obj).__name__ == "ClientApp" and type(obj).__module__.startswith("flwr"):
         raise RefusedError(
             f"{where} is a Flower ClientApp. meshkit runs the client_fn inside it, not the app: "

@@ -13,7 +13,7 @@ from conftest import run_cli, write_config
 def test_a_numpy_runs_model_exports_as_safetensors_bit_for_bit(tmp_path):
     st_numpy = pytest.importorskip("safetensors.numpy")
     out = tmp_path / "run"
-    config = write_config(tmp_path / "job.toml", out, workers=2, rounds=2)
+    config = write_config(tmp_path / "job.toml", out, workers=1, rounds=2)
     ran = run_cli("run", str(config), "-q", timeout=120)
     assert ran.returncode == 0, ran.stderr
     target = tmp_path / "model.safetensors"
