@@ -201,8 +201,17 @@ class FlowerTask:
 
     def evaluate(self, state: Mapping[str, Any], x: np.ndarray | None = None,
                  y: np.ndarray | None = None) -> dict[str, float]:
-        partitions = (range(self.options.num_partitions) if x is None
-                      else [int(i) for i in np.asarray(x).reshape(len(x), -1)[:, 0]])
+        if x is None:  # the coordinator: every partition, as Flower's fraction_evaluate = 1
+            partitions: Any = range(self.options.num_partitions)
+        elif len(x) == 1:  # one client, on its own partition
+            partitions = [int(np.asarray(x).reshape(1, -1)[0, 0])]
+        else:
+            # Without a [partitioner] table a worker hands every client the whole
+            # held-out set; each client's figure would be everyone's.
+            raise ConfigError(
+                f"a client was asked to evaluate {len(x)} Flower partitions; with [strategy] "
+                f"evaluate = \"clients\" add [partitioner] name = \"contiguous\" so that each "
+                f"client evaluates its own partition")
         parameters = ndarrays_to_parameters(to_parameters(state))
         total = 0
         sums: dict[str, float] = {}

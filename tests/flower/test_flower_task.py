@@ -77,6 +77,13 @@ def test_a_client_holding_two_partitions_is_refused_saying_how_to_fix_it():
         flower_task.fit(flower_task.init_state(0), x[:2], y[:2], seed=0)
 
 
+def test_a_client_asked_to_evaluate_every_partition_is_refused():
+    flower_task = _task()
+    x, y = flower_task.test_data()
+    with pytest.raises(ConfigError, match=r'\[partitioner\] name = "contiguous"'):
+        flower_task.evaluate(flower_task.init_state(0), x, y)
+
+
 def test_task_wraps_a_client_fn_as_a_component():
     component = task(quickstart_numpy.client_fn)
     assert isinstance(component, meshkit.Component) and component.options is FlowerOptions
