@@ -121,6 +121,7 @@ def fold_through_relays(ctx: StrategyContext, groups: dict[str, list[int]],
         todo = []
         for _ in range(len(tickets)):
             reply = pool.receive()
+            assert reply is not None  # a blocking receive always returns one
             name, keys = tickets[reply.seq]
             if reply.payload is None:
                 log.warning("host relay %r lost (%s); %s %s will be served again", name,

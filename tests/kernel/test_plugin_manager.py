@@ -206,6 +206,7 @@ def test_every_spec_in_hookspecs_is_tested_here():
     assert specs == {
         "meshkit_transports", "meshkit_aggregators", "meshkit_outer_optimizers",
         "meshkit_boards", "meshkit_strategies", "meshkit_tasks", "meshkit_partitioners",
+        "meshkit_observers",
         "meshkit_run_started",
         "meshkit_node_joined", "meshkit_round_completed", "meshkit_run_finished"}
 
