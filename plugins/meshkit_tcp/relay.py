@@ -689,8 +689,11 @@ class HostRelay:
         # is not, until it is taken back between rounds); all of ours otherwise.
         workers = (sorted(self.ranks) if not isinstance(ranks, list)
                    else sorted(r for r in ranks if r in self.ranks))
-        return StrategyContext(task=None, aggregator=None, pool=self._pool,
-                               workers=workers, rng=None,
+        # A partial context (no task, aggregator or rng: the engine's relay
+        # fold asks for none) over a partial pool (no abandon: relayed rounds
+        # have no deadline): not a StrategyContext by its types, so built untyped.
+        partial: dict[str, Any] = dict(task=None, aggregator=None, pool=self._pool, rng=None)
+        return StrategyContext(**partial, workers=workers,
                                timeout=None if timeout is None else float(timeout))
 
     def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -727,6 +730,7 @@ class HostRelay:
         answers: dict[int, Any] = {}
         for _ in tickets:
             reply = self._pool.receive()
+            assert reply is not None  # a blocking receive always returns one
             answers[tickets[reply.seq]] = (
                 [False, reply.error] if reply.payload is None
                 else [True, reply.payload.get("error")])
