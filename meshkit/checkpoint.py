@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -25,6 +24,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from meshkit._atomic import atomic_file
 from meshkit.errors import ConfigError
 from meshkit.state import BFLOAT16, dtype_from_name, dtype_name
 
@@ -106,21 +106,9 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         meta["dtypes"] = extension
     header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     target = directory / CHECKPOINT_NAME
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            # numpy's stub checks **arrays against savez's allow_pickle flag.
-            np.savez(fh, **{_META: header}, **arrays)  # type: ignore[arg-type]
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    with atomic_file(target, durable=True, prefix=".checkpoint-", suffix=".npz.tmp") as fh:
+        # numpy's stub checks **arrays against savez's allow_pickle flag.
+        np.savez(fh, **{_META: header}, **arrays)  # type: ignore[arg-type]
     _remove_stale_temporaries(directory)
     return target
 
@@ -139,20 +127,6 @@ def _remove_stale_temporaries(directory: Path) -> None:
                 leftover.unlink()
         except OSError:  # gone already, or not ours to delete: harmless
             pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

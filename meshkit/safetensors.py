@@ -31,12 +31,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from meshkit._atomic import atomic_file
 from meshkit.checkpoint import checkpoint_path, load_checkpoint
 from meshkit.errors import ConfigError, StateError
 from meshkit.state import BFLOAT16, INT_BUFFERS, is_array
@@ -122,18 +122,11 @@ def write_safetensors(file: str | os.PathLike[str], tensors: Mapping[str, np.nda
         raise StateError(f"keys {overlap} are both tensors and metadata")
     header, blobs = _header(tensors, metadata or {})
     target = Path(file)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(struct.pack("<Q", len(header)))
-            fh.write(header)
-            for blob in blobs:
-                fh.write(blob.reshape(-1).view(np.uint8).data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(target) as fh:
+        fh.write(struct.pack("<Q", len(header)))
+        fh.write(header)
+        for blob in blobs:
+            fh.write(blob.reshape(-1).view(np.uint8).data)
     return target
 
 

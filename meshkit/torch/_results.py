@@ -10,12 +10,12 @@ result is exactly what ``model.state_dict()`` would hold.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from meshkit._atomic import atomic_file
 from meshkit.checkpoint import checkpoint_path, load_checkpoint
 from meshkit.errors import ConfigError
 from meshkit.state import is_array
@@ -59,13 +59,6 @@ def export(source: str | os.PathLike[str], file: str | os.PathLike[str]) -> Path
     """
     tensors = state_dict(source)
     target = Path(file)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(tensors, fh)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(target) as fh:
+        torch.save(tensors, fh)
     return target

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from meshkit._atomic import atomic_file
+from meshkit._atomic import atomic_file
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.errors import ConfigError
 from meshkit.train._strategy import REPORT_FIELDS
@@ -120,7 +122,8 @@ def truncate_metrics(out: Path, last_round: int,
 def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary.json``; a failure is logged, never raised (the run's outcome wins)."""
     try:
-        (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+        with atomic_file(out / SUMMARY_NAME) as fh:  # a reader never sees half a summary
+            fh.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))
     except OSError:
         log.warning("could not write %s", out / SUMMARY_NAME, exc_info=True)
 
