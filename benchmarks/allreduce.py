@@ -64,7 +64,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -72,13 +71,10 @@ from typing import Any
 
 import numpy as np
 
+from meshkit.train import free_ports
+
 SECRET = b"benchmark-secret"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, mac: bool,
@@ -196,13 +192,13 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     if kind in ("mesh", "mesh-auth", "mesh-auth-copy"):
-        peers = [f"127.0.0.1:{_free_port()}" for _ in range(world)]
+        peers = [f"127.0.0.1:{port}" for port in free_ports(world)]
         procs = [ctx.Process(target=_mesh_rank, args=(r, world, nbytes, reps, warmup, peers,
                                                        results, kind == "mesh",
                                                        kind != "mesh-auth-copy"))
                  for r in range(world)]
     elif kind.startswith("gloo"):
-        port = _free_port()
+        port = free_ports(1)[0]
         procs = [ctx.Process(target=_gloo_rank, args=(r, world, nbytes, reps, warmup, port,
                                                        results, kind == "gloo-sync"))
                  for r in range(world)]

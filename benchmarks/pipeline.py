@@ -59,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 
+from meshkit.train import free_ports
+
 SIZES = {"1KiB": 1024, "1MiB": 1 << 20, "16MiB": 16 << 20}
 
 #: When each output of the last timed run arrived (``time.perf_counter()``),
@@ -94,11 +96,6 @@ def cpu_seconds(pids: list[int]) -> float:
         total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
@@ -174,7 +171,7 @@ def raw_relay(nbytes: int, count: int, in_flight: int, star: bool,
                 fwd = socket.create_server(("127.0.0.1", 0))
                 _forwarder(fwd, next_port, nbytes)
                 next_port = fwd.getsockname()[1]
-            port = _free_port()
+            port = free_ports(1)[0]
             procs.append(_spawn_relay(port, next_port, nbytes))
             next_port = port
         src = socket.create_connection(("127.0.0.1", next_port))
@@ -364,7 +361,7 @@ def wire_chain(nbytes: int, count: int, star: bool) -> tuple[list[float], float]
                 fwd = socket.create_server(("127.0.0.1", 0))
                 _wire_forwarder(fwd, next_port)
                 next_port = fwd.getsockname()[1]
-            port = _free_port()
+            port = free_ports(1)[0]
             proc = subprocess.Popen(
                 [sys.executable, __file__, "--wire-relay", str(port), str(next_port)],
                 stdout=subprocess.PIPE, text=True)
@@ -415,7 +412,7 @@ class Mesh:
         secret = secret_file.read_bytes()
         env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
         if topology == "mesh":
-            peers = [f"127.0.0.1:{_free_port()}" for _ in range(4)]
+            peers = [f"127.0.0.1:{port}" for port in free_ports(4)]
             config = NodeConfig(rank=0, world=4, peers=peers, topology="mesh",
                                 transport="tcp", secret=secret, timeout=60, encrypt=encrypt)
             peer_arg = ",".join(peers)

@@ -35,7 +35,6 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,16 +42,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from meshkit.train import free_ports
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 BATCH = 32
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ddp_rank(rank: int, world: int, port: int, steps: int, out: object) -> None:
@@ -95,7 +91,7 @@ def _ddp_rank(rank: int, world: int, port: int, steps: int, out: object) -> None
 def ddp(replicas: int, steps: int) -> list[float]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_ports(1)[0]
     procs = [ctx.Process(target=_ddp_rank, args=(r, replicas, port, steps, out))
              for r in range(replicas)]
     for p in procs:

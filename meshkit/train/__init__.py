@@ -48,6 +48,7 @@ from meshkit.train._engine import (
 from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
+from meshkit.train._launch import free_ports
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
@@ -124,4 +125,6 @@ __all__ = [
     # the message boundary (meshkit/train/_messages.py)
     "check_contribution",
     "signature",
+    # local launches
+    "free_ports",
 ]

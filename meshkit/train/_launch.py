@@ -37,7 +37,7 @@ from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 from meshkit.errors import ConfigError, PeerLostError
 
 __all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir",
-           "loopback_peers", "mesh_bind"]
+           "free_ports", "loopback_peers", "mesh_bind"]
 
 _SECRET_NAME = "secret"
 
@@ -57,23 +57,28 @@ def write_secret(secret: bytes) -> tuple[str, Path]:
     return tmpdir, secret_file
 
 
-def loopback_peers(world: int) -> tuple[str, ...]:
-    """One free 127.0.0.1 port per rank, for a local mesh.
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 when picked.
 
-    The ports are free when picked (all held open at once, so they are
-    distinct); another program could take one before its rank listens, and
-    that rank's start then fails with the address named.
+    All are held open at once (so they are distinct), then released for the
+    caller to bind; another program could take one first, and binding it
+    then fails with the address named.
     """
     held = []
     try:
-        for _ in range(world):
+        for _ in range(n):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
             sock.bind(("127.0.0.1", 0))
-        return tuple(f"127.0.0.1:{sock.getsockname()[1]}" for sock in held)
+        return [sock.getsockname()[1] for sock in held]
     finally:
         for sock in held:
             sock.close()
+
+
+def loopback_peers(world: int) -> tuple[str, ...]:
+    """One free 127.0.0.1 address per rank, for a local mesh (:func:`free_ports`)."""
+    return tuple(f"127.0.0.1:{port}" for port in free_ports(world))
 
 
 def mesh_bind(bind: str, peers: Sequence[str]) -> str:

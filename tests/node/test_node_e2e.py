@@ -23,7 +23,7 @@ from meshkit.node import collect_caps, shutdown_nodes
 from meshkit.pipeline import Stage, place_training, run_local, run_pipeline
 
 from tests.support.cli import run_cli
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 pytestmark = pytest.mark.slow
 
 SECRET = b"e2e-secret-0123456789abcdef"

@@ -27,7 +27,7 @@ from meshkit.node import (
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
 
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 
 #: The job handlers ``meshkit node`` serves with.
 JOBS = {"pipeline": serve_pipeline_job, "train": serve_train_job}

@@ -11,7 +11,7 @@ import meshkit.plugins
 from meshkit.node.config import NodeConfig
 from meshkit.train import GroupPool, StrategyContext, serve_trainer
 
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 SECRET = b"data-parallel-collective-secret"
 SPEC = {"task": "digits", "task_options": {}, "strategy": "data-parallel", "seed": 3}
 OPTIONS = {"rounds": 2, "steps": 3, "batch_size": 16}

@@ -15,7 +15,7 @@ from meshkit.transport._collective import pack, unpack
 from meshkit.transport.tags import TAG_RING
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 SECRET = b"collective-test-secret"
 
 

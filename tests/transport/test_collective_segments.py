@@ -14,7 +14,7 @@ from meshkit import PeerLostError
 from meshkit.node.config import NodeConfig
 from meshkit.transport._collective import contribution, pack, ring_sum, segments
 
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 SECRET = b"collective-segments-secret"
 
 

@@ -14,7 +14,7 @@ from meshkit.transport import ANY
 from meshkit_tcp.tcp import parse_address
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
-from tests.support.ports import free_ports
+from meshkit.train import free_ports
 SECRET = b"tcp-test-secret-0123"
 
 
