@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import difflib
 import re
+import tomllib
 import types
 import typing
 from typing import Any, Iterable, Mapping, Sequence
@@ -202,28 +203,41 @@ def structure_options(component: Any, data: Mapping[str, Any], *, where: str) ->
     return structure_strict(data, component.options, where=where)
 
 
-def _field_kind(field: Any) -> str:
-    """The plain type name of an attrs field ('int', 'float', 'bool', 'str'), best effort."""
-    annotation = field.type
-    if isinstance(annotation, type):
-        return annotation.__name__
-    text = str(annotation or "")
-    for name in ("bool", "int", "float", "str"):
-        if text == name or text.startswith(name + " ") or text.startswith(name + "|"):
-            return name
-    return "str"
+#: What a ``KEY=VALUE`` value must read as, for a field of each plain type.
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _plain(annotation: Any) -> Any:
+    """``int`` for ``int`` or ``int | None``; None for anything else but ``str``/``float``/``bool``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = options[0] if len(options) == 1 else None
+    return annotation if annotation in (str, int, float, bool) else None
+
+
+def _toml_value(raw: str) -> Any:
+    """``raw`` read as a TOML value (``8``, ``0.5``, ``true``, ``[1, 2]``, ``"text"``), else itself."""
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
 
 
 def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
                   table: str) -> dict[str, Any]:
     """Turn ``KEY=VALUE`` strings into a component options table, typed by ``options_cls``.
 
-    Values are converted to each field's declared type (int, float, bool),
-    so ``--board-option input_elems=8`` is the integer 8; a value that does
-    not convert is a :class:`ConfigError` naming the key. Unknown keys are
-    passed through for the options class to refuse with its own message.
+    A value is read with TOML's value grammar, as it would be written in
+    the config's table: ``input_elems=8`` is the integer 8, ``scale=0.5`` a
+    float, ``bf16_wire=true`` a boolean, ``sizes=[64, 32]`` an array,
+    ``name="a b"`` a string; what TOML cannot read is the bare string
+    (``function=affine``, ``train_csv=/data/a.csv``). A field declared
+    ``str`` keeps its text as given (``stage_id=007`` is ``"007"``); one
+    declared ``int``, ``float`` or ``bool`` must read as one, or it is a
+    :class:`ConfigError` naming the key. Unknown keys are passed through for
+    the options class to refuse with its own message.
     """
-    fields = {f.name: f for f in attrs.fields(options_cls)} if options_cls is not None else {}
+    types_of = _field_types(options_cls, table) if options_cls is not None else {}
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -232,22 +246,13 @@ def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
             raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE")
         if key in options:
             raise ConfigError(f"{flag} {key}: given twice")
-        field = fields.get(key)
-        kind = _field_kind(field) if field is not None else "str"
-        value: Any = raw
-        try:
-            if kind == "int":
-                value = int(raw)
-            elif kind == "float":
-                value = float(raw)
-            elif kind == "bool":
-                lowered = raw.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(raw)
-                value = lowered in ("1", "true", "yes", "on")
-        except ValueError:
-            raise ConfigError(
-                f"{table} {key}: expected {'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'true or false'}, "
-                f"got {raw!r}") from None
+        value = _toml_value(raw)
+        expected = _plain(types_of.get(key))
+        if expected is str and not isinstance(value, str):
+            value = raw
+        elif expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if expected in _EXPECTED and (type(value) is not expected):
+            raise ConfigError(f"{table} {key}: expected {_EXPECTED[expected]}, got {raw!r}")
         options[key] = value
     return options

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from meshkit import ConfigError, PluginError
-from meshkit.options import structure_strict
+from meshkit.options import parse_options, structure_strict
 
 if TYPE_CHECKING:
     from decimal import Decimal  # only for the type checker: unresolvable at run time
@@ -40,3 +40,36 @@ def test_an_options_class_whose_annotations_cannot_be_resolved_is_the_plugins_er
                                           r"\S+Unresolvable has an annotation that cannot be "
                                           r"resolved \(NameError: name 'Decimal'"):
         structure_strict({"rounds": "5"}, Unresolvable, where="[strategy]")
+
+
+@attrs.frozen
+class Flags:
+    stage_id: str = ""
+    rounds: int = 1
+    rate: float = 0.1
+    strict: bool = False
+    limit: int | None = None
+    sizes: list[int] = attrs.field(factory=list)
+
+
+def test_key_value_options_read_values_with_tomls_grammar():
+    table = parse_options(["rounds=8", "rate=1", "strict=true", "limit=3", "sizes=[64, 32]",
+                           "stage_id=007", 'extra="a b"', "path=/data/a.csv"], Flags,
+                          flag="--x-option", table="[x]")
+    assert table == {"rounds": 8, "rate": 1.0, "strict": True, "limit": 3, "sizes": [64, 32],
+                     "stage_id": "007", "extra": "a b", "path": "/data/a.csv"}
+    assert type(table["rate"]) is float
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("rounds=8.5", "[x] rounds: expected an integer, got '8.5'"),
+    ("rounds=true", "[x] rounds: expected an integer, got 'true'"),
+    ("rate=fast", "[x] rate: expected a number, got 'fast'"),
+    ("strict=yes", "[x] strict: expected true or false, got 'yes'"),
+    ("limit=none", "[x] limit: expected an integer, got 'none'"),
+    ("rounds", "--x-option 'rounds': expected KEY=VALUE"),
+])
+def test_a_key_value_option_that_does_not_read_as_its_type_names_the_key(pair, message):
+    with pytest.raises(ConfigError) as err:
+        parse_options([pair], Flags, flag="--x-option", table="[x]")
+    assert str(err.value) == message
