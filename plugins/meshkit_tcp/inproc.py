@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hmac
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -198,16 +197,12 @@ class InprocTransport:
         star = _is_star(config)
         needed = {0} if star and config.rank != 0 else (
             set() if star else set(range(config.world)) - {config.rank})
-        deadline = time.monotonic() + config.timeout
         with _hubs_lock:
-            while not needed <= set(hub.links):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(needed - set(hub.links))
-                    raise PeerLostError(
-                        f"rank {config.rank}: rank(s) {missing} did not appear at {hub.name} "
-                        f"within {config.timeout:g} s")
-                hub.cv.wait(remaining)
+            if not hub.cv.wait_for(lambda: needed <= set(hub.links), config.timeout):
+                missing = sorted(needed - set(hub.links))
+                raise PeerLostError(
+                    f"rank {config.rank}: rank(s) {missing} did not appear at {hub.name} "
+                    f"within {config.timeout:g} s")
             peers = [hub.links[r] for r in needed]
         for peer in peers:
             links.link(peer)

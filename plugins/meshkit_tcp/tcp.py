@@ -817,14 +817,12 @@ class TcpGroup(Group):
         expected = set(range(self.world_size)) - {self.rank}
         with self._lock:
             # _register and _drop_link notify: a link came up, or a peer died.
-            while not expected <= set(self._channels) | set(self.dead):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(expected - set(self._channels))
-                    raise PeerLostError(
-                        f"rank {self.rank}: rank(s) {missing} did not connect within "
-                        f"{self.timeout:g} s; start every rank with the same peers list")
-                self._lock.wait(remaining)
+            if not self._lock.wait_for(lambda: expected <= set(self._channels) | set(self.dead),
+                                       max(0.0, deadline - time.monotonic())):
+                missing = sorted(expected - set(self._channels))
+                raise PeerLostError(
+                    f"rank {self.rank}: rank(s) {missing} did not connect within "
+                    f"{self.timeout:g} s; start every rank with the same peers list")
         dead = self.dead
         if dead:
             raise PeerLostError(f"rank {self.rank}: lost a peer while forming the mesh: "
