@@ -18,7 +18,6 @@ when the run finished, 2 when it was refused or a rank was lost.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import secrets
@@ -26,6 +25,7 @@ import sys
 from typing import Any
 
 import attrs
+import click
 
 import meshkit
 from meshkit.config import Selection, load_config
@@ -97,27 +97,38 @@ def _node(config: Any, rank: int, world: int) -> int:
     return 2 if stopped else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m meshkit_torchdist",
-        description="Run a meshkit config on the processes torchrun starts "
-                    "(rank 0: the coordinator; others: nodes).")
-    parser.add_argument("config", help="the run's TOML config ([mesh] transport = \"torchdist\")")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the run's last checkpoint (as meshkit run --resume)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier run in [run] out (as meshkit run --overwrite)")
-    args = parser.parse_args(argv)
+@click.command(help="Run a meshkit config on the processes torchrun starts (rank 0: the "
+                    "coordinator; others: nodes). CONFIG is the run's TOML config, with "
+                    "[mesh] transport = \"torchdist\".")
+@click.argument("config", metavar="CONFIG")
+@click.option("--resume", is_flag=True,
+              help="Continue from the run's last checkpoint (as meshkit run --resume).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an earlier run in [run] out (as meshkit run --overwrite).")
+def command(config: str, resume: bool, overwrite: bool) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        config = torchrun_config(args.config, world)
+        resolved = torchrun_config(config, world)
         if rank == 0:
-            return _coordinator(config, resume=args.resume, overwrite=args.overwrite)
-        return _node(config, rank, world)
+            return _coordinator(resolved, resume=resume, overwrite=overwrite)
+        return _node(resolved, rank, world)
     except meshkit.MeshError as exc:
-        print(f"meshkit_torchdist: rank {os.environ.get('RANK', '?')}: {exc}", file=sys.stderr)
+        click.echo(f"meshkit_torchdist: rank {os.environ.get('RANK', '?')}: {exc}", err=True)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run :func:`command` on ``argv`` and return its exit status (a usage error is 2)."""
+    try:
+        code = command.main(args=argv, prog_name="python -m meshkit_torchdist",
+                            standalone_mode=False)
+    except click.ClickException as exc:  # a usage error: said as click says it
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        return 1
+    return int(code or 0)
 
 
 def exit_now(code: int) -> None:

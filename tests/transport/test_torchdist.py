@@ -117,3 +117,15 @@ def test_a_failing_store_is_not_reported_as_a_slow_peer(caplog):
     assert reason.startswith("could not form the gloo pair group: DistNetworkError: "
                              "Connection reset by peer (the rendezvous store or the network")
     assert "forming the pair group with rank 2 failed" in caplog.text
+
+
+def test_the_torchrun_launcher_is_a_click_command_with_usage_errors_exit_2(capsys, monkeypatch):
+    from meshkit_torchdist.launch import main
+
+    assert main([]) == 2
+    assert "Missing argument 'CONFIG'" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["/nonexistent/run.toml"]) == 2
+    assert "meshkit_torchdist: rank 1: /nonexistent/run.toml: no such config file" \
+        in capsys.readouterr().err
