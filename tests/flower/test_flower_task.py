@@ -149,6 +149,9 @@ def _same_as_flower(tmp_path: Path, module: str, rounds: int, *, in_process: boo
     if in_process:  # the coordinator here (torch already imported), one worker process
         assert monkeypatch is not None
         monkeypatch.setenv("PYTHONPATH", str(REPO))
+        # One OpenMP thread per worker, as Ray gives Flower's simulated clients:
+        # two-thread workers on two shared cores spin against each other.
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
         monkeypatch.chdir(tmp_path)
         meshkit.run(str(_config(tmp_path, module, rounds, workers=1)))
     else:  # the real CLI, as a user runs it
