@@ -272,8 +272,9 @@ def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any]:
             f"a ClientApp's mods wrap messages between Flower's SuperNode and the app, a layer "
             f"meshkit does not have (clipping, noise and secure aggregation are meshkit "
             f"components chosen in the config instead), and its Message-API train/evaluate "
-            f"functions need Flower's message runtime. Point at the client_fn the ClientApp "
-            f"was built from (ClientApp(client_fn=client_fn)) instead")
+            f"functions need Flower's message runtime and take their initial model from the "
+            f"ServerApp, which has no client-side get_parameters to ask. Point at the "
+            f"client_fn the ClientApp was built from (ClientApp(client_fn=client_fn)) instead")
     if isinstance(obj, (NumPyClient, Client)):
         raise ConfigError(f"{where} is a Flower {kind} instance; point at the client_fn that "
                           f"builds one (client_fn(context) -> client)")
