@@ -185,7 +185,13 @@ class FlowerTask:
         return int(ids[0])
 
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
-            seed: int) -> FitResult:
+            seed: int, time_budget: float | None = None) -> FitResult:
+        if time_budget is not None:
+            raise RefusedError(
+                "[strategy] time_budget asks a fit to stop when its budget runs out and report "
+                "the examples it processed; a Flower client's fit runs to its own end and "
+                "reports its own num_examples. Remove time_budget (round_timeout still drops "
+                "a straggler's answer for the round)")
         partition = self._partition(x)
         _seed(seed)
         res = self.client(partition).fit(FitIns(

@@ -77,6 +77,13 @@ def test_a_client_holding_two_partitions_is_refused_saying_how_to_fix_it():
         flower_task.fit(flower_task.init_state(0), x[:2], y[:2], seed=0)
 
 
+def test_a_time_budget_is_refused_saying_what_still_works():
+    flower_task = _task()
+    x, y = flower_task.train_data()
+    with pytest.raises(RefusedError, match="round_timeout"):
+        flower_task.fit(flower_task.init_state(0), x[:1], y[:1], seed=0, time_budget=1.0)
+
+
 def test_a_client_asked_to_evaluate_every_partition_is_refused():
     flower_task = _task()
     x, y = flower_task.test_data()
