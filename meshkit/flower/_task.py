@@ -37,7 +37,6 @@ serves it.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import random
 import sys
