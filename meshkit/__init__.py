@@ -27,6 +27,7 @@ from meshkit.errors import (
     UnknownComponentError,
     WireError,
     WorkerError,
+    ProtocolError,
 )
 
 __version__ = "0.1.0"
@@ -82,6 +83,7 @@ __all__ = [
     "BoardError",
     "BoardTimeoutError",
     "WorkerError",
+    "ProtocolError",
     *_LAZY,
 ]
 
