@@ -62,6 +62,19 @@ def test_each_observers_entry_is_resolved_in_order(tmp_path):
                for line in plan.describe())
 
 
+def test_check_lists_the_observers_and_refuses_an_unknown_one(tmp_path):
+    config = write_config(tmp_path / "job.toml", tmp_path / "run", extra=(
+        '[[observers]]\nname = "tensorboard"\ndir = "tb"\n'))
+    checked = run_cli("check", str(config), "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["observers"] == [
+        {"name": "tensorboard", "plugin": "observers", "options": {"dir": "tb"}}]
+    config.write_text(config.read_text().replace('name = "tensorboard"', 'name = "tensorbord"'))
+    refused = run_cli("check", str(config))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "[[observers]] #1 name = 'tensorbord'" in refused.stderr
+
+
 def test_an_unknown_observer_names_the_entry(tmp_path):
     config = parse_config(_config(tmp_path, [{"name": "tensorboard"}, {"name": "wandb"}]))
     with pytest.raises(UnknownComponentError, match=r"\[\[observers\]\] #2 name = 'wandb'.*"
