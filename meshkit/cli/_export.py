@@ -33,6 +33,12 @@ def export_command(run: str, fmt: str, output: str) -> None:
     """
     if meshkit_torch is None:
         raise ConfigError(f"meshkit export --format torch needs PyTorch: {_WHY}")
-    path = meshkit_torch.export(run, output)
+    try:
+        path = meshkit_torch.export(run, output)
+    except OSError as exc:  # the checkpoint is read as ConfigError; this is the output
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(
+            f"meshkit export: cannot write {output!r} ({where}{exc.strerror or exc}); -o must "
+            f"name a file in a directory that exists or can be created") from None
     click.echo(f"wrote {path} ({fmt} state_dict; read it with torch.load(FILE, "
                f"weights_only=True))")
