@@ -29,12 +29,19 @@ a node asked for another device refuses it rather than ignore the request.
 The worker then answers requests (:mod:`meshkit.train._protocol` lists
 them) until ``{"op": "stop"}`` or until the coordinator goes away. A request
 the task cannot serve is answered with ``{"error": MESSAGE}``, never with
-silence: the coordinator would read silence as a stalled worker.
+silence: the coordinator would read silence as a stalled worker. The
+message of a meshkit error goes as it is (meshkit names problems, never data);
+another exception's (a library's, a task's) has its quoted literals replaced
+by ``'…'`` (:func:`sendable`), since libraries quote the data they choked
+on (numpy: ``could not convert string 'root:x:0:0:…'``) and the coordinator
+must not read a node's files through its errors. The node's log keeps the
+whole message and traceback.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, Mapping
 
@@ -58,6 +65,28 @@ log = logging.getLogger(__name__)
 #: engine asks for far fewer (docs/strategies.md); this refuses a coordinator
 #: that would fill a worker's memory.
 MAX_KEPT = 8
+
+
+#: A quoted literal in an exception's message (what a library quotes is data).
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+
+#: The longest error message a worker sends (the node's log has all of it).
+MAX_ERROR_CHARS = 2000
+
+
+def sendable(exc: BaseException) -> str:
+    """``exc``'s message as it may cross the wire: a MeshError's whole; another's redacted.
+
+    A meshkit error names the problem (file, row, column, what was expected),
+    never data, so it goes as written. Any other exception's quoted literals
+    become ``'…'`` and its length is capped: that is where a library echoes
+    the value it could not use.
+    """
+    plain_key = isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str)
+    text = exc.args[0] if plain_key else str(exc)  # str(KeyError) quotes its whole message
+    if not isinstance(exc, MeshError):
+        text = _QUOTED.sub("'…'", text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " […]"
 
 
 @attrs.define
@@ -153,7 +182,7 @@ class Trainer:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
-            reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+            reply = {"error": f"{op}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
         reply["seq"] = request.get("seq", 0)
         return reply
