@@ -52,6 +52,7 @@ from meshkit import wire
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
 from meshkit.transport import (
+    MAX_UNREAD_BYTES,
     META_KEY,
     TAG_BYE,
     TAG_RELAY_CTL,
@@ -256,9 +257,13 @@ class TcpGroup(Group):
         self._events: LinkEvents
         #: Where this rank listens, once bound (``group.address``).
         self._bound = ""
+        max_unread = int(getattr(options, "max_unread_bytes", MAX_UNREAD_BYTES))
+        if not 0 < max_unread < 1 << 63:
+            raise ConfigError(f"[transport] max_unread_bytes must be a positive byte count "
+                              f"below 2**63, got {max_unread}")
         super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=config.is_star,
-                         bf16_wire=getattr(options, "bf16_wire", False))
+                         bf16_wire=getattr(options, "bf16_wire", False), max_unread=max_unread)
         self.config = config
         self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
         if not 0 < self.max_frame < 1 << 63:
