@@ -580,6 +580,11 @@ class TcpGroup(Group):
             return None
         return authorized.problem(channel.peer_key, channel.peer.rank)
 
+    def _has_link(self, rank: int) -> bool:
+        """Whether ``rank`` is connected (or being admitted) now: discovery's rejoin test."""
+        with self._lock:
+            return rank in self._channels or rank in self._admitting
+
     def _rank_problem(self, rank: int, role: int) -> str | None:
         """Why a handshaken peer claiming ``rank`` may not join, or None."""
         mine = "star" if self.is_star else "mesh"
@@ -1032,6 +1037,8 @@ class TcpTransport:
                 server.close()
             raise
         group._discovery = server
+        if server is not None:
+            server.linked = group._has_link
         group._benchmark_only_disable_mac = self._benchmark_only_disable_mac
         try:
             if group.is_star:
@@ -1041,7 +1048,8 @@ class TcpTransport:
             if announce:
                 port = int(group._bound.rpartition(":")[2])
                 group._discovery = DiscoveryServer(config.secret, config.world, data_port=port,
-                                                   port=config.disc_port, topology="star")
+                                                   port=config.disc_port, topology="star",
+                                                   linked=group._has_link)
                 log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
                          group._discovery.port, port)
         except BaseException:
