@@ -32,7 +32,7 @@ the task cannot serve is answered with ``{"error": MESSAGE}``, never with
 silence: the coordinator would read silence as a stalled worker. The
 message of a meshkit error goes as it is (meshkit names problems, never data);
 another exception's (a library's, a task's) has its quoted literals replaced
-by ``'…'`` (:func:`sendable`), since libraries quote the data they choked
+by ``'…'`` (:func:`meshkit.node.sendable`), since libraries quote the data they choked
 on (numpy: ``could not convert string 'root:x:0:0:…'``) and the coordinator
 must not read a node's files through its errors. The node's log keeps the
 whole message and traceback.
@@ -41,7 +41,6 @@ whole message and traceback.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any, Mapping
 
@@ -50,7 +49,7 @@ import numpy as np
 
 from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError
-from meshkit.node import TrainReport
+from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -65,28 +64,6 @@ log = logging.getLogger(__name__)
 #: engine asks for far fewer (docs/strategies.md); this refuses a coordinator
 #: that would fill a worker's memory.
 MAX_KEPT = 8
-
-
-#: A quoted literal in an exception's message (what a library quotes is data).
-_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
-
-#: The longest error message a worker sends (the node's log has all of it).
-MAX_ERROR_CHARS = 2000
-
-
-def sendable(exc: BaseException) -> str:
-    """``exc``'s message as it may cross the wire: a MeshError's whole; another's redacted.
-
-    A meshkit error names the problem (file, row, column, what was expected),
-    never data, so it goes as written. Any other exception's quoted literals
-    become ``'…'`` and its length is capped: that is where a library echoes
-    the value it could not use.
-    """
-    plain_key = isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str)
-    text = exc.args[0] if plain_key else str(exc)  # str(KeyError) quotes its whole message
-    if not isinstance(exc, MeshError):
-        text = _QUOTED.sub("'…'", text)
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " […]"
 
 
 @attrs.define
