@@ -6,12 +6,11 @@ back when a node cannot use a file must not let it read that file.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,22 +33,9 @@ class Loadtxt(DigitsTask):
 
 def config(tmp_path: Path, task: str, task_table: str = "") -> Path:
     """One local worker; the coordinator itself reads no data (only the worker does)."""
-    path = tmp_path / "c.toml"
-    path.write_text(textwrap.dedent(f"""
-        [run]
-        task = "{task}"
-        out = "{tmp_path / 'out'}"
-        [mesh]
-        workers = 1
-        timeout = 10.0
-        [strategy]
-        rounds = 1
-        evaluate = "clients"
-        [partitioner]
-        name = "local"
-        [task]
-    """) + task_table)
-    return path
+    return write_config(tmp_path / "c.toml", tmp_path / "out", workers=1, rounds=1, task=task,
+                        extra='evaluate = "clients"\n[partitioner]\nname = "local"\n[task]\n'
+                              + task_table)
 
 
 @pytest.fixture

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
+import time
 
 import pytest
+from meshkit_tcp.tcp import MAX_HANDSHAKES
 
 from meshkit import wire
 from meshkit.errors import ConfigError, WireError
@@ -168,3 +171,44 @@ def test_a_bad_max_frame_is_refused_when_the_coordinator_starts() -> None:
         with pytest.raises(ConfigError, match="max_frame_bytes"):
             NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0", secret=SECRET,
                        transport_options={"max_frame_bytes": bad}, timeout=5.0).connect()
+
+
+#: Connections the flood holds open: each one displaced is two lines of
+#: ``refused`` (its displacement, then its handshake's failure), under MAX_REFUSED.
+HELD = MAX_HANDSHAKES * 2
+
+
+def _displaced(group) -> int:
+    return sum("handshakes were in progress" in line for line in list(group.refused))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_held_connections_cost_at_most_max_handshakes_threads_and_a_real_node_still_joins(
+        ) -> None:
+    # 1,000 connections held open without a word took the coordinator to 583
+    # threads: one thread and one descriptor per pending handshake.
+    coordinator = _coordinator(2, timeout=30.0)
+    threads, fds = threading.active_count(), _open_fds()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(HELD):
+            held.append(socket.create_connection(_address(coordinator), timeout=5))
+        # Every connection past the cap displaced the oldest handshake, which
+        # was refused (logged and counted): wait until all of them were.
+        deadline = time.monotonic() + 20
+        while _displaced(coordinator) < HELD - MAX_HANDSHAKES:
+            assert time.monotonic() < deadline, coordinator.refused[-3:]
+            threading.Event().wait(0.05)
+        assert _displaced(coordinator) == HELD - MAX_HANDSHAKES
+        assert threading.active_count() <= threads + MAX_HANDSHAKES + 1
+        # Our end holds HELD descriptors; the coordinator's end at most the cap.
+        assert _open_fds() <= fds + HELD + MAX_HANDSHAKES + 2
+        assert_a_good_worker_still_joins(coordinator)
+    finally:
+        for sock in held:
+            sock.close()
+        coordinator.close()
