@@ -61,7 +61,13 @@ MESSAGE_OVERHEAD = 4096
 
 
 def _size(message: Message) -> int:
-    """The bytes ``message`` holds while queued: its received body, else its arrays."""
+    """The bytes ``message`` holds while queued: its received body, else its arrays.
+
+    A frame a placer took (``raw.placed``: the mesh ring's segments) landed in
+    a buffer its receiver allocated beforehand and holds nothing new.
+    """
+    if getattr(message.raw, "placed", False) is True:
+        return MESSAGE_OVERHEAD
     nbytes = getattr(message.raw, "nbytes", None)
     if not isinstance(nbytes, int) or nbytes <= 0:
         nbytes = 0

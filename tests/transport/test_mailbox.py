@@ -63,3 +63,13 @@ def test_a_flood_spread_over_many_tags_is_a_breach_too(box):
     assert [rank for rank, _ in box.breaches] == [1]
     assert f"more than {MAX_UNREAD_TAGS} tags" in box.breaches[0][1]
     assert all(box.unread_bytes(1, tag) == 0 for tag in range(MAX_UNREAD_TAGS + 1))
+
+
+def test_frames_landed_in_place_by_a_placer_count_only_their_overhead(box):
+    class Placed:  # what the wire hands over for a frame a Placer took (the mesh ring)
+        placed = True
+        nbytes = 4 * MiB
+
+    for _ in range(8):  # 32 MiB of segments already in the ring's own buffer
+        box.put(Message(1, 0, 9, {}, raw=Placed()))
+    assert not box.breaches and box.unread_bytes(1, 9) == 8 * MESSAGE_OVERHEAD
