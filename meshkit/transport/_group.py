@@ -277,6 +277,7 @@ class Group:
         self._mailboxes.put(message)
 
     def _linked(self, peer: int) -> None:
+        self._mailboxes.forgive(peer)  # a restarted node is not its predecessor's breach
         for message in self._ledger.link(peer):
             self._relay.relay(message)
 

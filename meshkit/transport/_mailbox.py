@@ -97,6 +97,9 @@ class Mailboxes:
         self._unread: dict[tuple[int, int], int] = {}
         #: src -> how many tags it has messages queued on.
         self._tags: dict[int, int] = {}
+        #: Sources found in breach: whatever still arrives from them is dropped
+        #: (a star worker's relayed sender, whose link is the coordinator's).
+        self._offenders: set[int] = set()
 
     def put(self, message: Message) -> None:
         """Keep ``message`` for a receive, or hand it to its diverted handler.
@@ -130,12 +133,15 @@ class Mailboxes:
 
     def _queue(self, message: Message) -> str | None:
         """Queue ``message`` (lock held); why its sender is in breach instead, or None."""
+        if self._offenders and message.src in self._offenders:
+            return None  # already in breach (a relayed sender the relay still forwards)
         key = (message.src, message.tag)
         size = _size(message)
         sizes = self._sizes.get(key)
         if not sizes:
             tags = self._tags.get(message.src, 0)
             if tags >= MAX_UNREAD_TAGS:
+                self._offenders.add(message.src)
                 self._discard_source(message.src)
                 return (f"sent messages on more than {MAX_UNREAD_TAGS} tags that rank "
                         f"{self._ledger.rank} did not read (MAX_UNREAD_TAGS; protocol "
@@ -146,6 +152,7 @@ class Mailboxes:
         elif self._unread[key] - sizes[0] + size > self.max_unread:
             behind = self._unread[key] - sizes[0] + size
             count = len(sizes)
+            self._offenders.add(message.src)
             self._discard(message.src, message.tag)
             return (f"sent {count + 1} messages on tag 0x{message.tag:X} that rank "
                     f"{self._ledger.rank} did not read, {behind} bytes behind the oldest: "
@@ -192,6 +199,11 @@ class Mailboxes:
         log.warning("rank %d: rank %d %s", self._ledger.rank, src, reason)
         if self._on_breach is not None:
             self._on_breach(src, reason)
+
+    def forgive(self, src: int) -> None:
+        """``src`` connected again (a restarted node): queue its messages again."""
+        with self._lock:
+            self._offenders.discard(src)
 
     def unread_bytes(self, src: int, tag: int) -> int:
         """Bytes queued from ``src`` on ``tag`` (the oldest message included)."""

@@ -73,3 +73,19 @@ def test_frames_landed_in_place_by_a_placer_count_only_their_overhead(box):
     for _ in range(8):  # 32 MiB of segments already in the ring's own buffer
         box.put(Message(1, 0, 9, {}, raw=Placed()))
     assert not box.breaches and box.unread_bytes(1, 9) == 8 * MESSAGE_OVERHEAD
+
+
+def test_what_a_sender_in_breach_still_sends_is_dropped_not_queued_again(box):
+    for _ in range(5):
+        box.put(frame(1, 9, MiB))  # in breach at the fifth
+    for _ in range(5):  # relayed through the coordinator, it keeps coming for a while
+        box.put(frame(1, 9, MiB))
+    assert len(box.breaches) == 1 and box.unread_bytes(1, 9) == 0
+
+
+def test_a_sender_that_connects_again_is_heard_again(box):
+    for _ in range(5):
+        box.put(frame(1, 9, MiB))
+    box.forgive(1)  # its node restarted: the group calls this when the link comes up
+    box.put(frame(1, 9, 10))
+    assert box.take(9, {1}, 1.0).payload["x"].nbytes == 10
