@@ -74,7 +74,7 @@ def read_digits_csv(path: str, *, key: str = "csv") -> tuple[np.ndarray, np.ndar
     try:
         opener = gzip.open if file.suffix == ".gz" else open
         with opener(file, "rt", encoding="utf-8", errors="strict") as text:
-            rows = _parse_rows(text, where)
+            rows = _read_lines(text, where)
     except FileNotFoundError:
         raise ConfigError(f"{where}: no such file on this node; give each node the path of "
                           f"its own file (meshkit node --task-option {key}=PATH)") from None
@@ -86,13 +86,27 @@ def read_digits_csv(path: str, *, key: str = "csv") -> tuple[np.ndarray, np.ndar
     if not rows:
         raise ConfigError(f"{where}: the file holds no rows; a client needs at least one "
                           f"image to train or evaluate on")
-    table = np.array(rows, dtype=np.float64)
-    return np.ascontiguousarray(table[:, :FEATURES]), table[:, FEATURES].astype(np.int64)
+    lines = [line for _, line in rows]
+    try:
+        table = np.loadtxt(lines, delimiter=",", dtype=np.float64, ndmin=2, comments=None)
+    except ValueError:  # numpy's message quotes the field: find and name it ourselves
+        table = None
+    if table is None or table.shape[1] != FEATURES + 1:
+        for number, line in rows:
+            _parse_row(line, where, number)
+        raise ConfigError(f"{where}: not a CSV of {FEATURES + 1} numbers a row")
+    pixels, labels = table[:, :FEATURES], table[:, FEATURES]
+    bad = ~((pixels >= 0) & (pixels <= PIXEL_MAX))  # NaN is neither
+    bad_labels = ~((labels >= 0) & (labels <= CLASSES - 1) & (labels == np.round(labels)))
+    if bad.any() or bad_labels.any():
+        row, column = (int(i) for i in np.argwhere(np.column_stack([bad, bad_labels]))[0])
+        _value(lines[row].split(",")[column], where, rows[row][0], column + 1)
+    return np.ascontiguousarray(pixels), labels.astype(np.int64)
 
 
-def _parse_rows(text: Any, where: str) -> list[list[float]]:
-    """Rows of 65 checked numbers; blank lines and ``#`` comments skipped (as np.loadtxt)."""
-    rows: list[list[float]] = []
+def _read_lines(text: Any, where: str) -> list[tuple[int, str]]:
+    """(line number, text) of each data line; blank lines and ``#`` comments skipped."""
+    rows: list[tuple[int, str]] = []
     line_no = 0
     while True:
         line = text.readline(MAX_LINE + 1)
@@ -103,14 +117,17 @@ def _parse_rows(text: Any, where: str) -> list[list[float]]:
             raise ConfigError(f"{where}: row {line_no} is longer than {MAX_LINE} characters; "
                               f"not a digits CSV")
         body = line.split("#", 1)[0].strip()
-        if not body:
-            continue
-        fields = body.split(",")
-        if len(fields) != FEATURES + 1:
-            raise ConfigError(f"{where}: row {line_no} has {len(fields)} columns; expected "
-                              f"{FEATURES + 1} (64 pixels, then the label)")
-        rows.append([_value(field, where, line_no, column)
-                     for column, field in enumerate(fields, 1)])
+        if body:
+            rows.append((line_no, body))
+
+
+def _parse_row(body: str, where: str, line_no: int) -> list[float]:
+    """One line's 65 checked numbers, or the error naming its row and column."""
+    fields = body.split(",")
+    if len(fields) != FEATURES + 1:
+        raise ConfigError(f"{where}: row {line_no} has {len(fields)} columns; expected "
+                          f"{FEATURES + 1} (64 pixels, then the label)")
+    return [_value(field, where, line_no, column) for column, field in enumerate(fields, 1)]
 
 
 def _value(field: str, where: str, row: int, column: int) -> float:
