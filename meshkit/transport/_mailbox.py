@@ -23,8 +23,9 @@ transport accepts (``max_frame_bytes``) always fits: a model of many MiB on
 the request/reply tags is read before the next one arrives, and a tag the
 engine reads is drained as it comes. A sender past the bound is flooding a
 tag this rank does not read as fast (or at all): it is in breach, like any
-protocol violation. Its unread messages on that tag are discarded at once
-and it is declared dead, named with the bound (``on_breach``). So is a
+protocol violation. Its unread messages on that tag are discarded at once,
+it is declared dead, named with the bound (``on_breach``), and what it still
+sends (relayed, say) is dropped until it connects again. So is a
 source with unread messages on more than :data:`MAX_UNREAD_TAGS` tags at
 once (spreading a flood over many tags). What one source can make this rank
 hold is therefore at most ``MAX_UNREAD_TAGS * (max_frame_bytes +
