@@ -13,9 +13,9 @@ from meshkit.cli import main  # noqa: E402
 from meshkit.torch import INT_BUFFERS  # noqa: E402
 
 
-def export(run: object, output: object) -> tuple[int, str]:
-    """``meshkit export RUN -o OUTPUT`` through the real command group: (status, output)."""
-    result = CliRunner().invoke(main, ["export", str(run), "-o", str(output)])
+def export(run: object, output: object, fmt: str = "torch") -> tuple[int, str]:
+    """``meshkit export RUN --format FMT -o OUTPUT`` through the real command group."""
+    result = CliRunner().invoke(main, ["export", str(run), "--format", fmt, "-o", str(output)])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result.exit_code, result.output
 
@@ -47,11 +47,12 @@ def test_a_malformed_int_buffers_entry_is_refused(tmp_path, entry):
     assert INT_BUFFERS in output and "Traceback" not in output
 
 
-def test_an_output_under_a_regular_file_or_an_uncreatable_directory_is_exit_2(tmp_path):
+@pytest.mark.parametrize("fmt", ["torch", "safetensors"])
+def test_an_output_under_a_regular_file_or_an_uncreatable_directory_is_exit_2(tmp_path, fmt):
     run = run_dir(tmp_path, {"w": np.ones(2, np.float32)})
     (tmp_path / "plain").write_text("a file")
-    code, output = export(run, tmp_path / "plain" / "model.pt")
+    code, output = export(run, tmp_path / "plain" / "model.pt", fmt)
     assert code == 2 and "cannot write" in output, output
     # /proc refuses a new directory even to root (FileNotFoundError).
-    code, output = export(run, "/proc/self/no-such-dir/model.pt")
+    code, output = export(run, "/proc/self/no-such-dir/model.pt", fmt)
     assert code == 2 and "cannot write" in output, output
