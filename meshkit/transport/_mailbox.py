@@ -144,9 +144,8 @@ class Mailboxes:
             if tags >= MAX_UNREAD_TAGS:
                 self._offenders.add(message.src)
                 self._discard_source(message.src)
-                return (f"sent messages on more than {MAX_UNREAD_TAGS} tags that rank "
-                        f"{self._ledger.rank} did not read (MAX_UNREAD_TAGS; protocol "
-                        f"violation)")
+                return (f"protocol error: sent messages on more than {MAX_UNREAD_TAGS} tags "
+                        f"that rank {self._ledger.rank} did not read (MAX_UNREAD_TAGS)")
             self._tags[message.src] = tags + 1
             sizes = self._sizes[key] = collections.deque()
             self._unread[key] = 0
@@ -155,10 +154,10 @@ class Mailboxes:
             count = len(sizes)
             self._offenders.add(message.src)
             self._discard(message.src, message.tag)
-            return (f"sent {count + 1} messages on tag 0x{message.tag:X} that rank "
-                    f"{self._ledger.rank} did not read, {behind} bytes behind the oldest: "
-                    f"past the unread bound of {self.max_unread} bytes per (source, tag) "
-                    f"(protocol violation)")
+            return (f"protocol error: sent {count + 1} messages on tag 0x{message.tag:X} "
+                    f"that rank {self._ledger.rank} did not read, {behind} bytes behind the "
+                    f"oldest: past the unread bound of {self.max_unread} bytes per (source, "
+                    f"tag)")
         sizes.append(size)
         self._unread[key] += size
         self._inbox[message.tag].append(message)
@@ -197,7 +196,7 @@ class Mailboxes:
             self._discard(*src_tag)
 
     def _breached(self, src: int, reason: str) -> None:
-        log.warning("rank %d: rank %d %s", self._ledger.rank, src, reason)
+        log.warning("rank %d: rank %d is in breach: %s", self._ledger.rank, src, reason)
         if self._on_breach is not None:
             self._on_breach(src, reason)
 
