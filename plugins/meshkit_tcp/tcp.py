@@ -183,14 +183,21 @@ class HandshakeSlots:
             return len(self._pending)
 
 
+def _daemon(target: Callable[[], None]) -> None:
+    threading.Thread(target=target, name="meshkit-tcp-admit", daemon=True).start()
+
+
 def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
                 admit: Callable[[socket.socket, str], None],
                 refuse: Callable[[str, str], None], *,
-                spawn: Callable[[Callable[[], None]], None],
+                spawn: Callable[[Callable[[], None]], None] | None = None,
                 slots: HandshakeSlots | None = None) -> None:
     """Accept connections on ``listener`` while ``running()``; ``admit(sock, where)`` each.
 
-    Each ``admit`` runs on a thread of its own (``spawn(target)`` starts it),
+    Each ``admit`` runs on a thread of its own (``spawn(target)`` starts it,
+    so its owner can track it; default: a daemon thread), and holds its slot
+    until it returns: ``admit`` runs the handshake itself, it does not start
+    another thread for it (that would free the slot at once),
     so a peer that connects and says nothing cannot stall the ones queued
     behind it; at most ``slots.limit`` (:data:`MAX_HANDSHAKES`) run at once:
     a connection past that shuts the oldest one still running down (it is
@@ -201,6 +208,7 @@ def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
     cannot keep every later rank out.
     """
     slots = slots if slots is not None else HandshakeSlots()
+    start = spawn if spawn is not None else _daemon
     while running():
         try:
             sock, peer = listener.accept()
@@ -233,7 +241,7 @@ def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
                 slots.release(sock)
 
         try:
-            spawn(run)
+            start(run)
         except RuntimeError as exc:  # out of threads: drop this one
             slots.release(sock)
             sock.close()
