@@ -11,7 +11,7 @@ import time
 import pytest
 from meshkit_tcp.tcp import MAX_HANDSHAKES
 
-from meshkit import wire
+from meshkit import plugins, wire
 from meshkit.errors import ConfigError, WireError
 from meshkit.node.config import NodeConfig
 
@@ -219,4 +219,31 @@ def test_held_connections_cost_at_most_max_handshakes_threads_and_a_real_node_st
     finally:
         for sock in held:
             sock.close()
+        coordinator.close()
+
+
+def test_a_host_relays_accept_loop_is_capped_the_same_way() -> None:
+    coordinator = _coordinator(2, timeout=30.0)
+    relay = plugins.create("transport", "tcp").start_relay(
+        coordinator=coordinator.address, bind="127.0.0.1:0", world=2, ranks=(1,),
+        secret=SECRET, name="hostA", timeout=30.0)
+    host, _, port = relay.address.rpartition(":")
+    held: list[socket.socket] = []
+    try:
+        for _ in range(HELD):
+            held.append(socket.create_connection((host, int(port)), timeout=5))
+        deadline = time.monotonic() + 20
+        while _displaced(relay) < HELD - MAX_HANDSHAKES:
+            assert time.monotonic() < deadline, relay.refused[-3:]
+            threading.Event().wait(0.05)
+        worker = NodeConfig(rank=1, world=2, peers=[relay.address], topology="star",
+                            secret=SECRET, timeout=5.0).connect()
+        try:
+            assert coordinator.wait_for_workers(timeout=10) == [1]
+        finally:
+            worker.close()
+    finally:
+        for sock in held:
+            sock.close()
+        relay.close()
         coordinator.close()
