@@ -40,12 +40,12 @@ def _read_hello(sock: socket.socket) -> bytes:
     return got
 
 
-def assert_a_good_worker_still_joins(coordinator) -> None:
-    """After whatever the test threw at it, the coordinator still admits rank 1."""
-    worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
+def assert_a_good_worker_still_joins(coordinator, via: str | None = None) -> None:
+    """After whatever the test threw at it, the coordinator still admits rank 1 (dialing ``via``)."""
+    worker = NodeConfig(rank=1, world=2, peers=[via or coordinator.address], topology="star",
                         secret=SECRET, timeout=5.0).connect()
     try:
-        assert coordinator.wait_for_workers(timeout=5) == [1]
+        assert coordinator.wait_for_workers(timeout=10) == [1]
     finally:
         worker.close()
 
@@ -186,6 +186,20 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _hold(owner, address: str) -> list[socket.socket]:
+    """HELD silent connections to ``address``, once ``owner`` displaced all it must."""
+    host, _, port = address.rpartition(":")
+    held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(HELD)]
+    # Every connection past the cap displaced the oldest handshake, which was
+    # refused (logged and counted): wait until all of them were.
+    deadline = time.monotonic() + 20
+    while _displaced(owner) < HELD - MAX_HANDSHAKES:
+        assert time.monotonic() < deadline, owner.refused[-3:]
+        threading.Event().wait(0.05)
+    assert _displaced(owner) == HELD - MAX_HANDSHAKES
+    return held
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
 def test_held_connections_cost_at_most_max_handshakes_threads_and_a_real_node_still_joins(
         ) -> None:
@@ -195,15 +209,8 @@ def test_held_connections_cost_at_most_max_handshakes_threads_and_a_real_node_st
     threads, fds = threading.active_count(), _open_fds()
     held: list[socket.socket] = []
     try:
-        for _ in range(HELD):
-            held.append(socket.create_connection(_address(coordinator), timeout=5))
-        # Every connection past the cap displaced the oldest handshake, which
-        # was refused (logged and counted): wait until all of them were.
-        deadline = time.monotonic() + 20
-        while _displaced(coordinator) < HELD - MAX_HANDSHAKES:
-            assert time.monotonic() < deadline, coordinator.refused[-3:]
-            threading.Event().wait(0.05)
-        assert _displaced(coordinator) == HELD - MAX_HANDSHAKES
+        held = _hold(coordinator, coordinator.address)
+
         # A displaced handshake's thread ends as soon as it sees its socket shut
         # down; without the cap every one would live out its 30 s timeout.
         def settled() -> bool:
@@ -227,21 +234,10 @@ def test_a_host_relays_accept_loop_is_capped_the_same_way() -> None:
     relay = plugins.create("transport", "tcp").start_relay(
         coordinator=coordinator.address, bind="127.0.0.1:0", world=2, ranks=(1,),
         secret=SECRET, name="hostA", timeout=30.0)
-    host, _, port = relay.address.rpartition(":")
     held: list[socket.socket] = []
     try:
-        for _ in range(HELD):
-            held.append(socket.create_connection((host, int(port)), timeout=5))
-        deadline = time.monotonic() + 20
-        while _displaced(relay) < HELD - MAX_HANDSHAKES:
-            assert time.monotonic() < deadline, relay.refused[-3:]
-            threading.Event().wait(0.05)
-        worker = NodeConfig(rank=1, world=2, peers=[relay.address], topology="star",
-                            secret=SECRET, timeout=5.0).connect()
-        try:
-            assert coordinator.wait_for_workers(timeout=10) == [1]
-        finally:
-            worker.close()
+        held = _hold(relay, relay.address)
+        assert_a_good_worker_still_joins(coordinator, via=relay.address)
     finally:
         for sock in held:
             sock.close()
