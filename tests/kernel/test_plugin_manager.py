@@ -154,6 +154,7 @@ def test_component_options_must_be_an_attrs_class():
     ("outer_optimizer", "meshkit_outer_optimizers"), ("board", "meshkit_boards"),
     ("strategy", "meshkit_strategies"), ("task", "meshkit_tasks"),
     ("partitioner", "meshkit_partitioners"),
+    ("observer", "meshkit_observers"),
 ])
 def test_every_component_hook_is_called(kind, hook):
     calls = []

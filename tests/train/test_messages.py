@@ -361,7 +361,7 @@ class Rogue:
 
 @pytest.mark.slow
 def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
-    from conftest import write_config
+    from tests.support.configs import write_config
 
     from meshkit.train import Runner, read_metrics
 
