@@ -401,6 +401,11 @@ def _metrics_field(doc: str) -> Any:
     return _field("metrics", doc)
 
 
+def _kept() -> Any:
+    return _field("int 0..2^63-1", "the request's `keep`; only with `keep`", optional=True,
+                  check=_between(0, MAX_SEQ))
+
+
 @attrs.frozen(kw_only=True)
 class FitReply:
     """A fit's realized work; its result itself, or the key it is kept under."""
@@ -410,9 +415,7 @@ class FitReply:
     metrics: Metrics = _metrics_field("the fit's metrics (`train_loss`, ...)")
     state: State | None = _field("state", "the fitted model; only without `keep`",
                                  optional=True)
-    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
-                              optional=True,
-                              check=_between(0, MAX_SEQ))
+    kept: int | None = _kept()
 
 
 @attrs.frozen(kw_only=True)
@@ -424,9 +427,7 @@ class GradsReply:
     metrics: Metrics = _metrics_field("the batch's metrics")
     gradients: State | None = _field("state", "the gradients; only without `keep`",
                                      optional=True)
-    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
-                              optional=True,
-                              check=_between(0, MAX_SEQ))
+    kept: int | None = _kept()
 
 
 @attrs.frozen(kw_only=True)
