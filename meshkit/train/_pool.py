@@ -364,14 +364,25 @@ class GroupPool:
                 if not block:
                     return None
                 continue  # nothing yet (or a death): look at the ledger again
-            reply = decode(frame)
+            o = owed.get(src)
+            try:
+                reply = decode(frame)
+            except ProtocolError as exc:
+                if o is None:
+                    log.warning("rank %d: discarding a reply frame that is no message: %s",
+                                src, exc)
+                    continue
+                self.declare_dead(src, protocol_reason(exc))
+                return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), o.pop())
             if "relay" in reply:
-                entry = self._relay_owed.pop(reply.get("seq"), None)  # type: ignore[arg-type]
+                relay_seq = reply.get("seq")
+                # (A seq that is no integer cannot be a ticket: never a dict key.)
+                entry = (self._relay_owed.pop(relay_seq, None) if isinstance(relay_seq, int)
+                         else None)
                 if entry is None or entry[0] != reply["relay"]:
                     log.debug("discarding a stale reply from host relay %r", reply["relay"])
                     continue
                 return Reply(entry[1], reply, None, reply["seq"])
-            o = owed.get(src)
             if o is None:
                 log.debug("rank %d: discarding a reply to nothing it owes (seq %r)", src,
                           reply.get("seq"))

@@ -46,7 +46,7 @@ from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.task import accepts_data, create_task, resolve_task_component
-from meshkit.train._messages import MAX_SEQ, check_request
+from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
@@ -165,7 +165,7 @@ class Trainer:
             self.error = f"protocol error: {exc}"
             return {"error": self.error,
                     "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
-                    and 0 <= seq <= MAX_SEQ else 0}
+                    and MIN_SEQ <= seq <= MAX_SEQ else 0}
         try:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
@@ -341,10 +341,21 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
                 break
             continue
         idle_since = time.monotonic()
-        request = decode(frame)
+        try:
+            request = decode(frame)
+        except ProtocolError as exc:
+            # Not a message at all: say so (the coordinator waits on a reply).
+            log.warning("refusing a trainer request frame: %s", exc)
+            request = {"op": None, "seq": frame.get("seq", 0)}
+            failed: str | None = f"protocol error: {exc}"
+        else:
+            failed = None
         if request.get("op") == "stop":
             break
-        if trainer is None:
+        if failed is not None:
+            seq = request["seq"]
+            reply = {"error": failed, "seq": seq if isinstance(seq, int) else 0}
+        elif trainer is None:
             reply = {"error": f"cannot build the task on this worker: {failure}",
                      "seq": request.get("seq", 0)}
         else:

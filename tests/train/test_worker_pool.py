@@ -141,6 +141,7 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
      "echoes seq"),
     (lambda seq: {"seq": seq, "examples": "many", "metrics": {}, "kept": 0},
      "examples: expected an integer"),
+    (lambda seq: {"seq": seq, "state": 5, "state/w": np.zeros(2)}, "without its count"),
 ])
 def test_a_reply_that_does_not_fit_over_a_group_drops_that_rank_with_the_reason(
         mesh, reply, why):
