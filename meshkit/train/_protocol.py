@@ -87,7 +87,7 @@ def decode(frame: Mapping[str, Any]) -> dict[str, Any]:
         elif key[:1] != "#" or key[1:] not in _NESTED:
             out[key] = value
     for head, count in counts.items():
-        if count != len(out[head]):
+        if type(count) is not int or count != len(out[head]):
             raise ProtocolError(f"{'#' + head!r} says {count!r} entries, the frame has "
                                 f"{len(out[head])}")
     return out

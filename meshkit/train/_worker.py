@@ -350,7 +350,7 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
             failed: str | None = f"protocol error: {exc}"
         else:
             failed = None
-        if request.get("op") == "stop":
+        if isinstance(request.get("op"), str) and request["op"] == "stop":
             break
         if failed is not None:
             seq = request["seq"]

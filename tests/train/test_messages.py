@@ -22,9 +22,12 @@ from hypothesis import strategies as st
 
 import meshkit
 import meshkit.plugins
-from meshkit.train import LocalPool, StrategyContext, Trainer
+from meshkit.node import NodeCaps
+from meshkit.train import LocalPool, Runner, StrategyContext, Trainer, decode, read_metrics
 from meshkit.train import _messages as messages
 from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
+
+from conftest import write_config
 
 # -- the schema --------------------------------------------------------------------------
 
@@ -128,6 +131,43 @@ def test_a_broken_reply_is_a_protocol_error_and_nothing_else(case, extra):
     # The reason names what is wrong, for the ledger and the user.
     assert field in str(caught.value) or "surprise" in str(caught.value) or \
         "kept" in str(caught.value), str(caught.value)
+
+
+FRAME_KEYS = st.one_of(st.sampled_from(["seq", "examples", "metrics", "kept", "state",
+                                         "gradients", "#state", "#gradients", "state/w",
+                                         "gradients/w", "x", "error", "relay"]),
+                       st.text(max_size=6))
+FRAME_VALUES = st.one_of(ANY_VALUE, st.just(np.zeros(2, np.float32)),
+                         st.dictionaries(st.text(max_size=3), ANY_VALUE, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(REPLIES)), st.dictionaries(FRAME_KEYS, FRAME_VALUES, max_size=6))
+def test_any_frame_at_all_is_a_reply_or_a_protocol_error(op, frame):
+    try:
+        check_reply({"op": op}, decode(frame))
+    except meshkit.ProtocolError:
+        pass  # anything else (TypeError, KeyError, ...) fails the test
+
+
+REQUEST_KEYS = st.one_of(st.sampled_from(["op", "seq", "shard", "shards", "seed", "keep",
+                                           "key", "state", "#state", "state/w", "ranks",
+                                           "nodes", "x", "time_budget"]), st.text(max_size=6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(REQUESTS)), st.dictionaries(REQUEST_KEYS, FRAME_VALUES, max_size=6))
+def test_a_worker_answers_any_request_frame_and_serves_on(op, frame):
+    trainer = Trainer(meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8}))
+    try:
+        request = decode({"op": op, **frame})
+    except meshkit.ProtocolError:
+        return  # serve_trainer answers it with the error (test_worker_pool)
+    reply = trainer.handle(request)
+    assert "seq" in reply
+    # The worker is still whole: it serves a good request next.
+    assert trainer.handle({"op": "set_state", "seq": 1, "state": {"w": np.zeros(1)}}) == {
+        "seq": 1}
 
 
 def test_a_reply_must_echo_its_seq_and_its_keep():
@@ -361,10 +401,6 @@ class Rogue:
 
 @pytest.mark.slow
 def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
-    from conftest import write_config
-
-    from meshkit.train import Runner, read_metrics
-
     (tmp_path / "rogue_task.py").write_text(ROGUE)
     monkeypatch.chdir(tmp_path)  # workers import "module:attribute" from here
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -426,8 +462,6 @@ def test_the_protocol_page_would_catch_a_field_added_to_the_code():
 
 
 def test_the_protocol_page_lists_every_capability_a_node_sends():
-    from meshkit.node import NodeCaps
-
     text = PROTOCOL.read_text()
     block = text[text.index("### 6.1"):text.index("### 6.2")]
     listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
