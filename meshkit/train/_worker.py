@@ -29,7 +29,13 @@ a node asked for another device refuses it rather than ignore the request.
 The worker then answers requests (:mod:`meshkit.train._protocol` lists
 them) until ``{"op": "stop"}`` or until the coordinator goes away. A request
 the task cannot serve is answered with ``{"error": MESSAGE}``, never with
-silence: the coordinator would read silence as a stalled worker.
+silence: the coordinator would read silence as a stalled worker. The
+message of a meshkit error goes as it is (meshkit names problems, never data);
+another exception's (a library's, a task's) has its quoted literals replaced
+by ``'…'`` (:func:`meshkit.node.sendable`), since libraries quote the data they choked
+on (numpy: ``could not convert string 'root:x:0:0:…'``) and the coordinator
+must not read a node's files through its errors. The node's log keeps the
+whole message and traceback.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import numpy as np
 
 from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
-from meshkit.node import TrainReport
+from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
@@ -170,7 +176,7 @@ class Trainer:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
-            reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+            reply = {"error": f"{op}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
         reply["seq"] = seq
         return reply
