@@ -381,7 +381,7 @@ from meshkit.task import FitResult
 
 
 class Rogue:
-    """The synthetic task, except that on rank 2 every fit reports a NaN loss."""
+    """The synthetic task, except that on rank 2 every fit returns a model of other shapes."""
 
     def __init__(self):
         self.inner = meshkit.plugins.create("task", "synthetic", {"params": 256, "rows": 64})
@@ -394,13 +394,15 @@ class Rogue:
     def fit(self, state, x, y, seed):
         result = self.inner.fit(state, x, y, seed=seed)
         if self.rank == 2:
-            return FitResult(result.state, result.examples, {"train_loss": float("nan")})
+            return FitResult({k: v[:-1] for k, v in result.state.items()}, result.examples,
+                             result.metrics)
         return result
 '''
 
 
 @pytest.mark.slow
-def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
+def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_path,
+                                                                           monkeypatch):
     (tmp_path / "rogue_task.py").write_text(ROGUE)
     monkeypatch.chdir(tmp_path)  # workers import "module:attribute" from here
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -417,7 +419,8 @@ def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkey
         assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
         assert 2 not in row["served"].values()
     summary = (out / "summary.json").read_text()
-    assert "protocol error" in summary and "metric 'train_loss' is nan" in summary
+    assert "protocol error" in summary and "result for client" in summary
+    assert "where the model has an array float32" in summary
 
 
 # -- docs/protocol.md is the schema --------------------------------------------------------
@@ -466,3 +469,25 @@ def test_the_protocol_page_lists_every_capability_a_node_sends():
     block = text[text.index("### 6.1"):text.index("### 6.2")]
     listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
     assert listed == {f.name for f in attrs.fields(NodeCaps)}
+
+
+def test_a_task_reporting_a_nan_metric_is_the_tasks_error_not_a_breach():
+    class Diverged:
+        def __init__(self) -> None:
+            self.inner = meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8})
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def fit(self, state: Any, x: Any, y: Any, seed: int) -> Any:
+            result = self.inner.fit(state, x, y, seed=seed)
+            return attrs.evolve(result, metrics={"train_loss": math.nan})
+
+    trainer = Trainer(Diverged())
+    trainer.handle({"op": "set_state", "seq": 1, "state": trainer.task.init_state(0)})
+    reply = trainer.handle({"op": "fit", "seq": 2, "shard": 0, "shards": 1, "seed": 0})
+    # An error the coordinator stops on with the task's message (a WorkerError),
+    # not a reply that would cost this honest worker its rank.
+    assert reply == {"error": "fit: MeshError: the task's fit reported train_loss = nan; "
+                              "metrics must be finite numbers (a diverged model? lower the "
+                              "learning rate)", "seq": 2}
