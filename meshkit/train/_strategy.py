@@ -20,6 +20,8 @@ import attrs
 
 from meshkit.aggregation import begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
+from meshkit.outer import step_parameters
+from meshkit.task import buffer_keys
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool, broadcast, call
 
@@ -176,6 +178,7 @@ class StrategyContext:
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Any = None
     admit: Callable[[], Sequence[int]] = lambda: ()
+    _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def live(self) -> list[int]:
@@ -271,6 +274,26 @@ class StrategyContext:
                 f"no live worker answers to tag {partition.tag!r} (for partition "
                 f"{list(partition.nodes)}). Registered: {known}")
         return matches[0]
+
+    @property
+    def buffers(self) -> frozenset[str]:
+        """The state keys the task marks as buffers (:func:`meshkit.task.buffer_keys`)."""
+        if self._buffers is None:
+            self._buffers = buffer_keys(self.task)
+        return self._buffers
+
+    def outer_step(self, global_state: Mapping[str, Any],
+                   consensus: Mapping[str, Any]) -> dict[str, Any]:
+        """The new global model: the outer optimizer steps the parameters only.
+
+        The kernel's rule for every optimizer (:func:`meshkit.outer.step_parameters`):
+        ``step`` is handed the float arrays that are not the task's buffers;
+        buffers, integer arrays and JSON values take the consensus, dtype kept.
+        """
+        if self.outer is None:
+            return dict(consensus)
+        return step_parameters(self.outer, global_state, consensus, buffers=self.buffers,
+                               name=self.outer_name)
 
     def round_completed(self, report: RoundReport, state: Mapping[str, Any]) -> None:
         self.on_round(report, state)

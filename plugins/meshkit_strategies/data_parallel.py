@@ -29,7 +29,14 @@ class DataParallel:
     ``group.mesh_all_reduce`` (the trainer's ``step``), so the coordinator
     neither receives nor folds a gradient. There a replica lost mid-step
     fails the step on every replica (a collective has no survivors' mean):
-    the run stops, and ``--resume`` continues from the last checkpoint."""
+    the run stops, and ``--resume`` continues from the last checkpoint.
+
+    The outer optimizer steps once per round (DiLoCo: ``steps`` inner steps,
+    then an outer step): the replicas' common model after the round is the
+    consensus, the model they started the round from the global one. With
+    ``average`` the replicas carry on as they are; any other optimizer's new
+    global model is sent to every replica (``set_state``), which starts its
+    inner optimizer afresh from it (docs/strategies.md)."""
 
     options: DataParallelOptions
 
@@ -39,11 +46,6 @@ class DataParallel:
             raise ConfigError(
                 f"[strategy] min_workers = {self.options.min_workers} but there are only "
                 f"{workers} workers; lower min_workers or add workers")
-        if outer_name != "average":
-            raise ConfigError(
-                f"data-parallel applies the averaged gradient on every replica each step; "
-                f"there is no round consensus for outer optimizer {outer_name!r} to "
-                f"step. Use [outer_optimizer] name = \"average\", or strategy federated")
         for method in ("gradients", "apply"):
             if not callable(getattr(task, method, None)):
                 raise ConfigError(f"data-parallel needs the task to offer {method}()")
@@ -97,7 +99,7 @@ class DataParallel:
             served = folded.served
             replies.extend(folded.replies.values())
         reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
-        return self._read_back(ctx, rnd, reader, answered, examples, replies, served)
+        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state)
 
     def _mesh_step(self, ctx: StrategyContext, live: list[int], global_step: int,
                    label: str) -> list[Mapping[str, Any]]:
@@ -118,15 +120,24 @@ class DataParallel:
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
                    examples: int, replies: list[Mapping[str, Any]],
-                   served: dict[int, int]) -> RoundOutcome:
+                   served: dict[int, int], start: Mapping[str, Any]) -> RoundOutcome:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
         back = ctx.call([(reader, {"op": "get_state"})])[0]
         if not back.ok:
             raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
                             f"failed: {back.error}")
-        state = dict(back.payload["state"])
+        state = self._outer_step(ctx, start, dict(back.payload["state"]))
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
                             examples=examples, metrics=metrics, served=served)
+
+    def _outer_step(self, ctx: StrategyContext, start: Mapping[str, Any],
+                    replicas: dict[str, Any]) -> dict[str, Any]:
+        """The round's outer step from the model the replicas started at to theirs now."""
+        if ctx.outer is None or ctx.outer_name == "average":
+            return replicas  # the byte-for-byte path: the replicas carry on as they are
+        state = ctx.outer_step(start, replicas)
+        ctx.broadcast(ctx.live, {"op": "set_state", "state": state})
+        return state

@@ -120,7 +120,7 @@ class Federated:
                 f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and "
                 f"run again with --resume")
         consensus = folded.result
-        state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
+        state = ctx.outer_step(state, consensus)
         metrics = dict(folded.train_loss())
         if opts.evaluate in ("coordinator", "both"):
             metrics.update(ctx.task.evaluate(state))

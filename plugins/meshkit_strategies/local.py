@@ -54,5 +54,5 @@ class Local:
         # docs/strategies.md: the outer optimizer steps the global model
         # from the fit's result (average adopts it).
         fitted = folded.result
-        state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
+        state = ctx.outer_step(state, fitted)
         return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})
