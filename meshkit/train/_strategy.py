@@ -78,6 +78,9 @@ class RoundReport:
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     late: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
+    #: Why the round kept the previous global model ("" when it did not): a
+    #: non-finite model under ``[strategy] on_nonfinite = "skip-round"``.
+    skipped: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -103,6 +106,8 @@ class RoundReport:
             "late": list(self.late),
             "joined": list(self.joined),
         }
+        if self.skipped:
+            line["skipped"] = self.skipped
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
         return line

@@ -62,7 +62,8 @@ class DataParallel:
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
         ctx.broadcast(live, {"op": "set_state", "state": state})
-        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
+        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round,
+                          on_nonfinite=self.options.on_nonfinite)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:

@@ -82,7 +82,8 @@ class Federated:
         if self.options.evaluate != "coordinator":
             self._check_held_out(ctx)
         return run_rounds(ctx, "federated", self.options.rounds, ctx.initial_state(),
-                          self.play_round)
+                          self.play_round,
+                          on_nonfinite=self.options.on_nonfinite)
 
     def _check_held_out(self, ctx: StrategyContext) -> None:
         """Every worker must have held-out data before any round trains (it is asked)."""

@@ -40,7 +40,8 @@ class Local:
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         return run_rounds(ctx, "local", self.options.rounds, ctx.initial_state(),
-                          self.play_round)
+                          self.play_round,
+                          on_nonfinite=self.options.on_nonfinite)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:
