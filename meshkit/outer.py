@@ -79,11 +79,15 @@ def step_parameters(optimizer: Any, global_state: State, consensus: State, *,
     parameters (:func:`parameter_keys`) and must return exactly those keys.
     Every other key -- the task's ``buffers``, integer and bool arrays, JSON
     values -- takes the consensus, an array cast back to the global model's
-    dtype. The result keeps the global model's key order.
+    dtype. Numpy scalars go in and come out as 0-d arrays. The result keeps the
+    global model's key order.
     """
     params = parameter_keys(global_state, consensus, buffers=buffers, name=name)
-    stepped = dict(optimizer.step({k: global_state[k] for k in params},
-                                  {k: consensus[k] for k in params}))
+    # numpy scalars (np.float32(1.5)) in, and out, as 0-d arrays: the wire
+    # carries arrays, and an optimizer writing out= into one needs an array.
+    stepped = {k: _as_array(v) for k, v in optimizer.step(
+        {k: _as_array(global_state[k]) for k in params},
+        {k: _as_array(consensus[k]) for k in params}).items()}
     if set(stepped) != set(params):
         missing = sorted(set(params) - set(stepped))
         extra = sorted(set(stepped) - set(params))
@@ -103,6 +107,10 @@ def step_parameters(optimizer: Any, global_state: State, consensus: State, *,
                 c = c.astype(np.asarray(x).dtype)
         out[key] = c
     return out
+
+
+def _as_array(value: Any) -> Any:
+    return np.asarray(value) if isinstance(value, np.generic) else value
 
 
 def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[str]:
