@@ -45,6 +45,7 @@ from meshkit.train._engine import (
     fold_round,
     train_loss,
 )
+from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -120,4 +121,7 @@ __all__ = [
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",
+    # keys kept on each client (FedBN)
+    "ClientLocal",
+    "resolve_local_keys",
 ]

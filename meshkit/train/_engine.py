@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from meshkit.errors import MeshError, WorkerError
+from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
 from meshkit.train._strategy import StrategyContext, weighted_mean
@@ -162,7 +163,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                state: Mapping[str, Any] | None = None,
                weight: Callable[[Mapping[str, Any]], float] = by_examples,
                window: int = DEFAULT_WINDOW, fold: Any = None,
-               label: str = "client", deadline: float | None = None) -> Folded:
+               label: str = "client", deadline: float | None = None,
+               local: ClientLocal | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -171,7 +173,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     reply (default: examples seen). ``fold`` defaults to the aggregator's
     (``ctx.aggregation_begin()``). ``label`` names contributions in errors
     (``"client 3 (rank 2)"``). ``deadline`` (seconds from now; None or 0:
-    none) is the round deadline of the module docstring's step 5.
+    none) is the round deadline of the module docstring's step 5. With
+    ``local`` (the run's :class:`ClientLocal`, FedBN), each pulled
+    contribution's local keys are kept there for its key (the client) and
+    only the rest is folded, so the result lacks them.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
@@ -185,7 +190,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # A round deadline is kept per client by _Round; relays fold their ranks
     # themselves, so a round with a deadline folds flat (relays forward). So
     # does one with pinned work: a relay would not keep a client on its node.
-    how = None if deadline or pinned else relay_weight(weight, by_examples)
+    # A relay folds whole contributions, so local keys fold flat too.
+    how = None if deadline or pinned or local else relay_weight(weight, by_examples)
     groups = None if how is None else relay_plan_applies(ctx, fold, how, keys)
     if groups is not None:
         result, served, not_served, replies = fold_through_relays(
@@ -193,7 +199,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         return Folded(result, served, not_served, replies)
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
                     pinned=pinned,
-                    deadline=deadline or None)
+                    deadline=deadline or None, local=local or None)
     return round_.play()
 
 
@@ -238,6 +244,8 @@ class _Round:
     taken: dict[int, tuple[int, Mapping[str, Any]]] = attrs.Factory(dict)
     served: dict[int, int] = attrs.Factory(dict)
     not_served: dict[int, str] = attrs.Factory(dict)
+    #: Where each client's local keys are kept before the rest is folded (FedBN).
+    local: ClientLocal | None = None
 
     def play(self) -> Folded:
         ends = None if self.deadline is None else time.monotonic() + self.deadline
@@ -384,6 +392,8 @@ class _Round:
         while self.unfolded and self.unfolded[0] in self.taken:
             key = self.unfolded.pop(0)
             rank, contribution = self.taken.pop(key)
+            if self.local is not None:
+                contribution = self.local.keep(key, contribution)
             self.fold.add(contribution, self.weight(self.replies[key]),
                           source=f"{self.label} {key} (rank {rank})")
             del contribution  # the fold holds it now, or has folded it

@@ -78,6 +78,7 @@ from meshkit.train._launch import (
     spawn_workers,
     write_secret,
 )
+from meshkit.train._local_keys import ClientLocal
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._pool import GroupPool
 from meshkit.train._preflight import build_components
@@ -517,6 +518,9 @@ class Runner:
         outer = parts["outer"]
         rng = parts["rng"]
         run_identity = identity(plan)
+        client_local = ClientLocal()
+        if parts.get("client_local"):
+            client_local.load_state_dict(parts["client_local"])  # a resumed run's
 
         def on_round(report: Any, state: Mapping[str, Any]) -> None:
             # Checkpoint first: a metrics line never describes a round the
@@ -524,7 +528,8 @@ class Runner:
             line = report.to_json()
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
-                rng_state=rng.bit_generator.state, identity=run_identity, report=line))
+                rng_state=rng.bit_generator.state, identity=run_identity, report=line,
+                clients=client_local.state_dict()))
             append_metrics(out, line)
             completed[0] = report.round
             self._round_started = time.monotonic()
@@ -543,7 +548,7 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
-            partitioner=parts["partitioner"])
+            partitioner=parts["partitioner"], client_local=client_local)
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

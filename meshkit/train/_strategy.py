@@ -22,6 +22,7 @@ from meshkit.aggregation import begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
 from meshkit.outer import step_parameters
 from meshkit.task import buffer_keys
+from meshkit.train._local_keys import ClientLocal
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool, broadcast, call
 
@@ -183,6 +184,8 @@ class StrategyContext:
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Any = None
     admit: Callable[[], Sequence[int]] = lambda: ()
+    #: Each client's own values of the ``[strategy] local_keys`` (FedBN), checkpointed.
+    client_local: ClientLocal = attrs.Factory(ClientLocal)
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
 
     @property

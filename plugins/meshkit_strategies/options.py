@@ -106,6 +106,10 @@ class FederatedOptions:
     round_timeout: float = attrs.field(default=0.0, validator=_seconds)
     #: What a round whose new global model is not finite does: "stop" or "skip-round".
     on_nonfinite: str = _on_nonfinite()
+    #: State keys each client keeps for itself, never aggregated (FedBN): glob
+    #: patterns, or a task's key group such as meshkit.torch's "@norm".
+    local_keys: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
+        attrs.validators.instance_of(str), attrs.validators.instance_of(list)))
 
 
 @attrs.frozen
