@@ -187,6 +187,7 @@ class StrategyContext:
     #: Each client's own values of the ``[strategy] local_keys`` (FedBN), checkpointed.
     client_local: ClientLocal = attrs.Factory(ClientLocal)
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
+    _reported: int = attrs.field(default=0, init=False, repr=False)
 
     @property
     def live(self) -> list[int]:
@@ -261,8 +262,7 @@ class StrategyContext:
             lost = ", ".join(f"rank {r} ({why})" for r, why in self.dead.items()) or "none"
             raise PeerLostError(
                 f"{what}: {len(live)} worker(s) left, fewer than the {minimum} required "
-                f"(dropped: {lost}). The last checkpoint is intact; restart the workers "
-                f"and run again with --resume")
+                f"(dropped: {lost}). {self.resume_advice()}")
         return live
 
     def worker_for(self, partition: Partition) -> int:
@@ -303,8 +303,18 @@ class StrategyContext:
         return step_parameters(self.outer, global_state, consensus, buffers=self.buffers,
                                name=self.outer_name)
 
+    def resume_advice(self) -> str:
+        """What to do after the run stopped here: ``--resume`` only when a checkpoint exists."""
+        done = max(self.start_round, self._reported)
+        if done > 0:
+            return (f"The last checkpoint (round {done}) is intact; restart the workers and "
+                    f"run again with --resume")
+        return ("No round completed, so there is no checkpoint to resume from; fix what "
+                "stopped the workers and run again (without --resume)")
+
     def round_completed(self, report: RoundReport, state: Mapping[str, Any]) -> None:
         self.on_round(report, state)
+        self._reported = max(self._reported, report.round)
 
     def aggregation_begin(self) -> Any:
         """A fold of the selected aggregator (streaming when it offers one)."""

@@ -116,7 +116,7 @@ class DataParallel:
             raise MeshError(
                 f"{label}: replica(s) {sorted(lost)} were lost during the mesh all-reduce "
                 f"({why}); the replicas' step failed with them, so the run stops here "
-                f"(--resume continues from the last checkpoint)")
+                f"({ctx.resume_advice()})")
         return [reply.payload for reply in replies]
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],

@@ -129,8 +129,7 @@ class Federated:
             raise MeshError(
                 f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer "
                 f"than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
-                f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and "
-                f"run again with --resume")
+                f"{ctx.resume_advice()}")
         consensus = folded.result
         if local:
             # The consensus lacks the local keys: the global model keeps its own.
