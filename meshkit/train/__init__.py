@@ -46,6 +46,7 @@ from meshkit.train._engine import (
     train_loss,
 )
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
+from meshkit.train._progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -124,4 +125,9 @@ __all__ = [
     # keys kept on each client (FedBN)
     "ClientLocal",
     "resolve_local_keys",
+    # progress lines, as the CLI prints them
+    "format_event",
+    "format_metrics",
+    "format_round",
+    "format_result",
 ]

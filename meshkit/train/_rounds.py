@@ -107,6 +107,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
                 k: v for k, v in outcome.metrics.items()
                 if k == "train_loss" and math.isfinite(v)})
         state, metrics = outcome.state, outcome.metrics
+        partial = _partial_means(outcome)
         dead = set(ctx.dead)
         # A rank taken back and lost again is reported again.
         dropped, reported = tuple(sorted(dead - reported)), dead
@@ -116,8 +117,27 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             seconds=clock(), served=dict(outcome.served),
             not_served=dict(outcome.not_served), late=tuple(outcome.late),
             joined=joined, client_examples=dict(outcome.client_examples),
-            client_metrics=dict(outcome.client_metrics), skipped=skipped), state)
+            client_metrics=dict(outcome.client_metrics), skipped=skipped,
+            partial_means=partial), state)
     return StrategyResult(state, rounds, metrics)
+
+
+def _partial_means(outcome: RoundOutcome) -> str:
+    """Say so when the clients behind the round's client means are not its clients.
+
+    While a client's node is down its client is not evaluated, so
+    ``client_accuracy`` is a mean over the others and jumps back when it
+    rejoins: a row must not read as the same quantity as its neighbours.
+    """
+    if not outcome.client_metrics:
+        return ""
+    asked = set(outcome.clients) | set(outcome.not_served)
+    evaluated = set(outcome.client_metrics)
+    if evaluated >= asked:
+        return ""
+    missing = ", ".join(map(str, sorted(asked - evaluated)))
+    return (f"client means over {len(evaluated & asked)} of {len(asked)} clients "
+            f"(not evaluated: {missing})")
 
 
 def timed() -> Callable[[], float]:

@@ -79,6 +79,7 @@ from meshkit.train._launch import (
     write_secret,
 )
 from meshkit.train._local_keys import ClientLocal
+from meshkit.train._progress import format_event, format_result
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._pool import GroupPool
 from meshkit.train._preflight import build_components
@@ -127,10 +128,19 @@ class RunReport:
     already_complete: bool = False
     #: The final global state (not in the JSON form).
     state: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
+    #: Every round this run played, in order (the rounds' ``metrics.jsonl`` lines
+    #: as :class:`RoundReport` records); a resumed run's earlier rounds are in
+    #: ``metrics.jsonl`` (:func:`read_metrics`).
+    history: tuple[Any, ...] = attrs.field(default=(), repr=False)
+
+    def __str__(self) -> str:
+        """The final line ``meshkit run`` prints."""
+        return format_result(self)
 
     def to_json(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=False)
         data.pop("state")
+        data.pop("history")
         data["dropped"] = {str(k): v for k, v in self.dropped.items()}
         # A task may report numpy scalars (np.float32 is not JSON); this runs
         # in run()'s finally, where an error would mask the real outcome.
@@ -157,6 +167,10 @@ class RunEvent:
     kind: str
     message: str = ""
     report: Any = None
+
+    def __str__(self) -> str:
+        """The line ``meshkit run`` prints for it (``progress=print`` shows the same)."""
+        return format_event(self)
 
 
 def load_run_config(config: Any) -> Config:
@@ -217,6 +231,8 @@ class Runner:
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
+    #: The rounds played so far (RunReport.history).
+    _history: list[Any] = attrs.Factory(list)
     #: ``[strategy] device``: training is placed only on ranks that have it ("" = any).
     _device: str = ""
     #: Ranks that joined late but cannot train here (not asked again).
@@ -295,7 +311,7 @@ class Runner:
                 dropped=dropped,
                 error=error, seconds=time.monotonic() - started,
                 address=getattr(self._group, "address", "") if self._group else "",
-                state=final_state[0])
+                state=final_state[0], history=tuple(self._history))
             self.report = report
             write_summary(out, report.to_json())
             plot(out)
@@ -318,6 +334,7 @@ class Runner:
         append_metrics(out, report.to_json())
         last_metrics.update(metrics)
         final_state[0] = state
+        self._history.append(report)
         self._emit("round", "", report)
         plugins.notify(pset, "meshkit_round_completed", report=report)
         if self.on_round is not None:
@@ -536,6 +553,7 @@ class Runner:
             last_metrics.clear()
             last_metrics.update(report.metrics)
             final_state[0] = state
+            self._history.append(report)
             self._emit("round", "", report)
             plugins.notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:

@@ -82,6 +82,10 @@ class RoundReport:
     #: Why the round kept the previous global model ("" when it did not): a
     #: non-finite model under ``[strategy] on_nonfinite = "skip-round"``.
     skipped: str = ""
+    #: Set when the clients behind the ``client_<metric>`` means are not the
+    #: round's clients (a client's node was down): "client means over 2 of 3
+    #: clients (not evaluated: 2)"; "" when every client of the round is in them.
+    partial_means: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -109,6 +113,8 @@ class RoundReport:
         }
         if self.skipped:
             line["skipped"] = self.skipped
+        if self.partial_means:
+            line["partial_means"] = self.partial_means
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
         return line

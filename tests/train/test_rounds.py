@@ -114,3 +114,22 @@ def test_skip_round_keeps_the_previous_model_and_says_so_in_the_report():
     assert second.to_json()["skipped"] == second.skipped
     assert "skipped" not in reports[0][0].to_json()
     assert np.array_equal(result.state["w"], np.full(2, 3.0))
+
+
+def test_a_row_whose_client_means_miss_a_client_says_so():
+    def round_(ctx, rnd, state):
+        evaluated = {0: {"accuracy": 0.9, "examples": 10.0}, 1: {"accuracy": 0.8,
+                                                                 "examples": 10.0}}
+        if rnd == 2:  # client 2's node is down this round
+            return RoundOutcome(state, answered=(1,), clients=(0, 1), client_metrics=evaluated,
+                                not_served={2: "its data is on rank 3, which is not live"})
+        return RoundOutcome(state, answered=(1,), clients=(0, 1, 2), client_metrics={
+            **evaluated, 2: {"accuracy": 0.2, "examples": 10.0}})
+
+    reports = []
+    ctx = context(on_round=lambda report, state: reports.append(report))
+    run_rounds(ctx, "federated", 3, {"n": 0}, round_)
+    assert [r.partial_means for r in reports] == [
+        "", "client means over 2 of 3 clients (not evaluated: 2)", ""]
+    assert reports[1].to_json()["partial_means"] == reports[1].partial_means
+    assert "partial_means" not in reports[0].to_json()
