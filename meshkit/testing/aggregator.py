@@ -35,6 +35,7 @@ import pytest
 
 from meshkit.aggregation import begin
 from meshkit.errors import AggregationError
+from meshkit.wire import encode_state
 from meshkit.testing.support import (
     ContractBase,
     assert_states_close,
@@ -194,8 +195,6 @@ class AggregatorContract(ContractBase):
         """A real model's state (:func:`meshkit.testing.support.model_states`), batch and
         streaming: every leaf an ndarray of its input's shape and dtype, the result
         encodable for the wire, the identical int64 buffer unchanged."""
-        from meshkit.wire import encode_state
-
         states = model_states(MANY, seed=5)
         weights = self.weights([1.0 + i % 3 for i in range(MANY)])
         fold = self._fold(self.make())

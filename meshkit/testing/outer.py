@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 from meshkit.errors import MeshError
+from meshkit.outer import step_parameters
+from meshkit.wire import encode_state
 from meshkit.testing.support import (
     ContractBase,
     assert_states_close,
@@ -121,9 +123,6 @@ class OuterOptimizerContract(ContractBase):
         parameters of a BatchNorm-shaped model, 0-d ones and numpy scalars among them.
         Each must come back an ndarray of its dtype and shape, finite; the buffers
         take the consensus, whatever the optimizer."""
-        from meshkit.outer import step_parameters
-        from meshkit.wire import encode_state
-
         opt = self.make()
         x, *consensi = model_states(4, seed=3)
         for r, c in enumerate(consensi):
