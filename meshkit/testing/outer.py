@@ -127,7 +127,7 @@ class OuterOptimizerContract(ContractBase):
         x, *consensi = model_states(4, seed=3)
         for r, c in enumerate(consensi):
             new = step_parameters(opt, snapshot(x), snapshot(c), buffers=MODEL_BUFFERS,
-                                  name=self.component)
+                                  name=str(self.component))
             for k, v in x.items():
                 got = new[k]
                 assert isinstance(got, np.ndarray), (

@@ -131,6 +131,7 @@ class Federated:
                 f"than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
                 f"{ctx.resume_advice()}")
         consensus = folded.result
+        assert consensus is not None  # min_clients >= 1 clients were served and folded
         if local:
             # The consensus lacks the local keys: the global model keeps its own.
             shared = ctx.outer_step({k: v for k, v in state.items() if k not in local.keys},
