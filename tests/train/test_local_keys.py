@@ -108,3 +108,25 @@ def test_each_clients_local_values_survive_a_checkpoint(tmp_path):
     assert {c: float(restored.of(c)["norm.stat"][0]) for c in (0, 1)} == {0: 1.5, 1: 5.5}
     with pytest.raises(StateError, match="local_keys no longer names"):
         restored.use(frozenset({"w"}))
+
+
+@pytest.mark.slow
+def test_a_run_checkpoints_each_clients_local_keys_and_resume_continues_them(tmp_path):
+    table = {"run": {"out": str(tmp_path / "out"), "seed": 1},
+             "mesh": {"workers": 2, "timeout": 20.0},
+             "strategy": {"name": "federated", "rounds": 1, "clients": 3,
+                          "evaluate": "clients", "local_keys": ["hidden.*"]}}
+    first = meshkit.run(table)
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert sorted(ckpt.clients) == [f"{c}/hidden.{k}" for c in range(3) for k in "bw"]
+    for c in range(3):  # each client's own hidden layer, not the global model's
+        assert not np.array_equal(ckpt.clients[f"{c}/hidden.w"], first.state["hidden.w"])
+    table["strategy"]["rounds"] = 2
+    second = meshkit.run(table, resume=True)
+    assert second.ok and second.rounds_completed == 2
+    assert np.array_equal(second.state["hidden.w"], first.state["hidden.w"]), (
+        "the global model never takes the local keys")
+    table["strategy"]["local_keys"] = ["output.b"]
+    table["strategy"]["rounds"] = 3
+    with pytest.raises(StateError, match="local_keys no longer names"):
+        meshkit.run(table, resume=True)
