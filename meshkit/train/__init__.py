@@ -46,10 +46,11 @@ from meshkit.train._engine import (
     train_loss,
 )
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
-from meshkit.train._progress import format_event, format_metrics, format_result, format_round
+from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
+from meshkit.train._progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._preflight import build_components
@@ -130,4 +131,7 @@ __all__ = [
     "format_metrics",
     "format_round",
     "format_result",
+    # the message boundary (meshkit/train/_messages.py)
+    "check_contribution",
+    "signature",
 ]
