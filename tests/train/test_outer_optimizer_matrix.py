@@ -100,7 +100,7 @@ def test_meshkit_run_trains_the_torch_cnn_with_an_adaptive_outer_optimizer(tmp_p
     example = (REPO / "examples" / "torch" / f"{strategy}.toml").read_text()
     example = example.replace('out = "runs/', f'out = "{tmp_path}/')
     example = example.replace("rounds = 5", "rounds = 2").replace("steps = 40", "steps = 5")
-    example = example.replace("workers = 3", "workers = 2").replace("clients = 6", "clients = 2")
+    example = example.replace("workers = 3", "workers = 1").replace("clients = 6", "clients = 2")
     example = example.replace('[outer_optimizer]\nname = "average"', "")
     config = tmp_path / "c.toml"
     config.write_text(example + textwrap.dedent(f"""
