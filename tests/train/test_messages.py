@@ -53,7 +53,13 @@ ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_n
                       st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
+#: Fields a reply may leave out: null there is the same as absent (docs/protocol.md §7).
+OPTIONAL = {"kept", "state", "gradients"}
+
+
 def _wrong_type(field: str, good: Any) -> st.SearchStrategy[Any]:
+    if field in OPTIONAL:
+        return _wrong_type("", good).filter(lambda v: v is not None)
     if isinstance(good, bool) or isinstance(good, int):
         return ANY_VALUE.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
     if isinstance(good, dict):
