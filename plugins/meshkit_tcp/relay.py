@@ -88,6 +88,11 @@ log = logging.getLogger(__name__)
 #: more than this many frames waiting for it declare it lost at once.
 _DOWN_QUEUE = 32
 
+#: Seconds at most (and at most the relay's timeout) that a closing relay
+#: spends delivering the frames queued for its ranks, and that a failed write
+#: to the coordinator waits for the coordinator's reader to say why.
+_FLUSH_TIMEOUT = 10.0
+
 
 @attrs.frozen
 class RelayConfig:
@@ -252,6 +257,14 @@ class _RelayPool:
         pass
 
 
+def _finish_writer(box: queue.Queue[tuple[Any, ...] | None], deadline: float) -> None:
+    """End a local rank's writer after the frames queued for it (the relay is closing)."""
+    try:
+        box.put(None, timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Full:  # it stopped reading: its frames are dropped with it
+        _stop_writer(box)
+
+
 def _stop_writer(box: queue.Queue[tuple[Any, ...] | None]) -> None:
     """End a local rank's writer: its queued frames are dropped (the rank is gone)."""
     while True:
@@ -287,6 +300,8 @@ class HostRelay:
         #: Ranks that said goodbye (not merely died): when all have, the relay ends.
         self._left: set[int] = set()
         self._admitting: set[int] = set()
+        #: Per local rank: its writer thread (joined when the relay closes).
+        self._writers: dict[int, threading.Thread] = {}
         self._up: wire.Channel | None = None
         self._listener: socket.socket | None = None
         self._address = ""
@@ -322,12 +337,18 @@ class HostRelay:
     # -- bring-up -----------------------------------------------------------------
 
     def start(self) -> HostRelay:
-        """Dial the coordinator, announce the ranks, then listen for them."""
+        """Listen for the ranks, then dial the coordinator and announce them.
+
+        In this order, a relay that cannot listen (``--bind`` in use) fails
+        before the coordinator has heard of it: announced ranks that then
+        never join would only be missing, but a relay that cannot serve
+        them should not be announced at all.
+        """
         cfg = self.config
         try:
-            self._up = self._dial_up()
             self._listener = listen(cfg.bind, "relay bind address")
             self._address = format_address(self._listener.getsockname())
+            self._up = self._dial_up()
         except BaseException:
             self.close()
             raise
@@ -380,8 +401,10 @@ class HostRelay:
                             f"{self.name!r}: {frame.state.get('error')}")
         return channel
 
-    def _spawn(self, target: Any, *args: Any, name: str) -> None:
-        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    def _spawn(self, target: Any, *args: Any, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread
 
     # -- running ------------------------------------------------------------------
 
@@ -401,17 +424,27 @@ class HostRelay:
         if closing:
             # Another thread is saying goodbye: let it finish before the caller
             # (serve(), then the process) goes.
-            self._done.wait(5.0)
+            self._done.wait(_FLUSH_TIMEOUT + 5.0)
             return
         with self._lock:
             channels = list(self._down.values())
             self._down.clear()
             boxes = list(self._outbox.values())
             self._outbox.clear()
+            writers = list(self._writers.values())
+            self._writers.clear()
             up, self._up = self._up, None
             self._lock.notify_all()
+        # What the coordinator sent before its goodbye (the `shutdown` jobs)
+        # is delivered before the goodbye: each writer ends after its queued
+        # frames, each write under the channel's stall timeout, all of them
+        # within the relay's timeout.
+        deadline = time.monotonic() + min(self.config.timeout, _FLUSH_TIMEOUT)
         for box in boxes:
-            _stop_writer(box)
+            _finish_writer(box, deadline)
+        for writer in writers:
+            if writer is not threading.current_thread():
+                writer.join(max(0.0, deadline - time.monotonic()))
         self._work.put(None)
         self._pool.wake()
         if self._listener is not None:
@@ -437,6 +470,7 @@ class HostRelay:
                 self._left.add(rank)
             channel = self._down.pop(rank, None)
             box = self._outbox.pop(rank, None)
+            self._writers.pop(rank, None)
             self._lock.notify_all()
         if box is not None:
             _stop_writer(box)
@@ -497,6 +531,17 @@ class HostRelay:
         if up is None:
             raise PeerLostError(f"relay {self.name!r} has no coordinator connection")
         up.send(KIND_CONTROL, tag, state, sender=sender)
+
+    def _upstream_failed(self, exc: BaseException) -> None:
+        """A write to the coordinator failed: its reader says why, bounded.
+
+        The coordinator may have said goodbye and closed while this write
+        was on its way: the reader, which reads the goodbye in order, then
+        ends the relay as a finished run. Only if it has not within the
+        timeout is the coordinator lost.
+        """
+        if not self._closed.wait(min(self.config.timeout, _FLUSH_TIMEOUT)):
+            self.close(f"coordinator lost: {exc}")
 
     def _send_up_control(self, state: Mapping[str, Any]) -> None:
         try:
@@ -596,8 +641,11 @@ class HostRelay:
                 self._down[rank] = channel
                 self._outbox[rank] = box
                 self._joined.add(rank)
-            self._spawn(self._down_writer, rank, channel, box,
-                        name=f"meshkit-relay-{self.name}-to-{rank}")
+            writer = self._spawn(self._down_writer, rank, channel, box,
+                                 name=f"meshkit-relay-{self.name}-to-{rank}")
+            with self._lock:
+                if self._outbox.get(rank) is box:
+                    self._writers[rank] = writer
             # Told only now, so the coordinator never routes to a rank the relay lacks.
             self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
         except (MeshError, OSError) as exc:
@@ -644,7 +692,7 @@ class HostRelay:
                 with self._lock:
                     self.frames_up += 1
             except (PeerLostError, WireError) as exc:
-                self.close(f"coordinator lost: {exc}")
+                self._upstream_failed(exc)
                 return
             del frame
 
@@ -680,7 +728,7 @@ class HostRelay:
             try:
                 self._send_up(TAG_REPLY, encode(reply), sender)
             except (MeshError, OSError) as exc:
-                self.close(f"coordinator lost: {exc}")
+                self._upstream_failed(exc)
                 return
 
     def _context(self, timeout: Any, ranks: Any = None) -> StrategyContext:

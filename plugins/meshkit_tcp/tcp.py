@@ -709,11 +709,16 @@ class TcpGroup(Group):
         return f"unknown control {op!r}"
 
     def _relay_lost(self, link: _RelayLink, reason: str, *, quiet: bool = False) -> None:
-        """A relay's connection is gone: it takes exactly the ranks it carries with it."""
+        """A relay's connection is gone: it takes the ranks that joined through it with it.
+
+        A rank it announced that never joined is not dead, only still
+        missing: another relay (the same one restarted) may carry it.
+        """
         with self._lock:
             if self._relays.get(link.name) is not link:
                 return
             del self._relays[link.name]
+            joined = sorted(link.joined)
             for rank in link.ranks:
                 if self._via.get(rank) == link.name:
                     del self._via[rank]
@@ -724,9 +729,9 @@ class TcpGroup(Group):
         if self._events.closed:
             return
         log.log(logging.INFO if quiet else logging.WARNING,
-                "rank 0: host relay %r lost (%s); its ranks %s go with it", link.name,
-                reason, sorted(link.ranks))
-        for rank in sorted(link.ranks):
+                "rank 0: host relay %r lost (%s); its joined ranks %s go with it", link.name,
+                reason, joined)
+        for rank in joined:
             self._events.lost(rank, f"its host relay {link.name!r} was lost: {reason}",
                               quiet=quiet)
         with self._lock:
