@@ -43,6 +43,7 @@ from meshkit.train._engine import (
     by_examples,
     once,
     fold_round,
+    serve_relay_fold,
     train_loss,
 )
 from meshkit.train._node_job import serve_train_job
@@ -84,6 +85,7 @@ __all__ = [
     "train_loss",
     "DEFAULT_WINDOW",
     "HOLD",
+    "serve_relay_fold",
     # sharding and sampling
     "shard_bounds",
     "shard_pair",

@@ -63,11 +63,16 @@ import attrs
 
 from meshkit.errors import MeshError, WorkerError
 from meshkit.train._rounds import RoundOutcome
-from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
+from meshkit.train._relay_round import (
+    fold_through_relays,
+    relay_plan_applies,
+    relay_weight,
+    serve_fold,
+)
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
-           "DEFAULT_WINDOW"]
+           "DEFAULT_WINDOW", "serve_relay_fold"]
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +191,31 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # themselves, so a round with a deadline folds flat (relays forward). So
     # does one with pinned work: a relay would not keep a client on its node.
     how = None if deadline or pinned else relay_weight(weight, by_examples)
-    groups = None if how is None else relay_plan_applies(ctx, fold, how, keys)
-    if groups is not None:
+    plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
+    if plan is not None:
         result, served, not_served, replies = fold_through_relays(
-            ctx, groups, {w.key: w.request for w in work}, state, how, window, fold, label)
+            ctx, plan, {w.key: w.request for w in work}, state, how, window, fold, label,
+            _play_group)
         return Folded(result, served, not_served, replies)
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
                     pinned=pinned,
                     deadline=deadline or None)
     return round_.play()
+
+
+def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]], *,
+                state: Mapping[str, Any] | None, weight: str, window: int, fold: Any,
+                label: str) -> Folded:
+    """One relay group's keys through the flat engine (a relay's, or the direct workers')."""
+    return fold_round(ctx, [Work(k, r) for k, r in requests.items()], state=state,
+                      weight=by_examples if weight == "examples" else once, window=window,
+                      fold=fold, label=label)
+
+
+def serve_relay_fold(ctx: StrategyContext, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A host relay's answer to the coordinator's ``fold`` request, served on ``ctx``'s
+    workers (:mod:`meshkit.train._relay_round`, step 2)."""
+    return serve_fold(ctx, request, _play_group)
 
 
 @attrs.define

@@ -47,7 +47,6 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from meshkit import wire
-from meshkit.aggregation import MeanFold
 from meshkit.errors import (
     AggregationError,
     ConfigError,
@@ -56,16 +55,7 @@ from meshkit.errors import (
     WireError,
     WorkerError,
 )
-from meshkit.train import (
-    Reply,
-    StrategyContext,
-    Work,
-    by_examples,
-    decode,
-    encode,
-    fold_round,
-    once,
-)
+from meshkit.train import Reply, StrategyContext, decode, encode, serve_relay_fold
 from meshkit.transport import (
     META_KEY,
     TAG_BYE,
@@ -742,25 +732,8 @@ class HostRelay:
 
     def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Serve the coordinator's keys on this host's ranks; the partial mean and its mass."""
-        work = [Work(int(key), dict(req)) for key, req in request["work"]]
-        fold = MeanFold(weighted=bool(request.get("weighted", True)),
-                        name=request.get("aggregator") or None,
-                        allow_nonfinite=bool(request.get("allow_nonfinite", False)),
-                        wide=bool(request.get("wide", False)))
-        folded = fold_round(self._context(request.get("timeout"), request.get("ranks")), work,
-                            state=request.get("state"),
-                            weight=by_examples if request.get("weight") == "examples" else once,
-                            window=int(request.get("window") or 1), fold=fold,
-                            label=str(request.get("label") or "client"))
-        reply: dict[str, Any] = {
-            "op": "fold", "mass": fold.mass, "count": fold.count,
-            "served": [[k, r] for k, r in folded.served.items()],
-            "not_served": [[k, why] for k, why in folded.not_served.items()],
-            "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
-                        for k, r in folded.replies.items()]}
-        if folded.result is not None:
-            reply["state"] = folded.result
-        return reply
+        return serve_relay_fold(self._context(request.get("timeout"), request.get("ranks")),
+                                request)
 
     def _fanout(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request to several of this host's ranks; each one's answer."""

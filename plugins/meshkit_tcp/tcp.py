@@ -243,6 +243,13 @@ class TcpGroup(Group):
                     for name, link in self._relays.items()}
 
     @property
+    def relay_bytes_in(self) -> dict[str, int]:
+        """Coordinator: body bytes each connected host relay sent up, by name (its ranks'
+        frames and its own answers); a part of ``bytes_in``."""
+        with self._lock:
+            return {name: link.bytes_in for name, link in self._relays.items()}
+
+    @property
     def discovery_port(self) -> int | None:
         """The UDP port of this rank's discovery responder, or None without one."""
         return None if self._discovery is None else self._discovery.port
@@ -648,6 +655,7 @@ class TcpGroup(Group):
                 self._relay_lost(link, "closed its connection (left the mesh)", quiet=True)
                 return
             self.bytes_in += frame.nbytes
+            link.bytes_in += frame.nbytes
             state = frame.state
             if frame.tag == TAG_RELAY_CTL:
                 problem = self._relay_news(link, state)
@@ -847,6 +855,8 @@ class _RelayLink:
     joined: set[int] = attrs.Factory(set)
     #: Ranks whose loss the relay itself reported (no need to tell it back).
     reported: set[int] = attrs.Factory(set)
+    #: Body bytes received on this connection (``group.relay_bytes_in``).
+    bytes_in: int = 0
 
 
 class _LinkPlacer:

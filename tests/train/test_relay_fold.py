@@ -27,9 +27,12 @@ def synthetic():
 class RelayedPool:
     """The coordinator's pool with every worker behind an in-process relay."""
 
-    def __init__(self, layout=LAYOUT, *, order=None, lose=(), direct=False):
+    def __init__(self, layout=LAYOUT, *, order=None, lose=(), direct=False, beside=()):
         self.layout = layout
         self.direct = direct
+        #: Ranks that dialed the coordinator directly, beside the relays.
+        self.beside = LocalPool.of(synthetic, beside) if beside else None
+        self.sent_direct: list[int] = []
         self.order = order
         self.lose = set(lose)
         self.gone: set[str] = set()
@@ -57,6 +60,9 @@ class RelayedPool:
     def live(self, ranks):
         return [r for r in ranks if r not in self._dead]
 
+    def abandon(self, ticket):
+        raise AssertionError("no round deadline here")
+
     def declare_dead(self, rank, reason):
         self._dead.setdefault(rank, reason)
 
@@ -82,6 +88,13 @@ class RelayedPool:
         return self._seq
 
     def send(self, rank, request, timeout):
+        if self.beside is not None and rank in self.beside.trainers:
+            self._seq += 1
+            self.sent_direct.append(rank)
+            self.beside.send(rank, request, timeout)
+            reply = self.beside.receive()
+            self._answers.append(Reply(rank, reply.payload, reply.error, self._seq))
+            return self._seq
         # One rank's own request (data-parallel's read-back) goes through its relay.
         if not self.direct:
             raise AssertionError("a relayed round sends nothing to a rank directly")
@@ -146,6 +159,21 @@ def test_a_relay_lost_mid_round_has_its_clients_served_by_the_other_relay():
     # the flat one, served by other ranks.
     for key, value in flat_result(state).result.items():
         np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_direct_worker_beside_relays_is_a_relay_of_one_and_the_mean_is_the_flat_one():
+    state = synthetic().init_state(0)
+    flat = flat_result(state)
+    for shuffle in range(3):
+        pool = RelayedPool({"hostA": [1, 2], "hostB": [3]}, beside=[4],
+                           order=np.random.default_rng(shuffle))
+        folded = fold_round(context(pool), fits(8), state=state)
+        # Each relay still folds (one request each); only rank 4 is asked directly.
+        assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"]
+        assert set(pool.sent_direct) == {4}
+        assert folded.served == flat.served
+        for key, value in flat.result.items():
+            np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
 
 
 def test_every_relay_lost_leaves_every_client_not_served_with_the_reason():
