@@ -66,8 +66,18 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import KIND_CONTROL, MAX_REFUSED, ROLE_RELAY, ROLE_STAR, accept_loop, \
-    format_address, listen, parse_address, send_refusal
+from meshkit_tcp.tcp import (
+    KIND_CONTROL,
+    MAX_REFUSED,
+    ROLE_RELAY,
+    ROLE_STAR,
+    accept_loop,
+    dial,
+    format_address,
+    listen,
+    parse_address,
+    send_refusal,
+)
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 
@@ -353,19 +363,9 @@ class HostRelay:
         cfg = self.config
         host, port = parse_address(cfg.coordinator, what="coordinator address")
         deadline = time.monotonic() + cfg.timeout
-        delay = 0.05
-        while True:
-            try:
-                sock = socket.create_connection(
-                    (host, port), timeout=max(0.05, min(cfg.timeout, deadline - time.monotonic())))
-                break
-            except OSError as exc:
-                if time.monotonic() + delay >= deadline:
-                    raise PeerLostError(
-                        f"relay {self.name!r} could not reach the coordinator at "
-                        f"{cfg.coordinator} within {cfg.timeout:g} s: {exc}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        sock = dial(host, port, deadline, cfg.timeout, lambda exc: PeerLostError(
+            f"relay {self.name!r} could not reach the coordinator at {cfg.coordinator} "
+            f"within {cfg.timeout:g} s: {exc}"))
         channel = wire.handshake(
             sock, cfg.secret, rank=min(self.ranks), world=cfg.world, role=ROLE_RELAY,
             timeout=cfg.timeout, handshake_timeout=max(0.05, deadline - time.monotonic()),

@@ -149,6 +149,33 @@ def listen(address: str, what: str) -> socket.socket:
     return sock
 
 
+def dial(host: str, port: int, deadline: float, attempt_timeout: float,
+         unreachable: Callable[[OSError | None], MeshError],
+         closed: Callable[[], bool] = lambda: False) -> socket.socket:
+    """A TCP connection to ``host:port``, retried with backoff until ``deadline``.
+
+    The peer may not be listening yet: each failed attempt waits (50 ms,
+    doubling, at most 0.5 s) and tries again. Past ``deadline``,
+    ``unreachable(last error)`` is raised; once ``closed()`` is true, the
+    dialer's group was closed and the wait ends at once.
+    """
+    delay = 0.05
+    last: OSError | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise unreachable(last)
+        try:
+            return socket.create_connection((host, port),
+                                            timeout=max(0.05, min(remaining, attempt_timeout)))
+        except OSError as exc:
+            if closed():
+                raise PeerLostError("the group was closed while connecting") from exc
+            last = exc
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+
 def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
                 admit: Callable[[socket.socket, str], None],
                 refuse: Callable[[str, str], None]) -> None:
@@ -749,22 +776,10 @@ class TcpGroup(Group):
 
     def _dial(self, rank: int, address: str, deadline: float) -> None:
         host, port = parse_address(address, what=f"rank {rank}'s address")
-        delay = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PeerLostError(
-                    f"rank {self.rank} could not reach rank {rank} at {address} within "
-                    f"{self.timeout:g} s; is it running and listening there?")
-            try:
-                sock = socket.create_connection((host, port), timeout=min(remaining, self.timeout))
-                break
-            except (ConnectionRefusedError, ConnectionResetError, socket.timeout, OSError) as exc:
-                if self._events.closed:
-                    raise PeerLostError("the group was closed while connecting") from exc
-                # The peer may not be listening yet: back off and retry until the deadline.
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 0.5)
+        sock = dial(host, port, deadline, self.timeout, lambda exc: PeerLostError(
+            f"rank {self.rank} could not reach rank {rank} at {address} within "
+            f"{self.timeout:g} s; is it running and listening there?"),
+            closed=lambda: self._events.closed)
         channel = self._handshake(sock, max(0.001, deadline - time.monotonic()))
         if channel.peer.rank != rank:
             channel.close()
