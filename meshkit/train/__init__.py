@@ -19,7 +19,7 @@ One idea per module:
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
   :class:`LocalPool`), and one request for many ranks (:func:`broadcast`);
-* ``_relay_round`` — a round folded through host relays, one partial per
+* ``_host_relay`` — a round folded through host relays, one partial per
   relay;
 * ``_preflight`` — everything a run refuses before any process starts, so
   ``meshkit check`` refuses the same (:func:`build_components`);

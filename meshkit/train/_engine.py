@@ -48,7 +48,7 @@ A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
 
 Behind host relays (``meshkit relay``) the round is played by
-:mod:`meshkit.train._relay_round` instead: each relay folds its own ranks'
+:mod:`meshkit.train._host_relay` instead: each relay folds its own ranks'
 contributions and the coordinator folds one partial per relay.
 """
 
@@ -63,7 +63,7 @@ import attrs
 
 from meshkit.errors import MeshError, WorkerError
 from meshkit.train._rounds import RoundOutcome
-from meshkit.train._relay_round import (
+from meshkit.train._host_relay import (
     fold_through_relays,
     relay_plan_applies,
     relay_weight,
@@ -214,7 +214,7 @@ def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
 
 def serve_relay_fold(ctx: StrategyContext, request: Mapping[str, Any]) -> dict[str, Any]:
     """A host relay's answer to the coordinator's ``fold`` request, served on ``ctx``'s
-    workers (:mod:`meshkit.train._relay_round`, step 2)."""
+    workers (:mod:`meshkit.train._host_relay`, step 2)."""
     return serve_fold(ctx, request, _play_group)
 
 

@@ -3,7 +3,7 @@
 Each relay here is the real relay's fold (``HostRelay._fold``) over a
 :class:`LocalPool` of its ranks, reached through a pool that answers relay
 requests in a chosen order; the network legs are tested in
-tests/transport/test_tcp_host_relay.py and tests/train/test_relay_rounds.py.
+tests/transport/test_tcp_host_relay.py and tests/train/test_host_relay_rounds.py.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def count_relay_requests(monkeypatch) -> list[str]:
 
 
 def test_two_relays_give_the_flat_stars_model(tmp_path, monkeypatch):
-    # Data-parallel through relays is checked in-process (test_relay_fold.py):
+    # Data-parallel through relays is checked in-process (test_host_relay.py):
     # one more pair of runs here would cost CI about ten seconds.
     flat_config, _ = relay_config(tmp_path, "flat", relays=0)
     flat = Runner(str(flat_config)).run()
