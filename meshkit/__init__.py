@@ -22,6 +22,7 @@ from meshkit.errors import (
     PeerLostError,
     PlacementError,
     PluginError,
+    ProtocolError,
     RefusedError,
     StateError,
     UnknownComponentError,
@@ -81,6 +82,7 @@ __all__ = [
     "BoardError",
     "BoardTimeoutError",
     "WorkerError",
+    "ProtocolError",
     *_LAZY,
 ]
 

@@ -22,6 +22,7 @@ __all__ = [
     "StateError",
     "BoardError",
     "BoardTimeoutError",
+    "ProtocolError",
 ]
 
 
@@ -93,3 +94,8 @@ class BoardError(MeshError):
 
 class BoardTimeoutError(BoardError, TimeoutError):
     """A board did not answer within its deadline."""
+
+
+class ProtocolError(MeshError):
+    """A peer sent a message that does not fit its declared schema (a missing,
+    wrong-typed or out-of-range field): that peer broke the protocol."""

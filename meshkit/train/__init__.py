@@ -43,8 +43,15 @@ from meshkit.train._engine import (
     by_examples,
     once,
     fold_round,
-    serve_relay_fold,
+    answer_relay_request,
     train_loss,
+)
+from meshkit.train._host_relay import (
+    FanoutRequest,
+    FoldRequest,
+    RelayPool,
+    RelayRanks,
+    parse_relay_request,
 )
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
@@ -85,7 +92,13 @@ __all__ = [
     "train_loss",
     "DEFAULT_WINDOW",
     "HOLD",
-    "serve_relay_fold",
+    "answer_relay_request",
+    # host relays: the relay's side (a transport offering relays carries the bytes)
+    "RelayPool",
+    "RelayRanks",
+    "FoldRequest",
+    "FanoutRequest",
+    "parse_relay_request",
     # sharding and sampling
     "shard_bounds",
     "shard_pair",

@@ -64,15 +64,16 @@ import attrs
 from meshkit.errors import MeshError, WorkerError
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
+    answer_request,
     fold_through_relays,
     relay_plan_applies,
     relay_weight,
-    serve_fold,
 )
+from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
-           "DEFAULT_WINDOW", "serve_relay_fold"]
+           "DEFAULT_WINDOW", "answer_relay_request"]
 
 log = logging.getLogger(__name__)
 
@@ -212,10 +213,12 @@ def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
                       fold=fold, label=label)
 
 
-def serve_relay_fold(ctx: StrategyContext, request: Mapping[str, Any]) -> dict[str, Any]:
-    """A host relay's answer to the coordinator's ``fold`` request, served on ``ctx``'s
-    workers (:mod:`meshkit.train._host_relay`, step 2)."""
-    return serve_fold(ctx, request, _play_group)
+def answer_relay_request(pool: WorkerPool, carried: frozenset[int], name: str,
+                         message: Mapping[str, Any]) -> dict[str, Any]:
+    """A host relay's answer to the coordinator's request ``message`` (``fold`` or
+    ``fanout``), served on its own ranks through ``pool``
+    (:func:`meshkit.train._host_relay.answer_request`)."""
+    return answer_request(pool, carried, name, message, _play_group)
 
 
 @attrs.define

@@ -31,22 +31,48 @@ beside two relayed hosts does not turn the relays into forwarders.
 
 Anything else (no relays, an aggregator that is not a mean, a weight that
 is not the examples or a constant) folds flat: the relays then only forward.
+
+Both sides of the protocol live here, once for every transport. The
+coordinator's: :func:`fold_through_relays`, over any pool that lists
+``relays`` (a :class:`meshkit.train.GroupPool` reads them from the
+transport's ``Links.relays``). The relay's: :class:`RelayPool` (the round
+engine's pool over the relay's own ranks, reached through what the
+transport offers, :class:`RelayRanks`) and :func:`answer_request`
+(``meshkit.train.answer_relay_request``), which a transport's relay calls
+for each request addressed to it; the transport only carries bytes.
+
+Every message is checked against its schema (attrs classes structured by
+cattrs, no coercion): a request that does not fit (:func:`parse_relay_request`)
+is answered with an error, never served; an answer that does not fit
+(:func:`parse_fold_answer`: a field missing or wrong-typed, a key it was
+not asked for, a rank it does not carry, no partial for what it served) is
+a :class:`meshkit.ProtocolError` for that relay: its ranks are declared
+dead and its keys served again by the others in the same round.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Any, Callable, Mapping, Sequence
+import math
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import attrs
+import cattrs
 
 from meshkit.aggregation import MeanFold
-from meshkit.errors import AggregationError, MeshError, WorkerError
-from meshkit.train._pool import Reply
+from meshkit.errors import AggregationError, MeshError, PeerLostError, ProtocolError, WireError
+from meshkit.errors import WorkerError
+from meshkit.train._pool import Reply, WorkerPool
+from meshkit.train._protocol import TAG_REQUEST, encode
 from meshkit.train._strategy import StrategyContext
 
 __all__ = ["RelayPlan", "relay_groups", "relay_weight", "relay_plan_applies",
-           "fold_through_relays", "serve_fold"]
+           "fold_through_relays", "serve_fold", "FoldRequest", "FanoutRequest",
+           "parse_relay_request", "FoldAnswer", "RelayFailure", "parse_fold_answer",
+           "RelayRanks", "RelayPool", "answer_request"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +104,7 @@ class RelayPlan:
 
 def relay_groups(ctx: StrategyContext) -> RelayPlan | None:
     """The live workers grouped by relay (the rest direct), when some relay carries one."""
-    relays = getattr(ctx.pool, "relays", None)
+    relays = ctx.pool.relays
     if not relays:
         return None
     live = ctx.live
@@ -140,6 +166,13 @@ class _DirectView:
         self._pool.abandon(ticket)
 
     @property
+    def relays(self) -> dict[str, list[int]]:
+        return {}  # the direct workers' round is flat
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
+        raise MeshError("the direct workers' round sends nothing to a host relay")
+
+    @property
     def pending(self) -> int:
         return int(self._pool.pending) - len(self._tickets)
 
@@ -171,27 +204,36 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
     not_served: dict[int, str] = {}
     todo = sorted(requests)
 
-    def take(name: str, keys: list[int], answer: Mapping[str, Any]) -> list[int]:
+    def take(name: str, keys: list[int], carried: Sequence[int],
+             message: Mapping[str, Any]) -> list[int]:
         """Record one group's answer; the keys it could not serve."""
-        if answer.get("error"):
-            if answer.get("reason") == "aggregation":
-                raise AggregationError(f"host relay {name!r}: {answer['error']}")
-            rank = answer.get("rank")
-            if isinstance(rank, int):
-                raise WorkerError(rank, str(answer["error"]))
-            raise MeshError(f"host relay {name!r} failed: {answer['error']}")
-        for key, rank in answer.get("served", []):
-            served[int(key)] = int(rank)
-        for key, examples, metrics in answer.get("replies", []):
-            replies[int(key)] = {"examples": int(examples), "metrics": dict(metrics)}
-        for key, why in answer.get("not_served", []):
-            not_served[int(key)] = (f"{why}" if name == DIRECT
-                                    else f"host relay {name!r}: {why}")
-        covered = [int(k) for k, _ in answer.get("served", [])]
-        if covered and "state" in answer:
-            partials.append((min(covered), dict(answer["state"]), float(answer["mass"]),
-                             name))
-        return [int(k) for k, _ in answer.get("not_served", [])]
+        try:
+            answer = parse_fold_answer(message, keys, carried)
+        except ProtocolError as exc:
+            # That relay alone broke the protocol: it loses its ranks, and its
+            # keys are served again by the others, in this round.
+            why = f"host relay {name!r} broke the protocol: {exc}"
+            log.warning("%s; %s %s will be served again", why,
+                        label + ("s" if len(keys) > 1 else ""), ", ".join(map(str, keys)))
+            for rank in carried:
+                pool.declare_dead(rank, why)
+            return list(keys)
+        if isinstance(answer, RelayFailure):
+            if answer.reason == "aggregation":
+                raise AggregationError(f"host relay {name!r}: {answer.error}")
+            if answer.rank is not None:
+                raise WorkerError(answer.rank, answer.error)
+            raise MeshError(f"host relay {name!r} failed: {answer.error}")
+        for key, rank in answer.served:
+            served[key] = rank
+        for key, examples, metrics in answer.replies:
+            replies[key] = {"examples": examples, "metrics": metrics}
+        for key, why in answer.not_served:
+            not_served[key] = why if name == DIRECT else f"host relay {name!r}: {why}"
+        covered = [k for k, _ in answer.served]
+        if covered and answer.state is not None:
+            partials.append((min(covered), answer.state, answer.mass, name))
+        return [k for k, _ in answer.not_served]
 
     # Each wave either serves keys or loses a group, so one wave per group
     # (and one more) suffices.
@@ -208,26 +250,23 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
         for i, key in enumerate(todo):
             planned.setdefault(owner.get(ranks[i % len(ranks)], DIRECT), []).append(key)
 
-        def request_for(name: str, keys: list[int]) -> dict[str, Any]:
-            request: dict[str, Any] = {
-                "op": "fold", "work": [[k, dict(requests[k])] for k in keys],
-                "ranks": list(plan.direct if name == DIRECT else plan.relays[name]),
-                "weight": weight, "weighted": fold.weighted, "wide": fold.wide,
-                "allow_nonfinite": fold.allow_nonfinite, "aggregator": fold.name,
-                "window": window, "label": label, "timeout": ctx.timeout}
-            if state is not None:
-                request["state"] = state
-            return request
+        def request_for(name: str, keys: list[int]) -> FoldRequest:
+            return FoldRequest(
+                work=[(k, dict(requests[k])) for k in keys],
+                ranks=list(plan.direct if name == DIRECT else plan.relays[name]),
+                weight=weight, weighted=fold.weighted, wide=fold.wide,
+                allow_nonfinite=fold.allow_nonfinite, aggregator=fold.name, window=window,
+                label=label, timeout=ctx.timeout, state=None if state is None else dict(state))
 
-        tickets: dict[int, tuple[str, list[int]]] = {}
+        tickets: dict[int, tuple[str, list[int], list[int]]] = {}
         for name, keys in planned.items():
             if name == DIRECT:
                 continue
             # The relay serves its keys one after another on a few ranks: its
             # whole answer may take as long as every request it makes.
             budget = None if ctx.timeout is None else ctx.timeout * (len(keys) + 2)
-            tickets[pool.send_relay(name, request_for(name, keys), budget)] = (  # type: ignore[attr-defined]
-                name, keys)
+            tickets[pool.send_relay(name, request_for(name, keys).to_wire(), budget)] = (
+                name, keys, list(plan.relays[name]))
         todo = []
         answers: list[Reply] = []
         if DIRECT in planned:
@@ -236,20 +275,20 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             view = _DirectView(pool, plan.direct, set(tickets))
             direct_ctx = attrs.evolve(ctx, pool=view, workers=list(plan.direct))
             keys = planned[DIRECT]
-            todo.extend(take(DIRECT, keys, serve_fold(direct_ctx, request_for(DIRECT, keys),
-                                                      play)))
+            todo.extend(take(DIRECT, keys, plan.direct,
+                             serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
             answers.extend(view.aside)
         waiting = len(tickets) - len(answers)
         answers.extend(pool.receive() for _ in range(waiting))
         for reply in answers:
-            name, keys = tickets[reply.seq]
+            name, keys, carried = tickets[reply.seq]
             if reply.payload is None:
                 log.warning("host relay %r lost (%s); %s %s will be served again", name,
                             reply.error, label + ("s" if len(keys) > 1 else ""),
                             ", ".join(map(str, keys)))
                 todo.extend(keys)
                 continue
-            todo.extend(take(name, keys, reply.payload))
+            todo.extend(take(name, keys, carried, reply.payload))
         todo.sort()
         for key in todo:
             not_served.pop(key, None)
@@ -271,7 +310,7 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             {k: replies[k] for k in order if k in replies})
 
 
-def serve_fold(ctx: StrategyContext, request: Mapping[str, Any], play: Play) -> dict[str, Any]:
+def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[str, Any]:
     """A group's answer to a ``fold`` request: its keys served on ``ctx``'s workers.
 
     What a host relay runs on its own ranks, and the coordinator on its
@@ -280,15 +319,11 @@ def serve_fold(ctx: StrategyContext, request: Mapping[str, Any], play: Play) -> 
     :class:`MeanFold` (weight = realized work); the answer carries the
     partial mean and its mass, who served what, and each key's small reply.
     """
-    fold = MeanFold(weighted=bool(request.get("weighted", True)),
-                    name=request.get("aggregator") or None,
-                    allow_nonfinite=bool(request.get("allow_nonfinite", False)),
-                    wide=bool(request.get("wide", False)))
-    folded = play(ctx, {int(key): dict(req) for key, req in request["work"]},
-                  state=request.get("state"),
-                  weight="examples" if request.get("weight") == "examples" else "once",
-                  window=int(request.get("window") or 1), fold=fold,
-                  label=str(request.get("label") or "client"))
+    fold = MeanFold(weighted=request.weighted, name=request.aggregator or None,
+                    allow_nonfinite=request.allow_nonfinite, wide=request.wide)
+    folded = play(ctx, {key: req for key, req in request.work}, state=request.state,
+                  weight=request.weight, window=request.window, fold=fold,
+                  label=request.label)
     reply: dict[str, Any] = {
         "op": "fold", "mass": fold.mass, "count": fold.count,
         "served": [[k, r] for k, r in folded.served.items()],
@@ -305,6 +340,368 @@ def relay_plan_applies(ctx: StrategyContext, fold: Any, weight: str | None,
     """The relay plan when this round can fold through relays (see the module doc), else None."""
     if weight is None or not keys or not isinstance(fold, MeanFold) or fold.count:
         return None
-    if not callable(getattr(ctx.pool, "send_relay", None)):
-        return None
     return relay_groups(ctx)
+
+
+# -- the messages: what the coordinator asks a relay (docs/protocol.md §4.1) -------------
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _strict(kind: type, check: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
+    def hook(value: Any, _: Any) -> Any:
+        if not check(value):
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+    return hook
+
+
+# No coercion: "3" is not an int, 1 is not a bool, a float is not an int.
+_converter.register_structure_hook(
+    int, _strict(int, lambda v: isinstance(v, int) and not isinstance(v, bool)))
+_converter.register_structure_hook(bool, _strict(bool, lambda v: isinstance(v, bool)))
+_converter.register_structure_hook(str, _strict(str, lambda v: isinstance(v, str)))
+_converter.register_structure_hook(
+    float, lambda v, _: float(_strict(float, lambda x: isinstance(x, (int, float))
+                                      and not isinstance(x, bool))(v, _)))
+
+
+def _positive_or_none(_: Any, attribute: Any, value: float | None) -> None:
+    if value is not None and not (0 < value < math.inf):
+        raise ValueError(f"{attribute.name} must be positive seconds or null, got {value}")
+
+
+def _ranks(_: Any, attribute: Any, value: list[int]) -> None:
+    if not value or any(r < 1 for r in value) or len(set(value)) != len(value):
+        raise ValueError(f"{attribute.name} must be distinct worker ranks, got {value}")
+
+
+@attrs.frozen
+class FoldRequest:
+    """``fold``: serve these keys on your ranks; answer with the partial mean and its mass."""
+
+    #: ``[key, request]``: the ``fit``/``grads`` requests, by key (fold order).
+    work: list[tuple[int, dict[str, Any]]] = attrs.field(
+        validator=attrs.validators.min_len(1))
+    #: The ranks the coordinator counts live (a rank that rejoined is not, until
+    #: it is taken back between rounds).
+    ranks: list[int] = attrs.field(validator=_ranks)
+    weight: str = attrs.field(validator=attrs.validators.in_(("examples", "once")))
+    weighted: bool
+    wide: bool
+    allow_nonfinite: bool
+    aggregator: str | None
+    window: int = attrs.field(validator=attrs.validators.ge(1))
+    label: str
+    timeout: float | None = attrs.field(validator=_positive_or_none)
+    #: The round's global state (once per relay); None: the workers' own.
+    state: dict[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = {"op": "fold", "work": [[k, r] for k, r in self.work],
+                **{f.name: getattr(self, f.name) for f in attrs.fields(FoldRequest)
+                   if f.name not in ("work", "state")}}
+        if self.state is not None:
+            wire["state"] = self.state
+        return wire
+
+
+@attrs.frozen
+class FanoutRequest:
+    """``fanout``: send one request (``inner`` and its ``fields``) to several of your ranks."""
+
+    inner: str
+    ranks: list[int] = attrs.field(validator=_ranks)
+    timeout: float | None = attrs.field(validator=_positive_or_none)
+    #: The inner request's own fields (``apply``'s ``gradients``, say).
+    fields: dict[str, Any] = attrs.Factory(dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**self.fields, "op": "fanout", "inner": self.inner, "ranks": self.ranks,
+                "timeout": self.timeout}
+
+
+def _describe(exc: BaseException, type_: Any) -> str:
+    """One field's problem: the validator's own words where it has them."""
+    if isinstance(exc, (ValueError, TypeError)) and str(exc):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+def _finite_mass(_: Any, attribute: Any, value: float) -> None:
+    if not (0 <= value < math.inf):
+        raise ValueError(f"{attribute.name} must be a finite sum of weights >= 0, got {value}")
+
+
+@attrs.frozen
+class FoldAnswer:
+    """A relay's answer to ``fold``: the partial mean, its mass, who served what."""
+
+    op: str = attrs.field(validator=attrs.validators.in_(("fold",)))
+    mass: float = attrs.field(validator=_finite_mass)
+    count: int = attrs.field(validator=attrs.validators.ge(0))
+    served: list[tuple[int, int]]
+    not_served: list[tuple[int, str]]
+    #: ``[key, examples, metrics]`` per served key.
+    replies: list[tuple[int, int, dict[str, Any]]]
+    #: The partial mean; absent when nothing was served.
+    state: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class RelayFailure:
+    """A relay's answer that its request failed: ``error``, and why."""
+
+    error: str
+    #: ``"aggregation"``: the fold refused a contribution.
+    reason: str | None = None
+    #: The rank whose task raised (a worker's own error).
+    rank: int | None = None
+
+
+def parse_fold_answer(message: Mapping[str, Any], keys: Sequence[int],
+                      carried: Sequence[int]) -> FoldAnswer | RelayFailure:
+    """A relay's answer to a ``fold`` for ``keys``, checked; ``ProtocolError`` if it does not fit.
+
+    Besides each field's type: it names only the keys it was asked for,
+    each at most once, served by ranks the relay carries.
+    """
+    body = {k: v for k, v in message.items() if k not in ("relay", "seq")}
+    try:
+        if body.get("error") is not None:
+            return _converter.structure(body, RelayFailure)
+        answer = _converter.structure(body, FoldAnswer)
+    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        detail = ("; ".join(cattrs.transform_error(exc, format_exception=_describe))
+                  if isinstance(exc, cattrs.BaseValidationError) else str(exc))
+        raise ProtocolError(f"a malformed answer to 'fold': {detail}") from None
+    asked, ranks = set(keys), set(carried)
+    named = [k for k, _ in answer.served] + [k for k, _ in answer.not_served]
+    if len(set(named)) != len(named) or not set(named) <= asked:
+        raise ProtocolError(f"its answer to 'fold' names keys {sorted(named)}, asked for "
+                            f"{sorted(asked)}")
+    if any(r not in ranks for _, r in answer.served):
+        raise ProtocolError(f"its answer to 'fold' names ranks "
+                            f"{sorted({r for _, r in answer.served})}, it carries "
+                            f"{sorted(ranks)}")
+    if not {k for k, _, _ in answer.replies} <= {k for k, _ in answer.served}:
+        raise ProtocolError("its answer to 'fold' has replies for keys it did not serve")
+    if answer.served and answer.state is None:
+        raise ProtocolError("its answer to 'fold' served keys but carries no partial state")
+    return answer
+
+
+#: Envelope fields every relay request may carry besides its schema's.
+_ENVELOPE = ("op", "seq", "via")
+
+
+def parse_relay_request(message: Mapping[str, Any]) -> FoldRequest | FanoutRequest:
+    """The relay request ``message`` is, checked field by field; ``ProtocolError`` if not one."""
+    op = message.get("op")
+    body = {k: v for k, v in message.items() if k not in _ENVELOPE}
+    try:
+        if op == "fold":
+            return _converter.structure(body, FoldRequest)
+        if op == "fanout":
+            own = {k: body.pop(k) for k in ("inner", "ranks", "timeout") if k in body}
+            return _converter.structure({**own, "fields": body}, FanoutRequest)
+    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        detail = ("; ".join(cattrs.transform_error(exc, format_exception=_describe))
+                  if isinstance(exc, cattrs.BaseValidationError) else str(exc))
+        raise ProtocolError(f"a malformed host relay request {op!r}: {detail}") from None
+    raise ProtocolError(f"an unknown host relay request {op!r} (fold or fanout)")
+
+
+# -- the relay's side: its pool over its own ranks, and its answers ---------------------------
+
+
+class RelayRanks(Protocol):
+    """What a transport's host relay offers the kernel: its ranks' links.
+
+    ``dead`` (rank -> why) and ``joined`` are the relay's view of its ranks;
+    ``lost(rank, reason)`` drops a rank (and tells the coordinator);
+    ``send_down(rank, tag, state)`` writes the relay's own frame to a rank
+    (raising ``PeerLostError`` when it is not connected).
+    """
+
+    @property
+    def dead(self) -> Mapping[int, str]: ...
+
+    @property
+    def joined(self) -> set[int]: ...
+
+    def lost(self, rank: int, reason: str) -> None: ...
+
+    def send_down(self, rank: int, tag: int, state: Mapping[str, Any]) -> None: ...
+
+
+class RelayPool:
+    """The round engine's :class:`meshkit.train.WorkerPool` over a host relay's own ranks.
+
+    Requests the relay issues carry negative ``seq`` numbers, the
+    coordinator's positive ones: a worker echoes ``seq``, so each reply
+    goes back to whoever asked. The transport hands the relay's replies
+    in with :meth:`deliver` (from its reader of that rank).
+    """
+
+    def __init__(self, ranks: RelayRanks) -> None:
+        self._ranks = ranks
+        self._cv = threading.Condition()
+        self._seq = 0
+        self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
+        self._replies: collections.deque[tuple[int, Mapping[str, Any]]] = collections.deque()
+        self._failed: collections.deque[Reply] = collections.deque()
+
+    @property
+    def dead(self) -> Mapping[int, str]:
+        return self._ranks.dead
+
+    def live(self, ranks: Iterable[int]) -> list[int]:
+        joined, dead = self._ranks.joined, self._ranks.dead
+        return [r for r in ranks if r in joined and r not in dead]
+
+    def declare_dead(self, rank: int, reason: str) -> None:
+        self._ranks.lost(rank, reason)
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        return {}  # a relay's own ranks are direct to it
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
+        raise MeshError("a host relay does not relay through another relay")
+
+    def abandon(self, ticket: int) -> None:
+        raise MeshError("a host relay's round has no deadline to abandon a request at")
+
+    @property
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._failed) + sum(len(q) for q in self._owed.values())
+
+    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
+        with self._cv:
+            self._seq -= 1
+            seq = self._seq
+        dead = self._ranks.dead
+        if rank in dead:
+            with self._cv:
+                self._failed.append(Reply(rank, None, dead[rank], seq))
+            return seq
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._owed.setdefault(rank, collections.deque()).append((seq, deadline))
+        try:
+            self._ranks.send_down(rank, TAG_REQUEST, encode({**request, "seq": seq}))
+        except (PeerLostError, WireError, OSError) as exc:
+            self._ranks.lost(rank, f"send failed: {exc}")
+        return seq
+
+    def deliver(self, rank: int, reply: Mapping[str, Any]) -> None:
+        """A worker answered one of the relay's requests (called by the rank's reader)."""
+        with self._cv:
+            self._replies.append((rank, reply))
+            self._cv.notify_all()
+
+    def wake(self) -> None:
+        """Look at the ranks again (one was lost, or the relay is closing)."""
+        with self._cv:
+            self._cv.notify_all()
+
+    def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
+        with self._cv:
+            while True:
+                if self._failed:
+                    return self._failed.popleft()
+                while self._replies:
+                    rank, reply = self._replies.popleft()
+                    owed = self._owed.get(rank)
+                    if owed and owed[0][0] == reply.get("seq"):
+                        seq, _ = owed.popleft()
+                        return Reply(rank, reply, None, seq)
+                    log.debug("relay: discarding a stale reply from rank %d", rank)
+                if not any(self._owed.values()):
+                    raise MeshError("receive() with no request outstanding")
+                dead = self._ranks.dead
+                now = time.monotonic()
+                if until is not None and until <= now:
+                    return None
+                soonest = math.inf if until is None else until
+                for rank, owed in self._owed.items():
+                    if not owed:
+                        continue
+                    if rank in dead:
+                        seq, _ = owed.popleft()
+                        return Reply(rank, None, dead[rank], seq)
+                    if owed[0][1] <= now:
+                        seq, _ = owed.popleft()
+                        reason = "no answer within the request's timeout (stalled)"
+                        # Not under this lock: losing a rank wakes this pool.
+                        threading.Thread(target=self._ranks.lost, args=(rank, reason),
+                                         daemon=True).start()
+                        return Reply(rank, None, reason, seq)
+                    soonest = min(soonest, owed[0][1])
+                if not block:
+                    return None
+                self._cv.wait(min(1.0, max(0.0, soonest - now)))
+
+    def stop_all(self, ranks: Sequence[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _relay_context(pool: WorkerPool, carried: frozenset[int], timeout: float | None,
+                   ranks: Sequence[int]) -> StrategyContext:
+    # The coordinator names the ranks it counts live (a rank that rejoined is
+    # not, until it is taken back between rounds).
+    return StrategyContext(task=None, aggregator=None, pool=pool,
+                           workers=sorted(r for r in ranks if r in carried), rng=None,
+                           timeout=timeout)
+
+
+def _fanout(pool: WorkerPool, carried: frozenset[int], request: FanoutRequest) -> dict[str, Any]:
+    """Send one request to several of the relay's ranks; each one's answer."""
+    ranks = [r for r in request.ranks if r in carried]
+    inner = {**request.fields, "op": request.inner}
+    tickets = {pool.send(r, inner, request.timeout): r for r in ranks}
+    answers: dict[int, Any] = {}
+    for _ in tickets:
+        reply = pool.receive()
+        assert reply is not None
+        answers[tickets[reply.seq]] = (
+            [False, reply.error] if reply.payload is None
+            else [True, reply.payload.get("error")])
+    return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
+
+
+def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
+                   message: Mapping[str, Any], play: Play) -> dict[str, Any]:
+    """A host relay's answer to one request of the coordinator (``TAG_RELAY``).
+
+    ``pool`` reaches the relay's own ranks (a :class:`RelayPool` in a real
+    relay; any :class:`meshkit.train.WorkerPool`); ``carried`` are the
+    ranks it carries, ``name`` its name in errors.
+
+    ``fold`` is served with the round engine on the relay's own ranks
+    (:func:`serve_fold`), ``fanout`` sent to each rank named. A failure is
+    the answer's ``error`` (``reason = "aggregation"`` for a refused fold,
+    ``rank`` for a task's error), never an exception: the coordinator must
+    hear, not wait.
+    """
+    try:
+        request = parse_relay_request(message)
+        if isinstance(request, FoldRequest):
+            return serve_fold(_relay_context(pool, carried, request.timeout, request.ranks),
+                              request, play)
+        return _fanout(pool, carried, request)
+    except AggregationError as exc:
+        return {"error": str(exc), "reason": "aggregation"}
+    except WorkerError as exc:
+        # The worker's own message: the coordinator names the rank again.
+        return {"error": exc.detail, "rank": exc.rank}
+    except MeshError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
+        log.exception("relay %r: request %r failed", name, message.get("op"))
+        return {"error": f"relay {name!r}: {type(exc).__name__}: {exc}"}

@@ -22,9 +22,9 @@ own (tests, the strategy contract suite): ``fail`` simulates a lost worker,
 a shuffled order, and ``peak_held`` counts the most whole states it handed
 to the coordinator that were alive at once.
 
-Host relays (``meshkit relay``): a group whose transport has them lists
-them in ``group.relays`` (name -> the live ranks each carries), and a
-:class:`GroupPool` then also sends requests to a relay itself
+Host relays (``meshkit relay``): a group lists them in ``group.relays``
+(name -> the live ranks each carries; the transport's ``Links.relays``),
+and a :class:`GroupPool` then also sends requests to a relay itself
 (:meth:`GroupPool.send_relay`): its ticket is lost when the relay is, not
 when one of its ranks is. :func:`broadcast` sends one request to many
 ranks, once per relay for the ranks behind one.
@@ -86,10 +86,21 @@ class WorkerPool(Protocol):
     declaring its worker dead: the late reply, when it comes, is discarded
     (never handed to a later request), and the worker serves its next
     request after it.
+
+    ``relays`` lists the host relays the pool reaches (relay name -> the
+    live ranks each carries; ``{}`` without any), and ``send_relay`` sends
+    a request to a relay itself: its ticket fails when the relay is lost
+    (not when one of its ranks is). A pool without relays never has
+    ``send_relay`` called.
     """
 
     @property
     def dead(self) -> Mapping[int, str]: ...
+
+    @property
+    def relays(self) -> Mapping[str, Sequence[int]]: ...
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int: ...
 
     def live(self, ranks: Iterable[int]) -> list[int]: ...
 
@@ -131,8 +142,7 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
     relay (the request crosses the coordinator's link once per relay, not
     once per rank); the others one request each, as :func:`call` sends.
     """
-    relays = getattr(pool, "relays", None) or {}
-    owner = {r: name for name, carried in relays.items() for r in carried}
+    owner = {r: name for name, carried in pool.relays.items() for r in carried}
     groups: dict[str, list[int]] = {}
     for rank in ranks:
         if rank in owner:
@@ -148,7 +158,7 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
     for name, carried in fanned.items():
         fan = {**request, "op": "fanout", "inner": request["op"], "ranks": carried,
                "timeout": timeout}
-        tickets[pool.send_relay(name, fan, timeout)] = ("relay", name)  # type: ignore[attr-defined]
+        tickets[pool.send_relay(name, fan, timeout)] = ("relay", name)
     replies: dict[int, Reply] = {}
     for _ in range(len(tickets)):
         reply = pool.receive()
@@ -223,8 +233,7 @@ class GroupPool:
     @property
     def relays(self) -> dict[str, list[int]]:
         """The group's host relays (name -> the live ranks each carries); {} without any."""
-        relays = getattr(self.group, "relays", None)
-        return dict(relays) if relays else {}
+        return {name: list(ranks) for name, ranks in self.group.relays.items()}
 
     def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
         """Send ``request`` to host relay ``name`` itself; a ticket, as :meth:`send` gives.
@@ -403,6 +412,13 @@ class LocalPool:
 
     def live(self, ranks: Iterable[int]) -> list[int]:
         return [r for r in ranks if r in self.trainers and r not in self._dead]
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        return {}  # in-process workers: none behind a relay
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
+        raise MeshError("a LocalPool has no host relays")
 
     def declare_dead(self, rank: int, reason: str) -> None:
         if rank not in self._dead:

@@ -127,7 +127,7 @@ codec, which ``import meshkit.transport`` does not need.
 from __future__ import annotations
 
 from meshkit.transport import tags
-from meshkit.transport._contract import LinkEvents, Links
+from meshkit.transport._contract import HostRelay, LinkEvents, Links, OffersHostRelays
 from meshkit.transport._group import ANY, Group
 from meshkit.transport._ledger import describe_dead
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
@@ -146,6 +146,8 @@ __all__ = [
     "Group",
     "Links",
     "LinkEvents",
+    "HostRelay",
+    "OffersHostRelays",
     "RoundResult",
     "MIN_SCATTER_BYTES_PER_SECOND",
     "check_state",

@@ -111,6 +111,14 @@ class Group:
         """
         return bool(getattr(self._links, "inline_delivery", False))
 
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        """A star's coordinator: each host relay's name -> the live ranks that joined through it
+        (the transport's :attr:`Links.relays` minus the dead ledger; ``{}`` without relays)."""
+        dead = self._ledger.dead()
+        return {name: sorted(r for r in ranks if r not in dead)
+                for name, ranks in self._links.relays.items()}
+
     def peer_key(self, rank: int) -> bytes | None:
         """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""
         return self._links.peer_key(rank)

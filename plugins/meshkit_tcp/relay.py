@@ -3,17 +3,11 @@
 Rule: a relay forwards every frame between its ranks and the coordinator
 unchanged (the authenticated body is re-tagged under the other connection's
 keys, never re-encoded), except the requests addressed to the relay itself
-(``TAG_RELAY``), which it serves with its own ranks and answers once:
-
-* ``fold``: the round engine's work for this relay's ranks (the round's
-  state, sent once, and the keys to serve). The relay runs the round engine
-  (:func:`meshkit.train.fold_round`) on its own ranks, folds their
-  contributions in key order through a weighted :class:`meshkit.aggregation.MeanFold`
-  (weight = realized work) and answers with the partial mean and its mass
-  (the sum of the weights), so the coordinator's fold of the relays'
-  partials, weighted by mass, is the flat star's weighted mean.
-* ``fanout``: one request (a data-parallel ``apply``, a ``set_state``) for
-  several of its ranks, sent upstream once.
+(``TAG_RELAY``: ``fold`` and ``fanout``), which it hands to the kernel
+(:func:`meshkit.train.answer_relay_request`, over a
+:class:`meshkit.train.RelayPool` of its own ranks) and answers once. What a
+relay does with a round lives in ``meshkit/train/_host_relay.py``; this
+module only carries the bytes.
 
 Both legs run the ordinary handshake (shared secret, encryption, world
 size): the ranks dial the relay exactly as they would dial the coordinator
@@ -35,27 +29,18 @@ Run it on the host whose ranks it carries (docs/scaling-out.md).
 
 from __future__ import annotations
 
-import collections
 import logging
-import math
 import queue
 import socket
 import threading
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 import attrs
 
 from meshkit import wire
-from meshkit.errors import (
-    AggregationError,
-    ConfigError,
-    MeshError,
-    PeerLostError,
-    WireError,
-    WorkerError,
-)
-from meshkit.train import Reply, StrategyContext, decode, encode, serve_relay_fold
+from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
+from meshkit.train import RelayPool, answer_relay_request, decode, encode
 from meshkit.transport import (
     META_KEY,
     TAG_BYE,
@@ -156,107 +141,6 @@ class RelayReport:
                 "frames_down": self.frames_down, "stopped": self.stopped}
 
 
-class _RelayPool:
-    """The round engine's :class:`meshkit.train.WorkerPool` over this relay's own ranks.
-
-    Requests the relay issues carry negative ``seq`` numbers, the
-    coordinator's positive ones: a worker echoes ``seq``, so each reply
-    goes back to whoever asked.
-    """
-
-    def __init__(self, relay: HostRelay) -> None:
-        self._relay = relay
-        self._cv = threading.Condition()
-        self._seq = 0
-        self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
-        self._replies: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
-        self._failed: collections.deque[Reply] = collections.deque()
-
-    @property
-    def dead(self) -> dict[int, str]:
-        return self._relay.dead
-
-    def live(self, ranks: Iterable[int]) -> list[int]:
-        joined, dead = self._relay.joined, self._relay.dead
-        return [r for r in ranks if r in joined and r not in dead]
-
-    def declare_dead(self, rank: int, reason: str) -> None:
-        self._relay.lost(rank, reason)
-
-    @property
-    def pending(self) -> int:
-        with self._cv:
-            return len(self._failed) + sum(len(q) for q in self._owed.values())
-
-    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
-        with self._cv:
-            self._seq -= 1
-            seq = self._seq
-        dead = self._relay.dead
-        if rank in dead:
-            with self._cv:
-                self._failed.append(Reply(rank, None, dead[rank], seq))
-            return seq
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            self._owed.setdefault(rank, collections.deque()).append((seq, deadline))
-        try:
-            self._relay.send_down(rank, TAG_REQUEST, encode({**request, "seq": seq}))
-        except (PeerLostError, WireError, OSError) as exc:
-            self._relay.lost(rank, f"send failed: {exc}")
-        return seq
-
-    def deliver(self, rank: int, reply: dict[str, Any]) -> None:
-        """A worker answered one of the relay's requests (called by its reader)."""
-        with self._cv:
-            self._replies.append((rank, reply))
-            self._cv.notify_all()
-
-    def wake(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
-
-    def receive(self, block: bool = True) -> Reply | None:
-        with self._cv:
-            while True:
-                if self._failed:
-                    return self._failed.popleft()
-                while self._replies:
-                    rank, reply = self._replies.popleft()
-                    owed = self._owed.get(rank)
-                    if owed and owed[0][0] == reply.get("seq"):
-                        seq, _ = owed.popleft()
-                        return Reply(rank, reply, None, seq)
-                    log.debug("relay: discarding a stale reply from rank %d", rank)
-                if not any(self._owed.values()):
-                    raise MeshError("receive() with no request outstanding")
-                dead = self._relay.dead
-                now = time.monotonic()
-                soonest = math.inf
-                for rank, owed in self._owed.items():
-                    if not owed:
-                        continue
-                    if rank in dead:
-                        seq, _ = owed.popleft()
-                        return Reply(rank, None, dead[rank], seq)
-                    if owed[0][1] <= now:
-                        seq, _ = owed.popleft()
-                        reason = "no answer within the request's timeout (stalled)"
-                        threading.Thread(target=self._relay.lost, args=(rank, reason),
-                                         daemon=True).start()
-                        return Reply(rank, None, reason, seq)
-                    soonest = min(soonest, owed[0][1])
-                if not block:
-                    return None
-                self._cv.wait(min(1.0, max(0.0, soonest - now)))
-
-    def stop_all(self, ranks: Sequence[int]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _finish_writer(box: queue.Queue[tuple[Any, ...] | None], deadline: float) -> None:
     """End a local rank's writer after the frames queued for it (the relay is closing)."""
     try:
@@ -309,7 +193,7 @@ class HostRelay:
         self._done = threading.Event()
         self._stopped = ""
         self._work: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._pool = _RelayPool(self)
+        self._pool = RelayPool(self)
 
     # -- state ------------------------------------------------------------------
 
@@ -694,25 +578,11 @@ class HostRelay:
             if request is None or self._closed.is_set():
                 return
             op, seq, via = request.get("op"), request.get("seq"), request.get("via")
-            try:
-                if op == "fold":
-                    reply = self._fold(request)
-                    self.folds += 1
-                elif op == "fanout":
-                    reply = self._fanout(request)
-                    self.fanouts += 1
-                else:
-                    reply = {"error": f"relay {self.name!r}: unknown request {op!r}"}
-            except AggregationError as exc:
-                reply = {"error": str(exc), "reason": "aggregation"}
-            except WorkerError as exc:
-                # The worker's own message: the coordinator names the rank again.
-                reply = {"error": exc.detail, "rank": exc.rank}
-            except MeshError as exc:
-                reply = {"error": str(exc)}
-            except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
-                log.exception("relay %r: request %r failed", self.name, op)
-                reply = {"error": f"relay {self.name!r}: {type(exc).__name__}: {exc}"}
+            reply = answer_relay_request(self._pool, self.ranks, self.name, request)
+            if op == "fold":
+                self.folds += 1
+            elif op == "fanout":
+                self.fanouts += 1
             reply.update(relay=self.name, seq=seq)
             sender = via if isinstance(via, int) and via in self.ranks else min(self.ranks)
             try:
@@ -720,37 +590,6 @@ class HostRelay:
             except (MeshError, OSError) as exc:
                 self._upstream_failed(exc)
                 return
-
-    def _context(self, timeout: Any, ranks: Any = None) -> StrategyContext:
-        # The coordinator names the ranks it counts live (a rank that rejoined
-        # is not, until it is taken back between rounds); all of ours otherwise.
-        workers = (sorted(self.ranks) if not isinstance(ranks, list)
-                   else sorted(r for r in ranks if r in self.ranks))
-        return StrategyContext(task=None, aggregator=None, pool=self._pool,
-                               workers=workers, rng=None,
-                               timeout=None if timeout is None else float(timeout))
-
-    def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Serve the coordinator's keys on this host's ranks; the partial mean and its mass."""
-        return serve_relay_fold(self._context(request.get("timeout"), request.get("ranks")),
-                                request)
-
-    def _fanout(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request to several of this host's ranks; each one's answer."""
-        ranks = [int(r) for r in request["ranks"]]
-        inner = {k: v for k, v in request.items()
-                 if k not in ("ranks", "via", "seq", "inner", "timeout")}
-        inner["op"] = request["inner"]
-        timeout = request.get("timeout")
-        tickets = {self._pool.send(r, inner, None if timeout is None else float(timeout)): r
-                   for r in ranks}
-        answers: dict[int, Any] = {}
-        for _ in tickets:
-            reply = self._pool.receive()
-            answers[tickets[reply.seq]] = (
-                [False, reply.error] if reply.payload is None
-                else [True, reply.payload.get("error")])
-        return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
 
 
 def start_relay(options: Any = None, **settings: Any) -> HostRelay:

@@ -58,6 +58,7 @@ from meshkit.transport import (
     TAG_REPLY,
     TAG_WELCOME,
     Group,
+    HostRelay,
     LinkEvents,
     Links,
     Message,
@@ -261,13 +262,10 @@ class TcpGroup(Group):
         #: peer's frames (receive_into); read by the peer's reader thread.
         self._placers: dict[tuple[int, int], list[Any]] = {}
 
-    @property
-    def relays(self) -> dict[str, list[int]]:
-        """Coordinator: each connected host relay's name -> the live ranks it carries."""
-        dead = self.dead
+    def _relay_ranks(self) -> dict[str, list[int]]:
+        """Coordinator: each connected host relay's name -> the ranks that joined through it."""
         with self._lock:
-            return {name: sorted(r for r in link.joined if r not in dead)
-                    for name, link in self._relays.items()}
+            return {name: sorted(link.joined) for name, link in self._relays.items()}
 
     @property
     def relay_bytes_in(self) -> dict[str, int]:
@@ -923,6 +921,10 @@ class _TcpLinks(Links):
     def drop(self, peer: int) -> None:
         self._group._drop_link(peer)
 
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        return self._group._relay_ranks()
+
     def peer_key(self, peer: int) -> bytes | None:
         channel = self._group._channels.get(peer)
         return None if channel is None else channel.peer_key
@@ -967,7 +969,7 @@ class TcpTransport:
         # the relay builds on this module, so this module cannot import it).
         self._relay_factory = relay_factory
 
-    def start_relay(self, **settings: Any) -> Any:
+    def start_relay(self, **settings: Any) -> HostRelay:
         """Start a host relay (``meshkit relay``); ``settings`` are ``RelayConfig``'s fields.
 
         Returns the running :class:`meshkit_tcp.relay.HostRelay` (its

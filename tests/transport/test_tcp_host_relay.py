@@ -8,6 +8,7 @@ that behave carry on; deaths travel both ways.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -261,24 +262,22 @@ def test_a_rank_that_stops_reading_does_not_hold_up_its_neighbours_frames():
 
 
 def test_ranks_a_lost_relay_announced_but_never_joined_are_not_dead_and_join_another():
-    group = coordinator(world=3)
-    relay = start_relay(group.address, name="hostA", world=3)
-    ranks = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        group = coordinator(world=3)
+        stack.callback(group.close)
+        relay = start_relay(group.address, name="hostA", world=3)
+        stack.callback(relay.close)
         assert wait_until(group._lock, lambda: "hostA" in group._relays)
         relay.close()  # before any of its ranks joined
         assert wait_until(group._lock, lambda: "hostA" not in group._relays)
         assert group.dead == {}
         # The same relay again (a new port): its ranks join through it.
-        relay = start_relay(group.address, name="hostA", world=3)
-        ranks = {r: worker(r, relay.address, world=3) for r in (1, 2)}
+        again = start_relay(group.address, name="hostA", world=3)
+        stack.callback(again.close)
+        for rank in (1, 2):
+            stack.callback(worker(rank, again.address, world=3).close)
         assert group.wait_for_workers(timeout=5) == [1, 2]
         assert group.relays == {"hostA": [1, 2]} and group.dead == {}
-    finally:
-        for g in ranks.values():
-            g.close()
-        relay.close()
-        group.close()
 
 
 def test_the_relay_delivers_what_the_coordinator_sent_before_its_goodbye(mesh):
