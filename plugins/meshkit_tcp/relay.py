@@ -505,7 +505,6 @@ class HostRelay:
             self._refuse(f"{where} (rank {rank})", problem)
             return
         try:
-            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
             box: queue.Queue[tuple[Any, ...] | None] = queue.Queue(_DOWN_QUEUE)
             with self._lock:
                 # A rank that died and was restarted rejoins: the coordinator
@@ -515,13 +514,19 @@ class HostRelay:
                 self._down[rank] = channel
                 self._outbox[rank] = box
                 self._joined.add(rank)
+            # Told once its outbox exists, so the coordinator never routes to a
+            # rank the relay lacks, and before the rank hears its welcome, so
+            # the coordinator knows of a rank that knows it joined (a restarted
+            # rank is taken back at the next round, as on a direct link). What
+            # comes for it meanwhile waits in its outbox: its writer starts
+            # after the welcome.
+            self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
+            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
             writer = self._spawn(self._down_writer, rank, channel, box,
                                  name=f"meshkit-relay-{self.name}-to-{rank}")
             with self._lock:
                 if self._outbox.get(rank) is box:
                     self._writers[rank] = writer
-            # Told only now, so the coordinator never routes to a rank the relay lacks.
-            self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
         except (MeshError, OSError) as exc:
             self.lost(rank, f"joining failed: {exc}")
             return
