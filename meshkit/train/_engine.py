@@ -193,7 +193,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # does one with pinned work: a relay would not keep a client on its node.
     how = None if deadline or pinned else relay_weight(weight, by_examples)
     plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
-    if plan is not None:
+    if plan is not None and how is not None:
         result, served, not_served, replies = fold_through_relays(
             ctx, plan, {w.key: w.request for w in work}, state, how, window, fold, label,
             _play_group)

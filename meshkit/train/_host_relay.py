@@ -279,7 +279,10 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
                              serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
             answers.extend(view.aside)
         waiting = len(tickets) - len(answers)
-        answers.extend(pool.receive() for _ in range(waiting))
+        for _ in range(waiting):
+            reply = pool.receive()  # blocking: a reply or a failed ticket, never None
+            assert reply is not None
+            answers.append(reply)
         for reply in answers:
             name, keys, carried = tickets[reply.seq]
             if reply.payload is None:
