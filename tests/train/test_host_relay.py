@@ -220,6 +220,13 @@ def test_data_parallel_through_relays_reaches_the_flat_replicas_model():
     assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
     for key, value in flat.items():
         np.testing.assert_allclose(relayed[key], value, rtol=1e-6, atol=1e-7)
+    # With rank 4 beside the relays, each step still folds once per relay.
+    pool = RelayedPool({"hostA": [1, 2], "hostB": [3]}, direct=True, beside=[4])
+    mixed = run(pool)
+    assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
+    assert 4 in pool.sent_direct
+    for key, value in flat.items():
+        np.testing.assert_allclose(mixed[key], value, rtol=1e-6, atol=1e-7)
 
 
 def a_fold_request(**change):
