@@ -295,9 +295,10 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
         todo.sort()
         for key in todo:
             not_served.pop(key, None)
+    dead = "; ".join(f"rank {r}: {why}" for r, why in ctx.dead.items()) or "none"
     for key in todo:
-        not_served.setdefault(key, "no live host relay left to serve it, nor a direct worker (dead: " + (
-            "; ".join(f"rank {r}: {why}" for r, why in ctx.dead.items()) or "none") + ")")
+        not_served.setdefault(key, f"no live host relay left to serve it, nor a direct "
+                                   f"worker (dead: {dead})")
     if not partials:
         return None, {}, not_served, {}
     # Fold order: each partial at its lowest key, so the bits do not depend

@@ -200,7 +200,7 @@ class Links(abc.ABC):
 
     @property
     def relays(self) -> Mapping[str, Sequence[int]]:
-        """Optional, a star's coordinator: its host relays, name -> the ranks that joined through each.
+        """Optional, a star's coordinator: its host relays, name -> the ranks joined through each.
 
         A host relay is one connection carrying several ranks of a host
         (``meshkit relay``). A transport that offers relays routes a

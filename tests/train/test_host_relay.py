@@ -1,8 +1,9 @@
 """The round engine through host relays, in-process: the flat result, order, lost relays.
 
 Each relay here is the kernel's relay side (``answer_relay_request``, what
-``meshkit relay`` runs) over a :class:`LocalPool` of its ranks, reached through a pool that answers relay
-requests in a chosen order; the network legs are tested in
+``meshkit relay`` runs) over a :class:`LocalPool` of its ranks, reached
+through a pool that answers relay requests in a chosen order; the network
+legs are tested in
 tests/transport/test_tcp_host_relay.py and tests/train/test_host_relay_rounds.py.
 """
 
