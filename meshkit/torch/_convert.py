@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 from meshkit.errors import MeshError
-from meshkit.state import BFLOAT16
+from meshkit.state import BFLOAT16, INT_BUFFERS
 
 __all__ = ["INT_BUFFERS", "to_numpy", "from_numpy", "state_from_tensors",
            "tensors_from_state", "check_keys", "module_state", "load_module_state"]
 
-#: The state key listing the integer buffers carried as float64 counts: {key: torch dtype}.
-INT_BUFFERS = "meshkit.torch:int_buffers"
 
 _INT_DTYPES = {dtype: str(dtype).removeprefix("torch.") for dtype in (
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}

@@ -53,6 +53,7 @@ from meshkit.train._host_relay import (
     RelayRanks,
     parse_relay_request,
 )
+from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -135,4 +136,7 @@ __all__ = [
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",
+    # the message boundary (meshkit/train/_messages.py)
+    "check_contribution",
+    "signature",
 ]

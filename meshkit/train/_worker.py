@@ -42,10 +42,11 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
-from meshkit.errors import ConfigError, MeshError, PeerLostError
+from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.task import accepts_data, create_task, resolve_task_component
+from meshkit.train._messages import MAX_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
@@ -146,16 +147,32 @@ class Trainer:
         return x[rows], y[rows]
 
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """One request in, one reply out; a failure is an ``error`` reply, not a crash."""
+        """One request in, one reply out; a failure is an ``error`` reply, not a crash.
+
+        The request is checked against its op's schema first
+        (:mod:`meshkit.train._messages`); one that does not fit is answered
+        with a ``protocol error`` and changes nothing here.
+        """
         self.requests += 1
         op = request.get("op")
+        seq = request.get("seq", 0)
+        try:
+            check_request(request)
+        except ProtocolError as exc:
+            # A request that does not fit its schema is the coordinator's bug
+            # (or not the coordinator's): say so, and serve the next one.
+            log.warning("refusing a trainer request: %s", exc)
+            self.error = f"protocol error: {exc}"
+            return {"error": self.error,
+                    "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
+                    and 0 <= seq <= MAX_SEQ else 0}
         try:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
             reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
             self.error = reply["error"]
-        reply["seq"] = request.get("seq", 0)
+        reply["seq"] = seq
         return reply
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
