@@ -539,19 +539,26 @@ class RelayRanks(Protocol):
     def send_down(self, rank: int, tag: int, state: Mapping[str, Any]) -> None: ...
 
 
+#: Where a host relay's own request numbers start: far above any the
+#: coordinator uses (it counts from 1), inside the trainer protocol's range
+#: of ``seq`` (0..2^63-1).
+RELAY_SEQ = 1 << 62
+
+
 class RelayPool:
     """The round engine's :class:`meshkit.train.WorkerPool` over a host relay's own ranks.
 
-    Requests the relay issues carry negative ``seq`` numbers, the
-    coordinator's positive ones: a worker echoes ``seq``, so each reply
-    goes back to whoever asked. The transport hands the relay's replies
+    Requests the relay issues carry ``seq`` numbers from :data:`RELAY_SEQ`
+    up, the coordinator's count up from 1 (and never get near it): a
+    worker echoes ``seq``, so each reply goes back to whoever asked
+    (:meth:`owns`). The transport hands the relay's replies
     in with :meth:`deliver` (from its reader of that rank).
     """
 
     def __init__(self, ranks: RelayRanks) -> None:
         self._ranks = ranks
         self._cv = threading.Condition()
-        self._seq = 0
+        self._seq = RELAY_SEQ
         self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
         self._replies: collections.deque[tuple[int, Mapping[str, Any]]] = collections.deque()
         self._failed: collections.deque[Reply] = collections.deque()
@@ -584,7 +591,7 @@ class RelayPool:
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         with self._cv:
-            self._seq -= 1
+            self._seq += 1
             seq = self._seq
         dead = self._ranks.dead
         if rank in dead:
@@ -599,6 +606,11 @@ class RelayPool:
         except (PeerLostError, WireError, OSError) as exc:
             self._ranks.lost(rank, f"send failed: {exc}")
         return seq
+
+    @staticmethod
+    def owns(seq: Any) -> bool:
+        """Whether ``seq`` (a reply's) answers one of the relay's own requests."""
+        return isinstance(seq, int) and not isinstance(seq, bool) and seq > RELAY_SEQ
 
     def deliver(self, rank: int, reply: Mapping[str, Any]) -> None:
         """A worker answered one of the relay's requests (called by the rank's reader)."""

@@ -559,7 +559,7 @@ class HostRelay:
                                 f"protocol violation)")
                 return
             seq = frame.state.get("seq")
-            if frame.tag == TAG_REPLY and isinstance(seq, int) and seq < 0:
+            if frame.tag == TAG_REPLY and self._pool.owns(seq):
                 state = dict(frame.state)
                 state.pop(META_KEY, None)
                 self._pool.deliver(rank, decode(state))
