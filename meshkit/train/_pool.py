@@ -176,14 +176,42 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
                 replies[rank] = (Reply(rank, None, why, reply.seq) if reply.payload is None
                                  else Reply(rank, {"error": why}, None, reply.seq))
             continue
-        for rank, ok, error in reply.payload.get("answers", []):
-            replies[int(rank)] = (Reply(int(rank), {} if error is None else {"error": error},
-                                        None, reply.seq) if ok
-                                  else Reply(int(rank), None, str(error), reply.seq))
+        answers = reply.payload.get("answers")
+        problem = _fanout_problem(answers, carried)
+        if problem is not None:
+            # That relay alone broke the protocol: its ranks go, the others' answers stand.
+            why = protocol_reason(ProtocolError(f"host relay {who!r}: {problem}"))
+            for rank in carried:
+                pool.declare_dead(rank, why)
+                replies[rank] = Reply(rank, None, why, reply.seq)
+            continue
+        for rank, ok, error in answers:
+            replies[rank] = (Reply(rank, {} if error is None else {"error": error}, None,
+                                   reply.seq) if ok
+                             else Reply(rank, None, str(error), reply.seq))
         for rank in carried:
             replies.setdefault(rank, Reply(rank, None, f"host relay {who!r} did not answer "
                                                         f"for rank {rank}", reply.seq))
     return [replies[r] for r in ranks]
+
+
+def _fanout_problem(answers: Any, carried: Sequence[int]) -> str | None:
+    """Why a relay's ``fanout`` answers do not fit, or None: ``[[rank, ok, error or null]]``,
+    each rank one it was asked to reach, at most once."""
+    if not isinstance(answers, list):
+        return f"its 'fanout' answer has no list of answers ({type(answers).__name__})"
+    seen: set[int] = set()
+    for entry in answers:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            return f"a 'fanout' answer {entry!r:.80} is not [rank, ok, error]"
+        rank, ok, error = entry
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank not in carried:
+            return f"a 'fanout' answer for rank {rank!r:.40}, not one of {list(carried)}"
+        if rank in seen or not isinstance(ok, bool) or not (error is None
+                                                            or isinstance(error, str)):
+            return f"a malformed or repeated 'fanout' answer for rank {rank}"
+        seen.add(rank)
+    return None
 
 
 @attrs.define

@@ -15,7 +15,7 @@ import pytest
 import meshkit.plugins
 from meshkit.train import LocalPool, Reply, StrategyContext, Work, client_seed, decode, encode
 from meshkit import ProtocolError
-from meshkit.train import answer_relay_request, fold_round, parse_relay_request
+from meshkit.train import answer_relay_request, broadcast, fold_round, parse_relay_request
 
 SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
 LAYOUT = {"hostA": [1, 2], "hostB": [3, 4]}
@@ -283,3 +283,16 @@ def test_a_relay_whose_answer_does_not_fit_loses_its_ranks_and_the_round_complet
     assert sorted(folded.served) == list(range(8)) and set(folded.served.values()) == {3, 4}
     for key, value in flat_result(state).result.items():
         np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("answers", [
+    "all fine", [[1, True]], [[1, True, None], [5, True, None]], [[1, True, None]] * 2,
+    [[1, "yes", None], [2, True, None]],
+], ids=["not-a-list", "short", "foreign-rank", "repeated", "ok-not-bool"])
+def test_a_relay_whose_fanout_answer_does_not_fit_loses_its_ranks_only(answers):
+    pool = RelayedPool(corrupt={"hostA": lambda a: a.update(answers=answers)})
+    state = synthetic().init_state(0)
+    replies = broadcast(pool, [1, 2, 3, 4], {"op": "set_state", "state": state}, 30.0)
+    assert [r.ok for r in replies] == [False, False, True, True]
+    assert sorted(pool.dead) == [1, 2]
+    assert all("protocol error: host relay 'hostA'" in why for why in pool.dead.values())
