@@ -77,6 +77,9 @@ _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
 #: How long a restarted rank's admission waits for its dead predecessor's
 #: link to be dropped (seconds).
 _STALE_LINK_WAIT = 2.0
+#: Seconds at most (and at most the stall timeout) a closing coordinator keeps
+#: a host relay's connection open for the relay's own goodbye.
+_RELAY_GOODBYE_WAIT = 5.0
 
 #: The handshake's ``role`` field carries the dialer's topology, so the
 #: accepting side can refuse a mismatch before anything else happens.
@@ -369,6 +372,7 @@ class TcpGroup(Group):
             channels = list({id(c): c for c in self._channels.values()}.values())
             channels += [link.channel for link in self._relays.values()
                          if all(link.channel is not c for c in channels)]
+            relays = list(self._relays.values())
             self._channels.clear()
             self._via.clear()
             pending = list(self._handshaking)
@@ -389,6 +393,13 @@ class TcpGroup(Group):
             thread.start()
         for thread in byes:
             thread.join(0.5)
+        # A relay delivers what came before the goodbye to its ranks, then says
+        # its own: its connection stays open until then (bounded), so a frame
+        # it sends up meanwhile does not find it closed and pass for a lost
+        # coordinator.
+        deadline = time.monotonic() + min(self.timeout, _RELAY_GOODBYE_WAIT)
+        for link in relays:
+            link.read_to_end.wait(max(0.0, deadline - time.monotonic()))
         for channel in channels:
             channel.close()
         current = threading.current_thread()
@@ -665,6 +676,12 @@ class TcpGroup(Group):
 
     def _relay_reader(self, link: _RelayLink) -> None:
         """Read a relay's connection: its ranks' frames, and who joined or died behind it."""
+        try:
+            self._read_relay(link)
+        finally:
+            link.read_to_end.set()
+
+    def _read_relay(self, link: _RelayLink) -> None:
         events = self._events
         while True:
             try:
@@ -870,6 +887,8 @@ class _RelayLink:
     reported: set[int] = attrs.Factory(set)
     #: Body bytes received on this connection (``group.relay_bytes_in``).
     bytes_in: int = 0
+    #: Set when its reader ended (the relay said goodbye, or its connection went).
+    read_to_end: threading.Event = attrs.Factory(threading.Event)
 
 
 class _LinkPlacer:
