@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from meshkit import safetensors
@@ -37,14 +39,25 @@ def export_command(run: str, fmt: str, output: str) -> None:
 
     RUN is a run directory (its last checkpoint) or a checkpoint file.
     """
+    try:
+        path = _write(run, fmt, output)
+    except OSError as exc:  # the checkpoint is read as ConfigError; this is the output
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise ConfigError(
+            f"meshkit export: cannot write {output!r} ({where}{exc.strerror or exc}); -o must "
+            f"name a file in a directory that exists or can be created") from None
     if fmt == "safetensors":
-        path = safetensors.export(run, output)
         click.echo(f"wrote {path} (safetensors; read it with safetensors.numpy.load_file or "
                    f"safetensors.torch.load_file)")
-        return
+    else:
+        click.echo(f"wrote {path} ({fmt} state_dict; read it with torch.load(FILE, "
+                   f"weights_only=True))")
+
+
+def _write(run: str, fmt: str, output: str) -> Any:
+    if fmt == "safetensors":
+        return safetensors.export(run, output)
     if meshkit_torch is None:
         raise ConfigError(f"meshkit export --format torch needs PyTorch: {_WHY}; "
                           f"--format safetensors needs only numpy")
-    path = meshkit_torch.export(run, output)
-    click.echo(f"wrote {path} ({fmt} state_dict; read it with torch.load(FILE, "
-               f"weights_only=True))")
+    return meshkit_torch.export(run, output)
