@@ -6,7 +6,8 @@ one (and the directory fsync'ed), so a crash at any instant leaves either
 the previous round's checkpoint or this one — never a torn file.
 
 Layout: every array leaf of the global state is ``state/<key>``, every
-array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``;
+array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``, each
+client's own values of the local keys (FedBN) ``clients/<client>/<key>``;
 ``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
 state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
 run's identity (task, strategy, seed) that ``--resume`` checks.
@@ -49,6 +50,8 @@ class Checkpoint:
     #: The round's ``metrics.jsonl`` line (JSON), so a crash between writing
     #: the checkpoint and that line does not leave a gap after ``--resume``.
     report: Mapping[str, Any] = attrs.Factory(dict)
+    #: Each client's values of the ``[strategy] local_keys`` (FedBN), ``"<client>/<key>"``.
+    clients: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -94,6 +97,8 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
         "report": _to_json(dict(checkpoint.report), "report", arrays),
     }
+    if checkpoint.clients:
+        meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
     for name, array in arrays.items():
         if array.dtype.hasobject:
             raise ConfigError(f"checkpoint: {name} is an object array, which only pickle "
@@ -194,15 +199,16 @@ def _read(file: Path) -> Checkpoint:
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
+        clients=_from_json(meta.get("clients") or {}, arrays),
     )
 
 
 #: What to do about a checkpoint that cannot be trusted.
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
-#: The header fields that hold JSON objects; "report" and "dtypes" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes")
-_OPTIONAL = ("report", "dtypes")
+#: The header fields that hold JSON objects; "report", "dtypes" and "clients" may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients")
+_OPTIONAL = ("report", "dtypes", "clients")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -126,6 +126,7 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
     if ckpt.rng_state:
         _restore_rng(file, parts["rng"], ckpt.rng_state)
     truncate_metrics(out, ckpt.round, ckpt.report)
+    parts["client_local"] = dict(ckpt.clients)
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)
