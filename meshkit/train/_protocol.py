@@ -7,20 +7,6 @@ model state travels as ``"state/<key>"`` entries (:func:`encode`,
 late answer from a worker that was already given up on can never be taken
 for a fresh one.
 
-op              request fields                          reply fields
-==============  ======================================  =============================
-``set_state``   state                                   (ack); discards kept results
-``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept
-                local?
-``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
-``step``        shard, shards, seed, batch_size, ranks  examples, metrics (all-reduce + apply)
-``take``        key                                     state (the kept result, dropped)
-``apply``       gradients                               (ack)
-``get_state``   —                                       state
-``stage``       nodes, x, state (the stage's keys)      x
-``stop``        —                                       (none: the worker returns)
-==============  ======================================  =============================
-=======
 The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 ``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and
 ``stop``; every field of every request and reply, its type and its bounds,

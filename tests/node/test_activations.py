@@ -1,4 +1,4 @@
-"""The activation relay of one stage: failures unwind the pipeline, control lands exactly.
+"""The activation loop of one stage: failures unwind the pipeline, control lands exactly.
 
 A stage that fails, a malformed frame, a stage before or after that dies:
 each is reported, the job drains to its ``end``, and every node that is
