@@ -6,7 +6,8 @@ one (and the directory fsync'ed), so a crash at any instant leaves either
 the previous round's checkpoint or this one — never a torn file.
 
 Layout: every array leaf of the global state is ``state/<key>``, every
-array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``;
+array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``
+(of a stateful aggregator's, ``aggregator/<path>``);
 ``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
 state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
 run's identity (task, strategy, seed) that ``--resume`` checks.
@@ -49,6 +50,9 @@ class Checkpoint:
     #: The round's ``metrics.jsonl`` line (JSON), so a crash between writing
     #: the checkpoint and that line does not leave a gap after ``--resume``.
     report: Mapping[str, Any] = attrs.Factory(dict)
+    #: What a stateful aggregator carries across rounds (its ``state_dict()``,
+    #: e.g. centered clipping's centre); {} for a stateless one.
+    aggregator_state: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -93,6 +97,7 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "rng": _to_json(dict(checkpoint.rng_state), "rng", arrays),
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
         "report": _to_json(dict(checkpoint.report), "report", arrays),
+        "aggregator": _to_json(dict(checkpoint.aggregator_state), "aggregator", arrays),
     }
     for name, array in arrays.items():
         if array.dtype.hasobject:
@@ -194,6 +199,7 @@ def _read(file: Path) -> Checkpoint:
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
+        aggregator_state=_from_json(meta.get("aggregator") or {}, arrays),
     )
 
 
@@ -201,8 +207,8 @@ def _read(file: Path) -> Checkpoint:
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
 #: The header fields that hold JSON objects; "report" and "dtypes" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes")
-_OPTIONAL = ("report", "dtypes")
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "aggregator")
+_OPTIONAL = ("report", "dtypes", "aggregator")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -180,7 +180,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
-    fold = ctx.aggregation_begin() if fold is None else fold
+    # The round's global state is the reference a rule on updates measures from.
+    fold = ctx.aggregation_begin(reference=state) if fold is None else fold
     pinned = {w.key: w.rank for w in work if w.rank is not None}
     # A round deadline is kept per client by _Round; relays fold their ranks
     # themselves, so a round with a deadline folds flat (relays forward). So

@@ -59,6 +59,7 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
+from meshkit.aggregation import aggregator_state
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
 from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLostError,
@@ -524,7 +525,8 @@ class Runner:
             line = report.to_json()
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
-                rng_state=rng.bit_generator.state, identity=run_identity, report=line))
+                rng_state=rng.bit_generator.state, identity=run_identity, report=line,
+                aggregator_state=aggregator_state(parts["aggregator"])))
             append_metrics(out, line)
             completed[0] = report.round
             self._round_started = time.monotonic()

@@ -275,9 +275,13 @@ class StrategyContext:
     def round_completed(self, report: RoundReport, state: Mapping[str, Any]) -> None:
         self.on_round(report, state)
 
-    def aggregation_begin(self) -> Any:
-        """A fold of the selected aggregator (streaming when it offers one)."""
-        return begin(self.aggregator)
+    def aggregation_begin(self, reference: Mapping[str, Any] | None = None) -> Any:
+        """A fold of the selected aggregator (streaming when it offers one).
+
+        ``reference`` is the round's global state, given to an aggregator
+        that works on updates (``uses_reference``; docs/aggregators.md).
+        """
+        return begin(self.aggregator, reference=reference)
 
 
 def weighted_mean(pairs: Iterable[tuple[float, float]]) -> float | None:
