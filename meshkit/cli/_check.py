@@ -104,6 +104,8 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "model": parts["model"].to_json(),
         "components": components,
         "aggregation": _aggregation_memory(plan, parts),
+        "attack": (None if parts.get("attack") is None else
+                   {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
     }
@@ -137,6 +139,11 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
         click.echo(_ranks(plan, parts))
         click.echo(f"model: {parts['model'].describe()}")
         click.echo(_memory_line(plan, parts))
+        attack = parts.get("attack")
+        if attack is not None:
+            click.echo(f"attackers: clients {list(attack.clients)} run {attack.name} (the "
+                       f"coordinator holds each round's contributions to poison them; every "
+                       f"attacked contribution is listed in metrics.jsonl's attacked)")
         for line in _client_lines(plan, parts):
             click.echo(line)
         if parts["rounds"] == 0:

@@ -545,7 +545,7 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
-            partitioner=parts["partitioner"])
+            partitioner=parts["partitioner"], attack=parts.get("attack"))
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

@@ -76,6 +76,9 @@ class RoundReport:
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     late: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
+    #: The clients whose contribution this round was attacked (``[attack]`` or a node
+    #: run with ``--attack``): never hidden.
+    attacked: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -100,6 +103,7 @@ class RoundReport:
                                for c, m in self.client_metrics.items()},
             "late": list(self.late),
             "joined": list(self.joined),
+            "attacked": list(self.attacked),
         }
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
@@ -176,6 +180,9 @@ class StrategyContext:
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Any = None
     admit: Callable[[], Sequence[int]] = lambda: ()
+    #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);
+    #: None: every client honest.
+    attack: Any = None
 
     @property
     def live(self) -> list[int]:
