@@ -7,7 +7,8 @@ Byzantine, ``theta = n - 2f`` contributions are selected one at a time by
 Krum, each time over the ones not selected yet (Krum scores over
 ``max(1, len - f - 2)`` nearest others); then, coordinate by coordinate,
 the ``beta = theta - 2f`` selected values closest to the selected values'
-median are averaged. Refuses ``n < 4f + 3`` (the paper's assumption, and
+median are averaged (ties in either step broken by content, as ``krum``
+says, so arrival order never matters). Refuses ``n < 4f + 3`` (the paper's assumption, and
 Flower's refusal). Each contributor counts once (as Flower). ``f``
 defaults to 0 (Flower's ``num_malicious_clients``), where Bulyan is the
 plain mean.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshkit_aggregators._flat import require
-from meshkit_aggregators.krum import check_f, krum_scores
+from meshkit_aggregators.krum import by_score, check_f, krum_scores
 from meshkit_aggregators.robust import RobustRule
 
 __all__ = ["Bulyan"]
@@ -39,10 +40,11 @@ class Bulyan(RobustRule):
         selected = []
         for _ in range(n - 2 * f):
             scores = krum_scores(x[remaining], f)
-            selected.append(remaining.pop(int(np.argmin(scores))))
+            selected.append(remaining.pop(int(by_score(x[remaining], scores)[0])))
         chosen = x[selected]
         median = np.median(chosen, axis=0)
         beta = len(selected) - 2 * f
-        order = np.argsort(np.abs(chosen - median), axis=0, kind="stable")[:beta]
-        result: np.ndarray = np.take_along_axis(chosen, order, axis=0).mean(axis=0)
+        # Per coordinate: by distance to the median, equal distances by value.
+        nearest = np.lexsort((chosen, np.abs(chosen - median)), axis=0)[:beta]
+        result: np.ndarray = np.take_along_axis(chosen, nearest, axis=0).mean(axis=0)
         return result

@@ -5,7 +5,11 @@ Convention (the paper's, and Flower's ``aggregate_krum``): with ``n``
 contributors of which at most ``f`` are Byzantine, each contributor's score
 is the sum of the *squared* Euclidean distances to its ``n - f - 2``
 nearest other contributors; Krum returns the contribution with the lowest
-score (ties: the first in fold order, i.e. the lowest client id). The
+score. Ties (two mutual nearest neighbours have equal scores when one
+neighbour is counted) are broken by content -- the lexicographically
+smaller contribution -- never by arrival position, so the result does not
+depend on the order contributions arrive in (Flower breaks them by
+position; on tie-free rounds the two agree). The
 paper's guarantee needs ``n >= 2f + 3``: fewer is an AggregationError
 saying how many. ``f`` defaults to 0, as Flower's ``num_malicious_clients``.
 Selection ignores weights (as Flower). Distances between contributions
@@ -19,7 +23,7 @@ import numpy as np
 from meshkit_aggregators._flat import require
 from meshkit_aggregators.robust import RobustRule
 
-__all__ = ["Krum", "krum_scores", "squared_distances"]
+__all__ = ["Krum", "krum_scores", "squared_distances", "by_score"]
 
 
 def squared_distances(x: np.ndarray) -> np.ndarray:
@@ -40,6 +44,15 @@ def krum_scores(x: np.ndarray, f: int) -> np.ndarray:
     return np.sort(d, axis=1)[:, :neighbours].sum(axis=1)
 
 
+def by_score(x: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Row indices by ascending score; equal scores by the rows' content (lexicographic)."""
+    content = np.lexsort(x.T[::-1])  # rows in lexicographic order of their coordinates
+    rank = np.empty(len(x), dtype=np.int64)
+    rank[content] = np.arange(len(x))
+    order: np.ndarray = np.lexsort((rank, scores))
+    return order
+
+
 def check_f(f: int) -> int:
     if isinstance(f, bool) or not isinstance(f, int) or f < 0:
         raise ValueError(f"f (the Byzantine contributors tolerated) must be an integer >= 0, "
@@ -57,5 +70,5 @@ class Krum(RobustRule):
 
     def combine(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         require(self.name, len(x), 2 * self.f + 3, f"n >= 2f + 3 with f = {self.f}")
-        result: np.ndarray = x[int(np.argmin(krum_scores(x, self.f)))]
+        result: np.ndarray = x[int(by_score(x, krum_scores(x, self.f))[0])]
         return result

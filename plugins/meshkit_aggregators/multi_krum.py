@@ -16,7 +16,7 @@ import numpy as np
 from meshkit import AggregationError
 
 from meshkit_aggregators._flat import require
-from meshkit_aggregators.krum import check_f, krum_scores
+from meshkit_aggregators.krum import by_score, check_f, krum_scores
 from meshkit_aggregators.robust import RobustRule
 
 __all__ = ["MultiKrum"]
@@ -41,7 +41,7 @@ class MultiKrum(RobustRule):
         if m > n:
             raise AggregationError(f"{self.name}: m = {m} contributions to average, but only "
                                    f"{n} this round; lower m (0: n - f)")
-        best = np.argsort(krum_scores(x, self.f), kind="stable")[:m]
+        best = by_score(x, krum_scores(x, self.f))[:m]
         weights = w[best]
         if not weights.sum() > 0:
             raise AggregationError(f"{self.name}: the {m} contributions Krum kept did no work "
