@@ -131,7 +131,8 @@ def from_update(state: State, update: Mapping[str, Any], reference: State | None
                                    f"{value.shape}, the contribution {np.shape(state[key])}")
         if reference is not None:
             value = value + np.asarray(reference[key], dtype=np.float64)
-        result[key] = value.astype(state[key].dtype)
+        with np.errstate(over="ignore"):  # an overflow is refused by tamper_contribution
+            result[key] = value.astype(state[key].dtype)
     return result
 
 

@@ -120,6 +120,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
+    if attack_options and not attack_name:
+        raise ConfigError("--attack-option needs --attack NAME (the attack to run)")
+    if attack_name and board_name:
+        raise ConfigError("--attack is for a worker that trains; a --board rank runs only its "
+                          "board's stage")
+    attack = node_attack(attack_name, attack_options) if attack_name else None
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
     for pair in task_options:
@@ -128,12 +134,6 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     if (task_options or pull_data) and board_name:
         raise ConfigError("--task-option/--pull-data are for a worker that trains; a --board "
                           "rank runs only its board's stage")
-    if attack_options and not attack_name:
-        raise ConfigError("--attack-option needs --attack NAME (the attack to run)")
-    if attack_name and board_name:
-        raise ConfigError("--attack is for a worker that trains; a --board rank runs only its "
-                          "board's stage")
-    attack = node_attack(attack_name, attack_options) if attack_name else None
     if board_options and not board_name:
         raise ConfigError("--board-option needs --board NAME (the board component to drive)")
     if disc_port is not None or data_port is not None or via is not None:
