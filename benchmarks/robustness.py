@@ -62,8 +62,8 @@ RULES: dict[str, dict[str, Any]] = {
     "multi-krum": {"f": ATTACKERS},
     "bulyan": {"f": ATTACKERS},
     "geometric-median": {},
-    "centered-clipping": {"tau": 1.0, "iterations": 3},
-    "norm-bound": {"max_norm": 1.0},
+    "centered-clipping": {"tau": 0.3, "iterations": 3},
+    "norm-bound": {"max_norm": 0.3},
 }
 
 #: The attacks, with the options the matrix uses (docs/robustness.md says why).
