@@ -394,10 +394,11 @@ class _Round:
             self.ready.add(rank)
         elif kind == "work":
             self.held.setdefault(rank, set()).add(key)
-            self.replies[key] = {"examples": payload.get("examples", 0),
-                                 "metrics": dict(payload.get("metrics") or {})}
+            small: dict[str, Any] = {"examples": payload.get("examples", 0),
+                                     "metrics": dict(payload.get("metrics") or {})}
             if payload.get("attacked"):  # a node run with --attack says so
-                self.replies[key]["attacked"] = str(payload["attacked"])
+                small["attacked"] = str(payload["attacked"])
+            self.replies[key] = small
         else:  # take
             self.taken[key] = (rank, payload["state"])
             self._advance()
