@@ -49,11 +49,12 @@ def identity(plan: Any) -> dict[str, Any]:
     cfg = plan.config
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
-            "partitioner": cfg.partitioner_name}
+            "partitioner": cfg.partitioner_name,
+            "attack": None if cfg.attack is None else cfg.attack.selection.name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
-_BEFORE = {"partitioner": DEFAULT_PARTITIONER}
+_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,

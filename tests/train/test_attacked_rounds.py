@@ -142,3 +142,14 @@ def test_data_parallel_has_no_clients_to_attack(tmp_path):
                            "attack": {"name": "scale", "clients": [0]}}, path="job.toml")
     with pytest.raises(ConfigError, match="has no clients to make Byzantine"):
         build_components(resolve(config))
+
+
+def test_the_attack_is_part_of_the_runs_identity(tmp_path):
+    """--resume refuses a checkpoint made under another [attack] (or none)."""
+    from meshkit.config import resolve
+    from meshkit.train._resume import identity
+    base = {"run": {"out": str(tmp_path / "out")}}
+    attacked = resolve(parse_config({**base, "attack": {"name": "alie", "fraction": 0.2}},
+                                    path="job.toml"))
+    honest = resolve(parse_config(base, path="job.toml"))
+    assert identity(attacked)["attack"] == "alie" and identity(honest)["attack"] is None
