@@ -129,8 +129,9 @@ def heatmap(matrix: dict[tuple[str, str], float], rules: list[str], columns: lis
     import matplotlib.pyplot as plt
 
     values = np.array([[matrix[r, c] for c in columns] for r in rules])
-    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 2.5, 0.55 * len(rules) + 1.6))
-    image = ax.imshow(np.nan_to_num(values, nan=0.0), cmap="RdYlGn", vmin=0.0, vmax=1.0)
+    fig, ax = plt.subplots(figsize=(0.9 * len(columns) + 2.5, 0.45 * len(rules) + 1.8))
+    image = ax.imshow(np.nan_to_num(values, nan=0.0), cmap="RdYlGn", vmin=0.0, vmax=1.0,
+                      aspect="auto")
     labels = {"ipm": "ipm (eps 100)", "ipm-small": "ipm (eps 0.1)",
               "sign-flip": "sign-flip (x10)"}
     ax.set_xticks(range(len(columns)), [labels.get(c, c) for c in columns],
