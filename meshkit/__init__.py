@@ -59,7 +59,7 @@ _LAZY = {
 _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
-    "wire",
+    "wire", "attack",
 })
 
 __all__ = [
