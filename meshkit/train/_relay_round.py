@@ -135,6 +135,9 @@ def fold_through_relays(ctx: StrategyContext, groups: dict[str, list[int]],
                 served[int(key)] = int(rank)
             for key, examples, metrics in answer.get("replies", []):
                 replies[int(key)] = {"examples": int(examples), "metrics": dict(metrics)}
+            for key in answer.get("attacked", []):  # a rank run with --attack, behind it
+                if int(key) in replies:
+                    replies[int(key)]["attacked"] = f"reported by host relay {name!r}"
             lost = [int(k) for k, _ in answer.get("not_served", [])]
             for key, why in answer.get("not_served", []):
                 not_served[int(key)] = f"host relay {name!r}: {why}"

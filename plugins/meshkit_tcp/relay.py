@@ -709,7 +709,9 @@ class HostRelay:
             "served": [[k, r] for k, r in folded.served.items()],
             "not_served": [[k, why] for k, why in folded.not_served.items()],
             "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
-                        for k, r in folded.replies.items()]}
+                        for k, r in folded.replies.items()],
+            # Keys a rank run with `meshkit node --attack` served: never hidden upstream.
+            "attacked": list(folded.attacked)}
         if folded.result is not None:
             reply["state"] = folded.result
         return reply

@@ -190,3 +190,14 @@ def test_data_parallel_through_relays_reaches_the_flat_replicas_model():
     assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
     for key, value in flat.items():
         np.testing.assert_allclose(relayed[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_node_attack_behind_a_relay_is_still_recorded():
+    pool = RelayedPool()
+    attacker = pool._relays["hostB"]._pool.trainers[4]
+    attacker.attack = meshkit.plugins.create("attack", "sign-flip", {"factor": 2.0})
+    attacker.attack_name = "sign-flip"
+    folded = fold_round(context(pool), fits(8), state=synthetic().init_state(0))
+    assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"], "it went through the relays"
+    by_attacker = tuple(sorted(k for k, r in folded.served.items() if r == 4))
+    assert by_attacker and folded.attacked == by_attacker
