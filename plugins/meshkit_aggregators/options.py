@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
 
+from meshkit.options import count_at_least, finite_positive
+
 __all__ = ["TrimmedMeanOptions", "KrumOptions", "MultiKrumOptions", "BulyanOptions",
            "GeometricMedianOptions", "CenteredClippingOptions", "NormBoundOptions"]
 
-
-def _count(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
-def _at_least_one(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
-
-
-def _positive(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            value > 0 and math.isfinite(value)):
-        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value!r}")
+#: ``f`` and ``m``: integers >= 0; iteration counts: >= 1.
+_count = count_at_least(0)
+_at_least_one = count_at_least(1)
 
 
 def _beta(instance: Any, attribute: Any, value: Any) -> None:
@@ -66,16 +55,16 @@ class BulyanOptions:
 class GeometricMedianOptions:
     """``geometric-median``: Weiszfeld tolerance, iteration cap, smoothing."""
 
-    eps: float = attrs.field(default=1e-6, validator=_positive)
+    eps: float = attrs.field(default=1e-6, validator=finite_positive)
     max_iter: int = attrs.field(default=100, validator=_at_least_one)
-    nu: float = attrs.field(default=1e-6, validator=_positive)
+    nu: float = attrs.field(default=1e-6, validator=finite_positive)
 
 
 @attrs.frozen
 class CenteredClippingOptions:
     """``centered-clipping``: clipping radius ``tau`` and clipping steps per round."""
 
-    tau: float = attrs.field(default=1.0, validator=_positive)
+    tau: float = attrs.field(default=1.0, validator=finite_positive)
     iterations: int = attrs.field(default=1, validator=_at_least_one)
 
 
@@ -83,4 +72,4 @@ class CenteredClippingOptions:
 class NormBoundOptions:
     """``norm-bound``: every update clipped to L2 norm ``max_norm`` (required)."""
 
-    max_norm: float = attrs.field(validator=_positive)
+    max_norm: float = attrs.field(validator=finite_positive)
