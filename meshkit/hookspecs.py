@@ -103,6 +103,21 @@ def meshkit_partitioners() -> Iterable[Component]:
 
 
 @_hookspec
+def meshkit_observers() -> Iterable[Component]:
+    """Offer observers: trackers (TensorBoard, MLflow, ...) a config selects by name.
+
+    Called once per plugin manager, the first time an observer is listed or
+    selected (``[[observers]] name``). Return :class:`meshkit.Component`
+    records whose ``factory(options)`` builds an object implementing any of
+    the event hooks below with :data:`meshkit.hookimpl`; the coordinator
+    calls those for the run that selected it, one observer at a time, and
+    one that raises is logged with its name while the run goes on. The
+    factory must not open files or connections: that belongs in
+    ``meshkit_run_started``.
+    """
+
+
+@_hookspec
 def meshkit_attacks() -> Iterable[Component]:
     """Offer attacks: how a chosen client poisons its contribution, to test a defence.
 

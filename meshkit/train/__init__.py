@@ -48,6 +48,7 @@ from meshkit.train._engine import (
     train_loss,
 )
 from meshkit.train._attacks import AttackedFold, AttackPlan
+from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import node_attack, serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -127,4 +128,7 @@ __all__ = [
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",
+    # the message boundary (meshkit/train/_messages.py)
+    "check_contribution",
+    "signature",
 ]

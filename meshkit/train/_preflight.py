@@ -17,7 +17,7 @@ rejects would only move the failure to a worse moment. In order:
    (:func:`initial_model`), so a model that cannot fit in memory is a
    :class:`ConfigError` here rather than a ``MemoryError`` after workers
    were spawned;
-5. the aggregator and the outer optimizer;
+5. the aggregator and the outer optimizer, and the ``[[observers]]``;
 6. the ``[attack]``, when there is one: only a run with clients can have
    attackers, and the ones ``clients`` names must exist
    (:func:`attack_plan`).
@@ -41,6 +41,7 @@ from meshkit.errors import ConfigError, MeshError
 from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
+from meshkit.train._observers import build_observers
 from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
@@ -327,6 +328,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
         "attack": attack_plan(plan, strategy, partitioner),
         "outer": plan.create("outer_optimizer"),
+        #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
+        "observers": build_observers(plan),
         "rng": np.random.default_rng(cfg.run.seed),
         "rounds": None if rounds is None else int(rounds),
         # The model the checks built: resume compares shapes with it and an
