@@ -137,7 +137,8 @@ def fold_through_relays(ctx: StrategyContext, groups: dict[str, list[int]],
                 replies[int(key)] = {"examples": int(examples), "metrics": dict(metrics)}
             for key in answer.get("attacked", []):  # a rank run with --attack, behind it
                 if int(key) in replies:
-                    replies[int(key)]["attacked"] = f"reported by host relay {name!r}"
+                    replies[int(key)] = {**replies[int(key)],
+                                         "attacked": f"reported by host relay {name!r}"}
             lost = [int(k) for k, _ in answer.get("not_served", [])]
             for key, why in answer.get("not_served", []):
                 not_served[int(key)] = f"host relay {name!r}: {why}"
