@@ -108,6 +108,11 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
                    {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
+        "observers": [
+            {"name": component.name,
+             "plugin": component.provenance.plugin if component.provenance else None,
+             "options": attrs.asdict(opts) if opts is not None and attrs.has(type(opts)) else {}}
+            for component, opts in plan.observers],
     }
 
 

@@ -1,8 +1,9 @@
 """meshkit.flower: a Flower client, unchanged, as a meshkit task (extra ``flower``).
 
 ``meshkit.flower.task(client_fn)`` turns a Flower client factory —
-``client_fn(context)`` returning a ``NumPyClient`` (or a ``Client``) — into a
-:class:`meshkit.Component` a config selects by ``"module:attribute"``; the
+``client_fn(context)`` returning a ``NumPyClient`` (or a ``Client``), or a
+``ClientApp`` built from one — into a :class:`meshkit.Component` a config
+selects by ``"module:attribute"``; the
 registered task ``flower`` does the same from ``[task] app =
 "module:attribute"``, so a Flower user's client runs under ``meshkit run``
 with only a config file. docs/coming-from-flower.md maps Flower's concepts
@@ -21,11 +22,11 @@ from typing import Any
 
 from meshkit.flower._options import AppOptions, FlowerOptions
 
-__all__ = ["AppOptions", "FlowerOptions", "FlowerTask", "app_task", "load_client_fn", "task",
-           "to_parameters", "to_state"]
+__all__ = ["AppClient", "AppClientFn", "AppOptions", "FlowerOptions", "FlowerTask", "app_task",
+           "load_client_fn", "task", "to_parameters", "to_state"]
 
-_NEEDS_FLOWER = frozenset({"FlowerTask", "app_task", "load_client_fn", "task", "to_parameters",
-                           "to_state"})
+_NEEDS_FLOWER = frozenset({"AppClient", "AppClientFn", "FlowerTask", "app_task",
+                           "load_client_fn", "task", "to_parameters", "to_state"})
 
 
 def __getattr__(name: str) -> Any:

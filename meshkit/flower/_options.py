@@ -36,6 +36,7 @@ class FlowerOptions:
 class AppOptions(FlowerOptions):
     """``[task]`` of the registered task ``flower``: the client factory is named here."""
 
-    #: ``"module:attribute"`` of the Flower ``client_fn`` (importable from the
-    #: current directory, as ``[run] task`` references are).
+    #: ``"module:attribute"`` of the Flower ``client_fn``, or of a ``ClientApp``
+    #: built from one (importable from the current directory, as ``[run] task``
+    #: references are).
     app: str

@@ -26,6 +26,10 @@ state key ``p000, p001...``  the parameter list, in order (dtypes and shapes
                              ``weighted_average`` metrics aggregation give
 ===========================  ==================================================
 
+A ``ClientApp`` built from a ``client_fn`` is run through the app itself
+(:class:`AppClientFn`): the same calls, as Flower's legacy messages. One
+with mods, or a Message-API app, is refused saying why.
+
 The client loads its own data from ``partition-id``, as in Flower, so the
 training set meshkit shards is one row per partition holding its id
 (:meth:`FlowerTask.train_data`): with ``[strategy] clients = num_partitions``
@@ -37,25 +41,31 @@ serves it.
 
 from __future__ import annotations
 
-import importlib
+import itertools
 import logging
 import random
 import sys
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from flwr.app import Context, RecordDict
-from flwr.client import Client, NumPyClient
-from flwr.common import (Code, EvaluateIns, FitIns, GetParametersIns, ndarrays_to_parameters,
-                         parameters_to_ndarrays)
+from flwr.app import DEFAULT_TTL, Context, Message, Metadata, RecordDict
+from flwr.client import Client, ClientApp, NumPyClient
+from flwr.common import (Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetParametersIns,
+                         GetParametersRes, ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.compat.common.recorddict_compat import (evaluateins_to_recorddict, fitins_to_recorddict,
+                                                  getparametersins_to_recorddict,
+                                                  recorddict_to_evaluateres,
+                                                  recorddict_to_fitres,
+                                                  recorddict_to_getparametersres)
 
 from meshkit.components import Component
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.task import FitResult, import_reference
 from meshkit.flower._options import AppOptions, FlowerOptions
 
-__all__ = ["FlowerTask", "task", "app_task", "load_client_fn", "to_state", "to_parameters",
-           "PARAMETER_PREFIX"]
+__all__ = ["AppClient", "AppClientFn", "FlowerTask", "task", "app_task", "load_client_fn",
+           "to_state", "to_parameters", "PARAMETER_PREFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +195,13 @@ class FlowerTask:
         return int(ids[0])
 
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
-            seed: int) -> FitResult:
+            seed: int, time_budget: float | None = None) -> FitResult:
+        if time_budget is not None:
+            raise RefusedError(
+                "[strategy] time_budget asks a fit to stop when its budget runs out and report "
+                "the examples it processed; a Flower client's fit runs to its own end and "
+                "reports its own num_examples. Remove time_budget (round_timeout still drops "
+                "a straggler's answer for the round)")
         partition = self._partition(x)
         _seed(seed)
         res = self.client(partition).fit(FitIns(
@@ -230,16 +246,19 @@ class FlowerTask:
         return {key: value / total for key, value in sums.items()}
 
 
-def task(client_fn: Callable[[Context], Any]) -> Component:
+def task(client_fn: Callable[[Context], Any] | ClientApp) -> Component:
     """A meshkit task (a :class:`meshkit.Component`) from a Flower ``client_fn``.
+
+    A ``ClientApp`` built from a ``client_fn`` (and no mods) is accepted too:
+    each call then goes through the app (:class:`AppClientFn`).
 
     Select it as ``[run] task = "module:attribute"`` naming the result; its
     ``[task]`` keys are :class:`FlowerOptions`.
     """
     label = getattr(client_fn, "__qualname__", None) or type(client_fn).__name__
-    client_fn = _check_client_fn(client_fn, f"meshkit.flower.task({label})")
-    name = f"flower:{getattr(client_fn, '__module__', '?')}.{getattr(client_fn, '__qualname__', '?')}"
-    return Component(name, lambda options: FlowerTask(client_fn, options), FlowerOptions,
+    checked = _check_client_fn(client_fn, f"meshkit.flower.task({label})")
+    name = f"flower:{getattr(client_fn, '__module__', type(client_fn).__module__)}.{label}"
+    return Component(name, lambda options: FlowerTask(checked, options), FlowerOptions,
                      summary="a Flower client_fn run as a meshkit task")
 
 
@@ -249,7 +268,8 @@ def app_task(options: AppOptions) -> FlowerTask:
 
 
 def load_client_fn(reference: str) -> Callable[[Context], Any]:
-    """The Flower ``client_fn`` at ``"module:attribute"``, refusing what does not map."""
+    """The Flower ``client_fn`` (or ``ClientApp``) at ``"module:attribute"``, refusing what
+    does not map."""
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"[task] app = {reference!r}: expected \"module:attribute\" naming "
@@ -266,17 +286,82 @@ def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any]:
             what = kind if kind == cls.__name__ else f"{kind} (a {cls.__name__})"
             raise RefusedError(f"{where} is a Flower {what}: {_SERVER_SIDE[cls.__name__]}, "
                                f"which meshkit does not run; {_INSTEAD}")
-    if type(obj).__name__ == "ClientApp" and type(obj).__module__.startswith("flwr"):
-        raise RefusedError(
-            f"{where} is a Flower ClientApp. meshkit runs the client_fn inside it, not the app: "
-            f"a ClientApp's mods wrap messages between Flower's SuperNode and the app, a layer "
-            f"meshkit does not have (clipping, noise and secure aggregation are meshkit "
-            f"components chosen in the config instead), and its Message-API train/evaluate "
-            f"functions need Flower's message runtime. Point at the client_fn the ClientApp "
-            f"was built from (ClientApp(client_fn=client_fn)) instead")
+    if isinstance(obj, ClientApp):
+        # Flower has no public accessor for an app's mods; read the attribute
+        # its constructor sets, and refuse when there are any.
+        if getattr(obj, "_mods", None):
+            raise RefusedError(
+                f"{where} is a ClientApp with mods: mods wrap the messages between Flower's "
+                f"SuperNode and the app (secure aggregation, clipping, local DP), a layer "
+                f"meshkit does not have; clipping, noise and secure aggregation are meshkit "
+                f"components chosen in the config instead. Build the app without mods, or "
+                f"point at its client_fn")
+        return AppClientFn(obj)
     if isinstance(obj, (NumPyClient, Client)):
         raise ConfigError(f"{where} is a Flower {kind} instance; point at the client_fn that "
                           f"builds one (client_fn(context) -> client)")
     if not callable(obj):
         raise ConfigError(f"{where} is a {kind}, not a Flower client_fn")
     return obj
+
+
+class AppClientFn:
+    """A ``ClientApp`` built from a ``client_fn``, as a ``client_fn``: its clients talk messages.
+
+    Each call goes through the app itself (``app(message, context)``, Flower's
+    public way to run a ClientApp) with the legacy message contents Flower's
+    own compatibility layer writes and reads, so the app's ``client_fn`` runs
+    exactly as under a SuperNode.
+    """
+
+    def __init__(self, app: ClientApp) -> None:
+        self.app = app
+
+    def __call__(self, context: Context) -> Client:
+        return AppClient(self.app, context)
+
+
+_MESSAGE_IDS = itertools.count(1)
+
+
+class AppClient(Client):
+    """One ``ClientApp`` call per request, as Flower's ``Client`` (see :class:`AppClientFn`)."""
+
+    def __init__(self, app: ClientApp, context: Context) -> None:
+        self.app, self.context = app, context
+
+    def _send(self, content: RecordDict, message_type: str) -> RecordDict:
+        metadata = Metadata(run_id=0, message_id=str(next(_MESSAGE_IDS)), src_node_id=0,
+                            dst_node_id=self.context.node_id, reply_to_message_id="",
+                            group_id="", created_at=time.time(), ttl=DEFAULT_TTL,
+                            message_type=message_type)
+        try:
+            # Message's typed overloads leave out metadata=, which its constructor
+            # takes for a message that no SuperLink addressed (this one).
+            message = Message(content=content, metadata=metadata)  # type: ignore[call-overload]
+            reply = self.app(message, self.context)
+        except ValueError as exc:
+            if "message type" not in str(exc) and "registered" not in str(exc):
+                raise
+            raise RefusedError(
+                f"this ClientApp has no client_fn to serve {message_type!r} ({exc}): it is a "
+                f"Message-API app (@app.train, @app.evaluate), whose functions take their "
+                f"initial model from the ServerApp and have no client-side get_parameters "
+                f"for meshkit to ask. Wrap the train/evaluate bodies in a NumPyClient and "
+                f"point [task] app at a client_fn returning it") from None
+        if reply.has_error():
+            raise MeshError(f"the ClientApp answered {message_type!r} with an error: "
+                            f"{reply.error.reason}")
+        return reply.content
+
+    def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
+        return recorddict_to_getparametersres(
+            self._send(getparametersins_to_recorddict(ins), "get_parameters"), keep_input=False)
+
+    def fit(self, ins: FitIns) -> FitRes:
+        return recorddict_to_fitres(self._send(fitins_to_recorddict(ins, keep_input=True),
+                                               "train"), keep_input=False)
+
+    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
+        return recorddict_to_evaluateres(
+            self._send(evaluateins_to_recorddict(ins, keep_input=True), "evaluate"))

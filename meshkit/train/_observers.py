@@ -19,14 +19,19 @@ from typing import Any
 from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError
 
-__all__ = ["build_observers"]
+__all__ = ["RUN_EVENTS", "build_observers"]
+
+#: The event hooks a run's ``[[observers]]`` hear. ``meshkit_node_joined`` is
+#: fired by the node layer's capability exchange, below the run, and reaches
+#: installed observer plugins only.
+RUN_EVENTS = ("meshkit_run_started", "meshkit_round_completed", "meshkit_run_finished")
 
 
 def build_observers(plan: Any) -> plugins.PluginSet:
     """The plugin set of ``plan``'s ``[[observers]]``, each built from its validated options.
 
-    A factory that raises, or an object that implements none of the event
-    hooks (it would hear nothing: an option that silently does nothing), is a
+    A factory that raises, or an object that implements none of
+    :data:`RUN_EVENTS` (it would hear nothing: an option that silently does nothing), is a
     :class:`ConfigError` naming the entry; nothing has started yet.
     """
     cfg = plan.config
@@ -47,10 +52,10 @@ def build_observers(plan: Any) -> plugins.PluginSet:
     except MeshError as exc:  # a misspelt hook on an observer object
         raise ConfigError(f"{cfg.path}: [[observers]]: {exc}") from None
     for name in built:
-        heard = [h for h in observers.hooks_of(name) if h in plugins.EVENT_HOOKS]
+        heard = [h for h in observers.hooks_of(name) if h in RUN_EVENTS]
         if not heard:
             raise ConfigError(
                 f"{cfg.path}: [[observers]] name = {name!r}: the observer implements none of "
-                f"the event hooks ({', '.join(plugins.EVENT_HOOKS)}), so it would hear "
+                f"the run's event hooks ({', '.join(RUN_EVENTS)}), so it would hear "
                 f"nothing; its plugin must mark them with @meshkit.hookimpl")
     return observers

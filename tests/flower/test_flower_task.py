@@ -77,6 +77,13 @@ def test_a_client_holding_two_partitions_is_refused_saying_how_to_fix_it():
         flower_task.fit(flower_task.init_state(0), x[:2], y[:2], seed=0)
 
 
+def test_a_time_budget_is_refused_saying_what_still_works():
+    flower_task = _task()
+    x, y = flower_task.train_data()
+    with pytest.raises(RefusedError, match="round_timeout"):
+        flower_task.fit(flower_task.init_state(0), x[:1], y[:1], seed=0, time_budget=1.0)
+
+
 def test_a_client_asked_to_evaluate_every_partition_is_refused():
     flower_task = _task()
     x, y = flower_task.test_data()
@@ -94,16 +101,46 @@ def test_task_wraps_a_client_fn_as_a_component():
 @pytest.mark.parametrize("what, message", [
     ("strategy", "Flower FedAvg.*Strategy runs on Flower's server.*select \\[strategy\\]"),
     ("server_app", "ServerApp is Flower's server side"),
-    ("client_app", "ClientApp.*mods.*Point at the client_fn"),
+    ("mods", "ClientApp with mods.*a layer meshkit does not have"),
 ])
 def test_what_cannot_map_is_refused_with_what_to_use_instead(what, message):
+    from flwr.client import ClientApp
+    from flwr.client.mod import fixedclipping_mod
     from flwr.server import ServerApp
     from flwr.server.strategy import FedAvg
 
     obj = {"strategy": FedAvg(), "server_app": ServerApp(),
-           "client_app": quickstart_numpy.app}[what]
+           "mods": ClientApp(client_fn=quickstart_numpy.client_fn, mods=[fixedclipping_mod])}
     with pytest.raises(RefusedError, match=message):
-        task(obj)
+        task(obj[what])
+
+
+def test_a_client_app_runs_its_client_fn_through_the_app():
+    options = FlowerOptions(num_partitions=4, run_config=RUN_CONFIG)
+    direct = task(quickstart_numpy.client_fn).build(options)
+    through_app = task(quickstart_numpy.app).build(options)
+    state = direct.init_state(0)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        to_parameters(state), to_parameters(through_app.init_state(0))))
+    x, y = direct.train_data()
+    ours, theirs = (t.fit(state, x[1:2], y[1:2], seed=5) for t in (direct, through_app))
+    assert ours.examples == theirs.examples
+    assert all(np.array_equal(a, b) for a, b in zip(to_parameters(ours.state),
+                                                     to_parameters(theirs.state)))
+    assert direct.evaluate(ours.state) == through_app.evaluate(theirs.state)
+
+
+def test_a_message_api_client_app_is_refused_saying_why():
+    from flwr.client import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):  # pragma: no cover - never called: refused first
+        return msg
+
+    with pytest.raises(RefusedError, match="Message-API app.*initial model from the ServerApp"):
+        task(app).build(FlowerOptions(num_partitions=2)).init_state(0)
 
 
 def test_the_registered_task_names_its_client_fn_in_the_config():
@@ -112,11 +149,13 @@ def test_the_registered_task_names_its_client_fn_in_the_config():
     built = app_task(AppOptions(app="examples.flower.quickstart_numpy:client_fn",
                                 num_partitions=3, run_config=RUN_CONFIG))
     assert built.client_fn is quickstart_numpy.client_fn
-    with pytest.raises(RefusedError, match="ClientApp"):
-        app_task(AppOptions(app="examples.flower.quickstart_numpy:app", num_partitions=3))
+    from_app = app_task(AppOptions(app="examples.flower.quickstart_numpy:app",
+                                   num_partitions=3, run_config=RUN_CONFIG))
+    assert from_app.client_fn.app is quickstart_numpy.app
 
 
-def _config(tmp_path: Path, module: str, rounds: int, workers: int = 2) -> Path:
+def _config(tmp_path: Path, module: str, rounds: int, workers: int = 2,
+            attribute: str = "client_fn") -> Path:
     path = tmp_path / "flower.toml"
     path.write_text(textwrap.dedent(f"""
         [run]
@@ -134,7 +173,7 @@ def _config(tmp_path: Path, module: str, rounds: int, workers: int = 2) -> Path:
         clients = 4
 
         [task]
-        app = "examples.flower.{module}:client_fn"
+        app = "examples.flower.{module}:{attribute}"
         num_partitions = 4
 
         [task.run_config]
@@ -145,15 +184,20 @@ def _config(tmp_path: Path, module: str, rounds: int, workers: int = 2) -> Path:
 
 
 def _same_as_flower(tmp_path: Path, module: str, rounds: int, *, in_process: bool = False,
+                    attribute: str = "client_fn",
                     monkeypatch: pytest.MonkeyPatch | None = None) -> None:
     if in_process:  # the coordinator here (torch already imported), one worker process
         assert monkeypatch is not None
         monkeypatch.setenv("PYTHONPATH", str(REPO))
+        # One OpenMP thread per worker, as Ray gives Flower's simulated clients:
+        # two-thread workers on two shared cores spin against each other.
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
         monkeypatch.chdir(tmp_path)
-        meshkit.run(str(_config(tmp_path, module, rounds, workers=1)))
+        meshkit.run(str(_config(tmp_path, module, rounds, workers=1, attribute=attribute)))
     else:  # the real CLI, as a user runs it
-        ran = run_cli("run", str(_config(tmp_path, module, rounds)), "-q", cwd=str(tmp_path),
-                      pythonpath=str(REPO), timeout=300)
+        config = _config(tmp_path, module, rounds, attribute=attribute)
+        ran = run_cli("run", str(config), "-q", cwd=str(tmp_path), pythonpath=str(REPO),
+                      timeout=300)
         assert ran.returncode == 0, ran.stderr
     meshkit_last = read_metrics(tmp_path / "run")[-1]
     client_fn = getattr(__import__(f"examples.flower.{module}", fromlist=["client_fn"]),
@@ -173,8 +217,9 @@ def _same_as_flower(tmp_path: Path, module: str, rounds: int, *, in_process: boo
 
 
 @pytest.mark.slow
-def test_the_numpy_quickstart_matches_flowers_fedavg(tmp_path):
-    _same_as_flower(tmp_path, "quickstart_numpy", rounds=4)
+def test_the_numpy_quickstart_app_matches_flowers_fedavg(tmp_path):
+    # [task] app names the ClientApp, as pyproject.toml's clientapp does.
+    _same_as_flower(tmp_path, "quickstart_numpy", rounds=4, attribute="app")
 
 
 @pytest.mark.slow

@@ -37,7 +37,11 @@ class Flaky:
 
 
 class Deaf:
-    """An observer object with no event hook at all."""
+    """An observer object with no event hook a run delivers (node_joined fires below the run)."""
+
+    @meshkit.hookimpl
+    def meshkit_node_joined(self, caps):  # pragma: no cover - never called
+        pass
 
 
 class Offering:
@@ -60,6 +64,19 @@ def test_each_observers_entry_is_resolved_in_order(tmp_path):
     assert plan.observers[0][1].dir == str(tmp_path / "tb")
     assert any(line.startswith("observer: tensorboard from plugin 'observers'")
                for line in plan.describe())
+
+
+def test_check_lists_the_observers_and_refuses_an_unknown_one(tmp_path):
+    config = write_config(tmp_path / "job.toml", tmp_path / "run", extra=(
+        '[[observers]]\nname = "tensorboard"\ndir = "tb"\n'))
+    checked = run_cli("check", str(config), "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["observers"] == [
+        {"name": "tensorboard", "plugin": "observers", "options": {"dir": "tb"}}]
+    config.write_text(config.read_text().replace('name = "tensorboard"', 'name = "tensorbord"'))
+    refused = run_cli("check", str(config))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "[[observers]] #1 name = 'tensorbord'" in refused.stderr
 
 
 def test_an_unknown_observer_names_the_entry(tmp_path):
@@ -86,7 +103,7 @@ def test_a_malformed_observers_table_is_refused(tmp_path, value, message):
 
 def test_an_observer_that_hears_nothing_is_refused(tmp_path):
     plan = resolve(parse_config(_config(tmp_path, [{"name": "flaky"}])), _pset(Deaf()))
-    with pytest.raises(ConfigError, match="implements none of the event hooks"):
+    with pytest.raises(ConfigError, match="implements none of the run's event hooks"):
         build_observers(plan)
 
 
