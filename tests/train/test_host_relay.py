@@ -296,3 +296,14 @@ def test_a_relay_whose_fanout_answer_does_not_fit_loses_its_ranks_only(answers):
     assert [r.ok for r in replies] == [False, False, True, True]
     assert sorted(pool.dead) == [1, 2]
     assert all("protocol error: host relay 'hostA'" in why for why in pool.dead.values())
+
+
+def test_a_node_attack_behind_a_relay_is_still_recorded():
+    pool = RelayedPool()
+    attacker = pool._relays["hostB"].trainers[4]
+    attacker.attack = meshkit.plugins.create("attack", "sign-flip", {"factor": 2.0})
+    attacker.attack_name = "sign-flip"
+    folded = fold_round(context(pool), fits(8), state=synthetic().init_state(0))
+    assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"], "it went through the relays"
+    by_attacker = tuple(sorted(k for k, r in folded.served.items() if r == 4))
+    assert by_attacker and folded.attacked == by_attacker
