@@ -6,8 +6,9 @@ one (and the directory fsync'ed), so a crash at any instant leaves either
 the previous round's checkpoint or this one — never a torn file.
 
 Layout: every array leaf of the global state is ``state/<key>``, every
-array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``, each
-client's own values of the local keys (FedBN) ``clients/<client>/<key>``;
+array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``
+(of a stateful aggregator's, ``aggregator/<path>``), each client's own values
+of the local keys (FedBN) ``clients/<client>/<key>``;
 ``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
 state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
 run's identity (task, strategy, seed) that ``--resume`` checks.
@@ -52,6 +53,9 @@ class Checkpoint:
     report: Mapping[str, Any] = attrs.Factory(dict)
     #: Each client's values of the ``[strategy] local_keys`` (FedBN), ``"<client>/<key>"``.
     clients: Mapping[str, Any] = attrs.Factory(dict)
+    #: What a stateful aggregator carries across rounds (its ``state_dict()``,
+    #: e.g. centered clipping's centre); {} for a stateless one.
+    aggregator_state: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -96,6 +100,7 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "rng": _to_json(dict(checkpoint.rng_state), "rng", arrays),
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
         "report": _to_json(dict(checkpoint.report), "report", arrays),
+        "aggregator": _to_json(dict(checkpoint.aggregator_state), "aggregator", arrays),
     }
     if checkpoint.clients:
         meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
@@ -175,15 +180,17 @@ def _read(file: Path) -> Checkpoint:
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
         clients=_from_json(meta.get("clients") or {}, arrays),
+        aggregator_state=_from_json(meta.get("aggregator") or {}, arrays),
     )
 
 
 #: What to do about a checkpoint that cannot be trusted.
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
-#: The header fields that hold JSON objects; "report", "dtypes" and "clients" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients")
-_OPTIONAL = ("report", "dtypes", "clients")
+#: The header fields that hold JSON objects; "report", "dtypes", "clients" and
+#: "aggregator" may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "aggregator")
+_OPTIONAL = ("report", "dtypes", "clients", "aggregator")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

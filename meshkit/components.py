@@ -25,6 +25,7 @@ KINDS: dict[str, str] = {
     "task": "meshkit_tasks",
     "partitioner": "meshkit_partitioners",
     "observer": "meshkit_observers",
+    "attack": "meshkit_attacks",
 }
 
 

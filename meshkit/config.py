@@ -157,9 +157,48 @@ _SELECTED_TABLES = {
     "outer_optimizer": ("outer_optimizer", "average"),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
-                 "task", "transport", "observers")
+                 "task", "transport", "observers", "attack")
 #: Tables written as arrays of tables (``[[observers]]``): one selection per entry.
 _ARRAY_TABLES = ("observers",)
+
+
+@attrs.frozen
+class AttackTable:
+    """``[attack]``: which attack (``name`` and its options) and which clients run it.
+
+    Exactly one of ``clients`` (client ids) and ``fraction`` (of the run's
+    clients, chosen by a permutation seeded with the run seed) says who
+    attacks; docs/configuration.md.
+    """
+
+    selection: Selection
+    clients: tuple[int, ...] = ()
+    fraction: float = 0.0
+
+
+def _attack_table(options: dict[str, Any], path: str) -> AttackTable:
+    chosen = options.pop("name", None)
+    if not isinstance(chosen, str) or not chosen:
+        raise ConfigError(f"{path}: [attack] name: expected an attack name (e.g. \"sign-flip\"), "
+                          f"got {chosen!r}")
+    clients = options.pop("clients", None)
+    fraction = options.pop("fraction", None)
+    if (clients is None) == (fraction is None):
+        raise ConfigError(
+            f"{path}: [attack] clients / fraction: give exactly one, the attacking clients' "
+            f"ids (clients = [0, 3]) or the share of the clients that attack "
+            f"(fraction = 0.2)")
+    if clients is not None and (not isinstance(clients, list) or not clients or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in clients)):
+        raise ConfigError(f"{path}: [attack] clients: expected a non-empty list of client ids "
+                          f"(integers >= 0), got {clients!r}")
+    if fraction is not None and (isinstance(fraction, bool)
+                                 or not isinstance(fraction, (int, float))
+                                 or not 0 < fraction <= 1):
+        raise ConfigError(f"{path}: [attack] fraction: expected a number in (0, 1], got "
+                          f"{fraction!r}")
+    return AttackTable(Selection("attack", chosen, options, "[attack]"),
+                       clients=tuple(clients or ()), fraction=float(fraction or 0.0))
 
 
 @attrs.frozen
@@ -179,12 +218,17 @@ class Config:
     partitioner: Selection | None = None
     #: ``[[observers]]``: trackers that hear the run's events, one per entry, in order.
     observers: tuple[Selection, ...] = ()
+    #: ``[attack]``: Byzantine clients for testing a defence (None: every client honest).
+    attack: AttackTable | None = None
 
     def selections(self) -> list[Selection]:
         chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
         if self.partitioner is not None:
             chosen.append(self.partitioner)
-        return [*chosen, self.transport]
+        chosen.append(self.transport)
+        if self.attack is not None:
+            chosen.append(self.attack.selection)
+        return chosen
 
     @property
     def partitioner_name(self) -> str:
@@ -275,6 +319,7 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
             raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
                               f"{chosen!r}")
         partitioner = Selection("partitioner", chosen, options, "[partitioner]")
+    attack = _attack_table(table("attack"), path) if "attack" in data else None
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
     observers = []
@@ -287,7 +332,8 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                               f"\"tensorboard\"), got {chosen!r}")
         observers.append(Selection("observer", chosen, options, where))
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
-                  partitioner=partitioner, observers=tuple(observers), **selections)
+                  partitioner=partitioner, observers=tuple(observers), attack=attack,
+                  **selections)
 
 
 @attrs.frozen
@@ -327,7 +373,11 @@ class Plan:
             opts = self.options[selection.kind]
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"
-            lines.append(f"{selection.kind}: {component.name} from {source} [{shown}]")
+            line = f"{selection.kind}: {component.name} from {source} [{shown}]"
+            if selection.kind == "attack" and cfg.attack is not None:
+                line += (f" on clients {list(cfg.attack.clients)}" if cfg.attack.clients
+                         else f" on fraction {cfg.attack.fraction:g} of the clients")
+            lines.append(line)
         for component, opts in self.observers:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"

@@ -121,6 +121,19 @@ def meshkit_observers() -> Iterable[Component]:
     """
 
 
+@_hookspec
+def meshkit_attacks() -> Iterable[Component]:
+    """Offer attacks: how a chosen client poisons its contribution, to test a defence.
+
+    Called once per plugin manager, the first time an attack is listed or
+    selected (``[attack] name``, or ``meshkit node --attack NAME``). Return
+    :class:`meshkit.Component` records whose factory builds an object with
+    ``tamper(update, round) -> update`` (:class:`meshkit.attack.Attack`),
+    optionally ``omniscient = True`` (it reads the round's honest updates)
+    or ``poisons_data = True`` with ``poison(x, y, *, classes) -> (x, y)``.
+    """
+
+
 # -- event hooks -------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import difflib
+import math
 import re
 import tomllib
 import types
@@ -23,7 +24,8 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from meshkit.errors import ConfigError, PluginError
 
 __all__ = ["converter", "closest", "structure_strict", "structure_options", "positive",
-           "non_negative", "parse_options"]
+           "non_negative", "parse_options", "finite", "finite_positive", "finite_non_negative",
+           "count_at_least"]
 
 def positive(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator: the option must be greater than zero."""
@@ -35,6 +37,34 @@ def non_negative(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator: the option must be zero or more."""
     if value < 0:
         raise ValueError(f"{attribute.name} must be zero or more, got {value}")
+
+
+def finite(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator: the option must be a finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+def finite_positive(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator: a finite number greater than zero."""
+    finite(instance, attribute, value)
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value!r}")
+
+
+def finite_non_negative(instance: Any, attribute: Any, value: Any) -> None:
+    """attrs validator: a finite number of zero or more."""
+    finite(instance, attribute, value)
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def count_at_least(minimum: int) -> Any:
+    """attrs validator factory: an integer (not a bool) of at least ``minimum``."""
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{attribute.name} must be an integer >= {minimum}, got {value!r}")
+    return check
 
 
 #: The converter for user-facing config: unknown keys are errors.

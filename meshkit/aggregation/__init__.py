@@ -33,19 +33,30 @@ Where each idea lives:
 * ``_mean.py``: :class:`MeanFold` and :func:`check_contributions`;
 * ``_json.py``: how JSON leaves are averaged and checked;
 * ``_threads.py``: how a large fold is split across threads;
-* ``_messages.py``: how refusals word values and contributor lists.
+* ``_messages.py``: how refusals word values and contributor lists;
+* ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
+  :func:`clip_update`), shared by the robust rules and privacy.
 """
 
 from __future__ import annotations
 
-from meshkit.aggregation._buffering import BufferingFold, begin, streaming
+from meshkit.aggregation._buffering import (
+    BufferingFold,
+    begin,
+    holds_every_contribution,
+    streaming,
+)
+from meshkit.aggregation._clip import clip_update, global_norm
 from meshkit.aggregation._contract import (
     Aggregator,
     Fold,
     StreamingAggregator,
     aggregate_by_folding,
+    aggregator_state,
     check_weight,
     default_source,
+    load_aggregator_state,
+    uses_reference,
 )
 from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
 from meshkit.aggregation._threads import DEFAULT_THREADS
@@ -64,4 +75,10 @@ __all__ = [
     "default_source",
     "CHUNK_ELEMENTS",
     "DEFAULT_THREADS",
+    "global_norm",
+    "clip_update",
+    "uses_reference",
+    "holds_every_contribution",
+    "aggregator_state",
+    "load_aggregator_state",
 ]

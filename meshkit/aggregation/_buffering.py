@@ -5,6 +5,11 @@ has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
 and calls ``aggregate`` at ``result()``. :func:`streaming` gives the same
 choice as an aggregator with ``begin()``, for code that takes a streaming
 aggregator (the reduce service: ``group.reduce_round(streaming(agg))``).
+
+An aggregator that declares ``uses_reference`` is given the round's
+reference (:mod:`meshkit.aggregation._contract`) by both: ``begin(agg,
+reference=ref)`` passes it to the aggregator's own ``begin`` or to the
+``aggregate`` call a buffering fold makes.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from meshkit.aggregation._contract import Fold, check_weight, default_source
+from meshkit.aggregation._contract import Fold, check_weight, default_source, uses_reference
 from meshkit.errors import AggregationError
 from meshkit.state import State
 
@@ -30,9 +35,27 @@ def streaming(aggregator: Any) -> Any:
     return _Buffered(aggregator)
 
 
-def begin(aggregator: Any) -> Fold:
-    """A fold for ``aggregator``: its own streaming fold, or a buffering adapter."""
+def begin(aggregator: Any, *, reference: State | None = None) -> Fold:
+    """A fold for ``aggregator``: its own streaming fold, or a buffering adapter.
+
+    ``reference`` (the round's global state) reaches an aggregator that
+    declares ``uses_reference``; others never see it.
+    """
+    if uses_reference(aggregator):
+        if callable(getattr(aggregator, "begin", None)):
+            fold: Fold = aggregator.begin(reference=reference)
+            return fold
+        return BufferingFold(aggregator, reference=reference)
     return streaming(aggregator).begin()
+
+
+def holds_every_contribution(aggregator: Any) -> bool:
+    """Whether a round of ``aggregator`` keeps every contribution (no streaming ``begin()``).
+
+    Such a round holds O(contributors x model) on the coordinator; a
+    streaming one O(model).
+    """
+    return not callable(getattr(aggregator, "begin", None))
 
 
 class _Buffered:
@@ -61,8 +84,9 @@ class BufferingFold:
     held by reference: do not mutate a state after adding it.
     """
 
-    def __init__(self, aggregator: Any) -> None:
+    def __init__(self, aggregator: Any, *, reference: State | None = None) -> None:
         self._aggregator = aggregator
+        self._reference = reference
         self._states: list[State] = []
         self._weights: list[float] = []
         self.sources: list[str] = []
@@ -83,6 +107,9 @@ class BufferingFold:
         states, weights = self._states, self._weights
         self._states, self._weights = [], []
         try:
+            if uses_reference(self._aggregator):
+                return dict(self._aggregator.aggregate(states, weights,
+                                                       reference=self._reference))
             return dict(self._aggregator.aggregate(states, weights))
         except AggregationError as exc:
             raise self._relabel(exc) from exc

@@ -6,13 +6,28 @@ An *aggregator* combines contributions (states) into one state with
 (``add(state, weight, source=...)``) and gives the aggregate once
 (``result()``). Every weight is checked here, by :func:`check_weight`, and a
 contribution without a label is named by :func:`default_source`.
+
+Two optional parts of the contract, both declared by the aggregator:
+
+* **The round's reference.** An aggregator with ``uses_reference = True``
+  is given the global state the round started from (the model sent to the
+  clients): ``aggregate(states, weights, reference=ref)`` and
+  ``begin(reference=ref)``. Rules that measure or clip *updates*
+  (``contribution - reference``) need it; ``reference=None`` means the
+  contributions are updates already (gradients), i.e. a zero reference.
+  :func:`uses_reference` asks; :func:`meshkit.aggregation.begin` passes it.
+* **State across rounds.** An aggregator with ``state_dict()`` and
+  ``load_state_dict(d)`` (centered clipping's centre) is checkpointed with
+  the run beside the outer optimizer's state and restored on ``--resume``;
+  :func:`aggregator_state` and :func:`load_aggregator_state` are how the
+  runner asks.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from meshkit.aggregation._messages import short
 from meshkit.errors import AggregationError
@@ -45,6 +60,30 @@ class StreamingAggregator(Aggregator, Protocol):
 
     def begin(self) -> Fold:
         """A fresh fold for one round."""
+
+
+def uses_reference(aggregator: Any) -> bool:
+    """Whether ``aggregator`` takes the round's reference (``uses_reference = True``)."""
+    return bool(getattr(aggregator, "uses_reference", False))
+
+
+def aggregator_state(aggregator: Any) -> dict[str, Any]:
+    """What ``aggregator`` carries across rounds (``state_dict()``), ``{}`` for a stateless one."""
+    state_dict = getattr(aggregator, "state_dict", None)
+    return dict(state_dict()) if callable(state_dict) else {}
+
+
+def load_aggregator_state(aggregator: Any, state: Mapping[str, Any]) -> None:
+    """Restore what :func:`aggregator_state` saved; refuses state for a stateless aggregator."""
+    load = getattr(aggregator, "load_state_dict", None)
+    if not callable(load):
+        if state:
+            raise AggregationError(
+                f"{getattr(aggregator, 'name', type(aggregator).__name__)}: the checkpoint "
+                f"carries aggregator state ({', '.join(sorted(state))}) but this aggregator "
+                f"keeps none; resume with the aggregator that wrote it")
+        return
+    load(dict(state))
 
 
 def default_source(index: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import click
 
+from meshkit.aggregation import holds_every_contribution
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.config import check
 from meshkit.errors import MeshError
@@ -45,6 +46,26 @@ def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
                 f"the coordinator does not see their examples"]
     return [f"clients: {len(shares)} ([partitioner] {name})",
             *(f"  {share.describe()}" for share in shares)]
+
+
+def _aggregation_memory(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
+    """What the aggregator holds on the coordinator per round: every contribution, or O(model)."""
+    shares = parts["clients"]
+    clients = len(shares) if shares is not None else plan.config.mesh.workers
+    holds = holds_every_contribution(parts["aggregator"])
+    model = parts["model"].nbytes
+    return {"holds_every_contribution": holds, "contributions": clients if holds else 1,
+            "bytes": model * clients if holds else model}
+
+
+def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
+    memory = _aggregation_memory(plan, parts)
+    name = plan.config.aggregator.name
+    if memory["holds_every_contribution"]:
+        return (f"aggregation: {name} holds every contribution of a round at once "
+                f"(O(clients x model): up to {memory['contributions']} x the model, "
+                f"{memory['bytes']:,} bytes, plus its float64 working copy)")
+    return f"aggregation: {name} streams (O(model): one contribution folded at a time)"
 
 
 def _out_note(plan: Any) -> str | None:
@@ -82,6 +103,9 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "rounds": parts["rounds"],
         "model": parts["model"].to_json(),
         "components": components,
+        "aggregation": _aggregation_memory(plan, parts),
+        "attack": (None if parts.get("attack") is None else
+                   {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
         "observers": [
@@ -119,6 +143,12 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(line)
         click.echo(_ranks(plan, parts))
         click.echo(f"model: {parts['model'].describe()}")
+        click.echo(_memory_line(plan, parts))
+        attack = parts.get("attack")
+        if attack is not None:
+            click.echo(f"attackers: clients {list(attack.clients)} run {attack.name} (the "
+                       f"coordinator holds each round's contributions to poison them; every "
+                       f"attacked contribution is listed in metrics.jsonl's attacked)")
         for line in _client_lines(plan, parts):
             click.echo(line)
         if parts["rounds"] == 0:

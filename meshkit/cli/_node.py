@@ -25,7 +25,7 @@ from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import serve_pipeline_job
-from meshkit.train import serve_train_job
+from meshkit.train import node_attack, serve_train_job
 
 __all__ = ["node"]
 
@@ -71,6 +71,12 @@ class _Stopped(BaseException):
               help="A task option on this node only (repeatable), over the coordinator's "
                    "[task], e.g. train_csv=/data/mine.csv; checked against the task's options "
                    "when the job arrives.")
+@click.option("--attack", "attack_name", default=None, metavar="NAME",
+              help="Poison this node's contributions with attack NAME (sign-flip, scale, "
+                   "gaussian, same-value, label-flip), to test a defence; the coordinator "
+                   "records it in metrics.jsonl (attacked).")
+@click.option("--attack-option", "attack_options", multiple=True, metavar="KEY=VALUE",
+              help="An option of the --attack (e.g. factor=10 for scale); repeatable.")
 @click.option("--pull-data", is_flag=True, default=False,
               help="This node has no data of its own: the coordinator sends it the training "
                    "set with the job.")
@@ -94,7 +100,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          topology: str | None, device: str | None, heap_mb: int | None,
          transport: str | None, timeout: float | None,
          transport_options: tuple[str, ...], board_name: str | None,
-         board_options: tuple[str, ...], task_options: tuple[str, ...], pull_data: bool,
+         board_options: tuple[str, ...], task_options: tuple[str, ...],
+         attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None,
          encrypt: bool, trust_network: bool, steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
@@ -113,6 +120,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s meshkit node %(levelname)s %(message)s", stream=sys.stderr)
+    if attack_options and not attack_name:
+        raise ConfigError("--attack-option needs --attack NAME (the attack to run)")
+    if attack_name and board_name:
+        raise ConfigError("--attack is for a worker that trains; a --board rank runs only its "
+                          "board's stage")
+    attack = node_attack(attack_name, attack_options) if attack_name else None
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
     for pair in task_options:
@@ -208,7 +221,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             reports = serve_node(group, caps, board=board, control=control,
                                  jobs={"pipeline": serve_pipeline_job,
                                        "train": functools.partial(serve_train_job,
-                                                                  task_options=task_options)})
+                                                                  task_options=task_options,
+                                                                  attack=attack)})
             for report in reports:
                 click.echo(json.dumps({"event": "report", "report": report.to_json()}))
         finally:

@@ -47,6 +47,7 @@ __all__ = [
     "StrategyContract",
     "TaskContract",
     "PartitionerContract",
+    "RobustAggregatorContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -60,6 +61,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.support",
     "meshkit.testing.task",
     "meshkit.testing.partitioner",
+    "meshkit.testing.robust",
 )
 
 _LAZY = {
@@ -70,6 +72,7 @@ _LAZY = {
     "StrategyContract": "meshkit.testing.strategy",
     "TaskContract": "meshkit.testing.task",
     "PartitionerContract": "meshkit.testing.partitioner",
+    "RobustAggregatorContract": "meshkit.testing.robust",
 }
 
 

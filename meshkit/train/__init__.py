@@ -21,6 +21,8 @@ One idea per module:
   :class:`LocalPool`), and one request for many ranks (:func:`broadcast`);
 * ``_host_relay`` — a round folded through host relays, one partial per
   relay;
+* ``_attacks`` — a simulated ``[attack]``: the coordinator poisons the
+  chosen clients' contributions (:class:`AttackPlan`, :class:`AttackedFold`);
 * ``_preflight`` — everything a run refuses before any process starts, so
   ``meshkit check`` refuses the same (:func:`build_components`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
@@ -54,8 +56,9 @@ from meshkit.train._host_relay import (
     parse_relay_request,
 )
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
+from meshkit.train._attacks import AttackedFold, AttackPlan
 from meshkit.train._messages import check_contribution, signature
-from meshkit.train._node_job import serve_train_job
+from meshkit.train._node_job import node_attack, serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._launch import free_ports
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -128,6 +131,10 @@ __all__ = [
     "Trainer",
     "serve_trainer",
     "serve_train_job",
+    "node_attack",
+    # simulated attacks
+    "AttackPlan",
+    "AttackedFold",
     # running a job
     "RunReport",
     "RunEvent",

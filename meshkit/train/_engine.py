@@ -72,6 +72,7 @@ import attrs
 
 from meshkit.errors import MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
+from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
@@ -151,6 +152,9 @@ class Folded:
     not_served: dict[int, str]
     replies: dict[int, Mapping[str, Any]]
     late: dict[int, int | None] = attrs.Factory(dict)
+    #: The folded keys whose contribution was attacked (``[attack]`` in simulation, or a
+    #: node started with ``--attack`` that said so in its reply), ascending.
+    attacked: tuple[int, ...] = ()
 
     @property
     def answered(self) -> tuple[int, ...]:
@@ -173,7 +177,8 @@ class Folded:
                             client_examples={k: int(self.replies[k].get("examples", 0))
                                              for k in self.served},
                             late=tuple(sorted({r for r in self.late.values()
-                                               if r is not None})))
+                                               if r is not None})),
+                            attacked=self.attacked)
 
 
 def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
@@ -206,26 +211,41 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
-    fold = ctx.aggregation_begin() if fold is None else fold
+    # The round's global state is the reference a rule on updates measures from.
+    attack = getattr(ctx, "attack", None) if fold is None else None
+    fold = ctx.aggregation_begin(reference=state) if fold is None else fold
+    requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
+    if attack is not None:  # simulated Byzantine clients (meshkit.train._attacks)
+        fold = AttackedFold(fold, attack, state,
+                            {w.key: int(w.request.get("seed", w.key)) for w in work})
     pinned = {w.key: w.rank for w in work if w.rank is not None}
     # A round deadline is kept per client by _Round; relays fold their ranks
     # themselves, so a round with a deadline folds flat (relays forward). So
-    # does one with pinned work: a relay would not keep a client on its node.
+    # does one with pinned work (a relay would not keep a client on its
+    # node) and an attacked one (the coordinator poisons single contributions).
     # A relay folds whole contributions, so local keys fold flat too.
-    how = None if deadline or pinned or local else relay_weight(weight, by_examples)
+    how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
     plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
     if plan is not None and how is not None:
         result, served, not_served, replies = fold_through_relays(
-            ctx, plan, {w.key: w.request for w in work}, state, how, window, fold, label,
-            _play_group)
-        return Folded(result, served, not_served, replies)
+            ctx, plan, requests, state, how, window, fold, label, _play_group)
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     reference = state if reference is None else reference
-    round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
+    round_ = _Round(ctx, requests, state, weight, window, fold, label,
                     pinned=pinned,
                     deadline=deadline or None,
                     expected=None if reference is None else signature(reference),
                     local=local or None)
-    return round_.play()
+    folded = round_.play()
+    simulated = set(getattr(fold, "attacked", ()))
+    attacked = simulated | set(_declared(folded.served, folded.replies))
+    return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
+
+
+def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]
+              ) -> tuple[int, ...]:
+    """The served keys whose node said it attacked (``meshkit node --attack``)."""
+    return tuple(sorted(k for k in served if replies.get(k, {}).get("attacked")))
 
 
 def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]], *,
@@ -427,8 +447,11 @@ class _Round:
         assert key is not None  # work and take requests carry their client's key
         if kind == "work":
             self.held.setdefault(rank, set()).add(key)
-            self.replies[key] = {"examples": payload.get("examples", 0),
-                                 "metrics": dict(payload.get("metrics") or {})}
+            small: dict[str, Any] = {"examples": payload.get("examples", 0),
+                                     "metrics": dict(payload.get("metrics") or {})}
+            if payload.get("attacked"):  # a node run with --attack says so
+                small["attacked"] = str(payload["attacked"])
+            self.replies[key] = small
         else:  # take
             contribution = payload["state"]
             if self.expected is not None:
@@ -454,8 +477,12 @@ class _Round:
             rank, contribution = self.taken.pop(key)
             if self.local is not None:
                 contribution = self.local.keep(key, contribution)
-            self.fold.add(contribution, self.weight(self.replies[key]),
-                          source=f"{self.label} {key} (rank {rank})")
+            source = f"{self.label} {key} (rank {rank})"
+            keyed = getattr(self.fold, "add_keyed", None)
+            if keyed is not None:  # an attacked round needs to know whose it is
+                keyed(key, contribution, self.weight(self.replies[key]), source=source)
+            else:
+                self.fold.add(contribution, self.weight(self.replies[key]), source=source)
             del contribution  # the fold holds it now, or has folded it
             self.served[key] = rank
 

@@ -233,6 +233,10 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             served[key] = rank
         for key, examples, metrics in answer.replies:
             replies[key] = {"examples": examples, "metrics": metrics}
+        for key in answer.attacked:  # a rank run with --attack, behind it
+            if key in replies:
+                replies[key] = {**replies[key],
+                                "attacked": f"reported by host relay {name!r}"}
         for key, why in answer.not_served:
             not_served[key] = why if name == DIRECT else f"host relay {name!r}: {why}"
         covered = [k for k, _ in answer.served]
@@ -338,7 +342,9 @@ def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[s
         "served": [[k, r] for k, r in folded.served.items()],
         "not_served": [[k, why] for k, why in folded.not_served.items()],
         "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
-                    for k, r in folded.replies.items()]}
+                    for k, r in folded.replies.items()],
+        # Keys a rank run with `meshkit node --attack` served: never hidden upstream.
+        "attacked": list(folded.attacked)}
     if folded.result is not None:
         reply["state"] = folded.result
     return reply
@@ -455,6 +461,8 @@ class FoldAnswer:
     replies: list[tuple[int, int, dict[str, Any]]]
     #: The partial mean; absent when nothing was served.
     state: dict[str, Any] | None = None
+    #: The served keys whose rank said it attacked (``meshkit node --attack``).
+    attacked: list[int] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -495,6 +503,8 @@ def parse_fold_answer(message: Mapping[str, Any], keys: Sequence[int],
                             f"{sorted(ranks)}")
     if not {k for k, _, _ in answer.replies} <= {k for k, _ in answer.served}:
         raise ProtocolError("its answer to 'fold' has replies for keys it did not serve")
+    if not set(answer.attacked) <= {k for k, _ in answer.served}:
+        raise ProtocolError("its answer to 'fold' reports attacks on keys it did not serve")
     if answer.served and answer.state is None:
         raise ProtocolError("its answer to 'fold' served keys but carries no partial state")
     return answer

@@ -82,6 +82,8 @@ State = NewType("State", dict)
 Metrics = NewType("Metrics", dict)
 #: A pipeline activation: an array (or a JSON number or list).
 Activation = NewType("Activation", object)
+#: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
+Poison = NewType("Poison", dict)
 
 _JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
 
@@ -140,6 +142,21 @@ def _metrics(value: Any, _: Any) -> dict[str, float]:
     return out
 
 
+def _poison(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or "name" not in value or set(value) - {"name", "options"}:
+        raise TypeError(f"expected an attack {{name, options}}, got {_shown(value)}")
+    _name(value["name"], "the attack's name")
+    options = value.get("options") or {}
+    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
+        raise ValueError(f"the attack's options must be an object of at most {MAX_METRICS} "
+                         f"entries, got {_shown(options)}")
+    for key, leaf in options.items():
+        _name(key, "an attack option")
+        if not isinstance(leaf, _JSON_LEAVES):
+            raise TypeError(f"attack option {key!r} is {_shown(leaf)}, not a JSON value")
+    return {"name": value["name"], "options": dict(options)}
+
+
 def _activation(value: Any, _: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (np.ndarray, list, int, float)):
         raise TypeError(f"expected an activation (an array), got {_shown(value)}")
@@ -165,6 +182,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(State, _state)
     converter.register_structure_hook(Metrics, _metrics)
     converter.register_structure_hook(Activation, _activation)
+    converter.register_structure_hook(Poison, _poison)
     return converter
 
 
@@ -253,6 +271,10 @@ class FitRequest:
                                        optional=True, check=_between(1e-9, MAX_BUDGET))
     local: State | None = _field("state", "the client's own values of the `local_keys` "
                                           "(FedBN), in place of the model's", optional=True)
+    poison: Poison | None = _field("attack", "a simulated attacker's data poisoning "
+                                             "(`[attack]`, docs/robustness.md): the worker "
+                                             "trains on poisoned data",
+                                   optional=True)
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)
@@ -423,6 +445,10 @@ class FitReply:
     state: State | None = _field("state", "the fitted model; only without `keep`",
                                  optional=True)
     kept: int | None = _kept()
+    attacked: str | None = _field("str, 1..1024 chars", "the attack this fit ran (a node started "
+                                                 "with `--attack`, or a `poison` request): "
+                                                 "rank 0 lists the client in `attacked`",
+                                  optional=True, check=_length(1, MAX_NAME))
 
 
 @attrs.frozen(kw_only=True)

@@ -17,7 +17,10 @@ rejects would only move the failure to a worse moment. In order:
    (:func:`initial_model`), so a model that cannot fit in memory is a
    :class:`ConfigError` here rather than a ``MemoryError`` after workers
    were spawned;
-5. the aggregator and the outer optimizer, and the ``[[observers]]``.
+5. the aggregator and the outer optimizer, and the ``[[observers]]``;
+6. the ``[attack]``, when there is one: only a run with clients can have
+   attackers, and the ones ``clients`` names must exist
+   (:func:`attack_plan`).
 
 What ``check`` prints about the plan is measured here too: the world the
 run will really have (:func:`world_size`: the coordinator, the workers and
@@ -33,13 +36,15 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from meshkit.attack import choose_attackers
 from meshkit.errors import ConfigError, MeshError
 from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
 from meshkit.task import build_task, check_task
+from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
 from meshkit.train._sharding import shard_bounds
 
-__all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers",
+__all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
            "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
            "client_shares"]
 
@@ -236,6 +241,25 @@ def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
             for c, (rows, counts) in enumerate(zip(parts, label_counts(labels, parts)))]
 
 
+def attack_plan(plan: Any, strategy: Any, partitioner: Any) -> AttackPlan | None:
+    """The run's ``[attack]``: the attack built and its clients chosen (None: no table)."""
+    cfg = plan.config
+    if cfg.attack is None:
+        return None
+    if not getattr(strategy, "partitioned", False):
+        raise ConfigError(
+            f"{cfg.path}: [attack]: strategy {cfg.strategy.name!r} has no clients to make "
+            f"Byzantine (federated has); remove the [attack] table, or poison one node with "
+            f"`meshkit node --attack NAME`")
+    count = getattr(strategy, "clients", None)
+    clients = count(cfg.mesh.workers, partitioner) if callable(count) else cfg.mesh.workers
+    attackers = choose_attackers(clients, explicit=cfg.attack.clients,
+                                 fraction=cfg.attack.fraction, seed=cfg.run.seed,
+                                 where=f"{cfg.path}: [attack]")
+    return AttackPlan(name=cfg.attack.selection.name, options=dict(cfg.attack.selection.options),
+                      attack=plan.create("attack"), clients=attackers, seed=cfg.run.seed)
+
+
 def world_size(cfg: Any, boards: list[Any]) -> int:
     """Ranks the run has: the coordinator, ``[mesh] workers`` and each fixed-function board."""
     return cfg.mesh.workers + len(boards) + 1
@@ -301,6 +325,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         #: Each client's examples and labels (None: each node's own data, unknown here).
         "clients": shares,
         "aggregator": plan.create("aggregator"),
+        #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
+        "attack": attack_plan(plan, strategy, partitioner),
         "outer": plan.create("outer_optimizer"),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
         "observers": build_observers(plan),

@@ -6,7 +6,8 @@
 * ``--resume`` trusts nothing it reads back: the checkpoint must be this
   run's (task, strategy, seed, aggregator, outer optimizer), its model must
   have the shapes this config's task builds, its RNG state must be one for
-  this run's generator and its outer-optimizer state must load; and each
+  this run's generator and its outer-optimizer state (and a stateful
+  aggregator's, such as centered clipping's centre) must load; and each
   ``metrics.jsonl`` line it keeps must be a round. Each failure is a
   :class:`ConfigError` naming the file, what is wrong and what to do.
 * ``--resume`` of a run whose checkpoint already covers every round is
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from meshkit.aggregation import load_aggregator_state
 from meshkit.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from meshkit.errors import ConfigError, MeshError
 from meshkit.partitioner import DEFAULT_PARTITIONER
@@ -47,11 +49,12 @@ def identity(plan: Any) -> dict[str, Any]:
     cfg = plan.config
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
-            "partitioner": cfg.partitioner_name}
+            "partitioner": cfg.partitioner_name,
+            "attack": None if cfg.attack is None else cfg.attack.selection.name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
-_BEFORE = {"partitioner": DEFAULT_PARTITIONER}
+_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
@@ -123,6 +126,11 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
                 f"checkpoint {str(file)!r}: its outer optimizer state does not load into "
                 f"{plan.config.outer_optimizer.name!r} ({type(exc).__name__}: {exc}); the file "
                 f"is damaged or from another meshkit. Start afresh with --overwrite") from None
+    try:
+        load_aggregator_state(parts["aggregator"], ckpt.aggregator_state)
+    except MeshError as exc:
+        raise ConfigError(f"checkpoint {str(file)!r}: {exc}. Start afresh with --overwrite"
+                          ) from None
     if ckpt.rng_state:
         _restore_rng(file, parts["rng"], ckpt.rng_state)
     truncate_metrics(out, ckpt.round, ckpt.report)

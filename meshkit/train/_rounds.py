@@ -62,6 +62,8 @@ class RoundOutcome:
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     #: Ranks whose answer missed the round deadline (they are not dead).
     late: tuple[int, ...] = ()
+    #: Clients whose contribution was attacked (``[attack]``, ``meshkit node --attack``).
+    attacked: tuple[int, ...] = ()
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
@@ -118,7 +120,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             not_served=dict(outcome.not_served), late=tuple(outcome.late),
             joined=joined, client_examples=dict(outcome.client_examples),
             client_metrics=dict(outcome.client_metrics), skipped=skipped,
-            partial_means=partial), state)
+            partial_means=partial, attacked=tuple(outcome.attacked)), state)
     return StrategyResult(state, rounds, metrics)
 
 

@@ -59,6 +59,7 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
+from meshkit.aggregation import aggregator_state
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
 from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLostError,
@@ -549,7 +550,8 @@ class Runner:
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
-                clients=client_local.state_dict()))
+                clients=client_local.state_dict(),
+                aggregator_state=aggregator_state(parts["aggregator"])))
             append_metrics(out, line)
             completed[0] = report.round
             self._round_started = time.monotonic()
@@ -569,7 +571,8 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
-            partitioner=parts["partitioner"], client_local=client_local)
+            partitioner=parts["partitioner"], client_local=client_local,
+            attack=parts.get("attack"))
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

@@ -88,6 +88,9 @@ class RoundReport:
     #: round's clients (a client's node was down): "client means over 2 of 3
     #: clients (not evaluated: 2)"; "" when every client of the round is in them.
     partial_means: str = ""
+    #: The clients whose contribution this round was attacked (``[attack]`` or a node
+    #: run with ``--attack``): never hidden.
+    attacked: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -112,6 +115,7 @@ class RoundReport:
                                for c, m in self.client_metrics.items()},
             "late": list(self.late),
             "joined": list(self.joined),
+            "attacked": list(self.attacked),
         }
         if self.skipped:
             line["skipped"] = self.skipped
@@ -194,6 +198,9 @@ class StrategyContext:
     admit: Callable[[], Sequence[int]] = lambda: ()
     #: Each client's own values of the ``[strategy] local_keys`` (FedBN), checkpointed.
     client_local: ClientLocal = attrs.Factory(ClientLocal)
+    #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);
+    #: None: every client honest.
+    attack: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 
@@ -324,9 +331,13 @@ class StrategyContext:
         self.on_round(report, state)
         self._reported = max(self._reported, report.round)
 
-    def aggregation_begin(self) -> Any:
-        """A fold of the selected aggregator (streaming when it offers one)."""
-        return begin(self.aggregator)
+    def aggregation_begin(self, reference: Mapping[str, Any] | None = None) -> Any:
+        """A fold of the selected aggregator (streaming when it offers one).
+
+        ``reference`` is the round's global state, given to an aggregator
+        that works on updates (``uses_reference``; docs/aggregators.md).
+        """
+        return begin(self.aggregator, reference=reference)
 
 
 def weighted_mean(pairs: Iterable[tuple[float, float]]) -> float | None:

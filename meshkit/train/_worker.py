@@ -19,7 +19,15 @@ object:
                    (default 3600; the coordinator may evaluate between rounds)
 ``device``         the device placement requires (``[strategy] device``), or
                    absent; the node's own ``--device`` wins over it
+``node_attack``    ``{"name": NAME, "options": {...}}``: this node's own
+                   ``meshkit node --attack`` (added on the node, never sent)
 =================  ==========================================================
+
+Attacks (:mod:`meshkit.attack`): a fit request with ``poison`` (a
+simulated data-poisoning attacker, ``[attack]``) trains on poisoned data;
+a node with ``node_attack`` poisons every fit it serves -- its data for a
+data-poisoning attack, else its update against the state it started from
+-- and says so in the reply (``attacked``: the attack's name).
 
 The device reaches the task through its options: a task whose options
 class has a ``device`` field (meshkit.torch's, ``digits``) is built with
@@ -49,6 +57,7 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
+from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
@@ -99,6 +108,11 @@ class Trainer:
     seed: int = 0
     #: The training set the coordinator sent (``--pull-data``), instead of the task's.
     data: tuple[Any, Any] | None = None
+    #: This node's own attack (``meshkit node --attack``) and its name; None: honest.
+    attack: Any = None
+    attack_name: str = ""
+    #: Data-poisoning attacks named by fit requests (``poison``), built once each.
+    _poisoners: dict[str, Any] = attrs.Factory(dict)
     _shards: dict[tuple[str, int, int], tuple[Any, Any]] = attrs.Factory(dict)
     #: The partitioner's whole split per (set, client count): a pure function
     #: of the labels, the count and the seed, so worked out once for every client.
@@ -188,6 +202,9 @@ class Trainer:
             x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
             start = request["state"] if "state" in request else self._require_state(op)
             start = _with_local(start, request)
+            poisoner, attacked = self._data_attack(request)
+            if poisoner is not None:
+                x, y = poisoner.poison(x, y, classes=self._classes())
             budget = request.get("time_budget")
             if budget is None:
                 result = self.task.fit(start, x, y, seed=int(request["seed"]))
@@ -197,7 +214,19 @@ class Trainer:
             self.fits += 1
             self.examples += int(result.examples)
             self.metrics = _metrics(result.metrics, op)
-            return self._answer(request, "state", result.state, result.examples, self.metrics)
+            state = result.state
+            if self.attack is not None and not poisons_data(self.attack):
+                # A real node sees only its own update: contributors = attackers = 1.
+                state = tamper_contribution(
+                    self.attack, state, start,
+                    AttackRound(client=int(request["shard"]), contributors=1, attackers=1,
+                                rng=attack_rng(self.seed, int(request["seed"]))),
+                    name=f"attack {self.attack_name}")
+                attacked = self.attack_name
+            reply = self._answer(request, "state", state, result.examples, self.metrics)
+            if attacked:
+                reply["attacked"] = attacked
+            return reply
         if op == "set_state":
             self.state = dict(request["state"])
             # A new round: whatever the last one left unclaimed is stale.
@@ -260,6 +289,27 @@ class Trainer:
                 x = self.task.run_stage(request.get("state", {}), node, x)
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
+
+    def _data_attack(self, request: Mapping[str, Any]) -> tuple[Any, str]:
+        """The data-poisoning attack this fit runs (and its name), or (None, "")."""
+        poison = request.get("poison")
+        if poison:
+            name = str(poison["name"])
+            if name not in self._poisoners:
+                self._poisoners[name] = plugins.default().create(
+                    "attack", name, dict(poison.get("options") or {}))
+            return self._poisoners[name], name
+        if self.attack is not None and poisons_data(self.attack):
+            return self.attack, self.attack_name
+        return None, ""
+
+    def _classes(self) -> int:
+        """The task's label count, read from its training labels (a label-flip needs it)."""
+        labels = np.asarray(self.train_data()[1])
+        if not np.issubdtype(labels.dtype, np.integer) or labels.size == 0:
+            raise ConfigError(f"a label-flipping attack needs integer class labels; this "
+                              f"task's training labels are {labels.dtype} ({labels.size} rows)")
+        return int(labels.max()) + 1
 
     def _batch(self, request: Mapping[str, Any]) -> tuple[Any, Any]:
         """The rows of a ``grads``/``step`` request: its shard, or a seeded batch of it."""
@@ -425,6 +475,11 @@ def _trainer(spec: Mapping[str, Any], device: str = "auto", group: Any = None) -
     data = spec.get("data")
     if data:
         trainer.data = (np.asarray(data["x"]), np.asarray(data["y"]))
+    attack = spec.get("node_attack")
+    if attack:
+        trainer.attack_name = str(attack["name"])
+        trainer.attack = plugins.default().create("attack", trainer.attack_name,
+                                                  dict(attack.get("options") or {}))
     return trainer
 
 

@@ -6,6 +6,11 @@ and ``parameter-server``, which raise :class:`meshkit.RefusedError` from
 their factory (so ``meshkit check`` reports them before a run starts) while
 ``meshkit plugins`` still lists them.
 
+Robust rules, one module each, each citing its paper and stating its
+conventions: ``median``, ``trimmed-mean``, ``krum``, ``multi-krum``,
+``bulyan``, ``geometric-median``, ``centered-clipping`` and ``norm-bound``
+(docs/aggregators.md, "Robust aggregators").
+
 This module only declares records and options classes; numpy loads when a
 factory runs, so listing plugins stays fast.
 """
@@ -17,6 +22,16 @@ from typing import Any, Iterable
 import attrs
 
 import meshkit
+
+from meshkit_aggregators.options import (
+    BulyanOptions,
+    CenteredClippingOptions,
+    GeometricMedianOptions,
+    KrumOptions,
+    MultiKrumOptions,
+    NormBoundOptions,
+    TrimmedMeanOptions,
+)
 
 _ACCUMULATE = ("auto", "float64")
 
@@ -83,7 +98,7 @@ def _allreduce(options: MeanOptions) -> Any:
 
     return AllReduce(allow_nonfinite=options.allow_nonfinite,
                      wide=options.accumulate == "float64", retain=options.retain,
-                     threads=options.threads)
+                  threads=options.threads)
 
 
 def _fedavg(options: MeanOptions) -> Any:
@@ -91,7 +106,7 @@ def _fedavg(options: MeanOptions) -> Any:
 
     return FedAvg(allow_nonfinite=options.allow_nonfinite,
                   wide=options.accumulate == "float64", retain=options.retain,
-                     threads=options.threads)
+                  threads=options.threads)
 
 
 def _refusal(name: str) -> Any:
@@ -100,6 +115,83 @@ def _refusal(name: str) -> Any:
 
     factory.__name__ = f"refuse_{name.replace('-', '_')}"
     return factory
+
+
+def _median() -> Any:
+    from meshkit_aggregators.median import Median
+
+    return Median()
+
+
+def _trimmed_mean(options: TrimmedMeanOptions) -> Any:
+    from meshkit_aggregators.trimmed_mean import TrimmedMean
+
+    return TrimmedMean(beta=options.beta)
+
+
+def _krum(options: KrumOptions) -> Any:
+    from meshkit_aggregators.krum import Krum
+
+    return Krum(f=options.f)
+
+
+def _multi_krum(options: MultiKrumOptions) -> Any:
+    from meshkit_aggregators.multi_krum import MultiKrum
+
+    return MultiKrum(f=options.f, m=options.m)
+
+
+def _bulyan(options: BulyanOptions) -> Any:
+    from meshkit_aggregators.bulyan import Bulyan
+
+    return Bulyan(f=options.f)
+
+
+def _geometric_median(options: GeometricMedianOptions) -> Any:
+    from meshkit_aggregators.geometric_median import GeometricMedian
+
+    return GeometricMedian(eps=options.eps, max_iter=options.max_iter, nu=options.nu)
+
+
+def _centered_clipping(options: CenteredClippingOptions) -> Any:
+    from meshkit_aggregators.centered_clipping import CenteredClipping
+
+    return CenteredClipping(tau=options.tau, iterations=options.iterations)
+
+
+def _norm_bound(options: NormBoundOptions) -> Any:
+    from meshkit_aggregators.norm_bound import NormBound
+
+    return NormBound(max_norm=options.max_norm)
+
+
+def _robust() -> list[meshkit.Component]:
+    return [
+        meshkit.Component("median", _median,
+                          summary="coordinate-wise median (even count: mean of the two middle "
+                                  "values); holds every contribution"),
+        meshkit.Component("trimmed-mean", _trimmed_mean, TrimmedMeanOptions,
+                          summary="coordinate-wise mean after cutting floor(beta*n) from each "
+                                  "end (beta=0.2); holds every contribution"),
+        meshkit.Component("krum", _krum, KrumOptions,
+                          summary="the contribution nearest its n-f-2 neighbours (needs "
+                                  "n >= 2f+3); holds every contribution"),
+        meshkit.Component("multi-krum", _multi_krum, MultiKrumOptions,
+                          summary="weighted mean of the m best Krum scores (m=0: n-f); holds "
+                                  "every contribution"),
+        meshkit.Component("bulyan", _bulyan, BulyanOptions,
+                          summary="Krum selection then trimmed mean around the median (needs "
+                                  "n >= 4f+3); holds every contribution"),
+        meshkit.Component("geometric-median", _geometric_median, GeometricMedianOptions,
+                          summary="RFA smoothed Weiszfeld geometric median; holds every "
+                                  "contribution"),
+        meshkit.Component("centered-clipping", _centered_clipping, CenteredClippingOptions,
+                          summary="clipped steps around a centre carried across rounds "
+                                  "(checkpointed); holds every contribution"),
+        meshkit.Component("norm-bound", _norm_bound, NormBoundOptions,
+                          summary="clip each update to max_norm, then the strict mean "
+                                  "(streams)"),
+    ]
 
 
 @meshkit.hookimpl
@@ -123,4 +215,5 @@ def meshkit_aggregators() -> Iterable[meshkit.Component]:
         meshkit.Component(
             "parameter-server", _refusal("parameter-server"),
             summary="refusal: not an element-wise reduce; use allreduce or fedavg"),
+        *_robust(),
     ]

@@ -97,3 +97,57 @@ def test_a_multi_host_config_without_a_secret_is_refused(hello_site, tmp_path):
 def test_a_missing_config_file_is_a_clean_error(tmp_path):
     result = run_cli("check", str(tmp_path / "absent.toml"))
     _assert_clean_error(result, "absent.toml: no such config file")
+
+
+ROBUST_CONFIG = """
+[run]
+task = "digits"
+out = "{out}"
+
+[mesh]
+workers = 2
+
+[strategy]
+name = "federated"
+rounds = 2
+clients = 10
+
+[aggregator]
+name = "{aggregator}"
+{options}
+
+[attack]
+name = "scale"
+clients = [3, 8]
+factor = 5.0
+"""
+
+
+def test_check_says_a_robust_rule_holds_every_contribution_and_names_the_attackers(tmp_path):
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator="krum",
+                                                   options="f = 2"))
+    result = run_cli("check", config)
+    assert result.returncode == 0, result.stderr
+    assert ("aggregation: krum holds every contribution of a round at once (O(clients x "
+            "model): up to 10 x the model, 192,800 bytes") in result.stdout
+    assert "attack: scale from plugin 'attacks'" in result.stdout
+    assert "attackers: clients [3, 8] run scale" in result.stdout
+
+
+def test_check_says_norm_bound_streams(tmp_path):
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out",
+                                                   aggregator="norm-bound",
+                                                   options="max_norm = 0.5"))
+    result = run_cli("check", config, "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+    plan = json.loads(result.stdout)
+    assert plan["aggregation"] == {"holds_every_contribution": False, "contributions": 1,
+                                   "bytes": 19280}
+    assert plan["attack"] == {"name": "scale", "clients": [3, 8]}
+
+
+def test_check_refuses_an_attacker_that_is_not_a_client(tmp_path):
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator="median",
+                                                   options="").replace("[3, 8]", "[3, 12]"))
+    _assert_clean_error(run_cli("check", config), "[attack] clients: [12] are not clients")

@@ -126,7 +126,8 @@ def test_a_misspelt_component_name_gets_a_suggestion(tmp_path):
     config = _write(tmp_path, BUILTINS_ONLY.replace('name = "fedavg"', 'name = "fedagv"'))
     result = run_cli("check", config)
     _assert_clean_error(result, config, "[aggregator] name: no aggregator named 'fedagv' "
-                        "(did you mean 'fedavg'?); available: allreduce, fedavg")
+                        "(did you mean 'fedavg'?); available: allreduce, bulyan, "
+                        "centered-clipping, fedavg, fedprox")
 
 
 def test_a_misspelt_key_gets_a_suggestion_naming_file_table_and_key(tmp_path):

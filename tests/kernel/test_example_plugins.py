@@ -65,8 +65,10 @@ def test_meshkit_plugins_lists_the_examples_with_distribution_and_version(site):
     listing = json.loads(result.stdout)
     rows = {(r["kind"], r["name"]): r for r in listing["components"]}
     expected = {
-        ("aggregator", "median"): ("robust", "meshkit-robust", "0.1.0"),
-        ("aggregator", "trimmed-mean"): ("robust", "meshkit-robust", "0.1.0"),
+        ("aggregator", "bucketing"): ("robust", "meshkit-robust", "0.2.0"),
+        # Built-in names now: the example no longer offers them, so nothing collides.
+        ("aggregator", "median"): ("aggregators", "meshkit", rows[("aggregator", "median")]
+                                   ["version"]),
         ("board", "int8"): ("int8board", "meshkit-int8board", "0.1.0"),
     }
     for key, provenance in expected.items():
@@ -75,27 +77,28 @@ def test_meshkit_plugins_lists_the_examples_with_distribution_and_version(site):
     assert listing["failed"] == [], listing["failed"]
 
     table = run_cli("plugins", pythonpath=site).stdout
-    assert any("trimmed-mean" in line and "meshkit-robust" in line and "0.1.0" in line
+    assert listing.get("conflicts", []) == [], listing.get("conflicts")
+    assert any("bucketing" in line and "meshkit-robust" in line and "0.2.0" in line
                for line in table.splitlines()), table
 
 
 def test_a_config_selects_the_robust_aggregator_and_meshkit_check_shows_it(site, tmp_path):
-    result = run_cli("check", _config(tmp_path, 'name = "trimmed-mean"\ntrim = 0.25'),
+    result = run_cli("check", _config(tmp_path, 'name = "bucketing"\nbucket_size = 3'),
                      pythonpath=site)
     assert result.returncode == 0, result.stderr
-    assert "aggregator: trimmed-mean from plugin 'robust' (meshkit-robust 0.1.0)" in result.stdout
-    assert "trim=0.25" in result.stdout
+    assert "aggregator: bucketing from plugin 'robust' (meshkit-robust 0.2.0)" in result.stdout
+    assert "bucket_size=3" in result.stdout
 
 
 def test_a_bad_option_of_an_installed_plugin_is_a_clean_config_error(site, tmp_path):
-    result = run_cli("check", _config(tmp_path, 'name = "trimmed-mean"\ntrim = 0.5'),
+    result = run_cli("check", _config(tmp_path, 'name = "bucketing"\nbucket_size = 0'),
                      pythonpath=site)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "[aggregator]" in result.stderr and "trim must be in [0, 0.5)" in result.stderr
+    assert "[aggregator]" in result.stderr and "bucket_size must be an integer >= 1" in result.stderr
 
 
-def test_meshkit_run_trains_with_the_median_and_the_csv_observer_records_it(site, tmp_path):
-    result = run_cli("run", _config(tmp_path, 'name = "median"'), pythonpath=site,
+def test_meshkit_run_trains_with_bucketing_and_the_csv_observer_records_it(site, tmp_path):
+    result = run_cli("run", _config(tmp_path, 'name = "bucketing"'), pythonpath=site,
                      timeout=120)
     assert result.returncode == 0, result.stderr
     assert "round   2/2" in result.stdout and "done: federated, 2 round(s)" in result.stdout
@@ -210,7 +213,7 @@ def test_the_guides_short_path_installs_is_listed_and_passes_its_contract(guide_
     result = run_cli("plugins", "--json", pythonpath=guide_project["site"])
     assert result.returncode == 0, result.stderr
     rows = {(r["kind"], r["name"]): r for r in json.loads(result.stdout)["components"]}
-    row = rows[("aggregator", "median")]
+    row = rows[("aggregator", "simple-median")]
     assert (row["plugin"], row["distribution"], row["version"]) == (
         "median", "meshkit-median", "0.1.0")
     tested = _run_pytest(Path(guide_project["work"]) / "meshkit-median", guide_project["site"])

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
      "meshkit.registry", "meshkit.checkpoint", "meshkit.safetensors", "meshkit._atomic"),
     ("meshkit.wire",),
     ("meshkit.transport",),
-    ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner"),
+    ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.attack"),
     ("meshkit.node", "meshkit.task"),
     ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
     ("meshkit.cli",),

@@ -324,3 +324,14 @@ def test_a_weight_function_bug_is_logged_not_hidden_in_the_fold_plan(caplog):
     with caplog.at_level("WARNING", logger="meshkit.train._host_relay"):
         assert relay_weight(buggy, lambda r: 0.0) is None
     assert "weight function raised ZeroDivisionError: division by zero" in caplog.text
+
+
+def test_a_node_attack_behind_a_relay_is_still_recorded():
+    pool = RelayedPool()
+    attacker = pool._relays["hostB"].trainers[4]
+    attacker.attack = meshkit.plugins.create("attack", "sign-flip", {"factor": 2.0})
+    attacker.attack_name = "sign-flip"
+    folded = fold_round(context(pool), fits(8), state=synthetic().init_state(0))
+    assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"], "it went through the relays"
+    by_attacker = tuple(sorted(k for k, r in folded.served.items() if r == 4))
+    assert by_attacker and folded.attacked == by_attacker

@@ -1,4 +1,4 @@
-"""meshkit-robust's tests: meshkit's contract suite plus what is specific to robust rules."""
+"""meshkit-robust's tests: meshkit's contract suite plus what is specific to bucketing."""
 
 from __future__ import annotations
 
@@ -6,64 +6,47 @@ import numpy as np
 import pytest
 
 import meshkit_robust
-from meshkit import AggregationError, ConfigError
+from meshkit import ConfigError
 from meshkit.testing import AggregatorContract
 
 
-class TestMedian(AggregatorContract):
-    component = "median"
-    plugins = [meshkit_robust]  # test this source tree, whatever else is installed
-    weighted = True
-    robust = True               # one wild contributor in 40 cannot drag it away
-    # With equal weights the weighted median is numpy's median.
-    reference = staticmethod(
-        lambda values, weights: np.median(np.repeat(values, weights.astype(int), axis=0), axis=0))
+class TestBucketingOverTheMedian(AggregatorContract):
+    component = "bucketing"
+    options = {"bucket_size": 2, "inner": "median"}
+    plugins = [meshkit_robust]  # this source tree, whatever else is installed
+    robust = True               # one wild bucket mean in 20 cannot drag the median away
+    bounded = True
 
 
-class TestTrimmedMean(AggregatorContract):
-    component = "trimmed-mean"
-    options = {"trim": 0.2}
-    plugins = [meshkit_robust]
-    weighted = True
-    robust = True
-
-
-class TestUntrimmedMeanIsTheMean(AggregatorContract):
-    component = "trimmed-mean"
-    options = {"trim": 0.0}
+class TestBucketingOverTheMeanIsTheMean(AggregatorContract):
+    component = "bucketing"
+    options = {"bucket_size": 3, "inner": "fedavg"}
     plugins = [meshkit_robust]
     weighted = True
     reference = staticmethod(lambda values, weights: np.average(values, axis=0, weights=weights))
 
 
-def _honest_and_poisoned(meshkit_plugins):
+def _honest_and_poisoned(meshkit_plugins, poisoned: int):
     pset = meshkit_plugins(meshkit_robust)
-    honest = [{"w": np.full(4, 1.0 + 0.01 * i, np.float32)} for i in range(4)]
-    poisoned = {"w": np.full(4, 1e6, np.float32)}
-    return pset, honest + [poisoned]
+    honest = [{"w": np.full(4, 1.0 + 0.01 * i, np.float32)} for i in range(9)]
+    return pset, honest + [{"w": np.full(4, 1e6, np.float32)} for _ in range(poisoned)]
 
 
-def test_the_median_ignores_a_poisoned_minority(meshkit_plugins):
-    pset, states = _honest_and_poisoned(meshkit_plugins)
-    result = pset.create("aggregator", "median").aggregate(states)
+def test_bucketing_keeps_the_median_robust_to_a_poisoned_minority(meshkit_plugins):
+    pset, states = _honest_and_poisoned(meshkit_plugins, poisoned=1)
+    result = pset.create("aggregator", "bucketing", {"bucket_size": 2}).aggregate(states)
     assert np.all(result["w"] < 1.1)
 
 
-def test_the_trimmed_mean_cuts_a_poisoned_minority(meshkit_plugins):
-    pset, states = _honest_and_poisoned(meshkit_plugins)
-    result = pset.create("aggregator", "trimmed-mean", {"trim": 0.2}).aggregate(states)
-    assert np.all(result["w"] < 1.1)
+def test_the_same_round_gives_the_same_buckets_in_any_order(meshkit_plugins):
+    pset, states = _honest_and_poisoned(meshkit_plugins, poisoned=2)
+    agg = pset.create("aggregator", "bucketing", {"bucket_size": 3})
+    first = agg.aggregate(states)
+    again = agg.aggregate(states[::-1])
+    np.testing.assert_array_equal(first["w"], again["w"])
 
 
-def test_trim_is_checked_when_the_config_is_read(meshkit_plugins):
+def test_the_inner_aggregator_is_checked_when_the_config_is_read(meshkit_plugins):
     pset = meshkit_plugins(meshkit_robust)
-    with pytest.raises(ConfigError, match=r"\[aggregator\].*trim must be in \[0, 0.5\)"):
-        pset.create("aggregator", "trimmed-mean", {"trim": 0.5})
-
-
-def test_a_nan_is_refused_not_trimmed_away(meshkit_plugins):
-    pset = meshkit_plugins(meshkit_robust)
-    states = [{"w": np.ones(3, np.float32)} for _ in range(5)]
-    states[3]["w"] = np.array([1.0, np.nan, 1.0], np.float32)
-    with pytest.raises(AggregationError, match=r"'w': contributor #3 sent NaN"):
-        pset.create("aggregator", "trimmed-mean", {"trim": 0.2}).aggregate(states)
+    with pytest.raises(ConfigError, match=r"\[aggregator\].*inner must name another"):
+        pset.create("aggregator", "bucketing", {"inner": "bucketing"})

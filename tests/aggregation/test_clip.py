@@ -1,0 +1,39 @@
+"""An update's norm and norm clipping (meshkit.aggregation.global_norm, clip_update)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshkit.aggregation import clip_update, global_norm
+from meshkit.state import BFLOAT16
+
+
+def test_the_norm_is_over_every_numeric_array_leaf_together_json_ignored():
+    update = {"a": np.array([3.0], np.float32), "b": np.array([[4.0]]), "c": {"lr": 100.0},
+              "n": np.array([0], np.int64)}
+    assert global_norm(update) == 5.0
+
+
+def test_clipping_scales_every_leaf_by_one_factor_and_keeps_dtypes():
+    update = {"a": np.array([3.0, 0.0], np.float32), "b": np.array([4.0], BFLOAT16),
+              "meta": {"x": 1}}
+    clipped, norm = clip_update(update, 1.0)
+    assert norm == 5.0
+    assert clipped["a"].dtype == np.float32 and clipped["b"].dtype == BFLOAT16
+    np.testing.assert_allclose(clipped["a"], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"].astype(np.float64), [0.8], rtol=1e-2)
+    assert clipped["meta"] == {"x": 1}
+    assert global_norm(clipped) == pytest.approx(1.0, rel=1e-2)
+
+
+@pytest.mark.parametrize("update", [{"a": np.zeros(3)}, {"a": np.array([0.3, 0.4])}])
+def test_a_zero_or_short_update_is_unchanged(update):
+    clipped, norm = clip_update(update, 1.0)
+    np.testing.assert_array_equal(clipped["a"], update["a"])
+    assert norm == global_norm(update)
+
+
+def test_a_negative_clip_norm_is_refused():
+    with pytest.raises(ValueError, match="clip_norm must be a finite number >= 0"):
+        clip_update({"a": np.ones(2)}, -1.0)
