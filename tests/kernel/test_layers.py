@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
      "meshkit.registry", "meshkit.checkpoint"),
     ("meshkit.wire",),
     ("meshkit.transport",),
-    ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner"),
+    ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.privacy"),
     ("meshkit.node", "meshkit.task"),
     ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch"),
     ("meshkit.cli",),
