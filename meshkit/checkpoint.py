@@ -49,6 +49,8 @@ class Checkpoint:
     #: The round's ``metrics.jsonl`` line (JSON), so a crash between writing
     #: the checkpoint and that line does not leave a gap after ``--resume``.
     report: Mapping[str, Any] = attrs.Factory(dict)
+    #: The ``[privacy]`` mechanism's state: its accountant's history, its clip norm.
+    privacy_state: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -93,6 +95,7 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "rng": _to_json(dict(checkpoint.rng_state), "rng", arrays),
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
         "report": _to_json(dict(checkpoint.report), "report", arrays),
+        "privacy": _to_json(dict(checkpoint.privacy_state), "privacy", arrays),
     }
     for name, array in arrays.items():
         if array.dtype.hasobject:
@@ -194,15 +197,16 @@ def _read(file: Path) -> Checkpoint:
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
+        privacy_state=_from_json(meta.get("privacy") or {}, arrays),
     )
 
 
 #: What to do about a checkpoint that cannot be trusted.
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
-#: The header fields that hold JSON objects; "report" and "dtypes" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes")
-_OPTIONAL = ("report", "dtypes")
+#: The header fields that hold JSON objects; "report", "dtypes" and "privacy" may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "privacy")
+_OPTIONAL = ("report", "dtypes", "privacy")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -157,7 +157,7 @@ _SELECTED_TABLES = {
     "outer_optimizer": ("outer_optimizer", "average"),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
-                 "task", "transport")
+                 "task", "transport", "privacy")
 
 
 @attrs.frozen
@@ -175,11 +175,15 @@ class Config:
     #: ``[partitioner]``: how a federated run splits the training set into clients.
     #: None (no table): contiguous row blocks, which need no plugin.
     partitioner: Selection | None = None
+    #: ``[privacy]``: the differential-privacy mechanism of a federated run (None: none).
+    privacy: Selection | None = None
 
     def selections(self) -> list[Selection]:
         chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
         if self.partitioner is not None:
             chosen.append(self.partitioner)
+        if self.privacy is not None:
+            chosen.append(self.privacy)
         return [*chosen, self.transport]
 
     @property
@@ -267,10 +271,18 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
             raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
                               f"{chosen!r}")
         partitioner = Selection("partitioner", chosen, options, "[partitioner]")
+    privacy = None
+    if "privacy" in data:
+        options = table("privacy")
+        chosen = options.pop("name", None)
+        if not isinstance(chosen, str) or not chosen:
+            raise ConfigError(f"{path}: [privacy] name: expected a privacy mechanism's name "
+                              f"(e.g. \"dp-fixed\"), got {chosen!r}")
+        privacy = Selection("privacy", chosen, options, "[privacy]")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
-                  partitioner=partitioner, **selections)
+                  partitioner=partitioner, privacy=privacy, **selections)
 
 
 @attrs.frozen

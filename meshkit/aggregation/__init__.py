@@ -33,12 +33,14 @@ Where each idea lives:
 * ``_mean.py``: :class:`MeanFold` and :func:`check_contributions`;
 * ``_json.py``: how JSON leaves are averaged and checked;
 * ``_threads.py``: how a large fold is split across threads;
-* ``_messages.py``: how refusals word values and contributor lists.
+* ``_messages.py``: how refusals word values and contributor lists;
+* ``_clip.py``: :func:`global_norm` and :func:`clip_update`, an update's norm and its clip.
 """
 
 from __future__ import annotations
 
 from meshkit.aggregation._buffering import BufferingFold, begin, streaming
+from meshkit.aggregation._clip import clip_update, global_norm
 from meshkit.aggregation._contract import (
     Aggregator,
     Fold,
@@ -64,4 +66,6 @@ __all__ = [
     "default_source",
     "CHUNK_ELEMENTS",
     "DEFAULT_THREADS",
+    "global_norm",
+    "clip_update",
 ]

@@ -47,6 +47,17 @@ def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
             *(f"  {share.describe()}" for share in shares)]
 
 
+def _privacy_line(plan: dict[str, Any]) -> str:
+    """The ε a private run will reach, and where its budget stops it."""
+    line = (f"privacy: epsilon {plan['epsilon']:.4g} at delta {plan['delta']:g} after "
+            f"{plan['rounds']} round(s) (q = {plan['q']:g}, expected cohort "
+            f"{plan['expected_cohort']:g})")
+    if "rounds_within_target" in plan:
+        line += (f"; target_epsilon {plan['target_epsilon']:g} stops the run after round "
+                 f"{plan['rounds_within_target']}")
+    return line
+
+
 def _out_note(plan: Any) -> str | None:
     out = Path(plan.config.run.out)
     if (out / CHECKPOINT_NAME).exists():
@@ -84,6 +95,7 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "components": components,
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
+        "privacy": parts.get("privacy_plan"),
     }
 
 
@@ -118,6 +130,8 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(line)
         if parts["rounds"] == 0:
             click.echo("rounds = 0: evaluation only; no worker is started")
+        if parts.get("privacy_plan"):
+            click.echo(_privacy_line(parts["privacy_plan"]))
         note = _out_note(plan)
         if note:
             click.echo(note)

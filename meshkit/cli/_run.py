@@ -116,8 +116,9 @@ def _final_line(report: RunReport) -> str:
         return (f"done: {report.strategy}, evaluation only in {report.seconds:.1f}s; "
                 f"{_fmt_metrics(report.metrics)}")
     start = f" (resumed after round {report.resumed_from})" if report.resumed_from else ""
+    stopped = f"; stopped early: {report.stopped}" if report.stopped else ""
     return (f"done: {report.strategy}, {report.rounds_completed} round(s){start} in "
-            f"{report.seconds:.1f}s; {_fmt_metrics(report.metrics)}")
+            f"{report.seconds:.1f}s; {_fmt_metrics(report.metrics)}{stopped}")
 
 
 def _execute(config: str, *, resume: bool, overwrite: bool, quiet: bool, as_json: bool,

@@ -47,11 +47,12 @@ def identity(plan: Any) -> dict[str, Any]:
     cfg = plan.config
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
-            "partitioner": cfg.partitioner_name}
+            "partitioner": cfg.partitioner_name,
+            "privacy": "" if cfg.privacy is None else cfg.privacy.name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
-_BEFORE = {"partitioner": DEFAULT_PARTITIONER}
+_BEFORE = {"partitioner": DEFAULT_PARTITIONER, "privacy": ""}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
@@ -125,11 +126,29 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
                 f"is damaged or from another meshkit. Start afresh with --overwrite") from None
     if ckpt.rng_state:
         _restore_rng(file, parts["rng"], ckpt.rng_state)
+    if parts.get("privacy") is not None:
+        _restore_privacy(file, parts["privacy"], ckpt.privacy_state)
     truncate_metrics(out, ckpt.round, ckpt.report)
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)
     return Start(ckpt.round, resumed=True, checkpoint=ckpt)
+
+
+def _restore_privacy(file: Path, privacy: Any, saved: Mapping[str, Any]) -> None:
+    """The accountant's history and clip norm, so ε and S continue where they were."""
+    if not saved:
+        raise ConfigError(
+            f"checkpoint {str(file)!r} holds no privacy state, but this run has a [privacy] "
+            f"table: the rounds it already played were not accounted. Start afresh with "
+            f"--overwrite")
+    try:
+        privacy.load_state_dict(saved)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"checkpoint {str(file)!r}: its privacy state does not load into this run's "
+            f"[privacy] mechanism ({type(exc).__name__}: {exc}). Use the same [privacy] "
+            f"table, or start afresh with --overwrite") from None
 
 
 def _restore_rng(file: Path, rng: Any, saved: Mapping[str, Any]) -> None:

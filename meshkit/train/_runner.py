@@ -124,6 +124,8 @@ class RunReport:
     address: str = ""
     #: ``--resume`` found every round done already: nothing was started.
     already_complete: bool = False
+    #: Why the run stopped cleanly before its last round ("": it did not).
+    stopped: str = ""
     #: The final global state (not in the JSON form).
     state: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
 
@@ -134,6 +136,8 @@ class RunReport:
         # A task may report numpy scalars (np.float32 is not JSON); this runs
         # in run()'s finally, where an error would mask the real outcome.
         data["metrics"] = {k: _number(v) for k, v in self.metrics.items()}
+        if "epsilon" in self.metrics:  # a private run's final ε, at its [privacy] delta
+            data["epsilon"] = _number(self.metrics["epsilon"])
         return data
 
 
@@ -247,6 +251,7 @@ class Runner:
         completed = [start.round]
         last_metrics: dict[str, float] = {}
         final_state: list[Any] = [parts["ctx_state"]]
+        stopped = ""
         error: str | None = None
         ctx = None
         ticker = threading.Event()
@@ -262,6 +267,7 @@ class Runner:
                 result = parts["strategy"].run(ctx)
                 final_state[0] = result.state
                 last_metrics.update(result.metrics)
+                stopped = result.stopped
         except KeyboardInterrupt as exc:
             how = exc.signal_name if isinstance(exc, Interrupted) else "Ctrl-C"
             error = (f"interrupted ({how}) after round {completed[0]}; workers stopped, the "
@@ -292,7 +298,7 @@ class Runner:
                 rounds=parts["rounds"] or 0, rounds_completed=completed[0],
                 resumed_from=start.round if start.resumed else 0, metrics=dict(last_metrics),
                 dropped=dropped,
-                error=error, seconds=time.monotonic() - started,
+                error=error, seconds=time.monotonic() - started, stopped=stopped,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0])
             self.report = report
@@ -516,6 +522,7 @@ class Runner:
         workers = sorted(set(train_ranks) | (set(range(1, self._world)) - joined))
         outer = parts["outer"]
         rng = parts["rng"]
+        privacy = parts["privacy"]
         run_identity = identity(plan)
 
         def on_round(report: Any, state: Mapping[str, Any]) -> None:
@@ -524,7 +531,8 @@ class Runner:
             line = report.to_json()
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
-                rng_state=rng.bit_generator.state, identity=run_identity, report=line))
+                rng_state=rng.bit_generator.state, identity=run_identity, report=line,
+                privacy_state={} if privacy is None else privacy.state_dict()))
             append_metrics(out, line)
             completed[0] = report.round
             self._round_started = time.monotonic()
@@ -543,7 +551,7 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
-            partitioner=parts["partitioner"])
+            partitioner=parts["partitioner"], privacy=privacy)
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

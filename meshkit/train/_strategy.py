@@ -117,6 +117,9 @@ class StrategyResult:
     state: Mapping[str, Any]
     rounds: int
     metrics: Mapping[str, float] = attrs.Factory(dict)
+    #: Why the run ended before its last round without an error ("": it did not),
+    #: e.g. a privacy budget (``[privacy] target_epsilon``) that the next round would exceed.
+    stopped: str = ""
 
 
 class Strategy(Protocol):
@@ -176,6 +179,9 @@ class StrategyContext:
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Any = None
     admit: Callable[[], Sequence[int]] = lambda: ()
+    #: The run's privacy mechanism (``[privacy]``, a
+    #: :class:`meshkit.privacy.PrivacyMechanism`; None: none).
+    privacy: Any = None
 
     @property
     def live(self) -> list[int]:

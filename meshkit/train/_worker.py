@@ -45,6 +45,7 @@ from meshkit import plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError
 from meshkit.node import TrainReport
 from meshkit.partitioner import is_per_node, split_rows
+from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
@@ -171,7 +172,13 @@ class Trainer:
             self.fits += 1
             self.examples += int(result.examples)
             self.metrics = {k: float(v) for k, v in result.metrics.items()}
-            return self._answer(request, "state", result.state, result.examples, self.metrics)
+            fitted = result.state
+            if request.get("clip_norm") is not None:
+                # [privacy] clip = "client": the update leaves this node clipped
+                clip = float(request["clip_norm"])
+                fitted, norm = clip_contribution(start, fitted, clip)
+                self.metrics["unclipped"] = float(norm <= clip)
+            return self._answer(request, "state", fitted, result.examples, self.metrics)
         if op == "set_state":
             self.state = dict(request["state"])
             # A new round: whatever the last one left unclaimed is stale.

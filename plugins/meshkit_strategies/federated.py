@@ -12,9 +12,12 @@ from meshkit.partitioner import is_per_node
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import client_seed, fold_round, run_rounds, sample_clients, weighted_mean
+from meshkit.train import poisson_clients
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import FederatedOptions
+from meshkit_strategies.private import BudgetReached, check_private, play_private_round
+from meshkit_strategies.private import sampling_rate
 
 
 @attrs.frozen
@@ -34,6 +37,12 @@ class Federated:
     options: FederatedOptions
     #: The run's partitioner splits this strategy's training set into clients.
     partitioned: ClassVar[bool] = True
+    #: It plays private rounds under ``[privacy]`` (meshkit_strategies.private).
+    private: ClassVar[bool] = True
+
+    def sampling_rate(self, clients: int) -> float:
+        """The probability q a client is in a round, as a privacy accountant composes it."""
+        return sampling_rate(self.options)
 
     def clients(self, workers: int, partitioner: Any = None) -> int:
         """How many clients the run has: one per worker with ``local``."""
@@ -42,10 +51,12 @@ class Federated:
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int,
-              partitioner: Any = None) -> None:
+              partitioner: Any = None, privacy: Any = None) -> None:
         """Refuse what cannot work before any process starts."""
         opts = self.options
         per_node = is_per_node(partitioner)
+        if privacy is not None:
+            check_private(opts, privacy, self.clients(workers, partitioner))
         if per_node and opts.clients not in (0, workers):
             raise ConfigError(
                 f"[strategy] clients = {opts.clients}, but with [partitioner] name = \"local\" "
@@ -81,8 +92,17 @@ class Federated:
                    partitioner=ctx.partitioner)
         if self.options.evaluate != "coordinator":
             self._check_held_out(ctx)
-        return run_rounds(ctx, "federated", self.options.rounds, ctx.initial_state(),
-                          self.play_round)
+        last: list[Any] = [ctx.initial_state(), {}, ctx.start_round]
+
+        def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
+            outcome = self.play_round(ctx, rnd, state)
+            last[:] = [outcome.state, outcome.metrics, rnd]
+            return outcome
+        try:
+            return run_rounds(ctx, "federated", self.options.rounds, last[0], play)
+        except BudgetReached as stop:
+            # Not an error: the budget was spent; the last round's checkpoint stands.
+            return StrategyResult(last[0], last[2], last[1], stopped=stop.reason)
 
     def _check_held_out(self, ctx: StrategyContext) -> None:
         """Every worker must have held-out data before any round trains (it is asked)."""
@@ -100,7 +120,14 @@ class Federated:
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner)
-        sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
+        if ctx.privacy is not None:
+            return play_private_round(opts, ctx, rnd, state, clients,
+                                      list(ctx.workers) if per_node else None)
+        sampled = (poisson_clients(ctx.seed, rnd, clients, opts.fraction)
+                   if opts.sampling == "poisson"
+                   else sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients))
+        if not sampled:  # a Poisson draw may sample nobody: the model stays as it is
+            return RoundOutcome(state, answered=(), metrics=dict(ctx.task.evaluate(state)))
         # A client's fit is seeded by (run seed, round, client), never by the
         # worker that serves it: any live worker gives the same contribution.
         # With local data, client c *is* worker c: only it has the rows.
@@ -112,7 +139,7 @@ class Federated:
                             deadline=opts.round_timeout or None)
         # min_clients counts served clients, not workers: one live worker
         # may serve every client of a round.
-        if len(folded.served) < opts.min_clients:
+        if len(folded.served) < min(opts.min_clients, len(sampled)):
             missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
             raise MeshError(
                 f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer "

@@ -18,6 +18,8 @@ __all__ = [
 
 #: ``[strategy] evaluate`` values of ``federated``.
 EVALUATE = ("coordinator", "clients", "both")
+#: ``[strategy] sampling`` values of ``federated``.
+SAMPLING = ("fixed", "poisson")
 
 
 def _at_least(low: int) -> Any:
@@ -95,6 +97,10 @@ class FederatedOptions:
     #: Seconds a round waits for client answers (0: no deadline): a later
     #: answer is dropped for that round (recorded late), its worker serves on.
     round_timeout: float = attrs.field(default=0.0, validator=_seconds)
+    #: How a round's clients are drawn: "fixed" (ceil(fraction * clients) of
+    #: them) or "poisson" (each independently with probability fraction, from
+    #: the run seed: what a privacy accountant's amplification assumes).
+    sampling: str = attrs.field(default="fixed", validator=attrs.validators.in_(SAMPLING))
 
 
 @attrs.frozen
