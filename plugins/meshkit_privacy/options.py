@@ -30,18 +30,26 @@ def _probability(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"{attribute.name} must be in (0, 1), got {value}")
 
 
+def _one_of(*choices: str) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{attribute.name} must be one of "
+                             + ", ".join(repr(c) for c in choices) + f"; got {value!r}")
+    return check
+
+
 def _common() -> dict[str, Any]:
     return {
         #: Who clips: the coordinator, or each client before it replies (the
         #: coordinator then never sees an unclipped update).
-        "clip": attrs.field(default="coordinator", validator=attrs.validators.in_(_PLACEMENTS)),
+        "clip": attrs.field(default="coordinator", validator=_one_of(*_PLACEMENTS)),
         "delta": attrs.field(default=1e-5, validator=_probability),
         #: Stop the run before the round that would take ε past this (0: no budget).
         "target_epsilon": attrs.field(default=0.0, validator=_not_negative),
-        "accountant": attrs.field(default="pld", validator=attrs.validators.in_(_ACCOUNTANTS)),
+        "accountant": attrs.field(default="pld", validator=_one_of(*_ACCOUNTANTS)),
         #: "os": fresh OS entropy (the guarantee); "seeded": from (run seed, round),
         #: reproducible, and no privacy against whoever knows the seed (testing only).
-        "noise": attrs.field(default="os", validator=attrs.validators.in_(_NOISE)),
+        "noise": attrs.field(default="os", validator=_one_of(*_NOISE)),
     }
 
 
