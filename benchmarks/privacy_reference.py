@@ -64,10 +64,10 @@ def reference(grid: list[tuple[float, float, int, float]]) -> list[dict[str, flo
 
 
 def main() -> None:
-    import dp_accounting
+    from importlib.metadata import version as installed
 
     grid = [tuple(x) for x in json.loads(sys.argv[1])] if len(sys.argv) > 1 else GRID
-    version = getattr(dp_accounting, "__version__", "unknown")
+    version = installed("dp-accounting")
     json.dump({"library": f"dp-accounting {version}", "rows": reference(grid)},  # type: ignore[arg-type]
               sys.stdout, indent=1)
     sys.stdout.write("\n")
