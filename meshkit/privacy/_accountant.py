@@ -139,17 +139,21 @@ def _connect_dots(q: float, z: float, h: float, direction: str
         delta = np.maximum(delta, 0.0)
     else:
         delta = (_delta_remove if direction == "remove" else _delta_add)(grid, q, z)
-    u = np.exp(grid)
-    # slopes of δ against u = e^ε: from (0, 1) to the first point, between
-    # points, and 0 past the last (what is left there is the mass at +∞)
-    slopes = np.empty(len(grid) + 1)
-    slopes[0] = (delta[0] - 1.0) / u[0]
-    slopes[1:-1] = np.diff(delta) / np.diff(u)
-    slopes[-1] = 0.0
-    # convexity makes the slopes increase; rounding may break that by a hair
-    slopes = np.maximum.accumulate(slopes)
-    masses = u * np.diff(slopes)
-    return lo, np.maximum(masses, 0.0), float(delta[-1])
+    # The slopes of δ against u = e^ε: from (0, 1) to the first point, between
+    # points, 0 past the last (what is left there is the mass at +∞). The mass
+    # at point i is u_i times the change of slope there; on the grid
+    # u_{i+1} = u_i·e^h that is, without the huge numbers u_i⁻¹ would bring,
+    # ((δ_{i+1} − δ_i) − e^h (δ_i − δ_{i−1})) / (e^h − 1).
+    step = math.expm1(h)
+    rise = np.diff(delta)  # δ_{i+1} − δ_i, all <= 0
+    right = np.append(rise, 0.0) / step  # u_i · slope right of i
+    left = np.empty(len(grid))  # u_i · slope left of i
+    left[0] = delta[0] - 1.0
+    left[1:] = rise * (1.0 + step) / step
+    masses = np.maximum(right - left, 0.0)  # convexity: never negative but by rounding
+    # mass the rounding lost goes to +∞, where it can only raise δ
+    infinity = float(delta[-1]) + max(0.0, 1.0 - float(masses.sum()) - float(delta[-1]))
+    return lo, masses, infinity
 
 
 # -- composing discrete loss distributions -----------------------------------
@@ -224,7 +228,10 @@ class _Pmf:
                 best = min(best, edge) if sign > 0 else max(best, -edge)
             bounds.append(best)
         high, low = bounds
-        return max(0, math.floor(low)), min(total, math.ceil(high))
+        low, high = max(0, math.floor(low)), min(total, math.ceil(high))
+        if high < low:  # no t gave a usable bound: the whole support, exactly
+            return 0, total
+        return low, high
 
     def epsilon(self, delta: float, h: float) -> float:
         """The smallest ε >= 0 with δ(ε) <= ``delta``; ∞ when none."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["DpFixedOptions", "DpAdaptiveOptions"]
+__all__ = ["CommonOptions", "DpFixedOptions", "DpAdaptiveOptions"]
 
 #: Mirrors meshkit.privacy (PLACEMENTS, ACCOUNTANTS, NOISE_SOURCES); kept here so
 #: listing plugins never imports numpy.
@@ -38,36 +38,32 @@ def _one_of(*choices: str) -> Any:
     return check
 
 
-def _common() -> dict[str, Any]:
-    return {
-        #: Who clips: the coordinator, or each client before it replies (the
-        #: coordinator then never sees an unclipped update).
-        "clip": attrs.field(default="coordinator", validator=_one_of(*_PLACEMENTS)),
-        "delta": attrs.field(default=1e-5, validator=_probability),
-        #: Stop the run before the round that would take ε past this (0: no budget).
-        "target_epsilon": attrs.field(default=0.0, validator=_not_negative),
-        "accountant": attrs.field(default="pld", validator=_one_of(*_ACCOUNTANTS)),
-        #: "os": fresh OS entropy (the guarantee); "seeded": from (run seed, round),
-        #: reproducible, and no privacy against whoever knows the seed (testing only).
-        "noise": attrs.field(default="os", validator=_one_of(*_NOISE)),
-    }
+@attrs.frozen
+class CommonOptions:
+    """The ``[privacy]`` keys every built-in mechanism takes."""
+
+    #: Who clips: the coordinator, or each client before it replies (the
+    #: coordinator then never sees an unclipped update).
+    clip: str = attrs.field(default="coordinator", validator=_one_of(*_PLACEMENTS), kw_only=True)
+    delta: float = attrs.field(default=1e-5, validator=_probability, kw_only=True)
+    #: Stop the run before the round that would take ε past this (0: no budget).
+    target_epsilon: float = attrs.field(default=0.0, validator=_not_negative, kw_only=True)
+    accountant: str = attrs.field(default="pld", validator=_one_of(*_ACCOUNTANTS), kw_only=True)
+    #: "os": fresh OS entropy (the guarantee); "seeded": from (run seed, round),
+    #: reproducible, and no privacy against whoever knows the seed (testing only).
+    noise: str = attrs.field(default="os", validator=_one_of(*_NOISE), kw_only=True)
 
 
 @attrs.frozen
-class DpFixedOptions:
+class DpFixedOptions(CommonOptions):
     """``dp-fixed``: clip norm S and noise multiplier z (σ = z·S/m on the mean)."""
 
     clip_norm: float = attrs.field(default=1.0, validator=_positive)
     noise_multiplier: float = attrs.field(default=1.0, validator=_positive)
-    clip: str = _common()["clip"]
-    delta: float = _common()["delta"]
-    target_epsilon: float = _common()["target_epsilon"]
-    accountant: str = _common()["accountant"]
-    noise: str = _common()["noise"]
 
 
 @attrs.frozen
-class DpAdaptiveOptions:
+class DpAdaptiveOptions(CommonOptions):
     """``dp-adaptive`` (Andrew et al. 2021): S follows the ``target_quantile`` of update norms.
 
     Defaults are the paper's: initial S 0.1, γ = 0.5, η = 0.2.
@@ -81,8 +77,3 @@ class DpAdaptiveOptions:
     clip_lr: float = attrs.field(default=0.2, validator=_positive)
     noise_multiplier: float = attrs.field(default=1.0, validator=_positive)
     count_noise_multiplier: float = attrs.field(default=10.0, validator=_positive)
-    clip: str = _common()["clip"]
-    delta: float = _common()["delta"]
-    target_epsilon: float = _common()["target_epsilon"]
-    accountant: str = _common()["accountant"]
-    noise: str = _common()["noise"]

@@ -7,14 +7,14 @@ from typing import Any, ClassVar, Mapping
 
 import attrs
 
-from meshkit import ConfigError, MeshError
+from meshkit import ConfigError
 from meshkit.partitioner import is_per_node
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import client_seed, fold_round, run_rounds, sample_clients, weighted_mean
 from meshkit.train import poisson_clients
 
-from meshkit_strategies._shared import training_rows
+from meshkit_strategies._shared import require_served, training_rows
 from meshkit_strategies.options import FederatedOptions
 from meshkit_strategies.private import BudgetReached, check_private, play_private_round
 from meshkit_strategies.private import sampling_rate
@@ -137,15 +137,7 @@ class Federated:
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
         folded = fold_round(ctx, work, state=state, window=opts.window,
                             deadline=opts.round_timeout or None)
-        # min_clients counts served clients, not workers: one live worker
-        # may serve every client of a round.
-        if len(folded.served) < min(opts.min_clients, len(sampled)):
-            missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
-            raise MeshError(
-                f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer "
-                f"than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
-                f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and "
-                f"run again with --resume")
+        require_served(rnd, folded, sampled, opts.min_clients)
         consensus = folded.result
         state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
         metrics = dict(folded.train_loss())

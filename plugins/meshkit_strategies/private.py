@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from meshkit import ConfigError, MeshError, RefusedError
+from meshkit import ConfigError, RefusedError
 from meshkit.train import Folded, RoundOutcome, StrategyContext, Work
 from meshkit.train import client_seed, fold_round, once, poisson_clients
+
+from meshkit_strategies._shared import require_served
 
 __all__ = ["check_private", "play_private_round", "BudgetReached"]
 
@@ -90,13 +92,7 @@ def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping
     folded = (fold_round(ctx, work, state=state, weight=once, window=opts.window, fold=fold,
                          deadline=opts.round_timeout or None)
               if work else Folded(None, {}, {}, {}))
-    if len(folded.served) < min(opts.min_clients, len(sampled)):
-        missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
-        raise MeshError(
-            f"round {rnd}: {len(folded.served)} of {len(sampled)} sampled clients served, "
-            f"fewer than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
-            f"The last checkpoint (round {rnd - 1}) is intact; restart the workers and run "
-            f"again with --resume")
+    require_served(rnd, folded, sampled, opts.min_clients)
     # The noise goes on even when no client answered: the release must not
     # reveal that.
     consensus = folded.result if folded.result is not None else fold.result()
