@@ -156,3 +156,37 @@ def test_a_privacy_table_needs_a_name_and_valid_keys(tmp_path):
     config = table(tmp_path / "out", privacy={"clip": "server"})
     with pytest.raises(meshkit.ConfigError, match=r"\[privacy\]: .*clip must be one of"):
         resolve(parse_config(config))
+
+
+@pytest.mark.slow
+def test_through_a_host_relay_the_noise_is_added_once_on_the_coordinator(tmp_path, monkeypatch):
+    from meshkit.train import GroupPool
+
+    sent: list[str] = []
+    original = GroupPool.send_relay
+
+    def recording(self, name, request, timeout):
+        sent.append(request["op"])
+        return original(self, name, request, timeout)
+
+    monkeypatch.setattr(GroupPool, "send_relay", recording)
+    from meshkit.train import _engine, _relay_round
+
+    behind: list[bool] = []
+    plan = _engine.relay_plan_applies
+
+    def seen(ctx, fold, weight, keys):
+        behind.append(_relay_round.relay_groups(ctx) is not None)
+        return plan(ctx, fold, weight, keys)
+
+    monkeypatch.setattr(_engine, "relay_plan_applies", seen)
+    flat = meshkit.run(table(tmp_path / "flat", rounds=2, privacy={"clip": "client"}))
+    relayed_config = table(tmp_path / "relayed", rounds=2, privacy={"clip": "client"})
+    relayed_config["mesh"]["relays"] = 1
+    relayed = meshkit.run(relayed_config)
+    assert flat.ok and relayed.ok
+    assert behind == [False, False, True, True]  # every worker was behind the relay
+    # the relay forwards each clipped update (no fold of its own, no noise of its own),
+    # so the released model is the flat star's, bit for bit
+    assert "fold" not in sent
+    assert_states_identical(relayed.state, flat.state, what="relayed vs flat")
