@@ -11,7 +11,8 @@ for a fresh one.
 op              request fields                          reply fields
 ==============  ======================================  =============================
 ``set_state``   state                                   (ack); discards kept results
-``fit``         shard, shards, seed; state?; keep?      examples, metrics; state or kept
+``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept
+                clip_norm?
 ``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
 ``step``        shard, shards, seed, batch_size, ranks  examples, metrics (all-reduce + apply)
 ``take``        key                                     state (the kept result, dropped)

@@ -1,5 +1,6 @@
 """Private runs end to end: real workers, ε in every row, a budget that stops the run cleanly,
-a bit-exact resume, clipping on the clients, and the refusals that keep the guarantee."""
+a bit-exact resume, clipping on the clients, a host relay, and the refusals that keep the
+guarantee."""
 
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ def _plan(config: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(tmp_path):
+def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(
+        tmp_path, monkeypatch):
     # q = 0.25, z = 1: epsilon after 1, 2, 3, 4 rounds
     eps = _plan(table(tmp_path / "p", rounds=4))["privacy"].epsilon_after
     steps = [eps(0.25, t) for t in (1, 2, 3, 4)]
     budget = (steps[1] + steps[2]) / 2  # room for two rounds, not three
-    stopped = meshkit.run(table(tmp_path / "a", privacy={"target_epsilon": budget}))
+    clients_clip = {"clip": "client"}
+    stopped = meshkit.run(table(tmp_path / "a", privacy={**clients_clip,
+                                                          "target_epsilon": budget}))
     assert stopped.ok and stopped.rounds_completed == 2
     assert "round 3 would take epsilon to" in stopped.stopped
     rows = read_metrics(tmp_path / "a")
@@ -51,11 +55,17 @@ def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(
     assert summary["epsilon"] == pytest.approx(steps[1]) and summary["stopped"]
     assert load_checkpoint(tmp_path / "a").round == 2  # the checkpoint is intact
     # a larger budget continues from the checkpoint ...
-    resumed = meshkit.run(table(tmp_path / "a", privacy={"target_epsilon": steps[3] + 1}),
-                          resume=True)
+    larger = {**clients_clip, "target_epsilon": steps[3] + 1}
+    resumed = meshkit.run(table(tmp_path / "a", privacy=larger), resume=True)
     assert resumed.ok and resumed.rounds_completed == 4 and not resumed.stopped
-    # ... to the very bits of a run never stopped
-    whole = meshkit.run(table(tmp_path / "b", privacy={"target_epsilon": steps[3] + 1}))
+    # ... to the very bits of a run never stopped, and that one went through a
+    # host relay: the relay forwards each clipped update (no fold, no noise of
+    # its own) and the noise is added once, on the coordinator
+    sent, behind = _watch_relays(monkeypatch)
+    whole_config = table(tmp_path / "b", privacy=larger)
+    whole_config["mesh"]["relays"] = 1
+    whole = meshkit.run(whole_config)
+    assert behind and all(behind) and "fold" not in sent
     assert_states_identical(resumed.state, whole.state, what="resumed vs uninterrupted")
     assert ([r["epsilon"] for r in read_metrics(tmp_path / "a")]
             == [r["epsilon"] for r in read_metrics(tmp_path / "b")])
@@ -63,8 +73,29 @@ def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(
             == load_checkpoint(tmp_path / "b").privacy_state)
 
 
+def _watch_relays(monkeypatch) -> tuple[list[str], list[bool]]:
+    """Record the ops sent to relays, and per round whether every worker was behind one."""
+    from meshkit.train import GroupPool, _engine, _relay_round
+
+    sent: list[str] = []
+    behind: list[bool] = []
+    send, plan = GroupPool.send_relay, _engine.relay_plan_applies
+
+    def recording(self, name, request, timeout):
+        sent.append(request["op"])
+        return send(self, name, request, timeout)
+
+    def seen(ctx, fold, weight, keys):
+        behind.append(_relay_round.relay_groups(ctx) is not None)
+        return plan(ctx, fold, weight, keys)
+
+    monkeypatch.setattr(GroupPool, "send_relay", recording)
+    monkeypatch.setattr(_engine, "relay_plan_applies", seen)
+    return sent, behind
+
+
 @pytest.mark.slow
-def test_a_cli_run_clipping_on_the_clients_with_adaptive_clipping(tmp_path):
+def test_a_cli_run_with_adaptive_clipping(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [run]
@@ -83,7 +114,6 @@ sampling = "poisson"
 
 [privacy]
 name = "dp-adaptive"
-clip = "client"
 initial_clip_norm = 5.0
 noise_multiplier = 0.5
 count_noise_multiplier = 2.0
@@ -157,36 +187,3 @@ def test_a_privacy_table_needs_a_name_and_valid_keys(tmp_path):
     with pytest.raises(meshkit.ConfigError, match=r"\[privacy\]: .*clip must be one of"):
         resolve(parse_config(config))
 
-
-@pytest.mark.slow
-def test_through_a_host_relay_the_noise_is_added_once_on_the_coordinator(tmp_path, monkeypatch):
-    from meshkit.train import GroupPool
-
-    sent: list[str] = []
-    original = GroupPool.send_relay
-
-    def recording(self, name, request, timeout):
-        sent.append(request["op"])
-        return original(self, name, request, timeout)
-
-    monkeypatch.setattr(GroupPool, "send_relay", recording)
-    from meshkit.train import _engine, _relay_round
-
-    behind: list[bool] = []
-    plan = _engine.relay_plan_applies
-
-    def seen(ctx, fold, weight, keys):
-        behind.append(_relay_round.relay_groups(ctx) is not None)
-        return plan(ctx, fold, weight, keys)
-
-    monkeypatch.setattr(_engine, "relay_plan_applies", seen)
-    flat = meshkit.run(table(tmp_path / "flat", rounds=2, privacy={"clip": "client"}))
-    relayed_config = table(tmp_path / "relayed", rounds=2, privacy={"clip": "client"})
-    relayed_config["mesh"]["relays"] = 1
-    relayed = meshkit.run(relayed_config)
-    assert flat.ok and relayed.ok
-    assert behind == [False, False, True, True]  # every worker was behind the relay
-    # the relay forwards each clipped update (no fold of its own, no noise of its own),
-    # so the released model is the flat star's, bit for bit
-    assert "fold" not in sent
-    assert_states_identical(relayed.state, flat.state, what="relayed vs flat")
