@@ -187,3 +187,12 @@ def test_a_privacy_table_needs_a_name_and_valid_keys(tmp_path):
     with pytest.raises(meshkit.ConfigError, match=r"\[privacy\]: .*clip must be one of"):
         resolve(parse_config(config))
 
+
+
+def test_the_shipped_private_example_checks_and_stays_within_its_budget():
+    from meshkit.config import load_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "federated-private.toml"
+    plan = build_components(resolve(load_config(example)))["privacy_plan"]
+    assert plan["q"] == 0.05 and plan["expected_cohort"] == 50
+    assert plan["epsilon"] <= plan["target_epsilon"]
