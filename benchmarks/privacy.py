@@ -6,6 +6,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/privacy.py --accountant --reference-python /tmp/dpvenv/bin/python
     python benchmarks/privacy.py                               # accuracy vs ε on digits
     python benchmarks/privacy.py --rounds 20 --z 1             # a quick look
+    python benchmarks/privacy.py --fold                        # the fold's own cost
 
 ``--accountant`` computes ε for the grid of ``benchmarks/privacy_reference.py``
 (q from 0.001 to 0.1, z from 0.5 to 2, T up to 2,000) with meshkit's PLD and
@@ -24,7 +25,11 @@ default, Poisson sampling q = 0.05, so m = 50 clients a round) under
 launch). Printed per run: ε at δ = 1e-5 after the rounds, the final held-out
 accuracy (mean and spread over ``--repeat`` seeds) and seconds per round,
 with DP's cost as the ratio of its seconds per round to the baseline's.
-``--plot FILE`` draws accuracy against ε (matplotlib). The noise is
+``--plot FILE`` draws accuracy against ε (matplotlib). ``--fold`` times what
+DP adds on the coordinator, in-process so the machine's load moves it less:
+folding a cohort of updates with fedavg's ``MeanFold`` (the baseline) against
+the noised sum (a subtraction, a norm and a clip per update, then one
+Gaussian draw per coordinate). The noise is
 ``seeded`` so the figures repeat; that is for measuring, not protecting.
 This is a benchmark, not a test: it asserts nothing.
 """
@@ -169,6 +174,46 @@ def accuracy(args: argparse.Namespace) -> None:
         print(f"plot: {args.plot}")
 
 
+def fold_cost(args: argparse.Namespace) -> None:
+    """The coordinator's work per round: fedavg's fold against the noised sum, in-process."""
+    import numpy as np
+
+    from meshkit.aggregation import MeanFold
+    from meshkit.privacy import NoisedSum
+
+    rng = np.random.default_rng(0)
+    for params in args.params:
+        shapes = {"w": (int(params) - 10,), "b": (10,)}
+        reference = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+        clients = [{k: (v + rng.normal(scale=0.01, size=v.shape)).astype(np.float32)
+                    for k, v in reference.items()} for _ in range(args.cohort)]
+
+        def plain() -> None:
+            fold = MeanFold(weighted=True)
+            for state in clients:
+                fold.add(state, 1.0)
+            fold.result()
+
+        def private() -> None:
+            fold = NoisedSum(reference, clip_norm=1.0, noise_std=1.0, expected=args.cohort,
+                             rng=np.random.default_rng(1))
+            for state in clients:
+                fold.add(state)
+            fold.result()
+
+        times: dict[str, list[float]] = {"fedavg": [], "dp": []}
+        for _ in range(args.repeat_fold):
+            for name, fn in (("fedavg", plain), ("dp", private)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        base, dp = (statistics.median(times[k]) for k in ("fedavg", "dp"))
+        spread = {k: max(v) - min(v) for k, v in times.items()}
+        print(f"{int(params):>9,} params x {args.cohort} clients: fedavg fold "
+              f"{base * 1000:8.2f} ms (spread {spread['fedavg'] * 1000:.2f}), noised sum "
+              f"{dp * 1000:8.2f} ms (spread {spread['dp'] * 1000:.2f}): {dp / base:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--accountant", action="store_true",
@@ -185,9 +230,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--plot", default=None, help="write accuracy against epsilon here")
+    parser.add_argument("--fold", action="store_true",
+                        help="time the coordinator's fold: fedavg against the noised sum")
+    parser.add_argument("--params", type=float, nargs="+", default=[2410, 1e5, 1e6])
+    parser.add_argument("--cohort", type=int, default=50)
+    parser.add_argument("--repeat-fold", type=int, default=7)
     args = parser.parse_args()
     if args.accountant:
         accountant(args.reference_python)
+    elif args.fold:
+        fold_cost(args)
     else:
         accuracy(args)
 

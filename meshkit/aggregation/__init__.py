@@ -40,7 +40,7 @@ Where each idea lives:
 from __future__ import annotations
 
 from meshkit.aggregation._buffering import BufferingFold, begin, streaming
-from meshkit.aggregation._clip import clip_update, global_norm
+from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
 from meshkit.aggregation._contract import (
     Aggregator,
     Fold,
@@ -68,4 +68,5 @@ __all__ = [
     "DEFAULT_THREADS",
     "global_norm",
     "clip_update",
+    "squared_norm",
 ]

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["global_norm", "clip_update"]
+__all__ = ["global_norm", "clip_update", "squared_norm"]
 
 
 def _numeric(value: Any) -> bool:
@@ -28,9 +28,18 @@ def global_norm(update: Mapping[str, Any]) -> float:
     total = 0.0
     for value in update.values():
         if _numeric(value):
-            flat = value.astype(np.float64, copy=False).ravel()
-            total += float(np.dot(flat, flat))
+            total += squared_norm(value)
     return math.sqrt(total)
+
+
+def squared_norm(array: np.ndarray) -> float:
+    """Σ x² of one array, in float64.
+
+    einsum's own loop, not ``np.dot``: BLAS threads that spin on a loaded
+    machine made the dot product 20-700x slower than the loop here.
+    """
+    flat = array.astype(np.float64, copy=False).ravel()
+    return float(np.einsum("i,i->", flat, flat))
 
 
 def clip_update(update: Mapping[str, Any], clip_norm: float) -> tuple[dict[str, Any], float]:

@@ -20,11 +20,12 @@ nothing is released about them.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Mapping
 
 import numpy as np
 
-from meshkit.aggregation import clip_update
+from meshkit.aggregation import clip_update, squared_norm
 from meshkit.errors import AggregationError
 
 __all__ = ["NoisedSum", "float_keys"]
@@ -66,6 +67,8 @@ class NoisedSum:
         self.clipped_by_clients = clipped_by_clients
         self.name = name
         self.sum = {k: np.zeros(reference[k].shape, np.float64) for k in self.keys}
+        self._ref64 = {k: np.asarray(reference[k], np.float64) for k in self.keys}
+        self._scratch = {k: np.empty(reference[k].shape, np.float64) for k in self.keys}
         #: Contributions folded, and those whose update was within S before clipping.
         self.count = 0
         self.unclipped = 0
@@ -77,32 +80,36 @@ class NoisedSum:
     def add(self, state: Mapping[str, Any], weight: float = 1.0, *,
             source: str | None = None) -> None:
         who = source or f"contributor #{self.count}"
-        update: dict[str, np.ndarray] = {}
-        for key in self.keys:
+        total = 0.0
+        for key in self.keys:  # the update, in float64 scratch buffers kept across adds
             if key not in state:
                 raise AggregationError(f"{self.name}: {who} lacks key {key!r}")
             value = np.asarray(state[key])
-            ref = self.reference[key]
-            if value.shape != ref.shape:
+            if value.shape != self._ref64[key].shape:
                 raise AggregationError(
                     f"{self.name}: {who} key {key!r} has shape {value.shape}, the global "
-                    f"model {ref.shape}")
-            delta = value.astype(np.float64) - ref.astype(np.float64)
-            if not np.isfinite(delta).all():
+                    f"model {self._ref64[key].shape}")
+            delta = np.subtract(value, self._ref64[key], out=self._scratch[key],
+                                dtype=np.float64)
+            part = squared_norm(delta)
+            if not math.isfinite(part):  # a NaN or an infinity (or a norm beyond float64)
                 raise AggregationError(f"{self.name}: {who} key {key!r} is not finite")
-            update[key] = delta
-        clipped, norm = clip_update(update, self.clip_norm)
+            total += part
+        norm = math.sqrt(total)
+        # clip_update's rule (meshkit.aggregation), in place: one scale for every array
+        scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         if self.clipped_by_clients and norm > self.clip_norm * (1 + _SLACK):
             log.warning("%s: %s sent an update of norm %.6g with clip = \"client\" and S = "
                         "%.6g: clipped here to keep the guarantee", self.name, who, norm,
                         self.clip_norm)
-        self.norms.append(norm)
-        self.unclipped += norm <= self.clip_norm
-        total = 0.0
         for key in self.keys:
-            self.sum[key] += clipped[key]
-            total += float(np.vdot(clipped[key], clipped[key]))
-        self.clipped_norms.append(total ** 0.5)
+            delta = self._scratch[key]
+            if scale < 1.0:
+                np.multiply(delta, scale, out=delta)
+            self.sum[key] += delta
+        self.norms.append(norm)
+        self.clipped_norms.append(norm * scale)
+        self.unclipped += norm <= self.clip_norm
         self.count += 1
 
     def noised_sum(self) -> dict[str, np.ndarray]:
@@ -116,7 +123,7 @@ class NoisedSum:
         out = dict(self.reference)
         for key in self.keys:
             ref = self.reference[key]
-            out[key] = (ref.astype(np.float64) + released[key] / self.expected).astype(ref.dtype)
+            out[key] = (self._ref64[key] + released[key] / self.expected).astype(ref.dtype)
         return out
 
 
