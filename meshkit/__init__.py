@@ -27,6 +27,7 @@ from meshkit.errors import (
     UnknownComponentError,
     WireError,
     WorkerError,
+    ProtocolError,
 )
 
 __version__ = "0.1.0"
@@ -57,8 +58,9 @@ _LAZY = {
 # Subpackages and modules reachable as attributes after ``import meshkit``
 # (``meshkit.plugins.available("aggregator")``), imported on first use.
 _SUBMODULES = frozenset({
-    "aggregation", "checkpoint", "cli", "config", "hookspecs", "node", "options", "outer",
-    "partitioner", "pipeline", "plugins", "registry", "state", "task", "testing", "train", "transport",
+    "aggregation", "checkpoint", "cli", "config", "flower", "hookspecs", "node", "options", "outer",
+    "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
+    "train", "transport",
     "wire",
 })
 
@@ -81,6 +83,7 @@ __all__ = [
     "BoardError",
     "BoardTimeoutError",
     "WorkerError",
+    "ProtocolError",
     *_LAZY,
 ]
 

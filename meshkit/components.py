@@ -25,6 +25,7 @@ KINDS: dict[str, str] = {
     "task": "meshkit_tasks",
     "partitioner": "meshkit_partitioners",
     "privacy": "meshkit_privacy",
+    "observer": "meshkit_observers",
 }
 
 

@@ -157,7 +157,9 @@ _SELECTED_TABLES = {
     "outer_optimizer": ("outer_optimizer", "average"),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
-                 "task", "transport", "privacy")
+                 "task", "transport", "observers", "privacy")
+#: Tables written as arrays of tables (``[[observers]]``): one selection per entry.
+_ARRAY_TABLES = ("observers",)
 
 
 @attrs.frozen
@@ -175,6 +177,8 @@ class Config:
     #: ``[partitioner]``: how a federated run splits the training set into clients.
     #: None (no table): contiguous row blocks, which need no plugin.
     partitioner: Selection | None = None
+    #: ``[[observers]]``: trackers that hear the run's events, one per entry, in order.
+    observers: tuple[Selection, ...] = ()
     #: ``[privacy]``: the differential-privacy mechanism of a federated run (None: none).
     privacy: Selection | None = None
 
@@ -241,7 +245,11 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                 f"{path}: [{table}]: unknown table"
                 + (f" (did you mean [{near}]?)" if near else "") + "; known tables are "
                 + ", ".join(f"[{t}]" for t in _KNOWN_TABLES))
-        if not isinstance(value, Mapping):
+        if table in _ARRAY_TABLES:
+            if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+                raise ConfigError(f"{path}: [[{table}]]: expected an array of tables (one "
+                                  f"[[{table}]] header per entry), got {value!r}")
+        elif not isinstance(value, Mapping):
             raise ConfigError(f"{path}: {table}: expected a table, got {value!r}")
 
     def table(name: str) -> dict[str, Any]:
@@ -281,8 +289,18 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         privacy = Selection("privacy", chosen, options, "[privacy]")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
+    observers = []
+    for index, entry in enumerate(data.get("observers", [])):
+        options = dict(entry)
+        where = f"[[observers]] #{index + 1}"
+        chosen = options.pop("name", None)
+        if not isinstance(chosen, str) or not chosen:
+            raise ConfigError(f"{path}: {where} name: expected an observer name (e.g. "
+                              f"\"tensorboard\"), got {chosen!r}")
+        observers.append(Selection("observer", chosen, options, where))
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
-                  partitioner=partitioner, privacy=privacy, **selections)
+                  partitioner=partitioner, observers=tuple(observers), privacy=privacy,
+                  **selections)
 
 
 @attrs.frozen
@@ -292,6 +310,8 @@ class Plan:
     config: Config
     components: Mapping[str, Component]
     options: Mapping[str, Any]
+    #: ``[[observers]]``, in order: each entry's component and validated options.
+    observers: tuple[tuple[Component, Any], ...] = ()
 
     def create(self, kind: str) -> Any:
         """Build the selected component of ``kind`` with its validated options."""
@@ -321,6 +341,10 @@ class Plan:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"
             lines.append(f"{selection.kind}: {component.name} from {source} [{shown}]")
+        for component, opts in self.observers:
+            shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
+                opts is not None and attrs.has(type(opts))) else "no options"
+            lines.append(f"observer: {component.name} from {component.provenance} [{shown}]")
         return lines
 
 
@@ -368,13 +392,23 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
             f"trainer protocol sends models as exact control frames); it applies to model "
             f"frames of the reduce service (Group.all_reduce / reduce_round) started from "
             f"Python or `meshkit node`; remove it from this config")
+    observers = []
+    for selection in config.observers:
+        try:
+            component = pset.registry.get("observer", selection.name)
+            opts = structure_options(component, selection.options, where=selection.where)
+        except (PluginError, ConfigError) as exc:
+            raise type(exc)(f"{config.path}: {selection.where} name = {selection.name!r}: "
+                            f"{exc}") from None
+        observers.append((component, opts))
     env = os.environ if environ is None else environ
     if config.mesh.launch != "local" and not env.get("MESHKIT_SECRET") and not config.mesh.secret_file:
         raise ConfigError(
             f"{config.path}: [mesh] secret_file: required when launch = "
             f"{config.mesh.launch!r} (nodes on other machines must share a secret); "
             f"set secret_file or MESHKIT_SECRET")
-    return Plan(config=config, components=components, options=options)
+    return Plan(config=config, components=components, options=options,
+                observers=tuple(observers))
 
 
 def check(path: str | os.PathLike[str], pset: Any = None) -> Plan:

@@ -22,6 +22,7 @@ __all__ = [
     "StateError",
     "BoardError",
     "BoardTimeoutError",
+    "ProtocolError",
 ]
 
 
@@ -93,3 +94,18 @@ class BoardError(MeshError):
 
 class BoardTimeoutError(BoardError, TimeoutError):
     """A board did not answer within its deadline."""
+
+
+class ProtocolError(WireError):
+    """A peer sent a message that does not fit its declared schema.
+
+    Raised at the boundary where a message enters (``meshkit/train/_messages.py``):
+    a missing or unknown field, a wrong type, a value out of range, a state
+    that does not match the round's model. It costs its sender its rank -- the
+    coordinator declares that rank dead with this message as the reason --
+    never the run. ``rank`` is the sender when known (None otherwise).
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank

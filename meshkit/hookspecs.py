@@ -113,6 +113,22 @@ def meshkit_privacy() -> Iterable[Component]:
     """
 
 
+@_hookspec
+def meshkit_observers() -> Iterable[Component]:
+    """Offer observers: trackers (TensorBoard, MLflow, ...) a config selects by name.
+
+    Called once per plugin manager, the first time an observer is listed or
+    selected (``[[observers]] name``). Return :class:`meshkit.Component`
+    records whose ``factory(options)`` builds an object implementing any of
+    ``meshkit_run_started``, ``meshkit_round_completed`` and
+    ``meshkit_run_finished`` with :data:`meshkit.hookimpl`; the coordinator
+    calls those for the run that selected it, one observer at a time, and
+    one that raises is logged with its name while the run goes on. The
+    factory must not open files or connections: that belongs in
+    ``meshkit_run_started``.
+    """
+
+
 # -- event hooks -------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "JsonValue",
     "StateError",
     "BFLOAT16",
+    "INT_BUFFERS",
     "FLOAT_DTYPES",
     "SUPPORTED_DTYPES",
     "is_array",
@@ -61,6 +62,10 @@ State = Mapping[str, Any]
 
 #: bfloat16 as a real numpy dtype (ml_dtypes, the field's standard numpy bf16).
 BFLOAT16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+
+#: The JSON leaf of a state listing integer buffers carried as float64 counts,
+#: ``{key: dtype name}`` (:mod:`meshkit.torch` writes it; exports read it back).
+INT_BUFFERS = "meshkit.torch:int_buffers"
 
 #: Floating dtypes meshkit averages and steps.
 FLOAT_DTYPES: tuple[np.dtype, ...] = (

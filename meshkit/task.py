@@ -30,8 +30,8 @@ from meshkit.options import structure_options
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FitResult", "Task", "resolve_task_component", "create_task", "build_task",
-           "check_task", "accepts_data", "has_held_out"]
+__all__ = ["FitResult", "Task", "import_reference", "resolve_task_component", "create_task",
+           "build_task", "check_task", "accepts_data", "has_held_out"]
 
 #: The methods every task has; the rest are needed only by the strategies that use them.
 REQUIRED = ("init_state", "train_data", "fit", "evaluate")
@@ -105,7 +105,12 @@ def accepts_data(task: Any) -> bool:
     return True
 
 
-def _import_reference(reference: str) -> Any:
+def import_reference(reference: str) -> Any:
+    """The object at ``"module:attribute"``, the current directory importable (as ``python -m``).
+
+    Every failure (no such module, a module that imports something missing or
+    raises, no such attribute) is a :class:`ConfigError` saying which.
+    """
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError(
@@ -157,7 +162,7 @@ def _current_directory_importable() -> None:
 def resolve_task_component(name: str, pset: Any = None) -> Component:
     """The :class:`Component` behind a task name or ``module:attribute``."""
     if ":" in name:
-        obj = _import_reference(name)
+        obj = import_reference(name)
         if isinstance(obj, Component):
             return obj
         if not callable(obj):

@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
 
 import meshkit.plugins
+from meshkit.config import parse_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -191,3 +193,46 @@ def run_with_nodes(config: Path, start_nodes: Callable[[str], list[subprocess.Po
     if "error" in outcome:
         raise outcome["error"]
     return outcome["report"]
+
+
+# -- what a run hands its observers (tests/observers) ------------------------------------
+
+
+@attrs.frozen
+class Round:
+    round: int
+    metrics: dict
+    examples: int = 100
+    seconds: float = 0.25
+
+
+@attrs.frozen
+class Finished:
+    ok: bool
+    out: str
+
+
+@pytest.fixture
+def run_config(tmp_path: Path):
+    """A parsed config whose ``[run] out`` is ``tmp_path/run``."""
+    return parse_config({
+        "run": {"task": "digits", "seed": 7, "out": str(tmp_path / "run")},
+        "strategy": {"name": "federated", "rounds": 3},
+        "task": {"hidden": 16},
+    }, path="<mapping>")
+
+
+@pytest.fixture
+def reports():
+    """``(Round, Finished)``: the round and run report fakes, as classes."""
+    return Round, Finished
+
+
+@pytest.fixture
+def no_mlflow_opt_in():
+    """Each test starts without MLFLOW_ALLOW_FILE_STORE and leaves none behind."""
+    before = os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+    yield
+    os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+    if before is not None:
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = before

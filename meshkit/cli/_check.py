@@ -96,6 +96,11 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
         "privacy": parts.get("privacy_plan"),
+        "observers": [
+            {"name": component.name,
+             "plugin": component.provenance.plugin if component.provenance else None,
+             "options": attrs.asdict(opts) if opts is not None and attrs.has(type(opts)) else {}}
+            for component, opts in plan.observers],
     }
 
 

@@ -50,7 +50,7 @@ from meshkit.node._jobs import (
     shutdown_nodes,
 )
 from meshkit.node._relay import StageRoute, parse_job, serve_stage
-from meshkit.node._reports import NodeReport, TrainReport, report_from_json
+from meshkit.node._reports import NodeReport, TrainReport, report_from_json, sendable
 from meshkit.node._serve import JobHandler, serve_fixed_function, serve_node
 from meshkit.node.board import (
     Board,
@@ -105,4 +105,5 @@ __all__ = [
     "check_board",
     "execute_checked",
     "open_board",
+    "sendable",
 ]

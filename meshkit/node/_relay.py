@@ -51,7 +51,7 @@ from meshkit.errors import MeshError, PeerLostError, WireError
 from meshkit.node._caps import NodeRole
 from meshkit.node._control import POLL_INTERVAL, NodeControl, recv_polling
 from meshkit.node._jobs import TAG_ABORT, TAG_ACT, TAG_UP, report_job_error, send_up
-from meshkit.node._reports import NodeReport
+from meshkit.node._reports import NodeReport, sendable
 
 __all__ = ["StageRoute", "parse_job", "serve_stage"]
 
@@ -388,7 +388,7 @@ class _Relay:
                 stage = f" [{self.stage_id}]" if self.stage_id else ""
                 return _Outcome(seq, ys, MeshError(
                     f"stage{stage} on rank {self.group.rank} failed: "
-                    f"{type(exc).__name__}: {exc}"), None, compact)
+                    f"{type(exc).__name__}: {sendable(exc)}"), None, compact)
             control.count()
         return _Outcome(seq, ys, None, None, compact)
 

@@ -1,5 +1,9 @@
 """What a node did, returned instead of printed: :class:`NodeReport`, :class:`TrainReport`.
 
+An error a node reports travels to the coordinator as :func:`sendable`
+words it: a meshkit error as written, any other exception with the
+literals it quotes (a library's echo of the data it choked on) removed.
+
 A node embedded in an app or a board's host shim has no stdout anyone
 reads, so every serving loop returns a report, and sends it to the
 coordinator as JSON (``"type"`` says which kind; :func:`report_from_json`
@@ -8,14 +12,15 @@ reads either back).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import attrs
 
-from meshkit.errors import WireError
+from meshkit.errors import MeshError, WireError
 from meshkit.node._caps import NodeRole, platform_tag
 
-__all__ = ["NodeReport", "TrainReport", "report_from_json"]
+__all__ = ["NodeReport", "TrainReport", "report_from_json", "sendable"]
 
 
 @attrs.frozen
@@ -91,3 +96,25 @@ def report_from_json(data: Mapping[str, Any]) -> NodeReport | TrainReport:
     if kind == "train":
         return TrainReport.from_json(data)
     return NodeReport.from_json(data)
+
+
+#: A quoted literal in an exception's message (what a library quotes is data).
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+
+#: The longest error message a node sends (its own log has all of it).
+MAX_ERROR_CHARS = 2000
+
+
+def sendable(exc: BaseException) -> str:
+    """``exc``'s message as it may cross the wire: a MeshError's whole; another's redacted.
+
+    A meshkit error names the problem (file, row, column, what was expected),
+    never data, so it goes as written. Any other exception's quoted literals
+    become ``'…'`` and its length is capped: that is where a library echoes
+    the value it could not use.
+    """
+    plain_key = isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str)
+    text = exc.args[0] if plain_key else str(exc)  # str(KeyError) quotes its whole message
+    if not isinstance(exc, MeshError):
+        text = _QUOTED.sub("'…'", text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " […]"

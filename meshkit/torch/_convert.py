@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 from meshkit.errors import MeshError
-from meshkit.state import BFLOAT16
+from meshkit.state import BFLOAT16, INT_BUFFERS
 
 __all__ = ["INT_BUFFERS", "to_numpy", "from_numpy", "state_from_tensors",
            "tensors_from_state", "check_keys", "module_state", "load_module_state"]
 
-#: The state key listing the integer buffers carried as float64 counts: {key: torch dtype}.
-INT_BUFFERS = "meshkit.torch:int_buffers"
 
 _INT_DTYPES = {dtype: str(dtype).removeprefix("torch.") for dtype in (
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}
@@ -92,22 +90,57 @@ def state_from_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     return state
 
 
+#: The numpy dtypes a tensor can hold (``torch.from_numpy``'s list, plus bfloat16).
+_TENSOR_KINDS = frozenset("biufc")
+_UNSUPPORTED = frozenset({np.dtype(np.longdouble), np.dtype(np.clongdouble)})
+
+
 def tensors_from_state(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """CPU tensors from a meshkit state; floats share memory, counts are rounded back."""
-    ints = dict(state.get(INT_BUFFERS) or {})
+    """CPU tensors from a meshkit state; floats share memory, counts are rounded back.
+
+    A value no tensor can hold (a string, datetime or void array, a long
+    double) and a malformed ``INT_BUFFERS`` entry are a :class:`MeshError`
+    naming the key, never a ``TypeError`` from torch.
+    """
+    ints = _int_buffers(state)
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if key == INT_BUFFERS:
             continue
+        array = np.asarray(value)
+        if array.dtype != BFLOAT16 and (array.dtype.kind not in _TENSOR_KINDS
+                                        or array.dtype in _UNSUPPORTED):
+            raise MeshError(f"state key {key!r} holds a {array.dtype} array, which no torch "
+                            f"tensor can hold (tensors are bool, integer, float or complex)")
         if key in ints:
-            dtype = _BY_NAME.get(ints[key])
-            if dtype is None:
-                raise MeshError(f"state key {key!r}: integer buffer dtype {ints[key]!r} is not "
-                                f"one of {', '.join(_BY_NAME)}")
-            out[key] = torch.from_numpy(np.asarray(np.rint(np.asarray(value, np.float64)))).to(dtype)
+            counts = np.asarray(array, np.float64)
+            if not np.isfinite(counts).all():
+                raise MeshError(f"state key {key!r}: integer buffer holds NaN or inf")
+            out[key] = torch.from_numpy(np.asarray(np.rint(counts))).to(ints[key])
         else:
-            out[key] = from_numpy(value)
+            out[key] = from_numpy(array)
     return out
+
+
+def _int_buffers(state: Mapping[str, Any]) -> dict[str, torch.dtype]:
+    """The state's ``INT_BUFFERS`` entry checked: {key in the state: integer dtype}."""
+    entry = state.get(INT_BUFFERS)
+    if entry is None:
+        return {}
+    if not isinstance(entry, Mapping):
+        raise MeshError(f"state key {INT_BUFFERS!r} is a {type(entry).__name__}, not a JSON "
+                        f"object of state key -> integer dtype name")
+    ints: dict[str, torch.dtype] = {}
+    for key, name in entry.items():
+        dtype = _BY_NAME.get(name) if isinstance(name, str) else None
+        if dtype is None:
+            raise MeshError(f"state key {INT_BUFFERS!r}: integer buffer {key!r} has dtype "
+                            f"{str(name)[:40]!r}, not one of {', '.join(_BY_NAME)}")
+        if key not in state or key == INT_BUFFERS:
+            raise MeshError(f"state key {INT_BUFFERS!r} lists {str(key)[:80]!r}, which the "
+                            f"state does not hold")
+        ints[key] = dtype
+    return ints
 
 
 def check_keys(state: Iterable[str], expected: Iterable[str], where: str) -> None:

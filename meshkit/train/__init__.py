@@ -45,6 +45,7 @@ from meshkit.train._engine import (
     fold_round,
     train_loss,
 )
+from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -122,4 +123,7 @@ __all__ = [
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",
+    # the message boundary (meshkit/train/_messages.py)
+    "check_contribution",
+    "signature",
 ]

@@ -44,6 +44,15 @@ How a round goes (:func:`fold_round`):
    it comes, never taken for the next round's. Keys that had answered are
    still pulled and folded.
 
+6. Every reply was checked against its schema where the pool took it in
+   (:mod:`meshkit.train._messages`); one that did not fit came back as a
+   lost worker, its rank declared dead with a ``protocol error`` reason. A
+   pulled result is checked here against the round's model too (a fit's:
+   the same keys; gradients: some of them; each array the same shape and
+   dtype as the model's): one that does not match
+   costs its rank the same way, and its keys are served again -- a
+   malformed or hostile worker costs its own rank, never the round.
+
 A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
 
@@ -61,7 +70,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import MeshError, WorkerError
+from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.train._messages import Signature, check_contribution, signature
+from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
 from meshkit.train._strategy import StrategyContext, weighted_mean
@@ -162,7 +173,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                state: Mapping[str, Any] | None = None,
                weight: Callable[[Mapping[str, Any]], float] = by_examples,
                window: int = DEFAULT_WINDOW, fold: Any = None,
-               label: str = "client", deadline: float | None = None) -> Folded:
+               label: str = "client", deadline: float | None = None,
+               reference: Mapping[str, Any] | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -172,6 +184,9 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     (``ctx.aggregation_begin()``). ``label`` names contributions in errors
     (``"client 3 (rank 2)"``). ``deadline`` (seconds from now; None or 0:
     none) is the round deadline of the module docstring's step 5.
+    ``reference`` is the model every contribution must match key for key
+    (shape and dtype; default: ``state``): a result that does not is its
+    worker's :class:`~meshkit.ProtocolError` (module docstring, step 6).
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
@@ -191,9 +206,11 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         result, served, not_served, replies = fold_through_relays(
             ctx, groups, {w.key: w.request for w in work}, state, how, window, fold, label)
         return Folded(result, served, not_served, replies)
+    reference = state if reference is None else reference
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
                     pinned=pinned,
-                    deadline=deadline or None)
+                    deadline=deadline or None,
+                    expected=None if reference is None else signature(reference))
     return round_.play()
 
 
@@ -238,6 +255,8 @@ class _Round:
     taken: dict[int, tuple[int, Mapping[str, Any]]] = attrs.Factory(dict)
     served: dict[int, int] = attrs.Factory(dict)
     not_served: dict[int, str] = attrs.Factory(dict)
+    #: What every pulled contribution must look like (the round's model), or None.
+    expected: Signature | None = None
 
     def play(self) -> Folded:
         ends = None if self.deadline is None else time.monotonic() + self.deadline
@@ -376,7 +395,21 @@ class _Round:
             self.replies[key] = {"examples": payload.get("examples", 0),
                                  "metrics": dict(payload.get("metrics") or {})}
         else:  # take
-            self.taken[key] = (rank, payload["state"])
+            contribution = payload["state"]
+            if self.expected is not None:
+                try:
+                    # A fit returns the whole model; gradients (no round state)
+                    # may leave out the model's JSON entries.
+                    check_contribution(contribution, self.expected,
+                                       f"rank {rank}'s result for {self.label} {key}",
+                                       subset=self.state is None)
+                except ProtocolError as exc:
+                    # Its sender's fault alone: the rank goes, its keys are served again.
+                    reason = protocol_reason(exc)
+                    self.ctx.pool.declare_dead(rank, reason)
+                    self._lost(rank, kind, key, self.ctx.pool.dead.get(rank, reason))
+                    return
+            self.taken[key] = (rank, contribution)
             self._advance()
 
     def _advance(self) -> None:

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import attrs
 import numpy as np
 
-from meshkit.errors import MeshError, PeerLostError
+from meshkit.errors import MeshError, PeerLostError, ProtocolError
+from meshkit.train._messages import check_reply
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.transport.tags import TAG_RELAY
 from meshkit.train._worker import Trainer
@@ -177,18 +178,24 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
 
 @attrs.define
 class _Outstanding:
-    """The requests one worker owes, oldest first, and when it began on the oldest."""
+    """The requests one worker owes, oldest first, and when it began on the oldest.
 
-    tickets: collections.deque[tuple[int, float | None]] = attrs.Factory(collections.deque)
+    Each ticket keeps what its reply is checked against
+    (:func:`meshkit.train._messages.check_reply`): the request's ``op`` and
+    ``keep``, never its state.
+    """
+
+    tickets: collections.deque[tuple[int, float | None, dict[str, Any]]] = attrs.Factory(
+        collections.deque)
     since: float = 0.0
 
-    def push(self, seq: int, timeout: float | None) -> None:
+    def push(self, seq: int, timeout: float | None, request: Mapping[str, Any]) -> None:
         if not self.tickets:
             self.since = time.monotonic()
-        self.tickets.append((seq, timeout))
+        self.tickets.append((seq, timeout, _answers_to(request)))
 
     def pop(self) -> int:
-        seq, _ = self.tickets.popleft()
+        seq, _, _ = self.tickets.popleft()
         # The worker starts on its next request once it answered this one.
         self.since = time.monotonic()
         return seq
@@ -196,6 +203,16 @@ class _Outstanding:
     def deadline(self) -> float:
         timeout = self.tickets[0][1]
         return math.inf if timeout is None else self.since + timeout
+
+
+def _answers_to(request: Mapping[str, Any]) -> dict[str, Any]:
+    """What a reply to ``request`` is checked against: its op, and keep when it has one."""
+    return {"op": request.get("op"), **({"keep": request["keep"]} if "keep" in request else {})}
+
+
+def protocol_reason(error: ProtocolError) -> str:
+    """The dead ledger's reason for a rank whose message did not fit its schema."""
+    return f"protocol error: {error}"
 
 
 @attrs.define
@@ -271,7 +288,8 @@ class GroupPool:
     @property
     def pending(self) -> int:
         return (len(self._failed) + len(self._relay_owed) + sum(
-            1 for o in self._owed.values() for seq, _ in o.tickets if seq not in self._abandoned))
+            1 for o in self._owed.values() for seq, _, _ in o.tickets
+            if seq not in self._abandoned))
 
     def _relay_failure(self, now: float) -> Reply | None:
         """A request to a host relay that can no longer be answered, or None."""
@@ -301,7 +319,7 @@ class GroupPool:
             self.declare_dead(rank, f"send failed: {exc}")
             self._failed.append(Reply(rank, None, self.group.dead.get(rank, str(exc)), seq))
             return seq
-        self._owed.setdefault(rank, _Outstanding()).push(seq, timeout)
+        self._owed.setdefault(rank, _Outstanding()).push(seq, timeout, request)
         return seq
 
     def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
@@ -354,9 +372,21 @@ class GroupPool:
                     continue
                 return Reply(entry[1], reply, None, reply["seq"])
             o = owed.get(src)
-            if o is None or o.tickets[0][0] != reply.get("seq"):
-                log.debug("rank %d: discarding a stale reply (seq %s)", src, reply.get("seq"))
+            if o is None:
+                log.debug("rank %d: discarding a reply to nothing it owes (seq %r)", src,
+                          reply.get("seq"))
                 continue
+            head, _, request = o.tickets[0]
+            seq = reply.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool) and seq < head:
+                log.debug("rank %d: discarding a stale reply (seq %d)", src, seq)
+                continue
+            try:
+                # The boundary: past here no reply lacks a field or holds a wrong type.
+                check_reply(request, reply, head)
+            except ProtocolError as exc:
+                self.declare_dead(src, protocol_reason(exc))
+                return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), o.pop())
             return Reply(src, reply, None, o.pop())
 
     def stop_all(self, ranks: Sequence[int]) -> None:
@@ -444,7 +474,13 @@ class LocalPool:
             self.declare_dead(rank, reason)
             return Reply(rank, None, reason, seq)
         # Round-trip through the wire encoding, so tests exercise it.
-        reply = decode(encode(self.trainers[rank].handle(decode(encode(request)))))
+        reply = decode(encode(self.trainers[rank].handle(decode(encode({**request,
+                                                                         "seq": seq})))))
+        try:
+            check_reply(request, reply, seq)  # the boundary, as GroupPool's
+        except ProtocolError as exc:
+            self.declare_dead(rank, protocol_reason(exc))
+            return Reply(rank, None, self._dead[rank], seq)
         self._track(reply)
         return Reply(rank, reply, None, seq)
 

@@ -17,7 +17,7 @@ rejects would only move the failure to a worse moment. In order:
    (:func:`initial_model`), so a model that cannot fit in memory is a
    :class:`ConfigError` here rather than a ``MemoryError`` after workers
    were spawned;
-5. the aggregator and the outer optimizer.
+5. the aggregator and the outer optimizer, and the ``[[observers]]``.
 
 What ``check`` prints about the plan is measured here too: the world the
 run will really have (:func:`world_size`: the coordinator, the workers and
@@ -37,6 +37,7 @@ from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
 from meshkit.privacy import PLAIN_MEANS
 from meshkit.task import build_task, check_task
+from meshkit.train._observers import build_observers
 from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers",
@@ -356,6 +357,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "privacy": privacy,
         #: (q, ε after every configured round) of a private run, else None.
         "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds),
+        #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
+        "observers": build_observers(plan),
         "rng": np.random.default_rng(cfg.run.seed),
         "rounds": None if rounds is None else int(rounds),
         # The model the checks built: resume compares shapes with it and an

@@ -7,7 +7,6 @@ model state travels as ``"state/<key>"`` entries (:func:`encode`,
 late answer from a worker that was already given up on can never be taken
 for a fresh one.
 
-==============  ======================================  =============================
 op              request fields                          reply fields
 ==============  ======================================  =============================
 ``set_state``   state                                   (ack); discards kept results
@@ -21,6 +20,13 @@ op              request fields                          reply fields
 ``stage``       nodes, x, state (the stage's keys)      x
 ``stop``        —                                       (none: the worker returns)
 ==============  ======================================  =============================
+=======
+The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
+``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and
+``stop``; every field of every request and reply, its type and its bounds,
+is declared once, in :mod:`meshkit.train._messages` (``REQUESTS``,
+``REPLIES``), where each message is checked as it enters
+(docs/protocol.md §7 tabulates the same classes).
 
 A ``fit`` without ``state`` starts from the worker's model (the round's
 global state, sent once per worker by ``set_state``), and never changes
@@ -37,7 +43,8 @@ to its replica, as ``grads`` + ``apply`` would.
 
 The data never travels: every node builds the same task and takes shard
 ``shard`` of ``shards`` of its training data (inputs and targets together).
-A request the task cannot serve is answered with ``{"error": MESSAGE}``.
+A request the task cannot serve is answered with ``{"error": MESSAGE}``;
+one that does not fit its schema, with ``{"error": "protocol error: ..."}``.
 """
 
 from __future__ import annotations

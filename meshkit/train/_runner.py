@@ -225,6 +225,8 @@ class Runner:
     #: Ranks that joined late but cannot train here (not asked again).
     _left_out: set[int] = attrs.Factory(set)
     _join_timeout: float = 60.0
+    #: The run's ``[[observers]]`` (a plugin set of their own), once built.
+    _observers: Any = None
 
     # -- entry ----------------------------------------------------------------
 
@@ -239,6 +241,7 @@ class Runner:
         self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
                            or "")
         self._join_timeout = config.mesh.join_timeout
+        self._observers = parts["observers"]
         out = Path(config.run.out)
         self._out = str(out)
         start = prepare_out(plan, parts, resume=self.resume, overwrite=self.overwrite)
@@ -246,7 +249,7 @@ class Runner:
             return _already_complete(config, parts, start)
         if parts["rounds"] != 0:
             parts["initial_state"] = None  # the strategy builds its own (see _preflight)
-        plugins.notify(pset, "meshkit_run_started", config=config)
+        self._notify(pset, "meshkit_run_started", config=config)
         started = time.monotonic()
         completed = [start.round]
         last_metrics: dict[str, float] = {}
@@ -304,7 +307,7 @@ class Runner:
             self.report = report
             write_summary(out, report.to_json())
             plot(out)
-            plugins.notify(pset, "meshkit_run_finished", report=report)
+            self._notify(pset, "meshkit_run_finished", report=report)
         return report
 
     # -- steps ------------------------------------------------------------------
@@ -324,7 +327,7 @@ class Runner:
         last_metrics.update(metrics)
         final_state[0] = state
         self._emit("round", "", report)
-        plugins.notify(pset, "meshkit_round_completed", report=report)
+        self._notify(pset, "meshkit_round_completed", report=report)
         if self.on_round is not None:
             self.on_round(report, state)
 
@@ -540,7 +543,7 @@ class Runner:
             last_metrics.update(report.metrics)
             final_state[0] = state
             self._emit("round", "", report)
-            plugins.notify(pset, "meshkit_round_completed", report=report)
+            self._notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:
                 self.on_round(report, state)
 
@@ -630,6 +633,12 @@ class Runner:
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+    def _notify(self, pset: Any, hook: str, **kwargs: Any) -> None:
+        """An event to the installed observer plugins, then to this run's ``[[observers]]``."""
+        plugins.notify(pset, hook, **kwargs)
+        if self._observers is not None:
+            plugins.notify(self._observers, hook, **kwargs)
 
     def _emit(self, kind: str, message: str, report: Any = None) -> None:
         if report is None:

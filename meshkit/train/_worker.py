@@ -29,7 +29,13 @@ a node asked for another device refuses it rather than ignore the request.
 The worker then answers requests (:mod:`meshkit.train._protocol` lists
 them) until ``{"op": "stop"}`` or until the coordinator goes away. A request
 the task cannot serve is answered with ``{"error": MESSAGE}``, never with
-silence: the coordinator would read silence as a stalled worker.
+silence: the coordinator would read silence as a stalled worker. The
+message of a meshkit error goes as it is (meshkit names problems, never data);
+another exception's (a library's, a task's) has its quoted literals replaced
+by ``'…'`` (:func:`meshkit.node.sendable`), since libraries quote the data they choked
+on (numpy: ``could not convert string 'root:x:0:0:…'``) and the coordinator
+must not read a node's files through its errors. The node's log keeps the
+whole message and traceback.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
-from meshkit.errors import ConfigError, MeshError, PeerLostError
-from meshkit.node import TrainReport
+from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
+from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
+from meshkit.train._messages import MAX_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
@@ -147,16 +154,32 @@ class Trainer:
         return x[rows], y[rows]
 
     def handle(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """One request in, one reply out; a failure is an ``error`` reply, not a crash."""
+        """One request in, one reply out; a failure is an ``error`` reply, not a crash.
+
+        The request is checked against its op's schema first
+        (:mod:`meshkit.train._messages`); one that does not fit is answered
+        with a ``protocol error`` and changes nothing here.
+        """
         self.requests += 1
         op = request.get("op")
+        seq = request.get("seq", 0)
+        try:
+            check_request(request)
+        except ProtocolError as exc:
+            # A request that does not fit its schema is the coordinator's bug
+            # (or not the coordinator's): say so, and serve the next one.
+            log.warning("refusing a trainer request: %s", exc)
+            self.error = f"protocol error: {exc}"
+            return {"error": self.error,
+                    "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
+                    and 0 <= seq <= MAX_SEQ else 0}
         try:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
-            reply = {"error": f"{op}: {type(exc).__name__}: {exc}"}
+            reply = {"error": f"{op}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
-        reply["seq"] = request.get("seq", 0)
+        reply["seq"] = seq
         return reply
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,15 @@ default for every blocking call, from ``NodeConfig.timeout``),
     dtypes that differ between ranks, an integer array or a JSON value are
     :class:`~meshkit.AggregationError`. ``_collective.py`` has the rule.
 
+Unread messages (``_mailbox.py``)
+    Messages wait in this rank's mailbox until a ``recv`` takes them, at most
+    ``max_unread`` bytes (:data:`MAX_UNREAD_BYTES`, 64 MiB; ``Group(...,
+    max_unread=N)``, tcp's ``[transport] max_unread_bytes``) per (source,
+    tag) behind the oldest unread one, which may be any size the transport
+    accepts, and on at most :data:`MAX_UNREAD_TAGS` tags per source. A sender
+    past either is in breach: its unread messages are discarded and it is
+    declared dead, named with the bound.
+
 ``dead -> dict[int, str]``
     The dead-rank ledger: rank -> why it was declared dead. Deaths are
     permanent for the life of the group. ``declare_dead(rank, reason)`` adds to
@@ -130,6 +139,7 @@ from meshkit.transport import tags
 from meshkit.transport._contract import LinkEvents, Links
 from meshkit.transport._group import ANY, Group
 from meshkit.transport._ledger import describe_dead
+from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
 from meshkit.transport._reduce import MIN_SCATTER_BYTES_PER_SECOND, RoundResult
 from meshkit.transport._timeouts import deadline_after
@@ -151,4 +161,6 @@ __all__ = [
     "check_state",
     "deadline_after",
     "describe_dead",
+    "MAX_UNREAD_BYTES",
+    "MAX_UNREAD_TAGS",
 ]

@@ -50,6 +50,7 @@ import bisect
 import hashlib
 import math
 import queue
+import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +59,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from meshkit.errors import AggregationError, MeshError, PeerLostError
+from meshkit.errors import AggregationError, MeshError, PeerLostError, ProtocolError
 from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
@@ -66,8 +67,8 @@ from meshkit.transport._message import Message, check_state
 from meshkit.transport.tags import TAG_RING
 from meshkit.wire import encode_state
 
-__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "pack", "ring_sum",
-           "segments", "unpack"]
+__all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "layout_bytes",
+           "layout_digest", "pack", "ring_sum", "segments", "unpack"]
 
 
 def _accumulation_dtype(key: str, value: Any) -> np.dtype:
@@ -103,6 +104,47 @@ class Layout:
         return ", ".join(f"{k} {d}{list(s)}" for k, _, _, s, d in self.entries) or "(empty)"
 
 
+def layout_bytes(entries: Sequence[tuple[str, Sequence[int], Any]],
+                 ranks: Sequence[int]) -> bytes:
+    """The canonical bytes a ring's layout digest is taken over (docs/protocol.md §5.1).
+
+    Every integer is an unsigned 64-bit little-endian number; a string is
+    its UTF-8 length, then its UTF-8 bytes. In order: the number of
+    entries; per entry, sorted by key (UTF-8 byte order), the key, the dtype
+    name (``float16``, ``bfloat16``, ``float32``, ``float64``), the number of
+    dimensions and each dimension; then the number of ranks and each rank.
+    Any language computes these bytes without Python's ``repr``.
+    """
+    out = [_U64.pack(len(entries))]
+    # Python orders strings by code point, which is the order of their UTF-8 bytes.
+    for key, shape, dtype in sorted(entries, key=lambda e: e[0]):
+        raw = key.encode()
+        name = _DTYPE_BLOBS.get(dtype)
+        if name is None:
+            text = np.dtype(dtype).name.encode()
+            name = _DTYPE_BLOBS[dtype] = _U64.pack(len(text)) + text
+        dims = _DIMS.get(len(shape))
+        if dims is None:
+            dims = _DIMS[len(shape)] = struct.Struct(f"<{len(shape) + 1}Q")
+        out += (_U64.pack(len(raw)), raw, name, dims.pack(len(shape), *shape))
+    out.append(struct.pack(f"<{len(ranks) + 1}Q", len(ranks), *ranks))
+    return b"".join(out)
+
+
+def layout_digest(entries: Sequence[tuple[str, Sequence[int], Any]],
+                  ranks: Sequence[int]) -> int:
+    """A layout's check: BLAKE2b-64 of :func:`layout_bytes`, read little-endian, shifted
+    right by one (63 bits, so it is a non-negative signed 64-bit integer too)."""
+    digest = hashlib.blake2b(layout_bytes(entries, ranks), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+_U64 = struct.Struct("<Q")
+#: Per dtype, its name as layout_bytes writes it; per dimension count, its Struct.
+_DTYPE_BLOBS: dict[Any, bytes] = {}
+_DIMS: dict[int, struct.Struct] = {}
+
+
 def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
          empty: Callable[[int, np.dtype], np.ndarray] = np.empty, *,
          fill: bool = True) -> tuple[Layout, list[np.ndarray]]:
@@ -128,11 +170,8 @@ def pack(state: Mapping[str, Any], weight: float, ranks: Sequence[int],
             offset += value.size
         sizes.append(offset + (1 if index == 0 else 0))
     entries.sort(key=lambda e: e[0])
-    digest = hashlib.blake2b(repr((
-        [(k, s, d.str if d.name != "bfloat16" else "bf16") for k, _, _, s, d in entries],
-        list(ranks))).encode(), digest_size=8).digest()
     layout = Layout(tuple(entries), tuple(dtypes), tuple(sizes),
-                    int.from_bytes(digest, "little") >> 1)
+                    layout_digest([(k, s, d) for k, _, _, s, d in entries], ranks))
     buffers = [empty(size, dtype) for size, dtype in zip(layout.sizes, layout.dtypes)]
     if fill:
         own = contribution(layout, state, weight)
@@ -410,7 +449,14 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                 f"({phase[step]}) from rank {prv}, got segment {payload.get('k')!r} of chunk "
                 f"{payload.get('c')!r} ({payload.get('phase')!r}) from rank {src}: the "
                 f"participants disagree on the ranks or the order of collectives")
-        return payload["x"]
+        x = payload.get("x")
+        if not isinstance(x, np.ndarray):
+            # The frame's fields are checked above; its data must be an array too.
+            raise ProtocolError(
+                f"mesh_all_reduce round {round_}: rank {src} sent segment {k} of chunk {c} "
+                f"without an array (x is {type(x).__name__}); a ring frame is "
+                f"{{r, check, c, phase, k, x}} (docs/protocol.md §5.1)")
+        return x
 
     scratch: dict[int, np.ndarray] = {}
 

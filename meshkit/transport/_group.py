@@ -26,7 +26,7 @@ from meshkit.errors import MeshError
 from meshkit.transport._collective import Collective
 from meshkit.transport._contract import LinkEvents, Links
 from meshkit.transport._ledger import Ledger
-from meshkit.transport._mailbox import Handler, Mailboxes
+from meshkit.transport._mailbox import MAX_UNREAD_BYTES, Handler, Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport._reduce import ReduceService, RoundResult
 from meshkit.transport._relay import StarRelay
@@ -51,7 +51,8 @@ class Group:
     """
 
     def __init__(self, links: Links, *, rank: int, world_size: int, timeout: float,
-                 is_star: bool, bf16_wire: bool = False) -> None:
+                 is_star: bool, bf16_wire: bool = False,
+                 max_unread: int = MAX_UNREAD_BYTES) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout = float(timeout)
@@ -62,7 +63,8 @@ class Group:
         self.on_dead: Callable[[int, str], None] | None = None
         self._links = links
         self._ledger = Ledger(rank, world_size, is_star=self.is_star)
-        self._mailboxes = Mailboxes(self._ledger, self.timeout)
+        self._mailboxes = Mailboxes(self._ledger, self.timeout, max_unread=max_unread,
+                                    on_breach=self.declare_dead)
         self._relay = StarRelay(self._ledger, links, self.declare_dead, self.timeout)
         self._reduce = ReduceService(self._ledger, self._mailboxes, self._send_message,
                                      self.declare_dead, timeout=self.timeout,
@@ -275,6 +277,7 @@ class Group:
         self._mailboxes.put(message)
 
     def _linked(self, peer: int) -> None:
+        self._mailboxes.forgive(peer)  # a restarted node is not its predecessor's breach
         for message in self._ledger.link(peer):
             self._relay.relay(message)
 

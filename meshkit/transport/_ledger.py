@@ -25,12 +25,15 @@ from meshkit.errors import PeerLostError
 from meshkit.transport._message import Message
 from meshkit.transport._timeouts import remaining
 
-__all__ = ["Ledger", "MAX_HELD", "describe_dead"]
+__all__ = ["Ledger", "MAX_HELD", "MAX_HELD_BYTES", "describe_dead"]
 
 log = logging.getLogger(__name__)
 
 #: Relayed messages held per rank that has not joined yet (star coordinator).
 MAX_HELD = 64
+#: Bytes those messages may hold (always at least one message): without it
+#: an insider could park 64 frames of ``max_frame_bytes`` per missing rank.
+MAX_HELD_BYTES = 64 << 20
 
 
 def describe_dead(dead: Mapping[int, str]) -> str:
@@ -54,6 +57,7 @@ class Ledger:
         self._joined: set[int] = set()
         self._links: set[int] = set()
         self._held: dict[int, collections.deque[Message]] = {}
+        self._held_bytes: dict[int, int] = {}
         #: Dead ranks linked again since (a restarted node), until taken back.
         self._returning: set[int] = set()
         self._closed = False
@@ -140,6 +144,7 @@ class Ledger:
             if self.is_coordinator:
                 self._joined.add(rank)
                 held = list(self._held.pop(rank, ()))
+                self._held_bytes.pop(rank, None)
             self.cv.notify_all()
         return held
 
@@ -155,12 +160,16 @@ class Ledger:
             if dst in self._joined or dst in self._dead:
                 return False
             held = self._held.setdefault(dst, collections.deque())
-            if len(held) < MAX_HELD:
+            size = int(getattr(message.raw, "nbytes", 0) or 0)
+            queued = self._held_bytes.get(dst, 0)
+            if len(held) < MAX_HELD and (not held or queued + size <= MAX_HELD_BYTES):
                 held.append(message)
+                self._held_bytes[dst] = queued + size
                 return True
         log.warning("dropped a message from rank %d to rank %d: rank %d has not "
-                    "joined and %d messages already wait for it", message.src, dst, dst,
-                    MAX_HELD)
+                    "joined and %d messages (%d bytes) already wait for it; at most %d "
+                    "messages or %d bytes are held", message.src, dst, dst, len(held), queued,
+                    MAX_HELD, MAX_HELD_BYTES)
         return True
 
     def record_death(self, rank: int, reason: str) -> bool:
@@ -177,6 +186,7 @@ class Ledger:
             self._dead[rank] = reason
             # Messages held for a rank that never joined can never be delivered.
             self._held.pop(rank, None)
+            self._held_bytes.pop(rank, None)
             self.cv.notify_all()
         return True
 

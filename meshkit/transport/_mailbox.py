@@ -13,6 +13,23 @@ thread that delivered it, without a wake-up of a waiting receiver. The
 handler takes it (returns True) or declines it (False: it is queued here as
 usual); a handler that declines one message declines every later one, so
 per-sender order holds either way.
+
+**Unread bytes are bounded** per (source, tag): the messages queued behind
+the oldest unread one from a source on a tag may hold at most
+``max_unread`` bytes (:data:`MAX_UNREAD_BYTES` by default; each message
+counts its frame's body plus :data:`MESSAGE_OVERHEAD` for the objects that
+hold it). The oldest is never counted, so one frame of any size the
+transport accepts (``max_frame_bytes``) always fits: a model of many MiB on
+the request/reply tags is read before the next one arrives, and a tag the
+engine reads is drained as it comes. A sender past the bound is flooding a
+tag this rank does not read as fast (or at all): it is in breach, like any
+protocol violation. Its unread messages on that tag are discarded at once,
+it is declared dead, named with the bound (``on_breach``), and what it still
+sends (relayed, say) is dropped until it connects again. So is a
+source with unread messages on more than :data:`MAX_UNREAD_TAGS` tags at
+once (spreading a flood over many tags). What one source can make this rank
+hold is therefore at most ``MAX_UNREAD_TAGS * (max_frame_bytes +
+max_unread)``, and one tag's flood ``max_frame_bytes + max_unread``.
 """
 
 from __future__ import annotations
@@ -26,7 +43,7 @@ from meshkit.transport._ledger import Ledger
 from meshkit.transport._message import Message
 from meshkit.transport._timeouts import deadline_after, remaining, shown
 
-__all__ = ["Mailboxes"]
+__all__ = ["Mailboxes", "MAX_UNREAD_BYTES", "MAX_UNREAD_TAGS", "MESSAGE_OVERHEAD"]
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +51,56 @@ log = logging.getLogger(__name__)
 #: taken, False to have it queued for ``recv`` instead.
 Handler = Callable[[Mapping[str, Any]], bool]
 
+#: Bytes the messages behind the oldest unread one from a source on a tag may hold.
+MAX_UNREAD_BYTES = 64 << 20
+#: Tags one source may have unread messages on at once (the kernel's and the
+#: trainer's use under 20); a message on one more is a breach.
+MAX_UNREAD_TAGS = 64
+#: What a queued message costs beyond its body (its Message, dict and frame
+#: objects), so a flood of empty frames meets the bound too.
+MESSAGE_OVERHEAD = 4096
+
+
+def _size(message: Message) -> int:
+    """The bytes ``message`` holds while queued: its received body, else its arrays.
+
+    A frame a placer took (``raw.placed``: the mesh ring's segments) landed in
+    a buffer its receiver allocated beforehand and holds nothing new.
+    """
+    if getattr(message.raw, "placed", False) is True:
+        return MESSAGE_OVERHEAD
+    nbytes = getattr(message.raw, "nbytes", None)
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        nbytes = 0
+        for value in message.payload.values():
+            size = getattr(value, "nbytes", 0)
+            nbytes += size if isinstance(size, int) else 0
+    return nbytes + MESSAGE_OVERHEAD
+
 
 class Mailboxes:
     """One rank's received messages, per tag, under the ledger's lock."""
 
-    def __init__(self, ledger: Ledger, timeout: float) -> None:
+    def __init__(self, ledger: Ledger, timeout: float, *,
+                 max_unread: int = MAX_UNREAD_BYTES,
+                 on_breach: Callable[[int, str], None] | None = None) -> None:
         self._ledger = ledger
         self._cv = ledger.cv
         self._lock = ledger.lock
         self._timeout = timeout
+        self.max_unread = int(max_unread)
+        self._on_breach = on_breach
         self._inbox: dict[int, collections.deque[Message]] = collections.defaultdict(
             collections.deque)
         self._handlers: dict[tuple[int, int], Handler] = {}
+        #: (src, tag) -> the sizes of its queued messages, oldest first, and their sum.
+        self._sizes: dict[tuple[int, int], collections.deque[int]] = {}
+        self._unread: dict[tuple[int, int], int] = {}
+        #: src -> how many tags it has messages queued on.
+        self._tags: dict[int, int] = {}
+        #: Sources found in breach: whatever still arrives from them is dropped
+        #: (a star worker's relayed sender, whose link is the coordinator's).
+        self._offenders: set[int] = set()
 
     def put(self, message: Message) -> None:
         """Keep ``message`` for a receive, or hand it to its diverted handler.
@@ -58,10 +113,11 @@ class Mailboxes:
             if self._ledger.closed:
                 return
             handler = self._handlers.get((message.src, message.tag)) if self._handlers else None
-            if handler is None:
-                self._inbox[message.tag].append(message)
-                self._cv.notify_all()
-                return
+            breach = self._queue(message) if handler is None else None
+        if handler is None:
+            if breach is not None:
+                self._breached(message.src, breach)
+            return
         try:
             taken = handler(message.payload)
         except Exception:  # noqa: BLE001 (a handler bug must not take the reader down)
@@ -70,9 +126,89 @@ class Mailboxes:
             taken = False
         if not taken:
             with self._cv:
-                if not self._ledger.closed:
-                    self._inbox[message.tag].append(message)
-                    self._cv.notify_all()
+                if self._ledger.closed:
+                    return
+                breach = self._queue(message)
+            if breach is not None:
+                self._breached(message.src, breach)
+
+    def _queue(self, message: Message) -> str | None:
+        """Queue ``message`` (lock held); why its sender is in breach instead, or None."""
+        if self._offenders and message.src in self._offenders:
+            return None  # already in breach (a relayed sender the relay still forwards)
+        key = (message.src, message.tag)
+        size = _size(message)
+        sizes = self._sizes.get(key)
+        if not sizes:
+            tags = self._tags.get(message.src, 0)
+            if tags >= MAX_UNREAD_TAGS:
+                self._offenders.add(message.src)
+                self._discard_source(message.src)
+                return (f"protocol error: sent messages on more than {MAX_UNREAD_TAGS} tags "
+                        f"that rank {self._ledger.rank} did not read (MAX_UNREAD_TAGS)")
+            self._tags[message.src] = tags + 1
+            sizes = self._sizes[key] = collections.deque()
+            self._unread[key] = 0
+        elif self._unread[key] - sizes[0] + size > self.max_unread:
+            behind = self._unread[key] - sizes[0] + size
+            count = len(sizes)
+            self._offenders.add(message.src)
+            self._discard(message.src, message.tag)
+            return (f"protocol error: sent {count + 1} messages on tag 0x{message.tag:X} "
+                    f"that rank {self._ledger.rank} did not read, {behind} bytes behind the "
+                    f"oldest: past the unread bound of {self.max_unread} bytes per (source, "
+                    f"tag)")
+        sizes.append(size)
+        self._unread[key] += size
+        self._inbox[message.tag].append(message)
+        self._cv.notify_all()
+        return None
+
+    def _taken(self, message: Message) -> None:
+        """``message`` left the mailbox (lock held): its bytes no longer count."""
+        key = (message.src, message.tag)
+        sizes = self._sizes.get(key)
+        if sizes:
+            self._unread[key] -= sizes.popleft()
+            if not sizes:
+                self._forget(key)
+
+    def _forget(self, key: tuple[int, int]) -> None:
+        """(src, tag) has nothing queued any more (lock held)."""
+        if self._sizes.pop(key, None) is not None:
+            self._unread.pop(key, None)
+            left = self._tags.get(key[0], 1) - 1
+            if left > 0:
+                self._tags[key[0]] = left
+            else:
+                self._tags.pop(key[0], None)
+
+    def _discard(self, src: int, tag: int) -> None:
+        """Drop every queued message from ``src`` on ``tag`` (lock held)."""
+        queue = self._inbox.get(tag)
+        if queue:
+            self._inbox[tag] = collections.deque(m for m in queue if m.src != src)
+        self._forget((src, tag))
+
+    def _discard_source(self, src: int) -> None:
+        """Drop every queued message from ``src``, on every tag (lock held)."""
+        for src_tag in [key for key in self._sizes if key[0] == src]:
+            self._discard(*src_tag)
+
+    def _breached(self, src: int, reason: str) -> None:
+        log.warning("rank %d: rank %d is in breach: %s", self._ledger.rank, src, reason)
+        if self._on_breach is not None:
+            self._on_breach(src, reason)
+
+    def forgive(self, src: int) -> None:
+        """``src`` connected again (a restarted node): queue its messages again."""
+        with self._lock:
+            self._offenders.discard(src)
+
+    def unread_bytes(self, src: int, tag: int) -> int:
+        """Bytes queued from ``src`` on ``tag`` (the oldest message included)."""
+        with self._lock:
+            return self._unread.get((src, tag), 0)
 
     def divert(self, src: int, tag: int, handler: Handler) -> list[Mapping[str, Any]]:
         """Hand every later message with ``tag`` from ``src`` to ``handler``.
@@ -92,7 +228,7 @@ class Mailboxes:
                 return []
             taken = [m for m in queue if m.src == src]
             if taken:
-                self._inbox[tag] = collections.deque(m for m in queue if m.src != src)
+                self._discard(src, tag)
             return [m.payload for m in taken]
 
     def undivert(self, src: int, tag: int, handler: Handler) -> None:
@@ -117,6 +253,7 @@ class Mailboxes:
                     for i, message in enumerate(queue):
                         if sources is None or message.src in sources:
                             del queue[i]
+                            self._taken(message)
                             return message
                 if ledger.closed:
                     raise PeerLostError(f"rank {ledger.rank}: the group was closed while waiting")
@@ -162,9 +299,11 @@ class Mailboxes:
                             continue
                         if message.src in pending:
                             del queue[i]
+                            self._taken(message)
                             return message
                     for message in [m for m in queue if m.src in dead]:
                         queue.remove(message)
+                        self._taken(message)
                 if not pending:
                     return None
                 if ledger.closed:

@@ -23,9 +23,21 @@ a spoofed address. Datagrams that fail authentication, do not parse, or carry
 the wrong fields are ignored and counted (``server.ignored``,
 ``DiscoveryResult.ignored``): on a shared LAN foreign traffic is normal and
 must not stop anything. A second node claiming a rank that another node
-already holds is refused with a message naming the rank; a world size that
-differs is refused naming both sizes. Both refusals reach the asker, which
-raises :class:`~meshkit.WireError`.
+holds is refused with a message naming the rank; a world size that differs
+is refused naming both sizes. Both refusals reach the asker, which raises
+:class:`~meshkit.WireError`.
+
+**Rejoining.** A node restarted with its rank says hello with a new nonce.
+The server asks the transport whether the rank has a link right now
+(``linked``, set by the group that owns the server): while it does, the
+new hello is a second node claiming a live rank and is refused as above;
+once the old link is gone (the node died, so the coordinator dropped it),
+the rank is registered again at the hello's address and answered with the
+table, exactly as ``--peers`` lets a restarted node back in. Discovery
+authenticates nothing beyond the shared secret and only says where to
+dial: the rejoining node is authenticated by the TCP handshake (and, with
+``authorized_nodes``, by its node key bound to that rank), so a holder of
+the secret cannot take a live rank, nor a dead one without its key.
 
 Datagram body (UTF-8 JSON, inside the sealed envelope):
 
@@ -51,7 +63,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
@@ -93,7 +105,8 @@ class DiscoveryServer:
     """Rank 0's discovery responder: a thread answering hellos on a UDP port."""
 
     def __init__(self, secret: bytes, world: int, *, data_port: int, host: str = "0.0.0.0",
-                 port: int = 29600, topology: str | None = None) -> None:
+                 port: int = 29600, topology: str | None = None,
+                 linked: Callable[[int], bool] | None = None) -> None:
         if not secret:
             raise ConfigError("discovery needs the shared secret (datagrams are authenticated)")
         self.secret = bytes(secret)
@@ -107,6 +120,10 @@ class DiscoveryServer:
         self.ignored = 0
         #: Hellos refused (duplicate rank, world size), newest last.
         self.refused: list[str] = []
+        #: Whether a rank has a link to this node right now (the transport's
+        #: answer); a registered rank without one may register again (a
+        #: restarted node). None: every registered rank is held for the run.
+        self.linked = linked
         # rank -> (host, port, nonce); rank 0 is this node (host "" = our address).
         self._table: dict[int, tuple[str, int, str]] = {0: ("", data_port, "")}
         self._cv = threading.Condition()
@@ -198,6 +215,8 @@ class DiscoveryServer:
             # source amplifies nothing.
             return {"v": VERSION, "t": "challenge", "nonce": nonce, "session": self.session}
         error = None
+        # Asked outside our lock: the transport takes its own.
+        live = self.linked is None or rank == 0 or self.linked(rank)
         with self._cv:
             known = self._table.get(rank)
             if known is not None and known[2] == nonce and known[0] != host:
@@ -211,9 +230,14 @@ class DiscoveryServer:
             elif rank >= self.world:
                 error = f"rank {rank} is out of range for a world of {self.world}"
             else:
-                if known is not None and known[2] != nonce:
+                if known is not None and known[2] != nonce and live:
                     error = (f"rank {rank} is already held by the node at {known[0]}:{known[1]} "
                              f"(duplicate rank); give each node a distinct rank")
+                elif known is not None and known[2] != nonce:
+                    log.info("discovery: rank %d said hello again from %s with a new nonce and "
+                             "has no link: a restarted node, registered again", rank, host)
+                    self._table[rank] = (host, body["port"], nonce)
+                    self._cv.notify_all()
                 elif known is None:
                     self._table[rank] = (host, body["port"], nonce)
                     self._cv.notify_all()

@@ -371,7 +371,7 @@ class Channel:
         if not 0 <= kind <= 0xFF:
             raise WireError(f"frame kind must be 0..255, got {kind}")
         if not 0 <= tag <= 0xFFFFFFFF:
-            raise WireError(f"frame tag must be 0..{0xFFFFFFFF}, got {tag}")
+            raise WireError(f"frame tag must be 0..0xFFFFFFFF, got {tag!r}")
         if not 0 <= sender <= 0xFFFFFFFF:
             raise WireError(f"frame sender must be a rank >= 0, got {sender}")
         limit = min(self.max_frame, self.peer.max_frame)
@@ -641,8 +641,8 @@ class Channel:
         if self.mac_enabled and not self.encrypted:
             if not hmac.compare_digest(expected, whole[nbytes:].tobytes()):
                 raise AuthenticationError(
-                    f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
-                    "authentication (forged or corrupted); connection dropped")
+                    f"frame body from {self.peer.describe()} (tag 0x{tag:08X}, {nbytes} bytes) "
+                    "failed authentication (forged or corrupted); connection dropped")
         self._recv_seq = seq + 1
         state = decode_state(body, flags=flags)
         return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=state,
@@ -695,8 +695,8 @@ class Channel:
             failed = not hmac.compare_digest(context.tag, bytes(received))
         if failed:
             raise AuthenticationError(
-                f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
-                "authentication (forged or corrupted); connection dropped")
+                f"frame body from {self.peer.describe()} (tag 0x{tag:08X}, {nbytes} bytes) "
+                "failed authentication (forged or corrupted); connection dropped")
         self._recv_seq = seq + 1
         if chosen is None:
             assert body is not None
@@ -730,5 +730,5 @@ class Channel:
             gcm.finalize_with_tag(whole[nbytes:].tobytes())
         except InvalidTag:
             raise AuthenticationError(
-                f"frame body from {self.peer.describe()} (tag {tag}, {nbytes} bytes) failed "
-                "authentication (forged or corrupted); connection dropped") from None
+                f"frame body from {self.peer.describe()} (tag 0x{tag:08X}, {nbytes} bytes) "
+                "failed authentication (forged or corrupted); connection dropped") from None

@@ -6,9 +6,10 @@ from typing import Any, Mapping
 
 import attrs
 
-from meshkit import ConfigError, MeshError
+from meshkit import ConfigError, MeshError, ProtocolError
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
-from meshkit.train import client_seed, fold_round, once, run_rounds, train_loss
+from meshkit.train import check_contribution, client_seed, fold_round, once, run_rounds
+from meshkit.train import signature, train_loss
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions
@@ -83,7 +84,10 @@ class DataParallel:
                              "batch_size": opts.batch_size,
                              "seed": client_seed(ctx.seed, global_step, i)})
                     for i in range(len(live))]
-            folded = fold_round(ctx, work, weight=once, window=opts.window, label="shard")
+            # Each replica's gradients have the model's keys, shapes and dtypes:
+            # one that does not is its rank's protocol error, not the step's.
+            folded = fold_round(ctx, work, weight=once, window=opts.window, label="shard",
+                                reference=state)
             if folded.not_served:
                 # Every shard or none: a mean over fewer shards is another step.
                 ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
@@ -97,7 +101,7 @@ class DataParallel:
             served = folded.served
             replies.extend(folded.replies.values())
         reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
-        return self._read_back(ctx, rnd, reader, answered, examples, replies, served)
+        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state)
 
     def _mesh_step(self, ctx: StrategyContext, live: list[int], global_step: int,
                    label: str) -> list[Mapping[str, Any]]:
@@ -118,14 +122,26 @@ class DataParallel:
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
                    examples: int, replies: list[Mapping[str, Any]],
-                   served: dict[int, int]) -> RoundOutcome:
+                   served: dict[int, int], before: Mapping[str, Any]) -> RoundOutcome:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
-        back = ctx.call([(reader, {"op": "get_state"})])[0]
-        if not back.ok:
-            raise MeshError(f"round {rnd}: reading the state back from rank {reader} "
-                            f"failed: {back.error}")
-        state = dict(back.payload["state"])
+        # Replicas are bit-identical: a reader lost meanwhile, or one whose
+        # model does not have the round's keys, shapes and dtypes (its
+        # protocol error), is replaced by the next live one.
+        expected = signature(before)
+        for _ in range(len(ctx.workers)):
+            payload = ctx.call([(reader, {"op": "get_state"})])[0].payload
+            if payload is not None:
+                try:
+                    check_contribution(payload["state"], expected, f"rank {reader}'s model")
+                    break
+                except ProtocolError as exc:
+                    ctx.pool.declare_dead(reader, f"protocol error: {exc}")
+            reader = ctx.require_live(self.options.min_workers,
+                                      f"round {rnd}: reading the model back")[0]
+        else:
+            raise MeshError(f"round {rnd}: no replica's model could be read back")
+        state = dict(payload["state"])
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),

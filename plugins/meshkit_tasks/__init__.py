@@ -1,5 +1,6 @@
-"""Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here, and
-``synthetic``, a model of any size whose fit costs next to nothing (for benchmarks and tests).
+"""Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here,
+``synthetic``, a model of any size whose fit costs next to nothing (for benchmarks and tests),
+and ``flower``, a Flower ``client_fn`` named by ``[task] app`` (extra ``flower``).
 
 Only records and options are declared at import; numpy and the data load when
 the task is built, so listing plugins stays fast.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import meshkit
+from meshkit.flower import AppOptions
 
 from meshkit_tasks.options import DigitsOptions, SyntheticOptions
 
@@ -26,6 +28,12 @@ def _synthetic(options: Any) -> Any:
     return SyntheticTask(options)
 
 
+def _flower(options: AppOptions) -> Any:
+    from meshkit.flower import app_task
+
+    return app_task(options)
+
+
 @meshkit.hookimpl
 def meshkit_tasks() -> Iterable[meshkit.Component]:
     return [
@@ -37,4 +45,8 @@ def meshkit_tasks() -> Iterable[meshkit.Component]:
             "synthetic", _synthetic, SyntheticOptions,
             summary="a model of `params` parameters whose fit is a seeded perturbation "
                     "(for measuring the mesh, not learning)"),
+        meshkit.Component(
+            "flower", _flower, AppOptions,
+            summary="a Flower client_fn ([task] app = \"module:attribute\"), unchanged "
+                    "(extra flower)"),
     ]

@@ -55,35 +55,97 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
         return _DATA
 
 
-def _table(table: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
-    table = np.atleast_2d(table)
-    if table.size == 0:
-        return np.zeros((0, FEATURES)), np.zeros(0, dtype=np.int64)
-    if table.shape[1] != FEATURES + 1:
-        raise ConfigError(f"{where}: expected {FEATURES + 1} columns (64 pixels, then the "
-                          f"label), found {table.shape[1]}")
-    labels = table[:, FEATURES]
-    if np.any(labels != np.round(labels)) or labels.min() < 0 or labels.max() >= CLASSES:
-        raise ConfigError(f"{where}: the last column must be a label 0..{CLASSES - 1}")
-    return np.ascontiguousarray(table[:, :FEATURES]), labels.astype(np.int64)
+#: The longest line a digits CSV may have (65 numbers need about 2 KiB);
+#: longer is not this format, and is refused before it is held whole.
+MAX_LINE = 64 * 1024
 
 
 def read_digits_csv(path: str, *, key: str = "csv") -> tuple[np.ndarray, np.ndarray]:
-    """A node's own images: ``(x [n, 64], y [n])`` from a CSV file (see :class:`DigitsOptions`)."""
+    """A node's own images: ``(x [n, 64], y [n])`` from a CSV file (see :class:`DigitsOptions`).
+
+    Every value is checked: 65 numbers a row, pixels finite and in
+    0..``PIXEL_MAX``, the label an integer 0..9, at least one row. An error
+    names the file, the row and the column and what was expected, never
+    what the file holds: it is sent to the coordinator, which must not read
+    a node's files through it.
+    """
     where = f"[task] {key} = {path!r}"
     file = Path(path).expanduser()
     try:
         opener = gzip.open if file.suffix == ".gz" else open
-        with opener(file, "rt") as text:
-            table = np.loadtxt(text, delimiter=",", dtype=np.float64, ndmin=2)
+        with opener(file, "rt", encoding="utf-8", errors="strict") as text:
+            rows = _read_lines(text, where)
     except FileNotFoundError:
         raise ConfigError(f"{where}: no such file on this node; give each node the path of "
                           f"its own file (meshkit node --task-option {key}=PATH)") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise ConfigError(f"{where}: not a CSV of numbers: {exc}") from None
-    return _table(table, where)
+    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ConfigError(f"{where}: cannot read it: {reason}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a CSV of numbers (it is not UTF-8 text)") from None
+    if not rows:
+        raise ConfigError(f"{where}: the file holds no rows; a client needs at least one "
+                          f"image to train or evaluate on")
+    lines = [line for _, line in rows]
+    try:
+        table = np.loadtxt(lines, delimiter=",", dtype=np.float64, ndmin=2, comments=None)
+    except ValueError:  # numpy's message quotes the field: find and name it ourselves
+        table = None
+    if table is None or table.shape[1] != FEATURES + 1:
+        for number, line in rows:
+            _parse_row(line, where, number)
+        raise ConfigError(f"{where}: not a CSV of {FEATURES + 1} numbers a row")
+    pixels, labels = table[:, :FEATURES], table[:, FEATURES]
+    bad = ~((pixels >= 0) & (pixels <= PIXEL_MAX))  # NaN is neither
+    bad_labels = ~((labels >= 0) & (labels <= CLASSES - 1) & (labels == np.round(labels)))
+    if bad.any() or bad_labels.any():
+        row, column = (int(i) for i in np.argwhere(np.column_stack([bad, bad_labels]))[0])
+        _value(lines[row].split(",")[column], where, rows[row][0], column + 1)
+    return np.ascontiguousarray(pixels), labels.astype(np.int64)
+
+
+def _read_lines(text: Any, where: str) -> list[tuple[int, str]]:
+    """(line number, text) of each data line; blank lines and ``#`` comments skipped."""
+    rows: list[tuple[int, str]] = []
+    line_no = 0
+    while True:
+        line = text.readline(MAX_LINE + 1)
+        if not line:
+            return rows
+        line_no += 1
+        if len(line) > MAX_LINE and not line.endswith("\n"):
+            raise ConfigError(f"{where}: row {line_no} is longer than {MAX_LINE} characters; "
+                              f"not a digits CSV")
+        body = line.split("#", 1)[0].strip()
+        if body:
+            rows.append((line_no, body))
+
+
+def _parse_row(body: str, where: str, line_no: int) -> list[float]:
+    """One line's 65 checked numbers, or the error naming its row and column."""
+    fields = body.split(",")
+    if len(fields) != FEATURES + 1:
+        raise ConfigError(f"{where}: row {line_no} has {len(fields)} columns; expected "
+                          f"{FEATURES + 1} (64 pixels, then the label)")
+    return [_value(field, where, line_no, column) for column, field in enumerate(fields, 1)]
+
+
+def _value(field: str, where: str, row: int, column: int) -> float:
+    """One checked number (the value itself never appears in the error)."""
+    is_label = column == FEATURES + 1
+    expected = (f"a label 0..{CLASSES - 1}" if is_label
+                else f"a pixel value 0..{PIXEL_MAX:g}")
+    try:
+        value = float(field)
+    except ValueError:
+        raise ConfigError(f"{where}: row {row}, column {column} is not a number; expected "
+                          f"{expected}") from None
+    if not (0.0 <= value <= (CLASSES - 1 if is_label else PIXEL_MAX)) or (
+            is_label and value != int(value)):
+        what = "not finite" if not np.isfinite(value) else "out of range"
+        raise ConfigError(f"{where}: row {row}, column {column} is {what}; expected "
+                          f"{expected}")
+    return value
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

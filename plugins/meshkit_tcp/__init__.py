@@ -22,6 +22,9 @@ class TcpOptions:
     bf16_wire: bool = False
     #: Largest frame body accepted, checked before anything is allocated.
     max_frame_bytes: int = 1 << 30
+    #: Bytes a sender's unread messages on one tag may hold behind the oldest
+    #: one (which may be any frame size); past it the sender is dropped.
+    max_unread_bytes: int = 64 << 20
 
 
 @attrs.frozen

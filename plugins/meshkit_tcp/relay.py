@@ -543,9 +543,8 @@ class HostRelay:
     def _accept_loop(self) -> None:
         assert self._listener is not None
         accept_loop(self._listener, lambda: not self._closed.is_set(), f"relay {self.name!r}",
-                    lambda sock, where: self._spawn(self._admit, sock, where,
-                                                    name=f"meshkit-relay-{self.name}-admit"),
-                    self._refuse)
+                    self._admit, self._refuse, spawn=lambda target: self._spawn(
+                        target, name=f"meshkit-relay-{self.name}-admit"))
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("relay %r refused %s: %s", self.name, where, message)

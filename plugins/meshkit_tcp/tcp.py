@@ -52,6 +52,7 @@ from meshkit import wire
 from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
 from meshkit.transport import (
+    MAX_UNREAD_BYTES,
     META_KEY,
     TAG_BYE,
     TAG_RELAY_CTL,
@@ -65,7 +66,7 @@ from meshkit.transport import (
 )
 from meshkit.transport.discovery import DiscoveryServer, resolve
 
-__all__ = ["TcpTransport", "TcpGroup", "parse_address"]
+__all__ = ["TcpTransport", "TcpGroup", "parse_address", "MAX_HANDSHAKES"]
 
 log = logging.getLogger(__name__)
 
@@ -149,18 +150,65 @@ def listen(address: str, what: str) -> socket.socket:
     return sock
 
 
+#: How many handshakes one listener runs at once (each is a thread and a
+#: descriptor). A connection past it closes the oldest handshake still in
+#: progress, so connections held open without a word cannot keep a real
+#: node out: its handshake takes milliseconds, theirs never ends.
+MAX_HANDSHAKES = 64
+
+
+class HandshakeSlots:
+    """The handshakes in progress on one listener, at most ``limit``, oldest first."""
+
+    def __init__(self, limit: int = MAX_HANDSHAKES) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._pending: dict[socket.socket, str] = {}  # insertion order: oldest first
+
+    def take(self, sock: socket.socket, where: str) -> tuple[socket.socket, str] | None:
+        """Hold a slot for ``sock``; the oldest handshake it displaces, if the slots were full."""
+        with self._lock:
+            self._pending[sock] = where
+            if len(self._pending) <= self.limit:
+                return None
+            oldest = next(iter(self._pending))
+            return oldest, self._pending.pop(oldest)
+
+    def release(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._pending.pop(sock, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+
+def _daemon(target: Callable[[], None]) -> None:
+    threading.Thread(target=target, name="meshkit-tcp-admit", daemon=True).start()
+
+
 def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
                 admit: Callable[[socket.socket, str], None],
-                refuse: Callable[[str, str], None]) -> None:
+                refuse: Callable[[str, str], None], *,
+                spawn: Callable[[Callable[[], None]], None] | None = None,
+                slots: HandshakeSlots | None = None) -> None:
     """Accept connections on ``listener`` while ``running()``; ``admit(sock, where)`` each.
 
-    ``admit`` starts a thread per handshake, so a peer that connects and says
-    nothing cannot stall the ones queued behind it; when no thread can be
-    started (a connect flood) the connection is dropped and passed to ``refuse``. An
-    accept() error that leaves the listener usable (out of descriptors or
-    memory) is logged and retried after a pause rather than ending the loop,
-    so a flood cannot keep every later rank out.
+    Each ``admit`` runs on a thread of its own (``spawn(target)`` starts it,
+    so its owner can track it; default: a daemon thread), and holds its slot
+    until it returns: ``admit`` runs the handshake itself, it does not start
+    another thread for it (that would free the slot at once),
+    so a peer that connects and says nothing cannot stall the ones queued
+    behind it; at most ``slots.limit`` (:data:`MAX_HANDSHAKES`) run at once:
+    a connection past that shuts the oldest one still running down (it is
+    passed to ``refuse``, so it is logged and counted). When no thread can be
+    started the connection is dropped and passed to ``refuse``. An accept()
+    error that leaves the listener usable (out of descriptors or memory) is
+    logged and retried after a pause rather than ending the loop, so a flood
+    cannot keep every later rank out.
     """
+    slots = slots if slots is not None else HandshakeSlots()
+    start = spawn if spawn is not None else _daemon
     while running():
         try:
             sock, peer = listener.accept()
@@ -176,9 +224,26 @@ def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
                             exc_info=True)
             return
         where = format_address(peer)
+        displaced = slots.take(sock, where)
+        if displaced is not None:
+            refuse(displaced[1], f"{slots.limit} handshakes were in progress and this was the "
+                                 f"oldest; closed to make room (MAX_HANDSHAKES)")
+            # Shut down only: the handshake's own thread fails, closes it and ends.
+            try:
+                displaced[0].shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def run(sock: socket.socket = sock, where: str = where) -> None:
+            try:
+                admit(sock, where)
+            finally:
+                slots.release(sock)
+
         try:
-            admit(sock, where)
+            start(run)
         except RuntimeError as exc:  # out of threads: drop this one
+            slots.release(sock)
             sock.close()
             refuse(where, f"no thread to run its handshake: {exc}")
 
@@ -200,9 +265,13 @@ class TcpGroup(Group):
         self._events: LinkEvents
         #: Where this rank listens, once bound (``group.address``).
         self._bound = ""
+        max_unread = int(getattr(options, "max_unread_bytes", MAX_UNREAD_BYTES))
+        if not 0 < max_unread < 1 << 63:
+            raise ConfigError(f"[transport] max_unread_bytes must be a positive byte count "
+                              f"below 2**63, got {max_unread}")
         super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=config.is_star,
-                         bf16_wire=getattr(options, "bf16_wire", False))
+                         bf16_wire=getattr(options, "bf16_wire", False), max_unread=max_unread)
         self.config = config
         self.max_frame = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
         if not 0 < self.max_frame < 1 << 63:
@@ -456,10 +525,9 @@ class TcpGroup(Group):
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        accept_loop(self._listener, self._accepting.is_set, f"rank {self.rank}",
-                    lambda sock, where: self._start(self._admit, sock, where,
-                                                    name=f"meshkit-tcp-admit-r{self.rank}"),
-                    self._refuse)
+        accept_loop(self._listener, self._accepting.is_set, f"rank {self.rank}", self._admit,
+                    self._refuse, spawn=lambda target: self._start(
+                        target, name=f"meshkit-tcp-admit-r{self.rank}"))
 
     def _refuse(self, where: str, message: str) -> None:
         log.warning("rank %d refused %s: %s", self.rank, where, message)
@@ -519,6 +587,11 @@ class TcpGroup(Group):
         if authorized is None:
             return None
         return authorized.problem(channel.peer_key, channel.peer.rank)
+
+    def _has_link(self, rank: int) -> bool:
+        """Whether ``rank`` is connected (or being admitted) now: discovery's rejoin test."""
+        with self._lock:
+            return rank in self._channels or rank in self._admitting
 
     def _rank_problem(self, rank: int, role: int) -> str | None:
         """Why a handshaken peer claiming ``rank`` may not join, or None."""
@@ -972,6 +1045,8 @@ class TcpTransport:
                 server.close()
             raise
         group._discovery = server
+        if server is not None:
+            server.linked = group._has_link
         group._benchmark_only_disable_mac = self._benchmark_only_disable_mac
         try:
             if group.is_star:
@@ -981,7 +1056,8 @@ class TcpTransport:
             if announce:
                 port = int(group._bound.rpartition(":")[2])
                 group._discovery = DiscoveryServer(config.secret, config.world, data_port=port,
-                                                   port=config.disc_port, topology="star")
+                                                   port=config.disc_port, topology="star",
+                                                   linked=group._has_link)
                 log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
                          group._discovery.port, port)
         except BaseException:

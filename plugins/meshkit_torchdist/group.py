@@ -31,7 +31,12 @@ Anyone who can reach the store or a gloo port can join, read every tensor or
 inject one. So the rendezvous host must be a loopback address unless
 ``[mesh] trust_network = true`` says the network is trusted (refused with a
 :class:`~meshkit.RefusedError` naming the key otherwise), and on loopback the
-gloo pairs listen on 127.0.0.1 only.
+gloo pairs listen on 127.0.0.1 only. The store rank 0 hosts listens on the
+rendezvous address only, not on every interface (c10d's ``TCPStore`` binds
+``[::]``): rank 0 binds that address itself and hands the store the
+listening socket (``master_listen_fd``). Under torchrun the store is the
+agent's (``TORCHELASTIC_USE_AGENT_STORE``), which torchrun binds on every
+interface; meshkit cannot change that and warns (docs/security.md).
 """
 
 from __future__ import annotations
@@ -168,8 +173,22 @@ class TorchdistGroup(Group):
             host = os.environ["MASTER_ADDR"]
             self._check_trust(host, "MASTER_ADDR")
             where = f"{host}:{os.environ['MASTER_PORT']}"
-            store = self._store_at(where, lambda: next(dist.rendezvous(
-                "env://", rank=self.rank, world_size=self.world_size, timeout=timeout))[0])
+            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            if agent and self.rank == 0:
+                log.warning(
+                    "torchdist: the rendezvous store at %s is torchrun's agent store, which "
+                    "torchrun binds on every interface (not only %s); anyone who can reach "
+                    "this host's port %s can read and write it (docs/security.md)", where,
+                    host, os.environ["MASTER_PORT"])
+            if self.rank == 0 and not agent:
+                port = int(os.environ["MASTER_PORT"])
+                # As env:// would make it (torch's _create_c10d_store), bound to host.
+                store = self._store_at(where, lambda: self._host_store(
+                    host, port, timeout, world_size=self.world_size, multi_tenant=True,
+                    wait_for_workers=True))
+            else:
+                store = self._store_at(where, lambda: next(dist.rendezvous(
+                    "env://", rank=self.rank, world_size=self.world_size, timeout=timeout))[0])
             self._address = f"env://{host}:{os.environ['MASTER_PORT']}"
         elif method.startswith("tcp://"):
             parsed = urlparse(method)
@@ -179,14 +198,49 @@ class TorchdistGroup(Group):
             self._check_trust(host, f"the rendezvous address {host}:{port}")
             if self.rank != 0 and port == 0:
                 raise ConfigError("a torchdist worker needs rank 0's actual port, not 0")
-            store = self._store_at(f"{host}:{port}", lambda: dist.TCPStore(
-                host, port, None, self.rank == 0, timeout, wait_for_workers=False))
+            store = self._store_at(f"{host}:{port}", lambda: self._host_store(
+                host, port, timeout) if self.rank == 0 else dist.TCPStore(
+                host, port, None, False, timeout, wait_for_workers=False))
             shown = f"[{host}]" if ":" in host else host
             self._address = f"{shown}:{store.port}"
         else:
             raise ConfigError(f"[transport] init_method {method!r}: use \"env://\" or "
                               f"\"tcp://host:port\"")
         self._store = dist.PrefixStore("meshkit", store)
+
+    @staticmethod
+    def _host_store(host: str, port: int, timeout: datetime.timedelta, *,
+                    world_size: int | None = None, multi_tenant: bool = False,
+                    wait_for_workers: bool = False) -> Any:
+        """Rank 0's ``TCPStore``, listening on ``host`` only.
+
+        c10d binds its own listener on every interface; a socket bound here
+        and handed over (``master_listen_fd``, which the store then owns)
+        keeps the store where the rendezvous address says it is.
+        """
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM)[0]
+        except OSError as exc:  # as c10d's own errors, so _store_at names the address
+            raise RuntimeError(f"cannot resolve {host!r}: {exc}") from None
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(128)
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError(f"cannot listen there: {exc}") from None
+        bound = listener.getsockname()[1]
+        try:
+            return dist.TCPStore(host, bound, world_size, True, timeout,
+                                 wait_for_workers=wait_for_workers, multi_tenant=multi_tenant,
+                                 master_listen_fd=listener.fileno())
+        except BaseException:
+            listener.close()
+            raise
+        finally:
+            listener.detach()  # the store owns the descriptor now (or it was closed above)
 
     def _store_at(self, where: str, make: Any) -> Any:
         """The c10d store ``make()`` opens at ``where``; failing to, a :class:`MeshError`."""

@@ -28,12 +28,12 @@ PLUGINS = ROOT / "plugins"
 LAYERS: list[tuple[str, ...]] = [
     ("meshkit.errors", "meshkit.components"),
     ("meshkit.state", "meshkit.options", "meshkit.hookspecs", "meshkit.plugins",
-     "meshkit.registry", "meshkit.checkpoint"),
+     "meshkit.registry", "meshkit.checkpoint", "meshkit.safetensors"),
     ("meshkit.wire",),
     ("meshkit.transport",),
     ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.privacy"),
     ("meshkit.node", "meshkit.task"),
-    ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch"),
+    ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
     ("meshkit.cli",),
     ("meshkit.testing", "meshkit", "meshkit.__main__"),
 ]

@@ -133,3 +133,34 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
     ctx.pool.stop_all([1])
     thread.join(10)
     assert raised and "hidden" in str(raised[0])
+
+
+@pytest.mark.parametrize("reply, why", [
+    (lambda seq: {"examples": 1, "metrics": {}, "kept": 0}, "seq: missing"),
+    (lambda seq: {"seq": seq + 5, "examples": 1, "metrics": {}, "kept": 0},
+     "echoes seq"),
+    (lambda seq: {"seq": seq, "examples": "many", "metrics": {}, "kept": 0},
+     "examples: expected an integer"),
+])
+def test_a_reply_that_does_not_fit_over_a_group_drops_that_rank_with_the_reason(
+        mesh, reply, why):
+    from meshkit.train import TAG_REPLY, TAG_REQUEST, decode, encode
+
+    start, _, _ = mesh
+    groups = start(3, timeout=5.0)
+    pool = GroupPool(groups[0])
+
+    def worker():
+        request = decode(groups[1].recv(0, TAG_REQUEST, timeout=5.0))
+        # A late (stale) answer first: discarded, not a breach.
+        groups[1].send(0, TAG_REPLY, encode({"seq": request["seq"] - 1}))
+        groups[1].send(0, TAG_REPLY, encode(reply(request["seq"])))
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    ticket = pool.send(1, {"op": "fit", "shard": 0, "shards": 1, "seed": 0, "keep": 0}, 5.0)
+    got = pool.receive()
+    thread.join(10)
+    assert got.seq == ticket and not got.ok
+    assert got.error.startswith("protocol error") and why in got.error, got.error
+    assert "protocol error" in pool.dead[1] and 2 not in pool.dead

@@ -279,3 +279,41 @@ def test_a_segment_of_the_wrong_length_is_refused_naming_the_peer(landings):
     assert "rank 1 sent float32" in str(errors[2]), errors[2]
     for error in errors.values():
         assert isinstance(error, AggregationError), error
+
+
+def test_the_layout_digest_is_the_documented_bytes_and_hash():
+    """docs/protocol.md §5.1's worked example, computed here from the bytes it lists."""
+    import hashlib
+    import re
+    from pathlib import Path
+
+    import ml_dtypes
+
+    from meshkit.transport._collective import layout_bytes, layout_digest, pack
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    example = text[text.index("Worked example"):]
+    documented = bytes.fromhex("".join(example.split("```")[1].split()))
+    check = int(re.search(r"to the check `(\d+)`", example).group(1))
+    entries = [("w", (2, 3), np.dtype(np.float32)), ("b", (3,), np.dtype(ml_dtypes.bfloat16))]
+    assert layout_bytes(entries, [1, 2]) == documented
+    # Any language can compute it: BLAKE2b-64 of those bytes, little-endian, >> 1.
+    assert int.from_bytes(hashlib.blake2b(documented, digest_size=8).digest(),
+                          "little") >> 1 == check == layout_digest(entries, [1, 2])
+    # And it is what the ring sends: pack's check for that state.
+    state = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, ml_dtypes.bfloat16)}
+    assert pack(state, 1.0, [1, 2])[0].check == check
+    assert pack(state, 1.0, [1, 3])[0].check != check
+
+
+def test_a_ring_frame_without_an_array_is_a_protocol_error_not_a_crash():
+    from meshkit import ProtocolError
+    from meshkit.transport._collective import ring_sum
+
+    layout, buffers = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])
+    sent = []
+    frame = {"r": 1, "check": layout.check, "c": 1, "phase": "reduce", "k": 0, "x": "junk"}
+    with pytest.raises(ProtocolError, match="without an array"):
+        ring_sum(buffers, [1, 2], 1, layout.check, 1, lambda dst, p: sent.append(dst),
+                 lambda: (2, frame))
+    assert sent == [2], "its own chunk went out first"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
+import time
 
 import pytest
+from meshkit_tcp.tcp import MAX_HANDSHAKES
 
-from meshkit import wire
+from meshkit import plugins, wire
 from meshkit.errors import ConfigError, WireError
 from meshkit.node.config import NodeConfig
 
@@ -37,12 +40,12 @@ def _read_hello(sock: socket.socket) -> bytes:
     return got
 
 
-def assert_a_good_worker_still_joins(coordinator) -> None:
-    """After whatever the test threw at it, the coordinator still admits rank 1."""
-    worker = NodeConfig(rank=1, world=2, peers=[coordinator.address], topology="star",
+def assert_a_good_worker_still_joins(coordinator, via: str | None = None) -> None:
+    """After whatever the test threw at it, the coordinator still admits rank 1 (dialing ``via``)."""
+    worker = NodeConfig(rank=1, world=2, peers=[via or coordinator.address], topology="star",
                         secret=SECRET, timeout=5.0).connect()
     try:
-        assert coordinator.wait_for_workers(timeout=5) == [1]
+        assert coordinator.wait_for_workers(timeout=10) == [1]
     finally:
         worker.close()
 
@@ -96,7 +99,7 @@ def test_failing_to_start_a_handshake_thread_does_not_stop_ranks_joining_later()
     failed = threading.Event()
 
     def start(target, *args, name):
-        if target == coordinator._admit and not failed.is_set():
+        if "admit" in name and not failed.is_set():
             failed.set()
             raise RuntimeError("can't start new thread")
         return real_start(target, *args, name=name)
@@ -168,3 +171,75 @@ def test_a_bad_max_frame_is_refused_when_the_coordinator_starts() -> None:
         with pytest.raises(ConfigError, match="max_frame_bytes"):
             NodeConfig(rank=0, world=2, topology="star", bind="127.0.0.1:0", secret=SECRET,
                        transport_options={"max_frame_bytes": bad}, timeout=5.0).connect()
+
+
+#: Connections the flood holds open: each one displaced is two lines of
+#: ``refused`` (its displacement, then its handshake's failure), under MAX_REFUSED.
+HELD = MAX_HANDSHAKES * 2
+
+
+def _displaced(group) -> int:
+    return sum("handshakes were in progress" in line for line in list(group.refused))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _hold(owner, address: str) -> list[socket.socket]:
+    """HELD silent connections to ``address``, once ``owner`` displaced all it must."""
+    host, _, port = address.rpartition(":")
+    held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(HELD)]
+    # Every connection past the cap displaced the oldest handshake, which was
+    # refused (logged and counted): wait until all of them were.
+    deadline = time.monotonic() + 20
+    while _displaced(owner) < HELD - MAX_HANDSHAKES:
+        assert time.monotonic() < deadline, owner.refused[-3:]
+        threading.Event().wait(0.05)
+    assert _displaced(owner) == HELD - MAX_HANDSHAKES
+    return held
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_held_connections_cost_at_most_max_handshakes_threads_and_a_real_node_still_joins(
+        ) -> None:
+    # 1,000 connections held open without a word took the coordinator to 583
+    # threads: one thread and one descriptor per pending handshake.
+    coordinator = _coordinator(2, timeout=30.0)
+    threads, fds = threading.active_count(), _open_fds()
+    held: list[socket.socket] = []
+    try:
+        held = _hold(coordinator, coordinator.address)
+
+        # A displaced handshake's thread ends as soon as it sees its socket shut
+        # down; without the cap every one would live out its 30 s timeout.
+        def settled() -> bool:
+            # Our end holds HELD descriptors; the coordinator's end at most the cap.
+            return (threading.active_count() <= threads + MAX_HANDSHAKES + 1
+                    and _open_fds() <= fds + HELD + MAX_HANDSHAKES + 2)
+
+        deadline = time.monotonic() + 10
+        while not settled() and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
+        assert settled(), (threading.active_count() - threads, _open_fds() - fds)
+        assert_a_good_worker_still_joins(coordinator)
+    finally:
+        for sock in held:
+            sock.close()
+        coordinator.close()
+
+
+def test_a_host_relays_accept_loop_is_capped_the_same_way() -> None:
+    coordinator = _coordinator(2, timeout=30.0)
+    relay = plugins.create("transport", "tcp").start_relay(
+        coordinator=coordinator.address, bind="127.0.0.1:0", world=2, ranks=(1,),
+        secret=SECRET, name="hostA", timeout=30.0)
+    held: list[socket.socket] = []
+    try:
+        held = _hold(relay, relay.address)
+        assert_a_good_worker_still_joins(coordinator, via=relay.address)
+    finally:
+        for sock in held:
+            sock.close()
+        relay.close()
+        coordinator.close()

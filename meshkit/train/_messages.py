@@ -1,0 +1,633 @@
+"""Every trainer message's schema: what a request and a reply may hold, checked where it enters.
+
+Rule: a trainer message (:mod:`meshkit.train._protocol`) is used only after
+it was checked here, against the one attrs class declared for it -- its
+fields, their types and their bounds -- structured by one cattrs converter
+with ``forbid_extra_keys``. What does not fit is a
+:class:`~meshkit.ProtocolError` for its sender:
+
+* a reply, where the coordinator's pools take it in
+  (:class:`~meshkit.train.GroupPool`, :class:`~meshkit.train.LocalPool`):
+  the rank is declared dead in the ledger with the reason, and the round
+  engine serves its clients on the live workers -- never an exception in
+  the coordinator;
+* a request, where the worker takes it in (:meth:`Trainer.handle`): it is
+  answered with ``{"error": ...}`` and the worker serves on.
+
+A contribution is also checked against the round's model
+(:func:`check_contribution`): the same keys, and each array the same shape
+and dtype, since the fold and the outer step need exactly that.
+
+The check is cheap per message: a handful of fields, and per state one pass
+over its keys (no pass over array elements; the wire bounded every length
+before allocating, and the fold checks finiteness while it sums). The
+converter is built once, at import.
+
+``docs/protocol.md`` §7 lists these classes as tables; a test
+(``tests/train/test_messages.py``) parses those tables and compares them
+with :func:`field_table`, so the page and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, NewType, Optional
+
+import attrs
+import cattrs
+import numpy as np
+
+from meshkit.errors import ProtocolError
+
+__all__ = [
+    "REQUESTS",
+    "REPLIES",
+    "ErrorReply",
+    "check_request",
+    "check_reply",
+    "check_contribution",
+    "signature",
+    "field_table",
+    "MAX_EXAMPLES",
+]
+
+# -- bounds ------------------------------------------------------------------------------
+
+#: The most examples one reply may claim: exactly representable as a float64.
+MAX_EXAMPLES = 2 ** 53
+#: The most entries a state (a model, gradients) may have.
+MAX_STATE_KEYS = 1 << 20
+#: The longest state key, metric name or stage node name (characters).
+MAX_NAME = 1024
+#: The most metrics one reply may carry.
+MAX_METRICS = 256
+#: The longest error message a worker may send (characters).
+MAX_ERROR = 1 << 16
+#: Shards, clients, ranks and stage nodes: at most this many.
+MAX_COUNT = 1 << 31
+#: The longest time budget a fit may be given (seconds: about four months).
+MAX_BUDGET = 1e7
+#: Seeds are unsigned 64-bit integers.
+MAX_SEED = 2 ** 64 - 1
+#: Sequence numbers and kept-result keys are signed 64-bit integers >= 0.
+MAX_SEQ = 2 ** 63 - 1
+
+# -- the value types beyond JSON's -----------------------------------------------------------
+
+#: A model state: ``name -> array | JSON value`` (docs/protocol.md: "state").
+State = NewType("State", dict)
+#: Task metrics: ``name -> finite number``.
+Metrics = NewType("Metrics", dict)
+#: A pipeline activation: an array (or a JSON number or list).
+Activation = NewType("Activation", object)
+
+_JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
+
+
+def _integer(value: Any, _: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"expected an integer, got {_shown(value)}")
+    return int(value)
+
+
+def _number(value: Any, _: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"expected a number, got {_shown(value)}")
+    return float(value)
+
+
+def _string(value: Any, _: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_shown(value)}")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
+        raise ValueError(f"{what} must be a string of 1 to {MAX_NAME} characters, got "
+                         f"{_shown(value)}")
+    return value
+
+
+def _state(value: Any, _: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a state (name -> array or JSON value), got {_shown(value)}")
+    if len(value) > MAX_STATE_KEYS:
+        raise ValueError(f"a state of {len(value)} entries; at most {MAX_STATE_KEYS}")
+    for key, leaf in value.items():
+        _name(key, "a state key")
+        if not isinstance(leaf, (np.ndarray, *_JSON_LEAVES)):
+            raise TypeError(f"state key {key!r} holds {_shown(leaf)}, not an array or a "
+                            f"JSON value")
+    return value
+
+
+def _metrics(value: Any, _: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected metrics (name -> number), got {_shown(value)}")
+    if len(value) > MAX_METRICS:
+        raise ValueError(f"{len(value)} metrics; at most {MAX_METRICS}")
+    out: dict[str, float] = {}
+    for name, number in value.items():
+        _name(name, "a metric name")
+        if isinstance(number, bool) or not isinstance(number, (int, float, np.number)):
+            raise TypeError(f"metric {name!r} is {_shown(number)}, not a number")
+        if not math.isfinite(float(number)):
+            raise ValueError(f"metric {name!r} is {float(number)!r}; metrics must be finite")
+        out[name] = float(number)
+    return out
+
+
+def _activation(value: Any, _: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (np.ndarray, list, int, float)):
+        raise TypeError(f"expected an activation (an array), got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its type, and the value when it is short."""
+    if isinstance(value, np.ndarray):
+        return f"an array {value.dtype}{list(value.shape)}"
+    if isinstance(value, (bool, int, float, str, type(None))):
+        text = repr(value)
+        if len(text) <= 40:
+            return f"{type(value).__name__} {text}"
+    return type(value).__name__
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(int, _integer)
+    converter.register_structure_hook(float, _number)
+    converter.register_structure_hook(str, _string)
+    converter.register_structure_hook(State, _state)
+    converter.register_structure_hook(Metrics, _metrics)
+    converter.register_structure_hook(Activation, _activation)
+    return converter
+
+
+# -- fields ------------------------------------------------------------------------------------
+
+
+def _between(low: float, high: float) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, attribute: Any, value: Any) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"{attribute.name} = {value!r} is out of range [{low}, {high}]")
+    return check
+
+
+def _length(low: int, high: int) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, attribute: Any, value: Any) -> None:
+        if not low <= len(value) <= high:
+            raise ValueError(f"{attribute.name} has {len(value)} characters; {low} to {high} "
+                             f"are allowed")
+    return check
+
+
+def _field(wire: str, doc: str, *, optional: bool = False, default: Any = attrs.NOTHING,
+           check: Callable[[Any, Any, Any], None] | None = None) -> Any:
+    """A message field: its wire type and meaning (docs/protocol.md shows both)."""
+    validator = None if check is None else (attrs.validators.optional(check) if optional
+                                            else check)
+    if optional and default is attrs.NOTHING:
+        default = None
+    return attrs.field(default=default, validator=validator,
+                       metadata={"wire": wire, "doc": doc})
+
+
+def _seq(default: Any = attrs.NOTHING) -> Any:
+    return _field("int 0..2^63-1", "the request's ticket, echoed by its reply", default=default,
+                  check=_between(0, MAX_SEQ))
+
+
+def _shard() -> Any:
+    return _field("int 0..shards-1", "which shard (client) of `shards`",
+                  check=_between(0, MAX_COUNT))
+
+
+def _shards() -> Any:
+    return _field("int 1..2^31", "how many shards the training (or held-out) set is cut into",
+                  check=_between(1, MAX_COUNT))
+
+
+def _examples(doc: str) -> Any:
+    return _field("int 0..2^53", doc, check=_between(0, MAX_EXAMPLES))
+
+
+def _in_order(message: Any) -> None:
+    if message.shard >= message.shards:
+        raise ValueError(f"shard {message.shard} of {message.shards}: shard must be below "
+                         f"shards")
+
+
+# -- requests (rank 0 -> worker, tag TAG_REQUEST) ----------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SetStateRequest:
+    """The round's global model, sent once per worker per round."""
+
+    seq: int = _seq(0)
+    state: State = _field("state", "the model; discards every result an earlier round kept")
+
+
+@attrs.frozen(kw_only=True)
+class FitRequest:
+    """Train on one client's shard from the worker's model (or from ``state``)."""
+
+    seq: int = _seq(0)
+    shard: int = _shard()
+    shards: int = _shards()
+    seed: int = _field("int 0..2^64-1", "the fit's seed: a function of (run seed, round, client)",
+                       check=_between(0, MAX_SEED))
+    state: State | None = _field("state", "the model to start from (default: the worker's)",
+                                 optional=True)
+    keep: int | None = _field("int 0..2^63-1", "keep the result on the worker under this key "
+                                     "(the reply then carries `kept`)",
+                              optional=True, check=_between(0, MAX_SEQ))
+    time_budget: float | None = _field("float (0, 1e7]", "seconds the fit may take; it "
+                                                         "reports the examples it got through",
+                                       optional=True, check=_between(1e-9, MAX_BUDGET))
+    clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: "
+                                     "clip the update (fitted minus starting model) to this "
+                                     "L2 norm before replying or keeping it; the reply's "
+                                     "`metrics.unclipped` says whether it was within",
+                                     optional=True, check=_between(1e-300, 1e300))
+
+    def __attrs_post_init__(self) -> None:
+        _in_order(self)
+
+
+@attrs.frozen(kw_only=True)
+class GradsRequest:
+    """Gradients of the worker's replica on a shard's (seeded) batch."""
+
+    seq: int = _seq(0)
+    shard: int = _shard()
+    shards: int = _shards()
+    seed: int = _field("int 0..2^64-1", "seeds the batch drawn from the shard",
+                       check=_between(0, MAX_SEED))
+    batch_size: int = _field("int 0..2^31", "rows per batch; 0: the whole shard", default=0,
+                             check=_between(0, MAX_COUNT))
+    keep: int | None = _field("int 0..2^63-1", "keep the gradients on the worker under this key",
+                              optional=True, check=_between(0, MAX_SEQ))
+
+    def __attrs_post_init__(self) -> None:
+        _in_order(self)
+
+
+@attrs.frozen(kw_only=True)
+class StepRequest:
+    """Gradients, all-reduced among ``ranks`` over the mesh, applied to the replica."""
+
+    seq: int = _seq(0)
+    shard: int = _shard()
+    shards: int = _shards()
+    seed: int = _field("int 0..2^64-1", "seeds the batch drawn from the shard",
+                       check=_between(0, MAX_SEED))
+    ranks: list[int] = _field("list of int >= 1", "the replicas that all-reduce together "
+                                                  "(distinct)")
+    batch_size: int = _field("int 0..2^31", "rows per batch; 0: the whole shard", default=0,
+                             check=_between(0, MAX_COUNT))
+
+    def __attrs_post_init__(self) -> None:
+        _in_order(self)
+        if not self.ranks or len(set(self.ranks)) != len(self.ranks) or not all(
+                1 <= r < MAX_COUNT for r in self.ranks):
+            raise ValueError(f"ranks must be distinct worker ranks (>= 1), got {self.ranks}")
+
+
+@attrs.frozen(kw_only=True)
+class TakeRequest:
+    """Hand over (and forget) the result kept under ``key``."""
+
+    seq: int = _seq(0)
+    key: int = _field("int 0..2^63-1", "the `keep` key of an earlier fit or grads",
+                      check=_between(0, MAX_SEQ))
+
+
+@attrs.frozen(kw_only=True)
+class ApplyRequest:
+    """One optimizer step of the replica with the round's mean gradients."""
+
+    seq: int = _seq(0)
+    gradients: State = _field("state", "the mean gradients to apply")
+
+
+@attrs.frozen(kw_only=True)
+class GetStateRequest:
+    """The worker's model (a data-parallel replica, read back after a step)."""
+
+    seq: int = _seq(0)
+
+
+@attrs.frozen(kw_only=True)
+class HeldOutRequest:
+    """How many held-out examples the worker's task has (checked before clients evaluate)."""
+
+    seq: int = _seq(0)
+
+
+@attrs.frozen(kw_only=True)
+class EvaluateRequest:
+    """Evaluate the worker's model (or ``state``) on a client's share of the held-out set."""
+
+    seq: int = _seq(0)
+    shard: int = _shard()
+    shards: int = _shards()
+    state: State | None = _field("state", "the model to evaluate (default: the worker's)",
+                                 optional=True)
+
+    def __attrs_post_init__(self) -> None:
+        _in_order(self)
+
+
+def _nodes(_: Any, attribute: Any, value: list[str]) -> None:
+    if not value or len(value) > MAX_COUNT:
+        raise ValueError(f"{attribute.name} must name at least one stage node")
+    for node in value:
+        _name(node, "a stage node")
+
+
+@attrs.frozen(kw_only=True)
+class StageRequest:
+    """Run pipeline stage nodes in order on an activation (model-parallel)."""
+
+    seq: int = _seq(0)
+    nodes: list[str] = _field("list of str", "the stage's nodes, in order (each 1..1024 "
+                                             "chars)", check=_nodes)
+    x: Activation = _field("array", "the activation into the first node")
+    state: State = _field("state", "the stage's keys of the model", default=attrs.Factory(dict))
+
+
+@attrs.frozen(kw_only=True)
+class StopRequest:
+    """The run is over: the worker returns (no reply)."""
+
+    seq: int = _field("int 0..2^63-1", "0 (stop is never answered)", default=0,
+                      check=_between(0, MAX_SEQ))
+
+
+#: op -> the request's schema.
+REQUESTS: dict[str, type] = {
+    "set_state": SetStateRequest,
+    "fit": FitRequest,
+    "grads": GradsRequest,
+    "step": StepRequest,
+    "take": TakeRequest,
+    "apply": ApplyRequest,
+    "get_state": GetStateRequest,
+    "held_out": HeldOutRequest,
+    "evaluate": EvaluateRequest,
+    "stage": StageRequest,
+    "stop": StopRequest,
+}
+
+# -- replies (worker -> rank 0, tag TAG_REPLY) ---------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AckReply:
+    """Done (``set_state``, ``apply``)."""
+
+    seq: int = _seq()
+
+
+@attrs.frozen(kw_only=True)
+class ErrorReply:
+    """The request could not be served (any op): the worker's message."""
+
+    seq: int = _seq()
+    error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
+                        check=_length(1, MAX_ERROR))
+
+
+def _metrics_field(doc: str) -> Any:
+    return _field("metrics", doc)
+
+
+@attrs.frozen(kw_only=True)
+class FitReply:
+    """A fit's realized work; its result itself, or the key it is kept under."""
+
+    seq: int = _seq()
+    examples: int = _examples("examples the fit processed (its fedavg weight)")
+    metrics: Metrics = _metrics_field("the fit's metrics (`train_loss`, ...)")
+    state: State | None = _field("state", "the fitted model; only without `keep`",
+                                 optional=True)
+    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
+                              optional=True,
+                              check=_between(0, MAX_SEQ))
+
+
+@attrs.frozen(kw_only=True)
+class GradsReply:
+    """A batch's gradients (or the key they are kept under)."""
+
+    seq: int = _seq()
+    examples: int = _examples("rows the gradients were computed on")
+    metrics: Metrics = _metrics_field("the batch's metrics")
+    gradients: State | None = _field("state", "the gradients; only without `keep`",
+                                     optional=True)
+    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
+                              optional=True,
+                              check=_between(0, MAX_SEQ))
+
+
+@attrs.frozen(kw_only=True)
+class StepReply:
+    """A mesh step's realized work (the replica has applied the mean)."""
+
+    seq: int = _seq()
+    examples: int = _examples("rows this replica's gradients were computed on")
+    metrics: Metrics = _metrics_field("the batch's metrics")
+
+
+@attrs.frozen(kw_only=True)
+class StateReply:
+    """A model (``take``: the kept result, now forgotten; ``get_state``: the worker's)."""
+
+    seq: int = _seq()
+    state: State = _field("state", "the model, or the kept gradients")
+
+
+@attrs.frozen(kw_only=True)
+class HeldOutReply:
+    """The size of the worker's held-out set."""
+
+    seq: int = _seq()
+    examples: int = _examples("held-out examples the task has (0: none)")
+
+
+@attrs.frozen(kw_only=True)
+class EvaluateReply:
+    """A client's evaluation on its share of the held-out set."""
+
+    seq: int = _seq()
+    examples: int = _examples("held-out examples evaluated on")
+    metrics: Metrics = _metrics_field("the evaluation's metrics ({} when there were none)")
+
+
+@attrs.frozen(kw_only=True)
+class StageReply:
+    """The stage's output activation."""
+
+    seq: int = _seq()
+    x: Activation = _field("array", "the activation out of the last node")
+
+
+#: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).
+REPLIES: dict[str, type] = {
+    "set_state": AckReply,
+    "fit": FitReply,
+    "grads": GradsReply,
+    "step": StepReply,
+    "take": StateReply,
+    "apply": AckReply,
+    "get_state": StateReply,
+    "held_out": HeldOutReply,
+    "evaluate": EvaluateReply,
+    "stage": StageReply,
+}
+
+_CONVERTER = _converter()
+
+# -- checking ------------------------------------------------------------------------------
+
+
+def _structure(cls: type, message: Mapping[str, Any], what: str) -> Any:
+    try:
+        return _CONVERTER.structure(message, cls)
+    except Exception as exc:  # every structuring failure becomes the sender's ProtocolError
+        raise ProtocolError(f"{what} does not fit its schema: {_why(exc)}") from None
+
+
+def _why(exc: BaseException, path: str = "") -> str:
+    """One line saying every way a message did not fit (cattrs' nested errors flattened)."""
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return f"unknown field(s) {', '.join(map(repr, sorted(exc.extra_fields)))}"
+    if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
+        parts = []
+        for inner in exc.exceptions:
+            notes = [n for n in getattr(inner, "__notes__", ())
+                     if isinstance(n, (cattrs.AttributeValidationNote,
+                                       cattrs.IterableValidationNote))]
+            where = path
+            if notes and isinstance(notes[0], cattrs.AttributeValidationNote):
+                where = f"{path}.{notes[0].name}" if path else notes[0].name
+            elif notes:
+                where = f"{path}[{notes[0].index}]"
+            parts.append(_why(inner, where))
+        return "; ".join(parts)
+    if isinstance(exc, KeyError) and path:
+        return f"{path}: missing"
+    return f"{path}: {exc}" if path else str(exc)
+
+
+def check_request(request: Mapping[str, Any]) -> Any:
+    """``request`` structured as its op's schema; :class:`ProtocolError` when it does not fit."""
+    if not isinstance(request, Mapping):
+        raise ProtocolError(f"a request must be an object, got {_shown(request)}")
+    op = request.get("op")
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown trainer request op {op!r}; known: {sorted(REQUESTS)}")
+    return _structure(cls, {k: v for k, v in request.items() if k != "op"},
+                      f"the {op!r} request")
+
+
+def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
+                seq: int | None = None) -> Mapping[str, Any]:
+    """``reply`` if it is a well-formed answer to ``request``; else :class:`ProtocolError`.
+
+    Besides the op's schema: the reply echoes ``seq`` (when given), and a
+    ``fit``/``grads`` carries ``kept`` equal to the request's ``keep`` with
+    keep, its result without. The reply is returned as it came (a mapping;
+    its numbers already the right types), so code past the boundary reads
+    it as before.
+    """
+    op = request.get("op")
+    if not isinstance(reply, Mapping):
+        raise ProtocolError(f"the reply to {op!r} must be an object, got {_shown(reply)}")
+    if "error" in reply:
+        message = _structure(ErrorReply, reply, f"the error reply to {op!r}")
+    else:
+        cls = REPLIES.get(op)  # type: ignore[arg-type]
+        if cls is None:
+            raise ProtocolError(f"a reply to {op!r}, which is never answered")
+        message = _structure(cls, reply, f"the reply to {op!r}")
+        if op in ("fit", "grads"):
+            _check_kept(op, request.get("keep"), message)
+    if seq is not None and message.seq != seq:
+        raise ProtocolError(f"the reply to {op!r} echoes seq {message.seq}, not {seq}")
+    return reply
+
+
+def _check_kept(op: str, keep: Any, message: Any) -> None:
+    result = "state" if op == "fit" else "gradients"
+    present = getattr(message, result) is not None
+    if keep is None:
+        if message.kept is not None or not present:
+            raise ProtocolError(f"the reply to {op!r} without keep must carry {result!r} and "
+                                f"no 'kept'")
+    elif message.kept != keep or present:
+        raise ProtocolError(f"the reply to {op!r} with keep = {keep} must carry kept = "
+                            f"{keep} and no {result!r} (got kept = {message.kept!r}"
+                            f"{', and ' + result if present else ''})")
+
+
+#: A state's shape as a contribution must match it: key -> (shape, dtype) for an
+#: array, None for a JSON value.
+Signature = dict[str, Optional[tuple[tuple[int, ...], Any]]]
+
+
+def signature(state: Mapping[str, Any]) -> Signature:
+    """What :func:`check_contribution` compares: each key's shape and dtype (None: JSON)."""
+    out: Signature = {}
+    for key, value in state.items():
+        out[key] = (value.shape, value.dtype) if isinstance(value, np.ndarray) else None
+    return out
+
+
+def check_contribution(state: Mapping[str, Any], expected: Signature, what: str, *,
+                       subset: bool = False) -> None:
+    """A contribution (a fit's model, gradients) matches the round's model, key for key.
+
+    The same keys (with ``subset``: some of them -- gradients need not carry
+    a model's JSON or integer entries), and each array the same shape and
+    dtype as the model's (a JSON value where the model has one);
+    :class:`ProtocolError` saying the first difference otherwise. One pass
+    over the keys, none over elements.
+    """
+    if subset:
+        unknown = [k for k in state if k not in expected]
+        if unknown:
+            raise ProtocolError(f"{what} does not match the round's model: unknown keys "
+                                f"{sorted(unknown)[:5]}")
+    elif len(state) != len(expected) or state.keys() != expected.keys():
+        missing = sorted(expected.keys() - state.keys())[:5]
+        extra = sorted(state.keys() - expected.keys())[:5]
+        raise ProtocolError(f"{what} does not match the round's model: missing keys "
+                            f"{missing or 'none'}, unknown keys {extra or 'none'}")
+    for key, value in state.items():
+        want = expected[key]
+        if want is None:
+            if isinstance(value, np.ndarray):
+                raise ProtocolError(f"{what}: {key!r} is an array where the model has a JSON "
+                                    f"value")
+        elif not isinstance(value, np.ndarray) or value.shape != want[0] \
+                or value.dtype != want[1]:
+            raise ProtocolError(f"{what}: {key!r} is {_shown(value)} where the model has "
+                                f"an array {want[1]}{list(want[0])}")
+
+
+# -- the docs' view --------------------------------------------------------------------------
+
+
+def field_table(cls: type) -> list[tuple[str, str, str, str]]:
+    """A message's fields as docs/protocol.md tabulates them: (field, type, required, meaning)."""
+    rows = []
+    for f in attrs.fields(cls):
+        required = "yes" if f.default is attrs.NOTHING else "no"
+        rows.append((f.name, f.metadata["wire"], required, f.metadata["doc"]))
+    return rows

@@ -1,0 +1,434 @@
+"""The message boundary: every trainer request and reply checked against its schema.
+
+Three levels: the schema itself (every reply field missing, wrong-typed, out
+of range or oversized is a ProtocolError and nothing else); a worker sending
+such a reply into the real round engine (only that rank is dropped, named
+with the reason, and the run finishes with the others); and the same from a
+real worker process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import meshkit
+import meshkit.plugins
+from meshkit.train import LocalPool, StrategyContext, Trainer
+from meshkit.train import _messages as messages
+from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
+
+# -- the schema --------------------------------------------------------------------------
+
+#: A well-formed reply to each op (with keep where the engine sends it).
+GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "set_state": ({"op": "set_state"}, {"seq": 5}),
+    "fit": ({"op": "fit", "keep": 3},
+            {"seq": 5, "examples": 10, "metrics": {"train_loss": 0.5}, "kept": 3}),
+    "grads": ({"op": "grads"}, {"seq": 5, "examples": 4, "metrics": {},
+                                "gradients": {"w": np.zeros(3, np.float32)}}),
+    "step": ({"op": "step"}, {"seq": 5, "examples": 4, "metrics": {"train_loss": 1.0}}),
+    "take": ({"op": "take"}, {"seq": 5, "state": {"w": np.zeros(3, np.float32)}}),
+    "apply": ({"op": "apply"}, {"seq": 5}),
+    "get_state": ({"op": "get_state"}, {"seq": 5, "state": {"w": np.ones(2)}}),
+    "held_out": ({"op": "held_out"}, {"seq": 5, "examples": 7}),
+    "evaluate": ({"op": "evaluate"}, {"seq": 5, "examples": 7, "metrics": {"accuracy": 0.9}}),
+    "stage": ({"op": "stage"}, {"seq": 5, "x": np.zeros((2, 2))}),
+}
+
+#: Values of the wrong type for any field (each field's own type is filtered out below).
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
+                      st.text(max_size=8), st.lists(st.integers(), max_size=3),
+                      st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+def _wrong_type(field: str, good: Any) -> st.SearchStrategy[Any]:
+    if isinstance(good, bool) or isinstance(good, int):
+        return ANY_VALUE.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
+    if isinstance(good, dict):
+        return ANY_VALUE.filter(lambda v: not isinstance(v, dict))
+    if isinstance(good, np.ndarray):
+        return st.one_of(st.none(), st.text(max_size=4), st.dictionaries(st.text(), st.none()))
+    return ANY_VALUE
+
+
+def _out_of_range(field: str, good: Any) -> st.SearchStrategy[Any]:
+    if field in ("examples", "seq", "kept"):
+        return st.one_of(st.integers(max_value=-1),
+                         st.integers(min_value=messages.MAX_SEQ + 1, max_value=2 ** 70))
+    if field == "metrics":
+        return st.sampled_from([math.nan, math.inf, -math.inf]).map(lambda v: {"loss": v})
+    if field in ("state", "gradients"):
+        return st.sampled_from([{"": np.zeros(1)}, {"w": object()}, {5: np.zeros(1)}])
+    return st.nothing()
+
+
+def _oversized(field: str, good: Any) -> st.SearchStrategy[Any]:
+    if field == "metrics":
+        return st.just({f"m{i}": 1.0 for i in range(messages.MAX_METRICS + 1)})
+    if field in ("state", "gradients"):
+        return st.just({"k" * (messages.MAX_NAME + 1): np.zeros(1)})
+    if field == "examples":
+        return st.just(messages.MAX_EXAMPLES + 1)
+    return st.nothing()
+
+
+HOWS = {"missing": lambda field, good: st.just(None), "wrong type": _wrong_type,
+        "out of range": _out_of_range, "oversized": _oversized}
+APPLIES = {
+    "out of range": {"examples", "seq", "kept", "metrics", "state", "gradients"},
+    "oversized": {"metrics", "state", "gradients", "examples"},
+}
+
+
+@st.composite
+def breaches(draw: Callable[..., Any], ops: tuple[str, ...] = tuple(GOOD)
+             ) -> tuple[str, str, str, Any]:
+    """(op, field, how, value): one reply field broken one way."""
+    op = draw(st.sampled_from(ops))
+    field = draw(st.sampled_from(sorted(GOOD[op][1])))
+    how = draw(st.sampled_from([h for h in sorted(HOWS) if field in APPLIES.get(h, {field})]))
+    value = draw(HOWS[how](field, GOOD[op][1][field]))
+    return op, field, how, value
+
+
+def broken(reply: dict[str, Any], field: str, how: str, value: Any) -> dict[str, Any]:
+    out = dict(reply)
+    if how == "missing":
+        del out[field]
+    else:
+        out[field] = value
+    return out
+
+
+def test_every_well_formed_reply_fits():
+    for op, (request, reply) in GOOD.items():
+        assert check_reply(request, reply, 5) is reply, op
+    assert set(GOOD) == set(REPLIES), "every op with a reply has a case here"
+
+
+@settings(max_examples=300, deadline=None)
+@given(breaches(), st.sampled_from(["extra", "none"]))
+def test_a_broken_reply_is_a_protocol_error_and_nothing_else(case, extra):
+    op, field, how, value = case
+    request, reply = GOOD[op]
+    bad = broken(reply, field, how, value)
+    if extra == "extra":
+        bad["surprise"] = 1
+    with pytest.raises(meshkit.ProtocolError) as caught:
+        check_reply(request, bad, 5)
+    # The reason names what is wrong, for the ledger and the user.
+    assert field in str(caught.value) or "surprise" in str(caught.value) or \
+        "kept" in str(caught.value), str(caught.value)
+
+
+def test_a_reply_must_echo_its_seq_and_its_keep():
+    with pytest.raises(meshkit.ProtocolError, match="echoes seq 5, not 6"):
+        check_reply(*GOOD["apply"], 6)
+    request, reply = GOOD["fit"]
+    with pytest.raises(meshkit.ProtocolError, match="kept = 3"):
+        check_reply(request, {**reply, "kept": 4}, 5)
+    with pytest.raises(meshkit.ProtocolError, match="without keep must carry 'state'"):
+        check_reply({"op": "fit"}, reply, 5)
+    with pytest.raises(meshkit.ProtocolError, match="no 'state'"):
+        check_reply(request, {**reply, "state": {}}, 5)
+
+
+def test_an_error_reply_fits_any_op_but_is_bounded():
+    assert check_reply({"op": "take"}, {"seq": 1, "error": "boom"}, 1)
+    with pytest.raises(meshkit.ProtocolError, match="error has 65537 characters"):
+        check_reply({"op": "take"}, {"seq": 1, "error": "x" * (messages.MAX_ERROR + 1)}, 1)
+
+
+def test_a_protocol_error_is_a_wire_error_and_public():
+    assert issubclass(meshkit.ProtocolError, meshkit.WireError)
+    assert "ProtocolError" in meshkit.__all__
+
+
+GOOD_REQUESTS = {
+    "set_state": {"state": {"w": np.zeros(2)}},
+    "fit": {"shard": 1, "shards": 4, "seed": 2 ** 40, "keep": 1, "time_budget": 2.5},
+    "grads": {"shard": 0, "shards": 1, "seed": 0, "batch_size": 8},
+    "step": {"shard": 0, "shards": 2, "seed": 0, "ranks": [1, 2]},
+    "take": {"key": 0},
+    "apply": {"gradients": {"w": np.zeros(2)}},
+    "get_state": {},
+    "held_out": {},
+    "evaluate": {"shard": 0, "shards": 1},
+    "stage": {"nodes": ["a"], "x": np.zeros(3)},
+    "stop": {},
+}
+
+
+def test_every_well_formed_request_fits():
+    assert set(GOOD_REQUESTS) == set(REQUESTS)
+    for op, fields in GOOD_REQUESTS.items():
+        check_request({"op": op, "seq": 3, **fields})
+
+
+@pytest.mark.parametrize("request_, why", [
+    ({"op": "fit", "shard": 4, "shards": 4, "seed": 0}, "shard must be below shards"),
+    ({"op": "fit", "shard": "0", "shards": 4, "seed": 0}, "shard: expected an integer"),
+    ({"op": "fit", "shard": 0, "shards": 4, "seed": -1}, "seed = -1 is out of range"),
+    ({"op": "fit", "shard": 0, "shards": 4, "seed": 0, "time_budget": math.inf},
+     "time_budget = inf is out of range"),
+    ({"op": "fit", "shard": 0, "shards": 4, "seed": 0, "state": [1]}, "expected a state"),
+    ({"op": "step", "shard": 0, "shards": 1, "seed": 0, "ranks": [0]}, "distinct worker ranks"),
+    ({"op": "take"}, "key: missing"),
+    ({"op": "take", "key": 1, "keep": 2}, "unknown field(s) 'keep'"),
+    ({"op": "launch"}, "unknown trainer request op 'launch'"),
+])
+def test_a_bad_request_is_refused_by_the_worker_which_serves_on(request_, why):
+    trainer = Trainer(meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8}))
+    reply = trainer.handle({**request_, "seq": 9})
+    assert reply["seq"] == 9 and reply["error"].startswith("protocol error: ")
+    assert why in reply["error"]
+    # Nothing changed, and the next request is served.
+    assert trainer.state is None
+    assert trainer.handle({"op": "set_state", "state": {"w": np.zeros(2)}, "seq": 10}) == {
+        "seq": 10}
+
+
+# -- the boundary in a run (the real round engine, in-process workers) ------------------
+
+
+class HeldOut:
+    """The synthetic task with held-out data, so clients can evaluate."""
+
+    def __init__(self) -> None:
+        self.inner = meshkit.plugins.create("task", "synthetic",
+                                            {"params": 64, "arrays": 2, "rows": 64})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def test_data(self) -> tuple[Any, Any]:
+        return self.inner.train_data()
+
+    def evaluate(self, state: Any, x: Any = None, y: Any = None) -> dict[str, float]:
+        return self.inner.evaluate(state)
+
+
+@attrs.define
+class Breaching(Trainer):
+    """A worker whose first reply to ``op`` is broken by ``breach``; honest otherwise."""
+
+    op: str = ""
+    breach: Callable[[dict[str, Any]], dict[str, Any]] = dict
+    breached: bool = False
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        reply = super().handle(request)
+        if request.get("op") == self.op and not self.breached:
+            self.breached = True
+            reply = self.breach(reply)
+        return reply
+
+
+BAD = 1  # the breaching rank (data-parallel reads the model back from the first)
+
+
+def run(strategy: str, options: dict[str, Any], op: str = "",
+        breach: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> tuple[Any, list[Any], Any]:
+    ranks = [1, 2, 3]
+    trainers = {r: (Breaching(HeldOut(), op=op, breach=breach) if r == BAD
+                    else Trainer(HeldOut())) for r in ranks}
+    reports: list[Any] = []
+    ctx = StrategyContext(
+        task=HeldOut(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+        pool=LocalPool(trainers), workers=ranks, rng=np.random.default_rng(0), seed=3,
+        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0,
+        on_round=lambda report, state: reports.append(report))
+    result = meshkit.plugins.create("strategy", strategy, options).run(ctx)
+    return result, reports, ctx
+
+
+FEDERATED = {"rounds": 2, "clients": 6, "evaluate": "both"}
+DATA_PARALLEL = {"rounds": 2, "steps": 1}
+#: Which strategy sends each op (step and stage: below, through ctx.call).
+SENDS = {"set_state": ("federated", FEDERATED), "fit": ("federated", FEDERATED),
+         "take": ("federated", FEDERATED), "held_out": ("federated", FEDERATED),
+         "evaluate": ("federated", FEDERATED), "grads": ("data-parallel", DATA_PARALLEL),
+         "apply": ("data-parallel", DATA_PARALLEL),
+         "get_state": ("data-parallel", DATA_PARALLEL)}
+
+_HONEST: dict[str, Any] = {}
+
+
+def honest(strategy: str) -> Any:
+    if strategy not in _HONEST:
+        _HONEST[strategy] = run(strategy, SENDS["fit" if strategy == "federated"
+                                              else "grads"][1])
+    return _HONEST[strategy]
+
+
+@pytest.mark.parametrize("op", sorted(SENDS))
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_a_worker_breaking_any_reply_costs_only_its_own_rank(op, data):
+    _, field, how, value = data.draw(breaches((op,)))
+    if op in ("take", "get_state") and how == "out of range":
+        # Out of range for a model: not the round's keys, shapes or dtypes.
+        value = {"w0": np.zeros(3, np.float16)}
+        how = "wrong model"
+    strategy, options = SENDS[op]
+    result, reports, ctx = run(strategy, options, op,
+                               lambda reply: broken(reply, field, how, value)
+                               if field in reply or how != "missing" else {"seq": -1})
+    # Only the breaching rank was dropped, named with a protocol error.
+    assert list(ctx.dead) == [BAD], (op, field, how, ctx.dead)
+    assert ctx.dead[BAD].startswith("protocol error"), ctx.dead
+    assert sum(r.dropped == (BAD,) for r in reports) == 1
+    # The run finished with the others, every client of every round served...
+    assert [r.round for r in reports] == [1, 2]
+    for report in reports:
+        assert report.not_served == {}
+        assert BAD not in report.served.values() or report.round == 1
+    reference = honest(strategy)[0].state
+    assert result.state.keys() == reference.keys()
+    if strategy == "federated":
+        # ... to the very model an honest run gives (a fit is a pure function
+        # of the client, whoever serves it; data-parallel shards over the
+        # survivors, so its later steps differ).
+        for key in reference:
+            np.testing.assert_array_equal(result.state[key], reference[key])
+
+
+def test_a_take_without_state_and_examples_many_are_each_one_dropped_rank():
+    # The two crashes issue 21 reports, by name.
+    for op, breach in (("take", lambda reply: {"seq": reply["seq"]}),
+                       ("fit", lambda reply: {**reply, "examples": "many"})):
+        result, reports, ctx = run("federated", FEDERATED, op, breach)
+        assert list(ctx.dead) == [BAD] and "protocol error" in ctx.dead[BAD]
+        assert ("state: missing" if op == "take" else "examples: expected an integer") in \
+            ctx.dead[BAD]
+        assert reports[-1].round == 2 and not reports[-1].not_served
+
+
+@pytest.mark.parametrize("op, request_", [
+    ("step", {"op": "step", "shard": 0, "shards": 1, "seed": 0, "ranks": [2]}),
+    ("stage", {"op": "stage", "nodes": ["a"], "x": np.zeros(2)}),
+])
+def test_a_broken_step_or_stage_reply_is_a_lost_rank_not_a_crash(op, request_):
+    class Canned(Trainer):
+        def handle(self, request: Any) -> dict[str, Any]:
+            return {"seq": request["seq"], "x": "not an array"} if op == "stage" else {
+                "seq": request["seq"], "examples": -3, "metrics": {}}
+
+    ctx = StrategyContext(task=None, aggregator=None, pool=LocalPool({2: Canned(None)}),
+                          workers=[2], rng=None)
+    (reply,) = ctx.call([(2, request_)])
+    assert not reply.ok and reply.error.startswith("protocol error")
+    assert ctx.dead == {2: reply.error}
+    assert ("x: expected an activation" if op == "stage" else "examples = -3") in reply.error
+
+
+# -- the boundary with real worker processes ---------------------------------------------
+
+ROGUE = '''
+import sys
+
+import meshkit.plugins
+from meshkit.task import FitResult
+
+
+class Rogue:
+    """The synthetic task, except that on rank 2 every fit reports a NaN loss."""
+
+    def __init__(self):
+        self.inner = meshkit.plugins.create("task", "synthetic", {"params": 256, "rows": 64})
+        argv = sys.argv  # the worker process is `meshkit node --rank N ...`
+        self.rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fit(self, state, x, y, seed):
+        result = self.inner.fit(state, x, y, seed=seed)
+        if self.rank == 2:
+            return FitResult(result.state, result.examples, {"train_loss": float("nan")})
+        return result
+'''
+
+
+@pytest.mark.slow
+def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
+    from conftest import write_config
+
+    from meshkit.train import Runner, read_metrics
+
+    (tmp_path / "rogue_task.py").write_text(ROGUE)
+    monkeypatch.chdir(tmp_path)  # workers import "module:attribute" from here
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", out, workers=3, rounds=2, task="rogue_task:Rogue",
+                          extra="clients = 6\nmin_clients = 6", timeout=30.0)
+    report = Runner(str(config)).run()
+    assert report.ok, report
+    assert list(report.dropped) == [2]
+    rows = read_metrics(out)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[0]["dropped"] == [2] and rows[1]["dropped"] == []
+    for row in rows:
+        assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
+        assert 2 not in row["served"].values()
+    summary = (out / "summary.json").read_text()
+    assert "protocol error" in summary and "metric 'train_loss' is nan" in summary
+
+
+# -- docs/protocol.md is the schema --------------------------------------------------------
+
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def documented_tables() -> dict[tuple[str, str], list[tuple[str, str, str, str]]]:
+    """§7.1's tables: (op, "request" | "reply") -> rows of (field, type, required, meaning)."""
+    text = PROTOCOL.read_text()
+    section = text[text.index("### 7.1 Every message"):text.index("## 8. ")]
+    tables: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
+    current = None
+    for line in section.splitlines():
+        heading = re.fullmatch(r"#### `(\w+)` (request|reply)", line.strip())
+        if heading:
+            current = (heading.group(1), heading.group(2))
+            tables[current] = []
+        elif current and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            tables[current].append((cells[0].strip("`"), *cells[1:]))
+    return tables
+
+
+def test_the_protocol_page_lists_every_message_field_by_field_as_the_schema_does():
+    documented = documented_tables()
+    declared = {**{(op, "request"): cls for op, cls in REQUESTS.items()},
+                **{(op, "reply"): cls for op, cls in REPLIES.items()},
+                ("error", "reply"): messages.ErrorReply}
+    assert sorted(documented) == sorted(declared)
+    for key, cls in declared.items():
+        assert documented[key] == messages.field_table(cls), key
+
+
+def test_the_protocol_page_would_catch_a_field_added_to_the_code():
+    # The check above can fail: the doc's table lacks a field the code has.
+    documented = documented_tables()[("fit", "reply")]
+    changed = attrs.make_class("FitReply", {**{f.name: attrs.field(
+        default=f.default, metadata=f.metadata) for f in attrs.fields(messages.FitReply)},
+        "clipped": attrs.field(default=None, metadata={"wire": "float", "doc": "x"})})
+    assert documented != messages.field_table(changed)
+
+
+def test_the_protocol_page_lists_every_capability_a_node_sends():
+    from meshkit.node import NodeCaps
+
+    text = PROTOCOL.read_text()
+    block = text[text.index("### 6.1"):text.index("### 6.2")]
+    listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
+    assert listed == {f.name for f in attrs.fields(NodeCaps)}
