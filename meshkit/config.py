@@ -271,22 +271,18 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         if not isinstance(chosen, str) or not chosen:
             raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
         selections[name] = Selection(kind, chosen, options, f"[{name}]")
-    partitioner = None
-    if "partitioner" in data:
-        options = table("partitioner")
-        chosen = options.pop("name", DEFAULT_PARTITIONER)
+    def optional(name: str, default: str | None, what: str) -> Selection | None:
+        """The selection of an optional table (None when the config has no such table)."""
+        if name not in data:
+            return None
+        options = table(name)
+        chosen = options.pop("name", default)
         if not isinstance(chosen, str) or not chosen:
-            raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
-                              f"{chosen!r}")
-        partitioner = Selection("partitioner", chosen, options, "[partitioner]")
-    privacy = None
-    if "privacy" in data:
-        options = table("privacy")
-        chosen = options.pop("name", None)
-        if not isinstance(chosen, str) or not chosen:
-            raise ConfigError(f"{path}: [privacy] name: expected a privacy mechanism's name "
-                              f"(e.g. \"dp-fixed\"), got {chosen!r}")
-        privacy = Selection("privacy", chosen, options, "[privacy]")
+            raise ConfigError(f"{path}: [{name}] name: expected {what}, got {chosen!r}")
+        return Selection(name, chosen, options, f"[{name}]")
+
+    partitioner = optional("partitioner", DEFAULT_PARTITIONER, "a component name")
+    privacy = optional("privacy", None, "a privacy mechanism's name (e.g. \"dp-fixed\")")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
     observers = []
