@@ -69,8 +69,10 @@ MAX_COUNT = 1 << 31
 MAX_BUDGET = 1e7
 #: Seeds are unsigned 64-bit integers.
 MAX_SEED = 2 ** 64 - 1
-#: Sequence numbers and kept-result keys are signed 64-bit integers >= 0.
+#: Kept-result keys are integers 0..MAX_SEQ; sequence numbers signed 64-bit
+#: integers (a host relay numbers its own requests below zero).
 MAX_SEQ = 2 ** 63 - 1
+MIN_SEQ = -(2 ** 63)
 
 # -- the value types beyond JSON's -----------------------------------------------------------
 
@@ -196,8 +198,9 @@ def _field(wire: str, doc: str, *, optional: bool = False, default: Any = attrs.
 
 
 def _seq(default: Any = attrs.NOTHING) -> Any:
-    return _field("int 0..2^63-1", "the request's ticket, echoed by its reply", default=default,
-                  check=_between(0, MAX_SEQ))
+    return _field("int -2^63..2^63-1", "the request's ticket, echoed by its reply (a host "
+                  "relay numbers its own below 0)", default=default,
+                  check=_between(MIN_SEQ, MAX_SEQ))
 
 
 def _shard() -> Any:
@@ -364,8 +367,8 @@ class StageRequest:
 class StopRequest:
     """The run is over: the worker returns (no reply)."""
 
-    seq: int = _field("int 0..2^63-1", "0 (stop is never answered)", default=0,
-                      check=_between(0, MAX_SEQ))
+    seq: int = _field("int -2^63..2^63-1", "0 (stop is never answered)", default=0,
+                      check=_between(MIN_SEQ, MAX_SEQ))
 
 
 #: op -> the request's schema.
@@ -406,6 +409,11 @@ def _metrics_field(doc: str) -> Any:
     return _field("metrics", doc)
 
 
+def _kept() -> Any:
+    return _field("int 0..2^63-1", "the request's `keep`; only with `keep`", optional=True,
+                  check=_between(0, MAX_SEQ))
+
+
 @attrs.frozen(kw_only=True)
 class FitReply:
     """A fit's realized work; its result itself, or the key it is kept under."""
@@ -415,9 +423,7 @@ class FitReply:
     metrics: Metrics = _metrics_field("the fit's metrics (`train_loss`, ...)")
     state: State | None = _field("state", "the fitted model; only without `keep`",
                                  optional=True)
-    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
-                              optional=True,
-                              check=_between(0, MAX_SEQ))
+    kept: int | None = _kept()
 
 
 @attrs.frozen(kw_only=True)
@@ -429,9 +435,7 @@ class GradsReply:
     metrics: Metrics = _metrics_field("the batch's metrics")
     gradients: State | None = _field("state", "the gradients; only without `keep`",
                                      optional=True)
-    kept: int | None = _field("int 0..2^63-1", "the request's `keep`; only with `keep`",
-                              optional=True,
-                              check=_between(0, MAX_SEQ))
+    kept: int | None = _kept()
 
 
 @attrs.frozen(kw_only=True)

@@ -364,30 +364,52 @@ class GroupPool:
                 if not block:
                     return None
                 continue  # nothing yet (or a death): look at the ledger again
+            taken = self._take_in(src, frame, owed.get(src))
+            if taken is not None:
+                return taken
+
+    def _take_in(self, src: int, frame: Mapping[str, Any],
+                 owes: _Outstanding | None) -> Reply | None:
+        """A reply frame from ``src``, checked at the boundary: its Reply, or None (discarded).
+
+        What does not fit (no message's encoding, or not its request's schema:
+        :mod:`meshkit.train._messages`) declares ``src`` dead with the reason
+        and fails the request it owed.
+        """
+        try:
             reply = decode(frame)
-            if "relay" in reply:
-                entry = self._relay_owed.pop(reply.get("seq"), None)  # type: ignore[arg-type]
-                if entry is None or entry[0] != reply["relay"]:
-                    log.debug("discarding a stale reply from host relay %r", reply["relay"])
-                    continue
-                return Reply(entry[1], reply, None, reply["seq"])
-            o = owed.get(src)
-            if o is None:
-                log.debug("rank %d: discarding a reply to nothing it owes (seq %r)", src,
-                          reply.get("seq"))
-                continue
-            head, _, request = o.tickets[0]
-            seq = reply.get("seq")
-            if isinstance(seq, int) and not isinstance(seq, bool) and seq < head:
-                log.debug("rank %d: discarding a stale reply (seq %d)", src, seq)
-                continue
-            try:
-                # The boundary: past here no reply lacks a field or holds a wrong type.
-                check_reply(request, reply, head)
-            except ProtocolError as exc:
-                self.declare_dead(src, protocol_reason(exc))
-                return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), o.pop())
-            return Reply(src, reply, None, o.pop())
+        except ProtocolError as exc:
+            if owes is None:
+                log.warning("rank %d: discarding a reply frame that is no message: %s",
+                            src, exc)
+                return None
+            self.declare_dead(src, protocol_reason(exc))
+            return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), owes.pop())
+        if "relay" in reply:
+            relay_seq = reply.get("seq")
+            # (A seq that is no integer cannot be a ticket: never a dict key.)
+            entry = (self._relay_owed.pop(relay_seq, None) if isinstance(relay_seq, int)
+                     else None)
+            if entry is None or entry[0] != reply["relay"]:
+                log.debug("discarding a stale reply from host relay %r", reply["relay"])
+                return None
+            return Reply(entry[1], reply, None, reply["seq"])
+        if owes is None:
+            log.debug("rank %d: discarding a reply to nothing it owes (seq %r)", src,
+                      reply.get("seq"))
+            return None
+        head, _, request = owes.tickets[0]
+        seq = reply.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq < head:
+            log.debug("rank %d: discarding a stale reply (seq %d)", src, seq)
+            return None
+        try:
+            # The boundary: past here no reply lacks a field or holds a wrong type.
+            check_reply(request, reply, head)
+        except ProtocolError as exc:
+            self.declare_dead(src, protocol_reason(exc))
+            return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), owes.pop())
+        return Reply(src, reply, None, owes.pop())
 
     def stop_all(self, ranks: Sequence[int]) -> None:
         """Tell workers the run is over (best effort: some may be gone)."""

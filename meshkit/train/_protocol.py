@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from meshkit.errors import ProtocolError
 from meshkit.transport.tags import TAG_REPLY, TAG_REQUEST
 
 __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
@@ -76,14 +77,31 @@ def encode(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def decode(frame: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`encode`."""
+    """The inverse of :func:`encode`.
+
+    A frame that cannot be the encoding of a message -- a field that is both
+    a plain value and a flattened state, or a ``#state`` count that is not
+    the number of ``state/`` entries -- is a :class:`~meshkit.ProtocolError`
+    for its sender (the pools and the worker treat it as any message that
+    does not fit its schema).
+    """
     out: dict[str, Any] = {}
+    counts = {key[1:]: value for key, value in frame.items()
+              if key[:1] == "#" and key[1:] in _NESTED}
+    for head in counts:
+        if head in frame:
+            raise ProtocolError(f"{'#' + head!r} beside a plain {head!r}")
+        out[head] = {}
     for key, value in frame.items():
         head, sep, inner = key.partition("/")
         if sep and head in _NESTED:
-            out.setdefault(head, {})[inner] = value
-        elif key.startswith("#") and key[1:] in _NESTED:
-            out.setdefault(key[1:], {})
-        else:
+            if head not in counts:
+                raise ProtocolError(f"{key!r} without its count {'#' + head!r}")
+            out[head][inner] = value
+        elif key[:1] != "#" or key[1:] not in _NESTED:
             out[key] = value
+    for head, count in counts.items():
+        if type(count) is not int or count != len(out[head]):
+            raise ProtocolError(f"{'#' + head!r} says {count!r} entries, the frame has "
+                                f"{len(out[head])}")
     return out

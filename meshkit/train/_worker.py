@@ -41,6 +41,7 @@ whole message and traceback.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Mapping
 
@@ -53,7 +54,7 @@ from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
-from meshkit.train._messages import MAX_SEQ, check_request
+from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._sharding import shard_pair
 
@@ -172,7 +173,7 @@ class Trainer:
             self.error = f"protocol error: {exc}"
             return {"error": self.error,
                     "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
-                    and 0 <= seq <= MAX_SEQ else 0}
+                    and MIN_SEQ <= seq <= MAX_SEQ else 0}
         try:
             reply = self._dispatch(op, request)
         except Exception as exc:  # the coordinator must hear why, not see a hang
@@ -194,7 +195,7 @@ class Trainer:
                                        time_budget=float(budget))
             self.fits += 1
             self.examples += int(result.examples)
-            self.metrics = {k: float(v) for k, v in result.metrics.items()}
+            self.metrics = _metrics(result.metrics, op)
             fitted = result.state
             if request.get("clip_norm") is not None:
                 # [privacy] clip = "client": the update leaves this node clipped
@@ -212,7 +213,7 @@ class Trainer:
             result = self.task.gradients(state, *self._batch(request))
             self.examples += int(result.examples)
             return self._answer(request, "gradients", result.state, result.examples,
-                                {k: float(v) for k, v in result.metrics.items()})
+                                _metrics(result.metrics, op))
         if op == "step":
             # Data-parallel on a mesh: the replicas average their gradients
             # among themselves (no fold on the coordinator), then each applies
@@ -226,7 +227,7 @@ class Trainer:
             self.state = dict(self.task.apply(state, mean))
             self.examples += int(result.examples)
             return {"examples": int(result.examples),
-                    "metrics": {k: float(v) for k, v in result.metrics.items()}}
+                    "metrics": _metrics(result.metrics, op)}
         if op == "take":
             key = int(request["key"])
             if key not in self.kept:
@@ -256,8 +257,7 @@ class Trainer:
                 raise ConfigError(
                     f"the task's evaluate(state) cannot evaluate on one client's share of "
                     f"the held-out set; give it evaluate(state, x=None, y=None)")
-            return {"examples": int(len(y)), "metrics": {k: float(v)
-                                                         for k, v in metrics.items()}}
+            return {"examples": int(len(y)), "metrics": _metrics(metrics, op)}
         if op == "stage":
             x = request["x"]
             for node in request["nodes"]:
@@ -294,6 +294,22 @@ class Trainer:
         if self.state is None:
             raise MeshError(f"{op!r} before any model was set on this worker")
         return self.state
+
+
+def _metrics(metrics: Mapping[str, Any], op: str) -> dict[str, float]:
+    """A task's metrics as a reply carries them; a non-finite one is the task's error.
+
+    A reply with a NaN or infinite metric does not fit its schema
+    (:mod:`meshkit.train._messages`) and would cost this worker its rank as a
+    protocol breach; an honest task that diverged says so instead.
+    """
+    out = {str(k): float(v) for k, v in metrics.items()}
+    bad = {k: v for k, v in out.items() if not math.isfinite(v)}
+    if bad:
+        shown = ", ".join(f"{k} = {v}" for k, v in sorted(bad.items()))
+        raise MeshError(f"the task's {op} reported {shown}; metrics must be finite numbers "
+                        f"(a diverged model? lower the learning rate)")
+    return out
 
 
 def with_device(name: str, options: Mapping[str, Any], device: str) -> dict[str, Any]:
@@ -354,10 +370,21 @@ def serve_trainer(group: Any, spec: Mapping[str, Any], control: Any = None, *,
                 break
             continue
         idle_since = time.monotonic()
-        request = decode(frame)
-        if request.get("op") == "stop":
+        try:
+            request = decode(frame)
+        except ProtocolError as exc:
+            # Not a message at all: say so (the coordinator waits on a reply).
+            log.warning("refusing a trainer request frame: %s", exc)
+            request = {"op": None, "seq": frame.get("seq", 0)}
+            failed: str | None = f"protocol error: {exc}"
+        else:
+            failed = None
+        if isinstance(request.get("op"), str) and request["op"] == "stop":
             break
-        if trainer is None:
+        if failed is not None:
+            seq = request["seq"]
+            reply = {"error": failed, "seq": seq if isinstance(seq, int) else 0}
+        elif trainer is None:
             reply = {"error": f"cannot build the task on this worker: {failure}",
                      "seq": request.get("seq", 0)}
         else:

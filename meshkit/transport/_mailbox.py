@@ -67,15 +67,18 @@ def _size(message: Message) -> int:
     A frame a placer took (``raw.placed``: the mesh ring's segments) landed in
     a buffer its receiver allocated beforehand and holds nothing new.
     """
-    if getattr(message.raw, "placed", False) is True:
-        return MESSAGE_OVERHEAD
-    nbytes = getattr(message.raw, "nbytes", None)
-    if not isinstance(nbytes, int) or nbytes <= 0:
-        nbytes = 0
-        for value in message.payload.values():
-            size = getattr(value, "nbytes", 0)
-            nbytes += size if isinstance(size, int) else 0
-    return nbytes + MESSAGE_OVERHEAD
+    raw = message.raw
+    if raw is not None:
+        if getattr(raw, "placed", False) is True:
+            return MESSAGE_OVERHEAD
+        nbytes = getattr(raw, "nbytes", None)
+        if type(nbytes) is int and nbytes > 0:
+            return nbytes + MESSAGE_OVERHEAD
+    total = MESSAGE_OVERHEAD
+    for value in message.payload.values():
+        size = getattr(value, "nbytes", 0)
+        total += size if isinstance(size, int) else 0
+    return total
 
 
 class Mailboxes:
@@ -93,9 +96,9 @@ class Mailboxes:
         self._inbox: dict[int, collections.deque[Message]] = collections.defaultdict(
             collections.deque)
         self._handlers: dict[tuple[int, int], Handler] = {}
-        #: (src, tag) -> the sizes of its queued messages, oldest first, and their sum.
-        self._sizes: dict[tuple[int, int], collections.deque[int]] = {}
-        self._unread: dict[tuple[int, int], int] = {}
+        #: (src, tag) -> [the sum, the sizes of its queued messages oldest first]
+        #: (kept when it empties: a tag read lock-step refills it every message).
+        self._unread: dict[tuple[int, int], list[Any]] = {}
         #: src -> how many tags it has messages queued on.
         self._tags: dict[int, int] = {}
         #: Sources found in breach: whatever still arrives from them is dropped
@@ -134,65 +137,65 @@ class Mailboxes:
 
     def _queue(self, message: Message) -> str | None:
         """Queue ``message`` (lock held); why its sender is in breach instead, or None."""
-        if self._offenders and message.src in self._offenders:
+        src = message.src
+        if self._offenders and src in self._offenders:
             return None  # already in breach (a relayed sender the relay still forwards)
-        key = (message.src, message.tag)
+        key = (src, message.tag)
         size = _size(message)
-        sizes = self._sizes.get(key)
-        if not sizes:
-            tags = self._tags.get(message.src, 0)
+        entry = self._unread.get(key)
+        if entry is None or not entry[1]:
+            tags = self._tags.get(src, 0)
             if tags >= MAX_UNREAD_TAGS:
-                self._offenders.add(message.src)
-                self._discard_source(message.src)
+                self._offenders.add(src)
+                self._discard_source(src)
                 return (f"protocol error: sent messages on more than {MAX_UNREAD_TAGS} tags "
                         f"that rank {self._ledger.rank} did not read (MAX_UNREAD_TAGS)")
-            self._tags[message.src] = tags + 1
-            sizes = self._sizes[key] = collections.deque()
-            self._unread[key] = 0
-        elif self._unread[key] - sizes[0] + size > self.max_unread:
-            behind = self._unread[key] - sizes[0] + size
-            count = len(sizes)
-            self._offenders.add(message.src)
-            self._discard(message.src, message.tag)
+            self._tags[src] = tags + 1
+            if entry is None:
+                entry = self._unread[key] = [0, collections.deque()]
+        elif entry[0] - entry[1][0] + size > self.max_unread:
+            behind = entry[0] - entry[1][0] + size
+            count = len(entry[1])
+            self._offenders.add(src)
+            self._discard(src, message.tag)
             return (f"protocol error: sent {count + 1} messages on tag 0x{message.tag:X} "
                     f"that rank {self._ledger.rank} did not read, {behind} bytes behind the "
                     f"oldest: past the unread bound of {self.max_unread} bytes per (source, "
                     f"tag)")
-        sizes.append(size)
-        self._unread[key] += size
+        entry[1].append(size)
+        entry[0] += size
         self._inbox[message.tag].append(message)
         self._cv.notify_all()
         return None
 
     def _taken(self, message: Message) -> None:
         """``message`` left the mailbox (lock held): its bytes no longer count."""
-        key = (message.src, message.tag)
-        sizes = self._sizes.get(key)
-        if sizes:
-            self._unread[key] -= sizes.popleft()
-            if not sizes:
-                self._forget(key)
+        entry = self._unread.get((message.src, message.tag))
+        if entry and entry[1]:
+            entry[0] -= entry[1].popleft()
+            if not entry[1]:
+                self._emptied(message.src)
 
-    def _forget(self, key: tuple[int, int]) -> None:
-        """(src, tag) has nothing queued any more (lock held)."""
-        if self._sizes.pop(key, None) is not None:
-            self._unread.pop(key, None)
-            left = self._tags.get(key[0], 1) - 1
-            if left > 0:
-                self._tags[key[0]] = left
-            else:
-                self._tags.pop(key[0], None)
+    def _emptied(self, src: int) -> None:
+        """One of ``src``'s tags has nothing queued any more (lock held)."""
+        left = self._tags.get(src, 1) - 1
+        if left > 0:
+            self._tags[src] = left
+        else:
+            self._tags.pop(src, None)
 
     def _discard(self, src: int, tag: int) -> None:
         """Drop every queued message from ``src`` on ``tag`` (lock held)."""
         queue = self._inbox.get(tag)
         if queue:
             self._inbox[tag] = collections.deque(m for m in queue if m.src != src)
-        self._forget((src, tag))
+        entry = self._unread.pop((src, tag), None)
+        if entry is not None and entry[1]:
+            self._emptied(src)
 
     def _discard_source(self, src: int) -> None:
         """Drop every queued message from ``src``, on every tag (lock held)."""
-        for src_tag in [key for key in self._sizes if key[0] == src]:
+        for src_tag in [key for key in self._unread if key[0] == src]:
             self._discard(*src_tag)
 
     def _breached(self, src: int, reason: str) -> None:
@@ -208,7 +211,8 @@ class Mailboxes:
     def unread_bytes(self, src: int, tag: int) -> int:
         """Bytes queued from ``src`` on ``tag`` (the oldest message included)."""
         with self._lock:
-            return self._unread.get((src, tag), 0)
+            entry = self._unread.get((src, tag))
+            return 0 if entry is None else int(entry[0])
 
     def divert(self, src: int, tag: int, handler: Handler) -> list[Mapping[str, Any]]:
         """Hand every later message with ``tag`` from ``src`` to ``handler``.

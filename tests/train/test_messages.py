@@ -22,9 +22,12 @@ from hypothesis import strategies as st
 
 import meshkit
 import meshkit.plugins
-from meshkit.train import LocalPool, StrategyContext, Trainer
+from meshkit.node import NodeCaps
+from meshkit.train import LocalPool, Runner, StrategyContext, Trainer, decode, read_metrics
 from meshkit.train import _messages as messages
 from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
+
+from conftest import write_config
 
 # -- the schema --------------------------------------------------------------------------
 
@@ -128,6 +131,43 @@ def test_a_broken_reply_is_a_protocol_error_and_nothing_else(case, extra):
     # The reason names what is wrong, for the ledger and the user.
     assert field in str(caught.value) or "surprise" in str(caught.value) or \
         "kept" in str(caught.value), str(caught.value)
+
+
+FRAME_KEYS = st.one_of(st.sampled_from(["seq", "examples", "metrics", "kept", "state",
+                                         "gradients", "#state", "#gradients", "state/w",
+                                         "gradients/w", "x", "error", "relay"]),
+                       st.text(max_size=6))
+FRAME_VALUES = st.one_of(ANY_VALUE, st.just(np.zeros(2, np.float32)),
+                         st.dictionaries(st.text(max_size=3), ANY_VALUE, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(REPLIES)), st.dictionaries(FRAME_KEYS, FRAME_VALUES, max_size=6))
+def test_any_frame_at_all_is_a_reply_or_a_protocol_error(op, frame):
+    try:
+        check_reply({"op": op}, decode(frame))
+    except meshkit.ProtocolError:
+        pass  # anything else (TypeError, KeyError, ...) fails the test
+
+
+REQUEST_KEYS = st.one_of(st.sampled_from(["op", "seq", "shard", "shards", "seed", "keep",
+                                           "key", "state", "#state", "state/w", "ranks",
+                                           "nodes", "x", "time_budget"]), st.text(max_size=6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(REQUESTS)), st.dictionaries(REQUEST_KEYS, FRAME_VALUES, max_size=6))
+def test_a_worker_answers_any_request_frame_and_serves_on(op, frame):
+    trainer = Trainer(meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8}))
+    try:
+        request = decode({"op": op, **frame})
+    except meshkit.ProtocolError:
+        return  # serve_trainer answers it with the error (test_worker_pool)
+    reply = trainer.handle(request)
+    assert "seq" in reply
+    # The worker is still whole: it serves a good request next.
+    assert trainer.handle({"op": "set_state", "seq": 1, "state": {"w": np.zeros(1)}}) == {
+        "seq": 1}
 
 
 def test_a_reply_must_echo_its_seq_and_its_keep():
@@ -341,7 +381,7 @@ from meshkit.task import FitResult
 
 
 class Rogue:
-    """The synthetic task, except that on rank 2 every fit reports a NaN loss."""
+    """The synthetic task, except that on rank 2 every fit returns a model of other shapes."""
 
     def __init__(self):
         self.inner = meshkit.plugins.create("task", "synthetic", {"params": 256, "rows": 64})
@@ -354,17 +394,15 @@ class Rogue:
     def fit(self, state, x, y, seed):
         result = self.inner.fit(state, x, y, seed=seed)
         if self.rank == 2:
-            return FitResult(result.state, result.examples, {"train_loss": float("nan")})
+            return FitResult({k: v[:-1] for k, v in result.state.items()}, result.examples,
+                             result.metrics)
         return result
 '''
 
 
 @pytest.mark.slow
-def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkeypatch):
-    from conftest import write_config
-
-    from meshkit.train import Runner, read_metrics
-
+def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_path,
+                                                                           monkeypatch):
     (tmp_path / "rogue_task.py").write_text(ROGUE)
     monkeypatch.chdir(tmp_path)  # workers import "module:attribute" from here
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -381,7 +419,8 @@ def test_a_real_worker_sending_a_bad_reply_is_dropped_and_named(tmp_path, monkey
         assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
         assert 2 not in row["served"].values()
     summary = (out / "summary.json").read_text()
-    assert "protocol error" in summary and "metric 'train_loss' is nan" in summary
+    assert "protocol error" in summary and "result for client" in summary
+    assert "where the model has an array float32" in summary
 
 
 # -- docs/protocol.md is the schema --------------------------------------------------------
@@ -426,9 +465,29 @@ def test_the_protocol_page_would_catch_a_field_added_to_the_code():
 
 
 def test_the_protocol_page_lists_every_capability_a_node_sends():
-    from meshkit.node import NodeCaps
-
     text = PROTOCOL.read_text()
     block = text[text.index("### 6.1"):text.index("### 6.2")]
     listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
     assert listed == {f.name for f in attrs.fields(NodeCaps)}
+
+
+def test_a_task_reporting_a_nan_metric_is_the_tasks_error_not_a_breach():
+    class Diverged:
+        def __init__(self) -> None:
+            self.inner = meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8})
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def fit(self, state: Any, x: Any, y: Any, seed: int) -> Any:
+            result = self.inner.fit(state, x, y, seed=seed)
+            return attrs.evolve(result, metrics={"train_loss": math.nan})
+
+    trainer = Trainer(Diverged())
+    trainer.handle({"op": "set_state", "seq": 1, "state": trainer.task.init_state(0)})
+    reply = trainer.handle({"op": "fit", "seq": 2, "shard": 0, "shards": 1, "seed": 0})
+    # An error the coordinator stops on with the task's message (a WorkerError),
+    # not a reply that would cost this honest worker its rank.
+    assert reply == {"error": "fit: MeshError: the task's fit reported train_loss = nan; "
+                              "metrics must be finite numbers (a diverged model? lower the "
+                              "learning rate)", "seq": 2}

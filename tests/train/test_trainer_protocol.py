@@ -16,3 +16,18 @@ def test_trainer_messages_carry_any_state_keys_and_empty_states(state):
     assert back["state"].keys() == state.keys()
     for key, value in state.items():
         np.testing.assert_array_equal(back["state"][key], value)
+
+
+@pytest.mark.parametrize("frame, why", [
+    ({"seq": 1, "state": 5, "state/w": 1}, "'state/w' without its count '#state'"),
+    ({"seq": 1, "#state": 1, "state": 5}, "'#state' beside a plain 'state'"),
+    ({"seq": 1, "#state": 2, "state/w": 1}, "'#state' says 2 entries, the frame has 1"),
+    ({"seq": 1, "#gradients": "x"}, "'#gradients' says 'x' entries"),
+])
+def test_a_frame_that_is_no_encoding_is_a_protocol_error(frame, why):
+    from meshkit import ProtocolError
+    from meshkit.train import decode
+
+    with pytest.raises(ProtocolError) as caught:
+        decode(frame)
+    assert why in str(caught.value)

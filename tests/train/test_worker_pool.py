@@ -11,7 +11,8 @@ import pytest
 import meshkit.plugins
 from meshkit.errors import MeshError, WorkerError
 from meshkit.node.config import NodeConfig
-from meshkit.train import GroupPool, LocalPool, StrategyContext, serve_trainer
+from meshkit.train import TAG_REPLY, TAG_REQUEST, GroupPool, LocalPool, StrategyContext
+from meshkit.train import decode, encode, serve_trainer
 
 SECRET = b"s" * 32
 SPEC = {"task": "digits", "task_options": {"epochs": 1}, "strategy": "federated", "seed": 0}
@@ -141,11 +142,10 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
      "echoes seq"),
     (lambda seq: {"seq": seq, "examples": "many", "metrics": {}, "kept": 0},
      "examples: expected an integer"),
+    (lambda seq: {"seq": seq, "state": 5, "state/w": np.zeros(2)}, "without its count"),
 ])
 def test_a_reply_that_does_not_fit_over_a_group_drops_that_rank_with_the_reason(
         mesh, reply, why):
-    from meshkit.train import TAG_REPLY, TAG_REQUEST, decode, encode
-
     start, _, _ = mesh
     groups = start(3, timeout=5.0)
     pool = GroupPool(groups[0])
@@ -164,3 +164,25 @@ def test_a_reply_that_does_not_fit_over_a_group_drops_that_rank_with_the_reason(
     assert got.seq == ticket and not got.ok
     assert got.error.startswith("protocol error") and why in got.error, got.error
     assert "protocol error" in pool.dead[1] and 2 not in pool.dead
+
+
+def test_a_worker_answers_a_request_that_does_not_fit_and_serves_on(mesh):
+    start, reports, threads = mesh
+    groups = start(2, serve=(1,))
+    for frame, why in (({"op": "fit", "seq": 3, "state": 5, "state/w": np.zeros(2)},
+                        "without its count"),
+                       ({"op": "fit", "seq": 4, "shard": 0, "shards": 1, "seed": "x"},
+                        "seed: expected an integer"),
+                       ({"op": ["stop"], "seq": 5}, "unknown trainer request op")):
+        groups[0].send(1, TAG_REQUEST, frame)
+        reply = groups[0].recv(1, TAG_REPLY, timeout=10)
+        assert reply["seq"] == frame["seq"] and why in reply["error"], reply
+        assert reply["error"].startswith("protocol error")
+    pool = GroupPool(groups[0])
+    ticket = pool.send(1, {"op": "held_out"}, 10.0)
+    got = pool.receive()
+    assert got.seq == ticket and got.ok and got.payload["examples"] > 0
+    pool.stop_all([1])
+    for t in threads:
+        t.join(10)
+    assert reports[1].stopped is None
