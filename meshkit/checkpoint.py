@@ -6,7 +6,8 @@ one (and the directory fsync'ed), so a crash at any instant leaves either
 the previous round's checkpoint or this one — never a torn file.
 
 Layout: every array leaf of the global state is ``state/<key>``, every
-array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``;
+array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``, each
+client's own values of the local keys (FedBN) ``clients/<client>/<key>``;
 ``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
 state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
 run's identity (task, strategy, seed) that ``--resume`` checks.
@@ -49,6 +50,8 @@ class Checkpoint:
     #: The round's ``metrics.jsonl`` line (JSON), so a crash between writing
     #: the checkpoint and that line does not leave a gap after ``--resume``.
     report: Mapping[str, Any] = attrs.Factory(dict)
+    #: Each client's values of the ``[strategy] local_keys`` (FedBN), ``"<client>/<key>"``.
+    clients: Mapping[str, Any] = attrs.Factory(dict)
     #: The ``[privacy]`` mechanism's state: its accountant's history, its clip norm.
     privacy_state: Mapping[str, Any] = attrs.Factory(dict)
 
@@ -97,6 +100,8 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "report": _to_json(dict(checkpoint.report), "report", arrays),
         "privacy": _to_json(dict(checkpoint.privacy_state), "privacy", arrays),
     }
+    if checkpoint.clients:
+        meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
     for name, array in arrays.items():
         if array.dtype.hasobject:
             raise ConfigError(f"checkpoint: {name} is an object array, which only pickle "
@@ -197,6 +202,7 @@ def _read(file: Path) -> Checkpoint:
         rng_state=_from_json(meta["rng"], arrays),
         identity=_from_json(meta["identity"], arrays),
         report=_from_json(meta.get("report") or {}, arrays),
+        clients=_from_json(meta.get("clients") or {}, arrays),
         privacy_state=_from_json(meta.get("privacy") or {}, arrays),
     )
 
@@ -204,9 +210,10 @@ def _read(file: Path) -> Checkpoint:
 #: What to do about a checkpoint that cannot be trusted.
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
-#: The header fields that hold JSON objects; "report", "dtypes" and "privacy" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "privacy")
-_OPTIONAL = ("report", "dtypes", "privacy")
+#: The header fields that hold JSON objects; "report", "dtypes", "clients" and "privacy"
+#: may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "privacy")
+_OPTIONAL = ("report", "dtypes", "clients", "privacy")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -54,7 +54,9 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 def _unknown_key(cls: Any, key: str) -> str:
     fields = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
     near = closest(key, fields)
-    return f"unknown key (did you mean {near!r}?)" if near else "unknown key"
+    if near:
+        return f"unknown key (did you mean {near!r}?)"
+    return f"unknown key; the keys are {', '.join(fields)}" if fields else "unknown key"
 
 
 def _describe(exc: BaseException, where: str) -> list[str]:

@@ -12,10 +12,14 @@ One sign convention throughout: the pseudo-gradient is
 (``x <- x - lr * direction(g)``), so ``lr = 1`` with no momentum adopts the
 consensus.
 
-What is stepped: float arrays (float16, bfloat16, float32, float64). Every
-other value -- integer and bool arrays, JSON values -- adopts the consensus
-(the aggregator already made sure it was identical everywhere, or averaged
-it). Dtype policy: the moments are kept in :func:`meshkit.state.accumulate_dtype`
+What an optimizer receives (the kernel's rule, :func:`step_parameters`, the
+same for every optimizer, third-party ones included): only the model's
+*parameters*, i.e. its float arrays that the task does not mark as buffers
+(``task.buffers()``: BatchNorm's running statistics, counters). Buffers,
+integer and bool arrays and JSON values never reach ``step``: they take the
+consensus, in the global model's dtype. A momentum or adaptive step applied
+to a running variance can drive it negative; a float step applied to an
+integer counter cannot be stored in it. Dtype policy: the moments are kept in :func:`meshkit.state.accumulate_dtype`
 of the parameter (float32 for float16/bfloat16/float32, float64 for
 float64), the step is computed in that dtype, and the new global comes back
 in the global parameter's dtype.
@@ -23,7 +27,7 @@ in the global parameter's dtype.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Collection, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +36,8 @@ from meshkit.state import State, StateError, dtype_name, is_array, is_float_dtyp
 
 __all__ = [
     "OuterOptimizer",
+    "step_parameters",
+    "parameter_keys",
     "stepped_keys",
     "pseudo_gradient",
     "split_buffers",
@@ -51,6 +57,60 @@ class OuterOptimizer(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def parameter_keys(global_state: State, consensus: State, *,
+                   buffers: Collection[str] = (), name: str = "outer") -> list[str]:
+    """The keys an outer optimizer receives: float arrays that are not ``buffers``.
+
+    Checks the pair first as :func:`stepped_keys` does (same keys, float
+    arrays of one shape on both sides), so a mismatch is an
+    :class:`AggregationError` naming the key whoever steps.
+    """
+    skip = frozenset(buffers)
+    return [k for k in stepped_keys(global_state, consensus, name=name) if k not in skip]
+
+
+def step_parameters(optimizer: Any, global_state: State, consensus: State, *,
+                    buffers: Collection[str] = (), name: str = "outer") -> dict[str, Any]:
+    """One outer step by the kernel's rule: the optimizer sees the parameters only.
+
+    ``optimizer.step`` receives the global model's and the consensus's
+    parameters (:func:`parameter_keys`) and must return exactly those keys.
+    Every other key -- the task's ``buffers``, integer and bool arrays, JSON
+    values -- takes the consensus, an array cast back to the global model's
+    dtype. Numpy scalars go in and come out as 0-d arrays. The result keeps the
+    global model's key order.
+    """
+    params = parameter_keys(global_state, consensus, buffers=buffers, name=name)
+    # numpy scalars (np.float32(1.5)) in, and out, as 0-d arrays: the wire
+    # carries arrays, and an optimizer writing out= into one needs an array.
+    stepped = {k: _as_array(v) for k, v in optimizer.step(
+        {k: _as_array(global_state[k]) for k in params},
+        {k: _as_array(consensus[k]) for k in params}).items()}
+    if set(stepped) != set(params):
+        missing = sorted(set(params) - set(stepped))
+        extra = sorted(set(stepped) - set(params))
+        raise AggregationError(
+            f"outer optimizer {name}: step() must return exactly the parameters it was "
+            f"given; missing {missing or 'none'}, unexpected {extra or 'none'}")
+    out: dict[str, Any] = {}
+    for key, x in global_state.items():
+        if key in stepped:
+            out[key] = stepped[key]
+            continue
+        c = consensus[key]
+        if is_array(x) and is_array(c):
+            # A numpy scalar cannot go on the wire: every array leaf is an ndarray.
+            c = np.asarray(c)
+            if c.dtype != np.asarray(x).dtype:
+                c = c.astype(np.asarray(x).dtype)
+        out[key] = c
+    return out
+
+
+def _as_array(value: Any) -> Any:
+    return np.asarray(value) if isinstance(value, np.generic) else value
 
 
 def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[str]:

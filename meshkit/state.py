@@ -34,6 +34,7 @@ from meshkit.errors import StateError
 
 __all__ = [
     "State",
+    "nonfinite_keys",
     "JsonValue",
     "StateError",
     "BFLOAT16",
@@ -121,6 +122,19 @@ def is_json_value(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
     return False
+
+
+def nonfinite_keys(state: Mapping[str, Any]) -> list[str]:
+    """The keys of ``state`` whose float array holds a NaN or an infinity, in key order."""
+    bad = []
+    for key, value in state.items():
+        if is_array(value) and is_float_dtype(value.dtype):
+            a = np.asarray(value)
+            if a.dtype not in (np.float16, np.float32, np.float64):
+                a = a.astype(np.float32)  # bfloat16: numpy's isfinite needs a native float
+            if not np.isfinite(a).all():
+                bad.append(str(key))
+    return bad
 
 
 def is_float_dtype(dtype: Any) -> bool:

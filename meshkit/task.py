@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["FitResult", "Task", "import_reference", "resolve_task_component", "create_task",
-           "build_task", "check_task", "accepts_data", "has_held_out"]
+           "build_task", "check_task", "accepts_data", "has_held_out", "buffer_keys",
+           "key_groups"]
 
 #: The methods every task has; the rest are needed only by the strategies that use them.
 REQUIRED = ("init_state", "train_data", "fit", "evaluate")
@@ -76,6 +77,13 @@ class Task(Protocol):
     def evaluate(self, state: Mapping[str, Any]) -> dict[str, float]:
         """Held-out metrics (``loss``, ``accuracy``, ...) of ``state``."""
 
+    # Optional, what the state's keys are (docs/tasks.md):
+    #   buffers() -> Iterable[str]              (keys that are statistics, not
+    #                                            parameters: outer optimizers
+    #                                            never step them)
+    #   key_groups() -> Mapping[str, Iterable[str]]  (named key sets that
+    #                                            [strategy] local_keys can name
+    #                                            as "@group", e.g. "norm")
     # Optional, for evaluation on the clients ([strategy] evaluate = "clients"):
     #   test_data() -> (x, y)                   (this node's held-out examples)
     #   evaluate(state, x=None, y=None)         (metrics on some of them: one
@@ -85,6 +93,26 @@ class Task(Protocol):
     #   apply(state, gradients) -> state        (data-parallel)
     #   stages() -> Sequence[str]               (model-parallel: the graph, in order)
     #   run_stage(state, node, x) -> activation (model-parallel)
+
+
+def buffer_keys(task: Any) -> frozenset[str]:
+    """The state keys ``task`` marks as buffers (``task.buffers()``; none when it has no such method).
+
+    Integer and bool arrays need no marking: they are never stepped. A numpy
+    task's float arrays are all parameters unless its ``buffers()`` says otherwise.
+    """
+    buffers = getattr(task, "buffers", None)
+    if not callable(buffers):
+        return frozenset()
+    return frozenset(str(k) for k in buffers())
+
+
+def key_groups(task: Any) -> dict[str, frozenset[str]]:
+    """The named key sets ``task.key_groups()`` offers (``"norm"`` for ``"@norm"``), or none."""
+    groups = getattr(task, "key_groups", None)
+    if not callable(groups):
+        return {}
+    return {str(name): frozenset(map(str, keys)) for name, keys in dict(groups()).items()}
 
 
 def has_held_out(task: Any) -> bool:

@@ -2,11 +2,14 @@
 
 The private key is written mode 0600 (a key others can read is refused when
 loaded); the public key goes to ``FILE.pub`` as one ``authorized_nodes``
-line, which is also printed, ready to append to the coordinator's file.
+line, its ``rank=``/``tag=`` bindings included, which is also printed,
+ready to append to the coordinator's file.
 :mod:`meshkit.cli` loads this module only when the command runs.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -33,16 +36,19 @@ def keygen(file: str, comment: str, ranks: tuple[int, ...], tags: tuple[str, ...
     it to a rank, `tag=T` to bind a placement tag, or start the line with
     `revoked` to refuse it later).
     """
+    if tags and not all(t and "," not in t and not t.isspace() and " " not in t for t in tags):
+        raise click.UsageError("--tag takes one name without spaces or commas")
     public = wire.generate_node_key(file, comment=comment, overwrite=force)
     line = wire.public_key_text(public)
     if ranks:
         line += " rank=" + ",".join(str(r) for r in ranks)
     if tags:
-        if not all(t and "," not in t and not t.isspace() and " " not in t for t in tags):
-            raise click.UsageError("--tag takes one name without spaces or commas")
         line += " tag=" + ",".join(tags)
     if comment:
         line += f" {comment}"
+    # FILE.pub is the same line, bindings included: `cat keys/*.pub > authorized`
+    # must keep them (the public key alone would admit the node at any rank).
+    Path(f"{file}.pub").write_text(line + "\n")
     click.echo(line)
     click.echo(f"wrote {file} (private, mode 600) and {file}.pub; fingerprint "
                f"{wire.fingerprint(public)}", err=True)

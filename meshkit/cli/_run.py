@@ -27,40 +27,12 @@ from typing import Any, Iterator
 import click
 
 from meshkit.errors import MeshError
-from meshkit.train import Interrupted, Runner, RunReport
+from meshkit.train import Interrupted, Runner, RunReport, format_event, format_result
 
 __all__ = ["run", "coordinator"]
 
 #: Seconds a round may run before the terminal is told it is still alive.
 HEARTBEAT = 10.0
-
-
-def _fmt_metrics(metrics: Any) -> str:
-    parts = []
-    for key in ("train_loss", "loss", "accuracy"):
-        if key in metrics:
-            parts.append(f"{key} {metrics[key]:.4f}")
-    parts += [f"{k} {v:.4g}" for k, v in metrics.items()
-              if k not in ("train_loss", "loss", "accuracy") and isinstance(v, (int, float))]
-    return "  ".join(parts)
-
-
-def _round_line(r: Any) -> str:
-    if r.round == 0:
-        return f"round   0 (evaluation only)  {_fmt_metrics(r.metrics)}  {r.seconds:.2f}s"
-    answered = len(r.answered)
-    asked = answered + len(r.dropped)
-    line = (f"round {r.round:>3}/{r.rounds}  workers {answered}/{asked}  "
-            f"{_fmt_metrics(r.metrics)}  {r.seconds:.2f}s")
-    if r.dropped:
-        line += f"  (dropped rank {', '.join(map(str, r.dropped))})"
-    if r.not_served:
-        late = f", {len(r.late)} late" if r.late else ""
-        line += (f"  ({len(r.not_served)} of {len(r.clients) + len(r.not_served)} client(s) "
-                 f"not served{late}; see metrics.jsonl)")
-    if r.joined:
-        line += f"  (joined rank {', '.join(map(str, r.joined))})"
-    return line
 
 
 def _progress(*, quiet: bool, to_stderr: bool) -> Any:
@@ -69,11 +41,8 @@ def _progress(*, quiet: bool, to_stderr: bool) -> Any:
     def render(event: Any) -> None:
         if quiet:
             return
-        if event.kind == "round":
-            click.echo(_round_line(event.report), err=to_stderr)
-        else:
-            click.echo(event.message,
-                       err=to_stderr or event.kind not in ("listening", "discovery"))
+        click.echo(format_event(event),
+                   err=to_stderr or event.kind not in ("round", "listening", "discovery"))
 
     return render
 
@@ -105,20 +74,6 @@ def _interrupts(runner: Runner) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _final_line(report: RunReport) -> str:
-    if report.already_complete:
-        return (f"complete: {report.out} already holds {report.rounds_completed} of "
-                f"{report.rounds} round(s) ({_fmt_metrics(report.metrics)}); nothing was "
-                f"started. Raise [strategy] rounds to train on, or --overwrite to start afresh")
-    if report.rounds == 0:
-        return (f"done: {report.strategy}, evaluation only in {report.seconds:.1f}s; "
-                f"{_fmt_metrics(report.metrics)}")
-    start = f" (resumed after round {report.resumed_from})" if report.resumed_from else ""
-    stopped = f"; stopped early: {report.stopped}" if report.stopped else ""
-    return (f"done: {report.strategy}, {report.rounds_completed} round(s){start} in "
-            f"{report.seconds:.1f}s; {_fmt_metrics(report.metrics)}{stopped}")
 
 
 def _execute(config: str, *, resume: bool, overwrite: bool, quiet: bool, as_json: bool,
@@ -153,7 +108,7 @@ def _execute(config: str, *, resume: bool, overwrite: bool, quiet: bool, as_json
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
-    click.echo(_final_line(report))
+    click.echo(format_result(report))
     if quiet or report.already_complete:
         return
     if report.dropped:

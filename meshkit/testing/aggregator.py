@@ -35,12 +35,14 @@ import pytest
 
 from meshkit.aggregation import begin
 from meshkit.errors import AggregationError
+from meshkit.wire import encode_state
 from meshkit.testing.support import (
     ContractBase,
     assert_states_close,
     assert_states_identical,
     bfloat16,
     float_dtypes,
+    model_states,
     snapshot,
 )
 
@@ -188,6 +190,31 @@ class AggregatorContract(ContractBase):
                 f"key {key!r}: a {value.dtype} input came back as {result[key].dtype}; "
                 f"return each array in its input dtype")
             assert result[key].shape == value.shape
+
+    def test_0_d_arrays_numpy_scalars_and_integer_buffers_come_back_wire_ready(self) -> None:
+        """A real model's state (:func:`meshkit.testing.support.model_states`), batch and
+        streaming: every leaf an ndarray of its input's shape and dtype, the result
+        encodable for the wire, the identical int64 buffer unchanged."""
+        states = model_states(MANY, seed=5)
+        weights = self.weights([1.0 + i % 3 for i in range(MANY)])
+        fold = self._fold(self.make())
+        for i, (s, w) in enumerate(zip(states, weights)):
+            fold.add(snapshot(s), w, source=f"rank {i + 1}")
+        for how, result in (("aggregate", self.aggregate(states, weights)),
+                            ("fold", fold.result())):
+            for key, value in states[0].items():
+                got = result[key]
+                assert isinstance(got, np.ndarray), (
+                    f"{how}: key {key!r} came back as a {type(got).__name__}, not a numpy "
+                    f"array; a numpy scalar cannot go on the wire (wrap it: "
+                    f"np.asarray(x, dtype=...))")
+                assert got.shape == np.shape(value) and got.dtype == np.asarray(value).dtype, (
+                    f"{how}: key {key!r}: a {np.asarray(value).dtype}{list(np.shape(value))} "
+                    f"input came back as {got.dtype}{list(got.shape)}")
+            assert np.array_equal(result["steps"], states[0]["steps"]), (
+                f"{how}: the int64 buffer 'steps', identical everywhere, came back as "
+                f"{result['steps']!r}")
+            encode_state(result)  # what the coordinator or a relay does with it next
 
     def test_inputs_are_not_modified(self) -> None:
         states = _contributions(3)

@@ -25,12 +25,16 @@ import numpy as np
 import pytest
 
 from meshkit.errors import MeshError
+from meshkit.outer import step_parameters
+from meshkit.wire import encode_state
 from meshkit.testing.support import (
     ContractBase,
     assert_states_close,
     assert_states_identical,
     float_dtypes,
     json_leaves_ok,
+    MODEL_BUFFERS,
+    model_states,
     snapshot,
 )
 
@@ -112,6 +116,32 @@ class OuterOptimizerContract(ContractBase):
             assert new["meta"] == c["meta"], (
                 f"round {r}: the JSON value 'meta' came back as {new['meta']!r}; it should "
                 f"adopt the consensus {c['meta']!r}")
+            x = new
+
+    def test_a_real_models_state_steps_under_the_kernels_rule(self) -> None:
+        """What a run hands the optimizer (:func:`meshkit.outer.step_parameters`): the
+        parameters of a BatchNorm-shaped model, 0-d ones and numpy scalars among them.
+        Each must come back an ndarray of its dtype and shape, finite; the buffers
+        take the consensus, whatever the optimizer."""
+        opt = self.make()
+        x, *consensi = model_states(4, seed=3)
+        for r, c in enumerate(consensi):
+            new = step_parameters(opt, snapshot(x), snapshot(c), buffers=MODEL_BUFFERS,
+                                  name=str(self.component))
+            for k, v in x.items():
+                got = new[k]
+                assert isinstance(got, np.ndarray), (
+                    f"round {r}, key {k!r}: expected a numpy array, got "
+                    f"{type(got).__name__} (a numpy scalar cannot go on the wire)")
+                assert got.dtype == np.asarray(v).dtype and got.shape == np.shape(v), (
+                    f"round {r}, key {k!r}: a {np.asarray(v).dtype}{list(np.shape(v))} value "
+                    f"came back as {got.dtype}{list(got.shape)}")
+                assert np.all(np.isfinite(got.astype(np.float64))), (
+                    f"round {r}, key {k!r}: non-finite values after a step")
+            for k in MODEL_BUFFERS:
+                assert np.array_equal(new[k], c[k]), (
+                    f"round {r}: buffer {k!r} is {new[k]!r}, not the consensus {c[k]!r}")
+            encode_state(new)
             x = new
 
     def test_a_step_does_not_modify_its_inputs(self) -> None:

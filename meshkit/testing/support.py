@@ -22,6 +22,8 @@ __all__ = [
     "assert_states_identical",
     "snapshot",
     "json_leaves_ok",
+    "model_states",
+    "MODEL_BUFFERS",
 ]
 
 try:  # a meshkit dependency, but keep the kit usable without it
@@ -231,3 +233,35 @@ def json_leaves_ok(tree: Any, where: str = "state") -> list[str]:
 
     walk(tree, where)
     return problems
+
+
+#: The keys of :func:`model_states` that are buffers (statistics, counters), not parameters.
+MODEL_BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "steps")
+
+
+def model_states(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` contributions shaped like a real model's, with the leaves toy states lack.
+
+    What ``meshkit.torch`` makes of a conv + BatchNorm layer: float32
+    parameters, positive running statistics, BatchNorm's
+    ``num_batches_tracked`` as a 0-d float64 count (different per
+    contributor, as clients see different batch counts), an int64 buffer
+    that is identical everywhere, a 0-d float32 parameter, and a numpy
+    *scalar* (``np.float32``, what ``x.sum()`` returns) that the wire cannot
+    carry as such. An aggregator or optimizer must hand back every array leaf
+    as an ``ndarray`` of its input's shape and dtype: a numpy scalar in a
+    result fails on the wire in round 2 of a real run
+    (``cannot put state key ... it is a numpy float64 scalar``).
+    """
+    rng = np.random.default_rng(seed)
+    return [{
+        "conv.weight": rng.standard_normal((4, 3)).astype(np.float32),
+        "bn.weight": (1.0 + 0.1 * rng.standard_normal(4)).astype(np.float32),
+        "bn.bias": (0.1 * rng.standard_normal(4)).astype(np.float32),
+        "bn.running_mean": (0.1 * rng.standard_normal(4)).astype(np.float32),
+        "bn.running_var": rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        "bn.num_batches_tracked": np.array(float(10 + rng.integers(0, 5))),
+        "steps": np.array(7, np.int64),
+        "temperature": np.array(1.0 + 0.1 * rng.standard_normal(), np.float32),
+        "gain": np.float32(1.0 + 0.1 * rng.standard_normal()),
+    } for _ in range(n)]

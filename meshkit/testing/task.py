@@ -110,6 +110,23 @@ class TaskContract(ContractBase):
         assert_states_identical(again, state, what="init_state(0) of a second task")
         self._crosses_the_wire(state, "init_state(0)")
 
+    def test_the_buffers_and_key_groups_it_declares_are_keys_of_its_model(self) -> None:
+        """``buffers()`` (never stepped by an outer optimizer) and ``key_groups()``
+        (``[strategy] local_keys = ["@name"]``) name array keys of the model: a
+        misspelt buffer would be stepped as a parameter, silently."""
+        task = self.make()
+        arrays = {k for k, v in task.init_state(0).items() if isinstance(v, np.ndarray)}
+        buffers = getattr(task, "buffers", None)
+        if callable(buffers):
+            stray = sorted(set(buffers()) - arrays)
+            assert not stray, f"buffers() names {stray}, which are not arrays of the model"
+        groups = getattr(task, "key_groups", None)
+        if callable(groups):
+            for name, keys in dict(groups()).items():
+                stray = sorted(set(keys) - arrays)
+                assert not stray, (f"key_groups()[{name!r}] names {stray}, which are not "
+                                   f"arrays of the model")
+
     def test_train_data_pairs_its_rows_and_is_stable(self) -> None:
         task = self.make()
         x, y = task.train_data()

@@ -33,7 +33,7 @@ import pytest
 from meshkit.aggregation import MeanFold, aggregate_by_folding
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.node.config import NodeConfig
-from meshkit.testing.support import ContractBase, assert_states_identical, bfloat16
+from meshkit.testing.support import ContractBase, assert_states_identical, bfloat16, model_states
 from meshkit.transport import ANY
 
 __all__ = ["TransportContract"]
@@ -161,6 +161,17 @@ class TransportContract(ContractBase):
         assert_states_identical(star[0].recv(1, 11), state, what="worker -> coordinator")
         star[0].send(2, 12, state)
         assert_states_identical(star[2].recv(0, 12), state, what="coordinator -> worker")
+
+    def test_a_real_models_state_crosses_exactly(self, star: list[Any]) -> None:
+        """BatchNorm-shaped state, 0-d counts and an int64 buffer (``model_states``; its
+        numpy scalar as the 0-d array an aggregator must return, since the wire carries
+        arrays) cross bit for bit with their shapes and dtypes."""
+        (state,) = model_states(1, seed=2)
+        state = {k: np.asarray(v) for k, v in state.items()}
+        star[1].send(0, 14, state)
+        assert_states_identical(star[0].recv(1, 14), state, what="worker -> coordinator")
+        star[0].send(2, 15, state)
+        assert_states_identical(star[2].recv(0, 15), state, what="coordinator -> worker")
 
     def test_the_sender_may_reuse_its_arrays_after_send(self, star: list[Any]) -> None:
         x = np.arange(8, dtype=np.float32)

@@ -36,13 +36,14 @@ from meshkit.torch._convert import (
 )
 from meshkit.torch._options import TorchOptions
 from meshkit.torch._results import export, load, state_dict
-from meshkit.torch._task import TorchTask, pick_device, task
+from meshkit.torch._task import NORM_LAYERS, TorchTask, pick_device, task
 
 __all__ = [
     "task",
     "TorchTask",
     "TorchOptions",
     "pick_device",
+    "NORM_LAYERS",
     "INT_BUFFERS",
     "to_numpy",
     "from_numpy",

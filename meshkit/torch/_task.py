@@ -49,7 +49,17 @@ from meshkit.torch._convert import INT_BUFFERS, from_numpy, load_module_state, m
     state_from_tensors, tensors_from_state, to_numpy
 from meshkit.torch._options import TorchOptions
 
-__all__ = ["task", "TorchTask", "pick_device"]
+__all__ = ["task", "TorchTask", "pick_device", "NORM_LAYERS"]
+
+#: The normalisation layers whose parameters and buffers ``"@norm"`` names
+#: (FedBN keeps them on each client).
+NORM_LAYERS: tuple[type[torch.nn.Module], ...] = tuple(
+    layer for layer in (
+        torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
+        torch.nn.SyncBatchNorm, torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d,
+        torch.nn.InstanceNorm3d, torch.nn.GroupNorm, torch.nn.LayerNorm,
+        getattr(torch.nn, "RMSNorm", None))
+    if layer is not None)
 
 
 def task(*, model: Callable[..., torch.nn.Module], loss: Callable[..., torch.Tensor],
@@ -168,6 +178,33 @@ class TorchTask:
         self._test_labels: np.ndarray | None = None
         self._module: torch.nn.Module | None = None
         self._replica: _Replica | None = None
+        self._layout: tuple[frozenset[str], frozenset[str]] | None = None
+
+    # -- what the state's keys are -------------------------------------------------
+
+    def buffers(self) -> frozenset[str]:
+        """The state keys that are the module's buffers (``named_buffers()``: BatchNorm's
+        running statistics and ``num_batches_tracked``): outer optimizers never step them."""
+        return self._keys()[0]
+
+    def key_groups(self) -> dict[str, frozenset[str]]:
+        """``{"norm": ...}``: every parameter and buffer of the module's normalisation
+        layers (:data:`NORM_LAYERS`), which ``[strategy] local_keys = ["@norm"]`` names."""
+        return {"norm": self._keys()[1]}
+
+    def _keys(self) -> tuple[frozenset[str], frozenset[str]]:
+        if self._layout is None:
+            with torch.random.fork_rng(devices=[]):
+                module = self.build_model()
+            keys = set(module.state_dict())
+            params = {k for k, _ in module.named_parameters()}
+            norm: set[str] = set()
+            for name, layer in module.named_modules():
+                if isinstance(layer, NORM_LAYERS):
+                    prefix = f"{name}." if name else ""
+                    norm.update(prefix + k for k in layer.state_dict())
+            self._layout = (frozenset(keys - params), frozenset(norm & keys))
+        return self._layout
 
     # -- building ----------------------------------------------------------------
 

@@ -45,10 +45,12 @@ from meshkit.train._engine import (
     fold_round,
     train_loss,
 )
+from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
+from meshkit.train._progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
 from meshkit.train._preflight import build_components
@@ -123,6 +125,14 @@ __all__ = [
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",
+    # keys kept on each client (FedBN)
+    "ClientLocal",
+    "resolve_local_keys",
+    # progress lines, as the CLI prints them
+    "format_event",
+    "format_metrics",
+    "format_round",
+    "format_result",
     # the message boundary (meshkit/train/_messages.py)
     "check_contribution",
     "signature",

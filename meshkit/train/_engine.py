@@ -71,6 +71,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
@@ -174,7 +175,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                weight: Callable[[Mapping[str, Any]], float] = by_examples,
                window: int = DEFAULT_WINDOW, fold: Any = None,
                label: str = "client", deadline: float | None = None,
-               reference: Mapping[str, Any] | None = None) -> Folded:
+               reference: Mapping[str, Any] | None = None,
+               local: ClientLocal | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -186,7 +188,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     none) is the round deadline of the module docstring's step 5.
     ``reference`` is the model every contribution must match key for key
     (shape and dtype; default: ``state``): a result that does not is its
-    worker's :class:`~meshkit.ProtocolError` (module docstring, step 6).
+    worker's :class:`~meshkit.ProtocolError` (module docstring, step 6). With
+    ``local`` (the run's :class:`ClientLocal`, FedBN), each pulled
+    contribution's local keys are kept there for its key (the client) and
+    only the rest is folded, so the result lacks them.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
@@ -200,7 +205,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # A round deadline is kept per client by _Round; relays fold their ranks
     # themselves, so a round with a deadline folds flat (relays forward). So
     # does one with pinned work: a relay would not keep a client on its node.
-    how = None if deadline or pinned else relay_weight(weight, by_examples)
+    # A relay folds whole contributions, so local keys fold flat too.
+    how = None if deadline or pinned or local else relay_weight(weight, by_examples)
     groups = None if how is None else relay_plan_applies(ctx, fold, how, keys)
     if groups is not None:
         result, served, not_served, replies = fold_through_relays(
@@ -210,7 +216,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
                     pinned=pinned,
                     deadline=deadline or None,
-                    expected=None if reference is None else signature(reference))
+                    expected=None if reference is None else signature(reference),
+                    local=local or None)
     return round_.play()
 
 
@@ -257,6 +264,8 @@ class _Round:
     not_served: dict[int, str] = attrs.Factory(dict)
     #: What every pulled contribution must look like (the round's model), or None.
     expected: Signature | None = None
+    #: Where each client's local keys are kept before the rest is folded (FedBN).
+    local: ClientLocal | None = None
 
     def play(self) -> Folded:
         ends = None if self.deadline is None else time.monotonic() + self.deadline
@@ -417,6 +426,8 @@ class _Round:
         while self.unfolded and self.unfolded[0] in self.taken:
             key = self.unfolded.pop(0)
             rank, contribution = self.taken.pop(key)
+            if self.local is not None:
+                contribution = self.local.keep(key, contribution)
             self.fold.add(contribution, self.weight(self.replies[key]),
                           source=f"{self.label} {key} (rank {rank})")
             del contribution  # the fold holds it now, or has folded it

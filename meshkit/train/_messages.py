@@ -251,6 +251,8 @@ class FitRequest:
     time_budget: float | None = _field("float (0, 1e7]", "seconds the fit may take; it "
                                                          "reports the examples it got through",
                                        optional=True, check=_between(1e-9, MAX_BUDGET))
+    local: State | None = _field("state", "the client's own values of the `local_keys` "
+                                          "(FedBN), in place of the model's", optional=True)
     clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: "
                                      "clip the update (fitted minus starting model) to this "
                                      "L2 norm before replying or keeping it; the reply's "
@@ -340,6 +342,8 @@ class EvaluateRequest:
     shards: int = _shards()
     state: State | None = _field("state", "the model to evaluate (default: the worker's)",
                                  optional=True)
+    local: State | None = _field("state", "the client's own values of the `local_keys` "
+                                          "(FedBN), in place of the model's", optional=True)
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)

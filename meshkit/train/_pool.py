@@ -45,7 +45,7 @@ import numpy as np
 from meshkit.errors import MeshError, PeerLostError, ProtocolError
 from meshkit.train._messages import check_reply
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
-from meshkit.transport.tags import TAG_RELAY
+from meshkit.transport.tags import TAG_RELAY, TAG_UP
 from meshkit.train._worker import Trainer
 
 __all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call", "broadcast"]
@@ -266,9 +266,38 @@ class GroupPool:
         self._relay_owed[seq] = (name, live[0], deadline)
         return seq
 
+    #: What each dead worker said before it left (its job's error report), by rank.
+    _last_words: dict[int, str] = attrs.Factory(dict)
+
     @property
     def dead(self) -> dict[int, str]:
-        return self.group.dead
+        """The ledger's dead workers and why, with what each reported before it left.
+
+        A node whose job fails (a bad ``--task-option``, a task it cannot
+        build) tells rank 0 why (``report_job_error``, on ``TAG_UP``) and then
+        closes its link; the ledger only sees the closed link, so its reason
+        would be "closed its connection" without the one that matters.
+        """
+        dead = dict(self.group.dead)
+        for rank in dead:
+            said = self._last_word(rank)
+            if said:
+                dead[rank] = f"{dead[rank]}; it reported: {said}"
+        return dead
+
+    def _last_word(self, rank: int) -> str:
+        if rank not in self._last_words:
+            said = ""
+            for _ in range(8):  # bounded: a few queued node-driver messages at most
+                try:
+                    message = self.group.recv(rank, TAG_UP, timeout=0.001)
+                except PeerLostError:
+                    break  # nothing queued, and nothing more can come
+                if isinstance(message, Mapping) and message.get("kind") == "error":
+                    said = str(message.get("message", ""))
+                    break
+            self._last_words[rank] = said
+        return self._last_words[rank]
 
     def live(self, ranks: Iterable[int]) -> list[int]:
         joined = set(self.group.joined)
@@ -348,7 +377,7 @@ class GroupPool:
                 soonest = min(soonest, until)
             for rank, o in owed.items():
                 if rank in dead:
-                    return Reply(rank, None, dead[rank], o.pop())
+                    return Reply(rank, None, self.dead[rank], o.pop())
                 deadline = o.deadline()
                 if deadline <= now:
                     reason = f"no answer within {o.tickets[0][1]:g} s (stalled)"

@@ -11,7 +11,7 @@ op              request fields                          reply fields
 ==============  ======================================  =============================
 ``set_state``   state                                   (ack); discards kept results
 ``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept
-                clip_norm?
+                local?; clip_norm?
 ``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
 ``step``        shard, shards, seed, batch_size, ranks  examples, metrics (all-reduce + apply)
 ``take``        key                                     state (the kept result, dropped)
@@ -27,6 +27,10 @@ The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 is declared once, in :mod:`meshkit.train._messages` (``REQUESTS``,
 ``REPLIES``), where each message is checked as it enters
 (docs/protocol.md §7 tabulates the same classes).
+
+``local`` (a state: the client's own values of the ``[strategy]
+local_keys``, FedBN) replaces those keys of the model a ``fit`` or an
+``evaluate`` starts from.
 
 A ``fit`` without ``state`` starts from the worker's model (the round's
 global state, sent once per worker by ``set_state``), and never changes
@@ -58,7 +62,7 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 
 #: Request/reply fields that hold a nested state and travel flattened.
-_NESTED = ("state", "gradients")
+_NESTED = ("state", "gradients", "local")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:

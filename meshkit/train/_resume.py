@@ -129,6 +129,7 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
     if parts.get("privacy") is not None:
         _restore_privacy(file, parts["privacy"], ckpt.privacy_state)
     truncate_metrics(out, ckpt.round, ckpt.report)
+    parts["client_local"] = dict(ckpt.clients)
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)

@@ -12,18 +12,32 @@ inside one, and so is a worker coming in (``ctx.admit()``: a late joiner,
 or a restarted worker taken back from the dead ledger), which is handed
 the round's state before the round starts and named in its report's
 ``joined``.
+
+A round whose new global model holds a NaN or an infinity is never a
+result: with ``on_nonfinite = "stop"`` (the default) the run stops there
+with a :class:`meshkit.StateError` naming the keys and the round, before
+the round is reported, so the last checkpoint keeps the last finite model;
+with ``"skip-round"`` the round keeps the previous global model (sent back
+to the live workers, whose replicas may hold the non-finite one) and its
+report says so in ``skipped``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Mapping
 
 import attrs
 
+from meshkit.errors import StateError
+from meshkit.state import nonfinite_keys
 from meshkit.train._strategy import RoundReport, StrategyContext, StrategyResult
 
-__all__ = ["RoundOutcome", "run_rounds", "timed"]
+__all__ = ["RoundOutcome", "run_rounds", "timed", "ON_NONFINITE"]
+
+#: ``[strategy] on_nonfinite`` values: stop the run, or keep the previous model for the round.
+ON_NONFINITE = ("stop", "skip-round")
 
 
 @attrs.frozen
@@ -51,9 +65,15 @@ class RoundOutcome:
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
-               play_round: Callable[[StrategyContext, int, Mapping[str, Any]], RoundOutcome]
-               ) -> StrategyResult:
-    """Play rounds ``ctx.start_round + 1 .. rounds``, reporting each; the last state wins."""
+               play_round: Callable[[StrategyContext, int, Mapping[str, Any]], RoundOutcome],
+               *, on_nonfinite: str = "stop") -> StrategyResult:
+    """Play rounds ``ctx.start_round + 1 .. rounds``, reporting each; the last state wins.
+
+    ``on_nonfinite`` is what a round whose new model is not finite does (the
+    module docstring): ``"stop"`` or ``"skip-round"``.
+    """
+    if on_nonfinite not in ON_NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
     metrics: Mapping[str, float] = {}
     reported: set[int] = set()
     for rnd in range(ctx.start_round + 1, rounds + 1):
@@ -64,7 +84,30 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
         outcome = play_round(ctx, rnd, state)
+        skipped = ""
+        bad = nonfinite_keys(outcome.state)
+        if bad:
+            shown = ", ".join(map(repr, bad[:5])) + (f" and {len(bad) - 5} more"
+                                                      if len(bad) > 5 else "")
+            if on_nonfinite == "stop":
+                raise StateError(
+                    f"round {rnd}: the new global model is not finite (NaN or inf in "
+                    f"{shown}); the run stops here and the last checkpoint (round {rnd - 1}) "
+                    f"keeps the last finite model. Lower the learning rate (the task's or "
+                    f"the outer optimizer's), or set [strategy] on_nonfinite = \"skip-round\" "
+                    f"to keep the previous model for such a round")
+            skipped = f"non-finite model ({shown}); kept the round {rnd - 1} model"
+            # Replicas (data-parallel) hold the model they made: give them the kept one.
+            live = ctx.live
+            if live:
+                ctx.broadcast(live, {"op": "set_state", "state": state})
+            # The evaluation was of the discarded model: not this round's figures.
+            # The clients' training happened; its loss stays when it is finite.
+            outcome = attrs.evolve(outcome, state=state, client_metrics={}, metrics={
+                k: v for k, v in outcome.metrics.items()
+                if k == "train_loss" and math.isfinite(v)})
         state, metrics = outcome.state, outcome.metrics
+        partial = _partial_means(outcome)
         dead = set(ctx.dead)
         # A rank taken back and lost again is reported again.
         dropped, reported = tuple(sorted(dead - reported)), dead
@@ -74,8 +117,27 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             seconds=clock(), served=dict(outcome.served),
             not_served=dict(outcome.not_served), late=tuple(outcome.late),
             joined=joined, client_examples=dict(outcome.client_examples),
-            client_metrics=dict(outcome.client_metrics)), state)
+            client_metrics=dict(outcome.client_metrics), skipped=skipped,
+            partial_means=partial), state)
     return StrategyResult(state, rounds, metrics)
+
+
+def _partial_means(outcome: RoundOutcome) -> str:
+    """Say so when the clients behind the round's client means are not its clients.
+
+    While a client's node is down its client is not evaluated, so
+    ``client_accuracy`` is a mean over the others and jumps back when it
+    rejoins: a row must not read as the same quantity as its neighbours.
+    """
+    if not outcome.client_metrics:
+        return ""
+    asked = set(outcome.clients) | set(outcome.not_served)
+    evaluated = set(outcome.client_metrics)
+    if evaluated >= asked:
+        return ""
+    missing = ", ".join(map(str, sorted(asked - evaluated)))
+    return (f"client means over {len(evaluated & asked)} of {len(asked)} clients "
+            f"(not evaluated: {missing})")
 
 
 def timed() -> Callable[[], float]:

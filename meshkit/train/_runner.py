@@ -78,6 +78,8 @@ from meshkit.train._launch import (
     spawn_workers,
     write_secret,
 )
+from meshkit.train._local_keys import ClientLocal
+from meshkit.train._progress import format_event, format_result
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._pool import GroupPool
 from meshkit.train._preflight import build_components
@@ -128,10 +130,19 @@ class RunReport:
     stopped: str = ""
     #: The final global state (not in the JSON form).
     state: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
+    #: Every round this run played, in order (the rounds' ``metrics.jsonl`` lines
+    #: as :class:`RoundReport` records); a resumed run's earlier rounds are in
+    #: ``metrics.jsonl`` (:func:`read_metrics`).
+    history: tuple[Any, ...] = attrs.field(default=(), repr=False)
+
+    def __str__(self) -> str:
+        """The final line ``meshkit run`` prints."""
+        return format_result(self)
 
     def to_json(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=False)
         data.pop("state")
+        data.pop("history")
         data["dropped"] = {str(k): v for k, v in self.dropped.items()}
         # A task may report numpy scalars (np.float32 is not JSON); this runs
         # in run()'s finally, where an error would mask the real outcome.
@@ -160,6 +171,10 @@ class RunEvent:
     kind: str
     message: str = ""
     report: Any = None
+
+    def __str__(self) -> str:
+        """The line ``meshkit run`` prints for it (``progress=print`` shows the same)."""
+        return format_event(self)
 
 
 def load_run_config(config: Any) -> Config:
@@ -220,6 +235,8 @@ class Runner:
     _timeout: float | None = None
     _out: str = "."
     _round_started: float = 0.0
+    #: The rounds played so far (RunReport.history).
+    _history: list[Any] = attrs.Factory(list)
     #: ``[strategy] device``: training is placed only on ranks that have it ("" = any).
     _device: str = ""
     #: Ranks that joined late but cannot train here (not asked again).
@@ -303,7 +320,7 @@ class Runner:
                 dropped=dropped,
                 error=error, seconds=time.monotonic() - started, stopped=stopped,
                 address=getattr(self._group, "address", "") if self._group else "",
-                state=final_state[0])
+                state=final_state[0], history=tuple(self._history))
             self.report = report
             write_summary(out, report.to_json())
             plot(out)
@@ -326,6 +343,7 @@ class Runner:
         append_metrics(out, report.to_json())
         last_metrics.update(metrics)
         final_state[0] = state
+        self._history.append(report)
         self._emit("round", "", report)
         self._notify(pset, "meshkit_round_completed", report=report)
         if self.on_round is not None:
@@ -527,6 +545,9 @@ class Runner:
         rng = parts["rng"]
         privacy = parts["privacy"]
         run_identity = identity(plan)
+        client_local = ClientLocal()
+        if parts.get("client_local"):
+            client_local.load_state_dict(parts["client_local"])  # a resumed run's
 
         def on_round(report: Any, state: Mapping[str, Any]) -> None:
             # Checkpoint first: a metrics line never describes a round the
@@ -535,6 +556,7 @@ class Runner:
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
+                clients=client_local.state_dict(),
                 privacy_state={} if privacy is None else privacy.state_dict()))
             append_metrics(out, line)
             completed[0] = report.round
@@ -542,6 +564,7 @@ class Runner:
             last_metrics.clear()
             last_metrics.update(report.metrics)
             final_state[0] = state
+            self._history.append(report)
             self._emit("round", "", report)
             self._notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:
@@ -554,7 +577,7 @@ class Runner:
             identities=identities, timeout=cfg.mesh.timeout, start_round=start_round,
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
-            partitioner=parts["partitioner"], privacy=privacy)
+            partitioner=parts["partitioner"], client_local=client_local, privacy=privacy)
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

@@ -20,6 +20,9 @@ import attrs
 
 from meshkit.aggregation import begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
+from meshkit.outer import step_parameters
+from meshkit.task import buffer_keys
+from meshkit.train._local_keys import ClientLocal
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool, broadcast, call
 
@@ -76,6 +79,13 @@ class RoundReport:
     client_metrics: Mapping[int, Mapping[str, float]] = attrs.Factory(dict)
     late: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
+    #: Why the round kept the previous global model ("" when it did not): a
+    #: non-finite model under ``[strategy] on_nonfinite = "skip-round"``.
+    skipped: str = ""
+    #: Set when the clients behind the ``client_<metric>`` means are not the
+    #: round's clients (a client's node was down): "client means over 2 of 3
+    #: clients (not evaluated: 2)"; "" when every client of the round is in them.
+    partial_means: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -101,6 +111,10 @@ class RoundReport:
             "late": list(self.late),
             "joined": list(self.joined),
         }
+        if self.skipped:
+            line["skipped"] = self.skipped
+        if self.partial_means:
+            line["partial_means"] = self.partial_means
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
         return line
@@ -182,6 +196,10 @@ class StrategyContext:
     #: The run's privacy mechanism (``[privacy]``, a
     #: :class:`meshkit.privacy.PrivacyMechanism`; None: none).
     privacy: Any = None
+    #: Each client's own values of the ``[strategy] local_keys`` (FedBN), checkpointed.
+    client_local: ClientLocal = attrs.Factory(ClientLocal)
+    _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
+    _reported: int = attrs.field(default=0, init=False, repr=False)
 
     @property
     def live(self) -> list[int]:
@@ -256,8 +274,7 @@ class StrategyContext:
             lost = ", ".join(f"rank {r} ({why})" for r, why in self.dead.items()) or "none"
             raise PeerLostError(
                 f"{what}: {len(live)} worker(s) left, fewer than the {minimum} required "
-                f"(dropped: {lost}). The last checkpoint is intact; restart the workers "
-                f"and run again with --resume")
+                f"(dropped: {lost}). {self.resume_advice()}")
         return live
 
     def worker_for(self, partition: Partition) -> int:
@@ -278,8 +295,38 @@ class StrategyContext:
                 f"{list(partition.nodes)}). Registered: {known}")
         return matches[0]
 
+    @property
+    def buffers(self) -> frozenset[str]:
+        """The state keys the task marks as buffers (:func:`meshkit.task.buffer_keys`)."""
+        if self._buffers is None:
+            self._buffers = buffer_keys(self.task)
+        return self._buffers
+
+    def outer_step(self, global_state: Mapping[str, Any],
+                   consensus: Mapping[str, Any]) -> dict[str, Any]:
+        """The new global model: the outer optimizer steps the parameters only.
+
+        The kernel's rule for every optimizer (:func:`meshkit.outer.step_parameters`):
+        ``step`` is handed the float arrays that are not the task's buffers;
+        buffers, integer arrays and JSON values take the consensus, dtype kept.
+        """
+        if self.outer is None:
+            return dict(consensus)
+        return step_parameters(self.outer, global_state, consensus, buffers=self.buffers,
+                               name=self.outer_name)
+
+    def resume_advice(self) -> str:
+        """What to do after the run stopped here: ``--resume`` only when a checkpoint exists."""
+        done = max(self.start_round, self._reported)
+        if done > 0:
+            return (f"The last checkpoint (round {done}) is intact; restart the workers and "
+                    f"run again with --resume")
+        return ("No round completed, so there is no checkpoint to resume from; fix what "
+                "stopped the workers and run again (without --resume)")
+
     def round_completed(self, report: RoundReport, state: Mapping[str, Any]) -> None:
         self.on_round(report, state)
+        self._reported = max(self._reported, report.round)
 
     def aggregation_begin(self) -> Any:
         """A fold of the selected aggregator (streaming when it offers one)."""

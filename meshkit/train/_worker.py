@@ -187,6 +187,7 @@ class Trainer:
         if op == "fit":
             x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
             start = request["state"] if "state" in request else self._require_state(op)
+            start = _with_local(start, request)
             budget = request.get("time_budget")
             if budget is None:
                 result = self.task.fit(start, x, y, seed=int(request["seed"]))
@@ -246,6 +247,7 @@ class Trainer:
             return {"examples": int(len(test_data()[1]))}
         if op == "evaluate":
             state = request["state"] if "state" in request else self._require_state(op)
+            state = _with_local(state, request)
             x, y = self.held_out(int(request["shard"]), int(request["shards"]))
             if len(y) == 0:
                 return {"examples": 0, "metrics": {}}
@@ -294,6 +296,18 @@ class Trainer:
         if self.state is None:
             raise MeshError(f"{op!r} before any model was set on this worker")
         return self.state
+
+
+def _with_local(state: Mapping[str, Any], request: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The model with the client's own local keys (``local``, FedBN) in place of the global's."""
+    local = request.get("local")
+    if not local:
+        return state
+    unknown = sorted(k for k in local if k not in state)
+    if unknown:
+        raise MeshError(f"the client's local keys {', '.join(map(repr, unknown))} are not in "
+                        f"the model")
+    return {**state, **local}
 
 
 def _metrics(metrics: Mapping[str, Any], op: str) -> dict[str, float]:

@@ -53,6 +53,12 @@ def _describe_state(state: Mapping[str, Any]) -> str:
     return f"state of {name!r} with keys [{shown}]" if name else f"keys [{shown}]"
 
 
+def _array(value: Any) -> np.ndarray:
+    """A ufunc's result as an array: on a 0-d input numpy returns a scalar, which
+    cannot be the ``out=`` of the next step (a 0-d parameter is a parameter too)."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
+
+
 class _Stateful:
     """Shared round bookkeeping: validation, lazy buffers, checkpointing."""
 
@@ -183,7 +189,7 @@ class Nesterov(_Stateful):
         b = self._buf["b"][key]
         np.multiply(b, mu, out=b)
         np.add(b, g, out=b)
-        direction = np.multiply(b, mu)
+        direction = _array(np.multiply(b, mu))
         np.add(direction, g, out=direction)
         np.multiply(direction, lr, out=direction)
         np.subtract(x, direction, out=x)
@@ -225,9 +231,9 @@ class _Adaptive(_Stateful):
         g2 = np.multiply(g, g)
         self._second_moment(v, g2)
         m_hat, v_hat = self._corrected(m, v)
-        denominator = np.sqrt(v_hat)
+        denominator = _array(np.sqrt(v_hat))
         np.add(denominator, o.tau, out=denominator)
-        direction = np.divide(m_hat, denominator)
+        direction = _array(np.divide(m_hat, denominator))
         np.multiply(direction, o.lr, out=direction)
         np.subtract(x, direction, out=x)
 
@@ -279,7 +285,7 @@ class FedYogi(_Adaptive):
     name = "fedyogi"
 
     def _second_moment(self, v: np.ndarray, g2: np.ndarray) -> None:
-        sign = np.sign(np.subtract(v, g2))
+        sign = _array(np.sign(np.subtract(v, g2)))
         np.multiply(sign, g2, out=sign)
         np.multiply(sign, 1.0 - self.options.beta2, out=sign)
         np.subtract(v, sign, out=v)

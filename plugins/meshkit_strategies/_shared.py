@@ -12,8 +12,10 @@ from typing import Any, Sequence
 from meshkit import MeshError
 
 
-def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: int) -> None:
-    """Stop the run when fewer clients were served than ``min_clients`` (at most those sampled).
+def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: int,
+                   advice: str) -> None:
+    """Stop the run when fewer clients were served than ``min_clients`` (at most those sampled);
+    ``advice`` (:meth:`meshkit.train.StrategyContext.resume_advice`) says what to do then.
 
     min_clients counts served clients, not workers: one live worker may
     serve every client of a round.
@@ -23,8 +25,7 @@ def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: i
     missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
     raise MeshError(
         f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer than "
-        f"min_clients = {min_clients} (not served: {missing or 'none'}). The last checkpoint "
-        f"(round {rnd - 1}) is intact; restart the workers and run again with --resume")
+        f"min_clients = {min_clients} (not served: {missing or 'none'}). {advice}")
 
 
 def training_rows(task: Any) -> int | None:

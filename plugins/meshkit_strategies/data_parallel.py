@@ -30,7 +30,14 @@ class DataParallel:
     ``group.mesh_all_reduce`` (the trainer's ``step``), so the coordinator
     neither receives nor folds a gradient. There a replica lost mid-step
     fails the step on every replica (a collective has no survivors' mean):
-    the run stops, and ``--resume`` continues from the last checkpoint."""
+    the run stops, and ``--resume`` continues from the last checkpoint.
+
+    The outer optimizer steps once per round (DiLoCo: ``steps`` inner steps,
+    then an outer step): the replicas' common model after the round is the
+    consensus, the model they started the round from the global one. With
+    ``average`` the replicas carry on as they are; any other optimizer's new
+    global model is sent to every replica (``set_state``), which starts its
+    inner optimizer afresh from it (docs/strategies.md)."""
 
     options: DataParallelOptions
 
@@ -40,11 +47,6 @@ class DataParallel:
             raise ConfigError(
                 f"[strategy] min_workers = {self.options.min_workers} but there are only "
                 f"{workers} workers; lower min_workers or add workers")
-        if outer_name != "average":
-            raise ConfigError(
-                f"data-parallel applies the averaged gradient on every replica each step; "
-                f"there is no round consensus for outer optimizer {outer_name!r} to "
-                f"step. Use [outer_optimizer] name = \"average\", or strategy federated")
         for method in ("gradients", "apply"):
             if not callable(getattr(task, method, None)):
                 raise ConfigError(f"data-parallel needs the task to offer {method}()")
@@ -61,7 +63,8 @@ class DataParallel:
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
         ctx.broadcast(live, {"op": "set_state", "state": state})
-        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round)
+        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round,
+                          on_nonfinite=self.options.on_nonfinite)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:
@@ -117,7 +120,7 @@ class DataParallel:
             raise MeshError(
                 f"{label}: replica(s) {sorted(lost)} were lost during the mesh all-reduce "
                 f"({why}); the replicas' step failed with them, so the run stops here "
-                f"(--resume continues from the last checkpoint)")
+                f"({ctx.resume_advice()})")
         return [reply.payload for reply in replies]
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
@@ -141,8 +144,17 @@ class DataParallel:
                                       f"round {rnd}: reading the model back")[0]
         else:
             raise MeshError(f"round {rnd}: no replica's model could be read back")
-        state = dict(payload["state"])
+        state = self._outer_step(ctx, before, dict(payload["state"]))
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
                             examples=examples, metrics=metrics, served=served)
+
+    def _outer_step(self, ctx: StrategyContext, start: Mapping[str, Any],
+                    replicas: dict[str, Any]) -> dict[str, Any]:
+        """The round's outer step from the model the replicas started at to theirs now."""
+        if ctx.outer is None or ctx.outer_name == "average":
+            return replicas  # the byte-for-byte path: the replicas carry on as they are
+        state = ctx.outer_step(start, replicas)
+        ctx.broadcast(ctx.live, {"op": "set_state", "state": state})
+        return state

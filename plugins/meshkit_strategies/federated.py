@@ -11,8 +11,8 @@ from meshkit import ConfigError
 from meshkit.partitioner import is_per_node
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
-from meshkit.train import client_seed, fold_round, run_rounds, sample_clients, weighted_mean
-from meshkit.train import poisson_clients
+from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
+from meshkit.train import poisson_clients, sample_clients, weighted_mean
 
 from meshkit_strategies._shared import require_served, training_rows
 from meshkit_strategies.options import FederatedOptions
@@ -73,6 +73,12 @@ class Federated:
                 f"held-out data, but the task ({type(task).__name__}) has no test_data() to "
                 f"say what that is; give the task test_data(), or use evaluate = "
                 f"\"coordinator\"")
+        if opts.local_keys and opts.evaluate == "coordinator":
+            raise ConfigError(
+                f"[strategy] local_keys = {opts.local_keys}: each client keeps those keys for "
+                f"itself, so the coordinator holds no model a client uses and its evaluation "
+                f"would measure none of them; set evaluate = \"clients\" (each client "
+                f"evaluates with its own local keys) or \"both\"")
         if self.options.time_budget and not _takes_time_budget(task):
             raise ConfigError(
                 f"[strategy] time_budget = {self.options.time_budget:g}: the task "
@@ -92,14 +98,18 @@ class Federated:
                    partitioner=ctx.partitioner)
         if self.options.evaluate != "coordinator":
             self._check_held_out(ctx)
-        last: list[Any] = [ctx.initial_state(), {}, ctx.start_round]
+        state = ctx.initial_state()
+        if self.options.local_keys:
+            ctx.client_local.use(resolve_local_keys(self.options.local_keys, state, ctx.task))
+        last: list[Any] = [state, {}, ctx.start_round]
 
         def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
             outcome = self.play_round(ctx, rnd, state)
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
-            return run_rounds(ctx, "federated", self.options.rounds, last[0], play)
+            return run_rounds(ctx, "federated", self.options.rounds, state, play,
+                              on_nonfinite=self.options.on_nonfinite)
         except BudgetReached as stop:
             # Not an error: the budget was spent; the last round's checkpoint stands.
             return StrategyResult(last[0], last[2], last[1], stopped=stop.reason)
@@ -132,14 +142,22 @@ class Federated:
         # worker that serves it: any live worker gives the same contribution.
         # With local data, client c *is* worker c: only it has the rows.
         budget = {"time_budget": opts.time_budget} if opts.time_budget else {}
+        local = ctx.client_local
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
-                         "seed": client_seed(ctx.seed, rnd, c), **budget},
+                         "seed": client_seed(ctx.seed, rnd, c), **budget, **_own(local, c)},
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
         folded = fold_round(ctx, work, state=state, window=opts.window,
-                            deadline=opts.round_timeout or None)
-        require_served(rnd, folded, sampled, opts.min_clients)
+                            deadline=opts.round_timeout or None, local=local or None)
+        require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())
         consensus = folded.result
-        state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
+        assert consensus is not None  # min_clients >= 1 clients were served and folded
+        if local:
+            # The consensus lacks the local keys: the global model keeps its own.
+            shared = ctx.outer_step({k: v for k, v in state.items() if k not in local.keys},
+                                    consensus)
+            state = {k: shared.get(k, v) for k, v in state.items()}
+        else:
+            state = ctx.outer_step(state, consensus)
         metrics = dict(folded.train_loss())
         if opts.evaluate in ("coordinator", "both"):
             metrics.update(ctx.task.evaluate(state))
@@ -161,7 +179,8 @@ class Federated:
             where = {c: live[i % len(live)] for i, c in enumerate(sampled)} if live else {}
         ranks = sorted(set(where.values()))
         ctx.call([(r, {"op": "set_state", "state": state}) for r in ranks])
-        replies = ctx.call([(r, {"op": "evaluate", "shard": c, "shards": clients})
+        replies = ctx.call([(r, {"op": "evaluate", "shard": c, "shards": clients,
+                                 **_own(ctx.client_local, c)})
                             for c, r in where.items()])
         found: dict[int, dict[str, float]] = {}
         for client, reply in zip(where, replies):
@@ -170,6 +189,12 @@ class Federated:
             found[client] = {**{k: float(v) for k, v in reply.payload["metrics"].items()},
                              "examples": float(reply.payload["examples"])}
         return found
+
+
+def _own(local: ClientLocal, client: int) -> dict[str, Any]:
+    """A request's ``local`` field: the client's own values of the local keys, if it has any."""
+    values = local.of(client) if local else {}
+    return {"local": values} if values else {}
 
 
 def client_means(per_client: Mapping[int, Mapping[str, float]]) -> dict[str, float]:

@@ -40,7 +40,8 @@ class Local:
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         return run_rounds(ctx, "local", self.options.rounds, ctx.initial_state(),
-                          self.play_round)
+                          self.play_round,
+                          on_nonfinite=self.options.on_nonfinite)
 
     def play_round(self, ctx: StrategyContext, rnd: int,
                    state: Mapping[str, Any]) -> RoundOutcome:
@@ -54,5 +55,5 @@ class Local:
         # docs/strategies.md: the outer optimizer steps the global model
         # from the fit's result (average adopts it).
         fitted = folded.result
-        state = dict(ctx.outer.step(state, fitted)) if ctx.outer is not None else fitted
+        state = ctx.outer_step(state, fitted)
         return folded.outcome(state, {**folded.train_loss(), **ctx.task.evaluate(state)})

@@ -22,6 +22,12 @@ EVALUATE = ("coordinator", "clients", "both")
 SAMPLING = ("fixed", "poisson")
 
 
+def _on_nonfinite() -> Any:
+    """An ``on_nonfinite`` key: a round whose new global model holds a NaN or an
+    infinity stops the run (``"stop"``) or keeps the previous model (``"skip-round"``)."""
+    return attrs.field(default="stop", validator=attrs.validators.in_(("stop", "skip-round")))
+
+
 def _at_least(low: int) -> Any:
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value < low:
@@ -55,6 +61,7 @@ def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 @attrs.frozen
 class LocalOptions:
     rounds: int = _rounds(5)
+    on_nonfinite: str = _on_nonfinite()
 
 
 @attrs.frozen
@@ -71,6 +78,8 @@ class DataParallelOptions:
     window: int = attrs.field(default=1, validator=_at_least(1))
     #: Train only on ranks that advertise this device ("" = any).
     device: str = _device()
+    #: What a round whose new global model is not finite does: "stop" or "skip-round".
+    on_nonfinite: str = _on_nonfinite()
 
 
 @attrs.frozen
@@ -97,6 +106,12 @@ class FederatedOptions:
     #: Seconds a round waits for client answers (0: no deadline): a later
     #: answer is dropped for that round (recorded late), its worker serves on.
     round_timeout: float = attrs.field(default=0.0, validator=_seconds)
+    #: What a round whose new global model is not finite does: "stop" or "skip-round".
+    on_nonfinite: str = _on_nonfinite()
+    #: State keys each client keeps for itself, never aggregated (FedBN): glob
+    #: patterns, or a task's key group such as meshkit.torch's "@norm".
+    local_keys: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
+        attrs.validators.instance_of(str), attrs.validators.instance_of(list)))
     #: How a round's clients are drawn: "fixed" (ceil(fraction * clients) of
     #: them) or "poisson" (each independently with probability fraction, from
     #: the run seed: what a privacy accountant's amplification assumes).

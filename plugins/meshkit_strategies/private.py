@@ -92,7 +92,7 @@ def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping
     folded = (fold_round(ctx, work, state=state, weight=once, window=opts.window, fold=fold,
                          deadline=opts.round_timeout or None)
               if work else Folded(None, {}, {}, {}))
-    require_served(rnd, folded, sampled, opts.min_clients)
+    require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())
     # The noise goes on even when no client answered: the release must not
     # reveal that.
     consensus = folded.result if folded.result is not None else fold.result()
@@ -101,7 +101,7 @@ def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping
         unclipped = sum(int(r.get("metrics", {}).get("unclipped", 0))
                         for r in folded.replies.values())
     privacy.finish(fold, q, unclipped=unclipped, seed=ctx.seed, round_=rnd)
-    new_state = dict(ctx.outer.step(state, consensus)) if ctx.outer is not None else consensus
+    new_state = ctx.outer_step(state, consensus)  # parameters only: the kernel's rule
     metrics = dict(folded.train_loss())
     metrics.update(ctx.task.evaluate(new_state))
     metrics.update({"epsilon": epsilon, "clip_norm": clip, "cohort": float(len(sampled))})

@@ -75,7 +75,13 @@ def _coordinator(config: Any, *, resume: bool, overwrite: bool) -> int:
         # runner's check for one (written for transports that use it) is met
         # with a throwaway value that never leaves this process.
         os.environ["MESHKIT_SECRET"] = secrets.token_hex(32)
-    report = meshkit.run(config, launch="external", resume=resume, overwrite=overwrite)
+    # The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout,
+    # the rest on stderr.
+    def progress(event: Any) -> None:
+        print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
+
+    report = meshkit.run(config, launch="external", resume=resume, overwrite=overwrite,
+                         progress=progress)
     print(f"meshkit_torchdist: rank 0: run {'finished' if report.ok else 'failed'}: "
           f"{report.rounds_completed}/{report.rounds} round(s), metrics "
           f"{ {k: round(v, 4) for k, v in report.metrics.items()} }"

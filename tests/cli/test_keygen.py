@@ -44,3 +44,17 @@ def test_a_node_refuses_a_key_file_others_can_read(tmp_path):
                      "--secret-file", str(secret), "--key", str(key))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "--key" in result.stderr and "chmod 600" in result.stderr
+
+
+def test_the_pub_file_keeps_the_rank_binding_so_cat_builds_the_authorized_file(tmp_path):
+    for rank in (1, 2):
+        result = run_cli("keygen", str(tmp_path / f"node{rank}.key"), "--rank", str(rank))
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / f"node{rank}.key.pub").read_text() == result.stdout
+    # cat keys/*.pub > authorized
+    (tmp_path / "authorized").write_text(
+        "".join(p.read_text() for p in sorted(tmp_path.glob("*.pub"))))
+    nodes = wire.load_authorized_nodes(tmp_path / "authorized")
+    one = wire.load_node_key(tmp_path / "node1.key").public
+    assert nodes.problem(one, 1) is None
+    assert "bound to rank 1" in nodes.problem(one, 2)

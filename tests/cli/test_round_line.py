@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from meshkit.cli._run import _round_line
 from meshkit.train import RoundReport
+from meshkit.train import format_round as _round_line
 
 
 def _report(**fields):

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshkit.checkpoint import load_checkpoint
@@ -248,3 +249,38 @@ def test_meshkit_node_and_meshkit_coordinator_exit_143_on_sigterm_too(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+# -- a non-finite model ------------------------------------------------------------------
+
+#: digits whose fit overflows in round 2: its weights times 1e200 twice.
+OVERFLOW_TASK = '''
+import numpy as np
+from meshkit.task import FitResult
+from meshkit_tasks.digits import DigitsTask
+
+
+class Overflow(DigitsTask):
+    def fit(self, state, x, y, *, seed):
+        with np.errstate(over="ignore"):
+            grown = {k: np.asarray(v) * 1e200 if k.endswith(".w") else v
+                     for k, v in state.items()}
+        return FitResult(grown, len(x), {"train_loss": 1.0})
+'''
+
+
+def test_a_round_that_makes_the_model_non_finite_exits_2_with_the_last_finite_checkpoint(
+        tmp_path):
+    (tmp_path / "overflow.py").write_text(OVERFLOW_TASK)
+    path = config(tmp_path, task="overflow:Overflow", rounds=3)
+    # fedavg refuses a non-finite contribution unless told to let it through.
+    path.write_text(path.read_text() + '[aggregator]\nname = "fedavg"\nallow_nonfinite = true\n')
+    result = subprocess.run([console_script(), "run", str(path)], cwd=tmp_path,
+                            capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "round 2: the new global model is not finite" in result.stderr
+    assert "'hidden.w'" in result.stderr and "Traceback" not in result.stderr
+    ckpt = load_checkpoint(tmp_path / "out")
+    assert ckpt.round == 1 and all(np.isfinite(v).all() for v in ckpt.state.values()
+                                   if isinstance(v, np.ndarray))
+    assert [r["round"] for r in read_metrics(tmp_path / "out")] == [1]

@@ -62,7 +62,7 @@ def test_an_unknown_option_key_suggests_the_closest_known_key():
         pset.create("aggregator", "double", {"sclae": 3})
     with pytest.raises(ConfigError) as info:
         pset.create("aggregator", "double", {"momentum": 3})
-    assert str(info.value) == "[aggregator] momentum: unknown key"
+    assert str(info.value) == "[aggregator] momentum: unknown key; the keys are scale, label"
 
 
 def test_a_wrong_option_type_names_the_key():

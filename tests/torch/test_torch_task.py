@@ -173,3 +173,16 @@ def test_a_spent_time_budget_stops_a_torch_fit_at_the_first_batch_and_reports_it
     assert whole.examples == 3 * batch * task.options.epochs
     assert_states_identical(whole.state, task.fit(model, x[:3 * batch], y[:3 * batch],
                                                   seed=1).state, what="an unspent budget")
+
+
+def test_the_task_marks_its_modules_buffers_and_groups_its_normalisation_layers():
+    task = _task()
+    bn = [f"features.{i}.{k}" for i in (1, 5)
+          for k in ("running_mean", "running_var", "num_batches_tracked")]
+    assert task.buffers() == frozenset(bn)
+    norm = task.key_groups()["norm"]
+    assert norm == frozenset(bn) | {f"features.{i}.{k}" for i in (1, 5)
+                                    for k in ("weight", "bias")}
+    assert not any(k.startswith(("head.", "features.0.")) for k in norm)
+    state = task.init_state(0)
+    assert norm <= set(state)

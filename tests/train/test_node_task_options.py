@@ -64,3 +64,42 @@ def test_pulled_data_replaces_the_tasks_own():
     trainer = _trainer({"task": "digits", "data": {"x": x, "y": y}})
     assert isinstance(trainer, Trainer)
     assert len(trainer.train_data()[1]) == 6
+
+
+@pytest.mark.slow
+def test_a_nodes_refusal_reaches_the_coordinators_message_without_resume_advice(tmp_path):
+    """The node says why it leaves (report_job_error); the coordinator's error quotes it, and
+    with no round done there is no checkpoint, so no --resume advice."""
+    import threading
+
+    from meshkit.train import Runner
+
+    from conftest import external_config, finish, spawn_node
+
+    config = external_config(tmp_path, workers=1, rounds=1, secret=b"r" * 32)
+    listening, errors = [], []
+    ready = threading.Event()
+
+    def progress(event):
+        if event.kind == "listening":
+            listening.append(event.message.split()[3])
+            ready.set()
+
+    def drive():
+        try:
+            Runner(str(config), progress=progress).run()
+        except Exception as exc:  # the run's error, read below
+            errors.append(exc)
+        ready.set()
+
+    coordinator = threading.Thread(target=drive, daemon=True)
+    coordinator.start()
+    assert ready.wait(60) and listening, errors
+    node = spawn_node(1, 2, listening[0], tmp_path / "secret", "--task-option", "data=/x")
+    _, err = finish(node, 120)
+    coordinator.join(120)
+    assert node.returncode == 2
+    assert "--task-option data: unknown key; the keys are hidden, lr" in err
+    (error,) = errors
+    assert "it reported: rank 1: --task-option data: unknown key; the keys are" in str(error)
+    assert "no checkpoint to resume from" in str(error) and "with --resume" not in str(error)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+
+from meshkit import StateError
 
 from meshkit.train import LocalPool, RoundOutcome, RunStopped, StrategyContext, run_rounds
 
@@ -76,3 +79,57 @@ def test_a_stop_request_is_honoured_between_rounds_not_inside_one():
     with pytest.raises(RunStopped, match="the last checkpoint is intact"):
         run_rounds(ctx, "counting", 5, {"n": 0}, play)
     assert played == [1] and reports == [1]
+
+
+def diverging_round(ctx, rnd, state):
+    """Round 2 makes the model non-finite: an overflow in one key, NaN in another."""
+    w = np.full(2, np.inf if rnd == 2 else float(rnd))
+    b = np.array(np.nan if rnd == 2 else 0.5, np.float32)
+    return RoundOutcome({"w": w, "b": b, "steps": np.array([rnd])}, answered=(1,),
+                        metrics={"train_loss": 1.0 / rnd, "loss": float("nan") if rnd == 2
+                                 else 0.5})
+
+
+def test_a_round_that_makes_the_model_non_finite_stops_the_run_naming_keys_and_round():
+    saved = []
+    ctx = context(on_round=lambda report, state: saved.append(report.round))
+    with pytest.raises(StateError, match=r"round 2: the new global model is not finite "
+                                         r"\(NaN or inf in 'w', 'b'\).*checkpoint \(round 1\)"
+                                         r".*on_nonfinite = \"skip-round\""):
+        run_rounds(ctx, "diverging", 3, {"w": np.zeros(2), "b": np.array(0.0, np.float32),
+                                          "steps": np.array([0])}, diverging_round)
+    assert saved == [1], "the non-finite round is never reported, so never checkpointed"
+
+
+def test_skip_round_keeps_the_previous_model_and_says_so_in_the_report():
+    reports = []
+    ctx = context(on_round=lambda report, state: reports.append((report, dict(state))))
+    result = run_rounds(ctx, "diverging", 3, {"w": np.zeros(2), "b": np.array(0.0, np.float32),
+                                              "steps": np.array([0])}, diverging_round,
+                        on_nonfinite="skip-round")
+    second, state = reports[1]
+    assert second.skipped.startswith("non-finite model ('w', 'b'); kept the round 1 model")
+    assert np.array_equal(state["w"], np.ones(2)) and int(state["steps"][0]) == 1
+    assert dict(second.metrics) == {"train_loss": 0.5}, "the discarded model's loss is no result"
+    assert second.to_json()["skipped"] == second.skipped
+    assert "skipped" not in reports[0][0].to_json()
+    assert np.array_equal(result.state["w"], np.full(2, 3.0))
+
+
+def test_a_row_whose_client_means_miss_a_client_says_so():
+    def round_(ctx, rnd, state):
+        evaluated = {0: {"accuracy": 0.9, "examples": 10.0}, 1: {"accuracy": 0.8,
+                                                                 "examples": 10.0}}
+        if rnd == 2:  # client 2's node is down this round
+            return RoundOutcome(state, answered=(1,), clients=(0, 1), client_metrics=evaluated,
+                                not_served={2: "its data is on rank 3, which is not live"})
+        return RoundOutcome(state, answered=(1,), clients=(0, 1, 2), client_metrics={
+            **evaluated, 2: {"accuracy": 0.2, "examples": 10.0}})
+
+    reports = []
+    ctx = context(on_round=lambda report, state: reports.append(report))
+    run_rounds(ctx, "federated", 3, {"n": 0}, round_)
+    assert [r.partial_means for r in reports] == [
+        "", "client means over 2 of 3 clients (not evaluated: 2)", ""]
+    assert reports[1].to_json()["partial_means"] == reports[1].partial_means
+    assert "partial_means" not in reports[0].to_json()

@@ -130,10 +130,11 @@ def test_a_refused_strategy_fails_before_any_process_starts(tmp_path):
 
 def test_a_strategy_that_cannot_work_with_the_selection_fails_before_any_process(tmp_path):
     out = tmp_path / "out"
-    config = write_config(tmp_path / "c.toml", out, strategy="data-parallel", outer="fedyogi")
+    config = write_config(tmp_path / "c.toml", out, strategy="federated",
+                          extra='local_keys = ["hidden.*"]')  # needs evaluate = "clients"
     with pytest.raises(meshkit.ConfigError) as err:
         Runner(str(config)).run()
-    assert "no round consensus for outer optimizer 'fedyogi'" in str(err.value)
+    assert "set evaluate = \"clients\"" in str(err.value)
     assert str(config) in str(err.value)
     bad_partition = write_config(
         tmp_path / "m.toml", out, strategy="model-parallel",

@@ -126,3 +126,16 @@ def test_a_long_round_is_reported_alive_while_it_runs(tmp_path, monkeypatch):
     assert report.ok and released.is_set()
     assert alive and alive[0].startswith("round 1/1: still running, ")
     assert "(1 of 1 worker(s) live)" in alive[0]
+
+
+def test_the_python_api_prints_progress_as_the_cli_does_and_reports_every_round(tmp_path):
+    lines: list[str] = []
+    report = meshkit.run(table(tmp_path / "out", rounds=2), progress=lambda e: lines.append(
+        str(e)))
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert len(rounds) == 2 and rounds[0].startswith("round   1/2  workers 1/1  train_loss ")
+    assert "RunEvent(" not in "".join(lines)
+    assert any(line.startswith("rank 1 joined") for line in lines)
+    assert [r.round for r in report.history] == [1, 2]
+    assert report.history[-1].metrics == report.metrics
+    assert str(report).startswith("done: federated, 2 round(s) in ")

@@ -219,10 +219,17 @@ def test_data_parallel_returns_the_state_after_the_step():
     assert ops.count("apply") == 6, "every replica applies every step"
 
 
-def test_data_parallel_refuses_an_outer_optimizer_it_would_ignore():
-    ctx = make_ctx(ShardMean(8), outer_name="fedyogi")
-    with pytest.raises(ConfigError, match="no round consensus"):
-        strategy("data-parallel").run(ctx)
+def test_data_parallel_steps_the_outer_optimizer_once_a_round_and_resets_the_replicas():
+    # fedavgm without momentum at lr 0.5: x <- x - 0.5 (x - replicas). Each
+    # round's two inner steps take the replicas 2 below the round's start.
+    outer = meshkit.plugins.create("outer_optimizer", "fedavgm", {"lr": 0.5, "momentum": 0.0})
+    ctx = make_ctx(ShardMean(8), aggregator=meshkit.plugins.create("aggregator", "allreduce"),
+                   outer=outer, outer_name="fedavgm")
+    result = strategy("data-parallel", rounds=2, steps=2).run(ctx)
+    # Round 1: 0 -> replicas -2 -> x = -1; round 2: -1 -> replicas -3 -> x = -2.
+    assert float(result.state["m"][0]) == pytest.approx(-2.0)
+    sets = [req for _, req in ctx.pool.log if req["op"] == "set_state"]
+    assert [float(r["state"]["m"][0]) for r in sets] == [0.0, 0.0, -1.0, -1.0, -2.0, -2.0]
 
 
 def test_more_data_parallel_workers_than_training_rows_is_refused_before_the_run():

@@ -73,6 +73,9 @@ def test_torchrun_launches_a_data_parallel_run_that_reaches_the_stars_model(tmp_
          str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rank 0: run finished: 2/2 round(s)" in done.stdout, done.stdout
+    # Progress as `meshkit run` prints it, not only the final line.
+    assert "round   1/2  workers 2/2  train_loss " in done.stdout, done.stdout
+    assert "round   2/2  workers 2/2  train_loss " in done.stdout, done.stdout
     checkpoint = load_checkpoint(out)
     assert checkpoint.round == 2
     want = _star_model()
