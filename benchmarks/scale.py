@@ -5,6 +5,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/scale.py                                  # 4, 8, 16 ranks; 0, 2, 4 relays
     python benchmarks/scale.py --params 1e6 --ranks 4 8 --rounds 3   # a quick look
     python benchmarks/scale.py --json                           # one JSON line per cell
+    python benchmarks/scale.py --direct 1   # relayed cells: the last worker dials directly
 
 Each cell is a real ``meshkit run`` in this process (the coordinator) with
 a local launch: a federated job, one client per worker, ``average`` outer
@@ -80,9 +81,19 @@ def write_config(path: Path, out: Path, *, workers: int, relays: int, params: in
 
 
 def run_cell(workers: int, relays: int, *, params: int, rounds: int,
-             timeout: float) -> dict[str, Any]:
-    """One ``meshkit run``: per-round seconds and coordinator bytes (after round 1)."""
+             timeout: float, direct: int = 0) -> dict[str, Any]:
+    """One ``meshkit run``: per-round seconds and coordinator bytes (after round 1).
+
+    ``direct``: with relays, that many workers (the last ranks) dial the
+    coordinator directly, beside the relays (``[mesh] relays`` has no such
+    setting: the benchmark narrows the launcher's relay blocks).
+    """
     from meshkit.train import Runner
+    from meshkit.train import _launch
+
+    blocks = _launch.relay_blocks
+    if relays and direct:
+        _launch.relay_blocks = lambda w, r: blocks(w - direct, r)  # type: ignore[assignment]
 
     with tempfile.TemporaryDirectory(prefix="meshkit-scale-") as tmp:
         config = write_config(Path(tmp) / "scale.toml", Path(tmp) / "out", workers=workers,
@@ -101,12 +112,16 @@ def run_cell(workers: int, relays: int, *, params: int, rounds: int,
 
         runner.on_round = on_round
         started = time.perf_counter()
-        report = runner.run()
+        try:
+            report = runner.run()
+        finally:
+            _launch.relay_blocks = blocks  # type: ignore[assignment]
         wall = time.perf_counter() - started
     if not report.ok:
         raise SystemExit(f"{workers} ranks, {relays} relays: the run failed: {report.error}")
     kept_s, kept_b = seconds[1:] or seconds, traffic[1:] or traffic
-    return {"ranks": workers, "relays": relays, "params": params,
+    return {"ranks": workers, "relays": relays, "direct": direct if relays else 0,
+            "params": params,
             "model_bytes": params * 4, "rounds": len(seconds),
             "seconds": statistics.median(kept_s), "seconds_min": min(kept_s),
             "seconds_max": max(kept_s), "bytes": int(statistics.median(kept_b)),
@@ -148,7 +163,7 @@ def relays_vs_flat(args: argparse.Namespace) -> None:
             if relays > ranks:
                 continue
             cell = run_cell(ranks, relays, params=params, rounds=args.rounds,
-                            timeout=args.timeout)
+                            timeout=args.timeout, direct=args.direct)
             if relays == 0:
                 flat = cell
             # Against the flat star of the same rank count; none measured
@@ -160,7 +175,8 @@ def relays_vs_flat(args: argparse.Namespace) -> None:
                 print(json.dumps(cell))
             else:
                 spread = f"({cell['seconds_min']:.3f}-{cell['seconds_max']:.3f})"
-                print(f"{ranks:>5} {relays or 'flat':>6} {cell['seconds']:>9.3f} "
+                label = (f"{relays}+{cell['direct']}d" if cell["direct"] else relays) or "flat"
+                print(f"{ranks:>5} {label:>6} {cell['seconds']:>9.3f} "
                       f"{spread:>17} {cell['bytes'] / 1e6:>15.1f} "
                       f"{cell['models_per_round']:>12.2f} {_ratio(cell['seconds_ratio'], 8, 2)} "
                       f"{_ratio(cell['bytes_ratio'], 11, 3)}")
@@ -176,6 +192,9 @@ def main() -> None:
     parser.add_argument("--params", default="2.5e6", help="model size in float32 parameters")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--direct", type=int, default=0,
+                        help="in the relayed cells, workers that dial the coordinator "
+                             "directly beside the relays (the last ranks)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.chdir(ROOT)

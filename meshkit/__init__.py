@@ -22,6 +22,7 @@ from meshkit.errors import (
     PeerLostError,
     PlacementError,
     PluginError,
+    ProtocolError,
     RefusedError,
     StateError,
     UnknownComponentError,

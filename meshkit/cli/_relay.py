@@ -16,13 +16,13 @@ import signal
 import sys
 import types
 from pathlib import Path
-from typing import Any
 
 import click
 
 from meshkit import plugins, wire
 from meshkit.cli._options import parse_options, read_secret
 from meshkit.errors import ConfigError
+from meshkit.transport import HostRelay, OffersHostRelays
 
 __all__ = ["relay"]
 
@@ -104,14 +104,13 @@ def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, t
     table = (parse_options(transport_options, component.options, flag="--transport-option",
                            table="[transport]") if transport_options else None)
     factory = pset.create("transport", transport, table)
-    start = getattr(factory, "start_relay", None)
-    if not callable(start):
+    if not isinstance(factory, OffersHostRelays):
         raise ConfigError(f"transport {transport!r} offers no host relay; the built-in tcp "
                           f"transport does")
-    host_relay: Any = start(coordinator=coordinator, bind=bind, world=world,
-                            ranks=_ranks(ranks_text), secret=secret, name=name,
-                            timeout=timeout, encrypt=encrypt, node_key=node_key,
-                            authorized_nodes=authorized)
+    host_relay: HostRelay = factory.start_relay(
+        coordinator=coordinator, bind=bind, world=world, ranks=_ranks(ranks_text),
+        secret=secret, name=name, timeout=timeout, encrypt=encrypt, node_key=node_key,
+        authorized_nodes=authorized)
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
         host_relay.close(f"stopped by {signal.Signals(signum).name}")

@@ -17,7 +17,7 @@ Where each idea lives:
 * ``_jobs.py`` — the messages between coordinator and node, and their tags
   (the protocol is documented there);
 * ``_serve.py`` — :func:`serve_node`, the job loop, and a board's pipeline job;
-* ``_relay.py`` — :func:`serve_stage`, the activation relay of one stage (the hot path);
+* ``_activations.py`` — :func:`serve_stage`, the activation loop of one stage (the hot path);
 * ``_activation.py`` — what counts as an activation;
 * ``board.py`` — boards: :class:`FixedFunction`, the driver deadline, and
   where a board's input and output lengths are checked.
@@ -49,7 +49,7 @@ from meshkit.node._jobs import (
     refuse_node,
     shutdown_nodes,
 )
-from meshkit.node._relay import StageRoute, parse_job, serve_stage
+from meshkit.node._activations import StageRoute, parse_job, serve_stage
 from meshkit.node._reports import NodeReport, TrainReport, report_from_json, sendable
 from meshkit.node._serve import JobHandler, serve_fixed_function, serve_node
 from meshkit.node.board import (

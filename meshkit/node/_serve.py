@@ -23,7 +23,7 @@ from meshkit.errors import ConfigError, PeerLostError, PlacementError, WireError
 from meshkit.node._caps import NodeCaps, NodeRole, send_caps
 from meshkit.node._control import NodeControl
 from meshkit.node._jobs import recv_job, report_job_error, send_up
-from meshkit.node._relay import StageRoute, parse_job, serve_stage
+from meshkit.node._activations import StageRoute, parse_job, serve_stage
 from meshkit.node._reports import NodeReport, TrainReport
 from meshkit.node.board import FixedFunction, check_board, execute_checked
 

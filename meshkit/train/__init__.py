@@ -19,7 +19,7 @@ One idea per module:
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
   :class:`LocalPool`), and one request for many ranks (:func:`broadcast`);
-* ``_relay_round`` — a round folded through host relays, one partial per
+* ``_host_relay`` — a round folded through host relays, one partial per
   relay;
 * ``_preflight`` — everything a run refuses before any process starts, so
   ``meshkit check`` refuses the same (:func:`build_components`);
@@ -43,7 +43,15 @@ from meshkit.train._engine import (
     by_examples,
     once,
     fold_round,
+    answer_relay_request,
     train_loss,
+)
+from meshkit.train._host_relay import (
+    FanoutRequest,
+    FoldRequest,
+    RelayPool,
+    RelayRanks,
+    parse_relay_request,
 )
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._messages import check_contribution, signature
@@ -88,6 +96,13 @@ __all__ = [
     "train_loss",
     "DEFAULT_WINDOW",
     "HOLD",
+    "answer_relay_request",
+    # host relays: the relay's side (a transport offering relays carries the bytes)
+    "RelayPool",
+    "RelayRanks",
+    "FoldRequest",
+    "FanoutRequest",
+    "parse_relay_request",
     # sharding and sampling
     "shard_bounds",
     "shard_pair",

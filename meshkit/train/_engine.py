@@ -57,7 +57,7 @@ A reply carrying ``error`` (the task raised) stops the round with the
 worker's message: that is a bug or a misconfiguration, not a lost peer.
 
 Behind host relays (``meshkit relay``) the round is played by
-:mod:`meshkit.train._relay_round` instead: each relay folds its own ranks'
+:mod:`meshkit.train._host_relay` instead: each relay folds its own ranks'
 contributions and the coordinator folds one partial per relay.
 """
 
@@ -75,11 +75,17 @@ from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
-from meshkit.train._relay_round import fold_through_relays, relay_plan_applies, relay_weight
+from meshkit.train._host_relay import (
+    answer_request,
+    fold_through_relays,
+    relay_plan_applies,
+    relay_weight,
+)
+from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
-           "DEFAULT_WINDOW"]
+           "DEFAULT_WINDOW", "answer_relay_request"]
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +213,11 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # does one with pinned work: a relay would not keep a client on its node.
     # A relay folds whole contributions, so local keys fold flat too.
     how = None if deadline or pinned or local else relay_weight(weight, by_examples)
-    groups = None if how is None else relay_plan_applies(ctx, fold, how, keys)
-    if groups is not None:
+    plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
+    if plan is not None and how is not None:
         result, served, not_served, replies = fold_through_relays(
-            ctx, groups, {w.key: w.request for w in work}, state, how, window, fold, label)
+            ctx, plan, {w.key: w.request for w in work}, state, how, window, fold, label,
+            _play_group)
         return Folded(result, served, not_served, replies)
     reference = state if reference is None else reference
     round_ = _Round(ctx, {w.key: w.request for w in work}, state, weight, window, fold, label,
@@ -219,6 +226,23 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                     expected=None if reference is None else signature(reference),
                     local=local or None)
     return round_.play()
+
+
+def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]], *,
+                state: Mapping[str, Any] | None, weight: str, window: int, fold: Any,
+                label: str) -> Folded:
+    """One relay group's keys through the flat engine (a relay's, or the direct workers')."""
+    return fold_round(ctx, [Work(k, r) for k, r in requests.items()], state=state,
+                      weight=by_examples if weight == "examples" else once, window=window,
+                      fold=fold, label=label)
+
+
+def answer_relay_request(pool: WorkerPool, carried: frozenset[int], name: str,
+                         message: Mapping[str, Any]) -> dict[str, Any]:
+    """A host relay's answer to the coordinator's request ``message`` (``fold`` or
+    ``fanout``), served on its own ranks through ``pool``
+    (:func:`meshkit.train._host_relay.answer_request`)."""
+    return answer_request(pool, carried, name, message, _play_group)
 
 
 @attrs.define

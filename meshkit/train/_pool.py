@@ -22,9 +22,9 @@ own (tests, the strategy contract suite): ``fail`` simulates a lost worker,
 a shuffled order, and ``peak_held`` counts the most whole states it handed
 to the coordinator that were alive at once.
 
-Host relays (``meshkit relay``): a group whose transport has them lists
-them in ``group.relays`` (name -> the live ranks each carries), and a
-:class:`GroupPool` then also sends requests to a relay itself
+Host relays (``meshkit relay``): a group lists them in ``group.relays``
+(name -> the live ranks each carries; the transport's ``Links.relays``),
+and a :class:`GroupPool` then also sends requests to a relay itself
 (:meth:`GroupPool.send_relay`): its ticket is lost when the relay is, not
 when one of its ranks is. :func:`broadcast` sends one request to many
 ranks, once per relay for the ranks behind one.
@@ -87,10 +87,21 @@ class WorkerPool(Protocol):
     declaring its worker dead: the late reply, when it comes, is discarded
     (never handed to a later request), and the worker serves its next
     request after it.
+
+    ``relays`` lists the host relays the pool reaches (relay name -> the
+    live ranks each carries; ``{}`` without any), and ``send_relay`` sends
+    a request to a relay itself: its ticket fails when the relay is lost
+    (not when one of its ranks is). A pool without relays never has
+    ``send_relay`` called.
     """
 
     @property
     def dead(self) -> Mapping[int, str]: ...
+
+    @property
+    def relays(self) -> Mapping[str, Sequence[int]]: ...
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int: ...
 
     def live(self, ranks: Iterable[int]) -> list[int]: ...
 
@@ -132,8 +143,7 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
     relay (the request crosses the coordinator's link once per relay, not
     once per rank); the others one request each, as :func:`call` sends.
     """
-    relays = getattr(pool, "relays", None) or {}
-    owner = {r: name for name, carried in relays.items() for r in carried}
+    owner = {r: name for name, carried in pool.relays.items() for r in carried}
     groups: dict[str, list[int]] = {}
     for rank in ranks:
         if rank in owner:
@@ -149,7 +159,7 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
     for name, carried in fanned.items():
         fan = {**request, "op": "fanout", "inner": request["op"], "ranks": carried,
                "timeout": timeout}
-        tickets[pool.send_relay(name, fan, timeout)] = ("relay", name)  # type: ignore[attr-defined]
+        tickets[pool.send_relay(name, fan, timeout)] = ("relay", name)
     replies: dict[int, Reply] = {}
     for _ in range(len(tickets)):
         reply = pool.receive()
@@ -166,14 +176,42 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
                 replies[rank] = (Reply(rank, None, why, reply.seq) if reply.payload is None
                                  else Reply(rank, {"error": why}, None, reply.seq))
             continue
-        for rank, ok, error in reply.payload.get("answers", []):
-            replies[int(rank)] = (Reply(int(rank), {} if error is None else {"error": error},
-                                        None, reply.seq) if ok
-                                  else Reply(int(rank), None, str(error), reply.seq))
+        answers = reply.payload.get("answers")
+        problem = _fanout_problem(answers, carried)
+        if problem is not None:
+            # That relay alone broke the protocol: its ranks go, the others' answers stand.
+            why = protocol_reason(ProtocolError(f"host relay {who!r}: {problem}"))
+            for rank in carried:
+                pool.declare_dead(rank, why)
+                replies[rank] = Reply(rank, None, why, reply.seq)
+            continue
+        for rank, ok, error in answers:
+            replies[rank] = (Reply(rank, {} if error is None else {"error": error}, None,
+                                   reply.seq) if ok
+                             else Reply(rank, None, str(error), reply.seq))
         for rank in carried:
             replies.setdefault(rank, Reply(rank, None, f"host relay {who!r} did not answer "
                                                         f"for rank {rank}", reply.seq))
     return [replies[r] for r in ranks]
+
+
+def _fanout_problem(answers: Any, carried: Sequence[int]) -> str | None:
+    """Why a relay's ``fanout`` answers do not fit, or None: ``[[rank, ok, error or null]]``,
+    each rank one it was asked to reach, at most once."""
+    if not isinstance(answers, list):
+        return f"its 'fanout' answer has no list of answers ({type(answers).__name__})"
+    seen: set[int] = set()
+    for entry in answers:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            return f"a 'fanout' answer {entry!r:.80} is not [rank, ok, error]"
+        rank, ok, error = entry
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank not in carried:
+            return f"a 'fanout' answer for rank {rank!r:.40}, not one of {list(carried)}"
+        if rank in seen or not isinstance(ok, bool) or not (error is None
+                                                            or isinstance(error, str)):
+            return f"a malformed or repeated 'fanout' answer for rank {rank}"
+        seen.add(rank)
+    return None
 
 
 @attrs.define
@@ -240,8 +278,7 @@ class GroupPool:
     @property
     def relays(self) -> dict[str, list[int]]:
         """The group's host relays (name -> the live ranks each carries); {} without any."""
-        relays = getattr(self.group, "relays", None)
-        return dict(relays) if relays else {}
+        return {name: list(ranks) for name, ranks in self.group.relays.items()}
 
     def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
         """Send ``request`` to host relay ``name`` itself; a ticket, as :meth:`send` gives.
@@ -484,6 +521,13 @@ class LocalPool:
 
     def live(self, ranks: Iterable[int]) -> list[int]:
         return [r for r in ranks if r in self.trainers and r not in self._dead]
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        return {}  # in-process workers: none behind a relay
+
+    def send_relay(self, name: str, request: Mapping[str, Any], timeout: float | None) -> int:
+        raise MeshError("a LocalPool has no host relays")
 
     def declare_dead(self, rank: int, reason: str) -> None:
         if rank not in self._dead:

@@ -7,8 +7,6 @@ model state travels as ``"state/<key>"`` entries (:func:`encode`,
 late answer from a worker that was already given up on can never be taken
 for a fresh one.
 
-op              request fields                          reply fields
-==============  ======================================  =============================
 ``set_state``   state                                   (ack); discards kept results
 ``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept
                 local?; clip_norm?
@@ -20,6 +18,7 @@ op              request fields                          reply fields
 ``stage``       nodes, x, state (the stage's keys)      x
 ``stop``        —                                       (none: the worker returns)
 ==============  ======================================  =============================
+=======
 =======
 The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 ``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and

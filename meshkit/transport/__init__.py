@@ -136,7 +136,7 @@ codec, which ``import meshkit.transport`` does not need.
 from __future__ import annotations
 
 from meshkit.transport import tags
-from meshkit.transport._contract import LinkEvents, Links
+from meshkit.transport._contract import HostRelay, LinkEvents, Links, OffersHostRelays
 from meshkit.transport._group import ANY, Group
 from meshkit.transport._ledger import describe_dead
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
@@ -156,6 +156,8 @@ __all__ = [
     "Group",
     "Links",
     "LinkEvents",
+    "HostRelay",
+    "OffersHostRelays",
     "RoundResult",
     "MIN_SCATTER_BYTES_PER_SECOND",
     "check_state",

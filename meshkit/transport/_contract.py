@@ -26,10 +26,11 @@ itself. Every :class:`LinkEvents` method may be called from any thread.
 from __future__ import annotations
 
 import abc
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from meshkit.transport._message import Message
 
-__all__ = ["Links", "LinkEvents"]
+__all__ = ["Links", "LinkEvents", "HostRelay", "OffersHostRelays"]
 
 
 class LinkEvents(abc.ABC):
@@ -197,6 +198,27 @@ class Links(abc.ABC):
         """
         return False
 
+    @property
+    def relays(self) -> Mapping[str, Sequence[int]]:
+        """Optional, a star's coordinator: its host relays, name -> the ranks joined through each.
+
+        A host relay is one connection carrying several ranks of a host
+        (``meshkit relay``). A transport that offers relays routes a
+        message for a rank behind one over that connection, delivers what
+        comes up it with the rank as ``src``, reports each rank joining
+        (:meth:`LinkEvents.linked`) and leaving (:meth:`LinkEvents.lost`),
+        and lists them here; ``group.relays`` (minus dead ranks) is what
+        the round engine reads to send each relay one request per round
+        (``TAG_RELAY``, to any rank it carries). The relay's side of that
+        protocol is the kernel's (``meshkit.train.RelayPool``,
+        ``meshkit.train.answer_relay_request``): the transport's relay only
+        carries bytes between it and its ranks. The default: no relays.
+
+        Raises:
+            Nothing.
+        """
+        return {}
+
     def peer_key(self, peer: int) -> bytes | None:
         """The node key (32 raw Ed25519 bytes) ``peer`` proved on its link, or None.
 
@@ -249,3 +271,40 @@ class Links(abc.ABC):
         Raises:
             Nothing.
         """
+
+
+class HostRelay(Protocol):
+    """A running host relay (``meshkit relay``), as a transport's ``start_relay`` returns it.
+
+    ``address`` is where its ranks dial it (bound before it announced
+    them); ``serve()`` blocks until the coordinator ends the run (or is
+    lost) and returns its report (``to_json()``; ``stopped`` says why it
+    ended: a reason starting ``"coordinator lost"`` exits 2);
+    ``close(reason)`` ends it.
+    """
+
+    name: str
+    ranks: frozenset[int]
+
+    @property
+    def address(self) -> str: ...
+
+    def serve(self, timeout: float | None = None) -> Any: ...
+
+    def close(self, reason: str = "closed") -> None: ...
+
+
+@runtime_checkable
+class OffersHostRelays(Protocol):
+    """A transport factory that offers host relays: ``meshkit relay`` calls ``start_relay``.
+
+    ``settings`` are ``coordinator``, ``bind``, ``world``, ``ranks``,
+    ``secret``, ``name``, ``timeout``, ``encrypt``, ``node_key`` and
+    ``authorized_nodes`` (what the command is given). The relay carries
+    bytes between its ranks and the coordinator, and serves the
+    coordinator's requests to it with the kernel's relay side
+    (``meshkit.train.RelayPool``, ``meshkit.train.answer_relay_request``);
+    its group on the coordinator lists it in :attr:`Links.relays`.
+    """
+
+    def start_relay(self, **settings: Any) -> HostRelay: ...

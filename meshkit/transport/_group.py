@@ -7,7 +7,7 @@ mailboxes, to relay, or a forged reduce-service frame to drop), and what
 declaring a rank dead does (the ledger records it, its relay queue is
 freed, the transport drops its link, ``on_dead`` hears of it). The pieces
 live in their own modules: the ledger (``_ledger.py``), the mailboxes
-(``_mailbox.py``), the star relay (``_relay.py``) and the reduce service
+(``_mailbox.py``), the star's forwarding (``_forwarding.py``) and the reduce service
 (``_reduce.py``).
 
 A hot path that cannot afford a thread hand-off per message (a pipeline
@@ -29,7 +29,7 @@ from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, Handler, Mailboxes
 from meshkit.transport._message import Message, check_state
 from meshkit.transport._reduce import ReduceService, RoundResult
-from meshkit.transport._relay import StarRelay
+from meshkit.transport._forwarding import StarForwarder
 from meshkit.transport._timeouts import deadline_after, shown
 from meshkit.transport.tags import TAG_REDUCE, TAG_SCATTER, TAG_WELCOME, check_tag
 
@@ -65,7 +65,7 @@ class Group:
         self._ledger = Ledger(rank, world_size, is_star=self.is_star)
         self._mailboxes = Mailboxes(self._ledger, self.timeout, max_unread=max_unread,
                                     on_breach=self.declare_dead)
-        self._relay = StarRelay(self._ledger, links, self.declare_dead, self.timeout)
+        self._forwarder = StarForwarder(self._ledger, links, self.declare_dead, self.timeout)
         self._reduce = ReduceService(self._ledger, self._mailboxes, self._send_message,
                                      self.declare_dead, timeout=self.timeout,
                                      send_deadlines=bool(links.send_deadlines))
@@ -112,6 +112,14 @@ class Group:
         sender's thread), so it should only queue the payload.
         """
         return bool(getattr(self._links, "inline_delivery", False))
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        """A star's coordinator: each host relay's name -> the live ranks that joined through it
+        (the transport's :attr:`Links.relays` minus the dead ledger; ``{}`` without relays)."""
+        dead = self._ledger.dead()
+        return {name: sorted(r for r in ranks if r not in dead)
+                for name, ranks in self._links.relays.items()}
 
     def peer_key(self, rank: int) -> bytes | None:
         """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""
@@ -218,7 +226,7 @@ class Group:
             return
         # Relays queued for it cannot be delivered either; readers waiting for
         # room in its queue move on.
-        self._relay.forget(rank)
+        self._forwarder.forget(rank)
         if not self._ledger.closed:
             log.log(logging.INFO if quiet else logging.WARNING,
                     "rank %d: declaring rank %d dead: %s", self.rank, rank, reason)
@@ -247,7 +255,7 @@ class Group:
         """Leave the mesh; peers see this rank's links as lost. Idempotent."""
         if not self._ledger.close():
             return
-        self._relay.close()
+        self._forwarder.close()
         self._links.close()
 
     # -- inside ---------------------------------------------------------------
@@ -272,14 +280,14 @@ class Group:
                         self.rank, message.tag, message.src, message.dst)
             return
         if message.dst != self.rank:
-            self._relay.relay(message)
+            self._forwarder.relay(message)
             return
         self._mailboxes.put(message)
 
     def _linked(self, peer: int) -> None:
         self._mailboxes.forgive(peer)  # a restarted node is not its predecessor's breach
         for message in self._ledger.link(peer):
-            self._relay.relay(message)
+            self._forwarder.relay(message)
 
 
 class _Events(LinkEvents):

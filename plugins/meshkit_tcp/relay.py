@@ -3,17 +3,11 @@
 Rule: a relay forwards every frame between its ranks and the coordinator
 unchanged (the authenticated body is re-tagged under the other connection's
 keys, never re-encoded), except the requests addressed to the relay itself
-(``TAG_RELAY``), which it serves with its own ranks and answers once:
-
-* ``fold``: the round engine's work for this relay's ranks (the round's
-  state, sent once, and the keys to serve). The relay runs the round engine
-  (:func:`meshkit.train.fold_round`) on its own ranks, folds their
-  contributions in key order through a weighted :class:`meshkit.aggregation.MeanFold`
-  (weight = realized work) and answers with the partial mean and its mass
-  (the sum of the weights), so the coordinator's fold of the relays'
-  partials, weighted by mass, is the flat star's weighted mean.
-* ``fanout``: one request (a data-parallel ``apply``, a ``set_state``) for
-  several of its ranks, sent upstream once.
+(``TAG_RELAY``: ``fold`` and ``fanout``), which it hands to the kernel
+(:func:`meshkit.train.answer_relay_request`, over a
+:class:`meshkit.train.RelayPool` of its own ranks) and answers once. What a
+relay does with a round lives in ``meshkit/train/_host_relay.py``; this
+module only carries the bytes.
 
 Both legs run the ordinary handshake (shared secret, encryption, world
 size): the ranks dial the relay exactly as they would dial the coordinator
@@ -35,37 +29,18 @@ Run it on the host whose ranks it carries (docs/scaling-out.md).
 
 from __future__ import annotations
 
-import collections
 import logging
-import math
 import queue
 import socket
 import threading
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 import attrs
 
 from meshkit import wire
-from meshkit.aggregation import MeanFold
-from meshkit.errors import (
-    AggregationError,
-    ConfigError,
-    MeshError,
-    PeerLostError,
-    WireError,
-    WorkerError,
-)
-from meshkit.train import (
-    Reply,
-    StrategyContext,
-    Work,
-    by_examples,
-    decode,
-    encode,
-    fold_round,
-    once,
-)
+from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
+from meshkit.train import RelayPool, answer_relay_request, decode, encode
 from meshkit.transport import (
     META_KEY,
     TAG_BYE,
@@ -76,8 +51,18 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import KIND_CONTROL, MAX_REFUSED, ROLE_RELAY, ROLE_STAR, accept_loop, \
-    format_address, listen, parse_address, send_refusal
+from meshkit_tcp.tcp import (
+    KIND_CONTROL,
+    MAX_REFUSED,
+    ROLE_RELAY,
+    ROLE_STAR,
+    accept_loop,
+    dial,
+    format_address,
+    listen,
+    parse_address,
+    send_refusal,
+)
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 
@@ -87,6 +72,11 @@ log = logging.getLogger(__name__)
 #: stalls only its own writer (whose write timeout then declares it lost);
 #: more than this many frames waiting for it declare it lost at once.
 _DOWN_QUEUE = 32
+
+#: Seconds at most (and at most the relay's timeout) that a closing relay
+#: spends delivering the frames queued for its ranks, and that a failed write
+#: to the coordinator waits for the coordinator's reader to say why.
+_FLUSH_TIMEOUT = 10.0
 
 
 @attrs.frozen
@@ -151,105 +141,12 @@ class RelayReport:
                 "frames_down": self.frames_down, "stopped": self.stopped}
 
 
-class _RelayPool:
-    """The round engine's :class:`meshkit.train.WorkerPool` over this relay's own ranks.
-
-    Requests the relay issues carry negative ``seq`` numbers, the
-    coordinator's positive ones: a worker echoes ``seq``, so each reply
-    goes back to whoever asked.
-    """
-
-    def __init__(self, relay: HostRelay) -> None:
-        self._relay = relay
-        self._cv = threading.Condition()
-        self._seq = 0
-        self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
-        self._replies: collections.deque[tuple[int, dict[str, Any]]] = collections.deque()
-        self._failed: collections.deque[Reply] = collections.deque()
-
-    @property
-    def dead(self) -> dict[int, str]:
-        return self._relay.dead
-
-    def live(self, ranks: Iterable[int]) -> list[int]:
-        joined, dead = self._relay.joined, self._relay.dead
-        return [r for r in ranks if r in joined and r not in dead]
-
-    def declare_dead(self, rank: int, reason: str) -> None:
-        self._relay.lost(rank, reason)
-
-    @property
-    def pending(self) -> int:
-        with self._cv:
-            return len(self._failed) + sum(len(q) for q in self._owed.values())
-
-    def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
-        with self._cv:
-            self._seq -= 1
-            seq = self._seq
-        dead = self._relay.dead
-        if rank in dead:
-            with self._cv:
-                self._failed.append(Reply(rank, None, dead[rank], seq))
-            return seq
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            self._owed.setdefault(rank, collections.deque()).append((seq, deadline))
-        try:
-            self._relay.send_down(rank, TAG_REQUEST, encode({**request, "seq": seq}))
-        except (PeerLostError, WireError, OSError) as exc:
-            self._relay.lost(rank, f"send failed: {exc}")
-        return seq
-
-    def deliver(self, rank: int, reply: dict[str, Any]) -> None:
-        """A worker answered one of the relay's requests (called by its reader)."""
-        with self._cv:
-            self._replies.append((rank, reply))
-            self._cv.notify_all()
-
-    def wake(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
-
-    def receive(self, block: bool = True) -> Reply | None:
-        with self._cv:
-            while True:
-                if self._failed:
-                    return self._failed.popleft()
-                while self._replies:
-                    rank, reply = self._replies.popleft()
-                    owed = self._owed.get(rank)
-                    if owed and owed[0][0] == reply.get("seq"):
-                        seq, _ = owed.popleft()
-                        return Reply(rank, reply, None, seq)
-                    log.debug("relay: discarding a stale reply from rank %d", rank)
-                if not any(self._owed.values()):
-                    raise MeshError("receive() with no request outstanding")
-                dead = self._relay.dead
-                now = time.monotonic()
-                soonest = math.inf
-                for rank, owed in self._owed.items():
-                    if not owed:
-                        continue
-                    if rank in dead:
-                        seq, _ = owed.popleft()
-                        return Reply(rank, None, dead[rank], seq)
-                    if owed[0][1] <= now:
-                        seq, _ = owed.popleft()
-                        reason = "no answer within the request's timeout (stalled)"
-                        threading.Thread(target=self._relay.lost, args=(rank, reason),
-                                         daemon=True).start()
-                        return Reply(rank, None, reason, seq)
-                    soonest = min(soonest, owed[0][1])
-                if not block:
-                    return None
-                self._cv.wait(min(1.0, max(0.0, soonest - now)))
-
-    def stop_all(self, ranks: Sequence[int]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+def _finish_writer(box: queue.Queue[tuple[Any, ...] | None], deadline: float) -> None:
+    """End a local rank's writer after the frames queued for it (the relay is closing)."""
+    try:
+        box.put(None, timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Full:  # it stopped reading: its frames are dropped with it
+        _stop_writer(box)
 
 
 def _stop_writer(box: queue.Queue[tuple[Any, ...] | None]) -> None:
@@ -287,6 +184,8 @@ class HostRelay:
         #: Ranks that said goodbye (not merely died): when all have, the relay ends.
         self._left: set[int] = set()
         self._admitting: set[int] = set()
+        #: Per local rank: its writer thread (joined when the relay closes).
+        self._writers: dict[int, threading.Thread] = {}
         self._up: wire.Channel | None = None
         self._listener: socket.socket | None = None
         self._address = ""
@@ -294,7 +193,7 @@ class HostRelay:
         self._done = threading.Event()
         self._stopped = ""
         self._work: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._pool = _RelayPool(self)
+        self._pool = RelayPool(self)
 
     # -- state ------------------------------------------------------------------
 
@@ -322,12 +221,18 @@ class HostRelay:
     # -- bring-up -----------------------------------------------------------------
 
     def start(self) -> HostRelay:
-        """Dial the coordinator, announce the ranks, then listen for them."""
+        """Listen for the ranks, then dial the coordinator and announce them.
+
+        In this order, a relay that cannot listen (``--bind`` in use) fails
+        before the coordinator has heard of it: announced ranks that then
+        never join would only be missing, but a relay that cannot serve
+        them should not be announced at all.
+        """
         cfg = self.config
         try:
-            self._up = self._dial_up()
             self._listener = listen(cfg.bind, "relay bind address")
             self._address = format_address(self._listener.getsockname())
+            self._up = self._dial_up()
         except BaseException:
             self.close()
             raise
@@ -342,19 +247,9 @@ class HostRelay:
         cfg = self.config
         host, port = parse_address(cfg.coordinator, what="coordinator address")
         deadline = time.monotonic() + cfg.timeout
-        delay = 0.05
-        while True:
-            try:
-                sock = socket.create_connection(
-                    (host, port), timeout=max(0.05, min(cfg.timeout, deadline - time.monotonic())))
-                break
-            except OSError as exc:
-                if time.monotonic() + delay >= deadline:
-                    raise PeerLostError(
-                        f"relay {self.name!r} could not reach the coordinator at "
-                        f"{cfg.coordinator} within {cfg.timeout:g} s: {exc}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        sock = dial(host, port, deadline, cfg.timeout, lambda exc: PeerLostError(
+            f"relay {self.name!r} could not reach the coordinator at {cfg.coordinator} "
+            f"within {cfg.timeout:g} s: {exc}"))
         channel = wire.handshake(
             sock, cfg.secret, rank=min(self.ranks), world=cfg.world, role=ROLE_RELAY,
             timeout=cfg.timeout, handshake_timeout=max(0.05, deadline - time.monotonic()),
@@ -380,8 +275,10 @@ class HostRelay:
                             f"{self.name!r}: {frame.state.get('error')}")
         return channel
 
-    def _spawn(self, target: Any, *args: Any, name: str) -> None:
-        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    def _spawn(self, target: Any, *args: Any, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread
 
     # -- running ------------------------------------------------------------------
 
@@ -401,17 +298,27 @@ class HostRelay:
         if closing:
             # Another thread is saying goodbye: let it finish before the caller
             # (serve(), then the process) goes.
-            self._done.wait(5.0)
+            self._done.wait(_FLUSH_TIMEOUT + 5.0)
             return
         with self._lock:
             channels = list(self._down.values())
             self._down.clear()
             boxes = list(self._outbox.values())
             self._outbox.clear()
+            writers = list(self._writers.values())
+            self._writers.clear()
             up, self._up = self._up, None
             self._lock.notify_all()
+        # What the coordinator sent before its goodbye (the `shutdown` jobs)
+        # is delivered before the goodbye: each writer ends after its queued
+        # frames, each write under the channel's stall timeout, all of them
+        # within the relay's timeout.
+        deadline = time.monotonic() + min(self.config.timeout, _FLUSH_TIMEOUT)
         for box in boxes:
-            _stop_writer(box)
+            _finish_writer(box, deadline)
+        for writer in writers:
+            if writer is not threading.current_thread():
+                writer.join(max(0.0, deadline - time.monotonic()))
         self._work.put(None)
         self._pool.wake()
         if self._listener is not None:
@@ -437,6 +344,7 @@ class HostRelay:
                 self._left.add(rank)
             channel = self._down.pop(rank, None)
             box = self._outbox.pop(rank, None)
+            self._writers.pop(rank, None)
             self._lock.notify_all()
         if box is not None:
             _stop_writer(box)
@@ -497,6 +405,17 @@ class HostRelay:
         if up is None:
             raise PeerLostError(f"relay {self.name!r} has no coordinator connection")
         up.send(KIND_CONTROL, tag, state, sender=sender)
+
+    def _upstream_failed(self, exc: BaseException) -> None:
+        """A write to the coordinator failed: its reader says why, bounded.
+
+        The coordinator may have said goodbye and closed while this write
+        was on its way: the reader, which reads the goodbye in order, then
+        ends the relay as a finished run. Only if it has not within the
+        timeout is the coordinator lost.
+        """
+        if not self._closed.wait(min(self.config.timeout, _FLUSH_TIMEOUT)):
+            self.close(f"coordinator lost: {exc}")
 
     def _send_up_control(self, state: Mapping[str, Any]) -> None:
         try:
@@ -585,7 +504,6 @@ class HostRelay:
             self._refuse(f"{where} (rank {rank})", problem)
             return
         try:
-            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
             box: queue.Queue[tuple[Any, ...] | None] = queue.Queue(_DOWN_QUEUE)
             with self._lock:
                 # A rank that died and was restarted rejoins: the coordinator
@@ -595,10 +513,19 @@ class HostRelay:
                 self._down[rank] = channel
                 self._outbox[rank] = box
                 self._joined.add(rank)
-            self._spawn(self._down_writer, rank, channel, box,
-                        name=f"meshkit-relay-{self.name}-to-{rank}")
-            # Told only now, so the coordinator never routes to a rank the relay lacks.
+            # Told once its outbox exists, so the coordinator never routes to a
+            # rank the relay lacks, and before the rank hears its welcome, so
+            # the coordinator knows of a rank that knows it joined (a restarted
+            # rank is taken back at the next round, as on a direct link). What
+            # comes for it meanwhile waits in its outbox: its writer starts
+            # after the welcome.
             self._send_up(TAG_RELAY_CTL, {"op": "joined", "rank": rank}, min(self.ranks))
+            channel.send(KIND_CONTROL, TAG_WELCOME, {"ok": True, "topology": "star"})
+            writer = self._spawn(self._down_writer, rank, channel, box,
+                                 name=f"meshkit-relay-{self.name}-to-{rank}")
+            with self._lock:
+                if self._outbox.get(rank) is box:
+                    self._writers[rank] = writer
         except (MeshError, OSError) as exc:
             self.lost(rank, f"joining failed: {exc}")
             return
@@ -630,7 +557,7 @@ class HostRelay:
                                 f"protocol violation)")
                 return
             seq = frame.state.get("seq")
-            if frame.tag == TAG_REPLY and isinstance(seq, int) and seq < 0:
+            if frame.tag == TAG_REPLY and self._pool.owns(seq):
                 state = dict(frame.state)
                 state.pop(META_KEY, None)
                 self._pool.deliver(rank, decode(state))
@@ -643,7 +570,7 @@ class HostRelay:
                 with self._lock:
                     self.frames_up += 1
             except (PeerLostError, WireError) as exc:
-                self.close(f"coordinator lost: {exc}")
+                self._upstream_failed(exc)
                 return
             del frame
 
@@ -655,80 +582,18 @@ class HostRelay:
             if request is None or self._closed.is_set():
                 return
             op, seq, via = request.get("op"), request.get("seq"), request.get("via")
-            try:
-                if op == "fold":
-                    reply = self._fold(request)
-                    self.folds += 1
-                elif op == "fanout":
-                    reply = self._fanout(request)
-                    self.fanouts += 1
-                else:
-                    reply = {"error": f"relay {self.name!r}: unknown request {op!r}"}
-            except AggregationError as exc:
-                reply = {"error": str(exc), "reason": "aggregation"}
-            except WorkerError as exc:
-                # The worker's own message: the coordinator names the rank again.
-                reply = {"error": exc.detail, "rank": exc.rank}
-            except MeshError as exc:
-                reply = {"error": str(exc)}
-            except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
-                log.exception("relay %r: request %r failed", self.name, op)
-                reply = {"error": f"relay {self.name!r}: {type(exc).__name__}: {exc}"}
+            reply = answer_relay_request(self._pool, self.ranks, self.name, request)
+            if op == "fold":
+                self.folds += 1
+            elif op == "fanout":
+                self.fanouts += 1
             reply.update(relay=self.name, seq=seq)
             sender = via if isinstance(via, int) and via in self.ranks else min(self.ranks)
             try:
                 self._send_up(TAG_REPLY, encode(reply), sender)
             except (MeshError, OSError) as exc:
-                self.close(f"coordinator lost: {exc}")
+                self._upstream_failed(exc)
                 return
-
-    def _context(self, timeout: Any, ranks: Any = None) -> StrategyContext:
-        # The coordinator names the ranks it counts live (a rank that rejoined
-        # is not, until it is taken back between rounds); all of ours otherwise.
-        workers = (sorted(self.ranks) if not isinstance(ranks, list)
-                   else sorted(r for r in ranks if r in self.ranks))
-        return StrategyContext(task=None, aggregator=None, pool=self._pool,
-                               workers=workers, rng=None,
-                               timeout=None if timeout is None else float(timeout))
-
-    def _fold(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Serve the coordinator's keys on this host's ranks; the partial mean and its mass."""
-        work = [Work(int(key), dict(req)) for key, req in request["work"]]
-        fold = MeanFold(weighted=bool(request.get("weighted", True)),
-                        name=request.get("aggregator") or None,
-                        allow_nonfinite=bool(request.get("allow_nonfinite", False)),
-                        wide=bool(request.get("wide", False)))
-        folded = fold_round(self._context(request.get("timeout"), request.get("ranks")), work,
-                            state=request.get("state"),
-                            weight=by_examples if request.get("weight") == "examples" else once,
-                            window=int(request.get("window") or 1), fold=fold,
-                            label=str(request.get("label") or "client"))
-        reply: dict[str, Any] = {
-            "op": "fold", "mass": fold.mass, "count": fold.count,
-            "served": [[k, r] for k, r in folded.served.items()],
-            "not_served": [[k, why] for k, why in folded.not_served.items()],
-            "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
-                        for k, r in folded.replies.items()]}
-        if folded.result is not None:
-            reply["state"] = folded.result
-        return reply
-
-    def _fanout(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request to several of this host's ranks; each one's answer."""
-        ranks = [int(r) for r in request["ranks"]]
-        inner = {k: v for k, v in request.items()
-                 if k not in ("ranks", "via", "seq", "inner", "timeout")}
-        inner["op"] = request["inner"]
-        timeout = request.get("timeout")
-        tickets = {self._pool.send(r, inner, None if timeout is None else float(timeout)): r
-                   for r in ranks}
-        answers: dict[int, Any] = {}
-        for _ in tickets:
-            reply = self._pool.receive()
-            answers[tickets[reply.seq]] = (
-                [False, reply.error] if reply.payload is None
-                else [True, reply.payload.get("error")])
-        return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
 
 
 def start_relay(options: Any = None, **settings: Any) -> HostRelay:

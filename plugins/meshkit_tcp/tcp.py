@@ -59,6 +59,7 @@ from meshkit.transport import (
     TAG_REPLY,
     TAG_WELCOME,
     Group,
+    HostRelay,
     LinkEvents,
     Links,
     Message,
@@ -77,6 +78,9 @@ _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
 #: How long a restarted rank's admission waits for its dead predecessor's
 #: link to be dropped (seconds).
 _STALE_LINK_WAIT = 2.0
+#: Seconds at most (and at most the stall timeout) a closing coordinator keeps
+#: a host relay's connection open for the relay's own goodbye.
+_RELAY_GOODBYE_WAIT = 5.0
 
 #: The handshake's ``role`` field carries the dialer's topology, so the
 #: accepting side can refuse a mismatch before anything else happens.
@@ -148,6 +152,33 @@ def listen(address: str, what: str) -> socket.socket:
         raise ConfigError(f"cannot listen on {what} {address}: {exc}") from None
     sock.settimeout(_ACCEPT_POLL)
     return sock
+
+
+def dial(host: str, port: int, deadline: float, attempt_timeout: float,
+         unreachable: Callable[[OSError | None], MeshError],
+         closed: Callable[[], bool] = lambda: False) -> socket.socket:
+    """A TCP connection to ``host:port``, retried with backoff until ``deadline``.
+
+    The peer may not be listening yet: each failed attempt waits (50 ms,
+    doubling, at most 0.5 s) and tries again. Past ``deadline``,
+    ``unreachable(last error)`` is raised; once ``closed()`` is true, the
+    dialer's group was closed and the wait ends at once.
+    """
+    delay = 0.05
+    last: OSError | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise unreachable(last)
+        try:
+            return socket.create_connection((host, port),
+                                            timeout=max(0.05, min(remaining, attempt_timeout)))
+        except OSError as exc:
+            if closed():
+                raise PeerLostError("the group was closed while connecting") from exc
+            last = exc
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
 
 
 #: How many handshakes one listener runs at once (each is a thread and a
@@ -303,13 +334,17 @@ class TcpGroup(Group):
         #: peer's frames (receive_into); read by the peer's reader thread.
         self._placers: dict[tuple[int, int], list[Any]] = {}
 
-    @property
-    def relays(self) -> dict[str, list[int]]:
-        """Coordinator: each connected host relay's name -> the live ranks it carries."""
-        dead = self.dead
+    def _relay_ranks(self) -> dict[str, list[int]]:
+        """Coordinator: each connected host relay's name -> the ranks that joined through it."""
         with self._lock:
-            return {name: sorted(r for r in link.joined if r not in dead)
-                    for name, link in self._relays.items()}
+            return {name: sorted(link.joined) for name, link in self._relays.items()}
+
+    @property
+    def relay_bytes_in(self) -> dict[str, int]:
+        """Coordinator: body bytes each connected host relay sent up, by name (its ranks'
+        frames and its own answers); a part of ``bytes_in``."""
+        with self._lock:
+            return {name: link.bytes_in for name, link in self._relays.items()}
 
     @property
     def discovery_port(self) -> int | None:
@@ -406,6 +441,7 @@ class TcpGroup(Group):
             channels = list({id(c): c for c in self._channels.values()}.values())
             channels += [link.channel for link in self._relays.values()
                          if all(link.channel is not c for c in channels)]
+            relays = list(self._relays.values())
             self._channels.clear()
             self._via.clear()
             pending = list(self._handshaking)
@@ -426,6 +462,13 @@ class TcpGroup(Group):
             thread.start()
         for thread in byes:
             thread.join(0.5)
+        # A relay delivers what came before the goodbye to its ranks, then says
+        # its own: its connection stays open until then (bounded), so a frame
+        # it sends up meanwhile does not find it closed and pass for a lost
+        # coordinator.
+        deadline = time.monotonic() + min(self.timeout, _RELAY_GOODBYE_WAIT)
+        for link in relays:
+            link.read_to_end.wait(max(0.0, deadline - time.monotonic()))
         for channel in channels:
             channel.close()
         current = threading.current_thread()
@@ -706,6 +749,12 @@ class TcpGroup(Group):
 
     def _relay_reader(self, link: _RelayLink) -> None:
         """Read a relay's connection: its ranks' frames, and who joined or died behind it."""
+        try:
+            self._read_relay(link)
+        finally:
+            link.read_to_end.set()
+
+    def _read_relay(self, link: _RelayLink) -> None:
         events = self._events
         while True:
             try:
@@ -721,6 +770,7 @@ class TcpGroup(Group):
                 self._relay_lost(link, "closed its connection (left the mesh)", quiet=True)
                 return
             self.bytes_in += frame.nbytes
+            link.bytes_in += frame.nbytes
             state = frame.state
             if frame.tag == TAG_RELAY_CTL:
                 problem = self._relay_news(link, state)
@@ -782,11 +832,16 @@ class TcpGroup(Group):
         return f"unknown control {op!r}"
 
     def _relay_lost(self, link: _RelayLink, reason: str, *, quiet: bool = False) -> None:
-        """A relay's connection is gone: it takes exactly the ranks it carries with it."""
+        """A relay's connection is gone: it takes the ranks that joined through it with it.
+
+        A rank it announced that never joined is not dead, only still
+        missing: another relay (the same one restarted) may carry it.
+        """
         with self._lock:
             if self._relays.get(link.name) is not link:
                 return
             del self._relays[link.name]
+            joined = sorted(link.joined)
             for rank in link.ranks:
                 if self._via.get(rank) == link.name:
                     del self._via[rank]
@@ -797,9 +852,9 @@ class TcpGroup(Group):
         if self._events.closed:
             return
         log.log(logging.INFO if quiet else logging.WARNING,
-                "rank 0: host relay %r lost (%s); its ranks %s go with it", link.name,
-                reason, sorted(link.ranks))
-        for rank in sorted(link.ranks):
+                "rank 0: host relay %r lost (%s); its joined ranks %s go with it", link.name,
+                reason, joined)
+        for rank in joined:
             self._events.lost(rank, f"its host relay {link.name!r} was lost: {reason}",
                               quiet=quiet)
         with self._lock:
@@ -809,22 +864,10 @@ class TcpGroup(Group):
 
     def _dial(self, rank: int, address: str, deadline: float) -> None:
         host, port = parse_address(address, what=f"rank {rank}'s address")
-        delay = 0.05
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PeerLostError(
-                    f"rank {self.rank} could not reach rank {rank} at {address} within "
-                    f"{self.timeout:g} s; is it running and listening there?")
-            try:
-                sock = socket.create_connection((host, port), timeout=min(remaining, self.timeout))
-                break
-            except (ConnectionRefusedError, ConnectionResetError, socket.timeout, OSError) as exc:
-                if self._events.closed:
-                    raise PeerLostError("the group was closed while connecting") from exc
-                # The peer may not be listening yet: back off and retry until the deadline.
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 0.5)
+        sock = dial(host, port, deadline, self.timeout, lambda exc: PeerLostError(
+            f"rank {self.rank} could not reach rank {rank} at {address} within "
+            f"{self.timeout:g} s; is it running and listening there?"),
+            closed=lambda: self._events.closed)
         channel = self._handshake(sock, max(0.001, deadline - time.monotonic()))
         if channel.peer.rank != rank:
             channel.close()
@@ -915,6 +958,10 @@ class _RelayLink:
     joined: set[int] = attrs.Factory(set)
     #: Ranks whose loss the relay itself reported (no need to tell it back).
     reported: set[int] = attrs.Factory(set)
+    #: Body bytes received on this connection (``group.relay_bytes_in``).
+    bytes_in: int = 0
+    #: Set when its reader ended (the relay said goodbye, or its connection went).
+    read_to_end: threading.Event = attrs.Factory(threading.Event)
 
 
 class _LinkPlacer:
@@ -966,6 +1013,10 @@ class _TcpLinks(Links):
     def drop(self, peer: int) -> None:
         self._group._drop_link(peer)
 
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        return self._group._relay_ranks()
+
     def peer_key(self, peer: int) -> bytes | None:
         channel = self._group._channels.get(peer)
         return None if channel is None else channel.peer_key
@@ -1010,7 +1061,7 @@ class TcpTransport:
         # the relay builds on this module, so this module cannot import it).
         self._relay_factory = relay_factory
 
-    def start_relay(self, **settings: Any) -> Any:
+    def start_relay(self, **settings: Any) -> HostRelay:
         """Start a host relay (``meshkit relay``); ``settings`` are ``RelayConfig``'s fields.
 
         Returns the running :class:`meshkit_tcp.relay.HostRelay` (its

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 
+import pytest
 from click.testing import CliRunner
 
 from meshkit.cli import main
 from meshkit.node.config import NodeConfig
+from meshkit.train import read_metrics
 
-from conftest import external_config, write_config
+from conftest import external_config, finish, run_with_nodes, spawn_node, write_config
 
 SECRET = "relay-command-secret-0123"
 
@@ -72,3 +79,79 @@ def test_relays_beyond_the_workers_or_with_an_external_launch_are_refused(tmp_pa
     path = external_config(tmp_path, workers=2, rounds=4, secret=b"x" * 32, mesh="relays = 1")
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 2 and "start `meshkit relay`" in result.output
+
+
+# -- real processes: a relay and the nodes behind it, against an in-process coordinator ----
+
+RUN_SECRET = b"relay-command-run-secret-0123456789"
+
+
+def spawn_relay(coordinator: str, ranks: str, world: int, secret_file,
+                bind: str = "127.0.0.1:0") -> subprocess.Popen:
+    """A ``meshkit relay`` process (stdout and stderr piped), without the user's MESHKIT_SECRET."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshkit", "relay", "--coordinator", coordinator, "--bind", bind,
+         "--world", str(world), "--ranks", ranks, "--secret-file", str(secret_file),
+         "--timeout", "20"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env)
+
+
+def relay_address(relay: subprocess.Popen) -> str:
+    """Where a started relay's ranks dial it (its first JSON line)."""
+    line = relay.stdout.readline()
+    assert line.startswith("{"), (line, finish(relay, 10)[1])
+    return json.loads(line)["address"]
+
+
+@pytest.mark.slow
+def test_nodes_behind_a_relay_exit_0_when_the_coordinator_ends_the_run(tmp_path):
+    # The coordinator's goodbye follows its `shutdown` jobs at once; the relay
+    # must deliver the shutdowns before it closes the nodes' links, or each
+    # node reports a lost coordinator (exit 2). Three nodes: three chances.
+    config = external_config(tmp_path, workers=3, rounds=1, secret=RUN_SECRET,
+                             extra="clients = 3")
+    secret = tmp_path / "secret"
+
+    def start(address):
+        relay = spawn_relay(address, "1-3", 4, secret)
+        where = relay_address(relay)
+        return [relay, *(spawn_node(r, 4, where, secret) for r in (1, 2, 3))]
+
+    # run_with_nodes asserts that the relay and every node exit 0.
+    report = run_with_nodes(config, start)
+    assert report.ok
+
+
+@pytest.mark.slow
+def test_a_relay_whose_bind_is_taken_fails_before_announcing_and_a_restarted_one_serves(
+        tmp_path):
+    config = external_config(tmp_path, workers=2, rounds=2, secret=RUN_SECRET,
+                             extra="clients = 2")
+    secret = tmp_path / "secret"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    failed: dict[str, object] = {}
+
+    def start(address):
+        first = spawn_relay(address, "1,2", 3, secret, bind=f"127.0.0.1:{port}")
+        failed["out"], failed["err"] = finish(first, 60)
+        failed["status"] = first.returncode
+        # Restarted on a free port: its ranks join and the run goes on.
+        relay = spawn_relay(address, "1,2", 3, secret)
+        where = relay_address(relay)
+        return [relay, spawn_node(1, 3, where, secret), spawn_node(2, 3, where, secret)]
+
+    try:
+        report = run_with_nodes(config, start)
+    finally:
+        taken.close()
+    assert failed["status"] == 2, failed["err"]
+    assert f"127.0.0.1:{port}" in failed["err"] and "Traceback" not in failed["err"]
+    assert report.ok and report.dropped == {}
+    rows = read_metrics(tmp_path / "out")
+    assert [r["dropped"] for r in rows] == [[], []]
+    assert all(r["answered"] == [1, 2] for r in rows)

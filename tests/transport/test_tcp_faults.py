@@ -20,7 +20,7 @@ import pytest
 from meshkit import AuthenticationError, WireError, plugins, wire
 from meshkit.aggregation import begin
 from meshkit.node.config import NodeConfig
-from meshkit.transport import _reduce, _relay
+from meshkit.transport import _forwarding, _reduce
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
 SECRET = b"tcp-fault-secret"
@@ -384,7 +384,7 @@ def test_a_destination_that_stops_reading_does_not_hold_up_relays_to_other_ranks
     coordinator relays to each destination on its own, so rank 3 gets its message
     long before rank 2 is declared dead, and rank 1's link is never at risk."""
     if queue is not None:
-        monkeypatch.setattr(_relay, "RELAY_QUEUE", queue)
+        monkeypatch.setattr(_forwarding, "RELAY_QUEUE", queue)
     coordinator = star_coordinator(4, timeout=3.0)
     release = threading.Event()
     workers = [NodeConfig(rank=r, world=4, peers=[coordinator.address], topology="star",

@@ -8,6 +8,7 @@ that behave carry on; deaths travel both ways.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -258,3 +259,31 @@ def test_a_rank_that_stops_reading_does_not_hold_up_its_neighbours_frames():
         good.close()
         relay.close()
         group.close()
+
+
+def test_ranks_a_lost_relay_announced_but_never_joined_are_not_dead_and_join_another():
+    with contextlib.ExitStack() as stack:
+        group = coordinator(world=3)
+        stack.callback(group.close)
+        relay = start_relay(group.address, name="hostA", world=3)
+        stack.callback(relay.close)
+        assert wait_until(group._lock, lambda: "hostA" in group._relays)
+        relay.close()  # before any of its ranks joined
+        assert wait_until(group._lock, lambda: "hostA" not in group._relays)
+        assert group.dead == {}
+        # The same relay again (a new port): its ranks join through it.
+        again = start_relay(group.address, name="hostA", world=3)
+        stack.callback(again.close)
+        for rank in (1, 2):
+            stack.callback(worker(rank, again.address, world=3).close)
+        assert group.wait_for_workers(timeout=5) == [1, 2]
+        assert group.relays == {"hostA": [1, 2]} and group.dead == {}
+
+
+def test_the_relay_delivers_what_the_coordinator_sent_before_its_goodbye(mesh):
+    group, relay, ranks = mesh
+    for i in range(20):
+        group.send(1, TAG, {"i": i, "x": np.zeros(1 << 16, np.float32)})
+    group.close()  # its goodbye follows the frames at once
+    assert [ranks[1].recv(0, TAG)["i"] for _ in range(20)] == list(range(20))
+    assert relay.serve(timeout=10).stopped == "the coordinator ended the run"

@@ -1,9 +1,10 @@
 """The round engine through host relays, in-process: the flat result, order, lost relays.
 
-Each relay here is the real relay's fold (``HostRelay._fold``) over a
-:class:`LocalPool` of its ranks, reached through a pool that answers relay
-requests in a chosen order; the network legs are tested in
-tests/transport/test_tcp_host_relay.py and tests/train/test_relay_rounds.py.
+Each relay here is the kernel's relay side (``answer_relay_request``, what
+``meshkit relay`` runs) over a :class:`LocalPool` of its ranks, reached
+through a pool that answers relay requests in a chosen order; the network
+legs are tested in
+tests/transport/test_tcp_host_relay.py and tests/train/test_host_relay_rounds.py.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pytest
 
 import meshkit.plugins
 from meshkit.train import LocalPool, Reply, StrategyContext, Work, client_seed, decode, encode
-from meshkit.train import fold_round
-from meshkit_tcp.relay import HostRelay, RelayConfig
+from meshkit import ProtocolError
+from meshkit.train import answer_relay_request, broadcast, fold_round, parse_relay_request
 
 SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
 LAYOUT = {"hostA": [1, 2], "hostB": [3, 4]}
@@ -27,9 +28,15 @@ def synthetic():
 class RelayedPool:
     """The coordinator's pool with every worker behind an in-process relay."""
 
-    def __init__(self, layout=LAYOUT, *, order=None, lose=(), direct=False):
+    def __init__(self, layout=LAYOUT, *, order=None, lose=(), direct=False, beside=(),
+                 corrupt=None):
         self.layout = layout
         self.direct = direct
+        #: Ranks that dialed the coordinator directly, beside the relays.
+        self.beside = LocalPool.of(synthetic, beside) if beside else None
+        self.sent_direct: list[int] = []
+        #: relay name -> a function that spoils its first answer (a buggy or hostile relay).
+        self.corrupt = dict(corrupt or {})
         self.order = order
         self.lose = set(lose)
         self.gone: set[str] = set()
@@ -37,11 +44,7 @@ class RelayedPool:
         self._dead: dict[int, str] = {}
         self._relays = {}
         for name, ranks in layout.items():
-            relay = HostRelay(RelayConfig(coordinator="127.0.0.1:1", bind="127.0.0.1:0",
-                                          world=5, ranks=tuple(ranks), secret=b"x" * 16,
-                                          name=name))
-            relay._pool = LocalPool.of(synthetic, ranks)
-            self._relays[name] = relay
+            self._relays[name] = LocalPool.of(synthetic, ranks)
         self._answers: list[Reply] = []
         self._seq = 0
 
@@ -56,6 +59,9 @@ class RelayedPool:
 
     def live(self, ranks):
         return [r for r in ranks if r not in self._dead]
+
+    def abandon(self, ticket):
+        raise AssertionError("no round deadline here")
 
     def declare_dead(self, rank, reason):
         self._dead.setdefault(rank, reason)
@@ -75,18 +81,28 @@ class RelayedPool:
             self._answers.append(Reply(self.layout[name][0], None, "lost", self._seq))
         else:
             # Through the trainer protocol's encoding, as on the wire.
-            relay, op = self._relays[name], request["op"]
-            answer = (relay._fold if op == "fold" else relay._fanout)(decode(encode(request)))
+            answer = answer_relay_request(self._relays[name], frozenset(self.layout[name]), name,
+                                          decode(encode(request)))
+            spoil = self.corrupt.pop(name, None)
+            if spoil is not None:
+                spoil(answer)
             self._answers.append(Reply(self.layout[name][0], decode(encode(answer)), None,
                                        self._seq))
         return self._seq
 
     def send(self, rank, request, timeout):
+        if self.beside is not None and rank in self.beside.trainers:
+            self._seq += 1
+            self.sent_direct.append(rank)
+            self.beside.send(rank, request, timeout)
+            reply = self.beside.receive()
+            self._answers.append(Reply(rank, reply.payload, reply.error, self._seq))
+            return self._seq
         # One rank's own request (data-parallel's read-back) goes through its relay.
         if not self.direct:
             raise AssertionError("a relayed round sends nothing to a rank directly")
         self._seq += 1
-        local = next(r for n, r in self._relays.items() if rank in self.layout[n])._pool
+        local = next(p for n, p in self._relays.items() if rank in self.layout[n])
         local.send(rank, request, timeout)
         reply = local.receive()
         self._answers.append(Reply(rank, reply.payload, reply.error, self._seq))
@@ -148,6 +164,21 @@ def test_a_relay_lost_mid_round_has_its_clients_served_by_the_other_relay():
         np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
 
 
+def test_a_direct_worker_beside_relays_is_a_relay_of_one_and_the_mean_is_the_flat_one():
+    state = synthetic().init_state(0)
+    flat = flat_result(state)
+    for shuffle in range(3):
+        pool = RelayedPool({"hostA": [1, 2], "hostB": [3]}, beside=[4],
+                           order=np.random.default_rng(shuffle))
+        folded = fold_round(context(pool), fits(8), state=state)
+        # Each relay still folds (one request each); only rank 4 is asked directly.
+        assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"]
+        assert set(pool.sent_direct) == {4}
+        assert folded.served == flat.served
+        for key, value in flat.result.items():
+            np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
+
+
 def test_every_relay_lost_leaves_every_client_not_served_with_the_reason():
     pool = RelayedPool(lose={"hostA", "hostB"})
     folded = fold_round(context(pool), fits(4), state=synthetic().init_state(0))
@@ -190,3 +221,78 @@ def test_data_parallel_through_relays_reaches_the_flat_replicas_model():
     assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
     for key, value in flat.items():
         np.testing.assert_allclose(relayed[key], value, rtol=1e-6, atol=1e-7)
+    # With rank 4 beside the relays, each step still folds once per relay.
+    pool = RelayedPool({"hostA": [1, 2], "hostB": [3]}, direct=True, beside=[4])
+    mixed = run(pool)
+    assert pool.asked.count("hostA:fold") == pool.asked.count("hostB:fold") == 4
+    assert 4 in pool.sent_direct
+    for key, value in flat.items():
+        np.testing.assert_allclose(mixed[key], value, rtol=1e-6, atol=1e-7)
+
+
+def a_fold_request(**change):
+    request = {"op": "fold", "seq": 3, "work": [[0, {"op": "fit", "shard": 0, "shards": 2,
+                                                      "seed": 1}]],
+               "ranks": [1, 2], "weight": "examples", "weighted": True, "wide": False,
+               "allow_nonfinite": False, "aggregator": "fedavg", "window": 1,
+               "label": "client", "timeout": 5.0}
+    request.update(change)
+    return {k: v for k, v in request.items() if v is not ...}
+
+
+@pytest.mark.parametrize("change, names", [
+    ({"work": ...}, "work"),
+    ({"work": [["0", {}]]}, "work"),
+    ({"ranks": [1, "2"]}, "ranks"),
+    ({"ranks": [0]}, "ranks"),
+    ({"weight": "median"}, "weight"),
+    ({"window": 0}, "window"),
+    ({"weighted": 1}, "weighted"),
+    ({"timeout": -1.0}, "timeout"),
+    ({"extra": 1}, "extra"),
+], ids=["missing", "key-not-int", "rank-not-int", "rank-0", "weight", "window", "bool",
+        "timeout", "unknown-field"])
+def test_a_malformed_relay_request_is_a_protocol_error_naming_the_field(change, names):
+    with pytest.raises(ProtocolError, match=names):
+        parse_relay_request(a_fold_request(**change))
+
+
+def test_a_relay_answers_a_malformed_or_unknown_request_with_an_error_not_an_exception():
+    pool = LocalPool.of(synthetic, [1, 2])
+    answer = answer_relay_request(pool, frozenset({1, 2}), "hostA", a_fold_request(window="1"))
+    assert "malformed host relay request 'fold'" in answer["error"]
+    answer = answer_relay_request(pool, frozenset({1, 2}), "hostA", {"op": "mine"})
+    assert "unknown host relay request 'mine'" in answer["error"]
+    assert pool.log == []  # nothing reached a rank
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda a: a.update(mass="lots"),
+    lambda a: a.update(served=[[0, 3]]),  # a rank hostA does not carry
+    lambda a: a.update(served=[[0, 1], [0, 1]]),
+    lambda a: a.pop("state"),
+    lambda a: a.update(replies=[[0, "many", {}]]),
+], ids=["mass", "foreign-rank", "key-twice", "no-state", "examples"])
+def test_a_relay_whose_answer_does_not_fit_loses_its_ranks_and_the_round_completes(spoil):
+    state = synthetic().init_state(0)
+    pool = RelayedPool(corrupt={"hostA": spoil})
+    folded = fold_round(context(pool), fits(8), state=state)
+    assert sorted(pool.dead) == [1, 2]
+    assert all("host relay 'hostA' broke the protocol" in why for why in pool.dead.values())
+    # hostA's clients, served again by hostB in the same round: the flat mean.
+    assert sorted(folded.served) == list(range(8)) and set(folded.served.values()) == {3, 4}
+    for key, value in flat_result(state).result.items():
+        np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("answers", [
+    "all fine", [[1, True]], [[1, True, None], [5, True, None]], [[1, True, None]] * 2,
+    [[1, "yes", None], [2, True, None]],
+], ids=["not-a-list", "short", "foreign-rank", "repeated", "ok-not-bool"])
+def test_a_relay_whose_fanout_answer_does_not_fit_loses_its_ranks_only(answers):
+    pool = RelayedPool(corrupt={"hostA": lambda a: a.update(answers=answers)})
+    state = synthetic().init_state(0)
+    replies = broadcast(pool, [1, 2, 3, 4], {"op": "set_state", "state": state}, 30.0)
+    assert [r.ok for r in replies] == [False, False, True, True]
+    assert sorted(pool.dead) == [1, 2]
+    assert all("protocol error: host relay 'hostA'" in why for why in pool.dead.values())

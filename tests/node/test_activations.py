@@ -1,4 +1,4 @@
-"""The activation relay of one stage: failures unwind the pipeline, control lands exactly.
+"""The activation loop of one stage: failures unwind the pipeline, control lands exactly.
 
 A stage that fails, a malformed frame, a stage before or after that dies:
 each is reported, the job drains to its ``end``, and every node that is
@@ -26,10 +26,10 @@ def raise_value_error(x: np.ndarray) -> np.ndarray:
 def test_a_call_stage_that_raises_is_an_error_naming_the_stage_and_the_node_serves_on(
         mesh_factory):  # noqa: F811
     mesh = mesh_factory({1: {}})
-    stage = Stage(op="call", function="test_node_relay:raise_value_error", stage_id="fc")
+    stage = Stage(op="call", function="test_activations:raise_value_error", stage_id="fc")
     with pytest.raises(MeshError) as err:
         run_pipeline(mesh.g0, [stage], mesh.caps, [np.zeros(2)], timeout=5.0)
-    assert str(err.value) == ("rank 1: call stage [fc]: test_node_relay:raise_value_error "
+    assert str(err.value) == ("rank 1: call stage [fc]: test_activations:raise_value_error "
                               "raised ValueError: bad input for this model")
     # The node did not crash: it reported and serves the next job.
     again = run_pipeline(mesh.g0, [Stage(op="scale", scale=2.0)], mesh.caps, [np.ones(2)])
@@ -67,7 +67,7 @@ def test_the_stop_handle_ends_serving_after_the_current_activation(mesh_factory)
     global CONTROL
     CONTROL = NodeControl()
     mesh = mesh_factory({1: {"control": CONTROL}, 2: {}})
-    stages = [Stage(op="call", function="test_node_relay:stop_on_third"), Stage(op="relu")]
+    stages = [Stage(op="call", function="test_activations:stop_on_third"), Stage(op="relu")]
     xs = [np.full(3, i, np.float32) for i in range(10)]
     with pytest.raises(PeerLostError) as err:
         run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=4)
@@ -110,7 +110,7 @@ def die_on_second(x: np.ndarray) -> np.ndarray:
 def test_a_stage_that_dies_is_an_error_and_the_stages_after_it_are_released(mesh_factory):
     mesh = mesh_factory({1: {}, 2: {}}, timeout=10.0)
     DOOMED["group"] = mesh.groups[1]
-    stages = [Stage(op="call", function="test_node_relay:die_on_second"), Stage(op="relu")]
+    stages = [Stage(op="call", function="test_activations:die_on_second"), Stage(op="relu")]
     xs = [np.full(2, i, np.float32) for i in range(6)]
     with pytest.raises(PeerLostError, match=r"rank\(s\) \[1\] died"):
         run_pipeline(mesh.g0, stages, mesh.caps, xs, in_flight=2, batch=1)
@@ -125,7 +125,7 @@ def test_a_stage_that_dies_is_an_error_and_the_stages_after_it_are_released(mesh
 def test_a_later_stage_dying_leaves_the_stage_before_it_serving(mesh_factory):  # noqa: F811
     mesh = mesh_factory({1: {}, 2: {}, 3: {}}, timeout=10.0)
     DOOMED["group"] = mesh.groups[2]
-    stages = [Stage(op="identity"), Stage(op="call", function="test_node_relay:die_on_second"),
+    stages = [Stage(op="identity"), Stage(op="call", function="test_activations:die_on_second"),
               Stage(op="relu")]
     xs = [np.full(2, i, np.float32) for i in range(12)]
     with pytest.raises(MeshError, match=r"rank\(s\) \[2\] died"):

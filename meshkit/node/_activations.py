@@ -1,4 +1,4 @@
-"""The activation relay: how a node serves one pipeline stage (the hot path).
+"""The activation loop: how a node serves one pipeline stage (the hot path).
 
 A stage takes activations from the rank before it, runs each through its
 function and passes the result to the rank after it, until the job's

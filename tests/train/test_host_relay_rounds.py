@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshkit.train import GroupPool, Runner, read_metrics
+from meshkit.train import GroupPool, Runner, _launch, read_metrics
 
 from conftest import write_config
 
@@ -40,7 +40,7 @@ def count_relay_requests(monkeypatch) -> list[str]:
 
 
 def test_two_relays_give_the_flat_stars_model(tmp_path, monkeypatch):
-    # Data-parallel through relays is checked in-process (test_relay_fold.py):
+    # Data-parallel through relays is checked in-process (test_host_relay.py):
     # one more pair of runs here would cost CI about ten seconds.
     flat_config, _ = relay_config(tmp_path, "flat", relays=0)
     flat = Runner(str(flat_config)).run()
@@ -92,3 +92,41 @@ def test_a_relay_killed_mid_round_drops_exactly_its_ranks_and_the_round_complete
         reason = report.dropped[r]
         assert "host relay 'relay-1' was lost" in reason or "is closed" in reason, reason
     assert any("host relay 'relay-1' was lost" in report.dropped[r] for r in (1, 2))
+
+
+def test_a_direct_worker_beside_a_relay_folds_as_a_relay_of_one(tmp_path, monkeypatch):
+    # World 4: ranks 1-2 behind one relay, rank 3 dialing the coordinator. One
+    # client per worker per round: folded, the relay sends one contribution
+    # up per round; forwarding, it would send two.
+    params = 16384
+    def config(name, relays):
+        out = tmp_path / name
+        path = write_config(tmp_path / f"{name}.toml", out, workers=3, rounds=3,
+                            task="synthetic", timeout=20.0,
+                            extra=f"clients = 3\n[task]\nparams = {params}\nrows = 768",
+                            mesh=f"relays = {relays}")
+        return path, out
+
+    flat = Runner(str(config("flat", 0)[0])).run()
+    monkeypatch.setattr(_launch, "relay_blocks", lambda workers, relays: [[1, 2]])
+    sent = count_relay_requests(monkeypatch)
+    path, out = config("mixed", 1)
+    runner = Runner(str(path))
+    up: list[int] = []
+
+    def on_round(report, state):
+        up.append(runner._group.relay_bytes_in["relay-1"])  # the coordinator's counter
+
+    runner.on_round = on_round
+    mixed = runner.run()
+    assert flat.ok and mixed.ok
+    assert sent.count("relay-1:fold") == 3
+    rows = read_metrics(out)
+    assert all(r["served"] == {"0": 1, "1": 2, "2": 3} for r in rows)
+    model = params * 4
+    per_round = [b - a for a, b in zip(up, up[1:])]
+    # One folded contribution (and small replies) per round, not two.
+    print("bytes up from the relay per round:", per_round, "model:", model)
+    assert all(0.9 * model < b < 1.3 * model for b in per_round), (per_round, model)
+    for key, value in flat.state.items():
+        np.testing.assert_allclose(mixed.state[key], value, rtol=1e-6, atol=1e-7)

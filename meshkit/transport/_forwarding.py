@@ -1,4 +1,4 @@
-"""The star relay: the coordinator forwards worker-to-worker messages, one queue per destination.
+"""The star's forwarding: the coordinator forwards worker-to-worker messages, one queue per destination.
 
 In a star, workers only ever dial the coordinator, so a message from one
 worker to another arrives at rank 0 and is forwarded. Each destination has
@@ -26,7 +26,7 @@ from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._message import Message
 
-__all__ = ["StarRelay", "RELAY_QUEUE", "RELAY_QUEUE_BYTES", "RELAY_IDLE"]
+__all__ = ["StarForwarder", "RELAY_QUEUE", "RELAY_QUEUE_BYTES", "RELAY_IDLE"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def _relay_size(message: Message) -> int:
     return int(getattr(message.raw, "nbytes", 0) or 0)
 
 
-class StarRelay:
+class StarForwarder:
     """A star coordinator's per-destination relay queues and their writer threads."""
 
     def __init__(self, ledger: Ledger, links: Links,
