@@ -7,9 +7,11 @@ model state travels as ``"state/<key>"`` entries (:func:`encode`,
 late answer from a worker that was already given up on can never be taken
 for a fresh one.
 
+op              request fields                          reply fields
+==============  ======================================  =============================
 ``set_state``   state                                   (ack); discards kept results
-``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept
-                local?; clip_norm?
+``fit``         shard, shards, seed; state?; keep?;     examples, metrics; state or kept;
+                poison?                                 attacked?
 ``grads``       shard, shards, seed, batch_size; keep?  examples, metrics; gradients or kept
 ``step``        shard, shards, seed, batch_size, ranks  examples, metrics (all-reduce + apply)
 ``take``        key                                     state (the kept result, dropped)
@@ -18,7 +20,6 @@ for a fresh one.
 ``stage``       nodes, x, state (the stage's keys)      x
 ``stop``        —                                       (none: the worker returns)
 ==============  ======================================  =============================
-=======
 =======
 The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 ``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and
@@ -38,6 +39,12 @@ worker and the reply carries only ``examples``, ``metrics`` and
 ``kept = KEY``; the coordinator pulls it with ``take`` when the fold is
 ready for it (:mod:`meshkit.train._engine`). Without ``keep`` the reply
 carries the result itself.
+
+A ``fit`` with ``poison = {"name": ATTACK, "options": {...}}`` is a
+simulated data-poisoning attacker's (``[attack]``, e.g. ``label-flip``):
+the worker trains on poisoned data. A reply with ``attacked = NAME`` comes
+from a poisoned fit, or from a node started with ``meshkit node --attack``;
+the coordinator lists that client in the round's ``attacked``.
 
 ``step`` is data-parallel on a mesh: the worker computes its shard's
 gradients, averages them with the other ``ranks`` through
