@@ -75,7 +75,7 @@ def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(
 
 def _watch_relays(monkeypatch) -> tuple[list[str], list[bool]]:
     """Record the ops sent to relays, and per round whether every worker was behind one."""
-    from meshkit.train import GroupPool, _engine, _relay_round
+    from meshkit.train import GroupPool, _engine, _host_relay
 
     sent: list[str] = []
     behind: list[bool] = []
@@ -86,7 +86,7 @@ def _watch_relays(monkeypatch) -> tuple[list[str], list[bool]]:
         return send(self, name, request, timeout)
 
     def seen(ctx, fold, weight, keys):
-        behind.append(_relay_round.relay_groups(ctx) is not None)
+        behind.append(_host_relay.relay_groups(ctx) is not None)
         return plan(ctx, fold, weight, keys)
 
     monkeypatch.setattr(GroupPool, "send_relay", recording)
