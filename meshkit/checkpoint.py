@@ -56,6 +56,8 @@ class Checkpoint:
     #: What a stateful aggregator carries across rounds (its ``state_dict()``,
     #: e.g. centered clipping's centre); {} for a stateless one.
     aggregator_state: Mapping[str, Any] = attrs.Factory(dict)
+    #: The ``[privacy]`` mechanism's state: its accountant's history, its clip norm.
+    privacy_state: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -101,6 +103,7 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "identity": _to_json(dict(checkpoint.identity), "identity", arrays),
         "report": _to_json(dict(checkpoint.report), "report", arrays),
         "aggregator": _to_json(dict(checkpoint.aggregator_state), "aggregator", arrays),
+        "privacy": _to_json(dict(checkpoint.privacy_state), "privacy", arrays),
     }
     if checkpoint.clients:
         meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
@@ -181,16 +184,18 @@ def _read(file: Path) -> Checkpoint:
         report=_from_json(meta.get("report") or {}, arrays),
         clients=_from_json(meta.get("clients") or {}, arrays),
         aggregator_state=_from_json(meta.get("aggregator") or {}, arrays),
+        privacy_state=_from_json(meta.get("privacy") or {}, arrays),
     )
 
 
 #: What to do about a checkpoint that cannot be trusted.
 _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it)"
 
-#: The header fields that hold JSON objects; "report", "dtypes", "clients" and
-#: "aggregator" may be absent.
-_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "aggregator")
-_OPTIONAL = ("report", "dtypes", "clients", "aggregator")
+#: The header fields that hold JSON objects; "report", "dtypes", "clients",
+#: "aggregator" and "privacy" may be absent.
+_OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "aggregator",
+            "privacy")
+_OPTIONAL = ("report", "dtypes", "clients", "aggregator", "privacy")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -24,6 +24,7 @@ KINDS: dict[str, str] = {
     "strategy": "meshkit_strategies",
     "task": "meshkit_tasks",
     "partitioner": "meshkit_partitioners",
+    "privacy": "meshkit_privacy",
     "observer": "meshkit_observers",
     "attack": "meshkit_attacks",
 }

@@ -157,7 +157,7 @@ _SELECTED_TABLES = {
     "outer_optimizer": ("outer_optimizer", "average"),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
-                 "task", "transport", "observers", "attack")
+                 "task", "transport", "observers", "attack", "privacy")
 #: Tables written as arrays of tables (``[[observers]]``): one selection per entry.
 _ARRAY_TABLES = ("observers",)
 
@@ -220,11 +220,15 @@ class Config:
     observers: tuple[Selection, ...] = ()
     #: ``[attack]``: Byzantine clients for testing a defence (None: every client honest).
     attack: AttackTable | None = None
+    #: ``[privacy]``: the differential-privacy mechanism of a federated run (None: none).
+    privacy: Selection | None = None
 
     def selections(self) -> list[Selection]:
         chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
         if self.partitioner is not None:
             chosen.append(self.partitioner)
+        if self.privacy is not None:
+            chosen.append(self.privacy)
         chosen.append(self.transport)
         if self.attack is not None:
             chosen.append(self.attack.selection)
@@ -311,14 +315,19 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         if not isinstance(chosen, str) or not chosen:
             raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
         selections[name] = Selection(kind, chosen, options, f"[{name}]")
-    partitioner = None
-    if "partitioner" in data:
-        options = table("partitioner")
-        chosen = options.pop("name", DEFAULT_PARTITIONER)
+
+    def optional(name: str, default: str | None, what: str) -> Selection | None:
+        """The selection of an optional table (None when the config has no such table)."""
+        if name not in data:
+            return None
+        options = table(name)
+        chosen = options.pop("name", default)
         if not isinstance(chosen, str) or not chosen:
-            raise ConfigError(f"{path}: [partitioner] name: expected a component name, got "
-                              f"{chosen!r}")
-        partitioner = Selection("partitioner", chosen, options, "[partitioner]")
+            raise ConfigError(f"{path}: [{name}] name: expected {what}, got {chosen!r}")
+        return Selection(name, chosen, options, f"[{name}]")
+
+    partitioner = optional("partitioner", DEFAULT_PARTITIONER, "a component name")
+    privacy = optional("privacy", None, "a privacy mechanism's name (e.g. \"dp-fixed\")")
     attack = _attack_table(table("attack"), path) if "attack" in data else None
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
@@ -333,6 +342,7 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         observers.append(Selection("observer", chosen, options, where))
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
+                  privacy=privacy,
                   **selections)
 
 

@@ -106,6 +106,17 @@ def meshkit_partitioners() -> Iterable[Component]:
 
 
 @_hookspec
+def meshkit_privacy() -> Iterable[Component]:
+    """Offer privacy mechanisms: how a federated round is made differentially private.
+
+    Called once per plugin manager, the first time a privacy mechanism is
+    listed or selected (``[privacy] name``). Return :class:`meshkit.Component`
+    records whose factory builds a :class:`meshkit.privacy.PrivacyMechanism`:
+    it clips, noises and accounts each round the ``federated`` strategy plays.
+    """
+
+
+@_hookspec
 def meshkit_observers() -> Iterable[Component]:
     """Offer observers: trackers (TensorBoard, MLflow, ...) a config selects by name.
 

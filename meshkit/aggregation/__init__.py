@@ -46,7 +46,7 @@ from meshkit.aggregation._buffering import (
     holds_every_contribution,
     streaming,
 )
-from meshkit.aggregation._clip import clip_update, global_norm
+from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
 from meshkit.aggregation._contract import (
     Aggregator,
     Fold,
@@ -81,4 +81,5 @@ __all__ = [
     "holds_every_contribution",
     "aggregator_state",
     "load_aggregator_state",
+    "squared_norm",
 ]

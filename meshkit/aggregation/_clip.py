@@ -21,7 +21,7 @@ import numpy as np
 
 from meshkit.state import is_array, is_float_dtype
 
-__all__ = ["global_norm", "clip_update"]
+__all__ = ["global_norm", "clip_update", "squared_norm"]
 
 
 def _numeric(value: Any) -> bool:
@@ -35,9 +35,18 @@ def global_norm(update: Mapping[str, Any]) -> float:
     total = 0.0
     for value in update.values():
         if _numeric(value) and value.size:
-            flat = np.asarray(value, dtype=np.float64).ravel()
-            total += float(np.dot(flat, flat))
+            total += squared_norm(value)
     return math.sqrt(total)
+
+
+def squared_norm(array: np.ndarray) -> float:
+    """Σ x² of one array, in float64.
+
+    einsum's own loop, not ``np.dot``: BLAS threads that spin on a loaded
+    machine made the dot product 20-700x slower than the loop here.
+    """
+    flat = np.asarray(array).astype(np.float64, copy=False).ravel()
+    return float(np.einsum("i,i->", flat, flat))
 
 
 def clip_update(update: Mapping[str, Any], clip_norm: float) -> tuple[dict[str, Any], float]:

@@ -66,6 +66,15 @@ def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
                 f"(O(clients x model): up to {memory['contributions']} x the model, "
                 f"{memory['bytes']:,} bytes, plus its float64 working copy)")
     return f"aggregation: {name} streams (O(model): one contribution folded at a time)"
+def _privacy_line(plan: dict[str, Any]) -> str:
+    """The ε a private run will reach, and where its budget stops it."""
+    line = (f"privacy: epsilon {plan['epsilon']:.4g} at delta {plan['delta']:g} after "
+            f"{plan['rounds']} round(s) (q = {plan['q']:g}, expected cohort "
+            f"{plan['expected_cohort']:g})")
+    if "rounds_within_target" in plan:
+        line += (f"; target_epsilon {plan['target_epsilon']:g} stops the run after round "
+                 f"{plan['rounds_within_target']}")
+    return line
 
 
 def _out_note(plan: Any) -> str | None:
@@ -108,6 +117,7 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
                    {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"]]),
+        "privacy": parts.get("privacy_plan"),
         "observers": [
             {"name": component.name,
              "plugin": component.provenance.plugin if component.provenance else None,
@@ -153,6 +163,8 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(line)
         if parts["rounds"] == 0:
             click.echo("rounds = 0: evaluation only; no worker is started")
+        if parts.get("privacy_plan"):
+            click.echo(_privacy_line(parts["privacy_plan"]))
         note = _out_note(plan)
         if note:
             click.echo(note)

@@ -275,6 +275,11 @@ class FitRequest:
                                              "(`[attack]`, docs/robustness.md): the worker "
                                              "trains on poisoned data",
                                    optional=True)
+    clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: "
+                                     "clip the update (fitted minus starting model) to this "
+                                     "L2 norm before replying or keeping it; the reply's "
+                                     "`metrics.unclipped` says whether it was within",
+                                     optional=True, check=_between(1e-300, 1e300))
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)

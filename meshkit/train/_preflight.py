@@ -37,8 +37,9 @@ import attrs
 import numpy as np
 
 from meshkit.attack import choose_attackers
-from meshkit.errors import ConfigError, MeshError
+from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
+from meshkit.privacy import PLAIN_MEANS
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
@@ -265,6 +266,52 @@ def world_size(cfg: Any, boards: list[Any]) -> int:
     return cfg.mesh.workers + len(boards) + 1
 
 
+def check_privacy(cfg: Any, strategy: Any) -> None:
+    """Refuse a [privacy] table with a strategy or aggregator that would break its guarantee."""
+    if not getattr(strategy, "private", False):
+        raise RefusedError(
+            f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with [strategy] name = "
+            f"{cfg.strategy.name!r}: only a strategy that plays private rounds (federated) "
+            f"can clip, noise and account them. Use [strategy] name = \"federated\", or "
+            f"remove the [privacy] table")
+    if cfg.aggregator.name not in PLAIN_MEANS:
+        # The noised sum is the round's aggregate; a robust rule would either be
+        # ignored or, applied to the noised contributions, discard some of them
+        # after the noise was calibrated to all.
+        raise RefusedError(
+            f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with [aggregator] name = "
+            f"{cfg.aggregator.name!r}: a private round releases one noised sum of clipped "
+            f"updates, each client counting once; an aggregator that weighs, selects or "
+            f"discards contributions cannot run inside that without breaking the "
+            f"guarantee. Use [aggregator] name = " + " or ".join(f'"{n}"' for n in PLAIN_MEANS)
+            + " (the noised sum replaces its mean), or remove the [privacy] table")
+
+
+def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
+                 rounds: int | None) -> dict[str, Any] | None:
+    """What a private run will spend: q, m and ε after every configured round."""
+    if privacy is None:
+        return None
+    rate = getattr(strategy, "sampling_rate", None)
+    clients = strategy.clients(cfg.mesh.workers, partitioner)
+    q = float(rate(clients)) if callable(rate) else 1.0
+    total = int(rounds or 0)
+    eps = privacy.epsilon_after(q, total) if total else 0.0
+    plan: dict[str, Any] = {"q": q, "expected_cohort": q * clients, "rounds": total,
+                            "epsilon": eps, "delta": privacy.delta,
+                            "target_epsilon": privacy.target_epsilon}
+    if privacy.target_epsilon and eps > privacy.target_epsilon:
+        low, high = 0, total  # the most rounds within the budget, by bisection
+        while low < high:
+            mid = (low + high + 1) // 2
+            if privacy.epsilon_after(q, mid) <= privacy.target_epsilon:
+                low = mid
+            else:
+                high = mid - 1
+        plan["rounds_within_target"] = low
+    return plan
+
+
 def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     """Build every component of a resolved plan and run every start-up check.
 
@@ -298,9 +345,14 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
             f"{cfg.path}: [partitioner] name = {cfg.partitioner_name!r}: strategy "
             f"{cfg.strategy.name!r} does not split the training set into clients (federated "
             f"does); remove the [partitioner] table")
+    privacy = plan.create("privacy") if cfg.privacy is not None else None
+    if privacy is not None:
+        check_privacy(cfg, strategy)
     check = getattr(strategy, "check", None)
     if callable(check):
         extra = {"partitioner": partitioner} if partitioned else {}
+        if privacy is not None:
+            extra["privacy"] = privacy
         try:
             check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers,
                   **extra)
@@ -328,6 +380,9 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
         "attack": attack_plan(plan, strategy, partitioner),
         "outer": plan.create("outer_optimizer"),
+        "privacy": privacy,
+        #: (q, ε after every configured round) of a private run, else None.
+        "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
         "observers": build_observers(plan),
         "rng": np.random.default_rng(cfg.run.seed),

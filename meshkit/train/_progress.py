@@ -67,5 +67,6 @@ def format_result(report: Any) -> str:
         return (f"done: {report.strategy}, evaluation only in {report.seconds:.1f}s; "
                 f"{format_metrics(report.metrics)}")
     start = f" (resumed after round {report.resumed_from})" if report.resumed_from else ""
+    stopped = f"; stopped early: {report.stopped}" if getattr(report, "stopped", "") else ""
     return (f"done: {report.strategy}, {report.rounds_completed} round(s){start} in "
-            f"{report.seconds:.1f}s; {format_metrics(report.metrics)}")
+            f"{report.seconds:.1f}s; {format_metrics(report.metrics)}{stopped}")

@@ -50,11 +50,12 @@ def identity(plan: Any) -> dict[str, Any]:
     return {"task": cfg.run.task, "strategy": cfg.strategy.name, "seed": cfg.run.seed,
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
             "partitioner": cfg.partitioner_name,
-            "attack": None if cfg.attack is None else cfg.attack.selection.name}
+            "attack": None if cfg.attack is None else cfg.attack.selection.name,
+            "privacy": "" if cfg.privacy is None else cfg.privacy.name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
-_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None}
+_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None, "privacy": ""}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
@@ -133,12 +134,30 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
                           ) from None
     if ckpt.rng_state:
         _restore_rng(file, parts["rng"], ckpt.rng_state)
+    if parts.get("privacy") is not None:
+        _restore_privacy(file, parts["privacy"], ckpt.privacy_state)
     truncate_metrics(out, ckpt.round, ckpt.report)
     parts["client_local"] = dict(ckpt.clients)
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)
     return Start(ckpt.round, resumed=True, checkpoint=ckpt)
+
+
+def _restore_privacy(file: Path, privacy: Any, saved: Mapping[str, Any]) -> None:
+    """The accountant's history and clip norm, so ε and S continue where they were."""
+    if not saved:
+        raise ConfigError(
+            f"checkpoint {str(file)!r} holds no privacy state, but this run has a [privacy] "
+            f"table: the rounds it already played were not accounted. Start afresh with "
+            f"--overwrite")
+    try:
+        privacy.load_state_dict(saved)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"checkpoint {str(file)!r}: its privacy state does not load into this run's "
+            f"[privacy] mechanism ({type(exc).__name__}: {exc}). Use the same [privacy] "
+            f"table, or start afresh with --overwrite") from None
 
 
 def _restore_rng(file: Path, rng: Any, saved: Mapping[str, Any]) -> None:

@@ -127,6 +127,8 @@ class RunReport:
     address: str = ""
     #: ``--resume`` found every round done already: nothing was started.
     already_complete: bool = False
+    #: Why the run stopped cleanly before its last round ("": it did not).
+    stopped: str = ""
     #: The final global state (not in the JSON form).
     state: Mapping[str, Any] | None = attrs.field(default=None, repr=False)
     #: Every round this run played, in order (the rounds' ``metrics.jsonl`` lines
@@ -146,6 +148,8 @@ class RunReport:
         # A task may report numpy scalars (np.float32 is not JSON); this runs
         # in run()'s finally, where an error would mask the real outcome.
         data["metrics"] = {k: _number(v) for k, v in self.metrics.items()}
+        if "epsilon" in self.metrics:  # a private run's final ε, at its [privacy] delta
+            data["epsilon"] = _number(self.metrics["epsilon"])
         return data
 
 
@@ -268,6 +272,7 @@ class Runner:
         completed = [start.round]
         last_metrics: dict[str, float] = {}
         final_state: list[Any] = [parts["ctx_state"]]
+        stopped = ""
         error: str | None = None
         ctx = None
         ticker = threading.Event()
@@ -283,6 +288,7 @@ class Runner:
                 result = parts["strategy"].run(ctx)
                 final_state[0] = result.state
                 last_metrics.update(result.metrics)
+                stopped = result.stopped
         except KeyboardInterrupt as exc:
             how = exc.signal_name if isinstance(exc, Interrupted) else "Ctrl-C"
             error = (f"interrupted ({how}) after round {completed[0]}; workers stopped, the "
@@ -313,7 +319,7 @@ class Runner:
                 rounds=parts["rounds"] or 0, rounds_completed=completed[0],
                 resumed_from=start.round if start.resumed else 0, metrics=dict(last_metrics),
                 dropped=dropped,
-                error=error, seconds=time.monotonic() - started,
+                error=error, seconds=time.monotonic() - started, stopped=stopped,
                 address=getattr(self._group, "address", "") if self._group else "",
                 state=final_state[0], history=tuple(self._history))
             self.report = report
@@ -538,6 +544,7 @@ class Runner:
         workers = sorted(set(train_ranks) | (set(range(1, self._world)) - joined))
         outer = parts["outer"]
         rng = parts["rng"]
+        privacy = parts["privacy"]
         run_identity = identity(plan)
         client_local = ClientLocal()
         if parts.get("client_local"):
@@ -551,7 +558,8 @@ class Runner:
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
                 clients=client_local.state_dict(),
-                aggregator_state=aggregator_state(parts["aggregator"])))
+                aggregator_state=aggregator_state(parts["aggregator"]),
+                privacy_state={} if privacy is None else privacy.state_dict()))
             append_metrics(out, line)
             completed[0] = report.round
             self._round_started = time.monotonic()
@@ -572,7 +580,7 @@ class Runner:
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"], client_local=client_local,
-            attack=parts.get("attack"))
+            attack=parts.get("attack"), privacy=privacy)
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from meshkit.errors import ConfigError
 
-__all__ = ["shard_bounds", "shard_pair", "client_seed", "sample_clients"]
+__all__ = ["shard_bounds", "shard_pair", "client_seed", "sample_clients", "poisson_clients"]
 
 
 def shard_bounds(rows: int, n: int) -> list[tuple[int, int]]:
@@ -67,3 +67,18 @@ def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> lis
     if k >= clients:
         return list(range(clients))
     return sorted(int(c) for c in rng.choice(clients, size=k, replace=False))
+
+
+#: The stream of the run seed Poisson sampling draws from (apart from fits' seeds).
+_POISSON = 0x9015
+
+
+def poisson_clients(seed: int, round_: int, clients: int, q: float) -> list[int]:
+    """Each client independently with probability ``q`` (``[strategy] sampling = "poisson"``).
+
+    A function of (run seed, round): the cohort of a round is the same after
+    a resume, and its size is Binomial(clients, q) -- the sampling the privacy
+    accountant's amplification assumes. It may be empty.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, round_, _POISSON]))
+    return [int(c) for c in np.nonzero(rng.random(clients) < q)[0]]

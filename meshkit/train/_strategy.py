@@ -137,6 +137,9 @@ class StrategyResult:
     state: Mapping[str, Any]
     rounds: int
     metrics: Mapping[str, float] = attrs.Factory(dict)
+    #: Why the run ended before its last round without an error ("": it did not),
+    #: e.g. a privacy budget (``[privacy] target_epsilon``) that the next round would exceed.
+    stopped: str = ""
 
 
 class Strategy(Protocol):
@@ -196,6 +199,9 @@ class StrategyContext:
     #: clients (None: contiguous blocks); ``local`` pins each client to its worker.
     partitioner: Partitioner | None = None
     admit: Callable[[], Sequence[int]] = lambda: ()
+    #: The run's privacy mechanism (``[privacy]``, a
+    #: :class:`meshkit.privacy.PrivacyMechanism`; None: none).
+    privacy: Any = None
     #: Each client's own values of the ``[strategy] local_keys`` (FedBN), checkpointed.
     client_local: ClientLocal = attrs.Factory(ClientLocal)
     #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);

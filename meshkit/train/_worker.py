@@ -61,6 +61,7 @@ from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contrib
 from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
+from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -223,6 +224,11 @@ class Trainer:
                                 rng=attack_rng(self.seed, int(request["seed"]))),
                     name=f"attack {self.attack_name}")
                 attacked = self.attack_name
+            if request.get("clip_norm") is not None:
+                # [privacy] clip = "client": the update leaves this node clipped
+                clip = float(request["clip_norm"])
+                state, norm = clip_contribution(start, state, clip)
+                self.metrics["unclipped"] = float(norm <= clip)
             reply = self._answer(request, "state", state, result.examples, self.metrics)
             if attacked:
                 reply["attacked"] = attacked

@@ -1,12 +1,31 @@
-"""What more than one built-in strategy needs: the training set's row count.
+"""What more than one built-in strategy needs: the training set's row count, the served check.
 
-Not a round rule: :func:`training_rows` is what the pre-run checks compare
-client and worker counts against.
+:func:`training_rows` is what the pre-run checks compare client and worker
+counts against; :func:`require_served` is the ``min_clients`` rule a
+federated round (private or not) applies after folding.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+from meshkit import MeshError
+
+
+def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: int,
+                   advice: str) -> None:
+    """Stop the run when fewer clients were served than ``min_clients`` (at most those sampled);
+    ``advice`` (:meth:`meshkit.train.StrategyContext.resume_advice`) says what to do then.
+
+    min_clients counts served clients, not workers: one live worker may
+    serve every client of a round.
+    """
+    if len(folded.served) >= min(min_clients, len(sampled)):
+        return
+    missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
+    raise MeshError(
+        f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer than "
+        f"min_clients = {min_clients} (not served: {missing or 'none'}). {advice}")
 
 
 def training_rows(task: Any) -> int | None:

@@ -7,15 +7,17 @@ from typing import Any, ClassVar, Mapping
 
 import attrs
 
-from meshkit import ConfigError, MeshError
+from meshkit import ConfigError
 from meshkit.partitioner import is_per_node
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
-from meshkit.train import sample_clients, weighted_mean
+from meshkit.train import poisson_clients, sample_clients, weighted_mean
 
-from meshkit_strategies._shared import training_rows
+from meshkit_strategies._shared import require_served, training_rows
 from meshkit_strategies.options import FederatedOptions
+from meshkit_strategies.private import BudgetReached, check_private, play_private_round
+from meshkit_strategies.private import sampling_rate
 
 
 @attrs.frozen
@@ -35,6 +37,12 @@ class Federated:
     options: FederatedOptions
     #: The run's partitioner splits this strategy's training set into clients.
     partitioned: ClassVar[bool] = True
+    #: It plays private rounds under ``[privacy]`` (meshkit_strategies.private).
+    private: ClassVar[bool] = True
+
+    def sampling_rate(self, clients: int) -> float:
+        """The probability q a client is in a round, as a privacy accountant composes it."""
+        return sampling_rate(self.options)
 
     def clients(self, workers: int, partitioner: Any = None) -> int:
         """How many clients the run has: one per worker with ``local``."""
@@ -43,10 +51,12 @@ class Federated:
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int,
-              partitioner: Any = None) -> None:
+              partitioner: Any = None, privacy: Any = None) -> None:
         """Refuse what cannot work before any process starts."""
         opts = self.options
         per_node = is_per_node(partitioner)
+        if privacy is not None:
+            check_private(opts, privacy, self.clients(workers, partitioner))
         if per_node and opts.clients not in (0, workers):
             raise ConfigError(
                 f"[strategy] clients = {opts.clients}, but with [partitioner] name = \"local\" "
@@ -91,9 +101,18 @@ class Federated:
         state = ctx.initial_state()
         if self.options.local_keys:
             ctx.client_local.use(resolve_local_keys(self.options.local_keys, state, ctx.task))
-        return run_rounds(ctx, "federated", self.options.rounds, state,
-                          self.play_round,
-                          on_nonfinite=self.options.on_nonfinite)
+        last: list[Any] = [state, {}, ctx.start_round]
+
+        def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
+            outcome = self.play_round(ctx, rnd, state)
+            last[:] = [outcome.state, outcome.metrics, rnd]
+            return outcome
+        try:
+            return run_rounds(ctx, "federated", self.options.rounds, state, play,
+                              on_nonfinite=self.options.on_nonfinite)
+        except BudgetReached as stop:
+            # Not an error: the budget was spent; the last round's checkpoint stands.
+            return StrategyResult(last[0], last[2], last[1], stopped=stop.reason)
 
     def _check_held_out(self, ctx: StrategyContext) -> None:
         """Every worker must have held-out data before any round trains (it is asked)."""
@@ -111,7 +130,14 @@ class Federated:
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner)
-        sampled = sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients)
+        if ctx.privacy is not None:
+            return play_private_round(opts, ctx, rnd, state, clients,
+                                      list(ctx.workers) if per_node else None)
+        sampled = (poisson_clients(ctx.seed, rnd, clients, opts.fraction)
+                   if opts.sampling == "poisson"
+                   else sample_clients(ctx.rng, clients, opts.fraction, opts.min_clients))
+        if not sampled:  # a Poisson draw may sample nobody: the model stays as it is
+            return RoundOutcome(state, answered=(), metrics=dict(ctx.task.evaluate(state)))
         # A client's fit is seeded by (run seed, round, client), never by the
         # worker that serves it: any live worker gives the same contribution.
         # With local data, client c *is* worker c: only it has the rows.
@@ -122,14 +148,7 @@ class Federated:
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
         folded = fold_round(ctx, work, state=state, window=opts.window,
                             deadline=opts.round_timeout or None, local=local or None)
-        # min_clients counts served clients, not workers: one live worker
-        # may serve every client of a round.
-        if len(folded.served) < opts.min_clients:
-            missing = "; ".join(f"client {c}: {why}" for c, why in folded.not_served.items())
-            raise MeshError(
-                f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer "
-                f"than min_clients = {opts.min_clients} (not served: {missing or 'none'}). "
-                f"{ctx.resume_advice()}")
+        require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())
         consensus = folded.result
         assert consensus is not None  # min_clients >= 1 clients were served and folded
         if local:

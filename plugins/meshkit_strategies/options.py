@@ -18,6 +18,8 @@ __all__ = [
 
 #: ``[strategy] evaluate`` values of ``federated``.
 EVALUATE = ("coordinator", "clients", "both")
+#: ``[strategy] sampling`` values of ``federated``.
+SAMPLING = ("fixed", "poisson")
 
 
 def _on_nonfinite() -> Any:
@@ -110,6 +112,10 @@ class FederatedOptions:
     #: patterns, or a task's key group such as meshkit.torch's "@norm".
     local_keys: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
         attrs.validators.instance_of(str), attrs.validators.instance_of(list)))
+    #: How a round's clients are drawn: "fixed" (ceil(fraction * clients) of
+    #: them) or "poisson" (each independently with probability fraction, from
+    #: the run seed: what a privacy accountant's amplification assumes).
+    sampling: str = attrs.field(default="fixed", validator=attrs.validators.in_(SAMPLING))
 
 
 @attrs.frozen

@@ -51,3 +51,32 @@ def test_fraction_sampling_takes_the_documented_ceiling_despite_float_error():
 
 def test_a_tiny_fraction_still_samples_at_least_one_client():
     assert len(sample_clients(np.random.default_rng(0), 10, 1e-12, 0)) == 1
+
+
+def test_poisson_cohort_sizes_fit_binomial_n_q() -> None:
+    import math
+
+    from meshkit.train import poisson_clients
+
+    n, q, rounds = 200, 0.05, 3000
+    sizes = np.array([len(poisson_clients(11, r, n, q)) for r in range(1, rounds + 1)])
+    pmf = np.array([math.comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(n + 1)])
+    # bins <=5, 6 .. 14, >=15 (each expected well above 5): a chi-square test
+    edges = [(0, 5), *((k, k) for k in range(6, 15)), (15, n)]
+    observed = np.array([((sizes >= a) & (sizes <= b)).sum() for a, b in edges])
+    expected = np.array([pmf[a:b + 1].sum() * rounds for a, b in edges])
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 29.59  # the 0.999 quantile with 10 degrees of freedom
+    # each client independently: every client's inclusion rate is near q
+    counts = np.zeros(n)
+    for r in range(1, rounds + 1):
+        counts[poisson_clients(11, r, n, q)] += 1
+    rate = counts / rounds
+    assert np.abs(rate - q).max() < 6 * math.sqrt(q * (1 - q) / rounds)
+
+
+def test_a_poisson_cohort_is_a_function_of_seed_and_round() -> None:
+    from meshkit.train import poisson_clients
+
+    assert poisson_clients(3, 7, 500, 0.1) == poisson_clients(3, 7, 500, 0.1)
+    assert poisson_clients(3, 7, 500, 0.1) != poisson_clients(3, 8, 500, 0.1)

@@ -94,6 +94,17 @@ def test_federated_reports_every_round_with_who_answered():
     assert reports[-1].metrics["m"] == pytest.approx(3.5)
 
 
+def test_poisson_sampling_asks_each_round_the_cohort_of_seed_and_round():
+    from meshkit.train import poisson_clients
+
+    reports = []
+    ctx = make_ctx(ShardMean(40), seed=9, on_round=lambda report, state: reports.append(report))
+    strategy("federated", rounds=6, clients=20, fraction=0.2, sampling="poisson").run(ctx)
+    cohorts = [poisson_clients(9, r, 20, 0.2) for r in range(1, 7)]
+    assert [list(r.clients) for r in reports] == cohorts
+    assert len({len(c) for c in cohorts}) > 1  # the size varies: not a fixed-size draw
+
+
 def test_a_worker_lost_mid_round_is_dropped_and_its_client_served_by_a_survivor():
     lost = threading.Event()
 

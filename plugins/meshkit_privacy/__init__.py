@@ -1,0 +1,50 @@
+"""Built-in privacy mechanisms: ``dp-fixed`` and ``dp-adaptive`` (user-level DP-FedAvg).
+
+Written as a third-party plugin would be: records and options here, the
+mechanism (numpy) in :mod:`meshkit.privacy`, imported when a factory builds
+one, so listing plugins stays fast. docs/privacy.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import meshkit
+
+from meshkit_privacy.options import DpAdaptiveOptions, DpFixedOptions
+
+
+def dp_fixed(options: DpFixedOptions) -> Any:
+    """McMahan et al. 2018: clip to ``clip_norm``, noise σ = z·S/m on the mean."""
+    from meshkit.privacy import Accountant, GaussianMechanism
+
+    return GaussianMechanism(
+        clip_norm=options.clip_norm, noise_multiplier=options.noise_multiplier,
+        placement=options.clip, delta=options.delta, target_epsilon=options.target_epsilon,
+        accountant=Accountant(options.accountant, options.delta), noise=options.noise,
+        name="dp-fixed")
+
+
+def dp_adaptive(options: DpAdaptiveOptions) -> Any:
+    """Andrew et al. 2021: S moves geometrically towards a quantile of the update norms."""
+    from meshkit.privacy import Accountant, AdaptiveClip, GaussianMechanism
+
+    return GaussianMechanism(
+        clip_norm=options.initial_clip_norm, noise_multiplier=options.noise_multiplier,
+        placement=options.clip, delta=options.delta, target_epsilon=options.target_epsilon,
+        accountant=Accountant(options.accountant, options.delta), noise=options.noise,
+        adaptive=AdaptiveClip(options.target_quantile, options.clip_lr,
+                              options.count_noise_multiplier),
+        name="dp-adaptive")
+
+
+@meshkit.hookimpl
+def meshkit_privacy() -> Iterable[meshkit.Component]:
+    return [
+        meshkit.Component("dp-fixed", dp_fixed, DpFixedOptions,
+                          summary="user-level DP-FedAvg: clip to S, Gaussian noise z·S/m on "
+                                  "the mean (McMahan et al. 2018)"),
+        meshkit.Component("dp-adaptive", dp_adaptive, DpAdaptiveOptions,
+                          summary="DP-FedAvg with S tracking a quantile of update norms "
+                                  "(Andrew et al. 2021)"),
+    ]
