@@ -65,7 +65,8 @@ import cattrs
 from meshkit.aggregation import MeanFold
 from meshkit.errors import AggregationError, MeshError, PeerLostError, ProtocolError, WireError
 from meshkit.errors import WorkerError
-from meshkit.train._pool import Reply, WorkerPool
+from meshkit.train._messages import check_reply
+from meshkit.train._pool import Reply, WorkerPool, protocol_reason
 from meshkit.train._protocol import TAG_REQUEST, encode
 from meshkit.train._strategy import StrategyContext
 
@@ -574,7 +575,8 @@ class RelayPool:
         self._ranks = ranks
         self._cv = threading.Condition()
         self._seq = RELAY_SEQ
-        self._owed: dict[int, collections.deque[tuple[int, float]]] = {}
+        #: rank -> (seq, deadline, request) of each request it owes an answer to.
+        self._owed: dict[int, collections.deque[tuple[int, float, Mapping[str, Any]]]] = {}
         self._replies: collections.deque[tuple[int, Mapping[str, Any]]] = collections.deque()
         self._failed: collections.deque[Reply] = collections.deque()
 
@@ -615,7 +617,7 @@ class RelayPool:
             return seq
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._cv:
-            self._owed.setdefault(rank, collections.deque()).append((seq, deadline))
+            self._owed.setdefault(rank, collections.deque()).append((seq, deadline, request))
         try:
             self._ranks.send_down(rank, TAG_REQUEST, encode({**request, "seq": seq}))
         except (PeerLostError, WireError, OSError) as exc:
@@ -647,7 +649,16 @@ class RelayPool:
                     rank, reply = self._replies.popleft()
                     owed = self._owed.get(rank)
                     if owed and owed[0][0] == reply.get("seq"):
-                        seq, _ = owed.popleft()
+                        seq, _, request = owed.popleft()
+                        try:
+                            # The same boundary as the coordinator's (GroupPool):
+                            # past here no reply lacks a field or holds a wrong type.
+                            check_reply(request, reply, seq)
+                        except ProtocolError as exc:
+                            reason = protocol_reason(exc)
+                            threading.Thread(target=self._ranks.lost, args=(rank, reason),
+                                             daemon=True).start()
+                            return Reply(rank, None, reason, seq)
                         return Reply(rank, reply, None, seq)
                     log.debug("relay: discarding a stale reply from rank %d", rank)
                 if not any(self._owed.values()):
@@ -661,10 +672,10 @@ class RelayPool:
                     if not owed:
                         continue
                     if rank in dead:
-                        seq, _ = owed.popleft()
+                        seq, _, _ = owed.popleft()
                         return Reply(rank, None, dead[rank], seq)
                     if owed[0][1] <= now:
-                        seq, _ = owed.popleft()
+                        seq, _, _ = owed.popleft()
                         reason = "no answer within the request's timeout (stalled)"
                         # Not under this lock: losing a rank wakes this pool.
                         threading.Thread(target=self._ranks.lost, args=(rank, reason),

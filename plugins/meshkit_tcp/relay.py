@@ -39,7 +39,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import wire
-from meshkit.errors import ConfigError, MeshError, PeerLostError, WireError
+from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError, WireError
 from meshkit.train import RelayPool, answer_relay_request, decode, encode
 from meshkit.transport import (
     META_KEY,
@@ -560,7 +560,12 @@ class HostRelay:
             if frame.tag == TAG_REPLY and self._pool.owns(seq):
                 state = dict(frame.state)
                 state.pop(META_KEY, None)
-                self._pool.deliver(rank, decode(state))
+                try:
+                    reply = decode(state)
+                except ProtocolError as exc:
+                    self.lost(rank, f"protocol error: {exc}")
+                    return
+                self._pool.deliver(rank, reply)
                 continue
             up = self._up
             if up is None:

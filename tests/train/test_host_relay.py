@@ -335,3 +335,48 @@ def test_a_node_attack_behind_a_relay_is_still_recorded():
     assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"], "it went through the relays"
     by_attacker = tuple(sorted(k for k, r in folded.served.items() if r == 4))
     assert by_attacker and folded.attacked == by_attacker
+
+
+class _Ranks:
+    """A host relay's ranks as RelayPool sees them: links that record what was sent."""
+
+    def __init__(self, ranks):
+        self.joined = set(ranks)
+        self._dead = {}
+        self.sent = []
+        self.lost_event = __import__("threading").Event()
+
+    @property
+    def dead(self):
+        return dict(self._dead)
+
+    def lost(self, rank, reason):
+        self._dead.setdefault(rank, reason)
+        self.lost_event.set()
+
+    def send_down(self, rank, tag, state):
+        self.sent.append((rank, decode(dict(state))))
+
+
+@pytest.mark.parametrize("reply", [
+    {"metrics": {}},                          # no examples
+    {"examples": "many", "metrics": {}},     # wrong type
+    {"examples": -1, "metrics": {}},         # out of range
+], ids=["missing", "wrong-type", "out-of-range"])
+def test_a_relays_rank_whose_reply_does_not_fit_is_dropped_by_the_relay(reply):
+    from meshkit.train import RelayPool
+    ranks = _Ranks([1, 2])
+    pool = RelayPool(ranks)
+    request = {"op": "fit", "shard": 0, "shards": 2, "seed": 1, "keep": 7}
+    seq = pool.send(1, request, 30.0)
+    pool.deliver(1, {**reply, "seq": seq, "kept": 7})
+    answer = pool.receive()
+    assert answer.rank == 1 and answer.payload is None
+    assert "protocol error" in answer.error
+    assert ranks.lost_event.wait(10)
+    assert "protocol error" in ranks.dead[1]
+    # A good reply from the other rank still goes through.
+    seq = pool.send(2, request, 30.0)
+    pool.deliver(2, {"examples": 5, "metrics": {}, "seq": seq, "kept": 7})
+    good = pool.receive()
+    assert good.rank == 2 and good.payload["examples"] == 5
