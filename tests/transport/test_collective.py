@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import threading
 
 import attrs
@@ -239,7 +241,7 @@ def errors_with_first_segment_altered(how) -> dict[int, BaseException]:
     return ranks.errors
 
 
-def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
+def test_a_tampered_segment_body_is_refused_on_every_rank(landings, caplog):
     def corrupt(real, peer, message, timeout):
         # Flip a bit of the body after its tag is computed: what a network attacker can do.
         channel = real.__self__._channels[peer]
@@ -258,12 +260,19 @@ def test_a_tampered_segment_body_is_refused_on_every_rank(landings):
         finally:
             del channel._send_all
 
+    caplog.set_level(logging.WARNING)
     errors = errors_with_first_segment_altered(corrupt)
     # Nobody returns a mean: the segment landed, failed its tag, and the collective failed.
     assert sorted(errors) == [0, 1, 2], errors
     for error in errors.values():
         assert isinstance(error, MeshError), error
-    assert "failed authentication" in str(errors[2]), errors[2]
+    # Rank 2 refused the segment for its tag. Its own error may instead be the
+    # abort another rank sent once it heard of the drop (which arrives first is
+    # scheduling), so the refusal is read where rank 2 records it, and in its
+    # error when that came first.
+    refused = [r.getMessage() for r in caplog.records
+               if "failed authentication" in r.getMessage() and "rank 2" in r.getMessage()]
+    assert refused or "failed authentication" in str(errors[2]), (errors[2], caplog.text)
 
 
 def test_a_segment_of_the_wrong_length_is_refused_naming_the_peer(landings):
