@@ -14,10 +14,11 @@ How a round goes (:func:`fold_batched`):
 
 1. ``set_state`` once to each worker the round needs, as the flat engine.
 2. The keys, in key order, are cut into batches of about
-   ``keys / (workers * BATCHES_PER_WORKER)`` (at most :data:`MAX_BATCH`):
-   small enough that a slow worker does not hold up the round (an idle
-   worker takes the next batch) and that a lost worker costs little work
-   again, large enough that a client costs no round trip of its own.
+   ``keys / (workers * BATCHES_PER_WORKER)`` (at most :data:`MAX_BATCH`),
+   planned round-robin over the workers: small enough that a slow worker
+   does not hold up the round (a worker done with its plan takes over the
+   last planned batch of a busy one) and that a lost worker costs little
+   work again, large enough that a client costs no round trip of its own.
    Each ``fit_batch`` request carries its fits; the worker fits them one
    after another, folds each at once (one fit's result alive at a time)
    and answers with each fit's examples and metrics.
@@ -114,7 +115,10 @@ class _Batched:
         self.ctx, self.requests, self.state, self.how = ctx, requests, state, how
         self.label, self.expected, self.bits = label, expected, bits
         self.total = FixedPointSum(fraction_bits=bits, name=name)
-        self.queue: collections.deque[list[int]] = collections.deque()
+        #: Batches planned for each worker and not handed out yet, in key order.
+        self.plan: dict[int, collections.deque[list[int]]] = {}
+        #: Batches whose worker was lost: any worker may serve them.
+        self.spare: collections.deque[list[int]] = collections.deque()
         self.size = 1
         #: ticket -> (rank, kind, keys of the batch or None).
         self.busy: dict[int, tuple[int, str, list[int] | None]] = {}
@@ -133,7 +137,12 @@ class _Batched:
         workers = self.ctx.live[:len(keys)]
         self.size = max(1, min(MAX_BATCH, math.ceil(
             len(keys) / max(1, len(workers) * BATCHES_PER_WORKER))))
-        self._enqueue(keys, front=False)
+        batches = self._batches(keys)
+        for i, batch in enumerate(batches):
+            if workers:
+                self.plan.setdefault(workers[i % len(workers)], collections.deque()).append(batch)
+            else:
+                self.spare.append(batch)
         for rank in workers:
             self._send_state(rank)
         # Bounded: each reply settles one request; a batch is handed out again
@@ -147,9 +156,10 @@ class _Batched:
             self._settle(self.ctx.pool.receive())
         else:  # pragma: no cover - a bug in the scheduling, never a hang
             raise MeshError(f"the batched round settled {limit} replies without finishing")
-        if self.queue:
+        left = [*self.spare, *(b for batches in self.plan.values() for b in batches)]
+        if left:
             dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
-            for batch in self.queue:
+            for batch in left:
                 for key in batch:
                     self.not_served[key] = f"no live worker left to serve it (dead: {dead})"
         result = self.total.result() if self.served else None
@@ -159,12 +169,20 @@ class _Batched:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _enqueue(self, keys: Sequence[int], *, front: bool) -> None:
-        batches = [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]
-        if front:
-            self.queue.extendleft(reversed(batches))
-        else:
-            self.queue.extend(batches)
+    def _batches(self, keys: Sequence[int]) -> list[list[int]]:
+        return [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]
+
+    def _next_batch(self, rank: int, busy: set[int]) -> list[int] | None:
+        """What ``rank`` serves next: its own plan's, a lost worker's, or a busy worker's last
+        (a worker that has not acknowledged the state yet keeps its plan)."""
+        own = self.plan.get(rank)
+        if own:
+            return own.popleft()
+        if self.spare:
+            return self.spare.popleft()
+        victims = [self.plan[r] for r in sorted(self.ready) if r != rank and r in busy
+                   and self.plan.get(r)]
+        return max(victims, key=len).pop() if victims else None
 
     def _send(self, rank: int, kind: str, keys: list[int] | None,
               request: Mapping[str, Any], timeout: float | None) -> None:
@@ -178,9 +196,9 @@ class _Batched:
     def _dispatch(self) -> None:
         busy = {rank for rank, _, _ in self.busy.values()}
         for rank in sorted(self.ready - busy):
-            if not self.queue:
-                break
-            batch = self.queue.popleft()
+            batch = self._next_batch(rank, busy)
+            if batch is None:
+                continue
             fits = [{**{k: v for k, v in self.requests[key].items() if k != "op"}, "key": key}
                     for key in batch]
             # One request runs every fit of the batch: its timeout is theirs together.
@@ -189,15 +207,16 @@ class _Batched:
                        {"op": "fit_batch", "fits": fits, "weight": self.how,
                         "fraction_bits": self.bits, "label": self.label}, timeout)
             busy.add(rank)
-        if self.queue and not any(kind != "take_partial" for _, kind, _ in self.busy.values()):
+        if self.spare and not any(kind != "take_partial" for _, kind, _ in self.busy.values()):
             # Work waits and nobody who could do it is left: bring in a live
             # worker that was not sent this round's state.
             fresh = [r for r in self.ctx.live if r not in self.sent_state]
             if fresh and not (self.ready - busy):
                 self._send_state(fresh[0])
                 busy.add(fresh[0])
-        fitting = any(kind == "fit_batch" for _, kind, _ in self.busy.values())
-        if not self.queue and not fitting and self.taking is None:
+        planned = self.spare or any(self.plan.values())
+        working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
+        if not planned and not working and self.taking is None:
             # Every batch answered: pull the partials, one worker at a time.
             for rank in sorted(self.folded):
                 if self.folded[rank] and rank not in busy:
@@ -271,11 +290,13 @@ class _Batched:
         self.lost.add(rank)
         if kind == "take_partial":
             self.taking = None
-        again = sorted({*self.folded.pop(rank, []), *(batch or [])})
+        again = sorted({*self.folded.pop(rank, []), *(batch or []),
+                        *(k for b in self.plan.pop(rank, ()) for k in b)})
         for key in again:
             self.replies.pop(key, None)
         if again:
-            self._enqueue(again, front=True)
+            spare = sorted({*again, *(k for b in self.spare for k in b)})
+            self.spare = collections.deque(self._batches(spare))
             log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
                         reason, self.label + ("s" if len(again) > 1 else ""),
                         ", ".join(map(str, again)))

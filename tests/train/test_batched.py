@@ -13,7 +13,7 @@ from meshkit.errors import AggregationError
 from meshkit.train import LocalPool, StrategyContext, Trainer, Work, client_seed, fold_round
 from meshkit.train._batched import BATCHES_PER_WORKER, batch_applies
 
-from tests.train.test_engine import fits, make_ctx, same_bytes, synthetic
+from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
 
 
 def ops(ctx: StrategyContext) -> list[str]:
