@@ -445,14 +445,13 @@ class FixedPointSum:
             flats.append(value.reshape(-1))
         wide = self._wide
         np.concatenate(flats, out=wide, casting="same_kind")
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.multiply(wide, scale, out=wide)
-        np.rint(wide, out=wide)
-        hi, lo = float(wide.max()), float(wide.min())
-        biggest = max(hi, -lo)
+        # Bounded before scaling (rounding w * x is monotone in x): nothing can overflow.
+        biggest = max(float(wide.max()), -float(wide.min())) * scale
         if not biggest < _INT64_MAX:  # NaN, inf or out of range: refused on the general path
             return False
-        bound = int(biggest)
+        np.multiply(wide, scale, out=wide)
+        np.rint(wide, out=wide)
+        bound = round(biggest)
         if any(self._bounds.get(key, 0) + bound > _INT64_MAX for key in keys):
             return False
         np.copyto(self._ints, wide, casting="unsafe")
