@@ -61,7 +61,7 @@ from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["batch_applies", "fold_batched", "BATCHES_PER_WORKER", "MAX_BATCH",
+__all__ = ["batch_applies", "fold_batched", "raise_failure", "BATCHES_PER_WORKER", "MAX_BATCH",
            "BATCH_FIELDS"]
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,15 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
     if not fold.weighted and how != "once":
         return False  # allreduce must refuse unequal work; it sees each weight flat
     return all(r.get("op") == "fit" and set(r) <= BATCH_FIELDS for r in requests.values())
+
+
+def raise_failure(rank: int, payload: Mapping[str, Any]) -> None:
+    """Stop the round when a reply carries ``error``: the worker's fold refused a result
+    (``reason = "aggregation"``: an :class:`AggregationError`), or its task raised."""
+    if payload.get("error"):
+        if payload.get("reason") == "aggregation":
+            raise AggregationError(f"rank {rank}: {payload['error']}")
+        raise WorkerError(rank, str(payload["error"]))
 
 
 def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
@@ -234,10 +243,7 @@ class _Batched:
             self._lost(rank, kind, batch, reply.error or "lost")
             return
         payload = reply.payload
-        if payload.get("error"):
-            if payload.get("reason") == "aggregation":
-                raise AggregationError(f"rank {rank}: {payload['error']}")
-            raise WorkerError(rank, str(payload["error"]))
+        raise_failure(rank, payload)
         if kind == "state":
             self.ready.add(rank)
         elif kind == "fit_batch":

@@ -70,11 +70,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
-from meshkit.train._batched import batch_applies, fold_batched
+from meshkit.train._batched import batch_applies, fold_batched, raise_failure
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
@@ -452,8 +452,7 @@ class _Round:
             self._lost(rank, kind, key, reply.error or "lost")
             return
         payload = reply.payload
-        if payload.get("error"):
-            raise WorkerError(rank, str(payload["error"]))
+        raise_failure(rank, payload)
         if kind == "state":
             self.ready.add(rank)
             return
