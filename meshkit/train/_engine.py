@@ -236,8 +236,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
             ctx, plan, requests, state, how, window, fold, label, _play_group)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     reference = state if reference is None else reference
-    if batch and not given and reference is not None and batch_applies(fold, how, requests,
-                                                                       state):
+    if batch and not given and reference is not None and batch_applies(
+            fold, how, requests, state, len(ctx.live)):
         # A strict mean no one needs per client: each worker folds its own
         # clients exactly and the coordinator merges one partial per worker.
         assert how is not None and state is not None  # batch_applies checked both
