@@ -44,7 +44,8 @@ Not here (the flat engine, :mod:`meshkit.train._engine`, plays them): a
 round deadline (a late batch would already be in its worker's sum), work
 pinned to a rank, FedBN local keys (kept per client at the coordinator),
 simulated attacks (poisoned one contribution at a time), any other
-aggregator, ``allow_nonfinite``, an unweighted mean over unequal work,
+aggregator, ``allow_nonfinite``, ``accumulate = "float64"`` (asks for the
+flat fold's arithmetic), an unweighted mean over unequal work,
 data-parallel replicas (no round state), requests other than a plain
 ``fit``, and fewer than two keys a worker (batching would save no round
 trip and double the bytes). :func:`batch_applies` says which.
@@ -92,8 +93,8 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
     no round trip and doubles the bytes)."""
     if how is None or state is None or not requests or len(requests) < 2 * workers:
         return False
-    if type(fold) is not MeanFold or fold.count or fold.allow_nonfinite:
-        return False
+    if type(fold) is not MeanFold or fold.count or fold.allow_nonfinite or fold.wide:
+        return False  # (wide: accumulate = "float64" asks for the flat fold's arithmetic)
     if not fold.weighted and how != "once":
         return False  # allreduce must refuse unequal work; it sees each weight flat
     return all(r.get("op") == "fit" and set(r) <= BATCH_FIELDS for r in requests.values())

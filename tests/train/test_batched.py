@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import meshkit.plugins
-from meshkit.aggregation import FixedPointSum
+from meshkit.aggregation import FixedPointSum, MeanFold
 from meshkit.errors import AggregationError
 from meshkit.train import LocalPool, StrategyContext, Trainer, Work, client_seed, fold_round
 from meshkit.train._batched import BATCHES_PER_WORKER, batch_applies
@@ -156,6 +156,8 @@ def test_rounds_that_need_single_contributions_play_flat():
                              "examples", plain, state, 2)  # must see unequal work to refuse it
     assert not batch_applies(mean, "examples", {**plain, 0: {**plain[0], "local": {}}}, state,
                              2)
+    for asks_for_meanfold in (MeanFold(wide=True), MeanFold(allow_nonfinite=True)):
+        assert not batch_applies(asks_for_meanfold, "examples", plain, state, 2)
     for kwargs in ({"deadline": 600.0}, {"batch": False}):
         flat = make_ctx(workers=2)
         fold_round(flat, fits(4), state=state, **kwargs)
