@@ -138,7 +138,7 @@ from __future__ import annotations
 from meshkit.transport import tags
 from meshkit.transport._contract import HostRelay, LinkEvents, Links, OffersHostRelays
 from meshkit.transport._group import ANY, Group
-from meshkit.transport._ledger import describe_dead
+from meshkit.transport._membership import Membership, describe_dead
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
 from meshkit.transport._reduce import MIN_SCATTER_BYTES_PER_SECOND, RoundResult
@@ -163,6 +163,7 @@ __all__ = [
     "check_state",
     "deadline_after",
     "describe_dead",
+    "Membership",
     "MAX_UNREAD_BYTES",
     "MAX_UNREAD_TAGS",
 ]

@@ -218,11 +218,12 @@ class Group:
         return self._collective.all_reduce(state, weight, ranks, timeout)
 
     def declare_dead(self, rank: int, reason: str, *, quiet: bool = False) -> None:
-        """Record ``rank`` as dead for the rest of this group's life and drop its link.
+        """Have the membership record ``rank`` as dead (``_membership.py``) and drop its link.
 
-        ``quiet`` logs at INFO instead of WARNING (a rank that left on purpose).
+        ``quiet``: a rank that left on purpose (a goodbye, not a death); logged
+        at INFO instead of WARNING.
         """
-        if not self._ledger.record_death(rank, reason):
+        if not self._ledger.record_death(rank, reason, left=quiet):
             return
         # Relays queued for it cannot be delivered either; readers waiting for
         # room in its queue move on.

@@ -83,7 +83,7 @@ def test_ranks_behind_a_relay_join_and_talk_through_its_one_connection(mesh):
 def test_a_death_the_coordinator_declares_reaches_the_owning_relay(mesh):
     group, relay, ranks = mesh
     group.declare_dead(1, "the strategy gave up on it")
-    assert wait_until(relay._lock, lambda: 1 in relay._dead)
+    assert wait_until(relay._lock, lambda: 1 in relay.dead)
     assert "the strategy gave up on it" in relay.dead[1]
     # Its neighbour behind the same relay is untouched.
     group.send(2, TAG, {"still": True})
