@@ -302,7 +302,7 @@ class TcpGroup(Group):
                               f"below 2**63, got {max_unread}")
         super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
                          timeout=config.timeout, is_star=config.is_star,
-                         bf16_wire=options.bf16_wire, max_unread=max_unread)
+                         max_unread=max_unread)
         self.config = config
         self.max_frame = int(options.max_frame_bytes)
         if not 0 < self.max_frame < 1 << 63:
@@ -390,8 +390,7 @@ class TcpGroup(Group):
             state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
             self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
-                                           state, bf16=model and self.bf16_wire,
-                                           deadline=message.deadline)
+                                           state, deadline=message.deadline)
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise

@@ -113,8 +113,7 @@ class TorchdistGroup(Group):
         self._readers: list[threading.Thread] = []
         self._pairing: threading.Thread | None = None
         super().__init__(_DistLinks(self), rank=config.rank, world_size=config.world,
-                         timeout=config.timeout, is_star=False,
-                         bf16_wire=options.bf16_wire)
+                         timeout=config.timeout, is_star=False)
         self.config = config
         self.options = options
         self.max_frame = options.max_frame_bytes
@@ -366,8 +365,7 @@ class TorchdistGroup(Group):
         state = dict(message.payload)
         if message.meta:
             state[META_KEY] = dict(message.meta)
-        model = message.kind == "model"
-        encoded = wire.encode_state(state, bf16=model and self.bf16_wire)  # WireError: nothing sent
+        encoded = wire.encode_state(state)  # WireError: nothing sent
         if encoded.nbytes > self.max_frame:
             raise WireError(f"a {encoded.nbytes}-byte frame exceeds max_frame_bytes = "
                             f"{self.max_frame}")
@@ -378,7 +376,8 @@ class TorchdistGroup(Group):
             chunk = np.frombuffer(buffer, dtype=np.uint8)
             view[offset:offset + chunk.size] = chunk
             offset += chunk.size
-        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags, int(model)],
+        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags,
+                               int(message.kind == "model")],
                               dtype=torch.int64)
         pg, lock = self._pair(peer)
         other = 1 if self.rank < peer else 0

@@ -180,25 +180,6 @@ def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on
         group.close()
 
 
-def test_the_reduce_service_works_through_a_relay_flat(mesh):
-    group, relay, ranks = mesh
-    results = {}
-
-    def contribute(rank):
-        results[rank] = ranks[rank].all_reduce({"w": np.full(4, float(rank), np.float32)},
-                                               weight=float(rank))
-
-    threads = [threading.Thread(target=contribute, args=(r,)) for r in (1, 2, 3)]
-    for t in threads:
-        t.start()
-    round_ = group.reduce_round(plugins.create("aggregator", "fedavg"))
-    for t in threads:
-        t.join(10)
-    expected = (1 + 4 + 9) / 6
-    assert sorted(round_.contributors) == [1, 2, 3]
-    assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))
-
-
 def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
     public = {name: wire.generate_node_key(tmp_path / name) for name in ("one", "other")}
     keys = {name: wire.load_node_key(tmp_path / name) for name in public}
