@@ -317,7 +317,6 @@ class TcpLinks(Links):
         self.world_size = config.world
         self.timeout = float(config.timeout)
         self.is_star = config.is_star
-        self.bf16_wire = bool(options.bf16_wire)
         self.max_frame = int(options.max_frame_bytes)
         if not 0 < self.max_frame < 1 << 63:
             # Checked here: inside every handshake it would refuse each peer instead.
@@ -411,8 +410,7 @@ class TcpLinks(Links):
             state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
             self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
-                                           state, bf16=model and self.bf16_wire,
-                                           deadline=message.deadline)
+                                           state, deadline=message.deadline)
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise
@@ -1016,8 +1014,7 @@ class TcpGroup(Group):
 
     def __init__(self, links: TcpLinks, *, max_unread: int) -> None:
         super().__init__(links, rank=links.rank, world_size=links.world_size,
-                         timeout=links.timeout, is_star=links.is_star,
-                         bf16_wire=links.bf16_wire, max_unread=max_unread)
+                         timeout=links.timeout, is_star=links.is_star, max_unread=max_unread)
         self._tcp = links
 
     @property

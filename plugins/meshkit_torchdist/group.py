@@ -128,7 +128,6 @@ class TorchdistLinks(Links):
         self.rank = config.rank
         self.world_size = config.world
         self.timeout = float(config.timeout)
-        self.bf16_wire = bool(options.bf16_wire)
         self.options = options
         self.max_frame = options.max_frame_bytes
         self.join_timeout = max(float(options.join_timeout), self.timeout)
@@ -398,8 +397,7 @@ class TorchdistLinks(Links):
         state = dict(message.payload)
         if message.meta:
             state[META_KEY] = dict(message.meta)
-        model = message.kind == "model"
-        encoded = wire.encode_state(state, bf16=model and self.bf16_wire)  # WireError: nothing sent
+        encoded = wire.encode_state(state)  # WireError: nothing sent
         if encoded.nbytes > self.max_frame:
             raise WireError(f"a {encoded.nbytes}-byte frame exceeds max_frame_bytes = "
                             f"{self.max_frame}")
@@ -410,7 +408,8 @@ class TorchdistLinks(Links):
             chunk = np.frombuffer(buffer, dtype=np.uint8)
             view[offset:offset + chunk.size] = chunk
             offset += chunk.size
-        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags, int(model)],
+        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags,
+                               int(message.kind == "model")],
                               dtype=torch.int64)
         pg, lock = self._pair(peer)
         other = 1 if self.rank < peer else 0
@@ -593,7 +592,7 @@ class TorchdistTransport:
     def connect(self, config: NodeConfig) -> Group:
         links = TorchdistLinks(config, self.options)
         group = Group(links, rank=links.rank, world_size=links.world_size,
-                      timeout=links.timeout, is_star=False, bf16_wire=links.bf16_wire)
+                      timeout=links.timeout, is_star=False)
         try:
             links.start()
         except BaseException:

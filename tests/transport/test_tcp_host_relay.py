@@ -83,7 +83,7 @@ def test_ranks_behind_a_relay_join_and_talk_through_its_one_connection(mesh):
 def test_a_death_the_coordinator_declares_reaches_the_owning_relay(mesh):
     group, relay, ranks = mesh
     group.declare_dead(1, "the strategy gave up on it")
-    assert wait_until(relay._lock, lambda: 1 in relay._dead)
+    assert wait_until(relay._lock, lambda: 1 in relay.dead)
     assert "the strategy gave up on it" in relay.dead[1]
     # Its neighbour behind the same relay is untouched.
     group.send(2, TAG, {"still": True})
@@ -178,25 +178,6 @@ def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on
         good.close()
         relay.close()
         group.close()
-
-
-def test_the_reduce_service_works_through_a_relay_flat(mesh):
-    group, relay, ranks = mesh
-    results = {}
-
-    def contribute(rank):
-        results[rank] = ranks[rank].all_reduce({"w": np.full(4, float(rank), np.float32)},
-                                               weight=float(rank))
-
-    threads = [threading.Thread(target=contribute, args=(r,)) for r in (1, 2, 3)]
-    for t in threads:
-        t.start()
-    round_ = group.reduce_round(plugins.create("aggregator", "fedavg"))
-    for t in threads:
-        t.join(10)
-    expected = (1 + 4 + 9) / 6
-    assert sorted(round_.contributors) == [1, 2, 3]
-    assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))
 
 
 def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
