@@ -137,8 +137,7 @@ def flat_result(state, clients=8):
     ctx = StrategyContext(task=synthetic(), aggregator=meshkit.plugins.create(
         "aggregator", "fedavg"), pool=LocalPool.of(synthetic, ranks), workers=ranks,
         rng=np.random.default_rng(0), timeout=30.0)
-    # The flat star's fold, client by client (a batched round plans clients per
-    # worker, and relayed rounds fold flat on each relay: issue 22).
+    # The flat star's per-client fold: what the relays' partials are compared with.
     return fold_round(ctx, fits(clients), state=state, batch=False)
 
 
