@@ -41,6 +41,16 @@ a slow mode about 1.6x slower), and ``--json`` keeps every trial. Ratios
     python benchmarks/allreduce.py --kinds mesh gloo    # the mesh, encrypted and auth-only
     python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5 --trials 1
 
+``--against REF`` also runs every meshkit kind asked for on the code of git
+revision REF (``git archive`` of its ``meshkit/`` and ``plugins/`` into a
+temporary directory, first on ``PYTHONPATH`` of a child process that runs
+that kind), interleaved with the current code's in the same trials: column
+``K@REF``, ratio ``K vs REF`` (> 1: the current code is faster). What a
+refactor of the wire hot path must show::
+
+    python benchmarks/allreduce.py --worlds 2 4 --sizes 1 16 --kinds mesh --no-gloo \
+        --against main
+
 This is a measurement, not a test: nothing here asserts a time.
 """
 
@@ -51,9 +61,13 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,6 +162,45 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+#: Kinds run at ``--against REF`` are named ``KIND@REF``.
+_AT = "@"
+
+
+def _checkout(ref: str) -> str:
+    """A temporary directory holding ``meshkit/`` and ``plugins/`` as of git revision ``ref``."""
+    root = Path(__file__).resolve().parents[1]
+    tree = tempfile.mkdtemp(prefix="meshkit-at-")
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", ref,
+                              "meshkit", "plugins"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def _run_at(tree: str, kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
+    """:func:`_run` in a child process whose meshkit (and its plugins) come from ``tree``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [tree, os.path.join(tree, "plugins"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__, "--one", kind, str(world), str(nbytes),
+                           str(reps), str(warmup), tree], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} at {tree} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def _one(kind: str, world: str, nbytes: str, reps: str, warmup: str, tree: str) -> int:
+    """``--one``: time one kind here (a child of ``--against``) and print its median."""
+    import meshkit
+    import meshkit_tcp
+
+    for module in (meshkit, meshkit_tcp):  # the code under test, not the installed one
+        if not str(module.__file__).startswith(tree):
+            raise RuntimeError(f"{module.__name__} was imported from {module.__file__}, "
+                               f"not from {tree}")
+    print(_run(kind, int(world), int(nbytes), int(reps), int(warmup)))
+    return 0
+
+
 def _load() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -168,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", nargs="+", default=None,
                         help="only these kinds (default: all); 'mesh' also runs mesh-auth")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--against", metavar="REF",
+                        help="also run each meshkit kind on git revision REF, interleaved")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        return _one(*argv[1:7])
     args = parser.parse_args(argv)
 
     kinds = ["mesh", "mesh-auth", "mesh-auth-copy"]
@@ -187,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                   "(pip install torch==2.13.0)", file=sys.stderr)
     if not kinds:
         parser.error("no kind to run")
+    tree = None
+    if args.against:
+        tree = _checkout(args.against)
+        # Each kind beside its run at REF, so a load spike hits both alike.
+        kinds = [run for k in kinds for run in (
+            [k] if k.startswith("gloo") else [k, f"{k}{_AT}{args.against}"])]
 
     print(f"# meshkit all-reduce vs gloo, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPU(s), python {platform.python_version()}; ms per round, "
@@ -198,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         ("auth vs gloo", "gloo", "mesh-auth", "x"),
         ("mesh enc cost", "mesh", "mesh-auth", "%"),
         ("landing gain", "mesh-auth-copy", "mesh-auth", "%"),
+        *((f"{k} vs {args.against}", f"{k}{_AT}{args.against}", k, "x")
+          for k in kinds if _AT not in k and not k.startswith("gloo")),
     ) if a in kinds and b in kinds]
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
@@ -212,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             trials: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.trials if args.trials > 0 else 7 if mib <= 1 else 3):
                 for k in kinds:  # interleaved: a load spike hits every kind alike
-                    trials[k].append(_run(k, world, nbytes, reps, warmup=2))
+                    if _AT in k:
+                        assert tree is not None
+                        trials[k].append(_run_at(tree, k.split(_AT)[0], world, nbytes, reps,
+                                                 warmup=2))
+                    else:
+                        trials[k].append(_run(k, world, nbytes, reps, warmup=2))
             times = {k: min(v) for k, v in trials.items()}
             row: dict[str, Any] = {
                 "world": world, "mib": mib, "reps": reps, "trials": len(trials[kinds[0]]),
@@ -244,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)
+    if tree is not None:
+        shutil.rmtree(tree, ignore_errors=True)
     return 0
 
 

@@ -34,8 +34,8 @@ def wait_until(group, predicate, timeout: float = 5.0) -> bool:
     It is notified when a connection is refused, a link comes up or a link
     is dropped (a rank declared dead).
     """
-    with group._lock:
-        return group._lock.wait_for(predicate, timeout)
+    with group.links._lock:
+        return group.links._lock.wait_for(predicate, timeout)
 
 
 #: The round's two tags: a worker's state up, the mean back.
@@ -235,7 +235,7 @@ def test_a_worker_that_stops_mid_frame_is_declared_dead_and_the_round_completes(
     staller = NodeConfig(rank=3, world=4, peers=[coordinator.address], topology="star",
                          secret=SECRET, timeout=0.5).connect()
     try:
-        channel = staller._channels[0]
+        channel = staller.links._channels[0]
         stalling = _StallingSocket(channel._sock, wire.HEADER_SIZE + 1000, release)
         channel._sock = stalling
         thread = threading.Thread(
@@ -264,7 +264,7 @@ def test_a_worker_sending_a_forged_frame_is_declared_dead() -> None:
     forger = NodeConfig(rank=3, world=4, peers=[coordinator.address], topology="star",
                         secret=SECRET, timeout=5).connect()
     try:
-        channel = forger._channels[0]
+        channel = forger.links._channels[0]
         channel._sock.sendall(b"MKF\x01" + os.urandom(wire.HEADER_SIZE - 4))
         good = run_ranks(tcp_star_configs(4, coordinator.address, secret=SECRET)[:2], contribute)
         assert wait_until(coordinator, lambda: 3 in coordinator.dead)
@@ -311,10 +311,10 @@ def test_a_destination_that_stops_reading_does_not_hold_up_relays_to_other_ranks
     one, two, three = workers
     try:
         assert coordinator.wait_for_workers(timeout=5) == [1, 2, 3]
-        channel = two._channels[0]
+        channel = two.links._channels[0]
         # Small socket buffers, so the kernel cannot swallow the flood below.
         channel._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        coordinator._channels[2]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        coordinator.links._channels[2]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
         channel._sock = _UnreadSocket(channel._sock, release)
         for i in range(8):
             one.send(2, 7, {"x": np.full(1 << 20, i, np.float32)})

@@ -164,17 +164,17 @@ def test_relayed_messages_keep_their_order_per_sender_when_inline_and_queued_wri
     try:
         assert coordinator.wait_for_workers(timeout=5) == [1, 2, 3]
         for r in range(1, world):
-            coordinator._channels[r]._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                                      1 << 17)
+            coordinator.links._channels[r]._sock.setsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_SNDBUF, 1 << 17)
         outcomes: list[bool] = []  # the coordinator's inline attempts: sent, or queued
-        relay_now = coordinator._relay_now
+        relay_now = coordinator.links.relay_now
 
         def counting_relay_now(peer, message) -> bool:
             sent = relay_now(peer, message)
             outcomes.append(sent)
             return sent
 
-        coordinator._relay_now = counting_relay_now
+        coordinator.links.relay_now = counting_relay_now
 
         def size(i: int) -> int:
             return (1 << 19) if i % 3 == 2 else 16  # float32 elements: 2 MiB or 64 bytes
