@@ -19,7 +19,9 @@ or ``LABEL=DIR:PYTHON``). The trees take turns, trial by trial and cell by
 cell, so a change in the machine's load (it is shared) falls on all alike.
 ``--flat`` adds this tree with ``[strategy] round_timeout = 3600``, which
 plays the flat (per-client) engine: the batched round's own share of the
-change, in the same run.
+change, in the same run. ``--round-timeout SECONDS`` runs every tree,
+baselines too, with ``[strategy] round_timeout = SECONDS``: the flat round
+with a deadline against the code before, in the same run.
 
 Measured per trial: the median of the rounds' own clocks (``seconds`` in
 ``metrics.jsonl``) over the rounds after the first (the first pays the
@@ -54,8 +56,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: bool) -> str:
-    deadline = "round_timeout = 3600" if flat else ""
+def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: bool,
+                round_timeout: float | None = None) -> str:
+    if round_timeout is None and flat:
+        round_timeout = 3600
+    deadline = f"round_timeout = {round_timeout:g}" if round_timeout is not None else ""
     return textwrap.dedent(f"""
         [run]
         task = "digits"
@@ -84,13 +89,13 @@ def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: boo
 
 
 def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
-            flat: bool) -> float:
+            flat: bool, round_timeout: float | None = None) -> float:
     """Seconds per round of one ``meshkit run`` (median after the first round)."""
     with tempfile.TemporaryDirectory(prefix="meshkit-engine-cost-") as tmp:
         out = Path(tmp) / "out"
         config = Path(tmp) / "run.toml"
         config.write_text(config_text(out, clients=clients, workers=workers, rounds=rounds,
-                                      flat=flat))
+                                      flat=flat, round_timeout=round_timeout))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         proc = subprocess.run([python, "-m", "meshkit", "run", str(config)], cwd=tree, env=env,
                               capture_output=True, text=True)
@@ -178,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="LABEL=DIR[:PYTHON], repeatable")
     parser.add_argument("--flat", action="store_true",
                         help="also this tree on the flat engine (round_timeout = 3600)")
+    parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
+                        help="every tree with [strategy] round_timeout = SECONDS (the flat "
+                             "round with a deadline, baselines too)")
     parser.add_argument("--in-process", action="store_true",
                         help="the engine's own cost per client, no processes (docstring)")
     args = parser.parse_args(argv)
@@ -190,7 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         trees.append(("this-flat", sys.executable, ROOT, True))
     trees += [(label, python, tree, False) for label, python, tree in args.baseline]
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-          f"{args.rounds} rounds a run, {args.repeat} trials; median (min-max) over trials",
+          f"{args.rounds} rounds a run, {args.repeat} trials; median (min-max) over trials"
+          + (f"; every tree with round_timeout = {args.round_timeout:g}"
+             if args.round_timeout is not None else ""),
           flush=True)
     for label, python, tree, flat in trees:
         print(f"# {label}: {tree} ({python}){' flat' if flat else ''}", flush=True)
@@ -201,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
             for label, python, tree, flat in trees:
                 results[cell][label].append(one_run(python, tree, clients=cell[0],
                                                     workers=cell[1], rounds=args.rounds,
-                                                    flat=flat))
+                                                    flat=flat,
+                                                    round_timeout=args.round_timeout))
     print(f"{'clients':>7} {'workers':>7} {'tree':>14} {'s/round':>22} {'ms/client':>9}  "
           f"ratios", flush=True)
     median: dict[tuple[int, int], dict[str, float]] = {}
