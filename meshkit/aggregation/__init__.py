@@ -46,6 +46,7 @@ from meshkit.aggregation._buffering import (
     holds_every_contribution,
     streaming,
 )
+from meshkit.aggregation._fixed import FixedPartial, FixedPointSum
 from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
 from meshkit.aggregation._contract import (
     Aggregator,
@@ -82,4 +83,6 @@ __all__ = [
     "aggregator_state",
     "load_aggregator_state",
     "squared_norm",
+    "FixedPointSum",
+    "FixedPartial",
 ]

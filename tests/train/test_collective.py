@@ -1,0 +1,94 @@
+"""A collective run: every rank plays its slice of the round, one exact sum per round.
+
+Ranks are threads here (``tests/support/reducers.py``); the same runs under
+torchrun's processes are ``tests/transport/test_torchdist_spmd.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meshkit import RefusedError
+from meshkit.train import Runner, cohort_slice
+
+from tests.support.reducers import ThreadWorld
+
+
+def _tables(out: Path, **strategy: Any) -> dict[str, Any]:
+    return {
+        "run": {"task": "digits", "seed": 5, "out": str(out)},
+        "mesh": {"workers": 2, "timeout": 10},
+        "strategy": {"name": "federated", "rounds": 2, "clients": 12, "fraction": 0.5,
+                     **strategy},
+        "aggregator": {"name": "fedavg"},
+    }
+
+
+def _collective(tmp_path: Path, world: int, **strategy: Any) -> tuple[list[Any], ThreadWorld]:
+    threads = ThreadWorld(world)
+
+    def play(reducer: Any) -> Any:
+        out = tmp_path / f"w{world}" / f"rank{reducer.rank}"
+        return Runner(_tables(out, **strategy), collective=reducer).run()
+
+    return threads.run(play), threads
+
+
+def test_a_rank_serves_every_worldth_client_of_the_sorted_cohort() -> None:
+    assert cohort_slice([9, 2, 7, 4, 1], 0, 2) == [1, 4, 9]
+    assert cohort_slice([9, 2, 7, 4, 1], 1, 2) == [2, 7]
+    assert cohort_slice([3], 2, 4) == []
+
+
+def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks_and_near_the_coordinators(
+        tmp_path: Path) -> None:
+    finals = {}
+    for world in (1, 2, 4):
+        reports, threads = _collective(tmp_path, world)
+        assert all(r.ok for r in reports), [r.error for r in reports]
+        assert threads.sums == 2  # one collective per round
+        states = [r.state for r in reports]
+        for state in states[1:]:  # every rank ends on the same model
+            assert all(np.array_equal(state[k], states[0][k]) for k in states[0])
+        finals[world] = states[0]
+        # Who served which client is the documented slice, on every rank's report.
+        history = reports[0].history
+        for report in history:
+            cohort = sorted(report.clients)
+            assert dict(report.served) == {c: i % world for i, c in enumerate(cohort)}
+            assert report.examples == sum(report.client_examples.values()) > 0
+    for world in (2, 4):
+        for key, value in finals[1].items():
+            assert finals[world][key].dtype == value.dtype
+            assert finals[world][key].tobytes() == value.tobytes(), (world, key)
+    # The coordinator's float fold reaches the same model to float rounding.
+    star = Runner(_tables(tmp_path / "star"), launch="local").run()
+    for key, value in star.state.items():
+        np.testing.assert_allclose(finals[2][key], value, rtol=1e-9, atol=1e-12)
+    assert star.history[-1].clients == reports[0].history[-1].clients
+
+
+def test_only_rank_zeros_out_is_the_runs_record(tmp_path: Path) -> None:
+    reports, _ = _collective(tmp_path, 2)
+    assert (tmp_path / "w2" / "rank0" / "metrics.jsonl").read_text().count("\n") == 2
+    assert reports[1].history[-1].metrics == reports[0].history[-1].metrics
+
+
+@pytest.mark.parametrize("tables, words", [
+    ({"aggregator": {"name": "median"}}, "not fedavg's weighted mean"),
+    ({"strategy": {"clients": 0}}, "set [strategy] clients"),
+    ({"strategy": {"round_timeout": 5.0}}, "[strategy] round_timeout is not played"),
+])
+def test_what_a_collective_round_cannot_play_is_refused_before_any_rank_trains(
+        tmp_path: Path, tables: dict[str, Any], words: str) -> None:
+    config = _tables(tmp_path / "out")
+    for table, values in tables.items():
+        config[table] = {**config[table], **values}
+    with pytest.raises(RefusedError) as caught:
+        Runner(config, collective=ThreadWorld(1).reducer(0)).run()
+    assert words in str(caught.value)
+    assert "mode = \"coordinator\"" in str(caught.value) or "clients" in words
