@@ -44,8 +44,7 @@ def test_a_rank_serves_every_worldth_client_of_the_sorted_cohort() -> None:
     assert cohort_slice([3], 2, 4) == []
 
 
-def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks_and_near_the_coordinators(
-        tmp_path: Path) -> None:
+def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks(tmp_path: Path) -> None:
     finals = {}
     for world in (1, 2, 4):
         reports, threads = _collective(tmp_path, world)
@@ -65,14 +64,9 @@ def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks_and_near_the_coordina
         for key, value in finals[1].items():
             assert finals[world][key].dtype == value.dtype
             assert finals[world][key].tobytes() == value.tobytes(), (world, key)
-    # The coordinator's float fold reaches the same model to float rounding.
-    star = Runner(_tables(tmp_path / "star"), launch="local").run()
-    for key, value in star.state.items():
-        np.testing.assert_allclose(finals[2][key], value, rtol=1e-9, atol=1e-12)
-    assert star.history[-1].clients == reports[0].history[-1].clients
 
 
-def test_only_rank_zeros_out_is_the_runs_record(tmp_path: Path) -> None:
+def test_every_rank_records_the_same_rounds(tmp_path: Path) -> None:
     reports, _ = _collective(tmp_path, 2)
     assert (tmp_path / "w2" / "rank0" / "metrics.jsonl").read_text().count("\n") == 2
     assert reports[1].history[-1].metrics == reports[0].history[-1].metrics
