@@ -232,10 +232,10 @@ def _pack(layout: _Layout, fixed: FixedPointSum, local: Any, keys: Sequence[int]
             buffer[at:at + size] = np.asarray(partial.sums[key], np.int64).reshape(-1)
             at += size
     table = buffer[_HEADER + sum(layout.sizes):].reshape(len(keys), _COLUMNS)
-    for i, key in enumerate(keys):
-        if key not in local.served:
+    for i, client in enumerate(keys):
+        if client not in local.served:
             continue
-        reply = local.replies[key]
+        reply = local.replies[client]
         table[i, 0], table[i, 1] = 1, rank + 1
         table[i, 2] = int(reply.get("examples", 0))
         loss = (reply.get("metrics") or {}).get("train_loss")
@@ -262,18 +262,18 @@ def _unpack(layout: _Layout, buffer: np.ndarray, keys: Sequence[int], reducer: P
     served: dict[int, int] = {}
     replies: dict[int, Mapping[str, Any]] = {}
     not_served: dict[int, str] = {}
-    for i, key in enumerate(keys):
+    for i, client in enumerate(keys):
         count, who = int(table[i, 0]), int(table[i, 1]) - 1
         if count == 1 and 0 <= who < world:
-            served[key] = who
+            served[client] = who
             metrics = ({"train_loss": float(np.int64(table[i, 4]).view(np.float64))}
                        if table[i, 3] == 1 else {})
-            replies[key] = {"examples": int(table[i, 2]), "metrics": metrics}
+            replies[client] = {"examples": int(table[i, 2]), "metrics": metrics}
         elif count == 0:
-            owner = keys.index(key) % world
-            not_served[key] = local.not_served.get(key) or f"rank {owner} could not serve it"
+            owner = i % world
+            not_served[client] = local.not_served.get(client) or f"rank {owner} could not serve it"
         else:
-            raise AggregationError(f"client {key} was folded by {count} ranks; each client "
+            raise AggregationError(f"client {client} was folded by {count} ranks; each client "
                                    f"belongs to one rank's slice")
     count = int(buffer[3])
     if count != len(served):
