@@ -72,6 +72,9 @@ COLLECTIVE_STRATEGIES = ("federated",)
 _COLUMNS = 5
 #: Header: layout digest, ranks that summed (1 each), mass, count.
 _HEADER = 4
+#: The largest mass (in the sum's 2**-F units) a rank may put in: the sum of
+#: up to 2**10 ranks' still fits an int64.
+_MAX_MASS = (1 << 52) - 1
 
 
 class PartialReducer(Protocol):
@@ -226,6 +229,10 @@ def _pack(layout: _Layout, fixed: FixedPointSum, local: Any, keys: Sequence[int]
     buffer[0], buffer[1] = layout.digest, 1
     if fixed.count:
         partial = fixed.partial()
+        if not 0 <= partial.mass <= _MAX_MASS:
+            raise AggregationError(
+                f"rank {rank}: the round's mass ({fixed.mass:g} examples) is past what one "
+                f"int64 sum of every rank's holds; sample fewer clients a round")
         buffer[2], buffer[3] = int(partial.mass), int(partial.count)
         at = _HEADER
         for key, size in zip(layout.keys, layout.sizes):
@@ -282,8 +289,10 @@ def _unpack(layout: _Layout, buffer: np.ndarray, keys: Sequence[int], reducer: P
     result = None
     if count:
         total = FixedPointSum(fraction_bits=fraction_bits)
-        total.merge(FixedPartial(sums, dict(zip(layout.keys, layout.dtypes)),
-                                 dict(zip(layout.keys, layout.shapes)), int(buffer[2]),
-                                 count, fraction_bits))
+        total.merge(FixedPartial(
+            fraction_bits, int(buffer[2]), count,
+            sums={k: v.reshape(shape) for (k, v), shape in zip(sums.items(), layout.shapes)},
+            dtypes={k: np.dtype(d) for k, d in zip(layout.keys, layout.dtypes)},
+            order=list(layout.keys)), source="the ranks' sum")
         result = total.result()
     return folded_type(result, served, not_served, replies)

@@ -200,36 +200,8 @@ class Trainer:
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if op == "fit":
-            x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
-            start = request["state"] if "state" in request else self._require_state(op)
-            start = _with_local(start, request)
-            poisoner, attacked = self._data_attack(request)
-            if poisoner is not None:
-                x, y = poisoner.poison(x, y, classes=self._classes())
-            budget = request.get("time_budget")
-            if budget is None:
-                result = self.task.fit(start, x, y, seed=int(request["seed"]))
-            else:
-                result = self.task.fit(start, x, y, seed=int(request["seed"]),
-                                       time_budget=float(budget))
-            self.fits += 1
-            self.examples += int(result.examples)
-            self.metrics = _metrics(result.metrics, op)
-            state = result.state
-            if self.attack is not None and not poisons_data(self.attack):
-                # A real node sees only its own update: contributors = attackers = 1.
-                state = tamper_contribution(
-                    self.attack, state, start,
-                    AttackRound(client=int(request["shard"]), contributors=1, attackers=1,
-                                rng=attack_rng(self.seed, int(request["seed"]))),
-                    name=f"attack {self.attack_name}")
-                attacked = self.attack_name
-            if request.get("clip_norm") is not None:
-                # [privacy] clip = "client": the update leaves this node clipped
-                clip = float(request["clip_norm"])
-                state, norm = clip_contribution(start, state, clip)
-                self.metrics["unclipped"] = float(norm <= clip)
-            reply = self._answer(request, "state", state, result.examples, self.metrics)
+            state, examples, metrics, attacked = self._fit(request)
+            reply = self._answer(request, "state", state, examples, metrics)
             if attacked:
                 reply["attacked"] = attacked
             return reply
@@ -295,6 +267,39 @@ class Trainer:
                 x = self.task.run_stage(request.get("state", {}), node, x)
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
+
+    def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:
+        """One client's fit: (its state, examples, metrics, the attack it ran or "")."""
+        x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
+        start = request["state"] if "state" in request else self._require_state("fit")
+        start = _with_local(start, request)
+        poisoner, attacked = self._data_attack(request)
+        if poisoner is not None:
+            x, y = poisoner.poison(x, y, classes=self._classes())
+        budget = request.get("time_budget")
+        if budget is None:
+            result = self.task.fit(start, x, y, seed=int(request["seed"]))
+        else:
+            result = self.task.fit(start, x, y, seed=int(request["seed"]),
+                                   time_budget=float(budget))
+        self.fits += 1
+        self.examples += int(result.examples)
+        self.metrics = metrics = _metrics(result.metrics, "fit")
+        state = result.state
+        if self.attack is not None and not poisons_data(self.attack):
+            # A real node sees only its own update: contributors = attackers = 1.
+            state = tamper_contribution(
+                self.attack, state, start,
+                AttackRound(client=int(request["shard"]), contributors=1, attackers=1,
+                            rng=attack_rng(self.seed, int(request["seed"]))),
+                name=f"attack {self.attack_name}")
+            attacked = self.attack_name
+        if request.get("clip_norm") is not None:
+            # [privacy] clip = "client": the update leaves this node clipped
+            clip = float(request["clip_norm"])
+            state, norm = clip_contribution(start, state, clip)
+            metrics["unclipped"] = float(norm <= clip)
+        return dict(state), int(result.examples), metrics, attacked
 
     def _data_attack(self, request: Mapping[str, Any]) -> tuple[Any, str]:
         """The data-poisoning attack this fit runs (and its name), or (None, "")."""
