@@ -17,7 +17,7 @@ round to :func:`fold_collectively` when the context has a ``collective``:
    folds them into an exact fixed-point partial
    (:class:`meshkit.aggregation.FixedPointSum`).
 3. **One collective per round**: the partial's int64 sums, its mass and
-   count, and a small table of who served each client (examples and
+   count, whether this rank was asked to stop, and a small table of who served each client (examples and
    ``train_loss``), packed into one int64 buffer, summed over every rank by
    the :class:`PartialReducer` (on torchdist: one gloo all-reduce). Integer
    sums are exact, so the round's aggregate is the same bits whatever the
@@ -55,7 +55,7 @@ import attrs
 import numpy as np
 
 from meshkit.aggregation import FixedPartial, FixedPointSum, MeanFold
-from meshkit.errors import AggregationError, RefusedError
+from meshkit.errors import AggregationError, PeerLostError, RefusedError
 from meshkit.state import is_array, is_float_dtype
 from meshkit.train._strategy import StrategyContext
 
@@ -70,8 +70,8 @@ COLLECTIVE_STRATEGIES = ("federated",)
 #: Columns of the per-client table: served (1 on the rank that served it), that
 #: rank + 1, examples, whether it reported a train_loss, the loss's float64 bits.
 _COLUMNS = 5
-#: Header: layout digest, ranks that summed (1 each), mass, count.
-_HEADER = 4
+#: Header: layout digest, ranks that summed (1 each), mass, count, ranks asking to stop.
+_HEADER = 5
 #: The largest mass (in the sum's 2**-F units) a rank may put in: the sum of
 #: up to 2**10 ranks' still fits an int64.
 _MAX_MASS = (1 << 52) - 1
@@ -81,7 +81,11 @@ class PartialReducer(Protocol):
     """What a collective run's transport provides: one int64 sum over every rank.
 
     ``rank`` and ``world`` are this process's place in the run (0-based,
-    every rank of the run takes part in every sum).
+    every rank of the run takes part in every sum). ``stop_requested`` (a
+    ``threading.Event``, optional) asks for the run to stop: it travels in
+    the round's sum, and every rank stops after that round, between rounds,
+    the same round everywhere (a SIGTERM on one rank cannot leave the
+    others waiting in a sum it never joins).
     """
 
     @property
@@ -173,7 +177,15 @@ def fold_collectively(ctx: StrategyContext, work: Sequence[Any], *,
                   state=state, weight=weight, window=window, fold=_Feed(fixed), label=label)
     layout = _layout(state, keys)
     buffer = _pack(layout, fixed, local, keys, reducer.rank)
-    reducer.all_reduce(buffer, ctx.timeout)
+    asked = getattr(reducer, "stop_requested", None)
+    buffer[4] = 1 if asked is not None and asked.is_set() else 0
+    try:
+        reducer.all_reduce(buffer, ctx.timeout)
+    except PeerLostError as exc:
+        raise PeerLostError(f"{exc}. {ctx.resume_advice()}") from None
+    if buffer[4] > 0:
+        # Every rank reads the same sum, so every rank stops after this same round.
+        ctx.stop.set()
     return _unpack(layout, buffer, keys, reducer, local, fixed.fraction_bits, folded_type)
 
 

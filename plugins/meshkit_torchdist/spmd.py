@@ -17,7 +17,11 @@ sockets on 127.0.0.1 when the rendezvous address is loopback. A
 non-loopback MASTER_ADDR is refused unless ``[mesh] trust_network = true``:
 torch.distributed authenticates nothing (docs/security.md).
 
-A rank lost mid-round fails the all-reduce on every survivor within ``[mesh]
+A SIGTERM (torchrun's way of stopping the other workers once one has died,
+or of passing on a Ctrl-C) does not stop a rank on its own: it asks, through
+the next round's sum, and every rank stops after that same round (a
+:class:`~meshkit.train.RunStopped`, exit 2, the round's checkpoint
+written). A rank lost mid-round fails the all-reduce on every survivor within ``[mesh]
 timeout`` (gloo's timeout, set on the group). The survivors then take a roll
 call through the store: each writes its name under the failed sum's number
 and waits at most ``ROLL_CALL`` seconds for the others', and the ranks that
@@ -30,8 +34,10 @@ import datetime
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +78,8 @@ class GlooReducer:
         self._group = group
         self._sums = 0
         self._broken = ""
+        #: Set (by SIGTERM, in :func:`run_spmd`) to stop every rank after the round in progress.
+        self.stop_requested = threading.Event()
 
     @classmethod
     def connect(cls, rank: int, world: int, *, timeout: float, join_timeout: float,
@@ -130,8 +138,7 @@ class GlooReducer:
             lost = self._roll_call()
             self._broken = first
             raise meshkit.PeerLostError(
-                f"rank {self.rank}: the all-reduce of round sum {self._sums} failed ({first}); "
-                f"{lost}") from None
+                f"{lost}: the round's all-reduce failed on rank {self.rank} ({first})") from None
 
     def _roll_call(self) -> str:
         """Who is still here, through the store: the sentence naming the lost ranks."""
@@ -148,11 +155,11 @@ class GlooReducer:
                     missing.append(rank)
         except RuntimeError as exc:
             log.warning("the roll call after a failed sum could not reach the store: %s", exc)
-            return ("the rendezvous store is gone too (rank 0 or torchrun's agent hosts it), "
-                    "so rank 0 may be the one lost")
+            return ("a rank was lost, and the rendezvous store with it (rank 0 or "
+                    "torchrun's agent hosts it), so rank 0 may be the one")
         if not missing:
-            return (f"every rank answered the roll call, so one stalled past the "
-                    f"{self.timeout:g} s timeout ([mesh] timeout)")
+            return (f"no rank was lost (every one answered the roll call), so one stalled "
+                    f"past the {self.timeout:g} s timeout ([mesh] timeout)")
         named = ", ".join(f"rank {r}" for r in missing)
         return f"{named} lost (no answer to the roll call within {ROLL_CALL:g} s)"
 
@@ -186,8 +193,15 @@ def run_spmd(config: Any, rank: int, world: int, *, resume: bool, overwrite: boo
             print(f"meshkit_torchdist: spmd: {world} rank(s) each play a slice of every round "
                   f"([mesh] workers = {config.mesh.workers} is for meshkit run of this "
                   f"config)", file=sys.stderr, flush=True)
-        report = meshkit.run(config, resume=resume, overwrite=overwrite, progress=progress,
-                             collective=reducer)
+        # SIGTERM (torchrun stopping its workers, e.g. after another rank died) is asked
+        # of every rank through the next sum, never acted on alone: one rank leaving
+        # between rounds would leave the others waiting in a sum it never joins.
+        previous = signal.signal(signal.SIGTERM, lambda *_: reducer.stop_requested.set())
+        try:
+            report = meshkit.run(config, resume=resume, overwrite=overwrite,
+                                 progress=progress, collective=reducer)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         reducer.close()
         if scratch is not None:

@@ -75,6 +75,7 @@ class ThreadReducer:
     def __init__(self, world: ThreadWorld, rank: int) -> None:
         self._world = world
         self.rank = rank
+        self.stop_requested = threading.Event()
 
     @property
     def world(self) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from meshkit import RefusedError
-from meshkit.train import Runner, cohort_slice
+from meshkit.train import Runner, RunStopped, cohort_slice
 
 from tests.support.reducers import ThreadWorld
 
@@ -86,3 +86,21 @@ def test_what_a_collective_round_cannot_play_is_refused_before_any_rank_trains(
         Runner(config, collective=ThreadWorld(1).reducer(0)).run()
     assert words in str(caught.value)
     assert "mode = \"coordinator\"" in str(caught.value) or "clients" in words
+
+
+def test_a_stop_asked_on_one_rank_stops_every_rank_after_the_same_round(
+        tmp_path: Path) -> None:
+    threads = ThreadWorld(2)
+
+    def play(reducer: Any) -> Any:
+        if reducer.rank == 1:
+            reducer.stop_requested.set()  # as SIGTERM does under torchrun
+        runner = Runner(_tables(tmp_path / f"rank{reducer.rank}", rounds=3),
+                        collective=reducer)
+        with pytest.raises(RunStopped):
+            runner.run()
+        return runner.report
+
+    reports = threads.run(play)
+    assert [r.rounds_completed for r in reports] == [1, 1]
+    assert threads.sums == 1
