@@ -262,6 +262,12 @@ class Runner:
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
         parts = build_components(plan, launch=self.launch)
+        if self.collective is not None:  # what a collective round cannot play, refused now
+            check_collective(strategy=config.strategy.name, aggregator=parts["aggregator"],
+                             privacy=parts["privacy"], attack=parts.get("attack"),
+                             partitioner_local=is_per_node(parts["partitioner"]),
+                             options=getattr(parts["strategy"], "options", None),
+                             where=str(config.path))
         self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
                            or "")
         self._join_timeout = config.mesh.join_timeout
@@ -563,12 +569,6 @@ class Runner:
                             final_state: list[Any], pset: Any) -> StrategyContext:
         """Every rank plays the round (:mod:`meshkit.train._collective`): this rank's own
         trainer, in process, is its one worker; the reducer sums the ranks' partials."""
-        cfg = plan.config
-        check_collective(strategy=cfg.strategy.name, aggregator=parts["aggregator"],
-                         privacy=parts["privacy"], attack=parts.get("attack"),
-                         partitioner_local=is_per_node(parts["partitioner"]),
-                         options=getattr(parts["strategy"], "options", None),
-                         where=str(cfg.path))
         rank = int(self.collective.rank)
         pool = LocalPool({rank: _trainer(self._spec(plan))})
         ctx = self._context(plan, parts, pool, [rank], [], start_round, out, completed,

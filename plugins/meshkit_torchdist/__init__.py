@@ -59,6 +59,13 @@ class TorchdistOptions:
 
 
 def _torchdist(options: TorchdistOptions) -> Any:
+    if options.mode == "spmd":
+        raise meshkit.RefusedError(
+            "[transport] mode = \"spmd\" is how torchrun runs this config: every process "
+            "plays its slice of each round (torchrun --nproc-per-node N -m meshkit_torchdist "
+            "CONFIG); meshkit run and meshkit node start a coordinator and workers instead. "
+            "Run it under torchrun, or drop mode (or set transport = \"tcp\") to run it "
+            "here")
     try:
         import torch.distributed as dist
     except ImportError as exc:
@@ -70,13 +77,6 @@ def _torchdist(options: TorchdistOptions) -> Any:
         raise meshkit.PluginError(
             "the torchdist transport needs torch.distributed, which this torch build lacks "
             "(torch.distributed.is_available() is False); select transport \"tcp\"")
-    if options.mode == "spmd":
-        raise meshkit.RefusedError(
-            "[transport] mode = \"spmd\" is how torchrun runs this config: every process "
-            "plays its slice of each round (torchrun --nproc-per-node N -m meshkit_torchdist "
-            "CONFIG); meshkit run and meshkit node start a coordinator and workers instead. "
-            "Run it under torchrun, or drop mode (or set transport = \"tcp\") to run it "
-            "here")
     from meshkit_torchdist.group import TorchdistTransport
 
     return TorchdistTransport(options)
