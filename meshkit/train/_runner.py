@@ -67,6 +67,7 @@ from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLos
 from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.partitioner import is_per_node
+from meshkit.population import is_population
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import append_metrics, plot, write_summary
 from meshkit.train._launch import (
@@ -601,6 +602,8 @@ class Runner:
                 f"{plan.config.path}: rank(s) {ranks} asked for their data (--pull-data), but "
                 f"[partitioner] name = \"local\" trains each node on its own data; drop "
                 f"--pull-data, or use a partitioner that splits the coordinator's data")
+        if is_population(parts["task"]):
+            return {}  # every client is made from the task's options: nothing to send
         # Every worker may serve any client (the round engine moves work to
         # whoever is live), so such a node is sent the training set, and cuts
         # its clients' shards from it by the same partitioner as every other.
