@@ -67,8 +67,10 @@ from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLos
 from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.partitioner import is_per_node
+from meshkit.population import is_population
 from meshkit.pipeline import Stage, run_pipeline
-from meshkit.train._artifacts import append_metrics, plot, write_summary
+from meshkit.train._artifacts import (append_clients, append_metrics, plot, split_clients,
+                                      write_summary)
 from meshkit.train._launch import (
     exited_early,
     logs_dir,
@@ -595,6 +597,14 @@ class Runner:
             # Checkpoint first: a metrics line never describes a round the
             # checkpoint cannot reproduce.
             line = report.to_json()
+            clients_mode = cfg.run.client_metrics
+            if clients_mode != "inline":
+                # Per-client figures go to clients.jsonl (or nowhere), not into
+                # the row, the checkpoint or the run's history: nothing grows
+                # with the clients a run has served.
+                line, per_client = split_clients(line)
+                report = attrs.evolve(report, served={}, client_examples={},
+                                      client_metrics={})
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
@@ -602,13 +612,16 @@ class Runner:
                 aggregator_state=aggregator_state(parts["aggregator"]),
                 privacy_state={} if privacy is None else privacy.state_dict()))
             append_metrics(out, line)
+            if clients_mode == "file":
+                append_clients(out, per_client)
             completed[0] = report.round
             self._round_started = time.monotonic()
             last_metrics.clear()
             last_metrics.update(report.metrics)
             final_state[0] = state
             self._history.append(report)
-            self._emit("round", "", report)
+            if _shows(report, cfg.run.progress_every):
+                self._emit("round", "", report)
             self._notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:
                 self.on_round(report, state)
@@ -641,6 +654,8 @@ class Runner:
                 f"{plan.config.path}: rank(s) {ranks} asked for their data (--pull-data), but "
                 f"[partitioner] name = \"local\" trains each node on its own data; drop "
                 f"--pull-data, or use a partitioner that splits the coordinator's data")
+        if is_population(parts["task"]):
+            return {}  # every client is made from the task's options: nothing to send
         # Every worker may serve any client (the round engine moves work to
         # whoever is live), so such a node is sent the training set, and cuts
         # its clients' shards from it by the same partitioner as every other.
@@ -737,3 +752,13 @@ def run(config: Any, *, resume: bool = False, overwrite: bool = False, pset: Any
     """
     return Runner(config, resume=resume, overwrite=overwrite, pset=pset, progress=progress,
                   launch=launch, **kwargs).run()
+
+
+def _shows(report: Any, every: int) -> bool:
+    """Whether a round gets a progress line (``[run] progress_every``).
+
+    Every ``every``-th round, the last, and any round that lost a worker or
+    left a client unserved: a quieter progress never hides a failure.
+    """
+    return (report.round % every == 0 or report.round == report.rounds
+            or bool(report.dropped) or bool(report.not_served))
