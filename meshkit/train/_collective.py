@@ -56,6 +56,7 @@ import numpy as np
 
 from meshkit.aggregation import FixedPartial, FixedPointSum, MeanFold
 from meshkit.errors import AggregationError, PeerLostError, RefusedError
+from meshkit.population import population_size
 from meshkit.state import is_array, is_float_dtype
 from meshkit.train._strategy import StrategyContext
 
@@ -112,7 +113,8 @@ def cohort_slice(keys: Sequence[int], rank: int, world: int) -> list[int]:
 
 
 def check_collective(*, strategy: str, aggregator: Any, privacy: Any, attack: Any,
-                     partitioner_local: bool, options: Any, where: str) -> None:
+                     partitioner_local: bool, options: Any, where: str,
+                     task: Any = None) -> None:
     """Refuse, before any rank trains, what a collective round cannot play (module docstring)."""
     instead = ("run it with [transport] mode = \"coordinator\" (rank 0 coordinates, the "
                "other ranks serve) or with meshkit run")
@@ -138,12 +140,13 @@ def check_collective(*, strategy: str, aggregator: Any, privacy: Any, attack: An
                 f"{where}: {what} is not played by a collective run (mode = \"spmd\": every "
                 f"rank folds its own clients and one sum per round combines them; see "
                 f"docs/simulation.md for what it leaves out); drop it, or {instead}")
-    clients = int(getattr(options, "clients", 0) or 0)
+    clients = int(getattr(options, "clients", 0) or 0) or (population_size(task) or 0)
     if clients < 1:
         raise RefusedError(
             f"{where}: [strategy] clients is not set: a collective run simulates a "
             f"population of clients on every rank, and without a number the federated "
-            f"strategy would take one client per worker; set [strategy] clients")
+            f"strategy would take one client per worker; set [strategy] clients (or use a "
+            f"population task, which says how many clients it has)")
 
 
 def fold_collectively(ctx: StrategyContext, work: Sequence[Any], *,

@@ -269,7 +269,7 @@ class Runner:
                              privacy=parts["privacy"], attack=parts.get("attack"),
                              partitioner_local=is_per_node(parts["partitioner"]),
                              options=getattr(parts["strategy"], "options", None),
-                             where=str(config.path))
+                             where=str(config.path), task=parts["task"])
         self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
                            or "")
         self._join_timeout = config.mesh.join_timeout

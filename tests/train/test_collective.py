@@ -104,3 +104,20 @@ def test_a_stop_asked_on_one_rank_stops_every_rank_after_the_same_round(
     reports = threads.run(play)
     assert [r.rounds_completed for r in reports] == [1, 1]
     assert threads.sums == 1
+
+
+def test_a_population_task_plays_collectively_with_the_same_bits_at_1_and_3_ranks(
+        tmp_path: Path) -> None:
+    def tables(out: Path) -> dict[str, Any]:
+        return {"run": {"task": "synthetic-federated", "seed": 2, "out": str(out)},
+                "task": {"clients": 10_000},
+                "strategy": {"name": "federated", "rounds": 2, "fraction": 0.001},
+                "aggregator": {"name": "fedavg"}}
+
+    finals = []
+    for world in (1, 3):
+        reports = ThreadWorld(world).run(lambda reducer: Runner(
+            tables(tmp_path / f"w{world}-{reducer.rank}"), collective=reducer).run())
+        assert reports[0].ok and len(reports[0].history[-1].clients) == 10
+        finals.append(reports[0].state)
+    assert all(finals[1][k].tobytes() == v.tobytes() for k, v in finals[0].items())
