@@ -402,6 +402,8 @@ class FixedPointSum:
 
         Its sums must fit the same model (keys, shapes, dtypes), with the same
         pass-through arrays and JSON constants, and the same ``fraction_bits``.
+        The partial belongs to this sum afterwards: the first one merged into
+        an empty sum becomes its accumulator (no copy), so do not reuse it.
         """
         self._check_open()
         label = source or f"partial #{len(self.sources)}"
@@ -448,14 +450,16 @@ class FixedPointSum:
                 raise self._overflow(key, label)
         # Checked: now the sums change.
         if not part.order:
+            # The first partial becomes the sum: its arrays are taken over, not
+            # copied (writable, contiguous ones; anything else is copied once).
             self._first = label
             part.order = list(partial.order)
-            part.sums = {k: v.copy() for k, v in partial.sums.items()}
+            part.sums = {k: _owned(v) for k, v in partial.sums.items()}
             part.dtypes = dict(partial.dtypes)
-            part.exact = {k: np.array(v, copy=True) for k, v in partial.exact.items()}
+            part.exact = dict(partial.exact)
             part.json = {k: _copy_json(v) for k, v in partial.json.items()}
-            part.json_sums = {k: v.copy() for k, v in partial.json_sums.items()}
-            part.json_same = {k: v.copy() for k, v in partial.json_same.items()}
+            part.json_sums = {k: _owned(v) for k, v in partial.json_sums.items()}
+            part.json_same = {k: _owned(v) for k, v in partial.json_same.items()}
         else:
             for key, array in partial.sums.items():
                 np.add(part.sums[key], array, out=part.sums[key])
@@ -496,9 +500,9 @@ class FixedPointSum:
         out: dict[str, Any] = {}
         for key in part.order:
             if key in part.sums:
-                mean = part.sums[key].astype(np.float64)
-                np.divide(mean, mass, out=mean)
-                out[key] = mean.astype(part.dtypes[key])
+                # Chunk by chunk, each accumulator dropped once read: the mean
+                # never costs more than the sums plus the result.
+                out[key] = _mean(part.sums.pop(key), mass, part.dtypes[key])
             elif key in part.exact:
                 out[key] = part.exact[key]
             else:
@@ -643,6 +647,28 @@ def _accumulate(acc: np.ndarray, x: np.ndarray, scale: float) -> None:
         np.copyto(i, t, casting="unsafe")
         a = acc[start:stop]
         np.add(a, i, out=a)
+
+
+def _owned(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when this sum may add into it in place, else a copy."""
+    if array.flags.c_contiguous and array.flags.writeable and array.base is None:
+        return array
+    return np.ascontiguousarray(array).copy()
+
+
+def _mean(sums: np.ndarray, mass: float, dtype: np.dtype) -> np.ndarray:
+    """``sums / mass`` in ``dtype``: each element's int64 sum to float64, divided, rounded once."""
+    out = np.empty(sums.shape, dtype=dtype)
+    flat, target = sums.reshape(-1), out.reshape(-1)
+    step = min(_CHUNK, flat.size) or 1
+    wide = np.empty(step, dtype=np.float64)
+    for start in range(0, flat.size, step):
+        stop = min(start + step, flat.size)
+        t = wide[:stop - start]
+        np.copyto(t, flat[start:stop], casting="unsafe")
+        np.divide(t, mass, out=t)
+        np.copyto(target[start:stop], t, casting="unsafe")
+    return out
 
 
 def _copy_json(value: Any) -> Any:
