@@ -4,6 +4,8 @@ Run (from the repository root, torch installed: ``pip install torch==2.13.0``)::
 
     python benchmarks/population_torchrun.py                    # 200 clients, 50 a round
     python benchmarks/population_torchrun.py --rounds 10 --ranks 1 2
+    python benchmarks/population_torchrun.py --task synthetic-federated --clients 100000 \
+        --per-round 100                                         # a population of 100,000
 
 The same job three ways, in one run, one after another:
 
@@ -40,6 +42,11 @@ from meshkit.checkpoint import load_checkpoint
 
 
 def _config(path: Path, out: Path, args: argparse.Namespace, *, spmd: bool) -> Path:
+    # A population task says how many clients it has ([task] clients); a data set is
+    # split into [strategy] clients.
+    population = args.task == "synthetic-federated"
+    task_table = f"[task]\nclients = {args.clients}" if population else ""
+    clients = "" if population else f"clients = {args.clients}"
     path.write_text(textwrap.dedent(f"""
         [run]
         task = "{args.task}"
@@ -56,12 +63,12 @@ def _config(path: Path, out: Path, args: argparse.Namespace, *, spmd: bool) -> P
         [strategy]
         name = "federated"
         rounds = {args.rounds}
-        clients = {args.clients}
+        {clients}
         fraction = {args.per_round / args.clients}
 
         [aggregator]
         name = "fedavg"
-    """))
+    """) + task_table + "\n")
     return path
 
 
