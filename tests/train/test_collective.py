@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from meshkit import RefusedError
-from meshkit.train import Runner, RunStopped, cohort_slice
+import meshkit.plugins
+from meshkit.train import LocalPool, Runner, RunStopped, StrategyContext, cohort_slice
 
 from tests.support.reducers import ThreadWorld
 
@@ -44,7 +45,8 @@ def test_a_rank_serves_every_worldth_client_of_the_sorted_cohort() -> None:
     assert cohort_slice([3], 2, 4) == []
 
 
-def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks(tmp_path: Path) -> None:
+def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks_as_the_coordinators(
+        tmp_path: Path) -> None:
     finals = {}
     for world in (1, 2, 4):
         reports, threads = _collective(tmp_path, world)
@@ -64,6 +66,15 @@ def test_the_aggregate_is_the_same_bits_at_1_2_and_4_ranks(tmp_path: Path) -> No
         for key, value in finals[1].items():
             assert finals[world][key].dtype == value.dtype
             assert finals[world][key].tobytes() == value.tobytes(), (world, key)
+    # The coordinator's round engine (two in-process workers) folds the same exact sums.
+    task = lambda: meshkit.plugins.create("task", "digits")  # noqa: E731
+    ctx = StrategyContext(task=task(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+                          pool=LocalPool.of(task, [1, 2]), workers=[1, 2],
+                          rng=np.random.default_rng(5), seed=5, timeout=10)
+    strategy = meshkit.plugins.create("strategy", "federated",
+                                      {"rounds": 2, "clients": 12, "fraction": 0.5})
+    coordinated = strategy.run(ctx).state
+    assert all(coordinated[k].tobytes() == v.tobytes() for k, v in finals[1].items())
 
 
 def test_every_rank_records_the_same_rounds(tmp_path: Path) -> None:

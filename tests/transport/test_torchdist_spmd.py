@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch.distributed")
@@ -94,9 +93,8 @@ def test_one_two_and_four_ranks_reach_the_same_model_bit_for_bit_as_meshkit_run(
             assert checkpoint.state[key].tobytes() == value.tobytes(), (ranks, key)
         served = {int(c): r for c, r in checkpoint.report["served"].items()}
         assert served == {c: i % ranks for i, c in enumerate(sorted(served))}
-    for key, value in reference.state.items():
-        np.testing.assert_allclose(models[1].state[key], value, rtol=1e-9, atol=1e-12,
-                                   err_msg=key)
+    for key, value in reference.state.items():  # the star's batched round: the same sums
+        assert models[1].state[key].tobytes() == value.tobytes(), key
 
 
 def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
