@@ -177,6 +177,7 @@ class GlooReducer:
 def run_spmd(config: Any, rank: int, world: int, *, resume: bool, overwrite: bool) -> int:
     """This rank's part of a ``mode = "spmd"`` run; the exit status (0 finished, 2 failed)."""
     options = dict(config.transport.options)
+    _refuse_idle_options(config, options)
     join = float(options.get("join_timeout", 300.0))
     reducer = GlooReducer.connect(rank, world, timeout=config.mesh.timeout, join_timeout=join,
                                   trust_network=config.mesh.trust_network)
@@ -212,6 +213,30 @@ def run_spmd(config: Any, rank: int, world: int, *, resume: bool, overwrite: boo
               f"metrics { {k: round(v, 4) for k, v in report.metrics.items()} }"
               + (f"; {report.error}" if report.error else ""), flush=True)
     return 0 if report.ok else 2
+
+
+#: ``[transport]`` keys an spmd run uses; the others shape the coordinator's links.
+_SPMD_KEYS = frozenset({"mode", "join_timeout"})
+
+
+def _refuse_idle_options(config: Any, options: dict[str, Any]) -> None:
+    """A ``[transport]`` key that would do nothing here is refused, naming it."""
+    backend = options.get("backend", "auto")
+    if backend not in ("auto", "gloo"):
+        raise meshkit.ConfigError(
+            f"{config.path}: [transport] backend = {backend!r}: an spmd run sums int64 "
+            f"partials on the CPU over gloo; drop backend (or set \"gloo\")")
+    if options.get("init_method", "") not in ("", "env://"):
+        raise meshkit.ConfigError(
+            f"{config.path}: [transport] init_method = {options['init_method']!r}: an spmd "
+            f"run meets through torchrun's env:// (MASTER_ADDR, MASTER_PORT); drop "
+            f"init_method")
+    idle = sorted(set(options) - _SPMD_KEYS - {"backend", "init_method"})
+    if idle:
+        raise meshkit.ConfigError(
+            f"{config.path}: [transport] {', '.join(idle)}: not used by an spmd run (no "
+            f"messages cross its links, only one int64 sum a round); drop "
+            f"{'it' if len(idle) == 1 else 'them'}")
 
 
 def _copy_checkpoint(config: Any, scratch: Path, rank: int) -> None:

@@ -134,3 +134,15 @@ def test_a_rank_lost_mid_run_fails_the_round_naming_it_and_keeps_the_checkpoint(
     assert not summary["ok"] and "rank 1 lost" in summary["error"], summary
     assert "--resume" in summary["error"]
     assert load_checkpoint(tmp_path / "lost").round >= 2
+
+
+def test_a_transport_key_an_spmd_run_does_not_use_is_refused_before_it_connects(
+        tmp_path: Path) -> None:
+    from meshkit import ConfigError
+    from meshkit.config import load_config
+    from meshkit_torchdist.spmd import run_spmd
+
+    path = _config(tmp_path, "idle")
+    path.write_text(path.read_text().replace('mode = "spmd"', 'mode = "spmd"\nbf16_wire = true'))
+    with pytest.raises(ConfigError, match=r"\[transport\] bf16_wire: not used by an spmd run"):
+        run_spmd(load_config(str(path)), 0, 2, resume=False, overwrite=False)
