@@ -77,6 +77,12 @@ def torchrun_config(path: str, world: int) -> Any:
                         transport=transport)
 
 
+def print_progress(event: Any) -> None:
+    """The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout, the
+    rest on stderr."""
+    print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
+
+
 def spmd_mode(config: Any) -> bool:
     """Whether the config asks for every rank to run the same program (``mode = "spmd"``)."""
     return config.transport.options.get("mode", "coordinator") == "spmd"
@@ -88,13 +94,8 @@ def _coordinator(config: Any, *, resume: bool, overwrite: bool) -> int:
         # runner's check for one (written for transports that use it) is met
         # with a throwaway value that never leaves this process.
         os.environ["MESHKIT_SECRET"] = secrets.token_hex(32)
-    # The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout,
-    # the rest on stderr.
-    def progress(event: Any) -> None:
-        print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
-
     report = meshkit.run(config, launch="external", resume=resume, overwrite=overwrite,
-                         progress=progress)
+                         progress=print_progress)
     print(f"meshkit_torchdist: rank 0: run {'finished' if report.ok else 'failed'}: "
           f"{report.rounds_completed}/{report.rounds} round(s), metrics "
           f"{ {k: round(v, 4) for k, v in report.metrics.items()} }"

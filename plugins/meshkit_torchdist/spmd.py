@@ -49,6 +49,7 @@ import torch.distributed as dist
 import meshkit
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit_torchdist.group import TorchdistGroup, is_loopback
+from meshkit_torchdist.launch import print_progress
 
 __all__ = ["GlooReducer", "run_spmd", "ROLL_CALL"]
 
@@ -189,7 +190,7 @@ def run_spmd(config: Any, rank: int, world: int, *, resume: bool, overwrite: boo
                 _copy_checkpoint(config, scratch, rank)
             config = attrs.evolve(config, run=attrs.evolve(config.run, out=str(scratch)),
                                   observers=())
-        progress = _progress if rank == 0 else None
+        progress = print_progress if rank == 0 else None
         if rank == 0:
             print(f"meshkit_torchdist: spmd: {world} rank(s) each play a slice of every round "
                   f"([mesh] workers = {config.mesh.workers} is for meshkit run of this "
@@ -247,8 +248,3 @@ def _copy_checkpoint(config: Any, scratch: Path, rank: int) -> None:
             f"of an spmd run resumes from rank 0's [run] out, so on several hosts put out on "
             f"a filesystem they share")
     shutil.copy2(found, scratch / CHECKPOINT_NAME)
-
-
-def _progress(event: Any) -> None:
-    # The same lines as `meshkit run` (str(RunEvent)): rounds on stdout, the rest on stderr.
-    print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
