@@ -132,3 +132,16 @@ def test_a_population_task_plays_collectively_with_the_same_bits_at_1_and_3_rank
         assert reports[0].ok and len(reports[0].history[-1].clients) == 10
         finals.append(reports[0].state)
     assert all(finals[1][k].tobytes() == v.tobytes() for k, v in finals[0].items())
+
+
+def test_a_resumed_collective_run_ends_on_the_uninterrupted_runs_bits(tmp_path: Path) -> None:
+    def play(rounds: int, name: str, resume: bool) -> Any:
+        return ThreadWorld(2).run(lambda reducer: Runner(
+            _tables(tmp_path / name / str(reducer.rank), rounds=rounds), collective=reducer,
+            resume=resume).run())[0]
+
+    play(1, "resumed", resume=False)
+    resumed = play(3, "resumed", resume=True)
+    straight = play(3, "straight", resume=False)
+    assert resumed.resumed_from == 1 and resumed.rounds_completed == 3
+    assert all(resumed.state[k].tobytes() == v.tobytes() for k, v in straight.state.items())
