@@ -572,7 +572,7 @@ class Runner:
         """Every rank plays the round (:mod:`meshkit.train._collective`): this rank's own
         trainer, in process, is its one worker; the reducer sums the ranks' partials."""
         rank = int(self.collective.rank)
-        pool = LocalPool({rank: _trainer(self._spec(plan))})
+        pool = LocalPool({rank: _trainer(self._spec(plan))}, direct=True)
         ctx = self._context(plan, parts, pool, [rank], [], start_round, out, completed,
                             last_metrics, final_state, pset)
         ctx.collective = self.collective
