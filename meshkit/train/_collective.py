@@ -2,7 +2,7 @@
 
 A *collective* run has no coordinator: every rank runs the same program
 (``torchrun ... -m meshkit_torchdist CONFIG`` with ``[transport] mode =
-"spmd"``; docs/simulation.md). Each rank builds the same components from
+"spmd"``; docs/scaling-out.md). Each rank builds the same components from
 the same config and seed, so each samples the same cohort each round; the
 strategy (``federated``) and the round skeleton are the ones every run
 uses, and only :func:`meshkit.train.fold_round` differs, by handing the
@@ -48,7 +48,6 @@ it last), ``round_timeout``, and node-local data (``[partitioner] name =
 from __future__ import annotations
 
 import hashlib
-import logging
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import attrs
@@ -62,8 +61,6 @@ from meshkit.train._strategy import StrategyContext
 
 __all__ = ["PartialReducer", "cohort_slice", "fold_collectively", "check_collective",
            "COLLECTIVE_STRATEGIES"]
-
-log = logging.getLogger(__name__)
 
 #: Strategies whose rounds a collective run plays.
 COLLECTIVE_STRATEGIES = ("federated",)
@@ -130,6 +127,10 @@ def check_collective(*, strategy: str, aggregator: Any, privacy: Any, attack: An
             f"each rank's clients exactly and adds the sums, which only a mean can be "
             f"made of (a median or krum needs every update in one place); use [aggregator] "
             f"name = \"fedavg\", or {instead}")
+    if fold.allow_nonfinite:
+        raise RefusedError(
+            f"{where}: [aggregator] allow_nonfinite = true: a collective run's exact sums "
+            f"cannot hold a NaN or an infinity; drop it, or {instead}")
     for present, what in ((privacy is not None, "[privacy]"), (attack is not None, "[attack]"),
                           (partitioner_local, "[partitioner] name = \"local\""),
                           (bool(getattr(options, "local_keys", ())), "[strategy] local_keys"),
@@ -139,7 +140,7 @@ def check_collective(*, strategy: str, aggregator: Any, privacy: Any, attack: An
             raise RefusedError(
                 f"{where}: {what} is not played by a collective run (mode = \"spmd\": every "
                 f"rank folds its own clients and one sum per round combines them; see "
-                f"docs/simulation.md for what it leaves out); drop it, or {instead}")
+                f"docs/scaling-out.md for what it leaves out); drop it, or {instead}")
     clients = int(getattr(options, "clients", 0) or 0) or (population_size(task) or 0)
     if clients < 1:
         raise RefusedError(
