@@ -96,3 +96,17 @@ def test_fits_learn_a_clients_own_model():
         state = task.fit(state, x, y, seed=epoch).state
     before, after = task.evaluate(start, x, y), task.evaluate(state, x, y)
     assert after["loss"] < before["loss"] / 3 and after["accuracy"] > 0.8
+
+
+def test_federated_averaging_learns_fedprox_s_thirty_clients():
+    """FedProx's setting: 30 clients of synthetic(1, 1), all in every round, evaluated on
+    their own held-out rows (clients share no labelling rule, so it is theirs it learns)."""
+    task = create_task("synthetic-federated", {"clients": 30, "eval_clients": 30})
+    state = task.init_state(0)
+    assert task.evaluate(state)["accuracy"] < 0.2
+    for rnd in range(20):
+        fits = [task.fit(state, *task.client_data(c), seed=rnd * 100 + c) for c in range(30)]
+        total = sum(f.examples for f in fits)
+        state = {k: (sum(f.state[k].astype(np.float64) * f.examples for f in fits)
+                     / total).astype(np.float32) for k in state}
+    assert task.evaluate(state)["accuracy"] > 0.6
