@@ -81,22 +81,7 @@ def check_split(parts: Sequence[Any], rows: int, clients: int, *, name: str) -> 
     arrays = []
     seen = np.zeros(rows, dtype=np.int64)
     for c, part in enumerate(parts):
-        array = np.asarray(part)
-        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise ConfigError(f"partitioner {name!r}: client {c}'s part must be a 1-D array "
-                              f"of row numbers, got {array.dtype}{list(array.shape)}")
-        array = array.astype(np.int64, copy=False)
-        if array.size == 0:
-            raise ConfigError(
-                f"partitioner {name!r} gave client {c} no rows; every client needs at least "
-                f"one. Use fewer clients, another [run] seed, or options that spread the rows "
-                f"more evenly (for dirichlet, a larger alpha)")
-        if array.min() < 0 or array.max() >= rows:
-            raise ConfigError(f"partitioner {name!r}: client {c} has row numbers outside "
-                              f"0..{rows - 1}")
-        if np.any(np.diff(array) <= 0):
-            raise ConfigError(f"partitioner {name!r}: client {c}'s rows must be ascending and "
-                              f"distinct")
+        array = check_client_rows(part, rows, c, name=name)
         seen[array] += 1
         arrays.append(array)
     twice = np.flatnonzero(seen > 1)
@@ -155,7 +140,7 @@ def check_client_rows(part: Any, rows: int, client: int, *, name: str) -> np.nda
             f"partitioner {name!r} gave client {client} no rows; every client needs at least "
             f"one. Use fewer clients, another [run] seed, or options that spread the rows "
             f"more evenly (for dirichlet, a larger alpha)")
-    if array[0] < 0 or array[-1] >= rows:
+    if array.min() < 0 or array.max() >= rows:
         raise ConfigError(f"partitioner {name!r}: client {client} has row numbers outside "
                           f"0..{rows - 1}")
     if array.size > 1 and np.any(array[1:] <= array[:-1]):

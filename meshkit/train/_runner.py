@@ -589,7 +589,7 @@ class Runner:
         rng = parts["rng"]
         privacy = parts["privacy"]
         run_identity = identity(plan)
-        client_local = ClientLocal()
+        client_local = ClientLocal(spill_dir=out)
         if parts.get("client_local"):
             client_local.load_state_dict(parts["client_local"])  # a resumed run's
 
