@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 import meshkit
 from meshkit.checkpoint import CHECKPOINT_NAME
-from meshkit_torchdist.group import TorchdistGroup, is_loopback
+from meshkit_torchdist.group import TorchdistLinks, is_loopback
 from meshkit_torchdist.launch import print_progress
 
 __all__ = ["GlooReducer", "run_spmd", "ROLL_CALL"]
@@ -103,7 +103,7 @@ class GlooReducer:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         try:
             if rank == 0 and not agent:
-                store = TorchdistGroup._host_store(host, port, wait, world_size=world,
+                store = TorchdistLinks._host_store(host, port, wait, world_size=world,
                                                    multi_tenant=True, wait_for_workers=True)
             else:
                 store = next(dist.rendezvous("env://", rank=rank, world_size=world,

@@ -143,6 +143,7 @@ def test_a_transport_key_an_spmd_run_does_not_use_is_refused_before_it_connects(
     from meshkit_torchdist.spmd import run_spmd
 
     path = _config(tmp_path, "idle")
-    path.write_text(path.read_text().replace('mode = "spmd"', 'mode = "spmd"\nbf16_wire = true'))
-    with pytest.raises(ConfigError, match=r"\[transport\] bf16_wire: not used by an spmd run"):
+    path.write_text(path.read_text().replace('mode = "spmd"',
+                                             'mode = "spmd"\nmax_frame_bytes = 4096'))
+    with pytest.raises(ConfigError, match=r"\[transport\] max_frame_bytes: not used by an"):
         run_spmd(load_config(str(path)), 0, 2, resume=False, overwrite=False)
