@@ -208,6 +208,18 @@ def _sigma(instance: Any, attribute: attrs.Attribute, value: float | None) -> No
         raise ValueError(f"sigma must be a number from 0 to 10, got {value}")
 
 
+def _clock(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value != "virtual":
+        raise ValueError(f"clock = {value!r}: the only clock is \"virtual\" (real time needs "
+                         f"no [simulation] table)")
+
+
+def _speeds(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value != "lognormal":
+        raise ValueError(f"speeds = {value!r}: durations are \"lognormal\" (with sigma), or "
+                         f"come from a speeds_file")
+
+
 @attrs.frozen
 class SimulationTable:
     """``[simulation]``: the virtual clock of a simulated federation (docs/async.md).
@@ -218,10 +230,9 @@ class SimulationTable:
     """
 
     #: The only clock this table configures (real time needs no table).
-    clock: str = attrs.field(default="virtual", validator=attrs.validators.in_(("virtual",)))
+    clock: str = attrs.field(default="virtual", validator=_clock)
     #: How client durations are drawn: "lognormal" (the one distribution).
-    speeds: str = attrs.field(default="lognormal",
-                              validator=attrs.validators.in_(("lognormal",)))
+    speeds: str = attrs.field(default="lognormal", validator=_speeds)
     #: The lognormal's sigma (default 1.0); not with speeds_file.
     sigma: float | None = attrs.field(default=None, validator=_sigma)
     #: A CSV of ``client,seconds`` lines instead of drawn durations.
