@@ -32,12 +32,10 @@ a benchmark, it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,9 @@ from meshkit.simulation import Speeds
 from meshkit.train import LocalPool, StrategyContext, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the nodes and the run they serve: tests/support/nodes.py
+
+from tests.support.nodes import run_with_nodes, spawn_node  # noqa: E402
 
 
 def task_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def plot(results: list[dict[str, Any]], target: float, path: Path) -> None:
 def real_run(strategy: str, args: argparse.Namespace, workdir: Path) -> list[tuple[float, float]]:
     """(wall seconds since the first round began, accuracy) per round of a run on four
     real nodes, rank 4 five times slower."""
-    from meshkit.train import Runner, read_metrics
+    from meshkit.train import read_metrics
 
     secret = workdir / "secret"
     secret.write_bytes(b"async-benchmark-secret-0123456789\n")
@@ -172,39 +173,12 @@ rounds = {rounds}
 fit_delay = {args.delay}
 epochs = {args.epochs}
 """)
-    listening: list[str] = []
-    ready = threading.Event()
-    outcome: dict[str, Any] = {}
+    def nodes(address: str) -> list[subprocess.Popen]:
+        return [spawn_node(rank, 5, address, secret, "--task-option",
+                           f"fit_delay={args.delay * (5 if rank == 4 else 1)}")
+                for rank in (1, 2, 3, 4)]
 
-    def progress(event: Any) -> None:
-        if event.kind == "listening":
-            listening.append(event.message.split()[3])
-            ready.set()
-
-    def drive() -> None:
-        try:
-            outcome["report"] = Runner(str(config), progress=progress).run()
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=drive, daemon=True)
-    thread.start()
-    ready.wait(60)
-    env = {k: v for k, v in os.environ.items() if k != "MESHKIT_SECRET"}
-    procs = []
-    for rank in (1, 2, 3, 4):
-        delay = args.delay * (5 if rank == 4 else 1)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "meshkit", "node", "--rank", str(rank), "--world", "5",
-             "--peers", listening[0], "--secret-file", str(secret), "--timeout", "30",
-             "--task-option", f"fit_delay={delay}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-    thread.join(600)
-    for proc in procs:
-        proc.wait(60)
-    if "error" in outcome:
-        raise outcome["error"]
+    run_with_nodes(config, nodes, timeout=600)
     points, wall = [], 0.0
     for row in read_metrics(workdir / strategy):
         wall += float(row["seconds"])

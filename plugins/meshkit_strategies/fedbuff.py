@@ -73,7 +73,7 @@ from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
 from meshkit.train import check_contribution, client_seed, run_rounds, signature
 from meshkit.train import train_loss
 
-from meshkit_strategies._shared import training_rows
+from meshkit_strategies._shared import require_rows
 from meshkit_strategies.options import FedBuffOptions
 
 __all__ = ["FedBuff", "staleness_weight", "MEAN_AGGREGATORS"]
@@ -275,11 +275,7 @@ class FedBuff:
                 f"time_budget argument (docs/tasks.md). Drop time_budget")
         if speeds is not None:
             speeds.check_covers(clients)
-        rows = training_rows(task)
-        if rows is not None and rows < clients:
-            raise ConfigError(
-                f"[strategy] clients = {clients} but the task has only {rows} training rows; "
-                f"every client's shard needs at least one row. Use at most {rows} clients")
+        require_rows(task, clients)
 
     # -- the loop ----------------------------------------------------------------
 

@@ -207,6 +207,28 @@ def test_on_real_time_a_dead_worker_lowers_the_concurrency_and_the_run_goes_on()
     assert all(r.simulated_time is None for r in rows)
 
 
+def test_on_real_time_a_worker_taken_in_between_steps_trains_from_the_next_step_on():
+    from meshkit.train import Trainer
+
+    task = AddOne()
+    ctx = make_ctx(task, ranks=(1,))
+    rows = reports_of(ctx)
+    calls = []
+
+    def admit():
+        calls.append(1)
+        if len(calls) != 3:
+            return ()
+        ctx.pool.trainers[2] = Trainer(task)  # a node joining before step 3
+        ctx.workers.append(2)
+        return (2,)
+    ctx.admit = admit
+    fedbuff(rounds=5, clients=4, buffer_size=1, concurrency=2).run(ctx)
+    assert rows[2].joined == (2,)
+    assert {rank for r in rows[:2] for rank in r.served.values()} == {1}
+    assert 2 in {rank for r in rows[2:] for rank in r.served.values()}
+
+
 # -- refusals ------------------------------------------------------------------------
 
 
