@@ -445,6 +445,9 @@ class Plan:
                 line += (f" on clients {list(cfg.attack.clients)}" if cfg.attack.clients
                          else f" on fraction {cfg.attack.fraction:g} of the clients")
             lines.append(line)
+        speeds = cfg.speeds()
+        if speeds is not None:
+            lines.append(f"simulation: virtual clock, {speeds.describe()}")
         for component, opts in self.observers:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"
