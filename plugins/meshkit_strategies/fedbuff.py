@@ -48,7 +48,8 @@ Rules (docs/async.md):
   half-full buffer continues exactly as if it had not been (the buffer's
   updates are recomputed, never lost).
 
-Composes with every outer optimizer, ``time_budget`` (realized work),
+Composes with every outer optimizer, ``time_budget`` (realized work; on real time only: wall time would break the
+virtual clock's replay),
 ``fedavg`` and ``allreduce``, and host relays (fits are sent flat, relays
 forward). Refused, each naming both keys: robust aggregators (a buffer of
 updates against different versions is not one round of contributions to one
@@ -273,6 +274,13 @@ class FedBuff:
                 f"[strategy] time_budget = {opts.time_budget:g}: the task "
                 f"({type(task).__name__}) cannot honour a time budget: its fit() takes no "
                 f"time_budget argument (docs/tasks.md). Drop time_budget")
+        if speeds is not None and opts.time_budget:
+            raise RefusedError(
+                f"[strategy] time_budget = {opts.time_budget:g} with [simulation]: a time "
+                f"budget is wall time, so the work each fit does would depend on the "
+                f"machine's load and the virtual clock's run would not replay. Drop "
+                f"time_budget (the clock's durations say how slow each client is), or "
+                f"remove [simulation] to run on real time")
         if speeds is not None:
             speeds.check_covers(clients)
         require_rows(task, clients)

@@ -248,6 +248,9 @@ def check_config(tmp_path, strategy="", extra=""):
     ({"privacy": {"name": "dp-fixed", "clip_norm": 1.0, "noise_multiplier": 1.0}},
      ["[privacy]", "'fedbuff'", "federated"]),
     ({"partitioner": {"name": "local"}}, ['name = "local"', "fedbuff"]),
+    ({"strategy": {"name": "fedbuff", "clients": 8, "buffer_size": 2, "concurrency": 2,
+                   "time_budget": 1.0}, "simulation": {}},
+     ["[strategy] time_budget = 1 with [simulation]", "replay"]),
 ])
 def test_what_fedbuff_cannot_compose_with_is_refused_naming_both_keys(tmp_path, extra, words):
     with pytest.raises(meshkit.RefusedError) as info:
