@@ -14,7 +14,7 @@ from meshkit.train import read_metrics
 from meshkit_strategies.fedbuff import staleness_weight
 
 from tests.support.cli import run_cli
-from tests.support.configs import write_config, write_secret_file
+from tests.support.configs import external_config, write_config
 from tests.support.nodes import run_with_nodes, spawn_node
 
 pytestmark = pytest.mark.slow
@@ -92,30 +92,16 @@ SECRET = b"fedbuff-straggler-secret-0123456789"
 
 
 def test_a_slow_nodes_updates_reach_the_model_weighted_by_their_staleness(tmp_path):
-    secret = write_secret_file(tmp_path / "secret", SECRET)
-    config = tmp_path / "run.toml"
-    config.write_text(f"""
-[run]
-task = "digits"
-seed = 5
-out = "{tmp_path / 'out'}"
+    config = external_config(tmp_path, workers=4, rounds=16, secret=SECRET,
+                             strategy="fedbuff", extra="""
+        clients = 16
+        buffer_size = 2
+        concurrency = 4
 
-[mesh]
-launch = "external"
-workers = 4
-secret_file = "{secret}"
-timeout = 20
-
-[strategy]
-name = "fedbuff"
-rounds = 16
-clients = 16
-buffer_size = 2
-concurrency = 4
-
-[task]
-fit_delay = 0.03
-""")
+        [task]
+        fit_delay = 0.03
+    """)
+    secret = tmp_path / "secret"
     # Rank 4 takes five times as long over every fit (0.15 s against 0.03 s).
     slow = ["--task-option", "fit_delay=0.15"]
 
