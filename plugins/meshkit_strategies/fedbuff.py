@@ -3,7 +3,10 @@
 FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous
 Aggregation", AISTATS 2022); ``buffer_size = 1`` is FedAsync (Xie et al.,
 "Asynchronous Federated Optimization", 2019), whose ``poly`` and ``hinge``
-staleness rules are offered too.
+staleness rules are offered too -- in FedBuff's sense: the update against the
+version the client started from, applied as it arrives (Xie et al. mix the
+returned model into the current one instead; the two agree while that
+version is current).
 
 Rules (docs/async.md):
 
