@@ -72,6 +72,11 @@ DEFAULT_FRACTION_BITS = 32
 _INT64_MAX = (1 << 63) - 1
 #: Elements rounded and added per step: bounded scratch whatever the model's size.
 _CHUNK = 1 << 16
+#: Models of at most this many float elements (all float arrays, native dtypes)
+#: are summed in one arena, a handful of numpy calls per contribution whatever
+#: the number of arrays: a small model's cost is the calls, not the arithmetic.
+_ARENA_MAX = 1 << 18
+_NATIVE = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 #: The most contributions one partial may claim to hold (a sanity bound on the wire).
 MAX_PARTIAL_COUNT = 1 << 40
 
@@ -303,6 +308,10 @@ class FixedPointSum:
         self.sources: list[str] = []
         self._first = ""  # who set the template
         self._done = False
+        # The arena of a small all-float model: (keys, shapes, dtypes), the int64
+        # sums (each key's a view into it) and float64/int64 scratch of its size.
+        self._fast: tuple[list[str], list[tuple[int, ...]], list[np.dtype]] | None = None
+        self._arena = self._wide = self._ints = np.empty(0)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -334,6 +343,11 @@ class FixedPointSum:
         if not math.isfinite(scale):
             raise self._range(label, None, w, "its weight alone")
         first = not self._partial.order
+        if not first and self._add_fast(state, scale, label):
+            self._partial.mass += mass
+            self._partial.count += 1
+            self.sources.append(label)
+            return
         plan: list[tuple[str, np.ndarray, int]] = []  # (key, flat float values, bound)
         json_plan: list[tuple[str, Any, list[Any], int]] = []
         leaves_of: dict[str, list[Any]] = {}
@@ -368,12 +382,14 @@ class FixedPointSum:
         part = self._partial
         if first:
             self._first = label
+            self._make_arena(state)
             for key, value in state.items():
                 part.order.append(key)
                 if is_array(value):
                     value = np.asarray(value)
                     if is_float_dtype(value.dtype):
-                        part.sums[key] = np.zeros(value.shape, dtype=np.int64)
+                        if key not in part.sums:  # (the arena's are there already)
+                            part.sums[key] = np.zeros(value.shape, dtype=np.int64)
                         part.dtypes[key] = value.dtype
                     else:
                         part.exact[key] = np.array(value, copy=True)
@@ -396,6 +412,53 @@ class FixedPointSum:
         part.mass += mass
         part.count += 1
         self.sources.append(label)
+
+    def _make_arena(self, state: Mapping[str, Any]) -> None:
+        """One int64 arena for a small model of native float arrays only (see _ARENA_MAX)."""
+        values = list(state.values())
+        if not all(isinstance(v, np.ndarray) and v.dtype in _NATIVE for v in values):
+            return
+        total = sum(v.size for v in values)
+        if not 0 < total <= _ARENA_MAX:
+            return
+        self._arena = np.zeros(total, dtype=np.int64)
+        self._wide = np.empty(total, dtype=np.float64)
+        self._ints = np.empty(total, dtype=np.int64)
+        start = 0
+        for key, value in state.items():
+            self._partial.sums[key] = self._arena[start:start + value.size].reshape(value.shape)
+            start += value.size
+        self._fast = (list(state), [v.shape for v in values], [v.dtype for v in values])
+
+    def _add_fast(self, state: Mapping[str, Any], scale: float, label: str) -> bool:
+        """Add a contribution that fits the arena; False (nothing changed) sends it down the
+        general path, which words any refusal."""
+        fast = self._fast
+        if fast is None or not isinstance(state, dict) or len(state) != len(fast[0]):
+            return False
+        keys, shapes, dtypes = fast
+        flats = []
+        for key, shape, dtype in zip(keys, shapes, dtypes):
+            value = state.get(key)
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+                return False
+            flats.append(value.reshape(-1))
+        wide = self._wide
+        np.concatenate(flats, out=wide, casting="same_kind")
+        # Bounded before scaling (rounding w * x is monotone in x): nothing can overflow.
+        biggest = max(float(wide.max()), -float(wide.min())) * scale
+        if not biggest < _INT64_MAX:  # NaN, inf or out of range: refused on the general path
+            return False
+        np.multiply(wide, scale, out=wide)
+        np.rint(wide, out=wide)
+        bound = round(biggest)
+        if any(self._bounds.get(key, 0) + bound > _INT64_MAX for key in keys):
+            return False
+        np.copyto(self._ints, wide, casting="unsafe")
+        np.add(self._arena, self._ints, out=self._arena)
+        for key in keys:
+            self._bounds[key] = self._bounds.get(key, 0) + bound
+        return True
 
     def merge(self, partial: FixedPartial, *, source: str | None = None) -> None:
         """Add another sum's partial; a refused partial leaves this sum unchanged.

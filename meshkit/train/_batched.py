@@ -14,10 +14,12 @@ How a round goes (:func:`fold_batched`):
 
 1. ``set_state`` once to each worker the round needs, as the flat engine.
 2. The keys, in key order, are cut into batches of about
-   ``keys / (workers * BATCHES_PER_WORKER)`` (at most :data:`MAX_BATCH`):
-   small enough that a slow worker does not hold up the round (an idle
-   worker takes the next batch) and that a lost worker costs little work
-   again, large enough that a client costs no round trip of its own.
+   ``keys / (workers * BATCHES_PER_WORKER)`` (at least :data:`MIN_BATCH`,
+   at most :data:`MAX_BATCH` and a worker's share),
+   planned round-robin over the workers: small enough that a slow worker
+   does not hold up the round (a worker done with its plan takes over the
+   last planned batch of a busy one) and that a lost worker costs little
+   work again, large enough that a client costs no round trip of its own.
    Each ``fit_batch`` request carries its fits; the worker fits them one
    after another, folds each at once (one fit's result alive at a time)
    and answers with each fit's examples and metrics.
@@ -42,9 +44,11 @@ Not here (the flat engine, :mod:`meshkit.train._engine`, plays them): a
 round deadline (a late batch would already be in its worker's sum), work
 pinned to a rank, FedBN local keys (kept per client at the coordinator),
 simulated attacks (poisoned one contribution at a time), any other
-aggregator, ``allow_nonfinite``, an unweighted mean over unequal work,
-data-parallel replicas (no round state), and requests other than a plain
-``fit``. :func:`batch_applies` says which.
+aggregator, ``allow_nonfinite``, ``accumulate = "float64"`` (asks for the
+flat fold's arithmetic), an unweighted mean over unequal work,
+data-parallel replicas (no round state), requests other than a plain
+``fit``, and fewer than two keys a worker (batching would save no round
+trip and double the bytes). :func:`batch_applies` says which.
 """
 
 from __future__ import annotations
@@ -60,15 +64,17 @@ from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["batch_applies", "fold_batched", "BATCHES_PER_WORKER", "MAX_BATCH",
-           "BATCH_FIELDS"]
+__all__ = ["batch_applies", "fold_batched", "raise_failure", "BATCHES_PER_WORKER", "MIN_BATCH",
+           "MAX_BATCH", "BATCH_FIELDS"]
 
 log = logging.getLogger(__name__)
 
 #: Batches planned per worker: an idle worker takes the next, so a slow one
 #: delays the round by at most about one batch.
 BATCHES_PER_WORKER = 4
-#: The most fits one ``fit_batch`` carries.
+#: The fewest fits a batch carries when there are enough (each batch costs a round
+#: trip, a process wake-up on busy cores), and the most.
+MIN_BATCH = 16
 MAX_BATCH = 64
 #: The fit request fields a batch carries (anything else: the flat engine).
 BATCH_FIELDS = frozenset({"op", "shard", "shards", "seed", "time_budget", "poison",
@@ -80,15 +86,27 @@ BatchFolded = tuple[dict[str, Any] | None, dict[int, int], dict[int, str],
 
 
 def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str, Any]],
-                  state: Mapping[str, Any] | None) -> bool:
-    """Whether a round can be played batched (module docstring, "Not here")."""
-    if how is None or state is None or not requests:
+                  state: Mapping[str, Any] | None, workers: int) -> bool:
+    """Whether a round can be played batched (module docstring, "Not here") over ``workers``
+    live workers: only when it pays, at two clients a worker or more (a worker's int64
+    partial is two float32 models on the wire; with one client a worker, batching saves
+    no round trip and doubles the bytes)."""
+    if how is None or state is None or not requests or len(requests) < 2 * workers:
         return False
-    if type(fold) is not MeanFold or fold.count or fold.allow_nonfinite:
-        return False
+    if type(fold) is not MeanFold or fold.count or fold.allow_nonfinite or fold.wide:
+        return False  # (wide: accumulate = "float64" asks for the flat fold's arithmetic)
     if not fold.weighted and how != "once":
         return False  # allreduce must refuse unequal work; it sees each weight flat
     return all(r.get("op") == "fit" and set(r) <= BATCH_FIELDS for r in requests.values())
+
+
+def raise_failure(rank: int, payload: Mapping[str, Any]) -> None:
+    """Stop the round when a reply carries ``error``: the worker's fold refused a result
+    (``reason = "aggregation"``: an :class:`AggregationError`), or its task raised."""
+    if payload.get("error"):
+        if payload.get("reason") == "aggregation":
+            raise AggregationError(f"rank {rank}: {payload['error']}")
+        raise WorkerError(rank, str(payload["error"]))
 
 
 def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
@@ -114,12 +132,14 @@ class _Batched:
         self.ctx, self.requests, self.state, self.how = ctx, requests, state, how
         self.label, self.expected, self.bits = label, expected, bits
         self.total = FixedPointSum(fraction_bits=bits, name=name)
-        self.queue: collections.deque[list[int]] = collections.deque()
+        #: Batches planned for each worker and not handed out yet, in key order.
+        self.plan: dict[int, collections.deque[list[int]]] = {}
+        #: Batches whose worker was lost: any worker may serve them.
+        self.spare: collections.deque[list[int]] = collections.deque()
         self.size = 1
         #: ticket -> (rank, kind, keys of the batch or None).
         self.busy: dict[int, tuple[int, str, list[int] | None]] = {}
         self.ready: set[int] = set()
-        self.sent_state: set[int] = set()
         self.lost: set[int] = set()
         #: Keys folded into each worker's partial and not merged yet.
         self.folded: dict[int, list[int]] = {}
@@ -131,9 +151,15 @@ class _Batched:
     def play(self) -> BatchFolded:
         keys = sorted(self.requests)
         workers = self.ctx.live[:len(keys)]
-        self.size = max(1, min(MAX_BATCH, math.ceil(
-            len(keys) / max(1, len(workers) * BATCHES_PER_WORKER))))
-        self._enqueue(keys, front=False)
+        per_worker = math.ceil(len(keys) / max(1, len(workers)))
+        self.size = max(1, min(MAX_BATCH, per_worker, max(MIN_BATCH, math.ceil(
+            len(keys) / max(1, len(workers) * BATCHES_PER_WORKER)))))
+        batches = self._batches(keys)
+        for i, batch in enumerate(batches):
+            if workers:
+                self.plan.setdefault(workers[i % len(workers)], collections.deque()).append(batch)
+            else:
+                self.spare.append(batch)
         for rank in workers:
             self._send_state(rank)
         # Bounded: each reply settles one request; a batch is handed out again
@@ -147,9 +173,10 @@ class _Batched:
             self._settle(self.ctx.pool.receive())
         else:  # pragma: no cover - a bug in the scheduling, never a hang
             raise MeshError(f"the batched round settled {limit} replies without finishing")
-        if self.queue:
+        left = [*self.spare, *(b for batches in self.plan.values() for b in batches)]
+        if left:
             dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
-            for batch in self.queue:
+            for batch in left:
                 for key in batch:
                     self.not_served[key] = f"no live worker left to serve it (dead: {dead})"
         result = self.total.result() if self.served else None
@@ -159,28 +186,35 @@ class _Batched:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _enqueue(self, keys: Sequence[int], *, front: bool) -> None:
-        batches = [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]
-        if front:
-            self.queue.extendleft(reversed(batches))
-        else:
-            self.queue.extend(batches)
+    def _batches(self, keys: Sequence[int]) -> list[list[int]]:
+        return [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]
+
+    def _next_batch(self, rank: int, busy: set[int]) -> list[int] | None:
+        """What ``rank`` serves next: its own plan's, a lost worker's, or a busy worker's last
+        (a worker that has not acknowledged the state yet keeps its plan)."""
+        own = self.plan.get(rank)
+        if own:
+            return own.popleft()
+        if self.spare:
+            return self.spare.popleft()
+        victims = [self.plan[r] for r in sorted(self.ready) if r != rank and r in busy
+                   and self.plan.get(r)]
+        return max(victims, key=len).pop() if victims else None
 
     def _send(self, rank: int, kind: str, keys: list[int] | None,
               request: Mapping[str, Any], timeout: float | None) -> None:
         self.busy[self.ctx.pool.send(rank, request, timeout)] = (rank, kind, keys)
 
     def _send_state(self, rank: int) -> None:
-        self.sent_state.add(rank)
         self._send(rank, "state", None, {"op": "set_state", "state": self.state},
                    self.ctx.timeout)
 
     def _dispatch(self) -> None:
         busy = {rank for rank, _, _ in self.busy.values()}
         for rank in sorted(self.ready - busy):
-            if not self.queue:
-                break
-            batch = self.queue.popleft()
+            batch = self._next_batch(rank, busy)
+            if batch is None:
+                continue
             fits = [{**{k: v for k, v in self.requests[key].items() if k != "op"}, "key": key}
                     for key in batch]
             # One request runs every fit of the batch: its timeout is theirs together.
@@ -189,15 +223,9 @@ class _Batched:
                        {"op": "fit_batch", "fits": fits, "weight": self.how,
                         "fraction_bits": self.bits, "label": self.label}, timeout)
             busy.add(rank)
-        if self.queue and not any(kind != "take_partial" for _, kind, _ in self.busy.values()):
-            # Work waits and nobody who could do it is left: bring in a live
-            # worker that was not sent this round's state.
-            fresh = [r for r in self.ctx.live if r not in self.sent_state]
-            if fresh and not (self.ready - busy):
-                self._send_state(fresh[0])
-                busy.add(fresh[0])
-        fitting = any(kind == "fit_batch" for _, kind, _ in self.busy.values())
-        if not self.queue and not fitting and self.taking is None:
+        planned = self.spare or any(self.plan.values())
+        working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
+        if not planned and not working and self.taking is None:
             # Every batch answered: pull the partials, one worker at a time.
             for rank in sorted(self.folded):
                 if self.folded[rank] and rank not in busy:
@@ -215,10 +243,7 @@ class _Batched:
             self._lost(rank, kind, batch, reply.error or "lost")
             return
         payload = reply.payload
-        if payload.get("error"):
-            if payload.get("reason") == "aggregation":
-                raise AggregationError(f"rank {rank}: {payload['error']}")
-            raise WorkerError(rank, str(payload["error"]))
+        raise_failure(rank, payload)
         if kind == "state":
             self.ready.add(rank)
         elif kind == "fit_batch":
@@ -271,11 +296,13 @@ class _Batched:
         self.lost.add(rank)
         if kind == "take_partial":
             self.taking = None
-        again = sorted({*self.folded.pop(rank, []), *(batch or [])})
+        again = sorted({*self.folded.pop(rank, []), *(batch or []),
+                        *(k for b in self.plan.pop(rank, ()) for k in b)})
         for key in again:
             self.replies.pop(key, None)
         if again:
-            self._enqueue(again, front=True)
+            spare = sorted({*again, *(k for b in self.spare for k in b)})
+            self.spare = collections.deque(self._batches(spare))
             log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
                         reason, self.label + ("s" if len(again) > 1 else ""),
                         ", ".join(map(str, again)))

@@ -70,11 +70,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
-from meshkit.train._batched import batch_applies, fold_batched
+from meshkit.train._batched import batch_applies, fold_batched, raise_failure
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
@@ -236,8 +236,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
             ctx, plan, requests, state, how, window, fold, label, _play_group)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     reference = state if reference is None else reference
-    if batch and not given and reference is not None and batch_applies(fold, how, requests,
-                                                                       state):
+    if batch and not given and reference is not None and batch_applies(
+            fold, how, requests, state, len(ctx.live)):
         # A strict mean no one needs per client: each worker folds its own
         # clients exactly and the coordinator merges one partial per worker.
         assert how is not None and state is not None  # batch_applies checked both
@@ -452,8 +452,7 @@ class _Round:
             self._lost(rank, kind, key, reply.error or "lost")
             return
         payload = reply.payload
-        if payload.get("error"):
-            raise WorkerError(rank, str(payload["error"]))
+        raise_failure(rank, payload)
         if kind == "state":
             self.ready.add(rank)
             return

@@ -176,3 +176,34 @@ def test_a_handed_on_sum_takes_nothing_more():
     total.partial()
     with pytest.raises(AggregationError, match="handed on"):
         total.add({"x": np.ones(1)})
+
+
+def test_a_small_all_float_model_sums_to_the_exact_integers_whatever_the_order():
+    rng = np.random.default_rng(5)
+    parts = [({"w": rng.standard_normal((4, 3)).astype(np.float32),
+               "b": rng.standard_normal(3)}, float(rng.integers(1, 9))) for _ in range(6)]
+    one = 2.0 ** 32
+    exact = {k: sum(np.rint(s[k].astype(np.float64) * (w * one)).astype(object)
+                    for s, w in parts) for k in ("w", "b")}
+    mass = sum(round(w * one) for _, w in parts)
+    for order in (range(6), [5, 0, 3, 1, 4, 2]):
+        total = FixedPointSum()
+        for i in order:
+            total.add(*parts[i])
+        partial = total.partial()
+        for key in ("w", "b"):
+            assert partial.sums[key].tolist() == exact[key].tolist()
+        assert partial.mass == mass
+
+
+def test_a_small_model_refuses_nan_and_overflow_without_changing_its_sum():
+    total = FixedPointSum()
+    total.add({"x": np.ones(4, np.float32)}, 1.0)
+    with pytest.raises(AggregationError, match="client 1 sent NaN"):
+        total.add({"x": np.array([1, 1, np.inf, 1], np.float32)}, 1.0, source="client 1")
+    big = {"x": np.full(4, 1.5e9, np.float32)}
+    total.add(big, 1.0)
+    with pytest.raises(AggregationError, match="could overflow"):
+        total.add(big, 1.0, source="client 3")
+    assert total.count == 2
+    np.testing.assert_array_equal(total.result()["x"], np.full(4, 7.5e8 + 0.5, np.float32))

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import meshkit.plugins
-from meshkit.aggregation import FixedPointSum
+from meshkit.aggregation import FixedPointSum, MeanFold
 from meshkit.errors import AggregationError
 from meshkit.train import LocalPool, StrategyContext, Trainer, Work, client_seed, fold_round
 from meshkit.train._batched import BATCHES_PER_WORKER, batch_applies
 
-from tests.train.test_engine import fits, make_ctx, same_bytes, synthetic
+from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
 
 
 def ops(ctx: StrategyContext) -> list[str]:
@@ -64,15 +64,6 @@ def test_a_worker_lost_mid_round_has_its_clients_served_again_with_the_same_bits
     assert list(folded.served) == list(range(10)) and folded.not_served == {}
     assert 2 not in folded.served.values()
     assert same_bytes(folded.result, reference.result), "re-served fits are the same bits"
-
-
-def test_a_lost_worker_is_replaced_when_no_one_else_is_left():
-    ctx = make_ctx(workers=3, fail=lambda rank, request: "gone"
-                   if rank == 1 and request["op"] == "fit_batch" else None)
-    folded = fold_round(ctx, fits(1), state=ctx.task.init_state(0))
-    # One client: only rank 1 was sent the state; rank 2 stood in for it.
-    assert sorted(r for r, req in ctx.pool.log if req["op"] == "set_state") == [1, 2]
-    assert folded.served == {0: 2}
 
 
 def test_clients_no_live_worker_can_serve_are_recorded_with_the_reason():
@@ -154,23 +145,30 @@ def test_rounds_that_need_single_contributions_play_flat():
     ctx = make_ctx()
     state = ctx.task.init_state(0)
     mean = ctx.aggregation_begin()
-    plain = {c: w.request for c, w in enumerate(fits(3))}
-    assert batch_applies(mean, "examples", plain, state)
-    assert not batch_applies(mean, None, plain, state)  # a weight a worker cannot compute
-    assert not batch_applies(mean, "examples", plain, None)  # replicas: no round state
+    plain = {c: w.request for c, w in enumerate(fits(4))}
+    assert batch_applies(mean, "examples", plain, state, 2)
+    assert not batch_applies(mean, "examples", plain, state, 3)  # a client a worker: no gain
+    assert not batch_applies(mean, None, plain, state, 2)  # a weight a worker cannot compute
+    assert not batch_applies(mean, "examples", plain, None, 2)  # replicas: no round state
     assert not batch_applies(make_ctx(aggregator="median").aggregation_begin(), "examples",
-                             plain, state)
+                             plain, state, 2)
     assert not batch_applies(make_ctx(aggregator="allreduce").aggregation_begin(),
-                             "examples", plain, state)  # must see unequal work to refuse it
-    assert not batch_applies(mean, "examples", {0: {**plain[0], "local": {}}}, state)
+                             "examples", plain, state, 2)  # must see unequal work to refuse it
+    assert not batch_applies(mean, "examples", {**plain, 0: {**plain[0], "local": {}}}, state,
+                             2)
+    for asks_for_meanfold in (MeanFold(wide=True), MeanFold(allow_nonfinite=True)):
+        assert not batch_applies(asks_for_meanfold, "examples", plain, state, 2)
     for kwargs in ({"deadline": 600.0}, {"batch": False}):
         flat = make_ctx(workers=2)
-        fold_round(flat, fits(3), state=state, **kwargs)
+        fold_round(flat, fits(4), state=state, **kwargs)
         assert "take" in ops(flat) and "fit_batch" not in ops(flat), kwargs
     pinned = make_ctx(workers=2)
-    fold_round(pinned, [Work(w.key, w.request, rank=1 + w.key % 2) for w in fits(3)],
+    fold_round(pinned, [Work(w.key, w.request, rank=1 + w.key % 2) for w in fits(4)],
                state=state)
     assert "fit_batch" not in ops(pinned)
+    few = make_ctx(workers=3)
+    fold_round(few, fits(5), state=state)
+    assert "fit_batch" not in ops(few)
 
 
 def test_the_coordinator_pulls_one_partial_at_a_time():

@@ -11,34 +11,9 @@ import pytest
 
 import meshkit.plugins
 from meshkit.errors import MeshError
-from meshkit.train import HOLD, LocalPool, StrategyContext, Work, client_seed, fold_round
+from meshkit.train import HOLD, LocalPool, Work, client_seed, fold_round
 
-SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
-
-
-def synthetic():
-    return meshkit.plugins.create("task", "synthetic", SYNTHETIC)
-
-
-def make_ctx(workers=4, fail=None, order=None, aggregator="fedavg", task=synthetic):
-    ranks = list(range(1, workers + 1))
-    return StrategyContext(
-        task=task(), aggregator=meshkit.plugins.create("aggregator", aggregator),
-        pool=LocalPool.of(task, ranks, fail=fail, order=order), workers=ranks,
-        rng=np.random.default_rng(0),
-        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0)
-
-
-def fits(clients, rnd=1, shards=None):
-    return [Work(c, {"op": "fit", "shard": c, "shards": shards or clients,
-                     "seed": client_seed(7, rnd, c)}) for c in range(clients)]
-
-
-def same_bytes(a, b):
-    return a.keys() == b.keys() and all(
-        np.array_equal(np.frombuffer(a[k].tobytes(), np.uint8),
-                       np.frombuffer(b[k].tobytes(), np.uint8)) for k in a)
-
+from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
 
 # -- determinism -----------------------------------------------------------------
 

@@ -82,13 +82,11 @@ def test_coordinator_memory_stays_a_few_model_copies_with_16_workers(tmp_path, p
     assert report.ok
     rows = read_metrics(out)
     assert [len(r["served"]) for r in rows] == [16, 16]
-    # The round's state, the exact sum (int64: two float32 copies) and the one
-    # worker's partial arriving (two more): about five copies, whatever the
-    # worker count (the flat engine's float32 fold holds about four). The
-    # engine before the one round engine collected every reply first: two
-    # copies per worker (32).
+    # The round's state, the fold's accumulator, the contribution it retains
+    # and the one arriving: about four copies, whatever the worker count. The
+    # engine before collected every reply first: two copies per worker (32).
     # A model of at most 4 MiB also has its frames recycled by the wire: at
     # most _POOL_SIZE of them for the whole process (before, that many per
     # link: 20 copies at 16 workers with a 3 MB model).
     pooled = wire_channel._POOL_SIZE if model <= wire_channel._POOL_MAX else 0
-    assert peak < (7 + pooled) * model, f"coordinator peak {peak / model:.1f} model copies"
+    assert peak < (6 + pooled) * model, f"coordinator peak {peak / model:.1f} model copies"

@@ -167,7 +167,8 @@ def test_more_clients_than_workers_spreads_clients_over_workers():
     # Shards of 2 rows: means 0.5, 2.5, 4.5, 6.5 -> 3.5.
     assert float(result.state["m"][0]) == pytest.approx(3.5)
     fits = {(rank, shard) for rank, req in ctx.pool.log for shard, _ in fitted(req)}
-    assert fits == {(1, 0), (2, 1), (1, 2), (2, 3)}, "planned round-robin, in client order"
+    # Batched (two clients a worker): each worker its contiguous batch.
+    assert fits == {(1, 0), (1, 1), (2, 2), (2, 3)}, "planned in batches, in client order"
 
 
 def test_min_clients_above_the_client_count_is_a_config_error():
