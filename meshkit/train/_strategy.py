@@ -235,6 +235,9 @@ class StrategyContext:
     #: strategy needs beyond the global model to continue exactly (arrays and
     #: JSON values; ``fedbuff``'s versions in flight and clock). {} by default.
     strategy_state: Callable[[], Mapping[str, Any]] = lambda: {}
+    #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
+    #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
+    collective: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from meshkit import ConfigError, MeshError
+from meshkit.population import is_population
 
 
 def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: int,
@@ -38,7 +39,12 @@ def training_rows(task: Any) -> int | None:
 
 
 def require_rows(task: Any, clients: int) -> None:
-    """Refuse more clients than the coordinator's task has training rows (one row each at least)."""
+    """Refuse more clients than the coordinator's task has training rows (one row each at least).
+
+    A population makes each client's rows on demand: there is no set to split.
+    """
+    if is_population(task):
+        return
     rows = training_rows(task)
     if rows is not None and rows < clients:
         raise ConfigError(
