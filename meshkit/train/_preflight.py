@@ -29,6 +29,7 @@ the fixed-function ranks) and the model's size (:class:`ModelSize`).
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -445,11 +446,27 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     privacy = plan.create("privacy") if cfg.privacy is not None else None
     if privacy is not None:
         check_privacy(cfg, strategy)
+    speeds = cfg.speeds()
+    if speeds is not None and not getattr(strategy, "clocked", False):
+        # No option that silently does nothing: only a strategy that orders
+        # arrivals by the clock has any use for it.
+        raise ConfigError(
+            f"{cfg.path}: [simulation]: strategy {cfg.strategy.name!r} does not run on the "
+            f"virtual clock (fedbuff does: it folds updates in the order their simulated "
+            f"fits finish); remove the [simulation] table, or use [strategy] name = "
+            f"\"fedbuff\"")
     check = getattr(strategy, "check", None)
     if callable(check):
-        extra = {"partitioner": partitioner} if partitioned else {}
+        extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
         if privacy is not None:
             extra["privacy"] = privacy
+        # What a strategy's check may ask for by naming it (fedbuff refuses
+        # what it cannot compose with).
+        wants = inspect.signature(check).parameters
+        for name, value in (("speeds", speeds), ("aggregator", cfg.aggregator.name),
+                            ("attack", cfg.attack)):
+            if name in wants:
+                extra[name] = value
         try:
             check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers,
                   **extra)
@@ -484,6 +501,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
         "observers": build_observers(plan),
         "rng": np.random.default_rng(cfg.run.seed),
+        #: ``[simulation]``: the clients' durations on the virtual clock (None: real time).
+        "speeds": speeds,
         "rounds": None if rounds is None else int(rounds),
         # The model the checks built: resume compares shapes with it and an
         # evaluation-only run evaluates it. A training run lets it go before

@@ -610,7 +610,8 @@ class Runner:
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
                 clients=client_local.state_dict(),
                 aggregator_state=aggregator_state(parts["aggregator"]),
-                privacy_state={} if privacy is None else privacy.state_dict()))
+                privacy_state={} if privacy is None else privacy.state_dict(),
+                strategy_state=ctx.strategy_state()))
             append_metrics(out, line)
             if clients_mode == "file":
                 append_clients(out, per_client)
@@ -634,7 +635,8 @@ class Runner:
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"], client_local=client_local,
-            attack=parts.get("attack"), privacy=privacy)
+            attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
+            saved=dict(parts.get("strategy_state") or {}))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

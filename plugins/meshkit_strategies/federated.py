@@ -15,7 +15,7 @@ from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
 from meshkit.train import poisson_clients, sample_clients, weighted_mean
 
-from meshkit_strategies._shared import require_served, training_rows
+from meshkit_strategies._shared import require_rows, require_served
 from meshkit_strategies.options import FederatedOptions
 from meshkit_strategies.private import BudgetReached, check_private, play_private_round
 from meshkit_strategies.private import sampling_rate
@@ -96,13 +96,7 @@ class Federated:
                 f"time_budget keyword and stop when it runs out")
         if per_node:
             return  # the coordinator need not hold any data: every node has its own
-        if is_population(task):
-            return  # each client's rows are made on demand: there is no set to split
-        rows = training_rows(task)
-        if rows is not None and rows < clients:
-            raise ConfigError(
-                f"[strategy] clients = {clients} but the task has only {rows} training rows; "
-                f"every client's shard needs at least one row. Use at most {rows} clients")
+        require_rows(task, clients)
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers),

@@ -52,6 +52,10 @@ class DigitsOptions:
     #: Where the model runs; numpy runs on the cpu, so only "cpu" (or "auto").
     #: A node's --device reaches the task here (docs/federating-real-data.md).
     device: str = attrs.field(default="cpu", validator=_cpu)
+    #: Seconds every fit waits after training, as a slower device would take
+    #: longer (0: none). Set on one node (``--task-option fit_delay=0.25``) to
+    #: have a real straggler on one machine (docs/async.md).
+    fit_delay: float = attrs.field(default=0.0, validator=non_negative)
 
 
 @attrs.frozen
