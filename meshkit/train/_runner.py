@@ -580,7 +580,8 @@ class Runner:
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"], client_local=client_local,
-            attack=parts.get("attack"), privacy=privacy)
+            attack=parts.get("attack"), privacy=privacy,
+            secure_aggregation=parts.get("secure_aggregation"))
         ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
         return ctx
 

@@ -207,6 +207,9 @@ class StrategyContext:
     #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);
     #: None: every client honest.
     attack: Any = None
+    #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
+    #: fold plain contributions.
+    secure_aggregation: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

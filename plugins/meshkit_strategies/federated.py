@@ -39,6 +39,8 @@ class Federated:
     partitioned: ClassVar[bool] = True
     #: It plays private rounds under ``[privacy]`` (meshkit_strategies.private).
     private: ClassVar[bool] = True
+    #: It plays secure rounds under ``[secure_aggregation]`` (meshkit.train.secure_round).
+    secure: ClassVar[bool] = True
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""
