@@ -78,6 +78,7 @@ from meshkit.train._strategy import (
     weighted_mean,
 )
 from meshkit.train._worker import Trainer, serve_trainer, with_device
+from meshkit.train._secure_round import SecureSum, round_params, secure_sum
 
 __all__ = [
     # the strategy contract
@@ -161,4 +162,8 @@ __all__ = [
     "signature",
     # local launches
     "free_ports",
+    # secure aggregation ([secure_aggregation], meshkit/train/_secure_round.py)
+    "secure_sum",
+    "SecureSum",
+    "round_params",
 ]

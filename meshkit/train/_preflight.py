@@ -324,15 +324,17 @@ def check_secure_aggregation(cfg: Any, strategy: Any) -> None:
             f"{where} [strategy] evaluate = {evaluate!r}: each client's own metrics would "
             f"reach the coordinator (and metrics.jsonl) in clear, individual values a "
             f"secure round withholds. Use evaluate = \"coordinator\"")
-    if getattr(options, "local_keys", None):
+    local_keys = getattr(options, "local_keys", None)
+    if local_keys:
         raise RefusedError(
-            f"{where} [strategy] local_keys = {list(options.local_keys)}: FedBN keeps each "
+            f"{where} [strategy] local_keys = {list(local_keys)}: FedBN keeps each "
             f"client's own values of those keys at the coordinator, individual values a "
             f"secure round never reveals. Remove local_keys (or the [secure_aggregation] "
             f"table)")
-    if getattr(options, "round_timeout", 0):
+    timeout = getattr(options, "round_timeout", 0)
+    if timeout:
         raise RefusedError(
-            f"{where} [strategy] round_timeout = {options.round_timeout:g}: a secure round "
+            f"{where} [strategy] round_timeout = {timeout:g}: a secure round "
             f"has no deadline yet (a late client would have to be unmasked as a dropout, "
             f"which meshkit does not do). Remove round_timeout; a lost worker's clients are "
             f"dropouts the protocol survives")
@@ -353,6 +355,12 @@ def check_secure_privacy(cfg: Any, privacy: Any) -> None:
             f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
             f"[privacy] clip = {placement!r}: the coordinator never holds an individual "
             f"update, so it cannot clip one. Use [privacy] clip = \"client\"")
+    if getattr(privacy, "adaptive", None) is not None:
+        raise RefusedError(
+            f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
+            f"[privacy] name = {cfg.privacy.name!r}: adaptive clipping counts the clients "
+            f"whose update was within the clip norm, one bit per client the coordinator would "
+            f"read in clear. Use [privacy] name = \"dp-fixed\"")
 
 
 def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,

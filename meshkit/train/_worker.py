@@ -65,6 +65,7 @@ from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.train._secure_worker import SecureClients
 from meshkit.train._sharding import shard_pair
 from meshkit.transport import Group
 
@@ -118,6 +119,8 @@ class Trainer:
     #: The partitioner's whole split per (set, client count): a pure function
     #: of the labels, the count and the seed, so worked out once for every client.
     _splits: dict[tuple[str, int], Any] = attrs.Factory(dict)
+    #: The clients this worker plays in a secure round (``secagg_*`` requests).
+    secure: SecureClients = attrs.Factory(SecureClients)
 
     def train_data(self) -> tuple[Any, Any]:
         return self.data if self.data is not None else self.task.train_data()
@@ -199,6 +202,8 @@ class Trainer:
         return reply
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(op, str) and op.startswith("secagg_"):
+            return self.secure.handle(op, request, self._secure_fit)
         if op == "fit":
             x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
             start = request["state"] if "state" in request else self._require_state(op)
@@ -295,6 +300,13 @@ class Trainer:
                 x = self.task.run_stage(request.get("state", {}), node, x)
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
+
+    def _secure_fit(self, request: Mapping[str, Any]
+                    ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """One client's fit for a secure round, by the ``fit`` op's own path: (fitted, start)."""
+        start = self._require_state("secagg_mask")
+        self._dispatch("fit", {**request, "keep": MAX_SEQ})
+        return self.kept.pop(MAX_SEQ), start
 
     def _data_attack(self, request: Mapping[str, Any]) -> tuple[Any, str]:
         """The data-poisoning attack this fit runs (and its name), or (None, "")."""
@@ -458,6 +470,8 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
+        if trainer is not None:
+            trainer.secure.after_reply()
     if failure is not None:
         raise failure
     assert trainer is not None  # built, or failure was raised above

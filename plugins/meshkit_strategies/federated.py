@@ -18,6 +18,7 @@ from meshkit_strategies._shared import require_served, training_rows
 from meshkit_strategies.options import FederatedOptions
 from meshkit_strategies.private import BudgetReached, check_private, play_private_round
 from meshkit_strategies.private import sampling_rate
+from meshkit_strategies.secure import play_secure_round
 
 
 @attrs.frozen
@@ -132,6 +133,9 @@ class Federated:
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner)
+        if ctx.secure_aggregation is not None:
+            return play_secure_round(opts, ctx, rnd, state, clients,
+                                     list(ctx.workers) if per_node else None)
         if ctx.privacy is not None:
             return play_private_round(opts, ctx, rnd, state, clients,
                                       list(ctx.workers) if per_node else None)
