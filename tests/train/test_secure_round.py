@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import meshkit
 import meshkit.plugins
@@ -173,3 +175,57 @@ def test_auto_degree_and_threshold_follow_the_cohort():
         round_params(SecureAggregationTable(), 2)
     with pytest.raises(meshkit.RefusedError, match="use modulus_bits >= 26"):
         round_params(SecureAggregationTable(modulus_bits=20), 1000)
+
+
+#: Reply fields a breaching worker may garble: every list and row array, but only the shape
+#: of the masked vector and the order of the adverts, not their contents (any input, or any
+#: key, a client may choose: secure aggregation keeps the sum secret; it does not check what
+#: a client adds to it).
+GARBLED = {"secagg_keys": ("clients", "adverts"), "secagg_share": ("senders", "recipients",
+                                                                   "sealed"),
+           "secagg_mask": ("clients", "vector"),
+           "secagg_unmask": ("holders", "owners", "kinds", "shares")}
+
+
+def garble(reply: dict[str, Any], field: str, how: str, at: int) -> dict[str, Any]:
+    value = reply[field]
+    if not len(value):
+        return reply
+    i = at % len(value)
+    if how == "drop":
+        value = value[:i] + value[i + 1:] if isinstance(value, list) else np.delete(value, i, 0)
+    elif how == "repeat":
+        value = (value + [value[i]]) if isinstance(value, list) else np.concatenate(
+            [value, value[i:i + 1]])
+    elif how == "swap":
+        value = list(value) if isinstance(value, list) else value.copy()
+        value[0], value[i] = (value[i], value[0]) if isinstance(value, list) else (
+            value[i].copy(), value[0].copy())
+    elif how == "bump" and isinstance(value, list):
+        value = [*value[:i], value[i] + 1, *value[i + 1:]]
+    elif how == "flip" and field in ("sealed", "shares"):
+        value = value.copy()
+        value[i, at % value.shape[1]] ^= 0x5A
+    elif how == "narrow":
+        value = value[:-1] if isinstance(value, list) or value.ndim == 1 else value[:, :-1]
+    return {**reply, field: value}
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(sorted(GARBLED)), st.data())
+def test_any_garbled_secure_reply_is_its_ranks_fault_or_a_clean_refusal(op, data):
+    field = data.draw(st.sampled_from(GARBLED[op]))
+    how = data.draw(st.sampled_from(["drop", "repeat", "narrow"] if field == "vector" else
+                                    ["drop", "repeat", "swap", "bump", "flip", "narrow"]))
+    at = data.draw(st.integers(0, 50))
+    ctx = context(5, trainers={3: Breaching(op, lambda r: garble(r, field, how, at))})
+    try:
+        state, revealed = play(ctx)
+    except meshkit.MeshError:
+        return  # a refusal or a worker's error, each saying why: never another exception
+    assert set(ctx.dead) <= {3}
+    if ctx.dead:
+        assert ctx.dead[3].startswith("protocol error")
+    # Whatever was taken in, the sum unmasked is the exact sum of who is in it.
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, list(revealed.contributors), revealed.params))
