@@ -288,7 +288,8 @@ def decode(cls: type[_M], data: Mapping[str, Any], sender: Optional[int] = None)
         if sender is not None and error.client != sender:
             raise SecAggError(str(error), sender) from None
         raise
-    except (cattrs.BaseValidationError, KeyError, TypeError, ValueError, AttributeError) as error:
+    except (cattrs.BaseValidationError, cattrs.ForbiddenExtraKeysError, KeyError, TypeError,
+            ValueError, AttributeError, IndexError) as error:
         raise SecAggError(f"a malformed {cls.__name__}: {error}", sender) from None
 
 
