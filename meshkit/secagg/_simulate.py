@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable, Collection, Mapping, TypeVar
+from typing import Any, Callable, Collection, Mapping, Optional, TypeVar
 
 import attrs
 import numpy as np
@@ -45,19 +45,23 @@ class Simulation:
 def simulate_round(params: SecAggParams, updates: Mapping[int, np.ndarray], round_seed: bytes,
                    *, drop_before_sharing: Collection[int] = (),
                    drop_after_masking: Collection[int] = (),
-                   drop_before_unmasking: Collection[int] = ()) -> Simulation:
+                   drop_before_unmasking: Collection[int] = (),
+                   length: Optional[int] = None) -> Simulation:
     """Runs one round over the clients of ``updates`` (client id -> quantised vector).
 
     ``drop_before_sharing`` advertise keys and then vanish;
     ``drop_after_masking`` compute their masked input but it never arrives
     (the coordinator cancels their pairwise masks); ``drop_before_unmasking``
     send masked input and then send no unmasking shares. Refusals and
-    protocol errors propagate as the state machines raise them.
+    protocol errors propagate as the state machines raise them. ``length``,
+    when given, is the updates' length, and ``updates`` is read one client
+    at a time, as each masks (so a lazy mapping keeps one update in memory).
     """
-    lengths = {v.shape for v in updates.values()}
-    if len(lengths) != 1:
-        raise ValueError("every update must have one length")
-    (length,), = lengths
+    if length is None:
+        lengths = {v.shape for v in updates.values()}
+        if len(lengths) != 1 or len(next(iter(lengths))) != 1:
+            raise ValueError("every update must be one vector of one length")
+        (length,), = lengths
     client_s: dict[str, float] = defaultdict(float)
     server_s: dict[str, float] = defaultdict(float)
     upload: dict[str, int] = defaultdict(int)
