@@ -192,3 +192,29 @@ def test_a_key_advertised_twice_is_refused(round_seed: bytes) -> None:
     with pytest.raises(SecAggError, match="advertised already") as caught:
         server.receive_advert(copy)
     assert caught.value.client == 1
+
+
+def test_the_coordinator_never_holds_an_individual_unmasked_update(
+        monkeypatch: pytest.MonkeyPatch, updates: Updates, exact_sum: Sum,
+        round_seed: bytes) -> None:
+    # Every vector the coordinator's arithmetic takes in or gives out, recorded.
+    import meshkit.secagg._server as server_module
+    seen: list[np.ndarray] = []
+
+    def recording(function):
+        def wrapped(*args, **kwargs):
+            result = function(*args, **kwargs)
+            seen.extend(np.array(a, copy=True) for a in (*args[:2], result)
+                        if isinstance(a, np.ndarray))
+            return result
+        return wrapped
+
+    for name in ("add_mod", "sub_mod", "mask_vector"):
+        monkeypatch.setattr(server_module, name, recording(getattr(server_module, name)))
+    params = SecAggParams(clients=8, degree=4, threshold=3, clip_range=1.0, modulus_bits=32)
+    ups = updates(params, 256)
+    run = simulate_round(params, ups, round_seed, drop_after_masking=[5])
+    assert np.array_equal(run.result.total.astype(np.uint64), exact_sum(ups, run.result.contributors))
+    assert len(seen) > 30
+    for vector in seen:
+        assert not any(np.array_equal(vector, update) for update in ups.values())
