@@ -37,7 +37,8 @@ import attrs
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import PAIRWISE, agree, derive, public_key, seed_commitment
+from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive, public_key,
+                                       seed_commitment)
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
@@ -125,6 +126,12 @@ class ServerRound:
             if key in self._keys:
                 raise SecAggError(f"client {advert.client} advertises a public key client "
                                   f"{self._keys[key]} advertised already", advert.client)
+        for name, key in (("share", advert.share_key), ("mask", advert.mask_key)):
+            try:
+                check_public_key(key)
+            except ValueError as error:
+                raise SecAggError(f"client {advert.client}'s {name} key: {error}",
+                                  advert.client) from None
         if advert.share_key == advert.mask_key:
             raise SecAggError(f"client {advert.client} advertises one key for two purposes",
                               advert.client)

@@ -218,3 +218,14 @@ def test_the_coordinator_never_holds_an_individual_unmasked_update(
     assert len(seen) > 30
     for vector in seen:
         assert not any(np.array_equal(vector, update) for update in ups.values())
+
+
+def test_a_small_order_public_key_is_refused_when_advertised(round_seed: bytes) -> None:
+    # Such a key agrees to zero with everyone: a pairwise seed anyone can compute.
+    params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=20)
+    honest = ClientRound(params, 0, round_seed, 4).advertise()
+    server = ServerRound(params, range(4), round_seed, 4)
+    with pytest.raises(SecAggError, match="mask key") as caught:
+        server.receive_advert(type(honest)(0, honest.share_key, bytes(32), honest.seed_commitment))
+    assert caught.value.client == 0
+    server.receive_advert(honest)
