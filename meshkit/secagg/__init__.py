@@ -18,7 +18,9 @@ the messages; everything it needs is here. What lives where:
 * ``_agreement.py``: X25519 agreement, HKDF-SHA256, AES-GCM sealing of shares;
 * ``_messages.py``: every message, its bounds, :class:`SecAggError`, :func:`decode`;
 * ``_client.py`` / ``_server.py``: :class:`ClientRound` and
-  :class:`ServerRound`, the two state machines.
+  :class:`ServerRound`, the two state machines;
+* ``_simulate.py``: :func:`simulate_round`, a whole round in one process
+  (tests, benchmarks).
 
 docs/secure-aggregation.md is the threat model: what this protects, what it
 does not, and how to choose the parameters.
@@ -31,11 +33,13 @@ from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, MESSAGES, SEALED_SIZE, KeyAdvert, MaskedInput,
                                       MaskedSum, Roster, SealedShares, SecAggError, ShareBundle,
-                                      ShareDelivery, UnmaskReply, UnmaskRequest, decode)
+                                      ShareDelivery, UnmaskReply, UnmaskRequest, decode,
+                                      payload_bytes)
 from meshkit.secagg._params import (MAX_CLIENTS, MAX_LENGTH, MIN_LEVEL_BITS, SecAggParams,
                                     choose_degree)
 from meshkit.secagg._quantize import dequantize, quantize
 from meshkit.secagg._server import SecAggResult, ServerRound
+from meshkit.secagg._simulate import STAGES, Simulation, simulate_round
 from meshkit.secagg._shamir import PRIME, SHARE_SIZE, Share, shamir_combine, shamir_split
 
 __all__ = [
@@ -47,5 +51,6 @@ __all__ = [
     "SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle", "ShareDelivery",
     "MaskedInput", "MaskedSum", "UnmaskRequest", "UnmaskReply", "MESSAGES", "decode",
     "MAX_CLIENT_ID", "SEALED_SIZE",
-    "ClientRound", "ServerRound", "SecAggResult",
+    "payload_bytes", "ClientRound", "ServerRound", "SecAggResult",
+    "simulate_round", "Simulation", "STAGES",
 ]

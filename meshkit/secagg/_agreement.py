@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KEY_SIZE", "generate_key_pair", "public_key", "agree", "derive",
+__all__ = ["KEY_SIZE", "generate_key_pair", "public_key", "agree", "check_public_key", "derive",
            "seed_commitment", "seal", "PAIRWISE", "SEALING", "open_sealed", "SEALED_OVERHEAD"]
 
 #: Bytes of an X25519 public or private key, and of every derived key.
@@ -57,6 +57,18 @@ def agree(private: bytes, public: bytes) -> bytes:
         raise ValueError(f"an X25519 public key is {KEY_SIZE} bytes, got {len(public)}")
     return X25519PrivateKey.from_private_bytes(private).exchange(
         X25519PublicKey.from_public_bytes(public))
+
+
+# Any private key serves to test a public key: a small-order point agrees to
+# zero with every (clamped) scalar.
+_PROBE = X25519PrivateKey.generate()
+
+
+def check_public_key(public: bytes) -> None:
+    """``ValueError`` unless ``public`` is a 32-byte X25519 key that agrees to a non-zero value."""
+    if len(public) != KEY_SIZE:
+        raise ValueError(f"an X25519 public key is {KEY_SIZE} bytes, got {len(public)}")
+    _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
 
 
 def derive(shared: bytes, round_seed: bytes, purpose: bytes, a: int, b: int) -> bytes:

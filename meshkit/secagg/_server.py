@@ -37,7 +37,8 @@ import attrs
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import PAIRWISE, agree, derive, public_key, seed_commitment
+from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive, public_key,
+                                       seed_commitment)
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
@@ -93,6 +94,7 @@ class ServerRound:
         self._dtype = vector_dtype(params.modulus_bits)
         self._stage = 0
         self._adverts: dict[int, KeyAdvert] = {}
+        self._keys: dict[bytes, int] = {}  # every advertised public key -> its client
         self._graph: dict[int, tuple[int, ...]] = {}
         self._bundles: dict[int, ShareBundle] = {}
         self._shared: dict[int, tuple[int, ...]] = {}   # U2 member -> its U2 neighbours
@@ -120,14 +122,21 @@ class ServerRound:
         self._from(advert.client, self.cohort, "a key advert")
         if advert.client in self._adverts:
             raise SecAggError(f"a second key advert from client {advert.client}", advert.client)
-        for other in self._adverts.values():
-            if {advert.share_key, advert.mask_key} & {other.share_key, other.mask_key}:
+        for key in (advert.share_key, advert.mask_key):
+            if key in self._keys:
                 raise SecAggError(f"client {advert.client} advertises a public key client "
-                                  f"{other.client} advertised already", advert.client)
+                                  f"{self._keys[key]} advertised already", advert.client)
+        for name, key in (("share", advert.share_key), ("mask", advert.mask_key)):
+            try:
+                check_public_key(key)
+            except ValueError as error:
+                raise SecAggError(f"client {advert.client}'s {name} key: {error}",
+                                  advert.client) from None
         if advert.share_key == advert.mask_key:
             raise SecAggError(f"client {advert.client} advertises one key for two purposes",
                               advert.client)
         self._adverts[advert.client] = advert
+        self._keys[advert.share_key] = self._keys[advert.mask_key] = advert.client
 
     def rosters(self) -> dict[int, Roster]:
         """Closes stage 1: each advertiser's roster (its neighbours' adverts over U1's graph)."""
