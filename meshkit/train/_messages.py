@@ -89,6 +89,8 @@ Poison = NewType("Poison", dict)
 
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
 ClientIds = NewType("ClientIds", list)
+#: Secure aggregation: a list of integers (ids in any order, seeds, kinds).
+Integers = NewType("Integers", list)
 #: Secure aggregation: rows of bytes, a 2-d uint8 array (one key, share or sealed share a row).
 Rows = NewType("Rows", object)
 #: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits).
@@ -177,6 +179,14 @@ def _client_ids(value: Any, _: Any) -> list[int]:
     return ids
 
 
+def _integers(value: Any, _: Any) -> list[int]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of integers, got {_shown(value)}")
+    if len(value) > MAX_COUNT:
+        raise ValueError(f"{len(value)} integers; at most {MAX_COUNT}")
+    return [_integer(v, None) for v in value]
+
+
 def _rows(value: Any, _: Any) -> np.ndarray:
     if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 2:
         raise TypeError(f"expected rows of bytes (a 2-d uint8 array), got {_shown(value)}")
@@ -218,6 +228,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(Activation, _activation)
     converter.register_structure_hook(Poison, _poison)
     converter.register_structure_hook(ClientIds, _client_ids)
+    converter.register_structure_hook(Integers, _integers)
     converter.register_structure_hook(Rows, _rows)
     converter.register_structure_hook(Masked, _masked)
     return converter
@@ -578,10 +589,11 @@ def _width(rows: Any, width: int, what: str, count: int | None = None) -> None:
         raise ValueError(f"{what} has {rows.shape[0]} rows for {count} entries")
 
 
-def _aligned(ids: list[int], *more: list[int]) -> None:
-    for other in more:
-        if len(other) != len(ids):
-            raise ValueError(f"lists of {len(ids)} and {len(other)} entries must align")
+def _aligned(message: Any, *names: str) -> None:
+    counts = {name: len(getattr(message, name)) for name in names}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name} has {count}" for name, count in counts.items())
+        raise ValueError(f"{' and '.join(names)} must have one entry each per row: {shown}")
 
 
 def _any_ids(_: Any, attribute: Any, value: list[int]) -> None:
@@ -650,14 +662,14 @@ class SecAggShareReply:
     """The sealed shares of this worker's clients, one row per (sender, recipient)."""
 
     seq: int = _seq()
-    senders: list[int] = _field("list of client ids", "the client that sealed each row",
+    senders: Integers = _field("list of client ids", "the client that sealed each row",
                                 check=_any_ids)
-    recipients: list[int] = _field("list of client ids", "the neighbour each row is sealed to",
+    recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
                                    check=_any_ids)
     sealed: Rows = _field("bytes nx168", "the sealed share pairs (AES-GCM)")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self.senders, self.recipients)
+        _aligned(self, "senders", "recipients")
         _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
 
 
@@ -667,12 +679,12 @@ class SecAggMaskRequest:
 
     seq: int = _seq(0)
     clients: ClientIds = _ids_field("the clients to fit and mask (each shared this round)")
-    seeds: list[int] = _field("list of int 0..2^64-1", "each client's fit seed, in `clients` "
+    seeds: Integers = _field("list of int 0..2^64-1", "each client's fit seed, in `clients` "
                               "order", check=lambda _, a, v: _each(a, v, 0, MAX_SEED))
     shards: int = _shards()
-    senders: list[int] = _field("list of client ids", "who sealed each delivered row",
+    senders: Integers = _field("list of client ids", "who sealed each delivered row",
                                 check=_any_ids)
-    recipients: list[int] = _field("list of client ids", "which of `clients` each row is for",
+    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
                                    check=_any_ids)
     sealed: Rows = _field("bytes nx168", "the sealed share pairs delivered to `clients`")
     time_budget: float | None = _field("float (0, 1e7]", "seconds each fit may take",
@@ -684,8 +696,8 @@ class SecAggMaskRequest:
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
-        _aligned(self.clients, self.seeds)
-        _aligned(self.senders, self.recipients)
+        _aligned(self, "clients", "seeds")
+        _aligned(self, "senders", "recipients")
         _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
         if any(c >= self.shards for c in self.clients):
             raise ValueError(f"a client id must be below shards = {self.shards}")
@@ -726,16 +738,16 @@ class SecAggUnmaskReply:
     """The shares each survivor holds: of the survivors' self-mask seeds, the dropped's keys."""
 
     seq: int = _seq()
-    holders: list[int] = _field("list of client ids", "the survivor holding each share row",
+    holders: Integers = _field("list of client ids", "the survivor holding each share row",
                                 check=_any_ids)
-    owners: list[int] = _field("list of client ids", "whose secret each row is a share of",
+    owners: Integers = _field("list of client ids", "whose secret each row is a share of",
                                check=_any_ids)
-    kinds: list[int] = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
+    kinds: Integers = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
                               "key's", check=lambda _, a, v: _each(a, v, 0, 1))
     shares: Rows = _field("bytes nx70", "the Shamir shares")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self.holders, self.owners, self.kinds)
+        _aligned(self, "holders", "owners", "kinds")
         _width(self.shares, SHARE_SIZE, "shares", len(self.holders))
 
 
