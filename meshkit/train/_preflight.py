@@ -348,17 +348,17 @@ def check_secure_aggregation(cfg: Any, strategy: Any) -> None:
 
 
 def check_secure_privacy(cfg: Any, privacy: Any) -> None:
-    """``[privacy]`` under ``[secure_aggregation]``: only client-side clipping is possible."""
+    """``[privacy]`` under ``[secure_aggregation]``: only fixed clipping on the clients."""
+    where = (f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
+             f"[privacy]")
     placement = getattr(privacy, "placement", "coordinator")
     if placement != "client":
         raise RefusedError(
-            f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
-            f"[privacy] clip = {placement!r}: the coordinator never holds an individual "
+            f"{where} clip = {placement!r}: the coordinator never holds an individual "
             f"update, so it cannot clip one. Use [privacy] clip = \"client\"")
     if getattr(privacy, "adaptive", None) is not None:
         raise RefusedError(
-            f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
-            f"[privacy] name = {cfg.privacy.name!r}: adaptive clipping counts the clients "
+            f"{where} name = {cfg.privacy.name!r}: adaptive clipping counts the clients "
             f"whose update was within the clip norm, one bit per client the coordinator would "
             f"read in clear. Use [privacy] name = \"dp-fixed\"")
 

@@ -87,3 +87,12 @@ def test_what_would_reveal_an_individual_update_is_refused_naming_both_keys(
     with pytest.raises(meshkit.RefusedError, match=message):
         _plan(config)
 
+
+
+def test_adaptive_clipping_is_refused_under_secure_aggregation(tmp_path):
+    config = table(tmp_path / "out")
+    config["strategy"].update({"sampling": "poisson", "fraction": 0.5})
+    config["privacy"] = {"name": "dp-adaptive", "clip": "client", "noise_multiplier": 1.0}
+    with pytest.raises(meshkit.RefusedError, match=r"\[privacy\] name = 'dp-adaptive': "
+                                                   r"adaptive clipping counts"):
+        _plan(config)
