@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from meshkit import RefusedError
 from meshkit.train import Folded, RoundOutcome, StrategyContext
 from meshkit.train import client_seed, poisson_clients, sample_clients, secure_sum
 
@@ -48,10 +49,19 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
     fit: dict[str, Any] = {"time_budget": opts.time_budget} if opts.time_budget else {}
     if privacy is not None:
         fit["clip_norm"] = privacy.clip_norm
-    revealed = secure_sum(ctx, sampled, state=state, table=ctx.secure_aggregation, rnd=rnd,
-                          shards=clients, seeds={c: client_seed(ctx.seed, rnd, c)
-                                                 for c in sampled}, fit=fit,
-                          pinned=None if pinned is None else {c: pinned[c] for c in sampled})
+    try:
+        revealed = secure_sum(ctx, sampled, state=state, table=ctx.secure_aggregation, rnd=rnd,
+                              shards=clients, seeds={c: client_seed(ctx.seed, rnd, c)
+                                                     for c in sampled}, fit=fit,
+                              pinned=None if pinned is None else {c: pinned[c]
+                                                                  for c in sampled})
+    except RefusedError as exc:
+        # Too few clients left to unmask without weakening the guarantee: the round has no
+        # result, and is never passed off as the sum of fewer clients.
+        why = str(exc).removeprefix("[secure_aggregation]: ")
+        raise RefusedError(
+            f"round {rnd}: [secure_aggregation]: {why}. Sample more clients, keep more "
+            f"workers alive, or lower threshold. {ctx.resume_advice()}") from None
     folded = Folded(None, dict(revealed.served), dict(revealed.not_served),
                     {c: {"examples": 0, "metrics": {}} for c in revealed.served})
     require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())

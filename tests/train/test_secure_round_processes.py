@@ -76,8 +76,9 @@ def test_a_secure_run_sums_exactly_through_dropouts_and_refuses_below_the_thresh
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     # Round 4 lost six clients' holders after masking: four replies cannot rebuild any
     # secret, and the run stops there saying so, its last checkpoint round 3's.
-    with pytest.raises(meshkit.RefusedError, match="fewer than 5 shares among the 4 replies: "
-                                                   "the sum is not unmasked"):
+    with pytest.raises(meshkit.RefusedError, match=r"round 4: \[secure_aggregation\]: .*fewer "
+                                                   r"than 5 shares among the 4 replies: the "
+                                                   r"sum is not unmasked.*round 3\) is intact"):
         runner.run()
     report = runner.report
     assert report is not None and not report.ok and report.rounds_completed == 3
