@@ -707,7 +707,8 @@ class SecAggMaskReply:
     """The modular sum of this worker's clients' masked inputs (a worker folds its own)."""
 
     seq: int = _seq()
-    clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up")
+    clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up (those "
+                                    "asked whose shares opened)")
     vector: Masked = _field("uint32 or uint64 array", "their masked inputs' sum mod "
                                                       "2^modulus_bits")
 

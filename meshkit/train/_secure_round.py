@@ -243,10 +243,10 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     replies = call(masking)
     for rank, reply in replies.items():
         try:
-            if list(reply["clients"]) != sharing[rank]:
-                raise ProtocolError(f"a masked input of clients {list(reply['clients'])}, not "
-                                    f"of the {sharing[rank]} it was asked to mask")
-            ids = tuple(sharing[rank])
+            ids = tuple(reply["clients"])
+            if not set(ids) <= set(sharing[rank]):
+                raise ProtocolError(f"a masked input of clients {list(ids)}, not of the "
+                                    f"{sharing[rank]} it was asked to mask")
             server.receive_masked(MaskedInput(ids[0], reply["vector"]) if len(ids) == 1
                                   else MaskedSum(ids, reply["vector"]))
         except ProtocolError as exc:
@@ -312,9 +312,13 @@ def _finish(ctx: StrategyContext, server: ServerRound, sharing: Mapping[int, lis
 def _why(client: int, rank: int, lost: Mapping[int, str], rosters: Mapping[int, Any],
          deliveries: Mapping[int, Any]) -> str:
     """Why ``client`` (played by ``rank``) is not in the round's sum."""
-    step = ("before advertising keys" if client not in rosters else
-            "before sharing its secrets" if client not in deliveries else
-            "before sending its masked input")
-    cause = f"rank {rank} was lost ({lost[rank]})" if rank in lost else (
-        "too few of its neighbours shared with it")
+    if client not in rosters:
+        step, cause = "before advertising keys", "its advert was refused"
+    elif client not in deliveries:
+        step, cause = "before sharing its secrets", "too few of its neighbours shared with it"
+    else:
+        step = "before sending its masked input"
+        cause = f"its shares did not open, or were too few, on rank {rank} (that node's log)"
+    if rank in lost:
+        cause = f"rank {rank} was lost ({lost[rank]})"
     return f"dropped {step}: {cause}"

@@ -21,7 +21,10 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     rounds) from the round's model, the update (fitted minus the model, the
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked; the reply is the sum mod ``2**modulus_bits`` of this worker's
-    masked inputs (a fold of its own, as a relay does).
+    masked inputs (a fold of its own, as a relay does). A client whose
+    delivered shares do not open (tampered or misrouted) or are too few does
+    not mask: it drops out before masking, and the reply's ``clients`` says
+    who is in the sum.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -41,9 +44,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from meshkit.errors import MeshError
+from meshkit.errors import MeshError, RefusedError
 from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
-                            Roster, SealedShares, SecAggParams, ShareDelivery, UnmaskRequest,
+                            Roster, SealedShares, SecAggError, SecAggParams, ShareDelivery,
+                            UnmaskRequest,
                             add_mod, neighbours, quantize, vector_dtype)
 from meshkit.train._messages import ADVERT_SIZE
 
@@ -185,6 +189,7 @@ class SecureClients:
         total = np.zeros(self.length, dtype=vector_dtype(bits))
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
+        done, refused = [], []
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -196,11 +201,23 @@ class SecureClients:
             del update, fitted  # the clear update goes no further than this line
             delivery = ShareDelivery(client, tuple(sorted(inbox[client],
                                                           key=lambda s: s.sender)))
-            masked: MaskedInput = self.rounds[client].mask(delivery, quantised)
+            try:
+                masked: MaskedInput = self.rounds[client].mask(delivery, quantised)
+            except (SecAggError, RefusedError) as exc:
+                # A share that does not open (tampered, misrouted) or too few of them: this
+                # client drops out before masking, which the round survives. Its accuser's
+                # word is not enough to drop anyone else.
+                log.warning("round %d: client %d does not mask: %s", self.round, client, exc)
+                refused.append(f"client {client}: {exc}")
+                continue
             add_mod(total, masked.vector, bits, out=total)
+            done.append(client)
+        if not done:
+            raise MeshError(f"none of the clients {clients} could mask its input: "
+                            + "; ".join(refused))
         faults = _faults(os.environ.get(FAULT_ENV, ""))
-        self.exit_pending = any((self.round, c) in faults for c in clients)
-        return {"clients": clients, "vector": total}
+        self.exit_pending = any((self.round, c) in faults for c in done)
+        return {"clients": done, "vector": total}
 
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]

@@ -229,3 +229,20 @@ def test_any_garbled_secure_reply_is_its_ranks_fault_or_a_clean_refusal(op, data
     # Whatever was taken in, the sum unmasked is the exact sum of who is in it.
     np.testing.assert_array_equal(revealed.total,
                                   plaintext(state, list(revealed.contributors), revealed.params))
+
+
+def test_a_share_that_does_not_open_drops_its_recipient_before_masking_and_no_one_else():
+    def tamper(reply: dict[str, Any]) -> dict[str, Any]:
+        sealed = reply["sealed"].copy()
+        sealed[0, -1] ^= 1  # client 2's share for its first neighbour, client 0
+        return {**reply, "sealed": sealed}
+
+    ctx = context(5, trainers={3: Breaching("secagg_share", tamper)})
+    state, revealed = play(ctx)
+    # Rank 3 cannot be told from a coordinator that misrouted; client 0 masks nothing.
+    assert ctx.dead == {}
+    assert 0 not in revealed.contributors and len(revealed.contributors) == CLIENTS - 1
+    assert revealed.not_served[0].startswith("dropped before sending its masked input: its "
+                                             "shares did not open")
+    np.testing.assert_array_equal(revealed.total, plaintext(state, list(revealed.contributors),
+                                                            revealed.params))
