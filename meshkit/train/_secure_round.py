@@ -55,12 +55,13 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
-from meshkit.errors import ConfigError, ProtocolError, RefusedError
+from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.secagg import (SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, MaskedSum, SealedShares,
                             SecAggParams, ServerRound, ShareBundle, UnmaskReply, choose_degree,
                             dequantize)
 from meshkit.train._messages import ADVERT_SIZE
 from meshkit.train._pool import protocol_reason
+from meshkit.train._secure_relay import masked_sum_request, parse_masked_sum_answer
 from meshkit.train._secure_worker import vector_keys
 from meshkit.train._strategy import StrategyContext
 
@@ -240,18 +241,7 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
             "recipients": [s.recipient for s in rows],
             "sealed": (np.stack([np.frombuffer(s.sealed, np.uint8) for s in rows])
                        if rows else np.zeros((0, SEALED_SIZE), np.uint8)), **(fit or {})}
-    replies = call(masking)
-    for rank, reply in replies.items():
-        try:
-            ids = tuple(reply["clients"])
-            if not set(ids) <= set(sharing[rank]):
-                raise ProtocolError(f"a masked input of clients {list(ids)}, not of the "
-                                    f"{sharing[rank]} it was asked to mask")
-            server.receive_masked(MaskedInput(ids[0], reply["vector"]) if len(ids) == 1
-                                  else MaskedSum(ids, reply["vector"]))
-        except ProtocolError as exc:
-            _bad(ctx, rank, exc, lost)
-    replies.clear()  # each vector is in the server's running sum now
+    _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost)
     requests = server.unmask_requests()  # refuses below the threshold, before any share moves
     told = next(iter(requests.values()))  # every survivor is told the same two sets
     replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
@@ -287,6 +277,63 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                   for c in cohort if c not in served}
     return SecureSum(summed, tuple(result.contributors), served, not_served, params,
                      result.total, dropped=tuple(result.dropped))
+
+
+def _masked_step(ctx: StrategyContext, server: ServerRound,
+                 masking: Mapping[int, Mapping[str, Any]], sharing: Mapping[int, list[int]],
+                 bits: int, lost: dict[int, str]) -> None:
+    """Step 4: each worker's masked sum into ``server``, through its host relay when one
+    carries several of the round's workers (one ``masked_sum`` relay request each)."""
+    alive = set(ctx.live)
+    for rank in sorted(set(masking) - alive - set(lost)):
+        lost[rank] = ctx.pool.dead.get(rank, "lost")
+    asked = {r: q for r, q in masking.items() if r in alive and r not in lost}
+    owner = {r: name for name, rs in ctx.pool.relays.items() for r in rs}
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(asked):
+        if rank in owner:
+            groups.setdefault(owner[rank], []).append(rank)
+    groups = {name: ranks for name, ranks in groups.items() if len(ranks) > 1}
+    grouped = {r for ranks in groups.values() for r in ranks}
+    tickets: dict[int, tuple[str, list[int]]] = {}  # ticket -> (relay or "", ranks)
+    for rank in sorted(set(asked) - grouped):
+        tickets[ctx.pool.send(rank, asked[rank], ctx.timeout)] = ("", [rank])
+    for name, ranks in sorted(groups.items()):
+        request = masked_sum_request({r: asked[r] for r in ranks}, bits, ctx.timeout)
+        tickets[ctx.pool.send_relay(name, request, ctx.timeout)] = (name, ranks)
+    for _ in range(len(tickets)):
+        reply = ctx.pool.receive()
+        assert reply is not None  # a blocking receive always returns one
+        name, ranks = tickets[reply.seq]
+        if reply.payload is None:
+            for rank in ranks:
+                lost.setdefault(rank, reply.error or "lost")
+            continue
+        if reply.payload.get("error"):
+            raise WorkerError(int(reply.payload.get("rank") or ranks[0]),
+                              str(reply.payload["error"]))
+        try:
+            if not name:
+                ids = tuple(reply.payload["clients"])
+                vector = reply.payload["vector"]
+            else:
+                clients, vector, gone = parse_masked_sum_answer(
+                    reply.payload, sorted(c for r in ranks for c in sharing[r]))
+                for rank, why in gone:
+                    if rank in ranks:
+                        lost.setdefault(rank, why)
+                ids = tuple(clients)
+                if vector is None:
+                    continue
+            if not set(ids) <= {c for r in ranks for c in sharing[r]}:
+                raise ProtocolError(f"a masked input of clients {list(ids)}, not of the "
+                                    f"{sorted(c for r in ranks for c in sharing[r])} it was "
+                                    f"asked to mask")
+            server.receive_masked(MaskedInput(ids[0], vector) if len(ids) == 1
+                                  else MaskedSum(ids, vector))
+        except ProtocolError as exc:
+            for rank in ranks:  # a relay's sum cannot be split: its ranks go together
+                _bad(ctx, rank, exc, lost)
 
 
 def _split(row: Any) -> tuple[bytes, bytes, bytes]:
