@@ -462,6 +462,10 @@ class Plan:
                 line += (f" on clients {list(cfg.attack.clients)}" if cfg.attack.clients
                          else f" on fraction {cfg.attack.fraction:g} of the clients")
             lines.append(line)
+        if cfg.secure_aggregation is not None:
+            shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(
+                cfg.secure_aggregation).items() if k != "name")
+            lines.append(f"secure_aggregation: {cfg.secure_aggregation.name} [{shown}]")
         for component, opts in self.observers:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"

@@ -85,3 +85,13 @@ def test_adaptive_clipping_is_refused_under_secure_aggregation(tmp_path):
     with pytest.raises(meshkit.RefusedError, match=r"\[privacy\] name = 'dp-adaptive': "
                                                    r"adaptive clipping counts"):
         _plan(config)
+
+
+def test_the_shipped_secure_example_checks_and_says_its_table():
+    from meshkit.config import load_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "federated-secure.toml"
+    plan = resolve(load_config(example))
+    assert build_components(plan)["secure_aggregation"].clip_range == 1.0
+    assert ("secure_aggregation: secagg+ [degree='auto', threshold='auto', clip_range=1.0, "
+            "modulus_bits=32]") in plan.describe()
