@@ -38,6 +38,8 @@ MAX_LENGTH = 1 << 31
 #: (2**16 levels over ``[-clip_range, clip_range]``); a modulus that leaves
 #: fewer for the cohort is refused.
 MIN_LEVEL_BITS = 16
+#: The most quantisation levels a coordinate is given: float64's exact integers.
+MAX_LEVELS = 1 << 53
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -105,12 +107,14 @@ class SecAggParams:
 
     @property
     def levels(self) -> int:
-        """The largest quantised value of one coordinate: ``(2**modulus_bits - 1) // clients``.
+        """The largest quantised value of one coordinate: ``min((2**modulus_bits - 1) // clients, 2**53)``.
 
         ``clients`` values of at most this sum to less than ``2**modulus_bits``,
-        so the modular sum is the exact integer sum.
+        so the modular sum is the exact integer sum. Capped at ``2**53``, the
+        last integer float64 holds exactly: quantisation computes in float64,
+        and a level it cannot hold could round past the headroom.
         """
-        return ((1 << self.modulus_bits) - 1) // self.clients
+        return min(((1 << self.modulus_bits) - 1) // self.clients, MAX_LEVELS)
 
 
 def _hypergeom_tail(population: int, marked: int, draws: int, at_least: int) -> float:
