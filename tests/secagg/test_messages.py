@@ -50,7 +50,8 @@ def test_a_well_formed_mapping_decodes(cls: type) -> None:
     assert isinstance(message, cls) and payload_bytes(message) > 0
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(cls=st.sampled_from(MESSAGES), data=st.data())
 def test_a_mangled_mapping_is_a_secagg_error_for_its_sender(cls: type, data: st.DataObject) -> None:
     mapping = _good(cls)
@@ -100,7 +101,8 @@ def _replace_any(message: Any, data: st.DataObject) -> Any:
         return None
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_coordinator_fed_junk_blames_the_sender_and_still_sums(data: st.DataObject) -> None:
     seed = b"junk"
@@ -148,7 +150,8 @@ def test_messages_check_themselves_on_construction() -> None:
         UnmaskReply(1, ((2, bytes(SHARE_SIZE)),), ((2, bytes(SHARE_SIZE)),))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_client_fed_junk_by_the_coordinator_raises_only_secagg_or_refused(
         data: st.DataObject) -> None:
