@@ -202,13 +202,14 @@ class ServerRound:
     def receive_masked(self, masked: Union[MaskedInput, MaskedSum]) -> None:
         """Folds one client's :class:`MaskedInput` (or a relay's :class:`MaskedSum`) into the sum."""
         self._at(2, "receive_masked")
+        # A sum's faults are its relay's: no one client in it is to blame.
         clients = (masked.client,) if isinstance(masked, MaskedInput) else masked.clients
-        blame: Optional[int] = clients[0] if len(clients) == 1 else None
+        blame: Optional[int] = masked.client if isinstance(masked, MaskedInput) else None
         for client in clients:
             if client not in self._shared or client in self._masked:
                 raise SecAggError(f"a masked input from client {client}, who "
                                   + ("sent one already" if client in self._masked
-                                     else "did not share its secrets this round"), client)
+                                     else "did not share its secrets this round"), blame)
         vector = masked.vector
         if vector.dtype != self._dtype or vector.shape != (self.length,):
             raise SecAggError(f"a masked input of {vector.shape} {vector.dtype}; this round's "

@@ -229,3 +229,13 @@ def test_a_small_order_public_key_is_refused_when_advertised(round_seed: bytes) 
         server.receive_advert(type(honest)(0, honest.share_key, bytes(32), honest.seed_commitment))
     assert caught.value.client == 0
     server.receive_advert(honest)
+
+
+def test_a_relays_sum_naming_a_stranger_is_blamed_on_no_client(round_seed: bytes) -> None:
+    params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=20)
+    ups = {c: np.zeros(4, np.uint32) for c in range(4)}
+    clients, server, masked = _masked_stage(params, ups, round_seed)
+    with pytest.raises(SecAggError, match="did not share") as caught:
+        server.receive_masked(MaskedSum((0, 9), masked[0].vector))
+    assert caught.value.client is None  # the relay's fault: the engine names its rank
+    server.receive_masked(masked[0])
