@@ -6,6 +6,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshkit import ProtocolError, RefusedError
 from meshkit.secagg import (ClientRound, MaskedInput, MaskedSum, SecAggError, SecAggParams,
@@ -239,3 +241,23 @@ def test_a_relays_sum_naming_a_stranger_is_blamed_on_no_client(round_seed: bytes
         server.receive_masked(MaskedSum((0, 9), masked[0].vector))
     assert caught.value.client is None  # the relay's fault: the engine names its rank
     server.receive_masked(masked[0])
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(drops=st.lists(st.sampled_from(["stay"] * 9 + ["before sharing", "after masking",
+                                       "before unmasking"]), min_size=10, max_size=10))
+def test_whoever_drops_when_the_sum_is_exact_or_refused(drops: list[str]) -> None:
+    # About half of these rounds keep enough neighbours to unmask, half refuse.
+    params = SecAggParams(clients=10, degree=6, threshold=4, clip_range=1.0, modulus_bits=24)
+    ups = {c: np.full(8, c + 1, np.uint32) for c in range(10)}
+    at = {stage: [c for c, d in enumerate(drops) if d == stage] for stage in set(drops)}
+    try:
+        run = simulate_round(params, ups, b"any dropouts",
+                             drop_before_sharing=at.get("before sharing", []),
+                             drop_after_masking=at.get("after masking", []),
+                             drop_before_unmasking=at.get("before unmasking", []))
+    except RefusedError:
+        return
+    gone = set(at.get("before sharing", [])) | set(at.get("after masking", []))
+    assert not set(run.result.contributors) & gone
+    assert run.result.total.tolist() == [sum(c + 1 for c in run.result.contributors)] * 8
