@@ -12,6 +12,9 @@ from meshkit.node.config import NodeConfig
 from meshkit.train import GroupPool, StrategyContext, serve_trainer
 
 from meshkit.train import free_ports
+
+#: The replicas are threads (one forms a gloo group): run alone, not beside another test.
+pytestmark = pytest.mark.serial
 SECRET = b"data-parallel-collective-secret"
 SPEC = {"task": "digits", "task_options": {}, "strategy": "data-parallel", "seed": 3}
 OPTIONS = {"rounds": 2, "steps": 3, "batch_size": 16}

@@ -17,6 +17,9 @@ from meshkit.testing import TransportContract  # noqa: E402
 from meshkit_tcp.testing import run_ranks  # noqa: E402
 from meshkit_torchdist.group import TorchdistGroup, is_loopback  # noqa: E402
 
+#: Every rank is a thread forming a gloo group: run alone, not beside another test.
+pytestmark = pytest.mark.serial
+
 
 class TestTorchdist(TransportContract):
     """Every rank is a thread with its own gloo pairs, meeting at a TCPStore on rank 0."""

@@ -24,8 +24,9 @@ from meshkit_tcp.testing import run_ranks  # noqa: E402
 
 from meshkit.train import free_ports  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(),
-                                reason="reads listening sockets from /proc/net/tcp")
+pytestmark = [pytest.mark.skipif(not Path("/proc/net/tcp").exists(),
+                                 reason="reads listening sockets from /proc/net/tcp"),
+              pytest.mark.serial]  # gloo groups formed by threads: run alone
 
 LOOPBACK = "0100007F"  # 127.0.0.1 as /proc/net/tcp spells it
 
