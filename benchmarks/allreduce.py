@@ -1,18 +1,12 @@
-"""All-reduce throughput: meshkit's star reduce service vs torch.distributed gloo.
+"""All-reduce throughput: meshkit's mesh all-reduce vs torch.distributed gloo.
 
 Every rank is a separate process on this machine (loopback TCP), and every
-rank contributes a float32 vector of the given size and gets the mean back:
+rank contributes a float32 vector of the given size and gets the mean back.
+(The star reduce service and its kinds -- ``meshkit``, ``meshkit-auth``,
+``meshkit-nomac``, ``meshkit-sync`` -- were removed with the service in
+issue 21; a star's rounds fold on the round engine, which
+``benchmarks/scale.py`` measures.)
 
-* ``meshkit``: ``tcp`` transport, star topology, the default: bodies
-  AES-256-GCM encrypted. Rank 0 folds its own contribution
-  (``reduce_round(..., contribution=x)``) and the workers' (``all_reduce``),
-  then scatters the mean.
-* ``meshkit-auth``: the same with ``encrypt=False`` (``[mesh] encrypt =
-  false``): authenticated only (header HMAC, body GMAC), to measure what
-  encryption costs ("enc cost" column).
-* ``meshkit-nomac``: the same path with frame MACs off on both ends
-  (``benchmark_only_disable_mac``; the handshake is still authenticated),
-  to measure what authentication costs.
 * ``mesh``: ``tcp`` transport, full mesh, bodies encrypted (the default):
   every rank calls ``group.mesh_all_reduce`` (ring reduce-scatter +
   all-gather over the direct links, no coordinator fold), weighted mean;
@@ -29,21 +23,14 @@ rank contributes a float32 vector of the given size and gets the mean back:
   named baseline; install with ``pip install torch==2.13.0`` or the
   ``bench`` extra).
 
-Two ways of timing, the same for both systems:
-
-* back to back (``meshkit``, ``meshkit-nomac``, ``gloo``): rounds run one
-  after another, as in a training loop; each is timed on rank 0 from the
-  start of its call to its return (meshkit: ``reduce_round``, which ends
-  when the scatter is written; gloo: ``all_reduce``). This is throughput:
-  a round's time includes waiting for the other ranks to finish the
-  previous one, as nccl-tests and gloo's own benchmark count it.
-* synchronized (``meshkit-sync``, ``gloo-sync``): every rank first passes a
-  barrier (gloo: ``dist.barrier()``; meshkit: a one-element all-reduce),
-  and only the round after it is timed: the latency of one round that
-  starts with every rank ready.
+Timing, the same for both systems: rounds run back to back, as in a
+training loop; each is timed on rank 0 from the start of its call to its
+return (meshkit: ``mesh_all_reduce``; gloo: ``all_reduce``). This is
+throughput: a round's time includes waiting for the other ranks to finish
+the previous one, as nccl-tests and gloo's own benchmark count it.
 
 Each configuration runs ``--trials`` times (default 7 at 1 MiB, else 3), the kinds
-interleaved (meshkit, nomac, gloo, ...) so that a load spike on a shared
+interleaved (mesh, mesh-auth, gloo, ...) so that a load spike on a shared
 machine hits all of them alike. A trial's figure is the median of its
 timed rounds; the figure reported is the best trial (interference only
 ever slows a trial down; on the development machine whole trials land in
@@ -53,6 +40,16 @@ a slow mode about 1.6x slower), and ``--json`` keeps every trial. Ratios
     python benchmarks/allreduce.py                      # worlds 2 and 4, 1/16/64 MiB
     python benchmarks/allreduce.py --kinds mesh gloo    # the mesh, encrypted and auth-only
     python benchmarks/allreduce.py --worlds 2 --sizes 1 16 --reps 5 --trials 1
+
+``--against REF`` also runs every meshkit kind asked for on the code of git
+revision REF (``git archive`` of its ``meshkit/`` and ``plugins/`` into a
+temporary directory, first on ``PYTHONPATH`` of a child process that runs
+that kind), interleaved with the current code's in the same trials: column
+``K@REF``, ratio ``K vs REF`` (> 1: the current code is faster). What a
+refactor of the wire hot path must show::
+
+    python benchmarks/allreduce.py --worlds 2 4 --sizes 1 16 --kinds mesh --no-gloo \
+        --against main
 
 This is a measurement, not a test: nothing here asserts a time.
 """
@@ -64,9 +61,13 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,57 +76,6 @@ from meshkit.train import free_ports
 
 SECRET = b"benchmark-secret"
 
-
-
-def _meshkit_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, mac: bool,
-                  address: Any, results: Any, sync: bool = False, encrypt: bool = True) -> None:
-    from meshkit_tcp import TcpOptions
-    from meshkit_tcp.tcp import TcpTransport
-
-    from meshkit import plugins
-    from meshkit.node.config import NodeConfig
-
-    transport = TcpTransport(TcpOptions(max_frame_bytes=1 << 31),
-                             benchmark_only_disable_mac=not mac)
-    x = np.full(nbytes // 4, float(rank + 1), np.float32)
-    state = {"x": x}
-    barrier = {"b": np.zeros(1, np.float32)}
-    if rank == 0:
-        config = NodeConfig(rank=0, world=world, topology="star", bind="127.0.0.1:0",
-                            secret=SECRET, timeout=120, encrypt=encrypt)
-        group = transport.connect(config)
-        for _ in range(world - 1):
-            address.put(group.address)
-        fedavg = plugins.create("aggregator", "fedavg")
-        try:
-            group.wait_for_workers(timeout=120)
-            times = []
-            for i in range(warmup + reps):
-                if sync:
-                    group.reduce_round(fedavg, contribution=barrier, timeout=120)
-                start = time.perf_counter()
-                result = group.reduce_round(fedavg, contribution=state, timeout=120)
-                elapsed = time.perf_counter() - start
-                if i >= warmup:
-                    times.append(elapsed)
-            expected = (world + 1) / 2
-            if not np.allclose(result.consensus["x"][:4], expected):
-                raise AssertionError(f"wrong mean {result.consensus['x'][:4]} != {expected}")
-            results.put(times)
-        finally:
-            group.close()
-        return
-    coordinator = address.get(timeout=120)
-    config = NodeConfig(rank=rank, world=world, topology="star", peers=[coordinator],
-                        secret=SECRET, timeout=120, encrypt=encrypt)
-    group = transport.connect(config)
-    try:
-        for _ in range(warmup + reps):
-            if sync:
-                group.all_reduce(barrier, timeout=240)
-            group.all_reduce(state, timeout=240)
-    finally:
-        group.close()
 
 
 def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers: list[str],
@@ -162,7 +112,7 @@ def _mesh_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, peers
 
 
 def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port: int,
-               results: Any, barrier: bool = False) -> None:
+               results: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -174,8 +124,6 @@ def _gloo_rank(rank: int, world: int, nbytes: int, reps: int, warmup: int, port:
         times = []
         dist.barrier()
         for i in range(warmup + reps):
-            if barrier:
-                dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(x)
             elapsed = time.perf_counter() - start
@@ -197,17 +145,10 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
                                                        results, kind == "mesh",
                                                        kind != "mesh-auth-copy"))
                  for r in range(world)]
-    elif kind.startswith("gloo"):
+    else:
         port = free_ports(1)[0]
         procs = [ctx.Process(target=_gloo_rank, args=(r, world, nbytes, reps, warmup, port,
-                                                       results, kind == "gloo-sync"))
-                 for r in range(world)]
-    else:
-        address = ctx.Queue()
-        procs = [ctx.Process(target=_meshkit_rank,
-                             args=(r, world, nbytes, reps, warmup, kind != "meshkit-nomac",
-                                   address, results, kind == "meshkit-sync",
-                                   kind not in ("meshkit-auth", "meshkit-nomac")))
+                                                       results))
                  for r in range(world)]
     for proc in procs:
         proc.start()
@@ -219,6 +160,45 @@ def _run(kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
             if proc.is_alive():
                 proc.kill()
     return statistics.median(times)
+
+
+#: Kinds run at ``--against REF`` are named ``KIND@REF``.
+_AT = "@"
+
+
+def _checkout(ref: str) -> str:
+    """A temporary directory holding ``meshkit/`` and ``plugins/`` as of git revision ``ref``."""
+    root = Path(__file__).resolve().parents[1]
+    tree = tempfile.mkdtemp(prefix="meshkit-at-")
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", ref,
+                              "meshkit", "plugins"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def _run_at(tree: str, kind: str, world: int, nbytes: int, reps: int, warmup: int) -> float:
+    """:func:`_run` in a child process whose meshkit (and its plugins) come from ``tree``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [tree, os.path.join(tree, "plugins"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__, "--one", kind, str(world), str(nbytes),
+                           str(reps), str(warmup), tree], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} at {tree} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def _one(kind: str, world: str, nbytes: str, reps: str, warmup: str, tree: str) -> int:
+    """``--one``: time one kind here (a child of ``--against``) and print its median."""
+    import meshkit
+    import meshkit_tcp
+
+    for module in (meshkit, meshkit_tcp):  # the code under test, not the installed one
+        if not str(module.__file__).startswith(tree):
+            raise RuntimeError(f"{module.__name__} was imported from {module.__file__}, "
+                               f"not from {tree}")
+    print(_run(kind, int(world), int(nbytes), int(reps), int(warmup)))
+    return 0
 
 
 def _load() -> str:
@@ -239,18 +219,18 @@ def main(argv: list[str] | None = None) -> int:
                              "most often, else 3)")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch baseline")
     parser.add_argument("--kinds", nargs="+", default=None,
-                        help="only these kinds (default: all); 'mesh' also runs mesh-auth, "
-                             "'gloo' also gloo-sync when a -sync kind runs, 'star' means "
-                             "meshkit and meshkit-auth")
+                        help="only these kinds (default: all); 'mesh' also runs mesh-auth")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--against", metavar="REF",
+                        help="also run each meshkit kind on git revision REF, interleaved")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--one"]:
+        return _one(*argv[1:7])
     args = parser.parse_args(argv)
 
-    kinds = ["meshkit", "meshkit-auth", "meshkit-nomac", "meshkit-sync", "mesh", "mesh-auth",
-             "mesh-auth-copy"]
+    kinds = ["mesh", "mesh-auth", "mesh-auth-copy"]
     if args.kinds:
         wanted = set(args.kinds)
-        if "star" in wanted:
-            wanted |= {"meshkit", "meshkit-auth"}
         if "mesh" in wanted:
             wanted.add("mesh-auth")
         kinds = [k for k in kinds if k in wanted]
@@ -260,13 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import torch  # noqa: F401
             kinds += ["gloo"]
-            if "meshkit-sync" in kinds:
-                kinds += ["gloo-sync"]
         except ImportError:
             print("torch is not installed: skipping the gloo baseline "
                   "(pip install torch==2.13.0)", file=sys.stderr)
     if not kinds:
         parser.error("no kind to run")
+    tree = None
+    if args.against:
+        tree = _checkout(args.against)
+        # Each kind beside its run at REF, so a load spike hits both alike.
+        kinds = [run for k in kinds for run in (
+            [k] if k.startswith("gloo") else [k, f"{k}{_AT}{args.against}"])]
 
     print(f"# meshkit all-reduce vs gloo, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPU(s), python {platform.python_version()}; ms per round, "
@@ -274,14 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     # The ratio columns this run can fill: (label, numerator kind, denominator kind);
     # "x" columns are throughput ratios (> 1: the first kind is faster), "%" costs.
     ratios = [(label, a, b, unit) for label, a, b, unit in (
-        ("star vs gloo", "gloo", "meshkit", "x"),
-        ("vs gloo-sync", "gloo-sync", "meshkit-sync", "x"),
-        ("MAC cost", "meshkit-auth", "meshkit-nomac", "%"),
-        ("enc cost", "meshkit", "meshkit-auth", "%"),
         ("mesh vs gloo", "gloo", "mesh", "x"),
         ("auth vs gloo", "gloo", "mesh-auth", "x"),
         ("mesh enc cost", "mesh", "mesh-auth", "%"),
         ("landing gain", "mesh-auth-copy", "mesh-auth", "%"),
+        *((f"{k} vs {args.against}", f"{k}{_AT}{args.against}", k, "x")
+          for k in kinds if _AT not in k and not k.startswith("gloo")),
     ) if a in kinds and b in kinds]
     widths = {k: max(len(k) + 3, 9) for k in kinds}
     header = (f"{'world':>5} {'MiB':>4} " + " ".join(f"{k + ' ms':>{widths[k]}}" for k in kinds)
@@ -296,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             trials: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.trials if args.trials > 0 else 7 if mib <= 1 else 3):
                 for k in kinds:  # interleaved: a load spike hits every kind alike
-                    trials[k].append(_run(k, world, nbytes, reps, warmup=2))
+                    if _AT in k:
+                        assert tree is not None
+                        trials[k].append(_run_at(tree, k.split(_AT)[0], world, nbytes, reps,
+                                                 warmup=2))
+                    else:
+                        trials[k].append(_run(k, world, nbytes, reps, warmup=2))
             times = {k: min(v) for k, v in trials.items()}
             row: dict[str, Any] = {
                 "world": world, "mib": mib, "reps": reps, "trials": len(trials[kinds[0]]),
@@ -304,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"{k}_s": t for k, t in times.items()},
                 **{f"{k}_median_of_trials_s": statistics.median(v) for k, v in trials.items()},
                 **{f"{k}_trials_s": v for k, v in trials.items()}}
-            if "meshkit" in times:
-                row["meshkit_MBps"] = nbytes / times["meshkit"] / 1e6
+            if "mesh" in times:
+                row["mesh_MBps"] = nbytes / times["mesh"] / 1e6
             cells = []
             for label, a, b, unit in ratios:
                 key = label.replace(" ", "_")
@@ -328,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=2)
+    if tree is not None:
+        shutil.rmtree(tree, ignore_errors=True)
     return 0
 
 

@@ -430,15 +430,6 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
             raise ConfigError(f"{config.path}: {exc}") from None
         components[selection.kind] = component
         options[selection.kind] = opts
-    if getattr(options.get("transport"), "bf16_wire", False):
-        # No option that silently does nothing: every model a run moves goes
-        # in the trainer protocol's exact control frames, which bf16_wire
-        # never narrows (it applies to Group.all_reduce / reduce_round).
-        raise ConfigError(
-            f"{config.path}: [transport] bf16_wire: has no effect in `meshkit run` jobs (the "
-            f"trainer protocol sends models as exact control frames); it applies to model "
-            f"frames of the reduce service (Group.all_reduce / reduce_round) started from "
-            f"Python or `meshkit node`; remove it from this config")
     observers = []
     for selection in config.observers:
         try:

@@ -3,7 +3,10 @@
 Every error names the table and the key, so ``meshkit check`` can say
 ``config.toml: [aggregator] trim: expected float, got 'a lot'``, and an unknown
 key says which known key it is closest to (``[strategy] runds: unknown key
-(did you mean 'rounds'?)``).
+(did you mean 'rounds'?)``). A key an options class no longer takes is named
+with why and what instead: the class lists it in a ``retired_keys`` class
+variable (``{"bf16_wire": "removed in ...; ..."}``), and the error reads
+``[transport] bf16_wire: removed in ...``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
 
 
 def _unknown_key(cls: Any, key: str) -> str:
+    retired = getattr(cls, "retired_keys", None)
+    if isinstance(retired, Mapping) and key in retired:
+        return str(retired[key])
     fields = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
     near = closest(key, fields)
     if near:
@@ -261,7 +267,7 @@ def parse_options(pairs: Sequence[str], options_cls: type | None, *, flag: str,
 
     A value is read with TOML's value grammar, as it would be written in
     the config's table: ``input_elems=8`` is the integer 8, ``scale=0.5`` a
-    float, ``bf16_wire=true`` a boolean, ``sizes=[64, 32]`` an array,
+    float, ``strict=true`` a boolean, ``sizes=[64, 32]`` an array,
     ``name="a b"`` a string; what TOML cannot read is the bare string
     (``function=affine``, ``train_csv=/data/a.csv``). A field declared
     ``str`` keeps its text as given (``stage_id=007`` is ``"007"``); one

@@ -16,7 +16,7 @@ has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
 and calls ``aggregate`` at ``result()`` (O(workers x model) memory, but a
 plain third-party aggregator works everywhere); :func:`streaming` gives the
 same choice as an aggregator with ``begin()``, for code that takes a
-streaming aggregator (``group.reduce_round(streaming(aggregator))``). A
+streaming aggregator. A
 state given to ``add()`` belongs to the fold until ``result()`` returns:
 folds may hold it by reference, so the caller must not modify it in between.
 

@@ -4,7 +4,7 @@
 has ``begin()``, else a :class:`BufferingFold` that keeps the contributions
 and calls ``aggregate`` at ``result()``. :func:`streaming` gives the same
 choice as an aggregator with ``begin()``, for code that takes a streaming
-aggregator (the reduce service: ``group.reduce_round(streaming(agg))``).
+aggregator.
 
 An aggregator that declares ``uses_reference`` is given the round's
 reference (:mod:`meshkit.aggregation._contract`) by both: ``begin(agg,

@@ -62,7 +62,7 @@ class _Stopped(BaseException):
 @click.option("--timeout", type=float, default=None,
               help="Read/write timeout in seconds for the transport.")
 @click.option("--transport-option", "transport_options", multiple=True, metavar="KEY=VALUE",
-              help="A transport option (repeatable), e.g. bf16_wire=true; the [transport] table.")
+              help="A transport option (repeatable), e.g. max_frame_bytes=1048576; the [transport] table.")
 @click.option("--board", "board_name", default=None,
               help="Join as a fixed-function rank driving this board component.")
 @click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",

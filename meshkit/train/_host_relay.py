@@ -65,7 +65,20 @@ import cattrs
 from meshkit.aggregation import MeanFold
 from meshkit.errors import AggregationError, MeshError, PeerLostError, ProtocolError, WireError
 from meshkit.errors import WorkerError
-from meshkit.train._messages import check_reply
+from meshkit.train._messages import (
+    MAX_COUNT,
+    MAX_ERROR,
+    MAX_EXAMPLES,
+    MAX_NAME,
+    MAX_SEQ,
+    Metrics,
+    State,
+    check_reply,
+)
+# The trainer protocol's field declarations and value checks: one schema language for both.
+from meshkit.train._messages import _between, _field, _length
+from meshkit.train._messages import _metrics as structure_metrics
+from meshkit.train._messages import _state as structure_state
 from meshkit.train._pool import Reply, WorkerPool, protocol_reason
 from meshkit.train._protocol import TAG_REQUEST, encode
 from meshkit.train._strategy import StrategyContext
@@ -266,7 +279,8 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
                 ranks=list(plan.direct if name == DIRECT else plan.relays[name]),
                 weight=weight, weighted=fold.weighted, wide=fold.wide,
                 allow_nonfinite=fold.allow_nonfinite, aggregator=fold.name, window=window,
-                label=label, timeout=ctx.timeout, state=None if state is None else dict(state))
+                label=label, timeout=ctx.timeout,
+                state=None if state is None else State(dict(state)))
 
         tickets: dict[int, tuple[str, list[int], list[int]]] = {}
         for name, keys in planned.items():
@@ -341,7 +355,7 @@ def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[s
     reply: dict[str, Any] = {
         "op": "fold", "mass": fold.mass, "count": fold.count,
         "served": [[k, r] for k, r in folded.served.items()],
-        "not_served": [[k, why] for k, why in folded.not_served.items()],
+        "not_served": [[k, why[:MAX_ERROR]] for k, why in folded.not_served.items()],
         "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
                     for k, r in folded.replies.items()],
         # Keys a rank run with `meshkit node --attack` served: never hidden upstream.
@@ -380,6 +394,9 @@ _converter.register_structure_hook(str, _strict(str, lambda v: isinstance(v, str
 _converter.register_structure_hook(
     float, lambda v, _: float(_strict(float, lambda x: isinstance(x, (int, float))
                                       and not isinstance(x, bool))(v, _)))
+# States and metrics as the trainer protocol checks them (key names, counts, finite metrics).
+_converter.register_structure_hook(State, structure_state)
+_converter.register_structure_hook(Metrics, structure_metrics)
 
 
 def _positive_or_none(_: Any, attribute: Any, value: float | None) -> None:
@@ -388,30 +405,61 @@ def _positive_or_none(_: Any, attribute: Any, value: float | None) -> None:
 
 
 def _ranks(_: Any, attribute: Any, value: list[int]) -> None:
-    if not value or any(r < 1 for r in value) or len(set(value)) != len(value):
+    if not value or any(not 1 <= r < MAX_COUNT for r in value) or len(set(value)) != len(value):
         raise ValueError(f"{attribute.name} must be distinct worker ranks, got {value}")
+
+
+def _keys(position: int, *, distinct: bool = False) -> Callable[[Any, Any, Any], None]:
+    """Each entry's key (the entry itself, or its element ``position``) is in 0..2^63-1."""
+    def check(_: Any, attribute: Any, value: list[Any]) -> None:
+        keys = [v if position < 0 else v[position] for v in value]
+        if any(not 0 <= k <= MAX_SEQ for k in keys):
+            raise ValueError(f"{attribute.name}: keys must be in 0..2^63-1")
+        if distinct and len(set(keys)) != len(keys):
+            raise ValueError(f"{attribute.name} names a key twice")
+    return check
+
+
+def _each(position: int, check: Callable[[Any, Any, Any], None]) -> Callable[[Any, Any, Any], None]:
+    """``check`` on element ``position`` of every entry of a list field."""
+    def run(instance: Any, attribute: Any, value: list[Any]) -> None:
+        for entry in value:
+            check(instance, attribute, entry[position])
+    return run
+
+
+_KEY = "key: int 0..2^63-1"
 
 
 @attrs.frozen
 class FoldRequest:
     """``fold``: serve these keys on your ranks; answer with the partial mean and its mass."""
 
-    #: ``[key, request]``: the ``fit``/``grads`` requests, by key (fold order).
-    work: list[tuple[int, dict[str, Any]]] = attrs.field(
-        validator=attrs.validators.min_len(1))
-    #: The ranks the coordinator counts live (a rank that rejoined is not, until
-    #: it is taken back between rounds).
-    ranks: list[int] = attrs.field(validator=_ranks)
-    weight: str = attrs.field(validator=attrs.validators.in_(("examples", "once")))
-    weighted: bool
-    wide: bool
-    allow_nonfinite: bool
-    aggregator: str | None
-    window: int = attrs.field(validator=attrs.validators.ge(1))
-    label: str
-    timeout: float | None = attrs.field(validator=_positive_or_none)
-    #: The round's global state (once per relay); None: the workers' own.
-    state: dict[str, Any] | None = None
+    work: list[tuple[int, dict[str, Any]]] = _field(
+        f"list of [key, request], 1 or more, keys distinct ({_KEY})",
+        "the `fit`/`grads` requests (§7) to serve, by key; folded in this order",
+        check=attrs.validators.and_(attrs.validators.min_len(1), _keys(0, distinct=True)))
+    ranks: list[int] = _field(
+        "list of int 1..2^31-1, distinct, 1 or more",
+        "the relay's ranks the coordinator counts live (a rank that rejoined is not, until it "
+        "is taken back between rounds)", check=_ranks)
+    weight: str = _field('"examples" or "once"', "each contribution's weight: its `examples`, "
+                         "or 1", check=attrs.validators.in_(("examples", "once")))
+    weighted: bool = _field("bool", "the mean's setting: true, `sum w·x / sum w` (fedavg); "
+                            "false, a plain mean of equal weights (allreduce)")
+    wide: bool = _field("bool", "the mean's setting: accumulate float32 in float64")
+    allow_nonfinite: bool = _field("bool", "the mean's setting: fold NaN/inf instead of refusing")
+    aggregator: str | None = _field(
+        "str, up to 1024 chars, or null", "the aggregator's name, for the mean's errors",
+        check=attrs.validators.optional(_length(0, MAX_NAME)))
+    window: int = _field("int 1..2^31", "the round engine's window: contributions its fold "
+                         "holds at once", check=_between(1, MAX_COUNT))
+    label: str = _field("str, up to 1024 chars", "what the round calls this work, for logs",
+                        check=_length(0, MAX_NAME))
+    timeout: float | None = _field("float > 0, or null", "seconds each request to a rank may "
+                                   "take (null: no limit)", check=_positive_or_none)
+    state: State | None = _field("state", "the round's global state (once per relay); absent: "
+                                 "each rank's own", optional=True)
 
     def to_wire(self) -> dict[str, Any]:
         wire = {"op": "fold", "work": [[k, r] for k, r in self.work],
@@ -426,11 +474,16 @@ class FoldRequest:
 class FanoutRequest:
     """``fanout``: send one request (``inner`` and its ``fields``) to several of your ranks."""
 
-    inner: str
-    ranks: list[int] = attrs.field(validator=_ranks)
-    timeout: float | None = attrs.field(validator=_positive_or_none)
+    inner: str = _field("str, 1..1024 chars", "the op to send each rank (`apply`, "
+                        "`set_state`, ...)", check=_length(1, MAX_NAME))
+    ranks: list[int] = _field("list of int 1..2^31-1, distinct, 1 or more",
+                              "the ranks to send it to", check=_ranks)
+    timeout: float | None = _field("float > 0, or null", "seconds each rank may take to answer "
+                                   "(null: no limit)", check=_positive_or_none)
     #: The inner request's own fields (``apply``'s ``gradients``, say).
-    fields: dict[str, Any] = attrs.Factory(dict)
+    fields: dict[str, Any] = attrs.field(factory=dict, metadata={
+        "name": "...", "wire": "the `inner` op's fields (§7)",
+        "doc": "sent to each rank as that op's request; each rank checks them"})
 
     def to_wire(self) -> dict[str, Any]:
         return {**self.fields, "op": "fanout", "inner": self.inner, "ranks": self.ranks,
@@ -453,28 +506,42 @@ def _finite_mass(_: Any, attribute: Any, value: float) -> None:
 class FoldAnswer:
     """A relay's answer to ``fold``: the partial mean, its mass, who served what."""
 
-    op: str = attrs.field(validator=attrs.validators.in_(("fold",)))
-    mass: float = attrs.field(validator=_finite_mass)
-    count: int = attrs.field(validator=attrs.validators.ge(0))
-    served: list[tuple[int, int]]
-    not_served: list[tuple[int, str]]
-    #: ``[key, examples, metrics]`` per served key.
-    replies: list[tuple[int, int, dict[str, Any]]]
-    #: The partial mean; absent when nothing was served.
-    state: dict[str, Any] | None = None
-    #: The served keys whose rank said it attacked (``meshkit node --attack``).
-    attacked: list[int] = attrs.Factory(list)
+    op: str = _field('"fold"', "the request answered", check=attrs.validators.in_(("fold",)))
+    mass: float = _field("float, finite, >= 0", "the sum of the weights folded",
+                         check=_finite_mass)
+    count: int = _field("int 0..2^31", "how many contributions were folded",
+                        check=_between(0, MAX_COUNT))
+    served: list[tuple[int, int]] = _field(
+        f"list of [key, rank] ({_KEY}, rank one the relay carries)",
+        "who served each key", check=attrs.validators.and_(_keys(0), _each(1, _between(
+            1, MAX_COUNT - 1))))
+    not_served: list[tuple[int, str]] = _field(
+        f"list of [key, why] ({_KEY}, why: str up to 65536 chars)",
+        "the keys the relay could not serve, and why (served again elsewhere)",
+        check=attrs.validators.and_(_keys(0), _each(1, _length(0, MAX_ERROR))))
+    replies: list[tuple[int, int, Metrics]] = _field(
+        f"list of [key, examples, metrics] ({_KEY}, examples: int 0..2^53), served keys only",
+        "each served key's small reply (§7)", check=attrs.validators.and_(
+            _keys(0), _each(1, _between(0, MAX_EXAMPLES))))
+    state: State | None = _field("state", "the partial mean; absent when nothing was served",
+                                 optional=True)
+    attacked: list[int] = _field(f"list of keys ({_KEY}), served keys only",
+                                 "the served keys whose rank said it attacked (`meshkit node "
+                                 "--attack`)", default=attrs.Factory(list), check=_keys(-1))
 
 
 @attrs.frozen
 class RelayFailure:
     """A relay's answer that its request failed: ``error``, and why."""
 
-    error: str
-    #: ``"aggregation"``: the fold refused a contribution.
-    reason: str | None = None
-    #: The rank whose task raised (a worker's own error).
-    rank: int | None = None
+    error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
+                        check=_length(1, MAX_ERROR))
+    reason: str | None = _field('"aggregation", or null', "`aggregation`: the fold refused a "
+                                "contribution", optional=True,
+                                check=attrs.validators.in_(("aggregation",)))
+    rank: int | None = _field("int 1..2^31-1, or null", "the rank whose task raised (the "
+                              "worker's own error)", optional=True,
+                              check=_between(1, MAX_COUNT - 1))
 
 
 def parse_fold_answer(message: Mapping[str, Any], keys: Sequence[int],
@@ -719,6 +786,11 @@ def _fanout(pool: WorkerPool, carried: frozenset[int], request: FanoutRequest) -
     return {"op": "fanout", "answers": [[r, *answers[r]] for r in ranks]}
 
 
+def _error_text(text: str) -> str:
+    """An error as ``RelayFailure.error`` bounds it: 1..MAX_ERROR characters."""
+    return (text or "an error without a message")[:MAX_ERROR]
+
+
 def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
                    message: Mapping[str, Any], play: Play) -> dict[str, Any]:
     """A host relay's answer to one request of the coordinator (``TAG_RELAY``).
@@ -740,12 +812,12 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
                               request, play)
         return _fanout(pool, carried, request)
     except AggregationError as exc:
-        return {"error": str(exc), "reason": "aggregation"}
+        return {"error": _error_text(str(exc)), "reason": "aggregation"}
     except WorkerError as exc:
         # The worker's own message: the coordinator names the rank again.
-        return {"error": exc.detail, "rank": exc.rank}
+        return {"error": _error_text(exc.detail), "rank": exc.rank}
     except MeshError as exc:
-        return {"error": str(exc)}
+        return {"error": _error_text(str(exc))}
     except Exception as exc:  # noqa: BLE001 (the coordinator must hear, not wait)
         log.exception("relay %r: request %r failed", name, message.get("op"))
-        return {"error": f"relay {name!r}: {type(exc).__name__}: {exc}"}
+        return {"error": _error_text(f"relay {name!r}: {type(exc).__name__}: {exc}")}

@@ -663,5 +663,7 @@ def field_table(cls: type) -> list[tuple[str, str, str, str]]:
     rows = []
     for f in attrs.fields(cls):
         required = "yes" if f.default is attrs.NOTHING else "no"
-        rows.append((f.name, f.metadata["wire"], required, f.metadata["doc"]))
+        # A field that stands for several on the wire names itself ("...").
+        rows.append((f.metadata.get("name", f.name), f.metadata["wire"], required,
+                     f.metadata["doc"]))
     return rows

@@ -6,7 +6,8 @@ replies as they arrive, from whichever worker answers first
 so each request's deadline starts when the one before it on that worker was
 answered.
 
-Liveness is decided in one place, the transport's dead ledger: a
+Liveness is decided in one place, the transport's membership
+(``meshkit/transport/_membership.py``, read through ``group.dead``): a
 :class:`GroupPool`'s live workers are the group's joined ranks minus
 ``group.dead``, and a worker that disconnects, fails a send or stalls past a
 request's deadline is declared dead *there* (``group.declare_dead``), so the
@@ -16,7 +17,7 @@ raises for a lost worker: the loss comes back from ``receive`` as a
 :class:`Reply` with ``payload=None`` and the reason, once per request that
 worker still owed.
 
-:class:`LocalPool` runs the same protocol in-process, with a ledger of its
+:class:`LocalPool` runs the same protocol in-process, with a membership of its
 own (tests, the strategy contract suite): ``fail`` simulates a lost worker,
 ``order`` (a seeded ``numpy.random.Generator``) answers pending requests in
 a shuffled order, and ``peak_held`` counts the most whole states it handed
@@ -45,6 +46,7 @@ import numpy as np
 from meshkit.errors import MeshError, PeerLostError, ProtocolError
 from meshkit.train._messages import check_reply
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.transport import Membership
 from meshkit.transport.tags import TAG_RELAY, TAG_UP
 from meshkit.train._worker import Trainer
 
@@ -509,7 +511,8 @@ class LocalPool:
     log: list[tuple[int, dict[str, Any]]] = attrs.Factory(list)
     #: The most whole states (``state``/``gradients`` replies) alive at once.
     peak_held: int = 0
-    _dead: dict[int, str] = attrs.Factory(dict)
+    #: Who is dead here: a ledger of the pool's own, decided where every one is.
+    _members: Membership = attrs.Factory(lambda: Membership(0))
     _queue: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = attrs.Factory(dict)
     _seq: int = 0
     _held: int = 0
@@ -520,10 +523,11 @@ class LocalPool:
 
     @property
     def dead(self) -> dict[int, str]:
-        return dict(self._dead)
+        return self._members.dead()
 
     def live(self, ranks: Iterable[int]) -> list[int]:
-        return [r for r in ranks if r in self.trainers and r not in self._dead]
+        dead = self._members.view
+        return [r for r in ranks if r in self.trainers and r not in dead]
 
     @property
     def relays(self) -> dict[str, list[int]]:
@@ -533,9 +537,8 @@ class LocalPool:
         raise MeshError("a LocalPool has no host relays")
 
     def declare_dead(self, rank: int, reason: str) -> None:
-        if rank not in self._dead:
+        if self._members.declare_dead(rank, reason):
             log.warning("rank %d declared dead: %s", rank, reason)
-            self._dead[rank] = reason
 
     @property
     def pending(self) -> int:
@@ -565,8 +568,9 @@ class LocalPool:
         pick = 0 if self.order is None else int(self.order.integers(len(ranks)))
         rank = ranks[pick][1]
         seq, request = self._queue[rank].popleft()
-        if rank in self._dead:
-            return Reply(rank, None, self._dead[rank], seq)
+        why = self._members.reason(rank)
+        if why is not None:
+            return Reply(rank, None, why, seq)
         reason = self.fail(rank, request) if self.fail else None
         if reason:
             self.declare_dead(rank, reason)
@@ -578,7 +582,7 @@ class LocalPool:
             check_reply(request, reply, seq)  # the boundary, as GroupPool's
         except ProtocolError as exc:
             self.declare_dead(rank, protocol_reason(exc))
-            return Reply(rank, None, self._dead[rank], seq)
+            return Reply(rank, None, self._members.reason(rank), seq)
         self._track(reply)
         return Reply(rank, reply, None, seq)
 

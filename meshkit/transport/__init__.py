@@ -15,8 +15,8 @@ default for every blocking call, from ``NodeConfig.timeout``),
     Send a *state* (``Mapping[str, numpy.ndarray | JSON value]``) to rank
     ``dst``. ``tag`` is an int in ``0 .. 0xFFFFFFFF``; tags at or above
     :data:`RESERVED_TAGS` (``0xFFFF0000``) belong to the kernel
-    (:mod:`meshkit.transport.tags` lists every one), and the reduce
-    service's own tags are refused. In a star, worker-to-worker sends are
+    (:mod:`meshkit.transport.tags` lists every one), and the transport's own
+    tags are refused. In a star, worker-to-worker sends are
     relayed by the coordinator (workers only ever dial the coordinator).
     The payload is copied onto the wire before ``send`` returns, so the
     caller may reuse its arrays. A message for a worker that has not joined
@@ -34,35 +34,6 @@ default for every blocking call, from ``NodeConfig.timeout``),
     raising if the peer is lost). A peer that is dead, disconnects, or sends
     nothing in time raises :class:`~meshkit.PeerLostError`; frames it
     completed before dying are still delivered first.
-
-``all_reduce(state, weight=1.0, timeout=None, *, kind="model") -> State`` (workers)
-    Contribute ``state`` with ``weight`` (realized work: examples seen, or
-    1.0 for a plain mean) to the coordinator's current reduce round, block,
-    and return the state the coordinator scattered (the consensus, stepped by
-    the outer optimizer if one is configured). Never returns a local value:
-    a lost coordinator or a timeout (default: twice ``group.timeout``, since the
-    coordinator may itself wait one timeout for the slowest rank) is
-    :class:`~meshkit.PeerLostError`, a
-    broken frame :class:`~meshkit.WireError`, a round the coordinator refused
-    (contributions that disagree) :class:`~meshkit.AggregationError` carrying
-    the coordinator's message. ``kind="model"`` frames travel as bfloat16 when
-    the transport's ``bf16_wire`` option is on (accumulation on the
-    coordinator stays float32 or wider); ``kind="control"`` always travels
-    exactly.
-
-``reduce_round(aggregator, outer=None, global_state=None, timeout=None, *, contribution=None, weight=1.0) -> RoundResult`` (coordinator)
-    One round of the star reduce service (``_reduce.py`` documents it): every
-    live worker's contribution is folded as it arrives into
-    ``aggregator.begin()`` (a streaming aggregator; wrap one that only has
-    ``aggregate()`` in ``meshkit.aggregation.streaming(aggregator)``, which
-    buffers the round); workers that die, stall past
-    ``timeout`` or fail authentication are declared dead and their
-    contributions discarded; ``outer.step(global_state, consensus)`` runs when
-    ``outer`` is given; one state is scattered to every surviving
-    contributor. ``contribution``/``weight`` let the coordinator fold its own
-    state too. When no contribution at all can be accepted (every worker
-    dead) it raises :class:`~meshkit.PeerLostError` quoting the dead ledger:
-    the service ends cleanly, it never invents a consensus.
 
 ``mesh_all_reduce(state, weight=1.0, *, ranks=None, timeout=None) -> State`` (any rank)
     Every rank in ``ranks`` (default: all) calls it; each gets the weighted
@@ -85,9 +56,12 @@ Unread messages (``_mailbox.py``)
     declared dead, named with the bound.
 
 ``dead -> dict[int, str]``
-    The dead-rank ledger: rank -> why it was declared dead. Deaths are
-    permanent for the life of the group. ``declare_dead(rank, reason)`` adds to
-    it (e.g. a strategy's own liveness check) and drops the rank's link.
+    The dead-rank ledger: rank -> why it was declared dead. A death stands
+    until the rounds take the rank back (a restarted node, ``returning`` /
+    ``take_back()``, only between rounds). ``declare_dead(rank, reason)`` adds
+    to it (e.g. a strategy's own liveness check) and drops the rank's link.
+    Who is in, who is dead and who is taken back is decided in one place,
+    :class:`Membership` (``_membership.py``).
 
 ``live_ranks -> list[int]``
     On the coordinator: workers that joined and are not dead. On a worker:
@@ -117,17 +91,21 @@ what happens on the links through the :class:`LinkEvents` the group hands
 to ``Links.attach``: ``deliver(message)`` for each complete, authenticated
 message, ``linked(peer)`` when a link's handshake completes, ``lost(peer,
 reason)`` when a link dies, ``dead_reason(peer)`` to refuse a dead rank that
-tries to rejoin. Routing (star relay), mailboxes, timeouts, the dead ledger
-and the reduce service then come for free. ``docs/transports.md`` walks
+tries to rejoin. Routing (star forwarding), mailboxes, timeouts, the dead
+ledger and the ring all-reduce then come for free. ``docs/transports.md`` walks
 through a complete example.
 
 Where each idea lives: ``tags.py`` (every reserved tag), ``_message.py``
 (:class:`Message`, the payload rules), ``_contract.py`` (:class:`Links`,
 :class:`LinkEvents`), ``_group.py`` (:class:`Group`: the API and routing),
-``_collective.py`` (the mesh all-reduce), ``_ledger.py`` (joined ranks, links, the dead ledger), ``_mailbox.py``
-(received messages until a ``recv`` takes them), ``_relay.py`` (the star
-relay's per-destination queues and writers), ``_reduce.py`` (the reduce
-service), ``_timeouts.py`` (timeouts as deadlines). UDP discovery is the
+``_collective.py`` (the mesh all-reduce), ``_membership.py`` (who is in, who
+is dead and why, who is taken back: the one place any of it changes),
+``_ledger.py`` (routing over it: links, held messages, the next hop),
+``_mailbox.py`` (received messages until a ``recv`` takes them),
+``_forwarding.py`` (the star's per-destination queues and writers),
+``_timeouts.py`` (timeouts as deadlines). The star reduce service
+(``all_reduce`` / ``reduce_round``) was removed in issue 21: every round
+runs on the one round engine (``meshkit.train.fold_round``). UDP discovery is the
 public module :mod:`meshkit.transport.discovery` (``DiscoveryServer``,
 ``discover``, ``resolve``), imported on its own because it loads the wire
 codec, which ``import meshkit.transport`` does not need.
@@ -138,10 +116,9 @@ from __future__ import annotations
 from meshkit.transport import tags
 from meshkit.transport._contract import HostRelay, LinkEvents, Links, OffersHostRelays
 from meshkit.transport._group import ANY, Group
-from meshkit.transport._ledger import describe_dead
+from meshkit.transport._membership import Membership, describe_dead
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
-from meshkit.transport._reduce import MIN_SCATTER_BYTES_PER_SECOND, RoundResult
 from meshkit.transport._timeouts import deadline_after
 # Every tag, as tags.__all__ lists them (the module is the one place they live).
 from meshkit.transport.tags import *  # noqa: F403
@@ -158,11 +135,10 @@ __all__ = [
     "LinkEvents",
     "HostRelay",
     "OffersHostRelays",
-    "RoundResult",
-    "MIN_SCATTER_BYTES_PER_SECOND",
     "check_state",
     "deadline_after",
     "describe_dead",
+    "Membership",
     "MAX_UNREAD_BYTES",
     "MAX_UNREAD_TAGS",
 ]

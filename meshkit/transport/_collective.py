@@ -83,7 +83,7 @@ def _accumulation_dtype(key: str, value: Any) -> np.dtype:
     raise AggregationError(
         f"mesh_all_reduce: {key!r} is {value.dtype}; only floating arrays (float16, "
         f"bfloat16, float32, float64) are averaged, so an integer buffer must travel "
-        f"another way (send/recv, or the coordinator's reduce_round)")
+        f"another way (send/recv)")
 
 
 @attrs.frozen
@@ -576,8 +576,8 @@ class Collective:
                 if self._is_star:
                     raise MeshError(
                         "mesh_all_reduce needs direct links between the participants (a mesh, "
-                        "or a transport with its own collective); in a star use all_reduce on "
-                        "the workers and reduce_round on the coordinator")
+                        "or a transport with its own collective); in a star the round engine "
+                        "folds on the coordinator (meshkit.train.fold_round)")
                 self._ring(buffers, members, layout.check, round_, wait)
         return unpack(layout, buffers)
 

@@ -115,11 +115,10 @@ class Links(abc.ABC):
     """
 
     #: Whether :meth:`transmit` honours ``Message.deadline``: fails the write
-    #: with ``PeerLostError`` (and reports the link lost) once it passes. The
-    #: reduce service then writes a scatter with a single target on its own
-    #: thread; otherwise every scatter write runs on a helper thread the
-    #: service can stop waiting for, so a transport that ignores deadlines is
-    #: still safe.
+    #: with ``PeerLostError`` (and reports the link lost) once it passes. A
+    #: sender with a deadline (a pipeline's activations, the round engine's
+    #: requests) relies on it only where it is True; with False the write is
+    #: bounded by the transport's own stall timeout alone.
     send_deadlines: bool = False
 
     #: Whether :meth:`LinkEvents.deliver` runs on a thread that reads this

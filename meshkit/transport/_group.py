@@ -3,12 +3,12 @@
 Everything above a direct link is decided here, once for every transport:
 which rank a message goes to first (routing; a star's workers reach each
 other through the coordinator), what a received message is (for this rank's
-mailboxes, to relay, or a forged reduce-service frame to drop), and what
-declaring a rank dead does (the ledger records it, its relay queue is
-freed, the transport drops its link, ``on_dead`` hears of it). The pieces
-live in their own modules: the ledger (``_ledger.py``), the mailboxes
-(``_mailbox.py``), the star's forwarding (``_forwarding.py``) and the reduce service
-(``_reduce.py``).
+mailboxes, to relay, or a frame on a retired or handshake-only tag to drop),
+and what declaring a rank dead does (the membership records it, its relay
+queue is freed, the transport drops its link, ``on_dead`` hears of it). The
+pieces live in their own modules: who is in (``_membership.py``), routing
+over it (``_ledger.py``), the mailboxes (``_mailbox.py``), the star's
+forwarding (``_forwarding.py``) and the mesh all-reduce (``_collective.py``).
 
 A hot path that cannot afford a thread hand-off per message (a pipeline
 stage) diverts its (source, tag) to a handler (:meth:`Group.divert`), which
@@ -28,10 +28,9 @@ from meshkit.transport._contract import LinkEvents, Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, Handler, Mailboxes
 from meshkit.transport._message import Message, check_state
-from meshkit.transport._reduce import ReduceService, RoundResult
 from meshkit.transport._forwarding import StarForwarder
 from meshkit.transport._timeouts import deadline_after, shown
-from meshkit.transport.tags import TAG_REDUCE, TAG_SCATTER, TAG_WELCOME, check_tag
+from meshkit.transport.tags import RETIRED_TAGS, TAG_WELCOME, check_tag
 
 __all__ = ["ANY", "Group"]
 
@@ -39,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: ``recv(ANY, tag)`` on the coordinator takes the next frame from any rank.
 ANY = None
+
+#: Tags a delivered message is dropped on: the handshake's, and the retired ones.
+_DROPPED = frozenset({TAG_WELCOME, *RETIRED_TAGS})
 
 
 class Group:
@@ -51,14 +53,11 @@ class Group:
     """
 
     def __init__(self, links: Links, *, rank: int, world_size: int, timeout: float,
-                 is_star: bool, bf16_wire: bool = False,
-                 max_unread: int = MAX_UNREAD_BYTES) -> None:
+                 is_star: bool, max_unread: int = MAX_UNREAD_BYTES) -> None:
         self.rank = rank
         self.world_size = world_size
         self.timeout = float(timeout)
         self.is_star = bool(is_star)
-        #: Whether the transport narrows float32 model frames to bfloat16.
-        self.bf16_wire = bool(bf16_wire)
         #: Called with (rank, reason) after a rank is declared dead (observers).
         self.on_dead: Callable[[int, str], None] | None = None
         self._links = links
@@ -66,9 +65,6 @@ class Group:
         self._mailboxes = Mailboxes(self._ledger, self.timeout, max_unread=max_unread,
                                     on_breach=self.declare_dead)
         self._forwarder = StarForwarder(self._ledger, links, self.declare_dead, self.timeout)
-        self._reduce = ReduceService(self._ledger, self._mailboxes, self._send_message,
-                                     self.declare_dead, timeout=self.timeout,
-                                     send_deadlines=bool(links.send_deadlines))
         self._collective = Collective(self._ledger, self._mailboxes, self._send_message, links,
                                       self.timeout, self.is_star)
         links.attach(_Events(self))
@@ -124,11 +120,6 @@ class Group:
     def peer_key(self, rank: int) -> bytes | None:
         """The node key ``rank`` proved on its direct link (None: no key, or no direct link)."""
         return self._links.peer_key(rank)
-
-    @property
-    def round(self) -> int:
-        """How many reduce rounds this group has started."""
-        return self._reduce.round
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} rank {self.rank}/{self.world_size} "
@@ -195,18 +186,6 @@ class Group:
         deadline = deadline_after(timeout, self.timeout)
         return self._ledger.wait_for_workers(deadline, shown(timeout, self.timeout))
 
-    def all_reduce(self, state: Mapping[str, Any], weight: float = 1.0,
-                   timeout: float | None = None, *, kind: str = "model") -> dict[str, Any]:
-        """Worker: contribute to the coordinator's reduce round and return its scatter."""
-        return self._reduce.contribute(state, weight, timeout, kind=kind)
-
-    def reduce_round(self, aggregator: Any, outer: Any = None, global_state: Any = None,
-                     timeout: float | None = None, *, contribution: Any = None,
-                     weight: float = 1.0, kind: str = "model") -> RoundResult:
-        """Coordinator: run one round of the star reduce service."""
-        return self._reduce.run_round(aggregator, outer, global_state, timeout,
-                                      contribution=contribution, weight=weight, kind=kind)
-
     def mesh_all_reduce(self, state: Mapping[str, Any], weight: float = 1.0, *,
                         ranks: Any = None, timeout: float | None = None) -> dict[str, Any]:
         """Every rank in ``ranks`` (default: all): the weighted mean of their states, no fold on rank 0.
@@ -218,11 +197,12 @@ class Group:
         return self._collective.all_reduce(state, weight, ranks, timeout)
 
     def declare_dead(self, rank: int, reason: str, *, quiet: bool = False) -> None:
-        """Record ``rank`` as dead for the rest of this group's life and drop its link.
+        """Have the membership record ``rank`` as dead (``_membership.py``) and drop its link.
 
-        ``quiet`` logs at INFO instead of WARNING (a rank that left on purpose).
+        ``quiet``: a rank that left on purpose (a goodbye, not a death); logged
+        at INFO instead of WARNING.
         """
-        if not self._ledger.record_death(rank, reason):
+        if not self._ledger.record_death(rank, reason, left=quiet):
             return
         # Relays queued for it cannot be delivered either; readers waiting for
         # room in its queue move on.
@@ -271,12 +251,11 @@ class Group:
 
     def _deliver(self, message: Message) -> None:
         """A complete, authenticated message arrived: relay it or queue it."""
-        # Only the coordinator may speak for the reduce service: a worker
-        # forging a scatter (or a contribution aimed elsewhere) is dropped.
-        if (message.tag == TAG_SCATTER and message.src != 0) or (
-                message.tag == TAG_REDUCE and message.dst != 0) or message.tag == TAG_WELCOME:
-            log.warning("rank %d dropped a reduce-service frame (tag 0x%X) from rank %d to "
-                        "rank %d: only the coordinator runs the reduce service",
+        # A handshake tag after the handshake, or a retired tag (the star reduce
+        # service's, removed in issue 21): nobody reads them, so nobody queues them.
+        if message.tag in _DROPPED:
+            log.warning("rank %d dropped a frame on tag 0x%X from rank %d to rank %d: "
+                        "that tag carries no message after the handshake",
                         self.rank, message.tag, message.src, message.dst)
             return
         if message.dst != self.rank:

@@ -1,13 +1,13 @@
-"""Who is in the mesh: joined ranks, direct links, and the dead ledger.
+"""Routing and waiting over a rank's membership: direct links, held messages, the next hop.
 
-Every death is recorded here, once: a rank declared dead stays dead until
-whoever runs the rounds takes it back (:meth:`Ledger.take_back`), and only
-between rounds, because a rank that missed a round no longer holds the model
-the others hold. A dead rank whose node connects again (a restarted worker)
-is *returning*: linked, its messages queued, but dead for routing and for
-every wait until it is taken back. Routing asks this ledger for the next hop,
-and every wait (a ``recv``, a reduce round, ``wait_for_workers``) watches
-its condition, so a death wakes whoever was waiting for that rank.
+Who is in and who is dead is the membership's to decide
+(:class:`~meshkit.transport._membership.Membership`, ``_membership.py``): the
+ledger keeps one, shares its lock with it, and only asks it. A dead rank
+whose node connects again (a restarted worker) is *returning*: linked, its
+messages queued, but dead for routing and for every wait until it is taken
+back. Routing asks this ledger for the next hop, and every wait (a ``recv``,
+``wait_for_workers``) watches its condition, so a death wakes whoever was
+waiting for that rank.
 
 A star's coordinator also keeps here the few messages relayed to a rank that
 has not joined yet: they are handed back when it joins and freed when it is
@@ -19,9 +19,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Mapping
-
 from meshkit.errors import PeerLostError
+from meshkit.transport._membership import Membership, describe_dead
 from meshkit.transport._message import Message
 from meshkit.transport._timeouts import remaining
 
@@ -36,11 +35,6 @@ MAX_HELD = 64
 MAX_HELD_BYTES = 64 << 20
 
 
-def describe_dead(dead: Mapping[int, str]) -> str:
-    """A dead ledger as an error message quotes it ("rank 2: why; rank 3: why")."""
-    return "; ".join(f"rank {r}: {why}" for r, why in sorted(dead.items())) or "none"
-
-
 class Ledger:
     """One rank's view of the mesh; ``cv`` guards it and wakes every waiter on a change."""
 
@@ -53,13 +47,11 @@ class Ledger:
         #: (C calls), ``with ledger.cv`` where a wait or a notify follows.
         self.lock = threading.RLock()
         self.cv = threading.Condition(self.lock)
-        self._dead: dict[int, str] = {}
-        self._joined: set[int] = set()
+        #: Who is in and who is dead: decided there, under this ledger's lock.
+        self.members = Membership(rank, cv=self.cv)
         self._links: set[int] = set()
         self._held: dict[int, collections.deque[Message]] = {}
         self._held_bytes: dict[int, int] = {}
-        #: Dead ranks linked again since (a restarted node), until taken back.
-        self._returning: set[int] = set()
         self._closed = False
 
     @property
@@ -74,75 +66,77 @@ class Ledger:
 
     def is_dead(self, rank: int) -> bool:
         """Whether ``rank`` is dead, without the lock (a death is never undone)."""
-        return rank in self._dead
+        return rank in self.members.view
 
     def reason(self, rank: int) -> str | None:
         """Why ``rank`` was declared dead, or None."""
-        with self.cv:
-            return self._dead.get(rank)
+        return self.members.reason(rank)
 
     def dead(self) -> dict[int, str]:
-        with self.cv:
-            return dict(self._dead)
+        return self.members.dead()
 
     def joined(self) -> list[int]:
-        with self.cv:
-            return sorted(self._joined)
+        """Coordinator: the workers that joined. Worker: none (it counts links)."""
+        return self.members.joined() if self.is_coordinator else []
 
     def live_ranks(self) -> list[int]:
         """Coordinator: joined workers not dead. Worker: linked ranks not dead."""
         with self.cv:
             if self.is_coordinator:
-                return sorted(r for r in self._joined if r not in self._dead)
-            return sorted(r for r in self._links if r not in self._dead)
+                return self.members.live(self.members.joined())
+            dead = self.members.view
+            return sorted(r for r in self._links if r not in dead)
 
     def returning(self) -> list[int]:
         """Dead ranks whose node connected again, waiting to be taken back."""
-        with self.cv:
-            return sorted(self._returning)
+        return self.members.returning()
 
     def describe(self) -> str:
         """The ledger as an error message quotes it (:func:`describe_dead`)."""
-        return describe_dead(self.dead())
+        return self.members.describe()
 
     def unreachable(self, src: int) -> str | None:
         """Why ``src`` can no longer send to us, or None. Caller holds ``cv``."""
-        if src in self._dead:
-            return f"rank {src} is dead: {self._dead[src]}"
-        if self.is_star and not self.is_coordinator and 0 in self._dead:
-            return f"the coordinator (rank 0) is lost: {self._dead[0]}"
+        dead = self.members.view
+        if src in dead:
+            return f"rank {src} is dead: {dead[src]}"
+        if self.is_star and not self.is_coordinator and 0 in dead:
+            return f"the coordinator (rank 0) is lost: {dead[0]}"
         return None
 
     def next_hop(self, dst: int) -> int:
         """The rank a message for ``dst`` goes to first, or ``PeerLostError`` saying why none."""
+        dead = self.members.view
         with self.lock:
             if self._closed:
                 raise PeerLostError(f"rank {self.rank}: the group is closed")
-            if dst in self._dead:
-                raise PeerLostError(f"rank {dst} is dead: {self._dead[dst]}")
+            if dst in dead:
+                raise PeerLostError(f"rank {dst} is dead: {dead[dst]}")
             if dst in self._links:
                 return dst
             if self.is_star and not self.is_coordinator:
-                if 0 in self._dead:
+                if 0 in dead:
                     raise PeerLostError(
-                        f"the coordinator (rank 0) is lost: {self._dead[0]}")
+                        f"the coordinator (rank 0) is lost: {dead[0]}")
                 return 0
             if self.is_coordinator:
                 raise PeerLostError(
-                    f"rank {dst} has not joined the mesh (joined: {sorted(self._joined)})")
+                    f"rank {dst} has not joined the mesh (joined: {self.members.joined()})")
             raise PeerLostError(f"rank {self.rank} has no connection to rank {dst}")
 
-    # -- changing -------------------------------------------------------------
+    # -- changing (membership itself changes in _membership.py) ----------------
 
     def link(self, rank: int) -> list[Message]:
-        """A direct link to ``rank`` is up; on the coordinator it joined: its held messages."""
+        """A direct link to ``rank`` is up; on the coordinator it joined: its held messages.
+
+        A dead rank linked again is returning (:meth:`Membership.join`); on a
+        worker, whose view counts links rather than joins, too.
+        """
         with self.cv:
             self._links.add(rank)
-            if rank in self._dead:
-                self._returning.add(rank)
+            self.members.join(rank)
             held: list[Message] = []
             if self.is_coordinator:
-                self._joined.add(rank)
                 held = list(self._held.pop(rank, ()))
                 self._held_bytes.pop(rank, None)
             self.cv.notify_all()
@@ -157,7 +151,7 @@ class Ledger:
         """
         dst = message.dst
         with self.lock:  # every relayed frame asks
-            if dst in self._joined or dst in self._dead:
+            if dst in self.members.view or self.members.has_joined(dst):
                 return False
             held = self._held.setdefault(dst, collections.deque())
             size = int(getattr(message.raw, "nbytes", 0) or 0)
@@ -172,38 +166,26 @@ class Ledger:
                     MAX_HELD, MAX_HELD_BYTES)
         return True
 
-    def record_death(self, rank: int, reason: str) -> bool:
-        """Record ``rank`` as dead; False if it already is, or is this rank."""
+    def record_death(self, rank: int, reason: str, *, left: bool = False) -> bool:
+        """Have the membership declare ``rank`` dead (:meth:`Membership.declare_dead`).
+
+        False if it already is, or is this rank. Messages held for a rank
+        that never joined can never be delivered: freed under the same lock.
+        """
         with self.cv:
-            if rank in self._returning:
-                # The returning node's new link failed before it was taken back.
-                self._returning.discard(rank)
-                self._dead[rank] = reason
-                self.cv.notify_all()
-                return True
-            if rank in self._dead or rank == self.rank:
+            if not self.members.declare_dead(rank, reason, left=left):
                 return False
-            self._dead[rank] = reason
-            # Messages held for a rank that never joined can never be delivered.
             self._held.pop(rank, None)
             self._held_bytes.pop(rank, None)
-            self.cv.notify_all()
         return True
 
     def take_back(self) -> list[int]:
-        """Clear every returning rank from the dead ledger; the ranks taken back.
+        """Have the membership take every returning rank back (:meth:`Membership.take_back`).
 
         Call it only between rounds: a rank taken back mid-round could be
         handed work by a round that already gave its share to others.
         """
-        with self.cv:
-            back = sorted(self._returning)
-            for rank in back:
-                self._dead.pop(rank, None)
-            self._returning.clear()
-            if back:
-                self.cv.notify_all()
-        return back
+        return self.members.take_back()
 
     def close(self) -> bool:
         """Mark the group closed and wake every waiter; False if it already was."""
@@ -224,9 +206,10 @@ class Ledger:
         expected = set(range(1, self.world_size))
         with self.cv:
             while True:
-                missing = expected - self._joined - set(self._dead)
+                joined = self.members.joined()
+                missing = expected - set(joined) - set(self.members.view)
                 if not missing:
-                    return sorted(self._joined)
+                    return joined
                 if self._closed:
                     raise PeerLostError("the group was closed while waiting for workers")
                 left = remaining(deadline)
@@ -234,6 +217,6 @@ class Ledger:
                     raise PeerLostError(
                         f"waited {waited} for {self.world_size - 1} "
                         f"worker(s); rank(s) {sorted(missing)} never joined (joined: "
-                        f"{sorted(self._joined)}); check their peers/secret/world, or "
+                        f"{joined}); check their peers/secret/world, or "
                         f"raise the timeout")
                 self.cv.wait(min(left, 3600.0))

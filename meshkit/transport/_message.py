@@ -2,9 +2,10 @@
 
 A payload is a *state*: a mapping of str keys to numpy arrays or JSON
 values. The key :data:`META_KEY` is the transport's own (routing, round
-numbers), so a user state may not use it. A message's ``kind`` says whether
-its float32 arrays may travel as bfloat16 (``"model"``) or must travel
-exactly (``"control"``).
+numbers), so a user state may not use it. A message's ``kind`` is the frame
+kind a transport labels it with; the kernel sends every message as
+``"control"``, exactly (bfloat16 on the wire went with the star reduce
+service, issue 21; ``meshkit.wire`` still offers it to direct channel users).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ __all__ = ["META_KEY", "KINDS", "Message", "check_state", "check_kind"]
 #: a user state may not use it.
 META_KEY = "__meshkit__"
 
-#: Frame kinds: "model" may travel as bf16 when the transport allows it,
-#: "control" always travels exactly.
+#: Frame kinds a transport labels a message with (the kernel sends "control").
 KINDS = ("model", "control")
 
 
@@ -32,8 +32,8 @@ class Message:
     """One routed message inside a group (what a transport moves).
 
     ``meta`` is small JSON the transport itself uses (round numbers,
-    weights, relay source); ``payload`` is the user's state. ``kind`` says
-    whether bf16 on the wire may apply ("model") or not ("control").
+    weights, relay source); ``payload`` is the user's state. ``kind``: the
+    frame kind (one of :data:`KINDS`; the kernel sends ``"control"``).
     """
 
     src: int

@@ -10,8 +10,8 @@ protocol message cannot take a value an old one already has:
 tag               value           spoken by
 ================  ==============  ============================================
 ``TAG_WELCOME``   ``0xFFFF0000``  a transport's handshake (accepting side)
-``TAG_REDUCE``    ``0xFFFF0001``  the reduce service (worker -> rank 0)
-``TAG_SCATTER``   ``0xFFFF0002``  the reduce service (rank 0 -> worker)
+``TAG_REDUCE``    ``0xFFFF0001``  retired (the star reduce service, removed)
+``TAG_SCATTER``   ``0xFFFF0002``  retired (the star reduce service, removed)
 ``TAG_BYE``       ``0xFFFF0003``  a transport, on ``close()``
 ``TAG_RING``      ``0xFFFF0004``  the mesh all-reduce (rank to rank, a ring)
 ``TAG_CAPS``      ``0xFFFF0010``  the node driver's capability handshake
@@ -28,9 +28,12 @@ tag               value           spoken by
 ``TAG_REPLY``     ``0x6D6B0102``  the trainer protocol (worker -> rank 0)
 ================  ==============  ============================================
 
-The transport's own five (:data:`SERVICE_TAGS`) are refused by ``send``:
-a message under them would spoof the handshake, the reduce service, a
-host relay's membership news or the mesh all-reduce's ring. The
+The transport's own (:data:`SERVICE_TAGS`) are refused by ``send``:
+a message under them would spoof the handshake, a leaving rank, a host
+relay's membership news or the mesh all-reduce's ring. A retired tag
+(:data:`RETIRED_TAGS`: the star reduce service's, removed in issue 21) keeps
+its value, so no new message ever takes it, and is refused too: a frame an
+older peer sends on one is dropped, never queued. The
 node driver's tags are reserved but sent with the ordinary ``send``; their
 messages are documented in :mod:`meshkit.node`.
 
@@ -52,6 +55,7 @@ __all__ = [
     "TAG_WELCOME",
     "TAG_REDUCE",
     "TAG_SCATTER",
+    "RETIRED_TAGS",
     "TAG_BYE",
     "TAG_RING",
     "TAG_CAPS",
@@ -74,13 +78,13 @@ RESERVED_TAGS = 0xFFFF0000
 #: The largest tag (tags travel as unsigned 32-bit ints).
 TAG_MAX = 0xFFFFFFFF
 
-# -- the transport: handshake, leaving, the reduce service ----------------------
+# -- the transport: handshake, leaving ---------------------------------------------
 
 #: The coordinator's answer to a worker's handshake (welcome or refusal).
 TAG_WELCOME = 0xFFFF0000
-#: A worker's contribution to a reduce round (reduce service only).
+#: Retired: a worker's contribution to the star reduce service (removed, issue 21).
 TAG_REDUCE = 0xFFFF0001
-#: The state the coordinator scatters at the end of a round (reduce service only).
+#: Retired: the star reduce service's scatter (removed, issue 21).
 TAG_SCATTER = 0xFFFF0002
 #: A rank leaving the mesh on purpose (close()), so peers log it quietly.
 TAG_BYE = 0xFFFF0003
@@ -121,19 +125,22 @@ TAG_REQUEST = 0x6D6B_0101
 #: worker -> rank 0: the answer to a trainer request.
 TAG_REPLY = 0x6D6B_0102
 
-#: Tags user code may not send: they would spoof the handshake, the reduce
-#: service, a host relay's membership news or the ring all-reduce.
-SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_REDUCE, TAG_SCATTER, TAG_BYE, TAG_RELAY_CTL,
-                          TAG_RING})
+#: Tags whose protocol is gone; kept so no new message takes their values.
+RETIRED_TAGS = frozenset({TAG_REDUCE, TAG_SCATTER})
+
+#: Tags user code may not send: they would spoof the handshake, a leaving
+#: rank, a host relay's membership news or the ring all-reduce (or speak a
+#: retired protocol).
+SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_BYE, TAG_RELAY_CTL, TAG_RING, *RETIRED_TAGS})
 
 
 def check_tag(tag: Any, *, service: bool = False) -> int:
-    """Validate a tag; the reduce service's own tags only when ``service``."""
+    """Validate a tag; the transport's own tags only when ``service``."""
     if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= TAG_MAX:
         raise ValueError(f"a tag must be an int in 0..0x{TAG_MAX:X}, got {tag!r}")
     if tag in SERVICE_TAGS and not service:
         raise ValueError(
-            f"tag 0x{tag:X} is the transport's (the reduce service's own, or a host "
-            f"relay's); use all_reduce/reduce_round, "
-            f"or a tag below 0x{RESERVED_TAGS:X} for your own messages")
+            f"tag 0x{tag:X} is the transport's own (its handshake, a goodbye, a host "
+            f"relay's news, the ring all-reduce, or a retired protocol's); use a tag "
+            f"below 0x{RESERVED_TAGS:X} for your own messages")
     return tag

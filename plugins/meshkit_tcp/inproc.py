@@ -21,11 +21,10 @@ import hmac
 import threading
 from typing import Any
 
-import numpy as np
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
-from meshkit.state import BFLOAT16, copy_state, validate_state
+from meshkit.state import copy_state, validate_state
 from meshkit.transport import Group, LinkEvents, Links, Message
 
 __all__ = ["InprocTransport", "InprocLinks"]
@@ -43,13 +42,6 @@ class _Hub:
         self.cv = threading.Condition(_hubs_lock)
 
 
-def _bf16_roundtrip(payload: dict[str, Any]) -> dict[str, Any]:
-    for key, value in payload.items():
-        if isinstance(value, np.ndarray) and value.dtype == np.float32:
-            payload[key] = value.astype(BFLOAT16).astype(np.float32)
-    return payload
-
-
 def _is_star(config: NodeConfig) -> bool:
     # Same rule as tcp: one peer entry is a star; a mesh lists the hub name
     # once per rank (peers=["inproc://x"] * world) with topology="mesh".
@@ -62,10 +54,9 @@ class InprocLinks(Links):
     # A send is a copy into the peer's mailbox: it never waits on the peer.
     send_deadlines = True
 
-    def __init__(self, hub: _Hub, rank: int, bf16_wire: bool) -> None:
+    def __init__(self, hub: _Hub, rank: int) -> None:
         self._hub = hub
         self.rank = rank
-        self._bf16_wire = bf16_wire
         self._address = f"inproc://{hub.name}" if "://" not in hub.name else hub.name
         #: Ranks this one is linked to (under the hub lock).
         self._peers: set[int] = set()
@@ -95,8 +86,6 @@ class InprocLinks(Links):
         validate_state(message.payload, where=f"frame to rank {message.dst}",
                        allow_nonfinite=True, error=WireError)
         payload = copy_state(message.payload)
-        if message.kind == "model" and self._bf16_wire:
-            payload = _bf16_roundtrip(payload)
         target.events.deliver(Message(message.src, message.dst, message.tag, payload,
                                       dict(message.meta), message.kind))
 
@@ -138,7 +127,7 @@ class InprocTransport:
     """Factory result of the ``inproc`` component: ``connect(node_config) -> Group``."""
 
     def __init__(self, options: Any = None) -> None:
-        self.bf16_wire = bool(getattr(options, "bf16_wire", False))
+        self.options = options
 
     def connect(self, config: NodeConfig) -> Group:
         if not config.peers:
@@ -155,10 +144,9 @@ class InprocTransport:
             if hub is None:
                 hub = _hubs[name] = _Hub(name, config.world, config.secret)
             self._check(hub, config)
-            links = InprocLinks(hub, config.rank, self.bf16_wire)
+            links = InprocLinks(hub, config.rank)
             group = Group(links, rank=config.rank, world_size=config.world,
-                          timeout=config.timeout, is_star=_is_star(config),
-                          bf16_wire=self.bf16_wire)
+                          timeout=config.timeout, is_star=_is_star(config))
             hub.links[config.rank] = links
             hub.cv.notify_all()
         try:

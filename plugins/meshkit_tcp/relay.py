@@ -43,6 +43,7 @@ from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError,
 from meshkit.train import RelayPool, answer_relay_request, decode, encode
 from meshkit.transport import (
     META_KEY,
+    Membership,
     TAG_BYE,
     TAG_RELAY,
     TAG_RELAY_CTL,
@@ -176,13 +177,13 @@ class HostRelay:
         #: Connections refused at the handshake (newest last), as the tcp group keeps them.
         self.refused: list[str] = []
         self._lock = threading.Condition()
+        #: The relay's view of its ranks (it stands for rank 0 to them): who
+        #: joined, who is dead and why, who said goodbye (when all have, the
+        #: relay ends). Decided there, under this relay's lock.
+        self._members = Membership(0, cv=self._lock)
         self._down: dict[int, wire.Channel] = {}
         #: Per local rank: the frames its writer thread sends, in order.
         self._outbox: dict[int, queue.Queue[tuple[Any, ...] | None]] = {}
-        self._joined: set[int] = set()
-        self._dead: dict[int, str] = {}
-        #: Ranks that said goodbye (not merely died): when all have, the relay ends.
-        self._left: set[int] = set()
         self._admitting: set[int] = set()
         #: Per local rank: its writer thread (joined when the relay closes).
         self._writers: dict[int, threading.Thread] = {}
@@ -204,19 +205,17 @@ class HostRelay:
 
     @property
     def dead(self) -> dict[int, str]:
-        with self._lock:
-            return dict(self._dead)
+        return self._members.dead()
 
     @property
     def joined(self) -> set[int]:
-        with self._lock:
-            return set(self._joined)
+        return set(self._members.joined())
 
     def report(self) -> RelayReport:
         with self._lock:
-            return RelayReport(self.name, tuple(sorted(self.ranks)), tuple(sorted(self._joined)),
-                               dict(self._dead), self.folds, self.fanouts, self.frames_up,
-                               self.frames_down, self._stopped)
+            return RelayReport(self.name, tuple(sorted(self.ranks)),
+                               tuple(self._members.joined()), self._members.dead(), self.folds,
+                               self.fanouts, self.frames_up, self.frames_down, self._stopped)
 
     # -- bring-up -----------------------------------------------------------------
 
@@ -337,11 +336,8 @@ class HostRelay:
     def lost(self, rank: int, reason: str, *, quiet: bool = False, tell: bool = True) -> None:
         """A local rank is gone: drop its link, tell the coordinator (unless it told us)."""
         with self._lock:
-            if rank in self._dead:
+            if not self._members.declare_dead(rank, reason, left=quiet):
                 return
-            self._dead[rank] = reason
-            if quiet:
-                self._left.add(rank)
             channel = self._down.pop(rank, None)
             box = self._outbox.pop(rank, None)
             self._writers.pop(rank, None)
@@ -357,9 +353,7 @@ class HostRelay:
         if tell:
             self._send_up_control({"op": "lost", "rank": rank, "reason": reason,
                                    "quiet": quiet})
-        with self._lock:
-            done = self.ranks <= self._left
-        if done:
+        if self.ranks <= set(self._members.left()):
             # Nothing left to carry: every rank here said goodbye (a rank that
             # died instead may be restarted, and rejoins through the relay).
             self.close("every rank it carries has left")
@@ -506,13 +500,13 @@ class HostRelay:
         try:
             box: queue.Queue[tuple[Any, ...] | None] = queue.Queue(_DOWN_QUEUE)
             with self._lock:
-                # A rank that died and was restarted rejoins: the coordinator
-                # keeps it out of the rounds until it takes it back.
-                self._dead.pop(rank, None)
-                self._left.discard(rank)
+                # A rank that died and was restarted rejoins: taken back here
+                # at once (a relay runs no rounds); the coordinator keeps it
+                # out of the rounds until it takes it back.
+                if self._members.join(rank):
+                    self._members.take_back([rank])
                 self._down[rank] = channel
                 self._outbox[rank] = box
-                self._joined.add(rank)
             # Told once its outbox exists, so the coordinator never routes to a
             # rank the relay lacks, and before the rank hears its welcome, so
             # the coordinator knows of a rank that knows it joined (a restarted

@@ -25,7 +25,7 @@ timeout (a worker may train for a long time between frames) and then reads
 it under the channel's stall timeout: a peer that stops mid-frame, sends
 garbage, or fails authentication is dropped and declared dead. A reader
 hands the channel the placers registered for its peer
-(:meth:`_TcpLinks.receive_into`: the mesh all-reduce's ring), so an expected
+(:meth:`TcpLinks.receive_into`: the mesh all-reduce's ring), so an expected
 segment's body lands straight in the ring's buffer.
 
 Host relays (``meshkit relay``, :mod:`meshkit_tcp.relay`): a star's
@@ -35,6 +35,13 @@ relay joins the coordinator over that one connection (``group.relays``
 lists them); frames to it carry their destination, deaths the coordinator
 declares are forwarded to the relay, and a relay connection that is lost
 takes exactly its ranks with it.
+
+How it composes (docs/transports.md, "Writing a transport"):
+:class:`TcpLinks` implements :class:`meshkit.transport.Links` and owns every
+socket, channel and thread above; :class:`TcpGroup` is a plain
+:class:`meshkit.transport.Group` wrapped around it that only shows the links'
+counters (``refused``, ``bytes_in``, ...), as ``inproc`` wraps
+``InprocLinks``.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ from meshkit.transport import (
 from meshkit.transport.discovery import DiscoveryServer, resolve
 from meshkit_tcp import TcpOptions
 
-__all__ = ["TcpTransport", "TcpGroup", "parse_address", "MAX_HANDSHAKES"]
+__all__ = ["TcpTransport", "TcpLinks", "TcpGroup", "parse_address", "MAX_HANDSHAKES"]
 
 log = logging.getLogger(__name__)
 
@@ -279,31 +286,37 @@ def accept_loop(listener: socket.socket, running: Callable[[], bool], who: str,
             refuse(where, f"no thread to run its handshake: {exc}")
 
 
-class TcpGroup(Group):
-    """One rank's handle on a TCP star or mesh (see the module docstring).
+class TcpLinks(Links):
+    """One rank's TCP links (see the module docstring): the transport contract over sockets.
 
-    A :class:`meshkit.transport.Group` whose links are this module's TCP
-    channels (the kernel reaches them through :class:`_TcpLinks`); it adds
-    ``refused``. Its own state is guarded by its own lock: nothing here
-    touches the kernel's.
+    It owns every socket this rank has: the listener, one channel per peer
+    (a host relay's one connection shared by the ranks behind it), their
+    reader threads, the handshakes in progress and the UDP discovery
+    responder. :class:`TcpGroup` wraps it; the kernel reaches it only
+    through :class:`meshkit.transport.Links` and reports nothing back but
+    through the :class:`meshkit.transport.LinkEvents` it attached. Its own
+    state is guarded by its own lock: nothing here touches the kernel's.
     """
 
-    def __init__(self, config: NodeConfig, options: TcpOptions) -> None:
+    # Every write runs through a channel that honours Message.deadline.
+    send_deadlines = True
+    # Each link has its own reader thread, which delivers only that link's frames.
+    inline_delivery = True
+
+    def __init__(self, config: NodeConfig, options: TcpOptions, *,
+                 benchmark_only_disable_mac: bool = False) -> None:
         #: Guards the channels, threads, handshakes and refusals below; notified
         #: when a link comes up, is dropped, or a connection is refused.
         self._lock = threading.Condition()
-        #: The kernel's callbacks (set by Group.__init__ through _TcpLinks.attach).
+        #: The kernel's callbacks (set by Group.__init__ through attach).
         self._events: LinkEvents
         #: Where this rank listens, once bound (``group.address``).
         self._bound = ""
-        max_unread = int(options.max_unread_bytes)
-        if not 0 < max_unread < 1 << 63:
-            raise ConfigError(f"[transport] max_unread_bytes must be a positive byte count "
-                              f"below 2**63, got {max_unread}")
-        super().__init__(_TcpLinks(self), rank=config.rank, world_size=config.world,
-                         timeout=config.timeout, is_star=config.is_star,
-                         bf16_wire=options.bf16_wire, max_unread=max_unread)
         self.config = config
+        self.rank = config.rank
+        self.world_size = config.world
+        self.timeout = float(config.timeout)
+        self.is_star = config.is_star
         self.max_frame = int(options.max_frame_bytes)
         if not 0 < self.max_frame < 1 << 63:
             # Checked here: inside every handshake it would refuse each peer instead.
@@ -320,9 +333,9 @@ class TcpGroup(Group):
         self._admitting: set[int] = set()
         self._handshaking: set[socket.socket] = set()
         #: Only used by benchmarks (MAC off on both ends); never from config.
-        self._benchmark_only_disable_mac = False
-        #: Rank 0's UDP discovery responder, closed with the group.
-        self._discovery: Any = None
+        self._benchmark_only_disable_mac = benchmark_only_disable_mac
+        #: Rank 0's UDP discovery responder (or a worker's resolver), closed with the links.
+        self.discovery: Any = None
         #: Host relays connected to this coordinator, by name, and the relay
         #: each rank behind one is reached through (all under ``_lock``).
         self._relays: dict[str, _RelayLink] = {}
@@ -334,7 +347,19 @@ class TcpGroup(Group):
         #: peer's frames (receive_into); read by the peer's reader thread.
         self._placers: dict[tuple[int, int], list[Any]] = {}
 
-    def _relay_ranks(self) -> dict[str, list[int]]:
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def address(self) -> str:
+        return self._bound
+
+    def attach(self, events: LinkEvents) -> None:
+        self._events = events
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
         """Coordinator: each connected host relay's name -> the ranks that joined through it."""
         with self._lock:
             return {name: sorted(link.joined) for name, link in self._relays.items()}
@@ -346,12 +371,7 @@ class TcpGroup(Group):
         with self._lock:
             return {name: link.bytes_in for name, link in self._relays.items()}
 
-    @property
-    def discovery_port(self) -> int | None:
-        """The UDP port of this rank's discovery responder, or None without one."""
-        return None if self._discovery is None else self._discovery.port
-
-    # -- the links (the kernel calls these through _TcpLinks) ------------------
+    # -- the links (the kernel calls these) -------------------------------------
 
     def _channel(self, peer: int) -> wire.Channel:
         # Every send looks its channel up: one dict read is atomic, no lock needed.
@@ -361,7 +381,7 @@ class TcpGroup(Group):
             raise PeerLostError(f"rank {peer} is unreachable: {why}")
         return channel
 
-    def _relay_now(self, peer: int, message: Message) -> bool:
+    def relay_now(self, peer: int, message: Message) -> bool:
         # Forward on the sender's reader thread only when the kernel takes the
         # whole frame at once; otherwise the kernel queues it for a writer thread.
         if message.raw is None:
@@ -373,7 +393,7 @@ class TcpGroup(Group):
             self._events.lost(peer, str(exc))
             raise
 
-    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
         channel = self._channel(peer)
         try:
             if message.raw is not None and message.src != self.rank:
@@ -390,8 +410,7 @@ class TcpGroup(Group):
             state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
             self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
-                                           state, bf16=model and self.bf16_wire,
-                                           deadline=message.deadline)
+                                           state, deadline=message.deadline)
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise
@@ -400,7 +419,7 @@ class TcpGroup(Group):
                 self._events.lost(peer, "the connection broke while sending")
             raise
 
-    def _drop_link(self, peer: int) -> None:
+    def drop(self, peer: int) -> None:
         with self._lock:
             channel = self._channels.pop(peer, None)
             relay = self._via.pop(peer, None)
@@ -427,10 +446,10 @@ class TcpGroup(Group):
         if channel is not None:
             channel.close()
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
         self._accepting.clear()
-        if self._discovery is not None:
-            self._discovery.close()
+        if self.discovery is not None:
+            self.discovery.close()
         if self._listener is not None:
             try:
                 self._listener.close()
@@ -478,9 +497,36 @@ class TcpGroup(Group):
             if thread is not current:
                 thread.join(timeout=max(self.timeout, 1.0) + 1.0)
 
+    def peer_key(self, peer: int) -> bytes | None:
+        channel = self._channels.get(peer)
+        return None if channel is None else channel.peer_key
+
+    def receive_into(self, peer: int, tag: int, placer: Any) -> Any:
+        """Have ``peer``'s frames under ``tag`` offered to ``placer`` (a :class:`meshkit.wire.Placer`).
+
+        A mesh link's reader then receives a body the placer expects
+        straight into the placer's buffer (the mesh all-reduce's ring
+        segments). Returns a function that unregisters the placer; a star
+        offers no frame to a placer (its links carry relayed frames).
+        """
+        placers = self._placers
+        key = (peer, tag)
+        with self._lock:
+            placers[key] = [*placers.get(key, ()), placer]
+
+        def remove() -> None:
+            with self._lock:
+                left = [p for p in placers.get(key, ()) if p is not placer]
+                if left:
+                    placers[key] = left
+                else:
+                    placers.pop(key, None)
+
+        return remove
+
     # -- link management ------------------------------------------------------
 
-    def _start(self, target: Any, *args: Any, name: str) -> None:
+    def _spawn(self, target: Any, *args: Any, name: str) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         with self._lock:
             # Forget finished threads: a long-lived coordinator sees many
@@ -502,7 +548,7 @@ class TcpGroup(Group):
             self._channels[rank] = channel
             self._lock.notify_all()
         self._events.linked(rank)
-        self._start(self._reader, rank, channel, name=f"meshkit-tcp-r{self.rank}-from-{rank}")
+        self._spawn(self._reader, rank, channel, name=f"meshkit-tcp-r{self.rank}-from-{rank}")
 
     def _reader(self, rank: int, channel: wire.Channel) -> None:
         # The star's coordinator and every mesh link trust the handshake for
@@ -564,12 +610,12 @@ class TcpGroup(Group):
         self._listener = listen(address, "listen address")
         self._bound = format_address(self._listener.getsockname())
         self._accepting.set()
-        self._start(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
+        self._spawn(self._accept_loop, name=f"meshkit-tcp-accept-r{self.rank}")
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
         accept_loop(self._listener, self._accepting.is_set, f"rank {self.rank}", self._admit,
-                    self._refuse, spawn=lambda target: self._start(
+                    self._refuse, spawn=lambda target: self._spawn(
                         target, name=f"meshkit-tcp-admit-r{self.rank}"))
 
     def _refuse(self, where: str, message: str) -> None:
@@ -631,7 +677,7 @@ class TcpGroup(Group):
             return None
         return authorized.problem(channel.peer_key, channel.peer.rank)
 
-    def _has_link(self, rank: int) -> bool:
+    def has_link(self, rank: int) -> bool:
         """Whether ``rank`` is connected (or being admitted) now: discovery's rejoin test."""
         with self._lock:
             return rank in self._channels or rank in self._admitting
@@ -702,7 +748,7 @@ class TcpGroup(Group):
             self._relay_lost(link, f"the welcome could not be sent: {exc}")
             return
         log.info("rank 0: host relay %r at %s carries ranks %s", name, where, sorted(ranks))
-        self._start(self._relay_reader, link, name=f"meshkit-tcp-relay-{name}")
+        self._spawn(self._relay_reader, link, name=f"meshkit-tcp-relay-{name}")
 
     def _relay_problem(self, channel: wire.Channel, hello: wire.Frame
                        ) -> tuple[str, list[int], str | None]:
@@ -899,6 +945,13 @@ class TcpGroup(Group):
 
     # -- bring-up ---------------------------------------------------------------
 
+    def start(self) -> None:
+        """Bring this rank's links up: listen and/or dial, as its topology says."""
+        if self.is_star:
+            self._start_star()
+        else:
+            self._start_mesh()
+
     def _start_star(self) -> None:
         cfg = self.config
         if self.is_coordinator:
@@ -930,20 +983,71 @@ class TcpGroup(Group):
         for rank in range(self.rank):
             self._dial(rank, cfg.peers[rank], deadline)
         expected = set(range(self.world_size)) - {self.rank}
+
+        def dead() -> dict[int, str]:
+            reasons = {r: self._events.dead_reason(r) for r in expected}
+            return {r: why for r, why in reasons.items() if why is not None}
+
         with self._lock:
-            # _register and _drop_link notify: a link came up, or a peer died.
-            if not self._lock.wait_for(lambda: expected <= set(self._channels) | set(self.dead),
+            # _register and drop notify: a link came up, or a peer died.
+            if not self._lock.wait_for(lambda: expected <= set(self._channels) | set(dead()),
                                        max(0.0, deadline - time.monotonic())):
                 missing = sorted(expected - set(self._channels))
                 raise PeerLostError(
                     f"rank {self.rank}: rank(s) {missing} did not connect within "
                     f"{self.timeout:g} s; start every rank with the same peers list")
-        dead = self.dead
-        if dead:
+        lost = dead()
+        if lost:
             raise PeerLostError(f"rank {self.rank}: lost a peer while forming the mesh: "
-                                f"{describe_dead(dead)}")
+                                f"{describe_dead(lost)}")
         # Every pair is connected: nobody else may join a mesh.
         self._accepting.clear()
+
+
+class TcpGroup(Group):
+    """One rank's handle on a TCP star or mesh: a :class:`meshkit.transport.Group` over :class:`TcpLinks`.
+
+    Everything it does is the kernel's; it only shows what its links count
+    (``refused``, ``bytes_in``, ``bytes_out``, ``relay_bytes_in``,
+    ``discovery_port``), read-only.
+    """
+
+    def __init__(self, links: TcpLinks, *, max_unread: int) -> None:
+        super().__init__(links, rank=links.rank, world_size=links.world_size,
+                         timeout=links.timeout, is_star=links.is_star, max_unread=max_unread)
+        self._tcp = links
+
+    @property
+    def links(self) -> TcpLinks:
+        """This group's TCP links (their sockets and counters; for diagnostics and tests)."""
+        return self._tcp
+
+    @property
+    def refused(self) -> list[str]:
+        """Connections refused or failed at the handshake (the newest 256, newest last)."""
+        return self._tcp.refused
+
+    @property
+    def bytes_in(self) -> int:
+        """Frame body bytes this rank received."""
+        return self._tcp.bytes_in
+
+    @property
+    def bytes_out(self) -> int:
+        """Frame body bytes this rank sent."""
+        return self._tcp.bytes_out
+
+    @property
+    def relay_bytes_in(self) -> dict[str, int]:
+        """Coordinator: body bytes each connected host relay sent up, by name (its ranks'
+        frames and its own answers); a part of ``bytes_in``."""
+        return self._tcp.relay_bytes_in
+
+    @property
+    def discovery_port(self) -> int | None:
+        """The UDP port of this rank's discovery responder, or None without one."""
+        discovery = self._tcp.discovery
+        return None if discovery is None else discovery.port
 
 
 @attrs.define(eq=False)
@@ -982,68 +1086,6 @@ class _LinkPlacer:
     def place(self, head: bytes) -> Any:
         chosen, self._chosen = self._chosen, None
         return None if chosen is None else chosen.place(head)
-
-
-class _TcpLinks(Links):
-    """TcpGroup's side of the transport contract: what the kernel calls."""
-
-    # Every write runs through a channel that honours Message.deadline.
-    send_deadlines = True
-    # Each link has its own reader thread, which delivers only that link's frames.
-    inline_delivery = True
-
-    def __init__(self, group: TcpGroup) -> None:
-        self._group = group
-
-    @property
-    def address(self) -> str:
-        return self._group._bound
-
-    def attach(self, events: LinkEvents) -> None:
-        self._group._events = events
-
-    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
-        self._group._transmit(peer, message, timeout)
-
-    def relay_now(self, peer: int, message: Message) -> bool:
-        return self._group._relay_now(peer, message)
-
-    def drop(self, peer: int) -> None:
-        self._group._drop_link(peer)
-
-    @property
-    def relays(self) -> dict[str, list[int]]:
-        return self._group._relay_ranks()
-
-    def peer_key(self, peer: int) -> bytes | None:
-        channel = self._group._channels.get(peer)
-        return None if channel is None else channel.peer_key
-
-    def receive_into(self, peer: int, tag: int, placer: Any) -> Any:
-        """Have ``peer``'s frames under ``tag`` offered to ``placer`` (a :class:`meshkit.wire.Placer`).
-
-        A mesh link's reader then receives a body the placer expects
-        straight into the placer's buffer (the mesh all-reduce's ring
-        segments). Returns a function that unregisters the placer; a star
-        offers no frame to a placer (its links carry relayed frames).
-        """
-        placers = self._group._placers
-        key = (peer, tag)
-        with self._group._lock:
-            placers[key] = [*placers.get(key, ()), placer]
-
-        def remove() -> None:
-            with self._group._lock:
-                left = [p for p in placers.get(key, ()) if p is not placer]
-                if left:
-                    placers[key] = left
-                else:
-                    placers.pop(key, None)
-
-        return remove
-
-    def close(self) -> None:
-        self._group._shutdown()
 
 
 class TcpTransport:
@@ -1089,27 +1131,29 @@ class TcpTransport:
         elif config.discover and not config.peers:
             config, server = resolve(config)
         try:
-            group = TcpGroup(config, self.options)
+            max_unread = int(self.options.max_unread_bytes)
+            if not 0 < max_unread < 1 << 63:
+                raise ConfigError(f"[transport] max_unread_bytes must be a positive byte count "
+                                  f"below 2**63, got {max_unread}")
+            links = TcpLinks(config, self.options,
+                             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
+            group = TcpGroup(links, max_unread=max_unread)
         except BaseException:
             if server is not None:
                 server.close()
             raise
-        group._discovery = server
+        links.discovery = server
         if server is not None:
-            server.linked = group._has_link
-        group._benchmark_only_disable_mac = self._benchmark_only_disable_mac
+            server.linked = links.has_link
         try:
-            if group.is_star:
-                group._start_star()
-            else:
-                group._start_mesh()
+            links.start()
             if announce:
-                port = int(group._bound.rpartition(":")[2])
-                group._discovery = DiscoveryServer(secret, config.world, data_port=port,
-                                                   port=config.disc_port, topology="star",
-                                                   linked=group._has_link)
+                port = int(links.address.rpartition(":")[2])
+                links.discovery = DiscoveryServer(secret, config.world, data_port=port,
+                                                  port=config.disc_port, topology="star",
+                                                  linked=links.has_link)
                 log.info("rank 0: discovery responder on UDP port %d announces TCP port %d",
-                         group._discovery.port, port)
+                         links.discovery.port, port)
         except BaseException:
             group.close()
             raise

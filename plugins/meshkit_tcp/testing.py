@@ -4,8 +4,10 @@
 
     configs = inproc_configs(4)                  # rank 0 + 3 workers, one fresh hub
     coordinator = configs[0].connect()
-    results = run_ranks(configs[1:], lambda g: g.all_reduce({"x": x}, weight=2.0))
-    round_ = coordinator.reduce_round(aggregator)
+    results = run_ranks(configs[1:], lambda g: g.send(0, 7, {"x": x}) or g.recv(0, 8))
+    heard = dict(coordinator.recv(ANY, 7) for _ in configs[1:])   # {rank: state}
+    for rank in heard:
+        coordinator.send(rank, 8, {"ok": True})
     results.join()                               # {rank: value}, re-raising a worker's error
 
 ``run_ranks`` connects each config in its own thread, calls ``fn(group)`` and

@@ -15,7 +15,7 @@ meshkit_torchdist CONFIG`` (:mod:`meshkit_torchdist.launch`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable, Mapping
 
 import attrs
 
@@ -41,9 +41,10 @@ class TorchdistOptions:
     backend: str = attrs.field(default="auto", validator=attrs.validators.in_(BACKENDS))
     #: Largest control frame body accepted, checked before anything is allocated.
     max_frame_bytes: int = attrs.field(default=1 << 30, validator=attrs.validators.gt(0))
-    #: Send float32 model frames as bfloat16 (as ``tcp``'s option); the
-    #: all-reduce itself always sums float32 or wider.
-    bf16_wire: bool = False
+    #: Keys this transport no longer takes, and why (meshkit.options names them).
+    retired_keys: ClassVar[Mapping[str, str]] = {"bf16_wire": (
+        "removed (issue 21): it narrowed only the model frames of the star reduce service, "
+        "which is gone; every frame travels exactly. Remove the key")}
     #: Seconds rank 0 waits for a rank to rendezvous (the process group forms
     #: only once every rank has started); at least ``[mesh] timeout``.
     join_timeout: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))

@@ -1,13 +1,15 @@
 """The Group API over torch.distributed: one gloo pair per peer for messages, the engine's all-reduce.
 
-How the pieces map:
+How the pieces map (:class:`TorchdistLinks` owns all of them and implements
+:class:`meshkit.transport.Links`; ``connect`` wraps it in a plain
+:class:`meshkit.transport.Group`, as ``inproc`` does):
 
 * **Rendezvous**: a c10d store. ``env://`` reads MASTER_ADDR, MASTER_PORT
   (and RANK, WORLD_SIZE) as torchrun sets them, through
   ``torch.distributed.rendezvous``; ``tcp://host:port`` makes rank 0 host a
   ``TCPStore`` there (port 0: any free port, reported as ``group.address``).
   A rank forms its groups one at a time, in a global order (see
-  :meth:`TorchdistGroup._form_pairs`), over its one store connection.
+  :meth:`TorchdistLinks._form_pairs`), over its one store connection.
 * **Links**: every pair of ranks gets its own two-rank gloo process group.
   A message is a header tensor (body length, tag, codec flags, kind) and a
   body tensor holding the meshkit wire codec's encoding of the state (never
@@ -62,7 +64,7 @@ from meshkit.node.config import NodeConfig
 from meshkit.transport import META_KEY, TAG_BYE, Group, LinkEvents, Links, Message
 from meshkit_torchdist import TorchdistOptions
 
-__all__ = ["TorchdistTransport", "TorchdistGroup", "is_loopback"]
+__all__ = ["TorchdistTransport", "TorchdistLinks", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +100,21 @@ def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(value))
 
 
-class TorchdistGroup(Group):
-    """One rank's handle on a torch.distributed world (see the module docstring)."""
+class TorchdistLinks(Links):
+    """One rank's links over torch.distributed (see the module docstring).
+
+    It owns the c10d store, one two-rank gloo pair group per peer with its
+    reader thread, and the all-reduce process groups; ``connect`` wraps it
+    in a plain :class:`meshkit.transport.Group`, which reaches it only
+    through the :class:`meshkit.transport.Links` contract.
+    """
+
+    # Each pair has its own reader thread, which delivers only that pair's frames.
+    inline_delivery = True
 
     def __init__(self, config: NodeConfig, options: TorchdistOptions) -> None:
         self._lock = threading.Condition()
+        #: The kernel's callbacks (set by Group.__init__ through attach).
         self._events: LinkEvents
         self._pairs: dict[int, Any] = {}
         self._send_locks: dict[int, threading.Lock] = {}
@@ -112,16 +124,23 @@ class TorchdistGroup(Group):
         self._address = ""
         self._readers: list[threading.Thread] = []
         self._pairing: threading.Thread | None = None
-        super().__init__(_DistLinks(self), rank=config.rank, world_size=config.world,
-                         timeout=config.timeout, is_star=False,
-                         bf16_wire=options.bf16_wire)
         self.config = config
+        self.rank = config.rank
+        self.world_size = config.world
+        self.timeout = float(config.timeout)
         self.options = options
         self.max_frame = options.max_frame_bytes
         self.join_timeout = max(float(options.join_timeout), self.timeout)
         self.backend = self._pick_backend(options.backend)
         self._store: Any = None
         self._loopback = True
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def attach(self, events: LinkEvents) -> None:
+        self._events = events
 
     # -- bring-up ---------------------------------------------------------------
 
@@ -330,7 +349,8 @@ class TorchdistGroup(Group):
         if pairing is not None and pairing is not threading.current_thread():
             pairing.join(self.join_timeout)
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Rendezvous, then form this rank's pair groups (a worker waits for all of them)."""
         self._rendezvous()
         peers = [p for p in range(self.world_size) if p != self.rank]
         self._pairing = threading.Thread(target=self._form_pairs, args=(peers,), daemon=True,
@@ -339,8 +359,13 @@ class TorchdistGroup(Group):
         if self.rank == 0:
             return  # workers join in their own time: wait_for_workers() waits for them
         deadline = time.monotonic() + self.join_timeout
+
+        def dead() -> dict[int, str]:
+            reasons = {p: self._events.dead_reason(p) for p in peers}
+            return {p: why for p, why in reasons.items() if why is not None}
+
         with self._lock:
-            while not set(peers) <= set(self._pairs) | set(self.dead):
+            while not set(peers) <= set(self._pairs) | set(dead()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -349,9 +374,15 @@ class TorchdistGroup(Group):
         if missing:
             raise PeerLostError(
                 f"rank {self.rank}: rank(s) {missing} did not join the torch.distributed "
-                f"world within {self.join_timeout:g} s: {self.dead or 'not started?'}")
+                f"world within {self.join_timeout:g} s: {dead() or 'not started?'}")
 
     # -- the links --------------------------------------------------------------
+
+    @property
+    def linked(self) -> list[int]:
+        """The peers whose pair group is up."""
+        with self._lock:
+            return sorted(self._pairs)
 
     def _pair(self, peer: int) -> tuple[Any, threading.Lock]:
         with self._lock:
@@ -362,12 +393,11 @@ class TorchdistGroup(Group):
             raise PeerLostError(f"rank {peer} is unreachable: {why}")
         return pg, lock
 
-    def _transmit(self, peer: int, message: Message, timeout: float | None) -> None:
+    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
         state = dict(message.payload)
         if message.meta:
             state[META_KEY] = dict(message.meta)
-        model = message.kind == "model"
-        encoded = wire.encode_state(state, bf16=model and self.bf16_wire)  # WireError: nothing sent
+        encoded = wire.encode_state(state)  # WireError: nothing sent
         if encoded.nbytes > self.max_frame:
             raise WireError(f"a {encoded.nbytes}-byte frame exceeds max_frame_bytes = "
                             f"{self.max_frame}")
@@ -378,7 +408,8 @@ class TorchdistGroup(Group):
             chunk = np.frombuffer(buffer, dtype=np.uint8)
             view[offset:offset + chunk.size] = chunk
             offset += chunk.size
-        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags, int(model)],
+        header = torch.tensor([encoded.nbytes, message.tag, encoded.flags,
+                               int(message.kind == "model")],
                               dtype=torch.int64)
         pg, lock = self._pair(peer)
         other = 1 if self.rank < peer else 0
@@ -437,7 +468,7 @@ class TorchdistGroup(Group):
                                    _KIND_NAMES[1 if kind == 1 else 0]))
             del body, state
 
-    def _drop(self, peer: int) -> None:
+    def drop(self, peer: int) -> None:
         with self._lock:
             self._pairs.pop(peer, None)
             self._send_locks.pop(peer, None)
@@ -450,7 +481,7 @@ class TorchdistGroup(Group):
         except RuntimeError:
             pass
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
         with self._lock:
             pairs = dict(self._pairs)
             self._pairs.clear()
@@ -516,8 +547,8 @@ class TorchdistGroup(Group):
             self._engine_groups[ranks] = pg
             return pg
 
-    def _all_reduce_sum(self, buffers: Sequence[np.ndarray], ranks: list[int], check: int,
-                        timeout: float) -> bool:
+    def all_reduce_sum(self, buffers: Sequence[np.ndarray], ranks: list[int], check: int,
+                       timeout: float) -> bool:
         members = tuple(ranks)
         pg = self._engine_group(members)
         wait = _seconds(timeout)
@@ -552,50 +583,22 @@ class TorchdistGroup(Group):
         return True
 
 
-class _DistLinks(Links):
-    """TorchdistGroup's side of the transport contract: what the kernel calls."""
-
-    # Each pair has its own reader thread, which delivers only that pair's frames.
-    inline_delivery = True
-
-    def __init__(self, group: TorchdistGroup) -> None:
-        self._group = group
-
-    @property
-    def address(self) -> str:
-        return self._group._address
-
-    def attach(self, events: LinkEvents) -> None:
-        self._group._events = events
-
-    def transmit(self, peer: int, message: Message, timeout: float | None) -> None:
-        self._group._transmit(peer, message, timeout)
-
-    def drop(self, peer: int) -> None:
-        self._group._drop(peer)
-
-    def all_reduce_sum(self, buffers: Any, ranks: list[int], check: int,
-                       timeout: float) -> bool:
-        return self._group._all_reduce_sum(buffers, ranks, check, timeout)
-
-    def close(self) -> None:
-        self._group._shutdown()
-
-
 class TorchdistTransport:
     """Factory result of the ``torchdist`` component: ``connect(node_config) -> Group``."""
 
     def __init__(self, options: TorchdistOptions | None = None) -> None:
         self.options = options if options is not None else TorchdistOptions()
 
-    def connect(self, config: NodeConfig) -> TorchdistGroup:
-        group = TorchdistGroup(config, self.options)
+    def connect(self, config: NodeConfig) -> Group:
+        links = TorchdistLinks(config, self.options)
+        group = Group(links, rank=links.rank, world_size=links.world_size,
+                      timeout=links.timeout, is_star=False)
         try:
-            group._start()
+            links.start()
         except BaseException:
             group.close()
             raise
-        if group.world_size > 1 and not group._pairs and group.rank != 0:
+        if links.world_size > 1 and not links.linked and links.rank != 0:
             group.close()
-            raise MeshError(f"rank {group.rank}: no torch.distributed link came up")
+            raise MeshError(f"rank {links.rank}: no torch.distributed link came up")
         return group

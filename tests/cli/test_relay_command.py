@@ -58,8 +58,8 @@ def test_the_relay_announces_where_its_ranks_dial_and_ends_with_the_coordinator(
                              secret=SECRET.encode(), timeout=5.0).connect()
     # The coordinator goes once the relay joined: the relay then ends, exit 0.
     def close_when_relayed():
-        with coordinator._lock:
-            coordinator._lock.wait_for(lambda: bool(coordinator._relays), 10)
+        with coordinator.links._lock:
+            coordinator.links._lock.wait_for(lambda: bool(coordinator.links._relays), 10)
         coordinator.close()
 
     closer = threading.Thread(target=close_when_relayed, daemon=True)

@@ -175,6 +175,15 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def test_the_membership_module_imports_nothing_of_meshkit():
+    """Whoever owns a membership (the group's ledger, a pool, a host relay) can use it:
+    it is a leaf, so deciding who is dead never depends on how bytes move."""
+    path = KERNEL / "transport" / "_membership.py"
+    kernel = [m for m, *_ in _imports(path, "meshkit.transport._membership")
+              if m.split(".")[0] == "meshkit"]
+    assert kernel == [], kernel
+
+
 def test_no_import_cycles():
     graph = _graph()
     # The top-level package re-exports; cycles through it are its lazy map's business.

@@ -9,6 +9,9 @@ tests/transport/test_tcp_host_relay.py and tests/train/test_host_relay_rounds.py
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -16,7 +19,10 @@ import meshkit.plugins
 from meshkit.train import LocalPool, Reply, StrategyContext, Work, client_seed, decode, encode
 from meshkit import ProtocolError
 from meshkit.train import answer_relay_request, broadcast, fold_round, parse_relay_request
-from meshkit.train._host_relay import relay_weight
+from meshkit.train._host_relay import FanoutRequest, FoldAnswer, FoldRequest, RelayFailure
+from meshkit.train._host_relay import parse_fold_answer, relay_weight
+from meshkit.train._messages import MAX_ERROR, MAX_NAME, field_table
+from tests.support import protocol_doc
 
 SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
 LAYOUT = {"hostA": [1, 2], "hostB": [3, 4]}
@@ -380,3 +386,113 @@ def test_a_relays_rank_whose_reply_does_not_fit_is_dropped_by_the_relay(reply):
     pool.deliver(2, {"examples": 5, "metrics": {}, "seq": seq, "kept": 7})
     good = pool.receive()
     assert good.rank == 2 and good.payload["examples"] == 5
+
+
+# -- docs/protocol.md §4.1 is the relay messages' schema -------------------------------------
+
+RELAY_SCHEMAS = {("fold", "request"): FoldRequest, ("fold", "answer"): FoldAnswer,
+                 ("fanout", "request"): FanoutRequest, ("error", "answer"): RelayFailure}
+
+
+def relay_tables() -> dict[tuple[str, str], list[tuple[str, ...]]]:
+    return protocol_doc.documented_tables("### 4.1 Host relays", "## 5. ",
+                                          r"#### `(\w+)` relay (request|answer)")
+
+
+def test_the_protocol_page_lists_every_relay_message_field_by_field_as_the_schema_does():
+    documented = relay_tables()
+    assert sorted(documented) == sorted(RELAY_SCHEMAS)
+    for key, cls in RELAY_SCHEMAS.items():
+        assert documented[key] == field_table(cls), key
+
+
+_LONG_NAME, _LONG_TEXT = "x" * MAX_NAME, "x" * MAX_ERROR
+_KEYS = (0, 2 ** 63 - 1)
+
+#: Each documented type -> (values the schema must take, values it must refuse). A
+#: type a table gains without probes here fails the test below: add its probes.
+PROBES: dict[str, tuple[list, list]] = {
+    "list of [key, request], 1 or more, keys distinct (key: int 0..2^63-1)": (
+        [[[k, {}]] for k in _KEYS],
+        [[], [[-1, {}]], [[2 ** 63, {}]], [[0, {}], [0, {}]], [["0", {}]], [[0.0, {}]]]),
+    "list of int 1..2^31-1, distinct, 1 or more": (
+        [[1], [2, 2 ** 31 - 1]], [[], [0], [2 ** 31], [1, 1], [True], ["1"]]),
+    '"examples" or "once"': (["examples", "once"], ["median", 1, None]),
+    "bool": ([True, False], [1, "true", None]),
+    "str, up to 1024 chars, or null": ([None, "", _LONG_NAME], [_LONG_NAME + "x", 1]),
+    "int 1..2^31": ([1, 2 ** 31], [0, 2 ** 31 + 1, 1.0, True]),
+    "str, up to 1024 chars": (["", _LONG_NAME], [_LONG_NAME + "x", None, 3]),
+    "float > 0, or null": ([None, 1e-9, 5], [0, -1.0, math.inf, math.nan, "5"]),
+    "state": ([{"w": np.zeros(2, np.float32)}],
+              [[1.0], {"": 1}, {_LONG_NAME + "x": 1}, {"w": {1, 2}}]),
+    "str, 1..1024 chars": (["a", _LONG_NAME], ["", _LONG_NAME + "x", 1]),
+    '"fold"': (["fold"], ["fanout", None]),
+    "float, finite, >= 0": ([0, 2.5], [-1e-9, math.inf, math.nan, "1", True]),
+    "int 0..2^31": ([0, 2 ** 31], [-1, 2 ** 31 + 1, 1.5]),
+    "list of [key, rank] (key: int 0..2^63-1, rank one the relay carries)": (
+        [[[0, 1]], [[0, 2]]], [[[-1, 1]], [[2 ** 63, 1]], [[0, 0]], [[0, 2 ** 31]], [["0", 1]],
+                               [[0, 3]]]),
+    "list of [key, why] (key: int 0..2^63-1, why: str up to 65536 chars)": (
+        [[], [[1, ""]], [[1, _LONG_TEXT]]], [[[1, _LONG_TEXT + "x"]], [[1, 3]], [[-1, "x"]],
+                                            [[5, "x"]]]),
+    "list of [key, examples, metrics] (key: int 0..2^63-1, examples: int 0..2^53), served "
+    "keys only": (
+        [[], [[0, 0, {}]], [[0, 2 ** 53, {"loss": 1.0}]]],
+        [[[0, -1, {}]], [[0, 2 ** 53 + 1, {}]], [[0, 1, {"loss": math.nan}]],
+         [[0, 1, {"loss": "low"}]], [[0, "many", {}]], [[1, 1, {}]]]),
+    "list of keys (key: int 0..2^63-1), served keys only": ([[], [0]], [[-1], ["0"], [1]]),
+    "str, 1..65536 chars": (["x", _LONG_TEXT], ["", _LONG_TEXT + "x", 1]),
+    '"aggregation", or null': ([None, "aggregation"], ["other", 1]),
+    "int 1..2^31-1, or null": ([None, 1, 2 ** 31 - 1], [0, 2 ** 31, "1"]),
+}
+
+#: A valid message of each kind, to change one field of: the fold answer answers
+#: keys 0 and 1 for a relay carrying ranks 1 and 2.
+_VALID = {
+    ("fold", "request"): {k: v for k, v in a_fold_request().items() if k not in ("op", "seq")},
+    ("fold", "answer"): {"op": "fold", "mass": 5.0, "count": 1, "served": [[0, 1]],
+                         "not_served": [[1, "lost"]], "replies": [[0, 5, {}]],
+                         "state": {"w": np.ones(2, np.float32)}, "attacked": []},
+    ("fanout", "request"): {"inner": "apply", "ranks": [1, 2], "timeout": 5.0},
+    ("error", "answer"): {"error": "it broke"},
+}
+
+
+def _parse(which: tuple[str, str], message: dict) -> Any:
+    if which[1] == "request":
+        return parse_relay_request({"op": which[0], "seq": 3, **message})
+    return parse_fold_answer({"relay": "hostA", "seq": 3, **message}, keys=[0, 1], carried=[1, 2])
+
+
+def _probed_fields() -> list[Any]:
+    # `...` (fanout's inner fields) is the inner op's: each rank checks it (§7).
+    return [pytest.param(which, field, kind, required, id=f"{which[0]}-{which[1]}-{field}")
+            for which, rows in sorted(relay_tables().items())
+            for field, kind, required, _ in rows if field != "..."]
+
+
+@pytest.mark.parametrize("which, field, kind, required", _probed_fields())
+def test_each_relay_field_takes_and_refuses_what_its_documented_type_says(which, field, kind,
+                                                                          required):
+    assert kind in PROBES, f"no probes for the documented type {kind!r}: add them to PROBES"
+    good, bad = PROBES[kind]
+    for value in good:
+        _parse(which, {**_VALID[which], field: value})
+    for value in bad:
+        with pytest.raises(ProtocolError):
+            _parse(which, {**_VALID[which], field: value})
+    left_out = {k: v for k, v in _VALID[which].items() if k != field}
+    if required == "yes":
+        # Without `error` an answer is read as a fold answer, which it is not either.
+        with pytest.raises(ProtocolError, match=field if field != "error" else "fold"):
+            _parse(which, left_out)
+    elif field != "state" or which != ("fold", "answer"):  # a served key needs its state
+        _parse(which, left_out)
+
+
+def test_a_relay_cuts_its_own_error_to_the_bound_the_coordinator_checks():
+    pool = LocalPool.of(synthetic, [1, 2])
+    answer = answer_relay_request(pool, frozenset({1, 2}), "hostA",
+                                  {"op": "fold", "seq": 3, "label": "x" * (3 * MAX_ERROR)})
+    assert 0 < len(answer["error"]) <= MAX_ERROR
+    assert isinstance(parse_fold_answer(answer, keys=[0], carried=[1, 2]), RelayFailure)

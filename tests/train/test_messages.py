@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import attrs
@@ -27,6 +26,7 @@ from meshkit.train import LocalPool, Runner, StrategyContext, Trainer, decode, r
 from meshkit.train import _messages as messages
 from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
 
+from tests.support import protocol_doc
 from tests.support.configs import write_config
 
 # -- the schema --------------------------------------------------------------------------
@@ -431,24 +431,10 @@ def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_
 
 # -- docs/protocol.md is the schema --------------------------------------------------------
 
-PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-
-
-def documented_tables() -> dict[tuple[str, str], list[tuple[str, str, str, str]]]:
+def documented_tables() -> dict[tuple[str, str], list[tuple[str, ...]]]:
     """§7.1's tables: (op, "request" | "reply") -> rows of (field, type, required, meaning)."""
-    text = PROTOCOL.read_text()
-    section = text[text.index("### 7.1 Every message"):text.index("## 8. ")]
-    tables: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
-    current = None
-    for line in section.splitlines():
-        heading = re.fullmatch(r"#### `(\w+)` (request|reply)", line.strip())
-        if heading:
-            current = (heading.group(1), heading.group(2))
-            tables[current] = []
-        elif current and line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            tables[current].append((cells[0].strip("`"), *cells[1:]))
-    return tables
+    return protocol_doc.documented_tables("### 7.1 Every message", "## 8. ",
+                                          r"#### `(\w+)` (request|reply)")
 
 
 def test_the_protocol_page_lists_every_message_field_by_field_as_the_schema_does():
@@ -471,7 +457,7 @@ def test_the_protocol_page_would_catch_a_field_added_to_the_code():
 
 
 def test_the_protocol_page_lists_every_capability_a_node_sends():
-    text = PROTOCOL.read_text()
+    text = protocol_doc.PROTOCOL.read_text()
     block = text[text.index("### 6.1"):text.index("### 6.2")]
     listed = set(re.findall(r'"(\w+)":', block.split("```")[1])) - {"caps"}
     assert listed == {f.name for f in attrs.fields(NodeCaps)}

@@ -214,7 +214,7 @@ def test_segments_of_odd_sizes_land_in_place_and_give_the_weighted_mean(landings
 def tamper_first_segment(group, dst: int, how) -> list[int]:
     """Make ``group``'s first ring segment to ``dst`` travel altered by ``how``; returns a log."""
     done: list[int] = []
-    real = group._transmit
+    real = group.links.transmit
 
     def transmit(peer, message, timeout):
         x = message.payload.get("x") if message.tag == TAG_RING else None
@@ -223,7 +223,7 @@ def tamper_first_segment(group, dst: int, how) -> list[int]:
             return how(real, peer, message, timeout)
         return real(peer, message, timeout)
 
-    group._transmit = transmit
+    group.links.transmit = transmit
     return done
 
 

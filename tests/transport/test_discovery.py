@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from meshkit import PeerLostError, WireError, plugins, wire
+from meshkit.transport import ANY
 from meshkit.transport.discovery import VERSION, DiscoveryServer, discover
 from meshkit.node.config import NodeConfig
 
@@ -103,19 +104,23 @@ def test_a_tcp_star_formed_by_discovery_runs_a_round() -> None:
         def worker(rank):
             group = NodeConfig(rank=rank, **common).connect()
             try:
-                results[rank] = group.all_reduce({"x": np.full(2, float(rank))})
+                group.send(0, 5, {"x": np.full(2, float(rank))})
+                results[rank] = group.recv(0, 6)
             finally:
                 group.close()
 
         threads = [threading.Thread(target=worker, args=(r,)) for r in (1, 2)]
         for thread in threads:
             thread.start()
-        result = coordinator.reduce_round(plugins.create("aggregator", "fedavg"))
+        got = dict(coordinator.recv(ANY, 5) for _ in range(2))
+        mean = (got[1]["x"] + got[2]["x"]) / 2
+        for rank in got:
+            coordinator.send(rank, 6, {"x": mean})
         for thread in threads:
             thread.join(10)
     finally:
         coordinator.close()
-    assert sorted(result.contributors) == [1, 2]
+    assert sorted(got) == [1, 2]
     np.testing.assert_allclose(results[1]["x"], 1.5)
 
 

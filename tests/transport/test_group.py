@@ -115,9 +115,9 @@ def test_reserved_tags_and_bad_payloads_are_refused() -> None:
     coordinator = configs[0].connect()
     worker = configs[1].connect()
     try:
-        with pytest.raises(ValueError, match="reduce service"):
+        with pytest.raises(ValueError, match="retired protocol"):
             worker.send(0, TAG_REDUCE, {})
-        with pytest.raises(ValueError, match="reduce service"):
+        with pytest.raises(ValueError, match="retired protocol"):
             coordinator.send(1, TAG_SCATTER, {})
         with pytest.raises(ValueError, match="a tag must be an int"):
             worker.send(0, -1, {})

@@ -73,7 +73,7 @@ def test_running_out_of_descriptors_in_accept_does_not_stop_ranks_joining_later(
     # A connect flood that exhausts file descriptors made accept() fail with
     # EMFILE once, and the accept loop quit for good: no rank could ever join.
     coordinator = _coordinator(2, timeout=5.0)
-    listener_fd = coordinator._listener.fileno()
+    listener_fd = coordinator.links._listener.fileno()
     failed = threading.Event()
     real_accept = socket.socket.accept
 
@@ -95,7 +95,7 @@ def test_failing_to_start_a_handshake_thread_does_not_stop_ranks_joining_later()
     # Under a connect flood the accept loop may hit the thread limit; the
     # RuntimeError from Thread.start() escaped and ended the accept loop.
     coordinator = _coordinator(2, timeout=5.0)
-    real_start = coordinator._start
+    real_start = coordinator.links._spawn
     failed = threading.Event()
 
     def start(target, *args, name):
@@ -104,7 +104,7 @@ def test_failing_to_start_a_handshake_thread_does_not_stop_ranks_joining_later()
             raise RuntimeError("can't start new thread")
         return real_start(target, *args, name=name)
 
-    coordinator._start = start
+    coordinator.links._spawn = start
     try:
         flood = socket.create_connection(_address(coordinator), timeout=5)
         try:
@@ -124,7 +124,7 @@ def test_a_duplicate_rank_arriving_while_the_first_is_being_registered_is_refuse
     # in that window was welcomed too, and the two links then overwrote each
     # other in the routing table.
     coordinator = _coordinator(3, timeout=5.0)
-    real_register = coordinator._register
+    real_register = coordinator.links._register
     entered, release = threading.Event(), threading.Event()
 
     def register(rank, channel):
@@ -133,7 +133,7 @@ def test_a_duplicate_rank_arriving_while_the_first_is_being_registered_is_refuse
             release.wait(10)
         real_register(rank, channel)
 
-    coordinator._register = register
+    coordinator.links._register = register
     first = second = None
     try:
         first = NodeConfig(rank=1, world=3, peers=[coordinator.address], topology="star",
@@ -157,7 +157,7 @@ def test_the_refusal_log_of_a_long_lived_coordinator_stays_bounded() -> None:
     coordinator = _coordinator(2, timeout=5.0)
     try:
         for i in range(5000):  # what 5,000 connect-and-hang-up peers leave behind
-            coordinator._refuse(f"127.0.0.1:{i}", "closed the connection during the handshake")
+            coordinator.links._refuse(f"127.0.0.1:{i}", "closed the connection during the handshake")
         assert len(coordinator.refused) <= 1000
         assert coordinator.refused[-1].startswith("127.0.0.1:4999: ")
     finally:

@@ -83,7 +83,7 @@ def test_ranks_behind_a_relay_join_and_talk_through_its_one_connection(mesh):
 def test_a_death_the_coordinator_declares_reaches_the_owning_relay(mesh):
     group, relay, ranks = mesh
     group.declare_dead(1, "the strategy gave up on it")
-    assert wait_until(relay._lock, lambda: 1 in relay._dead)
+    assert wait_until(relay._lock, lambda: 1 in relay.dead)
     assert "the strategy gave up on it" in relay.dead[1]
     # Its neighbour behind the same relay is untouched.
     group.send(2, TAG, {"still": True})
@@ -94,7 +94,7 @@ def test_a_death_the_coordinator_declares_reaches_the_owning_relay(mesh):
 def test_a_relay_that_goes_takes_exactly_its_ranks(mesh):
     group, relay, ranks = mesh
     relay.close()
-    assert wait_until(group._lock, lambda: sorted(group.dead) == [1, 2])
+    assert wait_until(group.links._lock, lambda: sorted(group.dead) == [1, 2])
     dead = group.dead
     assert group.relays == {}
     assert sorted(dead) == [1, 2]
@@ -126,7 +126,7 @@ def test_a_relay_with_the_wrong_secret_is_refused_and_the_coordinator_keeps_serv
     try:
         with pytest.raises(AuthenticationError, match="wrong secret"):
             start_relay(group.address, ranks=(1,), world=3, secret=b"a-wrong-relay-secret")
-        assert wait_until(group._lock, lambda: bool(group.refused))
+        assert wait_until(group.links._lock, lambda: bool(group.refused))
         direct = worker(1, group.address, world=3)
         try:
             # The worker returns once welcomed, maybe before rank 0 recorded the
@@ -168,7 +168,7 @@ def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on
         assert forger.recv(timeout=5).state["ok"] is True
         # A forged "rank 1 was lost", in the relay's own control tag.
         forger.send(KIND_CONTROL, TAG_RELAY_CTL, {"op": "lost", "rank": 1, "reason": "forged"})
-        assert wait_until(group._lock, lambda: 2 in group.dead)
+        assert wait_until(group.links._lock, lambda: 2 in group.dead)
         assert "host relay's own frame" in group.dead[2] and "protocol violation" in group.dead[2]
         forger.close()
         group.send(1, TAG, {"ok": 1})
@@ -178,25 +178,6 @@ def test_a_rank_sending_the_relays_own_frames_is_dropped_and_the_others_carry_on
         good.close()
         relay.close()
         group.close()
-
-
-def test_the_reduce_service_works_through_a_relay_flat(mesh):
-    group, relay, ranks = mesh
-    results = {}
-
-    def contribute(rank):
-        results[rank] = ranks[rank].all_reduce({"w": np.full(4, float(rank), np.float32)},
-                                               weight=float(rank))
-
-    threads = [threading.Thread(target=contribute, args=(r,)) for r in (1, 2, 3)]
-    for t in threads:
-        t.start()
-    round_ = group.reduce_round(plugins.create("aggregator", "fedavg"))
-    for t in threads:
-        t.join(10)
-    expected = (1 + 4 + 9) / 6
-    assert sorted(round_.contributors) == [1, 2, 3]
-    assert all(np.allclose(results[r]["w"], expected) for r in (1, 2, 3))
 
 
 def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
@@ -223,7 +204,7 @@ def test_a_relay_with_authorized_nodes_admits_listed_keys_only(tmp_path):
         assert wait_until(relay._lock, lambda: len(relay.refused) == 3)
         # Rank 1 is through; rank 3 (direct) is not the relay's business.
         joined.append(worker(3, group.address))
-        assert wait_until(group._lock, lambda: {1, 3} <= set(group.joined))
+        assert wait_until(group.links._lock, lambda: {1, 3} <= set(group.joined))
     finally:
         for g in joined:
             g.close()
@@ -267,9 +248,9 @@ def test_ranks_a_lost_relay_announced_but_never_joined_are_not_dead_and_join_ano
         stack.callback(group.close)
         relay = start_relay(group.address, name="hostA", world=3)
         stack.callback(relay.close)
-        assert wait_until(group._lock, lambda: "hostA" in group._relays)
+        assert wait_until(group.links._lock, lambda: "hostA" in group.links._relays)
         relay.close()  # before any of its ranks joined
-        assert wait_until(group._lock, lambda: "hostA" not in group._relays)
+        assert wait_until(group.links._lock, lambda: "hostA" not in group.links._relays)
         assert group.dead == {}
         # The same relay again (a new port): its ranks join through it.
         again = start_relay(group.address, name="hostA", world=3)

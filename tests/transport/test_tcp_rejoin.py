@@ -24,8 +24,8 @@ def worker(rank: int, world: int, address: str):
 
 def wait_until(group, predicate, timeout: float = 5.0) -> bool:
     """Wait on the tcp group's own condition (notified on every link change), bounded."""
-    with group._lock:
-        return group._lock.wait_for(predicate, timeout)
+    with group.links._lock:
+        return group.links._lock.wait_for(predicate, timeout)
 
 
 def test_a_restarted_rank_is_returning_until_taken_back_then_live_again():
@@ -82,7 +82,7 @@ def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch
     try:
         g0.wait_for_workers(timeout=5)
         admitting = threading.Event()
-        drop, problem = g0._drop_link, g0._rank_problem
+        drop, problem = g0.links.drop, g0.links._rank_problem
 
         waited: list[bool] = []
 
@@ -94,8 +94,8 @@ def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch
             admitting.set()
             return problem(rank, role)
 
-        monkeypatch.setattr(g0, "_drop_link", held_drop)
-        monkeypatch.setattr(g0, "_rank_problem", seen_problem)
+        monkeypatch.setattr(g0.links, "drop", held_drop)
+        monkeypatch.setattr(g0.links, "_rank_problem", seen_problem)
         first.close()
         assert wait_until(g0, lambda: 1 in g0.dead)
         second = worker(1, 2, g0.address)

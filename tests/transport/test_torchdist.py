@@ -15,7 +15,7 @@ from meshkit import PeerLostError, RefusedError, plugins  # noqa: E402
 from meshkit.node.config import NodeConfig  # noqa: E402
 from meshkit.testing import TransportContract  # noqa: E402
 from meshkit_tcp.testing import run_ranks  # noqa: E402
-from meshkit_torchdist.group import TorchdistGroup, is_loopback  # noqa: E402
+from meshkit_torchdist.group import TorchdistLinks, is_loopback  # noqa: E402
 
 #: Every rank is a thread forming a gloo group: run alone, not beside another test.
 pytestmark = pytest.mark.serial
@@ -112,11 +112,11 @@ def test_a_failing_store_is_not_reported_as_a_slow_peer(caplog):
     # torch.distributed world within N s": a broken store blamed the peer.
     rank = types.SimpleNamespace(rank=1, join_timeout=5.0)
     timeout = dist.DistStoreError("wait timeout after 5000ms, keys: /meshkit/pair/1-2/0")
-    assert TorchdistGroup._pair_failure(rank, 2, timeout).startswith(
+    assert TorchdistLinks._pair_failure(rank, 2, timeout).startswith(
         "did not join the torch.distributed world within 5 s (wait timeout")
     broken = dist.DistNetworkError("Connection reset by peer")
     with caplog.at_level("ERROR", logger="meshkit_torchdist.group"):
-        reason = TorchdistGroup._pair_failure(rank, 2, broken)
+        reason = TorchdistLinks._pair_failure(rank, 2, broken)
     assert reason.startswith("could not form the gloo pair group: DistNetworkError: "
                              "Connection reset by peer (the rendezvous store or the network")
     assert "forming the pair group with rank 2 failed" in caplog.text

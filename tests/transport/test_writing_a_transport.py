@@ -237,3 +237,27 @@ def test_the_builtin_transports_use_only_meshkits_public_api(path: Path) -> None
         assert public is not None, f"{path.name} imports from {module}, which has no __all__"
         for name in names:
             assert name in public, f"{path.name} imports {name} from {module}, not in its __all__"
+
+
+_TRANSPORT_MODULES = [*sorted((ROOT / "plugins" / "meshkit_tcp").glob("*.py")),
+                      ROOT / "plugins" / "meshkit_torchdist" / "group.py"]
+
+
+@pytest.mark.parametrize("path", _TRANSPORT_MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_builtin_transports_compose_links_own_the_channels_a_group_only_wraps_them(
+        path: Path) -> None:
+    # Inside out was: a Group subclass holding the sockets, with the Links
+    # contract routed through trampolines back to its private methods. A
+    # Group subclass may only show attributes (properties) and build itself.
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+        if "Group" not in bases:
+            continue
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name != "__init__":
+                assert any(isinstance(d, ast.Name) and d.id == "property"
+                           for d in item.decorator_list), (
+                    f"{path.name}: {node.name}.{item.name} is not a property: what a "
+                    f"transport does belongs in its Links")
