@@ -28,7 +28,8 @@ import attrs
 
 from meshkit.errors import RefusedError
 
-__all__ = ["SecAggParams", "choose_degree", "MAX_CLIENTS", "MIN_LEVEL_BITS", "MAX_LENGTH"]
+__all__ = ["SecAggParams", "choose_degree", "MAX_CLIENTS", "MIN_LEVEL_BITS", "MAX_LENGTH",
+           "CHECK_ELEMENTS"]
 
 #: The largest cohort one round may have (client ids are below this too).
 MAX_CLIENTS = 1 << 16
@@ -38,6 +39,12 @@ MAX_LENGTH = 1 << 31
 #: (2**16 levels over ``[-clip_range, clip_range]``); a modulus that leaves
 #: fewer for the cohort is refused.
 MIN_LEVEL_BITS = 16
+#: Elements a masked vector carries past the update: each client puts 1 in
+#: each, masked like the rest, so the unmasked sum must show the number of
+#: contributors there. A sum counted under the wrong clients (a relay or
+#: worker that misreports whose inputs it added) leaves masks in them and is
+#: refused, except with probability 2**-(CHECK_ELEMENTS * modulus_bits).
+CHECK_ELEMENTS = 2
 #: The most quantisation levels a coordinate is given: float64's exact integers.
 MAX_LEVELS = 1 << 53
 

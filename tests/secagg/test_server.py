@@ -261,3 +261,28 @@ def test_whoever_drops_when_the_sum_is_exact_or_refused(drops: list[str]) -> Non
     gone = set(at.get("before sharing", [])) | set(at.get("after masking", []))
     assert not set(run.result.contributors) & gone
     assert run.result.total.tolist() == [sum(c + 1 for c in run.result.contributors)] * 8
+
+
+@pytest.mark.parametrize("listed,added", [((0, 1), (0, 1, 2)), ((0, 1, 2), (0, 1))],
+                         ids=["a client added but not listed", "a client listed but not added"])
+def test_a_sum_counted_under_the_wrong_clients_fails_its_check_and_is_not_released(
+        listed: tuple[int, ...], added: tuple[int, ...], round_seed: bytes) -> None:
+    params = SecAggParams(clients=6, degree=0, threshold=3, clip_range=1.0, modulus_bits=32)
+    ups = {c: np.full(5, 10 + c, np.uint32) for c in range(6)}
+    clients, server, masked = _masked_stage(params, ups, round_seed)
+    relay = masked[added[0]].vector.copy()
+    for c in added[1:]:
+        add_mod(relay, masked[c].vector, 32, out=relay)
+    server.receive_masked(MaskedSum(listed, relay))  # the relay misreports whom it added
+    for c in (3, 4, 5):
+        server.receive_masked(masked[c])
+    for c, request in server.unmask_requests().items():
+        server.receive_unmask(clients[c].unmask(request))
+    with pytest.raises(RefusedError, match="fails its count check"):
+        server.finish()
+
+
+def test_the_result_carries_the_update_only(updates: Updates, round_seed: bytes) -> None:
+    params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=32)
+    run = simulate_round(params, updates(params, 7), round_seed)
+    assert run.result.total.shape == (7,)
