@@ -33,7 +33,7 @@ from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
                                       ShareBundle, ShareDelivery, UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import CHECK_ELEMENTS, SecAggParams
+from meshkit.secagg._params import SecAggParams, masked_length
 from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_split
 
 __all__ = ["ClientRound"]
@@ -71,8 +71,8 @@ class ClientRound:
 
     @property
     def masked_length(self) -> int:
-        """Elements of this client's masked input: the update's, then :data:`CHECK_ELEMENTS`."""
-        return self.length + CHECK_ELEMENTS
+        """Elements of this client's masked input: :func:`masked_length` of the update's."""
+        return masked_length(self.length)
 
     def _advance(self, expected: int, name: str) -> None:
         if self._stage != expected:

@@ -29,7 +29,7 @@ import attrs
 from meshkit.errors import RefusedError
 
 __all__ = ["SecAggParams", "choose_degree", "MAX_CLIENTS", "MIN_LEVEL_BITS", "MAX_LENGTH",
-           "CHECK_ELEMENTS"]
+           "CHECK_ELEMENTS", "masked_length"]
 
 #: The largest cohort one round may have (client ids are below this too).
 MAX_CLIENTS = 1 << 16
@@ -45,6 +45,12 @@ MIN_LEVEL_BITS = 16
 #: worker that misreports whose inputs it added) leaves masks in them and is
 #: refused, except with probability 2**-(CHECK_ELEMENTS * modulus_bits).
 CHECK_ELEMENTS = 2
+
+
+def masked_length(length: int) -> int:
+    """Elements of a masked input (or a relay's sum) for an update of ``length``: plus the check."""
+    return length + CHECK_ELEMENTS
+
 #: The most quantisation levels a coordinate is given: float64's exact integers.
 MAX_LEVELS = 1 << 53
 

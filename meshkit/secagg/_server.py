@@ -44,7 +44,7 @@ from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
                                       SealedShares, SecAggError, ShareBundle, ShareDelivery,
                                       UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import CHECK_ELEMENTS, SecAggParams
+from meshkit.secagg._params import SecAggParams, masked_length
 from meshkit.secagg._shamir import Share, shamir_combine
 
 __all__ = ["ServerRound", "SecAggResult"]
@@ -105,8 +105,8 @@ class ServerRound:
 
     @property
     def masked_length(self) -> int:
-        """Elements of a masked input (or sum): the update's, then :data:`CHECK_ELEMENTS`."""
-        return self.length + CHECK_ELEMENTS
+        """Elements of a masked input (or sum): :func:`masked_length` of the update's."""
+        return masked_length(self.length)
 
     # -- helpers ---------------------------------------------------------------------------
 
