@@ -16,7 +16,11 @@ Prints, side by side for the same inputs:
   ``flwr.serverapp.strategy.FedAvg.aggregate_train`` calls), when ``flwr``
   is installed, and its legacy NDArrays ``aggregate`` for reference;
 * plain numpy in-place weighted accumulation (``multiply(out=)`` into a
-  full-size scratch, ``add(out=)``, one division).
+  full-size scratch, ``add(out=)``, one division);
+* meshkit ``FixedPointSum`` (issue 22): the exact int64 sum a worker folds
+  its clients into, and, after the table, its cost per contribution of a
+  digits-sized model (four small float64 arrays) against ``MeanFold``'s,
+  where the per-call overhead is the whole cost.
 
 Throughput is input bytes per second; "x read" is the ratio to the
 read-bandwidth figure and "x flwr" the speed-up over Flower's current path.
@@ -43,7 +47,7 @@ from typing import Any
 import numpy as np
 
 import meshkit.plugins
-from meshkit.aggregation import begin
+from meshkit.aggregation import FixedPointSum, MeanFold, begin
 
 
 def make_inputs(contributors: int, params: int, arrays: int, seed: int = 0):
@@ -76,6 +80,25 @@ def meshkit_fold(aggregator, states, weights) -> dict:
     for i, (state, weight) in enumerate(zip(states, weights)):
         fold.add(state, weight, source=f"rank {i + 1}")
     return fold.result()
+
+
+def fixed_point(states, weights) -> dict:
+    total = FixedPointSum()
+    for i, (state, weight) in enumerate(zip(states, weights)):
+        total.add(state, weight, source=f"rank {i + 1}")
+    return total.result()
+
+
+def small_model_adds(fold: Any, n: int = 2000) -> float:
+    """Seconds per ``add`` of a digits-sized state (64x32, 32, 32x10, 10 float64)."""
+    rng = np.random.default_rng(1)
+    state = {"hidden.w": rng.standard_normal((64, 32)), "hidden.b": rng.standard_normal(32),
+             "output.w": rng.standard_normal((32, 10)), "output.b": rng.standard_normal(10)}
+    fold.add(state, 9.0)
+    start = time.perf_counter()
+    for _ in range(n):
+        fold.add(state, 9.0)
+    return (time.perf_counter() - start) / n
 
 
 def meshkit_batch(aggregator, states, weights) -> dict:
@@ -204,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("flwr FedAvg: not installed (pip install 'meshkit[bench]')", None, ""))
     rows.append(("numpy in-place weighted accumulation", lambda: numpy_inplace(states, weights),
                  ""))
+    rows.append(("meshkit FixedPointSum (exact, int64 sums)",
+                 lambda: fixed_point(states, weights), ""))
 
     figures: dict[str, float] = {}
     peaks: dict[str, int] = {}
@@ -232,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         copies = f"{peak / model_bytes:7.2f}" if peak is not None else f"{'-':>7}"
         print(f"{label:<56} {best * 1e3:8.1f} {figures[label + ' median'] * 1e3:8.1f} "
               f"{speed:7.2f} {read / best:7.2f} {vs_flower} {peak_text} {copies}")
+
+    fixed = [small_model_adds(FixedPointSum()) for _ in range(3)]
+    mean = [small_model_adds(MeanFold()) for _ in range(3)]
+    print(f"\na digits-sized contribution (2,410 float64 in 4 arrays), per add, best of 3 "
+          f"x 2000: FixedPointSum {min(fixed) * 1e6:.0f} us, MeanFold {min(mean) * 1e6:.0f} us "
+          f"(ratio {min(fixed) / min(mean):.2f})")
 
     # Extra peak memory of the streaming fold as the number of contributors grows
     # (the same inputs re-sent, so the process stays small).

@@ -5,6 +5,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/round_memory.py                       # the issue's grid, this tree
     python benchmarks/round_memory.py --baseline ../base    # and the pre-engine tree beside it
     python benchmarks/round_memory.py --params 1e6 --workers 2 4 --rounds 2   # a quick look
+    python benchmarks/round_memory.py --clients-per-worker 4 ...   # batched rounds (issue 22)
 
 Each cell is a real ``meshkit run``: a federated job (one client per
 worker, ``average`` outer optimizer, local launch) on the ``synthetic``
@@ -63,8 +64,9 @@ MB = 1 << 20
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, window: int | None,
-                retain: int | None, timeout: float) -> str:
+                retain: int | None, timeout: float, per_worker: int = 1) -> str:
     window_line = f"window = {window}" if window is not None else ""
+    clients_line = f"clients = {per_worker * workers}" if per_worker > 1 else ""
     retain_line = f"retain = {retain}" if retain is not None else ""
     return textwrap.dedent(f"""
         [run]
@@ -82,10 +84,11 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, window: in
         name = "federated"
         rounds = {rounds}
         {window_line}
+        {clients_line}
 
         [task]
         params = {params}
-        rows = {max(1024, workers)}
+        rows = {max(1024, per_worker * workers)}
 
         [aggregator]
         name = "fedavg"
@@ -108,13 +111,15 @@ def ensure_synthetic(tree: Path) -> None:
 
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
-            window: int | None, retain: int | None, timeout: float) -> dict[str, Any]:
+            window: int | None, retain: int | None, timeout: float,
+            per_worker: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-round-memory-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
-                                      window=window, retain=retain, timeout=timeout))
+                                      window=window, retain=retain, timeout=timeout,
+                                      per_worker=per_worker))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         started = time.perf_counter()
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retain", type=int, default=None,
                         help="[aggregator] retain of fedavg (this tree only; default: its own)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--clients-per-worker", type=int, default=1,
+                        help="[strategy] clients = this x workers (default 1: one client a "
+                             "worker); 2 or more plays this tree's batched round (issue 22)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of the pre-engine code (with DIR/.venv)")
     args = parser.parse_args(argv)
@@ -177,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
             for label, python, tree, window, retain in trees:
                 runs[label].append(one_run(python, tree, params=params, workers=workers,
                                            rounds=args.rounds, window=window, retain=retain,
-                                           timeout=args.timeout))
+                                           timeout=args.timeout,
+                                           per_worker=args.clients_per_worker))
         for label, *_ in trees:
             rss, rss_spread = spread([r["rss"] for r in runs[label]])
             sec, sec_spread = spread([r["seconds"] for r in runs[label]])

@@ -31,6 +31,8 @@ Where each idea lives:
   :func:`aggregate_by_folding`;
 * ``_buffering.py``: :class:`BufferingFold`, :func:`begin`, :func:`streaming`;
 * ``_mean.py``: :class:`MeanFold` and :func:`check_contributions`;
+* ``_fixed.py``: :class:`FixedPointSum` and :class:`FixedPartial`, exact
+  order-free weighted sums (a worker's local fold, merged anywhere);
 * ``_json.py``: how JSON leaves are averaged and checked;
 * ``_threads.py``: how a large fold is split across threads;
 * ``_messages.py``: how refusals word values and contributor lists;
@@ -58,6 +60,7 @@ from meshkit.aggregation._contract import (
     load_aggregator_state,
     uses_reference,
 )
+from meshkit.aggregation._fixed import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum
 from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
 from meshkit.aggregation._threads import DEFAULT_THREADS
 
@@ -82,4 +85,7 @@ __all__ = [
     "aggregator_state",
     "load_aggregator_state",
     "squared_norm",
+    "FixedPointSum",
+    "FixedPartial",
+    "DEFAULT_FRACTION_BITS",
 ]

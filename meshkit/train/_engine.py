@@ -70,10 +70,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
+from meshkit.train._batched import batch_applies, fold_batched, raise_failure
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
@@ -187,7 +188,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                window: int = DEFAULT_WINDOW, fold: Any = None,
                label: str = "client", deadline: float | None = None,
                reference: Mapping[str, Any] | None = None,
-               local: ClientLocal | None = None) -> Folded:
+               local: ClientLocal | None = None, batch: bool = True) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -202,7 +203,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     worker's :class:`~meshkit.ProtocolError` (module docstring, step 6). With
     ``local`` (the run's :class:`ClientLocal`, FedBN), each pulled
     contribution's local keys are kept there for its key (the client) and
-    only the rest is folded, so the result lacks them.
+    only the rest is folded, so the result lacks them. ``batch=False`` plays
+    the round flat (per client) even where the batched round
+    (:mod:`meshkit.train._batched`) applies: its result then is the
+    aggregator's own fold in key order, bit for bit.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
@@ -213,6 +217,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     # The round's global state is the reference a rule on updates measures from.
     attack = getattr(ctx, "attack", None) if fold is None else None
+    given = fold is not None
     fold = ctx.aggregation_begin(reference=state) if fold is None else fold
     requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
     if attack is not None:  # simulated Byzantine clients (meshkit.train._attacks)
@@ -231,6 +236,14 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
             ctx, plan, requests, state, how, window, fold, label, _play_group)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     reference = state if reference is None else reference
+    if batch and not given and reference is not None and batch_applies(
+            fold, how, requests, state, len(ctx.live)):
+        # A strict mean no one needs per client: each worker folds its own
+        # clients exactly and the coordinator merges one partial per worker.
+        assert how is not None and state is not None  # batch_applies checked both
+        result, served, not_served, replies = fold_batched(
+            ctx, requests, state, how, label, signature(reference), name=fold.name)
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     round_ = _Round(ctx, requests, state, weight, window, fold, label,
                     pinned=pinned,
                     deadline=deadline or None,
@@ -439,8 +452,7 @@ class _Round:
             self._lost(rank, kind, key, reply.error or "lost")
             return
         payload = reply.payload
-        if payload.get("error"):
-            raise WorkerError(rank, str(payload["error"]))
+        raise_failure(rank, payload)
         if kind == "state":
             self.ready.add(rank)
             return

@@ -67,6 +67,8 @@ MAX_ERROR = 1 << 16
 MAX_COUNT = 1 << 31
 #: The longest time budget a fit may be given (seconds: about four months).
 MAX_BUDGET = 1e7
+#: The most fits one ``fit_batch`` may carry (the engine sends far fewer).
+MAX_BATCH = 4096
 #: Seeds are unsigned 64-bit integers.
 MAX_SEED = 2 ** 64 - 1
 #: Kept-result keys are integers 0..MAX_SEQ; sequence numbers signed 64-bit
@@ -397,6 +399,60 @@ class StopRequest:
                       check=_between(MIN_SEQ, MAX_SEQ))
 
 
+@attrs.frozen(kw_only=True)
+class BatchFit:
+    """One client's fit inside a ``fit_batch``: a ``fit`` request's fields, and its key."""
+
+    key: int = _field("int 0..2^63-1", "the client's key (the fold's)",
+                      check=_between(0, MAX_SEQ))
+    shard: int = _shard()
+    shards: int = _shards()
+    seed: int = _field("int 0..2^64-1", "the fit's seed", check=_between(0, MAX_SEED))
+    time_budget: float | None = _field("float (0, 1e7]", "as a fit's", optional=True,
+                                       check=_between(1e-9, MAX_BUDGET))
+    poison: Poison | None = _field("attack", "as a fit's", optional=True)
+    clip_norm: float | None = _field("float (0, 1e300]", "as a fit's", optional=True,
+                                     check=_between(1e-300, 1e300))
+
+    def __attrs_post_init__(self) -> None:
+        _in_order(self)
+
+
+def _fits(_: Any, attribute: Any, value: list[BatchFit]) -> None:
+    if not 1 <= len(value) <= MAX_BATCH:
+        raise ValueError(f"{attribute.name} holds {len(value)} fits; 1 to {MAX_BATCH} are "
+                         f"allowed")
+    keys = [fit.key for fit in value]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{attribute.name} names a key twice: {sorted(keys)[:8]}")
+
+
+@attrs.frozen(kw_only=True)
+class FitBatchRequest:
+    """Fit these clients one after another from the worker's model and fold each into the
+    worker's exact partial sum for the round (``take_partial`` hands it over)."""
+
+    seq: int = _seq(0)
+    fits: list[BatchFit] = _field("list of fit", "1..4096 fits, each `{key, shard, shards, "
+                                  "seed}` with a fit's optional `time_budget`, `poison`, "
+                                  "`clip_norm`; keys distinct", check=_fits)
+    weight: str = _field("str", "each fit's weight in the sum: `examples` (its realized "
+                                "work) or `once` (1)",
+                         check=attrs.validators.in_(("examples", "once")))
+    fraction_bits: int = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
+                                             "(`meshkit.aggregation.FixedPointSum`)",
+                                check=_between(0, 62))
+    label: str = _field("str, 1..1024 chars", "what a contribution is called in errors "
+                                              "(`client`)", check=_length(1, MAX_NAME))
+
+
+@attrs.frozen(kw_only=True)
+class TakePartialRequest:
+    """Hand over (and forget) the round's partial sum of every fit folded since the last."""
+
+    seq: int = _seq(0)
+
+
 #: op -> the request's schema.
 REQUESTS: dict[str, type] = {
     "set_state": SetStateRequest,
@@ -410,6 +466,8 @@ REQUESTS: dict[str, type] = {
     "evaluate": EvaluateRequest,
     "stage": StageRequest,
     "stop": StopRequest,
+    "fit_batch": FitBatchRequest,
+    "take_partial": TakePartialRequest,
 }
 
 # -- replies (worker -> rank 0, tag TAG_REPLY) ---------------------------------------------
@@ -429,6 +487,10 @@ class ErrorReply:
     seq: int = _seq()
     error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
                         check=_length(1, MAX_ERROR))
+    reason: str | None = _field("str", "`aggregation`: the worker's own fold refused a "
+                                       "contribution (`fit_batch`: NaN, a range overflow); "
+                                       "rank 0 raises it as an `AggregationError`",
+                                optional=True, check=attrs.validators.in_(("aggregation",)))
 
 
 def _metrics_field(doc: str) -> Any:
@@ -510,6 +572,36 @@ class StageReply:
     x: Activation = _field("array", "the activation out of the last node")
 
 
+@attrs.frozen(kw_only=True)
+class BatchResult:
+    """One fit of a ``fit_batch``: its key, realized work and metrics (the result is folded)."""
+
+    key: int = _field("int 0..2^63-1", "the fit's key", check=_between(0, MAX_SEQ))
+    examples: int = _examples("examples the fit processed")
+    metrics: Metrics = _metrics_field("the fit's metrics")
+    attacked: str | None = _field("str, 1..1024 chars", "as a fit's", optional=True,
+                                  check=_length(1, MAX_NAME))
+
+
+@attrs.frozen(kw_only=True)
+class FitBatchReply:
+    """Each fit's realized work, in the request's order; the results are in the partial."""
+
+    seq: int = _seq()
+    results: list[BatchResult] = _field("list of result", "one `{key, examples, metrics, "
+                                        "attacked?}` per fit asked for, in its order")
+
+
+@attrs.frozen(kw_only=True)
+class PartialReply:
+    """The worker's partial sum for the round (then forgotten)."""
+
+    seq: int = _seq()
+    partial: State = _field("state", "`FixedPartial.to_wire()`: `fraction_bits`, `mass`, "
+                                     "`count` and int64 sums (docs/strategies.md, \"The round "
+                                     "engine\")")
+
+
 #: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).
 REPLIES: dict[str, type] = {
     "set_state": AckReply,
@@ -522,6 +614,8 @@ REPLIES: dict[str, type] = {
     "held_out": HeldOutReply,
     "evaluate": EvaluateReply,
     "stage": StageReply,
+    "fit_batch": FitBatchReply,
+    "take_partial": PartialReply,
 }
 
 _CONVERTER = _converter()
@@ -592,6 +686,14 @@ def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
         message = _structure(cls, reply, f"the reply to {op!r}")
         if op in ("fit", "grads"):
             _check_kept(op, request.get("keep"), message)
+        elif op == "fit_batch":
+            # The request itself, or what a pool kept of it (_pool._answers_to).
+            asked = (list(request["keys"]) if "keys" in request
+                     else [fit["key"] for fit in request.get("fits", ())])
+            answered = [result.key for result in message.results]
+            if answered != asked:
+                raise ProtocolError(f"the reply to 'fit_batch' answers keys "
+                                    f"{answered[:8]}, asked for {asked[:8]}")
     if seq is not None and message.seq != seq:
         raise ProtocolError(f"the reply to {op!r} echoes seq {message.seq}, not {seq}")
     return reply

@@ -249,8 +249,13 @@ class _Outstanding:
 
 
 def _answers_to(request: Mapping[str, Any]) -> dict[str, Any]:
-    """What a reply to ``request`` is checked against: its op, and keep when it has one."""
-    return {"op": request.get("op"), **({"keep": request["keep"]} if "keep" in request else {})}
+    """What a reply to ``request`` is checked against: its op, keep when it has one, and a
+    ``fit_batch``'s keys."""
+    answers = {"op": request.get("op"), **({"keep": request["keep"]} if "keep" in request
+                                            else {})}
+    if request.get("op") == "fit_batch":
+        answers["keys"] = [fit["key"] for fit in request["fits"]]
+    return answers
 
 
 def protocol_reason(error: ProtocolError) -> str:

@@ -68,7 +68,7 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 
 #: Request/reply fields that hold a nested state and travel flattened.
-_NESTED = ("state", "gradients", "local")
+_NESTED = ("state", "gradients", "local", "partial")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:

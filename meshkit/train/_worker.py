@@ -57,8 +57,9 @@ import attrs
 import numpy as np
 
 from meshkit import plugins
+from meshkit.aggregation import FixedPointSum
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
-from meshkit.errors import ConfigError, MeshError, PeerLostError, ProtocolError
+from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_per_node, split_rows
 from meshkit.privacy import clip_contribution
@@ -112,6 +113,9 @@ class Trainer:
     #: This node's own attack (``meshkit node --attack``) and its name; None: honest.
     attack: Any = None
     attack_name: str = ""
+    #: The round's exact partial sum of the fits ``fit_batch`` folded here, until
+    #: ``take_partial`` hands it over (a new ``set_state`` discards it).
+    partial: FixedPointSum | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     _shards: dict[tuple[str, int, int], tuple[Any, Any]] = attrs.Factory(dict)
@@ -191,52 +195,41 @@ class Trainer:
                     and MIN_SEQ <= seq <= MAX_SEQ else 0}
         try:
             reply = self._dispatch(op, request)
+        except AggregationError as exc:
+            # This worker's own fold refused a fit's result (NaN, out of range):
+            # the coordinator raises it as the fold's refusal, as its own fold would.
+            log.warning("trainer request %r: the fold refused a result: %s", op, exc)
+            reply = {"error": f"{op}: {exc}", "reason": "aggregation"}
+            self.error = reply["error"]
         except Exception as exc:  # the coordinator must hear why, not see a hang
             log.exception("trainer request %r failed", op)
-            reply = {"error": f"{op}: {type(exc).__name__}: {sendable(exc)}"}
+            # A batch's failure is one of its fits': say "fit", as the flat round does.
+            name = "fit" if op == "fit_batch" else op
+            reply = {"error": f"{name}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
         reply["seq"] = seq
         return reply
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if op == "fit":
-            x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
-            start = request["state"] if "state" in request else self._require_state(op)
-            start = _with_local(start, request)
-            poisoner, attacked = self._data_attack(request)
-            if poisoner is not None:
-                x, y = poisoner.poison(x, y, classes=self._classes())
-            budget = request.get("time_budget")
-            if budget is None:
-                result = self.task.fit(start, x, y, seed=int(request["seed"]))
-            else:
-                result = self.task.fit(start, x, y, seed=int(request["seed"]),
-                                       time_budget=float(budget))
-            self.fits += 1
-            self.examples += int(result.examples)
-            self.metrics = _metrics(result.metrics, op)
-            state = result.state
-            if self.attack is not None and not poisons_data(self.attack):
-                # A real node sees only its own update: contributors = attackers = 1.
-                state = tamper_contribution(
-                    self.attack, state, start,
-                    AttackRound(client=int(request["shard"]), contributors=1, attackers=1,
-                                rng=attack_rng(self.seed, int(request["seed"]))),
-                    name=f"attack {self.attack_name}")
-                attacked = self.attack_name
-            if request.get("clip_norm") is not None:
-                # [privacy] clip = "client": the update leaves this node clipped
-                clip = float(request["clip_norm"])
-                state, norm = clip_contribution(start, state, clip)
-                self.metrics["unclipped"] = float(norm <= clip)
-            reply = self._answer(request, "state", state, result.examples, self.metrics)
+            state, examples, metrics, attacked = self._fit(request)
+            reply = self._answer(request, "state", state, examples, metrics)
             if attacked:
                 reply["attacked"] = attacked
             return reply
+        if op == "fit_batch":
+            return self._fit_batch(request)
+        if op == "take_partial":
+            if self.partial is None:
+                raise MeshError("no partial sum is held here; fit_batch folds one (a new "
+                                "round discards it)")
+            partial, self.partial = self.partial, None
+            return {"partial": partial.partial().to_wire()}
         if op == "set_state":
             self.state = dict(request["state"])
             # A new round: whatever the last one left unclaimed is stale.
             self.kept.clear()
+            self.partial = None
             return {}
         if op == "grads":
             state = self._require_state(op)
@@ -295,6 +288,62 @@ class Trainer:
                 x = self.task.run_stage(request.get("state", {}), node, x)
             return {"x": x}
         raise MeshError(f"unknown trainer request {op!r}")
+
+    def _fit_batch(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Fit each client of the batch and fold it into the round's partial sum."""
+        self._require_state("fit_batch")
+        bits = int(request["fraction_bits"])
+        if self.partial is None:
+            self.partial = FixedPointSum(fraction_bits=bits)
+        elif self.partial.fraction_bits != bits:
+            raise MeshError(f"fit_batch with fraction_bits = {bits}, but this round's partial "
+                            f"sum counts in 2^-{self.partial.fraction_bits}")
+        label = str(request["label"])
+        results = []
+        for fit in request["fits"]:
+            key = int(fit["key"])
+            state, examples, metrics, attacked = self._fit({**fit, "op": "fit"})
+            weight = float(examples) if request["weight"] == "examples" else 1.0
+            self.partial.add(state, weight, source=f"{label} {key}")
+            del state  # folded: a batch holds one fit's result at a time
+            result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
+            if attacked:
+                result["attacked"] = attacked
+            results.append(result)
+        return {"results": results}
+
+    def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:
+        """One client's fit: (its state, examples, metrics, the attack it ran or "")."""
+        x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
+        start = request["state"] if "state" in request else self._require_state("fit")
+        start = _with_local(start, request)
+        poisoner, attacked = self._data_attack(request)
+        if poisoner is not None:
+            x, y = poisoner.poison(x, y, classes=self._classes())
+        budget = request.get("time_budget")
+        if budget is None:
+            result = self.task.fit(start, x, y, seed=int(request["seed"]))
+        else:
+            result = self.task.fit(start, x, y, seed=int(request["seed"]),
+                                   time_budget=float(budget))
+        self.fits += 1
+        self.examples += int(result.examples)
+        self.metrics = metrics = _metrics(result.metrics, "fit")
+        state = result.state
+        if self.attack is not None and not poisons_data(self.attack):
+            # A real node sees only its own update: contributors = attackers = 1.
+            state = tamper_contribution(
+                self.attack, state, start,
+                AttackRound(client=int(request["shard"]), contributors=1, attackers=1,
+                            rng=attack_rng(self.seed, int(request["seed"]))),
+                name=f"attack {self.attack_name}")
+            attacked = self.attack_name
+        if request.get("clip_norm") is not None:
+            # [privacy] clip = "client": the update leaves this node clipped
+            clip = float(request["clip_norm"])
+            state, norm = clip_contribution(start, state, clip)
+            metrics["unclipped"] = float(norm <= clip)
+        return dict(state), int(result.examples), metrics, attacked
 
     def _data_attack(self, request: Mapping[str, Any]) -> tuple[Any, str]:
         """The data-poisoning attack this fit runs (and its name), or (None, "")."""

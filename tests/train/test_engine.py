@@ -1,4 +1,8 @@
-"""The round engine in-process: fold order, the window, lost workers' work served again."""
+"""The round engine in-process: fold order, the window, lost workers' work served again.
+
+Most tests here play the flat (per-client) engine (``batch=False``);
+tests/train/test_batched.py has the batched round's.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +11,9 @@ import pytest
 
 import meshkit.plugins
 from meshkit.errors import MeshError
-from meshkit.train import HOLD, LocalPool, StrategyContext, Work, client_seed, fold_round
+from meshkit.train import HOLD, LocalPool, Work, client_seed, fold_round
 
-SYNTHETIC = {"params": 4096, "arrays": 2, "rows": 256}
-
-
-def synthetic():
-    return meshkit.plugins.create("task", "synthetic", SYNTHETIC)
-
-
-def make_ctx(workers=4, fail=None, order=None, aggregator="fedavg", task=synthetic):
-    ranks = list(range(1, workers + 1))
-    return StrategyContext(
-        task=task(), aggregator=meshkit.plugins.create("aggregator", aggregator),
-        pool=LocalPool.of(task, ranks, fail=fail, order=order), workers=ranks,
-        rng=np.random.default_rng(0),
-        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0)
-
-
-def fits(clients, rnd=1, shards=None):
-    return [Work(c, {"op": "fit", "shard": c, "shards": shards or clients,
-                     "seed": client_seed(7, rnd, c)}) for c in range(clients)]
-
-
-def same_bytes(a, b):
-    return a.keys() == b.keys() and all(
-        np.array_equal(np.frombuffer(a[k].tobytes(), np.uint8),
-                       np.frombuffer(b[k].tobytes(), np.uint8)) for k in a)
-
+from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
 
 # -- determinism -----------------------------------------------------------------
 
@@ -42,10 +21,10 @@ def same_bytes(a, b):
 def test_shuffled_arrival_orders_give_a_bit_identical_model():
     ctx = make_ctx()
     state = ctx.task.init_state(0)
-    reference = fold_round(ctx, fits(12), state=state)
+    reference = fold_round(ctx, fits(12), state=state, batch=False)
     for shuffle in range(1, 6):
         ctx = make_ctx(order=np.random.default_rng(shuffle))
-        again = fold_round(ctx, fits(12), state=state)
+        again = fold_round(ctx, fits(12), state=state, batch=False)
         assert same_bytes(again.result, reference.result), f"shuffle {shuffle}"
         assert list(again.served) == list(range(12)), "folded in client order"
     # The test can fail: the same contributions folded in another order differ.
@@ -74,7 +53,7 @@ def test_a_whole_federated_run_is_bit_identical_whatever_order_answers_arrive_in
 def test_the_result_is_the_aggregators_fold_in_client_order():
     ctx = make_ctx(workers=3, order=np.random.default_rng(4))
     state = ctx.task.init_state(0)
-    folded = fold_round(ctx, fits(5), state=state)
+    folded = fold_round(ctx, fits(5), state=state, batch=False)
     fold = ctx.aggregation_begin()
     x, y = ctx.task.train_data()
     for c in range(5):
@@ -92,19 +71,20 @@ def test_the_result_is_the_aggregators_fold_in_client_order():
 def test_the_coordinator_holds_a_window_of_contributions_whatever_the_client_count(window):
     for clients in (4, 16):
         ctx = make_ctx(workers=8, order=np.random.default_rng(clients))
-        fold_round(ctx, fits(clients), state=ctx.task.init_state(0), window=window)
+        fold_round(ctx, fits(clients), state=ctx.task.init_state(0), window=window,
+                   batch=False)
         # The window, plus the one contribution the fold retains.
         assert ctx.pool.peak_held <= window + 1, (clients, ctx.pool.peak_held)
 
 
 def test_the_state_goes_once_to_each_worker_the_round_needs():
     ctx = make_ctx(workers=4)
-    fold_round(ctx, fits(8), state=ctx.task.init_state(0))
+    fold_round(ctx, fits(8), state=ctx.task.init_state(0), batch=False)
     sent = [(rank, req["op"]) for rank, req in ctx.pool.log]
     assert sorted(r for r, op in sent if op == "set_state") == [1, 2, 3, 4]
     assert all("state" not in req for _, req in ctx.pool.log if req["op"] == "fit")
     few = make_ctx(workers=4)
-    fold_round(few, fits(2), state=few.task.init_state(0))
+    fold_round(few, fits(2), state=few.task.init_state(0), batch=False)
     assert sorted(r for r, req in few.pool.log if req["op"] == "set_state") == [1, 2]
 
 
@@ -120,7 +100,7 @@ def test_a_worker_keeps_at_most_hold_results_waiting():
     ranks = [1, 2]
     ctx = make_ctx(workers=2)
     ctx.pool = Watch({r: ctx.pool.trainers[r] for r in ranks})
-    fold_round(ctx, fits(10), state=ctx.task.init_state(0))
+    fold_round(ctx, fits(10), state=ctx.task.init_state(0), batch=False)
     assert max(held) <= HOLD
 
 
@@ -143,14 +123,14 @@ def test_a_new_round_discards_what_the_last_one_left_on_a_worker():
 def test_a_worker_lost_mid_round_has_its_clients_served_again_with_the_same_bits():
     ctx = make_ctx(workers=4)
     state = ctx.task.init_state(0)
-    reference = fold_round(ctx, fits(8), state=state)
+    reference = fold_round(ctx, fits(8), state=state, batch=False)
 
     def fail(rank, request):
         # Rank 2 dies after computing its first fit, before it is taken.
         return "killed" if rank == 2 and request["op"] == "take" else None
 
     ctx = make_ctx(workers=4, fail=fail)
-    folded = fold_round(ctx, fits(8), state=state)
+    folded = fold_round(ctx, fits(8), state=state, batch=False)
     assert list(ctx.dead) == [2]
     assert list(folded.served) == list(range(8)) and folded.not_served == {}
     assert 2 not in folded.served.values()
@@ -166,7 +146,7 @@ def test_a_worker_lost_before_acknowledging_the_state_is_never_handed_work():
 
 def test_a_lost_worker_is_replaced_by_one_that_had_no_work_this_round():
     ctx = make_ctx(workers=4, fail=lambda rank, request: "gone" if rank == 1 else None)
-    folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0))
+    folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0), batch=False)
     # Three clients: ranks 1-3 were sent the state; rank 4 stood in for rank 1.
     assert sorted(r for r, req in ctx.pool.log if req["op"] == "set_state") == [1, 2, 3, 4]
     assert set(folded.served.values()) == {2, 3, 4}
@@ -181,7 +161,7 @@ def test_clients_no_live_worker_can_serve_are_recorded_with_the_reason():
         return "power cut" if rank in lost else None
 
     ctx = make_ctx(workers=2, fail=fail)
-    folded = fold_round(ctx, fits(5), state=ctx.task.init_state(0))
+    folded = fold_round(ctx, fits(5), state=ctx.task.init_state(0), batch=False)
     assert list(folded.served) == [0, 1]
     assert sorted(folded.not_served) == [2, 3, 4]
     assert all("no live worker left to serve it" in why and "power cut" in why
@@ -208,7 +188,9 @@ def test_a_task_error_stops_the_round_with_the_workers_message():
 
     ctx = make_ctx(workers=2, task=Broken)
     with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
-        fold_round(ctx, fits(2), state=ctx.task.init_state(0))
+        fold_round(ctx, fits(2), state=ctx.task.init_state(0), batch=False)
+    with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
+        fold_round(make_ctx(workers=2, task=Broken), fits(2), state=ctx.task.init_state(0))
 
 
 def test_work_needs_distinct_keys_and_a_positive_window():

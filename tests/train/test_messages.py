@@ -45,6 +45,13 @@ GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "held_out": ({"op": "held_out"}, {"seq": 5, "examples": 7}),
     "evaluate": ({"op": "evaluate"}, {"seq": 5, "examples": 7, "metrics": {"accuracy": 0.9}}),
     "stage": ({"op": "stage"}, {"seq": 5, "x": np.zeros((2, 2))}),
+    "fit_batch": ({"op": "fit_batch", "keys": [4, 2]},
+                  {"seq": 5, "results": [{"key": 4, "examples": 3, "metrics": {}},
+                                         {"key": 2, "examples": 1, "metrics": {"loss": 1.0},
+                                          "attacked": "sign-flip"}]}),
+    "take_partial": ({"op": "take_partial"},
+                     {"seq": 5, "partial": {"fraction_bits": 32, "mass": 1 << 32, "count": 1,
+                                            "f:w": np.zeros(3, np.int64), "t:w": "float32"}}),
 }
 
 #: Values of the wrong type for any field (each field's own type is filtered out below).
@@ -75,15 +82,21 @@ def _out_of_range(field: str, good: Any) -> st.SearchStrategy[Any]:
                          st.integers(min_value=messages.MAX_SEQ + 1, max_value=2 ** 70))
     if field == "metrics":
         return st.sampled_from([math.nan, math.inf, -math.inf]).map(lambda v: {"loss": v})
-    if field in ("state", "gradients"):
+    if field in ("state", "gradients", "partial"):
         return st.sampled_from([{"": np.zeros(1)}, {"w": object()}, {5: np.zeros(1)}])
+    if field == "results":  # a key it was not asked for, or a broken result
+        return st.sampled_from([[{"key": 4, "examples": 3, "metrics": {}}],
+                                [{"key": 4, "examples": -1, "metrics": {}},
+                                 {"key": 2, "examples": 1, "metrics": {}}],
+                                [{"key": 4, "examples": 3, "metrics": {}},
+                                 {"key": 9, "examples": 1, "metrics": {}}]])
     return st.nothing()
 
 
 def _oversized(field: str, good: Any) -> st.SearchStrategy[Any]:
     if field == "metrics":
         return st.just({f"m{i}": 1.0 for i in range(messages.MAX_METRICS + 1)})
-    if field in ("state", "gradients"):
+    if field in ("state", "gradients", "partial"):
         return st.just({"k" * (messages.MAX_NAME + 1): np.zeros(1)})
     if field == "examples":
         return st.just(messages.MAX_EXAMPLES + 1)
@@ -93,8 +106,9 @@ def _oversized(field: str, good: Any) -> st.SearchStrategy[Any]:
 HOWS = {"missing": lambda field, good: st.just(None), "wrong type": _wrong_type,
         "out of range": _out_of_range, "oversized": _oversized}
 APPLIES = {
-    "out of range": {"examples", "seq", "kept", "metrics", "state", "gradients"},
-    "oversized": {"metrics", "state", "gradients", "examples"},
+    "out of range": {"examples", "seq", "kept", "metrics", "state", "gradients", "partial",
+                     "results"},
+    "oversized": {"metrics", "state", "gradients", "examples", "partial"},
 }
 
 
@@ -136,7 +150,7 @@ def test_a_broken_reply_is_a_protocol_error_and_nothing_else(case, extra):
         check_reply(request, bad, 5)
     # The reason names what is wrong, for the ledger and the user.
     assert field in str(caught.value) or "surprise" in str(caught.value) or \
-        "kept" in str(caught.value), str(caught.value)
+        "kept" in str(caught.value) or "answers keys" in str(caught.value), str(caught.value)
 
 
 FRAME_KEYS = st.one_of(st.sampled_from(["seq", "examples", "metrics", "kept", "state",
@@ -211,6 +225,10 @@ GOOD_REQUESTS = {
     "evaluate": {"shard": 0, "shards": 1},
     "stage": {"nodes": ["a"], "x": np.zeros(3)},
     "stop": {},
+    "fit_batch": {"fits": [{"key": 3, "shard": 1, "shards": 4, "seed": 0},
+                           {"key": 5, "shard": 2, "shards": 4, "seed": 1, "time_budget": 1.0}],
+                  "weight": "examples", "fraction_bits": 32, "label": "client"},
+    "take_partial": {},
 }
 
 
@@ -231,6 +249,15 @@ def test_every_well_formed_request_fits():
     ({"op": "take"}, "key: missing"),
     ({"op": "take", "key": 1, "keep": 2}, "unknown field(s) 'keep'"),
     ({"op": "launch"}, "unknown trainer request op 'launch'"),
+    ({"op": "fit_batch", "fits": [], "weight": "once", "fraction_bits": 32, "label": "c"},
+     "fits holds 0 fits"),
+    ({"op": "fit_batch", "fits": [{"key": 1, "shard": 0, "shards": 2, "seed": 0}] * 2,
+      "weight": "once", "fraction_bits": 32, "label": "c"}, "names a key twice"),
+    ({"op": "fit_batch", "fits": [{"key": 1, "shard": 0, "shards": 2, "seed": 0,
+                                   "state": {}}],
+      "weight": "once", "fraction_bits": 32, "label": "c"}, "unknown field(s) 'state'"),
+    ({"op": "fit_batch", "fits": [{"key": 1, "shard": 0, "shards": 2, "seed": 0}],
+      "weight": "twice", "fraction_bits": 32, "label": "c"}, "weight"),
 ])
 def test_a_bad_request_is_refused_by_the_worker_which_serves_on(request_, why):
     trainer = Trainer(meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8}))
@@ -298,10 +325,13 @@ def run(strategy: str, options: dict[str, Any], op: str = "",
 
 
 FEDERATED = {"rounds": 2, "clients": 6, "evaluate": "both"}
+#: A round deadline plays the flat (per-client) engine: fit with keep, then take.
+FLAT = {**FEDERATED, "round_timeout": 600}
 DATA_PARALLEL = {"rounds": 2, "steps": 1}
 #: Which strategy sends each op (step and stage: below, through ctx.call).
-SENDS = {"set_state": ("federated", FEDERATED), "fit": ("federated", FEDERATED),
-         "take": ("federated", FEDERATED), "held_out": ("federated", FEDERATED),
+SENDS = {"set_state": ("federated", FEDERATED), "fit": ("federated", FLAT),
+         "take": ("federated", FLAT), "held_out": ("federated", FEDERATED),
+         "fit_batch": ("federated", FEDERATED), "take_partial": ("federated", FEDERATED),
          "evaluate": ("federated", FEDERATED), "grads": ("data-parallel", DATA_PARALLEL),
          "apply": ("data-parallel", DATA_PARALLEL),
          "get_state": ("data-parallel", DATA_PARALLEL)}
@@ -309,11 +339,11 @@ SENDS = {"set_state": ("federated", FEDERATED), "fit": ("federated", FEDERATED),
 _HONEST: dict[str, Any] = {}
 
 
-def honest(strategy: str) -> Any:
-    if strategy not in _HONEST:
-        _HONEST[strategy] = run(strategy, SENDS["fit" if strategy == "federated"
-                                              else "grads"][1])
-    return _HONEST[strategy]
+def honest(strategy: str, options: dict[str, Any]) -> Any:
+    key = repr((strategy, sorted(options.items())))
+    if key not in _HONEST:
+        _HONEST[key] = run(strategy, options)
+    return _HONEST[key]
 
 
 @pytest.mark.parametrize("op", sorted(SENDS))
@@ -321,7 +351,7 @@ def honest(strategy: str) -> Any:
 @given(data=st.data())
 def test_a_worker_breaking_any_reply_costs_only_its_own_rank(op, data):
     _, field, how, value = data.draw(breaches((op,)))
-    if op in ("take", "get_state") and how == "out of range":
+    if op in ("take", "get_state", "take_partial") and how == "out of range":
         # Out of range for a model: not the round's keys, shapes or dtypes.
         value = {"w0": np.zeros(3, np.float16)}
         how = "wrong model"
@@ -338,7 +368,7 @@ def test_a_worker_breaking_any_reply_costs_only_its_own_rank(op, data):
     for report in reports:
         assert report.not_served == {}
         assert BAD not in report.served.values() or report.round == 1
-    reference = honest(strategy)[0].state
+    reference = honest(strategy, options)[0].state
     assert result.state.keys() == reference.keys()
     if strategy == "federated":
         # ... to the very model an honest run gives (a fit is a pure function
@@ -352,7 +382,7 @@ def test_a_take_without_state_and_examples_many_are_each_one_dropped_rank():
     # The two crashes issue 21 reports, by name.
     for op, breach in (("take", lambda reply: {"seq": reply["seq"]}),
                        ("fit", lambda reply: {**reply, "examples": "many"})):
-        result, reports, ctx = run("federated", FEDERATED, op, breach)
+        result, reports, ctx = run("federated", FLAT, op, breach)
         assert list(ctx.dead) == [BAD] and "protocol error" in ctx.dead[BAD]
         assert ("state: missing" if op == "take" else "examples: expected an integer") in \
             ctx.dead[BAD]
@@ -425,8 +455,8 @@ def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_
         assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
         assert 2 not in row["served"].values()
     summary = (out / "summary.json").read_text()
-    assert "protocol error" in summary and "result for client" in summary
-    assert "where the model has an array float32" in summary
+    assert "protocol error" in summary and "partial sum of" in summary
+    assert "where the model has float32" in summary
 
 
 # -- docs/protocol.md is the schema --------------------------------------------------------

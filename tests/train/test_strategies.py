@@ -54,6 +54,18 @@ class ShardMean:
         return np.array([[10.0, 0.0]]), np.array([0])
 
 
+FITS = ("fit", "fit_batch")  # a client's fit, alone or in a batch (the batched round)
+
+
+def fitted(request) -> list[tuple[int, int]]:
+    """(shard, seed) of every fit a request asks for (none for other ops)."""
+    if request.get("op") == "fit":
+        return [(request["shard"], request["seed"])]
+    if request.get("op") == "fit_batch":
+        return [(fit["shard"], fit["seed"]) for fit in request["fits"]]
+    return []
+
+
 def make_ctx(task, ranks=(1, 2), fail=None, **kw) -> StrategyContext:
     pool = LocalPool.of(lambda: task, ranks, fail=fail)
     defaults = dict(
@@ -109,7 +121,8 @@ def test_a_worker_lost_mid_round_is_dropped_and_its_client_served_by_a_survivor(
     lost = threading.Event()
 
     def fail(rank, request):
-        if rank == 2 and request.get("op") == "fit" and (lost.is_set() or request["seed"]):
+        if rank == 2 and request.get("op") in FITS and (
+                lost.is_set() or any(seed for _, seed in fitted(request))):
             lost.set()
             return "connection reset"
         return None
@@ -139,7 +152,7 @@ def test_one_survivor_serves_every_client_so_min_clients_still_holds():
 
 def test_clients_no_live_worker_can_serve_stop_the_run_saying_which_and_why():
     ctx = make_ctx(ShardMean(8), ranks=(1, 2),
-                   fail=lambda rank, request: "gone" if request["op"] == "fit" else None)
+                   fail=lambda rank, request: "gone" if request["op"] in FITS else None)
     with pytest.raises(MeshError) as err:
         strategy("federated", rounds=3, min_clients=2).run(ctx)
     message = str(err.value)
@@ -153,8 +166,9 @@ def test_more_clients_than_workers_spreads_clients_over_workers():
     result = strategy("federated", rounds=1, clients=4).run(ctx)
     # Shards of 2 rows: means 0.5, 2.5, 4.5, 6.5 -> 3.5.
     assert float(result.state["m"][0]) == pytest.approx(3.5)
-    fits = {(rank, req["shard"]) for rank, req in ctx.pool.log if req["op"] == "fit"}
-    assert fits == {(1, 0), (2, 1), (1, 2), (2, 3)}, "planned round-robin, in client order"
+    fits = {(rank, shard) for rank, req in ctx.pool.log for shard, _ in fitted(req)}
+    # Batched (two clients a worker): each worker its contiguous batch.
+    assert fits == {(1, 0), (1, 1), (2, 2), (2, 3)}, "planned in batches, in client order"
 
 
 def test_min_clients_above_the_client_count_is_a_config_error():
