@@ -35,8 +35,8 @@ from meshkit.secagg._messages import (MAX_CLIENT_ID, MESSAGES, SEALED_SIZE, KeyA
                                       MaskedSum, Roster, SealedShares, SecAggError, ShareBundle,
                                       ShareDelivery, UnmaskReply, UnmaskRequest, decode,
                                       payload_bytes)
-from meshkit.secagg._params import (MAX_CLIENTS, MAX_LENGTH, MIN_LEVEL_BITS, SecAggParams,
-                                    choose_degree)
+from meshkit.secagg._params import (CHECK_ELEMENTS, MAX_CLIENTS, MAX_LENGTH, MIN_LEVEL_BITS,
+                                    SecAggParams, choose_degree, masked_length)
 from meshkit.secagg._quantize import dequantize, quantize
 from meshkit.secagg._server import SecAggResult, ServerRound
 from meshkit.secagg._simulate import STAGES, Simulation, simulate_round
@@ -44,6 +44,7 @@ from meshkit.secagg._shamir import PRIME, SHARE_SIZE, Share, shamir_combine, sha
 
 __all__ = [
     "SecAggParams", "choose_degree", "MAX_CLIENTS", "MAX_LENGTH", "MIN_LEVEL_BITS",
+    "CHECK_ELEMENTS", "masked_length",
     "quantize", "dequantize",
     "mask_vector", "add_mod", "sub_mod", "vector_dtype", "SEED_SIZE",
     "PRIME", "Share", "SHARE_SIZE", "shamir_split", "shamir_combine",

@@ -33,7 +33,7 @@ from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
                                       ShareBundle, ShareDelivery, UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import SecAggParams
+from meshkit.secagg._params import SecAggParams, masked_length
 from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_split
 
 __all__ = ["ClientRound"]
@@ -68,6 +68,11 @@ class ClientRound:
         self._sealing: dict[int, bytes] = {}
         #: owner -> (share of its self-mask seed, share of its mask key), from the delivery.
         self._held: dict[int, tuple[bytes, bytes]] = {}
+
+    @property
+    def masked_length(self) -> int:
+        """Elements of this client's masked input: :func:`masked_length` of the update's."""
+        return masked_length(self.length)
 
     def _advance(self, expected: int, name: str) -> None:
         if self._stage != expected:
@@ -118,7 +123,11 @@ class ClientRound:
         return ShareBundle(self.client, sealed)
 
     def mask(self, delivery: ShareDelivery, update: np.ndarray) -> MaskedInput:
-        """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it."""
+        """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it.
+
+        The masked vector is :attr:`masked_length` long: the update, then a 1
+        in each of the :data:`CHECK_ELEMENTS` (the coordinator's count check).
+        """
         self._advance(2, "mask")
         dtype = vector_dtype(self.params.modulus_bits)
         if not isinstance(update, np.ndarray) or update.dtype != dtype \
@@ -150,12 +159,15 @@ class ClientRound:
                 f"client {self.client} received shares from {len(self._held)} neighbours, fewer "
                 f"than the threshold {self.params.threshold}; it does not mask with so few")
         bits = self.params.modulus_bits
-        out = update.copy()
-        scratch = np.empty(self.length, dtype=dtype)
-        add_mod(out, mask_vector(self._seed, self.length, bits, out=scratch), bits, out=out)
+        size = self.masked_length
+        out = np.empty(size, dtype=dtype)
+        out[:self.length] = update
+        out[self.length:] = 1  # the count check (CHECK_ELEMENTS)
+        scratch = np.empty(size, dtype=dtype)
+        add_mod(out, mask_vector(self._seed, size, bits, out=scratch), bits, out=out)
         for other in sorted(self._held):
             seed = self._pairwise_seed(other)
-            mask = mask_vector(seed, self.length, bits, out=scratch)
+            mask = mask_vector(seed, size, bits, out=scratch)
             (add_mod if self.client < other else sub_mod)(out, mask, bits, out=out)
         return MaskedInput(self.client, out)
 

@@ -28,7 +28,8 @@ import attrs
 
 from meshkit.errors import RefusedError
 
-__all__ = ["SecAggParams", "choose_degree", "MAX_CLIENTS", "MIN_LEVEL_BITS", "MAX_LENGTH"]
+__all__ = ["SecAggParams", "choose_degree", "MAX_CLIENTS", "MIN_LEVEL_BITS", "MAX_LENGTH",
+           "CHECK_ELEMENTS", "masked_length"]
 
 #: The largest cohort one round may have (client ids are below this too).
 MAX_CLIENTS = 1 << 16
@@ -38,6 +39,20 @@ MAX_LENGTH = 1 << 31
 #: (2**16 levels over ``[-clip_range, clip_range]``); a modulus that leaves
 #: fewer for the cohort is refused.
 MIN_LEVEL_BITS = 16
+#: Elements a masked vector carries past the update: each client puts 1 in
+#: each, masked like the rest, so the unmasked sum must show the number of
+#: contributors there. A sum counted under the wrong clients (a relay or
+#: worker that misreports whose inputs it added) leaves masks in them and is
+#: refused, except with probability 2**-(CHECK_ELEMENTS * modulus_bits).
+CHECK_ELEMENTS = 2
+
+
+def masked_length(length: int) -> int:
+    """Elements of a masked input (or a relay's sum) for an update of ``length``: plus the check."""
+    return length + CHECK_ELEMENTS
+
+#: The most quantisation levels a coordinate is given: float64's exact integers.
+MAX_LEVELS = 1 << 53
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -105,12 +120,14 @@ class SecAggParams:
 
     @property
     def levels(self) -> int:
-        """The largest quantised value of one coordinate: ``(2**modulus_bits - 1) // clients``.
+        """The largest quantised value of one coordinate: ``min((2**modulus_bits - 1) // clients, 2**53)``.
 
         ``clients`` values of at most this sum to less than ``2**modulus_bits``,
-        so the modular sum is the exact integer sum.
+        so the modular sum is the exact integer sum. Capped at ``2**53``, the
+        last integer float64 holds exactly: quantisation computes in float64,
+        and a level it cannot hold could round past the headroom.
         """
-        return ((1 << self.modulus_bits) - 1) // self.clients
+        return min(((1 << self.modulus_bits) - 1) // self.clients, MAX_LEVELS)
 
 
 def _hypergeom_tail(population: int, marked: int, draws: int, at_least: int) -> float:

@@ -1,7 +1,7 @@
 """Fixed-point quantisation of a clipped update into ``[0, 2**modulus_bits)``, and back.
 
 The rule (one place): with ``c = clip_range`` and ``L = params.levels =
-(2**modulus_bits - 1) // clients``, a coordinate ``x`` becomes
+min((2**modulus_bits - 1) // clients, 2**53)``, a coordinate ``x`` becomes
 
     q = rint((clip(x, -c, c) + c) * L / (2 c))        in {0, ..., L}
 
@@ -34,12 +34,13 @@ def quantize(values: np.ndarray, params: SecAggParams) -> np.ndarray:
     :func:`vector_dtype` of the modulus (uint32 up to 32 bits, else uint64).
     Raises :class:`~meshkit.AggregationError` for a NaN or infinity.
     """
-    flat = np.asarray(values, dtype=np.float64).ravel()
-    if not np.isfinite(flat).all():
+    # A float64 copy of our own, worked on in place from here on.
+    scaled = np.array(values, dtype=np.float64).ravel()
+    if not np.isfinite(scaled).all():
         raise AggregationError("a secure-aggregation input holds NaN or infinity; a non-finite "
                                "update cannot be quantised")
     c = params.clip_range
-    scaled = np.clip(flat, -c, c)
+    np.clip(scaled, -c, c, out=scaled)
     scaled += c
     scaled *= params.levels / (2.0 * c)
     np.rint(scaled, out=scaled)

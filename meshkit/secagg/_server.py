@@ -44,7 +44,7 @@ from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
                                       SealedShares, SecAggError, ShareBundle, ShareDelivery,
                                       UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import SecAggParams
+from meshkit.secagg._params import SecAggParams, masked_length
 from meshkit.secagg._shamir import Share, shamir_combine
 
 __all__ = ["ServerRound", "SecAggResult"]
@@ -99,9 +99,14 @@ class ServerRound:
         self._bundles: dict[int, ShareBundle] = {}
         self._shared: dict[int, tuple[int, ...]] = {}   # U2 member -> its U2 neighbours
         self._masked: set[int] = set()
-        self._sum = np.zeros(length, dtype=self._dtype)
+        self._sum = np.zeros(self.masked_length, dtype=self._dtype)
         self._dropped: tuple[int, ...] = ()
         self._replies: dict[int, UnmaskReply] = {}
+
+    @property
+    def masked_length(self) -> int:
+        """Elements of a masked input (or sum): :func:`masked_length` of the update's."""
+        return masked_length(self.length)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -202,17 +207,18 @@ class ServerRound:
     def receive_masked(self, masked: Union[MaskedInput, MaskedSum]) -> None:
         """Folds one client's :class:`MaskedInput` (or a relay's :class:`MaskedSum`) into the sum."""
         self._at(2, "receive_masked")
+        # A sum's faults are its relay's: no one client in it is to blame.
         clients = (masked.client,) if isinstance(masked, MaskedInput) else masked.clients
-        blame: Optional[int] = clients[0] if len(clients) == 1 else None
+        blame: Optional[int] = masked.client if isinstance(masked, MaskedInput) else None
         for client in clients:
             if client not in self._shared or client in self._masked:
                 raise SecAggError(f"a masked input from client {client}, who "
                                   + ("sent one already" if client in self._masked
-                                     else "did not share its secrets this round"), client)
+                                     else "did not share its secrets this round"), blame)
         vector = masked.vector
-        if vector.dtype != self._dtype or vector.shape != (self.length,):
+        if vector.dtype != self._dtype or vector.shape != (self.masked_length,):
             raise SecAggError(f"a masked input of {vector.shape} {vector.dtype}; this round's "
-                              f"are ({self.length},) {self._dtype}", blame)
+                              f"are ({self.masked_length},) {self._dtype}", blame)
         if self.params.modulus_bits not in (32, 64) and int(vector.max()) >> self.params.modulus_bits:
             raise SecAggError(f"a masked input with values of {self.params.modulus_bits} bits or "
                               "more", blame)
@@ -267,7 +273,9 @@ class ServerRound:
 
         Refuses (nothing unmasked) when a survivor's self-mask seed or a
         dropped client's mask key has fewer than ``t`` shares among the
-        replies. Raises :class:`SecAggError` naming a holder whose share
+        replies, and (nothing released) when the count check fails
+        (:data:`CHECK_ELEMENTS`). ``total`` is the update's length: the
+        check elements are stripped. Raises :class:`SecAggError` naming a holder whose share
         rebuilt a secret that fails its commitment (its reply is discarded;
         call again).
         """
@@ -289,10 +297,11 @@ class ServerRound:
         rebuilt_seeds = {o: self._rebuild(o, s, self._seed_ok) for o, s in seeds.items()}
         rebuilt_keys = {o: self._rebuild(o, s, self._key_ok) for o, s in keys.items()}
         bits = self.params.modulus_bits
+        size = self.masked_length
         total = self._sum.copy()
-        scratch = np.empty(self.length, dtype=self._dtype)
+        scratch = np.empty(size, dtype=self._dtype)
         for owner in sorted(rebuilt_seeds):
-            sub_mod(total, mask_vector(rebuilt_seeds[owner], self.length, bits, out=scratch), bits,
+            sub_mod(total, mask_vector(rebuilt_seeds[owner], size, bits, out=scratch), bits,
                     out=total)
         for gone in sorted(rebuilt_keys):
             for survivor in self._shared[gone]:
@@ -300,11 +309,20 @@ class ServerRound:
                     continue
                 shared = agree(rebuilt_keys[gone], self._adverts[survivor].mask_key)
                 mask = mask_vector(derive(shared, self.round_seed, PAIRWISE, gone, survivor),
-                                   self.length, bits, out=scratch)
+                                   size, bits, out=scratch)
                 # The survivor added the pair's mask if its id is the smaller one.
                 (sub_mod if survivor < gone else add_mod)(total, mask, bits, out=total)
+        contributors = tuple(sorted(self._masked))
+        check = total[self.length:]
+        if not (check == len(contributors) % (1 << bits)).all():
+            # Masks left over: some input was added under the wrong clients.
+            raise RefusedError(
+                f"the unmasked sum fails its count check ({check.tolist()} where each client "
+                f"adds 1, {len(contributors)} contributors): a masked sum was counted under the "
+                "wrong clients (a relay or worker misreported whose inputs it added), or a "
+                "client sent a malformed input; the sum is not released")
         self._stage = 4
-        return SecAggResult(total, tuple(sorted(self._masked)), self._dropped)
+        return SecAggResult(total[:self.length], contributors, self._dropped)
 
     def _seed_ok(self, owner: int, secret: bytes) -> bool:
         return seed_commitment(secret, self.round_seed, owner) == \

@@ -48,7 +48,7 @@ from meshkit.errors import MeshError, RefusedError
 from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
                             Roster, SealedShares, SecAggError, SecAggParams, ShareDelivery,
                             UnmaskRequest,
-                            add_mod, neighbours, quantize, vector_dtype)
+                            add_mod, masked_length, neighbours, quantize, vector_dtype)
 from meshkit.train._messages import ADVERT_SIZE
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
@@ -186,7 +186,7 @@ class SecureClients:
                 raise MeshError(f"a share delivered for client {recipient}, not one of "
                                 f"{clients}")
             inbox[int(recipient)].append(SealedShares(int(sender), int(recipient), bytes(row)))
-        total = np.zeros(self.length, dtype=vector_dtype(bits))
+        total = np.zeros(masked_length(self.length), dtype=vector_dtype(bits))
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
         done, refused = [], []

@@ -58,3 +58,12 @@ def test_adding_and_subtracting_a_mask_gives_the_input_back(bits: int) -> None:
     assert np.array_equal(sub_mod(masked, mask, bits), x)
     expected = [(int(a) + int(b)) % 2 ** bits for a, b in zip(x, mask)]
     assert masked.tolist() == expected
+
+
+def test_a_mask_longer_than_one_chunk_is_one_keystream() -> None:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+    seed = bytes([5]) * 32
+    length = (1 << 20) + 3  # 4 MiB + 12 bytes of uint32: past the first chunk
+    stream = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor().update(
+        bytes(4 * length))
+    assert np.array_equal(mask_vector(seed, length, 32), np.frombuffer(stream, "<u4"))

@@ -28,6 +28,14 @@ def test_the_levels_leave_headroom_for_every_client_at_once() -> None:
         assert (clients + 1) * params.levels >= 2 ** bits - clients
 
 
+def test_levels_stop_where_float64_stops_holding_integers() -> None:
+    from meshkit.secagg import quantize
+    params = SecAggParams(clients=3, degree=0, threshold=1, clip_range=1.0, modulus_bits=64)
+    assert params.levels == 2 ** 53
+    top = quantize([5.0], params)
+    assert top.dtype == "uint64" and int(top[0]) == 2 ** 53
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("threshold", 0, "threshold must be 1 to"),
     ("threshold", 11, "threshold must be 1 to"),

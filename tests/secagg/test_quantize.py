@@ -48,3 +48,9 @@ def test_a_non_finite_update_is_an_error_never_a_quantised_value(params: SecAggP
         quantize(np.array([0.0, np.nan]), params)
     with pytest.raises(AggregationError):
         quantize(np.array([np.inf]), params)
+
+
+def test_quantising_leaves_the_callers_array_alone(params: SecAggParams) -> None:
+    x = np.array([-2.0, 0.1, 3.0])
+    quantize(x, params)
+    assert x.tolist() == [-2.0, 0.1, 3.0]

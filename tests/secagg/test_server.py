@@ -6,6 +6,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshkit import ProtocolError, RefusedError
 from meshkit.secagg import (ClientRound, MaskedInput, MaskedSum, SecAggError, SecAggParams,
@@ -229,3 +231,58 @@ def test_a_small_order_public_key_is_refused_when_advertised(round_seed: bytes) 
         server.receive_advert(type(honest)(0, honest.share_key, bytes(32), honest.seed_commitment))
     assert caught.value.client == 0
     server.receive_advert(honest)
+
+
+def test_a_relays_sum_naming_a_stranger_is_blamed_on_no_client(round_seed: bytes) -> None:
+    params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=20)
+    ups = {c: np.zeros(4, np.uint32) for c in range(4)}
+    clients, server, masked = _masked_stage(params, ups, round_seed)
+    with pytest.raises(SecAggError, match="did not share") as caught:
+        server.receive_masked(MaskedSum((0, 9), masked[0].vector))
+    assert caught.value.client is None  # the relay's fault: the engine names its rank
+    server.receive_masked(masked[0])
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(drops=st.lists(st.sampled_from(["stay"] * 9 + ["before sharing", "after masking",
+                                       "before unmasking"]), min_size=10, max_size=10))
+def test_whoever_drops_when_the_sum_is_exact_or_refused(drops: list[str]) -> None:
+    # About half of these rounds keep enough neighbours to unmask, half refuse.
+    params = SecAggParams(clients=10, degree=6, threshold=4, clip_range=1.0, modulus_bits=24)
+    ups = {c: np.full(8, c + 1, np.uint32) for c in range(10)}
+    at = {stage: [c for c, d in enumerate(drops) if d == stage] for stage in set(drops)}
+    try:
+        run = simulate_round(params, ups, b"any dropouts",
+                             drop_before_sharing=at.get("before sharing", []),
+                             drop_after_masking=at.get("after masking", []),
+                             drop_before_unmasking=at.get("before unmasking", []))
+    except RefusedError:
+        return
+    gone = set(at.get("before sharing", [])) | set(at.get("after masking", []))
+    assert not set(run.result.contributors) & gone
+    assert run.result.total.tolist() == [sum(c + 1 for c in run.result.contributors)] * 8
+
+
+@pytest.mark.parametrize("listed,added", [((0, 1), (0, 1, 2)), ((0, 1, 2), (0, 1))],
+                         ids=["a client added but not listed", "a client listed but not added"])
+def test_a_sum_counted_under_the_wrong_clients_fails_its_check_and_is_not_released(
+        listed: tuple[int, ...], added: tuple[int, ...], round_seed: bytes) -> None:
+    params = SecAggParams(clients=6, degree=0, threshold=3, clip_range=1.0, modulus_bits=32)
+    ups = {c: np.full(5, 10 + c, np.uint32) for c in range(6)}
+    clients, server, masked = _masked_stage(params, ups, round_seed)
+    relay = masked[added[0]].vector.copy()
+    for c in added[1:]:
+        add_mod(relay, masked[c].vector, 32, out=relay)
+    server.receive_masked(MaskedSum(listed, relay))  # the relay misreports whom it added
+    for c in (3, 4, 5):
+        server.receive_masked(masked[c])
+    for c, request in server.unmask_requests().items():
+        server.receive_unmask(clients[c].unmask(request))
+    with pytest.raises(RefusedError, match="fails its count check"):
+        server.finish()
+
+
+def test_the_result_carries_the_update_only(updates: Updates, round_seed: bytes) -> None:
+    params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=32)
+    run = simulate_round(params, updates(params, 7), round_seed)
+    assert run.result.total.shape == (7,)
