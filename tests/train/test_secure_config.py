@@ -95,3 +95,11 @@ def test_the_shipped_secure_example_checks_and_says_its_table():
     assert build_components(plan)["secure_aggregation"].clip_range == 1.0
     assert ("secure_aggregation: secagg+ [degree='auto', threshold='auto', clip_range=1.0, "
             "modulus_bits=32]") in plan.describe()
+    from click.testing import CliRunner
+
+    from meshkit.cli import main
+
+    checked = CliRunner().invoke(main, ["check", str(example)])
+    assert checked.exit_code == 0, checked.output
+    assert "aggregation: secure (secagg+): the coordinator unmasks one sum a round" in \
+        checked.output
