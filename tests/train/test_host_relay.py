@@ -137,7 +137,8 @@ def flat_result(state, clients=8):
     ctx = StrategyContext(task=synthetic(), aggregator=meshkit.plugins.create(
         "aggregator", "fedavg"), pool=LocalPool.of(synthetic, ranks), workers=ranks,
         rng=np.random.default_rng(0), timeout=30.0)
-    # The flat star's per-client fold: what the relays' partials are compared with.
+    # The flat star's round-robin plan and float32 fold, which relays follow
+    # (a batched round plans contiguous batches and sums exactly).
     return fold_round(ctx, fits(clients), state=state, batch=False)
 
 
