@@ -6,6 +6,7 @@ Run (from the repository root, in the dev venv; Flower's side needs
     python benchmarks/population.py                         # the figure: N = 100,000, 1,000 rounds
     python benchmarks/population.py --rounds 50 --flat      # quick, plus cost per round at 10k/100k/1M
     python benchmarks/population.py --skip-flower --rounds 20 --clients 1000   # a smoke run
+    python benchmarks/population.py --flat-only --rounds 40 --trials 2   # sizes interleaved
 
 The job: ``synthetic-federated`` with alpha = beta = 1 (LEAF's
 synthetic(1, 1): 60 features, 10 classes, LEAF's per-client counts), its
@@ -283,6 +284,9 @@ def main() -> None:
                         help="how long Flower may run (default: meshkit's wall time)")
     parser.add_argument("--flat", action="store_true",
                         help="also meshkit's cost per round at 10k, 100k and 1M clients")
+    parser.add_argument("--flat-only", action="store_true", help="only the --flat cells")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="--flat: cycles over the three sizes, interleaved (load drifts)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--flower-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--progress", help=argparse.SUPPRESS)
@@ -293,10 +297,12 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     results = []
     with tempfile.TemporaryDirectory(prefix="meshkit-population-") as tmp:
-        mesh = run_meshkit(args.clients, args.rounds, args.workers, Path(tmp))
-        results.append(mesh)
-        print(_line(mesh), flush=True)
-        if not args.skip_flower:
+        mesh = None
+        if not args.flat_only:
+            mesh = run_meshkit(args.clients, args.rounds, args.workers, Path(tmp))
+            results.append(mesh)
+            print(_line(mesh), flush=True)
+        if mesh is not None and not args.skip_flower:
             flower = run_flower(args.clients, args.rounds,
                                 args.flower_seconds or mesh["wall"], Path(tmp))
             results.append(flower)
@@ -305,12 +311,19 @@ def main() -> None:
                   f"{flower['round']['median'] / mesh['round']['median']:.1f}x "
                   f"(Flower ran {flower['rounds']} of {args.rounds} rounds in the same "
                   f"{flower['wall']:.0f} s)")
-        if args.flat:
+        if args.flat or args.flat_only:
             flat_rounds = min(args.rounds, 100)
-            for n in (10_000, 100_000, 1_000_000):
-                r = run_meshkit(n, flat_rounds, args.workers, Path(tmp))
-                results.append({**r, "side": "flat"})
-                print(_line({**r, "side": "flat"}), flush=True)
+            medians: dict[int, list[float]] = {}
+            for _ in range(args.trials):
+                for n in (10_000, 100_000, 1_000_000):
+                    r = run_meshkit(n, flat_rounds, args.workers, Path(tmp))
+                    results.append({**r, "side": "flat"})
+                    medians.setdefault(n, []).append(r["round"]["median"])
+                    print(_line({**r, "side": "flat"}), flush=True)
+            base = statistics.median(medians[100_000])
+            print("per round, median of trials: " + ", ".join(
+                f"N={n:,} {statistics.median(m) * 1e3:.1f} ms "
+                f"({statistics.median(m) / base:.2f}x of 100k)" for n, m in medians.items()))
     if args.json:
         print(json.dumps(results))
 
