@@ -57,6 +57,9 @@ def train(configs: list[NodeConfig] | str, *, ring_forbidden: bool = False) -> d
     for thread in joiners:
         thread.join(30)
     assert not errors, errors
+    # The torchdist coordinator's connect returns before its workers' links are up; a
+    # run's ranks are the ones it waited for (the runner admits the rest between rounds).
+    groups[0].wait_for_workers(30)
     servers = [threading.Thread(target=serve_trainer, args=(groups[r], SPEC), daemon=True)
                for r in range(1, WORLD)]
     for thread in servers:
