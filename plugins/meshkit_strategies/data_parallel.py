@@ -119,11 +119,11 @@ class DataParallel:
         replies: list[Mapping[str, Any]] = []
         served: dict[int, int] = {}
         for step in range(opts.steps):
-            live = self._replicas(ctx, replicas, state if step == 0 else None,
-                                  f"round {rnd} step {step + 1}")
+            live = self._replicas(ctx, replicas, state, step, f"round {rnd} step {step + 1}")
             global_step = (rnd - 1) * opts.steps + step
             if ctx.peer_reduce:
                 stepped = self._mesh_step(ctx, live, global_step, f"round {rnd} step {step + 1}")
+                replicas.held = set(live)  # every one of them stepped (or the run stopped)
                 answered.update(live)
                 examples += sum(int(p.get("examples", 0)) for p in stepped)
                 served = dict(enumerate(live))
@@ -154,16 +154,17 @@ class DataParallel:
         return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state,
                                replicas)
 
-    def _replicas(self, ctx: StrategyContext, replicas: Replicas,
-                  model: Mapping[str, Any] | None, label: str) -> list[int]:
+    def _replicas(self, ctx: StrategyContext, replicas: Replicas, state: Mapping[str, Any],
+                  step: int, label: str) -> list[int]:
         """The live ranks for a step, each holding the replicas' model: a live rank that
-        does not is sent it first (``model``, or read back from a replica when None)."""
+        does not is sent it first (the round's ``state`` at its first step, else the
+        replicas' model read back from one of them)."""
         for _ in range(len(ctx.workers) + 1):  # bounded: each pass takes in the new ranks
             live = ctx.require_live(self.options.min_workers, label)
             fresh = [r for r in live if r not in replicas.held]
             if not fresh:
                 return live
-            now = model if model is not None else self._model_now(ctx, replicas, label)
+            now = state if step == 0 else self._model_now(ctx, replicas, state, label)
             # The replicas start no inner optimizer afresh; the newcomer does, as a
             # rank admitted between rounds does (docs/strategies.md).
             replicas.deliver(ctx, fresh, {"op": "set_state", "state": now}, everyone=False)
@@ -178,14 +179,23 @@ class DataParallel:
             raise MeshError(f"{label}: no live rank holds the replicas' model (live: {live})")
         return held[0]
 
-    def _model_now(self, ctx: StrategyContext, replicas: Replicas,
+    def _model_now(self, ctx: StrategyContext, replicas: Replicas, state: Mapping[str, Any],
                    label: str) -> Mapping[str, Any]:
-        """The model the replicas hold mid-round, read back from one of them."""
+        """The model the replicas hold mid-round, read back from one of them; one whose
+        model lacks the round's keys, shapes and dtypes is its protocol error."""
+        expected = signature(state)
         for reader in [r for r in ctx.live if r in replicas.held]:
             reply = ctx.call([(reader, {"op": "get_state"})])[0]
-            if reply.payload is not None:
-                return dict(reply.payload["state"])
-            replicas.held.discard(reader)  # lost: the pool declared it dead
+            replicas.held.discard(reader)  # kept only when its model is handed on
+            if reply.payload is None:
+                continue  # lost: the pool declared it dead
+            try:
+                check_contribution(reply.payload["state"], expected, f"rank {reader}'s model")
+            except ProtocolError as exc:
+                ctx.pool.declare_dead(reader, f"protocol error: {exc}")
+                continue
+            replicas.held.add(reader)
+            return dict(reply.payload["state"])
         raise MeshError(f"{label}: no replica holds the model to hand a newly live rank "
                         f"(live: {ctx.live})")
 

@@ -297,6 +297,24 @@ def test_a_data_parallel_replica_that_never_got_the_model_is_given_it_before_a_s
                           if rank == 3)) == pytest.approx(-1.0)
 
 
+class WrongModel(Trainer):
+    """A replica whose model, read back, has the wrong shape."""
+
+    def handle(self, request):
+        reply = super().handle(request)
+        return {**reply, "state": {"m": np.zeros(2)}} if request["op"] == "get_state" else reply
+
+
+def test_a_replica_whose_model_does_not_fit_is_not_the_one_a_late_rank_is_handed():
+    ctx = late_joiner_ctx(LATE["mid-round", False], mesh=False)
+    ctx.pool.trainers[1] = WrongModel(ctx.task, group=EchoGroup())
+    strategy("data-parallel", rounds=1, steps=2).run(ctx)
+    assert "protocol error" in ctx.dead[1]
+    handed = [req["state"]["m"] for rank, req in ctx.pool.log
+              if rank == 3 and req["op"] == "set_state"]
+    assert handed and np.array_equal(handed[0], [-1.0]), "rank 2's model, after step 1"
+
+
 class LosesAnAck(LocalPool):
     """A pool whose reply to rank 3's set_state is lost without its ledger declaring rank 3
     dead (a host relay's ``fanout`` answer without it: the relay's news comes later)."""
