@@ -89,6 +89,14 @@ class RunTable:
     #: numpy seeds are non-negative (a negative one would fail deep in the run).
     seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     out: str = "runs/meshkit"
+    #: A progress line every this many rounds (and for the last round, and any
+    #: round that lost a worker or a client); metrics.jsonl still gets every round.
+    progress_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    #: Where per-client figures (who served each client, its examples and its own
+    #: evaluation) go: "inline" in each metrics.jsonl row, "file" streamed to
+    #: OUT/clients.jsonl (one line per client and round), or "none".
+    client_metrics: str = attrs.field(default="inline", validator=attrs.validators.in_(
+        ("inline", "file", "none")))
 
 
 @attrs.frozen

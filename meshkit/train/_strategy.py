@@ -207,6 +207,9 @@ class StrategyContext:
     #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);
     #: None: every client honest.
     attack: Any = None
+    #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
+    #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
+    collective: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

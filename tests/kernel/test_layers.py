@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("meshkit.transport",),
     ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.attack",
      "meshkit.privacy"),
-    ("meshkit.node", "meshkit.task"),
+    ("meshkit.node", "meshkit.task", "meshkit.population"),
     ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
     ("meshkit.cli",),
     ("meshkit.testing", "meshkit", "meshkit.__main__"),
