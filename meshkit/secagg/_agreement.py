@@ -1,0 +1,109 @@
+"""Key agreement and share encryption: X25519, HKDF-SHA256, AES-256-GCM.
+
+Each client makes two fresh X25519 key pairs per round (Bonawitz et al.
+2017): the *share* pair, whose agreement with a neighbour keys the AES-GCM
+encryption of the shares it sends that neighbour (so the coordinator that
+routes them reads nothing), and the *mask* pair, whose agreement with a
+neighbour is the pairwise mask seed. Every derived key is HKDF-SHA256 (RFC
+5869) of the raw X25519 value, salted with the round's public seed and
+labelled with its purpose and both ids (smaller first), so no key serves
+two purposes, two pairs or two rounds. The self-mask seed is 32 bytes from
+the OS's CSPRNG; the advert carries a SHA-256 commitment to it, against
+which the coordinator checks the seed it reconstructs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+__all__ = ["KEY_SIZE", "generate_key_pair", "public_key", "agree", "check_public_key", "derive",
+           "seed_commitment", "seal", "PAIRWISE", "SEALING", "open_sealed", "SEALED_OVERHEAD"]
+
+#: Bytes of an X25519 public or private key, and of every derived key.
+KEY_SIZE = 32
+#: What AES-GCM adds to a plaintext: a 12-byte random nonce in front, a 16-byte tag behind.
+SEALED_OVERHEAD = 12 + 16
+_LABEL = b"meshkit/secagg/1 "
+#: HKDF purposes: a pair's mask seed, and the key a pair's shares are sealed under.
+PAIRWISE = b"pairwise mask"
+SEALING = b"share sealing"
+
+
+def generate_key_pair() -> tuple[bytes, bytes]:
+    """A fresh X25519 ``(private, public)`` pair, raw 32 bytes each."""
+    private = X25519PrivateKey.generate()
+    return private.private_bytes_raw(), private.public_key().public_bytes_raw()
+
+
+def public_key(private: bytes) -> bytes:
+    """The raw X25519 public key of a raw private key (how a reconstructed key is checked)."""
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+
+
+def agree(private: bytes, public: bytes) -> bytes:
+    """The raw X25519 value of ``private`` and a peer's ``public``.
+
+    ``ValueError`` for a public key of the wrong length or of small order
+    (an all-zero agreement: a key chosen to force a known seed).
+    """
+    if len(public) != KEY_SIZE:
+        raise ValueError(f"an X25519 public key is {KEY_SIZE} bytes, got {len(public)}")
+    return X25519PrivateKey.from_private_bytes(private).exchange(
+        X25519PublicKey.from_public_bytes(public))
+
+
+# Any private key serves to test a public key: a small-order point agrees to
+# zero with every (clamped) scalar.
+_PROBE = X25519PrivateKey.generate()
+
+
+def check_public_key(public: bytes) -> None:
+    """``ValueError`` unless ``public`` is a 32-byte X25519 key that agrees to a non-zero value."""
+    if len(public) != KEY_SIZE:
+        raise ValueError(f"an X25519 public key is {KEY_SIZE} bytes, got {len(public)}")
+    _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
+
+
+def derive(shared: bytes, round_seed: bytes, purpose: bytes, a: int, b: int) -> bytes:
+    """HKDF-SHA256 of an agreement for ``purpose`` between clients ``a`` and ``b`` (order-free)."""
+    lo, hi = sorted((a, b))
+    info = (_LABEL + purpose + b" " + lo.to_bytes(8, "big", signed=True)
+            + hi.to_bytes(8, "big", signed=True))
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_SIZE, salt=round_seed,
+                info=info).derive(shared)
+
+
+def seed_commitment(seed: bytes, round_seed: bytes, client: int) -> bytes:
+    """SHA-256 commitment to a client's self-mask seed (hiding: the seed is 256 random bits)."""
+    return hashlib.sha256(_LABEL + b"self-mask commitment " + round_seed
+                          + client.to_bytes(8, "big", signed=True) + seed).digest()
+
+
+def _associated(round_seed: bytes, sender: int, recipient: int) -> bytes:
+    return (_LABEL + b"shares " + round_seed + sender.to_bytes(8, "big", signed=True)
+            + recipient.to_bytes(8, "big", signed=True))
+
+
+def seal(key: bytes, plaintext: bytes, round_seed: bytes, sender: int, recipient: int) -> bytes:
+    """AES-256-GCM of ``plaintext`` under ``key``, bound to the round, sender and recipient."""
+    nonce = os.urandom(12)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, _associated(round_seed, sender, recipient))
+
+
+def open_sealed(key: bytes, sealed: bytes, round_seed: bytes, sender: int, recipient: int) -> bytes:
+    """The plaintext of :func:`seal`; ``ValueError`` when it does not authenticate."""
+    if len(sealed) < SEALED_OVERHEAD:
+        raise ValueError("a sealed share is shorter than its nonce and tag")
+    try:
+        return AESGCM(key).decrypt(sealed[:12], sealed[12:],
+                                   _associated(round_seed, sender, recipient))
+    except InvalidTag:
+        raise ValueError("the sealed shares do not authenticate (tampered, misrouted, or "
+                         "sealed under another key)") from None

@@ -1,0 +1,199 @@
+"""A client's side of one SecAgg+ round, as a sans-io state machine.
+
+:class:`ClientRound` takes the coordinator's messages and returns its own;
+it does no I/O and keeps no clock, so the round engine decides how messages
+travel and when a client is late. Its stages, in order (each method once):
+
+1. :meth:`ClientRound.advertise`: fresh key pairs and self-mask seed, the advert;
+2. :meth:`ClientRound.share`: from the roster, the graph, then the
+   self-mask seed and the mask private key split t-of-k among the
+   neighbours, sealed to each;
+3. :meth:`ClientRound.mask`: from the delivered shares (whose senders are
+   the neighbours it masks with), the quantised update plus the self-mask
+   plus the pairwise masks, mod ``2**modulus_bits``;
+4. :meth:`ClientRound.unmask`: for the survivors, the shares of their
+   self-mask seeds; for the dropped, the shares of their mask keys; never
+   both for one client, and nothing when fewer than ``t`` survive.
+
+Sign convention: for neighbours ``u < v`` the pairwise mask is added by
+``u`` and subtracted by ``v``, so the pair's masks cancel in the sum.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Optional
+
+import numpy as np
+
+from meshkit.errors import RefusedError
+from meshkit.secagg._agreement import (PAIRWISE, SEALING, agree, derive, generate_key_pair,
+                                       open_sealed, seal, seed_commitment)
+from meshkit.secagg._graph import neighbours
+from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
+from meshkit.secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
+                                      ShareBundle, ShareDelivery, UnmaskReply, UnmaskRequest)
+from meshkit.secagg._params import SecAggParams, masked_length
+from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_split
+
+__all__ = ["ClientRound"]
+
+
+
+class ClientRound:
+    """One client's part in one round (construct it fresh every round).
+
+    ``params`` the round's parameters, ``client`` this client's id,
+    ``round_seed`` the round's public seed (every party's the same: the
+    graph and the key derivations depend on it), ``length`` the update's
+    number of elements.
+
+    Raises: :class:`SecAggError` (``client`` = the neighbour at fault, or
+    ``None`` for the coordinator) for a message that does not fit the round;
+    :class:`~meshkit.RefusedError` where going on would weaken the
+    guarantee (fewer than ``t`` neighbours, fewer than ``t`` survivors);
+    ``RuntimeError`` for a stage called out of order (a caller's bug).
+    """
+
+    def __init__(self, params: SecAggParams, client: int, round_seed: bytes, length: int) -> None:
+        self.params = params
+        self.client = client
+        self.round_seed = bytes(round_seed)
+        self.length = length
+        self._share_private, self._share_public = generate_key_pair()
+        self._mask_private, self._mask_public = generate_key_pair()
+        self._seed = secrets.token_bytes(SEED_SIZE)
+        self._stage = 0
+        self._adverts: dict[int, KeyAdvert] = {}
+        self._sealing: dict[int, bytes] = {}
+        #: owner -> (share of its self-mask seed, share of its mask key), from the delivery.
+        self._held: dict[int, tuple[bytes, bytes]] = {}
+
+    @property
+    def masked_length(self) -> int:
+        """Elements of this client's masked input: :func:`masked_length` of the update's."""
+        return masked_length(self.length)
+
+    def _advance(self, expected: int, name: str) -> None:
+        if self._stage != expected:
+            raise RuntimeError(f"ClientRound.{name} called out of order (stage {self._stage})")
+        self._stage += 1
+
+    def advertise(self) -> KeyAdvert:
+        """Step 1: this round's public keys and the commitment to the self-mask seed."""
+        self._advance(0, "advertise")
+        return KeyAdvert(self.client, self._share_public, self._mask_public,
+                         seed_commitment(self._seed, self.round_seed, self.client))
+
+    def share(self, roster: Roster) -> ShareBundle:
+        """Step 3: the self-mask seed and mask key, split among the neighbours and sealed to each."""
+        self._advance(1, "share")
+        if roster.client != self.client or self.client not in roster.members:
+            raise SecAggError(f"a roster for client {roster.client} without this client "
+                              f"({self.client}) among its members", None)
+        if len(roster.members) > self.params.clients:
+            raise SecAggError(f"a roster of {len(roster.members)} members for a round of "
+                              f"{self.params.clients}", None)
+        mine = neighbours(self.round_seed, roster.members, self.params.degree)[self.client]
+        got = tuple(a.client for a in roster.adverts)
+        if got != mine:
+            raise SecAggError(f"the roster's adverts are from {list(got)}, not from this client's "
+                              f"neighbours {list(mine)}", None)
+        if len(mine) < self.params.threshold:
+            raise RefusedError(
+                f"client {self.client} has {len(mine)} neighbours, fewer than the threshold "
+                f"{self.params.threshold}: its secrets could not be rebuilt; a round needs more "
+                "clients, or a lower threshold")
+        for advert in roster.adverts:
+            try:
+                key = derive(agree(self._share_private, advert.share_key), self.round_seed,
+                             SEALING, self.client, advert.client)
+            except ValueError as error:
+                raise SecAggError(f"client {advert.client}'s share key: {error}",
+                                  advert.client) from None
+            self._adverts[advert.client] = advert
+            self._sealing[advert.client] = key
+        xs = [v + 1 for v in mine]
+        seed_shares = shamir_split(self._seed, self.params.threshold, xs)
+        key_shares = shamir_split(self._mask_private, self.params.threshold, xs)
+        sealed = tuple(
+            SealedShares(self.client, v, seal(self._sealing[v], s.to_bytes() + k.to_bytes(),
+                                              self.round_seed, self.client, v))
+            for v, s, k in zip(mine, seed_shares, key_shares))
+        return ShareBundle(self.client, sealed)
+
+    def mask(self, delivery: ShareDelivery, update: np.ndarray) -> MaskedInput:
+        """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it.
+
+        The masked vector is :attr:`masked_length` long: the update, then a 1
+        in each of the :data:`CHECK_ELEMENTS` (the coordinator's count check).
+        """
+        self._advance(2, "mask")
+        dtype = vector_dtype(self.params.modulus_bits)
+        if not isinstance(update, np.ndarray) or update.dtype != dtype \
+                or update.shape != (self.length,):
+            raise ValueError(f"the update must be a {dtype} vector of {self.length} elements "
+                             "(see quantize)")
+        if update.size and int(update.max()) > self.params.levels:
+            raise ValueError(f"the update holds values above {self.params.levels}: quantize it "
+                             "for this round's parameters")
+        if delivery.client != self.client:
+            raise SecAggError(f"a share delivery for client {delivery.client}", None)
+        for sealed in delivery.shares:
+            owner = sealed.sender
+            if owner not in self._sealing or sealed.recipient != self.client:
+                raise SecAggError(f"shares from {owner} to {sealed.recipient}: not a neighbour's "
+                                  f"to this client", None)
+            try:
+                plain = open_sealed(self._sealing[owner], sealed.sealed, self.round_seed,
+                                    owner, self.client)
+                seed_share = Share.from_bytes(plain[:SHARE_SIZE])
+                key_share = Share.from_bytes(plain[SHARE_SIZE:])
+            except ValueError as error:
+                raise SecAggError(f"client {owner}'s shares: {error}", owner) from None
+            if seed_share.x != self.client + 1 or key_share.x != self.client + 1:
+                raise SecAggError(f"client {owner}'s shares are for another holder", owner)
+            self._held[owner] = (plain[:SHARE_SIZE], plain[SHARE_SIZE:])
+        if len(self._held) < self.params.threshold:
+            raise RefusedError(
+                f"client {self.client} received shares from {len(self._held)} neighbours, fewer "
+                f"than the threshold {self.params.threshold}; it does not mask with so few")
+        bits = self.params.modulus_bits
+        size = self.masked_length
+        out = np.empty(size, dtype=dtype)
+        out[:self.length] = update
+        out[self.length:] = 1  # the count check (CHECK_ELEMENTS)
+        scratch = np.empty(size, dtype=dtype)
+        add_mod(out, mask_vector(self._seed, size, bits, out=scratch), bits, out=out)
+        for other in sorted(self._held):
+            seed = self._pairwise_seed(other)
+            mask = mask_vector(seed, size, bits, out=scratch)
+            (add_mod if self.client < other else sub_mod)(out, mask, bits, out=out)
+        return MaskedInput(self.client, out)
+
+    def _pairwise_seed(self, other: int) -> bytes:
+        try:
+            shared = agree(self._mask_private, self._adverts[other].mask_key)
+        except ValueError as error:
+            raise SecAggError(f"client {other}'s mask key: {error}", other) from None
+        return derive(shared, self.round_seed, PAIRWISE, self.client, other)
+
+    def unmask(self, request: UnmaskRequest) -> UnmaskReply:
+        """Step 7: shares of the survivors' self-mask seeds and of the dropped's mask keys."""
+        self._advance(3, "unmask")
+        survivors, dropped = set(request.survivors), set(request.dropped)
+        if request.client != self.client or self.client not in survivors:
+            raise SecAggError(f"an unmask request for client {request.client} that does not "
+                              f"count this client ({self.client}) among the survivors", None)
+        if len(survivors) < self.params.threshold:
+            raise RefusedError(
+                f"{len(survivors)} survivors, fewer than the threshold {self.params.threshold}: "
+                f"client {self.client} reveals no share (no partial unmasking)")
+        unaccounted = sorted(set(self._held) - survivors - dropped)
+        if unaccounted:
+            raise SecAggError(f"the unmask request leaves neighbours {unaccounted}, who shared "
+                              "with this client, neither surviving nor dropped", None)
+        seed_shares = tuple((o, self._held[o][0]) for o in sorted(self._held) if o in survivors)
+        key_shares = tuple((o, self._held[o][1]) for o in sorted(self._held) if o in dropped)
+        return UnmaskReply(self.client, seed_shares, key_shares)
+

@@ -1,0 +1,45 @@
+"""The SecAgg+ communication graph: a k-regular Harary graph on a permutation drawn from a public seed.
+
+Bell et al. 2020 (§3, "random Harary graph"): the members are placed on a
+ring in an order drawn from the round's public seed, and each is joined to
+the ``k / 2`` nearest members on either side, so every member has exactly
+``k`` neighbours and a member's neighbourhood is a uniformly random
+``k``-subset of the others. The order is SHA-256(seed || id) sorted (ties
+broken by id), so it depends on nothing but the seed and the ids: every
+party computes the same graph, and the coordinator cannot pick it.
+``degree = 0``, or a degree of at least ``n - 1``, is the complete graph;
+an odd degree is raised by one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+__all__ = ["neighbours"]
+
+
+def neighbours(round_seed: bytes, members: Sequence[int], degree: int) -> dict[int, tuple[int, ...]]:
+    """Each member's neighbours (sorted ids) in the round's graph over ``members``.
+
+    ``members`` are distinct integer ids (any order: the graph depends on
+    the set only); ``degree`` as in :class:`SecAggParams` (0: complete).
+    """
+    ids = sorted(members)
+    if len(set(ids)) != len(ids):
+        raise ValueError("graph members must be distinct")
+    if degree < 0:
+        raise ValueError(f"degree must be >= 0, got {degree}")
+    n = len(ids)
+    k = degree + (degree & 1)
+    if degree == 0 or k >= n - 1:
+        return {member: tuple(other for other in ids if other != member) for member in ids}
+    ring = sorted(ids, key=lambda member: (
+        hashlib.sha256(b"meshkit/secagg graph " + round_seed
+                       + member.to_bytes(8, "big", signed=True)).digest(), member))
+    half = k // 2
+    found: dict[int, tuple[int, ...]] = {}
+    for position, member in enumerate(ring):
+        near = {ring[(position + step) % n] for step in range(-half, half + 1) if step}
+        found[member] = tuple(sorted(near))
+    return found

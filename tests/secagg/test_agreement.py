@@ -1,0 +1,48 @@
+"""Key agreement and sealing: both ends derive one key per purpose, pair and round; seals bind their ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshkit.secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALING, agree, check_public_key,
+                                       derive, generate_key_pair, open_sealed, public_key, seal,
+                                       seed_commitment)
+
+
+def test_both_ends_derive_the_same_key_and_nothing_else_does() -> None:
+    (a_priv, a_pub), (b_priv, b_pub) = generate_key_pair(), generate_key_pair()
+    ab = derive(agree(a_priv, b_pub), b"round", PAIRWISE, 3, 8)
+    assert ab == derive(agree(b_priv, a_pub), b"round", PAIRWISE, 8, 3)
+    assert len(ab) == 32
+    assert ab != derive(agree(a_priv, b_pub), b"round", SEALING, 3, 8)       # purpose
+    assert ab != derive(agree(a_priv, b_pub), b"another", PAIRWISE, 3, 8)    # round
+    assert ab != derive(agree(a_priv, b_pub), b"round", PAIRWISE, 3, 9)      # pair
+
+
+def test_a_seal_opens_only_for_its_round_sender_and_recipient() -> None:
+    key = bytes(range(32))
+    sealed = seal(key, b"shares", b"round", 1, 2)
+    assert len(sealed) == len(b"shares") + SEALED_OVERHEAD
+    assert open_sealed(key, sealed, b"round", 1, 2) == b"shares"
+    for args in [(b"round", 2, 1), (b"round", 1, 3), (b"other", 1, 2)]:
+        with pytest.raises(ValueError, match="do not authenticate"):
+            open_sealed(key, sealed, *args)
+    with pytest.raises(ValueError, match="shorter"):
+        open_sealed(key, sealed[:20], b"round", 1, 2)
+
+
+def test_a_small_order_or_short_public_key_is_refused() -> None:
+    private, public = generate_key_pair()
+    check_public_key(public)
+    assert public_key(private) == public
+    for bad in (bytes(32), b"\x01" + bytes(31), bytes(31)):
+        with pytest.raises(ValueError):
+            check_public_key(bad)
+
+
+def test_the_seed_commitment_binds_the_round_and_the_client() -> None:
+    seed = bytes(32)
+    c = seed_commitment(seed, b"round", 4)
+    assert c != seed_commitment(seed, b"round", 5)
+    assert c != seed_commitment(seed, b"round 2", 4)
+    assert c != seed_commitment(b"\x01" * 32, b"round", 4)
