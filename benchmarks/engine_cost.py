@@ -28,8 +28,14 @@ over trials, with min-max), milliseconds per client (seconds per round /
 clients), and the ratio to each baseline (< 1: this tree is faster). With
 the 50- and 200-client cells, also the marginal cost of a client: the
 slope (t200 - t50) / 150, which leaves out what a round costs whatever its
-client count. This is a benchmark, not a test: it asserts nothing, and its
-numbers depend on the machine and its load.
+client count.
+
+``--in-process`` measures the engine's own cost per client instead, without
+processes or the wire: the round engine over in-process workers
+(``LocalPool``) on ``digits`` with 200 clients on 2 workers, batched and
+flat (``fold_round(..., batch=False)``), minus the same 200 fits run alone
+(best of 5 each). This is a benchmark, not a test: it asserts nothing, and
+its numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -100,6 +106,53 @@ def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
         return statistics.median(r["seconds"] for r in rows[1:])
 
 
+def in_process(clients: int = 200, workers: int = 2, repeat: int = 5) -> None:
+    """The engine's own cost per client, batched and flat (module docstring)."""
+    import time
+
+    import numpy as np
+
+    import meshkit.plugins
+    from meshkit.train import LocalPool, StrategyContext, Work, client_seed, fold_round
+
+    def task() -> Any:
+        return meshkit.plugins.create("task", "digits", {})
+
+    ranks = list(range(1, workers + 1))
+    ctx = StrategyContext(task=task(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+                          pool=LocalPool.of(task, ranks), workers=ranks,
+                          rng=np.random.default_rng(0), timeout=60.0)
+    state = ctx.task.init_state(0)
+    work = [Work(c, {"op": "fit", "shard": c, "shards": clients, "seed": client_seed(1, 1, c)})
+            for c in range(clients)]
+    alone = task()
+    x, y = alone.train_data()
+    bounds = np.linspace(0, len(y), clients + 1).astype(int)  # any cut: only the fits' cost
+
+    def fits() -> None:
+        for c in range(clients):
+            alone.fit(state, x[bounds[c]:bounds[c + 1]], y[bounds[c]:bounds[c + 1]],
+                      seed=client_seed(1, 1, c))
+
+    def best(run: Any) -> float:
+        run()  # warm-up
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    batched = best(lambda: fold_round(ctx, work, state=state))
+    flat = best(lambda: fold_round(ctx, work, state=state, batch=False))
+    only = best(fits)
+    print(f"# in-process, digits, {clients} clients on {workers} workers, best of {repeat}: "
+          f"batched {batched * 1e3:.1f} ms, flat {flat * 1e3:.1f} ms, the fits alone "
+          f"{only * 1e3:.1f} ms", flush=True)
+    print(f"# the engine's own cost per client: batched {(batched - only) / clients * 1e3:.3f} "
+          f"ms, flat {(flat - only) / clients * 1e3:.3f} ms", flush=True)
+
+
 def parse_baseline(text: str) -> tuple[str, str, Path]:
     label, _, where = text.partition("=")
     if not label or not where:
@@ -125,7 +178,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="LABEL=DIR[:PYTHON], repeatable")
     parser.add_argument("--flat", action="store_true",
                         help="also this tree on the flat engine (round_timeout = 3600)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the engine's own cost per client, no processes (docstring)")
     args = parser.parse_args(argv)
+    if args.in_process:
+        in_process()
+        return
 
     trees: list[tuple[str, str, Path, bool]] = [("this", sys.executable, ROOT, False)]
     if args.flat:

@@ -62,7 +62,7 @@ _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "flower", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
     "train", "transport",
-    "wire", "attack", "secagg",
+    "wire", "attack", "population", "simulation", "secagg",
 })
 
 __all__ = [

@@ -7,8 +7,9 @@ the previous round's checkpoint or this one — never a torn file.
 
 Layout: every array leaf of the global state is ``state/<key>``, every
 array leaf of the outer optimizer's ``state_dict()`` is ``outer/<path>``
-(of a stateful aggregator's, ``aggregator/<path>``), each client's own values
-of the local keys (FedBN) ``clients/<client>/<key>``;
+(of a stateful aggregator's, ``aggregator/<path>``; of the strategy's own
+state, ``strategy/<path>``), each client's own values of the local keys
+(FedBN) ``clients/<client>/<key>``;
 ``__meta__`` is a uint8 array holding UTF-8 JSON with the round, the RNG
 state, the JSON leaves (arrays replaced by ``{"__array__": NAME}``) and the
 run's identity (task, strategy, seed) that ``--resume`` checks.
@@ -58,6 +59,9 @@ class Checkpoint:
     aggregator_state: Mapping[str, Any] = attrs.Factory(dict)
     #: The ``[privacy]`` mechanism's state: its accountant's history, its clip norm.
     privacy_state: Mapping[str, Any] = attrs.Factory(dict)
+    #: What the strategy needs beyond the model to continue exactly
+    #: (``StrategyContext.strategy_state``: fedbuff's versions in flight, its clock).
+    strategy_state: Mapping[str, Any] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -105,6 +109,8 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         "aggregator": _to_json(dict(checkpoint.aggregator_state), "aggregator", arrays),
         "privacy": _to_json(dict(checkpoint.privacy_state), "privacy", arrays),
     }
+    if checkpoint.strategy_state:
+        meta["strategy"] = _to_json(dict(checkpoint.strategy_state), "strategy", arrays)
     if checkpoint.clients:
         meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
     for name, array in arrays.items():
@@ -185,6 +191,7 @@ def _read(file: Path) -> Checkpoint:
         clients=_from_json(meta.get("clients") or {}, arrays),
         aggregator_state=_from_json(meta.get("aggregator") or {}, arrays),
         privacy_state=_from_json(meta.get("privacy") or {}, arrays),
+        strategy_state=_from_json(meta.get("strategy") or {}, arrays),
     )
 
 
@@ -194,8 +201,8 @@ _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it
 #: The header fields that hold JSON objects; "report", "dtypes", "clients",
 #: "aggregator" and "privacy" may be absent.
 _OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "aggregator",
-            "privacy")
-_OPTIONAL = ("report", "dtypes", "clients", "aggregator", "privacy")
+            "privacy", "strategy")
+_OPTIONAL = ("report", "dtypes", "clients", "aggregator", "privacy", "strategy")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:

@@ -23,6 +23,7 @@ from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import closest, structure_options, structure_strict
 from meshkit.partitioner import DEFAULT_PARTITIONER
+from meshkit.simulation import Speeds, read_speeds_file
 from meshkit.task import resolve_task_component
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "resolve",
     "check",
     "MIN_SECRET_BYTES",
+    "SimulationTable",
 ]
 
 LAUNCHES = ("local", "external")
@@ -89,6 +91,14 @@ class RunTable:
     #: numpy seeds are non-negative (a negative one would fail deep in the run).
     seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     out: str = "runs/meshkit"
+    #: A progress line every this many rounds (and for the last round, and any
+    #: round that lost a worker or a client); metrics.jsonl still gets every round.
+    progress_every: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    #: Where per-client figures (who served each client, its examples and its own
+    #: evaluation) go: "inline" in each metrics.jsonl row, "file" streamed to
+    #: OUT/clients.jsonl (one line per client and round), or "none".
+    client_metrics: str = attrs.field(default="inline", validator=attrs.validators.in_(
+        ("inline", "file", "none")))
 
 
 @attrs.frozen
@@ -157,7 +167,7 @@ _SELECTED_TABLES = {
     "outer_optimizer": ("outer_optimizer", "average"),
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
-                 "task", "transport", "observers", "attack", "privacy")
+                 "task", "transport", "observers", "attack", "privacy", "simulation")
 #: Tables written as arrays of tables (``[[observers]]``): one selection per entry.
 _ARRAY_TABLES = ("observers",)
 
@@ -201,6 +211,42 @@ def _attack_table(options: dict[str, Any], path: str) -> AttackTable:
                        clients=tuple(clients or ()), fraction=float(fraction or 0.0))
 
 
+def _sigma(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and 0 <= value <= 10):
+        raise ValueError(f"sigma must be a number from 0 to 10, got {value}")
+
+
+def _clock(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value != "virtual":
+        raise ValueError(f"clock = {value!r}: the only clock is \"virtual\" (real time needs "
+                         f"no [simulation] table)")
+
+
+def _speeds(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value != "lognormal":
+        raise ValueError(f"speeds = {value!r}: durations are \"lognormal\" (with sigma), or "
+                         f"come from a speeds_file")
+
+
+@attrs.frozen
+class SimulationTable:
+    """``[simulation]``: the virtual clock of a simulated federation (docs/async.md).
+
+    Durations are lognormal (``sigma``, default 1.0; median 1 simulated
+    second) unless ``speeds_file`` names a ``client,seconds`` CSV
+    (:mod:`meshkit.simulation`).
+    """
+
+    #: The only clock this table configures (real time needs no table).
+    clock: str = attrs.field(default="virtual", validator=_clock)
+    #: How client durations are drawn: "lognormal" (the one distribution).
+    speeds: str = attrs.field(default="lognormal", validator=_speeds)
+    #: The lognormal's sigma (default 1.0); not with speeds_file.
+    sigma: float | None = attrs.field(default=None, validator=_sigma)
+    #: A CSV of ``client,seconds`` lines instead of drawn durations.
+    speeds_file: str = ""
+
+
 @attrs.frozen
 class Config:
     """A parsed config file. Selections are not yet checked against plugins."""
@@ -222,6 +268,24 @@ class Config:
     attack: AttackTable | None = None
     #: ``[privacy]``: the differential-privacy mechanism of a federated run (None: none).
     privacy: Selection | None = None
+    #: ``[simulation]``: the virtual clock (None: real time).
+    simulation: SimulationTable | None = None
+
+    def speeds(self) -> Speeds | None:
+        """The ``[simulation]`` clients' durations (None without the table); a
+        speeds file is read here, so a bad one is refused before the run starts."""
+        table = self.simulation
+        if table is None:
+            return None
+        if table.speeds_file:
+            if table.sigma is not None:
+                raise ConfigError(
+                    f"{self.path}: [simulation] sigma: durations come from speeds_file = "
+                    f"{table.speeds_file!r}, so sigma would do nothing; drop one of them")
+            where = f"{self.path}: [simulation] speeds_file"
+            return Speeds(seed=self.run.seed, table=read_speeds_file(table.speeds_file, where),
+                          source=where)
+        return Speeds(seed=self.run.seed, sigma=1.0 if table.sigma is None else table.sigma)
 
     def selections(self) -> list[Selection]:
         chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
@@ -307,6 +371,7 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
 
     run = strict(RunTable, "run")
     mesh = strict(MeshTable, "mesh")
+    simulation = strict(SimulationTable, "simulation") if "simulation" in data else None
 
     selections: dict[str, Selection] = {}
     for name, (kind, default) in _SELECTED_TABLES.items():
@@ -342,7 +407,7 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         observers.append(Selection("observer", chosen, options, where))
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
-                  privacy=privacy,
+                  privacy=privacy, simulation=simulation,
                   **selections)
 
 
@@ -388,6 +453,9 @@ class Plan:
                 line += (f" on clients {list(cfg.attack.clients)}" if cfg.attack.clients
                          else f" on fraction {cfg.attack.fraction:g} of the clients")
             lines.append(line)
+        speeds = cfg.speeds()
+        if speeds is not None:
+            lines.append(f"simulation: virtual clock, {speeds.describe()}")
         for component, opts in self.observers:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"

@@ -216,6 +216,10 @@ class FixedPartial:
         left = sorted(prefix + key for prefix, entries in pending.items() for key in entries)
         if left:
             raise bad(f"unknown or unmatched entries {left[:5]}")
+        # The result gives the keys in the order the partial listed them (the model's).
+        listed = {name.partition(":")[2]: None for name in wire
+                  if isinstance(name, str) and name[:2] in (_SUM, _EXACT, _JSON)}
+        partial.order = [key for key in listed if key in set(partial.order)]
         return partial
 
     def matches(self, signature: Mapping[str, Any]) -> str | None:
@@ -716,7 +720,7 @@ def _owned(array: np.ndarray) -> np.ndarray:
     """``array`` itself when this sum may add into it in place, else a copy."""
     if array.flags.c_contiguous and array.flags.writeable and array.base is None:
         return array
-    return np.ascontiguousarray(array).copy()
+    return np.array(array, copy=True, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
 
 
 def _mean(sums: np.ndarray, mass: float, dtype: np.dtype) -> np.ndarray:

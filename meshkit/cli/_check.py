@@ -44,14 +44,20 @@ def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
             return []
         return [f"clients: one per worker, each on its node's own data ([partitioner] {name}); "
                 f"the coordinator does not see their examples"]
-    return [f"clients: {len(shares)} ([partitioner] {name})",
-            *(f"  {share.describe()}" for share in shares)]
+    if shares.sampled:
+        return [f"clients: {shares.count} ({shares.source}); {shares.sampled}: "
+                f"{shares.summary()}",
+                *(f"  {share.describe()}" for share in shares.shares[:10]),
+                *([f"  ... {len(shares.shares) - 10} more sampled"]
+                  if len(shares.shares) > 10 else [])]
+    return [f"clients: {shares.count} ({shares.source})",
+            *(f"  {share.describe()}" for share in shares.shares)]
 
 
 def _aggregation_memory(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
     """What the aggregator holds on the coordinator per round: every contribution, or O(model)."""
     shares = parts["clients"]
-    clients = len(shares) if shares is not None else plan.config.mesh.workers
+    clients = shares.count if shares is not None else plan.config.mesh.workers
     holds = holds_every_contribution(parts["aggregator"])
     model = parts["model"].nbytes
     return {"holds_every_contribution": holds, "contributions": clients if holds else 1,
@@ -116,7 +122,9 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "attack": (None if parts.get("attack") is None else
                    {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
-                    else [share.to_json() for share in parts["clients"]]),
+                    else [share.to_json() for share in parts["clients"].shares]),
+        "client_count": None if parts["clients"] is None else parts["clients"].count,
+        "clients_sampled": None if parts["clients"] is None else parts["clients"].sampled,
         "privacy": parts.get("privacy_plan"),
         "observers": [
             {"name": component.name,

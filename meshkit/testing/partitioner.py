@@ -12,7 +12,9 @@ parts are ascending int arrays, a split is a pure function of (labels,
 clients, seed) -- the same seed gives the same parts, also from a fresh
 instance, and the labels array is not modified -- and, when ``seeded`` is
 true, another seed gives another split. A partitioner with ``per_node``
-(each node's data is one client) is checked with one client.
+(each node's data is one client) is checked with one client. One with the
+lazy form (``client_rows``) must give each client, computed alone by a
+fresh instance, exactly its part of ``split``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from meshkit.partitioner import check_split, is_per_node
+from meshkit.partitioner import check_split, is_lazy, is_per_node
 from meshkit.testing.support import ContractBase
 
 __all__ = ["PartitionerContract"]
@@ -83,3 +85,15 @@ class PartitionerContract(ContractBase):
         a = partitioner.split(labels, clients, seed=0)
         b = partitioner.split(labels, clients, seed=1)
         assert any(not np.array_equal(x, y) for x, y in zip(a, b))
+
+    def test_one_client_computed_alone_is_its_part_of_the_split(self) -> None:
+        if not is_lazy(self.make()):
+            pytest.skip("does not apply: no client_rows (the partitioner splits eagerly)")
+        labels = self._labels()
+        clients = self._clients(self.make())
+        parts = self.make().split(labels, clients, seed=3)
+        for client in reversed(range(clients)):  # the last first: no earlier client asked
+            alone = self.make().client_rows(labels, clients, client, seed=3)
+            np.testing.assert_array_equal(
+                np.asarray(alone), parts[client],
+                err_msg=f"client_rows(client={client}) differs from split()[{client}]")

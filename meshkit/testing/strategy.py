@@ -80,6 +80,10 @@ class StrategyContract(ContractBase):
     #: gradients) the coordinator may hold at once among their replies.
     memory_workers: ClassVar[int] = 8
     max_held: ClassVar[int] = DEFAULT_WINDOW + 2
+    #: The virtual clock's durations handed to the strategy (a
+    #: :class:`meshkit.simulation.Speeds`; None: real time). An asynchronous
+    #: strategy is order-independent only on the clock.
+    speeds: ClassVar[Any] = None
 
     # -- building a context --------------------------------------------------
 
@@ -107,7 +111,7 @@ class StrategyContract(ContractBase):
             rng=np.random.default_rng(seed), seed=seed,
             outer=self._create("outer_optimizer", self.outer_optimizer),
             outer_name=self.outer_optimizer, strategy_name=self.component or "",
-            timeout=30.0, on_round=_Recorder(on_round))
+            timeout=30.0, on_round=_Recorder(on_round), speeds=self.speeds)
         return ctx
 
     @property

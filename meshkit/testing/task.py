@@ -21,7 +21,10 @@ shards (fedavg refuses integers that differ);
 the wire unchanged. When the task offers them, the data-parallel pair
 (``gradients`` then ``apply``) and the model-parallel pair (``stages`` then
 ``run_stage``) are checked too; otherwise those tests are skipped as not
-applicable.
+applicable. So is a population (:mod:`meshkit.population`): its size is a
+positive int, ``client_data(c)`` pairs its rows and is a pure function of the
+options and ``c`` (the last client, made first by a fresh task, is the same
+as made after the others), and a client out of range is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 import pytest
 
 from meshkit import wire
+from meshkit.population import is_population
 from meshkit.state import validate_state
 from meshkit.task import create_task
 from meshkit.testing import make_plugin_set
@@ -315,3 +319,26 @@ class TaskContract(ContractBase):
             assert len(activation) == len(x), (
                 f"run_stage(..., {stage!r}, ...) turned a batch of {len(x)} rows into "
                 f"{len(activation)}")
+
+    # -- a population (optional) -----------------------------------------------------
+
+    def test_a_population_makes_each_client_alone_from_its_number(self) -> None:
+        task = self.make()
+        if not is_population(task):
+            pytest.skip("not a population: no population() and client_data()")
+        size = task.population()
+        assert isinstance(size, int) and not isinstance(size, bool) and size >= 1, (
+            f"population() must be a positive int, got {size!r}")
+        last = size - 1
+        x, y = task.client_data(last)  # first thing this task makes
+        assert len(x) == len(y) >= 1, (
+            f"client_data({last}): {len(x)} inputs, {len(y)} targets; they must pair")
+        other = self.make()
+        for c in range(min(size, 3)):
+            other.client_data(c)
+        x2, y2 = other.client_data(last)
+        assert np.array_equal(x, x2) and np.array_equal(y, y2), (
+            f"client_data({last}) depends on what was made before it: a client must be a "
+            f"pure function of the task's options and its number")
+        with pytest.raises(Exception, match=str(size)):
+            task.client_data(size)

@@ -28,6 +28,8 @@ One idea per module:
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
   :func:`run`);
 * ``_launch`` — the local worker processes and their per-run secret;
+* ``_collective`` — a round every rank plays: its slice of the cohort, one
+  exact partial, one all-reduce (:class:`PartialReducer`, :func:`cohort_slice`);
 * ``_artifacts`` — what a run leaves in ``out``: ``metrics.jsonl``,
   ``summary.json``, ``report.png``.
 
@@ -36,6 +38,7 @@ Strategy plugins import from here, never from a ``_private`` module.
 
 from __future__ import annotations
 
+from meshkit.train._collective import PartialReducer, check_collective, cohort_slice
 from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
 from meshkit.train._engine import (
     DEFAULT_WINDOW,
@@ -161,4 +164,8 @@ __all__ = [
     "signature",
     # local launches
     "free_ports",
+    # collective runs: every rank plays its slice of the round (meshkit/train/_collective.py)
+    "PartialReducer",
+    "cohort_slice",
+    "check_collective",
 ]

@@ -3,6 +3,9 @@
 * ``metrics.jsonl`` — one line per finished round (:meth:`RoundReport.to_json`),
   appended and flushed as the round completes; a resumed run first keeps
   only the lines its checkpoint covers (:func:`truncate_metrics`);
+* ``clients.jsonl`` — with ``[run] client_metrics = "file"``, each round's
+  per-client figures, one line per client (:func:`split_clients`), streamed
+  instead of inline in the round's line;
 * ``summary.json`` — how the run ended (:meth:`RunReport.to_json`);
 * ``report.png`` — the metrics drawn round by round, when matplotlib is
   installed.
@@ -33,6 +36,9 @@ __all__ = [
     "append_metrics",
     "read_metrics",
     "truncate_metrics",
+    "split_clients",
+    "append_clients",
+    "CLIENTS_NAME",
     "write_summary",
     "plot",
     "figure",
@@ -41,6 +47,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
+#: Per-client figures with ``[run] client_metrics = "file"``: one line per client and round.
+CLIENTS_NAME = "clients.jsonl"
+#: The fields of a round's metrics line that hold one entry per client of the round.
+PER_CLIENT_FIELDS = ("served", "client_examples", "client_metrics")
 REPORT_NAME = "report.png"
 SUMMARY_NAME = "summary.json"
 
@@ -48,7 +58,7 @@ SUMMARY_NAME = "summary.json"
 def clear_results(out: Path) -> None:
     """Start ``out`` afresh: an empty metrics file, no checkpoint, plot or summary."""
     (out / METRICS_NAME).write_text("")
-    for stale in (CHECKPOINT_NAME, REPORT_NAME, SUMMARY_NAME):
+    for stale in (CHECKPOINT_NAME, REPORT_NAME, SUMMARY_NAME, CLIENTS_NAME):
         (out / stale).unlink(missing_ok=True)
 
 
@@ -56,6 +66,36 @@ def append_metrics(out: Path, line: Mapping[str, Any]) -> None:
     """Append one round's line, on disk before this returns."""
     with open(out / METRICS_NAME, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def split_clients(line: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A round's metrics line without its per-client fields, and those as one line per client.
+
+    Each client line is ``{"round", "client", "rank", "examples", <its metrics>...}``
+    (``rank`` and ``examples`` absent when the round did not record them).
+    """
+    slim = {k: v for k, v in line.items() if k not in PER_CLIENT_FIELDS}
+    served = line.get("served", {})
+    examples = line.get("client_examples", {})
+    metrics = line.get("client_metrics", {})
+    rows = []
+    for client in sorted({*served, *examples, *metrics}, key=int):
+        row: dict[str, Any] = {"round": line.get("round"), "client": int(client)}
+        if client in served:
+            row["rank"] = served[client]
+        if client in examples:
+            row["examples"] = examples[client]
+        row.update(metrics.get(client, {}))
+        rows.append(row)
+    return slim, rows
+
+
+def append_clients(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Append a round's per-client lines to ``OUT/clients.jsonl`` (streamed: nothing is kept)."""
+    with open(out / CLIENTS_NAME, "a", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -117,6 +157,28 @@ def truncate_metrics(out: Path, last_round: int,
     if last_report and recorded < last_round == last_report.get("round"):
         kept.append(json.dumps(dict(last_report)))
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    _truncate_clients(out / CLIENTS_NAME, last_round)
+
+
+def _truncate_clients(path: Path, last_round: int) -> None:
+    """Keep the per-client lines of rounds the checkpoint covers, line by line (streamed).
+
+    A crash between the checkpoint and these lines loses that round's
+    per-client lines; its metrics line (from the checkpoint) still counts them.
+    """
+    if not path.exists():
+        return
+    partial = path.with_name(path.name + ".part")
+    with open(path, encoding="utf-8") as src, open(partial, "w", encoding="utf-8") as dst:
+        for line in src:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash
+            if isinstance(row, dict) and isinstance(row.get("round"), int) \
+                    and row["round"] <= last_round:
+                dst.write(line if line.endswith("\n") else line + "\n")
+    os.replace(partial, path)
 
 
 def write_summary(out: Path, summary: Mapping[str, Any]) -> None:

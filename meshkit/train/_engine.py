@@ -72,6 +72,7 @@ import attrs
 
 from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
+from meshkit.train._collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._batched import batch_applies, fold_batched, raise_failure
@@ -215,6 +216,11 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
+    if getattr(ctx, "collective", None) is not None and fold is None:
+        # Every rank plays the round: its slice, one exact partial, one all-reduce.
+        return fold_collectively(ctx, work, state=state, weight=weight, window=window,
+                                 label=label, serve=fold_round, folded_type=Folded,
+                                 unsupported=bool(deadline or local or ctx.attack))
     # The round's global state is the reference a rule on updates measures from.
     attack = getattr(ctx, "attack", None) if fold is None else None
     given = fold is not None

@@ -44,6 +44,7 @@ import attrs
 import numpy as np
 
 from meshkit.errors import MeshError, PeerLostError, ProtocolError
+from meshkit.state import is_array
 from meshkit.train._messages import check_reply
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.transport import Membership
@@ -507,13 +508,17 @@ class LocalPool:
     ``fail(rank, request)`` may return a reason to simulate a lost worker
     (it is then dead for good); ``order``, a ``numpy.random.Generator``,
     picks which worker answers next (default: the oldest request first).
-    ``log`` records every ``(rank, request)`` sent.
+    ``log`` records every ``(rank, request)`` sent. ``direct`` hands each
+    request to its trainer as it is, with no wire round trip and no log (a
+    collective run's own trainer, for every round of a long run); replies
+    are still checked at the boundary.
     """
 
     trainers: dict[int, Trainer]
     fail: Callable[[int, Mapping[str, Any]], str | None] | None = None
     order: np.random.Generator | None = None
     log: list[tuple[int, dict[str, Any]]] = attrs.Factory(list)
+    direct: bool = False
     #: The most whole states (``state``/``gradients`` replies) alive at once.
     peak_held: int = 0
     #: Who is dead here: a ledger of the pool's own, decided where every one is.
@@ -551,7 +556,8 @@ class LocalPool:
 
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         self._seq += 1
-        self.log.append((rank, dict(request)))
+        if not self.direct:
+            self.log.append((rank, dict(request)))
         if rank not in self.trainers:
             self.declare_dead(rank, f"rank {rank} is not a worker of this pool")
         self._queue.setdefault(rank, collections.deque()).append((self._seq, dict(request)))
@@ -580,9 +586,17 @@ class LocalPool:
         if reason:
             self.declare_dead(rank, reason)
             return Reply(rank, None, reason, seq)
-        # Round-trip through the wire encoding, so tests exercise it.
-        reply = decode(encode(self.trainers[rank].handle(decode(encode({**request,
-                                                                         "seq": seq})))))
+        if self.direct:
+            if request.get("op") == "set_state":
+                # The trainer's own copy, as a worker process has: nothing a fit does
+                # reaches the caller's model (once a round, not once a client).
+                request = {**request, "state": {k: np.array(v, copy=True) if is_array(v)
+                                                else v for k, v in request["state"].items()}}
+            reply = self.trainers[rank].handle({**request, "seq": seq})
+        else:
+            # Round-trip through the wire encoding, so tests exercise it.
+            reply = decode(encode(self.trainers[rank].handle(decode(encode({**request,
+                                                                             "seq": seq})))))
         try:
             check_reply(request, reply, seq)  # the boundary, as GroupPool's
         except ProtocolError as exc:

@@ -29,6 +29,7 @@ the fixed-function ranks) and the model's size (:class:`ModelSize`).
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -38,7 +39,9 @@ import numpy as np
 
 from meshkit.attack import choose_attackers
 from meshkit.errors import ConfigError, MeshError, RefusedError
-from meshkit.partitioner import DEFAULT_PARTITIONER, is_per_node, label_counts, split_rows
+from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
+                                 rows_of_client, split_rows)
+from meshkit.population import client_rows_of, is_population
 from meshkit.privacy import PLAIN_MEANS
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
@@ -47,7 +50,7 @@ from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
            "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
-           "client_shares"]
+           "client_shares", "ClientShares", "run_clients"]
 
 
 def check_out(cfg: Any) -> None:
@@ -221,28 +224,118 @@ class ClientShare:
                 "labels": {str(k): n for k, n in self.labels.items()}}
 
 
+#: A split of at most this many clients is computed whole by ``check`` (and
+#: shown client by client); a larger one is summarised from a sample.
+CHECK_EVERY_CLIENT = 1000
+#: How many clients a larger split's summary computes (seeded by the run seed).
+SUMMARY_SAMPLE = 100
+
+
+def run_clients(cfg: Any, strategy: Any, partitioner: Any, task: Any) -> int:
+    """How many clients the run has, as the strategy counts them (a population's size)."""
+    count = getattr(strategy, "clients", None)
+    if not callable(count):
+        return int(cfg.mesh.workers)
+    if is_population(task):
+        return int(count(cfg.mesh.workers, partitioner, task))
+    return int(count(cfg.mesh.workers, partitioner))
+
+
+@attrs.frozen
+class ClientShares:
+    """What ``check`` says about the clients: each one's share, or a seeded sample's.
+
+    ``sampled`` is empty when ``shares`` holds every client, else it says
+    which clients were computed and why the others were not.
+    """
+
+    count: int
+    shares: tuple[ClientShare, ...]
+    source: str
+    sampled: str = ""
+
+    def summary(self) -> str:
+        """The examples per client over ``shares``: min, median, max."""
+        examples = sorted(share.examples for share in self.shares)
+        if not examples:
+            return ""
+        return (f"examples per client min {examples[0]}, median "
+                f"{examples[len(examples) // 2]}, max {examples[-1]}")
+
+
 def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
-                  ) -> list[ClientShare] | None:
+                  ) -> ClientShares | None:
     """The split every worker will compute, computed here (so ``check`` shows it and
-    refuses a split that cannot be made); None with ``local`` (each node's own data)."""
+    refuses a split that cannot be made); None with ``local`` (each node's own data).
+
+    A population (:mod:`meshkit.population`) or a split of more than
+    :data:`CHECK_EVERY_CLIENT` clients is summarised from
+    :data:`SUMMARY_SAMPLE` clients drawn with the run seed, each computed
+    alone (a lazy partitioner's ``client_rows``, a population's
+    ``client_data``); an eager partitioner's split is still computed whole
+    once, since that is what its workers compute.
+    """
     if is_per_node(partitioner):
         return None
-    count = getattr(strategy, "clients", None)
-    clients = count(cfg.mesh.workers, partitioner) if callable(count) else cfg.mesh.workers
+    clients = run_clients(cfg, strategy, partitioner, task)
+    name = cfg.partitioner_name
     try:
+        if is_population(task):
+            chosen = _sample(clients, cfg.run.seed)
+            shares = []
+            for c in chosen:
+                _, labels = client_rows_of(task, c, clients)
+                shares.append(_share(c, labels, np.arange(len(labels))))
+            return ClientShares(clients, tuple(shares), source="the task's population",
+                                sampled=_sampled_note(len(chosen), clients, "made"))
         _, labels = task.train_data()
-        if partitioner is None:  # no [partitioner]: the kernel's contiguous blocks
-            parts = [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
+        labels = np.asarray(labels)
+        source = f"[partitioner] {name}"
+        if clients <= CHECK_EVERY_CLIENT or (partitioner is not None and not is_lazy(partitioner)):
+            if partitioner is None:  # no [partitioner]: the kernel's contiguous blocks
+                parts = [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
+            else:
+                parts = split_rows(partitioner, labels, clients, seed=cfg.run.seed, name=name)
+            if clients <= CHECK_EVERY_CLIENT:
+                return ClientShares(clients, tuple(_share(c, labels, rows)
+                                                   for c, rows in enumerate(parts)), source)
+            chosen = _sample(clients, cfg.run.seed)
+            return ClientShares(clients, tuple(_share(c, labels, parts[c]) for c in chosen),
+                                source, sampled=_sampled_note(len(chosen), clients, "shown"))
+        chosen = _sample(clients, cfg.run.seed)
+        if partitioner is None:
+            bounds = shard_bounds(len(labels), clients)
+            rows_of = {c: np.arange(*bounds[c]) for c in chosen}
         else:
-            parts = split_rows(partitioner, labels, clients, seed=cfg.run.seed,
-                               name=cfg.partitioner_name)
+            rows_of = {c: rows_of_client(partitioner, labels, clients, c, seed=cfg.run.seed,
+                                         name=name) for c in chosen}
+        return ClientShares(clients, tuple(_share(c, labels, rows_of[c]) for c in chosen),
+                            source, sampled=_sampled_note(len(chosen), clients, "computed"))
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
-    return [ClientShare(c, len(rows), counts)
-            for c, (rows, counts) in enumerate(zip(parts, label_counts(labels, parts)))]
 
 
-def attack_plan(plan: Any, strategy: Any, partitioner: Any) -> AttackPlan | None:
+def _sample(clients: int, seed: int) -> list[int]:
+    """At most SUMMARY_SAMPLE clients, drawn with the run seed (O(sample), not O(clients))."""
+    if clients <= SUMMARY_SAMPLE:
+        return list(range(clients))
+    rng = np.random.default_rng([seed, 0xC11E])
+    return sorted(int(c) for c in rng.choice(clients, size=SUMMARY_SAMPLE, replace=False))
+
+
+def _sampled_note(sampled: int, clients: int, how: str) -> str:
+    if sampled >= clients:
+        return ""
+    return (f"{sampled} of {clients} clients {how} (drawn with the run seed), each alone; the "
+            f"others are not computed here")
+
+
+def _share(client: int, labels: np.ndarray, rows: np.ndarray) -> ClientShare:
+    return ClientShare(client, len(rows), label_counts(labels, [rows])[0])
+
+
+def attack_plan(plan: Any, strategy: Any, partitioner: Any,
+                task: Any = None) -> AttackPlan | None:
     """The run's ``[attack]``: the attack built and its clients chosen (None: no table)."""
     cfg = plan.config
     if cfg.attack is None:
@@ -252,8 +345,7 @@ def attack_plan(plan: Any, strategy: Any, partitioner: Any) -> AttackPlan | None
             f"{cfg.path}: [attack]: strategy {cfg.strategy.name!r} has no clients to make "
             f"Byzantine (federated has); remove the [attack] table, or poison one node with "
             f"`meshkit node --attack NAME`")
-    count = getattr(strategy, "clients", None)
-    clients = count(cfg.mesh.workers, partitioner) if callable(count) else cfg.mesh.workers
+    clients = run_clients(cfg, strategy, partitioner, task)
     attackers = choose_attackers(clients, explicit=cfg.attack.clients,
                                  fraction=cfg.attack.fraction, seed=cfg.run.seed,
                                  where=f"{cfg.path}: [attack]")
@@ -288,12 +380,12 @@ def check_privacy(cfg: Any, strategy: Any) -> None:
 
 
 def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
-                 rounds: int | None) -> dict[str, Any] | None:
+                 rounds: int | None, task: Any = None) -> dict[str, Any] | None:
     """What a private run will spend: q, m and ε after every configured round."""
     if privacy is None:
         return None
     rate = getattr(strategy, "sampling_rate", None)
-    clients = strategy.clients(cfg.mesh.workers, partitioner)
+    clients = run_clients(cfg, strategy, partitioner, task)
     q = float(rate(clients)) if callable(rate) else 1.0
     total = int(rounds or 0)
     eps = privacy.epsilon_after(q, total) if total else 0.0
@@ -339,6 +431,12 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
     partitioner = plan.create("partitioner") if cfg.partitioner is not None else None
     partitioned = bool(getattr(strategy, "partitioned", False))
+    if is_population(task) and cfg.partitioner is not None:
+        # No option that silently does nothing: a population has no one set to split.
+        raise ConfigError(
+            f"{cfg.path}: [partitioner] name = {cfg.partitioner_name!r}: the task "
+            f"{cfg.run.task!r} is a population, whose clients' data it makes itself, client by "
+            f"client; there is no training set to split. Remove the [partitioner] table")
     if not partitioned and cfg.partitioner_name != DEFAULT_PARTITIONER:
         # No option that silently does nothing: only a federated run has clients.
         raise ConfigError(
@@ -348,11 +446,27 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     privacy = plan.create("privacy") if cfg.privacy is not None else None
     if privacy is not None:
         check_privacy(cfg, strategy)
+    speeds = cfg.speeds()
+    if speeds is not None and not getattr(strategy, "clocked", False):
+        # No option that silently does nothing: only a strategy that orders
+        # arrivals by the clock has any use for it.
+        raise ConfigError(
+            f"{cfg.path}: [simulation]: strategy {cfg.strategy.name!r} does not run on the "
+            f"virtual clock (fedbuff does: it folds updates in the order their simulated "
+            f"fits finish); remove the [simulation] table, or use [strategy] name = "
+            f"\"fedbuff\"")
     check = getattr(strategy, "check", None)
     if callable(check):
-        extra = {"partitioner": partitioner} if partitioned else {}
+        extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
         if privacy is not None:
             extra["privacy"] = privacy
+        # What a strategy's check may ask for by naming it (fedbuff refuses
+        # what it cannot compose with).
+        wants = inspect.signature(check).parameters
+        for name, value in (("speeds", speeds), ("aggregator", cfg.aggregator.name),
+                            ("attack", cfg.attack)):
+            if name in wants:
+                extra[name] = value
         try:
             check(task=task, outer_name=cfg.outer_optimizer.name, workers=cfg.mesh.workers,
                   **extra)
@@ -374,18 +488,21 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "strategy": strategy,
         "task": task,
         "partitioner": partitioner,
-        #: Each client's examples and labels (None: each node's own data, unknown here).
+        #: Each client's examples and labels, or a sample's (:class:`ClientShares`;
+        #: None: each node's own data, unknown here).
         "clients": shares,
         "aggregator": plan.create("aggregator"),
         #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
-        "attack": attack_plan(plan, strategy, partitioner),
+        "attack": attack_plan(plan, strategy, partitioner, task),
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
         #: (q, ε after every configured round) of a private run, else None.
-        "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds),
+        "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds, task),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).
         "observers": build_observers(plan),
         "rng": np.random.default_rng(cfg.run.seed),
+        #: ``[simulation]``: the clients' durations on the virtual clock (None: real time).
+        "speeds": speeds,
         "rounds": None if rounds is None else int(rounds),
         # The model the checks built: resume compares shapes with it and an
         # evaluation-only run evaluates it. A training run lets it go before

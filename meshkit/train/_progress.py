@@ -45,6 +45,10 @@ def format_round(r: Any) -> str:
         line += f"  ({r.partial_means})"
     if getattr(r, "skipped", ""):
         line += f"  (skipped: {r.skipped})"
+    if getattr(r, "staleness", None):  # an asynchronous server step (fedbuff)
+        clock = (f", simulated {r.simulated_time:.1f}s" if r.simulated_time is not None
+                 else "")
+        line += f"  (staleness up to {max(r.staleness)}{clock})"
     return line
 
 

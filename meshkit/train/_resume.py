@@ -51,11 +51,13 @@ def identity(plan: Any) -> dict[str, Any]:
             "aggregator": cfg.aggregator.name, "outer_optimizer": cfg.outer_optimizer.name,
             "partitioner": cfg.partitioner_name,
             "attack": None if cfg.attack is None else cfg.attack.selection.name,
-            "privacy": "" if cfg.privacy is None else cfg.privacy.name}
+            "privacy": "" if cfg.privacy is None else cfg.privacy.name,
+            "simulation": "" if cfg.simulation is None else cfg.simulation.clock}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
-_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None, "privacy": ""}
+_BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None, "privacy": "",
+                           "simulation": ""}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
@@ -138,6 +140,7 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
         _restore_privacy(file, parts["privacy"], ckpt.privacy_state)
     truncate_metrics(out, ckpt.round, ckpt.report)
     parts["client_local"] = dict(ckpt.clients)
+    parts["strategy_state"] = dict(ckpt.strategy_state)
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)

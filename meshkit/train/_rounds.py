@@ -64,15 +64,24 @@ class RoundOutcome:
     late: tuple[int, ...] = ()
     #: Clients whose contribution was attacked (``[attack]``, ``meshkit node --attack``).
     attacked: tuple[int, ...] = ()
+    #: An asynchronous step's staleness histogram, each client's τ and weight, and
+    #: the virtual clock (:class:`RoundReport` has their meaning).
+    staleness: Mapping[int, int] = attrs.Factory(dict)
+    client_staleness: Mapping[int, int] = attrs.Factory(dict)
+    client_weights: Mapping[int, float] = attrs.Factory(dict)
+    simulated_time: float | None = None
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
                play_round: Callable[[StrategyContext, int, Mapping[str, Any]], RoundOutcome],
-               *, on_nonfinite: str = "stop") -> StrategyResult:
+               *, on_nonfinite: str = "stop", hand_state: bool = True) -> StrategyResult:
     """Play rounds ``ctx.start_round + 1 .. rounds``, reporting each; the last state wins.
 
     ``on_nonfinite`` is what a round whose new model is not finite does (the
-    module docstring): ``"stop"`` or ``"skip-round"``.
+    module docstring): ``"stop"`` or ``"skip-round"``. ``hand_state=False``
+    is for a strategy whose every request carries the model it starts from
+    and whose requests stay outstanding between rounds (``fedbuff``): a
+    joined or skipped-round worker is then sent no ``set_state``.
     """
     if on_nonfinite not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
@@ -82,7 +91,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
         ctx.check_stop()
         clock = timed()
         joined = tuple(sorted(ctx.admit()))
-        if joined:
+        if joined and hand_state:
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
         outcome = play_round(ctx, rnd, state)
@@ -101,7 +110,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             skipped = f"non-finite model ({shown}); kept the round {rnd - 1} model"
             # Replicas (data-parallel) hold the model they made: give them the kept one.
             live = ctx.live
-            if live:
+            if live and hand_state:
                 ctx.broadcast(live, {"op": "set_state", "state": state})
             # The evaluation was of the discarded model: not this round's figures.
             # The clients' training happened; its loss stays when it is finite.
@@ -120,7 +129,10 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             not_served=dict(outcome.not_served), late=tuple(outcome.late),
             joined=joined, client_examples=dict(outcome.client_examples),
             client_metrics=dict(outcome.client_metrics), skipped=skipped,
-            partial_means=partial, attacked=tuple(outcome.attacked)), state)
+            partial_means=partial, attacked=tuple(outcome.attacked),
+            staleness=dict(outcome.staleness), client_staleness=dict(outcome.client_staleness),
+            client_weights=dict(outcome.client_weights),
+            simulated_time=outcome.simulated_time), state)
     return StrategyResult(state, rounds, metrics)
 
 

@@ -67,8 +67,10 @@ from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLos
 from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.partitioner import is_per_node
+from meshkit.population import is_population
 from meshkit.pipeline import Stage, run_pipeline
-from meshkit.train._artifacts import append_metrics, plot, write_summary
+from meshkit.train._artifacts import (append_clients, append_metrics, plot, split_clients,
+                                      write_summary)
 from meshkit.train._launch import (
     exited_early,
     logs_dir,
@@ -82,7 +84,9 @@ from meshkit.train._launch import (
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._progress import format_event, format_result
 from meshkit.train._partitions import WorkerIdentity
-from meshkit.train._pool import GroupPool
+from meshkit.train._collective import check_collective
+from meshkit.train._pool import GroupPool, LocalPool
+from meshkit.train._worker import _trainer
 from meshkit.train._preflight import build_components
 from meshkit.train._resume import Start, identity, prepare_out
 from meshkit.train._strategy import REPORT_FIELDS, RoundReport, StrategyContext
@@ -212,6 +216,10 @@ class Runner:
     #: (``meshkit coordinator --discovery``).
     discovery: bool = False
     on_workers: Callable[[Mapping[int, subprocess.Popen]], None] | None = None
+    #: A collective run (:class:`meshkit.train.PartialReducer`): no coordinator and no
+    #: worker processes; this process plays its slice of every round
+    #: (:mod:`meshkit.train._collective`). None: the usual coordinator.
+    collective: Any = None
     on_round: Callable[[Any, Mapping[str, Any]], None] | None = None
     overwrite: bool = False
     heartbeat: float | None = None
@@ -256,6 +264,12 @@ class Runner:
         pset = self.pset if self.pset is not None else plugins.default()
         plan = resolve(config, pset)
         parts = build_components(plan, launch=self.launch)
+        if self.collective is not None:  # what a collective round cannot play, refused now
+            check_collective(strategy=config.strategy.name, aggregator=parts["aggregator"],
+                             privacy=parts["privacy"], attack=parts.get("attack"),
+                             partitioner_local=is_per_node(parts["partitioner"]),
+                             options=getattr(parts["strategy"], "options", None),
+                             where=str(config.path), task=parts["task"])
         self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
                            or "")
         self._join_timeout = config.mesh.join_timeout
@@ -280,10 +294,16 @@ class Runner:
             if parts["rounds"] == 0:
                 self._evaluate_only(plan, parts, out, last_metrics, final_state, pset)
             else:
-                group = self._connect(plan, parts)
-                train_ranks, identities = self._join(plan, group, pset)
-                ctx = self._context(plan, parts, group, train_ranks, identities, start.round,
-                                    out, completed, last_metrics, final_state, pset)
+                if self.collective is not None:
+                    ctx = self._collective_context(plan, parts, start.round, out, completed,
+                                                   last_metrics, final_state, pset)
+                else:
+                    group = self._connect(plan, parts)
+                    train_ranks, identities = self._join(plan, group, pset)
+                    pool, workers, spec = self._group_pool(plan, group, train_ranks)
+                    ctx = self._context(plan, parts, pool, workers, identities, start.round,
+                                        out, completed, last_metrics, final_state, pset)
+                    ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
                 self._start_ticker(ticker, ctx, parts["rounds"], completed)
                 result = parts["strategy"].run(ctx)
                 final_state[0] = result.state
@@ -521,12 +541,9 @@ class Runner:
                                  f"({caps.role}, {caps.platform}) before this round")
         return taken
 
-    def _context(self, plan: Any, parts: dict[str, Any], group: Any, train_ranks: list[int],
-                 identities: list[Any], start_round: int, out: Path, completed: list[int],
-                 last_metrics: dict[str, float], final_state: list[Any],
-                 pset: Any) -> StrategyContext:
+    def _spec(self, plan: Any) -> dict[str, Any]:
+        """The ``train`` job's spec: what every worker builds its trainer from."""
         cfg = plan.config
-        self._timeout = cfg.mesh.timeout
         spec: dict[str, Any] = {"task": cfg.run.task, "task_options": dict(cfg.task.options),
                                 "strategy": cfg.strategy.name, "seed": cfg.run.seed}
         if cfg.partitioner is not None:
@@ -534,7 +551,12 @@ class Runner:
                                    "options": dict(cfg.partitioner.options)}
         if self._device:
             spec["device"] = self._device
-        self._plan_parts = (plan, parts)
+        return spec
+
+    def _group_pool(self, plan: Any, group: Any, train_ranks: list[int]
+                    ) -> tuple[GroupPool, list[int], dict[str, Any]]:
+        """Send the joined workers their job; the pool that reaches them, and the workers."""
+        spec = self._spec(plan)
         for rank in train_ranks:
             send_job(group, rank, self._train_job(rank, spec))
         pool = GroupPool(group, admitted=set(train_ranks))
@@ -542,11 +564,32 @@ class Runner:
         # from the start, so the client count does not change when they come.
         joined = {c.rank for c in self._caps}
         workers = sorted(set(train_ranks) | (set(range(1, self._world)) - joined))
+        return pool, workers, spec
+
+    def _collective_context(self, plan: Any, parts: dict[str, Any], start_round: int,
+                            out: Path, completed: list[int], last_metrics: dict[str, float],
+                            final_state: list[Any], pset: Any) -> StrategyContext:
+        """Every rank plays the round (:mod:`meshkit.train._collective`): this rank's own
+        trainer, in process, is its one worker; the reducer sums the ranks' partials."""
+        rank = int(self.collective.rank)
+        pool = LocalPool({rank: _trainer(self._spec(plan))}, direct=True)
+        ctx = self._context(plan, parts, pool, [rank], [], start_round, out, completed,
+                            last_metrics, final_state, pset)
+        ctx.collective = self.collective
+        return ctx
+
+    def _context(self, plan: Any, parts: dict[str, Any], pool: Any, workers: list[int],
+                 identities: list[Any], start_round: int, out: Path, completed: list[int],
+                 last_metrics: dict[str, float], final_state: list[Any],
+                 pset: Any) -> StrategyContext:
+        cfg = plan.config
+        self._timeout = cfg.mesh.timeout
+        self._plan_parts = (plan, parts)
         outer = parts["outer"]
         rng = parts["rng"]
         privacy = parts["privacy"]
         run_identity = identity(plan)
-        client_local = ClientLocal()
+        client_local = ClientLocal(spill_dir=out)
         if parts.get("client_local"):
             client_local.load_state_dict(parts["client_local"])  # a resumed run's
 
@@ -554,20 +597,32 @@ class Runner:
             # Checkpoint first: a metrics line never describes a round the
             # checkpoint cannot reproduce.
             line = report.to_json()
+            clients_mode = cfg.run.client_metrics
+            if clients_mode != "inline":
+                # Per-client figures go to clients.jsonl (or nowhere), not into
+                # the row, the checkpoint or the run's history: nothing grows
+                # with the clients a run has served.
+                line, per_client = split_clients(line)
+                report = attrs.evolve(report, served={}, client_examples={},
+                                      client_metrics={})
             save_checkpoint(out, Checkpoint(
                 round=report.round, state=state, outer_state=outer.state_dict(),
                 rng_state=rng.bit_generator.state, identity=run_identity, report=line,
                 clients=client_local.state_dict(),
                 aggregator_state=aggregator_state(parts["aggregator"]),
-                privacy_state={} if privacy is None else privacy.state_dict()))
+                privacy_state={} if privacy is None else privacy.state_dict(),
+                strategy_state=ctx.strategy_state()))
             append_metrics(out, line)
+            if clients_mode == "file":
+                append_clients(out, per_client)
             completed[0] = report.round
             self._round_started = time.monotonic()
             last_metrics.clear()
             last_metrics.update(report.metrics)
             final_state[0] = state
             self._history.append(report)
-            self._emit("round", "", report)
+            if _shows(report, cfg.run.progress_every):
+                self._emit("round", "", report)
             self._notify(pset, "meshkit_round_completed", report=report)
             if self.on_round is not None:
                 self.on_round(report, state)
@@ -580,8 +635,8 @@ class Runner:
             global_state=parts["global_state"], on_round=on_round, stop=self.stop,
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"], client_local=client_local,
-            attack=parts.get("attack"), privacy=privacy)
-        ctx.admit = lambda: self._admit(ctx, pool, spec, pset)
+            attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
+            saved=dict(parts.get("strategy_state") or {}))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -601,6 +656,8 @@ class Runner:
                 f"{plan.config.path}: rank(s) {ranks} asked for their data (--pull-data), but "
                 f"[partitioner] name = \"local\" trains each node on its own data; drop "
                 f"--pull-data, or use a partitioner that splits the coordinator's data")
+        if is_population(parts["task"]):
+            return {}  # every client is made from the task's options: nothing to send
         # Every worker may serve any client (the round engine moves work to
         # whoever is live), so such a node is sent the training set, and cuts
         # its clients' shards from it by the same partitioner as every other.
@@ -697,3 +754,13 @@ def run(config: Any, *, resume: bool = False, overwrite: bool = False, pset: Any
     """
     return Runner(config, resume=resume, overwrite=overwrite, pset=pset, progress=progress,
                   launch=launch, **kwargs).run()
+
+
+def _shows(report: Any, every: int) -> bool:
+    """Whether a round gets a progress line (``[run] progress_every``).
+
+    Every ``every``-th round, the last, and any round that lost a worker or
+    left a client unserved: a quieter progress never hides a failure.
+    """
+    return (report.round % every == 0 or report.round == report.rounds
+            or bool(report.dropped) or bool(report.not_served))

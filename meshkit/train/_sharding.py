@@ -60,7 +60,11 @@ def client_seed(seed: int, round_: int, client: int) -> int:
 
 
 def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> list[int]:
-    """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted."""
+    """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted.
+
+    O(k) memory for k much smaller than ``clients``: numpy's choice without
+    replacement then uses Floyd's algorithm, never a permutation of every client.
+    """
     # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
     # point, and its ceiling would sample an eighth client.
     k = min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
@@ -71,6 +75,8 @@ def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> lis
 
 #: The stream of the run seed Poisson sampling draws from (apart from fits' seeds).
 _POISSON = 0x9015
+#: Clients whose Poisson draws are made at once.
+_BLOCK = 1 << 16
 
 
 def poisson_clients(seed: int, round_: int, clients: int, q: float) -> list[int]:
@@ -81,4 +87,11 @@ def poisson_clients(seed: int, round_: int, clients: int, q: float) -> list[int]
     accountant's amplification assumes. It may be empty.
     """
     rng = np.random.default_rng(np.random.SeedSequence([seed, round_, _POISSON]))
-    return [int(c) for c in np.nonzero(rng.random(clients) < q)[0]]
+    # Drawn in blocks, so a round of a million clients holds one block, not a
+    # million doubles; each double is one draw of the stream whatever the
+    # block size, so the cohort is the same bits as one draw of `clients`.
+    chosen: list[int] = []
+    for start in range(0, clients, _BLOCK):
+        block = rng.random(min(_BLOCK, clients - start))
+        chosen.extend(int(c) + start for c in np.flatnonzero(block < q))
+    return chosen

@@ -91,6 +91,17 @@ class RoundReport:
     #: The clients whose contribution this round was attacked (``[attack]`` or a node
     #: run with ``--attack``): never hidden.
     attacked: tuple[int, ...] = ()
+    #: An asynchronous server step (``fedbuff``): how many folded updates had
+    #: each staleness τ (server steps between the version a client trained on
+    #: and the one it was folded into); {} for a synchronous round.
+    staleness: Mapping[int, int] = attrs.Factory(dict)
+    #: Each folded client's τ, and the weight its update was folded with
+    #: (the staleness rule's, times its fedavg weight's share).
+    client_staleness: Mapping[int, int] = attrs.Factory(dict)
+    client_weights: Mapping[int, float] = attrs.Factory(dict)
+    #: Simulated seconds since the run began when the step happened
+    #: (``[simulation] clock = "virtual"``); None on real time.
+    simulated_time: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -121,6 +132,13 @@ class RoundReport:
             line["skipped"] = self.skipped
         if self.partial_means:
             line["partial_means"] = self.partial_means
+        if self.staleness:
+            line["staleness"] = {str(t): int(n) for t, n in sorted(self.staleness.items())}
+            line["client_staleness"] = {str(c): int(t)
+                                        for c, t in self.client_staleness.items()}
+            line["client_weights"] = {str(c): float(w) for c, w in self.client_weights.items()}
+        if self.simulated_time is not None:
+            line["simulated_time"] = float(self.simulated_time)
         for name, value in self.metrics.items():
             line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
         return line
@@ -207,6 +225,19 @@ class StrategyContext:
     #: ``[attack]``: the simulated Byzantine clients (:class:`meshkit.train._attacks.AttackPlan`);
     #: None: every client honest.
     attack: Any = None
+    #: ``[simulation]``: each client's fit duration on the virtual clock
+    #: (:class:`meshkit.simulation.Speeds`); None: real time.
+    speeds: Any = None
+    #: What the strategy put in the checkpoint it resumes from (``strategy_state()``
+    #: of the run before); {} for a fresh run.
+    saved: Mapping[str, Any] = attrs.Factory(dict)
+    #: Called after every round, before the checkpoint is written: what the
+    #: strategy needs beyond the global model to continue exactly (arrays and
+    #: JSON values; ``fedbuff``'s versions in flight and clock). {} by default.
+    strategy_state: Callable[[], Mapping[str, Any]] = lambda: {}
+    #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
+    #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
+    collective: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

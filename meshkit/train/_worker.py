@@ -61,12 +61,13 @@ from meshkit.aggregation import FixedPointSum
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport, sendable
-from meshkit.partitioner import is_per_node, split_rows
+from meshkit.partitioner import is_lazy, is_per_node, rows_of_client, split_rows
+from meshkit.population import client_held_out_of, client_rows_of, is_population
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
-from meshkit.train._sharding import shard_pair
+from meshkit.train._sharding import shard_bounds, shard_pair
 from meshkit.transport import Group
 
 __all__ = ["Trainer", "serve_trainer", "with_device"]
@@ -118,46 +119,62 @@ class Trainer:
     partial: FixedPointSum | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
-    _shards: dict[tuple[str, int, int], tuple[Any, Any]] = attrs.Factory(dict)
-    #: The partitioner's whole split per (set, client count): a pure function
-    #: of the labels, the count and the seed, so worked out once for every client.
+    #: Contiguous blocks' bounds per client count (the blocks themselves are views).
+    _blocks: dict[int, list[tuple[int, int]]] = attrs.Factory(dict)
+    #: The partitioner's whole split per (set, client count), for a partitioner
+    #: without the lazy form (``client_rows``): a pure function of the labels,
+    #: the count and the seed, so worked out once for every client.
     _splits: dict[tuple[str, int], Any] = attrs.Factory(dict)
 
     def train_data(self) -> tuple[Any, Any]:
         return self.data if self.data is not None else self.task.train_data()
 
     def _shard(self, index: int, count: int, *, partitioned: bool = False) -> tuple[Any, Any]:
-        """Shard ``index`` of ``count``: the partitioner's (a fit) or a contiguous block."""
+        """Shard ``index`` of ``count``: the client's (a fit) or a contiguous block.
+
+        A client's rows are made or cut for this request and kept by no one
+        (a population's ``client_data``, a partitioner's rows): a node never
+        holds more than the clients it is serving (docs/simulation.md).
+        """
         if not 0 <= index < count:
             raise MeshError(f"shard {index} requested, but there are only {count}")
-        how = "split" if partitioned and self.partitioner is not None else "block"
-        key = (how, count, index)
-        if key not in self._shards:
+        if partitioned and self.data is None and is_population(self.task):
+            return client_rows_of(self.task, index, count)
+        if partitioned and self.partitioner is not None:
             x, y = self.train_data()
-            if how == "block":
-                xs, ys = shard_pair(x, y, count)
-                self._shards[key] = (xs[index], ys[index])
-            else:
-                rows = self._rows(y, index, count)
-                self._shards[key] = (x[rows], y[rows])
-        return self._shards[key]
+            rows = self._rows(y, index, count)
+            return x[rows], y[rows]
+        x, y = self.train_data()
+        if count not in self._blocks:
+            if len(x) != len(y):
+                shard_pair(x, y, count)  # refuses rows that do not pair, naming both counts
+            self._blocks[count] = shard_bounds(len(x), count)
+        start, end = self._blocks[count][index]
+        return x[start:end], y[start:end]
 
     def _rows(self, labels: Any, index: int, count: int) -> Any:
         """This client's training rows (a slice when they are one block: no copy)."""
         if is_per_node(self.partitioner):
             # This node's own data is its one client, whatever index it has.
             return slice(0, len(labels))
-        key = ("train", count)
-        if key not in self._splits:
-            self._splits[key] = split_rows(self.partitioner, labels, count, seed=self.seed,
-                                           name=self.partitioner_name)
-        rows = self._splits[key][index]
+        if is_lazy(self.partitioner):
+            rows = rows_of_client(self.partitioner, labels, count, index, seed=self.seed,
+                                  name=self.partitioner_name)
+        else:
+            key = ("train", count)
+            if key not in self._splits:
+                self._splits[key] = split_rows(self.partitioner, labels, count,
+                                               seed=self.seed, name=self.partitioner_name)
+            rows = self._splits[key][index]
         if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
             return slice(int(rows[0]), int(rows[-1]) + 1)
         return rows
 
     def held_out(self, index: int, count: int) -> tuple[Any, Any]:
-        """This client's held-out examples: the task's ``test_data()``, split as training is."""
+        """This client's held-out examples: the task's ``test_data()``, split as training is
+        (a population's: its ``client_test_data``)."""
+        if self.data is None and is_population(self.task):
+            return client_held_out_of(self.task, index, count)
         test_data = getattr(self.task, "test_data", None)
         if not callable(test_data):
             raise ConfigError(f"the task ({type(self.task).__name__}) has no test_data(): "
@@ -275,7 +292,8 @@ class Trainer:
                 return {"examples": 0, "metrics": {}}
             if accepts_data(self.task):
                 metrics = self.task.evaluate(model, x, y)
-            elif self.partitioner is None or is_per_node(self.partitioner):
+            elif (self.partitioner is None or is_per_node(self.partitioner)) and not (
+                    self.data is None and is_population(self.task)):
                 metrics = self.task.evaluate(model)  # its whole held-out set is this client's
             else:
                 raise ConfigError(

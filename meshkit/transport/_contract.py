@@ -116,9 +116,9 @@ class Links(abc.ABC):
 
     #: Whether :meth:`transmit` honours ``Message.deadline``: fails the write
     #: with ``PeerLostError`` (and reports the link lost) once it passes. A
-    #: sender with a deadline (a pipeline's activations, the round engine's
-    #: requests) relies on it only where it is True; with False the write is
-    #: bounded by the transport's own stall timeout alone.
+    #: sender with a deadline (a pipeline stage's activations) relies on it
+    #: only where it is True; with False the write is bounded by the
+    #: transport's own stall timeout alone.
     send_deadlines: bool = False
 
     #: Whether :meth:`LinkEvents.deliver` runs on a thread that reads this

@@ -65,7 +65,7 @@ class Ledger:
         return self._closed
 
     def is_dead(self, rank: int) -> bool:
-        """Whether ``rank`` is dead, without the lock (a death is never undone)."""
+        """Whether ``rank`` is dead, without the lock (one lookup; the per-frame path)."""
         return rank in self.members.view
 
     def reason(self, rank: int) -> str | None:

@@ -4,6 +4,15 @@ Each draws from its own seeded stream (the run seed and a constant naming
 the partitioner), so a split does not change when something else in the
 run draws random numbers, and every node computes the same split from its
 own copy of the data.
+
+Each also offers the lazy form (:mod:`meshkit.partitioner`):
+``client_rows(labels, clients, client, seed=...)`` is ``split(...)[client]``
+bit for bit, computed from what the split draws once per node -- for
+``iid`` one permutation of the rows, for ``dirichlet`` each label's shuffled
+rows and its cut points (one per client and label), for ``pathological``
+the deck and each label's holders -- never a list of every client's rows.
+That draw is cached for the last labels array asked about (by identity: a
+worker's training labels are one array for the whole run).
 """
 
 from __future__ import annotations
@@ -23,6 +32,28 @@ __all__ = ["Contiguous", "Iid", "Dirichlet", "Pathological", "Local"]
 
 def _rng(seed: int, name: str, *extra: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), *name.encode(), *extra])
+
+
+def _piece(n: int, parts: int, i: int) -> tuple[int, int]:
+    """Where piece ``i`` of ``np.array_split(range(n), parts)`` starts and ends."""
+    q, r = divmod(n, parts)
+    start = i * q + min(i, r)
+    return start, start + q + (1 if i < r else 0)
+
+
+@attrs.define
+class _Drawn:
+    """The last split's draw, kept for the labels array (by identity) it was drawn for."""
+
+    key: Any = None
+    labels: Any = None
+    value: Any = None
+
+    def get(self, labels: np.ndarray, key: Any, draw: Any) -> Any:
+        if self.labels is not labels or self.key != key:
+            self.value = draw()
+            self.labels, self.key = labels, key
+        return self.value
 
 
 def _label_ids(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +83,12 @@ class Contiguous:
     def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
         return [np.arange(a, b) for a, b in shard_bounds(len(labels), clients)]
 
+    def client_rows(self, labels: np.ndarray, clients: int, client: int, *,
+                    seed: int) -> np.ndarray:
+        size = len(labels) // clients
+        end = len(labels) if client == clients - 1 else (client + 1) * size
+        return np.arange(client * size, end)
+
 
 @attrs.frozen
 class Iid:
@@ -59,9 +96,18 @@ class Iid:
 
     options: NoOptions = NoOptions()
 
+    _drawn: _Drawn = attrs.field(factory=_Drawn, eq=False, repr=False, init=False)
+
     def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
         order = _rng(seed, "iid").permutation(len(labels))
         return [np.sort(part) for part in np.array_split(order, clients)]
+
+    def client_rows(self, labels: np.ndarray, clients: int, client: int, *,
+                    seed: int) -> np.ndarray:
+        order = self._drawn.get(labels, (len(labels), seed),
+                                lambda: _rng(seed, "iid").permutation(len(labels)))
+        start, end = _piece(len(labels), clients, client)
+        return np.sort(order[start:end])
 
 
 @attrs.frozen
@@ -77,19 +123,38 @@ class Dirichlet:
     """
 
     options: DirichletOptions = DirichletOptions()
+    _drawn: _Drawn = attrs.field(factory=_Drawn, eq=False, repr=False, init=False)
 
-    def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
+    def _draw(self, labels: np.ndarray, clients: int, seed: int
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per label: its rows shuffled, and where each client's piece starts (clients + 1)."""
         values, index = _label_ids(np.asarray(labels))
-        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+        drawn = []
         for k, value in enumerate(values):
             rng = _rng(seed, "dirichlet", _entropy(value, k))
             share = rng.dirichlet(np.full(clients, float(self.options.alpha)))
             rows = np.flatnonzero(index == k)
             rows = rows[rng.permutation(len(rows))]
             cuts = np.round(np.cumsum(share)[:-1] * len(rows)).astype(np.int64)
-            for c, piece in enumerate(np.split(rows, cuts)):
-                parts[c].append(piece)
-        return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+            drawn.append((rows, np.concatenate([[0], cuts, [len(rows)]])))
+        return drawn
+
+    def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
+        drawn = self._draw(labels, clients, seed)
+        return [self._rows(drawn, c) for c in range(clients)]
+
+    def client_rows(self, labels: np.ndarray, clients: int, client: int, *,
+                    seed: int) -> np.ndarray:
+        drawn = self._drawn.get(labels, (clients, seed),
+                                lambda: self._draw(labels, clients, seed))
+        return self._rows(drawn, client)
+
+    @staticmethod
+    def _rows(drawn: list[tuple[np.ndarray, np.ndarray]], client: int) -> np.ndarray:
+        # np.split's pieces: a cut past the next one leaves an empty piece
+        pieces = [rows[bounds[client]:max(bounds[client], bounds[client + 1])]
+                  for rows, bounds in drawn]
+        return np.sort(np.concatenate(pieces)) if pieces else np.zeros(0, np.int64)
 
 
 @attrs.frozen
@@ -103,8 +168,38 @@ class Pathological:
     """
 
     options: PathologicalOptions = PathologicalOptions()
+    _drawn: _Drawn = attrs.field(factory=_Drawn, eq=False, repr=False, init=False)
 
-    def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
+    def client_rows(self, labels: np.ndarray, clients: int, client: int, *,
+                    seed: int) -> np.ndarray:
+        deck, drawn = self._drawn.get(labels, (clients, seed),
+                                      lambda: self._draw(labels, clients, seed))
+        per = self.options.classes_per_client
+        held = sorted({int(deck[(client * per + j) % len(deck)]) for j in range(per)})
+        pieces = []
+        for k in held:
+            rows, owners = drawn[k]
+            start, end = _piece(len(rows), len(owners), int(np.searchsorted(owners, client)))
+            pieces.append(rows[start:end])
+        return np.sort(np.concatenate(pieces))
+
+    def _draw(self, labels: np.ndarray, clients: int, seed: int
+              ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """The deck, and per label its rows shuffled and its holders (ascending), as split draws."""
+        values, index = self._labels(labels, clients)
+        per = self.options.classes_per_client
+        rng = _rng(seed, "pathological")
+        deck = rng.permutation(len(values))
+        dealt = np.arange(clients, dtype=np.int64).repeat(per)
+        label_of = deck[(dealt * per + np.tile(np.arange(per), clients)) % len(values)]
+        drawn = []
+        for k in range(len(values)):
+            rows = np.flatnonzero(index == k)
+            rows = rows[rng.permutation(len(rows))]
+            drawn.append((rows, np.unique(dealt[label_of == k])))
+        return deck, drawn
+
+    def _labels(self, labels: np.ndarray, clients: int) -> tuple[np.ndarray, np.ndarray]:
         values, index = _label_ids(np.asarray(labels))
         per = self.options.classes_per_client
         if per > len(values):
@@ -118,6 +213,11 @@ class Pathological:
                 f"{clients * per} of the {len(values)} labels, and every row needs a client; "
                 f"use at least {need} clients or classes_per_client >= "
                 f"{-(-len(values) // clients)}")
+        return values, index
+
+    def split(self, labels: np.ndarray, clients: int, *, seed: int) -> list[np.ndarray]:
+        values, index = self._labels(labels, clients)
+        per = self.options.classes_per_client
         rng = _rng(seed, "pathological")
         deck = rng.permutation(len(values))
         holders: list[list[int]] = [[] for _ in values]

@@ -1,4 +1,4 @@
-"""Built-in strategies: local, data-parallel, federated, model-parallel, and two refusals.
+"""Built-in strategies: local, data-parallel, federated, fedbuff, model-parallel, two refusals.
 
 One module per strategy. Only the records, the options classes and the
 refusals are imported here; a strategy's loop (numpy, aggregation) loads
@@ -13,6 +13,7 @@ import meshkit
 
 from meshkit_strategies.options import (
     DataParallelOptions,
+    FedBuffOptions,
     FederatedOptions,
     LocalOptions,
     ModelParallelOptions,
@@ -36,6 +37,12 @@ def build_federated(options: FederatedOptions | None = None) -> Any:
     from meshkit_strategies.federated import Federated
 
     return Federated(options or FederatedOptions())
+
+
+def build_fedbuff(options: FedBuffOptions | None = None) -> Any:
+    from meshkit_strategies.fedbuff import FedBuff
+
+    return FedBuff(options or FedBuffOptions())
 
 
 def build_model_parallel(options: ModelParallelOptions | None = None) -> Any:
@@ -63,6 +70,10 @@ def meshkit_strategies() -> Iterable[meshkit.Component]:
             "model-parallel", build_model_parallel, ModelParallelOptions,
             summary="the task's graph split into stages pinned to workers; the activation "
                     "threads stage to stage"),
+        meshkit.Component(
+            "fedbuff", build_fedbuff, FedBuffOptions,
+            summary="asynchronous: clients train on the version they were sent; every "
+                    "buffer_size updates, weighted by staleness, step the global model"),
         meshkit.Component("population-based", refuse_population_based,
                           summary="refused: needs per-member hyperparameters (an executor)"),
         meshkit.Component("custom", refuse_custom,

@@ -1,7 +1,7 @@
 """What more than one built-in strategy needs: the training set's row count, the served check.
 
 :func:`training_rows` is what the pre-run checks compare client and worker
-counts against; :func:`require_served` is the ``min_clients`` rule a
+counts against (:func:`require_rows` the check itself); :func:`require_served` is the ``min_clients`` rule a
 federated round (private or not) applies after folding.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from meshkit import MeshError
+from meshkit import ConfigError, MeshError
+from meshkit.population import is_population
 
 
 def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: int,
@@ -35,3 +36,17 @@ def training_rows(task: Any) -> int | None:
         return None
     x, _ = data()
     return len(x)
+
+
+def require_rows(task: Any, clients: int) -> None:
+    """Refuse more clients than the coordinator's task has training rows (one row each at least).
+
+    A population makes each client's rows on demand: there is no set to split.
+    """
+    if is_population(task):
+        return
+    rows = training_rows(task)
+    if rows is not None and rows < clients:
+        raise ConfigError(
+            f"[strategy] clients = {clients} but the task has only {rows} training rows; "
+            f"every client's shard needs at least one row. Use at most {rows} clients")

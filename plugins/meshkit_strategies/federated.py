@@ -9,12 +9,13 @@ import attrs
 
 from meshkit import ConfigError
 from meshkit.partitioner import is_per_node
+from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
 from meshkit.train import poisson_clients, sample_clients, weighted_mean
 
-from meshkit_strategies._shared import require_served, training_rows
+from meshkit_strategies._shared import require_rows, require_served
 from meshkit_strategies.options import FederatedOptions
 from meshkit_strategies.private import BudgetReached, check_private, play_private_round
 from meshkit_strategies.private import sampling_rate
@@ -44,10 +45,18 @@ class Federated:
         """The probability q a client is in a round, as a privacy accountant composes it."""
         return sampling_rate(self.options)
 
-    def clients(self, workers: int, partitioner: Any = None) -> int:
-        """How many clients the run has: one per worker with ``local``."""
+    def clients(self, workers: int, partitioner: Any = None, task: Any = None) -> int:
+        """How many clients the run has: one per worker with ``local``, a population's size
+        when the task is one (:mod:`meshkit.population`)."""
         if is_per_node(partitioner):
             return workers
+        size = population_size(task)
+        if size is not None:
+            if self.options.clients not in (0, size):
+                raise ConfigError(
+                    f"[strategy] clients = {self.options.clients}, but the task is a "
+                    f"population of {size} clients; leave clients out (or set it to {size})")
+            return size
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int,
@@ -56,13 +65,13 @@ class Federated:
         opts = self.options
         per_node = is_per_node(partitioner)
         if privacy is not None:
-            check_private(opts, privacy, self.clients(workers, partitioner))
+            check_private(opts, privacy, self.clients(workers, partitioner, task))
         if per_node and opts.clients not in (0, workers):
             raise ConfigError(
                 f"[strategy] clients = {opts.clients}, but with [partitioner] name = \"local\" "
                 f"each of the {workers} workers' own data is one client; drop clients (or "
                 f"set it to {workers})")
-        clients = self.clients(workers, partitioner)
+        clients = self.clients(workers, partitioner, task)
         if opts.min_clients > clients:
             raise ConfigError(
                 f"[strategy] min_clients = {opts.min_clients} but there are only "
@@ -87,11 +96,7 @@ class Federated:
                 f"time_budget keyword and stop when it runs out")
         if per_node:
             return  # the coordinator need not hold any data: every node has its own
-        rows = training_rows(task)
-        if rows is not None and rows < clients:
-            raise ConfigError(
-                f"[strategy] clients = {clients} but the task has only {rows} training rows; "
-                f"every client's shard needs at least one row. Use at most {rows} clients")
+        require_rows(task, clients)
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers),
@@ -129,7 +134,7 @@ class Federated:
                    state: Mapping[str, Any]) -> RoundOutcome:
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
-        clients = self.clients(len(ctx.workers), ctx.partitioner)
+        clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
         if ctx.privacy is not None:
             return play_private_round(opts, ctx, rnd, state, clients,
                                       list(ctx.workers) if per_node else None)

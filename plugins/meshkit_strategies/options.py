@@ -13,6 +13,7 @@ __all__ = [
     "PartitionOptions",
     "BoardOptions",
     "ModelParallelOptions",
+    "FedBuffOptions",
 ]
 
 
@@ -157,3 +158,46 @@ class ModelParallelOptions:
     batch_size: int = attrs.field(default=128, validator=_at_least(1))
     #: A checkpoint file or run directory whose model to serve ("" = the initial model).
     state_from: str = ""
+
+
+#: ``[strategy] staleness`` rules of ``fedbuff`` (meshkit_strategies.fedbuff).
+STALENESS = ("sqrt", "poly", "hinge", "constant")
+
+
+def _optional_at_least(low: float) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and not value >= low:
+            raise ValueError(f"{attribute.name} must be at least {low:g}, got {value}")
+    return check
+
+
+@attrs.frozen
+class FedBuffOptions:
+    """``[strategy]`` keys of ``fedbuff`` (docs/strategies.md, "fedbuff")."""
+
+    #: Server steps (one outer-optimizer step per ``buffer_size`` updates).
+    rounds: int = _rounds(5)
+    #: How many clients (data shards); 0 means one per worker.
+    clients: int = attrs.field(default=0, validator=_at_least(0))
+    #: K: updates folded into the buffer before each server step (1: FedAsync).
+    buffer_size: int = attrs.field(default=10, validator=_at_least(1))
+    #: Clients training at once, each on the model version it was sent.
+    concurrency: int = attrs.field(default=20, validator=_at_least(1))
+    #: How an update's weight falls with its staleness τ: "sqrt" 1/sqrt(1+τ),
+    #: "poly" (1+τ)^-a, "hinge" 1 up to b then 1/(a(τ-b)+1), "constant" 1.
+    staleness: str = attrs.field(default="sqrt", validator=attrs.validators.in_(STALENESS))
+    #: a of "poly" (default 0.5) and "hinge" (default 10).
+    staleness_a: float | None = attrs.field(default=None, validator=_optional_at_least(0.0))
+    #: b of "hinge" (default 4): the staleness up to which an update counts fully.
+    staleness_b: float | None = attrs.field(default=None, validator=_optional_at_least(0.0))
+    #: Updates staler than this are dropped (recorded in the step's not_served); unset: none.
+    max_staleness: int | None = attrs.field(default=None, validator=_optional_at_least(0))
+    #: Who evaluates each new global model: only "coordinator" (others are refused).
+    evaluate: str = attrs.field(default="coordinator", validator=attrs.validators.in_(
+        EVALUATE))
+    #: Train only on ranks that advertise this device ("" = any).
+    device: str = _device()
+    #: Seconds each client fit may take (0: none); fedavg weighs by the examples done.
+    time_budget: float = attrs.field(default=0.0, validator=_seconds)
+    #: What a step whose new global model is not finite does: "stop" or "skip-round".
+    on_nonfinite: str = _on_nonfinite()

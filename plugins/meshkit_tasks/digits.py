@@ -266,7 +266,8 @@ class DigitsTask:
         With ``time_budget`` (seconds), the fit also stops at the first batch
         boundary once the budget is spent (at least one batch is always
         trained) and reports the examples it actually processed: a slow
-        client contributes, and weighs, less.
+        client contributes, and weighs, less. ``fit_delay`` seconds are
+        waited after training (outside any budget): a slower device, emulated.
         """
         opts = self.options
         p = self._params(state)
@@ -296,6 +297,8 @@ class DigitsTask:
             break  # the budget ran out inside this pass
         # The mean loss of the last pass, over the rows that pass trained on.
         last_pass = seen - n * ((seen - 1) // n) if seen and n else n
+        if opts.fit_delay:
+            time.sleep(opts.fit_delay)  # [task] fit_delay: a slower device, emulated
         return FitResult(state=p, examples=seen,
                          metrics={"train_loss": float(sum(losses) / max(last_pass, 1))})
 

@@ -8,7 +8,7 @@ import attrs
 
 from meshkit.options import non_negative, positive
 
-__all__ = ["DigitsOptions", "SyntheticOptions"]
+__all__ = ["DigitsOptions", "SyntheticOptions", "SyntheticFederatedOptions"]
 
 
 def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -52,6 +52,10 @@ class DigitsOptions:
     #: Where the model runs; numpy runs on the cpu, so only "cpu" (or "auto").
     #: A node's --device reaches the task here (docs/federating-real-data.md).
     device: str = attrs.field(default="cpu", validator=_cpu)
+    #: Seconds every fit waits after training, as a slower device would take
+    #: longer (0: none). Set on one node (``--task-option fit_delay=0.25``) to
+    #: have a real straggler on one machine (docs/async.md).
+    fit_delay: float = attrs.field(default=0.0, validator=non_negative)
 
 
 @attrs.frozen
@@ -70,3 +74,41 @@ class SyntheticOptions:
     noise: float = attrs.field(default=0.01, validator=non_negative)
     #: Step size of data-parallel ``apply``.
     lr: float = attrs.field(default=0.1, validator=positive)
+
+
+def _probability(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{attribute.name} must be at least 0 and below 1, got {value}")
+
+
+@attrs.frozen
+class SyntheticFederatedOptions:
+    """``[task]`` keys for ``synthetic-federated`` (LEAF's / FedProx's synthetic(alpha, beta))."""
+
+    #: Model heterogeneity: client k's model mean u_k ~ N(0, alpha^2) (0: one model for all).
+    alpha: float = attrs.field(default=1.0, validator=non_negative)
+    #: Feature heterogeneity: client k's feature mean B_k ~ N(0, beta^2) (0: one distribution).
+    beta: float = attrs.field(default=1.0, validator=non_negative)
+    #: How many clients the population has (any number: each is made on demand).
+    clients: int = attrs.field(default=1000, validator=positive)
+    #: Input features.
+    dim: int = attrs.field(default=60, validator=positive)
+    #: Classes (labels 0..classes-1).
+    classes: int = attrs.field(default=10, validator=positive)
+    #: Seed of the population (every client's model, features and count); apart
+    #: from [run] seed, which seeds the model's initialisation and the sampling.
+    data_seed: int = 0
+    #: A client's examples: min(min_samples + floor(lognormal(3, 2)), max_samples), as LEAF draws them.
+    min_samples: int = attrs.field(default=5, validator=positive)
+    max_samples: int = attrs.field(default=1000, validator=positive)
+    #: Share of each client's examples held out (its last rows; LEAF keeps 10%).
+    test_fraction: float = attrs.field(default=0.1, validator=_probability)
+    #: Hidden units of the MLP (0: multinomial logistic regression, FedProx's model).
+    hidden: int = attrs.field(default=32, validator=non_negative)
+    #: SGD learning rate, passes over a client's rows per fit, rows per step.
+    lr: float = attrs.field(default=0.05, validator=positive)
+    epochs: int = attrs.field(default=1, validator=positive)
+    batch_size: int = attrs.field(default=32, validator=positive)
+    #: The clients (0..eval_clients-1) whose rows train_data() and test_data() pool:
+    #: what the coordinator evaluates on, and what local / data-parallel train on.
+    eval_clients: int = attrs.field(default=20, validator=positive)

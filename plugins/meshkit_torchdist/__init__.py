@@ -10,7 +10,8 @@ torch.distributed authenticates nothing: ``torchdist`` refuses a
 non-loopback rendezvous address unless ``[mesh] trust_network = true``
 (``meshkit_torchdist.group`` says why; docs/security.md what it leaves
 open). Launch with torchrun: ``torchrun --standalone --nproc-per-node 3 -m
-meshkit_torchdist CONFIG`` (:mod:`meshkit_torchdist.launch`).
+meshkit_torchdist CONFIG`` (:mod:`meshkit_torchdist.launch`); with ``[transport]
+mode = "spmd"`` every rank runs the same program (:mod:`meshkit_torchdist.spmd`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import meshkit
 __all__ = ["TorchdistOptions"]
 
 BACKENDS = ("auto", "gloo", "nccl")
+#: ``[transport] mode`` values (:class:`TorchdistOptions`).
+MODES = ("coordinator", "spmd")
 
 
 @attrs.frozen
@@ -48,9 +51,22 @@ class TorchdistOptions:
     #: Seconds rank 0 waits for a rank to rendezvous (the process group forms
     #: only once every rank has started); at least ``[mesh] timeout``.
     join_timeout: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))
+    #: How ``torchrun ... -m meshkit_torchdist CONFIG`` organises its processes:
+    #: ``"coordinator"`` (rank 0 coordinates, every other rank is a node) or
+    #: ``"spmd"`` (every rank runs the same program: it plays its slice of each
+    #: federated round and one all-reduce per round combines them;
+    #: :mod:`meshkit_torchdist.spmd`). ``meshkit run`` refuses ``"spmd"``.
+    mode: str = attrs.field(default="coordinator", validator=attrs.validators.in_(MODES))
 
 
 def _torchdist(options: TorchdistOptions) -> Any:
+    if options.mode == "spmd":
+        raise meshkit.RefusedError(
+            "[transport] mode = \"spmd\" is how torchrun runs this config: every process "
+            "plays its slice of each round (torchrun --nproc-per-node N -m meshkit_torchdist "
+            "CONFIG); meshkit run and meshkit node start a coordinator and workers instead. "
+            "Run it under torchrun, or drop mode (or set transport = \"tcp\") to run it "
+            "here")
     try:
         import torch.distributed as dist
     except ImportError as exc:

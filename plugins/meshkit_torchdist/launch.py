@@ -1,4 +1,5 @@
-"""torchrun starts meshkit: rank 0 runs the coordinator, every other rank a node.
+"""torchrun starts meshkit: rank 0 runs the coordinator, every other rank a node (or, with
+``[transport] mode = "spmd"``, every rank runs the same program: :mod:`meshkit_torchdist.spmd`).
 
 Run one config on every process torchrun starts::
 
@@ -14,6 +15,11 @@ MASTER_PORT). Rank 0 is ``meshkit run CONFIG`` with ``launch = "external"``
 summary land in ``[run] out`` as for any run. Every other rank is ``meshkit
 node``: it serves the coordinator's jobs until the run ends. Exit status: 0
 when the run finished, 2 when it was refused or a rank was lost.
+
+With ``[transport] mode = "spmd"`` there is no coordinator and ``[mesh]
+workers`` is not checked against WORLD_SIZE (it is what ``meshkit run`` of
+the same config starts): every rank plays its slice of each federated
+round, and rank 0 writes ``[run] out``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from meshkit.node import NodeConfig, caps_for, serve_node
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
 
-__all__ = ["main", "torchrun_config"]
+__all__ = ["main", "torchrun_config", "spmd_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ def torchrun_config(path: str, world: int) -> Any:
         raise meshkit.ConfigError(
             f"{path}: [mesh] transport = {config.mesh.transport!r}; under torchrun set "
             f"transport = \"torchdist\" (torchrun's processes meet through torch.distributed)")
+    if spmd_mode(config):
+        return config  # every rank runs the config itself (meshkit_torchdist.spmd)
     if config.mesh.workers != world - 1:
         raise meshkit.ConfigError(
             f"{path}: [mesh] workers = {config.mesh.workers}, but torchrun started "
@@ -69,19 +77,25 @@ def torchrun_config(path: str, world: int) -> Any:
                         transport=transport)
 
 
+def print_progress(event: Any) -> None:
+    """The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout, the
+    rest on stderr."""
+    print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
+
+
+def spmd_mode(config: Any) -> bool:
+    """Whether the config asks for every rank to run the same program (``mode = "spmd"``)."""
+    return config.transport.options.get("mode", "coordinator") == "spmd"
+
+
 def _coordinator(config: Any, *, resume: bool, overwrite: bool) -> int:
     if not (os.environ.get("MESHKIT_SECRET") or config.mesh.secret_file):
         # torchdist authenticates nothing, so no secret guards its links; the
         # runner's check for one (written for transports that use it) is met
         # with a throwaway value that never leaves this process.
         os.environ["MESHKIT_SECRET"] = secrets.token_hex(32)
-    # The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout,
-    # the rest on stderr.
-    def progress(event: Any) -> None:
-        print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
-
     report = meshkit.run(config, launch="external", resume=resume, overwrite=overwrite,
-                         progress=progress)
+                         progress=print_progress)
     print(f"meshkit_torchdist: rank 0: run {'finished' if report.ok else 'failed'}: "
           f"{report.rounds_completed}/{report.rounds} round(s), metrics "
           f"{ {k: round(v, 4) for k, v in report.metrics.items()} }"
@@ -116,6 +130,10 @@ def command(config: str, resume: bool, overwrite: bool) -> int:
     try:
         rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
         resolved = torchrun_config(config, world)
+        if spmd_mode(resolved):
+            from meshkit_torchdist.spmd import run_spmd  # torch loads only under torchrun
+
+            return run_spmd(resolved, rank, world, resume=resume, overwrite=overwrite)
         if rank == 0:
             return _coordinator(resolved, resume=resume, overwrite=overwrite)
         return _node(resolved, rank, world)

@@ -207,3 +207,20 @@ def test_a_small_model_refuses_nan_and_overflow_without_changing_its_sum():
         total.add(big, 1.0, source="client 3")
     assert total.count == 2
     np.testing.assert_array_equal(total.result()["x"], np.full(4, 7.5e8 + 0.5, np.float32))
+
+
+def test_a_partial_received_as_views_keeps_0d_arrays_and_the_models_key_order():
+    state = {"w": np.ones((2, 2), np.float32), "n": np.array(3, np.int64),
+             "count": np.array(2.0), "meta": {"a": 1}}
+    total = FixedPointSum()
+    total.add(state, 2.0)
+    wire = total.partial().to_wire()
+    # As the wire hands them over: views into a receive buffer.
+    viewed = {k: (np.frombuffer(v.tobytes(), v.dtype).reshape(v.shape)
+                  if isinstance(v, np.ndarray) else v) for k, v in wire.items()}
+    merged = FixedPointSum()
+    merged.merge(FixedPartial.from_wire(viewed))
+    out = merged.result()
+    assert list(out) == list(state)
+    assert out["count"].shape == () and out["n"].shape == () and out["w"].shape == (2, 2)
+    assert out["count"] == 2.0 and out["n"] == 3

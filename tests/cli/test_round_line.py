@@ -22,3 +22,9 @@ def test_clients_not_served_late_and_joined_ranks_are_on_the_line():
     assert "workers 2/3" in line and "(dropped rank 2)" in line
     assert "(2 of 4 client(s) not served, 1 late; see metrics.jsonl)" in line
     assert line.endswith("(joined rank 4)")
+
+
+def test_an_asynchronous_step_shows_its_largest_staleness_and_the_virtual_clock():
+    line = _round_line(_report(clients=(0, 1), staleness={0: 1, 3: 1}, simulated_time=42.25))
+    assert line.endswith("(staleness up to 3, simulated 42.2s)")
+    assert _round_line(_report(clients=(0,), staleness={2: 1})).endswith("(staleness up to 2)")

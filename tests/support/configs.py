@@ -45,8 +45,9 @@ def write_secret_file(path: Path, secret: bytes) -> Path:
 
 
 def external_config(tmp_path: Path, *, workers: int, rounds: int, secret: bytes,
-                    mesh: str = "", extra: str = "", bind: str = "127.0.0.1:0") -> Path:
-    """``tmp_path/run.toml``: a federated run over nodes started elsewhere, its secret in
+                    mesh: str = "", extra: str = "", bind: str = "127.0.0.1:0",
+                    strategy: str = "federated") -> Path:
+    """``tmp_path/run.toml``: a ``strategy`` run over nodes started elsewhere, its secret in
     ``tmp_path/secret``. ``mesh``: more ``[mesh]`` lines; ``extra``: more ``[strategy]``
     lines (and any tables after them)."""
     secret_file = write_secret_file(tmp_path / "secret", secret)
@@ -56,6 +57,6 @@ def external_config(tmp_path: Path, *, workers: int, rounds: int, secret: bytes,
         "[mesh]", 'launch = "external"', f"workers = {workers}", f'bind = "{bind}"',
         f'secret_file = "{secret_file}"', "timeout = 20", "join_timeout = 60",
         textwrap.dedent(mesh).strip(), "",
-        "[strategy]", 'name = "federated"', f"rounds = {rounds}",
+        "[strategy]", f'name = "{strategy}"', f"rounds = {rounds}",
         textwrap.dedent(extra).strip(), ""]))
     return path

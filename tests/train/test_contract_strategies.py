@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshkit.simulation import Speeds
 from meshkit.testing import StrategyContract
 
 pytest_plugins = ["pytester"]
@@ -34,6 +35,16 @@ class TestDataParallel(StrategyContract):
     component = "data-parallel"
     options = {"rounds": 2, "steps": 2, "batch_size": 16}
     aggregator = "allreduce"
+
+
+class TestFedBuffOnTheVirtualClock(StrategyContract):
+    """On the clock, arrival order is simulated: any real order gives the same bits."""
+
+    component = "fedbuff"
+    options = {"rounds": 3, "clients": 4, "buffer_size": 2, "concurrency": 2}
+    speeds = Speeds(seed=0, sigma=1.0)
+    #: The arrived updates the clock has not reached (at most concurrency), and one folding.
+    max_held = 3
 
 
 class TestModelParallel(StrategyContract):

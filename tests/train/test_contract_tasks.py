@@ -102,3 +102,8 @@ class TestSynthetic(TaskContract):
 class TestSyntheticBfloat16(TaskContract):
     component = "synthetic"
     options = {"params": 100, "dtype": "bfloat16", "rows": 128}
+
+
+class TestSyntheticFederated(TaskContract):
+    component = "synthetic-federated"
+    options = {"clients": 100_000, "eval_clients": 8}

@@ -137,7 +137,9 @@ def flat_result(state, clients=8):
     ctx = StrategyContext(task=synthetic(), aggregator=meshkit.plugins.create(
         "aggregator", "fedavg"), pool=LocalPool.of(synthetic, ranks), workers=ranks,
         rng=np.random.default_rng(0), timeout=30.0)
-    return fold_round(ctx, fits(clients), state=state)
+    # The flat star's round-robin plan and float32 fold, which relays follow
+    # (a batched round plans contiguous batches and sums exactly).
+    return fold_round(ctx, fits(clients), state=state, batch=False)
 
 
 def test_two_relays_fold_to_the_flat_weighted_mean_whatever_order_they_answer_in():

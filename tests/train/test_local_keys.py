@@ -118,11 +118,60 @@ def test_a_run_checkpoints_each_clients_local_keys_and_resume_continues_them(tmp
                           "evaluate": "clients", "local_keys": ["hidden.*"]}}
     first = meshkit.run(table)
     ckpt = load_checkpoint(tmp_path / "out")
-    assert sorted(ckpt.clients) == [f"{c}/hidden.{k}" for c in range(3) for k in "bw"]
+    kept = ClientLocal()
+    kept.load_state_dict(ckpt.clients)
+    assert kept.clients == 3
     for c in range(3):  # each client's own hidden layer, not the global model's
-        assert not np.array_equal(ckpt.clients[f"{c}/hidden.w"], first.state["hidden.w"])
+        assert sorted(kept.of(c)) == ["hidden.b", "hidden.w"]
+        assert not np.array_equal(kept.of(c)["hidden.w"], first.state["hidden.w"])
     table["strategy"]["rounds"] = 2
     second = meshkit.run(table, resume=True)
     assert second.ok and second.rounds_completed == 2
     assert np.array_equal(second.state["hidden.w"], first.state["hidden.w"]), (
         "the global model never takes the local keys")
+
+
+def _values(client):
+    return {"bn.mean": np.full(16, client, np.float32), "bn.var": np.arange(16.0) * client,
+            "w": np.zeros(3)}
+
+
+def test_client_values_are_packed_records_that_spill_to_the_run_directory(tmp_path):
+    import tracemalloc
+
+    local = ClientLocal(frozenset({"bn.mean", "bn.var"}), spill_dir=tmp_path,
+                        memory_bytes=16 * 1024)
+    for c in range(64):
+        local.keep(c, _values(c))
+    tracemalloc.start()
+    for c in range(64, 4_000):
+        assert sorted(local.keep(c, _values(c))) == ["w"]  # the rest is what is folded
+    grown = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # 4,000 records of 192 bytes are 768 KB; held here is the index (8 bytes a client)
+    assert local.spilled and (tmp_path / "client_local.bin").exists()
+    assert grown < 150_000, f"keeping 4,000 clients' values allocated {grown} bytes"
+    assert local.clients == 4_000
+    for c in (0, 63, 1_234, 3_999):
+        assert np.array_equal(local.of(c)["bn.var"], _values(c)["bn.var"])
+        assert local.of(c)["bn.mean"].dtype == np.float32
+    assert local.of(4_000) == {}
+    again = ClientLocal(spill_dir=tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    again.load_state_dict(local.state_dict())
+    again.use(frozenset({"bn.mean", "bn.var"}))
+    assert np.array_equal(again.of(1_234)["bn.mean"], _values(1_234)["bn.mean"])
+
+
+def test_a_checkpoint_from_before_the_records_were_packed_still_resumes():
+    local = ClientLocal()
+    local.load_state_dict({f"{c}/bn.mean": np.full(2, float(c)) for c in (3, 7)})
+    local.use(frozenset({"bn.mean"}))
+    assert local.clients == 2 and float(local.of(7)["bn.mean"][0]) == 7.0
+
+
+def test_a_client_whose_local_key_changes_shape_is_refused():
+    local = ClientLocal(frozenset({"bn.mean"}))
+    local.keep(0, {"bn.mean": np.zeros(4)})
+    with pytest.raises(StateError, match=r"client 1's local key 'bn.mean' is float64\[5\]"):
+        local.keep(1, {"bn.mean": np.zeros(5)})

@@ -80,3 +80,29 @@ def test_a_poisson_cohort_is_a_function_of_seed_and_round() -> None:
 
     assert poisson_clients(3, 7, 500, 0.1) == poisson_clients(3, 7, 500, 0.1)
     assert poisson_clients(3, 7, 500, 0.1) != poisson_clients(3, 8, 500, 0.1)
+
+
+def test_sampling_a_cohort_from_ten_million_clients_allocates_no_array_of_them():
+    import tracemalloc
+
+    from meshkit.train import poisson_clients
+
+    tracemalloc.start()
+    try:
+        fixed = sample_clients(np.random.default_rng(0), 10_000_000, 1e-5, 1)
+        fixed_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        poisson = poisson_clients(0, 1, 10_000_000, 1e-5)
+        poisson_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(fixed) == 100 and fixed_peak < 100_000  # 80 MB if it permuted every client
+    assert 50 < len(poisson) < 150 and poisson_peak < 2_000_000
+
+
+def test_poisson_cohorts_drawn_in_blocks_are_one_draw_of_every_client():
+    from meshkit.train import poisson_clients
+
+    rng = np.random.default_rng(np.random.SeedSequence([3, 5, 0x9015]))
+    whole = [int(c) for c in np.flatnonzero(rng.random(300_000) < 0.001)]
+    assert poisson_clients(3, 5, 300_000, 0.001) == whole

@@ -186,3 +186,13 @@ def test_a_worker_answers_a_request_that_does_not_fit_and_serves_on(mesh):
     for t in threads:
         t.join(10)
     assert reports[1].stopped is None
+
+
+def test_a_direct_local_pool_keeps_no_log_and_gives_its_trainer_a_copy_of_the_state() -> None:
+    pool = LocalPool.of(lambda: meshkit.plugins.create("task", "digits"), [1], direct=True)
+    state = meshkit.plugins.create("task", "digits").init_state(0)
+    pool.send(1, {"op": "set_state", "state": state}, None)
+    assert pool.receive().ok
+    held = pool.trainers[1].state
+    assert all(not np.shares_memory(held[k], v) for k, v in state.items())
+    assert pool.log == []  # a long collective run holds no request of any round

@@ -9,7 +9,7 @@ import pytest
 
 from meshkit import AuthenticationError, ConfigError, PeerLostError, WireError, plugins
 from meshkit.node.config import NodeConfig
-from meshkit.transport import ANY, RESERVED_TAGS, TAG_REDUCE, TAG_SCATTER
+from meshkit.transport import ANY, RESERVED_TAGS, TAG_REDUCE, TAG_SCATTER, Message
 from meshkit_tcp import inproc
 from meshkit_tcp.testing import inproc_configs, run_ranks
 
@@ -303,6 +303,22 @@ def test_a_diverted_tag_goes_to_its_handler_in_order_and_back_to_recv_when_decli
         worker.undivert(0, 5, handler)
         coordinator.send(1, 5, {"n": 1})
         assert worker.recv(0, 5, timeout=5) == {"n": 1} and taken == [1, 2]
+    finally:
+        worker.close()
+        coordinator.close()
+
+
+def test_a_frame_on_a_retired_tag_is_dropped_not_queued() -> None:
+    # An older peer still speaking the star reduce service (removed in issue 21).
+    configs = inproc_configs(2)
+    coordinator = configs[0].connect()
+    worker = configs[1].connect()
+    try:
+        worker._send_message(Message(1, 0, TAG_REDUCE, {"w": np.ones(2)}))
+        worker.send(0, 7, {"after": True})
+        assert coordinator.recv(1, 7) == {"after": True}  # delivered in order, after it
+        with pytest.raises(PeerLostError):
+            coordinator.recv(1, TAG_REDUCE, timeout=0.05)
     finally:
         worker.close()
         coordinator.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import threading
 from pathlib import Path
 
@@ -87,7 +88,9 @@ def test_every_change_wakes_a_waiter_on_a_shared_condition():
     assert woke.is_set()
 
 
+@functools.cache
 def _sources() -> list[tuple[str, ast.AST]]:
+    """Every kernel and built-in plugin module but the membership's, parsed once."""
     files = sorted([*(ROOT / "meshkit").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")])
     return [(p.relative_to(ROOT).as_posix(), ast.parse(p.read_text(), filename=str(p)))
             for p in files if p != HOME]

@@ -71,11 +71,13 @@ def gather_round(coordinator, ranks=None, timeout: float = 5.0) -> Round:
         except PeerLostError:
             continue  # nothing yet, or a death: read the ledger again
         states[src] = state
+    # Read before the mean goes back: a worker that has it leaves (a goodbye).
+    dead = sorted(coordinator.dead)
     weights = {r: float(r) for r in states}
     mean = sum(weights[r] * states[r]["w"] for r in states) / sum(weights.values())
     for rank in states:
         coordinator.send(rank, TAG_DOWN, {"w": mean.astype(np.float32)})
-    return Round(sorted(states), sorted(coordinator.dead))
+    return Round(sorted(states), dead)
 
 
 def weighted_mean(ranks) -> float:

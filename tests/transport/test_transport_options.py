@@ -17,7 +17,7 @@ def test_node_config_connects_with_its_transport_options():
                         secret=b"test-secret-0123456", timeout=5,
                         transport_options={"max_frame_bytes": 1 << 20})
     with config.connect() as group:
-        assert group.max_frame == 1 << 20
+        assert group.links.max_frame == 1 << 20
 
 
 def test_an_unknown_transport_option_names_the_table_and_key():

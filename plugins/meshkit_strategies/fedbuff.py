@@ -1,0 +1,490 @@
+"""``fedbuff``: buffered asynchronous aggregation, so the slowest client no longer sets the pace.
+
+FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous
+Aggregation", AISTATS 2022); ``buffer_size = 1`` is FedAsync (Xie et al.,
+"Asynchronous Federated Optimization", 2019), whose ``poly`` and ``hinge``
+staleness rules are offered too -- in FedBuff's sense: the update against the
+version the client started from, applied as it arrives (Xie et al. mix the
+returned model into the current one instead; the two agree while that
+version is current).
+
+Rules (docs/async.md):
+
+* ``concurrency`` clients train at once, each on the model version it was
+  sent (the fit request carries that version). When one finishes, its
+  update -- the pseudo-gradient ``Δ = x_start − x_fitted`` against the
+  version it started from -- goes into the buffer and a new client is sent
+  the current model. Clients are drawn uniformly from those neither in
+  flight nor already in the buffer, by a generator seeded with (run seed,
+  dispatch number): a client contributes at most once per server step.
+* Staleness τ is the number of server steps between the version a client
+  started from and the version its update is folded into. Its weight
+  ``s(τ)``: ``sqrt`` ``1/√(1+τ)`` (the default, FedBuff's and FLSim's
+  convention), ``poly`` ``(1+τ)^-a`` (a = 0.5), ``hinge`` ``1`` for τ <= b
+  else ``1/(a(τ−b)+1)`` (a = 10, b = 4, FedAsync's), ``constant`` 1.
+  ``max_staleness`` drops an update staler than that (its client is listed
+  in the step's ``not_served`` with τ, never folded silently).
+* Every ``buffer_size`` K updates the server steps. The buffer holds
+  ``Σ n_i s(τ_i) Δ_i`` and ``Σ n_i`` (``n_i`` the examples a client trained
+  on with ``fedavg``, 1 with ``allreduce``); the step's consensus is
+  ``x − Σ n_i s(τ_i) Δ_i / Σ n_i`` and the outer optimizer steps from it, so
+  it descends on the staleness-weighted mean update (with ``average`` and
+  ``allreduce`` this is the paper's ``x ← x − (1/K) Σ s(τ_i) Δ_i``; with
+  every τ = 0 and K = concurrency = clients it is a FedAvg round). Only the
+  float arrays move by updates; integer arrays and JSON values take the
+  value of the step's last update.
+* Time. On real time (no ``[simulation]``), updates are folded as they
+  arrive; each live worker holds at most ``ceil(concurrency / workers)``
+  fits, so a dead rank lowers the concurrency and a rejoining one raises it
+  again, and a fit lost with its worker is recorded and replaced. On the
+  virtual clock (``[simulation] clock = "virtual"``) a client dispatched at
+  simulated time t finishes at ``t + duration(client)``
+  (:class:`meshkit.simulation.Speeds`), and the coordinator always folds
+  the fit with the earliest simulated finish (ties: the earlier dispatch),
+  waiting for its worker if need be; a fit lost with its worker is sent
+  again to a live one. Arrival order and simulated time are then a pure
+  function of the seed, and a replay is bit-identical.
+* Checkpoint: after every step, besides the model, the fits in flight
+  (client, seed, version, simulated finish), the model versions they need,
+  the clock and the dispatch count. ``--resume`` sends those fits again --
+  each a pure function of (version, client, seed) -- so a run killed with a
+  half-full buffer continues exactly as if it had not been (the buffer's
+  updates are recomputed, never lost).
+
+Composes with every outer optimizer, ``time_budget`` (realized work; on real time only: wall time would break the
+virtual clock's replay),
+``fedavg`` and ``allreduce``, and host relays (fits are sent flat, relays
+forward). Refused, each naming both keys: robust aggregators (a buffer of
+updates against different versions is not one round of contributions to one
+reference), ``[privacy]`` (the accountant composes synchronous sampled
+rounds), ``[attack]``, ``evaluate = "clients"``, and ``[partitioner] name =
+"local"`` (a client pinned to its node).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import Any, ClassVar, Mapping
+
+import attrs
+import numpy as np
+
+from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
+from meshkit.partitioner import is_per_node
+from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
+from meshkit.train import check_contribution, client_seed, run_rounds, signature
+from meshkit.train import train_loss
+
+from meshkit_strategies._shared import require_rows
+from meshkit_strategies.options import FedBuffOptions
+
+__all__ = ["FedBuff", "staleness_weight", "MEAN_AGGREGATORS"]
+
+log = logging.getLogger(__name__)
+
+#: The aggregators a buffer composes with, and whether each weighs by examples.
+MEAN_AGGREGATORS = {"fedavg": True, "allreduce": False}
+#: Defaults of the rules' parameters (FedAsync's experiments).
+POLY_A = 0.5
+HINGE_A = 10.0
+HINGE_B = 4.0
+#: Second word of the client draw's seed (the first is the run seed).
+_DRAW_STREAM = 28
+
+
+def staleness_weight(rule: str, tau: int, a: float | None = None,
+                     b: float | None = None) -> float:
+    """``s(τ)``: the weight of an update ``tau`` server steps stale (module docstring)."""
+    if tau < 0:
+        raise ValueError(f"staleness must be >= 0, got {tau}")
+    if rule == "sqrt":
+        return 1.0 / math.sqrt(1.0 + tau)
+    if rule == "poly":
+        return float((1.0 + tau) ** -(POLY_A if a is None else a))
+    if rule == "hinge":
+        a = HINGE_A if a is None else a
+        b = HINGE_B if b is None else b
+        return 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
+    if rule == "constant":
+        return 1.0
+    raise ValueError(f"unknown staleness rule {rule!r}")
+
+
+@attrs.define
+class Flight:
+    """One client fit in flight: who, from which version, with which seed, until when."""
+
+    dispatch: int
+    client: int
+    version: int
+    seed: int
+    #: Simulated finish time (virtual clock; 0.0 on real time).
+    finish: float = 0.0
+    rank: int | None = None
+    ticket: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.dispatch, self.client, self.version, self.seed, self.finish]
+
+    @classmethod
+    def from_json(cls, row: Any) -> Flight:
+        dispatch, client, version, seed, finish = row
+        return cls(int(dispatch), int(client), int(version), int(seed), float(finish))
+
+
+@attrs.define
+class Buffer:
+    """``Σ n_i s(τ_i) Δ_i`` over the float arrays, ``Σ n_i``, and who is in it."""
+
+    sums: dict[str, np.ndarray] = attrs.Factory(dict)
+    mass: float = 0.0
+    #: The last update's integer arrays and JSON values (they take no mean).
+    exact: dict[str, Any] = attrs.Factory(dict)
+    #: (client, rank, τ, weight n_i s(τ_i), examples, train_loss or None), in fold order.
+    entries: list[tuple[int, int, int, float, int, float | None]] = attrs.Factory(list)
+
+    @property
+    def clients(self) -> set[int]:
+        return {e[0] for e in self.entries}
+
+    def add(self, start: Mapping[str, Any], fitted: Mapping[str, Any], *, client: int,
+            rank: int, tau: int, mass: float, scale: float, examples: int,
+            loss: float | None) -> None:
+        """Fold one update: ``mass * scale * (start - fitted)``; ``mass`` joins ``Σ n_i``."""
+        factor = mass * scale
+        for key, value in fitted.items():
+            if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+                delta = np.subtract(start[key], value, dtype=np.float64)
+                if not np.isfinite(delta).all():
+                    raise AggregationError(
+                        f"fedbuff: client {client}'s update (rank {rank}) holds NaN or inf in "
+                        f"{key!r}; a non-finite update is never folded. Lower the task's "
+                        f"learning rate")
+                delta *= factor
+                if key in self.sums:
+                    self.sums[key] += delta
+                else:
+                    self.sums[key] = delta
+            else:
+                self.exact[key] = value
+        self.mass += mass
+        self.entries.append((client, rank, tau, factor, examples, loss))
+
+    def consensus(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """``x − Σ n_i s(τ_i) Δ_i / Σ n_i``, each array in the model's dtype."""
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if key in self.sums:
+                out[key] = (np.asarray(value, dtype=np.float64) - self.sums[key] / self.mass
+                            ).astype(value.dtype)
+            else:
+                out[key] = self.exact.get(key, value)
+        return out
+
+
+@attrs.define
+class _Run:
+    """What the asynchronous loop carries between server steps (and checkpoints)."""
+
+    flights: list[Flight] = attrs.Factory(list)
+    #: Model versions the flights started from: version -> state.
+    models: dict[int, Mapping[str, Any]] = attrs.Factory(dict)
+    #: Simulated seconds since the run began (virtual clock).
+    clock: float = 0.0
+    dispatched: int = 0
+    #: Arrived replies the virtual clock has not reached yet: dispatch -> reply.
+    arrived: dict[int, Reply] = attrs.Factory(dict)
+
+    def state_dict(self, current: int) -> dict[str, Any]:
+        """The checkpoint's ``strategy`` entry (the current version's model is the run's)."""
+        needed = {f.version for f in self.flights} - {current}
+        return {"flights": [f.to_json() for f in self.flights], "clock": self.clock,
+                "dispatched": self.dispatched,
+                "models": {str(v): dict(self.models[v]) for v in sorted(needed)}}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self.flights = [Flight.from_json(row) for row in saved.get("flights", [])]
+        self.clock = float(saved.get("clock", 0.0))
+        self.dispatched = int(saved.get("dispatched", 0))
+        self.models = {int(v): dict(m) for v, m in dict(saved.get("models") or {}).items()}
+
+
+@attrs.define
+class FedBuff:
+    """Asynchronous buffered federated learning (module docstring)."""
+
+    options: FedBuffOptions
+    #: The run's partitioner splits this strategy's training set into clients.
+    partitioned: ClassVar[bool] = True
+    #: It orders arrivals by ``[simulation]``'s virtual clock when there is one.
+    clocked: ClassVar[bool] = True
+    _run: _Run = attrs.field(factory=_Run, init=False)
+
+    def clients(self, workers: int, partitioner: Any = None) -> int:
+        """How many clients the run has (0 in the options: one per worker)."""
+        return self.options.clients or workers
+
+    def check(self, *, task: Any, outer_name: str, workers: int, partitioner: Any = None,
+              speeds: Any = None, aggregator: str = "fedavg", attack: Any = None) -> None:
+        """Refuse what cannot work, or would silently do nothing, before any process starts."""
+        opts = self.options
+        if aggregator not in MEAN_AGGREGATORS:
+            raise RefusedError(
+                f"[aggregator] name = {aggregator!r} with [strategy] name = \"fedbuff\": a "
+                f"buffer holds updates trained from different model versions, folded one by "
+                f"one as they arrive, so there is no round of contributions to one reference "
+                f"for a robust rule to compare. Use [aggregator] name = \"fedavg\" or "
+                f"\"allreduce\", or a robust rule with [strategy] name = \"federated\"")
+        if attack is not None:
+            raise RefusedError(
+                "[attack] with [strategy] name = \"fedbuff\": simulated attackers are applied "
+                "to a synchronous round's contributions. Use [strategy] name = \"federated\" "
+                "to test a defence, or start a node with `meshkit node --attack NAME`")
+        if is_per_node(partitioner):
+            raise RefusedError(
+                "[partitioner] name = \"local\" with [strategy] name = \"fedbuff\": fedbuff "
+                "draws each next client from a shared split, and a client pinned to its node "
+                "cannot be drawn freely. Use a partitioner that splits the coordinator's data "
+                "(iid, dirichlet, ...), or [strategy] name = \"federated\"")
+        if opts.evaluate != "coordinator":
+            raise RefusedError(
+                f"[strategy] evaluate = {opts.evaluate!r} with name = \"fedbuff\": clients "
+                f"are always training, on different versions, so there is no moment at which "
+                f"the sampled clients evaluate one new global model. Use evaluate = "
+                f"\"coordinator\"")
+        if opts.staleness_a is not None and opts.staleness not in ("poly", "hinge"):
+            raise ConfigError(
+                f"[strategy] staleness_a = {opts.staleness_a:g}: only the \"poly\" and "
+                f"\"hinge\" rules take a, and staleness = {opts.staleness!r}; drop it")
+        if opts.staleness_b is not None and opts.staleness != "hinge":
+            raise ConfigError(
+                f"[strategy] staleness_b = {opts.staleness_b:g}: only the \"hinge\" rule "
+                f"takes b, and staleness = {opts.staleness!r}; drop it")
+        clients = self.clients(workers, partitioner)
+        if clients < opts.buffer_size:
+            raise ConfigError(
+                f"[strategy] buffer_size = {opts.buffer_size}, but there are only {clients} "
+                f"clients, and a client contributes at most once per server step; set "
+                f"clients >= {opts.buffer_size} or lower buffer_size")
+        if opts.concurrency > clients:
+            raise ConfigError(
+                f"[strategy] concurrency = {opts.concurrency}, but there are only {clients} "
+                f"clients to train at once; lower concurrency or raise clients")
+        if opts.time_budget and "time_budget" not in _fit_keywords(task):
+            raise ConfigError(
+                f"[strategy] time_budget = {opts.time_budget:g}: the task "
+                f"({type(task).__name__}) cannot honour a time budget: its fit() takes no "
+                f"time_budget argument (docs/tasks.md). Drop time_budget")
+        if speeds is not None and opts.time_budget:
+            raise RefusedError(
+                f"[strategy] time_budget = {opts.time_budget:g} with [simulation]: a time "
+                f"budget is wall time, so the work each fit does would depend on the "
+                f"machine's load and the virtual clock's run would not replay. Drop "
+                f"time_budget (the clock's durations say how slow each client is), or "
+                f"remove [simulation] to run on real time")
+        if speeds is not None:
+            speeds.check_covers(clients)
+        require_rows(task, clients)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run(self, ctx: StrategyContext) -> StrategyResult:
+        self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers),
+                   partitioner=ctx.partitioner, speeds=ctx.speeds,
+                   aggregator=_aggregator_name(ctx.aggregator), attack=ctx.attack)
+        self._run = _Run()
+        if ctx.saved:
+            self._run.load_state_dict(ctx.saved)
+        steps = [ctx.start_round]
+
+        def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
+            outcome = self.play_round(ctx, rnd, state)
+            steps[0] = rnd
+            return outcome
+
+        ctx.strategy_state = lambda: self._run.state_dict(steps[0])
+        try:
+            return run_rounds(ctx, "fedbuff", self.options.rounds, ctx.initial_state(), play,
+                              on_nonfinite=self.options.on_nonfinite, hand_state=False)
+        finally:
+            # The fits still out are not needed: their late replies are discarded.
+            for flight in self._run.flights:
+                if flight.ticket is not None:
+                    ctx.pool.abandon(flight.ticket)
+
+    def play_round(self, ctx: StrategyContext, rnd: int,
+                   state: Mapping[str, Any]) -> RoundOutcome:
+        """One server step: fold arrivals until the buffer holds K updates, then step."""
+        opts = self.options
+        run = self._run
+        version = rnd - 1  # server steps so far: the version ``state`` is
+        run.models[version] = state
+        buffer = Buffer()
+        not_served: dict[int, str] = {}
+        weighs = MEAN_AGGREGATORS[_aggregator_name(ctx.aggregator)]
+        expected = signature(state)
+        # Bounded: each pass folds, drops or loses one fit, and a fit is lost
+        # at most once per worker.
+        limit = 8 * (opts.buffer_size + opts.concurrency + 1) * (len(ctx.workers) + 1)
+        for _ in range(limit):
+            if len(buffer.entries) >= opts.buffer_size:
+                break
+            self._top_up(ctx, version, buffer)
+            flight, reply = self._next_arrival(ctx)
+            if reply.payload is None:
+                not_served[flight.client] = f"lost: rank {reply.rank} ({reply.error})"
+                self._release(version)
+                continue
+            start = run.models[flight.version]
+            fitted = reply.payload["state"]
+            try:
+                check_contribution(fitted, expected, f"rank {reply.rank}'s fit of client "
+                                                     f"{flight.client}")
+            except MeshError as exc:  # a ProtocolError: its sender's fault alone
+                ctx.pool.declare_dead(reply.rank, f"protocol error: {exc}")
+                not_served[flight.client] = f"lost: rank {reply.rank} (protocol error)"
+                self._release(version)
+                continue
+            tau = version - flight.version
+            if opts.max_staleness is not None and tau > opts.max_staleness:
+                not_served[flight.client] = (f"stale: τ = {tau} > max_staleness = "
+                                             f"{opts.max_staleness}, dropped")
+                self._release(version)
+                continue
+            examples = int(reply.payload.get("examples", 0))
+            loss = reply.payload.get("metrics", {}).get("train_loss")
+            buffer.add(start, fitted, client=flight.client, rank=reply.rank, tau=tau,
+                       mass=float(examples) if weighs else 1.0,
+                       scale=staleness_weight(opts.staleness, tau, opts.staleness_a,
+                                              opts.staleness_b),
+                       examples=examples, loss=None if loss is None else float(loss))
+            not_served.pop(flight.client, None)
+            self._release(version)
+        else:  # pragma: no cover - a bug in the loop, never a hang
+            raise MeshError(f"fedbuff settled {limit} fits without filling the buffer")
+        if buffer.mass <= 0:
+            raise AggregationError(
+                f"fedbuff step {rnd}: the buffer's {len(buffer.entries)} updates trained on 0 "
+                f"examples, so fedavg has no weight to divide by")
+        new_state = ctx.outer_step(state, buffer.consensus(state))
+        metrics = train_loss({"examples": e[4], "metrics": {"train_loss": e[5]}}
+                             for e in buffer.entries if e[5] is not None)
+        metrics.update(ctx.task.evaluate(new_state))
+        histogram: dict[int, int] = {}
+        for entry in buffer.entries:
+            histogram[entry[2]] = histogram.get(entry[2], 0) + 1
+        share = buffer.mass
+        return RoundOutcome(
+            new_state, answered=tuple(sorted({e[1] for e in buffer.entries})),
+            clients=tuple(e[0] for e in buffer.entries),
+            examples=sum(e[4] for e in buffer.entries), metrics=metrics,
+            served={e[0]: e[1] for e in buffer.entries}, not_served=not_served,
+            client_examples={e[0]: e[4] for e in buffer.entries},
+            staleness=histogram, client_staleness={e[0]: e[2] for e in buffer.entries},
+            client_weights={e[0]: e[3] / share for e in buffer.entries},
+            simulated_time=run.clock if ctx.speeds is not None else None)
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def _top_up(self, ctx: StrategyContext, version: int, buffer: Buffer) -> None:
+        """Send the fits owed (after a resume) and new ones until ``concurrency`` are out."""
+        run = self._run
+        live = ctx.require_live(1, f"fedbuff step {version + 1}")
+        load = {r: 0 for r in live}
+        for flight in run.flights:
+            if flight.rank in load and flight.ticket is not None:
+                load[flight.rank] += 1
+        for flight in run.flights:
+            if flight.ticket is None:  # from the checkpoint, or lost with its worker
+                self._send(ctx, flight, min(live, key=lambda r: (load[r], r)))
+                load[flight.rank] += 1  # type: ignore[index]
+        virtual = ctx.speeds is not None
+        # Real time: each live worker holds its share, so the concurrency
+        # follows the live workers; the virtual clock does not depend on them.
+        cap = math.inf if virtual else math.ceil(self.options.concurrency / len(ctx.workers))
+        clients = self.clients(len(ctx.workers), ctx.partitioner)
+        while len(run.flights) < self.options.concurrency:
+            ready = [r for r in live if load[r] < cap]
+            if not ready:
+                return
+            busy = {f.client for f in run.flights} | buffer.clients
+            free = [c for c in range(clients) if c not in busy]
+            if not free:
+                return
+            draw = np.random.default_rng([ctx.seed, _DRAW_STREAM, run.dispatched])
+            client = free[int(draw.integers(len(free)))]
+            finish = run.clock + ctx.speeds.duration(client) if virtual else 0.0
+            flight = Flight(run.dispatched, client, version,
+                            client_seed(ctx.seed, run.dispatched, client), finish)
+            run.dispatched += 1
+            run.flights.append(flight)
+            rank = min(ready, key=lambda r: (load[r], r))
+            self._send(ctx, flight, rank)
+            load[rank] += 1
+
+    def _send(self, ctx: StrategyContext, flight: Flight, rank: int) -> None:
+        clients = self.clients(len(ctx.workers), ctx.partitioner)
+        budget = {"time_budget": self.options.time_budget} if self.options.time_budget else {}
+        request = {"op": "fit", "shard": flight.client, "shards": clients, "seed": flight.seed,
+                   "state": self._run.models[flight.version], **budget}
+        flight.rank = rank
+        flight.ticket = ctx.pool.send(rank, request, ctx.timeout)
+
+    def _next_arrival(self, ctx: StrategyContext) -> tuple[Flight, Reply]:
+        """The next fit to fold: the first to arrive (real time), or the earliest
+        simulated finish (virtual clock), waiting for it if need be."""
+        run = self._run
+        virtual = ctx.speeds is not None
+        target = min(run.flights, key=lambda f: (f.finish, f.dispatch)) if virtual else None
+        for _ in range(len(run.flights) * (len(ctx.workers) + 2) + 1):
+            if target is not None and target.dispatch in run.arrived:
+                run.flights.remove(target)
+                run.clock = max(run.clock, target.finish)
+                return target, run.arrived.pop(target.dispatch)
+            reply = ctx.pool.receive()
+            assert reply is not None  # a blocking receive always returns one
+            flight = next((f for f in run.flights if f.ticket == reply.seq), None)
+            if flight is None:
+                log.debug("fedbuff: discarding a reply to no fit in flight (seq %d)", reply.seq)
+                continue
+            if reply.payload is not None and reply.payload.get("error"):
+                raise WorkerError(reply.rank, str(reply.payload["error"]))
+            if not virtual:
+                run.flights.remove(flight)
+                return flight, reply
+            if reply.payload is None:
+                # Lost with its worker: the same fit (version, client, seed) goes to
+                # a live one, so the simulation does not notice.
+                log.warning("fedbuff: rank %d lost (%s); client %d's fit is sent again",
+                            reply.rank, reply.error, flight.client)
+                flight.ticket = None
+                live = ctx.require_live(1, "fedbuff")
+                self._send(ctx, flight, live[flight.dispatch % len(live)])
+                continue
+            run.arrived[flight.dispatch] = reply
+        raise MeshError("fedbuff: the fit the clock waits for never arrived")  # pragma: no cover
+
+    def _release(self, version: int) -> None:
+        """Forget the model versions no fit in flight needs any more."""
+        run = self._run
+        needed = {f.version for f in run.flights} | {version}
+        for old in [v for v in run.models if v not in needed]:
+            del run.models[old]
+
+
+def _aggregator_name(aggregator: Any) -> str:
+    """The selected aggregator's registered name, as its object says it."""
+    return str(getattr(aggregator, "name", type(aggregator).__name__))
+
+
+def _fit_keywords(task: Any) -> set[str]:
+    """The keywords ``task.fit`` takes (``time_budget`` too when it takes ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(task.fit).parameters
+    except (TypeError, ValueError):
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return {"time_budget"}
+    return set(parameters)
