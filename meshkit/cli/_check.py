@@ -67,6 +67,10 @@ def _aggregation_memory(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
 def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
     memory = _aggregation_memory(plan, parts)
     name = plan.config.aggregator.name
+    if plan.config.secure_aggregation is not None:
+        return (f"aggregation: secure ({plan.config.secure_aggregation.name}): the coordinator "
+                f"unmasks one sum a round, each client counting once, {name} never sees a "
+                f"contribution (O(model): one running masked sum)")
     if memory["holds_every_contribution"]:
         return (f"aggregation: {name} holds every contribution of a round at once "
                 f"(O(clients x model): up to {memory['contributions']} x the model, "

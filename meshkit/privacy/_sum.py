@@ -112,6 +112,24 @@ class NoisedSum:
         self.unclipped += norm <= self.clip_norm
         self.count += 1
 
+    def add_total(self, total: Mapping[str, np.ndarray], count: int) -> None:
+        """Fold in the sum of ``count`` updates the clients clipped themselves.
+
+        What a secure round hands over (``[secure_aggregation]``): the
+        coordinator never sees the individual updates, so their norms are
+        neither checked nor recorded here; ``total`` maps every float key to
+        the float64 sum of the updates (not of the models).
+        """
+        if not self.clipped_by_clients:
+            raise AggregationError(f"{self.name}: a sum of updates can only be folded when "
+                                   f"the clients clip them (clip = \"client\")")
+        for key in self.keys:
+            if key not in total or np.shape(total[key]) != self._ref64[key].shape:
+                raise AggregationError(f"{self.name}: the summed updates lack key {key!r} of "
+                                       f"shape {self._ref64[key].shape}")
+            self.sum[key] += total[key]
+        self.count += count
+
     def noised_sum(self) -> dict[str, np.ndarray]:
         """The sum plus the noise, drawn key by key in sorted key order (float64)."""
         return {k: self.sum[k] + self.rng.normal(0.0, self.noise_std, self.sum[k].shape)

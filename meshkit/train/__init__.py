@@ -81,6 +81,7 @@ from meshkit.train._strategy import (
     weighted_mean,
 )
 from meshkit.train._worker import Trainer, serve_trainer, with_device
+from meshkit.train._secure_round import SecureSum, round_params, secure_sum
 
 __all__ = [
     # the strategy contract
@@ -168,4 +169,8 @@ __all__ = [
     "PartialReducer",
     "cohort_slice",
     "check_collective",
+    # secure aggregation ([secure_aggregation], meshkit/train/_secure_round.py)
+    "secure_sum",
+    "SecureSum",
+    "round_params",
 ]

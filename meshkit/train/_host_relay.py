@@ -80,6 +80,7 @@ from meshkit.train._messages import _between, _field, _length
 from meshkit.train._messages import _metrics as structure_metrics
 from meshkit.train._messages import _state as structure_state
 from meshkit.train._pool import Reply, WorkerPool, protocol_reason
+from meshkit.train._secure_relay import serve_masked_sum
 from meshkit.train._protocol import TAG_REQUEST, encode
 from meshkit.train._strategy import StrategyContext
 
@@ -800,12 +801,16 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
     ranks it carries, ``name`` its name in errors.
 
     ``fold`` is served with the round engine on the relay's own ranks
-    (:func:`serve_fold`), ``fanout`` sent to each rank named. A failure is
+    (:func:`serve_fold`), ``fanout`` sent to each rank named, ``masked_sum``
+    (a secure round's) summed mod 2**bits over the ranks named
+    (:func:`meshkit.train._secure_relay.serve_masked_sum`). A failure is
     the answer's ``error`` (``reason = "aggregation"`` for a refused fold,
     ``rank`` for a task's error), never an exception: the coordinator must
     hear, not wait.
     """
     try:
+        if message.get("op") == "masked_sum":  # a secure round's (meshkit.train._secure_relay)
+            return serve_masked_sum(pool, carried, message)
         request = parse_relay_request(message)
         if isinstance(request, FoldRequest):
             return serve_fold(_relay_context(pool, carried, request.timeout, request.ranks),

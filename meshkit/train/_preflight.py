@@ -48,7 +48,7 @@ from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
 from meshkit.train._sharding import shard_bounds
 
-__all__ = ["build_components", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
+__all__ = ["build_components", "check_secure_aggregation", "SECURE_MEANS", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
            "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
            "client_shares", "ClientShares", "run_clients"]
 
@@ -379,6 +379,82 @@ def check_privacy(cfg: Any, strategy: Any) -> None:
             + " (the noised sum replaces its mean), or remove the [privacy] table")
 
 
+#: The aggregators a secure round can stand in for: a mean is the sum over the count.
+SECURE_MEANS = ("fedavg", "allreduce")
+
+
+def check_secure_aggregation(cfg: Any, strategy: Any) -> None:
+    """Refuse what a ``[secure_aggregation]`` round cannot honour (docs/secure-aggregation.md).
+
+    Each refusal names both keys and what works instead. The rule behind
+    them: the coordinator learns the round's sum of masked, quantised updates
+    and who answered -- nothing it could tell one client's update from.
+    """
+    where = f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with"
+    if not getattr(strategy, "secure", False):
+        # fedbuff folds updates one by one as they come; data-parallel, local and
+        # model-parallel have no cohort of clients whose sum alone is needed.
+        raise RefusedError(
+            f"{where} [strategy] name = {cfg.strategy.name!r}: only a strategy that plays "
+            f"synchronous rounds of client fits whose sum is all it needs can run them "
+            f"masked (federated). Use [strategy] name = \"federated\", or remove the "
+            f"[secure_aggregation] table")
+    if cfg.aggregator.name not in SECURE_MEANS:
+        need = ("each update's norm, which the coordinator never sees (clip_range bounds every "
+                "coordinate on the clients instead)" if cfg.aggregator.name == "norm-bound"
+                else "the individual updates, which the coordinator never sees (it learns "
+                     "their sum only)")
+        raise RefusedError(
+            f"{where} [aggregator] name = {cfg.aggregator.name!r}: that rule needs {need}. "
+            f"Use [aggregator] name = \"fedavg\" or \"allreduce\" (the unmasked sum over "
+            f"the surviving clients is their mean, each counting once), or remove the "
+            f"[secure_aggregation] table")
+    options = getattr(strategy, "options", None)
+    evaluate = getattr(options, "evaluate", "coordinator")
+    if evaluate != "coordinator":
+        raise RefusedError(
+            f"{where} [strategy] evaluate = {evaluate!r}: each client's own metrics would "
+            f"reach the coordinator (and metrics.jsonl) in clear, individual values a "
+            f"secure round withholds. Use evaluate = \"coordinator\"")
+    local_keys = getattr(options, "local_keys", None)
+    if local_keys:
+        raise RefusedError(
+            f"{where} [strategy] local_keys = {list(local_keys)}: FedBN keeps each "
+            f"client's own values of those keys at the coordinator, individual values a "
+            f"secure round never reveals. Remove local_keys (or the [secure_aggregation] "
+            f"table)")
+    timeout = getattr(options, "round_timeout", 0)
+    if timeout:
+        raise RefusedError(
+            f"{where} [strategy] round_timeout = {timeout:g}: a secure round "
+            f"has no deadline yet (a late client would have to be unmasked as a dropout, "
+            f"which meshkit does not do). Remove round_timeout; a lost worker's clients are "
+            f"dropouts the protocol survives")
+    if cfg.attack is not None:
+        raise RefusedError(
+            f"{where} [attack] name = {cfg.attack.selection.name!r}: simulated attacks "
+            f"poison single contributions at the coordinator, or are named per client in "
+            f"clear, neither of which a secure round has. Start a node with `meshkit node "
+            f"--attack NAME` instead (its fits are masked like any other), or remove the "
+            f"[attack] table")
+
+
+def check_secure_privacy(cfg: Any, privacy: Any) -> None:
+    """``[privacy]`` under ``[secure_aggregation]``: only fixed clipping on the clients."""
+    where = (f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
+             f"[privacy]")
+    placement = getattr(privacy, "placement", "coordinator")
+    if placement != "client":
+        raise RefusedError(
+            f"{where} clip = {placement!r}: the coordinator never holds an individual "
+            f"update, so it cannot clip one. Use [privacy] clip = \"client\"")
+    if getattr(privacy, "adaptive", None) is not None:
+        raise RefusedError(
+            f"{where} name = {cfg.privacy.name!r}: adaptive clipping counts the clients "
+            f"whose update was within the clip norm, one bit per client the coordinator would "
+            f"read in clear. Use [privacy] name = \"dp-fixed\"")
+
+
 def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
                  rounds: int | None, task: Any = None) -> dict[str, Any] | None:
     """What a private run will spend: q, m and ε after every configured round."""
@@ -455,6 +531,10 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
             f"virtual clock (fedbuff does: it folds updates in the order their simulated "
             f"fits finish); remove the [simulation] table, or use [strategy] name = "
             f"\"fedbuff\"")
+    if cfg.secure_aggregation is not None:
+        check_secure_aggregation(cfg, strategy)
+        if privacy is not None:
+            check_secure_privacy(cfg, privacy)
     check = getattr(strategy, "check", None)
     if callable(check):
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -496,6 +576,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "attack": attack_plan(plan, strategy, partitioner, task),
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
+        #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
+        "secure_aggregation": cfg.secure_aggregation,
         #: (q, ε after every configured round) of a private run, else None.
         "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds, task),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).

@@ -636,7 +636,8 @@ class Runner:
             boards=dict(self._boards), run_board=self._run_board,
             partitioner=parts["partitioner"], client_local=client_local,
             attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
-            saved=dict(parts.get("strategy_state") or {}))
+            saved=dict(parts.get("strategy_state") or {}),
+            secure_aggregation=parts.get("secure_aggregation"))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -238,6 +238,9 @@ class StrategyContext:
     #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
     #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
     collective: Any = None
+    #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
+    #: fold plain contributions.
+    secure_aggregation: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

@@ -67,6 +67,7 @@ from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+from meshkit.train._secure_worker import SecureClients
 from meshkit.train._sharding import shard_bounds, shard_pair
 from meshkit.transport import Group
 
@@ -125,6 +126,8 @@ class Trainer:
     #: without the lazy form (``client_rows``): a pure function of the labels,
     #: the count and the seed, so worked out once for every client.
     _splits: dict[tuple[str, int], Any] = attrs.Factory(dict)
+    #: The clients this worker plays in a secure round (``secagg_*`` requests).
+    secure: SecureClients = attrs.Factory(SecureClients)
 
     def train_data(self) -> tuple[Any, Any]:
         return self.data if self.data is not None else self.task.train_data()
@@ -228,6 +231,8 @@ class Trainer:
         return reply
 
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(op, str) and op.startswith("secagg_"):
+            return self.secure.handle(op, request, self._secure_fit)
         if op == "fit":
             state, examples, metrics, attacked = self._fit(request)
             reply = self._answer(request, "state", state, examples, metrics)
@@ -362,6 +367,13 @@ class Trainer:
             state, norm = clip_contribution(start, state, clip)
             metrics["unclipped"] = float(norm <= clip)
         return dict(state), int(result.examples), metrics, attacked
+
+    def _secure_fit(self, request: Mapping[str, Any]
+                    ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """One client's fit for a secure round, by the ``fit`` op's own path: (fitted, start)."""
+        start = self._require_state("secagg_mask")
+        state, _, _, _ = self._fit({**request, "op": "fit"})
+        return state, start
 
     def _data_attack(self, request: Mapping[str, Any]) -> tuple[Any, str]:
         """The data-poisoning attack this fit runs (and its name), or (None, "")."""
@@ -525,6 +537,8 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
+        if trainer is not None:
+            trainer.secure.after_reply()
     if failure is not None:
         raise failure
     assert trainer is not None  # built, or failure was raised above

@@ -7,12 +7,48 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError, ProtocolError
-from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, Work
 from meshkit.train import check_contribution, client_seed, fold_round, once, run_rounds
 from meshkit.train import signature, train_loss
 
 from meshkit_strategies._shared import training_rows
 from meshkit_strategies.options import DataParallelOptions
+
+
+@attrs.define
+class Replicas:
+    """The ranks that acknowledged the model the replicas hold now (a run's, mutable).
+
+    A rank becomes a replica only by answering a ``set_state`` of that model
+    (or an ``apply`` on it): one that is live without having done so (its
+    link came up after the model was sent, or the reply was lost) is handed
+    the model before it is sent a step, and one whose answer was lost is
+    declared dead, so no replica is ever asked to step a model it lacks.
+    """
+
+    held: set[int] = attrs.Factory(set)
+
+    def deliver(self, ctx: StrategyContext, ranks: list[int], request: Mapping[str, Any], *,
+                everyone: bool) -> None:
+        """Send ``request`` (``set_state`` or ``apply``) to ``ranks``; the ones that answered
+        hold the model now. ``everyone``: the replicas' model changes, so a rank it did not
+        reach holds it no longer."""
+        replies = ctx.broadcast(ranks, request)
+        if everyone:
+            self.held.clear()
+        for reply in replies:
+            self._acknowledged(ctx, reply, str(request["op"]))
+
+    def _acknowledged(self, ctx: StrategyContext, reply: Reply, op: str) -> None:
+        if reply.ok:
+            self.held.add(reply.rank)
+            return
+        self.held.discard(reply.rank)
+        # A lost answer: the rank may or may not hold the model, so it is
+        # not a replica. The pool declares most losses itself; not a host
+        # relay's "did not answer for rank N" (the relay's news comes later).
+        ctx.pool.declare_dead(reply.rank, f"did not acknowledge the replicas' model "
+                                          f"({op}): {reply.error}")
 
 
 @attrs.frozen
@@ -62,22 +98,32 @@ class DataParallel:
                    else "average", workers=len(ctx.workers))
         state = ctx.initial_state()
         live = ctx.require_live(opts.min_workers, "start")
-        ctx.broadcast(live, {"op": "set_state", "state": state})
-        return run_rounds(ctx, "data-parallel", opts.rounds, state, self.play_round,
+        replicas = Replicas()
+        replicas.deliver(ctx, live, {"op": "set_state", "state": state}, everyone=True)
+
+        def play_round(ctx: StrategyContext, rnd: int,
+                       state: Mapping[str, Any]) -> RoundOutcome:
+            return self.play_round(ctx, rnd, state, replicas)
+
+        return run_rounds(ctx, "data-parallel", opts.rounds, state, play_round,
                           on_nonfinite=self.options.on_nonfinite)
 
-    def play_round(self, ctx: StrategyContext, rnd: int,
-                   state: Mapping[str, Any]) -> RoundOutcome:
+    def play_round(self, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
+                   replicas: Replicas | None = None) -> RoundOutcome:
+        """One round of ``steps`` steps from ``state``, which ``replicas`` hold (None: none
+        is known to, so every live rank is sent it first)."""
         opts = self.options
+        replicas = Replicas() if replicas is None else replicas
         answered: set[int] = set()
         examples = 0
         replies: list[Mapping[str, Any]] = []
         served: dict[int, int] = {}
         for step in range(opts.steps):
-            live = ctx.require_live(opts.min_workers, f"round {rnd} step {step + 1}")
+            live = self._replicas(ctx, replicas, state, step, f"round {rnd} step {step + 1}")
             global_step = (rnd - 1) * opts.steps + step
             if ctx.peer_reduce:
                 stepped = self._mesh_step(ctx, live, global_step, f"round {rnd} step {step + 1}")
+                replicas.held = set(live)  # every one of them stepped (or the run stopped)
                 answered.update(live)
                 examples += sum(int(p.get("examples", 0)) for p in stepped)
                 served = dict(enumerate(live))
@@ -98,13 +144,60 @@ class DataParallel:
                                 f"{folded.not_served}")
             # The step happens here, on every live replica, on the same mean
             # (sent once per host relay when the replicas are behind relays).
-            ctx.broadcast(ctx.live, {"op": "apply", "gradients": folded.result})
+            replicas.deliver(ctx, [r for r in ctx.live if r in replicas.held],
+                             {"op": "apply", "gradients": folded.result}, everyone=True)
             answered.update(folded.answered)
             examples += folded.examples
             served = folded.served
             replies.extend(folded.replies.values())
-        reader = ctx.require_live(opts.min_workers, f"round {rnd}")[0]
-        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state)
+        reader = self._reader(ctx, replicas, f"round {rnd}")
+        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state,
+                               replicas)
+
+    def _replicas(self, ctx: StrategyContext, replicas: Replicas, state: Mapping[str, Any],
+                  step: int, label: str) -> list[int]:
+        """The live ranks for a step, each holding the replicas' model: a live rank that
+        does not is sent it first (the round's ``state`` at its first step, else the
+        replicas' model read back from one of them)."""
+        for _ in range(len(ctx.workers) + 1):  # bounded: each pass takes in the new ranks
+            live = ctx.require_live(self.options.min_workers, label)
+            fresh = [r for r in live if r not in replicas.held]
+            if not fresh:
+                return live
+            now = state if step == 0 else self._model_now(ctx, replicas, state, label)
+            # The replicas start no inner optimizer afresh; the newcomer does, as a
+            # rank admitted between rounds does (docs/strategies.md).
+            replicas.deliver(ctx, fresh, {"op": "set_state", "state": now}, everyone=False)
+        raise MeshError(f"{label}: ranks kept joining while the replicas' model was sent to "
+                        f"them; live: {ctx.live}, holding the model: {sorted(replicas.held)}")
+
+    def _reader(self, ctx: StrategyContext, replicas: Replicas, label: str) -> int:
+        """The first live replica holding the model (a rank live since the last step is not)."""
+        live = ctx.require_live(self.options.min_workers, label)
+        held = [r for r in live if r in replicas.held]
+        if not held:
+            raise MeshError(f"{label}: no live rank holds the replicas' model (live: {live})")
+        return held[0]
+
+    def _model_now(self, ctx: StrategyContext, replicas: Replicas, state: Mapping[str, Any],
+                   label: str) -> Mapping[str, Any]:
+        """The model the replicas hold mid-round, read back from one of them; one whose
+        model lacks the round's keys, shapes and dtypes is its protocol error."""
+        expected = signature(state)
+        for reader in [r for r in ctx.live if r in replicas.held]:
+            reply = ctx.call([(reader, {"op": "get_state"})])[0]
+            replicas.held.discard(reader)  # kept only when its model is handed on
+            if reply.payload is None:
+                continue  # lost: the pool declared it dead
+            try:
+                check_contribution(reply.payload["state"], expected, f"rank {reader}'s model")
+            except ProtocolError as exc:
+                ctx.pool.declare_dead(reader, f"protocol error: {exc}")
+                continue
+            replicas.held.add(reader)
+            return dict(reply.payload["state"])
+        raise MeshError(f"{label}: no replica holds the model to hand a newly live rank "
+                        f"(live: {ctx.live})")
 
     def _mesh_step(self, ctx: StrategyContext, live: list[int], global_step: int,
                    label: str) -> list[Mapping[str, Any]]:
@@ -125,7 +218,8 @@ class DataParallel:
 
     def _read_back(self, ctx: StrategyContext, rnd: int, reader: int, answered: set[int],
                    examples: int, replies: list[Mapping[str, Any]],
-                   served: dict[int, int], before: Mapping[str, Any]) -> RoundOutcome:
+                   served: dict[int, int], before: Mapping[str, Any],
+                   replicas: Replicas) -> RoundOutcome:
         # Read back over the wire *after* the step: a state remembered from
         # before apply() would hand back the untrained model.
         # Replicas are bit-identical: a reader lost meanwhile, or one whose
@@ -140,21 +234,20 @@ class DataParallel:
                     break
                 except ProtocolError as exc:
                     ctx.pool.declare_dead(reader, f"protocol error: {exc}")
-            reader = ctx.require_live(self.options.min_workers,
-                                      f"round {rnd}: reading the model back")[0]
+            reader = self._reader(ctx, replicas, f"round {rnd}: reading the model back")
         else:
             raise MeshError(f"round {rnd}: no replica's model could be read back")
-        state = self._outer_step(ctx, before, dict(payload["state"]))
+        state = self._outer_step(ctx, before, dict(payload["state"]), replicas)
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
                             examples=examples, metrics=metrics, served=served)
 
     def _outer_step(self, ctx: StrategyContext, start: Mapping[str, Any],
-                    replicas: dict[str, Any]) -> dict[str, Any]:
+                    consensus: dict[str, Any], replicas: Replicas) -> dict[str, Any]:
         """The round's outer step from the model the replicas started at to theirs now."""
         if ctx.outer is None or ctx.outer_name == "average":
-            return replicas  # the byte-for-byte path: the replicas carry on as they are
-        state = ctx.outer_step(start, replicas)
-        ctx.broadcast(ctx.live, {"op": "set_state", "state": state})
+            return consensus  # the byte-for-byte path: the replicas carry on as they are
+        state = ctx.outer_step(start, consensus)
+        replicas.deliver(ctx, ctx.live, {"op": "set_state", "state": state}, everyone=True)
         return state

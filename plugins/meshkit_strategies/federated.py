@@ -19,6 +19,7 @@ from meshkit_strategies._shared import require_rows, require_served
 from meshkit_strategies.options import FederatedOptions
 from meshkit_strategies.private import BudgetReached, check_private, play_private_round
 from meshkit_strategies.private import sampling_rate
+from meshkit_strategies.secure import play_secure_round
 
 
 @attrs.frozen
@@ -40,6 +41,8 @@ class Federated:
     partitioned: ClassVar[bool] = True
     #: It plays private rounds under ``[privacy]`` (meshkit_strategies.private).
     private: ClassVar[bool] = True
+    #: It plays secure rounds under ``[secure_aggregation]`` (meshkit.train.secure_round).
+    secure: ClassVar[bool] = True
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""
@@ -135,6 +138,9 @@ class Federated:
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
+        if ctx.secure_aggregation is not None:
+            return play_secure_round(opts, ctx, rnd, state, clients,
+                                     list(ctx.workers) if per_node else None)
         if ctx.privacy is not None:
             return play_private_round(opts, ctx, rnd, state, clients,
                                       list(ctx.workers) if per_node else None)

@@ -32,7 +32,7 @@ from meshkit.train import client_seed, fold_round, once, poisson_clients
 
 from meshkit_strategies._shared import require_served
 
-__all__ = ["check_private", "play_private_round", "BudgetReached"]
+__all__ = ["check_private", "check_budget", "play_private_round", "BudgetReached"]
 
 
 class BudgetReached(Exception):
@@ -67,18 +67,24 @@ def sampling_rate(opts: Any) -> float:
     return opts.fraction if opts.sampling == "poisson" else 1.0
 
 
+def check_budget(privacy: Any, q: float, rnd: int) -> float:
+    """The ε round ``rnd`` brings the run to; :class:`BudgetReached` past ``target_epsilon``."""
+    epsilon = float(privacy.epsilon_after(q))
+    if privacy.target_epsilon and epsilon > privacy.target_epsilon:
+        raise BudgetReached(
+            f"privacy budget: round {rnd} would take epsilon to {epsilon:.4g} > target_epsilon "
+            f"= {privacy.target_epsilon:g} (delta = {privacy.delta:g}); stopped after round "
+            f"{rnd - 1} at epsilon {privacy.epsilon():.4g}")
+    return epsilon
+
+
 def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
                        clients: int, pinned: list[int] | None) -> RoundOutcome:
     """One DP-FedAvg round (module docstring); ``pinned[c]`` is client c's rank with local data."""
     privacy = ctx.privacy
     q = sampling_rate(opts)
     expected = q * clients
-    epsilon = privacy.epsilon_after(q)
-    if privacy.target_epsilon and epsilon > privacy.target_epsilon:
-        raise BudgetReached(
-            f"privacy budget: round {rnd} would take epsilon to {epsilon:.4g} > target_epsilon "
-            f"= {privacy.target_epsilon:g} (delta = {privacy.delta:g}); stopped after round "
-            f"{rnd - 1} at epsilon {privacy.epsilon():.4g}")
+    epsilon = check_budget(privacy, q, rnd)
     sampled = (poisson_clients(ctx.seed, rnd, clients, q) if opts.sampling == "poisson"
                else list(range(clients)))
     clip = privacy.clip_norm

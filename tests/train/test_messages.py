@@ -52,6 +52,16 @@ GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "take_partial": ({"op": "take_partial"},
                      {"seq": 5, "partial": {"fraction_bits": 32, "mass": 1 << 32, "count": 1,
                                             "f:w": np.zeros(3, np.int64), "t:w": "float32"}}),
+    "secagg_keys": ({"op": "secagg_keys"}, {"seq": 5, "clients": [0, 2],
+                                            "adverts": np.zeros((2, 96), np.uint8)}),
+    "secagg_share": ({"op": "secagg_share"},
+                     {"seq": 5, "senders": [0, 0], "recipients": [1, 2],
+                      "sealed": np.zeros((2, messages.SEALED_SIZE), np.uint8)}),
+    "secagg_mask": ({"op": "secagg_mask"}, {"seq": 5, "clients": [0, 2],
+                                            "vector": np.zeros(4, np.uint32)}),
+    "secagg_unmask": ({"op": "secagg_unmask"},
+                      {"seq": 5, "holders": [0], "owners": [1], "kinds": [0],
+                       "shares": np.zeros((1, messages.SHARE_SIZE), np.uint8)}),
 }
 
 #: Values of the wrong type for any field (each field's own type is filtered out below).
@@ -71,6 +81,11 @@ def _wrong_type(field: str, good: Any) -> st.SearchStrategy[Any]:
         return ANY_VALUE.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
     if isinstance(good, dict):
         return ANY_VALUE.filter(lambda v: not isinstance(v, dict))
+    if isinstance(good, list):  # client ids: a list of the wrong things, or no list
+        return st.one_of(ANY_VALUE.filter(lambda v: not isinstance(v, list)),
+                         st.lists(st.one_of(st.text(max_size=2), st.floats(), st.none()),
+                                  min_size=1, max_size=3),
+                         st.lists(st.integers(max_value=-1), min_size=1, max_size=3))
     if isinstance(good, np.ndarray):
         return st.one_of(st.none(), st.text(max_size=4), st.dictionaries(st.text(), st.none()))
     return ANY_VALUE
@@ -229,6 +244,13 @@ GOOD_REQUESTS = {
                            {"key": 5, "shard": 2, "shards": 4, "seed": 1, "time_budget": 1.0}],
                   "weight": "examples", "fraction_bits": 32, "label": "client"},
     "take_partial": {},
+    "secagg_keys": {"round": 1, "clients": [0, 1], "cohort": 4, "degree": 0, "threshold": 2,
+                    "clip_range": 1.0, "modulus_bits": 32,
+                    "round_seed": np.zeros((1, 32), np.uint8), "length": 8},
+    "secagg_share": {"members": [0, 1], "adverts": np.zeros((2, 96), np.uint8)},
+    "secagg_mask": {"clients": [0], "seeds": [3], "shards": 2, "senders": [1],
+                    "recipients": [0], "sealed": np.zeros((1, messages.SEALED_SIZE), np.uint8)},
+    "secagg_unmask": {"clients": [0], "survivors": [0, 1], "dropped": [2]},
 }
 
 
@@ -258,6 +280,15 @@ def test_every_well_formed_request_fits():
       "weight": "once", "fraction_bits": 32, "label": "c"}, "unknown field(s) 'state'"),
     ({"op": "fit_batch", "fits": [{"key": 1, "shard": 0, "shards": 2, "seed": 0}],
       "weight": "twice", "fraction_bits": 32, "label": "c"}, "weight"),
+    ({"op": "secagg_unmask", "clients": [3], "survivors": [0, 1], "dropped": [2]},
+     "clients must be survivors"),
+    ({"op": "secagg_unmask", "clients": [1], "survivors": [0, 1], "dropped": [1]},
+     "both a survivor and dropped"),
+    ({"op": "secagg_share", "members": [0, 1], "adverts": np.zeros((2, 95), np.uint8)},
+     "adverts rows are 95 bytes wide; they must be 96"),
+    ({"op": "secagg_mask", "clients": [1, 0], "seeds": [0, 0], "shards": 2, "senders": [],
+      "recipients": [], "sealed": np.zeros((0, messages.SEALED_SIZE), np.uint8)},
+     "clients: client ids must be distinct"),
 ])
 def test_a_bad_request_is_refused_by_the_worker_which_serves_on(request_, why):
     trainer = Trainer(meshkit.plugins.create("task", "synthetic", {"params": 8, "rows": 8}))

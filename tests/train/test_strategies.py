@@ -11,7 +11,7 @@ import meshkit
 import meshkit.plugins
 from meshkit.errors import ConfigError, MeshError, PeerLostError, PlacementError
 from meshkit.task import FitResult
-from meshkit.train import LocalPool, Partition, StrategyContext, WorkerIdentity
+from meshkit.train import LocalPool, Partition, Reply, StrategyContext, Trainer, WorkerIdentity
 
 
 class ShardMean:
@@ -244,6 +244,98 @@ def test_data_parallel_steps_the_outer_optimizer_once_a_round_and_resets_the_rep
     assert float(result.state["m"][0]) == pytest.approx(-2.0)
     sets = [req for _, req in ctx.pool.log if req["op"] == "set_state"]
     assert [float(r["state"]["m"][0]) for r in sets] == [0.0, 0.0, -1.0, -1.0, -2.0, -2.0]
+
+
+class JoinsLate(LocalPool):
+    """A pool where rank 3 becomes live only once ``after`` requests were sent (a worker
+    whose link came up after the run's first ``set_state``, as a torchdist coordinator
+    that does not wait for its workers sees it); ``peer_reduce``: the workers all-reduce
+    among themselves (the mesh path's ``step``)."""
+
+    after = 0
+    peer_reduce = False
+
+    def live(self, ranks):
+        return [r for r in super().live(ranks) if r != 3 or len(self.log) >= self.after]
+
+
+class EchoGroup:
+    """A worker's group whose all-reduce returns the worker's own gradients: ShardMean's
+    gradients are 1 on every replica, so that is their mean."""
+
+    def mesh_all_reduce(self, state, weight=1.0, *, ranks=None, timeout=None):
+        return dict(state)
+
+
+def late_joiner_ctx(after: int, *, mesh: bool) -> StrategyContext:
+    task = ShardMean(8)
+    pool = JoinsLate({r: Trainer(task, group=EchoGroup()) for r in (1, 2, 3)})
+    pool.after, pool.peer_reduce = after, mesh
+    return make_ctx(task, ranks=(1, 2, 3), pool=pool,
+                    aggregator=meshkit.plugins.create("aggregator", "allreduce"))
+
+
+#: When rank 3 turns live: after the start's set_state to ranks 1 and 2 (2
+#: requests), or mid-round once step 1 went to them (star: 2 set_state, 2
+#: grads, 2 apply; mesh: 2 set_state, 2 step).
+LATE = {("start", False): 2, ("start", True): 2, ("mid-round", False): 6,
+        ("mid-round", True): 4}
+
+
+@pytest.mark.parametrize("mesh", [False, True], ids=["star", "mesh"])
+@pytest.mark.parametrize("when", ["start", "mid-round"])
+def test_a_data_parallel_replica_that_never_got_the_model_is_given_it_before_a_step(
+        when, mesh):
+    ctx = late_joiner_ctx(LATE[when, mesh], mesh=mesh)
+    result = strategy("data-parallel", rounds=2, steps=2).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(-4.0), "every step happened once"
+    to_3 = [req["op"] for rank, req in ctx.pool.log if rank == 3]
+    assert to_3[0] == "set_state", f"rank 3 was sent {to_3[0]!r} before any model"
+    if when == "mid-round":
+        # Mid-round, the replicas' model is read back and handed over, not the round's start.
+        assert float(next(req["state"]["m"][0] for rank, req in ctx.pool.log
+                          if rank == 3)) == pytest.approx(-1.0)
+
+
+class WrongModel(Trainer):
+    """A replica whose model, read back, has the wrong shape."""
+
+    def handle(self, request):
+        reply = super().handle(request)
+        return {**reply, "state": {"m": np.zeros(2)}} if request["op"] == "get_state" else reply
+
+
+def test_a_replica_whose_model_does_not_fit_is_not_the_one_a_late_rank_is_handed():
+    ctx = late_joiner_ctx(LATE["mid-round", False], mesh=False)
+    ctx.pool.trainers[1] = WrongModel(ctx.task, group=EchoGroup())
+    strategy("data-parallel", rounds=1, steps=2).run(ctx)
+    assert "protocol error" in ctx.dead[1]
+    handed = [req["state"]["m"] for rank, req in ctx.pool.log
+              if rank == 3 and req["op"] == "set_state"]
+    assert handed and np.array_equal(handed[0], [-1.0]), "rank 2's model, after step 1"
+
+
+class LosesAnAck(LocalPool):
+    """A pool whose reply to rank 3's set_state is lost without its ledger declaring rank 3
+    dead (a host relay's ``fanout`` answer without it: the relay's news comes later)."""
+
+    def receive(self, block=True, until=None):
+        ranks = sorted((q[0][0], r) for r, q in self._queue.items() if q)
+        rank = ranks[0][1] if ranks else None
+        if rank == 3 and self._queue[3][0][1]["op"] == "set_state":
+            seq, _ = self._queue[3].popleft()
+            return Reply(3, None, "host relay 'relay-1' did not answer for rank 3", seq)
+        return super().receive(block, until)
+
+
+def test_a_data_parallel_replica_that_did_not_acknowledge_the_model_is_not_sent_a_step():
+    task = ShardMean(8)
+    ctx = make_ctx(task, ranks=(1, 2, 3), pool=LosesAnAck.of(lambda: task, (1, 2, 3)),
+                   aggregator=meshkit.plugins.create("aggregator", "allreduce"))
+    result = strategy("data-parallel", rounds=1, steps=2, min_workers=2).run(ctx)
+    assert float(result.state["m"][0]) == pytest.approx(-2.0)
+    assert [req["op"] for rank, req in ctx.pool.log if rank == 3] == ["set_state"]
+    assert "did not acknowledge" in ctx.dead[3] and "rank 3" in ctx.dead[3]
 
 
 def test_more_data_parallel_workers_than_training_rows_is_refused_before_the_run():

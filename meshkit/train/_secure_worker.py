@@ -1,0 +1,245 @@
+"""A worker's side of a secure round: one :class:`meshkit.secagg.ClientRound` per client it plays.
+
+Rule: every ``secagg_*`` request a worker answers is decided here, and the
+update a client masks never leaves this module unmasked. The worker is the
+trust boundary: it plays every simulated client it is given, so it sees
+their updates in clear (docs/secure-aggregation.md, "Composition"); the
+coordinator sees only public keys, sealed shares, the modular sum of the
+worker's masked inputs, and the shares it needs to unmask the round's sum.
+
+The ops, in the order a round sends them (docs/protocol.md §7.2):
+
+``secagg_keys``
+    fresh :class:`ClientRound` per client (fresh key pairs, fresh self-mask
+    seed): their adverts.
+``secagg_share``
+    every member's advert; each client's roster is its neighbours' adverts in
+    the round's graph: the sealed shares, one row per neighbour.
+``secagg_mask``
+    each client's fit (the ordinary ``fit`` path of :class:`Trainer`, so
+    ``--attack`` and ``[privacy] clip = "client"`` apply as they do in plain
+    rounds) from the round's model, the update (fitted minus the model, the
+    float arrays in sorted key order: :func:`update_vector`) quantised and
+    masked; the reply is the sum mod ``2**modulus_bits`` of this worker's
+    masked inputs (a fold of its own, as a relay does). A client whose
+    delivered shares do not open (tampered or misrouted) or are too few does
+    not mask: it drops out before masking, and the reply's ``clients`` says
+    who is in the sum.
+``secagg_unmask``
+    each survivor's shares of the survivors' self-mask seeds and the dropped
+    clients' mask keys.
+
+Fault injection, for tests only: ``MESHKIT_FAULT_EXIT_AFTER_MASKING =
+"ROUND:CLIENT,..."`` in a worker's environment makes the worker process exit
+(status 70) right after it sent the masked input of CLIENT in ROUND -- a
+client that drops after masking, as the protocol must survive. Nothing else
+reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from meshkit.errors import MeshError, RefusedError
+from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
+                            Roster, SealedShares, SecAggError, SecAggParams, ShareDelivery,
+                            UnmaskRequest,
+                            add_mod, masked_length, neighbours, quantize, vector_dtype)
+from meshkit.train._messages import ADVERT_SIZE
+
+__all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
+
+log = logging.getLogger(__name__)
+
+#: The test-only fault injection (module docstring).
+FAULT_ENV = "MESHKIT_FAULT_EXIT_AFTER_MASKING"
+#: A worker that exits by :data:`FAULT_ENV` exits with this status.
+FAULT_STATUS = 70
+
+
+def vector_keys(state: Mapping[str, Any]) -> list[str]:
+    """The keys a secure round sums: the floating-point arrays, in sorted order.
+
+    Integer arrays (counters such as ``num_batches_tracked``) and JSON
+    entries are not summed; the round's new model keeps the global model's
+    values for them (as a private round does).
+    """
+    return sorted(k for k, v in state.items()
+                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating))
+
+
+def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],
+                  keys: list[str]) -> np.ndarray:
+    """``fitted - start`` over ``keys``, flattened in that order, in float64."""
+    parts = []
+    for key in keys:
+        if key not in fitted or np.shape(fitted[key]) != start[key].shape:
+            raise MeshError(f"the fit's model has no {key!r} of the round model's shape "
+                            f"{list(start[key].shape)}")
+        parts.append((np.asarray(fitted[key], np.float64)
+                      - np.asarray(start[key], np.float64)).ravel())
+    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+
+
+def _advert_row(advert: KeyAdvert) -> np.ndarray:
+    return np.frombuffer(advert.share_key + advert.mask_key + advert.seed_commitment,
+                         np.uint8)
+
+
+def _advert(client: int, row: np.ndarray) -> KeyAdvert:
+    raw = bytes(row)
+    return KeyAdvert(client, raw[:32], raw[32:64], raw[64:ADVERT_SIZE])
+
+
+def _faults(text: str) -> set[tuple[int, int]]:
+    """``"ROUND:CLIENT,..."`` as a set of (round, client)."""
+    found = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        rnd, _, client = item.partition(":")
+        found.add((int(rnd), int(client)))
+    return found
+
+
+class SecureClients:
+    """The clients a worker plays in the current secure round (module docstring).
+
+    ``fit(request) -> (fitted state, start state)`` runs one client's fit the
+    way the worker's ``fit`` op does.
+    """
+
+    def __init__(self) -> None:
+        self.params: SecAggParams | None = None
+        self.round = 0
+        self.seed = b""
+        self.length = 0
+        self.rounds: dict[int, ClientRound] = {}
+        #: Set by a masked reply the fault injection names; read after the reply is sent.
+        self.exit_pending = False
+
+    def handle(self, op: str, request: Mapping[str, Any],
+               fit: Callable[[Mapping[str, Any]], tuple[Mapping[str, Any], Mapping[str, Any]]]
+               ) -> dict[str, Any]:
+        """The reply to one ``secagg_*`` request (checked against its schema already)."""
+        if op == "secagg_keys":
+            return self._keys(request)
+        if op == "secagg_share":
+            return self._share(request)
+        if op == "secagg_mask":
+            return self._mask(request, fit)
+        if op == "secagg_unmask":
+            return self._unmask(request)
+        raise MeshError(f"unknown secure-aggregation request {op!r}")
+
+    def _keys(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        self.params = SecAggParams(clients=int(request["cohort"]), degree=int(request["degree"]),
+                                   threshold=int(request["threshold"]),
+                                   clip_range=float(request["clip_range"]),
+                                   modulus_bits=int(request["modulus_bits"]))
+        self.round = int(request["round"])
+        self.seed = bytes(request["round_seed"][0])
+        self.length = int(request["length"])
+        self.exit_pending = False
+        self.rounds = {int(c): ClientRound(self.params, int(c), self.seed, self.length)
+                       for c in request["clients"]}
+        adverts = [_advert_row(self.rounds[c].advertise()) for c in sorted(self.rounds)]
+        return {"clients": sorted(self.rounds), "adverts": np.stack(adverts)}
+
+    def _require(self, clients: Any) -> None:
+        missing = sorted(set(map(int, clients)) - set(self.rounds))
+        if self.params is None or missing:
+            raise MeshError(f"clients {missing or list(clients)} have no secure round here "
+                            f"(a secagg_keys request starts one)")
+
+    def _share(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        self._require(self.rounds)
+        assert self.params is not None  # _require checked it
+        members = [int(m) for m in request["members"]]
+        adverts = {m: _advert(m, row) for m, row in zip(members, request["adverts"])}
+        graph = neighbours(self.seed, members, self.params.degree)
+        senders, recipients, sealed = [], [], []
+        for client in sorted(self.rounds):
+            if client not in adverts:
+                raise MeshError(f"client {client} is not among the round's members")
+            roster = Roster(client, tuple(members), tuple(adverts[v] for v in graph[client]))
+            for row in self.rounds[client].share(roster).shares:
+                senders.append(row.sender)
+                recipients.append(row.recipient)
+                sealed.append(np.frombuffer(row.sealed, np.uint8))
+        rows = np.stack(sealed) if sealed else np.zeros((0, SEALED_SIZE), np.uint8)
+        return {"senders": senders, "recipients": recipients, "sealed": rows}
+
+    def _mask(self, request: Mapping[str, Any],
+              fit: Callable[[Mapping[str, Any]], tuple[Mapping[str, Any], Mapping[str, Any]]]
+              ) -> dict[str, Any]:
+        clients = [int(c) for c in request["clients"]]
+        self._require(clients)
+        assert self.params is not None  # _require checked it
+        bits = self.params.modulus_bits
+        inbox: dict[int, list[SealedShares]] = {c: [] for c in clients}
+        for sender, recipient, row in zip(request["senders"], request["recipients"],
+                                          request["sealed"]):
+            if int(recipient) not in inbox:
+                raise MeshError(f"a share delivered for client {recipient}, not one of "
+                                f"{clients}")
+            inbox[int(recipient)].append(SealedShares(int(sender), int(recipient), bytes(row)))
+        total = np.zeros(masked_length(self.length), dtype=vector_dtype(bits))
+        extra = {k: request[k] for k in ("time_budget", "clip_norm")
+                 if request.get(k) is not None}
+        done, refused = [], []
+        for client, seed in zip(clients, request["seeds"]):
+            fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
+                                 "seed": int(seed), **extra})
+            update = update_vector(fitted, start, vector_keys(start))
+            if update.size != self.length:
+                raise MeshError(f"the round's updates have {self.length} elements; this "
+                                f"worker's model gives {update.size}")
+            quantised = quantize(update, self.params)
+            del update, fitted  # the clear update goes no further than this line
+            delivery = ShareDelivery(client, tuple(sorted(inbox[client],
+                                                          key=lambda s: s.sender)))
+            try:
+                masked: MaskedInput = self.rounds[client].mask(delivery, quantised)
+            except (SecAggError, RefusedError) as exc:
+                # A share that does not open (tampered, misrouted) or too few of them: this
+                # client drops out before masking, which the round survives. Its accuser's
+                # word is not enough to drop anyone else.
+                log.warning("round %d: client %d does not mask: %s", self.round, client, exc)
+                refused.append(f"client {client}: {exc}")
+                continue
+            add_mod(total, masked.vector, bits, out=total)
+            done.append(client)
+        if not done:
+            raise MeshError(f"none of the clients {clients} could mask its input: "
+                            + "; ".join(refused))
+        faults = _faults(os.environ.get(FAULT_ENV, ""))
+        self.exit_pending = any((self.round, c) in faults for c in done)
+        return {"clients": done, "vector": total}
+
+    def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        clients = [int(c) for c in request["clients"]]
+        self._require(clients)
+        survivors = tuple(int(c) for c in request["survivors"])
+        dropped = tuple(int(c) for c in request["dropped"])
+        holders, owners, kinds, shares = [], [], [], []
+        for client in clients:
+            reply = self.rounds[client].unmask(UnmaskRequest(client, survivors, dropped))
+            for kind, pairs in ((0, reply.seed_shares), (1, reply.key_shares)):
+                for owner, share in pairs:
+                    holders.append(client)
+                    owners.append(int(owner))
+                    kinds.append(kind)
+                    shares.append(np.frombuffer(share, np.uint8))
+        rows = np.stack(shares) if shares else np.zeros((0, SHARE_SIZE), np.uint8)
+        return {"holders": holders, "owners": owners, "kinds": kinds, "shares": rows}
+
+    def after_reply(self) -> None:
+        """Called once a reply is on the wire: the test-only fault injection's exit."""
+        if self.exit_pending:
+            log.warning("%s: exiting after the masked input of round %d (fault injection)",
+                        FAULT_ENV, self.round)
+            logging.shutdown()
+            os._exit(FAULT_STATUS)
