@@ -290,6 +290,10 @@ class Runner:
         error: str | None = None
         ctx = None
         ticker = threading.Event()
+        # What sending the jobs reads (a --pull-data node's training set, the
+        # mesh timeout) is set before any job goes out.
+        self._timeout = plan.config.mesh.timeout
+        self._plan_parts = (plan, parts)
         try:
             if parts["rounds"] == 0:
                 self._evaluate_only(plan, parts, out, last_metrics, final_state, pset)
@@ -583,8 +587,6 @@ class Runner:
                  last_metrics: dict[str, float], final_state: list[Any],
                  pset: Any) -> StrategyContext:
         cfg = plan.config
-        self._timeout = cfg.mesh.timeout
-        self._plan_parts = (plan, parts)
         outer = parts["outer"]
         rng = parts["rng"]
         privacy = parts["privacy"]
