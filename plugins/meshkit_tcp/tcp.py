@@ -84,7 +84,7 @@ KIND_MODEL = 2
 _KIND_NAMES = {KIND_CONTROL: "control", KIND_MODEL: "model"}
 #: How long a restarted rank's admission waits for its dead predecessor's
 #: link to be dropped (seconds).
-_STALE_LINK_WAIT = 2.0
+_STALE_LINK_WAIT = 10.0
 #: Seconds at most (and at most the stall timeout) a closing coordinator keeps
 #: a host relay's connection open for the relay's own goodbye.
 _RELAY_GOODBYE_WAIT = 5.0
