@@ -171,7 +171,7 @@ def fold_collectively(ctx: StrategyContext, work: Sequence[Any], *,
     if state is None:
         raise RefusedError("a collective round folds clients' fits of the round's global "
                            "model; a round without one (data-parallel) is not played")
-    if any(getattr(w, "rank", None) is not None for w in work):
+    if any(w.rank is not None for w in work):
         raise RefusedError("a collective round cannot pin a client to a rank (node-local "
                            "data): every rank serves its slice of the cohort")
     keys = sorted(w.key for w in work)

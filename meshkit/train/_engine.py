@@ -216,13 +216,13 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
-    if getattr(ctx, "collective", None) is not None and fold is None:
+    if ctx.collective is not None and fold is None:
         # Every rank plays the round: its slice, one exact partial, one all-reduce.
         return fold_collectively(ctx, work, state=state, weight=weight, window=window,
                                  label=label, serve=fold_round, folded_type=Folded,
                                  unsupported=bool(deadline or local or ctx.attack))
     # The round's global state is the reference a rule on updates measures from.
-    attack = getattr(ctx, "attack", None) if fold is None else None
+    attack = ctx.attack if fold is None else None
     given = fold is not None
     fold = ctx.aggregation_begin(reference=state) if fold is None else fold
     requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
