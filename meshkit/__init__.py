@@ -45,6 +45,7 @@ _LAZY = {
     "NodeControl": "meshkit.node",
     "NodeReport": "meshkit.node",
     "TrainReport": "meshkit.node",
+    "AggregatorTraits": "meshkit.aggregation",
     "StrategyContext": "meshkit.train",
     "RoundReport": "meshkit.train",
     "FitResult": "meshkit.task",

@@ -36,6 +36,8 @@ Where each idea lives:
 * ``_json.py``: how JSON leaves are averaged and checked;
 * ``_threads.py``: how a large fold is split across threads;
 * ``_messages.py``: how refusals word values and contributor lists;
+* ``_traits.py``: :class:`AggregatorTraits`, what an aggregator declares it is
+  (the kernel decides by these, never by a name);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
   :func:`clip_update`), shared by the robust rules and privacy.
 """
@@ -63,6 +65,7 @@ from meshkit.aggregation._contract import (
 from meshkit.aggregation._fixed import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum
 from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
 from meshkit.aggregation._threads import DEFAULT_THREADS
+from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
 
 __all__ = [
     "Fold",
@@ -88,4 +91,7 @@ __all__ = [
     "FixedPointSum",
     "FixedPartial",
     "DEFAULT_FRACTION_BITS",
+    "AggregatorTraits",
+    "aggregator_traits",
+    "linear_weight",
 ]
