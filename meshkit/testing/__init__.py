@@ -12,7 +12,8 @@ point, so every test suite of a project that installs meshkit gets:
   at a component: :class:`AggregatorContract`,
   :class:`OuterOptimizerContract`, :class:`BoardContract`,
   :class:`TransportContract`, :class:`StrategyContract`,
-  :class:`TaskContract`, :class:`PartitionerContract`::
+  :class:`TaskContract`, :class:`PartitionerContract`,
+  :class:`RobustAggregatorContract`, :class:`ExporterContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -48,6 +49,7 @@ __all__ = [
     "TaskContract",
     "PartitionerContract",
     "RobustAggregatorContract",
+    "ExporterContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -62,6 +64,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.task",
     "meshkit.testing.partitioner",
     "meshkit.testing.robust",
+    "meshkit.testing.exporter",
 )
 
 _LAZY = {
@@ -73,6 +76,7 @@ _LAZY = {
     "TaskContract": "meshkit.testing.task",
     "PartitionerContract": "meshkit.testing.partitioner",
     "RobustAggregatorContract": "meshkit.testing.robust",
+    "ExporterContract": "meshkit.testing.exporter",
 }
 
 
