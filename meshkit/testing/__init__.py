@@ -13,7 +13,8 @@ point, so every test suite of a project that installs meshkit gets:
   :class:`OuterOptimizerContract`, :class:`BoardContract`,
   :class:`TransportContract`, :class:`StrategyContract`,
   :class:`TaskContract`, :class:`PartitionerContract`,
-  :class:`RobustAggregatorContract`, :class:`ExporterContract`::
+  :class:`RobustAggregatorContract`, :class:`ObserverContract`,
+  :class:`ExporterContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -50,6 +51,7 @@ __all__ = [
     "PartitionerContract",
     "RobustAggregatorContract",
     "ExporterContract",
+    "ObserverContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -65,6 +67,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.partitioner",
     "meshkit.testing.robust",
     "meshkit.testing.exporter",
+    "meshkit.testing.observer",
 )
 
 _LAZY = {
@@ -77,6 +80,7 @@ _LAZY = {
     "PartitionerContract": "meshkit.testing.partitioner",
     "RobustAggregatorContract": "meshkit.testing.robust",
     "ExporterContract": "meshkit.testing.exporter",
+    "ObserverContract": "meshkit.testing.observer",
 }
 
 
