@@ -358,8 +358,10 @@ class AggregatorContract(ContractBase):
             got = result[key]
             assert isinstance(got, np.ndarray) and got.dtype == np.dtype(dtype), (
                 f"key {key!r}: a {np.dtype(dtype)} input came back as {getattr(got, 'dtype', got)}")
+            tol = tolerance(dtype)
             np.testing.assert_allclose(
-                got.astype(np.float64), expected.astype(np.float64), **tolerance(dtype),
+                got.astype(np.float64), expected.astype(np.float64),
+                rtol=tol["rtol"], atol=tol["atol"],
                 err_msg=f"key {key!r} in {np.dtype(dtype)}: the rule declares linear = True, "
                         f"so it must give sum(w_i x_i) / sum(w_i) with w_i = weight(weights[i]) "
                         f"(weights {weights}); are the weights ignored?")
@@ -385,9 +387,11 @@ class AggregatorContract(ContractBase):
             assert isinstance(got[key], np.ndarray) and got[key].dtype == np.dtype(dtype), (
                 f"key {key!r}: a {np.dtype(dtype)} input came back as "
                 f"{getattr(got[key], 'dtype', type(got[key]).__name__)}")
+            tol = tolerance(dtype)
             np.testing.assert_allclose(
-                got[key].astype(np.float64),
-                np.asarray(expected[key]).astype(dtype).astype(np.float64), **tolerance(dtype),
+                np.asarray(got[key]).astype(np.float64),
+                np.asarray(expected[key]).astype(dtype).astype(np.float64),
+                rtol=tol["rtol"], atol=tol["atol"],
                 err_msg=f"key {key!r}: {len(low)} contributions in {np.dtype(dtype)} gave "
                         f"another result than the same values in float64 (is {np.dtype(dtype)} "
                         f"handled as a float? ml_dtypes' bfloat16 is not np.floating)")

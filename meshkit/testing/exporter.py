@@ -59,9 +59,10 @@ class ExporterContract(ContractBase):
     #: The format's own reader: ``read(file) -> {key: ndarray}``. When set, the
     #: exported model must read back bit for bit.
     read: ClassVar[Callable[[Path], Mapping[str, np.ndarray]] | None] = None
-    #: The model the suite exports: array keys to arrays (override for a format
-    #: that holds fewer dtypes).
-    model: ClassVar[Callable[[], Mapping[str, Any]]] = staticmethod(_model)
+    def model(self) -> Mapping[str, Any]:
+        """The model the suite exports: array keys to arrays (override for a format
+        that holds fewer dtypes)."""
+        return _model()
 
     def run_dir(self, root: Path, state: Mapping[str, Any] | None = None) -> Path:
         run = root / "run"

@@ -102,7 +102,7 @@ def round_reference(state: Mapping[str, Any], scale: float = 0.5) -> dict[str, A
         if array is not None and (array.dtype.kind == "f" or (
                 bfloat16 is not None and array.dtype == bfloat16)):
             rng = np.random.default_rng(zlib.crc32(key.encode("utf-8")))
-            out[key] = (scale * rng.standard_normal(array.shape)).astype(array.dtype)
+            out[key] = np.asarray(scale * rng.standard_normal(array.shape)).astype(array.dtype)
         else:
             out[key] = snapshot(value)
     return out
