@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Mapping
 
 import pytest
 
+import meshkit
 from meshkit import plugins
 from meshkit.testing import make_plugin_set, use_plugins
 from meshkit.testing.support import ContractBase
@@ -151,8 +152,6 @@ class ObserverContract(ContractBase):
 
     def test_a_two_round_run_calls_every_hook_as_a_run_does(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        import meshkit
-
         kind = type(self.make(**self.observer_options(tmp_path)))
         heard: list[str] = []
         raised: list[str] = []

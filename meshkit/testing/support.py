@@ -6,12 +6,15 @@ import copy
 import json
 import math
 import threading
+import zlib
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+import attrs
 import numpy as np
 import pytest
 
 from meshkit import plugins
+from meshkit.aggregation import aggregator_traits, uses_reference
 from meshkit.testing import make_plugin_set
 
 __all__ = [
@@ -76,10 +79,6 @@ def declared_traits(aggregator: Any) -> Any:
     before traits existed said the same with ``uses_reference = True`` and a
     ``state_dict()``/``load_state_dict()`` pair, and either spelling counts.
     """
-    import attrs
-
-    from meshkit.aggregation import aggregator_traits, uses_reference
-
     traits = aggregator_traits(aggregator)
     keeps_state = callable(getattr(aggregator, "state_dict", None)) and \
         callable(getattr(aggregator, "load_state_dict", None))
@@ -94,8 +93,6 @@ def round_reference(state: Mapping[str, Any], scale: float = 0.5) -> dict[str, A
     gives the same reference for the same keys, whatever the contributions);
     integer arrays and JSON leaves are copied from ``state``.
     """
-    import zlib
-
     out: dict[str, Any] = {}
     for key, value in state.items():
         array = value if isinstance(value, np.ndarray) else None
