@@ -34,3 +34,46 @@ def _torch_read(file: Path) -> dict[str, np.ndarray]:
 class TestTorch(ExporterContract):
     component = "torch"
     read = staticmethod(_torch_read)
+
+
+# -- the suite fails broken exporters ------------------------------------------
+
+
+class _WritesInPlace:
+    """Writes straight into the target: a failure leaves a torn file."""
+
+    def export(self, source, file):
+        from meshkit.safetensors import export
+
+        with open(file, "wb") as fh:
+            fh.write(b"partial")
+        return export(source, file)
+
+
+class _ProbesAtConstruction:
+    """Checks its output directory by writing a probe file from the factory."""
+
+    def __init__(self):
+        Path("probe.tmp").write_text("ok")
+
+    def export(self, source, file):
+        from meshkit.safetensors import export
+
+        return export(source, file)
+
+
+def _broken(cls):
+    return type("Broken", (ExporterContract,), {"make": lambda self, **_: cls(),
+                                                "read": staticmethod(TestSafetensors.read)})()
+
+
+def test_the_suite_fails_an_export_that_is_not_atomic(tmp_path):
+    with pytest.raises(AssertionError, match="replaced the file that was there"):
+        _broken(_WritesInPlace).test_a_state_the_format_cannot_hold_is_refused_naming_the_key(
+            tmp_path)
+
+
+def test_the_suite_fails_a_factory_that_writes_a_file(tmp_path, monkeypatch):
+    with pytest.raises(AssertionError, match="building the exporter created"):
+        _broken(_ProbesAtConstruction).test_building_the_exporter_touches_no_file(
+            tmp_path, monkeypatch)
