@@ -251,7 +251,8 @@ def _unmarked_hooks(manager: pluggy.PluginManager, plugin: Any, name: str) -> li
             continue
         try:
             value = getattr(plugin, attr)
-        except Exception:  # a property that raises is the plugin's business, not a hook
+        except Exception as exc:  # a property that raises is the plugin's business, not a hook
+            log.debug("plugin %r: reading %s raised", name, attr, exc_info=exc)
             continue
         if not inspect.isroutine(value):
             continue
