@@ -60,7 +60,7 @@ _LAZY = {
 # Subpackages and modules reachable as attributes after ``import meshkit``
 # (``meshkit.plugins.available("aggregator")``), imported on first use.
 _SUBMODULES = frozenset({
-    "aggregation", "checkpoint", "cli", "config", "flower", "hookspecs", "node", "options", "outer",
+    "aggregation", "checkpoint", "cli", "config", "exporter", "flower", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
     "train", "transport",
     "wire", "attack", "population", "simulation", "secagg",

@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 
 from meshkit._atomic import atomic_file
-from meshkit.errors import ConfigError
+from meshkit.errors import ConfigError, StateError
 from meshkit.state import BFLOAT16, dtype_from_name, dtype_name
 
 __all__ = ["Checkpoint", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint",
@@ -72,6 +72,7 @@ def checkpoint_path(path: str | os.PathLike[str]) -> Path:
 
 def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, np.ndarray):
+        _check_array_name(prefix, arrays)
         arrays[prefix] = value
         return {"__array__": prefix}
     if isinstance(value, np.generic):
@@ -81,6 +82,29 @@ def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_to_json(v, f"{prefix}/{i}", arrays) for i, v in enumerate(value)]
     return value
+
+
+def _check_array_name(name: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Refuse a key the ``.npz`` cannot hold, before a file its own loader calls corrupt.
+
+    An array's path is a zip member name: NUL ends it early and a lone
+    surrogate cannot be encoded, and two keys that spell one path (``"a/b"``
+    beside ``{"a": {"b": ...}}``) would silently keep only the last.
+    """
+    problem = None
+    if "\0" in name:
+        problem = "holds a NUL character"
+    else:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = "is not valid Unicode (a lone surrogate)"
+    if problem is None and name in arrays:
+        problem = "spells the same path as another key (a '/' inside a key)"
+    if problem is not None:
+        section, _, key = name.partition("/")
+        raise StateError(f"checkpoint: the {section} key {key!r} {problem}, which a checkpoint "
+                         f"cannot hold; rename it in the task's state (nothing was written)")
 
 
 def _from_json(value: Any, arrays: Mapping[str, np.ndarray]) -> Any:

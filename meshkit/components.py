@@ -27,6 +27,7 @@ KINDS: dict[str, str] = {
     "privacy": "meshkit_privacy",
     "observer": "meshkit_observers",
     "attack": "meshkit_attacks",
+    "exporter": "meshkit_exporters",
 }
 
 

@@ -145,6 +145,20 @@ def meshkit_attacks() -> Iterable[Component]:
     """
 
 
+@_hookspec
+def meshkit_exporters() -> Iterable[Component]:
+    """Offer exporters: the file formats ``meshkit export --format NAME`` writes a model in.
+
+    Called once per plugin manager, the first time an exporter is listed or
+    selected (``meshkit export --format NAME``). Return
+    :class:`meshkit.Component` records whose factory builds an object with
+    ``export(source, file) -> Path`` (:class:`meshkit.exporter.Exporter`):
+    ``source`` a run directory or checkpoint file, ``file`` replaced
+    atomically. The factory must import nothing heavy (torch is imported by
+    ``export``, never to list or select another format).
+    """
+
+
 # -- event hooks -------------------------------------------------------------
 
 

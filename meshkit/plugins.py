@@ -16,6 +16,7 @@ embedders build their own with :func:`build_manager`.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import logging
 import os
 import threading
@@ -95,6 +96,9 @@ class PluginSet:
     load_failures: list[PluginFailure] = attrs.Factory(list)
     #: Observers whose event hooks raised, once per plugin and hook (see :func:`notify`).
     observer_failures: list[ObserverFailure] = attrs.Factory(list)
+    #: One line per ``meshkit_*`` function of a plugin that lacks its
+    #: ``@meshkit.hookimpl`` marker (pluggy ignores it: the plugin is deaf to it).
+    unmarked_hooks: list[str] = attrs.Factory(list)
     _registry: Registry | None = None
     _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
 
@@ -157,6 +161,9 @@ class PluginSet:
             return False
         self.loaded.append(LoadedPlugin(name, distribution, version))
         self._registry = None
+        for warning in _unmarked_hooks(self.manager, plugin, name):
+            self.unmarked_hooks.append(warning)
+            log.warning("%s", warning)
         return True
 
     def _observer_failed(self, plugin_name: str, hook_name: str,
@@ -226,6 +233,37 @@ def _check_hook_names(manager: pluggy.PluginManager, plugin: Any, name: str) -> 
             f"plugin {name!r} implements unknown hook {caller.name!r}{hint}; "
             f"meshkit's hooks are: {', '.join(known)}"
         )
+
+
+def _unmarked_hooks(manager: pluggy.PluginManager, plugin: Any, name: str) -> list[str]:
+    """A warning for each ``meshkit_*`` function of ``plugin`` that pluggy did not register.
+
+    pluggy registers only what carries the ``meshkit`` marker and skips the
+    rest without a word, so a hook whose ``@meshkit.hookimpl`` was lost is
+    never called: an observer silently deaf to its rounds, a component hook
+    whose components never appear.
+    """
+    registered = {c.name for c in manager.get_hookcallers(plugin) or []}
+    known = sorted(n for n in dir(hookspecs) if n.startswith("meshkit_"))
+    found = []
+    for attr in sorted(dir(plugin)):
+        if not attr.startswith("meshkit_") or attr in registered:
+            continue
+        try:
+            value = getattr(plugin, attr)
+        except Exception as exc:  # a property that raises is the plugin's business, not a hook
+            log.debug("plugin %r: reading %s raised", name, attr, exc_info=exc)
+            continue
+        if not inspect.isroutine(value):
+            continue
+        if attr in known:
+            why = "; pluggy ignores it, so meshkit never calls it"
+        else:
+            near = closest(attr, known)
+            why = (" and no hook has this name" + (f" (did you mean {near!r}?)" if near else "")
+                   + "; rename it if it is not meant as a hook")
+        found.append(f"plugin {name!r}: {attr}() is not marked with @meshkit.hookimpl{why}")
+    return found
 
 
 def _names_from_env(value: str | None) -> set[str] | None:

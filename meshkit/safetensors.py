@@ -29,6 +29,7 @@ How a meshkit state maps onto it (:func:`state_tensors`):
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -146,25 +147,23 @@ def read_safetensors(file: str | os.PathLike[str]
                          f"({len(raw)} bytes) or {MAX_HEADER}")
     try:
         header = json.loads(raw[8:8 + length].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise StateError(f"{str(file)!r}: the header is not UTF-8 JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: a header of nested brackets; json has no depth limit of its own.
+        raise StateError(f"{str(file)!r}: the header is not UTF-8 JSON: "
+                         f"{type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise StateError(f"{str(file)!r}: the header is not a JSON object")
     data = memoryview(raw)[8 + length:]
-    metadata = dict(header.pop("__metadata__", None) or {})
+    metadata = _metadata(file, header.pop("__metadata__", None))
+    entries = sorted(_entry(file, name, e) for name, e in header.items())
     tensors: dict[str, np.ndarray] = {}
     end = 0
-    try:
-        entries = sorted((int(e["data_offsets"][0]), int(e["data_offsets"][1]), name,
-                          _BY_NAME.get(e["dtype"]), tuple(int(n) for n in e["shape"]))
-                         for name, e in header.items())
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise StateError(f"{str(file)!r}: a header entry lacks dtype, shape or data_offsets "
-                         f"({type(exc).__name__}: {exc})") from None
     for begin, stop, name, dtype, shape in entries:
-        if dtype is None or begin != end or not begin <= stop <= len(data) or \
-                min(shape, default=0) < 0 or \
-                int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != stop - begin:
+        # numpy refuses a shape whose nonzero dimensions multiply past int64,
+        # even when another dimension is 0 (no bytes at all).
+        if begin != end or not begin <= stop <= len(data) or \
+                math.prod(shape) * dtype.itemsize != stop - begin or \
+                math.prod(max(n, 1) for n in shape) >= 2 ** 62:
             raise StateError(f"{str(file)!r}: tensor {name!r} does not fit the file (dtype, "
                              f"shape or offsets {begin}..{stop} disagree)")
         tensors[name] = np.frombuffer(data[begin:stop], dtype=dtype.newbyteorder("<")
@@ -173,6 +172,47 @@ def read_safetensors(file: str | os.PathLike[str]
     if end != len(data):
         raise StateError(f"{str(file)!r}: {len(data) - end} bytes after the last tensor")
     return tensors, metadata
+
+
+def _metadata(file: str | os.PathLike[str], value: Any) -> dict[str, str]:
+    """The ``__metadata__`` object: string to string, or nothing."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise StateError(f"{str(file)!r}: __metadata__ must be a JSON object of strings, got "
+                         f"{json.dumps(value)[:80]}")
+    return dict(value)
+
+
+def _count(value: Any) -> int:
+    """A JSON whole number >= 0 (not a bool, not a float), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{json.dumps(value)[:40]} is not a whole number >= 0")
+    return value
+
+
+def _entry(file: str | os.PathLike[str], name: str,
+           entry: Any) -> tuple[int, int, str, np.dtype, tuple[int, ...]]:
+    """One tensor's (begin, end, name, dtype, shape), every field checked for its type.
+
+    Python ints, so no product or offset can wrap as numpy's int64 would.
+    """
+    try:
+        if not isinstance(entry, dict):
+            raise ValueError(f"the entry is {json.dumps(entry)[:40]}, not an object")
+        dtype = entry["dtype"]
+        if not isinstance(dtype, str) or dtype not in _BY_NAME:
+            raise ValueError(f"dtype {json.dumps(dtype)[:40]} is not one of "
+                             f"{', '.join(sorted(_BY_NAME))}")
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2:
+            raise ValueError("shape must be a list and data_offsets a list of two numbers")
+        begin, stop = _count(offsets[0]), _count(offsets[1])
+        dims = tuple(_count(n) for n in shape)
+    except (KeyError, ValueError) as exc:
+        raise StateError(f"{str(file)!r}: tensor {name!r}: {type(exc).__name__}: {exc}; each "
+                         f"entry needs dtype, shape and data_offsets") from None
+    return begin, stop, name, _BY_NAME[dtype], dims
 
 
 def export(source: str | os.PathLike[str], file: str | os.PathLike[str]) -> Path:

@@ -11,7 +11,7 @@ Each command lives in a module named for it and loads only when it runs:
 * ``_check`` — ``meshkit check``;
 * ``_run`` — ``meshkit run`` and ``meshkit coordinator``;
 * ``_keygen`` — ``meshkit keygen``;
-* ``_export`` — ``meshkit export`` (a run's model as a torch state_dict or safetensors);
+* ``_export`` — ``meshkit export`` (a run's model through an exporter plugin);
 * ``_node`` — ``meshkit node`` (with ``_options``: ``KEY=VALUE`` flags and
   the secret);
 * ``_relay`` — ``meshkit relay`` (a host relay, from the transport).
@@ -49,7 +49,7 @@ _COMMANDS: Mapping[str, tuple[str, str]] = {
               "Validate CONFIG, resolve every named component, print the plan."),
     "coordinator": ("meshkit.cli._run:coordinator",
                     "Run only the coordinator of CONFIG, for nodes started elsewhere."),
-    "export": ("meshkit.cli._export:export_command", "Write RUN's model as a torch state_dict or a safetensors file."),
+    "export": ("meshkit.cli._export:export_command", "Write RUN's model in an exporter's format (torch, safetensors, ...)."),
     "keygen": ("meshkit.cli._keygen:keygen",
                "Write a node key pair: FILE (private, 0600) and FILE.pub."),
     "node": ("meshkit.cli._node:node",

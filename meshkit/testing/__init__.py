@@ -12,7 +12,9 @@ point, so every test suite of a project that installs meshkit gets:
   at a component: :class:`AggregatorContract`,
   :class:`OuterOptimizerContract`, :class:`BoardContract`,
   :class:`TransportContract`, :class:`StrategyContract`,
-  :class:`TaskContract`, :class:`PartitionerContract`::
+  :class:`TaskContract`, :class:`PartitionerContract`,
+  :class:`RobustAggregatorContract`, :class:`ObserverContract`,
+  :class:`ExporterContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -48,6 +50,8 @@ __all__ = [
     "TaskContract",
     "PartitionerContract",
     "RobustAggregatorContract",
+    "ExporterContract",
+    "ObserverContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -62,6 +66,8 @@ pytest.register_assert_rewrite(
     "meshkit.testing.task",
     "meshkit.testing.partitioner",
     "meshkit.testing.robust",
+    "meshkit.testing.exporter",
+    "meshkit.testing.observer",
 )
 
 _LAZY = {
@@ -73,6 +79,8 @@ _LAZY = {
     "TaskContract": "meshkit.testing.task",
     "PartitionerContract": "meshkit.testing.partitioner",
     "RobustAggregatorContract": "meshkit.testing.robust",
+    "ExporterContract": "meshkit.testing.exporter",
+    "ObserverContract": "meshkit.testing.observer",
 }
 
 

@@ -11,10 +11,30 @@ component; pytest collects the inherited tests::
 
 What it checks is meshkit's aggregation contract: strictness (a missing key,
 a shape or dtype that disagrees, zero contributors, a bad weight, each is an
-:class:`meshkit.AggregationError` naming the key), identity for one
-contributor, dtype preservation, no mutation of the inputs, independence from
-the order contributors arrive in, weighted semantics when declared, and that
-the streaming form (``begin()``) gives what the batch form gives.
+:class:`meshkit.AggregationError` naming the key), dtype preservation, values
+in float32, float16 and bfloat16 as in float64, no mutation of any input (the
+states, the weights list, the round's reference; batch and streaming),
+independence from the order contributors arrive in, weighted semantics when
+declared, and that the streaming form (``begin()``) gives what the batch form
+gives.
+
+The rule's declared :class:`meshkit.AggregatorTraits` decide the rest:
+
+* ``uses_reference``: every call gets the round's reference (``reference=``,
+  a state of the contributions' keys and dtypes,
+  :func:`meshkit.testing.support.round_reference`), as a round passes it.
+  Identity is checked *at the reference* (contributions equal to it give it
+  back bit for bit), not as one contributor back unchanged (a clipping rule
+  clips it), and updates must be measured from it (the same updates around a
+  moved reference move the result with it);
+* ``stateful``: no first-round identity is assumed; ``state_dict()`` must
+  survive a real checkpoint and give the next round exactly;
+* ``linear``: the result must be ``Σ ωᵢ xᵢ / Σ ωᵢ`` with ``ωᵢ =
+  weight(wᵢ)``, checked in every float dtype with no ``reference`` needed;
+* otherwise (a mean, a median, a selection) one contributor comes back bit
+  for bit and identical contributions give that contribution; and a rule
+  that declares no state must keep none (a round on a used aggregator equals
+  the same round on a fresh one).
 
 Small rounds hide the mistakes of rules that select or cut contributors: a
 trimmed mean with ``trim = 0.2`` cuts nothing from 4 contributors, so one that
@@ -28,12 +48,15 @@ it declares ``robust``, lets one wild contributor drag it away.
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pytest
 
-from meshkit.aggregation import begin
+from meshkit.aggregation import AggregatorTraits, BufferingFold, begin, linear_weight
+from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from meshkit.errors import AggregationError
 from meshkit.wire import encode_state
 from meshkit.testing.support import (
@@ -41,14 +64,20 @@ from meshkit.testing.support import (
     assert_states_close,
     assert_states_identical,
     bfloat16,
+    declared_traits,
     float_dtypes,
     model_states,
+    round_reference,
     snapshot,
+    tolerance,
 )
 
 __all__ = ["AggregatorContract", "MANY"]
 
 State = Mapping[str, Any]
+
+#: ``aggregate(..., reference=AUTO)``: the suite's own round reference for the states.
+AUTO: Any = object()
 
 #: Contributors in the many-contributors checks: enough that trimming any
 #: fraction from 1/40 up cuts at least one whole contributor from each end.
@@ -121,10 +150,14 @@ class AggregatorContract(ContractBase):
     #: key by key, lists position by position; other values must agree).
     json_values: ClassVar[bool] = True
     #: The result lies between the smallest and largest contribution,
-    #: coordinate by coordinate (true of every mean, median or selection).
+    #: coordinate by coordinate (true of every mean, median or selection); for
+    #: a rule that uses the round's reference, of the contributions and the
+    #: reference (a clipped update stops short of its contribution).
     bounded: ClassVar[bool] = True
     #: Optional ``reference(values, weights) -> expected`` computed in
-    #: float64: ``values`` has the contributors on axis 0, ``weights`` is a
+    #: float64 (or ``reference(values, weights, base)`` with ``base`` the
+    #: round's reference for that key, ``None`` for a rule that uses none):
+    #: ``values`` has the contributors on axis 0, ``weights`` is a
     #: float64 vector (all ones when the test passes no weights; whole numbers
     #: otherwise, so ``np.repeat(values, weights.astype(int), axis=0)`` is a
     #: valid way to honour them).
@@ -134,16 +167,39 @@ class AggregatorContract(ContractBase):
     #: of the honest ones. True of a median, or of a trimmed mean cutting at
     #: least 1/40 of the weight from each end; never of a mean.
     robust: ClassVar[bool] = False
+    #: The result depends on the contributions' values only, so the same values
+    #: held in float16 give the float64 result to float16's precision. A rule
+    #: that seeds a shuffle from the contributions' bytes (bucketing) sets False:
+    #: each dtype is then checked for bounds and for depending on every contributor.
+    same_in_every_dtype: ClassVar[bool] = True
 
     # -- helpers ---------------------------------------------------------
 
+    def traits(self, agg: Any = None) -> AggregatorTraits:
+        """What the aggregator declares (:func:`meshkit.testing.support.declared_traits`)."""
+        return declared_traits(self.make() if agg is None else agg)
+
     def weights(self, weights: Sequence[float]) -> list[float]:
-        """``weights`` for a weighted aggregator, equal weights for an unweighted one."""
-        return list(weights) if self.weighted else [1.0] * len(weights)
+        """``weights`` for a weighted (or linear) aggregator, equal weights otherwise."""
+        weighted = self.weighted or self.traits().linear
+        return list(weights) if weighted else [1.0] * len(weights)
+
+    def round_reference(self, states: Sequence[State]) -> dict[str, Any] | None:
+        """The round's reference the suite passes a rule that uses one (None otherwise)."""
+        if not states or not self.traits().uses_reference:
+            return None
+        return round_reference(states[0])
 
     def aggregate(self, states: Sequence[State], weights: Sequence[float] | None = None,
-                  agg: Any = None) -> dict[str, Any]:
+                  agg: Any = None, *, reference: Any = AUTO) -> dict[str, Any]:
+        """``agg.aggregate`` as a round calls it: with the round's reference when declared.
+
+        ``reference=AUTO`` (the default) passes :meth:`round_reference` of ``states``.
+        """
         agg = self.make() if agg is None else agg
+        if self.traits(agg).uses_reference:
+            ref = self.round_reference(states) if reference is AUTO else reference
+            return agg.aggregate(list(states), weights, reference=ref)
         return agg.aggregate(list(states), weights) if weights is not None \
             else agg.aggregate(list(states))
 
@@ -161,8 +217,19 @@ class AggregatorContract(ContractBase):
 
     # -- identity and dtypes ----------------------------------------------
 
+    def _skip_unless_identity_holds(self) -> None:
+        """One contributor back unchanged is a promise only some rules make (their traits say)."""
+        traits = self.traits()
+        if traits.uses_reference:
+            pytest.skip("the rule uses the round's reference: its identity is at the reference "
+                        "(test_contributions_at_the_reference_give_the_reference)")
+        if traits.stateful:
+            pytest.skip("the rule keeps state across rounds: no identity is promised "
+                        "(test_declared_state_survives_a_checkpoint)")
+
     @pytest.mark.parametrize("dtype", float_dtypes(), ids=str)
     def test_one_contributor_is_returned_unchanged(self, dtype: Any) -> None:
+        self._skip_unless_identity_holds()
         (state,) = _contributions(1, dtype)
         assert_states_identical(self.aggregate([snapshot(state)]), state,
                                 what="aggregate([s])")
@@ -173,10 +240,45 @@ class AggregatorContract(ContractBase):
                             what="aggregate([s], weights=[2.5])")
 
     def test_identical_contributions_give_that_contribution(self) -> None:
+        self._skip_unless_identity_holds()
         (state,) = _contributions(1)
         result = self.aggregate([snapshot(state) for _ in range(3)],
                                 self.weights([1.0, 2.0, 3.0]))
         assert_states_close(result, state, what="aggregate([s, s, s])")
+
+    @pytest.mark.parametrize("dtype", float_dtypes(), ids=str)
+    def test_contributions_at_the_reference_give_the_reference(self, dtype: Any) -> None:
+        if not self.traits().uses_reference:
+            pytest.skip("the rule does not use the round's reference")
+        (state,) = _contributions(1, dtype)
+        reference = round_reference(state)
+        result = self.aggregate([snapshot(reference)], [1.0], reference=reference)
+        assert_states_identical(result, reference, what=(
+            "one contribution equal to the round's reference (a zero update) did not give the "
+            "reference back bit for bit"))
+        # Several: a weighted mean of equal values may round in the last bit.
+        result = self.aggregate([snapshot(reference) for _ in range(3)],
+                                self.weights([1.0, 2.0, 3.0]), reference=reference)
+        assert_states_close(result, reference, what=(
+            "three contributions equal to the round's reference (zero updates)"))
+
+    def test_updates_are_measured_from_the_reference(self) -> None:
+        if not self.traits().uses_reference:
+            pytest.skip("the rule does not use the round's reference")
+        states = _contributions(5, np.float64, seed=17)
+        weights = self.weights([1.0, 2.0, 1.0, 3.0, 1.0])
+        reference = round_reference(states[0])
+        base = self.aggregate(states, weights, reference=reference)
+        shift = 100.0
+        moved = [{k: v + shift for k, v in s.items()} for s in states]
+        shifted = self.aggregate(moved, weights,
+                                 reference={k: v + shift for k, v in reference.items()})
+        for key in base:
+            np.testing.assert_allclose(
+                np.asarray(shifted[key]) - shift, np.asarray(base[key]), rtol=1e-9, atol=1e-9,
+                err_msg=f"key {key!r}: the same updates around a global model moved by +{shift:g} "
+                        f"gave another update; a rule that declares uses_reference must work "
+                        f"on contribution - reference (is the reference ignored?)")
 
     def test_each_array_keeps_its_input_dtype(self) -> None:
         rng = np.random.default_rng(1)
@@ -197,7 +299,7 @@ class AggregatorContract(ContractBase):
         encodable for the wire, the identical int64 buffer unchanged."""
         states = model_states(MANY, seed=5)
         weights = self.weights([1.0 + i % 3 for i in range(MANY)])
-        fold = self._fold(self.make())
+        fold = self._fold(self.make(), self.round_reference(states))
         for i, (s, w) in enumerate(zip(states, weights)):
             fold.add(snapshot(s), w, source=f"rank {i + 1}")
         for how, result in (("aggregate", self.aggregate(states, weights)),
@@ -216,12 +318,145 @@ class AggregatorContract(ContractBase):
                 f"{result['steps']!r}")
             encode_state(result)  # what the coordinator or a relay does with it next
 
-    def test_inputs_are_not_modified(self) -> None:
-        states = _contributions(3)
-        before = [snapshot(s) for s in states]
-        self.aggregate(states, self.weights([1.0, 2.0, 3.0]))
-        for i, (after, orig) in enumerate(zip(states, before)):
-            assert_states_identical(after, orig, what=f"contribution {i} after aggregate")
+    @pytest.mark.parametrize("dtype", float_dtypes(), ids=str)
+    @pytest.mark.parametrize("how", ["aggregate", "fold"])
+    def test_inputs_are_not_modified(self, how: str, dtype: Any) -> None:
+        # Large and small contributions, so a rule that clips or rescales in
+        # place is caught whatever its threshold.
+        states = _contributions(4, dtype, seed=18)
+        for scale, s in zip((1e-3, 1.0, 30.0, 1e3), states):
+            for key in s:
+                s[key] = (s[key].astype(np.float64) * scale).astype(dtype)
+        weights = self.weights([1.0, 2.0, 3.0, 4.0])
+        reference = self.round_reference(states)
+        before = ([snapshot(s) for s in states], list(weights), snapshot(reference))
+        if how == "aggregate":
+            self.aggregate(states, weights, reference=reference)
+        else:
+            fold = self._fold(self.make(), reference)
+            for i, (s, w) in enumerate(zip(states, weights)):
+                fold.add(s, w, source=f"rank {i + 1}")
+            fold.result()
+        for i, (after, orig) in enumerate(zip(states, before[0])):
+            assert_states_identical(after, orig, what=f"{how}: contribution {i} afterwards "
+                                                      f"(clip or rescale a copy, never the input)")
+        assert weights == before[1], (
+            f"{how}: the weights list was modified: {before[1]} became {weights}")
+        if reference is not None:
+            assert_states_identical(reference, before[2],
+                                    what=f"{how}: the round's reference afterwards")
+
+    # -- declared traits: linear, stateful ---------------------------------------
+
+    @pytest.mark.parametrize("dtype", float_dtypes(), ids=str)
+    def test_a_linear_rule_is_the_weighted_mean_it_declares(self, dtype: Any) -> None:
+        agg = self.make()
+        if not self.traits(agg).linear:
+            pytest.skip("the rule does not declare linear = True")
+        states = _contributions(5, dtype, seed=19)
+        weights = [1.0, 2.0, 3.0, 1.0, 4.0]
+        omega = np.array([linear_weight(agg, w) for w in weights])
+        result = self.aggregate(states, weights, agg)
+        for key in states[0]:
+            values = _values(states, key)
+            expected = (np.tensordot(omega, values, axes=1) / omega.sum()).astype(dtype)
+            got = result[key]
+            assert isinstance(got, np.ndarray) and got.dtype == np.dtype(dtype), (
+                f"key {key!r}: a {np.dtype(dtype)} input came back as {getattr(got, 'dtype', got)}")
+            tol = tolerance(dtype)
+            np.testing.assert_allclose(
+                got.astype(np.float64), expected.astype(np.float64),
+                rtol=tol["rtol"], atol=tol["atol"],
+                err_msg=f"key {key!r} in {np.dtype(dtype)}: the rule declares linear = True, "
+                        f"so it must give sum(w_i x_i) / sum(w_i) with w_i = weight(weights[i]) "
+                        f"(weights {weights}); are the weights ignored?")
+
+    @pytest.mark.parametrize("dtype", [d for d in float_dtypes() if d != np.float64], ids=str)
+    def test_values_in_each_dtype_agree_with_float64(self, dtype: Any) -> None:
+        """The multi-contributor value check, in float32, float16 and bfloat16.
+
+        Each contribution is rounded to ``dtype`` first, so both sides see the
+        same numbers; the result in ``dtype`` must be the float64 result to
+        ``dtype``'s precision. Catches a rule that treats bfloat16 as not a
+        float (``np.issubdtype(bfloat16, np.floating)`` is False).
+        """
+        low = _contributions(5, dtype, seed=20)
+        high = [{k: v.astype(np.float64) for k, v in s.items()} for s in low]
+        weights = self.weights([1.0, 2.0, 3.0, 1.0, 4.0])
+        ref_low = self.round_reference(low)
+        ref_high = None if ref_low is None else {k: np.asarray(v).astype(np.float64)
+                                                 for k, v in ref_low.items()}
+        got = self.aggregate(low, weights, reference=ref_low)
+        for key in low[0]:
+            assert isinstance(got[key], np.ndarray) and got[key].dtype == np.dtype(dtype), (
+                f"key {key!r}: a {np.dtype(dtype)} input came back as "
+                f"{getattr(got[key], 'dtype', type(got[key]).__name__)}")
+        if not self.same_in_every_dtype:
+            self._check_in_dtype(low, weights, ref_low, got, dtype)
+            return
+        expected = self.aggregate(high, weights, reference=ref_high)
+        for key in low[0]:
+            tol = tolerance(dtype)
+            np.testing.assert_allclose(
+                np.asarray(got[key]).astype(np.float64),
+                np.asarray(expected[key]).astype(dtype).astype(np.float64),
+                rtol=tol["rtol"], atol=tol["atol"],
+                err_msg=f"key {key!r}: {len(low)} contributions in {np.dtype(dtype)} gave "
+                        f"another result than the same values in float64 (is {np.dtype(dtype)} "
+                        f"handled as a float? ml_dtypes' bfloat16 is not np.floating)")
+
+    def _check_in_dtype(self, low: list[dict[str, Any]], weights: list[float], reference: Any,
+                        got: Mapping[str, Any], dtype: Any) -> None:
+        """For a rule not the same in every dtype: bounded, and every contributor counts."""
+        tol = tolerance(dtype)
+        if self.bounded:
+            for key in low[0]:
+                values = _values(low + ([reference] if reference is not None else []), key)
+                value = np.asarray(got[key]).astype(np.float64)
+                slack = tol["atol"] + tol["rtol"] * np.abs(values).max()
+                assert np.all(value >= values.min(axis=0) - slack) and \
+                    np.all(value <= values.max(axis=0) + slack), (
+                    f"key {key!r} in {np.dtype(dtype)}: the result leaves the contributions' "
+                    f"range (is {np.dtype(dtype)} handled as a float?)")
+        for i in range(len(low)):
+            moved = [s if j == i else {k: (v.astype(np.float64) + 10.0).astype(dtype)
+                                       for k, v in s.items()} for j, s in enumerate(low)]
+            shifted = self.aggregate(moved, weights, reference=reference)
+            assert not np.allclose(np.asarray(shifted["w"]).astype(np.float64),
+                                   np.asarray(got["w"]).astype(np.float64)), (
+                f"in {np.dtype(dtype)}, moving every contributor except number {i} by +10 left "
+                f"the result unchanged (is {np.dtype(dtype)} handled as a float?)")
+
+    def test_a_rule_that_declares_no_state_keeps_none(self) -> None:
+        agg = self.make()
+        if self.traits(agg).stateful:
+            pytest.skip("the rule declares state (test_declared_state_survives_a_checkpoint)")
+        first = _contributions(4, np.float64, seed=21)
+        second = _contributions(4, np.float64, seed=22)
+        weights = self.weights([1.0, 2.0, 1.0, 3.0])
+        self.aggregate(first, weights, agg)
+        again = self.aggregate(second, weights, agg)
+        assert_states_identical(again, self.aggregate(second, weights), what=(
+            "a round after another round, on one aggregator, differs from the same round on a "
+            "fresh one: the rule keeps state, so declare AggregatorTraits(stateful=True) with "
+            "state_dict()/load_state_dict() (a resumed run would differ)"))
+
+    def test_declared_state_survives_a_checkpoint(self, tmp_path: Path) -> None:
+        agg = self.make()
+        if not self.traits(agg).stateful:
+            pytest.skip("the rule declares no state")
+        rounds = [_contributions(4, np.float64, seed=23 + i) for i in range(3)]
+        weights = self.weights([1.0, 2.0, 1.0, 3.0])
+        for states in rounds[:2]:
+            self.aggregate(states, weights, agg)
+        save_checkpoint(tmp_path, Checkpoint(round=2, state={},
+                                             aggregator_state=agg.state_dict()))
+        resumed = self.make()
+        resumed.load_state_dict(dict(load_checkpoint(tmp_path).aggregator_state))
+        assert_states_identical(self.aggregate(rounds[2], weights, resumed),
+                                self.aggregate(rounds[2], weights, agg), what=(
+            "round 3 after a checkpoint of state_dict() and load_state_dict() differs from the "
+            "run that never stopped"))
 
     # -- strictness -------------------------------------------------------
 
@@ -296,8 +531,10 @@ class AggregatorContract(ContractBase):
             pytest.skip("the aggregator declares bounded = False")
         states = _contributions(5, np.float64, seed=3)
         result = self.aggregate(states, self.weights([1.0, 3.0, 0.5, 2.0, 1.0]))
+        reference = self.round_reference(states)
         for key in states[0]:
-            values = _values(states, key)
+            # A rule on updates (clipping) may stop between the contributions and the reference.
+            values = _values(states + ([reference] if reference is not None else []), key)
             got = np.asarray(result[key], dtype=np.float64)
             slack = 1e-9 * (1 + np.abs(values).max())
             assert np.all(got >= values.min(axis=0) - slack) and \
@@ -352,8 +589,8 @@ class AggregatorContract(ContractBase):
             "declares weighted = True but ignores its weights")
 
     def test_unequal_weights_are_refused_or_ignored(self) -> None:
-        if self.weighted:
-            pytest.skip("weighted: checked by the weighted-semantics tests")
+        if self.weighted or self.traits().linear:
+            pytest.skip("weighted (or linear): checked by the weighted-semantics tests")
         states = _contributions(3, np.float64, seed=11)
         try:
             result = self.aggregate(states, [1.0, 1.0, 8.0])
@@ -362,6 +599,16 @@ class AggregatorContract(ContractBase):
         assert_states_close(result, self.aggregate(states), what="weights [1, 1, 8] given to "
                             "an aggregator that does not declare weighted = True",
                             rtol=1e-9, atol=1e-12)
+
+    def _expected(self, reference: Callable[..., Any], states: Sequence[State], key: str,
+                  weights: np.ndarray) -> np.ndarray:
+        """``reference(values, weights)``, or with a third parameter the round's reference."""
+        values = _values(states, key)
+        if len(inspect.signature(reference).parameters) >= 3:
+            ref = self.round_reference(states)
+            base = None if ref is None else np.asarray(ref[key], dtype=np.float64)
+            return np.asarray(reference(values, weights, base))
+        return np.asarray(reference(values, weights))
 
     def test_matches_the_declared_reference(self) -> None:
         reference = type(self).reference
@@ -372,7 +619,7 @@ class AggregatorContract(ContractBase):
             w = np.ones(len(states)) if weights is None else np.asarray(weights, dtype=np.float64)
             result = self.aggregate(states, weights)
             for key in states[0]:
-                expected = np.asarray(reference(_values(states, key), w))
+                expected = self._expected(reference, states, key, w)
                 np.testing.assert_allclose(
                     np.asarray(result[key], dtype=np.float64), expected, rtol=1e-9,
                     atol=1e-12, err_msg=f"key {key!r}, weights {weights}")
@@ -411,7 +658,7 @@ class AggregatorContract(ContractBase):
             w = np.ones(MANY) if weights is None else np.asarray(weights, dtype=np.float64)
             result = self.aggregate(states, weights)
             for key in states[0]:
-                expected = np.asarray(reference(_values(states, key), w))
+                expected = self._expected(reference, states, key, w)
                 np.testing.assert_allclose(
                     np.asarray(result[key], dtype=np.float64), expected, rtol=1e-9,
                     atol=1e-12, err_msg=f"{MANY} contributors, extremes arriving in the "
@@ -476,14 +723,19 @@ class AggregatorContract(ContractBase):
 
     # -- streaming ----------------------------------------------------------
 
-    def _fold(self, agg: Any) -> Any:
-        return begin(agg)
+    def _fold(self, agg: Any, reference: Any = None) -> Any:
+        """A fold as the round engine opens one (with the round's reference when declared)."""
+        if not self.traits(agg).uses_reference:
+            return begin(agg)
+        if callable(getattr(agg, "begin", None)):
+            return agg.begin(reference=reference)
+        return BufferingFold(agg, reference=reference)
 
     def test_streaming_equals_batch(self) -> None:
         agg = self.make()
         states = _contributions(4, seed=9)
         weights = self.weights([1.0, 3.0, 2.0, 0.5])
-        fold = self._fold(agg)
+        fold = self._fold(agg, self.round_reference(states))
         for i, (s, w) in enumerate(zip(states, weights)):
             fold.add(s, w, source=f"rank {i + 1}")
         assert_states_close(fold.result(), self.aggregate(states, weights),
@@ -500,7 +752,7 @@ class AggregatorContract(ContractBase):
             pytest.skip("no streaming form of its own (begin())")
         states = _contributions(3, seed=10)
         del states[2]["b"]
-        fold = agg.begin()
+        fold = self._fold(agg, self.round_reference(states))
         with pytest.raises(AggregationError) as info:
             for i, s in enumerate(states):
                 fold.add(s, 1.0, source=f"rank {i + 5}")

@@ -13,11 +13,26 @@ and returns exactly ``output_elems`` float32 values), any other input size is
 refused with a :class:`meshkit.MeshError` that says what was expected and
 what was found, ``execute`` is deterministic, leaves its input alone and
 returns within ``deadline`` seconds, so a wedged board cannot hang a node.
+Each output is the caller's own: it shares no memory with the input, and a
+later call does not overwrite it (a driver that hands back one DMA buffer
+for every call corrupts an activation a node still holds).
+
+Give the stage's function as ``reference(x) -> y`` (numpy, float64 is
+fine) and the suite compares ``execute`` with it on several activations,
+within ``rtol``/``atol`` (set them for a quantized datapath). Without it,
+only the shapes and the properties above are checked: a board computing the
+wrong function (weights transposed on a square stage, a missing bias, a
+wrong scale) passes. ::
+
+    class TestDenseBoard(BoardContract):
+        component = "dense"
+        options = {"stage_id": "fc", "input_elems": 8, "output_elems": 8}
+        reference = staticmethod(lambda x: W @ x + b)
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import pytest
@@ -38,6 +53,13 @@ class BoardContract(ContractBase):
     #: when the driver declares no ``deadline`` of its own. A bound against a
     #: wedged driver, not a performance requirement.
     deadline: ClassVar[float] = 30.0
+    #: The stage's function, ``reference(x) -> y`` on the float32 activation
+    #: (computed in any precision); None: the values are not checked.
+    reference: ClassVar[Callable[[np.ndarray], np.ndarray] | None] = None
+    #: How close ``execute`` must come to ``reference`` (float32 by default;
+    #: widen for a quantized datapath).
+    rtol: ClassVar[float] = 1e-5
+    atol: ClassVar[float] = 1e-6
 
     def activation(self, board: Any, elems: int | None = None, seed: int = 0) -> np.ndarray:
         """A float32 activation of ``elems`` values (default: the descriptor's input size)."""
@@ -118,3 +140,30 @@ class BoardContract(ContractBase):
         a = self.execute(self.make(), x.copy())
         b = self.execute(self.make(), x.copy())
         assert np.array_equal(a, b), "two drivers built from the same options disagree"
+
+    def test_execute_computes_the_declared_reference(self) -> None:
+        reference = type(self).reference
+        if reference is None:
+            pytest.skip("no `reference` declared (the stage's function)")
+        board = self.make()
+        for seed in range(4):
+            x = self.activation(board, seed=10 + seed)
+            expected = np.asarray(reference(x.copy()), dtype=np.float64).reshape(-1)
+            got = np.asarray(self.execute(board, x), dtype=np.float64)
+            np.testing.assert_allclose(
+                got, expected, rtol=self.rtol, atol=self.atol,
+                err_msg=f"activation {seed}: execute() differs from the declared reference "
+                        f"(transposed weights? a missing bias or scale?)")
+
+    def test_each_output_is_the_callers_own(self) -> None:
+        board = self.make()
+        x1 = self.activation(board, seed=4)
+        y1 = self.execute(board, x1)
+        kept = np.array(y1, copy=True)
+        assert not np.shares_memory(y1, x1), (
+            "execute() returned a view of its input: the caller may reuse that buffer for "
+            "the next activation")
+        self.execute(board, self.activation(board, seed=5))
+        assert np.array_equal(y1, kept), (
+            "a second execute() overwrote the output of the first: the driver reuses one "
+            "output buffer across calls; return a fresh array (copy out of the DMA buffer)")

@@ -33,8 +33,30 @@ catches:
   a fresh centre);
 * a geometric median that is not one (the optimality condition fails).
 
+**A new rule** (none of :data:`RULES`): leave ``rule`` unset and declare
+how many outliers it tolerates (``outliers``, default ``options["f"]`` or 1)
+and the fewest contributors it works with (``minimum_contributors``); the
+suite then checks the properties every robust rule must have, with no
+reference implementation of yours::
+
+    class TestMyRule(RobustAggregatorContract):
+        component = "my-rule"
+        options = {"f": 2}
+        minimum_contributors = 7
+
+* the order contributions arrive in does not matter;
+* ``f`` outliers have bounded influence at *any* finite magnitude (1e3 up
+  to 1e300, colluding or spread, arriving first, in the middle or last): the
+  result stays finite and within the honest contributions' range widened by
+  their spread (and the round's reference, for a rule that uses one), so a
+  mean, or a rule whose arithmetic overflows, fails;
+* a non-finite contribution (NaN, +inf, -inf) is refused with
+  :class:`meshkit.AggregationError` rather than folded or ignored silently;
+* exactly ``minimum_contributors`` are accepted, and one fewer is refused
+  with an error saying how many it needs.
+
 Use it beside :class:`meshkit.testing.AggregatorContract` (strictness,
-dtypes, JSON leaves); the built-ins run both (tests/aggregation).
+dtypes, JSON leaves, traits); the built-ins run both (tests/aggregation).
 """
 
 from __future__ import annotations
@@ -45,7 +67,7 @@ import numpy as np
 import pytest
 
 from meshkit.errors import AggregationError
-from meshkit.testing.support import ContractBase
+from meshkit.testing.support import ContractBase, declared_traits
 
 __all__ = ["RobustAggregatorContract", "RULES", "reference_krum_scores", "reference_bulyan"]
 
@@ -110,15 +132,23 @@ class RobustAggregatorContract(ContractBase):
     """Conformance tests for a robust aggregator (see the module docstring)."""
 
     kind: ClassVar[str] = "aggregator"
-    #: Which rule the component implements (one of :data:`RULES`).
+    #: Which rule the component implements (one of :data:`RULES`), or None for
+    #: a new rule, checked by the generic properties (module docstring).
     rule: ClassVar[str | None] = None
+    #: A new rule: how many outliers it tolerates (default ``options["f"]``, else 1).
+    outliers: ClassVar[int | None] = None
+    #: A new rule: the fewest contributors it works with (fewer must be refused).
+    minimum_contributors: ClassVar[int] = 1
 
     # -- helpers ---------------------------------------------------------
 
     def _rule(self) -> str:
+        """The rule's name, or ``"new"`` for a rule the suite has no reference of."""
+        if self.rule is None:
+            return "new"
         if self.rule not in RULES:
-            pytest.fail(f"{type(self).__name__}: set `rule` to one of {', '.join(RULES)} "
-                        f"(got {self.rule!r})", pytrace=False)
+            pytest.fail(f"{type(self).__name__}: set `rule` to one of {', '.join(RULES)}, or "
+                        f"leave it unset for a new rule (got {self.rule!r})", pytrace=False)
         return str(self.rule)
 
     def _only(self, *rules: str) -> None:
@@ -127,11 +157,15 @@ class RobustAggregatorContract(ContractBase):
 
     @property
     def f(self) -> int:
+        if self.rule is None:
+            return int(self.outliers if self.outliers is not None else self.options.get("f", 1))
         return int(self.options.get("f", 0))
 
     def minimum(self) -> int:
         """The fewest contributors the rule works with."""
         rule = self._rule()
+        if rule == "new":
+            return int(self.minimum_contributors)
         if rule in ("krum", "multi-krum"):
             return 2 * self.f + 3
         if rule == "bulyan":
@@ -141,6 +175,8 @@ class RobustAggregatorContract(ContractBase):
     def run(self, rows: np.ndarray, agg: Any = None, reference: State | None = None) -> np.ndarray:
         agg = self.make() if agg is None else agg
         states = _states(rows)
+        if reference is None and self.rule is None and declared_traits(agg).uses_reference:
+            reference = {"w": np.zeros(rows.shape[1])}  # the updates are the rows themselves
         if reference is not None:
             return np.asarray(agg.aggregate(states, None, reference=reference)["w"])
         return np.asarray(agg.aggregate(states)["w"])
@@ -163,6 +199,9 @@ class RobustAggregatorContract(ContractBase):
 
     def test_too_few_contributors_are_refused_saying_how_many(self) -> None:
         needed = self.minimum()
+        if needed <= 1 and self.rule is None:
+            self.run(_cloud(7, 1))  # a new rule declaring no minimum works with one
+            return
         if needed <= 1:
             pytest.skip(f"{self.rule} works with one contributor")
         self.run(_cloud(7, needed))  # exactly enough: fine
@@ -171,6 +210,57 @@ class RobustAggregatorContract(ContractBase):
         assert str(needed) in str(info.value), (
             f"{self.rule} refused {needed - 1} contributors without saying it needs "
             f"{needed}: {info.value}")
+
+    # -- a new rule: the generic properties ------------------------------------
+
+    @pytest.mark.parametrize("magnitude", [1e3, 1e20, 1e100, 1e155, 1e300], ids=lambda m: f"{m:g}")
+    def test_f_outliers_have_bounded_influence_at_any_magnitude(self, magnitude: float) -> None:
+        self._only("new")
+        f = self.f
+        n = max(self.minimum(), 4 * f + 6)
+        rng = np.random.default_rng(31)
+        honest = rng.uniform(-1.0, 1.0, (n - f, 6))
+        low, high = honest.min(axis=0), honest.max(axis=0)
+        if declared_traits(self.make()).uses_reference:  # clipped toward the reference (0)
+            low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
+        spread = high - low
+        signs = np.where(np.arange(6) % 2 == 0, 1.0, -1.0)
+        attacks = {
+            "colluding": np.tile(magnitude * signs, (f, 1)),
+            "spread": magnitude * signs * np.linspace(0.5, 1.0, f)[:, None],
+        }
+        for what, outliers in attacks.items():
+            for arriving, at in (("first", 0), ("in the middle", (n - f) // 2), ("last", n - f)):
+                rows = np.concatenate([honest[:at], outliers, honest[at:]])
+                got = self.run(rows)
+                inside = np.isfinite(got).all() and np.all(got >= low - spread) and \
+                    np.all(got <= high + spread)
+                assert inside, (
+                    f"{f} {what} outlier(s) at magnitude {magnitude:g} among {n} contributions "
+                    f"(arriving {arriving}) moved the result to {np.array2string(got, precision=3)}"
+                    f", outside the honest contributions' range widened by their spread "
+                    f"[{(low - spread).min():.3g}, {(high + spread).max():.3g}]: the rule "
+                    f"declares it tolerates f = {f}, at any finite magnitude (does its "
+                    f"arithmetic overflow, or do outliers keep a share of the result?)")
+
+    @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")],
+                             ids=["nan", "inf", "-inf"])
+    def test_a_non_finite_contribution_is_refused(self, value: float) -> None:
+        self._only("new")
+        rows = _cloud(41, max(self.minimum(), 2 * self.f + 5))
+        rows[len(rows) // 2, 3] = value
+        try:
+            got = self.run(rows)
+        except AggregationError:
+            return
+        except Exception as exc:
+            pytest.fail(f"a contribution holding {value} should be refused with "
+                        f"meshkit.AggregationError, got {type(exc).__name__}: {exc}",
+                        pytrace=False)
+        pytest.fail(f"a contribution holding {value} was aggregated (result "
+                    f"{np.array2string(got, precision=3)}); refuse it with AggregationError so "
+                    f"the round drops its sender instead of folding or silently ignoring it",
+                    pytrace=False)
 
     # -- median ----------------------------------------------------------
 

@@ -6,16 +6,21 @@ import copy
 import json
 import math
 import threading
+import zlib
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+import attrs
 import numpy as np
 import pytest
 
 from meshkit import plugins
+from meshkit.aggregation import aggregator_traits, uses_reference
 from meshkit.testing import make_plugin_set
 
 __all__ = [
     "Call",
+    "declared_traits",
+    "round_reference",
     "ContractBase",
     "bfloat16",
     "float_dtypes",
@@ -65,6 +70,39 @@ class Call:
         if "error" in self._outcome:
             raise self._outcome["error"]
         return self._outcome["value"]
+
+
+def declared_traits(aggregator: Any) -> Any:
+    """The :class:`meshkit.AggregatorTraits` ``aggregator`` declares, as the kit reads them.
+
+    ``meshkit.aggregation.aggregator_traits`` decides; an aggregator written
+    before traits existed said the same with ``uses_reference = True`` and a
+    ``state_dict()``/``load_state_dict()`` pair, and either spelling counts.
+    """
+    traits = aggregator_traits(aggregator)
+    keeps_state = callable(getattr(aggregator, "state_dict", None)) and \
+        callable(getattr(aggregator, "load_state_dict", None))
+    return attrs.evolve(traits, uses_reference=traits.uses_reference or uses_reference(aggregator),
+                        stateful=traits.stateful or keeps_state)
+
+
+def round_reference(state: Mapping[str, Any], scale: float = 0.5) -> dict[str, Any]:
+    """A round's reference (the global model sent) shaped like ``state``: same keys and dtypes.
+
+    Float arrays get values of their own, seeded by the key (so every call
+    gives the same reference for the same keys, whatever the contributions);
+    integer arrays and JSON leaves are copied from ``state``.
+    """
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        array = value if isinstance(value, np.ndarray) else None
+        if array is not None and (array.dtype.kind == "f" or (
+                bfloat16 is not None and array.dtype == bfloat16)):
+            rng = np.random.default_rng(zlib.crc32(key.encode("utf-8")))
+            out[key] = np.asarray(scale * rng.standard_normal(array.shape)).astype(array.dtype)
+        else:
+            out[key] = snapshot(value)
+    return out
 
 
 def float_dtypes() -> list[Any]:

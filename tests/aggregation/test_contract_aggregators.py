@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshkit.aggregation import AggregatorTraits
 from meshkit.testing import AggregatorContract
 
 
@@ -29,3 +30,15 @@ class TestAllReduce(AggregatorContract):
     component = "allreduce"
     weighted = False
     reference = staticmethod(_mean)
+
+
+class TestFedAvgDeclaredLinear(AggregatorContract):
+    """fedavg as the traits engineer's branch declares it: the kit then checks the exact
+    weighted mean in every float dtype itself, no `reference` needed."""
+
+    component = "fedavg"
+
+    def make(self, **overrides):
+        agg = super().make(**overrides)
+        agg.traits = AggregatorTraits(linear=True, needs_individual_updates=False)
+        return agg

@@ -86,6 +86,19 @@ class TestNormBoundContract(AggregatorContract):
     reference = staticmethod(lambda values, weights: np.average(values, axis=0, weights=weights))
 
 
+class TestNormBoundClipping(AggregatorContract):
+    """Clipping on: every update is clipped (the kit's contributions have norms near 4).
+
+    The kit passes the round's reference (norm-bound uses it), checks identity
+    at the reference, not one contributor back unchanged, and that updates are
+    measured from the reference.
+    """
+
+    component = "norm-bound"
+    options = {"max_norm": 1.0}
+    weighted = True
+
+
 class TestNormBoundRobust(RobustAggregatorContract):
     component = "norm-bound"
     options = {"max_norm": 1.0}

@@ -32,7 +32,8 @@ PLUGINS = ROOT / "plugins"
 LAYERS: list[tuple[str, ...]] = [
     ("meshkit.errors", "meshkit.components"),
     ("meshkit.state", "meshkit.options", "meshkit.hookspecs", "meshkit.plugins",
-     "meshkit.registry", "meshkit.checkpoint", "meshkit.safetensors", "meshkit._atomic"),
+     "meshkit.registry", "meshkit.checkpoint", "meshkit.safetensors", "meshkit._atomic",
+     "meshkit.exporter"),
     ("meshkit.wire",),
     ("meshkit.transport",),
     ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.attack",

@@ -155,6 +155,7 @@ def test_component_options_must_be_an_attrs_class():
     ("strategy", "meshkit_strategies"), ("task", "meshkit_tasks"),
     ("partitioner", "meshkit_partitioners"), ("attack", "meshkit_attacks"),
     ("observer", "meshkit_observers"), ("privacy", "meshkit_privacy"),
+    ("exporter", "meshkit_exporters"),
 ])
 def test_every_component_hook_is_called(kind, hook):
     calls = []
@@ -207,7 +208,8 @@ def test_every_spec_in_hookspecs_is_tested_here():
     assert specs == {
         "meshkit_transports", "meshkit_aggregators", "meshkit_outer_optimizers",
         "meshkit_boards", "meshkit_strategies", "meshkit_tasks", "meshkit_partitioners",
-        "meshkit_attacks", "meshkit_observers", "meshkit_privacy", "meshkit_run_started",
+        "meshkit_attacks", "meshkit_observers", "meshkit_privacy", "meshkit_exporters",
+        "meshkit_run_started",
         "meshkit_node_joined", "meshkit_round_completed", "meshkit_run_finished"}
 
 
@@ -227,3 +229,42 @@ def test_the_builtin_average_comes_through_the_public_api():
     assert component.provenance.distribution == "meshkit"
     optimizer = meshkit.plugins.create("outer_optimizer", "average")
     assert optimizer.step({"w": 1.0}, {"w": 0.5}) == {"w": 0.5}
+
+
+class _HalfDeaf:
+    """An observer whose round hook lost its marker: pluggy registers the rest."""
+
+    @meshkit.hookimpl
+    def meshkit_run_started(self, config):
+        pass
+
+    def meshkit_round_completed(self, report):  # the mistake: no @meshkit.hookimpl
+        pass
+
+    def meshkit_helper(self):  # not a hook name at all
+        pass
+
+
+def test_a_hook_without_its_marker_is_a_warning_naming_plugin_and_method(caplog):
+    with caplog.at_level("WARNING", logger="meshkit.plugins"):
+        pset = build_manager({"tracker": _HalfDeaf()}, entry_points=False)
+    assert pset.hooks_of("tracker") == ["meshkit_run_started"]
+    helper, deaf = pset.unmarked_hooks
+    assert deaf == ("plugin 'tracker': meshkit_round_completed() is not marked with "
+                    "@meshkit.hookimpl; pluggy ignores it, so meshkit never calls it")
+    assert "meshkit_helper()" in helper and "no hook has this name" in helper
+    assert [r.getMessage() for r in caplog.records] == [helper, deaf]
+
+
+def test_a_module_plugin_without_markers_is_warned_about_too(caplog):
+    module = types.ModuleType("halfway")
+    module.meshkit_aggregators = lambda: []
+    with caplog.at_level("WARNING", logger="meshkit.plugins"):
+        pset = build_manager([module], entry_points=False)
+    assert pset.unmarked_hooks == [
+        "plugin 'halfway': meshkit_aggregators() is not marked with @meshkit.hookimpl; "
+        "pluggy ignores it, so meshkit never calls it"]
+
+
+def test_the_built_in_plugins_have_no_unmarked_hook():
+    assert build_manager().unmarked_hooks == []

@@ -12,6 +12,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from meshkit import StateError
 from meshkit.checkpoint import Checkpoint, save_checkpoint
@@ -133,3 +135,61 @@ def test_a_damaged_file_is_refused_before_allocating(tmp_path, damage):
     file.write_bytes(bytes(raw))
     with pytest.raises(StateError):
         read_safetensors(file)
+
+
+# -- hostile headers: only ever StateError (issue 34) -----------------------------
+
+
+def _file_with_header(tmp_path, header: bytes, data: bytes = b"") -> object:
+    file = tmp_path / "hostile.safetensors"
+    file.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return file
+
+
+@pytest.mark.parametrize("header", [
+    pytest.param(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1e999]}}',
+                 id="infinite-offset"),                                      # OverflowError
+    pytest.param(b'{"__metadata__": ["ab", "c"]}', id="metadata-a-list"),    # ValueError
+    pytest.param(b'{"__metadata__": 5}', id="metadata-a-number"),            # TypeError
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, id="deep-nesting"),        # RecursionError
+    pytest.param(b'{"a": {"dtype": "F32", "shape": [4294967296, 4294967296, 0], '
+                 b'"data_offsets": [0, 0]}}', id="shape-wrapping-int64"),
+    pytest.param(b'{"a": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}}',
+                 id="infinite-shape"),
+    pytest.param(b'{"__metadata__": {"k": 5}}', id="metadata-not-strings"),
+    pytest.param(b'{"a": {"dtype": "F32", "shape": [true], "data_offsets": [false, true]}}',
+                 id="booleans-for-numbers"),
+    pytest.param(b'{"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}',
+                 id="dtype-a-list"),
+])
+def test_a_hostile_header_is_a_state_error(tmp_path, header):
+    with pytest.raises(StateError):
+        read_safetensors(_file_with_header(tmp_path, header, b"\0" * 4))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20)
+_ENTRY = st.fixed_dictionaries({
+    "dtype": st.sampled_from(["F32", "F64", "BF16", "I8", "BOOL", "X9", ""]) | _JSON,
+    "shape": st.lists(st.integers(-3, 2 ** 65) | _JSON, max_size=4) | _JSON,
+    "data_offsets": st.lists(st.integers(-3, 2 ** 65) | _JSON, max_size=3) | _JSON,
+})
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(header=st.dictionaries(st.text(max_size=4) | st.just("__metadata__"),
+                              _ENTRY | _JSON, max_size=4),
+       data=st.binary(max_size=64))
+def test_any_header_is_read_or_refused_with_a_state_error(tmp_path, header, data):
+    text = json.dumps(header).encode("utf-8")
+    try:
+        tensors, metadata = read_safetensors(_file_with_header(tmp_path, text, data))
+    except StateError:
+        return
+    assert all(isinstance(v, str) for v in metadata.values())
+    assert sum(t.nbytes for t in tensors.values()) == len(data)

@@ -27,3 +27,18 @@ class TestLoopbackReducingStage(BoardContract):
     component = "loopback"
     options = {"stage_id": "head", "input_elems": 12, "output_elems": 3,
                "function": f"{__name__}:sum_in_groups_of_four"}
+
+
+class TestLoopbackReducingStageAgainstItsReference(BoardContract):
+    component = "loopback"
+    options = {"stage_id": "head", "input_elems": 12, "output_elems": 3,
+               "function": f"{__name__}:sum_in_groups_of_four"}
+    reference = staticmethod(lambda x: x.astype(np.float64).reshape(-1, 4).sum(axis=1))
+
+
+class TestLoopbackScaleInInt8AgainstItsReference(BoardContract):
+    component = "loopback"
+    options = {"stage_id": "mlp.1", "input_elems": 16, "output_elems": 16,
+               "function": "scale", "scale": 0.5, "dtype": "int8"}
+    # The int8 datapath rounds to whole numbers, saturating, in and out.
+    reference = staticmethod(lambda x: np.rint(0.5 * np.clip(np.rint(x), -128, 127)))

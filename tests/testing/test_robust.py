@@ -82,9 +82,9 @@ def _suite(rule: str, build: Any, options: dict[str, Any] | None = None) -> Any:
     return cls()
 
 
-def _fails(suite: Any, test: str) -> str:
+def _fails(suite: Any, test: str, *args: Any) -> str:
     with pytest.raises(AssertionError) as info:
-        getattr(suite, test)()
+        getattr(suite, test)(*args)
     return str(info.value)
 
 
@@ -134,7 +134,90 @@ def test_the_kit_fails_krum_that_accepts_too_few_contributors():
         suite.test_too_few_contributors_are_refused_saying_how_many()
 
 
-def test_a_suite_without_a_rule_says_what_to_set():
-    suite = type("NoRule", (RobustAggregatorContract,), {"component": "median"})()
+def test_a_suite_with_an_unknown_rule_says_what_to_set():
+    suite = type("Typo", (RobustAggregatorContract,), {"component": "median",
+                                                       "rule": "medain"})()
     with pytest.raises(pytest.fail.Exception, match="set `rule` to one of median"):
         suite.test_the_order_of_contributions_does_not_matter()
+
+
+# -- a new rule: the generic properties ---------------------------------------
+
+
+def _new_rule(build: Any, **declared: Any) -> Any:
+    cls = type("NewRule", (RobustAggregatorContract,),
+               {"make": lambda self, **_: build(), **declared})
+    return cls()
+
+
+_GENERIC = ["test_the_order_of_contributions_does_not_matter",
+            "test_too_few_contributors_are_refused_saying_how_many"]
+
+
+def _run_generic(suite: Any) -> None:
+    for test in _GENERIC:
+        getattr(suite, test)()
+    for magnitude in (1e3, 1e20, 1e100, 1e155, 1e300):
+        suite.test_f_outliers_have_bounded_influence_at_any_magnitude(magnitude)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        suite.test_a_non_finite_contribution_is_refused(value)
+
+
+def _finite_median(x: np.ndarray) -> np.ndarray:
+    from meshkit import AggregationError
+    if not np.isfinite(x).all():
+        raise AggregationError("a contribution is not finite")
+    return np.median(x, axis=0)
+
+
+def test_a_correct_new_rule_passes_the_generic_properties():
+    _run_generic(_new_rule(lambda: _Rows(_finite_median)))
+
+
+@pytest.mark.parametrize("component, options, minimum", [
+    ("median", {}, 1), ("trimmed-mean", {"beta": 0.2}, 1), ("krum", {"f": 1}, 5),
+    ("multi-krum", {"f": 1, "m": 3}, 5),
+])
+def test_the_built_in_rules_pass_as_if_they_were_new(component, options, minimum):
+    import meshkit
+    suite = _new_rule(lambda: meshkit.plugins.create("aggregator", component, options),
+                      options=options, minimum_contributors=minimum)
+    _run_generic(suite)
+
+
+def test_the_kit_fails_a_new_rule_that_is_a_mean():
+    suite = _new_rule(lambda: _Rows(lambda x: x.mean(axis=0)))
+    message = _fails(suite, "test_f_outliers_have_bounded_influence_at_any_magnitude", 1e3)
+    assert "outside the honest contributions' range" in message
+
+
+def test_the_kit_fails_a_new_rule_whose_arithmetic_overflows():
+    # Weiszfeld's geometric median started from the mean, with plain distances:
+    # fine at 1e3; at 1e155 the squared distances overflow and the result is NaN.
+    def weiszfeld(x: np.ndarray) -> np.ndarray:
+        from meshkit import AggregationError
+        if not np.isfinite(x).all():
+            raise AggregationError("a contribution is not finite")
+        z = x.mean(axis=0)
+        for _ in range(100):
+            d = np.sqrt(((x - z) ** 2).sum(1))
+            w = 1.0 / np.maximum(d, 1e-12)
+            z = (w[:, None] * x).sum(0) / w.sum()
+        return z
+    suite = _new_rule(lambda: _Rows(weiszfeld))
+    suite.test_f_outliers_have_bounded_influence_at_any_magnitude(1e3)
+    with np.errstate(all="ignore"):
+        message = _fails(suite, "test_f_outliers_have_bounded_influence_at_any_magnitude", 1e300)
+    assert "at magnitude 1e+300" in message
+
+
+def test_the_kit_fails_a_new_rule_that_folds_a_nan():
+    suite = _new_rule(lambda: _Rows(lambda x: np.median(x, axis=0)))
+    with pytest.raises(pytest.fail.Exception, match="was aggregated"):
+        suite.test_a_non_finite_contribution_is_refused(float("nan"))
+
+
+def test_the_kit_fails_a_new_rule_that_accepts_fewer_than_it_declares():
+    suite = _new_rule(lambda: _Rows(_finite_median), minimum_contributors=5)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        suite.test_too_few_contributors_are_refused_saying_how_many()

@@ -16,7 +16,7 @@ from meshkit.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from meshkit.errors import ConfigError
+from meshkit.errors import ConfigError, StateError
 from meshkit.state import BFLOAT16
 
 
@@ -141,3 +141,27 @@ def test_a_bfloat16_state_survives_a_checkpoint_with_its_dtype(tmp_path):
     assert back.outer_state["m"]["w"].dtype == BFLOAT16
     assert np.array_equal(back.state["w"].astype(np.float32), w.astype(np.float32))
     assert back.state["b"].dtype == np.float64
+
+
+@pytest.mark.parametrize("state, says", [
+    ({"conv\0weight": np.zeros(2)}, "NUL"),
+    ({"bad\udcffkey": np.zeros(2)}, "surrogate"),
+    ({"a/b": np.zeros(2), "a": {"b": np.ones(2)}}, "same path"),
+], ids=["nul", "lone-surrogate", "two-keys-one-path"])
+def test_a_key_the_checkpoint_cannot_hold_is_refused_at_save(tmp_path, state, says):
+    # Before: the NUL key was written and the loader then called the file
+    # corrupt; the colliding keys silently came back as one array twice.
+    save_checkpoint(tmp_path, sample(round_=1))
+    with pytest.raises(StateError, match=says) as info:
+        save_checkpoint(tmp_path, Checkpoint(round=2, state=state))
+    assert "nothing was written" in str(info.value)
+    assert load_checkpoint(tmp_path).round == 1  # the previous checkpoint stands
+
+
+def test_keys_with_slashes_dots_and_newlines_still_round_trip(tmp_path):
+    state = {"a/b": np.zeros(2), "x.npy": np.ones(1), "line\nbreak": np.arange(3.0), "": 1.0}
+    save_checkpoint(tmp_path, Checkpoint(round=1, state=state))
+    loaded = load_checkpoint(tmp_path).state
+    assert sorted(loaded) == sorted(state)
+    for key, value in state.items():
+        assert np.array_equal(loaded[key], value)
