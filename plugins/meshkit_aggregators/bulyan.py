@@ -31,33 +31,28 @@ from meshkit_aggregators.robust import RobustRule
 __all__ = ["Bulyan", "nearest_to_median_mean"]
 
 #: Columns of the coordinate-wise stage handled at a time.
-_COLUMNS = 1 << 14
+_COLUMNS = 1 << 15
 
 
 def nearest_to_median_mean(chosen: np.ndarray, beta: int) -> np.ndarray:
     """Per column, the mean of the ``beta`` values nearest the median (ties: smaller value).
 
-    In one column the ``beta`` values nearest a point are a run of the
-    sorted column: grow it from the median outwards, taking the left
-    value when the two sides are equally far.
+    In a sorted column the ``beta`` values nearest a point are a window
+    ``[s, s + beta)``; moving it one step right trades ``v[s]`` for
+    ``v[s + beta]``, which pays exactly when ``v[s + beta]`` is nearer the
+    median (an equal distance keeps the smaller value), and that test only
+    turns from true to false along the column, so ``s`` is the number of
+    steps where it holds.
     """
     rows, cols = chosen.shape
-    ordered = np.sort(chosen, axis=0)
-    median = np.median(ordered, axis=0)
-    left = (ordered < median).sum(axis=0) - 1
-    right = left + 1
-    columns = np.arange(cols)
-    total = np.zeros(cols)
-    for _ in range(beta):
-        lv = ordered[np.clip(left, 0, rows - 1), columns]
-        rv = ordered[np.clip(right, 0, rows - 1), columns]
-        gap_left = np.where(left >= 0, median - lv, np.inf)
-        gap_right = np.where(right < rows, rv - median, np.inf)
-        take_left = gap_left <= gap_right
-        total += np.where(take_left, lv, rv)
-        left = left - take_left
-        right = right + ~take_left
-    result: np.ndarray = total / beta
+    ordered = np.sort(chosen.T, axis=1)  # one contiguous row per column
+    median = np.median(ordered, axis=1)[:, None]
+    if beta < rows:
+        moves = (median - ordered[:, :rows - beta]) > (ordered[:, beta:] - median)
+        start = moves.sum(axis=1)
+        window = start[:, None] + np.arange(beta)
+        ordered = np.take_along_axis(ordered, window, axis=1)
+    result: np.ndarray = ordered.mean(axis=1)
     return result
 
 
