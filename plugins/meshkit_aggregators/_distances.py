@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Distances", "direct", "content_key"]
+__all__ = ["Distances", "direct", "content_key", "distances_to"]
 
 _U = 2.0 ** -53
 _MAX = float(np.finfo(np.float64).max)
@@ -60,6 +60,26 @@ def safe_norm(row: np.ndarray) -> float:
         return 0.0
     scaled = row / scale
     return scale * math.sqrt(float(np.einsum("i,i->", scaled, scaled)))
+
+
+# Sums of squares outside this range are recomputed scaled.
+_SAFE_LOW, _SAFE_HIGH = 1e-290, 1e290
+
+
+def distances_to(x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``||x_i - z||`` for every row, without overflow or underflow."""
+    diff = x - z
+    with np.errstate(over="ignore", under="ignore"):
+        squares = np.einsum("ij,ij->i", diff, diff)
+    distance = np.sqrt(squares)
+    for i in np.flatnonzero(~((squares >= _SAFE_LOW) & (squares <= _SAFE_HIGH))):
+        scale = float(np.max(np.abs(diff[i])))
+        if scale == 0.0 or not math.isfinite(scale):
+            distance[i] = scale
+            continue
+        scaled = diff[i] / scale
+        distance[i] = scale * math.sqrt(float(np.einsum("i,i->", scaled, scaled)))
+    return distance
 
 
 def content_key(x: np.ndarray) -> Callable[[int], Any]:
