@@ -46,7 +46,9 @@ def nearest_to_median_mean(chosen: np.ndarray, beta: int) -> np.ndarray:
     """
     rows, cols = chosen.shape
     ordered = np.sort(chosen.T, axis=1)  # one contiguous row per column
-    median = np.median(ordered, axis=1)[:, None]
+    # numpy.median's value ((a + b) / 2 of the middle pair), without its second partition.
+    middle = ordered[:, (rows - 1) // 2] + ordered[:, rows // 2]
+    median = (middle / 2)[:, None]
     if beta < rows:
         moves = (median - ordered[:, :rows - beta]) > (ordered[:, beta:] - median)
         start = moves.sum(axis=1)
