@@ -45,6 +45,8 @@ _MAX = float(np.finfo(np.float64).max)
 _HUGE_SQUARE = 1e300
 #: Columns centred and multiplied at a time (100 rows x 64Ki float64 = 52 MB).
 BLOCK = 1 << 16
+#: The most float64 elements the centred block holds (64 MB): more rows, fewer columns.
+_SCRATCH = 1 << 23
 
 
 def direct(a: np.ndarray, b: np.ndarray) -> float:
@@ -110,6 +112,7 @@ class Distances:
         self.x = x
         n, d = x.shape
         self.n = n
+        block = min(block, max(1024, _SCRATCH // max(n, 1)))
         gram = np.zeros((n, n))
         centre = self._centre(x)
         if d:

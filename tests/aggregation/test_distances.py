@@ -131,3 +131,19 @@ def test_one_huge_contribution_is_never_chosen(name, options, magnitude):
     honest = np.delete(x, 4, axis=0)
     assert np.isfinite(out).all()
     assert (out >= honest.min(axis=0)).all() and (out <= honest.max(axis=0)).all()
+
+
+@pytest.mark.parametrize("block", [1, 7, 64])
+def test_a_gram_matrix_summed_over_column_blocks_bounds_every_direct_distance(block):
+    from meshkit_aggregators._distances import direct
+
+    for label, x in _rounds(3):
+        distances = Distances(x, block=block)
+        for i in range(len(x)):
+            for j in range(len(x)):
+                if i != j:
+                    value = direct(x[i], x[j])
+                    assert distances.low[i, j] <= value <= distances.high[i, j], (
+                        f"{label}, block {block}: ({i}, {j})")
+        assert set(distances.best(np.arange(len(x)), len(x) - 3, 2)) == set(
+            reference_top(x, 1, 2)), label
