@@ -32,11 +32,20 @@ def _numeric(value: Any) -> bool:
 
 def global_norm(update: Mapping[str, Any]) -> float:
     """The float64 L2 norm over every numeric array leaf of ``update`` (JSON leaves ignored)."""
-    total = 0.0
-    for value in update.values():
-        if _numeric(value) and value.size:
-            total += squared_norm(value)
-    return math.sqrt(total)
+    leaves = [value for value in update.values() if _numeric(value) and value.size]
+    with np.errstate(over="ignore"):
+        total = sum((squared_norm(value) for value in leaves), 0.0)
+    if math.isfinite(total) and total < 1e290:
+        return math.sqrt(total)
+    # The squares overflowed (an update of 1e155 is finite; its norm is too):
+    # again, scaled by the largest magnitude, as hypot does.
+    scale = max(float(np.max(np.abs(np.asarray(value).astype(np.float64, copy=False))))
+                for value in leaves)
+    if not math.isfinite(scale):
+        return math.inf
+    scaled = sum(squared_norm(np.asarray(value).astype(np.float64, copy=False) / scale)
+                 for value in leaves)
+    return scale * math.sqrt(scaled)
 
 
 def squared_norm(array: np.ndarray) -> float:

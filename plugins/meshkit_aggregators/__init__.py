@@ -183,8 +183,8 @@ def _robust() -> list[meshkit.Component]:
                           summary="Krum selection then trimmed mean around the median (needs "
                                   "n >= 4f+3); holds every contribution"),
         meshkit.Component("geometric-median", _geometric_median, GeometricMedianOptions,
-                          summary="RFA smoothed Weiszfeld geometric median; holds every "
-                                  "contribution"),
+                          summary="RFA smoothed Weiszfeld geometric median, each "
+                                  "contributor once; holds every contribution"),
         meshkit.Component("centered-clipping", _centered_clipping, CenteredClippingOptions,
                           summary="clipped steps around a centre carried across rounds "
                                   "(checkpointed); holds every contribution"),

@@ -50,6 +50,18 @@ def count_once(weights: np.ndarray) -> np.ndarray:
     return np.ones_like(weights)
 
 
+_ZEROS = np.zeros(1 << 16)
+
+
+def _finite(values: np.ndarray) -> bool:
+    """Whether every value is finite: a dot product with zeros is 0, or NaN for NaN/inf."""
+    for lo in range(0, values.size, _ZEROS.size):
+        part = values[lo:lo + _ZEROS.size]
+        if np.vdot(part, _ZEROS[:part.size]) != 0:
+            return False
+    return True
+
+
 class Flat:
     """The float coordinates of a round, stacked (see the module docstring)."""
 
@@ -66,19 +78,21 @@ class Flat:
         self.states = states
         sizes = [int(np.prod(self.shapes[k], dtype=np.int64)) for k in self.keys]
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(int)
-        self.reference = None if reference is None else self._row(reference, "the reference")
-        self.matrix = np.empty((len(states), int(self.offsets[-1])), dtype=np.float64)
+        width = int(self.offsets[-1])
+        self.reference = None if reference is None else self._row(
+            reference, "the reference", np.empty(width, dtype=np.float64))
+        self.matrix = np.empty((len(states), width), dtype=np.float64)
         for i, state in enumerate(states):
-            row = self._row(state, default_source(i))
+            # Each row is written once, in place: no temporary per row or key.
+            row = self._row(state, default_source(i), self.matrix[i])
             if self.reference is not None:
                 row -= self.reference
-            self.matrix[i] = row
 
     def __len__(self) -> int:
         return len(self.states)
 
-    def _row(self, state: State, label: str) -> np.ndarray:
-        row = np.empty(int(self.offsets[-1]), dtype=np.float64)
+    def _row(self, state: State, label: str, row: np.ndarray) -> np.ndarray:
+        """``state``'s float coordinates written into ``row`` (float64), checked finite."""
         for key, start, stop in zip(self.keys, self.offsets[:-1], self.offsets[1:]):
             value = state.get(key) if isinstance(state, Mapping) else None
             if value is None or np.shape(value) != self.shapes[key]:
@@ -86,13 +100,13 @@ class Flat:
                 raise AggregationError(
                     f"{self.name}: {label}: key {key!r} is {found}, the contributions have "
                     f"shape {self.shapes[key]}")
-            flat = np.asarray(value, dtype=np.float64).ravel()
-            if not np.isfinite(flat).all():
+            flat = row[start:stop]
+            np.copyto(flat, np.asarray(value).reshape(-1), casting="unsafe")
+            if not _finite(flat):
                 raise AggregationError(
                     f"{self.name}: {label} has non-finite values in {key!r}; a robust rule "
                     f"would sort them somewhere and return a plausible number, so the "
                     f"contribution is refused")
-            row[start:stop] = flat
         return row
 
     def state(self, row: np.ndarray) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import numpy as np
 
 from meshkit import AggregationError
 
+from meshkit_aggregators._distances import distances_to
 from meshkit_aggregators.robust import RobustRule
 
 __all__ = ["CenteredClipping"]
@@ -54,7 +55,8 @@ class CenteredClipping(RobustRule):
                 f"contributions have {x.shape[1]}; the model changed under a resumed run")
         for _ in range(self.iterations):
             u = x - v
-            norms = np.sqrt(np.einsum("ij,ij->i", u, u))
+            # Scale-safe: an update at 1e155 is clipped to tau, not zeroed by an inf norm.
+            norms = distances_to(x, v)
             scale = np.minimum(1.0, self.tau / np.maximum(norms, np.finfo(np.float64).tiny))
             v = v + (u * scale[:, None]).mean(axis=0)
         self._centre = v

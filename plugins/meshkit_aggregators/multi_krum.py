@@ -2,11 +2,13 @@
 (El Mhamdi et al., *The Hidden Vulnerability of Distributed Learning in Byzantium*,
 ICML 2018; Flower's ``aggregate_krum`` with ``to_keep = m``).
 
-Scores as ``krum`` (squared distances to the ``n - f - 2`` nearest others;
-needs ``n >= 2f + 3``). The ``m`` best are averaged weighted by realized
-work, as Flower's MultiKrum averages them (``aggregate``, weighted by
-examples). ``m = 0`` (the default) means ``n - f``, the paper's choice;
-an ``m`` larger than the round's contributors is an AggregationError.
+Scores as ``krum`` (squared distances to the ``n - f - 2`` nearest others,
+from one Gram matrix, selecting as the direct float64 distances do; equal
+scores by content; needs ``n >= 2f + 3``). The ``m`` best are averaged
+weighted by realized work, as Flower's MultiKrum averages them
+(``aggregate``, weighted by examples). ``m = 0`` (the default) means
+``n - f``, the paper's choice; an ``m`` larger than the round's
+contributors is an AggregationError.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import numpy as np
 
 from meshkit import AggregationError
 
+from meshkit_aggregators._distances import Distances
 from meshkit_aggregators._flat import require
-from meshkit_aggregators.krum import by_score, check_f, krum_scores
+from meshkit_aggregators.krum import check_f, neighbours
 from meshkit_aggregators.robust import RobustRule
 
 __all__ = ["MultiKrum"]
@@ -41,10 +44,12 @@ class MultiKrum(RobustRule):
         if m > n:
             raise AggregationError(f"{self.name}: m = {m} contributions to average, but only "
                                    f"{n} this round; lower m (0: n - f)")
-        best = by_score(x, krum_scores(x, self.f))[:m]
-        weights = w[best]
+        best = sorted(Distances(x).best(np.arange(n), neighbours(n, self.f), m))
+        weights = np.zeros(n)
+        weights[best] = w[best]
         if not weights.sum() > 0:
             raise AggregationError(f"{self.name}: the {m} contributions Krum kept did no work "
                                    f"(their weights sum to zero)")
-        result: np.ndarray = weights @ x[best] / weights.sum()
+        # Zero weight for the others: one pass over the round, no copy of the kept rows.
+        result: np.ndarray = weights @ x / weights.sum()
         return result

@@ -53,7 +53,12 @@ class BulyanOptions:
 
 @attrs.frozen
 class GeometricMedianOptions:
-    """``geometric-median``: Weiszfeld tolerance, iteration cap, smoothing."""
+    """``geometric-median``: Weiszfeld tolerance, iteration cap, smoothing.
+
+    There is no weighting option: each contributor counts once, whatever
+    example count it claims (a claim of 2^53 examples must not buy the
+    round; docs/robustness.md, "Robust at every magnitude").
+    """
 
     eps: float = attrs.field(default=1e-6, validator=finite_positive)
     max_iter: int = attrs.field(default=100, validator=_at_least_one)

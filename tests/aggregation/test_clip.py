@@ -62,3 +62,16 @@ def test_an_update_within_the_bound_or_of_norm_zero_is_unchanged() -> None:
     np.testing.assert_array_equal(same["a"], small["a"])
     zero, norm = clip_update({"a": np.zeros(3)}, 0.0)
     assert norm == 0.0 and not zero["a"].any()
+
+
+@pytest.mark.parametrize("magnitude", [1e155, 1e300, -1e300])
+def test_a_finite_update_whose_squares_overflow_has_its_true_norm(magnitude) -> None:
+    update = {"a": np.full(4, magnitude), "b": np.full(5, magnitude)}
+    np.testing.assert_allclose(global_norm(update), abs(magnitude) * 3.0, rtol=1e-15)
+    clipped, norm = clip_update(update, 1.0)
+    np.testing.assert_allclose(norm, abs(magnitude) * 3.0, rtol=1e-15)
+    np.testing.assert_allclose(clipped["a"], np.sign(magnitude) / 3.0, rtol=1e-15)
+
+
+def test_a_norm_past_float_range_is_inf() -> None:
+    assert global_norm({"a": np.full(4, 1.7e308)}) == np.inf

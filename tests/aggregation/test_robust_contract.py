@@ -64,8 +64,7 @@ class TestBulyanRobust(RobustAggregatorContract):
 
 class TestGeometricMedianContract(AggregatorContract):
     component = "geometric-median"
-    weighted = True
-    robust = True
+    robust = True  # and unweighted: a claimed example count does not buy the round
 
 
 class TestGeometricMedianRobust(RobustAggregatorContract):
