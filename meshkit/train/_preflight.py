@@ -455,6 +455,10 @@ def check_secure_privacy(cfg: Any, privacy: Any) -> None:
             f"read in clear. Use [privacy] name = \"dp-fixed\"")
 
 
+#: The most rounds a ``[privacy]`` run may have (what its ε accounting can compose).
+MAX_PRIVATE_ROUNDS = 100_000
+
+
 def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
                  rounds: int | None, task: Any = None) -> dict[str, Any] | None:
     """What a private run will spend: q, m and ε after every configured round."""
@@ -464,6 +468,12 @@ def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
     clients = run_clients(cfg, strategy, partitioner, task)
     q = float(rate(clients)) if callable(rate) else 1.0
     total = int(rounds or 0)
+    if total > MAX_PRIVATE_ROUNDS:
+        # The PLD accountant's grid grows with the rounds it composes (at 2**63
+        # it would ask for exabytes); no private run needs that many.
+        raise ConfigError(
+            f"{cfg.path}: [strategy] rounds = {total}: a private run's accountant composes "
+            f"at most {MAX_PRIVATE_ROUNDS:,} rounds; use fewer rounds")
     eps = privacy.epsilon_after(q, total) if total else 0.0
     plan: dict[str, Any] = {"q": q, "expected_cohort": q * clients, "rounds": total,
                             "epsilon": eps, "delta": privacy.delta,
@@ -485,8 +495,33 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
 
     Used by ``meshkit run`` before any process starts and by ``meshkit check``,
     so both refuse the same configs. ``launch`` overrides ``[mesh] launch``
-    (``meshkit coordinator`` forces ``"external"``).
+    (``meshkit coordinator`` forces ``"external"``). Every refusal names the
+    config file: a component's or strategy's own message (which knows its
+    table and key, not the file) gets the file put in front.
     """
+    try:
+        return _build_components(plan, launch=launch)
+    except MeshError as exc:
+        raise naming_the_file(exc, plan.config.path) from exc.__cause__
+
+
+def naming_the_file(exc: MeshError, path: str) -> MeshError:
+    """``exc`` as it is when its message names the config ``path``, else the same kind
+    of error with ``path: `` in front (a :class:`ConfigError` when that kind cannot
+    be made from a message alone)."""
+    text = str(exc)
+    if text.startswith(f"{path}:") or f"{path}: " in text:
+        return exc
+    try:
+        named = type(exc)(f"{path}: {text}")
+    except TypeError:  # an error class whose constructor takes more than a message
+        named = ConfigError(f"{path}: {text}")
+    if str(named) != f"{path}: {text}":
+        named = ConfigError(f"{path}: {text}")
+    return named
+
+
+def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     cfg = plan.config
     check_out(cfg)
     check_topology(cfg, launch)
