@@ -115,9 +115,9 @@ def _describe(exc: BaseException, where: str) -> list[str]:
                 joiner = "" if note.startswith("[") else "."  # boards[0], not boards.[0]
                 walk(sub, f"{path}{joiner}{note}" if path and note else (note or path))
             return
-        key = _validator_key(err)
-        if key is not None and not path.endswith(key):
-            path = f"{path}.{key}" if path else key
+        named = _validator_key(err)
+        if named is not None and not path.endswith(named):
+            path = f"{path}.{named}" if path else named
         label = f"{where} {path}" if path else where
         lines.append(f"{label}: {_problem(err)}")
 
@@ -145,7 +145,7 @@ def _validator_key(exc: BaseException) -> str | None:
     attrs' own validators (``in_``, ``ge``, ``instance_of``, ...) raise with
     ``args = (message, Attribute, ...)``; its ``str()`` is that whole tuple.
     """
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
     if len(args) > 1 and isinstance(args[0], str) and isinstance(args[1], attrs.Attribute):
         return str(args[1].name)
     # attrs' ``ge``/``le`` (and meshkit's own validators) say "'key' must ..." / "key must ...".

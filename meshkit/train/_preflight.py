@@ -37,8 +37,10 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.errors import ConfigError, MeshError, RefusedError
+from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
@@ -353,6 +355,28 @@ def attack_plan(plan: Any, strategy: Any, partitioner: Any,
                       attack=plan.create("attack"), clients=attackers, seed=cfg.run.seed)
 
 
+def check_boards(cfg: Any, boards: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """Every fixed-function rank's board is offered by a plugin and its options fit the
+    board's options class, as ``meshkit node --board`` will structure them.
+
+    Checked here, so a misspelt option is the board's one-line error before
+    anything starts, not a node that exits while the coordinator waits for its
+    capability handshake. The board itself is not built: its driver may need
+    hardware only its node has.
+    """
+    registry = plugins.default().registry
+    for index, (name, options) in enumerate(boards):
+        where = f"[[strategy.boards]] #{index + 1}"
+        try:
+            component = registry.get("board", name)
+        except MeshError as exc:
+            raise type(exc)(f"{cfg.path}: {where} board = {name!r}: {exc}") from None
+        try:
+            structure_options(component, options, where=f"{where} ({name}) options")
+        except MeshError as exc:
+            raise ConfigError(f"{cfg.path}: {exc}") from None
+
+
 def world_size(cfg: Any, boards: list[Any]) -> int:
     """Ranks the run has: the coordinator, ``[mesh] workers`` and each fixed-function board."""
     return cfg.mesh.workers + len(boards) + 1
@@ -594,6 +618,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
     rounds = getattr(getattr(strategy, "options", None), "rounds", None)
     extra_ranks = getattr(strategy, "extra_ranks", None)
     boards = list(extra_ranks()) if callable(extra_ranks) else []
+    check_boards(cfg, boards)
     world = world_size(cfg, boards)
     check_mesh_peers(cfg, world)
     return {

@@ -378,3 +378,19 @@ def test_a_strategys_own_refusal_names_the_config_file(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"meshkit: error: {path}: [attack] with [strategy] name = "
                                     f"\"fedbuff\"")
+
+
+@pytest.mark.parametrize("option, words", [
+    ("in_bitz = 8", "[[strategy.boards]] #1 (loopback) options in_bitz: unknown key"),
+    ("input_elems = 0", "[[strategy.boards]] #1 (loopback) options input_elems: invalid value"),
+])
+def test_check_refuses_a_boards_options_before_any_node_starts(tmp_path, option, words):
+    # Before, check said ok and run waited ~58 s for a board node that had exited (issue 35).
+    data = json.loads(json.dumps(BASES["board loopback"][0]))
+    key, _, value = option.partition(" = ")
+    data["strategy"]["boards"][0]["options"][key] = int(value)
+    path = tmp_path / "boards.toml"
+    path.write_text(_document(data))
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"meshkit: error: {path}: {words}")
