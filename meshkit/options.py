@@ -31,15 +31,17 @@ __all__ = ["converter", "closest", "structure_strict", "structure_options", "pos
            "count_at_least"]
 
 def positive(instance: Any, attribute: Any, value: Any) -> None:
-    """attrs validator: the option must be greater than zero."""
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
+    """attrs validator: the option must be a finite number greater than zero."""
+    # Written so NaN fails too (every comparison with NaN is false), and inf.
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value}")
 
 
 def non_negative(instance: Any, attribute: Any, value: Any) -> None:
-    """attrs validator: the option must be zero or more."""
-    if value < 0:
-        raise ValueError(f"{attribute.name} must be zero or more, got {value}")
+    """attrs validator: the option must be a finite number, zero or more."""
+    # -0.0 too: numpy's samplers read its sign bit as a negative scale.
+    if not (value >= 0 and math.isfinite(value)) or math.copysign(1.0, value) < 0:
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value}")
 
 
 def finite(instance: Any, attribute: Any, value: Any) -> None:
@@ -113,6 +115,9 @@ def _describe(exc: BaseException, where: str) -> list[str]:
                 joiner = "" if note.startswith("[") else "."  # boards[0], not boards.[0]
                 walk(sub, f"{path}{joiner}{note}" if path and note else (note or path))
             return
+        named = _validator_key(err)
+        if named is not None and not path.endswith(named):
+            path = f"{path}.{named}" if path else named
         label = f"{where} {path}" if path else where
         lines.append(f"{label}: {_problem(err)}")
 
@@ -134,11 +139,31 @@ def _note_for(exc: BaseException) -> str:
     return ""
 
 
+def _validator_key(exc: BaseException) -> str | None:
+    """The key an attrs built-in validator names in its error's arguments, if any.
+
+    attrs' own validators (``in_``, ``ge``, ``instance_of``, ...) raise with
+    ``args = (message, Attribute, ...)``; its ``str()`` is that whole tuple.
+    """
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
+    if len(args) > 1 and isinstance(args[0], str) and isinstance(args[1], attrs.Attribute):
+        return str(args[1].name)
+    # attrs' ``ge``/``le`` (and meshkit's own validators) say "'key' must ..." / "key must ...".
+    if isinstance(exc, ValueError) and len(args) == 1 and isinstance(args[0], str):
+        m = re.match(r"'?([A-Za-z_]\w*)'? must ", args[0])
+        if m:
+            return m.group(1)
+    return None
+
+
 def _problem(exc: BaseException) -> str:
     if isinstance(exc, KeyError):
         return "required key is missing"
     if isinstance(exc, (TypeError, ValueError)) and "required positional argument" in str(exc):
         return "required key is missing"
+    if _validator_key(exc) is not None and len(exc.args) > 1:
+        # One sentence, not the raw (message, Attribute, options, value) tuple.
+        return f"invalid value: {exc.args[0]}"
     text = str(exc)
     if isinstance(exc, (ValueError, TypeError)) and text:
         return f"invalid value: {text}"
@@ -227,7 +252,9 @@ def structure_strict(data: Mapping[str, Any], cls: type, *, where: str) -> Any:
         raise ConfigError("; ".join(_describe(exc, where))) from None
     except (TypeError, ValueError, KeyError) as exc:
         # attrs validators raise these from __init__.
-        raise ConfigError(f"{where}: {_problem(exc)}") from None
+        key = _validator_key(exc)
+        raise ConfigError(f"{where} {key}: {_problem(exc)}" if key else
+                          f"{where}: {_problem(exc)}") from None
 
 
 def structure_options(component: Any, data: Mapping[str, Any], *, where: str) -> Any:

@@ -68,6 +68,13 @@ class PrivacyMechanism(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+#: The most an adaptive clip norm's log moves in one round (the paper's steps are
+#: η·|b̃ − γ| <= 0.2 or so; this only stops an overflow).
+MAX_CLIP_STEP = 20.0
+#: The range an adaptive clip norm is kept within.
+CLIP_BOUNDS = (1e-12, 1e12)
+
+
 @attrs.frozen
 class AdaptiveClip:
     """Andrew et al. 2021, "Differentially private learning with adaptive clipping".
@@ -87,7 +94,12 @@ class AdaptiveClip:
     def next_clip(self, clip: float, unclipped: int, expected: float,
                   rng: np.random.Generator) -> float:
         noised = (unclipped - expected / 2 + rng.normal(0.0, self.count_z / 2)) / expected + 0.5
-        return float(clip * math.exp(-self.clip_lr * (noised - self.target_quantile)))
+        # The paper's step, bounded (post-processing: the guarantee is unchanged):
+        # at most a factor e^MAX_CLIP_STEP a round, and the norm kept within
+        # CLIP_BOUNDS, so no count and no noise draw overflows it or makes it 0.
+        step = max(-MAX_CLIP_STEP, min(MAX_CLIP_STEP,
+                                       -self.clip_lr * (noised - self.target_quantile)))
+        return float(min(max(clip * math.exp(step), CLIP_BOUNDS[0]), CLIP_BOUNDS[1]))
 
 
 @attrs.define

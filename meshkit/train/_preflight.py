@@ -37,8 +37,10 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
+from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.errors import ConfigError, MeshError, RefusedError
+from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
@@ -353,6 +355,28 @@ def attack_plan(plan: Any, strategy: Any, partitioner: Any,
                       attack=plan.create("attack"), clients=attackers, seed=cfg.run.seed)
 
 
+def check_boards(cfg: Any, boards: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """Every fixed-function rank's board is offered by a plugin and its options fit the
+    board's options class, as ``meshkit node --board`` will structure them.
+
+    Checked here, so a misspelt option is the board's one-line error before
+    anything starts, not a node that exits while the coordinator waits for its
+    capability handshake. The board itself is not built: its driver may need
+    hardware only its node has.
+    """
+    registry = plugins.default().registry
+    for index, (name, options) in enumerate(boards):
+        where = f"[[strategy.boards]] #{index + 1}"
+        try:
+            component = registry.get("board", name)
+        except MeshError as exc:
+            raise type(exc)(f"{cfg.path}: {where} board = {name!r}: {exc}") from None
+        try:
+            structure_options(component, options, where=f"{where} ({name}) options")
+        except MeshError as exc:
+            raise ConfigError(f"{cfg.path}: {exc}") from None
+
+
 def world_size(cfg: Any, boards: list[Any]) -> int:
     """Ranks the run has: the coordinator, ``[mesh] workers`` and each fixed-function board."""
     return cfg.mesh.workers + len(boards) + 1
@@ -455,6 +479,10 @@ def check_secure_privacy(cfg: Any, privacy: Any) -> None:
             f"read in clear. Use [privacy] name = \"dp-fixed\"")
 
 
+#: The most rounds a ``[privacy]`` run may have (what its ε accounting can compose).
+MAX_PRIVATE_ROUNDS = 100_000
+
+
 def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
                  rounds: int | None, task: Any = None) -> dict[str, Any] | None:
     """What a private run will spend: q, m and ε after every configured round."""
@@ -464,6 +492,12 @@ def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
     clients = run_clients(cfg, strategy, partitioner, task)
     q = float(rate(clients)) if callable(rate) else 1.0
     total = int(rounds or 0)
+    if total > MAX_PRIVATE_ROUNDS:
+        # The PLD accountant's grid grows with the rounds it composes (at 2**63
+        # it would ask for exabytes); no private run needs that many.
+        raise ConfigError(
+            f"{cfg.path}: [strategy] rounds = {total}: a private run's accountant composes "
+            f"at most {MAX_PRIVATE_ROUNDS:,} rounds; use fewer rounds")
     eps = privacy.epsilon_after(q, total) if total else 0.0
     plan: dict[str, Any] = {"q": q, "expected_cohort": q * clients, "rounds": total,
                             "epsilon": eps, "delta": privacy.delta,
@@ -485,8 +519,33 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
 
     Used by ``meshkit run`` before any process starts and by ``meshkit check``,
     so both refuse the same configs. ``launch`` overrides ``[mesh] launch``
-    (``meshkit coordinator`` forces ``"external"``).
+    (``meshkit coordinator`` forces ``"external"``). Every refusal names the
+    config file: a component's or strategy's own message (which knows its
+    table and key, not the file) gets the file put in front.
     """
+    try:
+        return _build_components(plan, launch=launch)
+    except MeshError as exc:
+        raise naming_the_file(exc, plan.config.path) from exc.__cause__
+
+
+def naming_the_file(exc: MeshError, path: str) -> MeshError:
+    """``exc`` as it is when its message names the config ``path``, else the same kind
+    of error with ``path: `` in front (a :class:`ConfigError` when that kind cannot
+    be made from a message alone)."""
+    text = str(exc)
+    if text.startswith(f"{path}:") or f"{path}: " in text:
+        return exc
+    try:
+        named = type(exc)(f"{path}: {text}")
+    except TypeError:  # an error class whose constructor takes more than a message
+        named = ConfigError(f"{path}: {text}")
+    if str(named) != f"{path}: {text}":
+        named = ConfigError(f"{path}: {text}")
+    return named
+
+
+def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     cfg = plan.config
     check_out(cfg)
     check_topology(cfg, launch)
@@ -559,6 +618,7 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
     rounds = getattr(getattr(strategy, "options", None), "rounds", None)
     extra_ranks = getattr(strategy, "extra_ranks", None)
     boards = list(extra_ranks()) if callable(extra_ranks) else []
+    check_boards(cfg, boards)
     world = world_size(cfg, boards)
     check_mesh_peers(cfg, world)
     return {

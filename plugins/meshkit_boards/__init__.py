@@ -9,10 +9,13 @@ from __future__ import annotations
 import attrs
 
 import meshkit
+from meshkit.options import finite
 
 __all__ = ["LoopbackOptions", "meshkit_boards"]
 
 _FUNCTIONS = "'identity', 'scale', 'affine' or 'module:function'"
+#: The datapath dtypes a board may emulate (meshkit.FixedFunction's).
+_DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int16", "int32")
 
 
 def _function(instance: object, attribute: object, value: str) -> None:
@@ -27,17 +30,17 @@ class LoopbackOptions:
     """Options of the ``loopback`` board (its config keys)."""
 
     #: The pre-synthesized stage this board implements.
-    stage_id: str
+    stage_id: str = attrs.field(validator=attrs.validators.min_len(1))
     #: Elements it consumes per activation.
     input_elems: int = attrs.field(validator=attrs.validators.gt(0))
     #: Elements it produces per activation.
     output_elems: int = attrs.field(validator=attrs.validators.gt(0))
     #: Datapath dtype the board emulates (inputs and outputs are rounded to it).
-    dtype: str = "float32"
+    dtype: str = attrs.field(default="float32", validator=attrs.validators.in_(_DTYPES))
     #: What it computes: identity, scale, affine (weights from .npy) or module:function.
     function: str = attrs.field(default="identity", validator=_function)
     #: Factor for ``function = "scale"``.
-    scale: float = 1.0
+    scale: float = attrs.field(default=1.0, validator=finite)
     #: ``.npy`` file of shape (input_elems, output_elems) for ``function = "affine"``.
     weights: str = ""
     #: Optional ``.npy`` file of shape (output_elems,) added after the affine map.

@@ -73,6 +73,7 @@ import numpy as np
 
 from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
 from meshkit.partitioner import is_per_node
+from meshkit.population import population_size
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
 from meshkit.train import check_contribution, client_seed, run_rounds, signature
 from meshkit.train import train_loss
@@ -222,8 +223,16 @@ class FedBuff:
     clocked: ClassVar[bool] = True
     _run: _Run = attrs.field(factory=_Run, init=False)
 
-    def clients(self, workers: int, partitioner: Any = None) -> int:
-        """How many clients the run has (0 in the options: one per worker)."""
+    def clients(self, workers: int, partitioner: Any = None, task: Any = None) -> int:
+        """How many clients the run has: a population's size when the task is one
+        (:mod:`meshkit.population`), else ``[strategy] clients`` (0: one per worker)."""
+        size = population_size(task)
+        if size is not None:
+            if self.options.clients not in (0, size):
+                raise ConfigError(
+                    f"[strategy] clients = {self.options.clients}, but the task is a "
+                    f"population of {size} clients; leave clients out (or set it to {size})")
+            return size
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int, partitioner: Any = None,
@@ -262,7 +271,7 @@ class FedBuff:
             raise ConfigError(
                 f"[strategy] staleness_b = {opts.staleness_b:g}: only the \"hinge\" rule "
                 f"takes b, and staleness = {opts.staleness!r}; drop it")
-        clients = self.clients(workers, partitioner)
+        clients = self.clients(workers, partitioner, task)
         if clients < opts.buffer_size:
             raise ConfigError(
                 f"[strategy] buffer_size = {opts.buffer_size}, but there are only {clients} "
@@ -404,17 +413,16 @@ class FedBuff:
         # Real time: each live worker holds its share, so the concurrency
         # follows the live workers; the virtual clock does not depend on them.
         cap = math.inf if virtual else math.ceil(self.options.concurrency / len(ctx.workers))
-        clients = self.clients(len(ctx.workers), ctx.partitioner)
+        clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
         while len(run.flights) < self.options.concurrency:
             ready = [r for r in live if load[r] < cap]
             if not ready:
                 return
-            busy = {f.client for f in run.flights} | buffer.clients
-            free = [c for c in range(clients) if c not in busy]
-            if not free:
+            busy = sorted({f.client for f in run.flights} | buffer.clients)
+            if len(busy) >= clients:
                 return
             draw = np.random.default_rng([ctx.seed, _DRAW_STREAM, run.dispatched])
-            client = free[int(draw.integers(len(free)))]
+            client = nth_free(int(draw.integers(clients - len(busy))), busy)
             finish = run.clock + ctx.speeds.duration(client) if virtual else 0.0
             flight = Flight(run.dispatched, client, version,
                             client_seed(ctx.seed, run.dispatched, client), finish)
@@ -425,7 +433,7 @@ class FedBuff:
             load[rank] += 1
 
     def _send(self, ctx: StrategyContext, flight: Flight, rank: int) -> None:
-        clients = self.clients(len(ctx.workers), ctx.partitioner)
+        clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
         budget = {"time_budget": self.options.time_budget} if self.options.time_budget else {}
         request = {"op": "fit", "shard": flight.client, "shards": clients, "seed": flight.seed,
                    "state": self._run.models[flight.version], **budget}
@@ -472,6 +480,20 @@ class FedBuff:
         needed = {f.version for f in run.flights} | {version}
         for old in [v for v in run.models if v not in needed]:
             del run.models[old]
+
+
+def nth_free(index: int, busy: list[int]) -> int:
+    """The ``index``-th client (from 0) not in ``busy`` (sorted, distinct), in
+    O(len(busy)): the draw ``[c for c in range(N) if c not in busy][index]``
+    made without listing the N clients, so a population of millions costs what
+    ten clients do, and the choice is the same."""
+    client = index
+    for taken in busy:  # each busy client at or below the candidate pushes it up one
+        if taken <= client:
+            client += 1
+        else:
+            break
+    return client
 
 
 def _aggregator_name(aggregator: Any) -> str:

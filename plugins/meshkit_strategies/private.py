@@ -104,7 +104,9 @@ def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping
     consensus = folded.result if folded.result is not None else fold.result()
     unclipped = None
     if privacy.placement == "client":
-        unclipped = sum(int(r.get("metrics", {}).get("unclipped", 0))
+        # Each client's report is one bit; anything else (a hostile or broken
+        # client's -1e9) counts as "not within" -- never more than one client.
+        unclipped = sum(_one_bit(r.get("metrics", {}).get("unclipped", 0))
                         for r in folded.replies.values())
     privacy.finish(fold, q, unclipped=unclipped, seed=ctx.seed, round_=rnd)
     new_state = ctx.outer_step(state, consensus)  # parameters only: the kernel's rule
@@ -112,3 +114,9 @@ def play_private_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping
     metrics.update(ctx.task.evaluate(new_state))
     metrics.update({"epsilon": epsilon, "clip_norm": clip, "cohort": float(len(sampled))})
     return folded.outcome(new_state, metrics)
+
+
+def _one_bit(value: Any) -> int:
+    """A client's ``unclipped`` report as the bit it must be: 1 only for exactly 1."""
+    return 1 if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1 \
+        else 0

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from meshkit.options import non_negative, positive
+from meshkit.options import count_at_least, non_negative, positive
 
 __all__ = ["DigitsOptions", "SyntheticOptions", "SyntheticFederatedOptions"]
 
@@ -40,7 +40,7 @@ class DigitsOptions:
     #: Share of the images held out for evaluation (never trained on).
     test_fraction: float = attrs.field(default=0.2, validator=_fraction)
     #: Seed of the train/test split (fixed, so every node agrees on it).
-    split_seed: int = 0
+    split_seed: int = attrs.field(default=0, validator=count_at_least(0))
     #: A CSV file of this node's own training images (64 pixel values 0..16, then
     #: the label, comma-separated, one image a line, no header; ``.gz`` read as
     #: gzip). Empty: the shipped images' training split. Read when the data is
@@ -97,7 +97,7 @@ class SyntheticFederatedOptions:
     classes: int = attrs.field(default=10, validator=positive)
     #: Seed of the population (every client's model, features and count); apart
     #: from [run] seed, which seeds the model's initialisation and the sampling.
-    data_seed: int = 0
+    data_seed: int = attrs.field(default=0, validator=count_at_least(0))
     #: A client's examples: min(min_samples + floor(lognormal(3, 2)), max_samples), as LEAF draws them.
     min_samples: int = attrs.field(default=5, validator=positive)
     max_samples: int = attrs.field(default=1000, validator=positive)

@@ -73,3 +73,28 @@ def test_a_key_value_option_that_does_not_read_as_its_type_names_the_key(pair, m
     with pytest.raises(ConfigError) as err:
         parse_options([pair], Flags, flag="--x-option", table="[x]")
     assert str(err.value) == message
+
+
+def test_an_attrs_validators_error_is_one_sentence_naming_the_key(tmp_path):
+    # Before: "[mesh]: invalid value: (\"'launch' must be in ...\", Attribute(name=...), ...)"
+    from meshkit.config import MeshTable
+
+    with pytest.raises(ConfigError) as info:
+        structure_strict({"launch": "inproc"}, MeshTable, where="[mesh]")
+    assert str(info.value) == ("[mesh] launch: invalid value: 'launch' must be in ('local', "
+                               "'external') (got 'inproc')")
+    with pytest.raises(ConfigError) as info:
+        structure_strict({"workers": 0}, MeshTable, where="[mesh]")
+    assert str(info.value) == "[mesh] workers: invalid value: 'workers' must be >= 1: 0"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.0, -1.0])
+def test_a_non_negative_option_refuses_nan_inf_and_negative_zero(value):
+    from meshkit.options import non_negative
+
+    @attrs.frozen
+    class Scale:
+        alpha: float = attrs.field(default=1.0, validator=non_negative)
+
+    with pytest.raises(ConfigError, match=r"\[task\] alpha: .*must be a finite number >= 0"):
+        structure_strict({"alpha": value}, Scale, where="[task]")

@@ -184,7 +184,7 @@ def test_a_privacy_table_needs_a_name_and_valid_keys(tmp_path):
     with pytest.raises(meshkit.ConfigError, match=r"\[privacy\] name"):
         parse_config(config)
     config = table(tmp_path / "out", privacy={"clip": "server"})
-    with pytest.raises(meshkit.ConfigError, match=r"\[privacy\]: .*clip must be one of"):
+    with pytest.raises(meshkit.ConfigError, match=r"\[privacy\] clip: .*clip must be one of"):
         resolve(parse_config(config))
 
 

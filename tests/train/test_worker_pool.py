@@ -130,7 +130,7 @@ def test_a_worker_that_cannot_build_the_task_says_why_instead_of_stalling(mesh):
     # The worker said why: a WorkerError naming it, not a lost peer.
     assert type(err.value) is WorkerError and err.value.rank == 1
     assert "rank 1: cannot build the task on this worker" in str(err.value)
-    assert "hidden must be positive" in str(err.value)
+    assert "hidden must be a finite number > 0" in str(err.value)
     ctx.pool.stop_all([1])
     thread.join(10)
     assert raised and "hidden" in str(raised[0])
