@@ -21,7 +21,7 @@ from meshkit import plugins, wire
 from meshkit.components import Component
 from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
-from meshkit.options import closest, structure_options, structure_strict
+from meshkit.options import closest, defaults_from, structure_options, structure_strict
 from meshkit.partitioner import DEFAULT_PARTITIONER
 from meshkit.simulation import Speeds, read_speeds_file
 from meshkit.task import resolve_task_component
@@ -554,6 +554,30 @@ def _module_reference(selection: Selection, path: str) -> Component:
         raise ConfigError(f"{path}: [run] {selection.kind}: {exc}") from exc
 
 
+def _with_defaults_from(component: Component, selection: Selection, config: Config
+                        ) -> Selection:
+    """``selection`` with each option its component declares :func:`meshkit.options.default_from`
+    filled from the other table's key, when the user left it out and gave that key."""
+    fill = {}
+    for name, (table, key) in defaults_from(component.options).items():
+        if name in selection.options:
+            continue
+        source = getattr(config, table, None)
+        value = source.options.get(key) if isinstance(source, Selection) else None
+        if value is not None:
+            fill[name] = value
+    if not fill:
+        return selection
+    return attrs.evolve(selection, options={**selection.options, **fill})
+
+
+def _replace_selection(config: Config, old: Selection, new: Selection) -> Config:
+    """``config`` with ``new`` where ``old`` was (so the filled table is what nodes receive)."""
+    changes: dict[str, Any] = {field.name: new for field in attrs.fields(Config)
+                               if getattr(config, field.name) is old}
+    return attrs.evolve(config, **changes) if changes else config
+
+
 def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | None = None) -> Plan:
     """Look up every selected component and validate its options table."""
     if pset is None:
@@ -572,6 +596,10 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
                 component = pset.registry.get(selection.kind, selection.name)
             except PluginError as exc:  # an unknown name, or one two plugins offer
                 raise type(exc)(f"{config.path}: {key_where}: {exc}") from None
+        filled = _with_defaults_from(component, selection, config)
+        if filled is not selection:
+            config = _replace_selection(config, selection, filled)
+            selection = filled
         try:
             opts = structure_options(component, selection.options, where=selection.where)
         except ConfigError as exc:
