@@ -87,7 +87,11 @@ class Task(Protocol):
     # Optional, for evaluation on the clients ([strategy] evaluate = "clients"):
     #   test_data() -> (x, y)                   (this node's held-out examples)
     #   evaluate(state, x=None, y=None)         (metrics on some of them: one
-    #                                            simulated client's share)
+    #                                            simulated client's share; a
+    #                                            figure "examples" says over how
+    #                                            many examples they are, when not
+    #                                            len(y): a client that reads its
+    #                                            own data, as a Flower client)
     # Optional, per strategy:
     #   gradients(state, x, y) -> FitResult     (data-parallel)
     #   apply(state, gradients) -> state        (data-parallel)
