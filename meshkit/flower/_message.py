@@ -37,7 +37,7 @@ from flwr.app import (DEFAULT_TTL, Array, ArrayRecord, ConfigRecord, Context, Me
                       RecordDict)
 from flwr.clientapp import ClientApp
 
-from meshkit.errors import ConfigError, MeshError
+from meshkit.errors import ConfigError, MeshError, RefusedError
 
 __all__ = ["MessageApp", "send", "numbers", "to_record", "to_state"]
 
@@ -85,6 +85,17 @@ class MessageApp:
         if not any(name.startswith("train.") for name in registered):
             raise ConfigError(f"{where} is a ClientApp with no @app.train() function and no "
                               f"client_fn: meshkit has nothing to fit with")
+        # A function registered with mods (@app.train(mods=[...])) is wrapped by
+        # flwr's make_ffn; without mods it is registered as it is.
+        wrapped = sorted(name for name, fn in registered.items()
+                         if getattr(fn, "__qualname__", "").endswith("wrap_ffn.<locals>.new_ffn"))
+        if wrapped:
+            raise RefusedError(
+                f"{where} registers {', '.join(wrapped)} with mods: mods wrap the messages "
+                f"between Flower's SuperNode and the app (secure aggregation, clipping, local "
+                f"DP), a layer meshkit does not have; clipping, noise and secure aggregation "
+                f"are meshkit components chosen in the config instead. Register the functions "
+                f"without mods")
         self.app = app
         self.can_evaluate = any(name.startswith("evaluate.") for name in registered)
 

@@ -128,6 +128,16 @@ def test_a_message_api_app_with_mods_is_refused():
     with pytest.raises(RefusedError, match="ClientApp with mods"):
         task(app, initial=_initial)
 
+    per_function = ClientApp()
+
+    @per_function.train(mods=[fixedclipping_mod])
+    def train_with_mods(msg, context):  # pragma: no cover - refused before any call
+        return msg
+
+    with pytest.raises(RefusedError, match=r"registers train.default with mods.*Register the "
+                                           r"functions without mods"):
+        task(per_function, initial=_initial)
+
 
 @pytest.mark.parametrize("form", ["module", "state_dict", "array_record", "numpy_state_dict"])
 def test_initial_takes_what_a_server_app_passes_as_initial_arrays(form):
