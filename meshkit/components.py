@@ -53,6 +53,16 @@ def _check_options(instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+def _as_names(value: Any) -> tuple[Any, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _names(instance: Any, attribute: Any, value: tuple[Any, ...]) -> None:
+    if not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"Component {instance.name!r}: also_known_as must be a sequence of "
+                        f"names (strings), got {value!r}")
+
+
 @attrs.frozen
 class Component:
     """One selectable component offered by a plugin.
@@ -67,6 +77,12 @@ class Component:
     options: type | None = attrs.field(default=None, validator=_check_options)
     summary: str = ""
     provenance: Provenance | None = attrs.field(default=None, kw_only=True, eq=False)
+    #: Names other frameworks give this component (Flower's ``FedMedian`` for
+    #: ``median``), compared without case. Never selectable by them: a config
+    #: naming one is told the real name and table (``Registry.get``), so a
+    #: user's familiar word points the right way instead of at a near spelling.
+    also_known_as: tuple[str, ...] = attrs.field(default=(), kw_only=True,
+                                                 converter=_as_names, validator=_names)
 
     def build(self, options: Any = None) -> Any:
         """Call the factory the way the contract says (with options or without)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,10 +22,10 @@ from meshkit import plugins, wire
 from meshkit.components import Component
 from meshkit.errors import ConfigError, PluginError
 from meshkit.node.config import MAX_TIMEOUT
-from meshkit.options import closest, structure_options, structure_strict
+from meshkit.options import closest, defaults_from, structure_options, structure_strict
 from meshkit.partitioner import DEFAULT_PARTITIONER
 from meshkit.simulation import Speeds, read_speeds_file
-from meshkit.task import resolve_task_component
+from meshkit.task import reference_of, resolve_task_component
 
 __all__ = [
     "RunTable",
@@ -418,6 +419,34 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config(data, path=path)
 
 
+#: Why a component other than the task cannot be given as an object.
+_ONLY_TASK = ("; only [run] task may be an object (a task defined in your script); every other "
+              "component is selected by the name a plugin registers for it, so that each "
+              "process finds the same one: register yours through a plugin "
+              "(docs/writing-a-plugin.md) and select it by name")
+
+
+def _with_task_reference(data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """``data`` with a task given as an object (``meshkit.run({"run": {"task": Task}})``, a
+    notebook's habit) or as ``"__main__:name"`` replaced by the reference workers import
+    (:func:`meshkit.task.reference_of`)."""
+    run = data.get("run")
+    if not isinstance(run, Mapping) or "task" not in run:
+        return data
+    task = run["task"]
+    if isinstance(task, str):
+        module, _, attribute = task.partition(":")
+        main = sys.modules.get("__main__")
+        if module != "__main__" or main is None or not hasattr(main, attribute):
+            return data
+        task = getattr(main, attribute)
+    try:
+        reference = reference_of(task)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return {**data, "run": {**run, "task": reference}}
+
+
 def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     """Structure an already-parsed TOML document."""
     for section, value in data.items():
@@ -433,6 +462,8 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                                   f"[[{section}]] header per entry), got {value!r}")
         elif not isinstance(value, Mapping):
             raise ConfigError(f"{path}: {section}: expected a table, got {value!r}")
+
+    data = _with_task_reference(data, path)
 
     def table(name: str) -> dict[str, Any]:
         return dict(data.get(name, {}))
@@ -452,7 +483,8 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         options = table(name)
         chosen = options.pop("name", default)
         if not isinstance(chosen, str) or not chosen:
-            raise ConfigError(f"{path}: [{name}] name: expected a component name, got {chosen!r}")
+            raise ConfigError(f"{path}: [{name}] name: expected a component name, got "
+                              f"{chosen!r}{_ONLY_TASK if not isinstance(chosen, str) else ''}")
         selections[name] = Selection(kind, chosen, options, f"[{name}]")
 
     def optional(name: str, default: str | None, what: str) -> Selection | None:
@@ -462,7 +494,8 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
         options = table(name)
         chosen = options.pop("name", default)
         if not isinstance(chosen, str) or not chosen:
-            raise ConfigError(f"{path}: [{name}] name: expected {what}, got {chosen!r}")
+            raise ConfigError(f"{path}: [{name}] name: expected {what}, got {chosen!r}"
+                              f"{_ONLY_TASK if not isinstance(chosen, str) else ''}")
         return Selection(name, chosen, options, f"[{name}]")
 
     partitioner = optional("partitioner", DEFAULT_PARTITIONER, "a component name")
@@ -554,6 +587,30 @@ def _module_reference(selection: Selection, path: str) -> Component:
         raise ConfigError(f"{path}: [run] {selection.kind}: {exc}") from exc
 
 
+def _with_defaults_from(component: Component, selection: Selection, config: Config
+                        ) -> Selection:
+    """``selection`` with each option its component declares :func:`meshkit.options.default_from`
+    filled from the other table's key, when the user left it out and gave that key."""
+    fill = {}
+    for name, (table, key) in defaults_from(component.options).items():
+        if name in selection.options:
+            continue
+        source = getattr(config, table, None)
+        value = source.options.get(key) if isinstance(source, Selection) else None
+        if value is not None:
+            fill[name] = value
+    if not fill:
+        return selection
+    return attrs.evolve(selection, options={**selection.options, **fill})
+
+
+def _replace_selection(config: Config, old: Selection, new: Selection) -> Config:
+    """``config`` with ``new`` where ``old`` was (so the filled table is what nodes receive)."""
+    changes: dict[str, Any] = {field.name: new for field in attrs.fields(Config)
+                               if getattr(config, field.name) is old}
+    return attrs.evolve(config, **changes) if changes else config
+
+
 def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | None = None) -> Plan:
     """Look up every selected component and validate its options table."""
     if pset is None:
@@ -572,6 +629,10 @@ def resolve(config: Config, pset: Any = None, *, environ: Mapping[str, str] | No
                 component = pset.registry.get(selection.kind, selection.name)
             except PluginError as exc:  # an unknown name, or one two plugins offer
                 raise type(exc)(f"{config.path}: {key_where}: {exc}") from None
+        filled = _with_defaults_from(component, selection, config)
+        if filled is not selection:
+            config = _replace_selection(config, selection, filled)
+            selection = filled
         try:
             opts = structure_options(component, selection.options, where=selection.where)
         except ConfigError as exc:

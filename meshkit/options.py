@@ -28,7 +28,7 @@ from meshkit.errors import ConfigError, PluginError
 
 __all__ = ["converter", "closest", "structure_strict", "structure_options", "positive",
            "non_negative", "parse_options", "finite", "finite_positive", "finite_non_negative",
-           "count_at_least"]
+           "count_at_least", "default_from", "defaults_from"]
 
 def positive(instance: Any, attribute: Any, value: Any) -> None:
     """attrs validator: the option must be a finite number greater than zero."""
@@ -74,6 +74,30 @@ def count_at_least(minimum: int) -> Any:
 
 #: The converter for user-facing config: unknown keys are errors.
 converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+#: attrs field metadata key: the config key an option defaults to (:func:`default_from`).
+_DEFAULT_FROM = "meshkit.default_from"
+
+
+def default_from(table: str, key: str) -> dict[str, Any]:
+    """attrs field metadata: left out of its table, this option takes ``[table] key``'s value.
+
+    ``num_partitions: int = attrs.field(default=0, metadata=default_from("strategy",
+    "clients"))``: a value the user would otherwise write twice, and could get
+    wrong in one place. :func:`meshkit.config.resolve` fills it in (when
+    ``[table] key`` is given) before the options are structured, and the filled
+    table is what every node receives.
+    """
+    return {_DEFAULT_FROM: (table, key)}
+
+
+def defaults_from(options_cls: type | None) -> dict[str, tuple[str, str]]:
+    """Each field of ``options_cls`` declared with :func:`default_from`: name -> (table, key)."""
+    if options_cls is None or not attrs.has(options_cls):
+        return {}
+    return {field.name: tuple(field.metadata[_DEFAULT_FROM])
+            for field in attrs.fields(options_cls) if _DEFAULT_FROM in field.metadata}
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:

@@ -144,6 +144,9 @@ class Registry:
             return collected.components[name]
         if name in collected.conflicts:
             raise PluginError(collected.conflicts[name].describe())
+        elsewhere = self._known_as(kind, name)
+        if elsewhere:
+            raise UnknownComponentError(f"no {kind} named {name!r}: {elsewhere}")
         choices = ", ".join(sorted(collected.components)) or "none"
         near = closest(name, [*collected.components, *collected.conflicts])
         hint = f" (did you mean {near!r}?)" if near else ""
@@ -155,6 +158,31 @@ class Registry:
             f"no {kind} named {name!r}{hint}; available: {choices}. Another plugin may "
             f"provide it: install it, or check MESHKIT_PLUGINS / "
             f"MESHKIT_DISABLE_PLUGINS{failed}")
+
+    def _known_as(self, kind: str, name: str) -> str:
+        """What ``name`` is when a component of any kind has it as its name or as one of
+        its ``also_known_as`` (another framework's word); "" when none does.
+
+        A name that exists under another kind is a likelier slip than a
+        misspelling (``fedadam`` as an aggregator is the outer optimizer), so it
+        is answered before "did you mean": which kind it is, what it does, and
+        the line that selects it.
+        """
+        wanted = name.casefold()
+        # This kind's own aliases first ("fedavg" as an outer optimizer is its
+        # "average"), then every other kind.
+        for other in (kind, *(k for k in KINDS if k != kind)):
+            for component in self._collected(other).components.values():
+                alias = wanted in (a.casefold() for a in component.also_known_as)
+                if not alias and (other == kind or component.name.casefold() != wanted):
+                    continue
+                what = (f"{name!r} is known here as the {other} {component.name!r}" if alias
+                        else f"{name!r} is {_a(other)}")
+                does = f" ({component.summary})" if component.summary else ""
+                not_this = "" if other == kind else f", not {_a(kind)}"
+                select = _SELECTED_BY.get(other, f"[{other}] name =")
+                return f"{what}{does}{not_this}; select it as {select} \"{component.name}\""
+        return ""
 
     # -- building ------------------------------------------------------------------
 
@@ -202,6 +230,15 @@ def _records(function: Any, kind: str) -> list[Component]:
     except Exception as exc:  # a generator that raises part-way
         raise _BrokenHook(f"raised {type(exc).__name__}: {exc}") from None
     return records
+
+
+#: How a config selects a component of each kind (``[KIND] name =`` for the others).
+_SELECTED_BY = {"task": "[run] task =", "transport": "[mesh] transport =",
+                "observer": "[[observers]] name =", "board": "meshkit node --board"}
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
 def _shown(value: Any) -> str:

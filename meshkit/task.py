@@ -15,9 +15,11 @@ not what is in it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FitResult", "Task", "import_reference", "resolve_task_component", "create_task",
            "build_task", "check_task", "accepts_data", "has_held_out", "buffer_keys",
-           "key_groups"]
+           "key_groups", "reference_of", "importing_script"]
 
 #: The methods every task has; the rest are needed only by the strategies that use them.
 REQUIRED = ("init_state", "train_data", "fit", "evaluate")
@@ -87,7 +89,11 @@ class Task(Protocol):
     # Optional, for evaluation on the clients ([strategy] evaluate = "clients"):
     #   test_data() -> (x, y)                   (this node's held-out examples)
     #   evaluate(state, x=None, y=None)         (metrics on some of them: one
-    #                                            simulated client's share)
+    #                                            simulated client's share; a
+    #                                            figure "examples" says over how
+    #                                            many examples they are, when not
+    #                                            len(y): a client that reads its
+    #                                            own data, as a Flower client)
     # Optional, per strategy:
     #   gradients(state, x, y) -> FitResult     (data-parallel)
     #   apply(state, gradients) -> state        (data-parallel)
@@ -139,13 +145,15 @@ def import_reference(reference: str) -> Any:
     Every failure (no such module, a module that imports something missing or
     raises, no such attribute) is a :class:`ConfigError` saying which.
     """
-    module_name, _, attribute = reference.partition(":")
+    module_name, _, attribute = reference.rpartition(":") if _is_script(
+        reference.rpartition(":")[0]) else reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError(
             f"task {reference!r}: expected a registered task name or 'module:attribute'")
     _current_directory_importable()
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = (_import_script(module_name) if _is_script(module_name)
+                    else importlib.import_module(module_name))
     except ModuleNotFoundError as exc:
         if exc.name and not _is_or_contains(exc.name, module_name):
             # The task module was found; something it imports was not.
@@ -168,6 +176,97 @@ def import_reference(reference: str) -> Any:
                 f"task {reference!r}: module {module_name!r} has no attribute "
                 f"{attribute!r}") from None
     return obj
+
+
+def _is_script(module_name: str) -> bool:
+    """Whether a reference's module part is a script's path (``/work/train.py``)."""
+    return module_name.endswith(".py")
+
+
+#: Held while a script is imported by reference (:func:`importing_script`).
+_SCRIPT = threading.local()
+
+
+def importing_script() -> str:
+    """The script being imported by reference on this thread ("" when none is).
+
+    A script that calls ``meshkit.run`` outside ``if __name__ == "__main__":``
+    would start a run again in every worker that imports it; the runner asks
+    this and refuses, saying so.
+    """
+    return getattr(_SCRIPT, "path", "")
+
+
+def _import_script(path: str) -> Any:
+    """A script (the file behind a ``__main__`` object) as a module, its main block not run.
+
+    The script that is running (this process's ``__main__``) is itself, never
+    run twice; elsewhere (a worker) the file is executed once under a name of
+    its own, as ``multiprocessing``'s spawn does, so ``if __name__ ==
+    "__main__":`` keeps its run from starting again there.
+    """
+    path = os.path.abspath(path)
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file and os.path.abspath(main_file) == path:
+        return main
+    name = "__meshkit_script__" + "".join(c if c.isalnum() else "_" for c in path)
+    if name in sys.modules:
+        return sys.modules[name]
+    if not os.path.isfile(path):
+        raise ModuleNotFoundError(f"no script {path}", name=path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    directory = os.path.dirname(path)
+    if directory not in sys.path:  # as Python does for the script it runs
+        sys.path.insert(0, directory)
+    sys.modules[name] = module
+    _SCRIPT.path = path
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        _SCRIPT.path = ""
+    return module
+
+
+def reference_of(obj: Any, where: str = "[run] task") -> str:
+    """The ``"module:attribute"`` by which worker processes import ``obj`` (a task given as an
+    object to :func:`meshkit.run`), or a :class:`ConfigError` saying what to do instead.
+
+    ``obj`` must be a module-level name (searched in ``__main__`` first, then
+    in its own module). One defined in a running script becomes
+    ``"/path/script.py:name"``: workers import the script without running its
+    ``if __name__ == "__main__":`` block. One defined in a notebook or an
+    interactive session has no file any process could import.
+    """
+    label = getattr(obj, "__qualname__", None) or getattr(obj, "name", None) or type(obj).__name__
+    own = getattr(obj, "__module__", None) if (inspect.isclass(obj) or inspect.isroutine(obj)) \
+        else None
+    for module_name in dict.fromkeys(["__main__", *([own] if own else [])]):
+        module = sys.modules.get(module_name)
+        names = [n for n, v in vars(module).items() if v is obj] if module is not None else []
+        if not names:
+            continue
+        attribute = getattr(obj, "__name__", None) if getattr(obj, "__name__", None) in names \
+            else names[0]
+        if module_name != "__main__":
+            return f"{module_name}:{attribute}"
+        script = getattr(module, "__file__", None)
+        if not script or not os.path.isfile(script):
+            raise ConfigError(
+                f"{where}: {label} is defined in a notebook (or an interactive session), "
+                f"which worker processes cannot import; move it into a .py file beside the "
+                f"notebook and import it from there (from mytask import {attribute}), then "
+                f"pass that object or \"mytask:{attribute}\"")
+        return f"{os.path.abspath(script)}:{attribute}"
+    raise ConfigError(
+        f"{where}: {label} is not a module-level name that worker processes can import; "
+        f"assign it to a name at the top level of your script or module (task = ...) and "
+        f"pass that, or pass \"module:attribute\"")
 
 
 def _is_or_contains(missing: str, module_name: str) -> bool:

@@ -1,8 +1,10 @@
 """meshkit.flower: a Flower client, unchanged, as a meshkit task (extra ``flower``).
 
 ``meshkit.flower.task(client_fn)`` turns a Flower client factory —
-``client_fn(context)`` returning a ``NumPyClient`` (or a ``Client``), or a
-``ClientApp`` built from one — into a :class:`meshkit.Component` a config
+``client_fn(context)`` returning a ``NumPyClient`` (or a ``Client``), a
+``ClientApp`` built from one, or a Message-API ``ClientApp`` (``@app.train()``,
+``@app.evaluate()``, with ``initial=`` the callable building the initial
+model) — into a :class:`meshkit.Component` a config
 selects by ``"module:attribute"``; the
 registered task ``flower`` does the same from ``[task] app =
 "module:attribute"``, so a Flower user's client runs under ``meshkit run``
@@ -22,10 +24,10 @@ from typing import Any
 
 from meshkit.flower._options import AppOptions, FlowerOptions
 
-__all__ = ["AppClient", "AppClientFn", "AppOptions", "FlowerOptions", "FlowerTask", "app_task",
-           "load_client_fn", "task", "to_parameters", "to_state"]
+__all__ = ["AppClient", "AppClientFn", "AppOptions", "FlowerOptions", "FlowerTask", "MessageApp",
+           "app_task", "load_client_fn", "task", "to_parameters", "to_state"]
 
-_NEEDS_FLOWER = frozenset({"AppClient", "AppClientFn", "FlowerTask", "app_task",
+_NEEDS_FLOWER = frozenset({"AppClient", "AppClientFn", "FlowerTask", "MessageApp", "app_task",
                            "load_client_fn", "task", "to_parameters", "to_state"})
 
 

@@ -27,29 +27,33 @@ state key ``p000, p001...``  the parameter list, in order (dtypes and shapes
 ===========================  ==================================================
 
 A ``ClientApp`` built from a ``client_fn`` is run through the app itself
-(:class:`AppClientFn`): the same calls, as Flower's legacy messages. One
-with mods, or a Message-API app, is refused saying why.
+(:class:`AppClientFn`): the same calls, as Flower's legacy messages. A
+Message-API ``ClientApp`` (``@app.train()``, ``@app.evaluate()``) gets the
+messages Flower's ``FedAvg`` sends (:mod:`meshkit.flower._message`), its
+initial model from ``[task] initial`` (:mod:`meshkit.flower._initial`), which
+a ``client_fn`` may use too instead of its ``get_parameters``. An app with
+mods is refused saying why.
 
-The client loads its own data from ``partition-id``, as in Flower, so the
-training set meshkit shards is one row per partition holding its id
-(:meth:`FlowerTask.train_data`): with ``[strategy] clients = num_partitions``
-and the default contiguous partitioner, client ``c`` fits partition ``c``.
-A client is built afresh by ``client_fn`` for every call, as Flower's
-simulation does; ``context.state`` persists per partition on the node that
-serves it.
+The client loads its own data from ``partition-id``, as in Flower, so the task
+is a population (:mod:`meshkit.population`) of ``num_partitions`` clients whose
+data is one row holding the partition id: client ``c`` fits, and with
+``[strategy] evaluate = "clients"`` evaluates, partition ``c``, with no
+``[partitioner]``; ``[strategy] clients`` may be left out or must say the same
+number (``meshkit check`` refuses another). ``num_partitions`` left out is
+``[strategy] clients``. A client is built afresh by ``client_fn`` for every
+call, as Flower's simulation does; ``context.state`` persists per partition on
+the node that serves it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import sys
-import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from flwr.app import DEFAULT_TTL, Context, Message, Metadata, RecordDict
+from flwr.app import Context, RecordDict
 from flwr.client import Client, ClientApp, NumPyClient
 from flwr.common import (Code, EvaluateIns, EvaluateRes, FitIns, FitRes, GetParametersIns,
                          GetParametersRes, ndarrays_to_parameters, parameters_to_ndarrays)
@@ -62,10 +66,13 @@ from flwr.compat.common.recorddict_compat import (evaluateins_to_recorddict, fit
 from meshkit.components import Component
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.task import FitResult, import_reference
+from meshkit.flower import _message
+from meshkit.flower._initial import as_array_record, load_initial
+from meshkit.flower._message import MessageApp, numbers, send
 from meshkit.flower._options import AppOptions, FlowerOptions
 
-__all__ = ["AppClient", "AppClientFn", "FlowerTask", "task", "app_task", "load_client_fn",
-           "to_state", "to_parameters", "PARAMETER_PREFIX"]
+__all__ = ["AppClient", "AppClientFn", "FlowerTask", "MessageApp", "task", "app_task",
+           "load_client_fn", "to_state", "to_parameters", "PARAMETER_PREFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +124,6 @@ def _seed(seed: int) -> None:
         torch.manual_seed(seed)
 
 
-def _numbers(metrics: Mapping[str, Any], where: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in dict(metrics or {}).items():
-        if isinstance(value, (bool, int, float, np.number)):
-            out[str(key)] = float(value)
-        else:
-            log.debug("%s: metric %r is a %s, not a number; meshkit records numbers only",
-                      where, key, type(value).__name__)
-    return out
-
-
 def _check_ok(status: Any, what: str) -> None:
     if status is not None and status.code != Code.OK:
         raise MeshError(f"the Flower client's {what} returned status {status.code.name}: "
@@ -135,12 +131,39 @@ def _check_ok(status: Any, what: str) -> None:
 
 
 class FlowerTask:
-    """The meshkit task contract over a Flower ``client_fn`` (see the module docstring)."""
+    """The meshkit task contract over a Flower client (see the module docstring).
 
-    def __init__(self, client_fn: Callable[[Context], Any], options: FlowerOptions) -> None:
+    ``client_fn`` is a Flower ``client_fn`` (or :class:`AppClientFn`), or a
+    :class:`MessageApp`; ``initial`` a callable returning the initial model
+    (else ``[task] initial`` names one, else a ``client_fn``'s client is asked).
+    """
+
+    def __init__(self, client_fn: Callable[[Context], Any] | MessageApp, options: FlowerOptions,
+                 *, initial: Callable[[], Any] | None = None) -> None:
+        if options.num_partitions < 1:
+            raise ConfigError(
+                "[task] num_partitions: not given, and neither is [strategy] clients; set "
+                "[strategy] clients = N, the number of Flower partitions (meshkit client c "
+                "is partition-id c, and num_partitions follows clients)")
+        if initial is None and options.initial:
+            initial = load_initial(options.initial)
+        if isinstance(client_fn, MessageApp) and initial is None:
+            raise ConfigError(
+                "[task] initial: a Message-API ClientApp (@app.train) takes its initial model "
+                "from the ServerApp, and has no client-side get_parameters to ask; name what "
+                "your ServerApp builds it with, e.g. initial = \"pkg.task:Net\" (a callable "
+                "or class returning an nn.Module, a state_dict, an ArrayRecord or a list of "
+                "arrays)")
         self.client_fn = client_fn
         self.options = options
+        self.initial = initial
         self._contexts: dict[int, Context] = {}
+        #: A Message-API app's state keys in the initial model's order (once known).
+        self._order: list[str] | None = None
+
+    @property
+    def _messages(self) -> MessageApp | None:
+        return self.client_fn if isinstance(self.client_fn, MessageApp) else None
 
     # -- Flower side ----------------------------------------------------------
 
@@ -156,7 +179,9 @@ class FlowerTask:
 
     def client(self, partition: int) -> Client:
         """A fresh client for ``partition`` from ``client_fn``, as Flower's ``Client``."""
-        made = self.client_fn(self.context(partition))
+        if self._messages is not None:
+            raise MeshError("a Message-API ClientApp has no Client; it is sent messages")
+        made = self.client_fn(self.context(partition))  # type: ignore[operator]
         if isinstance(made, NumPyClient):
             made = made.to_client()  # what Flower's own message handler does
         if not isinstance(made, Client):
@@ -164,10 +189,38 @@ class FlowerTask:
                               f"returns a NumPyClient (or NumPyClient.to_client()) or a Client")
         return made
 
+    def _initial_record(self) -> Any:
+        assert self.initial is not None
+        record = as_array_record(self.initial(), f"[task] initial ({_label(self.initial)})")
+        self._order = [str(k) for k in record]
+        return record
+
+    def _record(self, state: Mapping[str, Any]) -> Any:
+        """``state`` as the ``ArrayRecord`` a Message-API app receives (the initial's order)."""
+        if self._order is None:
+            self._initial_record()  # only its keys' order is kept (values never used)
+        assert self._order is not None
+        if set(self._order) != set(state):
+            raise MeshError(f"the model's keys {sorted(state)} are not the initial model's "
+                            f"{sorted(self._order)}")
+        return _message.to_record(state, self._order)
+
     # -- the meshkit task contract ---------------------------------------------
 
+    def population(self) -> int:
+        """One meshkit client per Flower partition (:mod:`meshkit.population`)."""
+        return self.options.num_partitions
+
+    def client_data(self, client: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``client``'s one row: its partition id (its client loads the data)."""
+        return np.array([[client]], dtype=np.int64), np.zeros(1, dtype=np.int64)
+
+    def client_test_data(self, client: int) -> tuple[np.ndarray, np.ndarray]:
+        """The same row: a client evaluates on its own partition's held-out data."""
+        return self.client_data(client)
+
     def train_data(self) -> tuple[np.ndarray, np.ndarray]:
-        """One row per partition holding its id: what meshkit shards into clients."""
+        """One row per partition holding its id (what a strategy without clients sees)."""
         ids = np.arange(self.options.num_partitions, dtype=np.int64).reshape(-1, 1)
         return ids, np.zeros(len(ids), dtype=np.int64)
 
@@ -177,12 +230,18 @@ class FlowerTask:
 
     def init_state(self, seed: int) -> dict[str, Any]:
         _seed(seed)
+        if self.initial is not None:
+            record = self._initial_record()
+            if self._messages is not None:
+                return _message.to_state(record)
+            return to_state(record.to_numpy_ndarrays())
         res = self.client(0).get_parameters(GetParametersIns(config={}))
         _check_ok(getattr(res, "status", None), "get_parameters")
         parameters = parameters_to_ndarrays(res.parameters)
         if not parameters:
             raise ConfigError("the Flower client's get_parameters returned no parameters; "
-                              "meshkit needs the initial model from it")
+                              "meshkit needs the initial model from it (or from [task] "
+                              "initial)")
         return to_state(parameters)
 
     def _partition(self, x: np.ndarray) -> int:
@@ -190,8 +249,8 @@ class FlowerTask:
         if len(ids) != 1:
             raise ConfigError(
                 f"a meshkit client here holds {len(ids)} Flower partitions; each Flower "
-                f"client is one partition, so set [strategy] clients = {self.options.num_partitions} "
-                f"([task] num_partitions) with the default contiguous partitioner")
+                f"client is one partition, so use [strategy] name = \"federated\" (whose "
+                f"client c is partition-id c of {self.options.num_partitions})")
         return int(ids[0])
 
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
@@ -203,63 +262,116 @@ class FlowerTask:
                 "reports its own num_examples. Remove time_budget (round_timeout still drops "
                 "a straggler's answer for the round)")
         partition = self._partition(x)
+        where = f"partition {partition} fit"
+        if self._messages is not None:
+            record = self._record(state)
+            _seed(seed)
+            arrays, weight, metrics = self._messages.train(
+                self.context(partition), record, self._fit_config(), self.options.weighted_by_key,
+                where)
+            fitted = _message.to_state(arrays)
+            if set(fitted) != set(state):
+                raise MeshError(f"{where}: the reply's arrays {sorted(fitted)} are not the "
+                                f"model's {sorted(state)}")
+            return FitResult(fitted, _examples(weight, self.options.weighted_by_key, where),
+                             metrics)
         _seed(seed)
         res = self.client(partition).fit(FitIns(
             parameters=ndarrays_to_parameters(to_parameters(state)),
-            config=dict(self.options.fit_config)))
+            config=self._fit_config()))
         _check_ok(getattr(res, "status", None), "fit")
         parameters = parameters_to_ndarrays(res.parameters)
         if len(parameters) != len(state):
             raise MeshError(f"partition {partition}: fit returned {len(parameters)} parameters "
                             f"for a model of {len(state)}")
-        return FitResult(to_state(parameters), int(res.num_examples),
-                         _numbers(res.metrics, f"partition {partition} fit"))
+        return FitResult(to_state(parameters), int(res.num_examples), numbers(res.metrics, where))
+
+    def _fit_config(self) -> dict[str, Any]:
+        return dict(self.options.fit_config or self.options.train_config)
 
     def evaluate(self, state: Mapping[str, Any], x: np.ndarray | None = None,
                  y: np.ndarray | None = None) -> dict[str, float]:
+        one = x is not None and len(x) == 1
         if x is None:  # the coordinator: every partition, as Flower's fraction_evaluate = 1
             partitions: Any = range(self.options.num_partitions)
         elif len(x) == 1:  # one client, on its own partition
             partitions = [int(np.asarray(x).reshape(1, -1)[0, 0])]
         else:
-            # Without a [partitioner] table a worker hands every client the whole
-            # held-out set; each client's figure would be everyone's.
             raise ConfigError(
-                f"a client was asked to evaluate {len(x)} Flower partitions; with [strategy] "
-                f"evaluate = \"clients\" add [partitioner] name = \"contiguous\" so that each "
-                f"client evaluates its own partition")
-        parameters = ndarrays_to_parameters(to_parameters(state))
-        total = 0
+                f"a client was asked to evaluate {len(x)} Flower partitions at once; each "
+                f"Flower client evaluates its own partition (meshkit client c is partition-id "
+                f"c with [strategy] name = \"federated\")")
+        if self._messages is not None and not self._messages.can_evaluate:
+            # As Flower's FedAvg with no evaluate function: the round has no
+            # evaluation to report (its metrics row carries the fits' figures).
+            return {}
+        total = 0.0
         sums: dict[str, float] = {}
-        for partition in partitions:
-            res = self.client(partition).evaluate(EvaluateIns(
-                parameters=parameters, config=dict(self.options.evaluate_config)))
-            _check_ok(getattr(res, "status", None), "evaluate")
-            n = int(res.num_examples)
+        for partition, n, figures in self._evaluations(state, partitions):
             total += n
-            figures = {"loss": float(res.loss),
-                       **_numbers(res.metrics, f"partition {partition} evaluate")}
             for key, value in figures.items():
                 sums[key] = sums.get(key, 0.0) + n * value
         if total == 0:
             raise MeshError("the Flower clients evaluated on 0 examples; nothing to report")
-        return {key: value / total for key, value in sums.items()}
+        # Flower's weighted_loss_avg and aggregate_metricrecords: weighted by examples.
+        figures = {key: value / total for key, value in sums.items()}
+        if one:  # one client's figures: the coordinator weighs them by its examples
+            figures["examples"] = total
+        return figures
+
+    def _evaluations(self, state: Mapping[str, Any], partitions: Any) -> Any:
+        """(partition, examples, figures) for each partition asked, as its client reports them."""
+        config = dict(self.options.evaluate_config)
+        if self._messages is not None:
+            record = self._record(state)
+            for partition in partitions:
+                weight, figures = self._messages.evaluate(
+                    self.context(partition), record, config, self.options.weighted_by_key,
+                    f"partition {partition} evaluate")
+                yield partition, weight, figures
+            return
+        parameters = ndarrays_to_parameters(to_parameters(state))
+        for partition in partitions:
+            res = self.client(partition).evaluate(EvaluateIns(parameters=parameters,
+                                                              config=config))
+            _check_ok(getattr(res, "status", None), "evaluate")
+            yield partition, int(res.num_examples), {
+                "loss": float(res.loss), **numbers(res.metrics, f"partition {partition} evaluate")}
 
 
-def task(client_fn: Callable[[Context], Any] | ClientApp) -> Component:
-    """A meshkit task (a :class:`meshkit.Component`) from a Flower ``client_fn``.
+def _examples(weight: float, key: str, where: str) -> int:
+    """A Message-API reply's weight as meshkit's realized work (a whole number of examples)."""
+    if weight != int(weight):
+        raise MeshError(f"{where}: {key!r} = {weight!r}; meshkit weighs a contribution by the "
+                        f"whole number of examples it saw (fedavg's weight), so report a count")
+    return int(weight)
 
-    A ``ClientApp`` built from a ``client_fn`` (and no mods) is accepted too:
-    each call then goes through the app (:class:`AppClientFn`).
 
-    Select it as ``[run] task = "module:attribute"`` naming the result; its
-    ``[task]`` keys are :class:`FlowerOptions`.
+def _label(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def task(client_fn: Callable[[Context], Any] | ClientApp, *,
+         initial: Callable[[], Any] | None = None) -> Component:
+    """A meshkit task (a :class:`meshkit.Component`) from a Flower ``client_fn`` or ``ClientApp``.
+
+    A ``ClientApp`` built from a ``client_fn`` (and no mods) runs through the
+    app (:class:`AppClientFn`); a Message-API one (``@app.train()``) gets
+    Flower's train and evaluate messages and needs the initial model:
+    ``initial``, a callable returning it (as ``[task] initial`` names one).
+
+    Select it as ``[run] task = "module:attribute"`` naming the result, or pass
+    it to ``meshkit.run`` as the ``[run] task`` value; its ``[task]`` keys are
+    :class:`FlowerOptions`.
     """
     label = getattr(client_fn, "__qualname__", None) or type(client_fn).__name__
     checked = _check_client_fn(client_fn, f"meshkit.flower.task({label})")
+    if initial is not None and not callable(initial):
+        raise ConfigError(f"meshkit.flower.task({label}, initial=...): expected a callable (or "
+                          f"class) returning the initial model, got {type(initial).__name__}")
     name = f"flower:{getattr(client_fn, '__module__', type(client_fn).__module__)}.{label}"
-    return Component(name, lambda options: FlowerTask(checked, options), FlowerOptions,
-                     summary="a Flower client_fn run as a meshkit task")
+    return Component(name, lambda options: FlowerTask(checked, options, initial=initial),
+                     FlowerOptions, summary="a Flower client_fn run as a meshkit task")
 
 
 def app_task(options: AppOptions) -> FlowerTask:
@@ -267,7 +379,7 @@ def app_task(options: AppOptions) -> FlowerTask:
     return FlowerTask(load_client_fn(options.app), options)
 
 
-def load_client_fn(reference: str) -> Callable[[Context], Any]:
+def load_client_fn(reference: str) -> Callable[[Context], Any] | MessageApp:
     """The Flower ``client_fn`` (or ``ClientApp``) at ``"module:attribute"``, refusing what
     does not map."""
     module_name, sep, attribute = reference.partition(":")
@@ -279,7 +391,7 @@ def load_client_fn(reference: str) -> Callable[[Context], Any]:
     return _check_client_fn(import_reference(reference), f"[task] app = {reference!r}")
 
 
-def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any]:
+def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any] | MessageApp:
     kind = type(obj).__name__
     for cls in type(obj).__mro__:
         if cls.__name__ in _SERVER_SIDE and cls.__module__.startswith("flwr"):
@@ -296,6 +408,8 @@ def _check_client_fn(obj: Any, where: str) -> Callable[[Context], Any]:
                 f"meshkit does not have; clipping, noise and secure aggregation are meshkit "
                 f"components chosen in the config instead. Build the app without mods, or "
                 f"point at its client_fn")
+        if getattr(obj, "_call", None) is None:  # no client_fn: the Message API
+            return MessageApp(obj, where)
         return AppClientFn(obj)
     if isinstance(obj, (NumPyClient, Client)):
         raise ConfigError(f"{where} is a Flower {kind} instance; point at the client_fn that "
@@ -321,9 +435,6 @@ class AppClientFn:
         return AppClient(self.app, context)
 
 
-_MESSAGE_IDS = itertools.count(1)
-
-
 class AppClient(Client):
     """One ``ClientApp`` call per request, as Flower's ``Client`` (see :class:`AppClientFn`)."""
 
@@ -331,28 +442,7 @@ class AppClient(Client):
         self.app, self.context = app, context
 
     def _send(self, content: RecordDict, message_type: str) -> RecordDict:
-        metadata = Metadata(run_id=0, message_id=str(next(_MESSAGE_IDS)), src_node_id=0,
-                            dst_node_id=self.context.node_id, reply_to_message_id="",
-                            group_id="", created_at=time.time(), ttl=DEFAULT_TTL,
-                            message_type=message_type)
-        try:
-            # metadata=: a message that no SuperLink addressed (this one). (flwr is
-            # Any to mypy here: [tool.mypy] skips the optional libraries.)
-            message = Message(content=content, metadata=metadata)
-            reply = self.app(message, self.context)
-        except ValueError as exc:
-            if "message type" not in str(exc) and "registered" not in str(exc):
-                raise
-            raise RefusedError(
-                f"this ClientApp has no client_fn to serve {message_type!r} ({exc}): it is a "
-                f"Message-API app (@app.train, @app.evaluate), whose functions take their "
-                f"initial model from the ServerApp and have no client-side get_parameters "
-                f"for meshkit to ask. Wrap the train/evaluate bodies in a NumPyClient and "
-                f"point [task] app at a client_fn returning it") from None
-        if reply.has_error():
-            raise MeshError(f"the ClientApp answered {message_type!r} with an error: "
-                            f"{reply.error.reason}")
-        return reply.content
+        return send(self.app, self.context, content, message_type)
 
     def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
         return recorddict_to_getparametersres(

@@ -63,11 +63,12 @@ from meshkit.aggregation import aggregator_state
 from meshkit.checkpoint import Checkpoint, save_checkpoint
 from meshkit.config import Config, load_config, parse_config, resolve
 from meshkit.errors import (AuthenticationError, ConfigError, MeshError, PeerLostError,
-                            PlacementError, WorkerError)
+                            PlacementError, RefusedError, WorkerError)
 from meshkit.node import collect_caps, receive_caps, refuse_node, send_job, shutdown_nodes
 from meshkit.node.config import NodeConfig
 from meshkit.partitioner import is_per_node
 from meshkit.population import is_population
+from meshkit.task import importing_script
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._artifacts import (append_clients, append_metrics, plot, split_clients,
                                       write_summary)
@@ -257,6 +258,12 @@ class Runner:
     # -- entry ----------------------------------------------------------------
 
     def run(self) -> RunReport:
+        script = importing_script()
+        if script:
+            raise RefusedError(
+                f"{script} calls meshkit.run when it is imported, and a worker imports it to "
+                f"find your task: put the call under if __name__ == \"__main__\": (as "
+                f"multiprocessing asks) so that it runs only when you run the script")
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: --resume continues the "
                               "out directory's checkpoint, --overwrite replaces it")

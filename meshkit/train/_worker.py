@@ -304,7 +304,15 @@ class Trainer:
                 raise ConfigError(
                     f"the task's evaluate(state) cannot evaluate on one client's share of "
                     f"the held-out set; give it evaluate(state, x=None, y=None)")
-            return {"examples": int(len(y)), "metrics": _metrics(metrics, op)}
+            figures = _metrics(metrics, op)
+            # A task whose client reads its own held-out data (a Flower client
+            # handed only its partition id) says over how many examples its
+            # figures are; the client's evaluation is weighed by that.
+            counted = figures.pop("examples", float(len(y)))
+            if counted != int(counted) or counted < 0:
+                raise MeshError(f"the task's evaluate reported examples = {counted}; it is "
+                                f"a count of held-out examples (a whole number, at least 0)")
+            return {"examples": int(counted), "metrics": figures}
         if op == "stage":
             x = request["x"]
             for node in request["nodes"]:

@@ -167,16 +167,18 @@ def _norm_bound(options: NormBoundOptions) -> Any:
 
 def _robust() -> list[meshkit.Component]:
     return [
-        meshkit.Component("median", _median,
+        meshkit.Component("median", _median, also_known_as=("FedMedian",),
                           summary="coordinate-wise median (even count: mean of the two middle "
                                   "values); holds every contribution"),
         meshkit.Component("trimmed-mean", _trimmed_mean, TrimmedMeanOptions,
+                          also_known_as=("FedTrimmedAvg",),
                           summary="coordinate-wise mean after cutting floor(beta*n) from each "
                                   "end (beta=0.2); holds every contribution"),
         meshkit.Component("krum", _krum, KrumOptions,
                           summary="the contribution nearest its n-f-2 neighbours (needs "
                                   "n >= 2f+3); holds every contribution"),
         meshkit.Component("multi-krum", _multi_krum, MultiKrumOptions,
+                          also_known_as=("MultiKrum",),
                           summary="weighted mean of the m best Krum scores (m=0: n-f); holds "
                                   "every contribution"),
         meshkit.Component("bulyan", _bulyan, BulyanOptions,

@@ -93,7 +93,7 @@ def _factory(class_name: str) -> Any:
 def meshkit_outer_optimizers() -> Iterable[meshkit.Component]:
     return [
         meshkit.Component(
-            "average", _factory("Average"),
+            "average", _factory("Average"), also_known_as=("FedAvg",),
             summary="adopt the consensus as the new global model (plain FedAvg)"),
         meshkit.Component(
             "nesterov", _factory("Nesterov"), NesterovOptions,

@@ -1,7 +1,7 @@
 """Built-in tasks: ``digits``, a small numpy classifier on a dataset shipped here,
 ``synthetic``, a model of any size whose fit costs next to nothing (for benchmarks and tests),
 ``synthetic-federated``, LEAF's synthetic(alpha, beta) population of any size (a client is a row),
-and ``flower``, a Flower ``client_fn`` named by ``[task] app`` (extra ``flower``).
+and ``flower``, a Flower ``ClientApp`` or ``client_fn`` named by ``[task] app`` (extra ``flower``).
 
 Only records and options are declared at import; numpy and the data load when
 the task is built, so listing plugins stays fast.
@@ -58,6 +58,6 @@ def meshkit_tasks() -> Iterable[meshkit.Component]:
                     "and features, made from the seed on demand (a population)"),
         meshkit.Component(
             "flower", _flower, AppOptions,
-            summary="a Flower client_fn ([task] app = \"module:attribute\"), unchanged "
-                    "(extra flower)"),
+            summary="a Flower ClientApp (Message API or client_fn) or client_fn ([task] app "
+                    "= \"module:attribute\"), unchanged (extra flower)"),
     ]

@@ -73,7 +73,7 @@ def test_evaluation_is_weighted_by_num_examples_over_the_partitions():
 def test_a_client_holding_two_partitions_is_refused_saying_how_to_fix_it():
     flower_task = _task()
     x, y = flower_task.train_data()
-    with pytest.raises(ConfigError, match=r"set \[strategy\] clients = 4"):
+    with pytest.raises(ConfigError, match=r"holds 2 Flower partitions.*partition-id c of 4"):
         flower_task.fit(flower_task.init_state(0), x[:2], y[:2], seed=0)
 
 
@@ -87,7 +87,7 @@ def test_a_time_budget_is_refused_saying_what_still_works():
 def test_a_client_asked_to_evaluate_every_partition_is_refused():
     flower_task = _task()
     x, y = flower_task.test_data()
-    with pytest.raises(ConfigError, match=r'\[partitioner\] name = "contiguous"'):
+    with pytest.raises(ConfigError, match=r"evaluates its own partition"):
         flower_task.evaluate(flower_task.init_state(0), x, y)
 
 
@@ -128,19 +128,6 @@ def test_a_client_app_runs_its_client_fn_through_the_app():
     assert all(np.array_equal(a, b) for a, b in zip(to_parameters(ours.state),
                                                      to_parameters(theirs.state)))
     assert direct.evaluate(ours.state) == through_app.evaluate(theirs.state)
-
-
-def test_a_message_api_client_app_is_refused_saying_why():
-    from flwr.client import ClientApp
-
-    app = ClientApp()
-
-    @app.train()
-    def train(msg, context):  # pragma: no cover - never called: refused first
-        return msg
-
-    with pytest.raises(RefusedError, match="Message-API app.*initial model from the ServerApp"):
-        task(app).build(FlowerOptions(num_partitions=2)).init_state(0)
 
 
 def test_the_registered_task_names_its_client_fn_in_the_config():
@@ -205,15 +192,24 @@ def _same_as_flower(tmp_path: Path, module: str, rounds: int, *, in_process: boo
     flower = run_flower(client_fn, num_partitions=4, rounds=rounds, run_config=RUN_CONFIG)
     assert meshkit_last["round"] == rounds
     assert meshkit_last["accuracy"] == flower["accuracy"]
-    assert meshkit_last["loss"] == pytest.approx(flower["loss"], rel=1e-9)
     final = to_parameters(load_checkpoint(tmp_path / "run").state)
+    # Each figure at the precision the model carries: the loss is computed
+    # from the model, so a float32 model's loss agrees to float32's precision.
+    rtol = _rtol(final[0].dtype)
+    assert meshkit_last["loss"] == pytest.approx(flower["loss"], rel=rtol)
     for ours, theirs in zip(final, flower["parameters"], strict=True):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
         # Flower's FedAvg sums float32 models in float32, meshkit's in float64
         # (then rounds to float32): the two agree to float32 rounding.
-        tight = theirs.dtype == np.float64
-        np.testing.assert_allclose(ours, theirs, rtol=1e-9 if tight else 1e-5,
-                                   atol=1e-12 if tight else 1e-7)
+        np.testing.assert_allclose(ours, theirs, rtol=_rtol(theirs.dtype),
+                                   atol=_rtol(theirs.dtype) * 1e-2)
+
+
+def _rtol(dtype: np.dtype) -> float:
+    """A relative tolerance at ``dtype``'s precision: float64 1e-9 (the numpy
+    quickstart's model), float32 1e-6 (about 8 of its 1.2e-7 epsilons) — never a
+    float64 tolerance on a float32 figure."""
+    return 1e-9 if np.dtype(dtype) == np.float64 else 1e-6
 
 
 @pytest.mark.slow

@@ -91,6 +91,35 @@ def test_an_unknown_name_lists_the_choices_and_hints_at_plugins():
     assert "Another plugin may provide it" in message
 
 
+def _outer_records():
+    return [meshkit.Component("fedadam", lambda opts: "adam", summary="an Adam step"),
+            meshkit.Component("average", lambda opts: "avg", also_known_as=("FedAvg",))]
+
+
+def test_a_name_of_another_kind_is_answered_with_its_kind_and_table():
+    pset = build_manager([_plugin("mine", meshkit_aggregators=_doubler_records,
+                                  meshkit_outer_optimizers=_outer_records)],
+                         entry_points=False)
+    with pytest.raises(UnknownComponentError) as info:
+        pset.create("aggregator", "FedAdam")
+    assert str(info.value) == (
+        "no aggregator named 'FedAdam': 'FedAdam' is an outer_optimizer (an Adam step), not an "
+        "aggregator; select it as [outer_optimizer] name = \"fedadam\"")
+
+
+def test_another_frameworks_name_points_at_the_component_it_names():
+    pset = build_manager([_plugin("mine", meshkit_aggregators=_doubler_records,
+                                  meshkit_outer_optimizers=_outer_records)],
+                         entry_points=False)
+    with pytest.raises(UnknownComponentError,
+                       match="'fedavg' is known here as the outer_optimizer 'average'; select "
+                             "it as \\[outer_optimizer\\] name = \"average\""):
+        pset.create("outer_optimizer", "fedavg")
+    with pytest.raises(TypeError, match="also_known_as"):
+        meshkit.Component("x", lambda: 1, also_known_as=("",))
+    assert meshkit.Component("x", lambda: 1, also_known_as="X").also_known_as == ("X",)
+
+
 def test_a_name_offered_twice_is_an_error_naming_both_providers():
     pset = build_manager({
         "first": _plugin("first", meshkit_aggregators=_doubler_records),

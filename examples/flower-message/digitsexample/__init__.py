@@ -1,0 +1,1 @@
+"""digitsexample: a Flower / PyTorch app in the shape of Flower's quickstart-pytorch."""
