@@ -26,8 +26,4 @@ from meshkit.privacy._sum import NoisedSum, clip_contribution, float_keys
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplier",
            "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "AdaptiveClip",
            "GaussianMechanism", "PrivacyMechanism", "noise_seed", "NoisedSum", "float_keys",
-           "clip_contribution", "PLAIN_MEANS"]
-
-#: The aggregators a private round may name: plain means, which the noised sum
-#: replaces (every client counting once); anything else would be ignored.
-PLAIN_MEANS = ("fedavg", "allreduce", "norm-bound")
+           "clip_contribution"]

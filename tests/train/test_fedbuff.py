@@ -242,11 +242,13 @@ def check_config(tmp_path, strategy="", extra=""):
 
 
 @pytest.mark.parametrize("extra, words", [
-    ({"aggregator": {"name": "median"}}, ["[aggregator] name = 'median'",
-                                          '[strategy] name = "fedbuff"', "fedavg"]),
     ({"attack": {"name": "sign-flip", "clients": [0]}}, ["[attack]", "fedbuff", "federated"]),
     ({"privacy": {"name": "dp-fixed", "clip_norm": 1.0, "noise_multiplier": 1.0}},
-     ["[privacy]", "'fedbuff'", "federated"]),
+     ["[privacy]", "'fedbuff'", "StrategyTraits.private", "amplification cannot be claimed",
+      "no accountant for the buffered mechanism", "federated"]),
+    ({"secure_aggregation": {"name": "secagg+"}},
+     ["[secure_aggregation]", "'fedbuff'", "StrategyTraits.secure",
+      "trusted execution enclave"]),
     ({"partitioner": {"name": "local"}}, ['name = "local"', "fedbuff"]),
     ({"strategy": {"name": "fedbuff", "clients": 8, "buffer_size": 2, "concurrency": 2,
                    "time_budget": 1.0}, "simulation": {}},
