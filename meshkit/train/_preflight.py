@@ -532,6 +532,8 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         check_secure_aggregation(cfg, strategy, aggregator)
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
+    # Built before the strategy's check, which may refuse an attack it cannot play.
+    attack = attack_plan(plan, strategy, partitioner, task)
     check = traits.check
     if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -541,7 +543,7 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         # what it cannot compose with).
         wants = inspect.signature(check).parameters
         for name, value in (("speeds", speeds), ("aggregator", aggregator),
-                            ("attack", cfg.attack)):
+                            ("attack", attack)):
             if name in wants:
                 extra[name] = value
         try:
@@ -569,7 +571,7 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "clients": shares,
         "aggregator": aggregator,
         #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
-        "attack": attack_plan(plan, strategy, partitioner, task),
+        "attack": attack,
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.

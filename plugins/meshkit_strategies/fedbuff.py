@@ -70,8 +70,14 @@ depends on their speed, not on independent sampling, so no subsampling
 amplification can be claimed, and meshkit has no accountant for the
 buffered mechanism: docs/async.md), ``[secure_aggregation]`` (FedBuff's
 privacy claim rests on a trusted enclave holding the buffer, which meshkit
-does not have), ``[attack]``, ``evaluate = "clients"``, and ``[partitioner]
-name = "local"`` (a client pinned to its node).
+does not have), an omniscient ``[attack]`` (ALIE, IPM: they read a round's
+honest updates, and a buffer's arrive one by one), ``evaluate = "clients"``,
+and ``[partitioner] name = "local"`` (a client pinned to its node).
+
+* ``[attack]`` (simulation): an attacking client's update is poisoned as it
+  arrives, against the version it trained from (``sign-flip``, ``scale``,
+  ``gaussian``, ``same-value``), or its fit request carries the data
+  poisoning (``label-flip``); each step's ``attacked`` names them.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ import attrs
 import numpy as np
 
 from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
+from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
 from meshkit.aggregation import aggregator_traits, linear_weight
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
@@ -264,11 +271,13 @@ class FedBuff:
               speeds: Any = None, aggregator: Any = None, attack: Any = None) -> None:
         """Refuse what cannot work, or would silently do nothing, before any process starts."""
         opts = self.options
-        if attack is not None:
+        if attack is not None and is_omniscient(attack.attack):
             raise RefusedError(
-                "[attack] with [strategy] name = \"fedbuff\": simulated attackers are applied "
-                "to a synchronous round's contributions. Use [strategy] name = \"federated\" "
-                "to test a defence, or start a node with `meshkit node --attack NAME`")
+                f"[attack] name = {attack.name!r} with [strategy] name = \"fedbuff\": an "
+                f"omniscient attack reads the honest updates of a synchronous round, and a "
+                f"buffer's updates arrive one by one, trained from different versions. Use a "
+                f"non-omniscient attack (sign-flip, scale, gaussian, same-value, label-flip), or "
+                f"[strategy] name = \"federated\"")
         if is_per_node(partitioner):
             raise RefusedError(
                 "[partitioner] name = \"local\" with [strategy] name = \"fedbuff\": fedbuff "
@@ -354,6 +363,7 @@ class FedBuff:
         # (module docstring), so it keeps each update until the step.
         linear = aggregator_traits(ctx.aggregator).linear
         held: list[tuple[int, dict[str, Any], float]] = []
+        attacked: list[int] = []
         expected = signature(state)
         # Bounded: each pass folds, drops or loses one fit, and a fit is lost
         # at most once per worker.
@@ -383,6 +393,9 @@ class FedBuff:
                                              f"{opts.max_staleness}, dropped")
                 self._release(version)
                 continue
+            if ctx.attack is not None and flight.client in ctx.attack.clients:
+                attacked.append(flight.client)
+                fitted = self._poisoned(ctx, flight, start, fitted)
             examples = int(reply.payload.get("examples", 0))
             loss = reply.payload.get("metrics", {}).get("train_loss")
             scale = staleness_weight(opts.staleness, tau, opts.staleness_a, opts.staleness_b)
@@ -428,6 +441,7 @@ class FedBuff:
             client_examples={e[0]: e[4] for e in buffer.entries},
             staleness=histogram, client_staleness={e[0]: e[2] for e in buffer.entries},
             client_weights={e[0]: e[3] / share for e in buffer.entries},
+            attacked=tuple(sorted(set(attacked) & {e[0] for e in buffer.entries})),
             simulated_time=run.clock if ctx.speeds is not None else None)
 
     # -- dispatch ----------------------------------------------------------------
@@ -468,9 +482,23 @@ class FedBuff:
             self._send(ctx, flight, rank)
             load[rank] += 1
 
+    def _poisoned(self, ctx: StrategyContext, flight: Flight, start: Mapping[str, Any],
+                  fitted: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An attacker's fit as its attack makes it (``[attack]``, module docstring)."""
+        plan = ctx.attack
+        if plan.poisons_data:  # its labels were poisoned on the worker (the fit request)
+            return fitted
+        round_ = AttackRound(client=flight.client, contributors=self.options.buffer_size,
+                             attackers=len(plan.clients), rng=attack_rng(plan.seed, flight.seed))
+        return tamper_contribution(plan.attack, fitted, start, round_,
+                                   name=f"attack {plan.name}")
+
     def _send(self, ctx: StrategyContext, flight: Flight, rank: int) -> None:
         clients = self.clients(len(ctx.workers), ctx.partitioner)
         budget = {"time_budget": self.options.time_budget} if self.options.time_budget else {}
+        plan = ctx.attack
+        if plan is not None and plan.poisons_data and flight.client in plan.clients:
+            budget["poison"] = plan.spec()
         request = {"op": "fit", "shard": flight.client, "shards": clients, "seed": flight.seed,
                    "state": self._run.models[flight.version], **budget}
         flight.rank = rank
