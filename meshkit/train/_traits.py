@@ -40,6 +40,10 @@ def _tuple_of_str(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def _reasons(value: Mapping[str, str]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def _extra_ranks(value: Any) -> tuple[tuple[str, dict[str, Any]], ...]:
     return tuple((str(stage), dict(options)) for stage, options in value)
 
@@ -108,7 +112,8 @@ class StrategyTraits:
         default=(), converter=_extra_ranks, eq=False, repr=False)
     loaded_state: Callable[[], Mapping[str, Any] | None] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)
-    why_not: Mapping[str, str] = attrs.field(factory=dict, converter=dict, eq=False, repr=False)
+    why_not: Mapping[str, str] = attrs.field(factory=dict, converter=_reasons, eq=False,
+                                           repr=False)
 
     def lacks(self, trait: str) -> str:
         """Words for a refusal: ``lacks the trait StrategyTraits.<trait>``, and the
