@@ -4,8 +4,8 @@ A *collective* run has no coordinator: every rank runs the same program
 (``torchrun ... -m meshkit_torchdist CONFIG`` with ``[transport] mode =
 "spmd"``; docs/scaling-out.md). Each rank builds the same components from
 the same config and seed, so each samples the same cohort each round; the
-strategy (``federated``) and the round skeleton are the ones every run
-uses, and only :func:`meshkit.train.fold_round` differs, by handing the
+strategy (any that declares ``StrategyTraits.collective``: ``federated``)
+and the round skeleton are the ones every run uses, and only :func:`meshkit.train.fold_round` differs, by handing the
 round to :func:`fold_collectively` when the context has a ``collective``:
 
 1. **Who serves what** (:func:`cohort_slice`): the round's keys in ascending
@@ -38,8 +38,10 @@ Its clients are not replanned: every rank's slice was fixed before the
 round, and a torch.distributed group does not shrink.
 
 What a collective round does not do (:func:`check_collective` refuses each
-before any rank trains): rules that need every client's update (median,
-krum, ...: they are not sums), ``[privacy]``, ``[attack]``, FedBN
+before any rank trains): a strategy that does not declare
+``StrategyTraits.collective``, an aggregator that does not declare
+``AggregatorTraits.linear`` (median, krum, ...: they are not sums; a linear
+one's ``weight(w)`` is applied on each rank), ``[privacy]``, ``[attack]``, FedBN
 ``local_keys`` (a client's local values would live on whichever rank served
 it last), ``round_timeout``, and node-local data (``[partitioner] name =
 "local"``).
