@@ -187,12 +187,7 @@ class Buffer:
         factor = mass * scale
         for key, value in fitted.items():
             if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
-                delta = np.subtract(start[key], value, dtype=np.float64)
-                if not np.isfinite(delta).all():
-                    raise AggregationError(
-                        f"fedbuff: client {client}'s update (rank {rank}) holds NaN or inf in "
-                        f"{key!r}; a non-finite update is never folded. Lower the task's "
-                        f"learning rate")
+                delta = update(start, value, key, f"client {client}'s update (rank {rank})")
                 delta *= factor
                 if key in self.sums:
                     self.sums[key] += delta
@@ -404,7 +399,8 @@ class FedBuff:
                            mass=linear_weight(ctx.aggregator, examples), scale=scale,
                            examples=examples, loss=None if loss is None else float(loss))
             else:
-                held.append((flight.client, against(state, start, fitted, scale),
+                who = f"client {flight.client}'s update (rank {reply.rank})"
+                held.append((flight.client, against(state, start, fitted, scale, who),
                              float(examples)))
                 buffer.entries.append((flight.client, reply.rank, tau, float(examples),
                                        examples, None if loss is None else float(loss)))
@@ -546,8 +542,18 @@ class FedBuff:
             del run.models[old]
 
 
+def update(start: Mapping[str, Any], value: np.ndarray, key: str, who: str) -> np.ndarray:
+    """``start[key] − value`` in float64: one key of a pseudo-gradient, refused when not finite."""
+    delta = np.subtract(start[key], value, dtype=np.float64)
+    if not np.isfinite(delta).all():
+        raise AggregationError(
+            f"fedbuff: {who} holds NaN or inf in {key!r}; a non-finite update is never "
+            f"folded. Lower the task's learning rate")
+    return delta
+
+
 def against(current: Mapping[str, Any], start: Mapping[str, Any], fitted: Mapping[str, Any],
-            scale: float) -> dict[str, Any]:
+            scale: float, who: str) -> dict[str, Any]:
     """An update as a model of the current version: ``x − scale · (start − fitted)``.
 
     What a rule that is not linear folds (module docstring): its float arrays in
@@ -556,11 +562,7 @@ def against(current: Mapping[str, Any], start: Mapping[str, Any], fitted: Mappin
     out: dict[str, Any] = {}
     for key, value in fitted.items():
         if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
-            delta = np.subtract(start[key], value, dtype=np.float64)
-            if not np.isfinite(delta).all():
-                raise AggregationError(
-                    f"fedbuff: an update holds NaN or inf in {key!r}; a non-finite update is "
-                    f"never folded. Lower the task's learning rate")
+            delta = update(start, value, key, who)
             out[key] = (np.asarray(current[key], np.float64) - scale * delta).astype(value.dtype)
         else:
             out[key] = value
