@@ -9,7 +9,6 @@ line removed, ``meshkit check`` refuses in the words the guide quotes.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from meshkit.checkpoint import load_checkpoint
 
 from tests.support.cli import pip_install_target, run_cli
+from tests.support.guide import extract_guide_files
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +24,8 @@ GUIDE = Path(__file__).resolve().parents[2] / "docs" / "writing-a-plugin.md"
 
 
 def _extract(into: Path) -> list[str]:
-    written = []
-    for block in re.findall(r"^```[\w-]*\n(.*?)^```", GUIDE.read_text(), re.S | re.M):
-        first, _, body = block.partition("\n")
-        match = re.fullmatch(r"# example file: (\S+)", first.strip())
-        if match:
-            path = into / match.group(1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(body)
-            written.append(match.group(1))
-    return sorted(written)
+    files = extract_guide_files(GUIDE, into, marker="# example file:")
+    return sorted(str(p.relative_to(into)) for p in files)
 
 
 @pytest.fixture(scope="module")
