@@ -179,7 +179,7 @@ def fold_cost(args: argparse.Namespace) -> None:
     import numpy as np
 
     from meshkit.aggregation import MeanFold
-    from meshkit.privacy import NoisedSum
+    from meshkit_privacy import NoisedSum
 
     rng = np.random.default_rng(0)
     for params in args.params:

@@ -47,6 +47,7 @@ _LAZY = {
     "TrainReport": "meshkit.node",
     "AggregatorTraits": "meshkit.aggregation",
     "StrategyContext": "meshkit.train",
+    "StrategyTraits": "meshkit.train",
     "RoundReport": "meshkit.train",
     "FitResult": "meshkit.task",
     "serve_node": "meshkit.node",

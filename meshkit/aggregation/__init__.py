@@ -38,6 +38,8 @@ Where each idea lives:
 * ``_messages.py``: how refusals word values and contributor lists;
 * ``_traits.py``: :class:`AggregatorTraits`, what an aggregator declares it is
   (the kernel decides by these, never by a name);
+* ``_linear.py``: what a sum may stand in for (:func:`exact_mean`) and the
+  refusal naming the missing ``linear`` trait (:func:`refuse_unless_linear`);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
   :func:`clip_update`), shared by the robust rules and privacy.
 """
@@ -66,6 +68,7 @@ from meshkit.aggregation._fixed import DEFAULT_FRACTION_BITS, FixedPartial, Fixe
 from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
 from meshkit.aggregation._threads import DEFAULT_THREADS
 from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
+from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
 
 __all__ = [
     "Fold",
@@ -94,4 +97,6 @@ __all__ = [
     "AggregatorTraits",
     "aggregator_traits",
     "linear_weight",
+    "exact_mean",
+    "refuse_unless_linear",
 ]

@@ -9,8 +9,8 @@ contribution without a label is named by :func:`default_source`.
 
 Two optional parts of the contract, both declared by the aggregator:
 
-* **The round's reference.** An aggregator with ``uses_reference = True``
-  is given the global state the round started from (the model sent to the
+* **The round's reference.** An aggregator whose ``traits``
+  (:class:`~meshkit.AggregatorTraits`) declare ``uses_reference`` is given the global state the round started from (the model sent to the
   clients): ``aggregate(states, weights, reference=ref)`` and
   ``begin(reference=ref)``. Rules that measure or clip *updates*
   (``contribution - reference``) need it; ``reference=None`` means the
@@ -30,6 +30,7 @@ import numbers
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from meshkit.aggregation._messages import short
+from meshkit.aggregation._traits import aggregator_traits
 from meshkit.errors import AggregationError
 from meshkit.state import State
 
@@ -63,8 +64,8 @@ class StreamingAggregator(Aggregator, Protocol):
 
 
 def uses_reference(aggregator: Any) -> bool:
-    """Whether ``aggregator`` takes the round's reference (``uses_reference = True``)."""
-    return bool(getattr(aggregator, "uses_reference", False))
+    """Whether ``aggregator`` takes the round's reference (its ``traits.uses_reference``)."""
+    return aggregator_traits(aggregator).uses_reference
 
 
 def aggregator_state(aggregator: Any) -> dict[str, Any]:

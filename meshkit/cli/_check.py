@@ -21,7 +21,7 @@ from meshkit.aggregation import holds_every_contribution
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.config import check
 from meshkit.errors import MeshError
-from meshkit.train import build_components
+from meshkit.train import build_components, strategy_traits
 
 __all__ = ["check_command"]
 
@@ -40,7 +40,7 @@ def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
     shares = parts["clients"]
     name = plan.config.partitioner_name
     if shares is None:
-        if not getattr(parts["strategy"], "partitioned", False):
+        if not strategy_traits(parts["strategy"]).partitioned:
             return []
         return [f"clients: one per worker, each on its node's own data ([partitioner] {name}); "
                 f"the coordinator does not see their examples"]

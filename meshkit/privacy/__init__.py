@@ -1,16 +1,19 @@
-"""Differential privacy for federated rounds: the mechanism's contract, its noised sum, the accountant.
+"""Differential privacy for federated rounds: the mechanism's contract, the accountant, client clipping.
 
 A ``[privacy]`` table selects a mechanism (kind ``privacy``, hook
-``meshkit_privacy()``; built-ins ``dp-fixed`` and ``dp-adaptive`` in the
-``meshkit_privacy`` plugin). What lives where:
+``meshkit_privacy()``). The kernel keeps what every mechanism is driven by
+and accounted with; the mechanisms are plugins (the built-ins ``dp-fixed``
+and ``dp-adaptive`` in the ``meshkit_privacy`` package: its
+``GaussianMechanism``, ``AdaptiveClip``, ``NoisedSum`` and ``noise_seed``).
+What lives where:
 
-* ``_mechanism.py``: :class:`PrivacyMechanism` (what a strategy drives) and
-  :class:`GaussianMechanism`, user-level DP-FedAvg with fixed or adaptive
-  clipping, the one both built-ins build;
-* ``_sum.py``: :class:`NoisedSum`, the fold that clips, sums, noises once
-  and divides by the fixed expected cohort size;
+* ``_contract.py``: :class:`PrivacyMechanism` (what a strategy drives) and
+  :class:`PrivacyFold` (the round's clip-sum-noise fold it begins);
+  :data:`PLACEMENTS`, :data:`NOISE_SOURCES`;
 * ``_accountant.py``: :class:`Accountant`, ε at δ of the Poisson-subsampled
-  Gaussian by PLD (default) or RDP.
+  Gaussian by PLD (default) or RDP;
+* ``_clip.py``: what DP releases (:func:`float_keys`) and a client's
+  clipping of its own update (:func:`clip_contribution`, run on the worker).
 
 docs/privacy.md says what the guarantee covers and what it does not.
 """
@@ -19,15 +22,9 @@ from __future__ import annotations
 
 from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
                                          effective_noise_multiplier, epsilon_pld, epsilon_rdp)
-from meshkit.privacy._mechanism import (NOISE_SOURCES, PLACEMENTS, AdaptiveClip,
-                                        GaussianMechanism, PrivacyMechanism, noise_seed)
-from meshkit.privacy._sum import NoisedSum, clip_contribution, float_keys
+from meshkit.privacy._clip import clip_contribution, float_keys
+from meshkit.privacy._contract import NOISE_SOURCES, PLACEMENTS, PrivacyFold, PrivacyMechanism
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplier",
-           "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "AdaptiveClip",
-           "GaussianMechanism", "PrivacyMechanism", "noise_seed", "NoisedSum", "float_keys",
-           "clip_contribution", "PLAIN_MEANS"]
-
-#: The aggregators a private round may name: plain means, which the noised sum
-#: replaces (every client counting once); anything else would be ignored.
-PLAIN_MEANS = ("fedavg", "allreduce", "norm-bound")
+           "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "PrivacyMechanism",
+           "PrivacyFold", "float_keys", "clip_contribution"]

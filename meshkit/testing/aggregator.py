@@ -180,8 +180,12 @@ class AggregatorContract(ContractBase):
         return declared_traits(self.make() if agg is None else agg)
 
     def weights(self, weights: Sequence[float]) -> list[float]:
-        """``weights`` for a weighted (or linear) aggregator, equal weights otherwise."""
-        weighted = self.weighted or self.traits().linear
+        """``weights`` for a weighted (or linear, weighing by the weight itself) aggregator,
+        equal weights otherwise (a linear rule with its own ``weight(w)``, such as
+        allreduce's every-contributor-once, may refuse unequal ones)."""
+        agg = self.make()
+        weighted = self.weighted or (self.traits(agg).linear
+                                     and not callable(getattr(agg, "weight", None)))
         return list(weights) if weighted else [1.0] * len(weights)
 
     def round_reference(self, states: Sequence[State]) -> dict[str, Any] | None:
@@ -354,7 +358,7 @@ class AggregatorContract(ContractBase):
         if not self.traits(agg).linear:
             pytest.skip("the rule does not declare linear = True")
         states = _contributions(5, dtype, seed=19)
-        weights = [1.0, 2.0, 3.0, 1.0, 4.0]
+        weights = self.weights([1.0, 2.0, 3.0, 1.0, 4.0])
         omega = np.array([linear_weight(agg, w) for w in weights])
         result = self.aggregate(states, weights, agg)
         for key in states[0]:

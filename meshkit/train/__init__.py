@@ -5,6 +5,8 @@ One idea per module:
 * ``_strategy`` — the contract a strategy is written against
   (:class:`Strategy`, :class:`StrategyContext`, :class:`RoundReport`,
   :class:`StrategyResult`, :class:`RunStopped`);
+* ``_traits`` — what a strategy declares it is, everything the kernel reads
+  of one (:class:`StrategyTraits`, :func:`strategy_traits`);
 * ``_rounds`` — the round skeleton every strategy shares
   (:func:`run_rounds`, :class:`RoundOutcome`);
 * ``_engine`` — the one round engine: a round's contributions folded in key
@@ -68,6 +70,7 @@ from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadca
 from meshkit.train._progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds import RoundOutcome, run_rounds, timed
+from meshkit.train._traits import StrategyTraits, strategy_traits
 from meshkit.train._preflight import build_components
 from meshkit.train._runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import (client_seed, poisson_clients, sample_clients, shard_bounds,
@@ -88,6 +91,8 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "StrategyResult",
+    "StrategyTraits",
+    "strategy_traits",
     "RoundReport",
     "RunStopped",
     "weighted_mean",

@@ -4,8 +4,8 @@ A *collective* run has no coordinator: every rank runs the same program
 (``torchrun ... -m meshkit_torchdist CONFIG`` with ``[transport] mode =
 "spmd"``; docs/scaling-out.md). Each rank builds the same components from
 the same config and seed, so each samples the same cohort each round; the
-strategy (``federated``) and the round skeleton are the ones every run
-uses, and only :func:`meshkit.train.fold_round` differs, by handing the
+strategy (any that declares ``StrategyTraits.collective``: ``federated``)
+and the round skeleton are the ones every run uses, and only :func:`meshkit.train.fold_round` differs, by handing the
 round to :func:`fold_collectively` when the context has a ``collective``:
 
 1. **Who serves what** (:func:`cohort_slice`): the round's keys in ascending
@@ -38,8 +38,10 @@ Its clients are not replanned: every rank's slice was fixed before the
 round, and a torch.distributed group does not shrink.
 
 What a collective round does not do (:func:`check_collective` refuses each
-before any rank trains): rules that need every client's update (median,
-krum, ...: they are not sums), ``[privacy]``, ``[attack]``, FedBN
+before any rank trains): a strategy that does not declare
+``StrategyTraits.collective``, an aggregator that does not declare
+``AggregatorTraits.linear`` (median, krum, ...: they are not sums; a linear
+one's ``weight(w)`` is applied on each rank), ``[privacy]``, ``[attack]``, FedBN
 ``local_keys`` (a client's local values would live on whichever rank served
 it last), ``round_timeout``, and node-local data (``[partitioner] name =
 "local"``).
@@ -53,17 +55,15 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import attrs
 import numpy as np
 
-from meshkit.aggregation import FixedPartial, FixedPointSum, MeanFold
+from meshkit.aggregation import (FixedPartial, FixedPointSum, MeanFold, linear_weight,
+                                 refuse_unless_linear)
 from meshkit.errors import AggregationError, PeerLostError, RefusedError
 from meshkit.population import population_size
 from meshkit.state import is_array, is_float_dtype
 from meshkit.train._strategy import StrategyContext
+from meshkit.train._traits import StrategyTraits
 
-__all__ = ["PartialReducer", "cohort_slice", "fold_collectively", "check_collective",
-           "COLLECTIVE_STRATEGIES"]
-
-#: Strategies whose rounds a collective run plays.
-COLLECTIVE_STRATEGIES = ("federated",)
+__all__ = ["PartialReducer", "cohort_slice", "fold_collectively", "check_collective"]
 
 #: Columns of the per-client table: served (1 on the rank that served it), that
 #: rank + 1, examples, whether it reported a train_loss, the loss's float64 bits.
@@ -110,38 +110,40 @@ def cohort_slice(keys: Sequence[int], rank: int, world: int) -> list[int]:
 
 
 def check_collective(*, strategy: str, aggregator: Any, privacy: Any, attack: Any,
-                     partitioner_local: bool, options: Any, where: str,
+                     partitioner_local: bool, traits: StrategyTraits, where: str,
                      task: Any = None) -> None:
-    """Refuse, before any rank trains, what a collective round cannot play (module docstring)."""
+    """Refuse, before any rank trains, what a collective round cannot play (module docstring).
+
+    ``strategy`` is the configured name (for messages only); what it may play is
+    its ``traits`` (:class:`meshkit.StrategyTraits`), never its name.
+    """
     instead = ("run it with [transport] mode = \"coordinator\" (rank 0 coordinates, the "
                "other ranks serve) or with meshkit run")
-    if strategy not in COLLECTIVE_STRATEGIES:
+    if not traits.collective:
         raise RefusedError(
             f"{where}: [strategy] name = {strategy!r}: a collective run (mode = \"spmd\") "
-            f"plays federated rounds only (each rank folds its slice of the cohort); "
-            f"{instead}")
+            f"plays only a strategy that declares the trait StrategyTraits.collective (its "
+            f"rounds go through fold_round, each rank folding its slice of the cohort; "
+            f"federated declares it), and this one lacks it; {instead}")
+    refuse_unless_linear(
+        aggregator, where=f"{where}: [aggregator] with [transport] mode = \"spmd\"",
+        needs="a collective run sums each rank's clients exactly and adds the sums",
+        instead=f"Use a linear aggregator (fedavg), or {instead}")
     fold = aggregator.begin() if callable(getattr(aggregator, "begin", None)) else None
-    if not (isinstance(fold, MeanFold) and fold.weighted):
-        raise RefusedError(
-            f"{where}: the aggregator is not fedavg's weighted mean: a collective run sums "
-            f"each rank's clients exactly and adds the sums, which only a mean can be "
-            f"made of (a median or krum needs every update in one place); use [aggregator] "
-            f"name = \"fedavg\", or {instead}")
-    if fold.allow_nonfinite:
+    if isinstance(fold, MeanFold) and fold.allow_nonfinite:
         raise RefusedError(
             f"{where}: [aggregator] allow_nonfinite = true: a collective run's exact sums "
             f"cannot hold a NaN or an infinity; drop it, or {instead}")
     for present, what in ((privacy is not None, "[privacy]"), (attack is not None, "[attack]"),
                           (partitioner_local, "[partitioner] name = \"local\""),
-                          (bool(getattr(options, "local_keys", ())), "[strategy] local_keys"),
-                          (bool(getattr(options, "round_timeout", 0)),
-                           "[strategy] round_timeout")):
+                          (bool(traits.local_keys), "[strategy] local_keys"),
+                          (bool(traits.round_timeout), "[strategy] round_timeout")):
         if present:
             raise RefusedError(
                 f"{where}: {what} is not played by a collective run (mode = \"spmd\": every "
                 f"rank folds its own clients and one sum per round combines them; see "
                 f"docs/scaling-out.md for what it leaves out); drop it, or {instead}")
-    clients = int(getattr(options, "clients", 0) or 0) or (population_size(task) or 0)
+    clients = traits.clients or (population_size(task) or 0)
     if clients < 1:
         raise RefusedError(
             f"{where}: [strategy] clients is not set: a collective run simulates a "
@@ -177,8 +179,15 @@ def fold_collectively(ctx: StrategyContext, work: Sequence[Any], *,
     keys = sorted(w.key for w in work)
     mine = set(cohort_slice(keys, reducer.rank, reducer.world))
     fixed = FixedPointSum()
+    aggregator = ctx.aggregator
+
+    def omega(reply: Mapping[str, Any]) -> float:
+        # A linear rule's ωᵢ = weight(wᵢ): every rank holds the aggregator, so
+        # (unlike a relay or a batched worker) it applies any declared weight.
+        return linear_weight(aggregator, weight(reply))
+
     local = serve(attrs.evolve(ctx, collective=None), [w for w in work if w.key in mine],
-                  state=state, weight=weight, window=window, fold=_Feed(fixed), label=label)
+                  state=state, weight=omega, window=window, fold=_Feed(fixed), label=label)
     layout = _layout(state, keys)
     buffer = _pack(layout, fixed, local, keys, reducer.rank)
     asked = getattr(reducer, "stop_requested", None)

@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
+from meshkit.aggregation import exact_mean
 from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._collective import fold_collectively
@@ -236,19 +237,22 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # node) and an attacked one (the coordinator poisons single contributions).
     # A relay folds whole contributions, so local keys fold flat too.
     how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
-    plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
-    if plan is not None and how is not None:
+    # What sums may stand in for: decided by the aggregator's declared traits
+    # (a given fold is a relay group's own mean, or a collective rank's feed).
+    mean = (fold if given else exact_mean(ctx.aggregator, fold)) if how is not None else None
+    plan = None if mean is None else relay_plan_applies(ctx, mean, how, keys)
+    if plan is not None and how is not None and mean is not None:
         result, served, not_served, replies = fold_through_relays(
-            ctx, plan, requests, state, how, window, fold, label, _play_group)
+            ctx, plan, requests, state, how, window, mean, label, _play_group)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     reference = state if reference is None else reference
-    if batch and not given and reference is not None and batch_applies(
-            fold, how, requests, state, len(ctx.live)):
+    if batch and not given and reference is not None and mean is not None and batch_applies(
+            mean, how, requests, state, len(ctx.live)):
         # A strict mean no one needs per client: each worker folds its own
         # clients exactly and the coordinator merges one partial per worker.
         assert how is not None and state is not None  # batch_applies checked both
         result, served, not_served, replies = fold_batched(
-            ctx, requests, state, how, label, signature(reference), name=fold.name)
+            ctx, requests, state, how, label, signature(reference), name=mean.name)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
     round_ = _Round(ctx, requests, state, weight, window, fold, label,
                     pinned=pinned,

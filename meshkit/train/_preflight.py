@@ -32,25 +32,26 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from meshkit import plugins
 from meshkit.attack import choose_attackers
+from meshkit.aggregation import refuse_unless_linear
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
-from meshkit.privacy import PLAIN_MEANS
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
 from meshkit.train._sharding import shard_bounds
+from meshkit.train._traits import strategy_traits
 
-__all__ = ["build_components", "check_secure_aggregation", "SECURE_MEANS", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
+__all__ = ["build_components", "check_secure_aggregation", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
            "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
            "client_shares", "ClientShares", "run_clients"]
 
@@ -235,8 +236,8 @@ SUMMARY_SAMPLE = 100
 
 def run_clients(cfg: Any, strategy: Any, partitioner: Any, task: Any) -> int:
     """How many clients the run has, as the strategy counts them (a population's size)."""
-    count = getattr(strategy, "clients", None)
-    if not callable(count):
+    count = strategy_traits(strategy).count_clients
+    if count is None:
         return int(cfg.mesh.workers)
     if is_population(task):
         return int(count(cfg.mesh.workers, partitioner, task))
@@ -342,10 +343,10 @@ def attack_plan(plan: Any, strategy: Any, partitioner: Any,
     cfg = plan.config
     if cfg.attack is None:
         return None
-    if not getattr(strategy, "partitioned", False):
+    if not strategy_traits(strategy).partitioned:
         raise ConfigError(
             f"{cfg.path}: [attack]: strategy {cfg.strategy.name!r} has no clients to make "
-            f"Byzantine (federated has); remove the [attack] table, or poison one node with "
+            f"Byzantine (it lacks the trait StrategyTraits.partitioned); remove the [attack] table, or poison one node with "
             f"`meshkit node --attack NAME`")
     clients = run_clients(cfg, strategy, partitioner, task)
     attackers = choose_attackers(clients, explicit=cfg.attack.clients,
@@ -355,7 +356,7 @@ def attack_plan(plan: Any, strategy: Any, partitioner: Any,
                       attack=plan.create("attack"), clients=attackers, seed=cfg.run.seed)
 
 
-def check_boards(cfg: Any, boards: list[tuple[str, Mapping[str, Any]]]) -> None:
+def check_boards(cfg: Any, boards: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
     """Every fixed-function rank's board is offered by a plugin and its options fit the
     board's options class, as ``meshkit node --board`` will structure them.
 
@@ -382,32 +383,29 @@ def world_size(cfg: Any, boards: list[Any]) -> int:
     return cfg.mesh.workers + len(boards) + 1
 
 
-def check_privacy(cfg: Any, strategy: Any) -> None:
+def check_privacy(cfg: Any, strategy: Any, aggregator: Any) -> None:
     """Refuse a [privacy] table with a strategy or aggregator that would break its guarantee."""
-    if not getattr(strategy, "private", False):
+    traits = strategy_traits(strategy)
+    if not traits.private:
         raise RefusedError(
             f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with [strategy] name = "
-            f"{cfg.strategy.name!r}: only a strategy that plays private rounds (federated) "
-            f"can clip, noise and account them. Use [strategy] name = \"federated\", or "
-            f"remove the [privacy] table")
-    if cfg.aggregator.name not in PLAIN_MEANS:
-        # The noised sum is the round's aggregate; a robust rule would either be
-        # ignored or, applied to the noised contributions, discard some of them
-        # after the noise was calibrated to all.
-        raise RefusedError(
-            f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with [aggregator] name = "
-            f"{cfg.aggregator.name!r}: a private round releases one noised sum of clipped "
-            f"updates, each client counting once; an aggregator that weighs, selects or "
-            f"discards contributions cannot run inside that without breaking the "
-            f"guarantee. Use [aggregator] name = " + " or ".join(f'"{n}"' for n in PLAIN_MEANS)
-            + " (the noised sum replaces its mean), or remove the [privacy] table")
+            f"{cfg.strategy.name!r}: only a strategy that plays private rounds can clip, "
+            f"noise and account them, and {traits.lacks('private')}. Use a strategy that "
+            f"declares it (federated), or remove the [privacy] table")
+    # The noised sum is the round's aggregate; a rule that is not a weighted mean
+    # would either be ignored or, applied to the noised contributions, discard
+    # some of them after the noise was calibrated to all.
+    refuse_unless_linear(
+        aggregator,
+        where=(f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with [aggregator] name = "
+               f"{cfg.aggregator.name!r}"),
+        needs=("a private round releases one noised sum of clipped updates, each client "
+               "counting once, in place of the aggregator's mean"),
+        instead=("Use a linear aggregator (fedavg; [privacy] clip_norm already bounds each "
+                 "update), or remove the [privacy] table"))
 
 
-#: The aggregators a secure round can stand in for: a mean is the sum over the count.
-SECURE_MEANS = ("fedavg", "allreduce")
-
-
-def check_secure_aggregation(cfg: Any, strategy: Any) -> None:
+def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:
     """Refuse what a ``[secure_aggregation]`` round cannot honour (docs/secure-aggregation.md).
 
     Each refusal names both keys and what works instead. The rule behind
@@ -415,39 +413,35 @@ def check_secure_aggregation(cfg: Any, strategy: Any) -> None:
     and who answered -- nothing it could tell one client's update from.
     """
     where = f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with"
-    if not getattr(strategy, "secure", False):
+    traits = strategy_traits(strategy)
+    if not traits.secure:
         # fedbuff folds updates one by one as they come; data-parallel, local and
         # model-parallel have no cohort of clients whose sum alone is needed.
         raise RefusedError(
             f"{where} [strategy] name = {cfg.strategy.name!r}: only a strategy that plays "
             f"synchronous rounds of client fits whose sum is all it needs can run them "
-            f"masked (federated). Use [strategy] name = \"federated\", or remove the "
-            f"[secure_aggregation] table")
-    if cfg.aggregator.name not in SECURE_MEANS:
-        need = ("each update's norm, which the coordinator never sees (clip_range bounds every "
-                "coordinate on the clients instead)" if cfg.aggregator.name == "norm-bound"
-                else "the individual updates, which the coordinator never sees (it learns "
-                     "their sum only)")
-        raise RefusedError(
-            f"{where} [aggregator] name = {cfg.aggregator.name!r}: that rule needs {need}. "
-            f"Use [aggregator] name = \"fedavg\" or \"allreduce\" (the unmasked sum over "
-            f"the surviving clients is their mean, each counting once), or remove the "
-            f"[secure_aggregation] table")
-    options = getattr(strategy, "options", None)
-    evaluate = getattr(options, "evaluate", "coordinator")
+            f"masked, and {traits.lacks('secure')}. Use a strategy that declares it "
+            f"(federated), or remove the [secure_aggregation] table")
+    refuse_unless_linear(
+        aggregator, where=f"{where} [aggregator] name = {cfg.aggregator.name!r}",
+        needs=("a secure round reveals only the sum of the clients' masked updates (never an "
+               "individual update or its norm), and the mean is that sum over the surviving "
+               "clients, each counting once"),
+        instead="Use a linear aggregator (fedavg), or remove the [secure_aggregation] table")
+    evaluate = traits.evaluate
     if evaluate != "coordinator":
         raise RefusedError(
             f"{where} [strategy] evaluate = {evaluate!r}: each client's own metrics would "
             f"reach the coordinator (and metrics.jsonl) in clear, individual values a "
             f"secure round withholds. Use evaluate = \"coordinator\"")
-    local_keys = getattr(options, "local_keys", None)
+    local_keys = traits.local_keys
     if local_keys:
         raise RefusedError(
             f"{where} [strategy] local_keys = {list(local_keys)}: FedBN keeps each "
             f"client's own values of those keys at the coordinator, individual values a "
             f"secure round never reveals. Remove local_keys (or the [secure_aggregation] "
             f"table)")
-    timeout = getattr(options, "round_timeout", 0)
+    timeout = traits.round_timeout
     if timeout:
         raise RefusedError(
             f"{where} [strategy] round_timeout = {timeout:g}: a secure round "
@@ -488,9 +482,9 @@ def privacy_plan(cfg: Any, strategy: Any, privacy: Any, partitioner: Any,
     """What a private run will spend: q, m and ε after every configured round."""
     if privacy is None:
         return None
-    rate = getattr(strategy, "sampling_rate", None)
+    rate = strategy_traits(strategy).sampling_rate
     clients = run_clients(cfg, strategy, partitioner, task)
-    q = float(rate(clients)) if callable(rate) else 1.0
+    q = float(rate(clients)) if rate is not None else 1.0
     total = int(rounds or 0)
     if total > MAX_PRIVATE_ROUNDS:
         # The PLD accountant's grid grows with the rounds it composes (at 2**63
@@ -564,8 +558,9 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
                                      cfg.run.task), cfg.run.task)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: [run] task: {exc}") from exc
+    traits = strategy_traits(strategy)
     partitioner = plan.create("partitioner") if cfg.partitioner is not None else None
-    partitioned = bool(getattr(strategy, "partitioned", False))
+    partitioned = traits.partitioned
     if is_population(task) and cfg.partitioner is not None:
         # No option that silently does nothing: a population has no one set to split.
         raise ConfigError(
@@ -576,34 +571,38 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         # No option that silently does nothing: only a federated run has clients.
         raise ConfigError(
             f"{cfg.path}: [partitioner] name = {cfg.partitioner_name!r}: strategy "
-            f"{cfg.strategy.name!r} does not split the training set into clients (federated "
-            f"does); remove the [partitioner] table")
+            f"{cfg.strategy.name!r} does not split the training set into clients (it lacks "
+            f"the trait StrategyTraits.partitioned; federated has it); remove the "
+            f"[partitioner] table")
+    aggregator = plan.create("aggregator")
     privacy = plan.create("privacy") if cfg.privacy is not None else None
     if privacy is not None:
-        check_privacy(cfg, strategy)
+        check_privacy(cfg, strategy, aggregator)
     speeds = cfg.speeds()
-    if speeds is not None and not getattr(strategy, "clocked", False):
+    if speeds is not None and not traits.clocked:
         # No option that silently does nothing: only a strategy that orders
         # arrivals by the clock has any use for it.
         raise ConfigError(
             f"{cfg.path}: [simulation]: strategy {cfg.strategy.name!r} does not run on the "
-            f"virtual clock (fedbuff does: it folds updates in the order their simulated "
+            f"virtual clock: it lacks the trait StrategyTraits.clocked (fedbuff has it: it folds updates in the order their simulated "
             f"fits finish); remove the [simulation] table, or use [strategy] name = "
             f"\"fedbuff\"")
     if cfg.secure_aggregation is not None:
-        check_secure_aggregation(cfg, strategy)
+        check_secure_aggregation(cfg, strategy, aggregator)
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
-    check = getattr(strategy, "check", None)
-    if callable(check):
+    # Built before the strategy's check, which may refuse an attack it cannot play.
+    attack = attack_plan(plan, strategy, partitioner, task)
+    check = traits.check
+    if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
         if privacy is not None:
             extra["privacy"] = privacy
         # What a strategy's check may ask for by naming it (fedbuff refuses
         # what it cannot compose with).
         wants = inspect.signature(check).parameters
-        for name, value in (("speeds", speeds), ("aggregator", cfg.aggregator.name),
-                            ("attack", cfg.attack)):
+        for name, value in (("speeds", speeds), ("aggregator", aggregator),
+                            ("attack", attack)):
             if name in wants:
                 extra[name] = value
         try:
@@ -615,9 +614,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
     state = initial_model(task, cfg)
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
-    rounds = getattr(getattr(strategy, "options", None), "rounds", None)
-    extra_ranks = getattr(strategy, "extra_ranks", None)
-    boards = list(extra_ranks()) if callable(extra_ranks) else []
+    rounds = traits.rounds
+    boards = list(traits.extra_ranks)
     check_boards(cfg, boards)
     world = world_size(cfg, boards)
     check_mesh_peers(cfg, world)
@@ -631,9 +629,9 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         #: Each client's examples and labels, or a sample's (:class:`ClientShares`;
         #: None: each node's own data, unknown here).
         "clients": shares,
-        "aggregator": plan.create("aggregator"),
+        "aggregator": aggregator,
         #: ``[attack]``: the simulated Byzantine clients (None: every client honest).
-        "attack": attack_plan(plan, strategy, partitioner, task),
+        "attack": attack,
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.

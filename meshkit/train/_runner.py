@@ -86,6 +86,7 @@ from meshkit.train._local_keys import ClientLocal
 from meshkit.train._progress import format_event, format_result
 from meshkit.train._partitions import WorkerIdentity
 from meshkit.train._collective import check_collective
+from meshkit.train._traits import strategy_traits
 from meshkit.train._pool import GroupPool, LocalPool
 from meshkit.train._worker import _trainer
 from meshkit.train._preflight import build_components
@@ -275,10 +276,9 @@ class Runner:
             check_collective(strategy=config.strategy.name, aggregator=parts["aggregator"],
                              privacy=parts["privacy"], attack=parts.get("attack"),
                              partitioner_local=is_per_node(parts["partitioner"]),
-                             options=getattr(parts["strategy"], "options", None),
+                             traits=strategy_traits(parts["strategy"]),
                              where=str(config.path), task=parts["task"])
-        self._device = str(getattr(getattr(parts["strategy"], "options", None), "device", "")
-                           or "")
+        self._device = strategy_traits(parts["strategy"]).device
         self._join_timeout = config.mesh.join_timeout
         self._observers = parts["observers"]
         out = Path(config.run.out)
@@ -365,8 +365,8 @@ class Runner:
                        last_metrics: dict[str, float], final_state: list[Any],
                        pset: Any) -> None:
         """``rounds = 0``: evaluate the model the run would start from, as round 0."""
-        loaded = getattr(parts["strategy"], "loaded_state", None)
-        state = loaded() if callable(loaded) else None
+        loaded = strategy_traits(parts["strategy"]).loaded_state
+        state = loaded() if loaded is not None else None
         state = dict(state) if state is not None else parts["initial_state"]
         clock = time.perf_counter()
         metrics = dict(parts["task"].evaluate(state))

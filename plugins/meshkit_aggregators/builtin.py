@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from meshkit.aggregation import MeanFold, aggregate_by_folding
+from meshkit.aggregation import AggregatorTraits, MeanFold, aggregate_by_folding
 from meshkit.state import State
 
 
 class _Mean:
     name = "mean"
     weighted = True
+    #: A weighted mean: exact from sums, so secure aggregation, DP's noised sum,
+    #: batched and relayed rounds and spmd may stand in for it.
+    traits = AggregatorTraits(linear=True, needs_individual_updates=False)
 
     def __init__(self, *, allow_nonfinite: bool = False, wide: bool = False,
                  retain: int = 1, threads: int = 2) -> None:
@@ -48,6 +51,11 @@ class AllReduce(_Mean):
 
     name = "allreduce"
     weighted = False
+
+    @staticmethod
+    def weight(work: float) -> float:
+        """Every contributor counts once: ``ωᵢ = 1`` whatever its work."""
+        return 1.0
 
 
 class FedAvg(_Mean):

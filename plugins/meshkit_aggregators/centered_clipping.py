@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshkit import AggregationError
+from meshkit.aggregation import AggregatorTraits
 
 from meshkit_aggregators._distances import distances_to
 from meshkit_aggregators.robust import RobustRule
@@ -37,7 +38,8 @@ class CenteredClipping(RobustRule):
     """Clipped steps from the carried centre (see the module docstring)."""
 
     name = "centered-clipping"
-    uses_reference = True
+    #: Steps from a centre it carries across rounds (checkpointed), on updates.
+    traits = AggregatorTraits(uses_reference=True, stateful=True)
 
     def __init__(self, tau: float = 1.0, iterations: int = 1) -> None:
         if not tau > 0 or not np.isfinite(tau):

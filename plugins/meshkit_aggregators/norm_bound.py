@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from meshkit import AggregationError
-from meshkit.aggregation import MeanFold, aggregate_by_folding, clip_update, default_source
+from meshkit.aggregation import AggregatorTraits, MeanFold, aggregate_by_folding, clip_update, default_source
 from meshkit.state import State, is_array, is_float_dtype
 
 __all__ = ["NormBound", "NormBoundFold"]
@@ -70,7 +70,9 @@ class NormBound:
     """Norm-clipped updates, then fedavg's mean (see the module docstring)."""
 
     name = "norm-bound"
-    uses_reference = True
+    #: Not linear: each update is clipped by its own norm before the mean, so the
+    #: result is no weighted mean of the contributions (a sum cannot feed it).
+    traits = AggregatorTraits(uses_reference=True)
 
     def __init__(self, max_norm: float) -> None:
         if not max_norm > 0 or not math.isfinite(max_norm):

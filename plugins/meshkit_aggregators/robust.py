@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from meshkit.aggregation import AggregatorTraits
 from meshkit.state import State
 
 from meshkit_aggregators._flat import Flat
@@ -25,8 +26,10 @@ class RobustRule:
     """Base of the robust built-ins (see the module docstring)."""
 
     name: ClassVar[str] = "robust"
-    #: Whether the rule works on updates (``contribution - reference``).
-    uses_reference: ClassVar[bool] = False
+    #: A robust rule reads every contribution on its own (so it is not a sum, and
+    #: nothing computed from sums may stand in for it); a rule on updates
+    #: (``contribution - reference``) or one carrying state declares so.
+    traits: ClassVar[AggregatorTraits] = AggregatorTraits()
 
     def combine(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -35,7 +38,7 @@ class RobustRule:
                   *, reference: State | None = None) -> dict[str, Any]:
         """The rule applied to ``states`` (``reference``: the round's global state)."""
         flat = Flat(states, weights, name=self.name,
-                    reference=reference if self.uses_reference else None)
+                    reference=reference if self.traits.uses_reference else None)
         return flat.state(self.combine(flat.matrix, flat.weights))
 
     def __repr__(self) -> str:

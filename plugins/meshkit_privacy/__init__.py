@@ -1,22 +1,44 @@
 """Built-in privacy mechanisms: ``dp-fixed`` and ``dp-adaptive`` (user-level DP-FedAvg).
 
-Written as a third-party plugin would be: records and options here, the
-mechanism (numpy) in :mod:`meshkit.privacy`, imported when a factory builds
-one, so listing plugins stays fast. docs/privacy.md is the user's guide.
+Written as a third-party plugin would be, against meshkit's contract and
+accountant (:mod:`meshkit.privacy`): records and options here; the mechanism
+(numpy) in ``mechanism.py`` (:class:`GaussianMechanism`, :class:`AdaptiveClip`,
+:func:`noise_seed`) and its fold in ``noised_sum.py`` (:class:`NoisedSum`),
+imported when a factory builds one (or one of those names is first read), so
+listing plugins stays fast. docs/privacy.md is the user's guide.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Iterable
 
 import meshkit
 
 from meshkit_privacy.options import DpAdaptiveOptions, DpFixedOptions
 
+__all__ = ["GaussianMechanism", "AdaptiveClip", "NoisedSum", "noise_seed", "dp_fixed",
+           "dp_adaptive", "meshkit_privacy"]
+
+#: The mechanism's public names, imported on first use (they pull in numpy).
+_LAZY = {"GaussianMechanism": "meshkit_privacy.mechanism",
+         "AdaptiveClip": "meshkit_privacy.mechanism",
+         "noise_seed": "meshkit_privacy.mechanism",
+         "NoisedSum": "meshkit_privacy.noised_sum"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'meshkit_privacy' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 def dp_fixed(options: DpFixedOptions) -> Any:
     """McMahan et al. 2018: clip to ``clip_norm``, noise σ = z·S/m on the mean."""
-    from meshkit.privacy import Accountant, GaussianMechanism
+    from meshkit.privacy import Accountant
+
+    from meshkit_privacy.mechanism import GaussianMechanism
 
     return GaussianMechanism(
         clip_norm=options.clip_norm, noise_multiplier=options.noise_multiplier,
@@ -27,7 +49,9 @@ def dp_fixed(options: DpFixedOptions) -> Any:
 
 def dp_adaptive(options: DpAdaptiveOptions) -> Any:
     """Andrew et al. 2021: S moves geometrically towards a quantile of the update norms."""
-    from meshkit.privacy import Accountant, AdaptiveClip, GaussianMechanism
+    from meshkit.privacy import Accountant
+
+    from meshkit_privacy.mechanism import AdaptiveClip, GaussianMechanism
 
     return GaussianMechanism(
         clip_norm=options.initial_clip_norm, noise_multiplier=options.noise_multiplier,

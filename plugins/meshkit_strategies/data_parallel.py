@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError, MeshError, ProtocolError
-from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
 from meshkit.train import check_contribution, client_seed, fold_round, once, run_rounds
 from meshkit.train import signature, train_loss
 
@@ -76,6 +76,12 @@ class DataParallel:
     inner optimizer afresh from it (docs/strategies.md)."""
 
     options: DataParallelOptions
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """Replicas, not clients: nothing private, secure, clocked or collective."""
+        return StrategyTraits(rounds=self.options.rounds, device=self.options.device,
+                              check=self.check)
 
     def check(self, *, task: Any, outer_name: str, workers: int) -> None:
         """Refuse what cannot work before any process starts."""

@@ -51,14 +51,33 @@ Rules (docs/async.md):
   half-full buffer continues exactly as if it had not been (the buffer's
   updates are recomputed, never lost).
 
-Composes with every outer optimizer, ``time_budget`` (realized work; on real time only: wall time would break the
-virtual clock's replay),
-``fedavg`` and ``allreduce``, and host relays (fits are sent flat, relays
-forward). Refused, each naming both keys: robust aggregators (a buffer of
-updates against different versions is not one round of contributions to one
-reference), ``[privacy]`` (the accountant composes synchronous sampled
-rounds), ``[attack]``, ``evaluate = "clients"``, and ``[partitioner] name =
-"local"`` (a client pinned to its node).
+* Aggregators, by their declared traits (:class:`meshkit.AggregatorTraits`,
+  never their names). A *linear* one (``fedavg``, ``allreduce``, a
+  third-party weighted mean) folds into the buffer's sums as above, ``n_i``
+  being its ``weight(examples)``. Any other rule (``median``, ``multi-krum``,
+  ``centered-clipping``, ...) folds *each buffer*: at the step, every update
+  is expressed against the current model, ``x_i' = x − s(τ_i) Δ_i``, and the
+  rule combines the K models ``x_i'`` (weights: their examples) with the
+  current model as the round's reference -- with every τ = 0 that is the rule
+  on a synchronous round of K fits. The buffer then holds K models
+  (O(K × model), as a robust round does).
+
+Composes with every outer optimizer, ``time_budget`` (realized work; on real
+time only: wall time would break the virtual clock's replay), every
+aggregator (above), and host relays (fits are sent flat, relays forward).
+Refused, each naming both keys: ``[privacy]`` (which clients reach a buffer
+depends on their speed, not on independent sampling, so no subsampling
+amplification can be claimed, and meshkit has no accountant for the
+buffered mechanism: docs/async.md), ``[secure_aggregation]`` (FedBuff's
+privacy claim rests on a trusted enclave holding the buffer, which meshkit
+does not have), an omniscient ``[attack]`` (ALIE, IPM: they read a round's
+honest updates, and a buffer's arrive one by one), ``evaluate = "clients"``,
+and ``[partitioner] name = "local"`` (a client pinned to its node).
+
+* ``[attack]`` (simulation): an attacking client's update is poisoned as it
+  arrives, against the version it trained from (``sign-flip``, ``scale``,
+  ``gaussian``, ``same-value``), or its fit request carries the data
+  poisoning (``label-flip``); each step's ``attacked`` names them.
 """
 
 from __future__ import annotations
@@ -66,27 +85,39 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import attrs
 import numpy as np
 
 from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
+from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
 from meshkit.population import population_size
-from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
+from meshkit.aggregation import aggregator_traits, linear_weight
+from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
 from meshkit.train import check_contribution, client_seed, run_rounds, signature
 from meshkit.train import train_loss
 
 from meshkit_strategies._shared import require_rows
 from meshkit_strategies.options import FedBuffOptions
 
-__all__ = ["FedBuff", "staleness_weight", "MEAN_AGGREGATORS"]
+__all__ = ["FedBuff", "staleness_weight", "NOT_PRIVATE", "NOT_SECURE"]
 
 log = logging.getLogger(__name__)
 
-#: The aggregators a buffer composes with, and whether each weighs by examples.
-MEAN_AGGREGATORS = {"fedavg": True, "allreduce": False}
+#: Why fedbuff plays no ``[privacy]`` round (quoted by the kernel's refusal).
+NOT_PRIVATE = (
+    "fedbuff's buffers are not sampled rounds: which clients reach a buffer depends on "
+    "their speed and the order their fits finish, not on independent Poisson sampling, "
+    "so the subsampled Gaussian's amplification cannot be claimed, and meshkit has no "
+    "accountant for the buffered mechanism; use [strategy] name = \"federated\" for "
+    "differential privacy")
+#: Why fedbuff plays no ``[secure_aggregation]`` round.
+NOT_SECURE = (
+    "FedBuff's privacy claim rests on a trusted execution enclave holding the buffer, which "
+    "meshkit does not have; updates reach the server one at a time, so there is no "
+    "synchronous cohort whose masks cancel in one sum")
 #: Defaults of the rules' parameters (FedAsync's experiments).
 POLY_A = 0.5
 HINGE_A = 10.0
@@ -157,12 +188,7 @@ class Buffer:
         factor = mass * scale
         for key, value in fitted.items():
             if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
-                delta = np.subtract(start[key], value, dtype=np.float64)
-                if not np.isfinite(delta).all():
-                    raise AggregationError(
-                        f"fedbuff: client {client}'s update (rank {rank}) holds NaN or inf in "
-                        f"{key!r}; a non-finite update is never folded. Lower the task's "
-                        f"learning rate")
+                delta = update(start, value, key, f"client {client}'s update (rank {rank})")
                 delta *= factor
                 if key in self.sums:
                     self.sums[key] += delta
@@ -217,11 +243,21 @@ class FedBuff:
     """Asynchronous buffered federated learning (module docstring)."""
 
     options: FedBuffOptions
-    #: The run's partitioner splits this strategy's training set into clients.
-    partitioned: ClassVar[bool] = True
-    #: It orders arrivals by ``[simulation]``'s virtual clock when there is one.
-    clocked: ClassVar[bool] = True
     _run: _Run = attrs.field(factory=_Run, init=False)
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """What the kernel reads of this strategy: it has clients, and orders arrivals by
+        ``[simulation]``'s virtual clock when there is one; no private, secure or spmd
+        rounds (``why_not`` says why)."""
+        opts = self.options
+        return StrategyTraits(
+            partitioned=True, clocked=True, rounds=opts.rounds, clients=opts.clients,
+            evaluate=opts.evaluate, device=opts.device, count_clients=self.clients,
+            check=self.check,
+            why_not={"private": NOT_PRIVATE, "secure": NOT_SECURE,
+                     "collective": "its server steps fold updates as they arrive, not "
+                                   "rounds through fold_round"})
 
     def clients(self, workers: int, partitioner: Any = None, task: Any = None) -> int:
         """How many clients the run has: a population's size when the task is one
@@ -236,21 +272,16 @@ class FedBuff:
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int, partitioner: Any = None,
-              speeds: Any = None, aggregator: str = "fedavg", attack: Any = None) -> None:
+              speeds: Any = None, aggregator: Any = None, attack: Any = None) -> None:
         """Refuse what cannot work, or would silently do nothing, before any process starts."""
         opts = self.options
-        if aggregator not in MEAN_AGGREGATORS:
+        if attack is not None and is_omniscient(attack.attack):
             raise RefusedError(
-                f"[aggregator] name = {aggregator!r} with [strategy] name = \"fedbuff\": a "
-                f"buffer holds updates trained from different model versions, folded one by "
-                f"one as they arrive, so there is no round of contributions to one reference "
-                f"for a robust rule to compare. Use [aggregator] name = \"fedavg\" or "
-                f"\"allreduce\", or a robust rule with [strategy] name = \"federated\"")
-        if attack is not None:
-            raise RefusedError(
-                "[attack] with [strategy] name = \"fedbuff\": simulated attackers are applied "
-                "to a synchronous round's contributions. Use [strategy] name = \"federated\" "
-                "to test a defence, or start a node with `meshkit node --attack NAME`")
+                f"[attack] name = {attack.name!r} with [strategy] name = \"fedbuff\": an "
+                f"omniscient attack reads the honest updates of a synchronous round, and a "
+                f"buffer's updates arrive one by one, trained from different versions. Use a "
+                f"non-omniscient attack (sign-flip, scale, gaussian, same-value, label-flip), or "
+                f"[strategy] name = \"federated\"")
         if is_per_node(partitioner):
             raise RefusedError(
                 "[partitioner] name = \"local\" with [strategy] name = \"fedbuff\": fedbuff "
@@ -302,7 +333,7 @@ class FedBuff:
     def run(self, ctx: StrategyContext) -> StrategyResult:
         self.check(task=ctx.task, outer_name=ctx.outer_name, workers=len(ctx.workers),
                    partitioner=ctx.partitioner, speeds=ctx.speeds,
-                   aggregator=_aggregator_name(ctx.aggregator), attack=ctx.attack)
+                   aggregator=ctx.aggregator, attack=ctx.attack)
         self._run = _Run()
         if ctx.saved:
             self._run.load_state_dict(ctx.saved)
@@ -332,7 +363,11 @@ class FedBuff:
         run.models[version] = state
         buffer = Buffer()
         not_served: dict[int, str] = {}
-        weighs = MEAN_AGGREGATORS[_aggregator_name(ctx.aggregator)]
+        # A linear rule folds into the buffer's sums; any other folds the buffer
+        # (module docstring), so it keeps each update until the step.
+        linear = aggregator_traits(ctx.aggregator).linear
+        held: list[tuple[int, dict[str, Any], float]] = []
+        attacked: list[int] = []
         expected = signature(state)
         # Bounded: each pass folds, drops or loses one fit, and a fit is lost
         # at most once per worker.
@@ -362,29 +397,47 @@ class FedBuff:
                                              f"{opts.max_staleness}, dropped")
                 self._release(version)
                 continue
+            if ctx.attack is not None and flight.client in ctx.attack.clients:
+                attacked.append(flight.client)
+                fitted = self._poisoned(ctx, flight, start, fitted)
             examples = int(reply.payload.get("examples", 0))
             loss = reply.payload.get("metrics", {}).get("train_loss")
-            buffer.add(start, fitted, client=flight.client, rank=reply.rank, tau=tau,
-                       mass=float(examples) if weighs else 1.0,
-                       scale=staleness_weight(opts.staleness, tau, opts.staleness_a,
-                                              opts.staleness_b),
-                       examples=examples, loss=None if loss is None else float(loss))
+            scale = staleness_weight(opts.staleness, tau, opts.staleness_a, opts.staleness_b)
+            if linear:
+                buffer.add(start, fitted, client=flight.client, rank=reply.rank, tau=tau,
+                           mass=linear_weight(ctx.aggregator, examples), scale=scale,
+                           examples=examples, loss=None if loss is None else float(loss))
+            else:
+                who = f"client {flight.client}'s update (rank {reply.rank})"
+                held.append((flight.client, against(state, start, fitted, scale, who),
+                             float(examples)))
+                buffer.entries.append((flight.client, reply.rank, tau, float(examples),
+                                       examples, None if loss is None else float(loss)))
+                buffer.mass += float(examples)
             not_served.pop(flight.client, None)
             self._release(version)
         else:  # pragma: no cover - a bug in the loop, never a hang
             raise MeshError(f"fedbuff settled {limit} fits without filling the buffer")
-        if buffer.mass <= 0:
+        if linear and buffer.mass <= 0:
             raise AggregationError(
                 f"fedbuff step {rnd}: the buffer's {len(buffer.entries)} updates trained on 0 "
                 f"examples, so fedavg has no weight to divide by")
-        new_state = ctx.outer_step(state, buffer.consensus(state))
+        if linear:
+            consensus = buffer.consensus(state)
+        else:
+            fold = ctx.aggregation_begin(reference=state)
+            for client, model, weight in held:
+                fold.add(model, weight, source=f"client {client}")
+            held.clear()
+            consensus = fold.result()
+        new_state = ctx.outer_step(state, consensus)
         metrics = train_loss({"examples": e[4], "metrics": {"train_loss": e[5]}}
                              for e in buffer.entries if e[5] is not None)
         metrics.update(ctx.task.evaluate(new_state))
         histogram: dict[int, int] = {}
         for entry in buffer.entries:
             histogram[entry[2]] = histogram.get(entry[2], 0) + 1
-        share = buffer.mass
+        share = buffer.mass or 1.0
         return RoundOutcome(
             new_state, answered=tuple(sorted({e[1] for e in buffer.entries})),
             clients=tuple(e[0] for e in buffer.entries),
@@ -393,6 +446,7 @@ class FedBuff:
             client_examples={e[0]: e[4] for e in buffer.entries},
             staleness=histogram, client_staleness={e[0]: e[2] for e in buffer.entries},
             client_weights={e[0]: e[3] / share for e in buffer.entries},
+            attacked=tuple(sorted(set(attacked) & {e[0] for e in buffer.entries})),
             simulated_time=run.clock if ctx.speeds is not None else None)
 
     # -- dispatch ----------------------------------------------------------------
@@ -432,9 +486,23 @@ class FedBuff:
             self._send(ctx, flight, rank)
             load[rank] += 1
 
+    def _poisoned(self, ctx: StrategyContext, flight: Flight, start: Mapping[str, Any],
+                  fitted: Mapping[str, Any]) -> Mapping[str, Any]:
+        """An attacker's fit as its attack makes it (``[attack]``, module docstring)."""
+        plan = ctx.attack
+        if plan.poisons_data:  # its labels were poisoned on the worker (the fit request)
+            return fitted
+        round_ = AttackRound(client=flight.client, contributors=self.options.buffer_size,
+                             attackers=len(plan.clients), rng=attack_rng(plan.seed, flight.seed))
+        return tamper_contribution(plan.attack, fitted, start, round_,
+                                   name=f"attack {plan.name}")
+
     def _send(self, ctx: StrategyContext, flight: Flight, rank: int) -> None:
         clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
         budget = {"time_budget": self.options.time_budget} if self.options.time_budget else {}
+        plan = ctx.attack
+        if plan is not None and plan.poisons_data and flight.client in plan.clients:
+            budget["poison"] = plan.spec()
         request = {"op": "fit", "shard": flight.client, "shards": clients, "seed": flight.seed,
                    "state": self._run.models[flight.version], **budget}
         flight.rank = rank
@@ -499,6 +567,33 @@ def nth_free(index: int, busy: list[int]) -> int:
 def _aggregator_name(aggregator: Any) -> str:
     """The selected aggregator's registered name, as its object says it."""
     return str(getattr(aggregator, "name", type(aggregator).__name__))
+
+
+def update(start: Mapping[str, Any], value: np.ndarray, key: str, who: str) -> np.ndarray:
+    """``start[key] − value`` in float64: one key of a pseudo-gradient, refused when not finite."""
+    delta = np.subtract(start[key], value, dtype=np.float64)
+    if not np.isfinite(delta).all():
+        raise AggregationError(
+            f"fedbuff: {who} holds NaN or inf in {key!r}; a non-finite update is never "
+            f"folded. Lower the task's learning rate")
+    return delta
+
+
+def against(current: Mapping[str, Any], start: Mapping[str, Any], fitted: Mapping[str, Any],
+            scale: float, who: str) -> dict[str, Any]:
+    """An update as a model of the current version: ``x − scale · (start − fitted)``.
+
+    What a rule that is not linear folds (module docstring): its float arrays in
+    the model's dtype; integer arrays and JSON values are the fit's own.
+    """
+    out: dict[str, Any] = {}
+    for key, value in fitted.items():
+        if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+            delta = update(start, value, key, who)
+            out[key] = (np.asarray(current[key], np.float64) - scale * delta).astype(value.dtype)
+        else:
+            out[key] = value
+    return out
 
 
 def _fit_keywords(task: Any) -> set[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import attrs
 
@@ -11,7 +11,7 @@ from meshkit import ConfigError
 from meshkit.partitioner import is_per_node
 from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
-from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
 from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
 from meshkit.train import poisson_clients, sample_clients, weighted_mean
 
@@ -37,12 +37,20 @@ class Federated:
     """
 
     options: FederatedOptions
-    #: The run's partitioner splits this strategy's training set into clients.
-    partitioned: ClassVar[bool] = True
-    #: It plays private rounds under ``[privacy]`` (meshkit_strategies.private).
-    private: ClassVar[bool] = True
-    #: It plays secure rounds under ``[secure_aggregation]`` (meshkit.train.secure_round).
-    secure: ClassVar[bool] = True
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """What the kernel reads of this strategy: it has clients (the run's partitioner
+        splits its training set), plays private rounds under ``[privacy]``
+        (meshkit_strategies.private), secure ones under ``[secure_aggregation]``
+        (meshkit_strategies.secure) and spmd ones (its rounds go through fold_round)."""
+        opts = self.options
+        return StrategyTraits(
+            partitioned=True, private=True, secure=True, collective=True,
+            rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
+            local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
+            device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
+            check=self.check)
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import MeshError
-from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, Work
+from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
 from meshkit.train import client_seed, fold_round, run_rounds
 
 from meshkit_strategies.options import LocalOptions
@@ -37,6 +37,11 @@ class Local:
     """
 
     options: LocalOptions
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """One worker's fits: no clients, nothing private, secure, clocked or collective."""
+        return StrategyTraits(rounds=self.options.rounds)
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         return run_rounds(ctx, "local", self.options.rounds, ctx.initial_state(),

@@ -19,6 +19,7 @@ from meshkit.train import (
     RoundOutcome,
     StrategyContext,
     StrategyResult,
+    StrategyTraits,
     order_partitions,
     run_rounds,
 )
@@ -34,6 +35,13 @@ class ModelParallel:
 
     options: ModelParallelOptions
     _state: dict[str, Any] | None = None
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """A pipelined evaluation: its boards are extra ranks, ``state_from`` the model an
+        evaluation-only run evaluates."""
+        return StrategyTraits(rounds=self.options.rounds, check=self.check,
+                              extra_ranks=self.extra_ranks(), loaded_state=self.loaded_state)
 
     def loaded_state(self) -> dict[str, Any] | None:
         """The model named by ``state_from`` (read once, at build time)."""

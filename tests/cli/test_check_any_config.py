@@ -373,11 +373,11 @@ def test_a_strategys_own_refusal_names_the_config_file(tmp_path):
     path.write_text(_document({
         "run": {"task": "digits", "out": str(tmp_path / "run")},
         "strategy": {"name": "fedbuff", "clients": 8, "buffer_size": 2, "concurrency": 4},
-        "attack": {"name": "sign-flip", "clients": [0]}}))
+        "privacy": {"name": "dp-fixed", "clip_norm": 1.0, "noise_multiplier": 1.0}}))
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith(f"meshkit: error: {path}: [attack] with [strategy] name = "
-                                    f"\"fedbuff\"")
+    assert result.stderr.startswith(f"meshkit: error: {path}: [privacy] name = 'dp-fixed' "
+                                    f"with [strategy] name = 'fedbuff'")
 
 
 @pytest.mark.parametrize("option, words", [

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import pip_install_target, run_cli
+from tests.support.guide import extract_guide_files
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
 PACKAGES = ("meshkit-robust", "meshkit-int8board", "meshkit-csvlog")
@@ -152,22 +153,6 @@ def test_each_example_passes_its_own_tests_when_installed(site, package):
 # -- the plugin author guide, extracted and run -----------------------------------
 
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
-
-
-def extract_guide_files(guide: Path, into: Path) -> list[Path]:
-    """Write every fenced block whose first line is ``# file: PATH`` to ``into/PATH``."""
-    import re
-
-    written = []
-    for block in re.findall(r"^```[\w-]*\n(.*?)^```", guide.read_text(), re.S | re.M):
-        first, _, body = block.partition("\n")
-        match = re.fullmatch(r"# file: (\S+)", first.strip())
-        if match:
-            path = into / match.group(1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(body)
-            written.append(path)
-    return written
 
 
 @pytest.fixture(scope="module")

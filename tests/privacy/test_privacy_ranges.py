@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from meshkit.privacy import AdaptiveClip
+from meshkit_privacy import AdaptiveClip
 
 from tests.support.cli import run_cli
 

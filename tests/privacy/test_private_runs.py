@@ -157,7 +157,11 @@ target_epsilon = 3.0
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"aggregator": {"name": "fedprox"}}, r"\[aggregator\] name = 'fedprox'.*\"fedavg\""),
+    ({"aggregator": {"name": "median"}},
+     r"\[aggregator\] name = 'median'.*lacks the trait AggregatorTraits.linear.*fedavg"),
+    ({"aggregator": {"name": "norm-bound", "max_norm": 1.0}},
+     r"\[aggregator\] name = 'norm-bound'.*lacks the trait AggregatorTraits.linear.*"
+     r"clip_norm already bounds each update"),
     ({"strategy": {"sampling": "fixed", "fraction": 0.5}}, "a fixed-size cohort is not Poisson"),
     ({"strategy": {"evaluate": "clients"}}, "published in metrics.jsonl with no noise"),
     ({"strategy": {"name": "local"}}, "only a strategy that plays private rounds"),

@@ -59,7 +59,7 @@ def first_come_median(x: np.ndarray) -> np.ndarray:
 class _Forgetful:
     """Centered clipping whose load_state_dict forgets the centre (a resume starts afresh)."""
 
-    uses_reference = True
+    traits = __import__("meshkit").AggregatorTraits(uses_reference=True, stateful=True)
 
     def __init__(self) -> None:
         import meshkit

@@ -84,7 +84,7 @@ def test_every_rank_records_the_same_rounds(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tables, words", [
-    ({"aggregator": {"name": "median"}}, "not fedavg's weighted mean"),
+    ({"aggregator": {"name": "median"}}, "lacks the trait AggregatorTraits.linear"),
     ({"strategy": {"clients": 0}}, "set [strategy] clients"),
     ({"strategy": {"round_timeout": 5.0}}, "[strategy] round_timeout is not played"),
 ])

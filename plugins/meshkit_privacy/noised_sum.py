@@ -25,21 +25,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from meshkit import AggregationError
 from meshkit.aggregation import clip_update, squared_norm
-from meshkit.errors import AggregationError
+from meshkit.privacy import float_keys
 
-__all__ = ["NoisedSum", "float_keys"]
+__all__ = ["NoisedSum"]
 
 log = logging.getLogger(__name__)
 
 #: How far past S a client-clipped update may come (rounding of global + update − global).
 _SLACK = 1e-5
-
-
-def float_keys(state: Mapping[str, Any]) -> list[str]:
-    """The keys of ``state`` whose values are floating-point arrays (what DP releases)."""
-    return sorted(k for k, v in state.items()
-                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating))
 
 
 class NoisedSum:
@@ -143,23 +138,3 @@ class NoisedSum:
             ref = self.reference[key]
             out[key] = (self._ref64[key] + released[key] / self.expected).astype(ref.dtype)
         return out
-
-
-def clip_contribution(reference: Mapping[str, Any], state: Mapping[str, Any],
-                      clip_norm: float) -> tuple[dict[str, Any], float]:
-    """``state`` with its update (``state`` − ``reference``) clipped to ``clip_norm``, and
-    the update's norm before clipping.
-
-    What a client does with ``clip = "client"`` before it replies: the
-    coordinator then only ever sees ``reference`` plus a clipped update.
-    Only floating-point arrays are updates (as in :class:`NoisedSum`).
-    """
-    keys = [k for k in float_keys(reference) if k in state]
-    update = {k: np.asarray(state[k], np.float64) - reference[k].astype(np.float64)
-              for k in keys}
-    clipped, norm = clip_update(update, clip_norm)
-    out = dict(state)
-    for key in keys:
-        out[key] = (reference[key].astype(np.float64) + clipped[key]).astype(
-            np.asarray(state[key]).dtype)
-    return out, norm

@@ -1,13 +1,14 @@
-"""The privacy contract a strategy drives, and the Gaussian mechanism the built-ins share.
+"""The Gaussian mechanism ``dp-fixed`` and ``dp-adaptive`` build (the contract is meshkit's).
 
-A *privacy mechanism* (kind ``privacy``, ``[privacy]``) turns a federated
-round into a differentially private one. The strategy asks it, per round:
+A *privacy mechanism* (kind ``privacy``, ``[privacy]``;
+:class:`meshkit.privacy.PrivacyMechanism`) turns a federated round into a
+differentially private one. The strategy asks it, per round:
 
 * :meth:`GaussianMechanism.epsilon_after` -- the ε the next round would
   bring the run to (before the round: ``target_epsilon`` stops the run
   there, cleanly);
 * :meth:`GaussianMechanism.begin` -- the fold that clips, sums and noises
-  the round's updates (:class:`meshkit.privacy.NoisedSum`);
+  the round's updates (:class:`meshkit_privacy.NoisedSum`);
 * :meth:`GaussianMechanism.finish` -- after the fold: compose the round
   into the accountant and, for adaptive clipping, move the clip norm.
 
@@ -26,21 +27,16 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 import attrs
 import numpy as np
 
-from meshkit.privacy._accountant import Accountant, effective_noise_multiplier
-from meshkit.privacy._sum import NoisedSum
+from meshkit.privacy import Accountant, effective_noise_multiplier
 
-__all__ = ["PrivacyMechanism", "GaussianMechanism", "PLACEMENTS", "NOISE_SOURCES",
-           "AdaptiveClip", "noise_seed"]
+from meshkit_privacy.noised_sum import NoisedSum
 
-#: ``clip`` values: who clips an update before it is summed.
-PLACEMENTS = ("coordinator", "client")
-#: ``noise`` values: where the noise's randomness comes from.
-NOISE_SOURCES = ("os", "seeded")
+__all__ = ["GaussianMechanism", "AdaptiveClip", "noise_seed"]
 
 #: Streams of one round's seeded randomness (noise on the sum, on the count).
 _SUM, _COUNT = 0x5E55, 0xC0C0
@@ -49,23 +45,6 @@ _SUM, _COUNT = 0x5E55, 0xC0C0
 def noise_seed(seed: int, round_: int, stream: int) -> np.random.SeedSequence:
     """The seeded noise of one round (``noise = "seeded"``): a function of (seed, round, stream)."""
     return np.random.SeedSequence([seed, round_, stream])
-
-
-class PrivacyMechanism(Protocol):
-    """What a ``meshkit_privacy`` factory builds (see the module docstring)."""
-
-    placement: str
-    delta: float
-    target_epsilon: float
-
-    def epsilon(self) -> float: ...
-    def epsilon_after(self, q: float, rounds: int = 1) -> float: ...
-    def begin(self, reference: Mapping[str, Any], *, expected: float, seed: int,
-              round_: int) -> NoisedSum: ...
-    def finish(self, fold: NoisedSum, q: float, *, unclipped: int | None = None,
-               seed: int = 0, round_: int = 0) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 #: The most an adaptive clip norm's log moves in one round (the paper's steps are
