@@ -102,6 +102,10 @@ class RoundReport:
     #: Simulated seconds since the run began when the step happened
     #: (``[simulation] clock = "virtual"``); None on real time.
     simulated_time: float | None = None
+    #: Ranks dropped for this round for their own failure (an ``error`` reply, a
+    #: contribution that does not fit or is not finite) -> the reason; they are
+    #: not dead (``[strategy] accept_failures``, :mod:`meshkit.train._failures`).
+    failed: Mapping[int, str] = attrs.Factory(dict)
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -127,6 +131,7 @@ class RoundReport:
             "late": list(self.late),
             "joined": list(self.joined),
             "attacked": list(self.attacked),
+            "failed": {str(r): str(why) for r, why in self.failed.items()},
         }
         if self.skipped:
             line["skipped"] = self.skipped
@@ -241,6 +246,11 @@ class StrategyContext:
     #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
     #: fold plain contributions.
     secure_aggregation: Any = None
+    #: ``[strategy] accept_failures``: a member's failure drops that member for the round
+    #: (True, the default) or stops the run (:mod:`meshkit.train._failures`).
+    accept_failures: bool = True
+    #: Rounds each rank was dropped from for its own failure (quarantine counts them).
+    strikes: dict[int, int] = attrs.Factory(dict)
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

@@ -65,6 +65,7 @@ from meshkit.partitioner import is_lazy, is_per_node, rows_of_client, split_rows
 from meshkit.population import client_held_out_of, client_rows_of, is_population
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
+from meshkit.train._failures import DivergedFit
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._secure_worker import SecureClients
@@ -102,6 +103,8 @@ class Trainer:
     metrics: dict[str, float] = attrs.Factory(dict)
     #: The last request that failed, as the coordinator was told (the report says it).
     error: str | None = None
+    #: The key of the ``fit_batch`` fit under way (an error reply names it), or None.
+    failing: int | None = None
     #: This worker's group, for ``step``'s all-reduce among the replicas (None:
     #: the trainer answers the requests that need no peers).
     group: Any = None
@@ -213,8 +216,15 @@ class Trainer:
             return {"error": self.error,
                     "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
                     and MIN_SEQ <= seq <= MAX_SEQ else 0}
+        self.failing = None
         try:
             reply = self._dispatch(op, request)
+        except DivergedFit as exc:
+            # The model diverged (a NaN loss): the run's on_nonfinite decides, not a drop.
+            log.warning("trainer request %r: %s", op, exc)
+            reply = {"error": f"{'fit' if op == 'fit_batch' else op}: {exc}",
+                     "reason": "nonfinite"}
+            self.error = reply["error"]
         except AggregationError as exc:
             # This worker's own fold refused a fit's result (NaN, out of range):
             # the coordinator raises it as the fold's refusal, as its own fold would.
@@ -227,6 +237,8 @@ class Trainer:
             name = "fit" if op == "fit_batch" else op
             reply = {"error": f"{name}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
+        if "error" in reply and self.failing is not None:
+            reply["key"] = self.failing  # which fit of a batch failed
         reply["seq"] = seq
         return reply
 
@@ -325,9 +337,11 @@ class Trainer:
         results = []
         for fit in request["fits"]:
             key = int(fit["key"])
+            self.failing = key  # named in the error reply if this fit fails
             state, examples, metrics, attacked = self._fit({**fit, "op": "fit"})
             weight = float(examples) if request["weight"] == "examples" else 1.0
             self.partial.add(state, weight, source=f"{label} {key}")
+            self.failing = None
             del state  # folded: a batch holds one fit's result at a time
             result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
             if attacked:
@@ -450,8 +464,9 @@ def _metrics(metrics: Mapping[str, Any], op: str) -> dict[str, float]:
     bad = {k: v for k, v in out.items() if not math.isfinite(v)}
     if bad:
         shown = ", ".join(f"{k} = {v}" for k, v in sorted(bad.items()))
-        raise MeshError(f"the task's {op} reported {shown}; metrics must be finite numbers "
-                        f"(a diverged model? lower the learning rate)")
+        raise DivergedFit(f"the task's {op} reported {shown}; metrics must be finite numbers "
+                          f"(a diverged model? lower the learning rate, or set [strategy] "
+                          f"on_nonfinite = \"skip-round\")")
     return out
 
 

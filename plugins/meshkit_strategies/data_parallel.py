@@ -106,7 +106,8 @@ class DataParallel:
             return self.play_round(ctx, rnd, state, replicas)
 
         return run_rounds(ctx, "data-parallel", opts.rounds, state, play_round,
-                          on_nonfinite=self.options.on_nonfinite)
+                          on_nonfinite=self.options.on_nonfinite,
+                          accept_failures=self.options.accept_failures)
 
     def play_round(self, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
                    replicas: Replicas | None = None) -> RoundOutcome:

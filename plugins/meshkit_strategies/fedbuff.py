@@ -307,7 +307,8 @@ class FedBuff:
         ctx.strategy_state = lambda: self._run.state_dict(steps[0])
         try:
             return run_rounds(ctx, "fedbuff", self.options.rounds, ctx.initial_state(), play,
-                              on_nonfinite=self.options.on_nonfinite, hand_state=False)
+                              on_nonfinite=self.options.on_nonfinite, hand_state=False,
+                              accept_failures=self.options.accept_failures)
         finally:
             # The fits still out are not needed: their late replies are discarded.
             for flight in self._run.flights:

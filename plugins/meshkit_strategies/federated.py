@@ -117,7 +117,8 @@ class Federated:
             return outcome
         try:
             return run_rounds(ctx, "federated", self.options.rounds, state, play,
-                              on_nonfinite=self.options.on_nonfinite)
+                              on_nonfinite=self.options.on_nonfinite,
+                              accept_failures=self.options.accept_failures)
         except BudgetReached as stop:
             # Not an error: the budget was spent; the last round's checkpoint stands.
             return StrategyResult(last[0], last[2], last[1], stopped=stop.reason)
