@@ -47,6 +47,7 @@ continues from it.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import signal
 import subprocess
@@ -154,14 +155,22 @@ class RunReport:
         data["metrics"] = {k: _number(v) for k, v in self.metrics.items()}
         if "epsilon" in self.metrics:  # a private run's final ε, at its [privacy] delta
             data["epsilon"] = _number(self.metrics["epsilon"])
+        # Each rank a round dropped for its own failure (accept_failures), and why.
+        failed: dict[str, list[str]] = {}
+        for report in self.history:
+            for rank, why in sorted(getattr(report, "failed", {}).items()):
+                failed.setdefault(str(rank), []).append(f"round {report.round}: {why}")
+        data["failed"] = failed
         return data
 
 
 def _number(value: Any) -> Any:
+    """A metric as strict JSON has it: a finite float, else null (JSON has no NaN)."""
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return str(value)
+    return number if math.isfinite(number) else None
 
 
 @attrs.frozen

@@ -13,6 +13,7 @@ list of the strategy's own.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -126,7 +127,7 @@ class RoundReport:
             "served": {str(c): int(r) for c, r in self.served.items()},
             "not_served": {str(c): str(why) for c, why in self.not_served.items()},
             "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
-            "client_metrics": {str(c): {k: float(v) for k, v in m.items()}
+            "client_metrics": {str(c): {k: finite_or_null(v) for k, v in m.items()}
                                for c, m in self.client_metrics.items()},
             "late": list(self.late),
             "joined": list(self.joined),
@@ -145,8 +146,15 @@ class RoundReport:
         if self.simulated_time is not None:
             line["simulated_time"] = float(self.simulated_time)
         for name, value in self.metrics.items():
-            line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
+            line[f"task.{name}" if name in REPORT_FIELDS else name] = finite_or_null(value)
         return line
+
+
+def finite_or_null(value: Any) -> float | None:
+    """A metric as strict JSON holds it: JSON has no NaN or Infinity, so a non-finite
+    one (a diverged round's loss) is written ``null`` (docs/running.md)."""
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 #: The fields every ``metrics.jsonl`` line has; task metrics come beside them.
