@@ -66,7 +66,7 @@ from typing import Any, Mapping, Sequence
 
 from meshkit.aggregation import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum, MeanFold
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
-from meshkit.train._failures import RoundFailures, reply_failure, strike
+from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._strategy import StrategyContext
@@ -148,6 +148,16 @@ class _Batched:
         self.failures = RoundFailures(accept=ctx.accept_failures)
 
     def play(self) -> BatchFolded:
+        try:
+            return self._play()
+        except DivergedFit:
+            # The round is abandoned (on_nonfinite = "skip-round" plays the next): the
+            # replies still owed must not be taken for the next round's.
+            for ticket in self.busy:
+                self.ctx.pool.abandon(ticket)
+            raise
+
+    def _play(self) -> BatchFolded:
         keys = sorted(self.requests)
         workers = self.ctx.live[:len(keys)]
         per_worker = math.ceil(len(keys) / max(1, len(workers)))

@@ -81,7 +81,7 @@ from meshkit.train._collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._batched import batch_applies, fold_batched
-from meshkit.train._failures import RoundFailures, reply_failure, strike
+from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
@@ -343,6 +343,16 @@ class _Round:
     failures: RoundFailures = attrs.Factory(RoundFailures)
 
     def play(self) -> Folded:
+        try:
+            return self._play()
+        except DivergedFit:
+            # The round is abandoned (on_nonfinite = "skip-round" plays the next): the
+            # replies still owed must not be taken for the next round's.
+            for ticket in self.busy:
+                self.ctx.pool.abandon(ticket)
+            raise
+
+    def _play(self) -> Folded:
         self.failures.accept = self.ctx.accept_failures
         ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
