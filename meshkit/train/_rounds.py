@@ -35,7 +35,7 @@ import attrs
 
 from meshkit.errors import StateError
 from meshkit.state import nonfinite_keys
-from meshkit.train._failures import DivergedFit
+from meshkit.train._failures import DivergedFit, RoundFailures, strike
 from meshkit.train._strategy import RoundReport, StrategyContext, StrategyResult
 
 __all__ = ["RoundOutcome", "run_rounds", "timed", "ON_NONFINITE"]
@@ -104,6 +104,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
         joined = tuple(sorted(ctx.admit()))
         for rank in joined:
             ctx.strikes.pop(rank, None)  # a restarted node starts afresh (quarantine)
+        ctx.call_failures.clear()
         if joined and hand_state:
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
@@ -142,6 +143,11 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
                 k: v for k, v in outcome.metrics.items()
                 if k == "train_loss" and math.isfinite(v)})
         state, metrics = outcome.state, outcome.metrics
+        # Ranks whose reply to a plain request (an evaluation, a replica's step) was an
+        # error are this round's failures too; the engine struck its own already.
+        called = {r: why for r, why in ctx.call_failures.items() if r not in outcome.failed}
+        strike(ctx, RoundFailures(ranks=dict(called)))
+        failed = {**called, **outcome.failed}
         partial = _partial_means(outcome)
         dead = set(ctx.dead)
         # A rank taken back and lost again is reported again.
@@ -156,7 +162,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             partial_means=partial, attacked=tuple(outcome.attacked),
             staleness=dict(outcome.staleness), client_staleness=dict(outcome.client_staleness),
             client_weights=dict(outcome.client_weights),
-            simulated_time=outcome.simulated_time, failed=dict(outcome.failed)), state)
+            simulated_time=outcome.simulated_time, failed=failed), state)
     return StrategyResult(state, rounds, metrics)
 
 

@@ -71,10 +71,12 @@ from typing import Any, ClassVar, Mapping
 import attrs
 import numpy as np
 
-from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
+from meshkit import AggregationError, ConfigError, MeshError, PeerLostError, RefusedError
 from meshkit.partitioner import is_per_node
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
-from meshkit.train import check_contribution, client_seed, run_rounds, signature
+from meshkit.train import DivergedFit, RoundFailures, check_contribution, client_seed
+from meshkit.train import reply_failure
+from meshkit.train import run_rounds, signature, strike
 from meshkit.train import train_loss
 
 from meshkit_strategies._shared import require_rows
@@ -221,6 +223,7 @@ class FedBuff:
     #: It orders arrivals by ``[simulation]``'s virtual clock when there is one.
     clocked: ClassVar[bool] = True
     _run: _Run = attrs.field(factory=_Run, init=False)
+    _failures: RoundFailures = attrs.field(factory=RoundFailures, init=False)
 
     def clients(self, workers: int, partitioner: Any = None) -> int:
         """How many clients the run has (0 in the options: one per worker)."""
@@ -324,6 +327,10 @@ class FedBuff:
         run.models[version] = state
         buffer = Buffer()
         not_served: dict[int, str] = {}
+        # A member's failure (an error reply, a fit that does not fit or is not
+        # finite) benches its rank for this step (accept_failures; meshkit.train's
+        # RoundFailures): its fit is recorded, and no new fit goes to it.
+        self._failures = failures = RoundFailures(accept=ctx.accept_failures)
         weighs = MEAN_AGGREGATORS[_aggregator_name(ctx.aggregator)]
         expected = signature(state)
         # Bounded: each pass folds, drops or loses one fit, and a fit is lost
@@ -343,9 +350,11 @@ class FedBuff:
             try:
                 check_contribution(fitted, expected, f"rank {reply.rank}'s fit of client "
                                                      f"{flight.client}")
-            except MeshError as exc:  # a ProtocolError: its sender's fault alone
-                ctx.pool.declare_dead(reply.rank, f"protocol error: {exc}")
-                not_served[flight.client] = f"lost: rank {reply.rank} (protocol error)"
+            except MeshError as exc:  # a ProtocolError: its sender's (or its client's)
+                reason = f"protocol error: {exc}"
+                if not failures.client_failed(flight.client, reply.rank, reason):
+                    failures.rank_failed(reply.rank, reason)
+                not_served[flight.client] = f"failed: rank {reply.rank} ({reason})"
                 self._release(version)
                 continue
             tau = version - flight.version
@@ -377,6 +386,7 @@ class FedBuff:
         for entry in buffer.entries:
             histogram[entry[2]] = histogram.get(entry[2], 0) + 1
         share = buffer.mass
+        strike(ctx, failures)
         return RoundOutcome(
             new_state, answered=tuple(sorted({e[1] for e in buffer.entries})),
             clients=tuple(e[0] for e in buffer.entries),
@@ -385,14 +395,21 @@ class FedBuff:
             client_examples={e[0]: e[4] for e in buffer.entries},
             staleness=histogram, client_staleness={e[0]: e[2] for e in buffer.entries},
             client_weights={e[0]: e[3] / share for e in buffer.entries},
-            simulated_time=run.clock if ctx.speeds is not None else None)
+            simulated_time=run.clock if ctx.speeds is not None else None,
+            failed=dict(failures.ranks))
 
     # -- dispatch ----------------------------------------------------------------
 
     def _top_up(self, ctx: StrategyContext, version: int, buffer: Buffer) -> None:
         """Send the fits owed (after a resume) and new ones until ``concurrency`` are out."""
         run = self._run
-        live = ctx.require_live(1, f"fedbuff step {version + 1}")
+        live = [r for r in ctx.require_live(1, f"fedbuff step {version + 1}")
+                if r not in self._failures.ranks]
+        if not live:
+            raise PeerLostError(
+                f"fedbuff step {version + 1}: every live worker was dropped for this step ("
+                + "; ".join(f"rank {r}: {why}" for r, why in self._failures.ranks.items())
+                + f"). {ctx.resume_advice()}")
         load = {r: 0 for r in live}
         for flight in run.flights:
             if flight.rank in load and flight.ticket is not None:
@@ -451,7 +468,22 @@ class FedBuff:
                 log.debug("fedbuff: discarding a reply to no fit in flight (seq %d)", reply.seq)
                 continue
             if reply.payload is not None and reply.payload.get("error"):
-                raise WorkerError(reply.rank, str(reply.payload["error"]))
+                # A member's failure: its rank sits the step out (or the run stops,
+                # accept_failures = false); the fit counts as lost, or as its client's
+                # own once two ranks failed it.
+                try:
+                    reason = reply_failure(reply.rank, reply.payload,
+                                           accept=ctx.accept_failures)
+                except DivergedFit:
+                    run.flights.remove(flight)  # answered: no longer in flight
+                    raise
+                assert reason is not None  # the reply carries an error
+                if self._failures.client_failed(flight.client, reply.rank, reason):
+                    run.flights.remove(flight)
+                    return flight, Reply(reply.rank, None,
+                                         self._failures.clients[flight.client], reply.seq)
+                self._failures.rank_failed(reply.rank, reason)
+                reply = Reply(reply.rank, None, reason, reply.seq)
             if not virtual:
                 run.flights.remove(flight)
                 return flight, reply
@@ -461,7 +493,8 @@ class FedBuff:
                 log.warning("fedbuff: rank %d lost (%s); client %d's fit is sent again",
                             reply.rank, reply.error, flight.client)
                 flight.ticket = None
-                live = ctx.require_live(1, "fedbuff")
+                live = [r for r in ctx.require_live(1, "fedbuff")
+                        if r not in self._failures.ranks] or ctx.require_live(1, "fedbuff")
                 self._send(ctx, flight, live[flight.dispatch % len(live)])
                 continue
             run.arrived[flight.dispatch] = reply

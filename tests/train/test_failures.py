@@ -14,6 +14,7 @@ import pytest
 
 import meshkit.plugins
 from meshkit.errors import ProtocolError, StateError, WorkerError
+from meshkit.simulation import Speeds
 from meshkit.train import LocalPool, RoundReport, StrategyContext, Trainer, fold_round
 from meshkit.train._failures import QUARANTINE_AFTER
 from meshkit.train._messages import check_contribution, nonfinite_leaf, signature
@@ -182,3 +183,73 @@ def test_metrics_lines_and_the_summary_are_strict_json():
     assert summary["metrics"] == {"loss": None}
     assert summary["failed"] == {"2": ["round 1: error: x"]}
     json.dumps(summary, allow_nan=False)
+
+
+# -- fedbuff -----------------------------------------------------------------------------
+
+
+class Refusing(Trainer):
+    """A trainer whose every fit is an ``error`` reply (a broken or hostile node)."""
+
+    def _fit(self, request: Any) -> Any:
+        raise RuntimeError("this node refuses")
+
+
+@pytest.mark.parametrize("hostile", [Refusing, Tampering])
+@pytest.mark.parametrize("virtual", [False, True])
+def test_fedbuff_finishes_every_step_with_one_hostile_rank(hostile, virtual):
+    ranks = [1, 2, 3]
+    reports: list[RoundReport] = []
+    task = synthetic()
+    ctx = StrategyContext(
+        task=task, aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+        pool=LocalPool({r: (hostile if r == 2 else Trainer)(synthetic()) for r in ranks}),
+        workers=ranks, rng=np.random.default_rng(0),
+        outer=meshkit.plugins.create("outer_optimizer", "average"),
+        on_round=lambda report, state: reports.append(report))
+    if virtual:
+        ctx.speeds = Speeds(seed=0, sigma=0.5)
+    strategy = meshkit.plugins.create("strategy", "fedbuff", {
+        "rounds": 4, "clients": 6, "buffer_size": 2, "concurrency": 3})
+    result = strategy.run(ctx)
+    assert result.rounds == 4 and [r.round for r in reports] == [1, 2, 3, 4]
+    assert any(r.failed.get(2) for r in reports)
+    assert all(2 not in r.served.values() for r in reports)
+    assert all(set(r.failed) <= {2} for r in reports)
+    assert ctx.strikes[2] == sum(2 in r.failed for r in reports)
+
+
+# -- plain requests (StrategyContext.call / broadcast) -----------------------------------
+
+
+def digits() -> Any:
+    return meshkit.plugins.create("task", "digits", {"hidden": 8})
+
+
+class NoEvaluation(Trainer):
+    """A trainer whose every ``evaluate`` is an ``error`` reply."""
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if request.get("op") == "evaluate":
+            return {"error": "evaluate: this node refuses", "seq": request["seq"]}
+        return super().handle(request)
+
+
+def test_an_error_reply_to_a_plain_request_is_the_rounds_failure_not_the_runs():
+    ranks = [1, 2, 3]
+    reports: list[RoundReport] = []
+    ctx = make_ctx(workers=3, task=digits)
+    ctx.pool = LocalPool({r: (NoEvaluation if r == 2 else Trainer)(digits()) for r in ranks})
+    ctx.on_round = lambda report, state: reports.append(report)
+    strategy = meshkit.plugins.create("strategy", "federated", {
+        "rounds": 2, "clients": 3, "evaluate": "clients"})
+    strategy.run(ctx)
+    assert [r.failed for r in reports] == [{2: "error: evaluate: this node refuses"}] * 2
+    assert all(sorted(r.client_metrics) == [0, 2] and r.partial_means for r in reports)
+    assert ctx.dead == {} and ctx.strikes == {2: 2}
+    ctx = make_ctx(workers=3, task=digits)
+    ctx.pool = LocalPool({r: (NoEvaluation if r == 2 else Trainer)(digits()) for r in ranks})
+    with pytest.raises(WorkerError, match="rank 2: evaluate: this node refuses"):
+        meshkit.plugins.create("strategy", "federated", {
+            "rounds": 2, "clients": 3, "evaluate": "clients",
+            "accept_failures": False}).run(ctx)
