@@ -59,7 +59,14 @@ How a round goes (:func:`fold_round`):
    two ranks is the client's failure and is not served again this round
    (:mod:`meshkit.train._failures` decides, and counts the rank's strikes
    towards quarantine). With ``[strategy] accept_failures = false`` any of
-   them stops the run instead.
+   them stops the run instead. NaN and inf are scanned for at the boundary
+   (one sum per float array) -- except when the fold is the engine's own
+   strict mean (``fedavg``, ``allreduce``), which finds them while it sums
+   at no extra cost: when it refuses a contribution, the round is played
+   again from the start with the boundary scan on, so the sender is dropped
+   exactly as above and the result is the same bits (every fit is a pure
+   function of its client). An honest round never pays for a second pass
+   over a model; a hostile one costs one round's work again.
 
 Behind host relays (``meshkit relay``) the round is played by
 :mod:`meshkit.train._host_relay` instead: each relay folds its own ranks'
@@ -75,7 +82,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.errors import MeshError, ProtocolError, WorkerError
+from meshkit.aggregation import MeanFold
+from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
@@ -260,12 +268,25 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
             ctx, requests, state, how, label, signature(reference), name=fold.name)
         return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
                       failed=failed)
-    round_ = _Round(ctx, requests, state, weight, window, fold, label,
-                    pinned=pinned,
-                    deadline=deadline or None,
-                    expected=None if reference is None else signature(reference),
-                    local=local or None)
-    folded = round_.play()
+    expected = None if reference is None else signature(reference)
+    # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
+    replay = not given and attack is None and type(fold) is MeanFold \
+        and not fold.allow_nonfinite
+    round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
+                    deadline=deadline or None, expected=expected, local=local or None,
+                    scan=not replay)
+    try:
+        folded = round_.play()
+    except AggregationError as exc:
+        if not replay:
+            raise
+        log.warning("the fold refused a contribution (%s); the round is played again with "
+                    "every contribution scanned at the boundary", exc)
+        round_ = _Round(ctx, requests, state, weight, window,
+                        ctx.aggregation_begin(reference=state), label, pinned=pinned,
+                        deadline=deadline or None, expected=expected, local=local or None,
+                        scan=True)
+        folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
     return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
@@ -341,13 +362,15 @@ class _Round:
     local: ClientLocal | None = None
     #: This round's member failures (:mod:`meshkit.train._failures`).
     failures: RoundFailures = attrs.Factory(RoundFailures)
+    #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
+    scan: bool = True
 
     def play(self) -> Folded:
         try:
             return self._play()
-        except DivergedFit:
-            # The round is abandoned (on_nonfinite = "skip-round" plays the next): the
-            # replies still owed must not be taken for the next round's.
+        except (DivergedFit, AggregationError):
+            # The round is abandoned (skipped, or played again): the replies still
+            # owed must not be taken for the next round's.
             for ticket in self.busy:
                 self.ctx.pool.abandon(ticket)
             raise
@@ -508,7 +531,7 @@ class _Round:
                     # may leave out the model's JSON entries.
                     check_contribution(contribution, self.expected,
                                        f"rank {rank}'s result for {self.label} {key}",
-                                       subset=self.state is None)
+                                       subset=self.state is None, finite=self.scan)
                 except ProtocolError as exc:
                     # Its sender's (or its client's): the rank sits the round out and
                     # its keys are served again (module docstring, step 7).

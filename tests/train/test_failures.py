@@ -253,3 +253,28 @@ def test_an_error_reply_to_a_plain_request_is_the_rounds_failure_not_the_runs():
         meshkit.plugins.create("strategy", "federated", {
             "rounds": 2, "clients": 3, "evaluate": "clients",
             "accept_failures": False}).run(ctx)
+
+
+# -- what the scan costs an honest round ---------------------------------------------------
+
+
+def test_the_strict_mean_scans_nothing_in_an_honest_round_and_replays_a_poisoned_one(
+        monkeypatch):
+    import meshkit.train._messages as messages
+
+    scans: list[int] = []
+    real = messages.nonfinite_leaf
+    monkeypatch.setattr(messages, "nonfinite_leaf", lambda x: scans.append(1) or real(x))
+    state = make_ctx().task.init_state(0)
+    honest = make_ctx()
+    fold_round(honest, fits(4), state=state, batch=False)
+    assert scans == []  # fedavg's fold finds NaN itself while it sums: no second pass
+    ctx = hostile_ctx()
+    folded = fold_round(ctx, fits(4), state=state, batch=False)
+    assert scans and list(folded.failed) == [2]
+    set_states = [r for r, request in ctx.pool.log if request.get("op") == "set_state"]
+    assert len(set_states) == 8  # the round was played twice: once refused, once scanned
+    median = make_ctx(aggregator="median")
+    scans.clear()
+    fold_round(median, fits(4), state=state)
+    assert len(scans) == 4 * len(state)  # a robust rule's contributions are scanned
