@@ -72,6 +72,7 @@ import attrs
 import numpy as np
 
 from meshkit import AggregationError, ConfigError, MeshError, PeerLostError, RefusedError
+from meshkit import WorkerError
 from meshkit.partitioner import is_per_node
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult
 from meshkit.train import DivergedFit, RoundFailures, check_contribution, client_seed
@@ -342,6 +343,8 @@ class FedBuff:
             self._top_up(ctx, version, buffer)
             flight, reply = self._next_arrival(ctx)
             if reply.payload is None:
+                if not ctx.accept_failures:  # any member failure ends the run
+                    raise WorkerError(reply.rank, str(reply.error))
                 not_served[flight.client] = f"lost: rank {reply.rank} ({reply.error})"
                 self._release(version)
                 continue
