@@ -18,7 +18,9 @@ this module what a failure means instead of deciding itself.
   recorded in ``not_served`` naming both ranks, and the second rank is not
   blamed (the first sat out the rest of the round already; its strike is
   withdrawn). One hostile rank cannot get an honest client refused: that
-  takes two ranks failing it.
+  takes two ranks failing it. A round with one worker (a collective rank
+  serving its own slice) has no second rank to ask: there a failure is the
+  client's at once, and the rank serves the rest of its slice.
 * **Quarantine.** A rank dropped for its own failure in
   :data:`QUARANTINE_AFTER` rounds of a run is declared dead for the run
   (``quarantined: ...``): a broken or hostile node stops costing every round
@@ -86,6 +88,9 @@ class RoundFailures:
     tries: dict[int, dict[int, str]] = attrs.Factory(dict)
     #: Clients whose failure is their own (two ranks) -> the reason shown in ``not_served``.
     clients: dict[int, str] = attrs.Factory(dict)
+    #: Ranks a client must fail on to be its own failure: 2, or 1 where a round has one
+    #: worker (a collective rank's own trainer: nobody else could serve it anyway).
+    needed: int = 2
 
     def rank_failed(self, rank: int, reason: str) -> None:
         """``rank`` sits out the rest of the round (:class:`~meshkit.WorkerError` when not
@@ -100,10 +105,11 @@ class RoundFailures:
         (a second rank), so it must not be served again this round."""
         tries = self.tries.setdefault(key, {})
         tries[rank] = reason
-        if len(tries) < 2:
+        if len(tries) < self.needed:
             return False
         shown = "; ".join(f"rank {r}: {why}" for r, why in sorted(tries.items()))
-        self.clients[key] = f"failed on {len(tries)} ranks, so the failure is its own ({shown})"
+        self.clients[key] = (f"failed on {len(tries)} ranks, so the failure is its own ({shown})"
+                             if len(tries) > 1 else f"failed on its only worker ({shown})")
         for other in tries:
             self.ranks.pop(other, None)  # the client's fault, not theirs
         log.warning("client %d failed on ranks %s: not served again this round", key,

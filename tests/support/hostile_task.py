@@ -71,3 +71,31 @@ class Hostile(DigitsTask):
         elif mode == "shape":
             fitted["hidden.w"] = np.zeros((w.shape[0] + 1, w.shape[1]), w.dtype)
         return attrs.evolve(result, state=fitted)
+
+
+@attrs.frozen
+class BrokenShardOptions(DigitsOptions):
+    #: The client (shard ``broken`` of ``shards``, contiguous) whose every fit raises; -1: none.
+    broken: int = -1
+    shards: int = 1
+
+
+class BrokenShard(DigitsTask):
+    """``digits`` whose fit of one client raises, on any rank (a client's deterministic bug)."""
+
+    Options = BrokenShardOptions
+
+    def __init__(self, options: BrokenShardOptions | None = None) -> None:
+        super().__init__(options or BrokenShardOptions())
+
+    def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *, seed: int,
+            time_budget: float | None = None) -> Any:
+        from meshkit.train import shard_bounds
+
+        opts = self.options
+        if opts.broken >= 0:
+            train_x = self.train_data()[0]
+            start, end = shard_bounds(len(train_x), opts.shards)[opts.broken]
+            if len(x) == end - start and np.array_equal(x, train_x[start:end]):
+                raise RuntimeError(f"client {opts.broken}'s data breaks this fit")
+        return super().fit(state, x, y, seed=seed, time_budget=time_budget)
