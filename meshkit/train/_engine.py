@@ -255,9 +255,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
     plan = None if how is None else relay_plan_applies(ctx, fold, how, keys)
     if plan is not None and how is not None:
-        result, served, not_served, replies = fold_through_relays(
+        result, served, not_served, replies, failed = fold_through_relays(
             ctx, plan, requests, state, how, window, fold, label, _play_group)
-        return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                      failed=failed)
     reference = state if reference is None else reference
     if batch and not given and reference is not None and batch_applies(
             fold, how, requests, state, len(ctx.live)):

@@ -45,12 +45,17 @@ import attrs
 
 from meshkit.errors import AggregationError, StateError, WorkerError
 
-__all__ = ["RoundFailures", "DivergedFit", "QUARANTINE_AFTER", "reply_failure", "strike"]
+__all__ = ["RoundFailures", "DivergedFit", "QUARANTINE_AFTER", "OWN_FAILURE", "reply_failure",
+           "strike"]
 
 log = logging.getLogger(__name__)
 
 #: Rounds in which a rank may fail before it is quarantined for the run.
 QUARANTINE_AFTER = 3
+
+#: How the reason of a client's own failure begins (``not_served``; a host relay's
+#: answer lists those keys in ``own`` so the coordinator does not serve them again).
+OWN_FAILURE = "failed on "
 
 
 class DivergedFit(StateError):
@@ -108,8 +113,9 @@ class RoundFailures:
         if len(tries) < self.needed:
             return False
         shown = "; ".join(f"rank {r}: {why}" for r, why in sorted(tries.items()))
-        self.clients[key] = (f"failed on {len(tries)} ranks, so the failure is its own ({shown})"
-                             if len(tries) > 1 else f"failed on its only worker ({shown})")
+        self.clients[key] = (f"{OWN_FAILURE}{len(tries)} ranks, so the failure is its own "
+                             f"({shown})" if len(tries) > 1
+                             else f"{OWN_FAILURE}its only worker ({shown})")
         for other in tries:
             self.ranks.pop(other, None)  # the client's fault, not theirs
         log.warning("client %d failed on ranks %s: not served again this round", key,
