@@ -319,11 +319,20 @@ class _Batched:
         """A member failed (module docstring, step 6). Its partial is unusable either way
         (the fits before the failed one are in it): it sits out the round."""
         if key is not None and self.failures.client_failed(key, rank, reason):
+            # The client's failure, not the rank's: the rank starts its partial afresh
+            # (set_state discards it) and serves on; what it had folded is served again.
             self.not_served[key] = self.failures.clients[key]
             self.replies.pop(key, None)
-            batch = [k for k in batch or [] if k != key]
-        else:
-            self.failures.rank_failed(rank, reason)
+            again = sorted({*self.folded.pop(rank, []), *(k for k in batch or [] if k != key)})
+            for k in again:
+                self.replies.pop(k, None)
+            if again:
+                self.spare = collections.deque(self._batches(sorted(
+                    {*again, *(k for b in self.spare for k in b)})))
+            self.ready.discard(rank)
+            self._send_state(rank)
+            return
+        self.failures.rank_failed(rank, reason)
         self._lost(rank, kind, batch, reason)
 
     def _lost(self, rank: int, kind: str, batch: list[int] | None, reason: str) -> None:

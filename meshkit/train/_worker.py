@@ -66,7 +66,8 @@ from meshkit.population import client_held_out_of, client_rows_of, is_population
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
-from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
+from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
+from meshkit.train._messages import signature
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._secure_worker import SecureClients
 from meshkit.train._sharding import shard_bounds, shard_pair
@@ -335,10 +336,16 @@ class Trainer:
                             f"sum counts in 2^-{self.partial.fraction_bits}")
         label = str(request["label"])
         results = []
+        # Each fit is checked against the round's model before it is folded, as the
+        # coordinator checks a flat round's: a client whose fit has the wrong keys or
+        # shapes (a 0-d array where a vector belongs) fails alone, named, and never
+        # becomes the template of this worker's sum.
+        expected = signature(self._require_state("fit_batch"))
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
             state, examples, metrics, attacked = self._fit({**fit, "op": "fit"})
+            check_contribution(state, expected, f"{label} {key}'s fit", finite=False)
             weight = float(examples) if request["weight"] == "examples" else 1.0
             self.partial.add(state, weight, source=f"{label} {key}")
             self.failing = None

@@ -278,3 +278,27 @@ def test_the_strict_mean_scans_nothing_in_an_honest_round_and_replays_a_poisoned
     scans.clear()
     fold_round(median, fits(4), state=state)
     assert len(scans) == 4 * len(state)  # a robust rule's contributions are scanned
+
+
+class Scalar(Trainer):
+    """A trainer whose every fit result has a 0-d array where the model has a vector."""
+
+    def _fit(self, request: Any) -> Any:
+        state, examples, metrics, attacked = super()._fit(request)
+        key = next(iter(state))
+        state[key] = np.ones((), state[key].dtype)
+        return state, examples, metrics, attacked
+
+
+def test_a_0d_array_in_a_batched_round_is_its_ranks_failure_at_once_named():
+    state = make_ctx().task.init_state(0)
+    ctx = make_ctx(workers=3)
+    ctx.pool = LocalPool({r: (Scalar if r == 2 else Trainer)(synthetic()) for r in ctx.workers})
+    folded = fold_round(ctx, fits(6), state=state)
+    assert "fit_batch" in [request.get("op") for _, request in ctx.pool.log]
+    assert list(folded.failed) == [2] and ctx.dead == {}
+    assert "'w0' is an array float32[] where the model has an array float32[2048]" in \
+        folded.failed[2]
+    assert folded.not_served == {} and 2 not in folded.served.values()
+    expected = fold_round(make_ctx(workers=3), fits(6), state=state)
+    assert same_bytes(folded.result, expected.result)
