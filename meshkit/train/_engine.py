@@ -378,7 +378,7 @@ class _Round:
 
     def _play(self) -> Folded:
         self.failures.accept = self.ctx.accept_failures
-        self.failures.needed = max(1, min(2, len(self.ctx.workers)))
+        self.failures.needed = max(1, min(2, len(self.ctx.live)))
         ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
         live = self.ctx.live

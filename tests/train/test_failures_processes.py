@@ -31,7 +31,8 @@ SECRET = b"hostile-rank-secret-0123456789abcdef"
 HOSTILE = 5  # the last of five workers
 
 
-def config(tmp_path: Path, name: str, *, workers: int, clients: int, rounds: int) -> Path:
+def config(tmp_path: Path, name: str, *, workers: int, clients: int, rounds: int,
+           aggregator: str = "fedavg") -> Path:
     secret = write_secret_file(tmp_path / "secret", SECRET)
     path = tmp_path / f"{name}.toml"
     path.write_text(f"""
@@ -52,6 +53,9 @@ join_timeout = 60
 name = "federated"
 rounds = {rounds}
 clients = {clients}
+
+[aggregator]
+name = "{aggregator}"
 """)
     return path
 
@@ -155,3 +159,16 @@ def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, clients, 
         assert [entry.split(":")[0] for entry in summary["failed"][str(HOSTILE)]] == \
             ["round 1", "round 2", "round 3"]
     same_model(hostile.state, honest.state)
+
+
+def test_a_finite_but_huge_contribution_is_legal_and_a_robust_rule_outvotes_it(tmp_path):
+    # 1e308 is finite: no breach (docs/strategies.md, "Out of range is the aggregator's to
+    # say"). Under median the one hostile rank of five moves nothing out of range.
+    hostile = run(config(tmp_path, "huge", workers=5, clients=5, rounds=3,
+                         aggregator="median"), 5, "huge+huge+huge")
+    assert hostile.ok and hostile.rounds_completed == 3, hostile.error
+    for line in rows(hostile):
+        assert line["failed"] == {} and line["not_served"] == {} and line["dropped"] == []
+        assert HOSTILE in line["served"].values()
+    for key, value in hostile.state.items():
+        assert np.isfinite(value).all() and np.abs(value).max() < 10, key
