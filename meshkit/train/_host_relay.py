@@ -79,7 +79,7 @@ from meshkit.train._messages import (
 from meshkit.train._messages import _between, _field, _length
 from meshkit.train._messages import _metrics as structure_metrics
 from meshkit.train._messages import _state as structure_state
-from meshkit.train._failures import OWN_FAILURE, RoundFailures, strike
+from meshkit.train._failures import OWN_FAILURE, DivergedFit, RoundFailures, strike
 from meshkit.train._pool import Reply, WorkerPool, protocol_reason
 from meshkit.train._secure_relay import serve_masked_sum
 from meshkit.train._protocol import TAG_REQUEST, encode
@@ -244,6 +244,8 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
                 pool.declare_dead(rank, why)
             return list(keys)
         if isinstance(answer, RelayFailure):
+            if answer.reason == "nonfinite":  # the model's divergence, not the relay's
+                raise DivergedFit(f"host relay {name!r}: {answer.error}")
             if ctx.accept_failures and name != DIRECT:
                 # A member's failure (meshkit.train._failures): the relay's ranks sit the
                 # round out, its keys are served by the others.
@@ -578,9 +580,11 @@ class RelayFailure:
 
     error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
                         check=_length(1, MAX_ERROR))
-    reason: str | None = _field('"aggregation", or null', "`aggregation`: the fold refused a "
-                                "contribution", optional=True,
-                                check=attrs.validators.in_(("aggregation",)))
+    reason: str | None = _field('"aggregation", "nonfinite", or null',
+                                "`aggregation`: the fold refused a contribution; `nonfinite`: "
+                                "a fit's metrics were not finite (the model diverged: the "
+                                "coordinator follows `on_nonfinite`)", optional=True,
+                                check=attrs.validators.in_(("aggregation", "nonfinite")))
     rank: int | None = _field("int 1..2^31-1, or null", "the rank whose task raised (the "
                               "worker's own error)", optional=True,
                               check=_between(1, MAX_COUNT - 1))
@@ -864,6 +868,8 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
             return serve_fold(_relay_context(pool, carried, request.timeout, request.ranks),
                               request, play)
         return _fanout(pool, carried, request)
+    except DivergedFit as exc:
+        return {"error": _error_text(str(exc)), "reason": "nonfinite"}
     except AggregationError as exc:
         return {"error": _error_text(str(exc)), "reason": "aggregation"}
     except WorkerError as exc:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
 import meshkit.plugins
 from meshkit.train import LocalPool, Reply, StrategyContext, Trainer, Work, client_seed, decode
-from meshkit.train import encode
+from meshkit.train import DivergedFit, encode
 from meshkit import MeshError, ProtocolError
 from meshkit.train import answer_relay_request, broadcast, fold_round, parse_relay_request
 from meshkit.train._host_relay import FanoutRequest, FoldAnswer, FoldRequest, RelayFailure
@@ -450,7 +451,7 @@ PROBES: dict[str, tuple[list, list]] = {
     "list of keys (key: int 0..2^63-1), not-served keys only": ([[], [1]],
                                                                  [[-1], ["1"], [0]]),
     "str, 1..65536 chars": (["x", _LONG_TEXT], ["", _LONG_TEXT + "x", 1]),
-    '"aggregation", or null': ([None, "aggregation"], ["other", 1]),
+    '"aggregation", "nonfinite", or null': ([None, "aggregation", "nonfinite"], ["other", 1]),
     "int 1..2^31-1, or null": ([None, 1, 2 ** 31 - 1], [0, 2 ** 31, "1"]),
 }
 
@@ -560,3 +561,23 @@ def test_a_relay_answering_an_error_sits_the_round_out_with_its_ranks():
     ctx.accept_failures = False
     with pytest.raises(MeshError, match="host relay 'hostA' failed: the relay's disk is full"):
         fold_round(ctx, fits(8), state=state)
+
+
+def test_a_diverged_fit_behind_a_relay_is_the_models_not_the_relays():
+    class Diverged:
+        """synthetic, whose fits report a NaN loss (a diverged model)."""
+
+        def __init__(self) -> None:
+            self.inner = synthetic()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def fit(self, state: Any, x: Any, y: Any, *, seed: int) -> Any:
+            return attrs.evolve(self.inner.fit(state, x, y, seed=seed),
+                                metrics={"train_loss": math.nan})
+
+    pool = RelayedPool()
+    pool._relays["hostB"].trainers[3] = Trainer(Diverged())
+    with pytest.raises(DivergedFit, match="host relay 'hostB': .*train_loss = nan"):
+        fold_round(context(pool), fits(8), state=synthetic().init_state(0))
