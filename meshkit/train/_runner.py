@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -333,6 +334,14 @@ class Runner:
             error = str(located)
             raise located from None
         except MeshError as exc:
+            # A round that stopped on members' error replies (accept_failures) names
+            # their ranks; say where each one's traceback is, as a WorkerError does.
+            failed = sorted({int(r) for r in re.findall(r"rank (\d+): error: ", str(exc))})
+            if failed and type(exc) in (MeshError, PeerLostError):
+                hints = "; ".join(f"rank {r}: {self._traceback_hint(plan, r)}" for r in failed)
+                located = type(exc)(f"{exc} ({hints})")
+                error = str(located)
+                raise located from None
             error = str(exc)
             raise
         except BaseException as exc:
