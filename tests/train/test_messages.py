@@ -9,6 +9,7 @@ real worker process.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Callable
@@ -487,16 +488,19 @@ def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_
                           extra="clients = 6\nmin_clients = 6", timeout=30.0)
     report = Runner(str(config)).run()
     assert report.ok, report
-    assert list(report.dropped) == [2]
+    # Its fits are checked where it folds them (a batched round), so the rank sits
+    # each round out, named, rather than being declared dead (issue 34: a wrong shape
+    # may be its client's fault; a rank failing in 3 rounds would be quarantined).
+    assert list(report.dropped) == []
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2]
-    assert rows[0]["dropped"] == [2] and rows[1]["dropped"] == []
     for row in rows:
         assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
-        assert 2 not in row["served"].values()
-    summary = (out / "summary.json").read_text()
-    assert "protocol error" in summary and "partial sum of" in summary
-    assert "where the model has float32" in summary
+        assert 2 not in row["served"].values() and row["dropped"] == []
+        assert list(row["failed"]) == ["2"] and "ProtocolError" in row["failed"]["2"]
+        assert "where the model has an array float32" in row["failed"]["2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [entry.split(":")[0] for entry in summary["failed"]["2"]] == ["round 1", "round 2"]
 
 
 # -- docs/protocol.md is the schema --------------------------------------------------------
