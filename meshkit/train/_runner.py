@@ -339,9 +339,9 @@ class Runner:
             failed = sorted({int(r) for r in re.findall(r"rank (\d+): error: ", str(exc))})
             if failed and type(exc) in (MeshError, PeerLostError):
                 hints = "; ".join(f"rank {r}: {self._traceback_hint(plan, r)}" for r in failed)
-                located = type(exc)(f"{exc} ({hints})")
-                error = str(located)
-                raise located from None
+                hinted = type(exc)(f"{exc} ({hints})")
+                error = str(hinted)
+                raise hinted from None
             error = str(exc)
             raise
         except BaseException as exc:
