@@ -302,3 +302,12 @@ def test_a_0d_array_in_a_batched_round_is_its_ranks_failure_at_once_named():
     assert folded.not_served == {} and 2 not in folded.served.values()
     expected = fold_round(make_ctx(workers=3), fits(6), state=state)
     assert same_bytes(folded.result, expected.result)
+
+
+def test_without_accept_failures_a_stall_stops_the_round_too():
+    for batch in (False, True):
+        ctx = make_ctx(workers=3, fail=lambda rank, request: "no reply within 30 s"
+                       if rank == 2 and request.get("op") in ("fit", "fit_batch") else None)
+        ctx.accept_failures = False
+        with pytest.raises(WorkerError, match="rank 2: no reply within 30 s"):
+            fold_round(ctx, fits(6), state=ctx.task.init_state(0), batch=batch)
