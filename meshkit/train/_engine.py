@@ -66,7 +66,9 @@ How a round goes (:func:`fold_round`):
    again from the start with the boundary scan on, so the sender is dropped
    exactly as above and the result is the same bits (every fit is a pure
    function of its client). An honest round never pays for a second pass
-   over a model; a hostile one costs one round's work again.
+   over a model; a hostile one costs one round's work again. A fold that
+   lets them through (``[aggregator] allow_nonfinite = true``) is not
+   scanned: the user asked for them.
 
 Behind host relays (``meshkit relay``) the round is played by
 :mod:`meshkit.train._host_relay` instead: each relay folds its own ranks'
@@ -271,11 +273,12 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                       failed=failed)
     expected = None if reference is None else signature(reference)
     # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
-    replay = not given and attack is None and type(fold) is MeanFold \
-        and not fold.allow_nonfinite
+    # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
+    allows = bool(getattr(fold, "allow_nonfinite", False))
+    replay = not given and attack is None and type(fold) is MeanFold and not allows
     round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
                     deadline=deadline or None, expected=expected, local=local or None,
-                    scan=not replay)
+                    scan=not replay and not allows)
     try:
         folded = round_.play()
     except AggregationError as exc:
