@@ -4,13 +4,14 @@ Rule (``[strategy] accept_failures = true``, the default, as Flower's): a
 member's failure costs that member, never the run. Every round path asks
 this module what a failure means instead of deciding itself.
 
-* **A rank's failure** -- an ``error`` reply, a contribution that does not
-  match the round's model or holds NaN or inf (a breach found at the
-  boundary, :func:`meshkit.train._messages.check_contribution`), a reply
-  that breaks its schema or a stall (those two the pool declares dead
-  itself) -- drops that rank for the rest of the round: whatever it held or
-  was doing is served again by the others, and the round's report names it
-  with the reason (``failed``).
+* **A rank's failure** -- an ``error`` reply, or a contribution that does
+  not match the round's model or holds NaN or inf (a breach found at the
+  boundary, :func:`meshkit.train._messages.check_contribution`) -- drops
+  that rank for the rest of the round: whatever it held or was doing is
+  served again by the others, and the round's report names it with the
+  reason (``failed``); it is not dead. A reply that breaks its schema, a
+  disconnect or a stall is the pool's to judge: it declares that rank dead
+  (``dropped``), and its work is served again the same way.
 * **A client's failure** -- the same client failing on two different ranks
   (an ``error`` naming its fit, a breach of its contribution, a stall while
   fitting it): the failure is the client's (a deterministic bug, a model
@@ -18,8 +19,8 @@ this module what a failure means instead of deciding itself.
   recorded in ``not_served`` naming both ranks, and the second rank is not
   blamed (the first sat out the rest of the round already; its strike is
   withdrawn). One hostile rank cannot get an honest client refused: that
-  takes two ranks failing it. A round with one worker (a collective rank
-  serving its own slice) has no second rank to ask: there a failure is the
+  takes two ranks failing it. A round with one live worker (a collective
+  rank serving its own slice) has no second rank to ask: there a failure is the
   client's at once, and the rank serves the rest of its slice.
 * **Quarantine.** A rank dropped for its own failure in
   :data:`QUARANTINE_AFTER` rounds of a run is declared dead for the run
