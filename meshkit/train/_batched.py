@@ -146,6 +146,9 @@ class _Batched:
         self.served: dict[int, int] = {}
         self.not_served: dict[int, str] = {}
         self.failures = RoundFailures(accept=ctx.accept_failures)
+        #: Keys of a batch whose rank was lost while fitting it (a stall, a crash): each
+        #: is served again alone, so a client that stalls every rank is found by name.
+        self.singles: set[int] = set()
 
     def play(self) -> BatchFolded:
         try:
@@ -335,19 +338,40 @@ class _Batched:
         self.failures.rank_failed(rank, reason)
         self._lost(rank, kind, batch, reason)
 
+    def _stalled(self, rank: int, batch: list[int], reason: str) -> list[int]:
+        """``rank`` was lost while fitting ``batch``: which client did it is not known, so
+        each is served again alone; one lost alone on a second rank is its own failure.
+        The keys of ``batch`` still to serve."""
+        why = f"lost while fitting it ({reason})"
+        if len(batch) > 1:
+            for key in batch:
+                self.failures.tries.setdefault(key, {})[rank] = why
+            self.singles.update(batch)
+            return batch
+        key = batch[0]
+        if self.failures.client_failed(key, rank, why):
+            self.not_served[key] = self.failures.clients[key]
+            return []
+        self.singles.add(key)
+        return batch
+
     def _lost(self, rank: int, kind: str, batch: list[int] | None, reason: str) -> None:
         """A worker is gone: every key in its partial, or in its batch, is served again."""
         self.ready.discard(rank)
         self.lost.add(rank)
         if kind == "take_partial":
             self.taking = None
+        if kind == "fit_batch" and batch and rank not in self.failures.ranks:
+            batch = self._stalled(rank, batch, reason)
         again = sorted({*self.folded.pop(rank, []), *(batch or []),
                         *(k for b in self.plan.pop(rank, ()) for k in b)})
         for key in again:
             self.replies.pop(key, None)
         if again:
             spare = sorted({*again, *(k for b in self.spare for k in b)})
-            self.spare = collections.deque(self._batches(spare))
+            self.spare = collections.deque(
+                [[k] for k in spare if k in self.singles]
+                + self._batches([k for k in spare if k not in self.singles]))
             log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
                         reason, self.label + ("s" if len(again) > 1 else ""),
                         ", ".join(map(str, again)))

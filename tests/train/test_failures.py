@@ -311,3 +311,21 @@ def test_without_accept_failures_a_stall_stops_the_round_too():
         ctx.accept_failures = False
         with pytest.raises(WorkerError, match="rank 2: no reply within 30 s"):
             fold_round(ctx, fits(6), state=ctx.task.init_state(0), batch=batch)
+
+
+def test_a_client_that_stalls_every_worker_in_a_batched_round_is_found_by_name():
+    # A batch holding it stalls (which client is not known): its clients are served again
+    # one by one, and the one that stalls a second rank alone is its own failure.
+    def stalls(rank: int, request: Any) -> str | None:
+        fits = request.get("fits", [])
+        return "no reply within 60 s" if any(f["shard"] == 5 for f in fits) else None
+
+    ctx = make_ctx(workers=4, fail=stalls)
+    folded = fold_round(ctx, fits(16), state=ctx.task.init_state(0))
+    assert "fit_batch" in [request.get("op") for _, request in ctx.pool.log]
+    assert list(folded.not_served) == [5]
+    assert folded.not_served[5].startswith("failed on 2 ranks, so the failure is its own")
+    assert len(ctx.dead) == 2 and sorted(folded.served) == [c for c in range(16) if c != 5]
+    expected = fold_round(make_ctx(workers=2), [w for w in fits(16) if w.key != 5],
+                          state=ctx.task.init_state(0))
+    assert same_bytes(folded.result, expected.result)
