@@ -151,6 +151,10 @@ class _Batched:
         self.singles: set[int] = set()
 
     def play(self) -> BatchFolded:
+        for key in [k for k in self.requests if k in self.ctx.stalled_clients]:
+            # Each try would cost a worker (meshkit.train._failures).
+            self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+            del self.requests[key]
         try:
             return self._play()
         except DivergedFit:
@@ -351,6 +355,7 @@ class _Batched:
         key = batch[0]
         if self.failures.client_failed(key, rank, why):
             self.not_served[key] = self.failures.clients[key]
+            self.ctx.stalled_clients[key] = self.failures.clients[key]  # not tried again
             return []
         self.singles.add(key)
         return batch

@@ -384,6 +384,10 @@ class _Round:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
         ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
+        for key in self.unfolded:
+            if key in self.ctx.stalled_clients:  # each try would cost a worker
+                self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
         live = self.ctx.live
         for key in self.unfolded:
             if key in self.pinned:
@@ -590,7 +594,9 @@ class _Round:
         if kind in ("work", "take") and key is not None:
             if kind == "work" and rank not in self.failures.ranks \
                     and self.failures.client_failed(key, rank, f"lost while fitting it ({reason})"):
-                # Lost while fitting it on a second rank (a hang, a crash): its own.
+                # Lost while fitting it on a second rank (a hang, a crash): its own, and
+                # not tried again in this run (each try costs a worker).
+                self.ctx.stalled_clients[key] = self.failures.clients[key]
                 self._drop_client(key)
             else:
                 again.add(key)

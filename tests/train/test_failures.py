@@ -121,6 +121,10 @@ def test_a_client_that_stalls_every_worker_is_its_own_failure_after_two():
     assert list(folded.not_served) == [1]
     assert folded.not_served[1].startswith("failed on 2 ranks, so the failure is its own")
     assert len(ctx.dead) == 2 and sorted(folded.served) == [0, 2, 3]
+    # Each try costs a worker: the next round does not try it again.
+    again = fold_round(ctx, fits(4, rnd=2), state=ctx.task.init_state(0), batch=False)
+    assert again.not_served == {1: f"quarantined: {folded.not_served[1]}"}
+    assert len(ctx.dead) == 2 and sorted(again.served) == [0, 2, 3]
 
 
 # -- a diverging run ---------------------------------------------------------------------
@@ -326,6 +330,9 @@ def test_a_client_that_stalls_every_worker_in_a_batched_round_is_found_by_name()
     assert list(folded.not_served) == [5]
     assert folded.not_served[5].startswith("failed on 2 ranks, so the failure is its own")
     assert len(ctx.dead) == 2 and sorted(folded.served) == [c for c in range(16) if c != 5]
+    again = fold_round(ctx, fits(16, rnd=2), state=ctx.task.init_state(0))
+    assert again.not_served == {5: f"quarantined: {folded.not_served[5]}"}
+    assert len(ctx.dead) == 2
     expected = fold_round(make_ctx(workers=2), [w for w in fits(16) if w.key != 5],
                           state=ctx.task.init_state(0))
     assert same_bytes(folded.result, expected.result)
