@@ -323,8 +323,17 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             view = _DirectView(pool, plan.direct, set(tickets))
             direct_ctx = attrs.evolve(ctx, pool=view, workers=list(plan.direct))
             keys = planned[DIRECT]
-            todo.extend(take(DIRECT, keys, plan.direct,
-                             serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
+            try:
+                todo.extend(take(DIRECT, keys, plan.direct,
+                                 serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
+            except DivergedFit:
+                # The round is abandoned (on_nonfinite): the relays' answers still owed
+                # must not be taken for the next round's.
+                answered = {r.seq for r in view.aside}
+                for ticket in tickets:
+                    if ticket not in answered:
+                        pool.abandon(ticket)
+                raise
             answers.extend(view.aside)
         waiting = len(tickets) - len(answers)
         for _ in range(waiting):
