@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 import click
@@ -21,7 +21,7 @@ from meshkit.aggregation import holds_every_contribution
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.config import check
 from meshkit.errors import MeshError
-from meshkit.train import build_components, strategy_traits
+from meshkit.train import QUARANTINE_AFTER, build_components, strategy_traits
 
 __all__ = ["check_command"]
 
@@ -76,6 +76,25 @@ def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
                 f"(O(clients x model): up to {memory['contributions']} x the model, "
                 f"{memory['bytes']:,} bytes, plus its float64 working copy)")
     return f"aggregation: {name} streams (O(model): one contribution folded at a time)"
+def _failures(parts: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a member's failure costs in this run (``[strategy] accept_failures``), or None
+    for a strategy that does not declare it (``StrategyTraits.accept_failures``)."""
+    accept = strategy_traits(parts["strategy"]).accept_failures
+    if accept is None:
+        return None
+    return {"accept_failures": bool(accept), "quarantine_after": QUARANTINE_AFTER}
+
+
+def _failures_line(failures: dict[str, Any]) -> str:
+    if not failures["accept_failures"]:
+        return ("member failures: accept_failures = false: any member's error reply, breach, "
+                "non-finite contribution or stall stops the run (exit 2, naming the rank)")
+    return (f"member failures: accepted (accept_failures = true): a failing rank sits out "
+            f"the round, its clients are served by the others; a client failing on two "
+            f"ranks is its own failure; a rank failing in {failures['quarantine_after']} "
+            f"rounds is quarantined for the run")
+
+
 def _privacy_line(plan: dict[str, Any]) -> str:
     """The ε a private run will reach, and where its budget stops it."""
     line = (f"privacy: epsilon {plan['epsilon']:.4g} at delta {plan['delta']:g} after "
@@ -123,6 +142,7 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "model": parts["model"].to_json(),
         "components": components,
         "aggregation": _aggregation_memory(plan, parts),
+        "failures": _failures(parts),
         "attack": (None if parts.get("attack") is None else
                    {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
@@ -166,6 +186,9 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
         click.echo(_ranks(plan, parts))
         click.echo(f"model: {parts['model'].describe()}")
         click.echo(_memory_line(plan, parts))
+        failures = _failures(parts)
+        if failures is not None:
+            click.echo(_failures_line(failures))
         attack = parts.get("attack")
         if attack is not None:
             click.echo(f"attackers: clients {list(attack.clients)} run {attack.name} (the "

@@ -62,6 +62,8 @@ from meshkit.train._host_relay import (
 )
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._attacks import AttackedFold, AttackPlan
+from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
+                                     strike)
 from meshkit.train._messages import check_contribution, signature
 from meshkit.train._node_job import node_attack, serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
@@ -168,6 +170,12 @@ __all__ = [
     # the message boundary (meshkit/train/_messages.py)
     "check_contribution",
     "signature",
+    # member failures: a rank for the round, a client's own, quarantine (_failures.py)
+    "RoundFailures",
+    "DivergedFit",
+    "reply_failure",
+    "strike",
+    "QUARANTINE_AFTER",
     # local launches
     "free_ports",
     # collective runs: every rank plays its slice of the round (meshkit/train/_collective.py)

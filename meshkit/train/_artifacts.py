@@ -65,7 +65,7 @@ def clear_results(out: Path) -> None:
 def append_metrics(out: Path, line: Mapping[str, Any]) -> None:
     """Append one round's line, on disk before this returns."""
     with open(out / METRICS_NAME, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line) + "\n")
+        fh.write(json.dumps(line, allow_nan=False) + "\n")  # strict JSON: null for NaN
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -95,7 +95,7 @@ def split_clients(line: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[st
 def append_clients(out: Path, rows: list[dict[str, Any]]) -> None:
     """Append a round's per-client lines to ``OUT/clients.jsonl`` (streamed: nothing is kept)."""
     with open(out / CLIENTS_NAME, "a", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(row) + "\n" for row in rows)
+        fh.writelines(json.dumps(row, allow_nan=False) + "\n" for row in rows)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -185,7 +185,7 @@ def write_summary(out: Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary.json``; a failure is logged, never raised (the run's outcome wins)."""
     try:
         with atomic_file(out / SUMMARY_NAME) as fh:  # a reader never sees half a summary
-            fh.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))
+            fh.write((json.dumps(summary, indent=2, allow_nan=False) + "\n").encode("utf-8"))
     except OSError:
         log.warning("could not write %s", out / SUMMARY_NAME, exc_info=True)
 

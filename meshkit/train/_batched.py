@@ -37,8 +37,14 @@ How a round goes (:func:`fold_batched`):
    of fits it folded and their mass (each fit's weight, from its small
    reply, rounded as the worker must have rounded it). One that does not
    fit is a protocol error for its rank alone, whose keys are served again.
-   A worker's fold refusing a result (NaN, out of range) is the round's
-   :class:`~meshkit.AggregationError`, as the coordinator's fold would be.
+6. A member's failure (:mod:`meshkit.train._failures`) -- an ``error``
+   reply (its task raised, or its own fold refused a fit's result: NaN, out
+   of range) -- drops that rank for the rest of the round (a partial that
+   does not fit, step 5, is no client's: that rank is declared dead): its partial is lost, and every key it had folded or was
+   fitting is served again by the others. A ``fit_batch`` error names the
+   fit that failed (``key``); a client that fails on two ranks is the
+   client's failure and is not served again this round. With ``[strategy]
+   accept_failures = false`` any of them stops the run.
 
 Not here (the flat engine, :mod:`meshkit.train._engine`, plays them): a
 round deadline (a late batch would already be in its worker's sum), work
@@ -60,11 +66,12 @@ from typing import Any, Mapping, Sequence
 
 from meshkit.aggregation import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum, MeanFold
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["batch_applies", "fold_batched", "raise_failure", "BATCHES_PER_WORKER", "MIN_BATCH",
+__all__ = ["batch_applies", "fold_batched", "BATCHES_PER_WORKER", "MIN_BATCH",
            "MAX_BATCH", "BATCH_FIELDS"]
 
 log = logging.getLogger(__name__)
@@ -80,9 +87,9 @@ MAX_BATCH = 64
 BATCH_FIELDS = frozenset({"op", "shard", "shards", "seed", "time_budget", "poison",
                           "clip_norm"})
 
-#: What :func:`fold_batched` gives back: (result, served, not_served, replies).
+#: What :func:`fold_batched` gives back: (result, served, not_served, replies, failed).
 BatchFolded = tuple[dict[str, Any] | None, dict[int, int], dict[int, str],
-                    dict[int, Mapping[str, Any]]]
+                    dict[int, Mapping[str, Any]], dict[int, str]]
 
 
 def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str, Any]],
@@ -98,15 +105,6 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
     if not fold.weighted and how != "once":
         return False  # allreduce must refuse unequal work; it sees each weight flat
     return all(r.get("op") == "fit" and set(r) <= BATCH_FIELDS for r in requests.values())
-
-
-def raise_failure(rank: int, payload: Mapping[str, Any]) -> None:
-    """Stop the round when a reply carries ``error``: the worker's fold refused a result
-    (``reason = "aggregation"``: an :class:`AggregationError`), or its task raised."""
-    if payload.get("error"):
-        if payload.get("reason") == "aggregation":
-            raise AggregationError(f"rank {rank}: {payload['error']}")
-        raise WorkerError(rank, str(payload["error"]))
 
 
 def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
@@ -147,8 +145,26 @@ class _Batched:
         self.replies: dict[int, Mapping[str, Any]] = {}
         self.served: dict[int, int] = {}
         self.not_served: dict[int, str] = {}
+        self.failures = RoundFailures(accept=ctx.accept_failures)
+        #: Keys of a batch whose rank was lost while fitting it (a stall, a crash): each
+        #: is served again alone, so a client that stalls every rank is found by name.
+        self.singles: set[int] = set()
 
     def play(self) -> BatchFolded:
+        for key in [k for k in self.requests if k in self.ctx.stalled_clients]:
+            # Each try would cost a worker (meshkit.train._failures).
+            self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+            del self.requests[key]
+        try:
+            return self._play()
+        except DivergedFit:
+            # The round is abandoned (on_nonfinite = "skip-round" plays the next): the
+            # replies still owed must not be taken for the next round's.
+            for ticket in self.busy:
+                self.ctx.pool.abandon(ticket)
+            raise
+
+    def _play(self) -> BatchFolded:
         keys = sorted(self.requests)
         workers = self.ctx.live[:len(keys)]
         per_worker = math.ceil(len(keys) / max(1, len(workers)))
@@ -176,13 +192,18 @@ class _Batched:
         left = [*self.spare, *(b for batches in self.plan.values() for b in batches)]
         if left:
             dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
+            why = f"no live worker left to serve it (dead: {dead})"
+            if self.failures.ranks:
+                why += "; dropped for this round: " + "; ".join(
+                    f"rank {r}: {w}" for r, w in sorted(self.failures.ranks.items()))
             for batch in left:
                 for key in batch:
-                    self.not_served[key] = f"no live worker left to serve it (dead: {dead})"
+                    self.not_served[key] = why
         result = self.total.result() if self.served else None
         order = sorted(self.served)
+        strike(self.ctx, self.failures)
         return (result, {k: self.served[k] for k in order}, dict(sorted(self.not_served.items())),
-                {k: self.replies[k] for k in order})
+                {k: self.replies[k] for k in order}, dict(self.failures.ranks))
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -240,10 +261,17 @@ class _Batched:
         assert reply is not None  # a blocking receive gives a reply or a failed ticket
         rank, kind, batch = self.busy.pop(reply.seq)
         if not reply.ok:
+            if not self.failures.accept:
+                raise WorkerError(rank, reply.error or "lost")
             self._lost(rank, kind, batch, reply.error or "lost")
             return
         payload = reply.payload
-        raise_failure(rank, payload)
+        failure = reply_failure(rank, payload, accept=self.failures.accept)
+        if failure is not None:
+            key = payload.get("key")
+            self._failed(rank, kind, batch,
+                         key if batch is not None and key in batch else None, failure)
+            return
         if kind == "state":
             self.ready.add(rank)
         elif kind == "fit_batch":
@@ -261,8 +289,11 @@ class _Batched:
             try:
                 partial = self._checked(rank, payload["partial"], keys)
             except ProtocolError as exc:
-                # Its sender's fault alone: the rank goes, its keys are served again.
+                # Its sender's fault alone (a partial is no client's): the rank goes, its
+                # keys are served again.
                 reason = protocol_reason(exc)
+                if not self.failures.accept:
+                    raise WorkerError(rank, reason) from None
                 self.ctx.pool.declare_dead(rank, reason)
                 self._lost(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
                 return
@@ -290,19 +321,62 @@ class _Batched:
             raise ProtocolError(f"{what} does not match the round's model: {mismatch}")
         return partial
 
+    def _failed(self, rank: int, kind: str, batch: list[int] | None, key: int | None,
+                reason: str) -> None:
+        """A member failed (module docstring, step 6). Its partial is unusable either way
+        (the fits before the failed one are in it): it sits out the round."""
+        if key is not None and self.failures.client_failed(key, rank, reason):
+            # The client's failure, not the rank's: the rank starts its partial afresh
+            # (set_state discards it) and serves on; what it had folded is served again.
+            self.not_served[key] = self.failures.clients[key]
+            self.replies.pop(key, None)
+            again = sorted({*self.folded.pop(rank, []), *(k for k in batch or [] if k != key)})
+            for k in again:
+                self.replies.pop(k, None)
+            if again:
+                self.spare = collections.deque(self._batches(sorted(
+                    {*again, *(k for b in self.spare for k in b)})))
+            self.ready.discard(rank)
+            self._send_state(rank)
+            return
+        self.failures.rank_failed(rank, reason)
+        self._lost(rank, kind, batch, reason)
+
+    def _stalled(self, rank: int, batch: list[int], reason: str) -> list[int]:
+        """``rank`` was lost while fitting ``batch``: which client did it is not known, so
+        each is served again alone; one lost alone on a second rank is its own failure.
+        The keys of ``batch`` still to serve."""
+        why = f"lost while fitting it ({reason})"
+        if len(batch) > 1:
+            for key in batch:
+                self.failures.tries.setdefault(key, {})[rank] = why
+            self.singles.update(batch)
+            return batch
+        key = batch[0]
+        if self.failures.client_failed(key, rank, why):
+            self.not_served[key] = self.failures.clients[key]
+            self.ctx.stalled_clients[key] = self.failures.clients[key]  # not tried again
+            return []
+        self.singles.add(key)
+        return batch
+
     def _lost(self, rank: int, kind: str, batch: list[int] | None, reason: str) -> None:
         """A worker is gone: every key in its partial, or in its batch, is served again."""
         self.ready.discard(rank)
         self.lost.add(rank)
         if kind == "take_partial":
             self.taking = None
+        if kind == "fit_batch" and batch and rank not in self.failures.ranks:
+            batch = self._stalled(rank, batch, reason)
         again = sorted({*self.folded.pop(rank, []), *(batch or []),
                         *(k for b in self.plan.pop(rank, ()) for k in b)})
         for key in again:
             self.replies.pop(key, None)
         if again:
             spare = sorted({*again, *(k for b in self.spare for k in b)})
-            self.spare = collections.deque(self._batches(spare))
+            self.spare = collections.deque(
+                [[k] for k in spare if k in self.singles]
+                + self._batches([k for k in spare if k not in self.singles]))
             log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
                         reason, self.label + ("s" if len(again) > 1 else ""),
                         ", ".join(map(str, again)))

@@ -35,7 +35,11 @@ A rank lost mid-round fails the collective on every survivor within the
 reducer's timeout: the round fails with a :class:`~meshkit.PeerLostError`
 naming the rank, and the last checkpoint is kept (``--resume`` continues).
 Its clients are not replanned: every rank's slice was fixed before the
-round, and a torch.distributed group does not shrink.
+round, and a torch.distributed group does not shrink. A *client* whose fit
+fails on its rank (an error, a contribution that does not fit the model or
+is not finite) is that client's failure (:mod:`meshkit.train._failures`: a
+round with one worker has no second rank to ask): it is not served, the
+rank serves the rest of its slice, and the sum's table tells every rank.
 
 What a collective round does not do (:func:`check_collective` refuses each
 before any rank trains): a strategy that does not declare

@@ -53,8 +53,22 @@ How a round goes (:func:`fold_round`):
    costs its rank the same way, and its keys are served again -- a
    malformed or hostile worker costs its own rank, never the round.
 
-A reply carrying ``error`` (the task raised) stops the round with the
-worker's message: that is a bug or a misconfiguration, not a lost peer.
+7. A member's failure -- an ``error`` reply, a contribution that does not
+   match the round's model or holds NaN or inf -- drops that rank for the
+   rest of the round and its keys are served again; a client that fails on
+   two ranks is the client's failure and is not served again this round
+   (:mod:`meshkit.train._failures` decides, and counts the rank's strikes
+   towards quarantine). With ``[strategy] accept_failures = false`` any of
+   them stops the run instead. NaN and inf are scanned for at the boundary
+   (one sum per float array) -- except when the fold is the engine's own
+   strict mean (``fedavg``, ``allreduce``), which finds them while it sums
+   at no extra cost: when it refuses a contribution, the round is played
+   again from the start with the boundary scan on, so the sender is dropped
+   exactly as above and the result is the same bits (every fit is a pure
+   function of its client). An honest round never pays for a second pass
+   over a model; a hostile one costs one round's work again. A fold that
+   lets them through (``[aggregator] allow_nonfinite = true``) is not
+   scanned: the user asked for them.
 
 Behind host relays (``meshkit relay``) the round is played by
 :mod:`meshkit.train._host_relay` instead: each relay folds its own ranks'
@@ -70,13 +84,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.aggregation import exact_mean
-from meshkit.errors import MeshError, ProtocolError
+from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
-from meshkit.train._batched import batch_applies, fold_batched, raise_failure
+from meshkit.train._batched import batch_applies, fold_batched
+from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds import RoundOutcome
 from meshkit.train._host_relay import (
@@ -158,6 +173,9 @@ class Folded:
     #: The folded keys whose contribution was attacked (``[attack]`` in simulation, or a
     #: node started with ``--attack`` that said so in its reply), ascending.
     attacked: tuple[int, ...] = ()
+    #: Ranks dropped for the round for their own failure -> the reason
+    #: (:mod:`meshkit.train._failures`); they are not dead.
+    failed: dict[int, str] = attrs.Factory(dict)
 
     @property
     def answered(self) -> tuple[int, ...]:
@@ -181,7 +199,7 @@ class Folded:
                                              for k in self.served},
                             late=tuple(sorted({r for r in self.late.values()
                                                if r is not None})),
-                            attacked=self.attacked)
+                            attacked=self.attacked, failed=dict(self.failed))
 
 
 def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
@@ -242,24 +260,40 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     mean = (fold if given else exact_mean(ctx.aggregator, fold)) if how is not None else None
     plan = None if mean is None else relay_plan_applies(ctx, mean, how, keys)
     if plan is not None and how is not None and mean is not None:
-        result, served, not_served, replies = fold_through_relays(
+        result, served, not_served, replies, failed = fold_through_relays(
             ctx, plan, requests, state, how, window, mean, label, _play_group)
-        return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                      failed=failed)
     reference = state if reference is None else reference
     if batch and not given and reference is not None and mean is not None and batch_applies(
             mean, how, requests, state, len(ctx.live)):
         # A strict mean no one needs per client: each worker folds its own
         # clients exactly and the coordinator merges one partial per worker.
         assert how is not None and state is not None  # batch_applies checked both
-        result, served, not_served, replies = fold_batched(
+        result, served, not_served, replies, failed = fold_batched(
             ctx, requests, state, how, label, signature(reference), name=mean.name)
-        return Folded(result, served, not_served, replies, attacked=_declared(served, replies))
-    round_ = _Round(ctx, requests, state, weight, window, fold, label,
-                    pinned=pinned,
-                    deadline=deadline or None,
-                    expected=None if reference is None else signature(reference),
-                    local=local or None)
-    folded = round_.play()
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                      failed=failed)
+    expected = None if reference is None else signature(reference)
+    # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
+    # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
+    allows = bool(getattr(fold, "allow_nonfinite", False))
+    replay = not given and attack is None and type(fold) is MeanFold and not allows
+    round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
+                    deadline=deadline or None, expected=expected, local=local or None,
+                    scan=not replay and not allows)
+    try:
+        folded = round_.play()
+    except AggregationError as exc:
+        if not replay:
+            raise
+        log.warning("the fold refused a contribution (%s); the round is played again with "
+                    "every contribution scanned at the boundary", exc)
+        round_ = _Round(ctx, requests, state, weight, window,
+                        ctx.aggregation_begin(reference=state), label, pinned=pinned,
+                        deadline=deadline or None, expected=expected, local=local or None,
+                        scan=True)
+        folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
     return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
@@ -333,10 +367,30 @@ class _Round:
     expected: Signature | None = None
     #: Where each client's local keys are kept before the rest is folded (FedBN).
     local: ClientLocal | None = None
+    #: This round's member failures (:mod:`meshkit.train._failures`).
+    failures: RoundFailures = attrs.Factory(RoundFailures)
+    #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
+    scan: bool = True
 
     def play(self) -> Folded:
+        try:
+            return self._play()
+        except (DivergedFit, AggregationError):
+            # The round is abandoned (skipped, or played again): the replies still
+            # owed must not be taken for the next round's.
+            for ticket in self.busy:
+                self.ctx.pool.abandon(ticket)
+            raise
+
+    def _play(self) -> Folded:
+        self.failures.accept = self.ctx.accept_failures
+        self.failures.needed = max(1, min(2, len(self.ctx.live)))
         ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = sorted(self.requests)
+        for key in self.unfolded:
+            if key in self.ctx.stalled_clients:  # each try would cost a worker
+                self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
         live = self.ctx.live
         for key in self.unfolded:
             if key in self.pinned:
@@ -385,8 +439,10 @@ class _Round:
         if self.unfolded:
             self._give_up()
         result = self.fold.result() if self.served else None
+        strike(self.ctx, self.failures)
         return Folded(result, dict(self.served), dict(self.not_served),
-                      {k: self.replies[k] for k in self.served}, dict(self.late))
+                      {k: self.replies[k] for k in self.served}, dict(self.late),
+                      failed=dict(self.failures.ranks))
 
     # -- sending ---------------------------------------------------------------
 
@@ -459,10 +515,15 @@ class _Round:
     def _settle(self, reply: Any) -> None:
         rank, kind, key = self.busy.pop(reply.seq)
         if not reply.ok:
+            if not self.ctx.accept_failures:
+                raise WorkerError(rank, reply.error or "lost")
             self._lost(rank, kind, key, reply.error or "lost")
             return
         payload = reply.payload
-        raise_failure(rank, payload)
+        failure = reply_failure(rank, payload, accept=self.ctx.accept_failures)
+        if failure is not None:
+            self._failed(rank, kind, key, failure)
+            return
         if kind == "state":
             self.ready.add(rank)
             return
@@ -482,12 +543,11 @@ class _Round:
                     # may leave out the model's JSON entries.
                     check_contribution(contribution, self.expected,
                                        f"rank {rank}'s result for {self.label} {key}",
-                                       subset=self.state is None)
+                                       subset=self.state is None, finite=self.scan)
                 except ProtocolError as exc:
-                    # Its sender's fault alone: the rank goes, its keys are served again.
-                    reason = protocol_reason(exc)
-                    self.ctx.pool.declare_dead(rank, reason)
-                    self._lost(rank, kind, key, self.ctx.pool.dead.get(rank, reason))
+                    # Its sender's (or its client's): the rank sits the round out and
+                    # its keys are served again (module docstring, step 7).
+                    self._failed(rank, kind, key, protocol_reason(exc))
                     return
             self.taken[key] = (rank, contribution)
             self._advance()
@@ -508,6 +568,26 @@ class _Round:
             del contribution  # the fold holds it now, or has folded it
             self.served[key] = rank
 
+    def _failed(self, rank: int, kind: str, key: int | None, reason: str) -> None:
+        """A member failed (module docstring, step 7): its client's, or its rank's for the round."""
+        if kind in ("work", "take") and key is not None \
+                and self.failures.client_failed(key, rank, reason):
+            self._drop_client(key)
+            return
+        self.failures.rank_failed(rank, reason)
+        self._lost(rank, kind, key, reason)
+
+    def _drop_client(self, key: int) -> None:
+        """``key`` failed on two ranks: not served again this round."""
+        self.not_served[key] = self.failures.clients[key]
+        self.replies.pop(key, None)
+        self.unfolded = [k for k in self.unfolded if k != key]
+        for held in self.held.values():
+            held.discard(key)
+        if key in self.spare:
+            self.spare.remove(key)
+        self._advance()
+
     def _lost(self, rank: int, kind: str, key: int | None, reason: str) -> None:
         """A worker is gone: what it held or was doing goes back to the queue."""
         self.ready.discard(rank)
@@ -515,7 +595,14 @@ class _Round:
         again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
                  | set(self.own.pop(rank, [])))
         if kind in ("work", "take") and key is not None:
-            again.add(key)
+            if kind == "work" and rank not in self.failures.ranks \
+                    and self.failures.client_failed(key, rank, f"lost while fitting it ({reason})"):
+                # Lost while fitting it on a second rank (a hang, a crash): its own, and
+                # not tried again in this run (each try costs a worker).
+                self.ctx.stalled_clients[key] = self.failures.clients[key]
+                self._drop_client(key)
+            else:
+                again.add(key)
         stuck = {k for k in again if k in self.pinned}
         for k in sorted(stuck):
             # Nobody else has its data: this round goes on without it.
@@ -571,6 +658,9 @@ class _Round:
         """No live worker is left: every key not pulled yet is not served."""
         dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
         why = f"no live worker left to serve it (dead: {dead})"
+        if self.failures.ranks:
+            why += "; dropped for this round: " + "; ".join(
+                f"rank {r}: {w}" for r, w in sorted(self.failures.ranks.items()))
         for key in self.unfolded:
             if key not in self.taken:
                 self.not_served[key] = why

@@ -79,6 +79,7 @@ from meshkit.train._messages import (
 from meshkit.train._messages import _between, _field, _length
 from meshkit.train._messages import _metrics as structure_metrics
 from meshkit.train._messages import _state as structure_state
+from meshkit.train._failures import OWN_FAILURE, DivergedFit, RoundFailures, strike
 from meshkit.train._pool import Reply, WorkerPool, protocol_reason
 from meshkit.train._secure_relay import serve_masked_sum
 from meshkit.train._protocol import TAG_REQUEST, encode
@@ -91,9 +92,9 @@ __all__ = ["RelayPlan", "relay_groups", "relay_weight", "relay_plan_applies",
 
 log = logging.getLogger(__name__)
 
-#: What :func:`fold_through_relays` gives back: (result, served, not_served, replies).
+#: What :func:`fold_through_relays` gives back: (result, served, not_served, replies, failed).
 RelayFolded = tuple[dict[str, Any] | None, dict[int, int], dict[int, str],
-                    dict[int, Mapping[str, Any]]]
+                    dict[int, Mapping[str, Any]], dict[int, str]]
 
 #: How a group's keys are played: ``play(ctx, requests, state=, weight=, window=,
 #: fold=, label=)`` -> a :class:`meshkit.train.Folded`, ``requests`` key -> request
@@ -223,6 +224,10 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
     replies: dict[int, Mapping[str, Any]] = {}
     not_served: dict[int, str] = {}
     todo = sorted(requests)
+    #: Ranks dropped for the round for their own failure, behind relays or direct.
+    failed: dict[int, str] = {}
+    #: Relays whose request failed this round (accept_failures): not asked again.
+    benched: set[str] = set()
 
     def take(name: str, keys: list[int], carried: Sequence[int],
              message: Mapping[str, Any]) -> list[int]:
@@ -239,11 +244,25 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
                 pool.declare_dead(rank, why)
             return list(keys)
         if isinstance(answer, RelayFailure):
+            if answer.reason == "nonfinite":  # the model's divergence, not the relay's
+                raise DivergedFit(f"host relay {name!r}: {answer.error}")
+            if ctx.accept_failures and name != DIRECT:
+                # A member's failure (meshkit.train._failures): the relay's ranks sit the
+                # round out, its keys are served by the others.
+                why = f"host relay {name!r} failed: {answer.error}"
+                log.warning("%s; %s %s will be served again", why,
+                            label + ("s" if len(keys) > 1 else ""), ", ".join(map(str, keys)))
+                benched.add(name)
+                for rank in carried:
+                    failed.setdefault(rank, why)
+                return list(keys)
             if answer.reason == "aggregation":
                 raise AggregationError(f"host relay {name!r}: {answer.error}")
             if answer.rank is not None:
                 raise WorkerError(answer.rank, answer.error)
             raise MeshError(f"host relay {name!r} failed: {answer.error}")
+        for rank, why in answer.failed:
+            failed.setdefault(rank, why if name == DIRECT else f"host relay {name!r}: {why}")
         for key, rank in answer.served:
             served[key] = rank
         for key, examples, metrics in answer.replies:
@@ -257,7 +276,8 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
         covered = [k for k, _ in answer.served]
         if covered and answer.state is not None:
             partials.append((min(covered), answer.state, answer.mass, name))
-        return [k for k, _ in answer.not_served]
+        own = set(answer.own)  # the clients' own failures: not served again this round
+        return [k for k, _ in answer.not_served if k not in own]
 
     # Each wave either serves keys or loses a group, so one wave per group
     # (and one more) suffices.
@@ -266,6 +286,8 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             break
         if wave:  # after a relay or a direct worker was lost: who is still live
             plan = relay_groups(ctx) or RelayPlan({}, ctx.live)
+            plan = RelayPlan({n: rs for n, rs in plan.relays.items() if n not in benched},
+                             [r for r in plan.direct if r not in failed])
         ranks = plan.ranks
         if not ranks:
             break
@@ -281,7 +303,8 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
                 weight=weight, weighted=fold.weighted, wide=fold.wide,
                 allow_nonfinite=fold.allow_nonfinite, aggregator=fold.name, window=window,
                 label=label, timeout=ctx.timeout,
-                state=None if state is None else State(dict(state)))
+                state=None if state is None else State(dict(state)),
+                accept_failures=ctx.accept_failures)
 
         tickets: dict[int, tuple[str, list[int], list[int]]] = {}
         for name, keys in planned.items():
@@ -300,8 +323,17 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
             view = _DirectView(pool, plan.direct, set(tickets))
             direct_ctx = attrs.evolve(ctx, pool=view, workers=list(plan.direct))
             keys = planned[DIRECT]
-            todo.extend(take(DIRECT, keys, plan.direct,
-                             serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
+            try:
+                todo.extend(take(DIRECT, keys, plan.direct,
+                                 serve_fold(direct_ctx, request_for(DIRECT, keys), play)))
+            except DivergedFit:
+                # The round is abandoned (on_nonfinite): the relays' answers still owed
+                # must not be taken for the next round's.
+                answered = {r.seq for r in view.aside}
+                for ticket in tickets:
+                    if ticket not in answered:
+                        pool.abandon(ticket)
+                raise
             answers.extend(view.aside)
         waiting = len(tickets) - len(answers)
         for _ in range(waiting):
@@ -324,8 +356,12 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
     for key in todo:
         not_served.setdefault(key, f"no live host relay left to serve it, nor a direct "
                                    f"worker (dead: {dead})")
+    # The coordinator counts the strikes of ranks behind relays (a relay's context lives
+    # one request); the direct workers' engine counted its own.
+    direct = set(plan.direct) if plan is not None else set()
+    strike(ctx, RoundFailures(ranks={r: w for r, w in failed.items() if r not in direct}))
     if not partials:
-        return None, {}, not_served, {}
+        return None, {}, not_served, {}, failed
     # Fold order: each partial at its lowest key, so the bits do not depend
     # on which relay answered first.
     total = MeanFold(weighted=True, name=fold.name, allow_nonfinite=fold.allow_nonfinite,
@@ -336,7 +372,7 @@ def fold_through_relays(ctx: StrategyContext, plan: RelayPlan,
     result = total.result()
     order = sorted(served)
     return (result, {k: served[k] for k in order}, not_served,
-            {k: replies[k] for k in order if k in replies})
+            {k: replies[k] for k in order if k in replies}, failed)
 
 
 def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[str, Any]:
@@ -350,6 +386,7 @@ def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[s
     """
     fold = MeanFold(weighted=request.weighted, name=request.aggregator or None,
                     allow_nonfinite=request.allow_nonfinite, wide=request.wide)
+    ctx.accept_failures = request.accept_failures
     folded = play(ctx, {key: req for key, req in request.work}, state=request.state,
                   weight=request.weight, window=request.window, fold=fold,
                   label=request.label)
@@ -360,7 +397,9 @@ def serve_fold(ctx: StrategyContext, request: FoldRequest, play: Play) -> dict[s
         "replies": [[k, int(r.get("examples", 0)), dict(r.get("metrics") or {})]
                     for k, r in folded.replies.items()],
         # Keys a rank run with `meshkit node --attack` served: never hidden upstream.
-        "attacked": list(folded.attacked)}
+        "attacked": list(folded.attacked),
+        "failed": [[r, why[:MAX_ERROR]] for r, why in folded.failed.items()],
+        "own": [k for k, why in folded.not_served.items() if why.startswith(OWN_FAILURE)]}
     if folded.result is not None:
         reply["state"] = folded.result
     return reply
@@ -461,6 +500,10 @@ class FoldRequest:
                                    "take (null: no limit)", check=_positive_or_none)
     state: State | None = _field("state", "the round's global state (once per relay); absent: "
                                  "each rank's own", optional=True)
+    accept_failures: bool = _field(
+        "bool", "`[strategy] accept_failures`: a rank's failure drops it for the round (true) "
+                "or fails the request (false)", default=True,
+        check=attrs.validators.instance_of(bool))
 
     def to_wire(self) -> dict[str, Any]:
         wire = {"op": "fold", "work": [[k, r] for k, r in self.work],
@@ -529,6 +572,15 @@ class FoldAnswer:
     attacked: list[int] = _field(f"list of keys ({_KEY}), served keys only",
                                  "the served keys whose rank said it attacked (`meshkit node "
                                  "--attack`)", default=attrs.Factory(list), check=_keys(-1))
+    failed: list[tuple[int, str]] = _field(
+        "list of [rank, why] (rank one the relay carries, why: str up to 65536 chars)",
+        "the ranks dropped for the round for their own failure (`accept_failures`), and why",
+        default=attrs.Factory(list), check=attrs.validators.and_(
+            _each(0, _between(1, MAX_COUNT - 1)), _each(1, _length(0, MAX_ERROR))))
+    own: list[int] = _field(f"list of keys ({_KEY}), not-served keys only",
+                            "the keys whose failure is their client's (failed on two ranks): "
+                            "not served again this round", default=attrs.Factory(list),
+                            check=_keys(-1))
 
 
 @attrs.frozen
@@ -537,9 +589,11 @@ class RelayFailure:
 
     error: str = _field("str, 1..65536 chars", "what went wrong, for a person",
                         check=_length(1, MAX_ERROR))
-    reason: str | None = _field('"aggregation", or null', "`aggregation`: the fold refused a "
-                                "contribution", optional=True,
-                                check=attrs.validators.in_(("aggregation",)))
+    reason: str | None = _field('"aggregation", "nonfinite", or null',
+                                "`aggregation`: the fold refused a contribution; `nonfinite`: "
+                                "a fit's metrics were not finite (the model diverged: the "
+                                "coordinator follows `on_nonfinite`)", optional=True,
+                                check=attrs.validators.in_(("aggregation", "nonfinite")))
     rank: int | None = _field("int 1..2^31-1, or null", "the rank whose task raised (the "
                               "worker's own error)", optional=True,
                               check=_between(1, MAX_COUNT - 1))
@@ -576,6 +630,13 @@ def parse_fold_answer(message: Mapping[str, Any], keys: Sequence[int],
         raise ProtocolError("its answer to 'fold' reports attacks on keys it did not serve")
     if answer.served and answer.state is None:
         raise ProtocolError("its answer to 'fold' served keys but carries no partial state")
+    if any(r not in ranks for r, _ in answer.failed):
+        raise ProtocolError(f"its answer to 'fold' says ranks "
+                            f"{sorted({r for r, _ in answer.failed})} failed, it carries "
+                            f"{sorted(ranks)}")
+    if not set(answer.own) <= {k for k, _ in answer.not_served}:
+        raise ProtocolError("its answer to 'fold' calls keys the clients' failures that it "
+                            "does not list as not served")
     return answer
 
 
@@ -816,6 +877,8 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
             return serve_fold(_relay_context(pool, carried, request.timeout, request.ranks),
                               request, play)
         return _fanout(pool, carried, request)
+    except DivergedFit as exc:
+        return {"error": _error_text(str(exc)), "reason": "nonfinite"}
     except AggregationError as exc:
         return {"error": _error_text(str(exc)), "reason": "aggregation"}
     except WorkerError as exc:

@@ -47,6 +47,7 @@ __all__ = [
     "check_request",
     "check_reply",
     "check_contribution",
+    "nonfinite_leaf",
     "signature",
     "field_table",
     "MAX_EXAMPLES",
@@ -537,8 +538,16 @@ class ErrorReply:
                         check=_length(1, MAX_ERROR))
     reason: str | None = _field("str", "`aggregation`: the worker's own fold refused a "
                                        "contribution (`fit_batch`: NaN, a range overflow); "
-                                       "rank 0 raises it as an `AggregationError`",
-                                optional=True, check=attrs.validators.in_(("aggregation",)))
+                                       "`nonfinite`: a fit's metrics are not finite (the "
+                                       "model diverged: rank 0 follows `on_nonfinite`); "
+                                       "absent: the request failed. Rank 0 drops the rank "
+                                       "for the round (`accept_failures`)",
+                                optional=True,
+                                check=attrs.validators.in_(("aggregation", "nonfinite")))
+    key: int | None = _field("int 0..2^63-1", "`fit_batch`: the key of the fit that failed "
+                                              "(a client failing on two ranks is its own "
+                                              "failure)",
+                             optional=True, check=_between(0, MAX_SEQ))
 
 
 def _metrics_field(doc: str) -> Any:
@@ -974,14 +983,19 @@ def signature(state: Mapping[str, Any]) -> Signature:
 
 
 def check_contribution(state: Mapping[str, Any], expected: Signature, what: str, *,
-                       subset: bool = False) -> None:
+                       subset: bool = False, finite: bool = True) -> None:
     """A contribution (a fit's model, gradients) matches the round's model, key for key.
 
     The same keys (with ``subset``: some of them -- gradients need not carry
     a model's JSON or integer entries), and each array the same shape and
-    dtype as the model's (a JSON value where the model has one);
-    :class:`ProtocolError` saying the first difference otherwise. One pass
-    over the keys, none over elements.
+    dtype as the model's (a JSON value where the model has one), and every
+    float element finite (:func:`nonfinite_leaf`); :class:`ProtocolError`
+    saying the first difference otherwise. One pass over the keys, and one
+    cheap pass over each float array's elements (its sum). ``finite=False``
+    leaves the elements to the caller: the round engine's own strict mean
+    finds NaN and inf while it sums, and the engine replays such a round with
+    the scan on (:mod:`meshkit.train._engine`, step 7), so an honest round
+    pays for no second pass over a model.
     """
     if subset:
         unknown = [k for k in state if k not in expected]
@@ -1003,6 +1017,32 @@ def check_contribution(state: Mapping[str, Any], expected: Signature, what: str,
                 or value.dtype != want[1]:
             raise ProtocolError(f"{what}: {key!r} is {_shown(value)} where the model has "
                                 f"an array {want[1]}{list(want[0])}")
+    for key, value in state.items() if finite else ():
+        # Shapes first: a non-finite scan of an array of the wrong shape is wasted.
+        if expected[key] is not None and nonfinite_leaf(value):
+            raise ProtocolError(f"{what}: {key!r} holds NaN or inf; a contribution must be "
+                                f"finite (its sender is dropped, never averaged in)")
+
+
+def nonfinite_leaf(value: np.ndarray) -> bool:
+    """Whether a float array holds a NaN or an infinity (integer and bool arrays never do).
+
+    One pass: the sum is finite exactly when every element is, except that
+    finite elements near the dtype's maximum may overflow it (1e308 twice in
+    float64, 65504 twice in float16); so a non-finite sum is confirmed
+    element by element before it is believed. An honest contribution pays
+    for one sum; only a hostile (or huge) one pays for the exact check.
+    """
+    kind = value.dtype.kind
+    if kind not in "fV" or value.size == 0:  # (bfloat16 is kind "V": ml_dtypes)
+        return False
+    if kind == "V":
+        value = value.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = value.sum()
+    if math.isfinite(float(total)):
+        return False
+    return not bool(np.isfinite(value).all())
 
 
 # -- the docs' view --------------------------------------------------------------------------

@@ -19,7 +19,10 @@ with a :class:`meshkit.StateError` naming the keys and the round, before
 the round is reported, so the last checkpoint keeps the last finite model;
 with ``"skip-round"`` the round keeps the previous global model (sent back
 to the live workers, whose replicas may hold the non-finite one) and its
-report says so in ``skipped``.
+report says so in ``skipped``. A fit that reports non-finite metrics (a
+``train_loss`` of NaN: the model diverged, :class:`DivergedFit`) is the
+same thing found earlier: ``"stop"`` stops there, ``"skip-round"`` skips
+the round.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import attrs
 
 from meshkit.errors import StateError
 from meshkit.state import nonfinite_keys
+from meshkit.train._failures import DivergedFit, RoundFailures, strike
 from meshkit.train._strategy import RoundReport, StrategyContext, StrategyResult
 
 __all__ = ["RoundOutcome", "run_rounds", "timed", "ON_NONFINITE"]
@@ -70,11 +74,14 @@ class RoundOutcome:
     client_staleness: Mapping[int, int] = attrs.Factory(dict)
     client_weights: Mapping[int, float] = attrs.Factory(dict)
     simulated_time: float | None = None
+    #: Ranks dropped for the round for their own failure -> the reason (not dead).
+    failed: Mapping[int, str] = attrs.Factory(dict)
 
 
 def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str, Any],
                play_round: Callable[[StrategyContext, int, Mapping[str, Any]], RoundOutcome],
-               *, on_nonfinite: str = "stop", hand_state: bool = True) -> StrategyResult:
+               *, on_nonfinite: str = "stop", hand_state: bool = True,
+               accept_failures: bool = True) -> StrategyResult:
     """Play rounds ``ctx.start_round + 1 .. rounds``, reporting each; the last state wins.
 
     ``on_nonfinite`` is what a round whose new model is not finite does (the
@@ -82,7 +89,11 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
     is for a strategy whose every request carries the model it starts from
     and whose requests stay outstanding between rounds (``fedbuff``): a
     joined or skipped-round worker is then sent no ``set_state``.
+    ``accept_failures`` (``[strategy] accept_failures``) is what a member's
+    failure costs in every round: its rank for the round, or the run
+    (:mod:`meshkit.train._failures`).
     """
+    ctx.accept_failures = accept_failures
     if on_nonfinite not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
     metrics: Mapping[str, float] = {}
@@ -91,11 +102,25 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
         ctx.check_stop()
         clock = timed()
         joined = tuple(sorted(ctx.admit()))
+        for rank in joined:
+            ctx.strikes.pop(rank, None)  # a restarted node starts afresh (quarantine)
+        ctx.call_failures.clear()
         if joined and hand_state:
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
-        outcome = play_round(ctx, rnd, state)
-        skipped = ""
+        try:
+            outcome = play_round(ctx, rnd, state)
+        except DivergedFit as exc:
+            if on_nonfinite == "stop":
+                raise StateError(
+                    f"round {rnd}: {exc}; the run stops here and the last checkpoint (round "
+                    f"{rnd - 1}) keeps the last finite model") from None
+            # Nothing of the round is kept: report it skipped, with the previous model.
+            outcome = RoundOutcome(state, answered=(), metrics={})
+            diverged = f"a fit diverged ({exc}); kept the round {rnd - 1} model"
+        else:
+            diverged = ""
+        skipped = diverged
         bad = nonfinite_keys(outcome.state)
         if bad:
             shown = ", ".join(map(repr, bad[:5])) + (f" and {len(bad) - 5} more"
@@ -118,6 +143,11 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
                 k: v for k, v in outcome.metrics.items()
                 if k == "train_loss" and math.isfinite(v)})
         state, metrics = outcome.state, outcome.metrics
+        # Ranks whose reply to a plain request (an evaluation, a replica's step) was an
+        # error are this round's failures too; the engine struck its own already.
+        called = {r: why for r, why in ctx.call_failures.items() if r not in outcome.failed}
+        strike(ctx, RoundFailures(ranks=dict(called)))
+        failed = {**called, **outcome.failed}
         partial = _partial_means(outcome)
         dead = set(ctx.dead)
         # A rank taken back and lost again is reported again.
@@ -132,7 +162,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             partial_means=partial, attacked=tuple(outcome.attacked),
             staleness=dict(outcome.staleness), client_staleness=dict(outcome.client_staleness),
             client_weights=dict(outcome.client_weights),
-            simulated_time=outcome.simulated_time), state)
+            simulated_time=outcome.simulated_time, failed=failed), state)
     return StrategyResult(state, rounds, metrics)
 
 

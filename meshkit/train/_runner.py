@@ -47,6 +47,8 @@ continues from it.
 from __future__ import annotations
 
 import logging
+import math
+import re
 import shutil
 import signal
 import subprocess
@@ -156,14 +158,22 @@ class RunReport:
         data["metrics"] = {k: _number(v) for k, v in self.metrics.items()}
         if "epsilon" in self.metrics:  # a private run's final ε, at its [privacy] delta
             data["epsilon"] = _number(self.metrics["epsilon"])
+        # Each rank a round dropped for its own failure (accept_failures), and why.
+        failed: dict[str, list[str]] = {}
+        for report in self.history:
+            for rank, why in sorted(getattr(report, "failed", {}).items()):
+                failed.setdefault(str(rank), []).append(f"round {report.round}: {why}")
+        data["failed"] = failed
         return data
 
 
 def _number(value: Any) -> Any:
+    """A metric as strict JSON has it: a finite float, else null (JSON has no NaN)."""
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return str(value)
+    return number if math.isfinite(number) else None
 
 
 @attrs.frozen
@@ -331,6 +341,14 @@ class Runner:
             error = str(located)
             raise located from None
         except MeshError as exc:
+            # A round that stopped on members' error replies (accept_failures) names
+            # their ranks; say where each one's traceback is, as a WorkerError does.
+            failed = sorted({int(r) for r in re.findall(r"rank (\d+): error: ", str(exc))})
+            if failed and type(exc) in (MeshError, PeerLostError):
+                hints = "; ".join(f"rank {r}: {self._traceback_hint(plan, r)}" for r in failed)
+                hinted = type(exc)(f"{exc} ({hints})")
+                error = str(hinted)
+                raise hinted from None
             error = str(exc)
             raise
         except BaseException as exc:

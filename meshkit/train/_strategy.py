@@ -13,6 +13,8 @@ list of the strategy's own.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -20,13 +22,16 @@ import attrs
 import numpy as np
 
 from meshkit.aggregation import Aggregator, begin
-from meshkit.errors import MeshError, PeerLostError, PlacementError, WorkerError
+from meshkit.errors import MeshError, PeerLostError, PlacementError
 from meshkit.outer import OuterOptimizer, step_parameters
 from meshkit.partitioner import Partitioner
 from meshkit.task import Task, buffer_keys
 from meshkit.train._local_keys import ClientLocal
+from meshkit.train._failures import reply_failure
 from meshkit.train._partitions import Partition, WorkerIdentity
 from meshkit.train._pool import Reply, WorkerPool, broadcast, call
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Strategy",
@@ -102,6 +107,10 @@ class RoundReport:
     #: Simulated seconds since the run began when the step happened
     #: (``[simulation] clock = "virtual"``); None on real time.
     simulated_time: float | None = None
+    #: Ranks dropped for this round for their own failure (an ``error`` reply, a
+    #: contribution that does not fit or is not finite) -> the reason; they are
+    #: not dead (``[strategy] accept_failures``, :mod:`meshkit.train._failures`).
+    failed: Mapping[int, str] = attrs.Factory(dict)
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -122,11 +131,12 @@ class RoundReport:
             "served": {str(c): int(r) for c, r in self.served.items()},
             "not_served": {str(c): str(why) for c, why in self.not_served.items()},
             "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
-            "client_metrics": {str(c): {k: float(v) for k, v in m.items()}
+            "client_metrics": {str(c): {k: finite_or_null(v) for k, v in m.items()}
                                for c, m in self.client_metrics.items()},
             "late": list(self.late),
             "joined": list(self.joined),
             "attacked": list(self.attacked),
+            "failed": {str(r): str(why) for r, why in self.failed.items()},
         }
         if self.skipped:
             line["skipped"] = self.skipped
@@ -140,8 +150,15 @@ class RoundReport:
         if self.simulated_time is not None:
             line["simulated_time"] = float(self.simulated_time)
         for name, value in self.metrics.items():
-            line[f"task.{name}" if name in REPORT_FIELDS else name] = float(value)
+            line[f"task.{name}" if name in REPORT_FIELDS else name] = finite_or_null(value)
         return line
+
+
+def finite_or_null(value: Any) -> float | None:
+    """A metric as strict JSON holds it: JSON has no NaN or Infinity, so a non-finite
+    one (a diverged round's loss) is written ``null`` (docs/running.md)."""
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 #: The fields every ``metrics.jsonl`` line has; task metrics come beside them.
@@ -241,6 +258,17 @@ class StrategyContext:
     #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
     #: fold plain contributions.
     secure_aggregation: Any = None
+    #: ``[strategy] accept_failures``: a member's failure drops that member for the round
+    #: (True, the default) or stops the run (:mod:`meshkit.train._failures`).
+    accept_failures: bool = True
+    #: Rounds each rank was dropped from for its own failure (quarantine counts them).
+    strikes: dict[int, int] = attrs.Factory(dict)
+    #: Clients (work keys) whose fit stalled two ranks -> why: not served again in this
+    #: run, since each try costs a worker (:mod:`meshkit.train._failures`).
+    stalled_clients: dict[int, str] = attrs.Factory(dict)
+    #: Ranks whose reply to :meth:`call` or :meth:`broadcast` was an error this round ->
+    #: the reason (the round skeleton reports them in ``failed`` and clears them).
+    call_failures: dict[int, str] = attrs.Factory(dict)
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 
@@ -276,9 +304,11 @@ class StrategyContext:
 
         A worker that fails to answer is declared dead in the ledger (its
         reply has ``payload=None``). A worker that reports an error (its task
-        raised) is not a lost peer: that is a bug or a misconfiguration, and
-        it stops the run with the worker's message rather than quietly
-        continuing without it. Rounds that fold contributions go through
+        raised) is a member's failure (:mod:`meshkit.train._failures`): its
+        reply has ``payload=None`` and ``error`` the reason, and the round
+        reports the rank in ``failed`` (it is not dead); with ``[strategy]
+        accept_failures = false`` it stops the run with the worker's message.
+        Rounds that fold contributions go through
         :func:`meshkit.train.fold_round` instead, which bounds what is held.
         """
         dead = self.dead
@@ -286,11 +316,7 @@ class StrategyContext:
             if rank in dead:
                 raise PlacementError(f"rank {rank} was dropped from this run ({dead[rank]}); "
                                      f"cannot send to it")
-        replies = call(self.pool, requests, self.timeout)
-        for reply in replies:
-            if reply.payload is not None and reply.payload.get("error"):
-                raise WorkerError(reply.rank, str(reply.payload["error"]))
-        return replies
+        return self._failed_replies(call(self.pool, requests, self.timeout))
 
     def broadcast(self, ranks: Sequence[int], request: Mapping[str, Any]) -> list[Reply]:
         """Send one request to every rank in ``ranks`` (as :meth:`call` would, one each).
@@ -304,11 +330,20 @@ class StrategyContext:
             if rank in dead:
                 raise PlacementError(f"rank {rank} was dropped from this run ({dead[rank]}); "
                                      f"cannot send to it")
-        replies = broadcast(self.pool, list(ranks), request, self.timeout)
+        return self._failed_replies(broadcast(self.pool, list(ranks), request, self.timeout))
+
+    def _failed_replies(self, replies: list[Reply]) -> list[Reply]:
+        """``replies``, each ``error`` reply a failed one (:meth:`call`)."""
+        out = []
         for reply in replies:
             if reply.payload is not None and reply.payload.get("error"):
-                raise WorkerError(reply.rank, str(reply.payload["error"]))
-        return replies
+                reason = reply_failure(reply.rank, reply.payload, accept=self.accept_failures)
+                assert reason is not None  # the reply carries an error
+                self.call_failures.setdefault(reply.rank, reason)
+                log.warning("rank %d failed a request: %s", reply.rank, reason)
+                reply = Reply(reply.rank, None, reason, reply.seq)
+            out.append(reply)
+        return out
 
     def require_live(self, minimum: int, what: str) -> list[int]:
         """The live workers, or :class:`PeerLostError` naming the dead when fewer than ``minimum``."""

@@ -70,7 +70,10 @@ class StrategyTraits:
     * ``evaluate``: ``"coordinator"``, ``"clients"`` or ``"both"``;
     * ``local_keys``: FedBN's glob patterns kept per client;
     * ``round_timeout``: seconds (0: no deadline);
-    * ``device``: the coordinator's device for the task ("": default).
+    * ``device``: the coordinator's device for the task ("": default);
+    * ``accept_failures``: the strategy's ``[strategy] accept_failures`` (a member's
+      failure costs that member, ``meshkit.train._failures``), ``None`` when it has no
+      such key; ``meshkit check`` states what a failure costs from it.
 
     What it computes for the kernel (None: it has none):
 
@@ -102,6 +105,7 @@ class StrategyTraits:
     local_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     round_timeout: float = 0.0
     device: str = ""
+    accept_failures: bool | None = None
     count_clients: Callable[..., int] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)
     sampling_rate: Callable[[int], float] | None = attrs.field(

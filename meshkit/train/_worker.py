@@ -65,7 +65,9 @@ from meshkit.partitioner import is_lazy, is_per_node, rows_of_client, split_rows
 from meshkit.population import client_held_out_of, client_rows_of, is_population
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
-from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_request
+from meshkit.train._failures import DivergedFit
+from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
+from meshkit.train._messages import signature
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._secure_worker import SecureClients
 from meshkit.train._sharding import shard_bounds, shard_pair
@@ -102,6 +104,8 @@ class Trainer:
     metrics: dict[str, float] = attrs.Factory(dict)
     #: The last request that failed, as the coordinator was told (the report says it).
     error: str | None = None
+    #: The key of the ``fit_batch`` fit under way (an error reply names it), or None.
+    failing: int | None = None
     #: This worker's group, for ``step``'s all-reduce among the replicas (None:
     #: the trainer answers the requests that need no peers).
     group: Any = None
@@ -213,8 +217,15 @@ class Trainer:
             return {"error": self.error,
                     "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
                     and MIN_SEQ <= seq <= MAX_SEQ else 0}
+        self.failing = None
         try:
             reply = self._dispatch(op, request)
+        except DivergedFit as exc:
+            # The model diverged (a NaN loss): the run's on_nonfinite decides, not a drop.
+            log.warning("trainer request %r: %s", op, exc)
+            reply = {"error": f"{'fit' if op == 'fit_batch' else op}: {exc}",
+                     "reason": "nonfinite"}
+            self.error = reply["error"]
         except AggregationError as exc:
             # This worker's own fold refused a fit's result (NaN, out of range):
             # the coordinator raises it as the fold's refusal, as its own fold would.
@@ -227,6 +238,8 @@ class Trainer:
             name = "fit" if op == "fit_batch" else op
             reply = {"error": f"{name}: {type(exc).__name__}: {sendable(exc)}"}
             self.error = reply["error"]
+        if "error" in reply and self.failing is not None:
+            reply["key"] = self.failing  # which fit of a batch failed
         reply["seq"] = seq
         return reply
 
@@ -331,11 +344,19 @@ class Trainer:
                             f"sum counts in 2^-{self.partial.fraction_bits}")
         label = str(request["label"])
         results = []
+        # Each fit is checked against the round's model before it is folded, as the
+        # coordinator checks a flat round's: a client whose fit has the wrong keys or
+        # shapes (a 0-d array where a vector belongs) fails alone, named, and never
+        # becomes the template of this worker's sum.
+        expected = signature(self._require_state("fit_batch"))
         for fit in request["fits"]:
             key = int(fit["key"])
+            self.failing = key  # named in the error reply if this fit fails
             state, examples, metrics, attacked = self._fit({**fit, "op": "fit"})
+            check_contribution(state, expected, f"{label} {key}'s fit", finite=False)
             weight = float(examples) if request["weight"] == "examples" else 1.0
             self.partial.add(state, weight, source=f"{label} {key}")
+            self.failing = None
             del state  # folded: a batch holds one fit's result at a time
             result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
             if attacked:
@@ -458,8 +479,9 @@ def _metrics(metrics: Mapping[str, Any], op: str) -> dict[str, float]:
     bad = {k: v for k, v in out.items() if not math.isfinite(v)}
     if bad:
         shown = ", ".join(f"{k} = {v}" for k, v in sorted(bad.items()))
-        raise MeshError(f"the task's {op} reported {shown}; metrics must be finite numbers "
-                        f"(a diverged model? lower the learning rate)")
+        raise DivergedFit(f"the task's {op} reported {shown}; metrics must be finite numbers "
+                          f"(a diverged model? lower the learning rate, or set [strategy] "
+                          f"on_nonfinite = \"skip-round\")")
     return out
 
 

@@ -81,7 +81,7 @@ class DataParallel:
     def traits(self) -> StrategyTraits:
         """Replicas, not clients: nothing private, secure, clocked or collective."""
         return StrategyTraits(rounds=self.options.rounds, device=self.options.device,
-                              check=self.check)
+                              check=self.check, accept_failures=self.options.accept_failures)
 
     def check(self, *, task: Any, outer_name: str, workers: int) -> None:
         """Refuse what cannot work before any process starts."""
@@ -112,7 +112,8 @@ class DataParallel:
             return self.play_round(ctx, rnd, state, replicas)
 
         return run_rounds(ctx, "data-parallel", opts.rounds, state, play_round,
-                          on_nonfinite=self.options.on_nonfinite)
+                          on_nonfinite=self.options.on_nonfinite,
+                          accept_failures=self.options.accept_failures)
 
     def play_round(self, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
                    replicas: Replicas | None = None) -> RoundOutcome:

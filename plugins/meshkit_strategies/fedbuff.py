@@ -90,13 +90,16 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from meshkit import AggregationError, ConfigError, MeshError, RefusedError, WorkerError
+from meshkit import AggregationError, ConfigError, MeshError, PeerLostError, RefusedError
+from meshkit import WorkerError
 from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
 from meshkit.population import population_size
 from meshkit.aggregation import aggregator_traits, linear_weight
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
-from meshkit.train import check_contribution, client_seed, run_rounds, signature
+from meshkit.train import DivergedFit, RoundFailures, check_contribution, client_seed
+from meshkit.train import reply_failure
+from meshkit.train import run_rounds, signature, strike
 from meshkit.train import train_loss
 
 from meshkit_strategies._shared import require_rows
@@ -244,6 +247,7 @@ class FedBuff:
 
     options: FedBuffOptions
     _run: _Run = attrs.field(factory=_Run, init=False)
+    _failures: RoundFailures = attrs.field(factory=RoundFailures, init=False)
 
     @property
     def traits(self) -> StrategyTraits:
@@ -254,6 +258,7 @@ class FedBuff:
         return StrategyTraits(
             partitioned=True, clocked=True, rounds=opts.rounds, clients=opts.clients,
             evaluate=opts.evaluate, device=opts.device, count_clients=self.clients,
+            accept_failures=opts.accept_failures,
             check=self.check,
             why_not={"private": NOT_PRIVATE, "secure": NOT_SECURE,
                      "collective": "its server steps fold updates as they arrive, not "
@@ -347,7 +352,8 @@ class FedBuff:
         ctx.strategy_state = lambda: self._run.state_dict(steps[0])
         try:
             return run_rounds(ctx, "fedbuff", self.options.rounds, ctx.initial_state(), play,
-                              on_nonfinite=self.options.on_nonfinite, hand_state=False)
+                              on_nonfinite=self.options.on_nonfinite, hand_state=False,
+                              accept_failures=self.options.accept_failures)
         finally:
             # The fits still out are not needed: their late replies are discarded.
             for flight in self._run.flights:
@@ -368,6 +374,10 @@ class FedBuff:
         linear = aggregator_traits(ctx.aggregator).linear
         held: list[tuple[int, dict[str, Any], float]] = []
         attacked: list[int] = []
+        # A member's failure (an error reply, a fit that does not fit or is not
+        # finite) benches its rank for this step (accept_failures; meshkit.train's
+        # RoundFailures): its fit is recorded, and no new fit goes to it.
+        self._failures = failures = RoundFailures(accept=ctx.accept_failures)
         expected = signature(state)
         # Bounded: each pass folds, drops or loses one fit, and a fit is lost
         # at most once per worker.
@@ -378,6 +388,8 @@ class FedBuff:
             self._top_up(ctx, version, buffer)
             flight, reply = self._next_arrival(ctx)
             if reply.payload is None:
+                if not ctx.accept_failures:  # any member failure ends the run
+                    raise WorkerError(reply.rank, str(reply.error))
                 not_served[flight.client] = f"lost: rank {reply.rank} ({reply.error})"
                 self._release(version)
                 continue
@@ -386,9 +398,11 @@ class FedBuff:
             try:
                 check_contribution(fitted, expected, f"rank {reply.rank}'s fit of client "
                                                      f"{flight.client}")
-            except MeshError as exc:  # a ProtocolError: its sender's fault alone
-                ctx.pool.declare_dead(reply.rank, f"protocol error: {exc}")
-                not_served[flight.client] = f"lost: rank {reply.rank} (protocol error)"
+            except MeshError as exc:  # a ProtocolError: its sender's (or its client's)
+                reason = f"protocol error: {exc}"
+                if not failures.client_failed(flight.client, reply.rank, reason):
+                    failures.rank_failed(reply.rank, reason)
+                not_served[flight.client] = f"failed: rank {reply.rank} ({reason})"
                 self._release(version)
                 continue
             tau = version - flight.version
@@ -438,6 +452,7 @@ class FedBuff:
         for entry in buffer.entries:
             histogram[entry[2]] = histogram.get(entry[2], 0) + 1
         share = buffer.mass or 1.0
+        strike(ctx, failures)
         return RoundOutcome(
             new_state, answered=tuple(sorted({e[1] for e in buffer.entries})),
             clients=tuple(e[0] for e in buffer.entries),
@@ -447,14 +462,21 @@ class FedBuff:
             staleness=histogram, client_staleness={e[0]: e[2] for e in buffer.entries},
             client_weights={e[0]: e[3] / share for e in buffer.entries},
             attacked=tuple(sorted(set(attacked) & {e[0] for e in buffer.entries})),
-            simulated_time=run.clock if ctx.speeds is not None else None)
+            simulated_time=run.clock if ctx.speeds is not None else None,
+            failed=dict(failures.ranks))
 
     # -- dispatch ----------------------------------------------------------------
 
     def _top_up(self, ctx: StrategyContext, version: int, buffer: Buffer) -> None:
         """Send the fits owed (after a resume) and new ones until ``concurrency`` are out."""
         run = self._run
-        live = ctx.require_live(1, f"fedbuff step {version + 1}")
+        live = [r for r in ctx.require_live(1, f"fedbuff step {version + 1}")
+                if r not in self._failures.ranks]
+        if not live:
+            raise PeerLostError(
+                f"fedbuff step {version + 1}: every live worker was dropped for this step ("
+                + "; ".join(f"rank {r}: {why}" for r, why in self._failures.ranks.items())
+                + f"). {ctx.resume_advice()}")
         load = {r: 0 for r in live}
         for flight in run.flights:
             if flight.rank in load and flight.ticket is not None:
@@ -526,7 +548,22 @@ class FedBuff:
                 log.debug("fedbuff: discarding a reply to no fit in flight (seq %d)", reply.seq)
                 continue
             if reply.payload is not None and reply.payload.get("error"):
-                raise WorkerError(reply.rank, str(reply.payload["error"]))
+                # A member's failure: its rank sits the step out (or the run stops,
+                # accept_failures = false); the fit counts as lost, or as its client's
+                # own once two ranks failed it.
+                try:
+                    reason = reply_failure(reply.rank, reply.payload,
+                                           accept=ctx.accept_failures)
+                except DivergedFit:
+                    run.flights.remove(flight)  # answered: no longer in flight
+                    raise
+                assert reason is not None  # the reply carries an error
+                if self._failures.client_failed(flight.client, reply.rank, reason):
+                    run.flights.remove(flight)
+                    return flight, Reply(reply.rank, None,
+                                         self._failures.clients[flight.client], reply.seq)
+                self._failures.rank_failed(reply.rank, reason)
+                reply = Reply(reply.rank, None, reason, reply.seq)
             if not virtual:
                 run.flights.remove(flight)
                 return flight, reply
@@ -536,7 +573,8 @@ class FedBuff:
                 log.warning("fedbuff: rank %d lost (%s); client %d's fit is sent again",
                             reply.rank, reply.error, flight.client)
                 flight.ticket = None
-                live = ctx.require_live(1, "fedbuff")
+                live = [r for r in ctx.require_live(1, "fedbuff")
+                        if r not in self._failures.ranks] or ctx.require_live(1, "fedbuff")
                 self._send(ctx, flight, live[flight.dispatch % len(live)])
                 continue
             run.arrived[flight.dispatch] = reply

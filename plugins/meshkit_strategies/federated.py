@@ -50,7 +50,7 @@ class Federated:
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
-            check=self.check)
+            check=self.check, accept_failures=self.options.accept_failures)
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""
@@ -125,7 +125,8 @@ class Federated:
             return outcome
         try:
             return run_rounds(ctx, "federated", self.options.rounds, state, play,
-                              on_nonfinite=self.options.on_nonfinite)
+                              on_nonfinite=self.options.on_nonfinite,
+                              accept_failures=self.options.accept_failures)
         except BudgetReached as stop:
             # Not an error: the budget was spent; the last round's checkpoint stands.
             return StrategyResult(last[0], last[2], last[1], stopped=stop.reason)

@@ -29,6 +29,13 @@ def _on_nonfinite() -> Any:
     return attrs.field(default="stop", validator=attrs.validators.in_(("stop", "skip-round")))
 
 
+def _accept_failures() -> Any:
+    """An ``accept_failures`` key (as Flower's): a member's failure (an error reply, a
+    breach, a non-finite contribution, a stall) drops that member for the round (true),
+    or stops the run (false: debugging a trusted cluster). docs/strategies.md."""
+    return attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+
 def _at_least(low: int) -> Any:
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value < low:
@@ -81,6 +88,8 @@ class DataParallelOptions:
     device: str = _device()
     #: What a round whose new global model is not finite does: "stop" or "skip-round".
     on_nonfinite: str = _on_nonfinite()
+    #: A member's failure drops that member for the round (true) or stops the run.
+    accept_failures: bool = _accept_failures()
 
 
 @attrs.frozen
@@ -109,6 +118,8 @@ class FederatedOptions:
     round_timeout: float = attrs.field(default=0.0, validator=_seconds)
     #: What a round whose new global model is not finite does: "stop" or "skip-round".
     on_nonfinite: str = _on_nonfinite()
+    #: A member's failure drops that member for the round (true) or stops the run.
+    accept_failures: bool = _accept_failures()
     #: State keys each client keeps for itself, never aggregated (FedBN): glob
     #: patterns, or a task's key group such as meshkit.torch's "@norm".
     local_keys: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
@@ -201,3 +212,5 @@ class FedBuffOptions:
     time_budget: float = attrs.field(default=0.0, validator=_seconds)
     #: What a step whose new global model is not finite does: "stop" or "skip-round".
     on_nonfinite: str = _on_nonfinite()
+    #: A member's failure drops that member for the round (true) or stops the run.
+    accept_failures: bool = _accept_failures()

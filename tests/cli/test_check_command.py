@@ -151,3 +151,35 @@ def test_check_refuses_an_attacker_that_is_not_a_client(tmp_path):
     config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator="median",
                                                    options="").replace("[3, 8]", "[3, 12]"))
     _assert_clean_error(run_cli("check", config), "[attack] clients: [12] are not clients")
+
+
+FAILURES_CONFIG = """
+[run]
+task = "digits"
+out = "runs/failures"
+
+[mesh]
+workers = 3
+
+[strategy]
+name = "federated"
+rounds = 2
+{line}
+"""
+
+
+def test_check_states_what_a_member_failure_costs(tmp_path):
+    accepted = run_cli("check", _write(tmp_path, FAILURES_CONFIG.format(line="")),
+                       cwd=str(tmp_path))
+    assert accepted.returncode == 0, accepted.stderr
+    assert "accept_failures=True" in accepted.stdout
+    assert ("member failures: accepted (accept_failures = true): a failing rank sits out the "
+            "round") in accepted.stdout
+    assert "a rank failing in 3 rounds is quarantined for the run" in accepted.stdout
+    strict = run_cli("check", _write(tmp_path, FAILURES_CONFIG.format(
+        line="accept_failures = false")), cwd=str(tmp_path))
+    assert strict.returncode == 0, strict.stderr
+    assert "member failures: accept_failures = false: any member's error reply" in strict.stdout
+    wrong = run_cli("check", _write(tmp_path, FAILURES_CONFIG.format(
+        line='accept_failures = "yes"')), cwd=str(tmp_path))
+    _assert_clean_error(wrong, "[strategy]", "accept_failures")

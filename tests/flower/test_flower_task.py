@@ -223,3 +223,27 @@ def test_the_torch_quickstart_matches_flowers_fedavg(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     _same_as_flower(tmp_path, "quickstart_torch", rounds=2, in_process=True,
                     monkeypatch=monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [4, 2], ids=["flat", "batched"])
+def test_a_deterministically_broken_client_fails_alone_and_every_worker_serves_on(tmp_path,
+                                                                                  workers):
+    # Before issue 34 the wrong shape cost each worker that served client 2 its rank,
+    # in turn, until none was left ("0 of 4 clients served").
+    config = _config(tmp_path, "quickstart_numpy", rounds=2, workers=workers)
+    config.write_text(config.read_text().replace(
+        'app = "examples.flower.quickstart_numpy:client_fn"',
+        'app = "tests.support.flower_bad_client:client_fn"'))
+    ran = run_cli("run", str(config), "-q", cwd=str(tmp_path), pythonpath=str(REPO),
+                  timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    rows = read_metrics(tmp_path / "run")
+    assert [row["round"] for row in rows] == [1, 2]
+    for row in rows:
+        assert list(row["not_served"]) == ["2"], row
+        assert row["not_served"]["2"].startswith("failed on 2 ranks, so the failure is its own")
+        assert "'p000' is an array float64[65, 10] where the model has an array " \
+               "float64[64, 10]" in row["not_served"]["2"], row["not_served"]
+        assert sorted(map(int, row["served"])) == [0, 1, 3]
+        assert row["dropped"] == [] and row["failed"] == {}

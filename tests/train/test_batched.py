@@ -122,7 +122,7 @@ def test_a_hostile_partial_costs_its_rank_alone_and_the_bits_stay(tamper, why):
     assert same_bytes(folded.result, reference.result)
 
 
-def test_a_diverged_client_is_the_rounds_aggregation_error():
+def test_a_diverged_client_is_the_rounds_aggregation_error_only_without_accept_failures():
     class Diverging:
         def __init__(self) -> None:
             self.inner = synthetic()
@@ -137,8 +137,16 @@ def test_a_diverged_client_is_the_rounds_aggregation_error():
             return result
 
     ctx = make_ctx(workers=2, task=Diverging)
+    ctx.accept_failures = False
     with pytest.raises(AggregationError, match=r"rank \d: fit_batch: .*client \d sent NaN"):
         fold_round(ctx, fits(4), state=ctx.task.init_state(0))
+    # Accepting failures (the default): each client's NaN is its own, found on two ranks.
+    ctx = make_ctx(workers=3, task=Diverging)
+    folded = fold_round(ctx, fits(6), state=ctx.task.init_state(0))
+    assert folded.served == {} and folded.result is None and ctx.dead == {}
+    assert sorted(folded.not_served) == list(range(6))
+    assert all("dropped for this round" in why and "sent NaN" in why
+               for why in folded.not_served.values()), folded.not_served
 
 
 def test_rounds_that_need_single_contributions_play_flat():

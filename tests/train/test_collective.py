@@ -145,3 +145,27 @@ def test_a_resumed_collective_run_ends_on_the_uninterrupted_runs_bits(tmp_path: 
     straight = play(3, "straight", resume=False)
     assert resumed.resumed_from == 1 and resumed.rounds_completed == 3
     assert all(resumed.state[k].tobytes() == v.tobytes() for k, v in straight.state.items())
+
+
+def test_a_client_failing_on_its_rank_is_not_served_and_every_rank_finishes(
+        tmp_path: Path) -> None:
+    threads = ThreadWorld(2)
+
+    def play(reducer: Any) -> Any:
+        tables = _tables(tmp_path / f"rank{reducer.rank}", fraction=1.0)
+        tables["run"]["task"] = "tests.support.hostile_task:BrokenShard"
+        tables["task"] = {"broken": 3, "shards": 12}
+        return Runner(tables, collective=reducer).run()
+
+    reports = threads.run(play)
+    assert all(r.ok for r in reports), [r.error for r in reports]
+    owner = next(r for r in range(2) if 3 in cohort_slice(list(range(12)), r, 2))
+    for rank, report in enumerate(reports):
+        for row in report.history:
+            assert list(row.not_served) == [3], row.not_served
+            if rank == owner:  # the reason is the owner's to tell; the sum says who
+                assert row.not_served[3].startswith("failed on its only worker")
+                assert "client 3's data breaks this fit" in row.not_served[3]
+            else:
+                assert row.not_served[3] == f"rank {owner} could not serve it"
+            assert sorted(row.served) == [c for c in range(12) if c != 3]

@@ -175,24 +175,43 @@ def test_with_no_live_worker_nothing_is_served_and_no_result_is_invented():
     assert folded.result is None and folded.served == {} and sorted(folded.not_served) == [0, 1, 2]
 
 
-def test_a_task_error_stops_the_round_with_the_workers_message():
-    class Broken:
-        def __init__(self):
-            self.inner = synthetic()
+class Broken:
+    """synthetic, but the fit of shard 3 raises (as a user's bug on one client's data would)."""
 
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
+    def __init__(self):
+        self.inner = synthetic()
 
-        def fit(self, state, x, y, *, seed):
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fit(self, state, x, y, *, seed):
+        if seed == client_seed(7, 1, 3):
             raise ValueError("bad shard")
-
-    ctx = make_ctx(workers=2, task=Broken)
-    with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
-        fold_round(ctx, fits(2), state=ctx.task.init_state(0), batch=False)
-    with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
-        fold_round(make_ctx(workers=2, task=Broken), fits(2), state=ctx.task.init_state(0))
+        return self.inner.fit(state, x, y, seed=seed)
 
 
+def test_without_accept_failures_a_task_error_stops_the_round_with_the_workers_message():
+    for batch in (False, True):
+        ctx = make_ctx(workers=2, task=Broken)
+        ctx.accept_failures = False
+        with pytest.raises(MeshError, match=r"rank \d: fit: ValueError: bad shard"):
+            fold_round(ctx, fits(8), state=ctx.task.init_state(0), batch=batch)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_client_failing_on_two_ranks_is_its_own_failure_and_is_not_served_on_every_worker(
+        batch):
+    ctx = make_ctx(workers=4, task=Broken)
+    state = ctx.task.init_state(0)
+    folded = fold_round(ctx, fits(8), state=state, batch=batch)
+    assert list(folded.not_served) == [3]
+    why = folded.not_served[3]
+    assert why.startswith("failed on 2 ranks, so the failure is its own") and "bad shard" in why
+    assert sorted(folded.served) == [0, 1, 2, 4, 5, 6, 7]
+    assert ctx.dead == {} and folded.failed == {}  # the client's failure: no rank is blamed
+    honest = make_ctx(workers=3)  # 7 clients on 3 workers: batched too (2 a worker or more)
+    expected = fold_round(honest, [w for w in fits(8) if w.key != 3], state=state, batch=batch)
+    assert same_bytes(folded.result, expected.result)
 def test_work_needs_distinct_keys_and_a_positive_window():
     ctx = make_ctx(workers=1)
     with pytest.raises(ValueError, match="its own key"):

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
 import meshkit.plugins
-from meshkit.train import LocalPool, Reply, StrategyContext, Work, client_seed, decode, encode
-from meshkit import ProtocolError
+from meshkit.train import LocalPool, Reply, StrategyContext, Trainer, Work, client_seed, decode
+from meshkit.train import DivergedFit, encode
+from meshkit import MeshError, ProtocolError
 from meshkit.train import answer_relay_request, broadcast, fold_round, parse_relay_request
 from meshkit.train._host_relay import FanoutRequest, FoldAnswer, FoldRequest, RelayFailure
 from meshkit.train._host_relay import parse_fold_answer, relay_weight
@@ -443,8 +445,13 @@ PROBES: dict[str, tuple[list, list]] = {
         [[[0, -1, {}]], [[0, 2 ** 53 + 1, {}]], [[0, 1, {"loss": math.nan}]],
          [[0, 1, {"loss": "low"}]], [[0, "many", {}]], [[1, 1, {}]]]),
     "list of keys (key: int 0..2^63-1), served keys only": ([[], [0]], [[-1], ["0"], [1]]),
+    "list of [rank, why] (rank one the relay carries, why: str up to 65536 chars)": (
+        [[], [[1, ""]], [[2, _LONG_TEXT]]], [[[3, "x"]], [[0, "x"]], [["1", "x"]], [[1, 3]],
+                                            [[1, _LONG_TEXT + "x"]]]),
+    "list of keys (key: int 0..2^63-1), not-served keys only": ([[], [1]],
+                                                                 [[-1], ["1"], [0]]),
     "str, 1..65536 chars": (["x", _LONG_TEXT], ["", _LONG_TEXT + "x", 1]),
-    '"aggregation", or null': ([None, "aggregation"], ["other", 1]),
+    '"aggregation", "nonfinite", or null': ([None, "aggregation", "nonfinite"], ["other", 1]),
     "int 1..2^31-1, or null": ([None, 1, 2 ** 31 - 1], [0, 2 ** 31, "1"]),
 }
 
@@ -498,3 +505,79 @@ def test_a_relay_cuts_its_own_error_to_the_bound_the_coordinator_checks():
                                   {"op": "fold", "seq": 3, "label": "x" * (3 * MAX_ERROR)})
     assert 0 < len(answer["error"]) <= MAX_ERROR
     assert isinstance(parse_fold_answer(answer, keys=[0], carried=[1, 2]), RelayFailure)
+
+
+class _Refusing(Trainer):
+    """A rank whose every fit is an ``error`` reply (a broken or hostile node)."""
+
+    def _fit(self, request: Any) -> Any:
+        raise RuntimeError("this node refuses")
+
+
+def test_a_failing_rank_behind_a_relay_sits_the_round_out_and_is_named_upstream():
+    state = synthetic().init_state(0)
+    pool = RelayedPool()
+    pool._relays["hostB"].trainers[4] = _Refusing(synthetic())
+    ctx = context(pool)
+    folded = fold_round(ctx, fits(8), state=state)
+    assert folded.failed == {4: "host relay 'hostB': error: fit: RuntimeError: this node "
+                                "refuses"}
+    assert folded.not_served == {} and 4 not in folded.served.values()
+    assert ctx.dead == {} and ctx.strikes == {4: 1}  # counted upstream, towards quarantine
+    for key, value in flat_result(state).result.items():
+        np.testing.assert_allclose(folded.result[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_clients_own_failure_behind_a_relay_is_not_served_again_elsewhere():
+    class BrokenShard(Trainer):
+        def _fit(self, request: Any) -> Any:
+            if request.get("shard") == 5:
+                raise RuntimeError("client 5 breaks")
+            return super()._fit(request)
+
+    pool = RelayedPool()
+    for name in ("hostA", "hostB"):
+        for rank in pool.layout[name]:
+            pool._relays[name].trainers[rank] = BrokenShard(synthetic())
+    folded = fold_round(context(pool), fits(8), state=synthetic().init_state(0))
+    assert list(folded.not_served) == [5] and "failed on 2 ranks" in folded.not_served[5]
+    assert sorted(pool.asked) == ["hostA:fold", "hostB:fold"]  # not a second wave for it
+    assert folded.failed == {}
+
+
+def test_a_relay_answering_an_error_sits_the_round_out_with_its_ranks():
+    def fail(answer: dict) -> None:
+        answer.clear()
+        answer["error"] = "the relay's disk is full"
+
+    state = synthetic().init_state(0)
+    pool = RelayedPool(corrupt={"hostA": fail})
+    folded = fold_round(context(pool), fits(8), state=state)
+    assert pool.asked == ["hostA:fold", "hostB:fold", "hostB:fold"]  # hostA not asked again
+    why = "host relay 'hostA' failed: the relay's disk is full"
+    assert folded.failed == {1: why, 2: why} and folded.not_served == {}
+    assert set(folded.served.values()) == {3, 4}
+    ctx = context(RelayedPool(corrupt={"hostA": fail}))
+    ctx.accept_failures = False
+    with pytest.raises(MeshError, match="host relay 'hostA' failed: the relay's disk is full"):
+        fold_round(ctx, fits(8), state=state)
+
+
+def test_a_diverged_fit_behind_a_relay_is_the_models_not_the_relays():
+    class Diverged:
+        """synthetic, whose fits report a NaN loss (a diverged model)."""
+
+        def __init__(self) -> None:
+            self.inner = synthetic()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def fit(self, state: Any, x: Any, y: Any, *, seed: int) -> Any:
+            return attrs.evolve(self.inner.fit(state, x, y, seed=seed),
+                                metrics={"train_loss": math.nan})
+
+    pool = RelayedPool()
+    pool._relays["hostB"].trainers[3] = Trainer(Diverged())
+    with pytest.raises(DivergedFit, match="host relay 'hostB': .*train_loss = nan"):
+        fold_round(context(pool), fits(8), state=synthetic().init_state(0))

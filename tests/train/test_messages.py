@@ -9,6 +9,7 @@ real worker process.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any, Callable
@@ -390,15 +391,24 @@ def test_a_worker_breaking_any_reply_costs_only_its_own_rank(op, data):
     result, reports, ctx = run(strategy, options, op,
                                lambda reply: broken(reply, field, how, value)
                                if field in reply or how != "missing" else {"seq": -1})
-    # Only the breaching rank was dropped, named with a protocol error.
-    assert list(ctx.dead) == [BAD], (op, field, how, ctx.dead)
-    assert ctx.dead[BAD].startswith("protocol error"), ctx.dead
-    assert sum(r.dropped == (BAD,) for r in reports) == 1
+    if op == "take" and field == "state" and how == "wrong model":
+        # A contribution that does not match the model may be its client's fault: the
+        # rank sits out each round it sends one (named in `failed`), never dead before
+        # quarantine (meshkit.train._failures).
+        assert ctx.dead == {}, ctx.dead
+        failed = [r.failed for r in reports if r.failed]
+        assert failed and all(list(f) == [BAD] and f[BAD].startswith("protocol error")
+                              for f in failed), failed
+    else:
+        # Only the breaching rank was dropped, named with a protocol error.
+        assert list(ctx.dead) == [BAD], (op, field, how, ctx.dead)
+        assert ctx.dead[BAD].startswith("protocol error"), ctx.dead
+        assert sum(r.dropped == (BAD,) for r in reports) == 1
     # The run finished with the others, every client of every round served...
     assert [r.round for r in reports] == [1, 2]
     for report in reports:
         assert report.not_served == {}
-        assert BAD not in report.served.values() or report.round == 1
+        assert BAD not in report.served.values() or report.round == 1 or not ctx.dead
     reference = honest(strategy, options)[0].state
     assert result.state.keys() == reference.keys()
     if strategy == "federated":
@@ -478,16 +488,19 @@ def test_a_real_worker_sending_a_model_of_other_shapes_is_dropped_and_named(tmp_
                           extra="clients = 6\nmin_clients = 6", timeout=30.0)
     report = Runner(str(config)).run()
     assert report.ok, report
-    assert list(report.dropped) == [2]
+    # Its fits are checked where it folds them (a batched round), so the rank sits
+    # each round out, named, rather than being declared dead (issue 34: a wrong shape
+    # may be its client's fault; a rank failing in 3 rounds would be quarantined).
+    assert list(report.dropped) == []
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2]
-    assert rows[0]["dropped"] == [2] and rows[1]["dropped"] == []
     for row in rows:
         assert sorted(map(int, row["served"])) == list(range(6)) and row["not_served"] == {}
-        assert 2 not in row["served"].values()
-    summary = (out / "summary.json").read_text()
-    assert "protocol error" in summary and "partial sum of" in summary
-    assert "where the model has float32" in summary
+        assert 2 not in row["served"].values() and row["dropped"] == []
+        assert list(row["failed"]) == ["2"] and "ProtocolError" in row["failed"]["2"]
+        assert "where the model has an array float32" in row["failed"]["2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [entry.split(":")[0] for entry in summary["failed"]["2"]] == ["round 1", "round 2"]
 
 
 # -- docs/protocol.md is the schema --------------------------------------------------------
@@ -539,8 +552,10 @@ def test_a_task_reporting_a_nan_metric_is_the_tasks_error_not_a_breach():
     trainer = Trainer(Diverged())
     trainer.handle({"op": "set_state", "seq": 1, "state": trainer.task.init_state(0)})
     reply = trainer.handle({"op": "fit", "seq": 2, "shard": 0, "shards": 1, "seed": 0})
-    # An error the coordinator stops on with the task's message (a WorkerError),
+    # The model's divergence (`reason = "nonfinite"`: the run's on_nonfinite decides),
     # not a reply that would cost this honest worker its rank.
-    assert reply == {"error": "fit: MeshError: the task's fit reported train_loss = nan; "
+    assert reply == {"error": "fit: the task's fit reported train_loss = nan; "
                               "metrics must be finite numbers (a diverged model? lower the "
-                              "learning rate)", "seq": 2}
+                              "learning rate, or set [strategy] on_nonfinite = "
+                              "\"skip-round\")", "reason": "nonfinite", "seq": 2}
+    assert check_reply({"op": "fit"}, reply, 2) is reply

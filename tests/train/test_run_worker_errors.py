@@ -38,13 +38,20 @@ def config(tmp_path: Path, task: str) -> Path:
     return path
 
 
-def test_a_workers_error_names_the_log_holding_its_traceback_and_the_log_records_it(tmp_path):
+@pytest.mark.parametrize("accept", [True, False])
+def test_a_workers_error_names_the_log_holding_its_traceback_and_the_log_records_it(tmp_path,
+                                                                                   accept):
     (tmp_path / "failing.py").write_text(FAILING_TASK)
-    result = run_cli("run", str(config(tmp_path, "failing:Failing")), cwd=str(tmp_path),
-                     timeout=120)
+    path = config(tmp_path, "failing:Failing")
+    path.write_text(path.read_text() + f"accept_failures = {str(accept).lower()}\n")
+    result = run_cli("run", str(path), cwd=str(tmp_path), timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     log = tmp_path / "out" / "logs" / "worker-1.log"
-    assert "rank 1: fit: ValueError: the user's fit is broken" in result.stderr
+    if accept:  # the one client failed on the one worker: the round has nothing to fold
+        assert "0 of 1 clients served, fewer than min_clients = 1" in result.stderr
+        assert "rank 1: error: fit: ValueError: the user's fit is broken" in result.stderr
+    else:
+        assert "rank 1: fit: ValueError: the user's fit is broken" in result.stderr
     assert f"its traceback is in {log}" in result.stderr
     text = log.read_text()
     assert "Traceback" in text and "raise ValueError(\"the user's fit is broken\")" in text

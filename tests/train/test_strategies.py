@@ -419,17 +419,17 @@ def test_an_unknown_strategy_names_the_installed_ones_and_never_falls_back():
         assert name in message
 
 
-def test_a_worker_error_stops_the_run_with_the_workers_message():
+def test_without_accept_failures_a_worker_error_stops_the_run_with_the_workers_message():
     class Broken(ShardMean):
         def fit(self, state, x, y, *, seed):
             raise ValueError("bad shard")
 
     with pytest.raises(MeshError, match="rank 1: fit: ValueError: bad shard"):
-        strategy("federated", rounds=1).run(make_ctx(Broken(8)))
+        strategy("federated", rounds=1, accept_failures=False).run(make_ctx(Broken(8)))
 
 
-def test_a_worker_error_reply_still_stops_a_federated_run():
-    # (guard for the min_clients change: a task error is not a lost peer)
+def test_a_task_failing_everywhere_still_stops_a_federated_run_naming_the_error():
+    # Accepting failures: every rank is dropped for the round, so min_clients stops it.
     class Broken(ShardMean):
         def fit(self, state, x, y, *, seed):
             raise ValueError("shape mismatch")

@@ -1,0 +1,30 @@
+"""A Flower ``client_fn`` whose partition 2 is deterministically broken: a wrong shape.
+
+Flower code only (as a user's would be): partitions other than 2 are the
+numpy quickstart's client; partition 2's ``fit`` returns its weight matrix
+with one row too many, on whichever worker serves it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Context
+
+from examples.flower.quickstart_numpy import FlowerClient, load_data
+
+BROKEN = 2
+
+
+class Broken(FlowerClient):
+    def fit(self, parameters, config):
+        (w, b), n, metrics = super().fit(parameters, config)
+        return [np.vstack([w, w[:1]]), b], n, metrics
+
+
+def client_fn(context: Context):
+    partition_id = int(context.node_config["partition-id"])
+    num_partitions = int(context.node_config["num-partitions"])
+    train, test = load_data(partition_id, num_partitions)
+    cls = Broken if partition_id == BROKEN else FlowerClient
+    return cls(train, test, int(context.run_config["local-epochs"]),
+               float(context.run_config["learning-rate"])).to_client()
