@@ -60,6 +60,7 @@ from meshkit.secagg import (SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, Mask
                             SecAggParams, ServerRound, ShareBundle, UnmaskReply, choose_degree,
                             dequantize)
 from meshkit.train._messages import ADVERT_SIZE
+from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._secure_relay import masked_sum_request, parse_masked_sum_answer
 from meshkit.train._secure_worker import vector_keys
@@ -145,17 +146,34 @@ def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, 
     lost[rank] = ctx.pool.dead.get(rank, reason)
 
 
+def _failed(rank: int, error: str, lost: dict[int, str], accept_failures: bool) -> None:
+    """``rank`` answered a secure step with an ``error`` reply (its task raised).
+
+    With ``[strategy] accept_failures = true`` (the default) that costs the rank
+    its clients for this round, named with the reason; it is not declared dead,
+    so it plays again next round. ``false`` ends the run with the rank's error.
+    """
+    if not accept_failures:
+        raise WorkerError(rank, error)
+    log.warning("rank %d failed a secure round step; its clients leave the round: %s",
+                rank, error)
+    lost.setdefault(rank, f"failed: {error}")
+
+
 def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[str, Any],
                table: Any, rnd: int, shards: int, seeds: Mapping[int, int],
                fit: Mapping[str, Any] | None = None,
-               pinned: Mapping[int, int] | None = None) -> SecureSum:
+               pinned: Mapping[int, int] | None = None,
+               accept_failures: bool = True) -> SecureSum:
     """One secure round over the live workers (module docstring).
 
     ``clients`` is the round's cohort, ``seeds[c]`` client c's fit seed,
     ``shards`` how many clients the run has (a fit's ``shards``), ``fit``
     extra fields of every client's fit (``time_budget``, ``clip_norm``),
     ``pinned[c]`` the only rank that may play client c (its data is there:
-    ``[partitioner] name = "local"``).
+    ``[partitioner] name = "local"``), ``accept_failures`` (``[strategy]``)
+    whether a rank's ``error`` reply costs its clients the round (true) or
+    ends the run (false, :class:`~meshkit.WorkerError`).
     Raises :class:`~meshkit.RefusedError` when the round cannot be unmasked
     without weakening the guarantee (too few clients left at any step).
     """
@@ -184,9 +202,11 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         for rank in sorted(set(requests) - alive - set(lost)):
             lost[rank] = ctx.pool.dead.get(rank, "lost")
         answers = {}
-        for reply in ctx.call(sent):
+        for reply in pool_call(ctx.pool, sent, ctx.timeout):
             if reply.payload is None:
                 lost[reply.rank] = reply.error or "lost"
+            elif reply.payload.get("error"):
+                _failed(reply.rank, str(reply.payload["error"]), lost, accept_failures)
             else:
                 answers[reply.rank] = reply.payload
         return answers
@@ -241,7 +261,7 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
             "recipients": [s.recipient for s in rows],
             "sealed": (np.stack([np.frombuffer(s.sealed, np.uint8) for s in rows])
                        if rows else np.zeros((0, SEALED_SIZE), np.uint8)), **(fit or {})}
-    _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost)
+    _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
     requests = server.unmask_requests()  # refuses below the threshold, before any share moves
     told = next(iter(requests.values()))  # every survivor is told the same two sets
     replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
@@ -281,7 +301,7 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
 
 def _masked_step(ctx: StrategyContext, server: ServerRound,
                  masking: Mapping[int, Mapping[str, Any]], sharing: Mapping[int, list[int]],
-                 bits: int, lost: dict[int, str]) -> None:
+                 bits: int, lost: dict[int, str], accept_failures: bool) -> None:
     """Step 4: each worker's masked sum into ``server``, through its host relay when one
     carries several of the round's workers (one ``masked_sum`` relay request each)."""
     alive = set(ctx.live)
@@ -310,8 +330,13 @@ def _masked_step(ctx: StrategyContext, server: ServerRound,
                 lost.setdefault(rank, reply.error or "lost")
             continue
         if reply.payload.get("error"):
-            raise WorkerError(int(reply.payload.get("rank") or ranks[0]),
-                              str(reply.payload["error"]))
+            failed = int(reply.payload.get("rank") or ranks[0])
+            _failed(failed, str(reply.payload["error"]), lost, accept_failures)
+            if name:  # a relay answers with one rank's error: its sum of the others is lost
+                for rank in ranks:
+                    lost.setdefault(rank, f"its relay {name}'s sum was lost with rank "
+                                          f"{failed}'s error")
+            continue
         try:
             if not name:
                 ids = tuple(reply.payload["clients"])
@@ -320,7 +345,9 @@ def _masked_step(ctx: StrategyContext, server: ServerRound,
                 clients, vector, gone = parse_masked_sum_answer(
                     reply.payload, sorted(c for r in ranks for c in sharing[r]))
                 for rank, why in gone:
-                    if rank in ranks:
+                    if rank in ranks and why.startswith("failed: "):
+                        _failed(rank, why.removeprefix("failed: "), lost, accept_failures)
+                    elif rank in ranks:
                         lost.setdefault(rank, why)
                 ids = tuple(clients)
                 if vector is None:
@@ -367,5 +394,6 @@ def _why(client: int, rank: int, lost: Mapping[int, str], rosters: Mapping[int, 
         step = "before sending its masked input"
         cause = f"its shares did not open, or were too few, on rank {rank} (that node's log)"
     if rank in lost:
-        cause = f"rank {rank} was lost ({lost[rank]})"
+        cause = (f"rank {rank} {lost[rank]}" if lost[rank].startswith("failed: ")
+                 else f"rank {rank} was lost ({lost[rank]})")
     return f"dropped {step}: {cause}"

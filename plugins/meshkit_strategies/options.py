@@ -117,6 +117,11 @@ class FederatedOptions:
     #: them) or "poisson" (each independently with probability fraction, from
     #: the run seed: what a privacy accountant's amplification assumes).
     sampling: str = attrs.field(default="fixed", validator=attrs.validators.in_(SAMPLING))
+    #: A member's failure (an error reply) costs that member the round, named in
+    #: the metrics row (true, Flower's default); false ends the run instead
+    #: (DESIGN §10, for debugging a trusted cluster).
+    accept_failures: bool = attrs.field(default=True, validator=attrs.validators.instance_of(
+        bool))
 
 
 @attrs.frozen

@@ -249,3 +249,41 @@ def test_a_share_that_does_not_open_drops_its_recipient_before_masking_and_no_on
                                              "shares did not open")
     np.testing.assert_array_equal(revealed.total, plaintext(state, list(revealed.contributors),
                                                             revealed.params))
+
+
+class Failing(Trainer):
+    """A worker whose task raises on ``op``: it answers with an ``error`` reply."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(task())
+        self.op = op
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if request.get("op") == self.op:
+            return {"error": f"{self.op}: RuntimeError: broken on purpose",
+                    "seq": request["seq"]}
+        return super().handle(request)
+
+
+@pytest.mark.parametrize("op", ["secagg_keys", "secagg_share", "secagg_mask", "secagg_unmask"])
+def test_an_error_reply_costs_its_rank_the_round_and_is_named_with_the_reason(op):
+    ctx = context(5, trainers={3: Failing(op)})
+    state, revealed = play(ctx)
+    # Rank 3 (clients 2 and 7) is not declared dead: it plays again next round.
+    assert ctx.dead == {}
+    if op == "secagg_unmask":  # masked already: in the sum, unmasked from the others' shares
+        contributors = list(range(CLIENTS))
+    else:
+        contributors = [c for c in range(CLIENTS) if c not in (2, 7)]
+        assert set(revealed.not_served) == {2, 7}
+        assert f"rank 3 failed: {op}: RuntimeError: broken on purpose" in \
+            revealed.not_served[2]
+    assert revealed.contributors == tuple(contributors)
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, contributors, revealed.params))
+
+
+def test_with_accept_failures_false_an_error_reply_ends_the_run():
+    ctx = context(5, trainers={3: Failing("secagg_mask")})
+    with pytest.raises(meshkit.WorkerError, match="broken on purpose"):
+        play(ctx, accept_failures=False)
