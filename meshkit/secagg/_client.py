@@ -6,14 +6,19 @@ travel and when a client is late. Its stages, in order (each method once):
 
 1. :meth:`ClientRound.advertise`: fresh key pairs and self-mask seed, the advert;
 2. :meth:`ClientRound.share`: from the roster, the graph, then the
-   self-mask seed and the mask private key split t-of-k among the
-   neighbours, sealed to each;
+   self-mask seed and the mask private key split t-of-(k + 1) among the
+   neighbours and the client itself (it keeps its own share, as Bonawitz
+   et al. §4 and Flower's secaggplus_mod do: a round then survives
+   ``k + 1 - t`` of a client's holders dropping, not ``k - t``), sealed to
+   each neighbour;
 3. :meth:`ClientRound.mask`: from the delivered shares (whose senders are
    the neighbours it masks with), the quantised update plus the self-mask
    plus the pairwise masks, mod ``2**modulus_bits``;
-4. :meth:`ClientRound.unmask`: for the survivors, the shares of their
-   self-mask seeds; for the dropped, the shares of their mask keys; never
-   both for one client, and nothing when fewer than ``t`` survive.
+4. :meth:`ClientRound.unmask`: for the survivors (itself included), the
+   shares of their self-mask seeds; for the dropped, the shares of their
+   mask keys; never both for one client, and nothing when fewer than ``t``
+   survive. Its own mask key's share never leaves it: a survivor is never
+   dropped.
 
 Sign convention: for neighbours ``u < v`` the pairwise mask is added by
 ``u`` and subtracted by ``v``, so the pair's masks cancel in the sum.
@@ -68,6 +73,8 @@ class ClientRound:
         self._sealing: dict[int, bytes] = {}
         #: owner -> (share of its self-mask seed, share of its mask key), from the delivery.
         self._held: dict[int, tuple[bytes, bytes]] = {}
+        #: This client's own shares of its two secrets (its point is ``client + 1``).
+        self._own: tuple[bytes, bytes] = (b"", b"")
 
     @property
     def masked_length(self) -> int:
@@ -99,11 +106,11 @@ class ClientRound:
         if got != mine:
             raise SecAggError(f"the roster's adverts are from {list(got)}, not from this client's "
                               f"neighbours {list(mine)}", None)
-        if len(mine) < self.params.threshold:
+        if len(mine) + 1 < self.params.threshold:
             raise RefusedError(
-                f"client {self.client} has {len(mine)} neighbours, fewer than the threshold "
-                f"{self.params.threshold}: its secrets could not be rebuilt; a round needs more "
-                "clients, or a lower threshold")
+                f"client {self.client} has {len(mine)} neighbours and its own share, fewer than "
+                f"the threshold {self.params.threshold}: its secrets could not be rebuilt; a "
+                "round needs more clients, or a lower threshold")
         for advert in roster.adverts:
             try:
                 key = derive(agree(self._share_private, advert.share_key), self.round_seed,
@@ -113,9 +120,11 @@ class ClientRound:
                                   advert.client) from None
             self._adverts[advert.client] = advert
             self._sealing[advert.client] = key
-        xs = [v + 1 for v in mine]
+        # The last point is the client's own: it holds one share of each of its secrets.
+        xs = [v + 1 for v in mine] + [self.client + 1]
         seed_shares = shamir_split(self._seed, self.params.threshold, xs)
         key_shares = shamir_split(self._mask_private, self.params.threshold, xs)
+        self._own = (seed_shares[-1].to_bytes(), key_shares[-1].to_bytes())
         sealed = tuple(
             SealedShares(self.client, v, seal(self._sealing[v], s.to_bytes() + k.to_bytes(),
                                               self.round_seed, self.client, v))
@@ -154,10 +163,11 @@ class ClientRound:
             if seed_share.x != self.client + 1 or key_share.x != self.client + 1:
                 raise SecAggError(f"client {owner}'s shares are for another holder", owner)
             self._held[owner] = (plain[:SHARE_SIZE], plain[SHARE_SIZE:])
-        if len(self._held) < self.params.threshold:
+        if len(self._held) + 1 < self.params.threshold:
             raise RefusedError(
-                f"client {self.client} received shares from {len(self._held)} neighbours, fewer "
-                f"than the threshold {self.params.threshold}; it does not mask with so few")
+                f"client {self.client} received shares from {len(self._held)} neighbours, and "
+                f"holds its own: fewer than the threshold {self.params.threshold}; it does not "
+                "mask with so few")
         bits = self.params.modulus_bits
         size = self.masked_length
         out = np.empty(size, dtype=dtype)
@@ -193,7 +203,8 @@ class ClientRound:
         if unaccounted:
             raise SecAggError(f"the unmask request leaves neighbours {unaccounted}, who shared "
                               "with this client, neither surviving nor dropped", None)
-        seed_shares = tuple((o, self._held[o][0]) for o in sorted(self._held) if o in survivors)
+        held = {**self._held, self.client: self._own}  # its own share of its own seed too
+        seed_shares = tuple((o, held[o][0]) for o in sorted(held) if o in survivors)
         key_shares = tuple((o, self._held[o][1]) for o in sorted(self._held) if o in dropped)
         return UnmaskReply(self.client, seed_shares, key_shares)
 

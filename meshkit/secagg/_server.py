@@ -154,11 +154,11 @@ class ServerRound:
                 for c in members}
 
     def _need(self, count: int, what: str) -> None:
-        if count < self.params.threshold + 1:
+        if count < self.params.threshold:
             raise RefusedError(
                 f"{count} clients {what}; a round with threshold {self.params.threshold} needs "
-                f"at least {self.params.threshold + 1} (each needs {self.params.threshold} "
-                "neighbours to hold its shares); nothing was unmasked")
+                f"at least {self.params.threshold} (each needs {self.params.threshold - 1} "
+                "neighbours and itself to hold its shares); nothing was unmasked")
 
     # -- stage 2: shares ---------------------------------------------------------------------
 
@@ -178,15 +178,16 @@ class ServerRound:
     def deliveries(self) -> dict[int, ShareDelivery]:
         """Closes stage 2: each sharer's delivery, the sealed shares its sharing neighbours sent it.
 
-        A sharer left with fewer than ``t`` sharing neighbours could not have
-        its secrets rebuilt, so it is left out (as if it had not shared),
-        until every remaining one has ``t``.
+        A sharer left with fewer than ``t - 1`` sharing neighbours (it holds
+        the ``t``-th share itself) could not have its secrets rebuilt, so it
+        is left out (as if it had not shared), until every remaining one has
+        enough.
         """
         self._at(1, "deliveries")
         shared = set(self._bundles)
         while True:
             thin = {c for c in shared
-                    if sum(v in shared for v in self._graph[c]) < self.params.threshold}
+                    if sum(v in shared for v in self._graph[c]) + 1 < self.params.threshold}
             if not thin:
                 break
             shared -= thin
@@ -249,7 +250,7 @@ class ServerRound:
         self._from(reply.client, self._masked, "unmasking shares")
         if reply.client in self._replies:
             raise SecAggError(f"second unmasking shares from client {reply.client}", reply.client)
-        held = self._shared[reply.client]
+        held = tuple(sorted((*self._shared[reply.client], reply.client)))  # its own share too
         want_seeds = tuple(o for o in held if o in self._masked)
         want_keys = tuple(o for o in held if o not in self._masked)
         if tuple(o for o, _ in reply.seed_shares) != want_seeds \
