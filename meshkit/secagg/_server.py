@@ -31,7 +31,7 @@ one is pinned on the holder whose share disagrees with the others
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 import numpy as np
@@ -72,7 +72,11 @@ class ServerRound:
 
     ``params`` the round's parameters, ``clients`` the cohort (distinct ids,
     at most ``params.clients``), ``round_seed`` its public seed, ``length``
-    the update's number of elements.
+    the update's number of elements, ``groups`` (optional) each client's
+    party, e.g. the worker rank that plays it: a share that rebuilds a wrong
+    secret is searched for by leaving out whole parties, so an insider
+    playing several clients cannot hide behind a second bad share (each
+    client its own party when not given).
 
     Raises: :class:`SecAggError` naming the client whose message does not
     fit (the state is unchanged); :class:`~meshkit.RefusedError` when too
@@ -81,7 +85,7 @@ class ServerRound:
     """
 
     def __init__(self, params: SecAggParams, clients: Sequence[int], round_seed: bytes,
-                 length: int) -> None:
+                 length: int, groups: Optional[Mapping[int, int]] = None) -> None:
         cohort = sorted(clients)
         if len(set(cohort)) != len(cohort) or not 2 <= len(cohort) <= params.clients \
                 or not all(0 <= c <= MAX_CLIENT_ID for c in cohort):
@@ -102,6 +106,9 @@ class ServerRound:
         self._sum = np.zeros(self.masked_length, dtype=self._dtype)
         self._dropped: tuple[int, ...] = ()
         self._replies: dict[int, UnmaskReply] = {}
+        #: client -> the party that plays it (a worker's rank): the unit a bad share is
+        #: pinned on, since one party playing several clients can lie through all of them.
+        self._groups = dict(groups or {})
 
     @property
     def masked_length(self) -> int:
@@ -338,19 +345,26 @@ class ServerRound:
         secret = self._try(shares, holders[:t], owner, ok)
         if secret is not None:
             return secret
-        # One bad share among the first t + 1: leave each out in turn.
-        window = holders[:min(len(holders), t + 1, _MAX_SUSPECTS + 1)]
-        if len(window) > t:
-            for suspect in window:
-                rest = [h for h in window if h != suspect][:t]
-                if self._try(shares, rest, owner, ok) is not None:
-                    self._replies.pop(suspect, None)
-                    raise SecAggError(
-                        f"client {suspect}'s share of client {owner}'s secret disagrees with the "
-                        "others (its reply is discarded)", suspect)
+        # A bad share among the first t: leave out one party at a time (every holder it
+        # plays), rebuilding from the first t of the others. Leaving out single holders
+        # would not do: a party playing two holders with bad shares survives each try.
+        def party(holder: int) -> int:
+            return self._groups.get(holder, -1 - holder)
+
+        suspects = sorted({party(h) for h in holders[:t]})[:_MAX_SUSPECTS]
+        for suspect in suspects:
+            rest = [h for h in holders if party(h) != suspect]
+            if len(rest) >= t and self._try(shares, rest[:t], owner, ok) is not None:
+                left_out = [h for h in holders if party(h) == suspect]
+                for holder in left_out:
+                    self._replies.pop(holder, None)
+                raise SecAggError(
+                    f"the shares of client {owner}'s secret held by clients {left_out} "
+                    + ("" if suspect < 0 else f"(played by party {suspect}) ")
+                    + "disagree with the others (their replies are discarded)", left_out[0])
         raise SecAggError(
             f"the shares of client {owner}'s secret rebuild a value that fails its commitment, "
-            f"and leaving out any one holder does not mend it (holders {holders[:t + 1]})", None)
+            f"and leaving out any one party does not mend it (holders {holders})", None)
 
     @staticmethod
     def _try(shares: dict[int, Share], holders: Sequence[int], owner: int,

@@ -193,7 +193,10 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         plan.setdefault(rank, []).append(client)
     lost: dict[int, str] = {}
     round_seed = secrets.token_bytes(SEED_SIZE)
-    server = ServerRound(params, cohort, round_seed, length)
+    # A bad unmasking share is searched for by rank: a worker playing several clients
+    # could otherwise hide one bad share behind another.
+    server = ServerRound(params, cohort, round_seed, length,
+                         groups={c: r for r, cs in plan.items() for c in cs})
 
     def call(requests: dict[int, dict[str, Any]]) -> dict[int, Mapping[str, Any]]:
         """Each still-live planned rank's reply; the lost ones are recorded as such."""

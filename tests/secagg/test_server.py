@@ -85,9 +85,10 @@ def test_a_relays_modular_sum_counts_as_its_clients_inputs(
     assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, result.contributors))
 
 
-def _masked_stage(params: SecAggParams, ups: dict[int, np.ndarray], seed: bytes):
+def _masked_stage(params: SecAggParams, ups: dict[int, np.ndarray], seed: bytes,
+                  groups: dict[int, int] | None = None):
     clients = {c: ClientRound(params, c, seed, len(ups[0])) for c in ups}
-    server = ServerRound(params, list(ups), seed, len(ups[0]))
+    server = ServerRound(params, list(ups), seed, len(ups[0]), groups=groups)
     for c in clients.values():
         server.receive_advert(c.advertise())
     for c, roster in server.rosters().items():
@@ -140,6 +141,34 @@ def test_a_wrong_share_is_pinned_on_its_holder_and_the_sum_survives_without_it(
     assert caught.value.client == 0 and isinstance(caught.value, ProtocolError)
     result = server.finish()  # holder 0's reply is discarded: 8 replies are plenty
     assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, tuple(range(9))))
+
+
+def _lie(reply: UnmaskReply, owner: int) -> UnmaskReply:
+    """``reply`` with its share of ``owner``'s self-mask seed altered."""
+    shares = tuple((o, s[:-1] + bytes([s[-1] ^ 1]) if o == owner else s)
+                   for o, s in reply.seed_shares)
+    return UnmaskReply(reply.client, shares, reply.key_shares)
+
+
+def test_a_party_playing_two_holders_with_bad_shares_is_left_out_whole(
+        updates: Updates, exact_sum: Sum, round_seed: bytes) -> None:
+    # Clients 0 and 1 are one worker's (party 7): both lie about client 5's seed. Leaving
+    # out one holder at a time never mends the secret; leaving out the party does.
+    params = SecAggParams(clients=10, degree=0, threshold=5, clip_range=1.0)
+    ups = updates(params, 16)
+    groups = {c: 7 if c < 2 else 100 + c for c in range(10)}
+    clients, server, masked = _masked_stage(params, ups, round_seed, groups)
+    for c in range(10):
+        server.receive_masked(masked[c])
+    for c, request in server.unmask_requests().items():
+        reply = clients[c].unmask(request)
+        server.receive_unmask(_lie(reply, 5) if c < 2 else reply)
+    with pytest.raises(SecAggError, match=r"held by clients \[0, 1\] \(played by party 7\)") \
+            as caught:
+        server.finish()
+    assert caught.value.client == 0
+    result = server.finish()  # both replies discarded: eight are plenty for t = 5
+    assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, tuple(range(10))))
 
 
 def test_a_bad_message_is_blamed_on_its_client_and_changes_nothing(

@@ -287,3 +287,25 @@ def test_with_accept_failures_false_an_error_reply_ends_the_run():
     ctx = context(5, trainers={3: Failing("secagg_mask")})
     with pytest.raises(meshkit.WorkerError, match="broken on purpose"):
         play(ctx, accept_failures=False)
+
+
+def _lie_about(owner: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Every share of ``owner``'s self-mask seed in a reply altered (off the polynomial)."""
+    def breach(reply: dict[str, Any]) -> dict[str, Any]:
+        shares = reply["shares"].copy()
+        for i, (o, k) in enumerate(zip(reply["owners"], reply["kinds"])):
+            if o == owner and k == 0:
+                shares[i, -1] ^= 1
+        return {**reply, "shares": shares}
+    return breach
+
+
+def test_bad_unmasking_shares_from_a_rank_playing_two_clients_cost_that_rank_only():
+    # Rank 3 plays clients 2 and 7; both lie about client 4's seed. Leaving out one holder
+    # at a time cannot find them; leaving out rank 3 (both its clients) does.
+    ctx = context(5, trainers={3: Breaching("secagg_unmask", _lie_about(4))})
+    state, revealed = play(ctx)
+    assert list(ctx.dead) == [3] and "held by clients [2, 7] (played by party 3)" in ctx.dead[3]
+    assert revealed.contributors == tuple(range(CLIENTS))  # its inputs were masked already
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, list(range(CLIENTS)), revealed.params))
