@@ -46,6 +46,7 @@ from meshkit.privacy import PLAIN_MEANS
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
+from meshkit.train._secure_round import secure_plan
 from meshkit.train._sharding import shard_bounds
 
 __all__ = ["build_components", "check_secure_aggregation", "SECURE_MEANS", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
@@ -531,10 +532,18 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
             f"virtual clock (fedbuff does: it folds updates in the order their simulated "
             f"fits finish); remove the [simulation] table, or use [strategy] name = "
             f"\"fedbuff\"")
+    secure = None
     if cfg.secure_aggregation is not None:
         check_secure_aggregation(cfg, strategy)
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
+        options = getattr(strategy, "options", None)
+        secure = secure_plan(cfg.secure_aggregation,
+                             run_clients(cfg, strategy, partitioner, task), cfg.mesh.workers,
+                             # Poisson sampling may draw every client in one round.
+                             fraction=(1.0 if getattr(options, "sampling", "") == "poisson"
+                                       else getattr(options, "fraction", 1.0)),
+                             min_clients=getattr(options, "min_clients", 1), path=cfg.path)
     check = getattr(strategy, "check", None)
     if callable(check):
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -578,6 +587,9 @@ def build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]:
         "privacy": privacy,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
         "secure_aggregation": cfg.secure_aggregation,
+        #: A secure run's cohort, graph and how many workers a round survives losing
+        #: (:func:`meshkit.train._secure_round.secure_plan`), else None.
+        "secure_plan": secure,
         #: (q, ε after every configured round) of a private run, else None.
         "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds, task),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).

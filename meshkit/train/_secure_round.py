@@ -56,7 +56,7 @@ import attrs
 import numpy as np
 
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
-from meshkit.secagg import (SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, MaskedSum, SealedShares,
+from meshkit.secagg import (MAX_CLIENTS, SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, MaskedSum, SealedShares,
                             SecAggParams, ServerRound, ShareBundle, UnmaskReply, choose_degree,
                             dequantize)
 from meshkit.train._messages import ADVERT_SIZE
@@ -66,7 +66,9 @@ from meshkit.train._secure_relay import masked_sum_request, parse_masked_sum_ans
 from meshkit.train._secure_worker import vector_keys
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["SecureSum", "secure_sum", "round_params", "AUTO_DROPOUT"]
+__all__ = ["SecureSum", "secure_sum", "round_params", "plan_cohort", "survivable_workers",
+           "secure_plan",
+           "AUTO_DROPOUT"]
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +106,65 @@ class SecureSum:
         return out
 
 
-@functools.lru_cache(maxsize=64)
-def _auto_degree(clients: int) -> tuple[int, int]:
-    return choose_degree(clients, dropout=AUTO_DROPOUT)
+@functools.lru_cache(maxsize=256)
+def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
+    """``degree = "auto"``: :data:`AUTO_DROPOUT` of the cohort, and any one worker, may drop.
+
+    :func:`choose_degree` bounds the chance that a client keeps too few
+    surviving holders when a random :data:`AUTO_DROPOUT` of the cohort drops.
+    A worker takes all its clients with it, so the degree is then raised
+    until the round survives losing the worker with the most clients in the
+    worst case over the graph (:func:`survivable_workers`), keeping the
+    threshold a majority of each client's neighbourhood.
+    """
+    degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
+    k = clients - 1 if degree == 0 else degree
+    while k + 1 - threshold < per_worker and k < clients - 1:
+        k = min(k + 2, clients - 1)
+        threshold = max(threshold, k // 2 + 1)
+    return (0 if k >= clients - 1 else k), threshold
 
 
-def round_params(table: Any, clients: int, where: str = "[secure_aggregation]") -> SecAggParams:
-    """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring)."""
+def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
+    """How many workers a round survives losing at any step, in the worst case over its graph.
+
+    ``loads`` are the clients each worker plays. A client's secrets have
+    ``k + 1`` holders (its ``k`` neighbours and itself) and need ``t``: losing
+    ``L`` clients leaves every client at least ``k + 1 - L`` holders (a lost
+    client's own share is lost with it, but it is then one of the ``L``), so
+    any set of workers whose clients number at most ``k + 1 - t`` may be
+    lost: the count of the largest loads that fit that budget.
+    """
+    budget = params.effective_degree + 1 - params.threshold
+    lost = survived = 0
+    for load in sorted(loads, reverse=True):
+        if lost + load > budget:
+            break
+        lost += load
+        survived += 1
+    return min(survived, max(len(loads) - 1, 0))
+
+
+def round_params(table: Any, clients: int, where: str = "[secure_aggregation]",
+                 per_worker: int = 1) -> SecAggParams:
+    """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
+
+    ``per_worker`` is the most clients one worker plays this round (what
+    ``degree = "auto"`` must survive losing).
+    """
     if clients < 3:
         raise RefusedError(
             f"{where}: a secure round of {clients} client(s): with one the sum is its update, "
             f"with two each learns the other's from the sum and its own. Sample at least 3 "
             f"clients per round ([strategy] clients, fraction, min_clients)")
+    if clients > MAX_CLIENTS:
+        raise ConfigError(
+            f"{where}: a secure round of {clients} clients; at most {MAX_CLIENTS} can take "
+            f"part in one (client ids and the quantisation headroom are sized for that). "
+            f"Lower [strategy] clients or fraction")
     auto_t = None
     if table.degree == "auto":
-        degree, auto_t = _auto_degree(clients)
+        degree, auto_t = _auto_degree(clients, per_worker)
     else:
         degree = int(table.degree)
     probe = SecAggParams(clients=clients, degree=degree, threshold=1,
@@ -137,6 +183,44 @@ def round_params(table: Any, clients: int, where: str = "[secure_aggregation]") 
             f"{table.degree!r}); lower threshold, raise degree (0: the complete graph), or "
             f"sample more clients")
     return attrs.evolve(probe, threshold=threshold)
+
+
+def plan_cohort(cohort: Sequence[int], live: Sequence[int],
+                pinned: Mapping[int, int] | None = None) -> dict[int, list[int]]:
+    """Which rank plays which clients: round-robin over ``live`` in client order, or ``pinned``."""
+    plan: dict[int, list[int]] = {}
+    for i, client in enumerate(sorted(cohort)):
+        rank = live[i % len(live)] if pinned is None else pinned[client]
+        plan.setdefault(rank, []).append(client)
+    return plan
+
+
+def secure_plan(table: Any, clients: int, workers: int, fraction: float = 1.0,
+                min_clients: int = 1, path: str = "") -> dict[str, Any]:
+    """What ``meshkit check`` says of a secure run's rounds: the cohort, graph and survival.
+
+    ``clients`` the run's clients, ``workers`` the live workers a round is
+    planned over (``[mesh] workers``), ``fraction`` and ``min_clients`` the
+    cohort's sampling (a fixed cohort of ``ceil(fraction * clients)``).
+    Raises :class:`~meshkit.ConfigError` naming ``[strategy] clients`` for a
+    cohort above :data:`~meshkit.secagg.MAX_CLIENTS`, and what
+    :func:`round_params` raises for the table.
+    """
+    cohort = min(clients, max(1, min_clients, math.ceil(round(fraction * clients, 9))))
+    if cohort > MAX_CLIENTS:
+        raise ConfigError(
+            f"{path}: [strategy] clients = {clients}: a secure round's cohort would be "
+            f"{cohort} clients, and at most {MAX_CLIENTS} can take part in one (client ids and "
+            f"the quantisation headroom are sized for that). Lower [strategy] clients, or "
+            f"sample fewer with [strategy] fraction")
+    plan = plan_cohort(range(cohort), list(range(1, max(1, workers) + 1)))
+    loads = [len(cs) for cs in plan.values()]
+    where = f"{path}: [secure_aggregation]" if path else "[secure_aggregation]"
+    params = round_params(table, cohort, where=where, per_worker=max(loads))
+    return {"cohort": cohort, "workers": len(loads), "clients_per_worker": max(loads),
+            "degree": params.effective_degree, "threshold": params.threshold,
+            "survives_losing_workers": survivable_workers(params, loads),
+            "survives_losing_clients": params.effective_degree + 1 - params.threshold}
 
 
 def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, str]) -> None:
@@ -178,19 +262,16 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     without weakening the guarantee (too few clients left at any step).
     """
     cohort = sorted(clients)
-    params = round_params(table, len(cohort))
+    live = ctx.live
+    if not live:
+        raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
+    plan = plan_cohort(cohort, live, pinned)
+    params = round_params(table, len(cohort), per_worker=max(map(len, plan.values())))
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
     if length == 0:
         raise RefusedError("[secure_aggregation]: the model has no floating-point arrays to "
                            "sum; a secure round has nothing to hide or to average")
-    live = ctx.live
-    if not live:
-        raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
-    plan: dict[int, list[int]] = {}
-    for i, client in enumerate(cohort):
-        rank = live[i % len(live)] if pinned is None else pinned[client]
-        plan.setdefault(rank, []).append(client)
     lost: dict[int, str] = {}
     round_seed = secrets.token_bytes(SEED_SIZE)
     # A bad unmasking share is searched for by rank: a worker playing several clients
