@@ -6,7 +6,10 @@ answered, or the deadline passed) by calling the next stage's method.
 Stages, in order:
 
 1. :meth:`receive_advert` for each client, then :meth:`rosters` (U1: who advertised);
-2. :meth:`receive_shares`, then :meth:`deliveries` (U2: who shared);
+2. :meth:`receive_shares`, then :meth:`deliveries` (U2: who shared); a
+   share that does not open for its recipient is settled by :meth:`judge`
+   (from the sealer's revealed ephemeral key) and the party at fault taken
+   out by :meth:`exclude`, before anyone masks;
 3. :meth:`receive_masked`, then :meth:`unmask_requests` (U3: whose
    masked input is in the sum; U2 minus U3 dropped after sharing);
 4. :meth:`receive_unmask`, then :meth:`finish`: the exact integer sum of
@@ -37,15 +40,15 @@ import attrs
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive, public_key,
-                                       seed_commitment)
+from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
+                                       open_revealed, public_key, seed_commitment)
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
                                       SealedShares, SecAggError, ShareBundle, ShareDelivery,
                                       UnmaskReply, UnmaskRequest)
 from meshkit.secagg._params import SecAggParams, masked_length
-from meshkit.secagg._shamir import Share, shamir_combine
+from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_combine
 
 __all__ = ["ServerRound", "SecAggResult"]
 
@@ -101,11 +104,15 @@ class ServerRound:
         self._keys: dict[bytes, int] = {}  # every advertised public key -> its client
         self._graph: dict[int, tuple[int, ...]] = {}
         self._bundles: dict[int, ShareBundle] = {}
+        #: (sender, recipient) -> the sealed share routed, kept to settle accusations.
+        self._sealed: dict[tuple[int, int], bytes] = {}
         self._shared: dict[int, tuple[int, ...]] = {}   # U2 member -> its U2 neighbours
         self._masked: set[int] = set()
         self._sum = np.zeros(self.masked_length, dtype=self._dtype)
         self._dropped: tuple[int, ...] = ()
         self._replies: dict[int, UnmaskReply] = {}
+        #: Taken out after the shares were opened (:meth:`exclude`).
+        self._excluded: set[int] = set()
         #: client -> the party that plays it (a worker's rank): the unit a bad share is
         #: pinned on, since one party playing several clients can lie through all of them.
         self._groups = dict(groups or {})
@@ -205,10 +212,67 @@ class ServerRound:
             for sealed in self._bundles[sender].shares:
                 if sealed.recipient in inbox:
                     inbox[sealed.recipient].append(sealed)
+                    self._sealed[sender, sealed.recipient] = sealed.sealed
         self._bundles.clear()
         self._stage = 2
         return {c: ShareDelivery(c, tuple(sorted(box, key=lambda s: s.sender)))
                 for c, box in inbox.items()}
+
+    # -- between stages 2 and 3: accusations --------------------------------------------------
+
+    def judge(self, sender: int, recipient: int, ephemeral: Optional[bytes]) -> int:
+        """Who is at fault when ``recipient`` says ``sender``'s shares do not open.
+
+        ``ephemeral`` is the key ``sender`` revealed for that sealed share
+        (None: it revealed none). The coordinator opens the share it routed
+        itself: the sender is at fault when it revealed no key, a key that is
+        not the one the share was sealed with, or one under which the share
+        does not open or holds no share pair for ``recipient``; otherwise the
+        share was sound and the accuser is at fault. Neither side's word is
+        taken: the verdict rests on the sealed bytes the sender itself sent.
+        """
+        self._at(2, "judge")
+        if self._masked:
+            raise RuntimeError("ServerRound.judge called after a masked input was taken in")
+        if (sender, recipient) not in self._sealed:
+            raise SecAggError(f"client {recipient} accuses client {sender}, who sealed it no "
+                              "share this round", recipient)
+        if ephemeral is None:
+            return sender
+        try:
+            plain = open_revealed(ephemeral, self._adverts[recipient].share_key,
+                                  self._sealed[sender, recipient], self.round_seed, sender,
+                                  recipient)
+            pair = Share.from_bytes(plain[:SHARE_SIZE]), Share.from_bytes(plain[SHARE_SIZE:])
+        except ValueError:
+            return sender
+        if len(plain) != 2 * SHARE_SIZE or any(s.x != recipient + 1 for s in pair):
+            return sender
+        return recipient
+
+    def exclude(self, clients: Iterable[int]) -> tuple[int, ...]:
+        """Takes ``clients`` out of the round before anyone masks; every client now out.
+
+        For a party found at fault in :meth:`judge`: nobody masks with an
+        excluded client and none of its secrets is needed. A sharer left with
+        too few sharing neighbours goes too (as in :meth:`deliveries`), so
+        the result may name more clients than asked; tell every masker all
+        of them. Refuses when fewer than ``t`` sharers remain.
+        """
+        self._at(2, "exclude")
+        if self._masked:
+            raise RuntimeError("ServerRound.exclude called after a masked input was taken in")
+        shared = set(self._shared) - set(clients)
+        while True:
+            thin = {c for c in shared
+                    if sum(v in shared for v in self._graph[c]) + 1 < self.params.threshold}
+            if not thin:
+                break
+            shared -= thin
+        self._need(len(shared), "remain after the excluded")
+        self._excluded.update(set(self._shared) - shared)
+        self._shared = {c: tuple(v for v in self._graph[c] if v in shared) for c in sorted(shared)}
+        return tuple(sorted(self._excluded))
 
     # -- stage 3: masked inputs --------------------------------------------------------------
 

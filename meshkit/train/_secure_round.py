@@ -334,17 +334,38 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
             _bad(ctx, rank, exc, lost)
     deliveries = server.deliveries()
     sharing = {r: [c for c in cs if c in deliveries] for r, cs in advertised.items()}
-    masking = {}
+    opening = {}
     for rank, cs in sharing.items():
         if not cs:
             continue
         rows = [s for c in cs for s in deliveries[c].shares]
-        masking[rank] = {
-            "op": "secagg_mask", "clients": cs, "seeds": [int(seeds[c]) for c in cs],
-            "shards": shards, "senders": [s.sender for s in rows],
+        opening[rank] = {
+            "op": "secagg_open", "clients": cs, "senders": [s.sender for s in rows],
             "recipients": [s.recipient for s in rows],
             "sealed": (np.stack([np.frombuffer(s.sealed, np.uint8) for s in rows])
-                       if rows else np.zeros((0, SEALED_SIZE), np.uint8)), **(fit or {})}
+                       if rows else np.zeros((0, SEALED_SIZE), np.uint8))}
+    accusations: list[tuple[int, int]] = []
+    for rank, reply in call(opening).items():
+        try:
+            pairs = [(int(s), int(r)) for s, r in zip(reply["senders"], reply["recipients"])]
+            for sender, recipient in pairs:
+                if recipient not in sharing[rank] or not any(
+                        row.sender == sender for row in deliveries[recipient].shares):
+                    raise ProtocolError(f"an accusation of client {sender} by client "
+                                        f"{recipient}, which it did not deliver to")
+            accusations.extend(pairs)
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    where = {c: r for r, cs in plan.items() for c in cs}
+    excluded = _settle(ctx, server, accusations, where, plan, lost, call) if accusations else ()
+    gone = set(excluded)
+    masking = {}
+    for rank, cs in sharing.items():
+        cs = [c for c in cs if c not in gone]
+        if cs:
+            masking[rank] = {"op": "secagg_mask", "clients": cs,
+                             "seeds": [int(seeds[c]) for c in cs], "shards": shards,
+                             "excluded": list(excluded), **(fit or {})}
     _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
     requests = server.unmask_requests()  # refuses below the threshold, before any share moves
     told = next(iter(requests.values()))  # every survivor is told the same two sets
@@ -375,9 +396,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         size = np.asarray(state[key]).size
         summed[key] = total[offset:offset + size].reshape(np.shape(state[key]))
         offset += size
-    where = {c: r for r, cs in plan.items() for c in cs}
     served = {c: where[c] for c in result.contributors}
-    not_served = {c: _why(c, where[c], lost, rosters, deliveries)
+    not_served = {c: _why(c, where[c], lost, rosters, deliveries, gone)
                   for c in cohort if c not in served}
     return SecureSum(summed, tuple(result.contributors), served, not_served, params,
                      result.total, dropped=tuple(result.dropped))
@@ -452,6 +472,50 @@ def _split(row: Any) -> tuple[bytes, bytes, bytes]:
     return raw[:32], raw[32:64], raw[64:ADVERT_SIZE]
 
 
+def _settle(ctx: StrategyContext, server: ServerRound, accusations: Sequence[tuple[int, int]],
+            where: Mapping[int, int], plan: Mapping[int, list[int]], lost: dict[int, str],
+            call: Any) -> tuple[int, ...]:
+    """Accusations (sender, recipient: "its shares do not open") settled before anyone masks.
+
+    Each accused sealer's rank is asked for the ephemeral keys it sealed
+    those shares with (``secagg_reveal``), and :meth:`ServerRound.judge`
+    opens each share the coordinator routed: the sealer's rank is at fault
+    when it reveals nothing or a key under which the share does not open,
+    the accuser's when the share opens. The rank at fault is declared dead
+    with the reason and all its clients are taken out of the round
+    (:meth:`ServerRound.exclude`): nobody masks with them. Returns every
+    client taken out.
+    """
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for sender, recipient in accusations:
+        by_rank.setdefault(where[sender], []).append((sender, recipient))
+    revealed = call({r: {"op": "secagg_reveal", "senders": [s for s, _ in pairs],
+                         "recipients": [v for _, v in pairs]}
+                     for r, pairs in by_rank.items()})
+    faulty: dict[int, str] = {}
+    for rank, pairs in sorted(by_rank.items()):
+        keys = revealed.get(rank, {}).get("keys")
+        if keys is not None and len(keys) != len(pairs):
+            _bad(ctx, rank, ProtocolError(f"{len(keys)} revealed keys for {len(pairs)} accused "
+                                          f"shares"), lost)
+            keys = None
+        for i, (sender, recipient) in enumerate(pairs):
+            key = None if keys is None else bytes(keys[i])
+            if server.judge(sender, recipient, key) == sender:
+                faulty.setdefault(rank, f"client {sender}'s shares for client {recipient} do not "
+                                        f"open under the key it revealed")
+            else:
+                faulty.setdefault(where[recipient], f"client {recipient} accused client "
+                                                    f"{sender} of shares that do open")
+    for rank, why in sorted(faulty.items()):
+        log.warning("rank %d is at fault in a secure round: %s", rank, why)
+        if rank in set(ctx.live):
+            _bad(ctx, rank, ProtocolError(why), lost)
+        else:
+            lost.setdefault(rank, f"protocol error: {why}")
+    return server.exclude([c for r in faulty for c in plan[r]])
+
+
 def _finish(ctx: StrategyContext, server: ServerRound, sharing: Mapping[int, list[int]],
             lost: dict[int, str]) -> Any:
     """``server.finish()``, dropping each holder whose share fails its owner's commitment."""
@@ -468,15 +532,17 @@ def _finish(ctx: StrategyContext, server: ServerRound, sharing: Mapping[int, lis
 
 
 def _why(client: int, rank: int, lost: Mapping[int, str], rosters: Mapping[int, Any],
-         deliveries: Mapping[int, Any]) -> str:
+         deliveries: Mapping[int, Any], excluded: set[int]) -> str:
     """Why ``client`` (played by ``rank``) is not in the round's sum."""
     if client not in rosters:
         step, cause = "before advertising keys", "its advert was refused"
     elif client not in deliveries:
         step, cause = "before sharing its secrets", "too few of its neighbours shared with it"
+    elif client in excluded:
+        step, cause = "before masking", "too few of its neighbours remained in the round"
     else:
         step = "before sending its masked input"
-        cause = f"its shares did not open, or were too few, on rank {rank} (that node's log)"
+        cause = f"rank {rank} sent no masked input for it"
     if rank in lost:
         cause = (f"rank {rank} {lost[rank]}" if lost[rank].startswith("failed: ")
                  else f"rank {rank} was lost ({lost[rank]})")

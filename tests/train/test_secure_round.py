@@ -183,6 +183,7 @@ def test_auto_degree_and_threshold_follow_the_cohort():
 #: a client adds to it).
 GARBLED = {"secagg_keys": ("clients", "adverts"), "secagg_share": ("senders", "recipients",
                                                                    "sealed"),
+           "secagg_open": ("senders", "recipients"),
            "secagg_mask": ("clients", "vector"),
            "secagg_unmask": ("holders", "owners", "kinds", "shares")}
 
@@ -234,21 +235,45 @@ def test_any_garbled_secure_reply_is_its_ranks_fault_or_a_clean_refusal(op, data
                                   plaintext(state, list(revealed.contributors), revealed.params))
 
 
-def test_a_share_that_does_not_open_drops_its_recipient_before_masking_and_no_one_else():
+def _garbage(rows: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A share reply whose first sealed row, or every one, is garbage."""
     def tamper(reply: dict[str, Any]) -> dict[str, Any]:
         sealed = reply["sealed"].copy()
-        sealed[0, -1] ^= 1  # client 2's share for its first neighbour, client 0
+        if rows == "one":
+            sealed[0, -1] ^= 1  # client 2's share for its first neighbour, client 0
+        else:
+            sealed[:, 32:] = np.random.default_rng(5).integers(0, 256, sealed[:, 32:].shape)
         return {**reply, "sealed": sealed}
+    return tamper
 
-    ctx = context(5, trainers={3: Breaching("secagg_share", tamper)})
+
+@pytest.mark.parametrize("rows", ["one", "every"])
+def test_garbage_sealed_shares_cost_their_sealer_never_the_accuser(rows):
+    ctx = context(5, trainers={3: Breaching("secagg_share", _garbage(rows))})
     state, revealed = play(ctx)
-    # Rank 3 cannot be told from a coordinator that misrouted; client 0 masks nothing.
-    assert ctx.dead == {}
-    assert 0 not in revealed.contributors and len(revealed.contributors) == CLIENTS - 1
-    assert revealed.not_served[0].startswith("dropped before sending its masked input: its "
-                                             "shares did not open")
-    np.testing.assert_array_equal(revealed.total, plaintext(state, list(revealed.contributors),
-                                                            revealed.params))
+    # The accusers' word is not taken: rank 3 revealed its ephemeral keys, and the shares it
+    # sealed do not open under them. Rank 3 (clients 2 and 7) is out; every accuser masks.
+    assert list(ctx.dead) == [3]
+    assert "client 2's shares for client 0 do not open under the key it revealed" in ctx.dead[3]
+    others = [c for c in range(CLIENTS) if c not in (2, 7)]
+    assert revealed.contributors == tuple(others) and set(revealed.not_served) == {2, 7}
+    assert revealed.not_served[2].startswith("dropped before masking: rank 3 was lost "
+                                             "(protocol error: client 2's shares")
+    np.testing.assert_array_equal(revealed.total, plaintext(state, others, revealed.params))
+
+
+def test_a_false_accusation_costs_the_accuser_never_the_accused():
+    def accuse(reply: dict[str, Any]) -> dict[str, Any]:
+        # Rank 3's client 2 says client 0's (sound) shares did not open.
+        return {**reply, "senders": [0], "recipients": [2]}
+
+    ctx = context(5, trainers={3: Breaching("secagg_open", accuse)})
+    state, revealed = play(ctx)
+    assert list(ctx.dead) == [3]
+    assert "client 2 accused client 0 of shares that do open" in ctx.dead[3]
+    others = [c for c in range(CLIENTS) if c not in (2, 7)]
+    assert revealed.contributors == tuple(others)
+    np.testing.assert_array_equal(revealed.total, plaintext(state, others, revealed.params))
 
 
 class Failing(Trainer):
