@@ -150,12 +150,25 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "client_count": None if parts["clients"] is None else parts["clients"].count,
         "clients_sampled": None if parts["clients"] is None else parts["clients"].sampled,
         "privacy": parts.get("privacy_plan"),
+        "secure_aggregation": parts.get("secure_plan"),
         "observers": [
             {"name": component.name,
              "plugin": component.provenance.plugin if component.provenance else None,
              "options": attrs.asdict(opts) if opts is not None and attrs.has(type(opts)) else {}}
             for component, opts in plan.observers],
     }
+
+
+def _secure_line(plan: dict[str, Any]) -> str:
+    """What a secure round survives, in one line."""
+    lost, clients = plan["survives_losing_workers"], plan["survives_losing_clients"]
+    return (f"secure aggregation: a cohort of {plan['cohort']} clients over {plan['workers']} "
+            f"worker(s), at most {plan['clients_per_worker']} each; degree "
+            f"{plan['degree']}, threshold {plan['threshold']}: a round survives losing any "
+            f"{lost} worker{'' if lost == 1 else 's'} (any {clients} "
+            f"client{'' if clients == 1 else 's'}) at any step" + ("" if lost else
+                                      "; losing one stops the round: add workers, lower "
+                                      "threshold or raise degree"))
 
 
 @click.command("check")
@@ -200,6 +213,8 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo("rounds = 0: evaluation only; no worker is started")
         if parts.get("privacy_plan"):
             click.echo(_privacy_line(parts["privacy_plan"]))
+        if parts.get("secure_plan"):
+            click.echo(_secure_line(parts["secure_plan"]))
         note = _out_note(plan)
         if note:
             click.echo(note)

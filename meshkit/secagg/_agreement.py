@@ -1,10 +1,18 @@
 """Key agreement and share encryption: X25519, HKDF-SHA256, AES-256-GCM.
 
 Each client makes two fresh X25519 key pairs per round (Bonawitz et al.
-2017): the *share* pair, whose agreement with a neighbour keys the AES-GCM
-encryption of the shares it sends that neighbour (so the coordinator that
-routes them reads nothing), and the *mask* pair, whose agreement with a
-neighbour is the pairwise mask seed. Every derived key is HKDF-SHA256 (RFC
+2017): the *share* pair, to which its neighbours seal the shares they send
+it (so the coordinator that routes them reads nothing), and the *mask*
+pair, whose agreement with a neighbour is the pairwise mask seed.
+
+Shares are sealed to the recipient's share key with a fresh *ephemeral*
+X25519 key per sealed share (:func:`seal_to`, ECIES-style; the ephemeral
+public key travels in front of the ciphertext). That is what makes a share
+that does not open provable: the sealer can be asked for that one
+ephemeral private key (:func:`open_revealed`), which the coordinator checks
+against the ephemeral public key it routed and uses to open the share
+itself. Revealing it exposes that one share and nothing else the sealer
+holds; a static agreement key would expose every share sealed under it. Every derived key is HKDF-SHA256 (RFC
 5869) of the raw X25519 value, salted with the round's public seed and
 labelled with its purpose and both ids (smaller first), so no key serves
 two purposes, two pairs or two rounds. The self-mask seed is 32 bytes from
@@ -24,7 +32,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 __all__ = ["KEY_SIZE", "generate_key_pair", "public_key", "agree", "check_public_key", "derive",
-           "seed_commitment", "seal", "PAIRWISE", "SEALING", "open_sealed", "SEALED_OVERHEAD"]
+           "seed_commitment", "seal", "PAIRWISE", "SEALING", "open_sealed", "SEALED_OVERHEAD",
+           "seal_to", "open_from", "open_revealed", "SEALED_TO_OVERHEAD"]
 
 #: Bytes of an X25519 public or private key, and of every derived key.
 KEY_SIZE = 32
@@ -107,3 +116,47 @@ def open_sealed(key: bytes, sealed: bytes, round_seed: bytes, sender: int, recip
     except InvalidTag:
         raise ValueError("the sealed shares do not authenticate (tampered, misrouted, or "
                          "sealed under another key)") from None
+
+
+#: What :func:`seal_to` adds: the ephemeral public key, then :data:`SEALED_OVERHEAD`.
+SEALED_TO_OVERHEAD = KEY_SIZE + SEALED_OVERHEAD
+
+
+def seal_to(recipient_key: bytes, plaintext: bytes, round_seed: bytes, sender: int,
+            recipient: int) -> tuple[bytes, bytes]:
+    """``plaintext`` sealed to ``recipient_key`` under a fresh ephemeral key: (its private, sealed).
+
+    The key is HKDF-SHA256 of X25519(ephemeral, recipient_key), bound like
+    :func:`derive` to the round and both ids; ``sealed`` is the ephemeral
+    public key followed by :func:`seal`'s output. Keep the ephemeral private
+    key to answer an accusation (:func:`open_revealed`). ``ValueError`` for a
+    recipient key of the wrong size or small order.
+    """
+    ephemeral, ephemeral_public = generate_key_pair()
+    key = derive(agree(ephemeral, recipient_key), round_seed, SEALING, sender, recipient)
+    return ephemeral, ephemeral_public + seal(key, plaintext, round_seed, sender, recipient)
+
+
+def open_from(recipient_private: bytes, sealed: bytes, round_seed: bytes, sender: int,
+              recipient: int) -> bytes:
+    """The recipient's side of :func:`seal_to`; ``ValueError`` when it does not open."""
+    if len(sealed) < SEALED_TO_OVERHEAD:
+        raise ValueError("a sealed share is shorter than its ephemeral key, nonce and tag")
+    key = derive(agree(recipient_private, sealed[:KEY_SIZE]), round_seed, SEALING, sender,
+                 recipient)
+    return open_sealed(key, sealed[KEY_SIZE:], round_seed, sender, recipient)
+
+
+def open_revealed(ephemeral_private: bytes, recipient_key: bytes, sealed: bytes,
+                  round_seed: bytes, sender: int, recipient: int) -> bytes:
+    """A third party's opening of :func:`seal_to` with the sealer's revealed ephemeral key.
+
+    ``ValueError`` when the key is not the one whose public half is in front
+    of ``sealed``, or when ``sealed`` does not open under it.
+    """
+    if len(sealed) < SEALED_TO_OVERHEAD or len(ephemeral_private) != KEY_SIZE:
+        raise ValueError("a sealed share or ephemeral key of the wrong size")
+    if public_key(ephemeral_private) != sealed[:KEY_SIZE]:
+        raise ValueError("the revealed key is not the one the share was sealed with")
+    key = derive(agree(ephemeral_private, recipient_key), round_seed, SEALING, sender, recipient)
+    return open_sealed(key, sealed[KEY_SIZE:], round_seed, sender, recipient)

@@ -6,14 +6,23 @@ travel and when a client is late. Its stages, in order (each method once):
 
 1. :meth:`ClientRound.advertise`: fresh key pairs and self-mask seed, the advert;
 2. :meth:`ClientRound.share`: from the roster, the graph, then the
-   self-mask seed and the mask private key split t-of-k among the
-   neighbours, sealed to each;
-3. :meth:`ClientRound.mask`: from the delivered shares (whose senders are
-   the neighbours it masks with), the quantised update plus the self-mask
-   plus the pairwise masks, mod ``2**modulus_bits``;
-4. :meth:`ClientRound.unmask`: for the survivors, the shares of their
-   self-mask seeds; for the dropped, the shares of their mask keys; never
-   both for one client, and nothing when fewer than ``t`` survive.
+   self-mask seed and the mask private key split t-of-(k + 1) among the
+   neighbours and the client itself (it keeps its own share, as Bonawitz
+   et al. §4 and Flower's secaggplus_mod do: a round then survives
+   ``k + 1 - t`` of a client's holders dropping, not ``k - t``), sealed to
+   each neighbour;
+3. :meth:`ClientRound.open`: the delivered shares opened (their senders
+   are the neighbours it masks with); the senders whose shares did not open
+   are returned, and :meth:`ClientRound.reveal` answers such an accusation
+   against this client with the one ephemeral key it sealed with;
+   :meth:`ClientRound.mask_opened`: the quantised update plus the
+   self-mask plus the pairwise masks, mod ``2**modulus_bits``
+   (:meth:`ClientRound.mask` does both);
+4. :meth:`ClientRound.unmask`: for the survivors (itself included), the
+   shares of their self-mask seeds; for the dropped, the shares of their
+   mask keys; never both for one client, and nothing when fewer than ``t``
+   survive. Its own mask key's share never leaves it: a survivor is never
+   dropped.
 
 Sign convention: for neighbours ``u < v`` the pairwise mask is added by
 ``u`` and subtracted by ``v``, so the pair's masks cancel in the sum.
@@ -22,13 +31,13 @@ Sign convention: for neighbours ``u < v`` the pairwise mask is added by
 from __future__ import annotations
 
 import secrets
-from typing import Optional
+from typing import Iterable
 
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import (PAIRWISE, SEALING, agree, derive, generate_key_pair,
-                                       open_sealed, seal, seed_commitment)
+from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
+                                       generate_key_pair, open_from, seal_to, seed_commitment)
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
@@ -65,9 +74,16 @@ class ClientRound:
         self._seed = secrets.token_bytes(SEED_SIZE)
         self._stage = 0
         self._adverts: dict[int, KeyAdvert] = {}
-        self._sealing: dict[int, bytes] = {}
+        #: recipient -> the ephemeral private key its shares were sealed with.
+        self._ephemeral: dict[int, bytes] = {}
+        #: The neighbours that sent shares (in the delivery), whether or not they opened.
+        self._sharers: list[int] = []
+        #: sender -> why its shares did not open.
+        self._unopened: dict[int, str] = {}
         #: owner -> (share of its self-mask seed, share of its mask key), from the delivery.
         self._held: dict[int, tuple[bytes, bytes]] = {}
+        #: This client's own shares of its two secrets (its point is ``client + 1``).
+        self._own: tuple[bytes, bytes] = (b"", b"")
 
     @property
     def masked_length(self) -> int:
@@ -99,36 +115,100 @@ class ClientRound:
         if got != mine:
             raise SecAggError(f"the roster's adverts are from {list(got)}, not from this client's "
                               f"neighbours {list(mine)}", None)
-        if len(mine) < self.params.threshold:
+        if len(mine) + 1 < self.params.threshold:
             raise RefusedError(
-                f"client {self.client} has {len(mine)} neighbours, fewer than the threshold "
-                f"{self.params.threshold}: its secrets could not be rebuilt; a round needs more "
-                "clients, or a lower threshold")
+                f"client {self.client} has {len(mine)} neighbours and its own share, fewer than "
+                f"the threshold {self.params.threshold}: its secrets could not be rebuilt; a "
+                "round needs more clients, or a lower threshold")
         for advert in roster.adverts:
             try:
-                key = derive(agree(self._share_private, advert.share_key), self.round_seed,
-                             SEALING, self.client, advert.client)
+                check_public_key(advert.share_key)
             except ValueError as error:
                 raise SecAggError(f"client {advert.client}'s share key: {error}",
                                   advert.client) from None
             self._adverts[advert.client] = advert
-            self._sealing[advert.client] = key
-        xs = [v + 1 for v in mine]
+        # The last point is the client's own: it holds one share of each of its secrets.
+        xs = [v + 1 for v in mine] + [self.client + 1]
         seed_shares = shamir_split(self._seed, self.params.threshold, xs)
         key_shares = shamir_split(self._mask_private, self.params.threshold, xs)
-        sealed = tuple(
-            SealedShares(self.client, v, seal(self._sealing[v], s.to_bytes() + k.to_bytes(),
-                                              self.round_seed, self.client, v))
-            for v, s, k in zip(mine, seed_shares, key_shares))
-        return ShareBundle(self.client, sealed)
+        self._own = (seed_shares[-1].to_bytes(), key_shares[-1].to_bytes())
+        sealed = []
+        for v, s, k in zip(mine, seed_shares, key_shares):
+            ephemeral, box = seal_to(self._adverts[v].share_key, s.to_bytes() + k.to_bytes(),
+                                     self.round_seed, self.client, v)
+            self._ephemeral[v] = ephemeral  # kept to answer an accusation (reveal)
+            sealed.append(SealedShares(self.client, v, box))
+        return ShareBundle(self.client, tuple(sealed))
+
+    def open(self, delivery: ShareDelivery) -> tuple[int, ...]:
+        """Step 4: opens the shares its neighbours sealed to it; the senders whose did not open.
+
+        A share that does not authenticate, does not parse, or is for another
+        holder is not held, and its sender is returned: an accusation the
+        coordinator can check without taking this client's word for it (it
+        asks the sender for that share's ephemeral key: :meth:`reveal`). A
+        delivery that is not this client's, or holds a non-neighbour's share,
+        is the coordinator's fault (:class:`SecAggError` blaming ``None``).
+        """
+        self._advance(2, "open")
+        if delivery.client != self.client:
+            raise SecAggError(f"a share delivery for client {delivery.client}", None)
+        accused = []
+        for sealed in delivery.shares:
+            owner = sealed.sender
+            if owner not in self._adverts or sealed.recipient != self.client:
+                raise SecAggError(f"shares from {owner} to {sealed.recipient}: not a neighbour's "
+                                  f"to this client", None)
+            self._sharers.append(owner)
+            try:
+                plain = open_from(self._share_private, sealed.sealed, self.round_seed,
+                                  owner, self.client)
+                seed_share = Share.from_bytes(plain[:SHARE_SIZE])
+                key_share = Share.from_bytes(plain[SHARE_SIZE:])
+                if seed_share.x != self.client + 1 or key_share.x != self.client + 1:
+                    raise ValueError("the shares are for another holder")
+            except ValueError as error:
+                self._unopened[owner] = str(error)
+                accused.append(owner)
+                continue
+            self._held[owner] = (plain[:SHARE_SIZE], plain[SHARE_SIZE:])
+        return tuple(accused)
+
+    def reveal(self, recipient: int) -> bytes:
+        """The ephemeral private key this client sealed ``recipient``'s shares with.
+
+        Asked for only when ``recipient`` says those shares do not open: it
+        lets the coordinator open that one sealed share itself and see who is
+        lying. It exposes this client's shares for ``recipient``, nothing else.
+        """
+        if self._stage < 2 or recipient not in self._ephemeral:
+            raise SecAggError(f"a reveal of client {self.client}'s shares for {recipient}, which "
+                              "it did not seal to", None)
+        return self._ephemeral[recipient]
 
     def mask(self, delivery: ShareDelivery, update: np.ndarray) -> MaskedInput:
+        """Steps 4 and 5 at once: :meth:`open`, then :meth:`mask_opened` with nobody excluded.
+
+        A share that does not open is a :class:`SecAggError` blaming its
+        sender here (for callers that do not settle accusations).
+        """
+        accused = self.open(delivery)
+        if accused:
+            raise SecAggError(f"client {accused[0]}'s shares: {self._unopened[accused[0]]}",
+                              accused[0])
+        return self.mask_opened(update)
+
+    def mask_opened(self, update: np.ndarray, excluded: Iterable[int] = ()) -> MaskedInput:
         """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it.
 
-        The masked vector is :attr:`masked_length` long: the update, then a 1
-        in each of the :data:`CHECK_ELEMENTS` (the coordinator's count check).
+        ``excluded`` are clients the coordinator took out of the round after
+        the shares were opened (a sealer proven to have sealed garbage, or an
+        accuser proven to have lied): no mask with them, no share of theirs
+        kept. The masked vector is :attr:`masked_length` long: the update,
+        then a 1 in each of the :data:`CHECK_ELEMENTS` (the coordinator's
+        count check).
         """
-        self._advance(2, "mask")
+        self._advance(3, "mask")
         dtype = vector_dtype(self.params.modulus_bits)
         if not isinstance(update, np.ndarray) or update.dtype != dtype \
                 or update.shape != (self.length,):
@@ -137,27 +217,17 @@ class ClientRound:
         if update.size and int(update.max()) > self.params.levels:
             raise ValueError(f"the update holds values above {self.params.levels}: quantize it "
                              "for this round's parameters")
-        if delivery.client != self.client:
-            raise SecAggError(f"a share delivery for client {delivery.client}", None)
-        for sealed in delivery.shares:
-            owner = sealed.sender
-            if owner not in self._sealing or sealed.recipient != self.client:
-                raise SecAggError(f"shares from {owner} to {sealed.recipient}: not a neighbour's "
-                                  f"to this client", None)
-            try:
-                plain = open_sealed(self._sealing[owner], sealed.sealed, self.round_seed,
-                                    owner, self.client)
-                seed_share = Share.from_bytes(plain[:SHARE_SIZE])
-                key_share = Share.from_bytes(plain[SHARE_SIZE:])
-            except ValueError as error:
-                raise SecAggError(f"client {owner}'s shares: {error}", owner) from None
-            if seed_share.x != self.client + 1 or key_share.x != self.client + 1:
-                raise SecAggError(f"client {owner}'s shares are for another holder", owner)
-            self._held[owner] = (plain[:SHARE_SIZE], plain[SHARE_SIZE:])
-        if len(self._held) < self.params.threshold:
+        gone = set(excluded)
+        if self.client in gone:
+            raise SecAggError(f"client {self.client} was excluded from the round", None)
+        self._sharers = [v for v in self._sharers if v not in gone]
+        for v in gone:
+            self._held.pop(v, None)
+        if len(self._sharers) + 1 < self.params.threshold:
             raise RefusedError(
-                f"client {self.client} received shares from {len(self._held)} neighbours, fewer "
-                f"than the threshold {self.params.threshold}; it does not mask with so few")
+                f"client {self.client} received shares from {len(self._sharers)} neighbours, "
+                f"and holds its own: fewer than the threshold {self.params.threshold}; it does "
+                "not mask with so few")
         bits = self.params.modulus_bits
         size = self.masked_length
         out = np.empty(size, dtype=dtype)
@@ -165,7 +235,9 @@ class ClientRound:
         out[self.length:] = 1  # the count check (CHECK_ELEMENTS)
         scratch = np.empty(size, dtype=dtype)
         add_mod(out, mask_vector(self._seed, size, bits, out=scratch), bits, out=out)
-        for other in sorted(self._held):
+        # Every sharer the coordinator kept, whether or not its share opened here: the
+        # coordinator cancels exactly those pairs' masks.
+        for other in sorted(self._sharers):
             seed = self._pairwise_seed(other)
             mask = mask_vector(seed, size, bits, out=scratch)
             (add_mod if self.client < other else sub_mod)(out, mask, bits, out=out)
@@ -180,7 +252,7 @@ class ClientRound:
 
     def unmask(self, request: UnmaskRequest) -> UnmaskReply:
         """Step 7: shares of the survivors' self-mask seeds and of the dropped's mask keys."""
-        self._advance(3, "unmask")
+        self._advance(4, "unmask")
         survivors, dropped = set(request.survivors), set(request.dropped)
         if request.client != self.client or self.client not in survivors:
             raise SecAggError(f"an unmask request for client {request.client} that does not "
@@ -189,11 +261,12 @@ class ClientRound:
             raise RefusedError(
                 f"{len(survivors)} survivors, fewer than the threshold {self.params.threshold}: "
                 f"client {self.client} reveals no share (no partial unmasking)")
-        unaccounted = sorted(set(self._held) - survivors - dropped)
+        unaccounted = sorted(set(self._sharers) - survivors - dropped)
         if unaccounted:
             raise SecAggError(f"the unmask request leaves neighbours {unaccounted}, who shared "
                               "with this client, neither surviving nor dropped", None)
-        seed_shares = tuple((o, self._held[o][0]) for o in sorted(self._held) if o in survivors)
+        held = {**self._held, self.client: self._own}  # its own share of its own seed too
+        seed_shares = tuple((o, held[o][0]) for o in sorted(held) if o in survivors)
         key_shares = tuple((o, self._held[o][1]) for o in sorted(self._held) if o in dropped)
         return UnmaskReply(self.client, seed_shares, key_shares)
 

@@ -27,7 +27,7 @@ import cattrs
 import numpy as np
 
 from meshkit.errors import ProtocolError
-from meshkit.secagg._agreement import KEY_SIZE, SEALED_OVERHEAD
+from meshkit.secagg._agreement import KEY_SIZE, SEALED_TO_OVERHEAD
 from meshkit.secagg._params import MAX_CLIENTS, MAX_LENGTH
 from meshkit.secagg._shamir import SHARE_SIZE
 
@@ -37,8 +37,9 @@ __all__ = ["SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle", 
 
 #: Client ids are integers 0 to MAX_CLIENT_ID (a share's x is id + 1, a uint32).
 MAX_CLIENT_ID = (1 << 32) - 2
-#: Bytes of one sealed share pair: the self-mask seed's and the mask key's shares, sealed.
-SEALED_SIZE = 2 * SHARE_SIZE + SEALED_OVERHEAD
+#: Bytes of one sealed share pair: the self-mask seed's and the mask key's shares, sealed to
+#: the recipient under an ephemeral key (its public half in front).
+SEALED_SIZE = 2 * SHARE_SIZE + SEALED_TO_OVERHEAD
 
 
 class SecAggError(ProtocolError):

@@ -6,7 +6,10 @@ answered, or the deadline passed) by calling the next stage's method.
 Stages, in order:
 
 1. :meth:`receive_advert` for each client, then :meth:`rosters` (U1: who advertised);
-2. :meth:`receive_shares`, then :meth:`deliveries` (U2: who shared);
+2. :meth:`receive_shares`, then :meth:`deliveries` (U2: who shared); a
+   share that does not open for its recipient is settled by :meth:`judge`
+   (from the sealer's revealed ephemeral key) and the party at fault taken
+   out by :meth:`exclude`, before anyone masks;
 3. :meth:`receive_masked`, then :meth:`unmask_requests` (U3: whose
    masked input is in the sum; U2 minus U3 dropped after sharing);
 4. :meth:`receive_unmask`, then :meth:`finish`: the exact integer sum of
@@ -31,21 +34,21 @@ one is pinned on the holder whose share disagrees with the others
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import attrs
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive, public_key,
-                                       seed_commitment)
+from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
+                                       open_revealed, public_key, seed_commitment)
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
                                       SealedShares, SecAggError, ShareBundle, ShareDelivery,
                                       UnmaskReply, UnmaskRequest)
 from meshkit.secagg._params import SecAggParams, masked_length
-from meshkit.secagg._shamir import Share, shamir_combine
+from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_combine
 
 __all__ = ["ServerRound", "SecAggResult"]
 
@@ -72,7 +75,11 @@ class ServerRound:
 
     ``params`` the round's parameters, ``clients`` the cohort (distinct ids,
     at most ``params.clients``), ``round_seed`` its public seed, ``length``
-    the update's number of elements.
+    the update's number of elements, ``groups`` (optional) each client's
+    party, e.g. the worker rank that plays it: a share that rebuilds a wrong
+    secret is searched for by leaving out whole parties, so an insider
+    playing several clients cannot hide behind a second bad share (each
+    client its own party when not given).
 
     Raises: :class:`SecAggError` naming the client whose message does not
     fit (the state is unchanged); :class:`~meshkit.RefusedError` when too
@@ -81,7 +88,7 @@ class ServerRound:
     """
 
     def __init__(self, params: SecAggParams, clients: Sequence[int], round_seed: bytes,
-                 length: int) -> None:
+                 length: int, groups: Optional[Mapping[int, int]] = None) -> None:
         cohort = sorted(clients)
         if len(set(cohort)) != len(cohort) or not 2 <= len(cohort) <= params.clients \
                 or not all(0 <= c <= MAX_CLIENT_ID for c in cohort):
@@ -97,11 +104,18 @@ class ServerRound:
         self._keys: dict[bytes, int] = {}  # every advertised public key -> its client
         self._graph: dict[int, tuple[int, ...]] = {}
         self._bundles: dict[int, ShareBundle] = {}
+        #: (sender, recipient) -> the sealed share routed, kept to settle accusations.
+        self._sealed: dict[tuple[int, int], bytes] = {}
         self._shared: dict[int, tuple[int, ...]] = {}   # U2 member -> its U2 neighbours
         self._masked: set[int] = set()
         self._sum = np.zeros(self.masked_length, dtype=self._dtype)
         self._dropped: tuple[int, ...] = ()
         self._replies: dict[int, UnmaskReply] = {}
+        #: Taken out after the shares were opened (:meth:`exclude`).
+        self._excluded: set[int] = set()
+        #: client -> the party that plays it (a worker's rank): the unit a bad share is
+        #: pinned on, since one party playing several clients can lie through all of them.
+        self._groups = dict(groups or {})
 
     @property
     def masked_length(self) -> int:
@@ -154,11 +168,11 @@ class ServerRound:
                 for c in members}
 
     def _need(self, count: int, what: str) -> None:
-        if count < self.params.threshold + 1:
+        if count < self.params.threshold:
             raise RefusedError(
                 f"{count} clients {what}; a round with threshold {self.params.threshold} needs "
-                f"at least {self.params.threshold + 1} (each needs {self.params.threshold} "
-                "neighbours to hold its shares); nothing was unmasked")
+                f"at least {self.params.threshold} (each needs {self.params.threshold - 1} "
+                "neighbours and itself to hold its shares); nothing was unmasked")
 
     # -- stage 2: shares ---------------------------------------------------------------------
 
@@ -178,15 +192,16 @@ class ServerRound:
     def deliveries(self) -> dict[int, ShareDelivery]:
         """Closes stage 2: each sharer's delivery, the sealed shares its sharing neighbours sent it.
 
-        A sharer left with fewer than ``t`` sharing neighbours could not have
-        its secrets rebuilt, so it is left out (as if it had not shared),
-        until every remaining one has ``t``.
+        A sharer left with fewer than ``t - 1`` sharing neighbours (it holds
+        the ``t``-th share itself) could not have its secrets rebuilt, so it
+        is left out (as if it had not shared), until every remaining one has
+        enough.
         """
         self._at(1, "deliveries")
         shared = set(self._bundles)
         while True:
             thin = {c for c in shared
-                    if sum(v in shared for v in self._graph[c]) < self.params.threshold}
+                    if sum(v in shared for v in self._graph[c]) + 1 < self.params.threshold}
             if not thin:
                 break
             shared -= thin
@@ -197,10 +212,67 @@ class ServerRound:
             for sealed in self._bundles[sender].shares:
                 if sealed.recipient in inbox:
                     inbox[sealed.recipient].append(sealed)
+                    self._sealed[sender, sealed.recipient] = sealed.sealed
         self._bundles.clear()
         self._stage = 2
         return {c: ShareDelivery(c, tuple(sorted(box, key=lambda s: s.sender)))
                 for c, box in inbox.items()}
+
+    # -- between stages 2 and 3: accusations --------------------------------------------------
+
+    def judge(self, sender: int, recipient: int, ephemeral: Optional[bytes]) -> int:
+        """Who is at fault when ``recipient`` says ``sender``'s shares do not open.
+
+        ``ephemeral`` is the key ``sender`` revealed for that sealed share
+        (None: it revealed none). The coordinator opens the share it routed
+        itself: the sender is at fault when it revealed no key, a key that is
+        not the one the share was sealed with, or one under which the share
+        does not open or holds no share pair for ``recipient``; otherwise the
+        share was sound and the accuser is at fault. Neither side's word is
+        taken: the verdict rests on the sealed bytes the sender itself sent.
+        """
+        self._at(2, "judge")
+        if self._masked:
+            raise RuntimeError("ServerRound.judge called after a masked input was taken in")
+        if (sender, recipient) not in self._sealed:
+            raise SecAggError(f"client {recipient} accuses client {sender}, who sealed it no "
+                              "share this round", recipient)
+        if ephemeral is None:
+            return sender
+        try:
+            plain = open_revealed(ephemeral, self._adverts[recipient].share_key,
+                                  self._sealed[sender, recipient], self.round_seed, sender,
+                                  recipient)
+            pair = Share.from_bytes(plain[:SHARE_SIZE]), Share.from_bytes(plain[SHARE_SIZE:])
+        except ValueError:
+            return sender
+        if len(plain) != 2 * SHARE_SIZE or any(s.x != recipient + 1 for s in pair):
+            return sender
+        return recipient
+
+    def exclude(self, clients: Iterable[int]) -> tuple[int, ...]:
+        """Takes ``clients`` out of the round before anyone masks; every client now out.
+
+        For a party found at fault in :meth:`judge`: nobody masks with an
+        excluded client and none of its secrets is needed. A sharer left with
+        too few sharing neighbours goes too (as in :meth:`deliveries`), so
+        the result may name more clients than asked; tell every masker all
+        of them. Refuses when fewer than ``t`` sharers remain.
+        """
+        self._at(2, "exclude")
+        if self._masked:
+            raise RuntimeError("ServerRound.exclude called after a masked input was taken in")
+        shared = set(self._shared) - set(clients)
+        while True:
+            thin = {c for c in shared
+                    if sum(v in shared for v in self._graph[c]) + 1 < self.params.threshold}
+            if not thin:
+                break
+            shared -= thin
+        self._need(len(shared), "remain after the excluded")
+        self._excluded.update(set(self._shared) - shared)
+        self._shared = {c: tuple(v for v in self._graph[c] if v in shared) for c in sorted(shared)}
+        return tuple(sorted(self._excluded))
 
     # -- stage 3: masked inputs --------------------------------------------------------------
 
@@ -249,7 +321,7 @@ class ServerRound:
         self._from(reply.client, self._masked, "unmasking shares")
         if reply.client in self._replies:
             raise SecAggError(f"second unmasking shares from client {reply.client}", reply.client)
-        held = self._shared[reply.client]
+        held = tuple(sorted((*self._shared[reply.client], reply.client)))  # its own share too
         want_seeds = tuple(o for o in held if o in self._masked)
         want_keys = tuple(o for o in held if o not in self._masked)
         if tuple(o for o, _ in reply.seed_shares) != want_seeds \
@@ -337,19 +409,26 @@ class ServerRound:
         secret = self._try(shares, holders[:t], owner, ok)
         if secret is not None:
             return secret
-        # One bad share among the first t + 1: leave each out in turn.
-        window = holders[:min(len(holders), t + 1, _MAX_SUSPECTS + 1)]
-        if len(window) > t:
-            for suspect in window:
-                rest = [h for h in window if h != suspect][:t]
-                if self._try(shares, rest, owner, ok) is not None:
-                    self._replies.pop(suspect, None)
-                    raise SecAggError(
-                        f"client {suspect}'s share of client {owner}'s secret disagrees with the "
-                        "others (its reply is discarded)", suspect)
+        # A bad share among the first t: leave out one party at a time (every holder it
+        # plays), rebuilding from the first t of the others. Leaving out single holders
+        # would not do: a party playing two holders with bad shares survives each try.
+        def party(holder: int) -> int:
+            return self._groups.get(holder, -1 - holder)
+
+        suspects = sorted({party(h) for h in holders[:t]})[:_MAX_SUSPECTS]
+        for suspect in suspects:
+            rest = [h for h in holders if party(h) != suspect]
+            if len(rest) >= t and self._try(shares, rest[:t], owner, ok) is not None:
+                left_out = [h for h in holders if party(h) == suspect]
+                for holder in left_out:
+                    self._replies.pop(holder, None)
+                raise SecAggError(
+                    f"the shares of client {owner}'s secret held by clients {left_out} "
+                    + ("" if suspect < 0 else f"(played by party {suspect}) ")
+                    + "disagree with the others (their replies are discarded)", left_out[0])
         raise SecAggError(
             f"the shares of client {owner}'s secret rebuild a value that fails its commitment, "
-            f"and leaving out any one holder does not mend it (holders {holders[:t + 1]})", None)
+            f"and leaving out any one party does not mend it (holders {holders})", None)
 
     @staticmethod
     def _try(shares: dict[int, Share], holders: Sequence[int], owner: int,

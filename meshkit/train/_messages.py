@@ -768,7 +768,8 @@ class SecAggShareReply:
                                 check=_any_ids)
     recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
                                    check=_any_ids)
-    sealed: Rows = _field("bytes nx168", "the sealed share pairs (AES-GCM)")
+    sealed: Rows = _field("bytes nx200", "the sealed share pairs (an ephemeral X25519 key, then "
+                                         "AES-GCM)")
 
     def __attrs_post_init__(self) -> None:
         _aligned(self, "senders", "recipients")
@@ -776,19 +777,77 @@ class SecAggShareReply:
 
 
 @attrs.frozen(kw_only=True)
+class SecAggOpenRequest:
+    """Step 3: the sealed shares delivered to this worker's clients, to open before anyone masks."""
+
+    seq: int = _seq(0)
+    clients: ClientIds = _ids_field("the clients the shares are for (each shared this round)")
+    senders: Integers = _field("list of client ids", "who sealed each delivered row",
+                                check=_any_ids)
+    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
+                                   check=_any_ids)
+    sealed: Rows = _field("bytes nx200", "the sealed share pairs delivered to `clients`")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients must name at least one client")
+        _aligned(self, "senders", "recipients")
+        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+
+
+@attrs.frozen(kw_only=True)
+class SecAggOpenReply:
+    """The accusations: each (sender, recipient) whose sealed share did not open."""
+
+    seq: int = _seq()
+    senders: Integers = _field("list of client ids", "the sealer of each share that did not "
+                                "open", check=_any_ids)
+    recipients: Integers = _field("list of client ids", "the client of this worker it did not "
+                                   "open for", check=_any_ids)
+
+    def __attrs_post_init__(self) -> None:
+        _aligned(self, "senders", "recipients")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggRevealRequest:
+    """Step 3b, only after an accusation: the ephemeral keys this worker's clients sealed with."""
+
+    seq: int = _seq(0)
+    senders: Integers = _field("list of client ids", "the accused sealers (this worker's "
+                                "clients)", check=_any_ids)
+    recipients: Integers = _field("list of client ids", "the accusers, in `senders` order",
+                                   check=_any_ids)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.senders:
+            raise ValueError("senders must name at least one client")
+        _aligned(self, "senders", "recipients")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggRevealReply:
+    """The ephemeral private key each accused share was sealed with, in the request's order."""
+
+    seq: int = _seq()
+    keys: Rows = _field("bytes nx32", "the X25519 ephemeral private keys (each opens one "
+                                      "sealed share pair, nothing else)")
+
+    def __attrs_post_init__(self) -> None:
+        _width(self.keys, 32, "keys")
+
+
+@attrs.frozen(kw_only=True)
 class SecAggMaskRequest:
-    """Step 3: fit each client, then mask its quantised update with the shares delivered to it."""
+    """Step 4: fit each client, then mask its quantised update with the neighbours that shared."""
 
     seq: int = _seq(0)
     clients: ClientIds = _ids_field("the clients to fit and mask (each shared this round)")
     seeds: Integers = _field("list of int 0..2^64-1", "each client's fit seed, in `clients` "
                               "order", check=lambda _, a, v: _each(a, v, 0, MAX_SEED))
     shards: int = _shards()
-    senders: Integers = _field("list of client ids", "who sealed each delivered row",
-                                check=_any_ids)
-    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
-                                   check=_any_ids)
-    sealed: Rows = _field("bytes nx168", "the sealed share pairs delivered to `clients`")
+    excluded: ClientIds = _ids_field("clients taken out of the round after the shares were "
+                                     "opened: nobody masks with them")
     time_budget: float | None = _field("float (0, 1e7]", "seconds each fit may take",
                                        optional=True, check=_between(1e-9, MAX_BUDGET))
     clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: clip "
@@ -799,8 +858,8 @@ class SecAggMaskRequest:
         if not self.clients:
             raise ValueError("clients must name at least one client")
         _aligned(self, "clients", "seeds")
-        _aligned(self, "senders", "recipients")
-        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+        if set(self.clients) & set(self.excluded):
+            raise ValueError("a client to mask cannot be excluded")
         if any(c >= self.shards for c in self.clients):
             raise ValueError(f"a client id must be below shards = {self.shards}")
 
@@ -810,8 +869,7 @@ class SecAggMaskReply:
     """The modular sum of this worker's clients' masked inputs (a worker folds its own)."""
 
     seq: int = _seq()
-    clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up (those "
-                                    "asked whose shares opened)")
+    clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up")
     vector: Masked = _field("uint32 or uint64 array", "their masked inputs' sum mod "
                                                       "2^modulus_bits")
 
@@ -822,7 +880,7 @@ class SecAggMaskReply:
 
 @attrs.frozen(kw_only=True)
 class SecAggUnmaskRequest:
-    """Step 4: whose masked input is in the sum (survivors) and who dropped after sharing."""
+    """Step 5: whose masked input is in the sum (survivors) and who dropped after sharing."""
 
     seq: int = _seq(0)
     clients: ClientIds = _ids_field("this worker's survivors, who answer")
@@ -863,12 +921,16 @@ def _each(attribute: Any, values: list[int], low: int, high: int) -> None:
 SECURE_REQUESTS: dict[str, type] = {
     "secagg_keys": SecAggKeysRequest,
     "secagg_share": SecAggShareRequest,
+    "secagg_open": SecAggOpenRequest,
+    "secagg_reveal": SecAggRevealRequest,
     "secagg_mask": SecAggMaskRequest,
     "secagg_unmask": SecAggUnmaskRequest,
 }
 SECURE_REPLIES: dict[str, type] = {
     "secagg_keys": SecAggKeysReply,
     "secagg_share": SecAggShareReply,
+    "secagg_open": SecAggOpenReply,
+    "secagg_reveal": SecAggRevealReply,
     "secagg_mask": SecAggMaskReply,
     "secagg_unmask": SecAggUnmaskReply,
 }

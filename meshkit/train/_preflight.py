@@ -48,6 +48,7 @@ from meshkit.population import client_rows_of, is_population
 from meshkit.task import build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._observers import build_observers
+from meshkit.train._secure_round import secure_plan
 from meshkit.train._sharding import shard_bounds
 from meshkit.train._traits import strategy_traits
 
@@ -587,10 +588,18 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             f"virtual clock: it lacks the trait StrategyTraits.clocked (fedbuff has it: it folds updates in the order their simulated "
             f"fits finish); remove the [simulation] table, or use [strategy] name = "
             f"\"fedbuff\"")
+    secure = None
     if cfg.secure_aggregation is not None:
         check_secure_aggregation(cfg, strategy, aggregator)
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
+        options = getattr(strategy, "options", None)
+        secure = secure_plan(cfg.secure_aggregation,
+                             run_clients(cfg, strategy, partitioner, task), cfg.mesh.workers,
+                             # Poisson sampling may draw every client in one round.
+                             fraction=(1.0 if getattr(options, "sampling", "") == "poisson"
+                                       else getattr(options, "fraction", 1.0)),
+                             min_clients=getattr(options, "min_clients", 1), path=cfg.path)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
     check = traits.check
@@ -636,6 +645,9 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "privacy": privacy,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
         "secure_aggregation": cfg.secure_aggregation,
+        #: A secure run's cohort, graph and how many workers a round survives losing
+        #: (:func:`meshkit.train._secure_round.secure_plan`), else None.
+        "secure_plan": secure,
         #: (q, ε after every configured round) of a private run, else None.
         "privacy_plan": privacy_plan(cfg, strategy, privacy, partitioner, rounds, task),
         #: ``[[observers]]``: a plugin set of their own (:mod:`meshkit.train._observers`).

@@ -16,7 +16,9 @@ reply at the same boundary as the coordinator (its pool does), drops a
 rank whose vector is not of the first one's length and dtype (a protocol
 error for that rank), and answers ``{"op": "masked_sum", "clients": [...],
 "vector": ..., "lost": [[rank, reason], ...]}`` (no ``vector`` when no rank
-answered), or ``{"error": ..., "rank": r}`` when a rank's task failed.
+answered). A rank whose task failed (an ``error`` reply) is one of the
+``lost``, its reason starting ``failed: ``: the coordinator decides whether
+that ends the run (``[strategy] accept_failures``).
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
     total: np.ndarray | None = None
     clients: list[int] = []
     lost: list[list[Any]] = []
-    error: dict[str, Any] | None = None
     for _ in tickets:
         reply = pool.receive()
         assert reply is not None  # a blocking receive always returns one
@@ -95,7 +96,10 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
             lost.append([rank, reply.error or "lost"])
             continue
         if reply.payload.get("error"):
-            error = error or {"error": str(reply.payload["error"]), "rank": rank}
+            # A rank's task failed: the rank is left out of the relay's sum (the others'
+            # stands), and the coordinator decides from the reason whether that ends the run
+            # ([strategy] accept_failures).
+            lost.append([rank, f"failed: {reply.payload['error']}"])
             continue
         vector = reply.payload["vector"]
         asked = set(requests[rank]["clients"])
@@ -111,8 +115,6 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
             continue
         total = vector.copy() if total is None else add_mod(total, vector, bits, out=total)
         clients.extend(int(c) for c in reply.payload["clients"])
-    if error is not None:
-        return error
     answer: dict[str, Any] = {"op": "masked_sum", "clients": sorted(clients), "lost": lost}
     if total is not None:
         answer["vector"] = total

@@ -15,16 +15,22 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
 ``secagg_share``
     every member's advert; each client's roster is its neighbours' adverts in
     the round's graph: the sealed shares, one row per neighbour.
+``secagg_open``
+    the shares delivered to each client, opened; the reply lists the rows
+    that did not open (tampered or garbage from their sealer): accusations,
+    which cost nobody on this worker's word.
+``secagg_reveal``
+    only after an accusation against one of this worker's clients: the
+    ephemeral private key it sealed that one share with, so the coordinator
+    can open it itself and see whether the sealer or the accuser lied.
 ``secagg_mask``
     each client's fit (the ordinary ``fit`` path of :class:`Trainer`, so
     ``--attack`` and ``[privacy] clip = "client"`` apply as they do in plain
     rounds) from the round's model, the update (fitted minus the model, the
     float arrays in sorted key order: :func:`update_vector`) quantised and
-    masked; the reply is the sum mod ``2**modulus_bits`` of this worker's
-    masked inputs (a fold of its own, as a relay does). A client whose
-    delivered shares do not open (tampered or misrouted) or are too few does
-    not mask: it drops out before masking, and the reply's ``clients`` says
-    who is in the sum.
+    masked with every neighbour that shared except the ``excluded`` (the
+    parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
+    this worker's masked inputs (a fold of its own, as a relay does).
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -44,9 +50,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from meshkit.errors import MeshError, RefusedError
+from meshkit.errors import MeshError
 from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
-                            Roster, SealedShares, SecAggError, SecAggParams, ShareDelivery,
+                            Roster, SealedShares, SecAggParams, ShareDelivery,
                             UnmaskRequest,
                             add_mod, masked_length, neighbours, quantize, vector_dtype)
 from meshkit.train._messages import ADVERT_SIZE
@@ -128,6 +134,10 @@ class SecureClients:
             return self._keys(request)
         if op == "secagg_share":
             return self._share(request)
+        if op == "secagg_open":
+            return self._open(request)
+        if op == "secagg_reveal":
+            return self._reveal(request)
         if op == "secagg_mask":
             return self._mask(request, fit)
         if op == "secagg_unmask":
@@ -172,13 +182,14 @@ class SecureClients:
         rows = np.stack(sealed) if sealed else np.zeros((0, SEALED_SIZE), np.uint8)
         return {"senders": senders, "recipients": recipients, "sealed": rows}
 
-    def _mask(self, request: Mapping[str, Any],
-              fit: Callable[[Mapping[str, Any]], tuple[Mapping[str, Any], Mapping[str, Any]]]
-              ) -> dict[str, Any]:
+    def _open(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Each client opens the shares delivered to it; the rows that did not open come back.
+
+        An accusation costs nobody here: the coordinator settles it from the
+        sealer's revealed key (``secagg_reveal``), never on this worker's word.
+        """
         clients = [int(c) for c in request["clients"]]
         self._require(clients)
-        assert self.params is not None  # _require checked it
-        bits = self.params.modulus_bits
         inbox: dict[int, list[SealedShares]] = {c: [] for c in clients}
         for sender, recipient, row in zip(request["senders"], request["recipients"],
                                           request["sealed"]):
@@ -186,10 +197,36 @@ class SecureClients:
                 raise MeshError(f"a share delivered for client {recipient}, not one of "
                                 f"{clients}")
             inbox[int(recipient)].append(SealedShares(int(sender), int(recipient), bytes(row)))
+        senders, recipients = [], []
+        for client in clients:
+            delivery = ShareDelivery(client, tuple(sorted(inbox[client],
+                                                          key=lambda s: s.sender)))
+            for sender in self.rounds[client].open(delivery):
+                log.warning("round %d: client %d's shares from client %d do not open",
+                            self.round, client, sender)
+                senders.append(sender)
+                recipients.append(client)
+        return {"senders": senders, "recipients": recipients}
+
+    def _reveal(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The ephemeral key of each accused share (each opens that one share pair only)."""
+        senders = [int(c) for c in request["senders"]]
+        self._require(senders)
+        keys = [np.frombuffer(self.rounds[s].reveal(int(r)), np.uint8)
+                for s, r in zip(senders, request["recipients"])]
+        return {"keys": np.stack(keys)}
+
+    def _mask(self, request: Mapping[str, Any],
+              fit: Callable[[Mapping[str, Any]], tuple[Mapping[str, Any], Mapping[str, Any]]]
+              ) -> dict[str, Any]:
+        clients = [int(c) for c in request["clients"]]
+        self._require(clients)
+        assert self.params is not None  # _require checked it
+        bits = self.params.modulus_bits
+        excluded = [int(c) for c in request["excluded"]]
         total = np.zeros(masked_length(self.length), dtype=vector_dtype(bits))
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
-        done, refused = [], []
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -199,25 +236,11 @@ class SecureClients:
                                 f"worker's model gives {update.size}")
             quantised = quantize(update, self.params)
             del update, fitted  # the clear update goes no further than this line
-            delivery = ShareDelivery(client, tuple(sorted(inbox[client],
-                                                          key=lambda s: s.sender)))
-            try:
-                masked: MaskedInput = self.rounds[client].mask(delivery, quantised)
-            except (SecAggError, RefusedError) as exc:
-                # A share that does not open (tampered, misrouted) or too few of them: this
-                # client drops out before masking, which the round survives. Its accuser's
-                # word is not enough to drop anyone else.
-                log.warning("round %d: client %d does not mask: %s", self.round, client, exc)
-                refused.append(f"client {client}: {exc}")
-                continue
+            masked: MaskedInput = self.rounds[client].mask_opened(quantised, excluded)
             add_mod(total, masked.vector, bits, out=total)
-            done.append(client)
-        if not done:
-            raise MeshError(f"none of the clients {clients} could mask its input: "
-                            + "; ".join(refused))
         faults = _faults(os.environ.get(FAULT_ENV, ""))
-        self.exit_pending = any((self.round, c) in faults for c in done)
-        return {"clients": done, "vector": total}
+        self.exit_pending = any((self.round, c) in faults for c in clients)
+        return {"clients": clients, "vector": total}
 
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]

@@ -54,7 +54,8 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
                               shards=clients, seeds={c: client_seed(ctx.seed, rnd, c)
                                                      for c in sampled}, fit=fit,
                               pinned=None if pinned is None else {c: pinned[c]
-                                                                  for c in sampled})
+                                                                  for c in sampled},
+                              accept_failures=opts.accept_failures)
     except RefusedError as exc:
         # Too few clients left to unmask without weakening the guarantee: the round has no
         # result, and is never passed off as the sum of fewer clients.

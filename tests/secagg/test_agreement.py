@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALING, agree, check_public_key,
-                                       derive, generate_key_pair, open_sealed, public_key, seal,
-                                       seed_commitment)
+from meshkit.secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALED_TO_OVERHEAD, SEALING,
+                                       agree, check_public_key, derive, generate_key_pair,
+                                       open_from, open_revealed, open_sealed, public_key, seal,
+                                       seal_to, seed_commitment)
 
 
 def test_both_ends_derive_the_same_key_and_nothing_else_does() -> None:
@@ -46,3 +47,22 @@ def test_the_seed_commitment_binds_the_round_and_the_client() -> None:
     assert c != seed_commitment(seed, b"round", 5)
     assert c != seed_commitment(seed, b"round 2", 4)
     assert c != seed_commitment(b"\x01" * 32, b"round", 4)
+
+
+def test_a_share_sealed_to_a_key_opens_for_its_recipient_and_with_the_revealed_ephemeral_key():
+    recipient_private, recipient_public = generate_key_pair()
+    ephemeral, sealed = seal_to(recipient_public, b"shares", b"round", 1, 2)
+    assert len(sealed) == len(b"shares") + SEALED_TO_OVERHEAD
+    assert open_from(recipient_private, sealed, b"round", 1, 2) == b"shares"
+    # The coordinator opens it with the sealer's revealed ephemeral key and the public key.
+    assert open_revealed(ephemeral, recipient_public, sealed, b"round", 1, 2) == b"shares"
+    other, _ = generate_key_pair()
+    with pytest.raises(ValueError, match="not the one the share was sealed with"):
+        open_revealed(other, recipient_public, sealed, b"round", 1, 2)
+    garbage = sealed[:32] + bytes(len(sealed) - 32)
+    with pytest.raises(ValueError, match="do not authenticate"):
+        open_revealed(ephemeral, recipient_public, garbage, b"round", 1, 2)
+    with pytest.raises(ValueError, match="do not authenticate"):
+        open_from(recipient_private, sealed, b"round", 1, 3)  # another recipient's binding
+    # A second sealing to the same key uses another ephemeral key.
+    assert seal_to(recipient_public, b"shares", b"round", 1, 2)[1][:32] != sealed[:32]

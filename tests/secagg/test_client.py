@@ -75,7 +75,8 @@ def test_a_client_answers_seed_shares_for_survivors_and_key_shares_for_the_dropp
     clients, _, deliveries = _round(round_seed)
     clients[2].mask(deliveries[2], quantize(np.zeros(16), PARAMS))
     reply = clients[2].unmask(UnmaskRequest(2, (0, 1, 2, 3), (4, 5)))
-    assert [o for o, _ in reply.seed_shares] == [0, 1, 3]
+    # Its own seed's share too (it holds one share of each of its secrets); never its own key's.
+    assert [o for o, _ in reply.seed_shares] == [0, 1, 2, 3]
     assert [o for o, _ in reply.key_shares] == [4, 5]
 
 
@@ -122,10 +123,12 @@ def test_a_small_order_public_key_is_blamed_on_its_advertiser(round_seed: bytes)
 
 
 def test_too_few_neighbours_for_the_threshold_is_refused(round_seed: bytes) -> None:
-    clients = [ClientRound(PARAMS, c, round_seed, 4) for c in range(3)]
+    # Threshold 3: one neighbour and its own share are two holders, one too few.
+    clients = [ClientRound(PARAMS, c, round_seed, 4) for c in range(2)]
     adverts = [c.advertise() for c in clients]
-    with pytest.raises(RefusedError, match="2 neighbours, fewer than the threshold 3"):
-        clients[0].share(Roster(0, (0, 1, 2), tuple(adverts[1:])))
+    with pytest.raises(RefusedError, match="1 neighbours and its own share, fewer than the "
+                                           "threshold 3"):
+        clients[0].share(Roster(0, (0, 1), tuple(adverts[1:])))
 
 
 def test_stages_run_once_and_in_order(round_seed: bytes) -> None:

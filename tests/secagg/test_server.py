@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshkit import ProtocolError, RefusedError
-from meshkit.secagg import (ClientRound, MaskedInput, MaskedSum, SecAggError, SecAggParams,
-                            ServerRound, UnmaskReply, add_mod, dequantize, neighbours,
-                            simulate_round)
+from meshkit.secagg import (ClientRound, MaskedInput, MaskedSum, SealedShares, SecAggError,
+                            SecAggParams, ServerRound, ShareBundle, UnmaskReply, add_mod,
+                            dequantize, neighbours, simulate_round)
 
 Updates = Callable[[SecAggParams, int], dict[int, np.ndarray]]
 Sum = Callable[[dict[int, np.ndarray], tuple[int, ...]], np.ndarray]
@@ -85,9 +85,10 @@ def test_a_relays_modular_sum_counts_as_its_clients_inputs(
     assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, result.contributors))
 
 
-def _masked_stage(params: SecAggParams, ups: dict[int, np.ndarray], seed: bytes):
+def _masked_stage(params: SecAggParams, ups: dict[int, np.ndarray], seed: bytes,
+                  groups: dict[int, int] | None = None):
     clients = {c: ClientRound(params, c, seed, len(ups[0])) for c in ups}
-    server = ServerRound(params, list(ups), seed, len(ups[0]))
+    server = ServerRound(params, list(ups), seed, len(ups[0]), groups=groups)
     for c in clients.values():
         server.receive_advert(c.advertise())
     for c, roster in server.rosters().items():
@@ -140,6 +141,34 @@ def test_a_wrong_share_is_pinned_on_its_holder_and_the_sum_survives_without_it(
     assert caught.value.client == 0 and isinstance(caught.value, ProtocolError)
     result = server.finish()  # holder 0's reply is discarded: 8 replies are plenty
     assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, tuple(range(9))))
+
+
+def _lie(reply: UnmaskReply, owner: int) -> UnmaskReply:
+    """``reply`` with its share of ``owner``'s self-mask seed altered."""
+    shares = tuple((o, s[:-1] + bytes([s[-1] ^ 1]) if o == owner else s)
+                   for o, s in reply.seed_shares)
+    return UnmaskReply(reply.client, shares, reply.key_shares)
+
+
+def test_a_party_playing_two_holders_with_bad_shares_is_left_out_whole(
+        updates: Updates, exact_sum: Sum, round_seed: bytes) -> None:
+    # Clients 0 and 1 are one worker's (party 7): both lie about client 5's seed. Leaving
+    # out one holder at a time never mends the secret; leaving out the party does.
+    params = SecAggParams(clients=10, degree=0, threshold=5, clip_range=1.0)
+    ups = updates(params, 16)
+    groups = {c: 7 if c < 2 else 100 + c for c in range(10)}
+    clients, server, masked = _masked_stage(params, ups, round_seed, groups)
+    for c in range(10):
+        server.receive_masked(masked[c])
+    for c, request in server.unmask_requests().items():
+        reply = clients[c].unmask(request)
+        server.receive_unmask(_lie(reply, 5) if c < 2 else reply)
+    with pytest.raises(SecAggError, match=r"held by clients \[0, 1\] \(played by party 7\)") \
+            as caught:
+        server.finish()
+    assert caught.value.client == 0
+    result = server.finish()  # both replies discarded: eight are plenty for t = 5
+    assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, tuple(range(10))))
 
 
 def test_a_bad_message_is_blamed_on_its_client_and_changes_nothing(
@@ -286,3 +315,37 @@ def test_the_result_carries_the_update_only(updates: Updates, round_seed: bytes)
     params = SecAggParams(clients=4, degree=0, threshold=2, clip_range=1.0, modulus_bits=32)
     run = simulate_round(params, updates(params, 7), round_seed)
     assert run.result.total.shape == (7,)
+
+
+def test_an_accusation_is_settled_from_the_sealers_revealed_key_not_anyones_word(
+        updates: Updates, exact_sum: Sum, round_seed: bytes) -> None:
+    params = SecAggParams(clients=6, degree=0, threshold=3, clip_range=1.0, modulus_bits=32)
+    ups = updates(params, 16)
+    clients = {c: ClientRound(params, c, round_seed, 16) for c in ups}
+    server = ServerRound(params, list(ups), round_seed, 16)
+    for c in clients.values():
+        server.receive_advert(c.advertise())
+    for c, roster in server.rosters().items():
+        bundle = clients[c].share(roster)
+        if c == 1:  # client 1 seals garbage to client 0 (with its own ephemeral key)
+            row = bundle.shares[0]
+            garbage = row.sealed[:32] + bytes(len(row.sealed) - 32)
+            bundle = ShareBundle(1, (SealedShares(1, 0, garbage), *bundle.shares[1:]))
+        server.receive_shares(bundle)
+    deliveries = server.deliveries()
+    accused = {c: clients[c].open(d) for c, d in deliveries.items()}
+    assert accused == {0: (1,), 1: (), 2: (), 3: (), 4: (), 5: ()}
+    # A false accusation (client 2 says client 3's sound shares did not open) is the
+    # accuser's; a key that is not the row's, or none, is the sealer's.
+    assert server.judge(3, 2, clients[3].reveal(2)) == 2
+    assert server.judge(1, 0, clients[1].reveal(2)) == 1
+    assert server.judge(1, 0, None) == 1
+    assert server.judge(1, 0, clients[1].reveal(0)) == 1
+    assert server.exclude([1]) == (1,)
+    for c in (0, 2, 3, 4, 5):
+        server.receive_masked(clients[c].mask_opened(ups[c], excluded=[1]))
+    for c, request in server.unmask_requests().items():
+        server.receive_unmask(clients[c].unmask(request))
+    result = server.finish()
+    assert result.contributors == (0, 2, 3, 4, 5) and result.dropped == ()
+    assert np.array_equal(result.total.astype(np.uint64), exact_sum(ups, (0, 2, 3, 4, 5)))

@@ -28,3 +28,19 @@ def test_updates_of_different_lengths_are_refused(round_seed: bytes) -> None:
     with pytest.raises(ValueError, match="one length"):
         simulate_round(params, {0: np.zeros(3, np.uint32), 1: np.zeros(4, np.uint32),
                                 2: np.zeros(3, np.uint32)}, round_seed)
+
+
+@pytest.mark.parametrize("stage", ["drop_after_masking", "drop_before_unmasking"])
+def test_four_clients_with_threshold_three_survive_one_dropout(
+        updates: Updates, round_seed: bytes, stage: str) -> None:
+    # Bonawitz et al. §4 and Flower's secaggplus_mod: each client holds a share of its own
+    # secrets, so t-of-(k + 1) tolerates n - t = 1 dropout here (with t-of-k, none).
+    params = SecAggParams(clients=4, degree=0, threshold=3, clip_range=1.0, modulus_bits=32)
+    inputs = updates(params, 50)
+    run = simulate_round(params, inputs, round_seed, **{stage: [1]})
+    summed = [0, 2, 3] if stage == "drop_after_masking" else [0, 1, 2, 3]
+    expected = np.zeros(50, np.uint32)
+    for client in summed:
+        expected += inputs[client]
+    assert run.result.contributors == tuple(summed)
+    np.testing.assert_array_equal(run.result.total, expected)

@@ -58,6 +58,8 @@ GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "secagg_share": ({"op": "secagg_share"},
                      {"seq": 5, "senders": [0, 0], "recipients": [1, 2],
                       "sealed": np.zeros((2, messages.SEALED_SIZE), np.uint8)}),
+    "secagg_open": ({"op": "secagg_open"}, {"seq": 5, "senders": [1], "recipients": [0]}),
+    "secagg_reveal": ({"op": "secagg_reveal"}, {"seq": 5, "keys": np.zeros((1, 32), np.uint8)}),
     "secagg_mask": ({"op": "secagg_mask"}, {"seq": 5, "clients": [0, 2],
                                             "vector": np.zeros(4, np.uint32)}),
     "secagg_unmask": ({"op": "secagg_unmask"},
@@ -249,8 +251,10 @@ GOOD_REQUESTS = {
                     "clip_range": 1.0, "modulus_bits": 32,
                     "round_seed": np.zeros((1, 32), np.uint8), "length": 8},
     "secagg_share": {"members": [0, 1], "adverts": np.zeros((2, 96), np.uint8)},
-    "secagg_mask": {"clients": [0], "seeds": [3], "shards": 2, "senders": [1],
-                    "recipients": [0], "sealed": np.zeros((1, messages.SEALED_SIZE), np.uint8)},
+    "secagg_open": {"clients": [0], "senders": [1], "recipients": [0],
+                    "sealed": np.zeros((1, messages.SEALED_SIZE), np.uint8)},
+    "secagg_reveal": {"senders": [0], "recipients": [1]},
+    "secagg_mask": {"clients": [0], "seeds": [3], "shards": 2, "excluded": [4]},
     "secagg_unmask": {"clients": [0], "survivors": [0, 1], "dropped": [2]},
 }
 

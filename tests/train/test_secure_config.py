@@ -105,3 +105,50 @@ def test_the_shipped_secure_example_checks_and_says_its_table():
     assert checked.exit_code == 0, checked.output
     assert "aggregation: secure (secagg+): the coordinator unmasks one sum a round" in \
         checked.output
+
+
+def _check(tmp_path: Path, strategy: str, secure: str = "", workers: int = 3) -> Any:
+    from click.testing import CliRunner
+
+    from meshkit.cli import main
+
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[run]
+task = "synthetic"
+out = "{tmp_path / 'out'}"
+
+[mesh]
+workers = {workers}
+
+[strategy]
+name = "federated"
+{strategy}
+
+[secure_aggregation]
+{secure}
+""")
+    return CliRunner().invoke(main, ["check", str(config)])
+
+
+def test_check_states_how_many_workers_a_round_survives_losing(tmp_path):
+    # The built-in default survives losing any one worker of three playing four clients each.
+    checked = _check(tmp_path, "clients = 12")
+    assert checked.exit_code == 0, checked.output
+    assert ("secure aggregation: a cohort of 12 clients over 3 worker(s), at most 4 each; "
+            "degree 8, threshold 5: a round survives losing any 1 worker (any 4 clients) at "
+            "any step") in checked.output
+    # A threshold that needs every holder survives losing none, and says what would help.
+    checked = _check(tmp_path, "clients = 12", "degree = 0\nthreshold = 11")
+    assert checked.exit_code == 0, checked.output
+    assert ("threshold 11: a round survives losing any 0 workers (any 1 client) at any "
+            "step; losing one stops the round") in checked.output
+
+
+def test_a_cohort_above_the_most_one_round_takes_is_a_config_error_naming_the_key(tmp_path):
+    checked = _check(tmp_path, "clients = 70000")
+    assert checked.exit_code == 2 and checked.exception is None or \
+        isinstance(checked.exception, SystemExit), checked.output
+    assert "run.toml: [strategy] clients = 70000: a secure round's cohort would be 70000 " \
+           "clients, and at most 65536" in checked.output
+    assert "Traceback" not in checked.output

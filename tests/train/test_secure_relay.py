@@ -119,6 +119,38 @@ def test_a_rank_lost_behind_its_relay_drops_its_clients_before_masking_only():
                                                             revealed.params))
 
 
+class _FailsToMask(Trainer):
+    def handle(self, request: Any) -> dict[str, Any]:
+        if request.get("op") == "secagg_mask":
+            return {"error": "secagg_mask: RuntimeError: broken on purpose",
+                    "seq": request["seq"]}
+        return super().handle(request)
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_an_error_reply_behind_a_relay_costs_that_rank_only_and_the_relay_sums_the_rest(accept):
+    pool = Relayed()
+    pool.trainers[2] = _FailsToMask(task())  # behind hostA with rank 1
+    ctx = context(pool)
+    state = ctx.task.init_state(3)
+    call = lambda: secure_sum(ctx, list(range(CLIENTS)), state=state,  # noqa: E731
+                              table=SecureAggregationTable(degree=0, threshold=5), rnd=1,
+                              shards=CLIENTS, seeds={c: 50 + c for c in range(CLIENTS)},
+                              accept_failures=accept)
+    if not accept:
+        with pytest.raises(meshkit.WorkerError, match="broken on purpose"):
+            call()
+        return
+    revealed = call()
+    # Rank 2 (clients 1 and 6) is left out of hostA's sum; rank 1's input is in it.
+    survivors = [c for c in range(CLIENTS) if c not in (1, 6)]
+    assert revealed.contributors == tuple(survivors) and pool.dead == {}
+    assert "rank 2 failed: secagg_mask: RuntimeError: broken on purpose" in \
+        revealed.not_served[1]
+    np.testing.assert_array_equal(revealed.total, plaintext(state, survivors, 32,
+                                                            revealed.params))
+
+
 @pytest.mark.parametrize("change, message", [
     ({"ranks": [1, 1]}, "distinct worker ranks"),
     ({"modulus_bits": 70}, "modulus_bits must be 1..64"),

@@ -183,6 +183,7 @@ def test_auto_degree_and_threshold_follow_the_cohort():
 #: a client adds to it).
 GARBLED = {"secagg_keys": ("clients", "adverts"), "secagg_share": ("senders", "recipients",
                                                                    "sealed"),
+           "secagg_open": ("senders", "recipients"),
            "secagg_mask": ("clients", "vector"),
            "secagg_unmask": ("holders", "owners", "kinds", "shares")}
 
@@ -234,18 +235,102 @@ def test_any_garbled_secure_reply_is_its_ranks_fault_or_a_clean_refusal(op, data
                                   plaintext(state, list(revealed.contributors), revealed.params))
 
 
-def test_a_share_that_does_not_open_drops_its_recipient_before_masking_and_no_one_else():
+def _garbage(rows: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A share reply whose first sealed row, or every one, is garbage."""
     def tamper(reply: dict[str, Any]) -> dict[str, Any]:
         sealed = reply["sealed"].copy()
-        sealed[0, -1] ^= 1  # client 2's share for its first neighbour, client 0
+        if rows == "one":
+            sealed[0, -1] ^= 1  # client 2's share for its first neighbour, client 0
+        else:
+            sealed[:, 32:] = np.random.default_rng(5).integers(0, 256, sealed[:, 32:].shape)
         return {**reply, "sealed": sealed}
+    return tamper
 
-    ctx = context(5, trainers={3: Breaching("secagg_share", tamper)})
+
+@pytest.mark.parametrize("rows", ["one", "every"])
+def test_garbage_sealed_shares_cost_their_sealer_never_the_accuser(rows):
+    ctx = context(5, trainers={3: Breaching("secagg_share", _garbage(rows))})
     state, revealed = play(ctx)
-    # Rank 3 cannot be told from a coordinator that misrouted; client 0 masks nothing.
+    # The accusers' word is not taken: rank 3 revealed its ephemeral keys, and the shares it
+    # sealed do not open under them. Rank 3 (clients 2 and 7) is out; every accuser masks.
+    assert list(ctx.dead) == [3]
+    assert "client 2's shares for client 0 do not open under the key it revealed" in ctx.dead[3]
+    others = [c for c in range(CLIENTS) if c not in (2, 7)]
+    assert revealed.contributors == tuple(others) and set(revealed.not_served) == {2, 7}
+    assert revealed.not_served[2].startswith("dropped before masking: rank 3 was lost "
+                                             "(protocol error: client 2's shares")
+    np.testing.assert_array_equal(revealed.total, plaintext(state, others, revealed.params))
+
+
+def test_a_false_accusation_costs_the_accuser_never_the_accused():
+    def accuse(reply: dict[str, Any]) -> dict[str, Any]:
+        # Rank 3's client 2 says client 0's (sound) shares did not open.
+        return {**reply, "senders": [0], "recipients": [2]}
+
+    ctx = context(5, trainers={3: Breaching("secagg_open", accuse)})
+    state, revealed = play(ctx)
+    assert list(ctx.dead) == [3]
+    assert "client 2 accused client 0 of shares that do open" in ctx.dead[3]
+    others = [c for c in range(CLIENTS) if c not in (2, 7)]
+    assert revealed.contributors == tuple(others)
+    np.testing.assert_array_equal(revealed.total, plaintext(state, others, revealed.params))
+
+
+class Failing(Trainer):
+    """A worker whose task raises on ``op``: it answers with an ``error`` reply."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(task())
+        self.op = op
+
+    def handle(self, request: Any) -> dict[str, Any]:
+        if request.get("op") == self.op:
+            return {"error": f"{self.op}: RuntimeError: broken on purpose",
+                    "seq": request["seq"]}
+        return super().handle(request)
+
+
+@pytest.mark.parametrize("op", ["secagg_keys", "secagg_share", "secagg_mask", "secagg_unmask"])
+def test_an_error_reply_costs_its_rank_the_round_and_is_named_with_the_reason(op):
+    ctx = context(5, trainers={3: Failing(op)})
+    state, revealed = play(ctx)
+    # Rank 3 (clients 2 and 7) is not declared dead: it plays again next round.
     assert ctx.dead == {}
-    assert 0 not in revealed.contributors and len(revealed.contributors) == CLIENTS - 1
-    assert revealed.not_served[0].startswith("dropped before sending its masked input: its "
-                                             "shares did not open")
-    np.testing.assert_array_equal(revealed.total, plaintext(state, list(revealed.contributors),
-                                                            revealed.params))
+    if op == "secagg_unmask":  # masked already: in the sum, unmasked from the others' shares
+        contributors = list(range(CLIENTS))
+    else:
+        contributors = [c for c in range(CLIENTS) if c not in (2, 7)]
+        assert set(revealed.not_served) == {2, 7}
+        assert f"rank 3 failed: {op}: RuntimeError: broken on purpose" in \
+            revealed.not_served[2]
+    assert revealed.contributors == tuple(contributors)
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, contributors, revealed.params))
+
+
+def test_with_accept_failures_false_an_error_reply_ends_the_run():
+    ctx = context(5, trainers={3: Failing("secagg_mask")})
+    with pytest.raises(meshkit.WorkerError, match="broken on purpose"):
+        play(ctx, accept_failures=False)
+
+
+def _lie_about(owner: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Every share of ``owner``'s self-mask seed in a reply altered (off the polynomial)."""
+    def breach(reply: dict[str, Any]) -> dict[str, Any]:
+        shares = reply["shares"].copy()
+        for i, (o, k) in enumerate(zip(reply["owners"], reply["kinds"])):
+            if o == owner and k == 0:
+                shares[i, -1] ^= 1
+        return {**reply, "shares": shares}
+    return breach
+
+
+def test_bad_unmasking_shares_from_a_rank_playing_two_clients_cost_that_rank_only():
+    # Rank 3 plays clients 2 and 7; both lie about client 4's seed. Leaving out one holder
+    # at a time cannot find them; leaving out rank 3 (both its clients) does.
+    ctx = context(5, trainers={3: Breaching("secagg_unmask", _lie_about(4))})
+    state, revealed = play(ctx)
+    assert list(ctx.dead) == [3] and "held by clients [2, 7] (played by party 3)" in ctx.dead[3]
+    assert revealed.contributors == tuple(range(CLIENTS))  # its inputs were masked already
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, list(range(CLIENTS)), revealed.params))
