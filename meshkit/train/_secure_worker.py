@@ -260,7 +260,8 @@ class SecureClients:
         return {"holders": holders, "owners": owners, "kinds": kinds, "shares": rows}
 
     def after_reply(self) -> None:
-        """Called once a reply is on the wire: the test-only fault injection's exit."""
+        """Called when the request after the masked reply arrives (that reply is taken in by
+        then): the test-only fault injection's exit."""
         if self.exit_pending:
             log.warning("%s: exiting after the masked input of round %d (fault injection)",
                         FAULT_ENV, self.round)

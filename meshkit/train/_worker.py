@@ -543,6 +543,10 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
                 break
             continue
         idle_since = time.monotonic()
+        if trainer is not None:
+            # The fault injection's exit waits for the next request: the coordinator
+            # has taken the last reply in by then, so no close can discard it.
+            trainer.secure.after_reply()
         try:
             request = decode(frame)
         except ProtocolError as exc:
@@ -567,8 +571,6 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
-        if trainer is not None:
-            trainer.secure.after_reply()
     if failure is not None:
         raise failure
     assert trainer is not None  # built, or failure was raised above
