@@ -174,7 +174,7 @@ def _validator_key(exc: BaseException) -> str | None:
         return str(args[1].name)
     # attrs' ``ge``/``le`` (and meshkit's own validators) say "'key' must ..." / "key must ...".
     if isinstance(exc, ValueError) and len(args) == 1 and isinstance(args[0], str):
-        m = re.match(r"'?([A-Za-z_]\w*)'? must ", args[0])
+        m = re.match(r"(?:Length of )?'?([A-Za-z_]\w*)'? must ", args[0])
         if m:
             return m.group(1)
     return None

@@ -245,7 +245,10 @@ def test_builtin_plugins_import_only_public_names(path: Path):
         if any(part.startswith("_") for part in name.split(".")):
             offences.append(f"line {line}: {name} is private")
             continue
-        public = _public_names(name)
+        try:
+            public = _public_names(name)
+        except ImportError as exc:  # meshkit.torch without torch: checked where it imports
+            pytest.skip(f"{name} needs an optional library here: {exc}")
         for imported in names:
             submodule = f"{name}.{imported}"
             if _kernel_target(submodule, MODULES) == submodule:

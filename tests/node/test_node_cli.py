@@ -67,8 +67,8 @@ def _node(*extra: str) -> Any:
 
 
 @pytest.mark.parametrize("options, message", [
-    (["stage_id=s", "dtype=float64"], "[board] 'dtype' must be in"),
-    (["stage_id="], "[board] FixedFunction.stage_id must not be empty"),
+    (["stage_id=s", "dtype=float64"], "[board] dtype: invalid value: 'dtype' must be in"),
+    (["stage_id="], "[board] stage_id: invalid value: Length of 'stage_id' must be >= 1"),
     (["stage_id=s", "function=r3_broken_board_module:run"],
      ("[board] function: cannot import module 'r3_broken_board_module': RuntimeError: "
       "boom at import")),
