@@ -38,6 +38,7 @@ from meshkit.config import Selection, load_config
 from meshkit.node import NodeConfig, caps_for, serve_node
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
+from meshkit_torchdist.progress import print_progress
 
 __all__ = ["main", "torchrun_config", "spmd_mode"]
 
@@ -75,12 +76,6 @@ def torchrun_config(path: str, world: int) -> Any:
                           config.transport.where)
     return attrs.evolve(config, mesh=attrs.evolve(config.mesh, launch="external"),
                         transport=transport)
-
-
-def print_progress(event: Any) -> None:
-    """The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout, the
-    rest on stderr."""
-    print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
 
 
 def spmd_mode(config: Any) -> bool:
