@@ -70,14 +70,17 @@ How a round goes (:func:`fold_round`):
    lets them through (``[aggregator] allow_nonfinite = true``) is not
    scanned: the user asked for them.
 
-Behind host relays (``meshkit relay``) the round is played by
-:mod:`meshkit.train._rounds.relayed` instead: each relay folds its own ranks'
-contributions and the coordinator folds one partial per relay.
+Which path a round takes is one table, :data:`ROUND_PATHS`, asked in order:
+collective (every rank plays its slice, :mod:`.collective`), relayed (host
+relays fold their ranks' contributions and the coordinator one partial per
+relay, :mod:`.relayed`), batched (each worker folds its own clients exactly,
+:mod:`.batched`), and the flat round above, which plays every other round.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -95,12 +98,14 @@ from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, s
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds.skeleton import RoundOutcome
 from meshkit.train._relay.host import answer_request
-from meshkit.train._rounds.relayed import fold_through_relays, relay_plan_applies, relay_weight
+from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay_plan_applies,
+                                          relay_weight)
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext, weighted_mean
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
-           "DEFAULT_WINDOW", "answer_relay_request"]
+           "DEFAULT_WINDOW", "answer_relay_request", "RoundCall", "RoundPath", "ROUND_PATHS",
+           "round_path"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +228,9 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     the round flat (per client) even where the batched round
     (:mod:`meshkit.train._rounds.batched`) applies: its result then is the
     aggregator's own fold in key order, bit for bit.
+
+    Which way the round is played is :data:`ROUND_PATHS`' first path that
+    applies (:func:`round_path`).
     """
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
@@ -231,53 +239,137 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     keys = [w.key for w in work]
     if len(set(keys)) != len(keys):
         raise ValueError(f"every piece of work needs its own key, got {keys}")
-    if ctx.collective is not None and fold is None:
-        # Every rank plays the round: its slice, one exact partial, one all-reduce.
-        return fold_collectively(ctx, work, state=state, weight=weight, window=window,
-                                 label=label, serve=fold_round, folded_type=Folded,
-                                 unsupported=bool(deadline or local or ctx.attack))
-    # The round's global state is the reference a rule on updates measures from.
-    attack = ctx.attack if fold is None else None
-    given = fold is not None
-    fold = ctx.aggregation_begin(reference=state) if fold is None else fold
-    requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
-    if attack is not None:  # simulated Byzantine clients (meshkit.train._attacks)
-        fold = AttackedFold(fold, attack, state,
-                            {w.key: int(w.request.get("seed", w.key)) for w in work})
-    pinned = {w.key: w.rank for w in work if w.rank is not None}
-    # A round deadline is kept per client by _Round; relays fold their ranks
-    # themselves, so a round with a deadline folds flat (relays forward). So
-    # does one with pinned work (a relay would not keep a client on its
-    # node) and an attacked one (the coordinator poisons single contributions).
-    # A relay folds whole contributions, so local keys fold flat too.
-    how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
-    # What sums may stand in for: decided by the aggregator's declared traits
-    # (a given fold is a relay group's own mean, or a collective rank's feed).
-    mean = (fold if given else exact_mean(ctx.aggregator, fold)) if how is not None else None
-    plan = None if mean is None else relay_plan_applies(ctx, mean, how, keys)
-    if plan is not None and how is not None and mean is not None:
-        result, served, not_served, replies, failed = fold_through_relays(
-            ctx, plan, requests, state, how, window, mean, label, _play_group)
-        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
-                      failed=failed)
-    reference = state if reference is None else reference
-    if batch and not given and reference is not None and mean is not None and batch_applies(
-            mean, how, requests, state, len(ctx.live)):
-        # A strict mean no one needs per client: each worker folds its own
-        # clients exactly and the coordinator merges one partial per worker.
-        assert how is not None and state is not None  # batch_applies checked both
-        result, served, not_served, replies, failed = fold_batched(
-            ctx, requests, state, how, label, signature(reference), name=mean.name)
-        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
-                      failed=failed)
-    expected = None if reference is None else signature(reference)
+    call = RoundCall(ctx, work, state=state, weight=weight, window=window, given=fold,
+                     label=label, deadline=deadline, reference=reference, local=local,
+                     batch=batch)
+    return round_path(call).play(call)
+
+
+class RoundCall:
+    """One call of :func:`fold_round`, and what decides its path, each worked out once.
+
+    The derived values are computed the first time a path asks for them, in
+    the table's order: the collective path is decided before the round's
+    fold is begun, since every rank then folds its own slice.
+    """
+
+    def __init__(self, ctx: StrategyContext, work: Sequence[Work], *,
+                 state: Mapping[str, Any] | None,
+                 weight: Callable[[Mapping[str, Any]], float], window: int, given: Any,
+                 label: str, deadline: float | None, reference: Mapping[str, Any] | None,
+                 local: ClientLocal | None, batch: bool) -> None:
+        self.ctx, self.work, self.state, self.weight = ctx, work, state, weight
+        self.window, self.given, self.label, self.deadline = window, given, label, deadline
+        self.reference = state if reference is None else reference
+        self.local, self.batch = local, batch
+
+    @functools.cached_property
+    def attack(self) -> Any:
+        """The run's simulated attack; a given fold (a relay group's, a collective
+        rank's) is never attacked again."""
+        return self.ctx.attack if self.given is None else None
+
+    @functools.cached_property
+    def fold(self) -> Any:
+        """The round's fold: the given one, else the aggregator's, measured from the
+        round's global state (the reference a rule on updates measures from) and
+        wrapped by a simulated attack (:mod:`meshkit.train._attacks`)."""
+        if self.given is not None:
+            return self.given
+        fold = self.ctx.aggregation_begin(reference=self.state)
+        if self.attack is not None:
+            fold = AttackedFold(fold, self.attack, self.state,
+                                {w.key: int(w.request.get("seed", w.key)) for w in self.work})
+        return fold
+
+    @functools.cached_property
+    def requests(self) -> dict[int, Mapping[str, Any]]:
+        return {w.key: poison_request(self.attack, w.key, w.request) for w in self.work}
+
+    @functools.cached_property
+    def pinned(self) -> dict[int, int]:
+        return {w.key: w.rank for w in self.work if w.rank is not None}
+
+    @functools.cached_property
+    def how(self) -> str | None:
+        """Each contribution's weight as a name a worker or relay can apply
+        (``"examples"``, ``"once"``), or None when a round must fold flat: a
+        deadline is kept per client, pinned work stays on its node, an attack
+        poisons single contributions, local keys fold whole contributions."""
+        if self.deadline or self.pinned or self.local or self.attack:
+            return None
+        return relay_weight(self.weight, by_examples)
+
+    @functools.cached_property
+    def mean(self) -> Any:
+        """The strict mean sums may stand in for, decided by the aggregator's declared
+        traits (a given fold is a relay group's own mean, or a collective rank's feed)."""
+        if self.how is None:
+            return None
+        return self.fold if self.given is not None else exact_mean(self.ctx.aggregator, self.fold)
+
+    @functools.cached_property
+    def relays(self) -> RelayPlan | None:
+        if self.mean is None:
+            return None
+        return relay_plan_applies(self.ctx, self.mean, self.how, [w.key for w in self.work])
+
+
+@attrs.frozen
+class RoundPath:
+    """One way a round is played: when it applies (in words, and as a test), and how."""
+
+    name: str
+    when: str
+    applies: Callable[[RoundCall], bool]
+    play: Callable[[RoundCall], Folded]
+
+
+def _play_collective(call: RoundCall) -> Folded:
+    # Every rank plays the round: its slice, one exact partial, one all-reduce.
+    return fold_collectively(call.ctx, call.work, state=call.state, weight=call.weight,
+                             window=call.window, label=call.label, serve=fold_round,
+                             folded_type=Folded,
+                             unsupported=bool(call.deadline or call.local or call.ctx.attack))
+
+
+def _play_relayed(call: RoundCall) -> Folded:
+    assert call.relays is not None and call.how is not None  # relayed's `applies` checked
+    result, served, not_served, replies, failed = fold_through_relays(
+        call.ctx, call.relays, call.requests, call.state, call.how, call.window, call.mean,
+        call.label, _play_group)
+    return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                  failed=failed)
+
+
+def _batched_applies(call: RoundCall) -> bool:
+    return (call.batch and call.given is None and call.reference is not None
+            and call.mean is not None
+            and batch_applies(call.mean, call.how, call.requests, call.state,
+                              len(call.ctx.live)))
+
+
+def _play_batched(call: RoundCall) -> Folded:
+    assert call.how is not None and call.state is not None  # batch_applies checked both
+    assert call.reference is not None
+    result, served, not_served, replies, failed = fold_batched(
+        call.ctx, call.requests, call.state, call.how, call.label, signature(call.reference),
+        name=call.mean.name)
+    return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                  failed=failed)
+
+
+def _play_flat(call: RoundCall) -> Folded:
+    ctx, fold, state = call.ctx, call.fold, call.state
+    expected = None if call.reference is None else signature(call.reference)
     # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
     # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
     allows = bool(getattr(fold, "allow_nonfinite", False))
-    replay = not given and attack is None and type(fold) is MeanFold and not allows
-    round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
-                    deadline=deadline or None, expected=expected, local=local or None,
-                    scan=not replay and not allows)
+    replay = call.given is None and call.attack is None and type(fold) is MeanFold \
+        and not allows
+    round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
+                    pinned=call.pinned, deadline=call.deadline or None, expected=expected,
+                    local=call.local or None, scan=not replay and not allows)
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -285,14 +377,42 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
             raise
         log.warning("the fold refused a contribution (%s); the round is played again with "
                     "every contribution scanned at the boundary", exc)
-        round_ = _Round(ctx, requests, state, weight, window,
-                        ctx.aggregation_begin(reference=state), label, pinned=pinned,
-                        deadline=deadline or None, expected=expected, local=local or None,
-                        scan=True)
+        round_ = _Round(ctx, call.requests, state, call.weight, call.window,
+                        ctx.aggregation_begin(reference=state), call.label,
+                        pinned=call.pinned, deadline=call.deadline or None, expected=expected,
+                        local=call.local or None, scan=True)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
     return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
+
+
+#: The round paths, in the order they are asked: the first that applies plays the round.
+#: (The secure round is not here: a strategy that declares ``secure`` calls
+#: :func:`meshkit.train.secure_sum` instead, :mod:`meshkit.train._rounds.secure`.)
+ROUND_PATHS: tuple[RoundPath, ...] = (
+    RoundPath("collective",
+              "every rank plays the round (torchrun spmd: no coordinator) and the caller "
+              "gave no fold of its own",
+              lambda call: call.ctx.collective is not None and call.given is None,
+              _play_collective),
+    RoundPath("relayed",
+              "some live worker is behind a host relay, the aggregator is linear (or the "
+              "caller gave a strict mean), and nothing needs single contributions: no round "
+              "deadline, no pinned work, no simulated attack, no local keys",
+              lambda call: call.relays is not None, _play_relayed),
+    RoundPath("batched",
+              "the aggregator is linear, nothing needs single contributions, and there are "
+              "at least two fits a worker: each worker folds its own clients exactly",
+              _batched_applies, _play_batched),
+    RoundPath("flat", "every other round: one contribution at a time, in key order",
+              lambda call: True, _play_flat),
+)
+
+
+def round_path(call: RoundCall) -> RoundPath:
+    """The first of :data:`ROUND_PATHS` that applies to ``call`` (the last always does)."""
+    return next(path for path in ROUND_PATHS if path.applies(call))
 
 
 def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]
