@@ -13,10 +13,18 @@ node needs no word from the coordinator. What each mode sends:
 * ``shape`` -- ``hidden.w`` has one row too many.
 * ``hang`` -- the fit sleeps (60 s) before it answers: a stall.
 * ``honest`` -- nothing: an honest fit.
+
+A run whose workers are spawned for it (``launch = "local"``, host relays)
+cannot give one node its own option: there the test sets
+``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` and only the ``meshkit node``
+process started with ``--rank RANK`` takes MODES (the coordinator, relays
+and other ranks stay honest).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any, Mapping
 
@@ -35,12 +43,21 @@ class HostileOptions(DigitsOptions):
     misbehave: str = ""
 
 
+def _modes_from_env() -> str:
+    """MODES of ``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` in the node process of rank RANK."""
+    rank, _, modes = os.environ.get("MESHKIT_TEST_MISBEHAVE", "").partition(":")
+    argv = sys.argv
+    if rank and "node" in argv and "--rank" in argv and argv[argv.index("--rank") + 1] == rank:
+        return modes
+    return ""
+
+
 class Hostile(DigitsTask):
     Options = HostileOptions
 
     def __init__(self, options: HostileOptions | None = None) -> None:
         super().__init__(options or HostileOptions())
-        self.modes = [m for m in self.options.misbehave.split("+") if m]
+        self.modes = [m for m in (self.options.misbehave or _modes_from_env()).split("+") if m]
         unknown = sorted(set(self.modes) - set(MODES))
         if unknown:
             raise ValueError(f"misbehave: unknown modes {unknown}; known: {MODES}")

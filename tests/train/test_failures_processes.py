@@ -172,3 +172,83 @@ def test_a_finite_but_huge_contribution_is_legal_and_a_robust_rule_outvotes_it(t
         assert HOSTILE in line["served"].values()
     for key, value in hostile.state.items():
         assert np.isfinite(value).all() and np.abs(value).max() < 10, key
+
+
+def local_run(tmp_path: Path, name: str, *, workers: int, clients: int, rounds: int,
+              hostile: str = "", mesh: str = "", strategy: str = "federated",
+              extra: str = "", monkeypatch: Any) -> Any:
+    """A ``launch = "local"`` run (its relays and workers spawned for it); rank ``workers``
+    misbehaves as ``hostile`` (``MESHKIT_TEST_MISBEHAVE``, read by that node only)."""
+    from meshkit.train import Runner
+
+    from tests.support.configs import write_config
+
+    monkeypatch.setenv("MESHKIT_TEST_MISBEHAVE", f"{workers}:{hostile}" if hostile else "")
+    config = write_config(
+        tmp_path / f"{name}.toml", tmp_path / name, workers=workers, rounds=rounds,
+        task="tests.support.hostile_task:Hostile", strategy=strategy, timeout=4.0,
+        mesh=mesh, extra=f"clients = {clients}\n{extra}")
+    return Runner(str(config)).run()
+
+
+def assert_named_every_round(report: Any, modes: str, why: list[str | None]) -> None:
+    """Each round's ``failed`` names the hostile rank with its reason (a hang: ``dropped``)."""
+    lines = rows(report)
+    assert [line["round"] for line in lines] == list(range(1, report.rounds + 1))
+    for line, expected in zip(lines, why):
+        if expected is None:  # the hang: declared dead at the deadline
+            assert HOSTILE in line["dropped"], line
+        else:
+            assert list(line["failed"]) == [str(HOSTILE)], line
+            assert expected in line["failed"][str(HOSTILE)], line
+
+
+@pytest.fixture(scope="module")
+def honest_behind_relays(tmp_path_factory):
+    """The run of four honest workers behind two relays (shared by the relay tests)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        return local_run(tmp_path_factory.mktemp("relays"), "honest", workers=4, clients=10,
+                         rounds=3, mesh="relays = 2", monkeypatch=patch)
+
+
+@pytest.mark.parametrize("modes, why", [
+    ("error+nan+scalar", ["hostile node: this fit refuses", "NaN or inf", "float64[]"]),
+    ("shape+inf+hang", ["float64[65, 32]", "NaN or inf", None]),
+], ids=["error-nan-scalar", "shape-inf-hang"])
+def test_one_hostile_rank_among_five_behind_host_relays_costs_only_its_own_rank(
+        tmp_path, monkeypatch, honest_behind_relays, modes, why):
+    # Two relays over five workers (ranks 1-3 and 4-5): the hostile rank 5 shares its
+    # relay with an honest one, which the relay still folds and sends up.
+    honest = honest_behind_relays
+    hostile = local_run(tmp_path, "hostile", workers=5, clients=10, rounds=3, hostile=modes,
+                        mesh="relays = 2", monkeypatch=monkeypatch)
+    assert hostile.ok and hostile.rounds_completed == 3, hostile.error
+    assert_named_every_round(hostile, modes, why)
+    for line in rows(hostile):
+        assert line["not_served"] == {} and sorted(map(int, line["served"])) == \
+            list(range(10)), line
+    # A relay folds its ranks' contributions in float64 before the coordinator adds the
+    # relays' partials: five workers group the same clients otherwise than four, so the
+    # models agree to float64 rounding (the flat and batched rounds above, bit for bit).
+    for key, value in honest.state.items():
+        np.testing.assert_allclose(hostile.state[key], value, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("modes", ["error+nan+scalar", "shape+inf+hang"])
+def test_one_hostile_rank_among_five_under_fedbuff_finishes_every_step(tmp_path, monkeypatch,
+                                                                       modes):
+    hostile = local_run(tmp_path, "fedbuff", workers=5, clients=10, rounds=4, hostile=modes,
+                        strategy="fedbuff", extra="buffer_size = 3\nconcurrency = 5",
+                        monkeypatch=monkeypatch)
+    assert hostile.ok and hostile.rounds_completed == 4, hostile.error
+    lines = rows(hostile)
+    assert [line["round"] for line in lines] == [1, 2, 3, 4]
+    summary = json.loads((Path(hostile.out) / "summary.json").read_text())
+    named = " ".join([*summary["failed"].get(str(HOSTILE), []),
+                      summary["dropped"].get(str(HOSTILE), "")])
+    assert str(HOSTILE) in summary["failed"] or str(HOSTILE) in summary["dropped"], summary
+    assert "hostile node: this fit refuses" in named or "float64[65, 32]" in named, named
+    for key, value in hostile.state.items():
+        assert np.isfinite(value).all(), key
