@@ -225,7 +225,7 @@ def test_three_workers_of_four_clients_survive_losing_one_with_the_defaults(
     _exact(totals, states, 12, first, second)
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
