@@ -123,15 +123,35 @@ def same_model(a: Any, b: Any) -> None:
         assert np.asarray(a[key]).tobytes() == np.asarray(b[key]).tobytes(), key
 
 
+@pytest.fixture(scope="module")
+def honest_runs(tmp_path_factory):
+    """clients -> the run of four honest nodes (each computed once for the module)."""
+    done: dict[int, Any] = {}
+
+    def honest(clients: int) -> Any:
+        if clients not in done:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("PYTHONPATH", os.pathsep.join(
+                    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+                where = tmp_path_factory.mktemp(f"honest{clients}")
+                done[clients] = run(config(where, "honest", workers=4, clients=clients,
+                                           rounds=4), 4)
+        return done[clients]
+    return honest
+
+
 @pytest.mark.parametrize("clients, modes, why", [
     # One client a worker: the flat engine, each contribution checked at the boundary.
     (5, "nan+scalar+shape", ["holds NaN or inf", "is an array float64[]",
                              "is an array float64[65, 32]"]),
+    (5, "error+inf+hang", ["hostile node: this fit refuses", "holds NaN or inf", None]),
     # Two a worker: the batched round (each worker folds its own clients exactly).
     (10, "error+inf+hang", ["hostile node: this fit refuses", "sent NaN or inf", None]),
-], ids=["flat", "batched"])
-def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, clients, modes, why):
-    honest = run(config(tmp_path, "honest", workers=4, clients=clients, rounds=4), 4)
+    (10, "nan+scalar+shape", ["NaN or inf", "float64[]", "float64[65, 32]"]),
+], ids=["flat", "flat-error-inf-hang", "batched", "batched-nan-scalar-shape"])
+def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, honest_runs, clients,
+                                                             modes, why):
+    honest = honest_runs(clients)
     hostile = run(config(tmp_path, "hostile", workers=5, clients=clients, rounds=4), 5, modes)
     assert hostile.ok and hostile.rounds_completed == 4, hostile.error
     lines = rows(hostile)
