@@ -24,13 +24,18 @@ class Broken(FlowerClient):
         return [np.vstack([w, w[:1]]), b], n, metrics
 
 
-def client_fn(context: Context):
+def _client(context: Context, broken: type) -> object:
+    """Partition 2 as ``broken``, every other one the numpy quickstart's client."""
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     train, test = load_data(partition_id, num_partitions)
-    cls = Broken if partition_id == BROKEN else FlowerClient
+    cls = broken if partition_id == BROKEN else FlowerClient
     return cls(train, test, int(context.run_config["local-epochs"]),
                float(context.run_config["learning-rate"])).to_client()
+
+
+def client_fn(context: Context):
+    return _client(context, Broken)
 
 
 class Hanging(FlowerClient):
@@ -45,9 +50,4 @@ HANG_SECONDS = 600
 
 def hanging_client_fn(context: Context):
     """As :func:`client_fn`, but partition 2's ``fit`` hangs instead of misshaping."""
-    partition_id = int(context.node_config["partition-id"])
-    num_partitions = int(context.node_config["num-partitions"])
-    train, test = load_data(partition_id, num_partitions)
-    cls = Hanging if partition_id == BROKEN else FlowerClient
-    return cls(train, test, int(context.run_config["local-epochs"]),
-               float(context.run_config["learning-rate"])).to_client()
+    return _client(context, Hanging)

@@ -114,7 +114,8 @@ HOSTILE = Path(__file__).resolve().parents[2] / "support" / "hostile"
 
 
 def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: int,
-                   clients: int, secure: str, rounds: int = 2
+                   clients: int, secure: str, rounds: int = 2, task_name: str = "synthetic",
+                   task_table: Mapping[str, Any] = TASK, timeout: float = 30.0
                    ) -> tuple[Any, list[Any], list[Mapping[str, Any]], list[dict[str, Any]]]:
     """A secure run over real worker processes: (report, unmasked totals, states, rows)."""
     totals: list[Any] = []
@@ -129,10 +130,10 @@ def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: 
     states: list[Mapping[str, Any]] = []
     out = tmp_path / "out"
     config = write_config(
-        tmp_path / "run.toml", out, workers=workers, rounds=rounds, task="synthetic",
-        timeout=30.0,
+        tmp_path / "run.toml", out, workers=workers, rounds=rounds, task=task_name,
+        timeout=timeout,
         extra=f"clients = {clients}\n\n[task]\n"
-        + "\n".join(f"{k} = {v}" for k, v in TASK.items())
+        + "\n".join(f"{k} = {v}" for k, v in task_table.items())
         + f"\n\n[secure_aggregation]\nclip_range = 1.0\n{secure}\n")
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     report = runner.run()
@@ -239,25 +240,12 @@ def test_one_hostile_fit_among_five_secure_workers_costs_its_own_clients(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("MESHKIT_TEST_MISBEHAVE", f"5:{modes}")
-    totals: list[Any] = []
-    finish = ServerRound.finish
-
-    def finishing(self: ServerRound) -> Any:
-        result = finish(self)
-        totals.append(result)
-        return result
-
-    monkeypatch.setattr(ServerRound, "finish", finishing)
-    states: list[Mapping[str, Any]] = []
-    out = tmp_path / "out"
     sequence = modes.split("+")
-    config = write_config(
-        tmp_path / "run.toml", out, workers=5, rounds=len(sequence),
-        task="tests.support.hostile_task:Hostile", timeout=4.0,
-        extra=f"clients = {CLIENTS}\n\n[secure_aggregation]\nclip_range = 1.0\n")
-    report = Runner(str(config), on_round=lambda r, state: states.append(state)).run()
+    report, totals, states, rows = _run_recording(
+        tmp_path, monkeypatch, workers=5, clients=CLIENTS, secure="", rounds=len(sequence),
+        task_name="tests.support.hostile_task:Hostile", task_table={}, timeout=4.0)
     assert report.ok and report.rounds_completed == len(sequence), report.error
-    rows = read_metrics(out)
+    out = Path(report.out)
     why = {"error": "RuntimeError: hostile node: this fit refuses",
            "nan": "holds NaN or infinity", "inf": "holds NaN or infinity",
            "scalar": "the fit's model has no 'hidden.w' of the round model's shape [64, 32]",
