@@ -181,15 +181,24 @@ def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, honest_ru
     same_model(hostile.state, honest.state)
 
 
-def test_a_finite_but_huge_contribution_is_legal_and_a_robust_rule_outvotes_it(tmp_path):
+@pytest.mark.parametrize("aggregator, modes", [("median", "huge+huge+huge"),
+                                               ("krum", "nan+inf+huge")])
+def test_under_a_robust_rule_nan_drops_its_sender_and_a_huge_value_is_outvoted(
+        tmp_path, aggregator, modes):
     # 1e308 is finite: no breach (docs/strategies.md, "Out of range is the aggregator's to
-    # say"). Under median the one hostile rank of five moves nothing out of range.
-    hostile = run(config(tmp_path, "huge", workers=5, clients=5, rounds=3,
-                         aggregator="median"), 5, "huge+huge+huge")
+    # say"). Under median or krum the one hostile rank of five moves nothing out of range;
+    # NaN and inf, which used to end the run under these rules, drop its rank for the round.
+    hostile = run(config(tmp_path, "robust", workers=5, clients=5, rounds=3,
+                         aggregator=aggregator), 5, modes)
     assert hostile.ok and hostile.rounds_completed == 3, hostile.error
-    for line in rows(hostile):
-        assert line["failed"] == {} and line["not_served"] == {} and line["dropped"] == []
-        assert HOSTILE in line["served"].values()
+    for line, mode in zip(rows(hostile), modes.split("+")):
+        assert line["not_served"] == {} and line["dropped"] == [], line
+        if mode == "huge":
+            assert line["failed"] == {} and HOSTILE in line["served"].values(), line
+        else:
+            assert list(line["failed"]) == [str(HOSTILE)], line
+            assert "holds NaN or inf" in line["failed"][str(HOSTILE)], line
+            assert HOSTILE not in line["served"].values(), line
     for key, value in hostile.state.items():
         assert np.isfinite(value).all() and np.abs(value).max() < 10, key
 
