@@ -14,11 +14,11 @@ node needs no word from the coordinator. What each mode sends:
 * ``hang`` -- the fit sleeps (60 s) before it answers: a stall.
 * ``honest`` -- nothing: an honest fit.
 
-A run whose workers are spawned for it (``launch = "local"``, host relays)
-cannot give one node its own option: there the test sets
+A run whose workers are spawned for it (``launch = "local"``, host relays,
+torchrun) cannot give one node its own option: there the test sets
 ``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` and only the ``meshkit node``
-process started with ``--rank RANK`` takes MODES (the coordinator, relays
-and other ranks stay honest).
+process started with ``--rank RANK`` (or torchrun's rank RANK) takes MODES
+(the coordinator, relays and other ranks stay honest).
 """
 
 from __future__ import annotations
@@ -44,12 +44,17 @@ class HostileOptions(DigitsOptions):
 
 
 def _modes_from_env() -> str:
-    """MODES of ``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` in the node process of rank RANK."""
+    """MODES of ``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` in the process of rank RANK: a
+    ``meshkit node --rank RANK``, or torchrun's rank RANK of ``-m meshkit_torchdist``."""
     rank, _, modes = os.environ.get("MESHKIT_TEST_MISBEHAVE", "").partition(":")
     argv = sys.argv
-    if rank and "node" in argv and "--rank" in argv and argv[argv.index("--rank") + 1] == rank:
-        return modes
-    return ""
+    if "node" in argv and "--rank" in argv:
+        mine = argv[argv.index("--rank") + 1]
+    elif argv and "meshkit_torchdist" in argv[0]:
+        mine = os.environ.get("RANK", "")
+    else:
+        return ""
+    return modes if rank and mine == rank else ""
 
 
 class Hostile(DigitsTask):
