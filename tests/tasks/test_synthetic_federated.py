@@ -98,6 +98,14 @@ def test_a_size_no_array_can_hold_is_refused_naming_the_keys(options, words):
         _task(**{"max_samples": 1000, **options})
 
 
+@pytest.mark.parametrize("key", ["alpha", "beta"])
+def test_a_heterogeneity_past_what_float32_features_hold_is_refused(key):
+    # alpha = 1e300 made every client's features inf and its labels garbage; check said
+    # ok (found by the check property test, issue 34).
+    with pytest.raises(ConfigError, match=rf"{key}.*must be at most 1e\+06"):
+        _task(**{key: 1e300})
+
+
 def test_the_largest_size_allowed_is_built_without_allocating_it():
     # 2^31 elements exactly is allowed; building the task allocates nothing that size.
     task = _task(dim=2 ** 21, max_samples=2 ** 10, hidden=0, classes=2)
