@@ -148,7 +148,9 @@ def honest_runs(tmp_path_factory):
     # Two a worker: the batched round (each worker folds its own clients exactly).
     (10, "error+inf+hang", ["hostile node: this fit refuses", "sent NaN or inf", None]),
     (10, "nan+scalar+shape", ["NaN or inf", "float64[]", "float64[65, 32]"]),
-], ids=["flat", "flat-error-inf-hang", "batched", "batched-nan-scalar-shape"])
+    # 1e308 is finite, but no worker's exact (fixed-point) sum holds it: out of range.
+    (10, "huge+huge+huge", ["beyond the range of a 32-bit fixed-point sum"] * 3),
+], ids=["flat", "flat-error-inf-hang", "batched", "batched-nan-scalar-shape", "batched-huge"])
 def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, honest_runs, clients,
                                                              modes, why):
     honest = honest_runs(clients)
