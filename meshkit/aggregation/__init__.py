@@ -64,7 +64,8 @@ from meshkit.aggregation._contract import (
     load_aggregator_state,
     uses_reference,
 )
-from meshkit.aggregation._fixed import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum
+from meshkit.aggregation._fixed import (ContributionOutOfRange, DEFAULT_FRACTION_BITS, FixedPartial,
+                                       FixedPointSum)
 from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
 from meshkit.aggregation._threads import DEFAULT_THREADS
 from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
@@ -93,6 +94,7 @@ __all__ = [
     "squared_norm",
     "FixedPointSum",
     "FixedPartial",
+    "ContributionOutOfRange",
     "DEFAULT_FRACTION_BITS",
     "AggregatorTraits",
     "aggregator_traits",

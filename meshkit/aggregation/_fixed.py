@@ -64,7 +64,18 @@ from meshkit.state import (
     json_depth,
 )
 
-__all__ = ["FixedPointSum", "FixedPartial", "DEFAULT_FRACTION_BITS"]
+__all__ = ["FixedPointSum", "FixedPartial", "DEFAULT_FRACTION_BITS", "ContributionOutOfRange"]
+
+
+class ContributionOutOfRange(AggregationError):
+    """One contribution holds a finite value (or a weight) the exact sum cannot hold.
+
+    Raised before the sum changes, so the sum is as it was; the value is its
+    sender's alone (1e308 is finite, but no fixed-point sum holds it), so a
+    round drops that contribution's sender as it drops a non-finite one
+    (docs/protocol.md section 7) instead of failing for everyone.
+    """
+
 
 #: Fraction bits of the default sum: resolution 2**-32, range 2**31 (module docstring).
 DEFAULT_FRACTION_BITS = 32
@@ -676,7 +687,7 @@ class FixedPointSum:
 
     def _range(self, label: str, key: str | None, w: float, what: str) -> AggregationError:
         where = f"aggregating {key!r}: " if key else ""
-        return AggregationError(
+        return ContributionOutOfRange(
             f"{self.name}: {where}{what} from {label} (weight {w:g}) is beyond the range of "
             f"a {self.fraction_bits}-bit fixed-point sum (|weight * value| < {self.limit:g}); "
             f"scale the weights down (only their ratios matter) or lower fraction_bits")

@@ -9,11 +9,21 @@ import attrs
 __all__ = ["NoOptions", "DirichletOptions", "PathologicalOptions"]
 
 
+#: The largest Dirichlet alpha: past it numpy's draw is no split (zeros or NaN shares).
+MAX_ALPHA = 1e6
+
+
 def _positive_alpha(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not value > 0:
         raise ValueError(
             f"alpha must be greater than 0 (small: each client holds few labels, e.g. 0.1; "
             f"large: close to iid, e.g. 100), got {value}")
+    if not value <= MAX_ALPHA:
+        # numpy's Dirichlet draw gives zeros (1e308) or NaN (inf) shares up there, and
+        # far below it the split is already iid: a split of garbage must not pass check.
+        raise ValueError(
+            f"alpha must be at most {MAX_ALPHA:g} (the split is iid well before that; use "
+            f"[partitioner] name = \"iid\"), got {value}")
 
 
 def _at_least_one(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -76,6 +76,19 @@ class SyntheticOptions:
     lr: float = attrs.field(default=0.1, validator=positive)
 
 
+#: The largest alpha / beta of synthetic-federated: the features are float32, and a
+#: client's mean drawn at a standard deviation past this overflows them (inf, then NaN
+#: data and labels), so a population of garbage must not pass check.
+MAX_HETEROGENEITY = 1e6
+
+
+def _heterogeneity(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    non_negative(instance, attribute, value)
+    if not value <= MAX_HETEROGENEITY:
+        raise ValueError(f"{attribute.name} must be at most {MAX_HETEROGENEITY:g} (the "
+                         f"features are float32; LEAF's runs use 0..1), got {value}")
+
+
 def _probability(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{attribute.name} must be at least 0 and below 1, got {value}")
@@ -86,9 +99,9 @@ class SyntheticFederatedOptions:
     """``[task]`` keys for ``synthetic-federated`` (LEAF's / FedProx's synthetic(alpha, beta))."""
 
     #: Model heterogeneity: client k's model mean u_k ~ N(0, alpha^2) (0: one model for all).
-    alpha: float = attrs.field(default=1.0, validator=non_negative)
+    alpha: float = attrs.field(default=1.0, validator=_heterogeneity)
     #: Feature heterogeneity: client k's feature mean B_k ~ N(0, beta^2) (0: one distribution).
-    beta: float = attrs.field(default=1.0, validator=non_negative)
+    beta: float = attrs.field(default=1.0, validator=_heterogeneity)
     #: How many clients the population has (any number: each is made on demand).
     clients: int = attrs.field(default=1000, validator=positive)
     #: Input features.

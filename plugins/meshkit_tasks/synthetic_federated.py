@@ -48,6 +48,30 @@ _STREAM = 0x5E7F
 _DTYPE = np.dtype(np.float32)
 
 
+#: The most elements one array of this task may hold (8 GiB of float32). The task
+#: holds each whole in memory -- a client's features (max_samples x dim), its
+#: true model (dim x classes, float64), each layer of the MLP -- so a size past
+#: this is refused at start-up, naming the keys, rather than failing to
+#: allocate (or overflowing numpy's size) on a worker mid-run.
+MAX_ARRAY_ELEMENTS = 2 ** 31
+
+
+def _refuse_oversized(opts: SyntheticFederatedOptions) -> None:
+    arrays = [(("max_samples", "dim"), "a client's features", opts.max_samples * opts.dim),
+              (("dim", "classes"), "a client's true model", opts.dim * opts.classes)]
+    if opts.hidden:
+        arrays += [(("dim", "hidden"), "the first layer", opts.dim * opts.hidden),
+                   (("hidden", "classes"), "the second layer", opts.hidden * opts.classes)]
+    for keys, what, elements in arrays:
+        if elements > MAX_ARRAY_ELEMENTS:
+            a, b = keys
+            raise ConfigError(
+                f"[task] {a} = {getattr(opts, a)}, {b} = {getattr(opts, b)}: {what} would "
+                f"hold {elements:,} elements, more than the {MAX_ARRAY_ELEMENTS:,} one array "
+                f"of synthetic-federated may hold (it keeps each whole in memory); lower "
+                f"{a} or {b}")
+
+
 class SyntheticFederatedTask:
     """synthetic(alpha, beta) over ``clients`` clients (a :class:`meshkit.population.Population`)."""
 
@@ -60,6 +84,7 @@ class SyntheticFederatedTask:
                               f"max_samples = {opts.max_samples}")
         if opts.classes < 2:
             raise ConfigError(f"[task] classes = {opts.classes}: a classifier needs at least 2")
+        _refuse_oversized(opts)
         # x's standard deviations: sqrt(Sigma_jj) = j^-0.6
         self._scale = np.power(np.arange(1, opts.dim + 1, dtype=np.float64), -0.6).astype(_DTYPE)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}

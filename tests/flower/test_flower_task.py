@@ -247,3 +247,31 @@ def test_a_deterministically_broken_client_fails_alone_and_every_worker_serves_o
                "float64[64, 10]" in row["not_served"]["2"], row["not_served"]
         assert sorted(map(int, row["served"])) == [0, 1, 3]
         assert row["dropped"] == [] and row["failed"] == {}
+
+
+@pytest.mark.slow
+def test_a_client_whose_fit_hangs_costs_two_workers_once_and_is_not_tried_again(tmp_path):
+    # Issue 34: a Flower client that hangs was served again on each next worker after
+    # the first was dropped, until none was left. Now the second stall makes the hang
+    # the client's own: it is recorded failed, and not tried again in the run.
+    config = _config(tmp_path, "quickstart_numpy", rounds=3, workers=4)
+    config.write_text(config.read_text().replace(
+        'app = "examples.flower.quickstart_numpy:client_fn"',
+        'app = "tests.support.flower_bad_client:hanging_client_fn"').replace(
+        "workers = 4", "workers = 4\ntimeout = 3"))
+    ran = run_cli("run", str(config), "-q", cwd=str(tmp_path), pythonpath=str(REPO),
+                  timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    rows = read_metrics(tmp_path / "run")
+    assert [row["round"] for row in rows] == [1, 2, 3]
+    # Round 1: two workers stalled on client 2 (and are lost); the two left serve the rest.
+    assert len(rows[0]["dropped"]) == 2, rows[0]
+    for row in rows:
+        assert list(row["not_served"]) == ["2"], row
+        assert sorted(map(int, row["served"])) == [0, 1, 3], row
+    assert rows[0]["not_served"]["2"].startswith("failed on 2 ranks, so the failure is its own")
+    # Rounds 2 and 3: not tried again, so no other worker is lost to it.
+    for row in rows[1:]:
+        assert row["dropped"] == [], row
+        assert row["not_served"]["2"].startswith("quarantined: failed on 2 ranks"), row
+        assert set(row["served"].values()) <= set(range(1, 5)) - set(rows[0]["dropped"])

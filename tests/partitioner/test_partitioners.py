@@ -68,6 +68,14 @@ def test_pathological_clients_hold_only_their_classes():
     assert all(len(c) == 2 for c in label_counts(labels, parts))
 
 
+@pytest.mark.parametrize("alpha", [1e308, float("inf")])
+def test_an_alpha_numpys_draw_cannot_split_with_is_refused(alpha):
+    # Found by the check property test: alpha = 1e308 drew all-zero shares, inf NaN ones,
+    # and check said ok to a split of garbage (issue 34).
+    with pytest.raises(ConfigError, match=r"\[partitioner\].*alpha must be at most 1e\+06"):
+        meshkit.plugins.create("partitioner", "dirichlet", {"alpha": alpha})
+
+
 @pytest.mark.parametrize("alpha", [0, -1.0])
 def test_alpha_not_above_zero_is_refused(alpha):
     with pytest.raises(ConfigError, match=r"\[partitioner\].*alpha must be greater than 0"):

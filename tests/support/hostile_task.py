@@ -13,10 +13,21 @@ node needs no word from the coordinator. What each mode sends:
 * ``shape`` -- ``hidden.w`` has one row too many.
 * ``hang`` -- the fit sleeps (60 s) before it answers: a stall.
 * ``honest`` -- nothing: an honest fit.
+
+``fit:MODES`` counts fits instead of rounds: the node's n-th fit does the
+n-th thing (for ``fedbuff``, where a node may fit twice from one model).
+
+A run whose workers are spawned for it (``launch = "local"``, host relays,
+torchrun) cannot give one node its own option: there the test sets
+``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` and only the ``meshkit node``
+process started with ``--rank RANK`` (or torchrun's rank RANK) takes MODES
+(the coordinator, relays and other ranks stay honest).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any, Mapping
 
@@ -35,12 +46,28 @@ class HostileOptions(DigitsOptions):
     misbehave: str = ""
 
 
+def _modes_from_env() -> str:
+    """MODES of ``MESHKIT_TEST_MISBEHAVE = "RANK:MODES"`` in the process of rank RANK: a
+    ``meshkit node --rank RANK``, or torchrun's rank RANK of ``-m meshkit_torchdist``."""
+    rank, _, modes = os.environ.get("MESHKIT_TEST_MISBEHAVE", "").partition(":")
+    argv = sys.argv
+    if "node" in argv and "--rank" in argv:
+        mine = argv[argv.index("--rank") + 1]
+    elif argv and "meshkit_torchdist" in argv[0]:
+        mine = os.environ.get("RANK", "")
+    else:
+        return ""
+    return modes if rank and mine == rank else ""
+
+
 class Hostile(DigitsTask):
     Options = HostileOptions
 
     def __init__(self, options: HostileOptions | None = None) -> None:
         super().__init__(options or HostileOptions())
-        self.modes = [m for m in self.options.misbehave.split("+") if m]
+        spec = self.options.misbehave or _modes_from_env()
+        self.per_fit = spec.startswith("fit:")
+        self.modes = [m for m in spec.removeprefix("fit:").split("+") if m]
         unknown = sorted(set(self.modes) - set(MODES))
         if unknown:
             raise ValueError(f"misbehave: unknown modes {unknown}; known: {MODES}")
@@ -50,7 +77,7 @@ class Hostile(DigitsTask):
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *, seed: int,
             time_budget: float | None = None) -> Any:
         start = np.asarray(state["hidden.w"]).tobytes()
-        if start != self._last:
+        if start != self._last or self.per_fit:
             self._last, self._round = start, self._round + 1
         mode = self.modes[self._round - 1] if self._round <= len(self.modes) else "honest"
         if mode == "error":

@@ -83,6 +83,35 @@ def test_min_samples_above_max_samples_is_refused():
         _task(min_samples=50, max_samples=10)
 
 
+@pytest.mark.parametrize("options, words", [
+    # numpy's "array is too big" from a client's true model, found by the check property test
+    ({"classes": 2 ** 63 - 1}, r"\[task\] dim = 20, classes = 9223372036854775807: a client's "
+                               r"true model would hold"),
+    ({"max_samples": 10 ** 9}, r"\[task\] max_samples = 1000000000, dim = 20: a client's "
+                               r"features"),
+    ({"dim": 2 ** 20, "hidden": 2 ** 12}, r"\[task\] dim = 1048576, hidden = 4096: the first "
+                                          r"layer"),
+    ({"dim": 1, "hidden": 2 ** 30}, r"\[task\] hidden = 1073741824, classes = 5: the second layer"),
+])
+def test_a_size_no_array_can_hold_is_refused_naming_the_keys(options, words):
+    with pytest.raises(ConfigError, match=words + r".*more than the 2,147,483,648"):
+        _task(**{"max_samples": 1000, **options})
+
+
+@pytest.mark.parametrize("key", ["alpha", "beta"])
+def test_a_heterogeneity_past_what_float32_features_hold_is_refused(key):
+    # alpha = 1e300 made every client's features inf and its labels garbage; check said
+    # ok (found by the check property test, issue 34).
+    with pytest.raises(ConfigError, match=rf"{key}.*must be at most 1e\+06"):
+        _task(**{key: 1e300})
+
+
+def test_the_largest_size_allowed_is_built_without_allocating_it():
+    # 2^31 elements exactly is allowed; building the task allocates nothing that size.
+    task = _task(dim=2 ** 21, max_samples=2 ** 10, hidden=0, classes=2)
+    assert task.options.dim * task.options.max_samples == 2 ** 31
+
+
 def test_logistic_regression_is_hidden_zero():
     state = _task(clients=10, hidden=0).init_state(0)
     assert {k: v.shape for k, v in state.items()} == {"w": (20, 5), "b": (5,)}

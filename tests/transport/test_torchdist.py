@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import numpy as np
@@ -132,3 +133,70 @@ def test_the_torchrun_launcher_is_a_click_command_with_usage_errors_exit_2(capsy
     assert main(["/nonexistent/run.toml"]) == 2
     assert "meshkit_torchdist: rank 1: /nonexistent/run.toml: no such config file" \
         in capsys.readouterr().err
+
+
+def _own_non_loopback_address() -> str:
+    """One of this machine's own non-loopback IPv4 addresses (``hostname -I``), or skip."""
+    import ipaddress
+    import subprocess
+
+    try:
+        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True,
+                               timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        words = []
+    for word in words:
+        try:
+            address = ipaddress.ip_address(word)
+        except ValueError:
+            continue
+        if address.version == 4 and not address.is_loopback:
+            return word
+    pytest.skip("this machine has no non-loopback IPv4 address to rendezvous on")
+
+
+def _run_on(tmp_path, host: str, *, trust: bool):
+    from tests.support.cli import run_cli
+
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[run]
+task = "digits"
+out = "{tmp_path / 'out'}"
+
+[mesh]
+workers = 2
+transport = "torchdist"
+bind = "{host}:0"
+timeout = 10
+trust_network = {'true' if trust else 'false'}
+
+[strategy]
+name = "federated"
+rounds = 1
+clients = 2
+""")
+    return run_cli("run", "-q", str(config), timeout=240)
+
+
+def test_a_run_rendezvousing_on_this_machines_own_address_is_refused_clearly(tmp_path):
+    # Issue 34: a non-loopback rendezvous must be the trust refusal (exit 2, one
+    # paragraph), never an OSError or a traceback.
+    host = _own_non_loopback_address()
+    ran = _run_on(tmp_path, host, trust=False)
+    assert ran.returncode == 2, ran.stderr
+    assert "Traceback" not in ran.stderr and "OSError" not in ran.stderr
+    assert ran.stderr.startswith(f"meshkit: error: torchdist: the rendezvous address {host}:0 "
+                                 f"is '{host}', not a loopback address"), ran.stderr
+    assert "Set [mesh] trust_network = true only on a network you trust" in ran.stderr
+
+
+@pytest.mark.slow
+def test_a_trusted_run_on_this_machines_own_address_reaches_its_local_workers(tmp_path):
+    # Before, a local launch did not pass [mesh] trust_network to its workers: each
+    # refused the address the coordinator was allowed, and the run waited for them.
+    host = _own_non_loopback_address()
+    ran = _run_on(tmp_path, host, trust=True)
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ok"] is True and summary["rounds_completed"] == 1

@@ -147,3 +147,31 @@ def test_a_transport_key_an_spmd_run_does_not_use_is_refused_before_it_connects(
                                              'mode = "spmd"\nmax_frame_bytes = 4096'))
     with pytest.raises(ConfigError, match=r"\[transport\] max_frame_bytes: not used by an"):
         run_spmd(load_config(str(path)), 0, 2, resume=False, overwrite=False)
+
+
+def test_one_hostile_rank_among_five_costs_its_own_slice_and_every_rank_finishes(
+        tmp_path: Path) -> None:
+    # Rank 4 of five torchrun processes fits as tests/support/hostile_task.py says (an
+    # error, NaN, 1e308); the others are honest. Each rank checks its own fits before its
+    # exact partial: rank 4's clients (4 and 9) are not served, every rank finishes.
+    config = tmp_path / "hostile.toml"
+    config.write_text(JOB.format(out=tmp_path / "hostile", transport="torchdist",
+                                 transport_table=SPMD, rounds=3, timeout=20).replace(
+        'task = "digits"', 'task = "tests.support.hostile_task:Hostile"').replace(
+        "fraction = 0.5", "fraction = 1.0").replace("clients = 12", "clients = 10"))
+    env = {**_env(), "MESHKIT_TEST_MISBEHAVE": "4:error+nan+huge",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])])}
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "5", "-m", "meshkit_torchdist", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 0, output
+    assert "rank 0: run finished: 3/3 round(s) on 5 rank(s)" in output, output
+    rows = [json.loads(line) for line in
+            (tmp_path / "hostile" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for row in rows:  # rank 0's rows: the reason is rank 4's to tell; the sum says who
+        assert sorted(map(int, row["served"])) == [0, 1, 2, 3, 5, 6, 7, 8], row
+        assert row["not_served"] == {"4": "rank 4 could not serve it",
+                                     "9": "rank 4 could not serve it"}, row

@@ -142,6 +142,9 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                "--topology", topology, "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
+               # The coordinator's own [mesh] trust_network, or a trusting run's
+               # workers refuse the rendezvous address it was allowed.
+               *(["--trust-network"] if cfg.mesh.trust_network else []),
                *transport_flags, *extra.get(rank, [])]
         log_file = open(logs / f"worker-{rank}.log", "wb")
         try:

@@ -288,7 +288,7 @@ def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
             chosen = _sample(clients, cfg.run.seed)
             shares = []
             for c in chosen:
-                _, labels = client_rows_of(task, c, clients)
+                _, labels = _population_rows(task, c, clients, cfg)
                 shares.append(_share(c, labels, np.arange(len(labels))))
             return ClientShares(clients, tuple(shares), source="the task's population",
                                 sampled=_sampled_note(len(chosen), clients, "made"))
@@ -317,6 +317,24 @@ def client_shares(cfg: Any, strategy: Any, task: Any, partitioner: Any
                             source, sampled=_sampled_note(len(chosen), clients, "computed"))
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
+
+
+def _population_rows(task: Any, client: int, clients: int, cfg: Any) -> tuple[Any, Any]:
+    """A population's client ``client``'s rows, or a ConfigError naming [task] (as
+    :func:`initial_model` does for the model): a size the task made from its options
+    that cannot be allocated is the config's to fix, not a traceback."""
+    try:
+        return client_rows_of(task, client, clients)
+    except MeshError:
+        raise
+    except MemoryError as exc:
+        raise ConfigError(
+            f"[task]: client {client}'s data of task {cfg.run.task!r} does not fit in this "
+            f"machine's memory ({exc}); check the [task] options that size it") from None
+    except Exception as exc:
+        raise ConfigError(
+            f"[task]: task {cfg.run.task!r}: client_data({client}) raised "
+            f"{type(exc).__name__}: {exc}") from exc
 
 
 def _sample(clients: int, seed: int) -> list[int]:

@@ -87,7 +87,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
@@ -677,10 +677,18 @@ class _Round:
                 contribution = self.local.keep(key, contribution)
             source = f"{self.label} {key} (rank {rank})"
             keyed = getattr(self.fold, "add_keyed", None)
-            if keyed is not None:  # an attacked round needs to know whose it is
-                keyed(key, contribution, self.weight(self.replies[key]), source=source)
-            else:
-                self.fold.add(contribution, self.weight(self.replies[key]), source=source)
+            try:
+                if keyed is not None:  # an attacked round needs to know whose it is
+                    keyed(key, contribution, self.weight(self.replies[key]), source=source)
+                else:
+                    self.fold.add(contribution, self.weight(self.replies[key]), source=source)
+            except ContributionOutOfRange as exc:
+                # A finite value no exact sum holds (1e308): its sender's, as a non-finite
+                # one is, refused before the sum changed. Back in line, then failed as a
+                # pulled contribution that does not fit is (module docstring, step 7).
+                self.unfolded.insert(0, key)
+                self._failed(rank, "take", key, f"out of range: {exc}")
+                continue
             del contribution  # the fold holds it now, or has folded it
             self.served[key] = rank
 

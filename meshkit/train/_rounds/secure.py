@@ -230,18 +230,23 @@ def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, 
     lost[rank] = ctx.pool.dead.get(rank, reason)
 
 
-def _failed(rank: int, error: str, lost: dict[int, str], accept_failures: bool) -> None:
+def _failed(ctx: StrategyContext, rank: int, error: str, lost: dict[int, str],
+            accept_failures: bool) -> None:
     """``rank`` answered a secure step with an ``error`` reply (its task raised).
 
     With ``[strategy] accept_failures = true`` (the default) that costs the rank
-    its clients for this round, named with the reason; it is not declared dead,
-    so it plays again next round. ``false`` ends the run with the rank's error.
+    its clients for this round, named with the reason in their ``not_served`` and
+    in the round's ``failed``; it is not declared dead, so it plays again next
+    round, until the round skeleton's strikes quarantine it as on every other
+    path. ``false`` ends the run with the rank's error.
     """
     if not accept_failures:
         raise WorkerError(rank, error)
     log.warning("rank %d failed a secure round step; its clients leave the round: %s",
                 rank, error)
     lost.setdefault(rank, f"failed: {error}")
+    # The round skeleton reports and strikes a round's call failures (meshkit.train._rounds).
+    ctx.call_failures.setdefault(rank, f"error: {error}")
 
 
 def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[str, Any],
@@ -290,7 +295,7 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
             if reply.payload is None:
                 lost[reply.rank] = reply.error or "lost"
             elif reply.payload.get("error"):
-                _failed(reply.rank, str(reply.payload["error"]), lost, accept_failures)
+                _failed(ctx, reply.rank, str(reply.payload["error"]), lost, accept_failures)
             else:
                 answers[reply.rank] = reply.payload
         return answers
@@ -435,7 +440,7 @@ def _masked_step(ctx: StrategyContext, server: ServerRound,
             continue
         if reply.payload.get("error"):
             failed = int(reply.payload.get("rank") or ranks[0])
-            _failed(failed, str(reply.payload["error"]), lost, accept_failures)
+            _failed(ctx, failed, str(reply.payload["error"]), lost, accept_failures)
             if name:  # a relay answers with one rank's error: its sum of the others is lost
                 for rank in ranks:
                     lost.setdefault(rank, f"its relay {name}'s sum was lost with rank "
@@ -450,7 +455,7 @@ def _masked_step(ctx: StrategyContext, server: ServerRound,
                     reply.payload, sorted(c for r in ranks for c in sharing[r]))
                 for rank, why in gone:
                     if rank in ranks and why.startswith("failed: "):
-                        _failed(rank, why.removeprefix("failed: "), lost, accept_failures)
+                        _failed(ctx, rank, why.removeprefix("failed: "), lost, accept_failures)
                     elif rank in ranks:
                         lost.setdefault(rank, why)
                 ids = tuple(clients)

@@ -169,3 +169,38 @@ def test_a_client_failing_on_its_rank_is_not_served_and_every_rank_finishes(
             else:
                 assert row.not_served[3] == f"rank {owner} could not serve it"
             assert sorted(row.served) == [c for c in range(12) if c != 3]
+
+
+@pytest.mark.parametrize("modes, why", [
+    ("error+nan+scalar", ["hostile node: this fit refuses", "NaN or inf", "float64[]"]),
+    # 1e308 is finite, but no exact (fixed-point) sum holds it: out of range, its sender's.
+    ("shape+inf+huge", ["float64[65, 32]", "NaN or inf", "out of range: "]),
+], ids=["error-nan-scalar", "shape-inf-huge"])
+def test_one_hostile_rank_among_five_costs_its_own_slice_and_every_rank_finishes(
+        tmp_path: Path, modes: str, why: list[str]) -> None:
+    # Rank 4 of five fits as tests/support/hostile_task.py says, a breach a round; the
+    # others are honest. No coordinator checks a collective rank's fits: each rank checks
+    # its own before it adds them to the exact partial, so a bad fit costs its client.
+    threads = ThreadWorld(5)
+
+    def play(reducer: Any) -> Any:
+        tables = _tables(tmp_path / f"rank{reducer.rank}", fraction=1.0, clients=10,
+                         rounds=3)
+        tables["run"]["task"] = "tests.support.hostile_task:Hostile"
+        tables["task"] = {"misbehave": modes if reducer.rank == 4 else ""}
+        return Runner(tables, collective=reducer).run()
+
+    reports = threads.run(play)
+    assert all(r.ok and r.rounds_completed == 3 for r in reports), [r.error for r in reports]
+    mine = cohort_slice(list(range(10)), 4, 5)  # clients 4 and 9
+    for rnd, expected in enumerate(why):
+        row = reports[4].history[rnd]
+        assert sorted(row.not_served) == mine, row.not_served
+        assert all(expected in reason for reason in row.not_served.values()), row.not_served
+        assert sorted(row.served) == [c for c in range(10) if c not in mine]
+        for other in reports[:4]:  # every rank records the same round
+            assert sorted(other.history[rnd].not_served) == mine
+    # Every rank holds the same model, bit for bit.
+    for report in reports[1:]:
+        for key, value in reports[0].state.items():
+            assert report.state[key].tobytes() == value.tobytes(), key

@@ -4,6 +4,7 @@ individual update (instrumented)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,7 +32,8 @@ PARAMS = SecAggParams(clients=CLIENTS, degree=0, threshold=5, clip_range=1.0, mo
 FAULTS = "2:3,3:4,3:0,4:0,4:1"
 
 
-def task() -> Any:
+def task(*fitted: int) -> Any:
+    """The runs' synthetic task (``fitted``: the round and client it fits, alike for all)."""
     return meshkit.plugins.create("task", "synthetic", TASK)
 
 
@@ -112,7 +114,8 @@ HOSTILE = Path(__file__).resolve().parents[2] / "support" / "hostile"
 
 
 def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: int,
-                   clients: int, secure: str, rounds: int = 2
+                   clients: int, secure: str, rounds: int = 2, task_name: str = "synthetic",
+                   task_table: Mapping[str, Any] = TASK, timeout: float = 30.0
                    ) -> tuple[Any, list[Any], list[Mapping[str, Any]], list[dict[str, Any]]]:
     """A secure run over real worker processes: (report, unmasked totals, states, rows)."""
     totals: list[Any] = []
@@ -127,10 +130,10 @@ def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: 
     states: list[Mapping[str, Any]] = []
     out = tmp_path / "out"
     config = write_config(
-        tmp_path / "run.toml", out, workers=workers, rounds=rounds, task="synthetic",
-        timeout=30.0,
+        tmp_path / "run.toml", out, workers=workers, rounds=rounds, task=task_name,
+        timeout=timeout,
         extra=f"clients = {clients}\n\n[task]\n"
-        + "\n".join(f"{k} = {v}" for k, v in TASK.items())
+        + "\n".join(f"{k} = {v}" for k, v in task_table.items())
         + f"\n\n[secure_aggregation]\nclip_range = 1.0\n{secure}\n")
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     report = runner.run()
@@ -138,18 +141,20 @@ def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: 
 
 
 def _exact(totals: list[Any], states: list[Mapping[str, Any]], clients: int,
-           *params: SecAggParams) -> None:
+           *params: SecAggParams, make_task: Any = task) -> None:
     """Each round's unmasked total is the plaintext sum of exactly its contributors' updates.
 
-    ``params`` are each round's (the last one standing for the rounds after it).
+    ``params`` are each round's (the last one standing for the rounds after it);
+    ``make_task(round, client)`` builds the task that fitted ``client`` in ``round``
+    (called with no arguments: the run's initial model's).
     """
-    start = task().init_state(SEED)
+    start = make_task().init_state(SEED)
     for rnd, (before, result) in enumerate(zip([start, *states], totals), start=1):
         round_params_ = params[min(rnd, len(params)) - 1]
-        trainer = Trainer(task(), seed=SEED)
-        trainer.handle({"op": "set_state", "seq": 1, "state": dict(before)})
         expected = np.zeros_like(result.total)
         for client in result.contributors:
+            trainer = Trainer(make_task(rnd, client), seed=SEED)
+            trainer.handle({"op": "set_state", "seq": 1, "state": dict(before)})
             reply = trainer.handle({"op": "fit", "seq": 2, "shard": client, "shards": clients,
                                     "seed": client_seed(SEED, rnd, client)})
             add_mod(expected, quantize(update_vector(reply["state"], before,
@@ -219,3 +224,56 @@ def test_three_workers_of_four_clients_survive_losing_one_with_the_defaults(
     second = round_params(SecureAggregationTable(clip_range=1.0), 12, per_worker=6)
     assert second.effective_degree == 11
     _exact(totals, states, 12, first, second)
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("modes", ["error+nan+scalar", "shape+inf+huge", "hang"])
+def test_one_hostile_fit_among_five_secure_workers_costs_its_own_clients(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, modes: str) -> None:
+    # The worker code is honest, its task is not (tests/support/hostile_task.py): rank 5
+    # (clients 4 and 9) fits NaN, inf, 1e308, a 0-d array, a wrong shape, raises or hangs.
+    from tests.support.hostile_task import Hostile, HostileOptions
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("MESHKIT_TEST_MISBEHAVE", f"5:{modes}")
+    sequence = modes.split("+")
+    report, totals, states, rows = _run_recording(
+        tmp_path, monkeypatch, workers=5, clients=CLIENTS, secure="", rounds=len(sequence),
+        task_name="tests.support.hostile_task:Hostile", task_table={}, timeout=4.0)
+    assert report.ok and report.rounds_completed == len(sequence), report.error
+    out = Path(report.out)
+    why = {"error": "RuntimeError: hostile node: this fit refuses",
+           "nan": "holds NaN or infinity", "inf": "holds NaN or infinity",
+           "scalar": "the fit's model has no 'hidden.w' of the round model's shape [64, 32]",
+           "shape": "the fit's model has no 'hidden.w' of the round model's shape [64, 32]",
+           "hang": "rank 5 was lost (no answer within 4 s (stalled))"}
+    for row, mode in zip(rows, sequence):
+        served = sorted(map(int, row["served"]))
+        if mode == "huge":  # finite: clipped to clip_range, in the sum like any other
+            assert served == list(range(CLIENTS)) and row["failed"] == {}, row
+            continue
+        # Rank 5 plays clients 4 and 9: they leave the round, named; the others are summed.
+        assert served == [c for c in range(CLIENTS) if c not in (4, 9)], row
+        assert sorted(row["not_served"]) == ["4", "9"], row
+        assert all(why[mode] in text for text in row["not_served"].values()), row
+        if mode == "hang":
+            assert row["dropped"] == [5] and row["failed"] == {}, row
+        else:  # its own failure, named in the row's failed as on every other path
+            assert list(row["failed"]) == ["5"] and why[mode] in row["failed"]["5"], row
+    summary = json.loads((out / "summary.json").read_text())
+    if len(sequence) == 3 and "huge" not in sequence:  # failing in 3 rounds: quarantined
+        assert summary["dropped"]["5"].startswith("quarantined: failed in 3 rounds"), summary
+        assert len(summary["failed"]["5"]) == 3
+
+    def fitted_by(*at: int) -> Any:
+        rnd, client = at or (0, 0)
+        mode = sequence[rnd - 1] if client in (4, 9) and rnd else ""
+        # The hostile node's fit of that round, replayed (its first round is this mode).
+        return Hostile(HostileOptions(misbehave=mode if mode == "huge" else ""))
+
+    _exact(totals, states, CLIENTS, round_params(SecureAggregationTable(clip_range=1.0),
+                                                 CLIENTS, per_worker=2), make_task=fitted_by)
