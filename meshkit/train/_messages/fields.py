@@ -79,6 +79,12 @@ def _number(value: Any, _: Any) -> float:
     return float(value)
 
 
+def _boolean(value: Any, _: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"expected a bool, got {_shown(value)}")
+    return bool(value)
+
+
 def _string(value: Any, _: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {_shown(value)}")
@@ -191,6 +197,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(int, _integer)
     converter.register_structure_hook(float, _number)
     converter.register_structure_hook(str, _string)
+    converter.register_structure_hook(bool, _boolean)
     converter.register_structure_hook(State, _state)
     converter.register_structure_hook(Metrics, _metrics)
     converter.register_structure_hook(Activation, _activation)

@@ -13,38 +13,15 @@ import attrs
 import cattrs
 
 from meshkit.errors import ProtocolError
-from meshkit.train._messages.fields import (MAX_COUNT, MAX_ERROR, MAX_EXAMPLES, MAX_NAME, MAX_SEQ,
+from meshkit.train._messages.fields import (CONVERTER, MAX_COUNT, MAX_ERROR, MAX_EXAMPLES, MAX_NAME, MAX_SEQ,
                                             Metrics, State, _between, _field, _length)
-from meshkit.train._messages.fields import _metrics as structure_metrics
-from meshkit.train._messages.fields import _state as structure_state
 
 __all__ = ["FoldRequest", "FanoutRequest", "parse_relay_request", "FoldAnswer", "RelayFailure",
            "parse_fold_answer"]
 
 # -- the messages: what the coordinator asks a relay (docs/protocol.md §4.1) -------------
 
-_converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-def _strict(kind: type, check: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
-    def hook(value: Any, _: Any) -> Any:
-        if not check(value):
-            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
-        return value
-    return hook
-
-
-# No coercion: "3" is not an int, 1 is not a bool, a float is not an int.
-_converter.register_structure_hook(
-    int, _strict(int, lambda v: isinstance(v, int) and not isinstance(v, bool)))
-_converter.register_structure_hook(bool, _strict(bool, lambda v: isinstance(v, bool)))
-_converter.register_structure_hook(str, _strict(str, lambda v: isinstance(v, str)))
-_converter.register_structure_hook(
-    float, lambda v, _: float(_strict(float, lambda x: isinstance(x, (int, float))
-                                      and not isinstance(x, bool))(v, _)))
-# States and metrics as the trainer protocol checks them (key names, counts, finite metrics).
-_converter.register_structure_hook(State, structure_state)
-_converter.register_structure_hook(Metrics, structure_metrics)
+# Structured by the trainer protocol's one converter (.fields.CONVERTER): no coercion.
 
 
 def _positive_or_none(_: Any, attribute: Any, value: float | None) -> None:
@@ -217,8 +194,8 @@ def parse_fold_answer(message: Mapping[str, Any], keys: Sequence[int],
     body = {k: v for k, v in message.items() if k not in ("relay", "seq")}
     try:
         if body.get("error") is not None:
-            return _converter.structure(body, RelayFailure)
-        answer = _converter.structure(body, FoldAnswer)
+            return CONVERTER.structure(body, RelayFailure)
+        answer = CONVERTER.structure(body, FoldAnswer)
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         detail = ("; ".join(cattrs.transform_error(exc, format_exception=_describe))
                   if isinstance(exc, cattrs.BaseValidationError) else str(exc))
@@ -258,10 +235,10 @@ def parse_relay_request(message: Mapping[str, Any]) -> FoldRequest | FanoutReque
     body = {k: v for k, v in message.items() if k not in _ENVELOPE}
     try:
         if op == "fold":
-            return _converter.structure(body, FoldRequest)
+            return CONVERTER.structure(body, FoldRequest)
         if op == "fanout":
             own = {k: body.pop(k) for k in ("inner", "ranks", "timeout") if k in body}
-            return _converter.structure({**own, "fields": body}, FanoutRequest)
+            return CONVERTER.structure({**own, "fields": body}, FanoutRequest)
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         detail = ("; ".join(cattrs.transform_error(exc, format_exception=_describe))
                   if isinstance(exc, cattrs.BaseValidationError) else str(exc))
