@@ -85,6 +85,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.compression import (CompressionPlan, compressed_keys, decode_contribution,
+                                 is_residual, residual_name)
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._collective import fold_collectively
@@ -239,9 +241,14 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         # Every rank plays the round: its slice, one exact partial, one all-reduce.
         return fold_collectively(ctx, work, state=state, weight=weight, window=window,
                                  label=label, serve=fold_round, folded_type=Folded,
-                                 unsupported=bool(deadline or local or ctx.attack))
+                                 unsupported=bool(deadline or local or ctx.attack
+                                                  or ctx.compression))
     # The round's global state is the reference a rule on updates measures from.
     attack = ctx.attack if fold is None else None
+    compressing = ctx.compression is not None and state is not None and all(
+        w.request.get("op") == "fit" for w in work)
+    if compressing:
+        work, local = compressed_work(ctx, work, state, local)
     given = fold is not None
     fold = ctx.aggregation_begin(reference=state) if fold is None else fold
     requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
@@ -254,7 +261,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # does one with pinned work (a relay would not keep a client on its
     # node) and an attacked one (the coordinator poisons single contributions).
     # A relay folds whole contributions, so local keys fold flat too.
-    how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
+    # A compressed round folds flat too: each contribution crosses the wire compressed once,
+    # and relays and the batched round would sum whole ones (meshkit.compression._plan).
+    how = (None if deadline or pinned or local or attack or compressing
+           else relay_weight(weight, by_examples))
     # What sums may stand in for: decided by the aggregator's declared traits
     # (a given fold is a relay group's own mean, or a collective rank's feed).
     mean = (fold if given else exact_mean(ctx.aggregator, fold)) if how is not None else None
@@ -279,9 +289,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
     allows = bool(getattr(fold, "allow_nonfinite", False))
     replay = not given and attack is None and type(fold) is MeanFold and not allows
+    unpack = Unpacker(ctx.compression, local) if compressing else None
     round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
                     deadline=deadline or None, expected=expected, local=local or None,
-                    scan=not replay and not allows)
+                    scan=not replay and not allows, unpack=unpack)
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -292,11 +303,48 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         round_ = _Round(ctx, requests, state, weight, window,
                         ctx.aggregation_begin(reference=state), label, pinned=pinned,
                         deadline=deadline or None, expected=expected, local=local or None,
-                        scan=True)
+                        scan=True, unpack=unpack)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
     return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
+
+
+def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
+                    local: ClientLocal | None) -> tuple[list[Work], ClientLocal | None]:
+    """``work`` asking for compressed fits (``compress``), and the store their local keys and
+    residuals are kept in: with error feedback, the run's client-local store (FedBN's), whose
+    keys then name each compressed key's residual and whose values travel with the fit."""
+    plan: CompressionPlan = ctx.compression
+    store = local if local else None
+    raw = sorted(k for k in (store.keys if store is not None else ()) if not is_residual(k))
+    if plan.traits.stateful:
+        store = ctx.client_local
+        store.keys = store.keys | {residual_name(k) for k in compressed_keys(state, raw)}
+    field = plan.request(raw)
+    out = []
+    for w in work:
+        request = {**w.request, "compress": field}
+        own = store.of(w.key) if store is not None else {}
+        if own:
+            request["local"] = {**own, **dict(w.request.get("local") or {})}
+        out.append(attrs.evolve(w, request=request))
+    return out, store
+
+
+@attrs.frozen
+class Unpacker:
+    """A compressed round's decoder: a pulled payload back to the contribution it stands for."""
+
+    plan: CompressionPlan
+    local: ClientLocal | None
+
+    def decode(self, payload: Mapping[str, Any], reference: Mapping[str, Any],
+               what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        raw = [k for k in (self.local.keys if self.local is not None else ())
+               if not is_residual(k)]
+        return decode_contribution(self.plan.compressor, payload, reference, raw=raw,
+                                   what=what)
 
 
 def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]
@@ -371,6 +419,8 @@ class _Round:
     failures: RoundFailures = attrs.Factory(RoundFailures)
     #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
     scan: bool = True
+    #: A compressed round's decoder of pulled payloads (None: contributions come whole).
+    unpack: Unpacker | None = None
 
     def play(self) -> Folded:
         try:
@@ -537,6 +587,14 @@ class _Round:
             self.replies[key] = small
         else:  # take
             contribution = payload["state"]
+            residuals: dict[str, Any] = {}
+            if self.unpack is not None and self.state is not None:
+                try:
+                    contribution, residuals = self.unpack.decode(
+                        contribution, self.state, f"rank {rank}'s result for {self.label} {key}")
+                except ProtocolError as exc:
+                    self._failed(rank, kind, key, protocol_reason(exc))
+                    return
             if self.expected is not None:
                 try:
                     # A fit returns the whole model; gradients (no round state)
@@ -549,6 +607,8 @@ class _Round:
                     # its keys are served again (module docstring, step 7).
                     self._failed(rank, kind, key, protocol_reason(exc))
                     return
+            if residuals:  # kept in the client-local store with the rest (_advance)
+                contribution = {**contribution, **residuals}
             self.taken[key] = (rank, contribution)
             self._advance()
 

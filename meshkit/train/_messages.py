@@ -90,6 +90,9 @@ Activation = NewType("Activation", object)
 #: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
 Poison = NewType("Poison", dict)
 
+#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``.
+Compress = NewType("Compress", dict)
+
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
 ClientIds = NewType("ClientIds", list)
 #: Secure aggregation: a list of integers (ids in any order, seeds, kinds).
@@ -171,6 +174,17 @@ def _poison(value: Any, _: Any) -> dict[str, Any]:
     return {"name": value["name"], "options": dict(options)}
 
 
+def _compress(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or set(value) != {"name", "options", "raw"}:
+        raise TypeError(f"expected a compressor {{name, options, raw}}, got {_shown(value)}")
+    chosen = _poison({"name": value["name"], "options": value["options"]}, None)
+    raw = value["raw"]
+    if not isinstance(raw, list) or len(raw) > MAX_STATE_KEYS:
+        raise TypeError(f"the keys sent whole must be a list of at most {MAX_STATE_KEYS} "
+                        f"names, got {_shown(raw)}")
+    return {**chosen, "raw": [_name(k, "a key sent whole") for k in raw]}
+
+
 def _client_ids(value: Any, _: Any) -> list[int]:
     if not isinstance(value, list):
         raise TypeError(f"expected a list of client ids, got {_shown(value)}")
@@ -230,6 +244,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(Metrics, _metrics)
     converter.register_structure_hook(Activation, _activation)
     converter.register_structure_hook(Poison, _poison)
+    converter.register_structure_hook(Compress, _compress)
     converter.register_structure_hook(ClientIds, _client_ids)
     converter.register_structure_hook(Integers, _integers)
     converter.register_structure_hook(Rows, _rows)
@@ -331,6 +346,11 @@ class FitRequest:
                                      "L2 norm before replying or keeping it; the reply's "
                                      "`metrics.unclipped` says whether it was within",
                                      optional=True, check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: reply with (or keep) "
+                                       "the update compressed by this compressor, every key "
+                                       "but `raw` (docs/compression.md, the payload); `local` "
+                                       "then also carries the client's residuals",
+                                       optional=True)
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)

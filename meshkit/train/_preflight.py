@@ -40,6 +40,7 @@ import numpy as np
 from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.aggregation import refuse_unless_linear
+from meshkit.compression import CompressionPlan, check_compression, check_model_keys
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
@@ -406,6 +407,29 @@ def check_privacy(cfg: Any, strategy: Any, aggregator: Any) -> None:
                  "update), or remove the [privacy] table"))
 
 
+def compression_plan(plan: Any, strategy: Any, privacy: Any,
+                     state: Mapping[str, Any]) -> CompressionPlan | None:
+    """The run's ``[compression]`` (None without the table), refused where it cannot compose
+    (:mod:`meshkit.compression._plan` decides by the compressor's traits)."""
+    cfg = plan.config
+    if cfg.compression is None:
+        return None
+    traits = strategy_traits(strategy)
+    if not traits.compressed:
+        raise RefusedError(
+            f"{cfg.path}: [compression] name = {cfg.compression.name!r} with [strategy] name = "
+            f"{cfg.strategy.name!r}: only a strategy whose client fits go through the round "
+            f"engine can upload them compressed, and {traits.lacks('compressed')}. Use a "
+            f"strategy that declares it (federated), or remove the [compression] table")
+    chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
+                             plan.create("compression"))
+    check_compression(chosen, where=str(cfg.path),
+                      private_client_clip=privacy is not None and privacy.placement == "client",
+                      secure=cfg.secure_aggregation is not None)
+    check_model_keys(state, f"{cfg.path}: [compression]")
+    return chosen
+
+
 def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:
     """Refuse what a ``[secure_aggregation]`` round cannot honour (docs/secure-aggregation.md).
 
@@ -621,6 +645,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             raise ConfigError(f"{cfg.path}: {exc}") from None
     shares = client_shares(cfg, strategy, task, partitioner) if partitioned else None
     state = initial_model(task, cfg)
+    compression = compression_plan(plan, strategy, privacy, state)
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
     rounds = traits.rounds
@@ -643,6 +668,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "attack": attack,
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
+        #: ``[compression]``: the run's :class:`meshkit.compression.CompressionPlan`, or None.
+        "compression": compression,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
         "secure_aggregation": cfg.secure_aggregation,
         #: A secure run's cohort, graph and how many workers a round survives losing

@@ -60,7 +60,9 @@ class StrategyTraits:
     * ``secure``: plays ``[secure_aggregation]`` rounds (only the cohort's sum);
     * ``clocked``: orders arrivals by the virtual clock (``[simulation]``);
     * ``collective``: plays torchrun's spmd rounds (every rank folds its slice of
-      the cohort through :func:`meshkit.train.fold_round`; one sum a round).
+      the cohort through :func:`meshkit.train.fold_round`; one sum a round);
+    * ``compressed``: its clients' fits go through :func:`meshkit.train.fold_round`,
+      which compresses what they upload (``[compression]``).
 
     What its options say that the kernel reads (``[strategy]`` keys):
 
@@ -98,6 +100,7 @@ class StrategyTraits:
     private: bool = attrs.field(default=False, validator=_flag)
     secure: bool = attrs.field(default=False, validator=_flag)
     clocked: bool = attrs.field(default=False, validator=_flag)
+    compressed: bool = attrs.field(default=False, validator=_flag)
     collective: bool = attrs.field(default=False, validator=_flag)
     rounds: int | None = None
     clients: int = 0

@@ -46,7 +46,7 @@ class Federated:
         (meshkit_strategies.secure) and spmd ones (its rounds go through fold_round)."""
         opts = self.options
         return StrategyTraits(
-            partitioned=True, private=True, secure=True, collective=True,
+            partitioned=True, private=True, secure=True, collective=True, compressed=True,
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
