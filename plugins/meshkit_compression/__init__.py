@@ -15,17 +15,17 @@ import meshkit
 
 from meshkit_compression.options import QuantizeOptions, TopKOptions
 
-__all__ = ["quantize", "top_k", "meshkit_compression"]
+__all__ = ["make_quantize", "make_top_k", "meshkit_compression"]
 
 
-def quantize(options: QuantizeOptions) -> Any:
+def make_quantize(options: QuantizeOptions) -> Any:
     """Unbiased stochastic uniform quantisation with per-chunk scales (QSGD-style)."""
     from meshkit_compression.quantize import Quantize
 
     return _rotated(Quantize(bits=options.bits, chunk=options.chunk), options.rotate)
 
 
-def top_k(options: TopKOptions) -> Any:
+def make_top_k(options: TopKOptions) -> Any:
     """Top-k sparsification; with error feedback the client keeps what it left out."""
     from meshkit_compression.topk import TopK
 
@@ -44,10 +44,10 @@ def _rotated(inner: Any, rotate: bool) -> Any:
 @meshkit.hookimpl
 def meshkit_compression() -> Iterable[meshkit.Component]:
     return [
-        meshkit.Component("quantize", quantize, QuantizeOptions,
+        meshkit.Component("quantize", make_quantize, QuantizeOptions,
                           summary="unbiased stochastic uniform quantisation to 8, 4 or 2 bits, "
                                   "per-chunk scales (Alistarh et al. 2017, QSGD)"),
-        meshkit.Component("top-k", top_k, TopKOptions,
+        meshkit.Component("top-k", make_top_k, TopKOptions,
                           summary="the largest coordinates of each key, with error feedback "
                                   "(Stich et al. 2018; Lin et al. 2018, DGC)"),
     ]
