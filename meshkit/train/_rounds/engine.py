@@ -243,7 +243,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     attack = ctx.attack if fold is None else None
     compressing = ctx.compression is not None and state is not None and all(
         w.request.get("op") == "fit" for w in work)
-    if compressing:
+    if compressing and state is not None:
         work, local = compressed_work(ctx, work, state, local)
     given = fold is not None
     fold = ctx.aggregation_begin(reference=state) if fold is None else fold
