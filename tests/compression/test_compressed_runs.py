@@ -22,30 +22,9 @@ from meshkit.compression import is_residual
 from meshkit.train import ClientLocal, read_metrics
 
 from tests.support.cli import run_cli
-from tests.support.configs import write_config
+from tests.support.configs import KILLER, write_config
 
 pytestmark = pytest.mark.slow
-
-#: A worker kills the coordinator (its parent, with a local launch) at its Nth fit.
-KILLER = '''
-import os, signal
-from meshkit_tasks.digits import DigitsTask
-
-
-class Killer(DigitsTask):
-    fits = 0
-
-    def fit(self, *args, **kwargs):
-        Killer.fits += 1
-        if str(Killer.fits) == os.environ.get("KILL_AT_FIT"):
-            try:  # the first worker there kills the coordinator, once
-                os.close(os.open(os.environ["KILL_MARK"], os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass
-            else:
-                os.kill(os.getppid(), signal.SIGKILL)
-        return super().fit(*args, **kwargs)
-'''
 
 #: One client per worker, so the uncompressed round uploads one model per client too.
 CLIENTS = "clients = 2\n"
