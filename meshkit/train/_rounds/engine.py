@@ -243,8 +243,9 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     attack = ctx.attack if fold is None else None
     compressing = ctx.compression is not None and state is not None and all(
         w.request.get("op") == "fit" for w in work)
+    unpack: Unpacker | None = None
     if compressing and state is not None:
-        work, local = compressed_work(ctx, work, state, local)
+        work, local, unpack = compressed_work(ctx, work, state, local)
     given = fold is not None
     fold = ctx.aggregation_begin(reference=state) if fold is None else fold
     requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
@@ -285,7 +286,6 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
     allows = bool(getattr(fold, "allow_nonfinite", False))
     replay = not given and attack is None and type(fold) is MeanFold and not allows
-    unpack = Unpacker(ctx.compression, local) if compressing else None
     round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
                     deadline=deadline or None, expected=expected, local=local or None,
                     scan=not replay and not allows, unpack=unpack)
@@ -307,13 +307,21 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
 
 
 def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
-                    local: ClientLocal | None) -> tuple[list[Work], ClientLocal | None]:
-    """``work`` asking for compressed fits (``compress``), and the store their local keys and
-    residuals are kept in: with error feedback, the run's client-local store (FedBN's), whose
-    keys then name each compressed key's residual and whose values travel with the fit."""
+                    local: ClientLocal | None
+                    ) -> tuple[list[Work], ClientLocal | None, Unpacker]:
+    """``work`` asking for compressed fits (``compress``), the store their local keys and
+    residuals are kept in, and the round's decoder.
+
+    Sent whole: FedBN's local keys (a client's own, never aggregated) and the task's
+    buffers (BatchNorm's statistics are estimates, not updates: a sparsified running
+    variance breaks the normalisation, and they are small). With error feedback the
+    store is the run's client-local store (FedBN's), whose keys then also name each
+    compressed key's residual, and whose values travel with the client's fit.
+    """
     plan: CompressionPlan = ctx.compression
     store = local if local else None
-    raw = sorted(k for k in (store.keys if store is not None else ()) if not is_residual(k))
+    own = {k for k in (store.keys if store is not None else ()) if not is_residual(k)}
+    raw = sorted(own | (ctx.buffers & set(state)))
     if plan.traits.stateful:
         store = ctx.client_local
         store.keys = store.keys | {residual_name(k) for k in compressed_keys(state, raw)}
@@ -321,11 +329,11 @@ def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[s
     out = []
     for w in work:
         request = {**w.request, "compress": field}
-        own = store.of(w.key) if store is not None else {}
-        if own:
-            request["local"] = {**own, **dict(w.request.get("local") or {})}
+        kept = store.of(w.key) if store is not None else {}
+        if kept:
+            request["local"] = {**kept, **dict(w.request.get("local") or {})}
         out.append(attrs.evolve(w, request=request))
-    return out, store
+    return out, store, Unpacker(plan, tuple(raw))
 
 
 @attrs.frozen
@@ -333,13 +341,12 @@ class Unpacker:
     """A compressed round's decoder: a pulled payload back to the contribution it stands for."""
 
     plan: CompressionPlan
-    local: ClientLocal | None
+    #: The keys sent whole (:func:`compressed_work`).
+    raw: tuple[str, ...]
 
     def decode(self, payload: Mapping[str, Any], reference: Mapping[str, Any],
                what: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        raw = [k for k in (self.local.keys if self.local is not None else ())
-               if not is_residual(k)]
-        return decode_contribution(self.plan.compressor, payload, reference, raw=raw,
+        return decode_contribution(self.plan.compressor, payload, reference, raw=self.raw,
                                    what=what)
 
 
