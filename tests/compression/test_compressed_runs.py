@@ -68,12 +68,13 @@ def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_
                                   rounds=4, task="killer:Killer", extra=extra)
                for name in ("straight", "crashed")}
     env = {"PYTHONPATH": str(tmp_path)}
-    # Each worker fits 2 clients a round: its 5th fit is in round 3.
+    # Each worker fits about 2 clients a round (a free worker takes over a busy one's),
+    # so its 5th fit is in round 2 or 3: the kill lands mid-run, after a checkpoint.
     first = run_cli("run", str(configs["crashed"]), cwd=str(tmp_path), timeout=180,
                     env={**env, "KILL_AT_FIT": "5", "KILL_MARK": str(tmp_path / "killed")})
     assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
     killed_after = load_checkpoint(tmp_path / "crashed").round
-    assert killed_after == 2
+    assert 1 <= killed_after < 4
     resumed = run_cli("run", str(configs["crashed"]), "--resume", cwd=str(tmp_path),
                       timeout=180, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
