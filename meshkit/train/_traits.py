@@ -85,8 +85,9 @@ class StrategyTraits:
     * ``check(task=, outer_name=, workers=, ...)``: the strategy's own start-up
       refusals (a ``ConfigError`` or ``RefusedError``); it may also take
       ``partitioner``, ``privacy``, ``speeds``, ``aggregator`` (the built
-      aggregator, whose ``traits`` it reads) and ``attack`` (the run's
-      :class:`meshkit.train.AttackPlan`) by naming them;
+      aggregator, whose ``traits`` it reads), ``attack`` (the run's
+      :class:`meshkit.train.AttackPlan`) and ``compression`` (the run's
+      :class:`meshkit.compression.CompressionPlan`, or None) by naming them;
     * ``extra_ranks``: ``(stage_id, board options)`` for each fixed-function
       rank the run needs beyond ``[mesh] workers``;
     * ``loaded_state()``: the model an evaluation-only run evaluates instead

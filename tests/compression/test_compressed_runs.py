@@ -141,3 +141,33 @@ def test_a_bad_compression_option_names_file_table_and_key(tmp_path, line, words
     assert "Traceback" not in result.stderr
     for word in [str(config), *words]:
         assert word in result.stderr, (word, result.stderr)
+
+
+FEDBUFF = """clients = 12
+buffer_size = 3
+concurrency = 4
+
+[simulation]
+clock = "virtual"
+"""
+
+
+def test_fedbuff_uploads_compressed_and_refuses_error_feedback(tmp_path):
+    def run(name, tables):
+        config = write_config(tmp_path / f"{name}.toml", tmp_path / name, workers=2,
+                              rounds=6, strategy="fedbuff", extra=FEDBUFF + tables)
+        result = run_cli("run", str(config), cwd=str(tmp_path), timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return read_metrics(tmp_path / name)
+
+    whole = run("whole", "")
+    int8 = run("int8", '\n[compression]\nname = "quantize"\n')
+    assert [r["round"] for r in int8] == list(range(1, 7))
+    up = sum(r["bytes_up"] for r in int8), sum(r["bytes_up"] for r in whole)
+    assert up[0] < 0.35 * up[1], up
+    config = write_config(tmp_path / "ef.toml", tmp_path / "ef", workers=2, rounds=2,
+                          strategy="fedbuff",
+                          extra=FEDBUFF + '\n[compression]\nname = "top-k"\n')
+    result = run_cli("check", str(config), cwd=str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "CompressionTraits.stateful" in result.stderr and "fedbuff" in result.stderr

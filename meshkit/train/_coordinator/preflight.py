@@ -407,8 +407,7 @@ def check_privacy(cfg: Any, strategy: Any, aggregator: Any) -> None:
                  "update), or remove the [privacy] table"))
 
 
-def compression_plan(plan: Any, strategy: Any, privacy: Any,
-                     state: Mapping[str, Any]) -> CompressionPlan | None:
+def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan | None:
     """The run's ``[compression]`` (None without the table), refused where it cannot compose
     (:mod:`meshkit.compression._plan` decides by the compressor's traits)."""
     cfg = plan.config
@@ -426,7 +425,6 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any,
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
                       secure=cfg.secure_aggregation is not None)
-    check_model_keys(state, f"{cfg.path}: [compression]")
     return chosen
 
 
@@ -626,6 +624,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
                              min_clients=getattr(options, "min_clients", 1), path=cfg.path)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
+    # Built before the strategy's check too, which may refuse a compressor it cannot play.
+    compression = compression_plan(plan, strategy, privacy)
     check = traits.check
     if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -635,7 +635,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         # what it cannot compose with).
         wants = inspect.signature(check).parameters
         for name, value in (("speeds", speeds), ("aggregator", aggregator),
-                            ("attack", attack)):
+                            ("attack", attack), ("compression", compression)):
             if name in wants:
                 extra[name] = value
         try:
@@ -645,7 +645,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             raise ConfigError(f"{cfg.path}: {exc}") from None
     shares = client_shares(cfg, strategy, task, partitioner) if partitioned else None
     state = initial_model(task, cfg)
-    compression = compression_plan(plan, strategy, privacy, state)
+    if compression is not None:
+        check_model_keys(state, f"{cfg.path}: [compression]")
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
     rounds = traits.rounds
