@@ -20,9 +20,9 @@ from meshkit.compression._contract import CompressionTraits, Compressor, compres
 from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
                                           decode_contribution, encode_update, is_residual,
                                           key_seed, residual_name)
-from meshkit.compression._plan import CompressionPlan, check_compression
+from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
 
 __all__ = ["CompressionTraits", "Compressor", "compression_traits", "RESIDUAL", "SEP",
            "check_model_keys", "compressed_keys", "decode_contribution", "encode_update",
            "is_residual", "key_seed", "residual_name", "CompressionPlan",
-           "check_compression"]
+           "check_compression", "upload_estimate"]

@@ -31,10 +31,13 @@ from typing import Any, Collection, Mapping
 
 import attrs
 
+import numpy as np
+
 from meshkit.compression._contract import CompressionTraits, compression_traits
+from meshkit.compression._payload import compressed_keys, encode_update, is_residual
 from meshkit.errors import RefusedError
 
-__all__ = ["CompressionPlan", "check_compression"]
+__all__ = ["CompressionPlan", "check_compression", "upload_estimate"]
 
 
 @attrs.frozen
@@ -78,3 +81,22 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
             f"CompressionTraits.contractive). Use clip = \"coordinator\" (the coordinator "
             f"clips the decoded update, so the bound holds), or a contractive compressor "
             f"(top-k without error feedback)")
+
+
+def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
+                    raw: Collection[str] = ()) -> dict[str, Any]:
+    """What one client's compressed update of ``state`` carries (``meshkit check``): the
+    payload's bits per compressed coordinate (float32: 32), the keys sent whole, and the
+    residual error feedback sends back (bytes). Encoded for real, from a seeded update."""
+    keys = compressed_keys(state, raw)
+    start = {k: np.asarray(state[k]) for k in keys}
+    rng = np.random.default_rng(0)
+    fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 1e-2
+              for k, v in start.items()}
+    payload, residual = encode_update(plan.compressor, start, fitted, seed=0)
+    coordinates = sum(int(v.size) for v in start.values())
+    sent = sum(int(v.nbytes) for k, v in payload.items() if not is_residual(k))
+    return {"name": plan.name, "coordinates": coordinates, "payload_bytes": sent,
+            "bits_per_coordinate": 8 * sent / coordinates if coordinates else 0.0,
+            "whole": sorted(k for k in state if k not in set(keys)),
+            "residual_bytes": sum(int(v.nbytes) for v in residual.values())}

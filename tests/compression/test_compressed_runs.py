@@ -171,3 +171,16 @@ def test_fedbuff_uploads_compressed_and_refuses_error_feedback(tmp_path):
     result = run_cli("check", str(config), cwd=str(tmp_path))
     assert result.returncode == 2, result.stderr
     assert "CompressionTraits.stateful" in result.stderr and "fedbuff" in result.stderr
+
+
+def test_check_says_what_one_clients_upload_carries(tmp_path):
+    config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
+                          extra='clients = 4\n\n[compression]\nname = "top-k"\n'
+                                'fraction = 0.015\n')
+    result = run_cli("check", str(config), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("upload:"))
+    # 2,410 coordinates in keys of 2,048, 320, 32 and 10: top-k keeps 31 + 5 + 1 + 1 of
+    # them (ceil(1.5 %) of each), 8 bytes each: 2,432 bits.
+    assert "top-k sends 1.01 bits per coordinate of 2,410 (31.7x smaller" in line, line
+    assert "error feedback's residual (9,640 bytes a client)" in line, line

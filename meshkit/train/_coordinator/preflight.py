@@ -40,13 +40,14 @@ import numpy as np
 from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.aggregation import refuse_unless_linear
-from meshkit.compression import CompressionPlan, check_compression, check_model_keys
+from meshkit.compression import (CompressionPlan, check_compression, check_model_keys,
+                                 upload_estimate)
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
-from meshkit.task import build_task, check_task
+from meshkit.task import buffer_keys, build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._coordinator.observers import build_observers
 from meshkit.train._rounds.secure import secure_plan
@@ -645,8 +646,10 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             raise ConfigError(f"{cfg.path}: {exc}") from None
     shares = client_shares(cfg, strategy, task, partitioner) if partitioned else None
     state = initial_model(task, cfg)
+    upload = None
     if compression is not None:
         check_model_keys(state, f"{cfg.path}: [compression]")
+        upload = upload_estimate(compression, state, buffer_keys(task))
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
     rounds = traits.rounds
@@ -671,6 +674,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "privacy": privacy,
         #: ``[compression]``: the run's :class:`meshkit.compression.CompressionPlan`, or None.
         "compression": compression,
+        #: What one client's compressed upload carries (:func:`upload_estimate`), or None.
+        "upload": upload,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
         "secure_aggregation": cfg.secure_aggregation,
         #: A secure run's cohort, graph and how many workers a round survives losing
