@@ -45,7 +45,7 @@ def test_its_authors_contract_test_passes(site, tmp_path):
     env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         str(PACKAGE / "test_sign_contract.py")],
+         str(PACKAGE / "check_sign_contract.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout
