@@ -46,6 +46,7 @@ _LAZY = {
     "NodeReport": "meshkit.node",
     "TrainReport": "meshkit.node",
     "AggregatorTraits": "meshkit.aggregation",
+    "CompressionTraits": "meshkit.compression",
     "StrategyContext": "meshkit.train",
     "StrategyTraits": "meshkit.train",
     "RoundReport": "meshkit.train",
@@ -64,7 +65,7 @@ _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "exporter", "flower", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
     "train", "transport",
-    "wire", "attack", "population", "simulation", "secagg",
+    "wire", "attack", "population", "simulation", "secagg", "compression",
 })
 
 __all__ = [

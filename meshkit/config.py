@@ -166,7 +166,7 @@ _SELECTED_TABLES = {
 }
 _KNOWN_TABLES = ("run", "mesh", "strategy", "aggregator", "outer_optimizer", "partitioner",
                  "task", "transport", "observers", "attack", "privacy", "simulation",
-                 "secure_aggregation")
+                 "secure_aggregation", "compression")
 #: Tables written as arrays of tables (``[[observers]]``): one selection per entry.
 _ARRAY_TABLES = ("observers",)
 
@@ -338,6 +338,8 @@ class Config:
     privacy: Selection | None = None
     #: ``[simulation]``: the virtual clock (None: real time).
     simulation: SimulationTable | None = None
+    #: ``[compression]``: how workers compress what they upload (None: sent whole).
+    compression: Selection | None = None
 
     def speeds(self) -> Speeds | None:
         """The ``[simulation]`` clients' durations (None without the table); a
@@ -364,6 +366,8 @@ class Config:
             chosen.append(self.partitioner)
         if self.privacy is not None:
             chosen.append(self.privacy)
+        if self.compression is not None:
+            chosen.append(self.compression)
         chosen.append(self.transport)
         if self.attack is not None:
             chosen.append(self.attack.selection)
@@ -496,6 +500,7 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
 
     partitioner = optional("partitioner", DEFAULT_PARTITIONER, "a component name")
     privacy = optional("privacy", None, "a privacy mechanism's name (e.g. \"dp-fixed\")")
+    compression = optional("compression", None, "a compressor's name (e.g. \"quantize\")")
     attack = _attack_table(table("attack"), path) if "attack" in data else None
     secure = (_secure_aggregation_table(table("secure_aggregation"), path)
               if "secure_aggregation" in data else None)
@@ -513,4 +518,4 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
                   privacy=privacy, simulation=simulation, secure_aggregation=secure,
-                  **selections)
+                  compression=compression, **selections)

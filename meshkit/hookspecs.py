@@ -159,6 +159,22 @@ def meshkit_exporters() -> Iterable[Component]:
     """
 
 
+@_hookspec
+def meshkit_compression() -> Iterable[Component]:
+    """Offer compressors: how a worker shrinks the update it uploads (``[compression]``).
+
+    Called once per plugin manager, the first time a compressor is listed or
+    selected (``[compression] name``; a worker builds the one its fit request
+    names). Return :class:`meshkit.Component` records whose ``factory(options)``
+    builds a :class:`meshkit.compression.Compressor`: ``encode(x, *, seed) ->
+    fields`` on the worker, ``decode(fields, size) -> x`` and ``bounds(size)``
+    on the coordinator, and its ``traits`` (a
+    :class:`meshkit.compression.CompressionTraits`), by which the kernel decides
+    what it composes with. The factory must be a pure function of its options:
+    coordinator and workers build their own and must agree.
+    """
+
+
 # -- event hooks -------------------------------------------------------------
 
 

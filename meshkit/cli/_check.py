@@ -106,6 +106,21 @@ def _privacy_line(plan: dict[str, Any]) -> str:
     return line
 
 
+def _upload_line(upload: dict[str, Any]) -> str:
+    """What one client's compressed update carries, against float32."""
+    bits = upload["bits_per_coordinate"]
+    line = (f"upload: {upload['name']} sends {bits:.3g} bits per coordinate of "
+            f"{upload['coordinates']:,} ({32 / bits:.3g}x smaller than float32)"
+            if bits else f"upload: {upload['name']} compresses no coordinate of this model")
+    if upload["whole"]:
+        shown = ", ".join(upload["whole"][:4]) + (", ..." if len(upload["whole"]) > 4 else "")
+        line += f"; sent whole: {shown}"
+    if upload["residual_bytes"]:
+        line += (f"; error feedback's residual ({upload['residual_bytes']:,} bytes a client) "
+                 f"travels with each fit")
+    return line
+
+
 def _out_note(plan: Any) -> str | None:
     out = Path(plan.config.run.out)
     if (out / CHECKPOINT_NAME).exists():
@@ -151,6 +166,7 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "clients_sampled": None if parts["clients"] is None else parts["clients"].sampled,
         "privacy": parts.get("privacy_plan"),
         "secure_aggregation": parts.get("secure_plan"),
+        "upload": parts.get("upload"),
         "observers": [
             {"name": component.name,
              "plugin": component.provenance.plugin if component.provenance else None,
@@ -215,6 +231,8 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(_privacy_line(parts["privacy_plan"]))
         if parts.get("secure_plan"):
             click.echo(_secure_line(parts["secure_plan"]))
+        if parts.get("upload"):
+            click.echo(_upload_line(parts["upload"]))
         note = _out_note(plan)
         if note:
             click.echo(note)

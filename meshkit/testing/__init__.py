@@ -14,7 +14,7 @@ point, so every test suite of a project that installs meshkit gets:
   :class:`TransportContract`, :class:`StrategyContract`,
   :class:`TaskContract`, :class:`PartitionerContract`,
   :class:`RobustAggregatorContract`, :class:`ObserverContract`,
-  :class:`ExporterContract`::
+  :class:`ExporterContract`, :class:`CompressionContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -52,6 +52,7 @@ __all__ = [
     "RobustAggregatorContract",
     "ExporterContract",
     "ObserverContract",
+    "CompressionContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -68,9 +69,11 @@ pytest.register_assert_rewrite(
     "meshkit.testing.robust",
     "meshkit.testing.exporter",
     "meshkit.testing.observer",
+    "meshkit.testing.compression",
 )
 
 _LAZY = {
+    "CompressionContract": "meshkit.testing.compression",
     "AggregatorContract": "meshkit.testing.aggregator",
     "OuterOptimizerContract": "meshkit.testing.outer",
     "BoardContract": "meshkit.testing.board",

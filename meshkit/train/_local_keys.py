@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import attrs
 import numpy as np
 
+from meshkit.compression import is_residual
 from meshkit.errors import ConfigError, StateError
 from meshkit.state import is_array
 from meshkit.task import key_groups
@@ -209,7 +210,14 @@ class ClientLocal:
                 "index": self._index[:last].copy(), "records": self._records[:self._slots]}
 
     def use(self, keys: frozenset[str]) -> None:
-        """Set the run's local keys; values restored from a checkpoint must be theirs."""
+        """Set the run's local keys; values restored from a checkpoint must be theirs.
+
+        A compressed run's residuals (error feedback) are kept here too, under
+        names no model key has (:func:`meshkit.compression.residual_name`); they
+        stay whatever the local keys are.
+        """
+        residuals = {k for k, _, _ in self._layout if is_residual(k)}
+        keys = frozenset(keys | residuals)
         stale = sorted({k for k, _, _ in self._layout} - keys)
         if stale:
             raise StateError(

@@ -51,9 +51,15 @@ from meshkit.transport import Membership
 from meshkit.transport.tags import TAG_RELAY, TAG_UP
 from meshkit.train._worker.trainer import Trainer
 
-__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call", "broadcast"]
+__all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call", "broadcast", "wire_bytes"]
 
 log = logging.getLogger(__name__)
+
+
+def wire_bytes(pool: Any) -> tuple[int, int] | None:
+    """(bytes up, bytes down) the coordinator's transport has counted so far: what its
+    workers sent it and what it sent them, measured on the wire (None: not counted)."""
+    return pool.wire_bytes() if isinstance(pool, GroupPool) else None
 
 #: How often (seconds) a wait for replies looks at the dead ledger: a death
 #: the transport records mid-wait is acted on within this long.
@@ -285,6 +291,14 @@ class GroupPool:
     _abandoned: set[int] = attrs.Factory(set)
     #: Requests to host relays: seq -> (relay name, the rank addressed, deadline).
     _relay_owed: dict[int, tuple[str, int, float]] = attrs.Factory(dict)
+
+    def wire_bytes(self) -> tuple[int, int] | None:
+        """(body bytes received, body bytes sent) so far, as the transport counted them on
+        the wire; None when it counts none (a transport need not)."""
+        try:
+            return int(self.group.bytes_in), int(self.group.bytes_out)
+        except AttributeError:
+            return None
 
     @property
     def relays(self) -> dict[str, list[int]]:

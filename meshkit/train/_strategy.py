@@ -258,6 +258,9 @@ class StrategyContext:
     #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
     #: fold plain contributions.
     secure_aggregation: Any = None
+    #: ``[compression]`` (:class:`meshkit.compression.CompressionPlan`); None: fits upload
+    #: their whole model (:func:`meshkit.train.fold_round` applies it).
+    compression: Any = None
     #: ``[strategy] accept_failures``: a member's failure drops that member for the round
     #: (True, the default) or stops the run (:mod:`meshkit.train._failures`).
     accept_failures: bool = True

@@ -60,7 +60,9 @@ class StrategyTraits:
     * ``secure``: plays ``[secure_aggregation]`` rounds (only the cohort's sum);
     * ``clocked``: orders arrivals by the virtual clock (``[simulation]``);
     * ``collective``: plays torchrun's spmd rounds (every rank folds its slice of
-      the cohort through :func:`meshkit.train.fold_round`; one sum a round).
+      the cohort through :func:`meshkit.train.fold_round`; one sum a round);
+    * ``compressed``: its clients' fits go through :func:`meshkit.train.fold_round`,
+      which compresses what they upload (``[compression]``).
 
     What its options say that the kernel reads (``[strategy]`` keys):
 
@@ -83,8 +85,9 @@ class StrategyTraits:
     * ``check(task=, outer_name=, workers=, ...)``: the strategy's own start-up
       refusals (a ``ConfigError`` or ``RefusedError``); it may also take
       ``partitioner``, ``privacy``, ``speeds``, ``aggregator`` (the built
-      aggregator, whose ``traits`` it reads) and ``attack`` (the run's
-      :class:`meshkit.train.AttackPlan`) by naming them;
+      aggregator, whose ``traits`` it reads), ``attack`` (the run's
+      :class:`meshkit.train.AttackPlan`) and ``compression`` (the run's
+      :class:`meshkit.compression.CompressionPlan`, or None) by naming them;
     * ``extra_ranks``: ``(stage_id, board options)`` for each fixed-function
       rank the run needs beyond ``[mesh] workers``;
     * ``loaded_state()``: the model an evaluation-only run evaluates instead
@@ -98,6 +101,7 @@ class StrategyTraits:
     private: bool = attrs.field(default=False, validator=_flag)
     secure: bool = attrs.field(default=False, validator=_flag)
     clocked: bool = attrs.field(default=False, validator=_flag)
+    compressed: bool = attrs.field(default=False, validator=_flag)
     collective: bool = attrs.field(default=False, validator=_flag)
     rounds: int | None = None
     clients: int = 0

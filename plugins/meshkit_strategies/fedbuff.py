@@ -92,6 +92,7 @@ import numpy as np
 
 from meshkit import AggregationError, ConfigError, MeshError, PeerLostError, RefusedError
 from meshkit import WorkerError
+from meshkit.compression import decode_contribution
 from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
 from meshkit.population import population_size
@@ -256,7 +257,7 @@ class FedBuff:
         rounds (``why_not`` says why)."""
         opts = self.options
         return StrategyTraits(
-            partitioned=True, clocked=True, rounds=opts.rounds, clients=opts.clients,
+            partitioned=True, clocked=True, compressed=True, rounds=opts.rounds, clients=opts.clients,
             evaluate=opts.evaluate, device=opts.device, count_clients=self.clients,
             accept_failures=opts.accept_failures,
             check=self.check,
@@ -277,9 +278,19 @@ class FedBuff:
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int, partitioner: Any = None,
-              speeds: Any = None, aggregator: Any = None, attack: Any = None) -> None:
+              speeds: Any = None, aggregator: Any = None, attack: Any = None,
+              compression: Any = None) -> None:
         """Refuse what cannot work, or would silently do nothing, before any process starts."""
         opts = self.options
+        if compression is not None and compression.traits.stateful:
+            raise RefusedError(
+                f"[compression] name = {compression.name!r} with [strategy] name = "
+                f"\"fedbuff\": error feedback adds a client's residual to its next update, "
+                f"and fedbuff's updates are trained from different versions and folded as "
+                f"they arrive, so a residual would land on a model it was not left from (the "
+                f"compressor has the trait CompressionTraits.stateful). Use a stateless "
+                f"compressor (quantize, or top-k with error_feedback = false), or "
+                f"[strategy] name = \"federated\"")
         if attack is not None and is_omniscient(attack.attack):
             raise RefusedError(
                 f"[attack] name = {attack.name!r} with [strategy] name = \"fedbuff\": an "
@@ -396,6 +407,11 @@ class FedBuff:
             start = run.models[flight.version]
             fitted = reply.payload["state"]
             try:
+                if ctx.compression is not None:
+                    fitted, _ = decode_contribution(
+                        ctx.compression.compressor, fitted, start,
+                        raw=_sent_whole(ctx, start),
+                        what=f"rank {reply.rank}'s fit of client {flight.client}")
                 check_contribution(fitted, expected, f"rank {reply.rank}'s fit of client "
                                                      f"{flight.client}")
             except MeshError as exc:  # a ProtocolError: its sender's (or its client's)
@@ -525,8 +541,11 @@ class FedBuff:
         plan = ctx.attack
         if plan is not None and plan.poisons_data and flight.client in plan.clients:
             budget["poison"] = plan.spec()
+        start = self._run.models[flight.version]
+        if ctx.compression is not None:  # the update against ``start`` comes back compressed
+            budget["compress"] = ctx.compression.request(_sent_whole(ctx, start))
         request = {"op": "fit", "shard": flight.client, "shards": clients, "seed": flight.seed,
-                   "state": self._run.models[flight.version], **budget}
+                   "state": start, **budget}
         flight.rank = rank
         flight.ticket = ctx.pool.send(rank, request, ctx.timeout)
 
@@ -586,6 +605,11 @@ class FedBuff:
         needed = {f.version for f in run.flights} | {version}
         for old in [v for v in run.models if v not in needed]:
             del run.models[old]
+
+
+def _sent_whole(ctx: StrategyContext, state: Mapping[str, Any]) -> list[str]:
+    """The keys a compressed fit sends whole: the task's buffers (as the round engine's)."""
+    return sorted(ctx.buffers & set(state))
 
 
 def nth_free(index: int, busy: list[int]) -> int:

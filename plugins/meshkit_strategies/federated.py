@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import ConfigError
+from meshkit.compression import is_residual
 from meshkit.partitioner import is_per_node
 from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
@@ -46,7 +47,7 @@ class Federated:
         (meshkit_strategies.secure) and spmd ones (its rounds go through fold_round)."""
         opts = self.options
         return StrategyTraits(
-            partitioned=True, private=True, secure=True, collective=True,
+            partitioned=True, private=True, secure=True, collective=True, compressed=True,
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
@@ -200,7 +201,7 @@ class Federated:
         ranks = sorted(set(where.values()))
         ctx.call([(r, {"op": "set_state", "state": state}) for r in ranks])
         replies = ctx.call([(r, {"op": "evaluate", "shard": c, "shards": clients,
-                                 **_own(ctx.client_local, c)})
+                                 **_own(ctx.client_local, c, evaluate=True)})
                             for c, r in where.items()])
         found: dict[int, dict[str, float]] = {}
         for client, reply in zip(where, replies):
@@ -211,9 +212,12 @@ class Federated:
         return found
 
 
-def _own(local: ClientLocal, client: int) -> dict[str, Any]:
-    """A request's ``local`` field: the client's own values of the local keys, if it has any."""
+def _own(local: ClientLocal, client: int, *, evaluate: bool = False) -> dict[str, Any]:
+    """A request's ``local`` field: the client's own values of the local keys, if it has any
+    (an evaluation needs no error-feedback residual: it compresses nothing)."""
     values = local.of(client) if local else {}
+    if evaluate:
+        values = {k: v for k, v in values.items() if not is_residual(k)}
     return {"local": values} if values else {}
 
 

@@ -60,3 +60,27 @@ def external_config(tmp_path: Path, *, workers: int, rounds: int, secret: bytes,
         "[strategy]", f'name = "{strategy}"', f"rounds = {rounds}",
         textwrap.dedent(extra).strip(), ""]))
     return path
+
+
+#: A worker kills the coordinator (its parent, with a local launch) at its Nth fit:
+#: whatever it held then is lost with it (write it to ``killer.py``, select
+#: ``task = "killer:Killer"``, and set KILL_AT_FIT and KILL_MARK).
+KILLER = '''
+import os, signal
+from meshkit_tasks.digits import DigitsTask
+
+
+class Killer(DigitsTask):
+    fits = 0
+
+    def fit(self, *args, **kwargs):
+        Killer.fits += 1
+        if str(Killer.fits) == os.environ.get("KILL_AT_FIT"):
+            try:  # the first worker there kills the coordinator, once
+                os.close(os.open(os.environ["KILL_MARK"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getppid(), signal.SIGKILL)
+        return super().fit(*args, **kwargs)
+'''

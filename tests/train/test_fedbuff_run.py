@@ -14,32 +14,10 @@ from meshkit.train import read_metrics
 from meshkit_strategies.fedbuff import staleness_weight
 
 from tests.support.cli import run_cli
-from tests.support.configs import external_config, write_config
+from tests.support.configs import KILLER, external_config, write_config
 from tests.support.nodes import run_with_nodes, spawn_node
 
 pytestmark = pytest.mark.slow
-
-#: A worker kills the coordinator (its parent, with a local launch) at its Nth fit:
-#: whatever the buffer holds then is lost with it.
-KILLER = '''
-import os, signal
-from meshkit_tasks.digits import DigitsTask
-
-
-class Killer(DigitsTask):
-    fits = 0
-
-    def fit(self, *args, **kwargs):
-        Killer.fits += 1
-        if str(Killer.fits) == os.environ.get("KILL_AT_FIT"):
-            try:  # the first worker there kills the coordinator, once
-                os.close(os.open(os.environ["KILL_MARK"], os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass
-            else:
-                os.kill(os.getppid(), signal.SIGKILL)
-        return super().fit(*args, **kwargs)
-'''
 
 FEDBUFF = """clients = 24
 buffer_size = 3

@@ -40,12 +40,14 @@ import numpy as np
 from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.aggregation import refuse_unless_linear
+from meshkit.compression import (CompressionPlan, check_compression, check_model_keys,
+                                 upload_estimate)
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
-from meshkit.task import build_task, check_task
+from meshkit.task import buffer_keys, build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._coordinator.observers import build_observers
 from meshkit.train._rounds.secure import secure_plan
@@ -424,6 +426,27 @@ def check_privacy(cfg: Any, strategy: Any, aggregator: Any) -> None:
                  "update), or remove the [privacy] table"))
 
 
+def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan | None:
+    """The run's ``[compression]`` (None without the table), refused where it cannot compose
+    (:mod:`meshkit.compression._plan` decides by the compressor's traits)."""
+    cfg = plan.config
+    if cfg.compression is None:
+        return None
+    traits = strategy_traits(strategy)
+    if not traits.compressed:
+        raise RefusedError(
+            f"{cfg.path}: [compression] name = {cfg.compression.name!r} with [strategy] name = "
+            f"{cfg.strategy.name!r}: only a strategy whose client fits go through the round "
+            f"engine can upload them compressed, and {traits.lacks('compressed')}. Use a "
+            f"strategy that declares it (federated), or remove the [compression] table")
+    chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
+                             plan.create("compression"))
+    check_compression(chosen, where=str(cfg.path),
+                      private_client_clip=privacy is not None and privacy.placement == "client",
+                      secure=cfg.secure_aggregation is not None)
+    return chosen
+
+
 def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:
     """Refuse what a ``[secure_aggregation]`` round cannot honour (docs/secure-aggregation.md).
 
@@ -620,6 +643,8 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
                              min_clients=getattr(options, "min_clients", 1), path=cfg.path)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
+    # Built before the strategy's check too, which may refuse a compressor it cannot play.
+    compression = compression_plan(plan, strategy, privacy)
     check = traits.check
     if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -629,7 +654,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         # what it cannot compose with).
         wants = inspect.signature(check).parameters
         for name, value in (("speeds", speeds), ("aggregator", aggregator),
-                            ("attack", attack)):
+                            ("attack", attack), ("compression", compression)):
             if name in wants:
                 extra[name] = value
         try:
@@ -639,6 +664,10 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             raise ConfigError(f"{cfg.path}: {exc}") from None
     shares = client_shares(cfg, strategy, task, partitioner) if partitioned else None
     state = initial_model(task, cfg)
+    upload = None
+    if compression is not None:
+        check_model_keys(state, f"{cfg.path}: [compression]")
+        upload = upload_estimate(compression, state, buffer_keys(task))
     # None: the strategy has no rounds option (only a declared 0 means
     # "evaluate only").
     rounds = traits.rounds
@@ -661,6 +690,10 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "attack": attack,
         "outer": plan.create("outer_optimizer"),
         "privacy": privacy,
+        #: ``[compression]``: the run's :class:`meshkit.compression.CompressionPlan`, or None.
+        "compression": compression,
+        #: What one client's compressed upload carries (:func:`upload_estimate`), or None.
+        "upload": upload,
         #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
         "secure_aggregation": cfg.secure_aggregation,
         #: A secure run's cohort, graph and how many workers a round survives losing

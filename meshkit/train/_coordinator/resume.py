@@ -52,12 +52,13 @@ def identity(plan: Any) -> dict[str, Any]:
             "partitioner": cfg.partitioner_name,
             "attack": None if cfg.attack is None else cfg.attack.selection.name,
             "privacy": "" if cfg.privacy is None else cfg.privacy.name,
-            "simulation": "" if cfg.simulation is None else cfg.simulation.clock}
+            "simulation": "" if cfg.simulation is None else cfg.simulation.clock,
+            "compression": "" if cfg.compression is None else cfg.compression.name}
 
 
 #: What a checkpoint written before a key joined the identity meant by it.
 _BEFORE: dict[str, Any] = {"partitioner": DEFAULT_PARTITIONER, "attack": None, "privacy": "",
-                           "simulation": ""}
+                           "simulation": "", "compression": ""}
 
 
 def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,

@@ -665,7 +665,8 @@ class Runner:
             partitioner=parts["partitioner"], client_local=client_local,
             attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
             saved=dict(parts.get("strategy_state") or {}),
-            secure_aggregation=parts.get("secure_aggregation"))
+            secure_aggregation=parts.get("secure_aggregation"),
+            compression=parts.get("compression"))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

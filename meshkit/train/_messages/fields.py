@@ -54,6 +54,8 @@ Metrics = NewType("Metrics", dict)
 Activation = NewType("Activation", object)
 #: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
 Poison = NewType("Poison", dict)
+#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``.
+Compress = NewType("Compress", dict)
 
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
 ClientIds = NewType("ClientIds", list)
@@ -127,20 +129,34 @@ def _metrics(value: Any, _: Any) -> dict[str, float]:
     return out
 
 
+def _choice(value: Any, what: str) -> dict[str, Any]:
+    """A plugin chosen by a request, ``{name, options}``: its name and JSON options checked."""
+    _name(value["name"], f"the {what}'s name")
+    options = value.get("options") or {}
+    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
+        raise ValueError(f"the {what}'s options must be an object of at most {MAX_METRICS} "
+                         f"entries, got {_shown(options)}")
+    for key, leaf in options.items():
+        _name(key, f"an {what} option" if what[0] in "aeiou" else f"a {what} option")
+        if not isinstance(leaf, _JSON_LEAVES):
+            raise TypeError(f"{what} option {key!r} is {_shown(leaf)}, not a JSON value")
+    return {"name": value["name"], "options": dict(options)}
+
+
 def _poison(value: Any, _: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping) or "name" not in value or set(value) - {"name", "options"}:
         raise TypeError(f"expected an attack {{name, options}}, got {_shown(value)}")
-    _name(value["name"], "the attack's name")
-    options = value.get("options") or {}
-    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
-        raise ValueError(f"the attack's options must be an object of at most {MAX_METRICS} "
-                         f"entries, got {_shown(options)}")
-    for key, leaf in options.items():
-        _name(key, "an attack option")
-        if not isinstance(leaf, _JSON_LEAVES):
-            raise TypeError(f"attack option {key!r} is {_shown(leaf)}, not a JSON value")
-    return {"name": value["name"], "options": dict(options)}
+    return _choice(value, "attack")
 
+
+def _compress(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or set(value) != {"name", "options", "raw"}:
+        raise TypeError(f"expected a compressor {{name, options, raw}}, got {_shown(value)}")
+    raw = value["raw"]
+    if not isinstance(raw, list) or len(raw) > MAX_STATE_KEYS:
+        raise TypeError(f"the keys sent whole must be a list of at most {MAX_STATE_KEYS} "
+                        f"names, got {_shown(raw)}")
+    return {**_choice(value, "compressor"), "raw": [_name(k, "a key sent whole") for k in raw]}
 
 def _client_ids(value: Any, _: Any) -> list[int]:
     if not isinstance(value, list):
@@ -202,6 +218,7 @@ def _converter() -> cattrs.Converter:
     converter.register_structure_hook(Metrics, _metrics)
     converter.register_structure_hook(Activation, _activation)
     converter.register_structure_hook(Poison, _poison)
+    converter.register_structure_hook(Compress, _compress)
     converter.register_structure_hook(ClientIds, _client_ids)
     converter.register_structure_hook(Integers, _integers)
     converter.register_structure_hook(Rows, _rows)

@@ -11,7 +11,8 @@ import attrs
 
 
 from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MAX_ERROR, MAX_NAME,
-                                            MAX_SEED, MAX_SEQ, MIN_SEQ, Activation, Metrics, Poison,
+                                            MAX_SEED, MAX_SEQ, MIN_SEQ, Activation, Compress, Metrics,
+                                            Poison,
                                             State, _between, _examples, _field, _in_order, _length,
                                             _name, _seq, _shard, _shards)
 
@@ -55,6 +56,11 @@ class FitRequest:
                                      "L2 norm before replying or keeping it; the reply's "
                                      "`metrics.unclipped` says whether it was within",
                                      optional=True, check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: reply with (or keep) "
+                                       "the update compressed by this compressor, every key "
+                                       "but `raw` (docs/compression.md, the payload); `local` "
+                                       "then also carries the client's residuals",
+                                       optional=True)
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)

@@ -88,6 +88,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
+from meshkit.compression import (CompressionPlan, compressed_keys, decode_contribution,
+                                 is_residual, residual_name)
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
@@ -283,8 +285,28 @@ class RoundCall:
         return fold
 
     @functools.cached_property
+    def compressed(self) -> tuple[list[Work], ClientLocal | None, Unpacker] | None:
+        """A compressed round's work (fits asking for ``compress``), the store its local
+        keys and residuals are kept in, and its decoder (:func:`compressed_work`); None
+        when contributions come whole."""
+        if self.ctx.compression is None or self.state is None or not all(
+                w.request.get("op") == "fit" for w in self.work):
+            return None
+        return compressed_work(self.ctx, self.work, self.state, self.local)
+
+    @property
+    def unpack(self) -> Unpacker | None:
+        return None if self.compressed is None else self.compressed[2]
+
+    @property
+    def fold_local(self) -> ClientLocal | None:
+        """The client-local store the flat round keeps local keys (and residuals) in."""
+        return self.local if self.compressed is None else self.compressed[1]
+
+    @functools.cached_property
     def requests(self) -> dict[int, Mapping[str, Any]]:
-        return {w.key: poison_request(self.attack, w.key, w.request) for w in self.work}
+        work = self.work if self.compressed is None else self.compressed[0]
+        return {w.key: poison_request(self.attack, w.key, w.request) for w in work}
 
     @functools.cached_property
     def pinned(self) -> dict[int, int]:
@@ -295,8 +317,11 @@ class RoundCall:
         """Each contribution's weight as a name a worker or relay can apply
         (``"examples"``, ``"once"``), or None when a round must fold flat: a
         deadline is kept per client, pinned work stays on its node, an attack
-        poisons single contributions, local keys fold whole contributions."""
-        if self.deadline or self.pinned or self.local or self.attack:
+        poisons single contributions, local keys fold whole contributions, and a
+        compressed round's contributions cross the wire compressed once (relays and the
+        batched round would sum whole ones: meshkit.compression._plan)."""
+        if self.deadline or self.pinned or self.local or self.attack \
+                or self.compressed is not None:
             return None
         return relay_weight(self.weight, by_examples)
 
@@ -330,7 +355,8 @@ def _play_collective(call: RoundCall) -> Folded:
     return fold_collectively(call.ctx, call.work, state=call.state, weight=call.weight,
                              window=call.window, label=call.label, serve=fold_round,
                              folded_type=Folded,
-                             unsupported=bool(call.deadline or call.local or call.ctx.attack))
+                             unsupported=bool(call.deadline or call.local or call.ctx.attack
+                                              or call.ctx.compression))
 
 
 def _play_relayed(call: RoundCall) -> Folded:
@@ -369,7 +395,8 @@ def _play_flat(call: RoundCall) -> Folded:
         and not allows
     round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
                     pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-                    local=call.local or None, scan=not replay and not allows)
+                    local=call.fold_local or None, scan=not replay and not allows,
+                    unpack=call.unpack)
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -380,7 +407,7 @@ def _play_flat(call: RoundCall) -> Folded:
         round_ = _Round(ctx, call.requests, state, call.weight, call.window,
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-                        local=call.local or None, scan=True)
+                        local=call.fold_local or None, scan=True, unpack=call.unpack)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -399,7 +426,7 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
     RoundPath("relayed",
               "some live worker is behind a host relay, the aggregator is linear (or the "
               "caller gave a strict mean), and nothing needs single contributions: no round "
-              "deadline, no pinned work, no simulated attack, no local keys",
+              "deadline, no pinned work, no simulated attack, no local keys, no compression",
               lambda call: call.relays is not None, _play_relayed),
     RoundPath("batched",
               "the aggregator is linear, nothing needs single contributions, and there are "
@@ -413,6 +440,50 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
 def round_path(call: RoundCall) -> RoundPath:
     """The first of :data:`ROUND_PATHS` that applies to ``call`` (the last always does)."""
     return next(path for path in ROUND_PATHS if path.applies(call))
+
+
+def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
+                    local: ClientLocal | None
+                    ) -> tuple[list[Work], ClientLocal | None, Unpacker]:
+    """``work`` asking for compressed fits (``compress``), the store their local keys and
+    residuals are kept in, and the round's decoder.
+
+    Sent whole: FedBN's local keys (a client's own, never aggregated) and the task's
+    buffers (BatchNorm's statistics are estimates, not updates: a sparsified running
+    variance breaks the normalisation, and they are small). With error feedback the
+    store is the run's client-local store (FedBN's), whose keys then also name each
+    compressed key's residual, and whose values travel with the client's fit.
+    """
+    plan: CompressionPlan = ctx.compression
+    store = local if local else None
+    own = {k for k in (store.keys if store is not None else ()) if not is_residual(k)}
+    raw = sorted(own | (ctx.buffers & set(state)))
+    if plan.traits.stateful:
+        store = ctx.client_local
+        store.keys = store.keys | {residual_name(k) for k in compressed_keys(state, raw)}
+    field = plan.request(raw)
+    out = []
+    for w in work:
+        request = {**w.request, "compress": field}
+        kept = store.of(w.key) if store is not None else {}
+        if kept:
+            request["local"] = {**kept, **dict(w.request.get("local") or {})}
+        out.append(attrs.evolve(w, request=request))
+    return out, store, Unpacker(plan, tuple(raw))
+
+
+@attrs.frozen
+class Unpacker:
+    """A compressed round's decoder: a pulled payload back to the contribution it stands for."""
+
+    plan: CompressionPlan
+    #: The keys sent whole (:func:`compressed_work`).
+    raw: tuple[str, ...]
+
+    def decode(self, payload: Mapping[str, Any], reference: Mapping[str, Any],
+               what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        return decode_contribution(self.plan.compressor, payload, reference, raw=self.raw,
+                                   what=what)
 
 
 def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]
@@ -487,6 +558,8 @@ class _Round:
     failures: RoundFailures = attrs.Factory(RoundFailures)
     #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
     scan: bool = True
+    #: A compressed round's decoder of pulled payloads (None: contributions come whole).
+    unpack: Unpacker | None = None
 
     def play(self) -> Folded:
         try:
@@ -653,6 +726,14 @@ class _Round:
             self.replies[key] = small
         else:  # take
             contribution = payload["state"]
+            residuals: dict[str, Any] = {}
+            if self.unpack is not None and self.state is not None:
+                try:
+                    contribution, residuals = self.unpack.decode(
+                        contribution, self.state, f"rank {rank}'s result for {self.label} {key}")
+                except ProtocolError as exc:
+                    self._failed(rank, kind, key, protocol_reason(exc))
+                    return
             if self.expected is not None:
                 try:
                     # A fit returns the whole model; gradients (no round state)
@@ -665,6 +746,8 @@ class _Round:
                     # its keys are served again (module docstring, step 7).
                     self._failed(rank, kind, key, protocol_reason(exc))
                     return
+            if residuals:  # kept in the client-local store with the rest (_advance)
+                contribution = {**contribution, **residuals}
             self.taken[key] = (rank, contribution)
             self._advance()
 

@@ -36,6 +36,7 @@ import attrs
 from meshkit.errors import StateError
 from meshkit.state import nonfinite_keys
 from meshkit.train._failures import DivergedFit, RoundFailures, strike
+from meshkit.train._pool import wire_bytes
 from meshkit.train._strategy import RoundReport, StrategyContext, StrategyResult
 
 __all__ = ["RoundOutcome", "run_rounds", "timed", "ON_NONFINITE"]
@@ -108,6 +109,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
         if joined and hand_state:
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
+        counted = wire_bytes(ctx.pool)
         try:
             outcome = play_round(ctx, rnd, state)
         except DivergedFit as exc:
@@ -142,6 +144,12 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             outcome = attrs.evolve(outcome, state=state, client_metrics={}, metrics={
                 k: v for k, v in outcome.metrics.items()
                 if k == "train_loss" and math.isfinite(v)})
+        after = wire_bytes(ctx.pool)
+        if counted is not None and after is not None:
+            # Measured by the transport, not computed: every frame of the round, both ways.
+            metrics = {**outcome.metrics, "bytes_up": float(after[0] - counted[0]),
+                       "bytes_down": float(after[1] - counted[1])}
+            outcome = attrs.evolve(outcome, metrics=metrics)
         state, metrics = outcome.state, outcome.metrics
         # Ranks whose reply to a plain request (an evaluation, a replica's step) was an
         # error are this round's failures too; the engine struck its own already.

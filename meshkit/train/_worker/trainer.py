@@ -58,6 +58,7 @@ import numpy as np
 
 from meshkit import plugins
 from meshkit.aggregation import FixedPointSum
+from meshkit.compression import RESIDUAL, SEP, encode_update, is_residual
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.node import TrainReport, sendable
@@ -124,6 +125,8 @@ class Trainer:
     partial: FixedPointSum | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
+    #: Compressors named by fit requests (``compress``), built once per name and options.
+    _compressors: dict[tuple[str, str], Any] = attrs.Factory(dict)
     #: Contiguous blocks' bounds per client count (the blocks themselves are views).
     _blocks: dict[int, list[tuple[int, int]]] = attrs.Factory(dict)
     #: The partitioner's whole split per (set, client count), for a partitioner
@@ -248,6 +251,8 @@ class Trainer:
             return self.secure.handle(op, request, self._secure_fit)
         if op == "fit":
             state, examples, metrics, attacked = self._fit(request)
+            if request.get("compress") is not None:
+                state = self._compressed(request, state)
             reply = self._answer(request, "state", state, examples, metrics)
             if attacked:
                 reply["attacked"] = attacked
@@ -397,6 +402,23 @@ class Trainer:
             metrics["unclipped"] = float(norm <= clip)
         return dict(state), int(result.examples), metrics, attacked
 
+    def _compressed(self, request: Mapping[str, Any], fitted: dict[str, Any]) -> dict[str, Any]:
+        """A fit's result as its compressed payload (:mod:`meshkit.compression`): the update
+        against the model it started from, with the client's residual fed back."""
+        chosen = request["compress"]
+        name = str(chosen["name"])
+        options = dict(chosen.get("options") or {})
+        cache = (name, repr(sorted(options.items())))
+        if cache not in self._compressors:
+            self._compressors[cache] = plugins.default().create("compression", name, options)
+        start = request["state"] if "state" in request else self._require_state("fit")
+        residual = {k[:-len(SEP + RESIDUAL)]: v for k, v in (request.get("local") or {}).items()
+                    if is_residual(k)}
+        payload, _ = encode_update(self._compressors[cache], _with_local(start, request),
+                                   fitted, seed=int(request["seed"]), raw=chosen["raw"],
+                                   residual=residual)
+        return payload
+
     def _secure_fit(self, request: Mapping[str, Any]
                     ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
         """One client's fit for a secure round, by the ``fit`` op's own path: (fitted, start)."""
@@ -458,7 +480,9 @@ class Trainer:
 
 def _with_local(state: Mapping[str, Any], request: Mapping[str, Any]) -> Mapping[str, Any]:
     """The model with the client's own local keys (``local``, FedBN) in place of the global's."""
-    local = request.get("local")
+    # A compressed run's residuals travel with the client's local values; they are
+    # not model keys (meshkit.compression, the payload).
+    local = {k: v for k, v in (request.get("local") or {}).items() if not is_residual(k)}
     if not local:
         return state
     unknown = sorted(k for k in local if k not in state)

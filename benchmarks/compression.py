@@ -1,0 +1,176 @@
+"""Compressed uploads against the uncompressed run and Flower 1.42, in bytes and accuracy.
+
+Run (from the repository root)::
+
+    python benchmarks/compression.py                     # digits and the torch CNN, 3 trials
+    python benchmarks/compression.py --workload digits --trials 1
+
+Two workloads, each run by ``meshkit.run`` with local worker processes over
+TCP on loopback (the transport counts every frame body both ways):
+
+* **digits**: the shipped numpy MLP (2,410 float64 parameters), 100 clients
+  (``federated``, contiguous shards, every client every round), 2 local
+  epochs at lr 0.5, ``--digits-rounds`` rounds;
+* **cnn**: ``examples/torch/digits_cnn.py``'s BatchNorm CNN (float32), 6
+  clients, ``--cnn-rounds`` rounds, the example's options.
+
+Schemes, each against the same run uncompressed (the baseline, in the same
+invocation and with the same seeds): ``quantize`` 8 bits, ``quantize`` 2 bits
+rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
+
+Per row:
+
+* ``bits/coord``: the compressed update's payload per compressed coordinate,
+  from the encoder on the model's own keys (fields only; an error-feedback
+  residual is counted separately, ``resid``) -- float32 is 32. The task's
+  buffers (BatchNorm's running statistics) travel whole;
+* ``up/fit``: bytes the coordinator's transport *received* per client fit,
+  mean over rounds (the payload, the reply's metrics and framing, and with
+  error feedback the client's residual, which rides the wire in a simulation
+  because any worker may serve any client -- docs/compression.md);
+  the uncompressed run's batched round uploads one exact partial per
+  worker instead, so its figure is per worker partial;
+* ``acc``: final accuracy, median over trials with (min, max), and its
+  difference from the uncompressed run's median.
+
+The Flower 1.42 row is Flower's own serialisation of the same model's
+arrays as float32 (``flwr.common.ndarrays_to_parameters``): Flower ships no
+compression, so that is what each of its clients uploads per fit.
+
+A benchmark, not a test: it asserts nothing; the accuracy spread is over
+seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads; workers inherit it
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+import meshkit  # noqa: E402
+from meshkit.compression import encode_update, is_residual  # noqa: E402
+from meshkit.task import buffer_keys  # noqa: E402
+from meshkit.train import read_metrics  # noqa: E402
+
+SCHEMES: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "quantize-8": {"name": "quantize", "bits": 8},
+    "quantize-2-rotated": {"name": "quantize", "bits": 2, "rotate": True},
+    "top-k-1.5%-ef": {"name": "top-k", "fraction": 0.015},
+    "top-k-1.5%": {"name": "top-k", "fraction": 0.015, "error_feedback": False},
+}
+
+
+def _workload(name: str, rounds: int) -> dict[str, Any]:
+    if name == "digits":
+        return {"run": {"task": "digits"},
+                "strategy": {"name": "federated", "rounds": rounds, "clients": 100,
+                             "fraction": 1.0},
+                "task": {"lr": 0.5, "epochs": 2}}
+    return {"run": {"task": "examples.torch.digits_cnn:task"},
+            "strategy": {"name": "federated", "rounds": rounds, "clients": 6,
+                         "fraction": 1.0},
+            "task": {"lr": 0.05, "epochs": 2, "batch_size": 32, "threads": 1}}
+
+
+def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int,
+            workers: int, out: Path) -> dict[str, float]:
+    config = _workload(workload, rounds)
+    config["run"].update({"seed": seed, "out": str(out)})
+    config["mesh"] = {"launch": "local", "workers": workers, "transport": "tcp"}
+    if scheme is not None:
+        config["compression"] = dict(scheme)
+    meshkit.run(config)
+    rows = read_metrics(out)
+    fits = [len(r["clients"]) if scheme is not None else len(r["answered"]) for r in rows]
+    return {"accuracy": float(rows[-1]["accuracy"]),
+            "up_per_fit": statistics.mean(r["bytes_up"] / n for r, n in zip(rows, fits)),
+            "down_per_round": statistics.mean(r["bytes_down"] for r in rows)}
+
+
+def payload_bits(workload: str, scheme: dict[str, Any] | None) -> tuple[float, float]:
+    """(payload bits per float coordinate, residual bits per coordinate) on the model."""
+    task = meshkit.plugins.create("task", "digits") if workload == "digits" else \
+        meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
+    state = task.init_state(0)
+    # What the round engine compresses: float arrays, the task's buffers aside (sent whole).
+    floats = {k: v for k, v in state.items() if k not in buffer_keys(task)
+              and isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size}
+    coords = sum(v.size for v in floats.values())
+    if scheme is None:
+        return 32.0, 0.0
+    options = {k: v for k, v in scheme.items() if k != "name"}
+    compressor = meshkit.plugins.create("compression", scheme["name"], options)
+    rng = np.random.default_rng(0)
+    fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
+              for k, v in floats.items()}
+    payload, residual = encode_update(compressor, floats, fitted, seed=1)
+    sent = sum(a.nbytes for k, a in payload.items() if not is_residual(k))
+    return 8 * sent / coords, 8 * sum(a.nbytes for a in residual.values()) / coords
+
+
+def flower_bytes(workload: str) -> int:
+    """What a Flower 1.42 client uploads per fit: its own serialisation of the float32 arrays."""
+    from flwr.common import ndarrays_to_parameters
+
+    task = meshkit.plugins.create("task", "digits") if workload == "digits" else \
+        meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
+    arrays = [np.asarray(v, np.float32) for v in task.init_state(0).values()
+              if isinstance(v, np.ndarray)]
+    return sum(len(t) for t in ndarrays_to_parameters(arrays).tensors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=("digits", "cnn", "both"), default="both")
+    parser.add_argument("--digits-rounds", type=int, default=100)
+    parser.add_argument("--cnn-rounds", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--schemes", default=",".join(SCHEMES),
+                        help="comma list of: " + ", ".join(SCHEMES))
+    args = parser.parse_args()
+    workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
+    chosen = [s for s in args.schemes.split(",") if s]
+    for workload in workloads:
+        rounds = args.digits_rounds if workload == "digits" else args.cnn_rounds
+        results: dict[str, list[dict[str, float]]] = {s: [] for s in chosen}
+        for trial in range(args.trials):
+            for name in chosen:
+                with tempfile.TemporaryDirectory() as tmp:
+                    results[name].append(run_one(workload, rounds, SCHEMES[name], trial,
+                                                 args.workers, Path(tmp) / "run"))
+                print(f"{workload} trial {trial + 1} {name}: accuracy "
+                      f"{results[name][-1]['accuracy']:.4f}", flush=True)
+        base = statistics.median(r["accuracy"] for r in results.get("none") or [{"accuracy":
+                                                                                 float("nan")}])
+        print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds 0..{args.trials - 1})")
+        print(f"{'scheme':<22}{'bits/coord':>11}{'vs f32':>8}{'resid':>7}{'up/fit B':>10}"
+              f"{'down/rnd B':>12}  accuracy median (min, max)  vs none")
+        for name in chosen:
+            bits, resid = payload_bits(workload, SCHEMES[name])
+            accs = [r["accuracy"] for r in results[name]]
+            med = statistics.median(accs)
+            print(f"{name:<22}{bits:>11.2f}{32 / bits:>7.1f}x{resid:>7.0f}"
+                  f"{statistics.mean(r['up_per_fit'] for r in results[name]):>10.0f}"
+                  f"{statistics.mean(r['down_per_round'] for r in results[name]):>12.0f}  "
+                  f"{med:.4f} ({min(accs):.4f}, {max(accs):.4f})  {100 * (med - base):+.2f} pt")
+        flower = flower_bytes(workload)
+        print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"
+              f"{'':>12}  (Flower's FedAvg uploads these bytes per fit; no compression)\n",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Update compression: the contract a compressor implements, the payload it travels in, and
+what it composes with.
+
+A ``[compression]`` table selects a compressor (kind ``compression``, hook
+``meshkit_compression()``); the built-ins (``quantize``, ``top-k``, each with
+``rotate``) are the ``meshkit_compression`` plugin package. What lives where:
+
+* ``_contract.py``: :class:`Compressor` and :class:`CompressionTraits`;
+* ``_payload.py``: the payload layout, :func:`encode_update` (the worker)
+  and :func:`decode_contribution` (the coordinator, checked before decoding);
+* ``_plan.py``: :class:`CompressionPlan` and :func:`check_compression`,
+  every composition decided by traits.
+
+docs/compression.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+from meshkit.compression._contract import CompressionTraits, Compressor, compression_traits
+from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
+                                          decode_contribution, encode_update, is_residual,
+                                          key_seed, residual_name)
+from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
+
+__all__ = ["CompressionTraits", "Compressor", "compression_traits", "RESIDUAL", "SEP",
+           "check_model_keys", "compressed_keys", "decode_contribution", "encode_update",
+           "is_residual", "key_seed", "residual_name", "CompressionPlan",
+           "check_compression", "upload_estimate"]

@@ -1,0 +1,93 @@
+"""The compression contract: what a compressor declares (:class:`CompressionTraits`) and does.
+
+A *compressor* (kind ``compression``, hook ``meshkit_compression()``, table
+``[compression]``) shrinks what a worker uploads: the update of one model
+key (the fitted array minus the array the fit started from), flattened to
+a float32 vector. :meth:`Compressor.encode` runs on the worker and returns
+a few named arrays (its *fields*); :meth:`Compressor.decode` runs on the
+coordinator and gives the vector back (exactly, or as an unbiased or
+contractive estimate). :meth:`Compressor.bounds` says, for a vector of
+``size`` elements, each field's dtype and most elements, so the kernel
+checks a received payload before any decoder allocates
+(:mod:`meshkit.compression._payload`).
+
+The kernel composes compression with the rest of a run by these traits
+only, never by a compressor's name (docs/compression.md):
+
+* ``unbiased``: E[decode(encode(x))] = x over the encoder's seed;
+* ``sparse``: the payload names coordinates (indices) -- refused under
+  secure aggregation, which would reveal which coordinates each client moved;
+* ``integer_field``: the payload is integer codes on a grid shared by every
+  client, so codes can be summed in a modular field (secure aggregation);
+* ``stateful``: the kernel runs error feedback for it -- the client's
+  residual (what compression left out) is added to its next update, and kept
+  per client in the coordinator's client-local store, checkpointed;
+* ``contractive``: ‖decode(encode(x))‖₂ ≤ ‖x‖₂ for every x, so a clip bound
+  the client applied still holds for what it sends (client-side DP).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import attrs
+import numpy as np
+
+__all__ = ["CompressionTraits", "Compressor", "compression_traits"]
+
+
+@attrs.frozen
+class CompressionTraits:
+    """The declared properties of a compressor (the module docstring says what each means).
+
+    The defaults are the safe reading of a compressor that declares
+    nothing: biased, sparse, not field-capable, stateless, not contractive
+    -- it composes only where nothing is assumed of it.
+    """
+
+    unbiased: bool = False
+    sparse: bool = True
+    integer_field: bool = False
+    stateful: bool = False
+    contractive: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if not isinstance(value, bool):
+                raise TypeError(f"CompressionTraits.{field.name} must be True or False, "
+                                f"got {value!r} ({type(value).__name__})")
+
+
+class Compressor(Protocol):
+    """What a ``meshkit_compression`` factory builds (three methods and its traits)."""
+
+    traits: CompressionTraits
+
+    def encode(self, x: np.ndarray, *, seed: int) -> dict[str, np.ndarray]:
+        """The fields that stand for ``x`` (1-d float32); ``seed`` drives any randomness
+        (a function of the run seed, the round and the client)."""
+        ...
+
+    def decode(self, fields: Mapping[str, np.ndarray], size: int) -> np.ndarray:
+        """The 1-d float32 vector of ``size`` elements ``fields`` stand for. The kernel has
+        checked every field against :meth:`bounds` first; values (indices) are the
+        decoder's to check, raising ``ValueError`` with what is wrong."""
+        ...
+
+    def bounds(self, size: int) -> dict[str, tuple[np.dtype, int]]:
+        """Each field's dtype and most elements for a vector of ``size`` elements."""
+        ...
+
+
+#: What a compressor that declares no ``traits`` is taken to be.
+UNDECLARED = CompressionTraits()
+
+
+def compression_traits(compressor: Any) -> CompressionTraits:
+    """``compressor.traits`` when it declares them, else the safe reading (UNDECLARED)."""
+    traits = compressor.traits if hasattr(compressor, "traits") else UNDECLARED
+    if not isinstance(traits, CompressionTraits):
+        raise TypeError(f"{type(compressor).__name__}.traits is {type(traits).__name__}, "
+                        f"not a meshkit.compression.CompressionTraits")
+    return traits

@@ -1,0 +1,181 @@
+"""What travels when an update is compressed: the payload layout, built on the worker and
+checked and decoded on the coordinator.
+
+Rule: every byte of a compressed contribution is laid out, and checked, here.
+
+A compressed fit result is a *state* (the wire's unit: ``name -> array``),
+so it travels through the authenticated codec like any model -- no pickle,
+every length bounded by the wire before it is allocated. Per model key:
+
+* a compressed key ``k`` (a float array the run aggregates) travels as its
+  compressor's fields, one entry ``k + SEP + field`` each (``SEP`` is the
+  ASCII unit separator, which no model key may contain);
+* every other key (integers, JSON values, ``[strategy] local_keys``) travels
+  as itself, whole;
+* with a ``stateful`` compressor (error feedback) the client's new residual
+  of ``k`` travels as ``k + SEP + "residual"`` (float32, the key's size): the
+  coordinator keeps it in its client-local store and sends it with the
+  client's next fit.
+
+:func:`decode_contribution` checks a payload against the round's model
+before any decoder runs: every field present, of its declared dtype and at
+most its declared length (:meth:`Compressor.bounds`), nothing extra. What
+does not fit is a :class:`~meshkit.ProtocolError` for the worker that sent
+it. The decoded array is the reference plus the decoded update, accumulated
+in float64 and returned in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Mapping
+
+import numpy as np
+
+from meshkit.compression._contract import Compressor, compression_traits
+from meshkit.errors import ConfigError, ProtocolError
+
+__all__ = ["SEP", "RESIDUAL", "residual_name", "is_residual", "compressed_keys",
+           "encode_update", "decode_contribution", "check_model_keys", "key_seed"]
+
+#: Between a model key and a field name in a payload (no model key may hold it).
+SEP = "\x1f"
+#: The field that carries a client's error-feedback residual.
+RESIDUAL = "residual"
+#: A payload's fields per key, at most (the residual aside).
+MAX_FIELDS = 16
+
+
+def residual_name(key: str) -> str:
+    """The client-local store's (and the payload's) name of ``key``'s residual."""
+    return f"{key}{SEP}{RESIDUAL}"
+
+
+def is_residual(name: str) -> bool:
+    return name.endswith(SEP + RESIDUAL)
+
+
+def check_model_keys(state: Mapping[str, Any], where: str = "[compression]") -> None:
+    """Refuse a model a payload could not name unambiguously (a key holding ``SEP``)."""
+    bad = sorted(k for k in state if SEP in k)
+    if bad:
+        raise ConfigError(f"{where}: the model's keys {bad[:3]!r} hold the ASCII unit "
+                          f"separator (0x1f), which a compressed payload uses between a key and "
+                          f"its fields; rename them, or drop [compression]")
+
+
+def _compressible(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size > 0
+
+
+def compressed_keys(state: Mapping[str, Any], raw: Collection[str] = ()) -> list[str]:
+    """The keys of ``state`` a payload compresses: its float arrays not in ``raw``."""
+    return [k for k, v in state.items() if k not in raw and _compressible(v)]
+
+
+def key_seed(seed: int, index: int) -> int:
+    """The encoder's seed for the ``index``-th compressed key of a fit seeded ``seed``."""
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1, np.uint64)[0])
+
+
+def encode_update(compressor: Compressor, start: Mapping[str, Any], fitted: Mapping[str, Any],
+                  *, seed: int, raw: Collection[str] = (),
+                  residual: Mapping[str, np.ndarray] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The payload of a fit (module docstring), and the client's new residuals.
+
+    ``residual`` holds the client's residual per key (``{}``: none yet). The
+    residuals returned are keyed by :func:`residual_name` and travel in the
+    payload too; they are empty unless the compressor is ``stateful``.
+    """
+    stateful = compression_traits(compressor).stateful
+    residual = residual or {}
+    chosen = set(compressed_keys(start, raw))
+    payload: dict[str, Any] = {}
+    kept: dict[str, np.ndarray] = {}
+    index = 0
+    for key, value in fitted.items():
+        if key not in chosen:
+            payload[key] = value
+            continue
+        update = (np.asarray(value, np.float64).ravel()
+                  - np.asarray(start[key], np.float64).ravel()).astype(np.float32)
+        if stateful and key in residual:
+            update += np.asarray(residual[key], np.float32).ravel()
+        fields = compressor.encode(update, seed=key_seed(seed, index))
+        index += 1
+        for name, array in fields.items():
+            payload[f"{key}{SEP}{name}"] = array
+        if stateful:
+            kept[residual_name(key)] = update - _decoded(compressor, fields, update.size, key)
+    payload.update(kept)
+    return payload, kept
+
+
+def _decoded(compressor: Compressor, fields: Mapping[str, np.ndarray], size: int,
+             key: str) -> np.ndarray:
+    out = compressor.decode(fields, size)
+    if not isinstance(out, np.ndarray) or out.shape != (size,):
+        raise ProtocolError(f"the compressor decoded key {key!r} to "
+                            f"{getattr(out, 'shape', type(out).__name__)}, not ({size},)")
+    return out.astype(np.float32, copy=False)
+
+
+def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
+                        reference: Mapping[str, Any], *, raw: Collection[str] = (),
+                        what: str = "a contribution"
+                        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(the contribution ``payload`` stands for, its residuals) -- or a ProtocolError.
+
+    ``reference`` is the round's model (what the client started from, its
+    ``raw`` keys aside).
+    """
+    stateful = compression_traits(compressor).stateful
+    chosen = set(compressed_keys(reference, raw))
+    state: dict[str, Any] = {}
+    residuals: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    for key, ref in reference.items():
+        if key not in chosen:
+            if key not in payload:
+                raise ProtocolError(f"{what} lacks key {key!r}")
+            state[key] = payload[key]
+            used.add(key)
+            continue
+        size = int(ref.size)
+        fields: dict[str, np.ndarray] = {}
+        bounds = compressor.bounds(size)
+        if len(bounds) > MAX_FIELDS:
+            raise ProtocolError(f"the compressor declares {len(bounds)} fields; at most "
+                                f"{MAX_FIELDS}")
+        for field, (dtype, most) in bounds.items():
+            name = f"{key}{SEP}{field}"
+            array = payload.get(name)
+            if (not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype)
+                    or array.ndim != 1 or array.size > most):
+                shown = (f"{array.dtype}[{array.size}]" if isinstance(array, np.ndarray)
+                         else "missing" if array is None else type(array).__name__)
+                raise ProtocolError(f"{what}: key {key!r} field {field!r} is {shown}; the "
+                                    f"compressor sends 1-d {np.dtype(dtype)} of at most "
+                                    f"{most} elements")
+            fields[field] = array
+            used.add(name)
+        try:
+            update = _decoded(compressor, fields, size, key)
+        except ValueError as exc:
+            raise ProtocolError(f"{what}: key {key!r} does not decode: {exc}") from None
+        total = np.asarray(ref, np.float64).ravel() + update
+        state[key] = total.astype(ref.dtype).reshape(ref.shape)
+        if stateful:
+            name = residual_name(key)
+            kept = payload.get(name)
+            if not isinstance(kept, np.ndarray) or kept.dtype != np.float32 or \
+                    kept.shape != (size,):
+                raise ProtocolError(f"{what}: key {key!r}'s residual is missing or not "
+                                    f"float32[{size}] (error feedback sends it back)")
+            residuals[name] = kept
+            used.add(name)
+    extra = sorted(set(payload) - used)
+    if extra:
+        raise ProtocolError(f"{what} holds entries the round's model has no place for: "
+                            f"{extra[:4]!r}")
+    return state, residuals
