@@ -218,3 +218,55 @@ def test_check_states_what_a_member_failure_costs(tmp_path):
     wrong = run_cli("check", _write(tmp_path, FAILURES_CONFIG.format(
         line='accept_failures = "yes"')), cwd=str(tmp_path))
     _assert_clean_error(wrong, "[strategy]", "accept_failures")
+
+
+PRIVATE_SECURE = """
+[run]
+task = "digits"
+out = "{out}"
+
+[mesh]
+workers = 3
+
+[strategy]
+name = "federated"
+rounds = 2
+clients = 6
+
+[aggregator]
+name = "{aggregator}"
+{options}
+
+[privacy]
+{privacy}
+
+[secure_aggregation]
+name = "secagg+"
+"""
+
+
+def test_dp_with_secure_aggregation_suggests_what_both_accept(tmp_path):
+    # Issue 35, item 7: the DP refusal's advice must not be refused by the secure round next.
+    config = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="norm-bound", options="max_norm = 1.0",
+        privacy='name = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\nclip = "client"'))
+    result = run_cli("check", config)
+    _assert_clean_error(result, config, "[privacy] name = 'dp-fixed' with [aggregator] name = "
+                        "'norm-bound'", "With [secure_aggregation] name = 'secagg+' as well, use "
+                        "a linear aggregator (fedavg), the one kind both accept")
+    # ... and following it, the run checks.
+    fixed = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="fedavg", options="",
+        privacy='name = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\nclip = "client"'),
+        name="fixed.toml")
+    assert run_cli("check", fixed).returncode == 0
+
+
+def test_dp_with_secure_aggregation_names_every_change_in_one_refusal(tmp_path):
+    config = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="fedavg", options="",
+        privacy='name = "dp-adaptive"\nnoise_multiplier = 1.0'))
+    _assert_clean_error(run_cli("check", config), config,
+                        "[privacy] clip = 'coordinator': the coordinator never holds",
+                        "; and [privacy] name = 'dp-adaptive': adaptive clipping counts",
+                        'Use [privacy] name = "dp-fixed" with clip = "client"')
