@@ -39,6 +39,8 @@ from meshkit.node import NodeConfig, caps_for, serve_node
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
 
+from meshkit_torchdist.progress import print_progress
+
 __all__ = ["main", "torchrun_config", "spmd_mode"]
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,15 @@ def torchrun_config(path: str, world: int) -> Any:
             f"transport = \"torchdist\" (torchrun's processes meet through torch.distributed)")
     if spmd_mode(config):
         return config  # every rank runs the config itself (meshkit_torchdist.spmd)
+    if world < 2:
+        # "workers = 0" would be the arithmetic, and [mesh] refuses it: a coordinator
+        # with no worker has no one to train.
+        raise meshkit.ConfigError(
+            f"{path}: torchrun started WORLD_SIZE = {world} process: rank 0 is the "
+            f"coordinator, and a run needs at least one worker. Start "
+            f"{config.mesh.workers + 1} processes (torchrun --nproc-per-node "
+            f"{config.mesh.workers + 1}) for [mesh] workers = {config.mesh.workers}, or set "
+            f"[transport] mode = \"spmd\", where every rank trains")
     if config.mesh.workers != world - 1:
         raise meshkit.ConfigError(
             f"{path}: [mesh] workers = {config.mesh.workers}, but torchrun started "
@@ -75,12 +86,6 @@ def torchrun_config(path: str, world: int) -> Any:
                           config.transport.where)
     return attrs.evolve(config, mesh=attrs.evolve(config.mesh, launch="external"),
                         transport=transport)
-
-
-def print_progress(event: Any) -> None:
-    """The same progress lines as `meshkit run` (str(RunEvent)): rounds on stdout, the
-    rest on stderr."""
-    print(event, file=sys.stdout if event.kind == "round" else sys.stderr, flush=True)
 
 
 def spmd_mode(config: Any) -> bool:

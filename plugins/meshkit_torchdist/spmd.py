@@ -49,7 +49,7 @@ import torch.distributed as dist
 import meshkit
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit_torchdist.group import TorchdistLinks, is_loopback
-from meshkit_torchdist.launch import print_progress
+from meshkit_torchdist.progress import print_progress
 
 __all__ = ["GlooReducer", "run_spmd", "ROLL_CALL"]
 
