@@ -7,6 +7,15 @@ Run (from the repository root, in the dev venv; the heat map needs the
     python benchmarks/robustness.py --rounds 5 --rules fedavg median --attacks none sign-flip
     python benchmarks/robustness.py --seeds 0 1 2         # the spread over seeds
     python benchmarks/robustness.py --json                # one JSON line per cell
+    python benchmarks/robustness.py --config my-run.toml  # your task, split and rounds
+
+With ``--config`` the matrix is made for your own model: the config's task
+(``[run] task``, ``[task]`` options), its ``[partitioner]``, ``[strategy]
+clients``, ``rounds`` and ``[run] seed`` replace the fixed setup below; the
+attackers are the config's ``[attack]`` count when it has one, else 20 % of
+the clients, and the rules that take ``f`` are told that count. ``--plot``
+checks that matplotlib is importable before any run starts (``pip install
+'meshkit[plot]'``), so a missing library costs nothing.
 
 Setup (fixed): task ``digits`` (default options: a 64-32-10 MLP, one local
 epoch of SGD at lr 0.1, batch 32), 20 clients split by the ``dirichlet``
@@ -44,7 +53,8 @@ import numpy as np
 
 import meshkit
 from meshkit.attack import choose_attackers
-from meshkit.train import AttackPlan, LocalPool, StrategyContext, Trainer
+from meshkit.train._coordinator.plan import check
+from meshkit.train import AttackPlan, LocalPool, StrategyContext, Trainer, build_components
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,6 +76,47 @@ RULES: dict[str, dict[str, Any]] = {
     "norm-bound": {"max_norm": 0.3},
 }
 
+
+class Setup:
+    """What a cell trains: the fixed ``digits`` setup, or a config's (``--config``)."""
+
+    def __init__(self, config: str | None = None) -> None:
+        self.config = config
+        if config is None:
+            pset = meshkit.plugins.default()
+            self.label = "digits"
+            self.make_task = lambda: pset.create("task", "digits")
+            self.partitioner = pset.create("partitioner", "dirichlet", {"alpha": ALPHA})
+            self.partitioner_name = "dirichlet"
+            self.strategy_name, self.strategy_options = "federated", {"clients": CLIENTS}
+            self.clients, self.attackers, self.rounds, self.seed = CLIENTS, ATTACKERS, ROUNDS, 0
+            self.description = f"Dirichlet alpha {ALPHA}"
+            return
+        plan = check(config)  # every start-up check of `meshkit run` (ConfigError: exit 2)
+        parts = build_components(plan)
+        cfg = plan.config
+        self.label = f"{cfg.run.task} ({config})"
+        self.make_task = lambda: plan.create("task")
+        self.partitioner, self.partitioner_name = parts["partitioner"], cfg.partitioner_name
+        self.strategy_name = cfg.strategy.name
+        shares = parts["clients"]
+        self.clients = shares.count if shares is not None else cfg.mesh.workers
+        self.strategy_options = {**{k: v for k, v in cfg.strategy.options.items()
+                                    if k not in ("name", "rounds")}, "clients": self.clients}
+        attack = parts["attack"]
+        self.attackers = (len(attack.clients) if attack is not None
+                          else max(1, round(0.2 * self.clients)))
+        self.rounds = int(parts["rounds"] or ROUNDS)
+        self.seed = int(cfg.run.seed)
+        self.description = f"[partitioner] {cfg.partitioner_name}"
+
+    def rule_options(self, rule: str) -> dict[str, Any]:
+        """The matrix's options for ``rule``, ``f`` being this setup's attacker count."""
+        options = dict(RULES[rule])
+        if "f" in options:
+            options["f"] = self.attackers
+        return options
+
 #: The attacks, with the options the matrix uses (docs/robustness.md says why).
 ATTACKS: dict[str, dict[str, Any] | None] = {
     "none": None,
@@ -84,29 +135,34 @@ def attack_name(column: str) -> str:
     return "ipm" if column.startswith("ipm") else column
 
 
-def run_cell(rule: str, column: str, *, seed: int, rounds: int, workers: int = 2) -> dict:
+def run_cell(rule: str, column: str, *, seed: int, rounds: int, workers: int = 2,
+             setup: Setup | None = None) -> dict:
     """One cell: a federated run of ``rounds`` rounds; its final metrics."""
+    setup = setup or Setup()
     pset = meshkit.plugins.default()
-    task = pset.create("task", "digits")
-    partitioner = pset.create("partitioner", "dirichlet", {"alpha": ALPHA})
-    trainers = {r: Trainer(pset.create("task", "digits"), partitioner=partitioner,
-                           partitioner_name="dirichlet", seed=seed)
+    task = setup.make_task()
+    trainers = {r: Trainer(setup.make_task(), partitioner=setup.partitioner,
+                           partitioner_name=setup.partitioner_name, seed=seed)
                 for r in range(1, workers + 1)}
     pool = LocalPool(trainers)
-    strategy = pset.create("strategy", "federated", {"rounds": rounds, "clients": CLIENTS})
+    strategy = pset.create("strategy", setup.strategy_name,
+                           {**setup.strategy_options, "rounds": rounds})
     options = ATTACKS[column]
     attack = None
     if options is not None:
         name = attack_name(column)
         attack = AttackPlan(name=name, options=options, attack=pset.create("attack", name, options),
-                            clients=choose_attackers(CLIENTS, fraction=ATTACKERS / CLIENTS,
+                            clients=choose_attackers(setup.clients,
+                                                     fraction=setup.attackers / setup.clients,
                                                      seed=seed),
                             seed=seed)
     history: list[dict] = []
-    ctx = StrategyContext(task=task, aggregator=pset.create("aggregator", rule, RULES[rule]),
+    ctx = StrategyContext(task=task, aggregator=pset.create("aggregator", rule,
+                                                            setup.rule_options(rule)),
                           pool=pool, workers=sorted(trainers), rng=np.random.default_rng(seed),
                           seed=seed, outer=pset.create("outer_optimizer", "average"),
-                          strategy_name="federated", partitioner=partitioner, attack=attack,
+                          strategy_name=setup.strategy_name, partitioner=setup.partitioner,
+                          attack=attack,
                           on_round=lambda report, state: history.append(report.to_json()))
     started = time.perf_counter()
     try:
@@ -116,13 +172,13 @@ def run_cell(rule: str, column: str, *, seed: int, rounds: int, workers: int = 2
     except meshkit.MeshError as exc:  # a run that broke (non-finite model): a result too
         accuracy, error = float("nan"), str(exc).splitlines()[0][:200]
     return {"rule": rule, "attack": column, "seed": seed, "rounds": rounds,
-            "accuracy": accuracy, "error": error,
+            "task": setup.label, "accuracy": accuracy, "error": error,
             "attacked": history[-1]["attacked"] if history else [],
             "seconds": round(time.perf_counter() - started, 2)}
 
 
 def heatmap(matrix: dict[tuple[str, str], float], rules: list[str], columns: list[str],
-            path: Path) -> None:
+            path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,8 +198,7 @@ def heatmap(matrix: dict[tuple[str, str], float], rules: list[str], columns: lis
             v = values[i, j]
             ax.text(j, i, "err" if np.isnan(v) else f"{v:.2f}", ha="center", va="center",
                     fontsize=8)
-    ax.set_title(f"digits, {CLIENTS} clients (Dirichlet {ALPHA}), {ATTACKERS} attackers: "
-                 f"final accuracy", fontsize=10)
+    ax.set_title(title, fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.03)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -154,18 +209,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES))
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds per run (default {ROUNDS}, or the config's)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run seeds (default 0, or the config's [run] seed)")
+    parser.add_argument("--config", default=None,
+                        help="a meshkit config: its task, partitioner, clients, rounds and "
+                             "seed instead of the fixed digits setup")
     parser.add_argument("--json", action="store_true", help="one JSON line per cell")
     parser.add_argument("--plot", type=Path, default=None,
                         help="write the heat map here (e.g. docs/robustness.png)")
     args = parser.parse_args(argv)
+    if args.plot is not None:
+        try:  # before the runs, not after an hour of them
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib, which is not installed: pip install "
+                         "'meshkit[plot]' (or matplotlib), or leave out --plot")
+    try:
+        setup = Setup(args.config)
+    except meshkit.MeshError as exc:
+        parser.error(str(exc))
+    rounds = args.rounds if args.rounds is not None else setup.rounds
+    seeds = args.seeds if args.seeds is not None else [setup.seed]
     cells: dict[tuple[str, str], list[float]] = {}
     started = time.perf_counter()
     for rule in args.rules:
         for column in args.attacks:
-            for seed in args.seeds:
-                cell = run_cell(rule, column, seed=seed, rounds=args.rounds)
+            for seed in seeds:
+                cell = run_cell(rule, column, seed=seed, rounds=rounds, setup=setup)
                 cells.setdefault((rule, column), []).append(cell["accuracy"])
                 if args.json:
                     print(json.dumps(cell), flush=True)
@@ -176,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     matrix = {k: statistics.fmean(v) for k, v in cells.items()}
     spread = {k: (min(v), max(v)) for k, v in cells.items()}
     if not args.json:
-        print(f"digits, {CLIENTS} clients, Dirichlet alpha {ALPHA}, {ATTACKERS} attackers, "
-              f"{args.rounds} rounds, seeds {args.seeds}: final accuracy "
+        print(f"{setup.label}, {setup.clients} clients, {setup.description}, "
+              f"{setup.attackers} attackers, {rounds} rounds, seeds {seeds}: final accuracy "
               f"(mean over seeds; min-max when more than one)")
         print("| rule | " + " | ".join(args.attacks) + " |")
         print("|---" * (len(args.attacks) + 1) + "|")
@@ -187,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 v = matrix[rule, column]
                 lo, hi = spread[rule, column]
                 text = "err" if np.isnan(v) else f"{v:.3f}"
-                if len(args.seeds) > 1 and not np.isnan(v):
+                if len(seeds) > 1 and not np.isnan(v):
                     text += f" ({lo:.2f}-{hi:.2f})"
                 row.append(text)
             print(f"| `{rule}` | " + " | ".join(row) + " |")
@@ -197,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                 base = matrix[rule, "none"]
                 print(f"  {rule:>18}: " + "  ".join(
                     f"{c} {matrix[rule, c] / base:.2f}" for c in args.attacks if c != "none"))
-        print(f"\n{len(cells) * len(args.seeds)} runs in {time.perf_counter() - started:.0f} s")
+        print(f"\n{len(cells) * len(seeds)} runs in {time.perf_counter() - started:.0f} s")
     if args.plot is not None:
-        heatmap(matrix, args.rules, args.attacks, args.plot)
+        heatmap(matrix, args.rules, args.attacks, args.plot,
+                f"{setup.label}, {setup.clients} clients ({setup.description}), "
+                f"{setup.attackers} attackers: final accuracy")
     return 0
 
 

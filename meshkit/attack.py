@@ -37,7 +37,7 @@ import numpy as np
 from meshkit.errors import AggregationError, ConfigError
 from meshkit.state import State, is_array, is_float_dtype
 
-__all__ = ["Attack", "AttackRound", "choose_attackers", "to_update", "from_update",
+__all__ = ["Attack", "AttackRound", "Attackers", "choose_attackers", "to_update", "from_update",
            "tamper_contribution", "attack_rng", "is_omniscient", "poisons_data"]
 
 
@@ -82,22 +82,145 @@ def attack_rng(seed: int, client_seed: int) -> np.random.Generator:
                                   0xA77AC])
 
 
+#: Up to this many clients, ``fraction`` draws its attackers from one seeded
+#: permutation of every client (the choice docs/robustness.md's figures were made
+#: with); beyond it, from a seeded bijection evaluated per client (O(1) each).
+PERMUTED_UP_TO = 10_000
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser: a 64-bit integer hash (the Feistel rounds' function)."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+@attrs.frozen
+class _Bijection:
+    """A seeded permutation of ``range(size)``, one element at a time: a 4-round Feistel
+    network on the smallest even bit width covering ``size``, cycle-walking back into
+    range (fewer than 4 steps on average). O(1) memory and work per element."""
+
+    size: int
+    seed: int
+    half: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        bits = max(2, (self.size - 1).bit_length())
+        object.__setattr__(self, "half", (bits + 1) // 2)
+
+    def _round(self, r: int, value: int) -> int:
+        return _mix(_mix(self.seed ^ (r << 56)) ^ value) & ((1 << self.half) - 1)
+
+    def _once(self, x: int, rounds: range) -> int:
+        mask = (1 << self.half) - 1
+        left, right = x >> self.half, x & mask
+        for r in rounds:
+            left, right = right, left ^ self._round(r, right)
+        return (left << self.half) | right
+
+    def _undo(self, y: int) -> int:
+        mask = (1 << self.half) - 1
+        left, right = y >> self.half, y & mask
+        for r in reversed(range(4)):
+            left, right = right ^ self._round(r, left), left
+        return (left << self.half) | right
+
+    def forward(self, x: int) -> int:
+        x = self._once(x, range(4))
+        while x >= self.size:  # cycle-walk: the bijection of the wider domain, restricted
+            x = self._once(x, range(4))
+        return x
+
+    def inverse(self, y: int) -> int:
+        y = self._undo(y)
+        while y >= self.size:
+            y = self._undo(y)
+        return y
+
+
+@attrs.frozen
+class Attackers:
+    """The attacking clients of a run, as a sorted, immutable collection.
+
+    Either listed (``clients = [...]``, or ``fraction`` of at most
+    :data:`PERMUTED_UP_TO` clients), or -- ``fraction`` of a population --
+    the ``count`` clients a seeded bijection of the ``population`` maps below
+    ``count``: ``client in attackers`` is O(1) and nothing is O(N).
+    """
+
+    listed: tuple[int, ...] = ()
+    population: int = 0
+    count: int = 0
+    bijection: _Bijection | None = None
+    _members: frozenset[int] = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_members", frozenset(self.listed))
+
+    def __contains__(self, client: object) -> bool:
+        if self.bijection is None:
+            return client in self._members
+        if isinstance(client, bool) or not isinstance(client, (int, np.integer)):
+            return False
+        return 0 <= int(client) < self.population and \
+            self.bijection.forward(int(client)) < self.count
+
+    def __len__(self) -> int:
+        return len(self.listed) if self.bijection is None else self.count
+
+    def __iter__(self) -> Any:
+        if self.bijection is None:
+            return iter(self.listed)
+        return iter(sorted(self.bijection.inverse(j) for j in range(self.count)))
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Attackers):
+            return tuple(self) == tuple(other)
+        if isinstance(other, (tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.population, self.count, self.listed, self.bijection))
+
+    def describe(self, shown: int = 10) -> str:
+        """``[3, 8]``, or the first ``shown`` ids and how many more."""
+        if len(self) <= shown:
+            return str(list(self))
+        first = sorted(self.bijection.inverse(j) for j in range(shown)) if self.bijection \
+            else list(self.listed[:shown])
+        return f"{len(self):,} of {self.population:,} (e.g. {first})"
+
+
 def choose_attackers(clients: int, *, explicit: Sequence[int] = (), fraction: float = 0.0,
-                     seed: int = 0, where: str = "[attack]") -> tuple[int, ...]:
+                     seed: int = 0, where: str = "[attack]") -> Attackers:
     """The attacking clients, fixed for the run: ``explicit`` ids, or ``round(fraction *
-    clients)`` of them chosen by a permutation seeded with the run seed."""
+    clients)`` of them chosen with the run seed -- by one permutation of every client up to
+    :data:`PERMUTED_UP_TO` clients, by a seeded bijection (O(1) per client) beyond."""
     if explicit:
         wrong = [c for c in explicit if not 0 <= int(c) < clients]
         if wrong:
             raise ConfigError(f"{where} clients: {wrong} are not clients of this run (there "
                               f"are {clients}: 0..{clients - 1})")
-        return tuple(sorted({int(c) for c in explicit}))
+        return Attackers(listed=tuple(sorted({int(c) for c in explicit})), population=clients,
+                         count=len({int(c) for c in explicit}))
     count = int(round(fraction * clients))
     if fraction > 0 and count == 0:
         raise ConfigError(f"{where} fraction = {fraction:g} of {clients} clients rounds to no "
                           f"attacker; raise fraction or list the clients")
-    order = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xA77AC]).permutation(clients)
-    return tuple(sorted(int(c) for c in order[:count]))
+    if clients <= PERMUTED_UP_TO:
+        order = np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xA77AC]).permutation(clients)
+        return Attackers(listed=tuple(sorted(int(c) for c in order[:count])),
+                         population=clients, count=count)
+    return Attackers(population=clients, count=count,
+                     bijection=_Bijection(clients, _mix((int(seed) & _MASK64) ^ 0xA77AC)))
 
 
 def _float_keys(state: State) -> list[str]:

@@ -69,7 +69,8 @@ class LoadedPlugin:
 
 @attrs.define
 class ObserverFailure:
-    """An observer whose event hook raised: kept once per plugin and hook, and counted."""
+    """An observer whose event hook raised: kept once per plugin and hook, and counted;
+    only a plugin's first failure is logged as a warning (:func:`notify`)."""
 
     plugin: str
     hook: str
@@ -170,21 +171,23 @@ class PluginSet:
                          exc: Exception) -> ObserverFailure:
         error = f"{type(exc).__name__}: {exc}"
         with self._lock:
-            for failure in self.observer_failures:
-                if failure.plugin == plugin_name and failure.hook == hook_name:
+            # The first failure of a plugin is the cause; what it breaks later (a
+            # round hook finding no run its start hook should have made) is a
+            # consequence, counted, not reported again over the cause.
+            earlier = [f for f in self.observer_failures if f.plugin == plugin_name]
+            for failure in earlier:
+                if failure.hook == hook_name:
                     failure.count += 1
-                    first = False
                     break
             else:
                 provenance = self.provenance(plugin_name)
                 failure = ObserverFailure(plugin_name, hook_name, provenance.distribution,
                                           provenance.version, error)
                 self.observer_failures.append(failure)
-                first = True
-        if first:
-            # The traceback once: it is what the plugin's author needs. Later
-            # failures of the same hook are counted, not repeated every round.
-            log.warning("%s", failure.describe(), exc_info=exc)
+        if not earlier:
+            # The traceback once: it is what the plugin's author needs.
+            log.warning("%s; its later failures are counted, not reported",
+                        failure.describe(), exc_info=exc)
         else:
             log.debug("%s (again: %s)", failure.describe(), error)
         return failure
@@ -194,7 +197,8 @@ def notify(pset: PluginSet, hook_name: str, /, **kwargs: Any) -> list[ObserverFa
     """Call the event hook ``hook_name`` on every observer, one at a time; never raises.
 
     An observer is a guest: one whose implementation raises is logged with its
-    plugin's name (and the traceback, the first time), recorded in
+    plugin's name and the traceback, once per plugin -- its first failure, the
+    cause; later ones, of any of its hooks, at debug level -- recorded in
     ``pset.observer_failures``, and the next observer is still called, so a
     broken logger or dashboard never stops a run. ``KeyboardInterrupt`` (any
     ``BaseException`` that is not an ``Exception``) still propagates. Returns

@@ -18,6 +18,7 @@ import attrs
 import click
 
 from meshkit.aggregation import holds_every_contribution
+from meshkit.attack import Attackers
 from meshkit.checkpoint import CHECKPOINT_NAME
 from meshkit.train._coordinator.plan import check
 from meshkit.errors import MeshError
@@ -55,13 +56,16 @@ def _client_lines(plan: Any, parts: dict[str, Any]) -> list[str]:
 
 
 def _aggregation_memory(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
-    """What the aggregator holds on the coordinator per round: every contribution, or O(model)."""
+    """What the aggregator holds on the coordinator per round: every contribution of the
+    round's cohort (``StrategyTraits.cohort``, not all the run's clients), or O(model)."""
     shares = parts["clients"]
     clients = shares.count if shares is not None else plan.config.mesh.workers
+    cohort = strategy_traits(parts["strategy"]).cohort
+    held = int(cohort(clients)) if cohort is not None else clients
     holds = holds_every_contribution(parts["aggregator"])
     model = parts["model"].nbytes
-    return {"holds_every_contribution": holds, "contributions": clients if holds else 1,
-            "bytes": model * clients if holds else model}
+    return {"holds_every_contribution": holds, "contributions": held if holds else 1,
+            "clients": clients, "bytes": model * held if holds else model}
 
 
 def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
@@ -72,10 +76,24 @@ def _memory_line(plan: Any, parts: dict[str, Any]) -> str:
                 f"unmasks one sum a round, each client counting once, {name} never sees a "
                 f"contribution (O(model): one running masked sum)")
     if memory["holds_every_contribution"]:
+        held, clients = memory["contributions"], memory["clients"]
+        cohort = (f"a round's cohort of {held:,} of the {clients:,} clients"
+                  if held != clients else f"all {clients:,} clients")
         return (f"aggregation: {name} holds every contribution of a round at once "
-                f"(O(clients x model): up to {memory['contributions']} x the model, "
+                f"(O(cohort x model): {cohort}, up to {held:,} x the model, "
                 f"{memory['bytes']:,} bytes, plus its float64 working copy)")
     return f"aggregation: {name} streams (O(model): one contribution folded at a time)"
+def _attackers_text(clients: Any) -> str:
+    return clients.describe() if isinstance(clients, Attackers) else str(list(clients))
+
+
+def _attackers_json(clients: Any) -> dict[str, Any]:
+    """The attackers as JSON: every id, or for a population's many just how many."""
+    if isinstance(clients, Attackers) and clients.bijection is not None:
+        return {"count": len(clients), "population": clients.population}
+    return {"clients": list(clients)}
+
+
 def _failures(parts: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a member's failure costs in this run (``[strategy] accept_failures``), or None
     for a strategy that does not declare it (``StrategyTraits.accept_failures``)."""
@@ -159,7 +177,7 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
         "aggregation": _aggregation_memory(plan, parts),
         "failures": _failures(parts),
         "attack": (None if parts.get("attack") is None else
-                   {"name": parts["attack"].name, "clients": list(parts["attack"].clients)}),
+                   {"name": parts["attack"].name, **_attackers_json(parts["attack"].clients)}),
         "clients": (None if parts["clients"] is None
                     else [share.to_json() for share in parts["clients"].shares]),
         "client_count": None if parts["clients"] is None else parts["clients"].count,
@@ -220,7 +238,7 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(_failures_line(failures))
         attack = parts.get("attack")
         if attack is not None:
-            click.echo(f"attackers: clients {list(attack.clients)} run {attack.name} (the "
+            click.echo(f"attackers: clients {_attackers_text(attack.clients)} run {attack.name} (the "
                        f"coordinator holds each round's contributions to poison them; every "
                        f"attacked contribution is listed in metrics.jsonl's attacked)")
         for line in _client_lines(plan, parts):

@@ -70,8 +70,8 @@ from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
 from meshkit.train._traits import StrategyTraits, strategy_traits
 from meshkit.train._coordinator.preflight import build_components
 from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
-from meshkit.train._sharding import (client_seed, poisson_clients, sample_clients, shard_bounds,
-                                     shard_pair)
+from meshkit.train._sharding import (client_seed, cohort_size, poisson_clients, sample_clients,
+                                     shard_bounds, shard_pair)
 from meshkit.train._strategy import (
     RoundReport,
     RunStopped,
@@ -118,6 +118,7 @@ __all__ = [
     "shard_pair",
     "client_seed",
     "sample_clients",
+    "cohort_size",
     "poisson_clients",
     # model-parallel partitions
     "Partition",

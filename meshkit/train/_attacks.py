@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from meshkit.attack import (AttackRound, attack_rng, is_omniscient, poisons_data,
+from meshkit.attack import (AttackRound, Attackers, attack_rng, is_omniscient, poisons_data,
                             tamper_contribution, to_update)
 from meshkit.errors import AggregationError
 
@@ -37,7 +37,8 @@ class AttackPlan:
     name: str
     options: Mapping[str, Any]
     attack: Any
-    clients: tuple[int, ...]
+    #: The attacking clients (``key in clients`` is O(1), even for a population).
+    clients: Attackers | tuple[int, ...]
     seed: int = 0
 
     @property

@@ -59,15 +59,21 @@ def client_seed(seed: int, round_: int, client: int) -> int:
     return int(np.random.SeedSequence([seed, round_, client]).generate_state(1)[0])
 
 
+def cohort_size(clients: int, fraction: float, minimum: int = 1) -> int:
+    """How many clients :func:`sample_clients` draws: ``ceil(fraction * clients)``, at least
+    ``minimum`` (and one), at most ``clients``."""
+    # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
+    # point, and its ceiling would sample an eighth client.
+    return min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
+
+
 def sample_clients(rng: Any, clients: int, fraction: float, minimum: int) -> list[int]:
     """``ceil(fraction * clients)`` distinct clients (at least ``minimum``), sorted.
 
     O(k) memory for k much smaller than ``clients``: numpy's choice without
     replacement then uses Floyd's algorithm, never a permutation of every client.
     """
-    # Rounded first: 0.07 * 100 is 7.000000000000001 in binary floating
-    # point, and its ceiling would sample an eighth client.
-    k = min(clients, max(1, minimum, math.ceil(round(fraction * clients, 9))))
+    k = cohort_size(clients, fraction, minimum)
     if k >= clients:
         return list(range(clients))
     return sorted(int(c) for c in rng.choice(clients, size=k, replace=False))

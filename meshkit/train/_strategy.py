@@ -111,6 +111,10 @@ class RoundReport:
     #: contribution that does not fit or is not finite) -> the reason; they are
     #: not dead (``[strategy] accept_failures``, :mod:`meshkit.train._failures`).
     failed: Mapping[int, str] = attrs.Factory(dict)
+    #: The workers alive when the round ended (the membership's live ranks). An
+    #: asynchronous step's ``answered`` are only the ranks its buffer's updates
+    #: came from, so its progress line counts these instead.
+    live: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One line of ``metrics.jsonl``: the report's fields, then the metrics.
@@ -147,6 +151,7 @@ class RoundReport:
             line["client_staleness"] = {str(c): int(t)
                                         for c, t in self.client_staleness.items()}
             line["client_weights"] = {str(c): float(w) for c, w in self.client_weights.items()}
+            line["live"] = list(self.live)
         if self.simulated_time is not None:
             line["simulated_time"] = float(self.simulated_time)
         for name, value in self.metrics.items():

@@ -82,6 +82,10 @@ class StrategyTraits:
     * ``count_clients(workers, partitioner[, task])``: how many clients a run
       has (``task`` only for a population; None: one per worker);
     * ``sampling_rate(clients)``: a private round's Poisson rate q;
+    * ``cohort(clients)``: the clients one round (or server step) folds, out
+      of the run's ``clients`` -- what an aggregator that holds every
+      contribution holds at once (``meshkit check``'s aggregation line; the
+      expected count under Poisson sampling). None: every client, every round;
     * ``check(task=, outer_name=, workers=, ...)``: the strategy's own start-up
       refusals (a ``ConfigError`` or ``RefusedError``); it may also take
       ``partitioner``, ``privacy``, ``speeds``, ``aggregator`` (the built
@@ -113,6 +117,8 @@ class StrategyTraits:
     count_clients: Callable[..., int] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)
     sampling_rate: Callable[[int], float] | None = attrs.field(
+        default=None, validator=_optional_callable, eq=False, repr=False)
+    cohort: Callable[[int], int] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)
     check: Callable[..., None] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)

@@ -10,8 +10,8 @@ the ``beta = theta - 2f`` selected values closest to the selected values'
 median are averaged (ties in either step broken by content, as ``krum``
 says, so arrival order never matters). Refuses ``n < 4f + 3`` (the paper's
 assumption, and Flower's refusal). Each contributor counts once (as
-Flower). ``f`` defaults to 0 (Flower's ``num_malicious_clients``), where
-Bulyan is the plain mean.
+Flower). ``f = 0`` (Flower's default ``num_malicious_clients``) makes
+Bulyan the plain mean, so ``[aggregator]`` refuses it (BulyanOptions).
 
 Cost: every selection step reuses the round's one Gram matrix
 (:class:`meshkit_aggregators._distances.Distances`); only the scores are

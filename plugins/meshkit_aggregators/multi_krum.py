@@ -8,7 +8,8 @@ scores by content; needs ``n >= 2f + 3``). The ``m`` best are averaged
 weighted by realized work, as Flower's MultiKrum averages them
 (``aggregate``, weighted by examples). ``m = 0`` (the default) means
 ``n - f``, the paper's choice; an ``m`` larger than the round's
-contributors is an AggregationError.
+contributors is an AggregationError. ``f = 0`` with ``m = 0`` keeps every
+contribution -- fedavg -- so ``[aggregator]`` refuses it (MultiKrumOptions).
 """
 
 from __future__ import annotations

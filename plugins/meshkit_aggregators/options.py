@@ -16,6 +16,26 @@ _count = count_at_least(0)
 _at_least_one = count_at_least(1)
 
 
+def _multi_krum_f(instance: Any, attribute: Any, value: Any) -> None:
+    _count(instance, attribute, value)
+    # f = 0 with m = 0 keeps all n contributions: the weighted mean, fedavg under
+    # another name -- the defence a config asked for would silently not be there.
+    if value == 0 and instance.m == 0:
+        raise ValueError("f must be at least 1 when m = 0: f = 0 and m = 0 average every "
+                         "contribution, which is plain fedavg. Set f to the attackers a round "
+                         "may hold (needs n >= 2f + 3; with [attack], its attacker count), or "
+                         "m to the contributions to average")
+
+
+def _bulyan_f(instance: Any, attribute: Any, value: Any) -> None:
+    _count(instance, attribute, value)
+    if value == 0:
+        raise ValueError("f must be at least 1: with f = 0 bulyan keeps every contribution "
+                         "and averages them all, the plain mean. Set f to the attackers a "
+                         "round may hold (needs n >= 4f + 3; with [attack], its attacker "
+                         "count)")
+
+
 def _beta(instance: Any, attribute: Any, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 0.5:
         raise ValueError(f"beta (the fraction cut from each end) must be in [0, 0.5), got "
@@ -38,17 +58,23 @@ class KrumOptions:
 
 @attrs.frozen
 class MultiKrumOptions:
-    """``multi-krum``: ``f`` as Krum; ``m`` contributions averaged (0: n - f)."""
+    """``multi-krum``: ``f`` as Krum; ``m`` contributions averaged (0: n - f).
 
-    f: int = attrs.field(default=0, validator=_count)
+    ``f = 0`` with ``m = 0`` is refused: it keeps every contribution (fedavg).
+    """
+
+    f: int = attrs.field(default=0, validator=_multi_krum_f)
     m: int = attrs.field(default=0, validator=_count)
 
 
 @attrs.frozen
 class BulyanOptions:
-    """``bulyan``: ``f``, the Byzantine contributors tolerated (needs n >= 4f + 3)."""
+    """``bulyan``: ``f``, the Byzantine contributors tolerated (needs n >= 4f + 3).
 
-    f: int = attrs.field(default=0, validator=_count)
+    ``f = 0`` is refused: Bulyan then keeps and averages every contribution.
+    """
+
+    f: int = attrs.field(default=0, validator=_bulyan_f)
 
 
 @attrs.frozen

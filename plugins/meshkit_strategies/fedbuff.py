@@ -259,6 +259,7 @@ class FedBuff:
         return StrategyTraits(
             partitioned=True, clocked=True, compressed=True, rounds=opts.rounds, clients=opts.clients,
             evaluate=opts.evaluate, device=opts.device, count_clients=self.clients,
+            cohort=lambda clients: min(clients, opts.buffer_size),
             accept_failures=opts.accept_failures,
             check=self.check,
             why_not={"private": NOT_PRIVATE, "secure": NOT_SECURE,

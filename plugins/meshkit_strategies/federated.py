@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Mapping
 
 import attrs
@@ -14,7 +15,7 @@ from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
 from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
-from meshkit.train import poisson_clients, sample_clients, weighted_mean
+from meshkit.train import cohort_size, poisson_clients, sample_clients, weighted_mean
 
 from meshkit_strategies._shared import require_rows, require_served
 from meshkit_strategies.options import FederatedOptions
@@ -51,7 +52,15 @@ class Federated:
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
-            check=self.check, accept_failures=self.options.accept_failures)
+            cohort=self.cohort, check=self.check, accept_failures=self.options.accept_failures)
+
+    def cohort(self, clients: int) -> int:
+        """The clients a round folds: ``ceil(fraction * clients)`` (at least ``min_clients``);
+        under Poisson sampling the expected count, rounded up."""
+        opts = self.options
+        if opts.sampling == "poisson":
+            return min(clients, max(1, math.ceil(round(opts.fraction * clients, 9))))
+        return cohort_size(clients, opts.fraction, opts.min_clients)
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""

@@ -38,6 +38,7 @@ from meshkit.config import Selection, load_config
 from meshkit.node import NodeConfig, caps_for, serve_node
 from meshkit.pipeline import serve_pipeline_job
 from meshkit.train import serve_train_job
+
 from meshkit_torchdist.progress import print_progress
 
 __all__ = ["main", "torchrun_config", "spmd_mode"]
@@ -65,6 +66,15 @@ def torchrun_config(path: str, world: int) -> Any:
             f"transport = \"torchdist\" (torchrun's processes meet through torch.distributed)")
     if spmd_mode(config):
         return config  # every rank runs the config itself (meshkit_torchdist.spmd)
+    if world < 2:
+        # "workers = 0" would be the arithmetic, and [mesh] refuses it: a coordinator
+        # with no worker has no one to train.
+        raise meshkit.ConfigError(
+            f"{path}: torchrun started WORLD_SIZE = {world} process: rank 0 is the "
+            f"coordinator, and a run needs at least one worker. Start "
+            f"{config.mesh.workers + 1} processes (torchrun --nproc-per-node "
+            f"{config.mesh.workers + 1}) for [mesh] workers = {config.mesh.workers}, or set "
+            f"[transport] mode = \"spmd\", where every rank trains")
     if config.mesh.workers != world - 1:
         raise meshkit.ConfigError(
             f"{path}: [mesh] workers = {config.mesh.workers}, but torchrun started "

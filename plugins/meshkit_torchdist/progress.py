@@ -1,7 +1,8 @@
-"""How a torchrun rank prints a run's progress: the very lines ``meshkit run`` prints.
+"""How a torchrun-started run prints its progress: the lines of ``meshkit run``.
 
-Its own module so the coordinator mode (:mod:`meshkit_torchdist.launch`) and the spmd
-mode (:mod:`meshkit_torchdist.spmd`) share it without importing each other.
+Both launch modes print through it -- the coordinator mode
+(:mod:`meshkit_torchdist.launch`) and spmd's rank 0
+(:mod:`meshkit_torchdist.spmd`) -- so neither imports the other for it.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_multi_krum_equals_flowers_multikrum_weighted_by_examples(dtype, f, m):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("f", [0, 1, 2])
+@pytest.mark.parametrize("f", [1, 2])  # meshkit refuses f = 0: Bulyan is then the plain mean
 def test_bulyan_equals_flowers_bulyan(dtype, f):
     for seed in range(3):
         n = 4 * f + 3 + seed

@@ -90,8 +90,9 @@ def test_norm_bound_clips_each_update_then_takes_fedavgs_mean():
 def test_only_norm_bound_streams():
     streaming = {n for n in ("median", "trimmed-mean", "krum", "multi-krum", "bulyan",
                              "geometric-median", "centered-clipping", "norm-bound")
-                 if not holds_every_contribution(agg(n, **({"max_norm": 1.0}
-                                                           if n == "norm-bound" else {})))}
+                 if not holds_every_contribution(agg(n, **{"norm-bound": {"max_norm": 1.0},
+                                                           "multi-krum": {"f": 1},
+                                                           "bulyan": {"f": 1}}.get(n, {})))}
     assert streaming == {"norm-bound"}
 
 
@@ -137,3 +138,17 @@ def test_bad_options_are_config_errors(name, options, message):
 def test_norm_bound_needs_its_max_norm():
     with pytest.raises(ConfigError, match="max_norm"):
         agg("norm-bound")
+
+
+@pytest.mark.parametrize("name, options", [("multi-krum", {}), ("multi-krum", {"f": 0, "m": 0}),
+                                           ("bulyan", {}), ("bulyan", {"f": 0})])
+def test_a_rule_whose_options_make_it_the_plain_mean_is_refused(name, options):
+    # multi-krum with f = 0, m = 0 and bulyan with f = 0 keep and average every
+    # contribution: fedavg under a robust rule's name (issue 35, item 3).
+    with pytest.raises(meshkit.ConfigError, match=r"f must be at least 1"):
+        meshkit.plugins.create("aggregator", name, options)
+
+
+def test_multi_krum_with_f_0_and_an_explicit_m_still_selects():
+    # n - 2 = 3 neighbours: 1 and 2 score 6, 0 and 3 score 14; the two best averaged.
+    np.testing.assert_allclose(result(agg("multi-krum", m=2), rows(0, 1, 2, 3, 100)), [1.5])

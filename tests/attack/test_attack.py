@@ -110,3 +110,31 @@ def test_every_built_in_attack_is_listed_with_a_summary():
     assert set(names) == {"sign-flip", "scale", "gaussian", "label-flip", "ipm", "alie",
                           "same-value"}
     assert all(c.summary for c in names.values())
+
+
+def test_fraction_of_a_small_run_keeps_the_permutation_its_figures_were_made_with():
+    # docs/robustness.md's matrix: 4 of 20 clients from one seeded permutation.
+    order = np.random.default_rng([0, 0xA77AC]).permutation(20)
+    assert tuple(choose_attackers(20, fraction=0.2, seed=0)) == tuple(sorted(order[:4]))
+
+
+def test_fraction_of_a_population_is_exact_and_costs_nothing_per_client(monkeypatch):
+    # 100,000 clients: no permutation of every client, no list of 20,000 ids (issue 35, 13).
+    def no_generator(*args, **kwargs):
+        raise AssertionError("choose_attackers drew from a generator over every client")
+
+    monkeypatch.setattr(np.random, "default_rng", no_generator)
+    chosen = choose_attackers(100_000, fraction=0.2, seed=7)
+    monkeypatch.undo()
+    assert len(chosen) == 20_000 and chosen.bijection is not None
+    # Membership is exact: precisely `count` clients are in, each id once.
+    members = list(chosen)
+    assert len(members) == len(set(members)) == 20_000
+    assert all(c in chosen for c in members[:500])
+    outside = sorted(set(range(2_000)) - set(members))
+    assert outside and not any(c in chosen for c in outside)
+    assert -1 not in chosen and 100_000 not in chosen
+    # Seeded: the same run seed, the same attackers; another seed, others.
+    assert choose_attackers(100_000, fraction=0.2, seed=7) == chosen
+    assert choose_attackers(100_000, fraction=0.2, seed=8) != chosen
+    assert chosen.describe().startswith("20,000 of 100,000 (e.g. [")

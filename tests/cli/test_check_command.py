@@ -128,10 +128,44 @@ def test_check_says_a_robust_rule_holds_every_contribution_and_names_the_attacke
                                                    options="f = 2"))
     result = run_cli("check", config)
     assert result.returncode == 0, result.stderr
-    assert ("aggregation: krum holds every contribution of a round at once (O(clients x "
-            "model): up to 10 x the model, 192,800 bytes") in result.stdout
+    assert ("aggregation: krum holds every contribution of a round at once (O(cohort x "
+            "model): all 10 clients, up to 10 x the model, 192,800 bytes") in result.stdout
     assert "attack: scale from plugin 'attacks'" in result.stdout
     assert "attackers: clients [3, 8] run scale" in result.stdout
+
+
+@pytest.mark.parametrize("aggregator, options, fragment", [
+    ("multi-krum", "", "f must be at least 1 when m = 0: f = 0 and m = 0 average every "
+                       "contribution, which is plain fedavg"),
+    ("multi-krum", "f = 0", "f must be at least 1 when m = 0"),
+    ("bulyan", "", "f must be at least 1: with f = 0 bulyan keeps every contribution"),
+])
+def test_check_refuses_a_robust_rule_whose_defaults_are_the_plain_mean(tmp_path, aggregator,
+                                                                       options, fragment):
+    # With [attack] configured, multi-krum's f = 0, m = 0 was fedavg without a word (issue 35).
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator=aggregator,
+                                                   options=options))
+    _assert_clean_error(run_cli("check", config), config, "[aggregator] f: invalid value: "
+                        + fragment, "Set f to the attackers a round may hold")
+
+
+def test_check_accepts_multi_krum_keeping_m_with_f_0(tmp_path):
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator="multi-krum",
+                                                   options="m = 3"))
+    result = run_cli("check", config)
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_counts_a_rounds_cohort_not_every_client(tmp_path):
+    # A round of 3 sampled clients holds 3 contributions, not the run's 10 (issue 35, item 13).
+    config = _write(tmp_path, ROBUST_CONFIG.format(out=tmp_path / "out", aggregator="median",
+                                                   options="").replace(
+        "clients = 10", "clients = 10\nfraction = 0.3"))
+    result = run_cli("check", config)
+    assert result.returncode == 0, result.stderr
+    assert ("aggregation: median holds every contribution of a round at once (O(cohort x "
+            "model): a round's cohort of 3 of the 10 clients, up to 3 x the model, 57,840 "
+            "bytes") in result.stdout
 
 
 def test_check_says_norm_bound_streams(tmp_path):
@@ -143,6 +177,7 @@ def test_check_says_norm_bound_streams(tmp_path):
     import json
     plan = json.loads(result.stdout)
     assert plan["aggregation"] == {"holds_every_contribution": False, "contributions": 1,
+                                   "clients": 10,
                                    "bytes": 19280}
     assert plan["attack"] == {"name": "scale", "clients": [3, 8]}
 
@@ -183,3 +218,55 @@ def test_check_states_what_a_member_failure_costs(tmp_path):
     wrong = run_cli("check", _write(tmp_path, FAILURES_CONFIG.format(
         line='accept_failures = "yes"')), cwd=str(tmp_path))
     _assert_clean_error(wrong, "[strategy]", "accept_failures")
+
+
+PRIVATE_SECURE = """
+[run]
+task = "digits"
+out = "{out}"
+
+[mesh]
+workers = 3
+
+[strategy]
+name = "federated"
+rounds = 2
+clients = 6
+
+[aggregator]
+name = "{aggregator}"
+{options}
+
+[privacy]
+{privacy}
+
+[secure_aggregation]
+name = "secagg+"
+"""
+
+
+def test_dp_with_secure_aggregation_suggests_what_both_accept(tmp_path):
+    # Issue 35, item 7: the DP refusal's advice must not be refused by the secure round next.
+    config = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="norm-bound", options="max_norm = 1.0",
+        privacy='name = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\nclip = "client"'))
+    result = run_cli("check", config)
+    _assert_clean_error(result, config, "[privacy] name = 'dp-fixed' with [aggregator] name = "
+                        "'norm-bound'", "With [secure_aggregation] name = 'secagg+' as well, use "
+                        "a linear aggregator (fedavg), the one kind both accept")
+    # ... and following it, the run checks.
+    fixed = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="fedavg", options="",
+        privacy='name = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\nclip = "client"'),
+        name="fixed.toml")
+    assert run_cli("check", fixed).returncode == 0
+
+
+def test_dp_with_secure_aggregation_names_every_change_in_one_refusal(tmp_path):
+    config = _write(tmp_path, PRIVATE_SECURE.format(
+        out=tmp_path / "out", aggregator="fedavg", options="",
+        privacy='name = "dp-adaptive"\nnoise_multiplier = 1.0'))
+    _assert_clean_error(run_cli("check", config), config,
+                        "[privacy] clip = 'coordinator': the coordinator never holds",
+                        "; and [privacy] name = 'dp-adaptive': adaptive clipping counts",
+                        'Use [privacy] name = "dp-fixed" with clip = "client"')

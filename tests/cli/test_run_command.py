@@ -283,3 +283,36 @@ def test_a_round_that_makes_the_model_non_finite_exits_2_with_the_last_finite_ch
     assert ckpt.round == 1 and all(np.isfinite(v).all() for v in ckpt.state.values()
                                    if isinstance(v, np.ndarray))
     assert [r["round"] for r in read_metrics(tmp_path / "out")] == [1]
+
+
+#: Stands in for a worker refused at start-up (its log then holds the one sentence
+#: that says what to fix): rank $FAIL_RANK's ``meshkit node`` exits 2 before it
+#: announces itself, as a node refusing a bad option does.
+REFUSING_NODE = '''
+import os, sys
+try:
+    _argv = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+except OSError:
+    _argv = []
+if b"node" in _argv and b"--rank" in _argv:
+    if _argv[_argv.index(b"--rank") + 1] == os.environ.get("FAIL_RANK", "").encode():
+        sys.stderr.write("meshkit: error: [board] in_bitz: unknown key (did you mean "
+                         "'in_bits'?)\\n")
+        sys.exit(2)
+'''
+
+
+def test_a_local_worker_that_exits_at_start_is_quoted_at_once(tmp_path):
+    # Issue 35, item 10: the run waited out join_timeout (~60 s), blamed the capability
+    # handshake and left the real message in logs/worker-2.log. join_timeout is 600 s
+    # here and the run's own timeout 120 s: only a run that stops waiting at the exit passes.
+    (tmp_path / "sitecustomize.py").write_text(REFUSING_NODE)
+    path = config(tmp_path, workers=2)
+    path.write_text(path.read_text().replace("timeout = 10.0", "timeout = 10.0\njoin_timeout = 600.0"))
+    result = run_cli("run", str(path), cwd=str(tmp_path), timeout=120,
+                     env={"PYTHONPATH": str(tmp_path), "FAIL_RANK": "2"})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert re.search(r"local worker rank 2 exited \(status \d+\) before the capability "
+                     r"handshake: \[board\] in_bitz: unknown key \(did you mean 'in_bits'\?\) "
+                     r"\(its log: .*worker-2\.log\)", result.stderr), result.stderr

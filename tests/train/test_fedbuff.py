@@ -48,10 +48,11 @@ class ShardMean(AddOne):
 
 
 def make_ctx(task, ranks=(1, 2), *, aggregator="fedavg", speeds=None, order=None, fail=None,
-             **kw) -> StrategyContext:
+             aggregator_options=None, **kw) -> StrategyContext:
     pool = LocalPool.of(lambda: task, ranks, order=order, fail=fail)
     return StrategyContext(task=task, aggregator=meshkit.plugins.create("aggregator",
-                                                                        aggregator),
+                                                                        aggregator,
+                                                                        aggregator_options),
                            pool=pool, workers=list(ranks), rng=np.random.default_rng(0),
                            outer=meshkit.plugins.create("outer_optimizer", "average"),
                            speeds=speeds, **kw)
@@ -298,8 +299,7 @@ def attacked_digits_run(aggregator, attackers=(), rounds=12, **options):
                         attack=meshkit.plugins.create("attack", "sign-flip", {"factor": 4.0}),
                         clients=tuple(attackers), seed=3) if attackers else None
     ctx = make_ctx(task, ranks=(1, 2), aggregator=aggregator, speeds=Speeds(seed=3, sigma=1.0),
-                   seed=3, attack=attack)
-    ctx.aggregator = meshkit.plugins.create("aggregator", aggregator, options or None)
+                   seed=3, attack=attack, aggregator_options=options or None)
     rows = reports_of(ctx)
     strategy = fedbuff(rounds=rounds, clients=20, buffer_size=10, concurrency=12)
     return strategy.run(ctx), rows

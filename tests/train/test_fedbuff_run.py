@@ -55,6 +55,10 @@ def test_a_kill_mid_buffer_and_resume_reach_the_uninterrupted_runs_bits(tmp_path
     assert f"resumed after round {killed_after}" in resumed.stdout
     whole = run_cli("run", str(straight), cwd=str(tmp_path), timeout=120, env=env)
     assert whole.returncode == 0, whole.stderr
+    # Both workers live all along: every step's line says so (issue 35, item 9).
+    steps = [line for line in whole.stdout.splitlines() if line.startswith("round ")]
+    assert len(steps) == 10 and all("workers 2/2 live, 3 update(s) from rank" in line
+                                    for line in steps), whole.stdout
     a, b = load_checkpoint(tmp_path / "crashed"), load_checkpoint(tmp_path / "straight")
     assert a.round == b.round == 10
     for key in b.state:

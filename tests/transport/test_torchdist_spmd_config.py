@@ -47,3 +47,26 @@ def test_the_coordinator_mode_still_checks_workers_against_world_size(tmp_path: 
 def test_meshkit_run_refuses_the_spmd_mode_saying_to_use_torchrun() -> None:
     with pytest.raises(RefusedError, match="Run it under torchrun, or drop mode"):
         meshkit.plugins.create("transport", "torchdist", {"mode": "spmd"})
+
+
+def test_one_torchrun_process_is_told_what_works_not_workers_0(tmp_path: Path) -> None:
+    # Issue 35, item 10: the advice was "set workers = 0", which [mesh] then refuses.
+    with pytest.raises(meshkit.ConfigError) as info:
+        torchrun_config(_config(tmp_path, "coordinator"), 1)
+    message = str(info.value)
+    assert "workers = 0" not in message
+    assert "a run needs at least one worker. Start 3 processes (torchrun --nproc-per-node 3)" \
+        in message and 'or set [transport] mode = "spmd"' in message
+
+
+def test_spmd_does_not_import_launch_back() -> None:
+    # Issue 33: launch runs spmd (a function-local import: torch loads only under
+    # torchrun) and spmd imported launch back for a 3-line printer, a cycle; the
+    # printer lives in meshkit_torchdist.progress now.
+    import ast
+    import meshkit_torchdist
+
+    tree = ast.parse((Path(meshkit_torchdist.__file__).parent / "spmd.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "meshkit_torchdist.launch" not in imported
+    assert "meshkit_torchdist.progress" in imported

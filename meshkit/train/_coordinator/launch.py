@@ -30,14 +30,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
 
-__all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "logs_dir",
-           "free_ports", "loopback_peers", "mesh_bind"]
+__all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "exit_message",
+           "ExitWatch", "logs_dir", "free_ports", "loopback_peers", "mesh_bind"]
 
 _SECRET_NAME = "secret"
 
@@ -249,14 +250,96 @@ def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
             proc.wait(timeout=5.0)
 
 
+#: The most of a log's end read to find an exit message (a traceback's last lines).
+_TAIL_BYTES = 4096
+
+
+def exit_message(out: str | os.PathLike[str], rank: int) -> str:
+    """What a local worker (or relay: negative ``rank``) said last before it exited.
+
+    Its ``meshkit: error: ...`` line when it wrote one (a refusal: the one
+    sentence that says what to fix), else the last non-empty line of its log
+    (a traceback's exception); "" when the log is empty or unreadable.
+    """
+    name = f"worker-{rank}.log" if rank > 0 else f"relay-{-rank}.log"
+    try:
+        with open(logs_dir(out) / name, "rb") as log_file:
+            log_file.seek(0, os.SEEK_END)
+            size = log_file.tell()
+            log_file.seek(max(0, size - _TAIL_BYTES))
+            tail = log_file.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("meshkit: error:")]
+    return (errors[-1] if errors else lines[-1] if lines else "")[:1000]
+
+
+class ExitWatch:
+    """While the capability handshake waits, notice a local worker that exits and act at once.
+
+    Without it the coordinator waits out ``[mesh] join_timeout`` (60 s) and
+    blames the handshake, while the worker's one-sentence refusal sits in
+    its log. A daemon thread polls the processes (every ``interval``
+    seconds, until :meth:`stop`); the first exit is recorded (:attr:`exited`)
+    and ``on_exit`` is called once -- the runner closes the group, which ends
+    the wait with a ``PeerLostError`` that :meth:`describe` then explains.
+    """
+
+    def __init__(self, processes: Mapping[int, subprocess.Popen], on_exit: Any,
+                 interval: float = 0.2) -> None:
+        self.processes, self.on_exit, self.interval = dict(processes), on_exit, interval
+        self.exited: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="meshkit-exit-watch",
+                                        daemon=True)
+
+    def __enter__(self) -> "ExitWatch":
+        if self.processes:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            exited = {r: p.poll() for r, p in self.processes.items() if p.poll() is not None}
+            if exited:
+                self.exited = {r: int(s) for r, s in exited.items() if s is not None}
+                self.on_exit()
+                return
+
+    def describe(self, out: str | os.PathLike[str]) -> str:
+        """``local worker rank 3 exited (status 2) before the capability handshake: <its
+        last words>``, each exited process quoted."""
+        parts = []
+        for rank, status in sorted(self.exited.items()):
+            said = exit_message(out, rank).removeprefix("meshkit: error: ")
+            log_name = f"worker-{rank}.log" if rank > 0 else f"relay-{-rank}.log"
+            parts.append(f"local {'worker rank' if rank > 0 else 'relay'} {abs(rank)} exited "
+                         f"(status {status}) before the capability handshake"
+                         + (f": {said}" if said else "") + f" (its log: {logs_dir(out) / log_name})")
+        return "; ".join(parts)
+
+
 def exited_early(processes: Mapping[int, subprocess.Popen], out: str | os.PathLike[str]) -> str:
-    """A hint naming the local workers that already exited ("" when none did)."""
+    """A hint naming the local workers that already exited, each with its last words
+    (:func:`exit_message`); "" when none did."""
     if not processes:
         return ""
     exited = {r: p.poll() for r, p in processes.items() if p.poll() is not None}
-    if exited:
-        return ("; local worker(s) exited early: "
-                + ", ".join(f"{'rank' if r > 0 else 'relay'} {abs(r)} (status {s})"
-                            for r, s in sorted(exited.items()))
-                + f" — see {logs_dir(out)}/worker-N.log (relay-N.log)")
-    return ""
+    if not exited:
+        return ""
+    parts = []
+    for rank, status in sorted(exited.items()):
+        said = exit_message(out, rank)
+        parts.append(f"{'rank' if rank > 0 else 'relay'} {abs(rank)} (status {status})"
+                     + (f" said: {said}" if said else ""))
+    return ("; local worker(s) exited early: " + "; ".join(parts)
+            + f" — see {logs_dir(out)}/worker-N.log (relay-N.log)")

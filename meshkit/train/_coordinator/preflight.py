@@ -422,8 +422,20 @@ def check_privacy(cfg: Any, strategy: Any, aggregator: Any) -> None:
                f"{cfg.aggregator.name!r}"),
         needs=("a private round releases one noised sum of clipped updates, each client "
                "counting once, in place of the aggregator's mean"),
-        instead=("Use a linear aggregator (fedavg; [privacy] clip_norm already bounds each "
-                 "update), or remove the [privacy] table"))
+        instead=_private_instead(cfg))
+
+
+def _private_instead(cfg: Any) -> str:
+    """What works instead of a non-linear aggregator under ``[privacy]``: with
+    ``[secure_aggregation]`` too, only what both accept (a robust rule such as
+    norm-bound would be refused by the secure round next)."""
+    if cfg.secure_aggregation is None:
+        return ("Use a linear aggregator (fedavg; [privacy] clip_norm already bounds each "
+                "update), or remove the [privacy] table")
+    return (f"With [secure_aggregation] name = {cfg.secure_aggregation.name!r} as well, use "
+            f"a linear aggregator (fedavg), the one kind both accept: [privacy] clip_norm "
+            f"bounds each update on the clients (clip = \"client\") and the secure round "
+            f"sums them; or remove the [privacy] table")
 
 
 def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan | None:
@@ -501,18 +513,25 @@ def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:
 
 def check_secure_privacy(cfg: Any, privacy: Any) -> None:
     """``[privacy]`` under ``[secure_aggregation]``: only fixed clipping on the clients."""
-    where = (f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with "
-             f"[privacy]")
+    where = f"{cfg.path}: [secure_aggregation] name = {cfg.secure_aggregation.name!r} with"
+    # Every change the combination needs, in one refusal: fixing one and being
+    # refused for the next is the slow way to learn what works.
     placement = getattr(privacy, "placement", "coordinator")
+    problems: list[str] = []
+    fixes: list[str] = []
     if placement != "client":
-        raise RefusedError(
-            f"{where} clip = {placement!r}: the coordinator never holds an individual "
-            f"update, so it cannot clip one. Use [privacy] clip = \"client\"")
+        problems.append(f"[privacy] clip = {placement!r}: the coordinator never holds an "
+                        f"individual update, so it cannot clip one")
+        fixes.append("clip = \"client\"")
     if getattr(privacy, "adaptive", None) is not None:
-        raise RefusedError(
-            f"{where} name = {cfg.privacy.name!r}: adaptive clipping counts the clients "
-            f"whose update was within the clip norm, one bit per client the coordinator would "
-            f"read in clear. Use [privacy] name = \"dp-fixed\"")
+        problems.append(f"[privacy] name = {cfg.privacy.name!r}: adaptive clipping counts the "
+                        f"clients whose update was within the clip norm, one bit per client "
+                        f"the coordinator would read in clear")
+        fixes.insert(0, "name = \"dp-fixed\"")
+    if problems:
+        raise RefusedError(f"{where} " + "; and ".join(problems) + ". Use [privacy] "
+                           + " with ".join(fixes) + " (fixed clipping on the clients, the "
+                           "private secure combination meshkit runs)")
 
 
 #: The most rounds a ``[privacy]`` run may have (what its ε accounting can compose).

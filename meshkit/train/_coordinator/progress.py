@@ -31,7 +31,15 @@ def format_round(r: Any) -> str:
         return f"round   0 (evaluation only)  {format_metrics(r.metrics)}  {r.seconds:.2f}s"
     answered = len(r.answered)
     asked = answered + len(r.dropped)
-    line = (f"round {r.round:>3}/{r.rounds}  workers {answered}/{asked}  "
+    if r.staleness:
+        # An asynchronous step asks no set of workers: its buffer holds whichever
+        # updates came first, maybe all from one rank while every worker trains.
+        live = len(r.live)
+        workers = (f"workers {live}/{live + len(r.dropped)} live, {len(r.clients)} "
+                   f"update(s) from rank {', '.join(map(str, r.answered)) or '-'}")
+    else:
+        workers = f"workers {answered}/{asked}"
+    line = (f"round {r.round:>3}/{r.rounds}  {workers}  "
             f"{format_metrics(r.metrics)}  {r.seconds:.2f}s")
     if r.dropped:
         line += f"  (dropped rank {', '.join(map(str, r.dropped))})"

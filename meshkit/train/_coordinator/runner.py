@@ -75,16 +75,9 @@ from meshkit.task import importing_script
 from meshkit.pipeline import Stage, run_pipeline
 from meshkit.train._coordinator.artifacts import (append_clients, append_metrics, plot, split_clients,
                                       write_summary)
-from meshkit.train._coordinator.launch import (
-    exited_early,
-    logs_dir,
-    loopback_peers,
-    mesh_bind,
-    new_secret,
-    reap,
-    spawn_workers,
-    write_secret,
-)
+from meshkit.train._coordinator.launch import (ExitWatch, exited_early, logs_dir, loopback_peers,
+                                               mesh_bind, new_secret, reap, spawn_workers,
+                                               write_secret)
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._coordinator.progress import format_event, format_result
 from meshkit.train._partitions import WorkerIdentity
@@ -448,12 +441,16 @@ class Runner:
 
     def _join(self, plan: Any, group: Any, pset: Any) -> tuple[list[int], list[Any]]:
         cfg = plan.config
+        # A local worker that exits before announcing itself ends the wait at once
+        # (unless min_workers lets the run start without it), quoting its last words.
+        watch = ExitWatch(self.processes if not cfg.mesh.min_workers else {}, group.close)
         try:
-            caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset,
-                                minimum=cfg.mesh.min_workers or None)
+            with watch:
+                caps = collect_caps(group, timeout=cfg.mesh.join_timeout, plugins=pset,
+                                    minimum=cfg.mesh.min_workers or None)
         except PeerLostError as exc:
-            raise PeerLostError(
-                f"{exc}{exited_early(self.processes, self._out)}") from None
+            raise PeerLostError(watch.describe(self._out) if watch.exited else
+                                f"{exc}{exited_early(self.processes, self._out)}") from None
         self._authorized = cfg.authorized_nodes()
         accepted = []
         identities = []

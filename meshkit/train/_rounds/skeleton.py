@@ -170,7 +170,8 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             partial_means=partial, attacked=tuple(outcome.attacked),
             staleness=dict(outcome.staleness), client_staleness=dict(outcome.client_staleness),
             client_weights=dict(outcome.client_weights),
-            simulated_time=outcome.simulated_time, failed=failed), state)
+            simulated_time=outcome.simulated_time, failed=failed,
+            live=tuple(sorted(ctx.live))), state)
     return StrategyResult(state, rounds, metrics)
 
 

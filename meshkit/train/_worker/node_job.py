@@ -1,5 +1,14 @@
 """The node's ``"train"`` job: a worker rank serves one training spec.
 
+Rule: where a node's data comes from is decided here, and only here. Its
+own files: the node's ``--task-option`` values (``train_csv=...``,
+``data=DIR``) replace the coordinator's ``[task]`` values in the spec
+(:func:`with_node_options`), and the task built from them reads the files
+the first time a method needs them. A ``--pull-data`` node: the set the
+coordinator sent with the job becomes the spec's ``data``
+(:func:`node_data`), which the trainer uses instead of the task's. The
+trainer (:mod:`meshkit.train._worker.trainer`) only builds what the spec says.
+
 :func:`serve_train_job` is the ``"train"`` :data:`~meshkit.node.JobHandler`
 given to :func:`~meshkit.node.serve_node`. A rank that cannot train (a
 fixed-function rank: :meth:`~meshkit.NodeCaps.why_not_train` says why)
@@ -30,7 +39,7 @@ from meshkit.options import parse_options, structure_options
 from meshkit.task import resolve_task_component
 from meshkit.train._worker.trainer import serve_trainer
 
-__all__ = ["serve_train_job", "with_node_options", "node_attack"]
+__all__ = ["serve_train_job", "with_node_options", "node_data", "node_attack"]
 
 
 def node_attack(name: str, pairs: Sequence[str]) -> dict[str, Any]:
@@ -53,6 +62,14 @@ def node_attack(name: str, pairs: Sequence[str]) -> dict[str, Any]:
             f"them. Use [attack] name = \"{name}\" in the run's config, or a node attack that "
             f"needs only its own update (sign-flip, scale, gaussian, same-value, label-flip)")
     return {"name": name, "options": options}
+
+
+def node_data(job: Mapping[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the training set the coordinator sent a ``--pull-data`` node (the
+    job's ``data.x``/``data.y``) as its ``data``; unchanged for a node with its own."""
+    if "data.x" in job:
+        spec["data"] = {"x": job["data.x"], "y": job["data.y"]}
+    return spec
 
 
 def with_node_options(spec: Mapping[str, Any], pairs: Sequence[str]) -> dict[str, Any]:
@@ -90,9 +107,7 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         report_job_error(group, job_id, PlacementError(why))
         return None
     try:
-        spec = with_node_options(job.get("spec") or {}, task_options)
-        if "data.x" in job:  # --pull-data: the coordinator sent the training set
-            spec["data"] = {"x": job["data.x"], "y": job["data.y"]}
+        spec = node_data(job, with_node_options(job.get("spec") or {}, task_options))
         if attack is not None:  # --attack: this node poisons its own fits
             spec["node_attack"] = dict(attack)
     except ConfigError as exc:

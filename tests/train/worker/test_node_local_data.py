@@ -96,3 +96,22 @@ def test_a_node_without_storage_is_sent_the_training_set(tmp_path):
     # may move to a faster worker), so rank 2 trained on what it was sent.
     assert 2 in line["served"].values()
     assert sum(line["client_examples"].values()) == 1438  # every training row, once
+
+
+def test_one_kernel_file_answers_where_node_local_data_is_loaded():
+    # Issue 35, item 14: docs/architecture.md answered it with two kernel files.
+    import re
+    from pathlib import Path
+
+    from meshkit.train._worker import node_job
+
+    docs = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
+    row = next(line for line in docs.read_text().splitlines()
+               if line.startswith("| where node-local data is loaded"))
+    kernel_files = set(re.findall(r"`(meshkit/[\w/]+\.py)`", row))
+    assert kernel_files == {"meshkit/train/_worker/node_job.py"}
+    # ... and that file decides both sources: a node's own options, a pulled set.
+    assert node_job.node_data({"data.x": [[1.0]], "data.y": [0]}, {"task": "digits"}) == {
+        "task": "digits", "data": {"x": [[1.0]], "y": [0]}}
+    assert node_job.node_data({}, {"task": "digits"}) == {"task": "digits"}
+    assert "decided here, and only here" in node_job.__doc__
