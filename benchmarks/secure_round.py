@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cohorts = [int(c) for c in args.clients.split(",") if c]
     params = int(args.params)
+    # This tree by path too, so that a snapshot of it (a worktree) measures itself.
+    here = f"{ROOT}{os.pathsep}{ROOT / 'plugins'}"
     runs: list[tuple[str, str, Path, str | None, bool]] = [
-        ("plain", sys.executable, ROOT, None, False), ("secure", sys.executable, ROOT, None, True)]
+        ("plain", sys.executable, ROOT, here, False), ("secure", sys.executable, ROOT, here, True)]
     runs += [(f"secure@{label}", python, tree, path, True)
              for label, python, tree, path in args.baseline]
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {params:,} "

@@ -18,7 +18,9 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
 ``secagg_open``
     the shares delivered to each client, opened; the reply lists the rows
     that did not open (tampered or garbage from their sealer): accusations,
-    which cost nobody on this worker's word.
+    which cost nobody on this worker's word. A share sealed by another of
+    this worker's clients and delivered as sealed is read from its sealer,
+    not decrypted (``ClientRound.open``'s ``peers``).
 ``secagg_reveal``
     only after an accusation against one of this worker's clients: the
     ephemeral private key it sealed that one share with, so the coordinator
@@ -206,7 +208,7 @@ class SecureClients:
         for client in clients:
             delivery = ShareDelivery(client, tuple(sorted(inbox[client],
                                                           key=lambda s: s.sender)))
-            for sender in self.rounds[client].open(delivery):
+            for sender in self.rounds[client].open(delivery, self.rounds):
                 log.warning("round %d: client %d's shares from client %d do not open",
                             self.round, client, sender)
                 senders.append(sender)
