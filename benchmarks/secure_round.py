@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {params:,} "
           f"parameters, {args.workers} workers, {args.rounds} rounds a run, {args.repeat} "
           f"trials; seconds per round, median (min-max) over trials", flush=True)
-    results = {(n, label): [] for n in cohorts for label, *_ in runs}  # type: dict[tuple[int, str], list[float]]
+    results: dict[tuple[int, str], list[float]] = {
+        (n, label): [] for n in cohorts for label, *_ in runs}
     for _ in range(args.repeat):
         for n in cohorts:
             for label, python, tree, path, secure in runs:

@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KEY_SIZE", "generate_key_pair", "generate_private", "private_key", "public_key", "agree", "check_public_key", "derive",
+__all__ = ["KEY_SIZE", "generate_key_pair", "generate_private", "private_key", "public_key",
+           "agree", "check_public_key", "derive",
            "seed_commitment", "seal", "PAIRWISE", "SEALING", "open_sealed", "SEALED_OVERHEAD",
            "seal_to", "open_from", "open_revealed", "SEALED_TO_OVERHEAD"]
 
@@ -71,7 +72,9 @@ def public_key(private: bytes) -> bytes:
 
 
 def agree(private: bytes | X25519PrivateKey, public: bytes) -> bytes:
-    """The raw X25519 value of ``private`` (raw, or loaded by :func:`private_key`) and a peer's ``public``.
+    """The raw X25519 value of ``private`` and a peer's ``public``.
+
+    ``private`` is raw bytes, or a key loaded once by :func:`private_key`.
 
     ``ValueError`` for a public key of the wrong length or of small order
     (an all-zero agreement: a key chosen to force a known seed).
