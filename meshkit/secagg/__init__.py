@@ -28,7 +28,7 @@ does not, and how to choose the parameters.
 
 from __future__ import annotations
 
-from meshkit.secagg._client import ClientRound
+from meshkit.secagg._client import ClientRound, cancelled_pairs
 from meshkit.secagg._graph import neighbours
 from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit.secagg._messages import (MAX_CLIENT_ID, MESSAGES, SEALED_SIZE, KeyAdvert, MaskedInput,
@@ -52,6 +52,6 @@ __all__ = [
     "SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle", "ShareDelivery",
     "MaskedInput", "MaskedSum", "UnmaskRequest", "UnmaskReply", "MESSAGES", "decode",
     "MAX_CLIENT_ID", "SEALED_SIZE",
-    "payload_bytes", "ClientRound", "ServerRound", "SecAggResult",
+    "payload_bytes", "ClientRound", "cancelled_pairs", "ServerRound", "SecAggResult",
     "simulate_round", "Simulation", "STAGES",
 ]

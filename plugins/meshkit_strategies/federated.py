@@ -124,17 +124,18 @@ class Federated:
                    partitioner=ctx.partitioner)
         if self.options.evaluate != "coordinator":
             self._check_held_out(ctx)
-        state = ctx.initial_state()
+        # The round's state lives in ``last`` and in run_rounds only: a local holding the
+        # initial state here kept one model copy alive through every later round.
+        last: list[Any] = [ctx.initial_state(), {}, ctx.start_round]
         if self.options.local_keys:
-            ctx.client_local.use(resolve_local_keys(self.options.local_keys, state, ctx.task))
-        last: list[Any] = [state, {}, ctx.start_round]
+            ctx.client_local.use(resolve_local_keys(self.options.local_keys, last[0], ctx.task))
 
         def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
             outcome = self.play_round(ctx, rnd, state)
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
-            return run_rounds(ctx, "federated", self.options.rounds, state, play,
+            return run_rounds(ctx, "federated", self.options.rounds, last[0], play,
                               on_nonfinite=self.options.on_nonfinite,
                               accept_failures=self.options.accept_failures)
         except BudgetReached as stop:

@@ -18,7 +18,9 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
 ``secagg_open``
     the shares delivered to each client, opened; the reply lists the rows
     that did not open (tampered or garbage from their sealer): accusations,
-    which cost nobody on this worker's word.
+    which cost nobody on this worker's word. A share sealed by another of
+    this worker's clients and delivered as sealed is read from its sealer,
+    not decrypted (``ClientRound.open``'s ``peers``).
 ``secagg_reveal``
     only after an accusation against one of this worker's clients: the
     ephemeral private key it sealed that one share with, so the coordinator
@@ -30,7 +32,11 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked with every neighbour that shared except the ``excluded`` (the
     parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
-    this worker's masked inputs (a fold of its own, as a relay does).
+    this worker's masked inputs (a fold of its own, as a relay does). The
+    pairwise mask of two clients both in that sum would be added by one and
+    subtracted by the other, so neither expands it
+    (:func:`meshkit.secagg.cancelled_pairs`): the sum is the same bits, and
+    the clients drop together or not at all, since the sum is one reply.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -54,7 +60,8 @@ from meshkit.errors import MeshError
 from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
                             Roster, SealedShares, SecAggParams, ShareDelivery,
                             UnmaskRequest,
-                            add_mod, masked_length, neighbours, quantize, vector_dtype)
+                            add_mod, cancelled_pairs, masked_length, neighbours, quantize,
+                            vector_dtype)
 from meshkit.train._messages import ADVERT_SIZE
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
@@ -201,7 +208,7 @@ class SecureClients:
         for client in clients:
             delivery = ShareDelivery(client, tuple(sorted(inbox[client],
                                                           key=lambda s: s.sender)))
-            for sender in self.rounds[client].open(delivery):
+            for sender in self.rounds[client].open(delivery, self.rounds):
                 log.warning("round %d: client %d's shares from client %d do not open",
                             self.round, client, sender)
                 senders.append(sender)
@@ -227,6 +234,8 @@ class SecureClients:
         total = np.zeros(masked_length(self.length), dtype=vector_dtype(bits))
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
+        # This reply is one sum of these clients' inputs: a pair of them masks for nothing.
+        cancelled = cancelled_pairs({c: self.rounds[c] for c in clients if c not in excluded})
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -236,7 +245,8 @@ class SecureClients:
                                 f"worker's model gives {update.size}")
             quantised = quantize(update, self.params)
             del update, fitted  # the clear update goes no further than this line
-            masked: MaskedInput = self.rounds[client].mask_opened(quantised, excluded)
+            masked: MaskedInput = self.rounds[client].mask_opened(
+                quantised, excluded, cancelled.get(client, ()))
             add_mod(total, masked.vector, bits, out=total)
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
