@@ -64,7 +64,7 @@ _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "exporter", "flower", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
     "train", "transport",
-    "wire", "attack", "population", "simulation", "secagg",
+    "wire", "attack", "population", "simulation", "secure_aggregation",
 })
 
 __all__ = [

@@ -28,6 +28,7 @@ KINDS: dict[str, str] = {
     "observer": "meshkit_observers",
     "attack": "meshkit_attacks",
     "exporter": "meshkit_exporters",
+    "secure_aggregation": "meshkit_secure_aggregation",
 }
 
 

@@ -255,7 +255,7 @@ class StrategyContext:
     #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
     #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
     collective: Any = None
-    #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
+    #: ``[secure_aggregation]`` (:class:`meshkit.secure_aggregation.SchemeChoice`); None: rounds
     #: fold plain contributions.
     secure_aggregation: Any = None
     #: ``[strategy] accept_failures``: a member's failure drops that member for the round

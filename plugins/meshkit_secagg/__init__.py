@@ -1,7 +1,11 @@
-"""Secure aggregation (SecAgg+): the coordinator learns the sum of a round's updates, never one update.
+"""The built-in secure-aggregation scheme ``secagg+`` (SecAgg+): the coordinator learns the sum of a
+round's updates, never one update.
 
-Pure and sans-io: no socket, no clock, no thread. The round engine carries
-the messages; everything it needs is here. What lives where:
+Written as a third-party plugin would be, against the kernel's contract
+(:mod:`meshkit.secure_aggregation`): ``scheme.py`` is all the kernel's round
+sees of it (:class:`SecAggPlus`, built by the ``meshkit_secure_aggregation``
+hook below from ``options.py``). The protocol itself is pure and sans-io: no
+socket, no clock, no thread. What lives where:
 
 * ``_params.py``: :class:`SecAggParams` (cohort, degree, threshold,
   clip range, modulus; the modulus headroom refusal) and
@@ -28,30 +32,57 @@ does not, and how to choose the parameters.
 
 from __future__ import annotations
 
-from meshkit.secagg._client import ClientRound
-from meshkit.secagg._graph import neighbours
-from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
-from meshkit.secagg._messages import (MAX_CLIENT_ID, MESSAGES, SEALED_SIZE, KeyAdvert, MaskedInput,
-                                      MaskedSum, Roster, SealedShares, SecAggError, ShareBundle,
-                                      ShareDelivery, UnmaskReply, UnmaskRequest, decode,
-                                      payload_bytes)
-from meshkit.secagg._params import (CHECK_ELEMENTS, MAX_CLIENTS, MAX_LENGTH, MIN_LEVEL_BITS,
-                                    SecAggParams, choose_degree, masked_length)
-from meshkit.secagg._quantize import dequantize, quantize
-from meshkit.secagg._server import SecAggResult, ServerRound
-from meshkit.secagg._simulate import STAGES, Simulation, simulate_round
-from meshkit.secagg._shamir import PRIME, SHARE_SIZE, Share, shamir_combine, shamir_split
+import importlib
+from typing import Any, Iterable
 
-__all__ = [
-    "SecAggParams", "choose_degree", "MAX_CLIENTS", "MAX_LENGTH", "MIN_LEVEL_BITS",
-    "CHECK_ELEMENTS", "masked_length",
-    "quantize", "dequantize",
-    "mask_vector", "add_mod", "sub_mod", "vector_dtype", "SEED_SIZE",
-    "PRIME", "Share", "SHARE_SIZE", "shamir_split", "shamir_combine",
-    "neighbours",
-    "SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle", "ShareDelivery",
-    "MaskedInput", "MaskedSum", "UnmaskRequest", "UnmaskReply", "MESSAGES", "decode",
-    "MAX_CLIENT_ID", "SEALED_SIZE",
-    "payload_bytes", "ClientRound", "ServerRound", "SecAggResult",
-    "simulate_round", "Simulation", "STAGES",
-]
+import meshkit
+
+from meshkit_secagg.options import SecAggPlusOptions
+
+#: Every public name, and the module it is imported from on first use (numpy and
+#: cryptography stay unimported until a round needs them: listing plugins is fast).
+_LAZY = {
+    **dict.fromkeys(["SecAggParams", "choose_degree", "MAX_CLIENTS", "MAX_LENGTH",
+                     "MIN_LEVEL_BITS", "CHECK_ELEMENTS", "masked_length"],
+                    "meshkit_secagg._params"),
+    **dict.fromkeys(["quantize", "dequantize"], "meshkit_secagg._quantize"),
+    **dict.fromkeys(["mask_vector", "add_mod", "sub_mod", "vector_dtype", "SEED_SIZE"],
+                    "meshkit_secagg._masks"),
+    **dict.fromkeys(["PRIME", "Share", "SHARE_SIZE", "shamir_split", "shamir_combine"],
+                    "meshkit_secagg._shamir"),
+    "neighbours": "meshkit_secagg._graph",
+    **dict.fromkeys(["SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle",
+                     "ShareDelivery", "MaskedInput", "MaskedSum", "UnmaskRequest",
+                     "UnmaskReply", "MESSAGES", "decode", "MAX_CLIENT_ID", "SEALED_SIZE",
+                     "payload_bytes"], "meshkit_secagg._messages"),
+    "ClientRound": "meshkit_secagg._client",
+    **dict.fromkeys(["ServerRound", "SecAggResult"], "meshkit_secagg._server"),
+    **dict.fromkeys(["simulate_round", "Simulation", "STAGES"], "meshkit_secagg._simulate"),
+    **dict.fromkeys(["SecAggPlus", "survivable_workers", "AUTO_DROPOUT"],
+                    "meshkit_secagg.scheme"),
+}
+
+__all__ = [*_LAZY, "SecAggPlusOptions", "secagg_plus", "meshkit_secure_aggregation"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'meshkit_secagg' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def secagg_plus(options: SecAggPlusOptions) -> Any:
+    """SecAgg+ (Bell et al. 2020); ``degree = 0`` is SecAgg's complete graph (Bonawitz et al. 2017)."""
+    from meshkit_secagg.scheme import SecAggPlus
+
+    return SecAggPlus(options)
+
+
+@meshkit.hookimpl
+def meshkit_secure_aggregation() -> Iterable[meshkit.Component]:
+    return [meshkit.Component(
+        "secagg+", secagg_plus, SecAggPlusOptions,
+        summary="SecAgg+: pairwise masks over a k-regular graph, Shamir-shared secrets; "
+                "survives dropouts (Bell et al. 2020)",
+        also_known_as=("SecAggPlusWorkflow", "SecAggWorkflow"))]

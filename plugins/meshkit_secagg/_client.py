@@ -36,14 +36,14 @@ from typing import Iterable
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
+from meshkit_secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
                                        generate_key_pair, open_from, seal_to, seed_commitment)
-from meshkit.secagg._graph import neighbours
-from meshkit.secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
-from meshkit.secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
+from meshkit_secagg._graph import neighbours
+from meshkit_secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
+from meshkit_secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
                                       ShareBundle, ShareDelivery, UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import SecAggParams, masked_length
-from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_split
+from meshkit_secagg._params import SecAggParams, masked_length
+from meshkit_secagg._shamir import SHARE_SIZE, Share, shamir_split
 
 __all__ = ["ClientRound"]
 

@@ -40,15 +40,15 @@ import attrs
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit.secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
+from meshkit_secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
                                        open_revealed, public_key, seed_commitment)
-from meshkit.secagg._graph import neighbours
-from meshkit.secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
-from meshkit.secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
+from meshkit_secagg._graph import neighbours
+from meshkit_secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
+from meshkit_secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
                                       SealedShares, SecAggError, ShareBundle, ShareDelivery,
                                       UnmaskReply, UnmaskRequest)
-from meshkit.secagg._params import SecAggParams, masked_length
-from meshkit.secagg._shamir import SHARE_SIZE, Share, shamir_combine
+from meshkit_secagg._params import SecAggParams, masked_length
+from meshkit_secagg._shamir import SHARE_SIZE, Share, shamir_combine
 
 __all__ = ["ServerRound", "SecAggResult"]
 

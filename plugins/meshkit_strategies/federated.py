@@ -50,7 +50,8 @@ class Federated:
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
-            check=self.check, accept_failures=self.options.accept_failures)
+            check=self.check, accept_failures=self.options.accept_failures,
+            sampling=opts.sampling, fraction=opts.fraction, min_clients=opts.min_clients)
 
     def sampling_rate(self, clients: int) -> float:
         """The probability q a client is in a round, as a privacy accountant composes it."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from meshkit import RefusedError
-from meshkit.secagg import (ClientRound, KeyAdvert, Roster, SealedShares, SecAggError,
+from meshkit_secagg import (ClientRound, KeyAdvert, Roster, SealedShares, SecAggError,
                             SecAggParams, ServerRound, ShareDelivery, UnmaskRequest, quantize)
 
 PARAMS = SecAggParams(clients=6, degree=0, threshold=3, clip_range=1.0, modulus_bits=32)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshkit import ProtocolError, RefusedError
-from meshkit.secagg import (ClientRound, MaskedInput, MaskedSum, SealedShares, SecAggError,
+from meshkit_secagg import (ClientRound, MaskedInput, MaskedSum, SealedShares, SecAggError,
                             SecAggParams, ServerRound, ShareBundle, UnmaskReply, add_mod,
                             dequantize, neighbours, simulate_round)
 
@@ -229,7 +229,7 @@ def test_the_coordinator_never_holds_an_individual_unmasked_update(
         monkeypatch: pytest.MonkeyPatch, updates: Updates, exact_sum: Sum,
         round_seed: bytes) -> None:
     # Every vector the coordinator's arithmetic takes in or gives out, recorded.
-    import meshkit.secagg._server as server_module
+    import meshkit_secagg._server as server_module
     seen: list[np.ndarray] = []
 
     def recording(function):
