@@ -14,7 +14,7 @@ point, so every test suite of a project that installs meshkit gets:
   :class:`TransportContract`, :class:`StrategyContract`,
   :class:`TaskContract`, :class:`PartitionerContract`,
   :class:`RobustAggregatorContract`, :class:`ObserverContract`,
-  :class:`ExporterContract`::
+  :class:`ExporterContract`, :class:`SecureAggregationContract`::
 
       from meshkit.testing import AggregatorContract
 
@@ -52,6 +52,7 @@ __all__ = [
     "RobustAggregatorContract",
     "ExporterContract",
     "ObserverContract",
+    "SecureAggregationContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -68,6 +69,7 @@ pytest.register_assert_rewrite(
     "meshkit.testing.robust",
     "meshkit.testing.exporter",
     "meshkit.testing.observer",
+    "meshkit.testing.secure_aggregation",
 )
 
 _LAZY = {
@@ -81,6 +83,7 @@ _LAZY = {
     "RobustAggregatorContract": "meshkit.testing.robust",
     "ExporterContract": "meshkit.testing.exporter",
     "ObserverContract": "meshkit.testing.observer",
+    "SecureAggregationContract": "meshkit.testing.secure_aggregation",
 }
 
 
