@@ -26,6 +26,7 @@ from meshkit.node import NodeCaps
 from meshkit.train import LocalPool, Runner, StrategyContext, Trainer, decode, read_metrics
 from meshkit.train import _messages as messages
 from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
+from meshkit_secagg import SEALED_SIZE, SHARE_SIZE
 
 from tests.support import protocol_doc
 from tests.support.configs import write_config
@@ -57,14 +58,14 @@ GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                             "adverts": np.zeros((2, 96), np.uint8)}),
     "secagg_share": ({"op": "secagg_share"},
                      {"seq": 5, "senders": [0, 0], "recipients": [1, 2],
-                      "sealed": np.zeros((2, messages.SEALED_SIZE), np.uint8)}),
+                      "sealed": np.zeros((2, SEALED_SIZE), np.uint8)}),
     "secagg_open": ({"op": "secagg_open"}, {"seq": 5, "senders": [1], "recipients": [0]}),
     "secagg_reveal": ({"op": "secagg_reveal"}, {"seq": 5, "keys": np.zeros((1, 32), np.uint8)}),
     "secagg_mask": ({"op": "secagg_mask"}, {"seq": 5, "clients": [0, 2],
                                             "vector": np.zeros(4, np.uint32)}),
     "secagg_unmask": ({"op": "secagg_unmask"},
                       {"seq": 5, "holders": [0], "owners": [1], "kinds": [0],
-                       "shares": np.zeros((1, messages.SHARE_SIZE), np.uint8)}),
+                       "shares": np.zeros((1, SHARE_SIZE), np.uint8)}),
 }
 
 #: Values of the wrong type for any field (each field's own type is filtered out below).
@@ -252,7 +253,7 @@ GOOD_REQUESTS = {
                     "round_seed": np.zeros((1, 32), np.uint8), "length": 8},
     "secagg_share": {"members": [0, 1], "adverts": np.zeros((2, 96), np.uint8)},
     "secagg_open": {"clients": [0], "senders": [1], "recipients": [0],
-                    "sealed": np.zeros((1, messages.SEALED_SIZE), np.uint8)},
+                    "sealed": np.zeros((1, SEALED_SIZE), np.uint8)},
     "secagg_reveal": {"senders": [0], "recipients": [1]},
     "secagg_mask": {"clients": [0], "seeds": [3], "shards": 2, "excluded": [4]},
     "secagg_unmask": {"clients": [0], "survivors": [0, 1], "dropped": [2]},
@@ -289,10 +290,10 @@ def test_every_well_formed_request_fits():
      "clients must be survivors"),
     ({"op": "secagg_unmask", "clients": [1], "survivors": [0, 1], "dropped": [1]},
      "both a survivor and dropped"),
-    ({"op": "secagg_share", "members": [0, 1], "adverts": np.zeros((2, 95), np.uint8)},
-     "adverts rows are 95 bytes wide; they must be 96"),
+    ({"op": "secagg_share", "members": [0, 1], "adverts": np.zeros((2, 0), np.uint8)},
+     "adverts rows are 0 bytes wide; they must be 1 to 65536"),
     ({"op": "secagg_mask", "clients": [1, 0], "seeds": [0, 0], "shards": 2, "senders": [],
-      "recipients": [], "sealed": np.zeros((0, messages.SEALED_SIZE), np.uint8)},
+      "recipients": [], "sealed": np.zeros((0, SEALED_SIZE), np.uint8)},
      "clients: client ids must be distinct"),
 ])
 def test_a_bad_request_is_refused_by_the_worker_which_serves_on(request_, why):
