@@ -4,8 +4,8 @@ A *secure-aggregation scheme* (kind ``secure_aggregation``, hook
 ``meshkit_secure_aggregation()``, table ``[secure_aggregation]`` with
 ``name``) masks each client's quantised update so that the coordinator
 learns only the round's sum. The kernel keeps the round driver
-(``meshkit/train/_secure_round.py``, ``_secure_worker.py``,
-``_secure_relay.py``), the messages it carries (``meshkit/train/_messages.py``)
+(``meshkit/train/_rounds/secure.py``, ``_worker/secure.py``,
+``_relay/secure.py``), the messages it carries (``meshkit/train/_messages/secure.py``)
 and this contract; the built-in scheme ``secagg+`` is the ``meshkit_secagg``
 plugin. What lives where:
 

@@ -1,7 +1,7 @@
 """What a secure-aggregation scheme declares and implements, for the kernel's round to drive it.
 
-Rule: the kernel's secure round (``meshkit/train/_secure_round.py`` on the
-coordinator, ``_secure_worker.py`` on a worker) carries a scheme's bytes
+Rule: the kernel's secure round (``meshkit/train/_rounds/secure.py`` on the
+coordinator, ``_worker/secure.py`` on a worker) carries a scheme's bytes
 between its two sides and decides by its :class:`SecureAggregationTraits`
 only; it never names a scheme. The round has the shape of the SecAgg family
 (Bonawitz et al. 2017, Bell et al. 2020), five steps, each a request to every

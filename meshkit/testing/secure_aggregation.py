@@ -2,7 +2,7 @@
 
 Subclass :class:`SecureAggregationContract`, set ``component`` (and
 ``options``), and pytest collects the checks. Each drives the scheme the
-way ``meshkit/train/_secure_round.py`` does -- the five steps of
+way ``meshkit/train/_rounds/secure.py`` does -- the five steps of
 :mod:`meshkit.secure_aggregation`, byte rows between its coordinator side
 and one client side per client -- without processes or sockets, so a
 failure names the step. What is checked:
