@@ -144,11 +144,15 @@ class Round:
             self.server.receive_unmask(holder, rows)
         return self.server.finish()
 
-    def run(self, quantised: dict[int, np.ndarray]) -> SecureResult:
+    def until_masked(self, quantised: dict[int, np.ndarray], lost: Sequence[int] = ()) -> None:
+        """Steps 1-4, the ``lost`` clients leaving after they shared."""
         self.advertise()
         self.share()
         self.open()
-        self.mask(quantised)
+        self.mask(quantised, lost=lost)
+
+    def run(self, quantised: dict[int, np.ndarray]) -> SecureResult:
+        self.until_masked(quantised)
         return self.unmask()
 
 
@@ -222,10 +226,7 @@ class SecureAggregationContract(ContractBase):
     def test_a_masked_input_hides_its_update_and_masks_cancel_only_in_the_full_sum(self) -> None:
         play = self.round()
         _, quantised = self.updates(play.scheme, play.params)
-        play.advertise()
-        play.share()
-        play.open()
-        play.mask(quantised)
+        play.until_masked(quantised)
         bits = play.params.modulus_bits
         for client, vector in play.masked.items():
             size = min(vector.size, quantised[client].size)
@@ -254,10 +255,7 @@ class SecureAggregationContract(ContractBase):
             lost = list(range(1, 1 + min(tolerated, self.clients - 3)))
         if not lost:
             pytest.skip("the scheme declares no dropout it survives")
-        play.advertise()
-        play.share()
-        play.open()
-        play.mask(quantised, lost=lost)
+        play.until_masked(quantised, lost=lost)
         result = play.unmask(lost=lost)
         survivors = [c for c in range(self.clients) if c not in lost]
         assert tuple(result.contributors) == tuple(survivors) and set(result.dropped) == set(
@@ -277,10 +275,7 @@ class SecureAggregationContract(ContractBase):
         lost = list(range(1, 2 + tolerated))
         if self.clients - len(lost) < 1:
             pytest.skip("the scheme survives losing every client but one")
-        play.advertise()
-        play.share()
-        play.open()
-        play.mask(quantised, lost=lost)
+        play.until_masked(quantised, lost=lost)
         try:
             result = play.unmask(lost=lost)
         except (RefusedError, SecureAggregationError):
@@ -331,10 +326,7 @@ class SecureAggregationContract(ContractBase):
             self) -> None:
         play = self.round()
         _, quantised = self.updates(play.scheme, play.params)
-        play.advertise()
-        play.share()
-        play.open()
-        play.mask(quantised)
+        play.until_masked(quantised)
         try:
             result = play.unmask(tamper=0)
         except SecureAggregationError as exc:

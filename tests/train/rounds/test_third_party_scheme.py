@@ -13,7 +13,6 @@ by ``meshkit check`` beforehand and by the round when it happens.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from meshkit.secure_aggregation import SchemeChoice
 from meshkit.testing import make_plugin_set, use_plugins
 from meshkit.train import LocalPool, StrategyContext, Trainer, secure_sum
 
-from tests.support.cli import pip_install_target, run_cli
+from tests.support.cli import pip_install_target, plugin_env, run_cli
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fixtures" / "meshkit-addmask"
 
@@ -62,14 +61,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(target)
 
 
-def _env(site: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS", "MESHKIT_SECRET")}
-    env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _config(tmp_path: Path, scheme: str, extra: str = "") -> Path:
     name = scheme.replace("+", "plus")
     path = tmp_path / f"{name}.toml"
@@ -89,7 +80,7 @@ def test_the_scheme_is_listed_with_its_distribution(site):
 def test_the_installed_scheme_passes_the_contract_suite_from_its_own_tests(site):
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "-p", "no:xdist", str(PACKAGE / "tests")],
-                            capture_output=True, text=True, env=_env(site), cwd=PACKAGE,
+                            capture_output=True, text=True, env=plugin_env(site), cwd=PACKAGE,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout[-2000:]
@@ -99,7 +90,7 @@ def test_the_installed_scheme_passes_the_contract_suite_from_its_own_tests(site)
 def test_a_real_run_with_the_third_party_scheme_is_secagg_plus_bit_for_bit(tmp_path, site):
     runs = [subprocess.Popen([sys.executable, "-m", "meshkit", "run", "-q",
                               str(_config(tmp_path, scheme))],
-                             cwd=tmp_path, env=_env(site), stdout=subprocess.PIPE,
+                             cwd=tmp_path, env=plugin_env(site), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
             for scheme in ("add-mask", "secagg+")]
     for process in runs:
