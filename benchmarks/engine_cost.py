@@ -32,6 +32,10 @@ the 50- and 200-client cells, also the marginal cost of a client: the
 slope (t200 - t50) / 150, which leaves out what a round costs whatever its
 client count.
 
+``--secure`` runs every tree's rounds under ``[secure_aggregation]``
+(secagg+, its defaults but ``clip_range = 1.0``): the secure round against
+the code before, in the same run.
+
 ``--in-process`` measures the engine's own cost per client instead, without
 processes or the wire: the round engine over in-process workers
 (``LocalPool``) on ``digits`` with 200 clients on 2 workers, batched and
@@ -57,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: bool,
-                round_timeout: float | None = None) -> str:
+                round_timeout: float | None = None, secure: bool = False) -> str:
     if round_timeout is None and flat:
         round_timeout = 3600
     deadline = f"round_timeout = {round_timeout:g}" if round_timeout is not None else ""
@@ -85,17 +89,26 @@ def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: boo
 
         [outer_optimizer]
         name = "average"
-    """)
+    """) + (SECURE if secure else "")
+
+
+#: ``--secure``: every tree's rounds under the built-in secure aggregation (the
+#: defaults but for the clip range, so digits' updates are not clipped away).
+SECURE = """
+[secure_aggregation]
+clip_range = 1.0
+"""
 
 
 def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
-            flat: bool, round_timeout: float | None = None) -> float:
+            flat: bool, round_timeout: float | None = None, secure: bool = False) -> float:
     """Seconds per round of one ``meshkit run`` (median after the first round)."""
     with tempfile.TemporaryDirectory(prefix="meshkit-engine-cost-") as tmp:
         out = Path(tmp) / "out"
         config = Path(tmp) / "run.toml"
         config.write_text(config_text(out, clients=clients, workers=workers, rounds=rounds,
-                                      flat=flat, round_timeout=round_timeout))
+                                      flat=flat, round_timeout=round_timeout,
+                                      secure=secure))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         proc = subprocess.run([python, "-m", "meshkit", "run", str(config)], cwd=tree, env=env,
                               capture_output=True, text=True)
@@ -186,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
                         help="every tree with [strategy] round_timeout = SECONDS (the flat "
                              "round with a deadline, baselines too)")
+    parser.add_argument("--secure", action="store_true",
+                        help="every tree's rounds under [secure_aggregation] (secagg+)")
     parser.add_argument("--in-process", action="store_true",
                         help="the engine's own cost per client, no processes (docstring)")
     args = parser.parse_args(argv)
@@ -200,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
           f"{args.rounds} rounds a run, {args.repeat} trials; median (min-max) over trials"
           + (f"; every tree with round_timeout = {args.round_timeout:g}"
-             if args.round_timeout is not None else ""),
+             if args.round_timeout is not None else "")
+          + ("; every round secure (secagg+)" if args.secure else ""),
           flush=True)
     for label, python, tree, flat in trees:
         print(f"# {label}: {tree} ({python}){' flat' if flat else ''}", flush=True)
@@ -212,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                 results[cell][label].append(one_run(python, tree, clients=cell[0],
                                                     workers=cell[1], rounds=args.rounds,
                                                     flat=flat,
-                                                    round_timeout=args.round_timeout))
+                                                    round_timeout=args.round_timeout,
+                                                    secure=args.secure))
     print(f"{'clients':>7} {'workers':>7} {'tree':>14} {'s/round':>22} {'ms/client':>9}  "
           f"ratios", flush=True)
     median: dict[tuple[int, int], dict[str, float]] = {}

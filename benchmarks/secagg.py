@@ -6,7 +6,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/secagg.py --scaling 25,50,100,200 --length 1000000
     python benchmarks/secagg.py --clients 20 --length 100000   # a quick look
 
-One round in one process (``meshkit.secagg.simulate_round``): every client's
+One round in one process (``meshkit_secagg.simulate_round``): every client's
 ``ClientRound`` and the coordinator's ``ServerRound`` with real X25519, HKDF,
 AES-GCM, Shamir and ChaCha20, and no sockets, so the figures are the
 protocol's own cost. The degree and threshold are ``choose_degree(n,
@@ -36,7 +36,7 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from meshkit.secagg import STAGES, SecAggParams, choose_degree, quantize, simulate_round
+from meshkit_secagg import STAGES, SecAggParams, choose_degree, quantize, simulate_round
 
 
 class _LazyUpdates(Mapping[int, np.ndarray]):

@@ -65,7 +65,7 @@ _SUBMODULES = frozenset({
     "aggregation", "checkpoint", "cli", "config", "exporter", "flower", "hookspecs", "node", "options", "outer",
     "partitioner", "pipeline", "plugins", "registry", "safetensors", "state", "task", "testing",
     "train", "transport",
-    "wire", "attack", "population", "simulation", "secagg", "compression",
+    "wire", "attack", "population", "simulation", "secure_aggregation", "compression",
 })
 
 __all__ = [

@@ -29,6 +29,8 @@ KINDS: dict[str, str] = {
     "attack": "meshkit_attacks",
     "exporter": "meshkit_exporters",
     "compression": "meshkit_compression",
+
+    "secure_aggregation": "meshkit_secure_aggregation",
 }
 
 

@@ -35,7 +35,7 @@ __all__ = [
     "parse_config",
     "MIN_SECRET_BYTES",
     "SimulationTable",
-    "SecureAggregationTable",
+    "DEFAULT_SECURE_AGGREGATION",
 ]
 
 LAUNCHES = ("local", "external")
@@ -246,73 +246,9 @@ class SimulationTable:
     speeds_file: str = ""
 
 
-#: ``[secure_aggregation] name`` values: the protocols meshkit runs.
-SECURE_AGGREGATIONS = ("secagg+",)
-
-
-def _auto_or(check: Any) -> Any:
-    """A key that is ``"auto"`` or a number ``check`` accepts (bool is never a number)."""
-    def validate(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value == "auto":
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{attribute.name} must be \"auto\" or a number, got {value!r}")
-        check(attribute.name, value)
-    return validate
-
-
-def _one_of(name: str, value: Any, known: tuple[str, ...]) -> None:
-    if value not in known:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, known))}, got {value!r}")
-
-
-def _degree(name: str, value: Any) -> None:
-    if not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (0: the complete graph) or "
-                         f"\"auto\", got {value!r}")
-
-
-def _threshold(name: str, value: Any) -> None:
-    if isinstance(value, int) and value < 2 or isinstance(value, float) and not 0 < value < 1:
-        raise ValueError(f"{name} must be a number of shares >= 2, a fraction in (0, 1) of "
-                         f"each client's shares, or \"auto\", got {value!r}")
-
-
-@attrs.frozen
-class SecureAggregationTable:
-    """``[secure_aggregation]``: the coordinator learns each round's sum, never an update.
-
-    docs/secure-aggregation.md ("Configuration") says how each key is used;
-    the cohort-dependent checks (a threshold above the shares a client has,
-    a modulus too small for the cohort) are made when a round starts, with
-    the figures they need.
-    """
-
-    name: str = attrs.field(default="secagg+", validator=lambda _, a, value: _one_of(
-        a.name, value, SECURE_AGGREGATIONS))
-    #: Neighbours each client masks with (SecAgg+'s k-regular graph); 0: every
-    #: other client (SecAgg's complete graph); "auto": from the cohort size.
-    degree: Any = attrs.field(default="auto", validator=_auto_or(_degree))
-    #: Shares needed to reconstruct a client's secrets: an integer, a fraction of
-    #: the shares each client hands out, or "auto".
-    threshold: Any = attrs.field(default="auto", validator=_auto_or(_threshold))
-    #: Each coordinate of a client's update is clipped to [-clip_range, clip_range]
-    #: before it is quantised.
-    clip_range: float = attrs.field(default=8.0, validator=[attrs.validators.gt(0),
-                                                            attrs.validators.le(1e12)])
-    #: Masked vectors are integers mod 2**modulus_bits.
-    modulus_bits: int = attrs.field(default=32, validator=[attrs.validators.ge(1),
-                                                           attrs.validators.le(64)])
-
-
-def _secure_aggregation_table(options: dict[str, Any], path: str) -> SecureAggregationTable:
-    """Structure ``[secure_aggregation]`` (``degree`` and ``threshold``: "auto" or a number)."""
-    try:
-        table: SecureAggregationTable = structure_strict(options, SecureAggregationTable,
-                                                         where="[secure_aggregation]")
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    return table
+#: ``[secure_aggregation] name`` when the table gives none: the built-in scheme
+#: (a keys request that names no scheme means this one, so older workers interoperate).
+DEFAULT_SECURE_AGGREGATION = "secagg+"
 
 
 @attrs.frozen
@@ -357,8 +293,8 @@ class Config:
                           source=where)
         return Speeds(seed=self.run.seed, sigma=1.0 if table.sigma is None else table.sigma)
 
-    #: ``[secure_aggregation]``: the protocol that hides each client's update (None: none).
-    secure_aggregation: SecureAggregationTable | None = None
+    #: ``[secure_aggregation]``: the scheme that hides each client's update (None: none).
+    secure_aggregation: Selection | None = None
 
     def selections(self) -> list[Selection]:
         chosen = [self.task, self.strategy, self.aggregator, self.outer_optimizer]
@@ -368,6 +304,9 @@ class Config:
             chosen.append(self.privacy)
         if self.compression is not None:
             chosen.append(self.compression)
+
+        if self.secure_aggregation is not None:
+            chosen.append(self.secure_aggregation)
         chosen.append(self.transport)
         if self.attack is not None:
             chosen.append(self.attack.selection)
@@ -502,8 +441,8 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     privacy = optional("privacy", None, "a privacy mechanism's name (e.g. \"dp-fixed\")")
     compression = optional("compression", None, "a compressor's name (e.g. \"quantize\")")
     attack = _attack_table(table("attack"), path) if "attack" in data else None
-    secure = (_secure_aggregation_table(table("secure_aggregation"), path)
-              if "secure_aggregation" in data else None)
+    secure = optional("secure_aggregation", DEFAULT_SECURE_AGGREGATION,
+                      "a secure-aggregation scheme's name (e.g. \"secagg+\")")
     task = Selection("task", run.task, table("task"), "[task]")
     transport = Selection("transport", mesh.transport, table("transport"), "[transport]")
     observers = []

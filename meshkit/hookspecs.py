@@ -175,6 +175,20 @@ def meshkit_compression() -> Iterable[Component]:
     """
 
 
+
+@_hookspec
+def meshkit_secure_aggregation() -> Iterable[Component]:
+    """Offer secure-aggregation schemes: how a round's updates are masked so only their sum shows.
+
+    Called once per plugin manager, the first time a scheme is listed or
+    selected (``[secure_aggregation] name``, on the coordinator; by a worker
+    when a round's keys request names it). Return :class:`meshkit.Component`
+    records whose factory builds a :class:`meshkit.secure_aggregation.Scheme`:
+    it declares :class:`~meshkit.secure_aggregation.SecureAggregationTraits`
+    (its field, row widths, dropout tolerance) and gives the kernel's round
+    its coordinator and client sides. The factory must import nothing heavy.
+    """
+
 # -- event hooks -------------------------------------------------------------
 
 

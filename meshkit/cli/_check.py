@@ -195,6 +195,11 @@ def _as_json(plan: Any, parts: dict[str, Any]) -> dict[str, Any]:
 
 def _secure_line(plan: dict[str, Any]) -> str:
     """What a secure round survives, in one line."""
+    if not plan["tolerates_dropouts"]:
+        return (f"secure aggregation: a cohort of {plan['cohort']} clients over "
+                f"{plan['workers']} worker(s), at most {plan['clients_per_worker']} each; the "
+                f"scheme does not tolerate dropouts (SecureAggregationTraits.tolerates_dropouts "
+                f"is false): losing one worker after the keys step stops the round")
     lost, clients = plan["survives_losing_workers"], plan["survives_losing_clients"]
     return (f"secure aggregation: a cohort of {plan['cohort']} clients over {plan['workers']} "
             f"worker(s), at most {plan['clients_per_worker']} each; degree "

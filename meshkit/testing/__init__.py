@@ -16,6 +16,8 @@ point, so every test suite of a project that installs meshkit gets:
   :class:`RobustAggregatorContract`, :class:`ObserverContract`,
   :class:`ExporterContract`, :class:`CompressionContract`::
 
+  :class:`ExporterContract`, :class:`SecureAggregationContract`::
+
       from meshkit.testing import AggregatorContract
 
       class TestMedian(AggregatorContract):
@@ -53,6 +55,8 @@ __all__ = [
     "ExporterContract",
     "ObserverContract",
     "CompressionContract",
+
+    "SecureAggregationContract",
 ]
 
 # The contract suites use plain ``assert``; have pytest rewrite them so a
@@ -70,6 +74,8 @@ pytest.register_assert_rewrite(
     "meshkit.testing.exporter",
     "meshkit.testing.observer",
     "meshkit.testing.compression",
+
+    "meshkit.testing.secure_aggregation",
 )
 
 _LAZY = {
@@ -84,6 +90,7 @@ _LAZY = {
     "RobustAggregatorContract": "meshkit.testing.robust",
     "ExporterContract": "meshkit.testing.exporter",
     "ObserverContract": "meshkit.testing.observer",
+    "SecureAggregationContract": "meshkit.testing.secure_aggregation",
 }
 
 

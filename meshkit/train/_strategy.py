@@ -260,7 +260,7 @@ class StrategyContext:
     #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
     #: one all-reduce: :mod:`meshkit.train._rounds.collective`); None: a coordinator and workers.
     collective: Any = None
-    #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
+    #: ``[secure_aggregation]`` (:class:`meshkit.secure_aggregation.SchemeChoice`); None: rounds
     #: fold plain contributions.
     secure_aggregation: Any = None
     #: ``[compression]`` (:class:`meshkit.compression.CompressionPlan`); None: fits upload

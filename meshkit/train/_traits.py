@@ -75,7 +75,11 @@ class StrategyTraits:
     * ``device``: the coordinator's device for the task ("": default);
     * ``accept_failures``: the strategy's ``[strategy] accept_failures`` (a member's
       failure costs that member, ``meshkit.train._failures``), ``None`` when it has no
-      such key; ``meshkit check`` states what a failure costs from it.
+      such key; ``meshkit check`` states what a failure costs from it;
+    * ``sampling``, ``fraction``, ``min_clients``: how a round's cohort is drawn
+      (``"fixed"``: ``max(min_clients, ceil(fraction * clients))`` clients;
+      ``"poisson"``: each client with probability ``fraction``, so a round may
+      draw every client); ``meshkit check`` sizes a secure round's cohort from them.
 
     What it computes for the kernel (None: it has none):
 
@@ -114,6 +118,12 @@ class StrategyTraits:
     round_timeout: float = 0.0
     device: str = ""
     accept_failures: bool | None = None
+    sampling: str = attrs.field(default="fixed", validator=attrs.validators.in_(
+        ("fixed", "poisson")))
+    fraction: float = attrs.field(default=1.0, converter=float,
+                                  validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
+    min_clients: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int),
+                                                         attrs.validators.ge(1)])
     count_clients: Callable[..., int] | None = attrs.field(
         default=None, validator=_optional_callable, eq=False, repr=False)
     sampling_rate: Callable[[int], float] | None = attrs.field(

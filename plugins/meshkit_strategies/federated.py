@@ -52,7 +52,8 @@ class Federated:
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
-            cohort=self.cohort, check=self.check, accept_failures=self.options.accept_failures)
+            cohort=self.cohort, check=self.check, accept_failures=self.options.accept_failures,
+            sampling=opts.sampling, fraction=opts.fraction, min_clients=opts.min_clients)
 
     def cohort(self, clients: int) -> int:
         """The clients a round folds: ``ceil(fraction * clients)`` (at least ``min_clients``);

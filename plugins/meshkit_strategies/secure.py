@@ -5,9 +5,10 @@ Rules (docs/secure-aggregation.md, "Composition"):
 * The cohort is sampled as a plain round samples it (``fraction``,
   ``sampling``); under ``[privacy]`` as a private round does (Poisson with
   probability q, or everyone), with the same budget check first.
-* The round is :func:`meshkit.train.secure_sum`: the clients' updates
-  (fitted minus global) are clipped coordinate-wise to ``clip_range``,
-  quantised, masked and summed; the coordinator unmasks only the sum.
+* The round is :func:`meshkit.train.secure_sum` with the run's scheme
+  (``[secure_aggregation] name``): the clients' updates (fitted minus
+  global) are quantised by the scheme (SecAgg+: clipped coordinate-wise to
+  ``clip_range``), masked and summed; the coordinator unmasks only the sum.
 * Every client in the sum counts once (the aggregator's example weights
   would need each client's count in clear); the new model is the global
   plus the mean update, stepped by the outer optimizer as usual.
@@ -50,7 +51,7 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
     if privacy is not None:
         fit["clip_norm"] = privacy.clip_norm
     try:
-        revealed = secure_sum(ctx, sampled, state=state, table=ctx.secure_aggregation, rnd=rnd,
+        revealed = secure_sum(ctx, sampled, state=state, scheme=ctx.secure_aggregation, rnd=rnd,
                               shards=clients, seeds={c: client_seed(ctx.seed, rnd, c)
                                                      for c in sampled}, fit=fit,
                               pinned=None if pinned is None else {c: pinned[c]

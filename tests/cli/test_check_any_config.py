@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 import meshkit
 from meshkit.cli import main
-from meshkit.config import MeshTable, RunTable, SecureAggregationTable, SimulationTable
+from meshkit.config import MeshTable, RunTable, SimulationTable
 
 #: Integers at the edges: negative, zero, small, and TOML's int64 limits.
 INTS = [-(2 ** 63), -1, 0, 1, 2, 3, 5, 10, 64, 2 ** 31, 2 ** 63 - 1]
@@ -114,7 +114,8 @@ def _table(options: type | None, fixed: dict[str, Any] | None = None
 _CATALOG = {kind: {name: component.options
                    for name, component in sorted(meshkit.plugins.available(kind).items())}
             for kind in ("strategy", "aggregator", "outer_optimizer", "partitioner", "privacy",
-                         "attack", "observer", "task", "transport", "board")}
+                         "attack", "observer", "task", "transport", "board",
+                         "secure_aggregation")}
 
 
 def _components(kind: str) -> dict[str, Any]:
@@ -176,7 +177,8 @@ def configs(draw: Any) -> dict[str, Any]:
     if draw(st.booleans()):
         data["simulation"] = draw(_table(SimulationTable))
     if draw(st.booleans()):
-        data["secure_aggregation"] = draw(_table(SecureAggregationTable))
+        data["secure_aggregation"] = draw(_selected("secure_aggregation",
+                                                    "secure_aggregation"))
     if draw(st.integers(0, 3)) == 0:
         data["observers"] = [draw(_selected("observer", "observers"))]
     return data
@@ -291,8 +293,9 @@ BASES = {
     "simulation": (_federated(strategy={"name": "fedbuff", "clients": 8, "buffer_size": 2,
                                         "concurrency": 4}, simulation={}),
                    "simulation", SimulationTable),
-    "secure_aggregation": (_federated(secure_aggregation={}), "secure_aggregation",
-                           SecureAggregationTable),
+    **{f"secure_aggregation {name}": (_federated(secure_aggregation={"name": name}),
+                                      "secure_aggregation", options)
+       for name, options in _CATALOG["secure_aggregation"].items()},
     **{f"strategy {name}": ({**_federated(), "strategy": {"name": name}}, "strategy", options)
        for name, options in _CATALOG["strategy"].items()
        if options is not None and name not in ("federated", "fedbuff", "model-parallel")},

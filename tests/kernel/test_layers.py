@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("meshkit.wire",),
     ("meshkit.transport",),
     ("meshkit.aggregation", "meshkit.outer", "meshkit.partitioner", "meshkit.attack",
-     "meshkit.privacy", "meshkit.simulation", "meshkit.secagg", "meshkit.compression"),
+     "meshkit.privacy", "meshkit.simulation", "meshkit.secure_aggregation", "meshkit.compression"),
     ("meshkit.node", "meshkit.task", "meshkit.population"),
     ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
     ("meshkit.cli",),

@@ -185,6 +185,8 @@ def test_component_options_must_be_an_attrs_class():
     ("partitioner", "meshkit_partitioners"), ("attack", "meshkit_attacks"),
     ("observer", "meshkit_observers"), ("privacy", "meshkit_privacy"),
     ("exporter", "meshkit_exporters"), ("compression", "meshkit_compression"),
+
+    ("exporter", "meshkit_exporters"), ("secure_aggregation", "meshkit_secure_aggregation"),
 ])
 def test_every_component_hook_is_called(kind, hook):
     calls = []
@@ -239,7 +241,7 @@ def test_every_spec_in_hookspecs_is_tested_here():
         "meshkit_boards", "meshkit_strategies", "meshkit_tasks", "meshkit_partitioners",
         "meshkit_attacks", "meshkit_observers", "meshkit_privacy", "meshkit_exporters",
         "meshkit_compression",
-        "meshkit_run_started",
+        "meshkit_secure_aggregation", "meshkit_run_started",
         "meshkit_node_joined", "meshkit_round_completed", "meshkit_run_finished"}
 
 

@@ -33,7 +33,7 @@ KERNEL = Path(meshkit.__file__).parent
 KERNEL_WORDS = {"local", "scale"}
 
 KINDS = ("transport", "aggregator", "outer_optimizer", "board", "strategy", "task",
-         "partitioner", "attack", "privacy", "observer", "compression")
+         "partitioner", "attack", "privacy", "observer", "compression", "secure_aggregation")
 
 
 def _kernel_modules() -> list[Path]:

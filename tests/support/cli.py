@@ -23,6 +23,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, pythonpath: str | Non
                           text=True, env=full_env, cwd=cwd, timeout=timeout)
 
 
+def plugin_env(site: str) -> dict[str, str]:
+    """The environment a subprocess sees a plugin installed into ``site`` with (and no
+    plugin filter or secret of the caller's), one BLAS thread."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS", "MESHKIT_SECRET")}
+    env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
 def pip_install_target(target: Path, *package_dirs: Path) -> None:
     """Install plugin packages for real (dist-info + entry points) into ``target``.
 

@@ -4,7 +4,6 @@ virtual clock, and a real straggler node on real time."""
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import numpy as np
 import pytest

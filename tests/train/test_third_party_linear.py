@@ -16,7 +16,6 @@ batched round really played batched.
 from __future__ import annotations
 
 import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import fold_round
 
-from tests.support.cli import pip_install_target, run_cli
+from tests.support.cli import pip_install_target, plugin_env, run_cli
 from tests.support.rounds import fits, make_ctx, same_bytes
 
 pytestmark = pytest.mark.slow
@@ -91,20 +90,12 @@ def _run_both(tmp_path: Path, site: str, **tables: str) -> None:
     """``meshkit run`` of the job with fedavg and with the package's work-mean, side by side."""
     runs = [subprocess.Popen([sys.executable, "-m", "meshkit", "run", "-q",
                               str(_config(tmp_path, name, **tables))],
-                             cwd=tmp_path, env=_env(site), stdout=subprocess.PIPE,
+                             cwd=tmp_path, env=plugin_env(site), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
             for name in ("fedavg", "work-mean")]
     for process in runs:
         output, _ = process.communicate(timeout=300)
         assert process.returncode == 0, output
-
-
-def _env(site: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS", "MESHKIT_SECRET")}
-    env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _same_model(tmp_path: Path) -> None:
@@ -258,11 +249,11 @@ def test_torchrun_spmd_plays_it_and_the_model_is_fedavgs_on_the_star_bit_for_bit
     spmd = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "meshkit_torchdist", str(_torch_config(tmp_path, "spmd", "work-mean", True))],
-        cwd=tmp_path, env=_env(site), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=tmp_path, env=plugin_env(site), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     star = subprocess.run([sys.executable, "-m", "meshkit", "run", "-q",
                            str(_torch_config(tmp_path, "star", "fedavg", False))],
-                          cwd=tmp_path, env=_env(site), capture_output=True, text=True,
+                          cwd=tmp_path, env=plugin_env(site), capture_output=True, text=True,
                           timeout=300)
     assert star.returncode == 0, star.stdout + star.stderr
     output, _ = spmd.communicate(timeout=300)
@@ -279,7 +270,7 @@ def test_torchrun_spmd_refuses_one_that_declares_nothing_naming_the_trait(tmp_pa
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
          "-m", "meshkit_torchdist",
          str(_torch_config(tmp_path, "spmd", "undeclared-mean", True))],
-        cwd=tmp_path, env=_env(site), capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=plugin_env(site), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "[aggregator] with [transport] mode = \"spmd\"" in output, output

@@ -73,10 +73,6 @@ class Plan:
         speeds = cfg.speeds()
         if speeds is not None:
             lines.append(f"simulation: virtual clock, {speeds.describe()}")
-        if cfg.secure_aggregation is not None:
-            shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(
-                cfg.secure_aggregation).items() if k != "name")
-            lines.append(f"secure_aggregation: {cfg.secure_aggregation.name} [{shown}]")
         for component, opts in self.observers:
             shown = ", ".join(f"{k}={v!r}" for k, v in attrs.asdict(opts).items()) if (
                 opts is not None and attrs.has(type(opts))) else "no options"

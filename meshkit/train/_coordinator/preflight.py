@@ -47,6 +47,7 @@ from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
+from meshkit.secure_aggregation import SchemeChoice
 from meshkit.task import buffer_keys, build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._coordinator.observers import build_observers
@@ -133,7 +134,7 @@ def check_mesh_peers(cfg: Any, world: int) -> None:
             f"(the coordinator, {cfg.mesh.workers} worker(s)"
             + (f" and {world - 1 - cfg.mesh.workers} board rank(s)"
                if world - 1 > cfg.mesh.workers else "")
-            + f"); give one host:port per rank, the coordinator's first")
+            + "); give one host:port per rank, the coordinator's first")
 
 
 def _toml(value: Any) -> str:
@@ -648,18 +649,17 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
             f"virtual clock: it lacks the trait StrategyTraits.clocked (fedbuff has it: it folds updates in the order their simulated "
             f"fits finish); remove the [simulation] table, or use [strategy] name = "
             f"\"fedbuff\"")
-    secure = None
+    secure = scheme = None
     if cfg.secure_aggregation is not None:
         check_secure_aggregation(cfg, strategy, aggregator)
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
-        options = getattr(strategy, "options", None)
-        secure = secure_plan(cfg.secure_aggregation,
+        scheme = SchemeChoice(cfg.secure_aggregation.name, plan.create("secure_aggregation"))
+        secure = secure_plan(scheme,
                              run_clients(cfg, strategy, partitioner, task), cfg.mesh.workers,
                              # Poisson sampling may draw every client in one round.
-                             fraction=(1.0 if getattr(options, "sampling", "") == "poisson"
-                                       else getattr(options, "fraction", 1.0)),
-                             min_clients=getattr(options, "min_clients", 1), path=cfg.path)
+                             fraction=1.0 if traits.sampling == "poisson" else traits.fraction,
+                             min_clients=traits.min_clients, path=cfg.path)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
     # Built before the strategy's check too, which may refuse a compressor it cannot play.
@@ -713,8 +713,9 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "compression": compression,
         #: What one client's compressed upload carries (:func:`upload_estimate`), or None.
         "upload": upload,
-        #: ``[secure_aggregation]`` (a :class:`meshkit.config.SecureAggregationTable`), or None.
-        "secure_aggregation": cfg.secure_aggregation,
+        #: ``[secure_aggregation]``: the selected scheme
+        #: (:class:`meshkit.secure_aggregation.SchemeChoice`), or None.
+        "secure_aggregation": scheme,
         #: A secure run's cohort, graph and how many workers a round survives losing
         #: (:func:`meshkit.train._rounds.secure.secure_plan`), else None.
         "secure_plan": secure,

@@ -22,11 +22,11 @@ from meshkit.train._messages.check import (REPLIES, REQUESTS, Signature, check_c
 from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MAX_ERROR,
                                             MAX_EXAMPLES, MAX_METRICS, MAX_NAME, MAX_SEED, MAX_SEQ,
                                             MAX_STATE_KEYS, MIN_SEQ, Metrics, State)
-from meshkit.train._messages.secure import ADVERT_SIZE, MAX_CLIENT_ID
+from meshkit.train._messages.secure import MAX_CLIENT_ID
 from meshkit.train._messages.trainer import ErrorReply
 
 __all__ = ["REQUESTS", "REPLIES", "ErrorReply", "Signature", "check_request", "check_reply",
            "check_contribution", "nonfinite_leaf", "signature", "field_table", "State", "Metrics",
-           "ADVERT_SIZE", "MAX_CLIENT_ID", "MAX_BATCH", "MAX_BUDGET", "MAX_COUNT", "MAX_ERROR",
+           "MAX_CLIENT_ID", "MAX_BATCH", "MAX_BUDGET", "MAX_COUNT", "MAX_ERROR",
            "MAX_EXAMPLES", "MAX_METRICS", "MAX_NAME", "MAX_SEED", "MAX_SEQ", "MAX_STATE_KEYS",
            "MIN_SEQ"]

@@ -16,7 +16,7 @@ import attrs
 import cattrs
 import numpy as np
 
-from meshkit.secagg import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH
+from meshkit.secure_aggregation import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH
 
 
 # -- bounds ------------------------------------------------------------------------------

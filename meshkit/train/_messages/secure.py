@@ -6,23 +6,24 @@ from typing import Any
 
 import attrs
 
-from meshkit.secagg import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, SEALED_SIZE, SHARE_SIZE
+from meshkit.secure_aggregation import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW
 from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Integers,
-                                            Masked, Rows, _between, _field, _seq, _shards)
+                                            Masked, Rows, _between, _field, _name, _seq, _shards)
 
 
 # -- secure aggregation (``[secure_aggregation]``: meshkit.train._rounds.secure) ---------------
-
-#: Bytes of one key advert row: the share key, the mask key, the seed commitment.
-ADVERT_SIZE = 3 * 32
-
 
 def _ids_field(doc: str) -> Any:
     return _field("client ids", doc)
 
 
-def _width(rows: Any, width: int, what: str, count: int | None = None) -> None:
-    if rows.shape[1] != width:
+def _width(rows: Any, width: int | None, what: str, count: int | None = None) -> None:
+    """Rows of ``width`` bytes (None: the scheme's width, 1 to MAX_ROW, which the round
+    checks against the scheme's traits), ``count`` of them when given."""
+    if width is None and not 1 <= rows.shape[1] <= MAX_ROW:
+        raise ValueError(f"{what} rows are {rows.shape[1]} bytes wide; they must be 1 to "
+                         f"{MAX_ROW}")
+    if width is not None and rows.shape[1] != width:
         raise ValueError(f"{what} rows are {rows.shape[1]} bytes wide; they must be {width}")
     if count is not None and rows.shape[0] != count:
         raise ValueError(f"{what} has {rows.shape[0]} rows for {count} entries")
@@ -63,6 +64,9 @@ class SecAggKeysRequest:
                                             "derivations)")
     length: int = _field("int 1..2^31", "elements of an update (the model's float arrays)",
                          check=_between(1, MAX_LENGTH))
+    scheme: str | None = _field("string", "the `[secure_aggregation] name` of the round's scheme "
+                                "(absent: the default, secagg+)", optional=True,
+                                check=lambda _, a, v: None if _name(v, a.name) else None)
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
@@ -76,11 +80,12 @@ class SecAggKeysReply:
 
     seq: int = _seq()
     clients: ClientIds = _ids_field("the clients advertising, the request's")
-    adverts: Rows = _field("bytes nx96", "per client: share key, mask key, seed commitment "
-                                         "(32 bytes each)")
+    adverts: Rows = _field("bytes nxA", "per client: its advert (A: the scheme's advert_size; "
+                                        "secagg+: share key, mask key, seed commitment, 32 "
+                                        "bytes each)")
 
     def __attrs_post_init__(self) -> None:
-        _width(self.adverts, ADVERT_SIZE, "adverts", len(self.clients))
+        _width(self.adverts, None, "adverts", len(self.clients))
 
 
 @attrs.frozen(kw_only=True)
@@ -89,10 +94,10 @@ class SecAggShareRequest:
 
     seq: int = _seq(0)
     members: ClientIds = _ids_field("every client that advertised (the graph's members)")
-    adverts: Rows = _field("bytes nx96", "each member's advert, in `members` order")
+    adverts: Rows = _field("bytes nxA", "each member's advert, in `members` order")
 
     def __attrs_post_init__(self) -> None:
-        _width(self.adverts, ADVERT_SIZE, "adverts", len(self.members))
+        _width(self.adverts, None, "adverts", len(self.members))
 
 
 @attrs.frozen(kw_only=True)
@@ -104,12 +109,12 @@ class SecAggShareReply:
                                 check=_any_ids)
     recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
                                    check=_any_ids)
-    sealed: Rows = _field("bytes nx200", "the sealed share pairs (an ephemeral X25519 key, then "
-                                         "AES-GCM)")
+    sealed: Rows = _field("bytes nxS", "the sealed rows (S: the scheme's sealed_size; secagg+: "
+                                       "200, an ephemeral X25519 key, then AES-GCM)")
 
     def __attrs_post_init__(self) -> None:
         _aligned(self, "senders", "recipients")
-        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+        _width(self.sealed, None, "sealed", len(self.senders))
 
 
 @attrs.frozen(kw_only=True)
@@ -122,13 +127,13 @@ class SecAggOpenRequest:
                                 check=_any_ids)
     recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
                                    check=_any_ids)
-    sealed: Rows = _field("bytes nx200", "the sealed share pairs delivered to `clients`")
+    sealed: Rows = _field("bytes nxS", "the sealed rows delivered to `clients`")
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
         _aligned(self, "senders", "recipients")
-        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+        _width(self.sealed, None, "sealed", len(self.senders))
 
 
 @attrs.frozen(kw_only=True)
@@ -166,11 +171,12 @@ class SecAggRevealReply:
     """The ephemeral private key each accused share was sealed with, in the request's order."""
 
     seq: int = _seq()
-    keys: Rows = _field("bytes nx32", "the X25519 ephemeral private keys (each opens one "
-                                      "sealed share pair, nothing else)")
+    keys: Rows = _field("bytes nxR", "the keys (R: the scheme's reveal_size; secagg+: 32, an "
+                                     "X25519 ephemeral private key), each opening one sealed "
+                                     "row, nothing else")
 
     def __attrs_post_init__(self) -> None:
-        _width(self.keys, 32, "keys")
+        _width(self.keys, None, "keys")
 
 
 @attrs.frozen(kw_only=True)
@@ -241,11 +247,12 @@ class SecAggUnmaskReply:
                                check=_any_ids)
     kinds: Integers = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
                               "key's", check=lambda _, a, v: _each(a, v, 0, 1))
-    shares: Rows = _field("bytes nx70", "the Shamir shares")
+    shares: Rows = _field("bytes nxH", "the unmasking shares (H: the scheme's share_size; "
+                                      "secagg+: 70, a Shamir share)")
 
     def __attrs_post_init__(self) -> None:
         _aligned(self, "holders", "owners", "kinds")
-        _width(self.shares, SHARE_SIZE, "shares", len(self.holders))
+        _width(self.shares, None, "shares", len(self.holders))
 
 
 def _each(attribute: Any, values: list[int], low: int, high: int) -> None:

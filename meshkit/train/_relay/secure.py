@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshkit.errors import ProtocolError
-from meshkit.secagg import add_mod
+from meshkit.secure_aggregation import add_mod
 from meshkit.train._messages import MAX_CLIENT_ID, check_request
 from meshkit.train._pool import WorkerPool, protocol_reason
 

@@ -83,13 +83,11 @@ import bisect
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
 from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
-from meshkit.compression import (CompressionPlan, compressed_keys, decode_contribution,
-                                 is_residual, residual_name)
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
@@ -98,112 +96,20 @@ from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._rounds.batched import batch_applies, fold_batched
 from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._pool import protocol_reason
-from meshkit.train._rounds.skeleton import RoundOutcome
 from meshkit.train._relay.host import answer_request
 from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay_plan_applies,
                                           relay_weight)
 from meshkit.train._pool import WorkerPool
-from meshkit.train._strategy import StrategyContext, weighted_mean
+from meshkit.train._strategy import StrategyContext
+from meshkit.train._rounds.compressed import Unpacker, compressed_work
+from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
+                                       train_loss)
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
            "DEFAULT_WINDOW", "answer_relay_request", "RoundCall", "RoundPath", "ROUND_PATHS",
            "round_path"]
 
 log = logging.getLogger(__name__)
-
-#: Whole contributions the coordinator holds by default (pulled or arriving,
-#: not yet folded). One keeps the bound lowest: the round's global state, the
-#: fold's accumulator, the one contribution the fold retains and the one
-#: arriving (docs/strategies.md, "The round engine").
-DEFAULT_WINDOW = 1
-
-#: Results a worker keeps waiting for the coordinator to take before it is
-#: handed more work: enough to fit the next client while the last waits.
-HOLD = 2
-
-
-@attrs.frozen
-class Work:
-    """One contribution a round asks for: its key (fold order) and the request.
-
-    ``request`` is a ``fit`` or ``grads`` request without the global state
-    (the engine sends that once per worker) and without ``keep`` (the engine
-    adds it). ``rank`` pins the work to one worker: a client whose data only
-    that node has (``[partitioner] name = "local"``). No other worker serves
-    it; when that worker is lost, the key is not served this round.
-    """
-
-    key: int
-    request: Mapping[str, Any]
-    rank: int | None = None
-
-
-def by_examples(reply: Mapping[str, Any]) -> float:
-    """A contribution's weight: the examples it was trained on (realized work)."""
-    return float(reply["examples"])
-
-
-def once(reply: Mapping[str, Any]) -> float:
-    """A contribution's weight when each counts the same (a data-parallel shard's
-    gradient is already the mean over its batch: DDP's rule)."""
-    return 1.0
-
-
-def train_loss(replies: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """The example-weighted mean ``train_loss`` of small replies ({} when none had one)."""
-    loss = weighted_mean((r["metrics"]["train_loss"], r.get("examples", 1))
-                         for r in replies if "train_loss" in r.get("metrics", {}))
-    return {} if loss is None else {"train_loss": loss}
-
-
-@attrs.frozen
-class Folded:
-    """What :func:`fold_round` produced.
-
-    ``result`` is the fold's result (None when nothing was served);
-    ``served`` maps each folded key, in fold order, to the rank whose
-    contribution was folded; ``not_served`` maps each key that could not be
-    folded to the reason; ``replies`` holds each served key's small reply
-    (``examples``, ``metrics``); ``late`` maps each key whose answer missed
-    the round deadline to the rank that owed it (None: never handed out).
-    """
-
-    result: dict[str, Any] | None
-    served: dict[int, int]
-    not_served: dict[int, str]
-    replies: dict[int, Mapping[str, Any]]
-    late: dict[int, int | None] = attrs.Factory(dict)
-    #: The folded keys whose contribution was attacked (``[attack]`` in simulation, or a
-    #: node started with ``--attack`` that said so in its reply), ascending.
-    attacked: tuple[int, ...] = ()
-    #: Ranks dropped for the round for their own failure -> the reason
-    #: (:mod:`meshkit.train._failures`); they are not dead.
-    failed: dict[int, str] = attrs.Factory(dict)
-
-    @property
-    def answered(self) -> tuple[int, ...]:
-        """The ranks that served at least one key, sorted."""
-        return tuple(sorted(set(self.served.values())))
-
-    @property
-    def examples(self) -> int:
-        return sum(int(r.get("examples", 0)) for r in self.replies.values())
-
-    def train_loss(self) -> dict[str, float]:
-        """The example-weighted mean of the served keys' ``train_loss`` ({} when none had one)."""
-        return train_loss(self.replies.values())
-
-    def outcome(self, state: Mapping[str, Any], metrics: Mapping[str, float]) -> RoundOutcome:
-        """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what."""
-        return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
-                            examples=self.examples, metrics=dict(metrics),
-                            served=dict(self.served), not_served=dict(self.not_served),
-                            client_examples={k: int(self.replies[k].get("examples", 0))
-                                             for k in self.served},
-                            late=tuple(sorted({r for r in self.late.values()
-                                               if r is not None})),
-                            attacked=self.attacked, failed=dict(self.failed))
-
 
 def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                state: Mapping[str, Any] | None = None,
@@ -440,50 +346,6 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
 def round_path(call: RoundCall) -> RoundPath:
     """The first of :data:`ROUND_PATHS` that applies to ``call`` (the last always does)."""
     return next(path for path in ROUND_PATHS if path.applies(call))
-
-
-def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
-                    local: ClientLocal | None
-                    ) -> tuple[list[Work], ClientLocal | None, Unpacker]:
-    """``work`` asking for compressed fits (``compress``), the store their local keys and
-    residuals are kept in, and the round's decoder.
-
-    Sent whole: FedBN's local keys (a client's own, never aggregated) and the task's
-    buffers (BatchNorm's statistics are estimates, not updates: a sparsified running
-    variance breaks the normalisation, and they are small). With error feedback the
-    store is the run's client-local store (FedBN's), whose keys then also name each
-    compressed key's residual, and whose values travel with the client's fit.
-    """
-    plan: CompressionPlan = ctx.compression
-    store = local if local else None
-    own = {k for k in (store.keys if store is not None else ()) if not is_residual(k)}
-    raw = sorted(own | (ctx.buffers & set(state)))
-    if plan.traits.stateful:
-        store = ctx.client_local
-        store.keys = store.keys | {residual_name(k) for k in compressed_keys(state, raw)}
-    field = plan.request(raw)
-    out = []
-    for w in work:
-        request = {**w.request, "compress": field}
-        kept = store.of(w.key) if store is not None else {}
-        if kept:
-            request["local"] = {**kept, **dict(w.request.get("local") or {})}
-        out.append(attrs.evolve(w, request=request))
-    return out, store, Unpacker(plan, tuple(raw))
-
-
-@attrs.frozen
-class Unpacker:
-    """A compressed round's decoder: a pulled payload back to the contribution it stands for."""
-
-    plan: CompressionPlan
-    #: The keys sent whole (:func:`compressed_work`).
-    raw: tuple[str, ...]
-
-    def decode(self, payload: Mapping[str, Any], reference: Mapping[str, Any],
-               what: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        return decode_contribution(self.plan.compressor, payload, reference, raw=self.raw,
-                                   what=what)
 
 
 def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]

@@ -1,10 +1,15 @@
 """The coordinator's side of a secure round: it learns the sum of the clients' updates, never one.
 
 Rule: every byte a secure round takes in from a worker goes through this
-module into one :class:`meshkit.secagg.ServerRound`, and what comes out is
+module into one scheme server (:class:`meshkit.secure_aggregation.SchemeServer`,
+built by the run's ``[secure_aggregation]`` scheme), and what comes out is
 the exact integer sum of the surviving clients' quantised updates,
 dequantised. No individual update, masked or not, is kept past
-``ServerRound.receive_masked`` (which folds it into a running modular sum).
+``receive_masked`` (which folds it into a running modular sum). The module
+knows no scheme: it checks each row's width against the scheme's
+:class:`~meshkit.secure_aggregation.SecureAggregationTraits` and decides by
+them (a scheme that does not tolerate dropouts has its round refused when a
+client is lost, naming the trait).
 
 How a round goes (:func:`secure_sum`; the worker's side is
 :mod:`meshkit.train._worker.secure`):
@@ -13,8 +18,8 @@ How a round goes (:func:`secure_sum`; the worker's side is
    (the first worker the first client, ...); a worker plays every client it
    is given, so the trust boundary is the worker, not the simulated client.
    The round's model goes once to each (``set_state``).
-2. ``secagg_keys``: each worker starts a fresh ``ClientRound`` per client
-   (fresh X25519 pairs, fresh self-mask seed) and sends the adverts.
+2. ``secagg_keys``: each worker starts a fresh scheme client per client
+   (SecAgg+: fresh X25519 pairs, fresh self-mask seed) and sends the adverts.
 3. ``secagg_share``: every advert goes to every worker; each client seals
    Shamir shares of its two secrets to its neighbours in the round's graph.
 4. ``secagg_mask``: the shares are routed to their recipients; each worker
@@ -22,7 +27,7 @@ How a round goes (:func:`secure_sum`; the worker's side is
    sum mod ``2**modulus_bits`` of its clients' masked inputs.
 5. ``secagg_unmask``: the survivors (whose masked input arrived) send the
    shares that remove the self-masks of the survivors and the pairwise masks
-   of those who dropped after sharing; ``ServerRound.finish`` rebuilds the
+   of those who dropped after sharing; the server's ``finish`` rebuilds the
    integer sum, or refuses (:class:`~meshkit.RefusedError`) when fewer than
    ``threshold`` survive: nothing is revealed in part.
 
@@ -32,21 +37,20 @@ their inputs stay in the sum (their self-masks rebuilt from the survivors'
 shares). They are never served again by another worker in the same round:
 a re-served client would need fresh keys, and its shares are already with
 its neighbours. A worker whose reply does not fit its schema, or whose
-keys, shares or vector the ``ServerRound`` refuses
-(:class:`~meshkit.secagg.SecAggError`, a :class:`~meshkit.ProtocolError`),
+keys, shares or vector the scheme refuses
+(:class:`~meshkit.secure_aggregation.SecureAggregationError`, a
+:class:`~meshkit.ProtocolError`),
 is declared dead with a ``protocol error`` reason, like any breach: its
 clients drop out, the round goes on.
 
-``degree`` and ``threshold`` (``[secure_aggregation]``): ``"auto"`` degree
-is :func:`meshkit.secagg.choose_degree` for the cohort, tolerating
-:data:`AUTO_DROPOUT` of it dropping; ``"auto"`` threshold is a majority of
-each client's neighbours; a fraction is that share of the neighbours
-(rounded up).
+The round's parameters (degree, threshold, clip range, field) are the
+scheme's :meth:`~meshkit.secure_aggregation.Scheme.plan` for the cohort;
+the kernel refuses a cohort below 3 clients or outside the scheme's
+``min_clients`` / ``max_clients`` first.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import secrets
@@ -55,25 +59,22 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
+from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
-from meshkit.secagg import (MAX_CLIENTS, SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, MaskedSum, SealedShares,
-                            SecAggParams, ServerRound, ShareBundle, UnmaskReply, choose_degree,
-                            dequantize)
-from meshkit.train._messages import ADVERT_SIZE
+from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
+                                        SecureAggregationError, SecureAggregationTraits)
 from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
 from meshkit.train._worker.secure import vector_keys
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["SecureSum", "secure_sum", "round_params", "plan_cohort", "survivable_workers",
-           "secure_plan",
-           "AUTO_DROPOUT"]
+__all__ = ["SecureSum", "secure_sum", "round_params", "plan_cohort", "secure_plan"]
 
 log = logging.getLogger(__name__)
 
-#: The share of the cohort ``degree = "auto"`` tolerates dropping (no colluders assumed).
-AUTO_DROPOUT = 0.3
+#: The size of a round's public seed (the graph, the keys' derivations).
+SEED_SIZE = 32
 
 
 @attrs.frozen(eq=False)
@@ -90,7 +91,7 @@ class SecureSum:
     contributors: tuple[int, ...]
     served: dict[int, int]
     not_served: dict[int, str]
-    params: SecAggParams
+    params: RoundParams
     #: The exact integer sum of the contributors' quantised updates (mod 2**modulus_bits).
     total: np.ndarray
     #: Shared their secrets, sent no masked input: their pairwise masks were cancelled.
@@ -106,83 +107,44 @@ class SecureSum:
         return out
 
 
-@functools.lru_cache(maxsize=256)
-def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
-    """``degree = "auto"``: :data:`AUTO_DROPOUT` of the cohort, and any one worker, may drop.
+def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggregation]",
+                 per_worker: int = 1) -> RoundParams:
+    """The round's parameters for a cohort of ``clients``: the scheme's plan, after the
+    kernel's refusals (fewer than 3 clients, or outside the scheme's declared cohort sizes).
 
-    :func:`choose_degree` bounds the chance that a client keeps too few
-    surviving holders when a random :data:`AUTO_DROPOUT` of the cohort drops.
-    A worker takes all its clients with it, so the degree is then raised
-    until the round survives losing the worker with the most clients in the
-    worst case over the graph (:func:`survivable_workers`), keeping the
-    threshold a majority of each client's neighbourhood.
+    ``per_worker`` is the most clients one worker plays this round (what a
+    scheme that tolerates dropouts must survive losing). A refusal from the
+    scheme's plan is given ``where``'s file name.
     """
-    degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
-    k = clients - 1 if degree == 0 else degree
-    while k + 1 - threshold < per_worker and k < clients - 1:
-        k = min(k + 2, clients - 1)
-        threshold = max(threshold, k // 2 + 1)
-    return (0 if k >= clients - 1 else k), threshold
-
-
-def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
-    """How many workers a round survives losing at any step, in the worst case over its graph.
-
-    ``loads`` are the clients each worker plays. A client's secrets have
-    ``k + 1`` holders (its ``k`` neighbours and itself) and need ``t``: losing
-    ``L`` clients leaves every client at least ``k + 1 - L`` holders (a lost
-    client's own share is lost with it, but it is then one of the ``L``), so
-    any set of workers whose clients number at most ``k + 1 - t`` may be
-    lost: the count of the largest loads that fit that budget.
-    """
-    budget = params.effective_degree + 1 - params.threshold
-    lost = survived = 0
-    for load in sorted(loads, reverse=True):
-        if lost + load > budget:
-            break
-        lost += load
-        survived += 1
-    return min(survived, max(len(loads) - 1, 0))
-
-
-def round_params(table: Any, clients: int, where: str = "[secure_aggregation]",
-                 per_worker: int = 1) -> SecAggParams:
-    """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
-
-    ``per_worker`` is the most clients one worker plays this round (what
-    ``degree = "auto"`` must survive losing).
-    """
+    traits = choice.traits
     if clients < 3:
         raise RefusedError(
             f"{where}: a secure round of {clients} client(s): with one the sum is its update, "
             f"with two each learns the other's from the sum and its own. Sample at least 3 "
             f"clients per round ([strategy] clients, fraction, min_clients)")
-    if clients > MAX_CLIENTS:
+    if clients < traits.min_clients:
+        raise RefusedError(
+            f"{where} name = {choice.name!r}: a secure round of {clients} clients, and the "
+            f"scheme serves at least {traits.min_clients} (its trait "
+            f"SecureAggregationTraits.min_clients). Sample more clients per round "
+            f"([strategy] clients, fraction, min_clients)")
+    if clients > traits.max_clients:
         raise ConfigError(
-            f"{where}: a secure round of {clients} clients; at most {MAX_CLIENTS} can take "
-            f"part in one (client ids and the quantisation headroom are sized for that). "
-            f"Lower [strategy] clients or fraction")
-    auto_t = None
-    if table.degree == "auto":
-        degree, auto_t = _auto_degree(clients, per_worker)
-    else:
-        degree = int(table.degree)
-    probe = SecAggParams(clients=clients, degree=degree, threshold=1,
-                         clip_range=table.clip_range, modulus_bits=table.modulus_bits)
-    neighbours = probe.effective_degree
-    if table.threshold == "auto":
-        threshold = auto_t if auto_t is not None else neighbours // 2 + 1
-    elif isinstance(table.threshold, float):
-        threshold = max(1, math.ceil(table.threshold * neighbours))
-    else:
-        threshold = int(table.threshold)
-    if threshold > neighbours:
-        raise ConfigError(
-            f"{where} threshold = {table.threshold!r}: {threshold} shares are needed but each of "
-            f"this round's {clients} clients has {neighbours} neighbours to hold them (degree = "
-            f"{table.degree!r}); lower threshold, raise degree (0: the complete graph), or "
-            f"sample more clients")
-    return attrs.evolve(probe, threshold=threshold)
+            f"{where}: a secure round of {clients} clients; at most {traits.max_clients} can "
+            f"take part in one of scheme {choice.name!r} (its trait "
+            f"SecureAggregationTraits.max_clients). Lower [strategy] clients or fraction")
+    try:
+        params = choice.scheme.plan(clients, per_worker)
+    except (ConfigError, RefusedError) as exc:
+        prefix = where.removesuffix("[secure_aggregation]")
+        raise type(exc)(f"{prefix}{exc}") from None
+    if params.modulus_bits != traits.modulus_bits or params.clients != clients:
+        raise RefusedError(
+            f"{where} name = {choice.name!r}: the scheme planned a round of {params.clients} "
+            f"clients mod 2^{params.modulus_bits} for a cohort of {clients}, and declares the "
+            f"field 2^{traits.modulus_bits} (SecureAggregationTraits.modulus_bits): the "
+            f"scheme contradicts itself; report it to its author")
+    return params
 
 
 def plan_cohort(cohort: Sequence[int], live: Sequence[int],
@@ -195,7 +157,7 @@ def plan_cohort(cohort: Sequence[int], live: Sequence[int],
     return plan
 
 
-def secure_plan(table: Any, clients: int, workers: int, fraction: float = 1.0,
+def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: float = 1.0,
                 min_clients: int = 1, path: str = "") -> dict[str, Any]:
     """What ``meshkit check`` says of a secure run's rounds: the cohort, graph and survival.
 
@@ -203,24 +165,28 @@ def secure_plan(table: Any, clients: int, workers: int, fraction: float = 1.0,
     planned over (``[mesh] workers``), ``fraction`` and ``min_clients`` the
     cohort's sampling (a fixed cohort of ``ceil(fraction * clients)``).
     Raises :class:`~meshkit.ConfigError` naming ``[strategy] clients`` for a
-    cohort above :data:`~meshkit.secagg.MAX_CLIENTS`, and what
-    :func:`round_params` raises for the table.
+    cohort above the scheme's ``max_clients``, and what :func:`round_params`
+    raises.
     """
+    traits = choice.traits
     cohort = min(clients, max(1, min_clients, math.ceil(round(fraction * clients, 9))))
-    if cohort > MAX_CLIENTS:
+    if cohort > traits.max_clients:
         raise ConfigError(
             f"{path}: [strategy] clients = {clients}: a secure round's cohort would be "
-            f"{cohort} clients, and at most {MAX_CLIENTS} can take part in one (client ids and "
-            f"the quantisation headroom are sized for that). Lower [strategy] clients, or "
-            f"sample fewer with [strategy] fraction")
+            f"{cohort} clients, and at most {traits.max_clients} can take part in one of "
+            f"scheme {choice.name!r} (its trait SecureAggregationTraits.max_clients). Lower "
+            f"[strategy] clients, or sample fewer with [strategy] fraction")
     plan = plan_cohort(range(cohort), list(range(1, max(1, workers) + 1)))
     loads = [len(cs) for cs in plan.values()]
     where = f"{path}: [secure_aggregation]" if path else "[secure_aggregation]"
-    params = round_params(table, cohort, where=where, per_worker=max(loads))
-    return {"cohort": cohort, "workers": len(loads), "clients_per_worker": max(loads),
-            "degree": params.effective_degree, "threshold": params.threshold,
-            "survives_losing_workers": survivable_workers(params, loads),
-            "survives_losing_clients": params.effective_degree + 1 - params.threshold}
+    params = round_params(choice, cohort, where=where, per_worker=max(loads))
+    facts: dict[str, Any] = {"cohort": cohort, "workers": len(loads),
+                             "clients_per_worker": max(loads),
+                             "tolerates_dropouts": traits.tolerates_dropouts,
+                             "survives_losing_workers": 0, "survives_losing_clients": 0}
+    if traits.tolerates_dropouts:
+        facts.update(choice.scheme.describe(params, loads))
+    return facts
 
 
 def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, str]) -> None:
@@ -250,13 +216,14 @@ def _failed(ctx: StrategyContext, rank: int, error: str, lost: dict[int, str],
 
 
 def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[str, Any],
-               table: Any, rnd: int, shards: int, seeds: Mapping[int, int],
+               scheme: SchemeChoice, rnd: int, shards: int, seeds: Mapping[int, int],
                fit: Mapping[str, Any] | None = None,
                pinned: Mapping[int, int] | None = None,
                accept_failures: bool = True) -> SecureSum:
     """One secure round over the live workers (module docstring).
 
-    ``clients`` is the round's cohort, ``seeds[c]`` client c's fit seed,
+    ``clients`` is the round's cohort, ``scheme`` the run's
+    ``[secure_aggregation]``, ``seeds[c]`` client c's fit seed,
     ``shards`` how many clients the run has (a fit's ``shards``), ``fit``
     extra fields of every client's fit (``time_budget``, ``clip_norm``),
     ``pinned[c]`` the only rank that may play client c (its data is there:
@@ -271,7 +238,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     if not live:
         raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
     plan = plan_cohort(cohort, live, pinned)
-    params = round_params(table, len(cohort), per_worker=max(map(len, plan.values())))
+    params = round_params(scheme, len(cohort), per_worker=max(map(len, plan.values())))
+    traits = scheme.traits
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
     if length == 0:
@@ -281,8 +249,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     round_seed = secrets.token_bytes(SEED_SIZE)
     # A bad unmasking share is searched for by rank: a worker playing several clients
     # could otherwise hide one bad share behind another.
-    server = ServerRound(params, cohort, round_seed, length,
-                         groups={c: r for r, cs in plan.items() for c in cs})
+    server = scheme.scheme.server(params, cohort, round_seed, length,
+                                  {c: r for r, cs in plan.items() for c in cs})
 
     def call(requests: dict[int, dict[str, Any]]) -> dict[int, Mapping[str, Any]]:
         """Each still-live planned rank's reply; the lost ones are recorded as such."""
@@ -301,40 +269,45 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         return answers
 
     call({r: {"op": "set_state", "state": state} for r in plan})
+    # The default scheme goes unnamed: the keys request is then what it was before schemes
+    # were plugins, so a worker of that version still plays it.
+    named = {} if scheme.name == DEFAULT_SECURE_AGGREGATION else {"scheme": scheme.name}
     replies = call({r: {"op": "secagg_keys", "round": rnd, "clients": cs,
                         "cohort": params.clients, "degree": params.degree,
                         "threshold": params.threshold, "clip_range": params.clip_range,
                         "modulus_bits": params.modulus_bits,
                         "round_seed": np.frombuffer(round_seed, np.uint8)[None, :],
-                        "length": length} for r, cs in plan.items()})
+                        "length": length, **named} for r, cs in plan.items()})
     rows_of: dict[int, np.ndarray] = {}
     for rank, reply in replies.items():
         try:
             if list(reply["clients"]) != plan[rank]:
                 raise ProtocolError(f"keys for clients {list(reply['clients'])}, not for the "
                                     f"{plan[rank]} it plays")
+            _expect(reply["adverts"], traits.advert_size, "advert")
             for client, row in zip(plan[rank], reply["adverts"]):
-                server.receive_advert(KeyAdvert(client, *_split(row)))
+                server.receive_advert(client, bytes(row))
                 rows_of[client] = row
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
-    rosters = server.rosters()
-    members = sorted(rosters)
+    members = server.members()
+    rosters = set(members)
     everyone = np.stack([rows_of[c] for c in members])
     advertised = {r: [c for c in cs if c in rosters] for r, cs in plan.items()}
     replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone}
                     for r, cs in advertised.items() if cs})
     for rank, reply in replies.items():
         try:
-            bundles: dict[int, list[SealedShares]] = {c: [] for c in advertised[rank]}
+            _expect(reply["sealed"], traits.sealed_size, "sealed")
+            bundles: dict[int, list[tuple[int, bytes]]] = {c: [] for c in advertised[rank]}
             for sender, recipient, row in zip(reply["senders"], reply["recipients"],
                                               reply["sealed"]):
                 if sender not in bundles:
                     raise ProtocolError(f"shares sealed by client {sender}, which it does not "
                                         f"play")
-                bundles[sender].append(SealedShares(int(sender), int(recipient), bytes(row)))
+                bundles[sender].append((int(recipient), bytes(row)))
             for client, shares in bundles.items():
-                server.receive_shares(ShareBundle(client, tuple(shares)))
+                server.receive_shares(client, shares)
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     deliveries = server.deliveries()
@@ -343,26 +316,28 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     for rank, cs in sharing.items():
         if not cs:
             continue
-        rows = [s for c in cs for s in deliveries[c].shares]
+        rows = [(sender, c, sealed) for c in cs for sender, sealed in deliveries[c]]
         opening[rank] = {
-            "op": "secagg_open", "clients": cs, "senders": [s.sender for s in rows],
-            "recipients": [s.recipient for s in rows],
-            "sealed": (np.stack([np.frombuffer(s.sealed, np.uint8) for s in rows])
-                       if rows else np.zeros((0, SEALED_SIZE), np.uint8))}
+            "op": "secagg_open", "clients": cs, "senders": [s for s, _, _ in rows],
+            "recipients": [r for _, r, _ in rows],
+            "sealed": (np.frombuffer(b"".join(b for _, _, b in rows), np.uint8).reshape(
+                len(rows), traits.sealed_size) if rows
+                else np.zeros((0, traits.sealed_size), np.uint8))}
     accusations: list[tuple[int, int]] = []
     for rank, reply in call(opening).items():
         try:
             pairs = [(int(s), int(r)) for s, r in zip(reply["senders"], reply["recipients"])]
             for sender, recipient in pairs:
                 if recipient not in sharing[rank] or not any(
-                        row.sender == sender for row in deliveries[recipient].shares):
+                        row[0] == sender for row in deliveries[recipient]):
                     raise ProtocolError(f"an accusation of client {sender} by client "
                                         f"{recipient}, which it did not deliver to")
             accusations.extend(pairs)
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     where = {c: r for r, cs in plan.items() for c in cs}
-    excluded = _settle(ctx, server, accusations, where, plan, lost, call) if accusations else ()
+    excluded = (_settle(ctx, server, accusations, where, plan, lost, call, traits)
+                if accusations else ())
     gone = set(excluded)
     masking = {}
     for rank, cs in sharing.items():
@@ -372,29 +347,30 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                              "seeds": [int(seeds[c]) for c in cs], "shards": shards,
                              "excluded": list(excluded), **(fit or {})}
     _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
-    requests = server.unmask_requests()  # refuses below the threshold, before any share moves
-    told = next(iter(requests.values()))  # every survivor is told the same two sets
+    if not traits.tolerates_dropouts:
+        _refuse_dropouts(scheme.name, cohort, plan, lost, rosters, gone)
+    told = server.unmasking()  # refuses below the threshold, before any share moves
+    requests = set(told.holders)
     replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
                         "survivors": list(told.survivors), "dropped": list(told.dropped)}
                     for r, cs in sharing.items() if any(c in requests for c in cs)})
     for rank, reply in replies.items():
         try:
+            _expect(reply["shares"], traits.share_size, "unmasking share")
             for holder in sorted(set(reply["holders"])):
                 if holder not in requests or holder not in sharing[rank]:
                     raise ProtocolError(f"unmasking shares of client {holder}, which it does "
                                         f"not play among the survivors")
             mine = [c for c in sharing[rank] if c in requests]
             for holder in mine:
-                held = [(int(o), int(k), bytes(s)) for h, o, k, s in zip(
-                    reply["holders"], reply["owners"], reply["kinds"], reply["shares"])
-                    if h == holder]
-                server.receive_unmask(UnmaskReply(
-                    holder, tuple((o, s) for o, k, s in held if k == 0),
-                    tuple((o, s) for o, k, s in held if k == 1)))
+                server.receive_unmask(holder, [
+                    (int(o), int(k), bytes(s)) for h, o, k, s in zip(
+                        reply["holders"], reply["owners"], reply["kinds"], reply["shares"])
+                    if h == holder])
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     result = _finish(ctx, server, sharing, lost)
-    total = dequantize(result.total, params, len(result.contributors))
+    total = scheme.scheme.dequantize(result.total, params, len(result.contributors))
     summed: dict[str, np.ndarray] = {}
     offset = 0
     for key in keys:
@@ -408,7 +384,7 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                      result.total, dropped=tuple(result.dropped))
 
 
-def _masked_step(ctx: StrategyContext, server: ServerRound,
+def _masked_step(ctx: StrategyContext, server: SchemeServer,
                  masking: Mapping[int, Mapping[str, Any]], sharing: Mapping[int, list[int]],
                  bits: int, lost: dict[int, str], accept_failures: bool) -> None:
     """Step 4: each worker's masked sum into ``server``, through its host relay when one
@@ -465,30 +441,46 @@ def _masked_step(ctx: StrategyContext, server: ServerRound,
                 raise ProtocolError(f"a masked input of clients {list(ids)}, not of the "
                                     f"{sorted(c for r in ranks for c in sharing[r])} it was "
                                     f"asked to mask")
-            server.receive_masked(MaskedInput(ids[0], vector) if len(ids) == 1
-                                  else MaskedSum(ids, vector))
+            server.receive_masked(ids, vector)
         except ProtocolError as exc:
             for rank in ranks:  # a relay's sum cannot be split: its ranks go together
                 _bad(ctx, rank, exc, lost)
 
 
-def _split(row: Any) -> tuple[bytes, bytes, bytes]:
-    raw = bytes(row)
-    return raw[:32], raw[32:64], raw[64:ADVERT_SIZE]
+def _expect(rows: np.ndarray, width: int, what: str) -> None:
+    """A rank's rows are the width the scheme declares, or the rank is in breach."""
+    if rows.shape[1] != width:
+        raise ProtocolError(f"{what} rows {rows.shape[1]} bytes wide; the round's scheme "
+                            f"declares {width}")
 
 
-def _settle(ctx: StrategyContext, server: ServerRound, accusations: Sequence[tuple[int, int]],
+def _refuse_dropouts(name: str, cohort: Sequence[int], plan: Mapping[int, list[int]],
+                     lost: Mapping[int, str], members: set[int], excluded: set[int]) -> None:
+    """A scheme without ``tolerates_dropouts``: a round that lost a client after it
+    advertised (a member the others mask with) is not unmasked."""
+    gone = sorted({c for r in lost for c in plan.get(r, []) if c in members} | excluded)
+    if gone:
+        why = "; ".join(f"rank {r}: {lost[r]}" for r in sorted(lost))
+        raise RefusedError(
+            f"[secure_aggregation]: scheme {name!r} cannot unmask a round that lost clients "
+            f"{gone} of {len(cohort)} ({why or 'taken out before masking'}): it lacks the "
+            f"trait SecureAggregationTraits.tolerates_dropouts (its masks cancel only in the "
+            f"full sum). Select a scheme that tolerates dropouts (e.g. secagg+) or keep every "
+            f"worker alive")
+
+
+def _settle(ctx: StrategyContext, server: SchemeServer, accusations: Sequence[tuple[int, int]],
             where: Mapping[int, int], plan: Mapping[int, list[int]], lost: dict[int, str],
-            call: Any) -> tuple[int, ...]:
+            call: Any, server_traits: SecureAggregationTraits) -> tuple[int, ...]:
     """Accusations (sender, recipient: "its shares do not open") settled before anyone masks.
 
     Each accused sealer's rank is asked for the ephemeral keys it sealed
-    those shares with (``secagg_reveal``), and :meth:`ServerRound.judge`
+    those shares with (``secagg_reveal``), and the scheme server's ``judge``
     opens each share the coordinator routed: the sealer's rank is at fault
     when it reveals nothing or a key under which the share does not open,
     the accuser's when the share opens. The rank at fault is declared dead
     with the reason and all its clients are taken out of the round
-    (:meth:`ServerRound.exclude`): nobody masks with them. Returns every
+    (its ``exclude``): nobody masks with them. Returns every
     client taken out.
     """
     by_rank: dict[int, list[tuple[int, int]]] = {}
@@ -500,6 +492,11 @@ def _settle(ctx: StrategyContext, server: ServerRound, accusations: Sequence[tup
     faulty: dict[int, str] = {}
     for rank, pairs in sorted(by_rank.items()):
         keys = revealed.get(rank, {}).get("keys")
+        if keys is not None and keys.shape[1] != server_traits.reveal_size:
+            _bad(ctx, rank, ProtocolError(f"revealed keys {keys.shape[1]} bytes wide; the "
+                                          f"round's scheme declares "
+                                          f"{server_traits.reveal_size}"), lost)
+            keys = None
         if keys is not None and len(keys) != len(pairs):
             _bad(ctx, rank, ProtocolError(f"{len(keys)} revealed keys for {len(pairs)} accused "
                                           f"shares"), lost)
@@ -521,22 +518,22 @@ def _settle(ctx: StrategyContext, server: ServerRound, accusations: Sequence[tup
     return server.exclude([c for r in faulty for c in plan[r]])
 
 
-def _finish(ctx: StrategyContext, server: ServerRound, sharing: Mapping[int, list[int]],
+def _finish(ctx: StrategyContext, server: SchemeServer, sharing: Mapping[int, list[int]],
             lost: dict[int, str]) -> Any:
     """``server.finish()``, dropping each holder whose share fails its owner's commitment."""
     owner = {c: r for r, cs in sharing.items() for c in cs}
     for _ in range(len(owner) + 1):  # each retry has discarded one holder's reply
         try:
             return server.finish()
-        except ProtocolError as exc:
-            client = getattr(exc, "client", None)
+        except SecureAggregationError as exc:
+            client = exc.client
             if client is None or client not in owner:
                 raise
             _bad(ctx, owner[client], exc, lost)
     raise RefusedError("[secure_aggregation]: every unmasking share was refused")
 
 
-def _why(client: int, rank: int, lost: Mapping[int, str], rosters: Mapping[int, Any],
+def _why(client: int, rank: int, lost: Mapping[int, str], rosters: set[int],
          deliveries: Mapping[int, Any], excluded: set[int]) -> str:
     """Why ``client`` (played by ``rank``) is not in the round's sum."""
     if client not in rosters:

@@ -1,4 +1,4 @@
-"""A worker's side of a secure round: one :class:`meshkit.secagg.ClientRound` per client it plays.
+"""A worker's side of a secure round: one scheme client (:class:`meshkit.secure_aggregation.SchemeClient`) per client it plays.
 
 Rule: every ``secagg_*`` request a worker answers is decided here, and the
 update a client masks never leaves this module unmasked. The worker is the
@@ -10,17 +10,17 @@ worker's masked inputs, and the shares it needs to unmask the round's sum.
 The ops, in the order a round sends them (docs/protocol.md §7.2):
 
 ``secagg_keys``
-    fresh :class:`ClientRound` per client (fresh key pairs, fresh self-mask
-    seed): their adverts.
+    the round's scheme (``scheme``: a ``[secure_aggregation] name``, absent
+    for the default, built with its default options through the plugins) and
+    a fresh scheme client per client (SecAgg+: fresh key pairs, fresh
+    self-mask seed): their adverts.
 ``secagg_share``
     every member's advert; each client's roster is its neighbours' adverts in
     the round's graph: the sealed shares, one row per neighbour.
 ``secagg_open``
     the shares delivered to each client, opened; the reply lists the rows
     that did not open (tampered or garbage from their sealer): accusations,
-    which cost nobody on this worker's word. A share sealed by another of
-    this worker's clients and delivered as sealed is read from its sealer,
-    not decrypted (``ClientRound.open``'s ``peers``).
+    which cost nobody on this worker's word.
 ``secagg_reveal``
     only after an accusation against one of this worker's clients: the
     ephemeral private key it sealed that one share with, so the coordinator
@@ -32,11 +32,7 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked with every neighbour that shared except the ``excluded`` (the
     parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
-    this worker's masked inputs (a fold of its own, as a relay does). The
-    pairwise mask of two clients both in that sum would be added by one and
-    subtracted by the other, so neither expands it
-    (:func:`meshkit.secagg.cancelled_pairs`): the sum is the same bits, and
-    the clients drop together or not at all, since the sum is one reply.
+    this worker's masked inputs (a fold of its own, as a relay does).
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -56,13 +52,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from meshkit import plugins
+from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
-from meshkit.secagg import (SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert, MaskedInput,
-                            Roster, SealedShares, SecAggParams, ShareDelivery,
-                            UnmaskRequest,
-                            add_mod, cancelled_pairs, masked_length, neighbours, quantize,
-                            vector_dtype)
-from meshkit.train._messages import ADVERT_SIZE
+from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient,
+                                        SecureAggregationTraits, add_mod, scheme_traits,
+                                        vector_dtype)
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -98,14 +93,20 @@ def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],
     return np.concatenate(parts) if parts else np.zeros(0, np.float64)
 
 
-def _advert_row(advert: KeyAdvert) -> np.ndarray:
-    return np.frombuffer(advert.share_key + advert.mask_key + advert.seed_commitment,
-                         np.uint8)
+def _rows(rows: list[bytes], width: int) -> np.ndarray:
+    """Byte rows of one ``width`` as the wire's 2-d uint8 array (n x width, n may be 0)."""
+    for row in rows:
+        if len(row) != width:
+            raise MeshError(f"the scheme gave a row of {len(row)} bytes; it declares {width}")
+    return (np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), width) if rows
+            else np.zeros((0, width), np.uint8))
 
 
-def _advert(client: int, row: np.ndarray) -> KeyAdvert:
-    raw = bytes(row)
-    return KeyAdvert(client, raw[:32], raw[32:64], raw[64:ADVERT_SIZE])
+def _expect(rows: np.ndarray, width: int, what: str) -> None:
+    """The coordinator's rows are the scheme's width (its traits), or the request is refused."""
+    if rows.shape[1] != width:
+        raise MeshError(f"{what} rows are {rows.shape[1]} bytes wide; this round's scheme "
+                        f"declares {width}")
 
 
 def _faults(text: str) -> set[tuple[int, int]]:
@@ -125,11 +126,15 @@ class SecureClients:
     """
 
     def __init__(self) -> None:
-        self.params: SecAggParams | None = None
+        self.scheme: Scheme | None = None
+        self.traits: SecureAggregationTraits | None = None
+        self.params: RoundParams | None = None
         self.round = 0
         self.seed = b""
         self.length = 0
-        self.rounds: dict[int, ClientRound] = {}
+        self.rounds: dict[int, SchemeClient] = {}
+        #: The schemes built so far, by name (a worker plays one run's rounds).
+        self.schemes: dict[str, Scheme] = {}
         #: Set by a masked reply the fault injection names; read after the reply is sent.
         self.exit_pending = False
 
@@ -151,19 +156,28 @@ class SecureClients:
             return self._unmask(request)
         raise MeshError(f"unknown secure-aggregation request {op!r}")
 
+    def _scheme(self, name: str) -> Scheme:
+        if name not in self.schemes:
+            self.schemes[name] = plugins.create("secure_aggregation", name)
+        return self.schemes[name]
+
     def _keys(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        self.params = SecAggParams(clients=int(request["cohort"]), degree=int(request["degree"]),
-                                   threshold=int(request["threshold"]),
-                                   clip_range=float(request["clip_range"]),
-                                   modulus_bits=int(request["modulus_bits"]))
+        scheme = self._scheme(request.get("scheme") or DEFAULT_SECURE_AGGREGATION)
+        self.scheme, self.traits = scheme, scheme_traits(scheme)
+        self.params = scheme.params(clients=int(request["cohort"]),
+                                    degree=int(request["degree"]),
+                                    threshold=int(request["threshold"]),
+                                    clip_range=float(request["clip_range"]),
+                                    modulus_bits=int(request["modulus_bits"]))
         self.round = int(request["round"])
         self.seed = bytes(request["round_seed"][0])
         self.length = int(request["length"])
         self.exit_pending = False
-        self.rounds = {int(c): ClientRound(self.params, int(c), self.seed, self.length)
+        self.rounds = {int(c): scheme.client(self.params, int(c), self.seed, self.length)
                        for c in request["clients"]}
-        adverts = [_advert_row(self.rounds[c].advertise()) for c in sorted(self.rounds)]
-        return {"clients": sorted(self.rounds), "adverts": np.stack(adverts)}
+        adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
+        return {"clients": sorted(self.rounds),
+                "adverts": _rows(adverts, self.traits.advert_size)}
 
     def _require(self, clients: Any) -> None:
         missing = sorted(set(map(int, clients)) - set(self.rounds))
@@ -173,21 +187,20 @@ class SecureClients:
 
     def _share(self, request: Mapping[str, Any]) -> dict[str, Any]:
         self._require(self.rounds)
-        assert self.params is not None  # _require checked it
+        assert self.traits is not None  # _require checked it
+        _expect(request["adverts"], self.traits.advert_size, "advert")
         members = [int(m) for m in request["members"]]
-        adverts = {m: _advert(m, row) for m, row in zip(members, request["adverts"])}
-        graph = neighbours(self.seed, members, self.params.degree)
+        adverts = {m: bytes(row) for m, row in zip(members, request["adverts"])}
         senders, recipients, sealed = [], [], []
         for client in sorted(self.rounds):
             if client not in adverts:
                 raise MeshError(f"client {client} is not among the round's members")
-            roster = Roster(client, tuple(members), tuple(adverts[v] for v in graph[client]))
-            for row in self.rounds[client].share(roster).shares:
-                senders.append(row.sender)
-                recipients.append(row.recipient)
-                sealed.append(np.frombuffer(row.sealed, np.uint8))
-        rows = np.stack(sealed) if sealed else np.zeros((0, SEALED_SIZE), np.uint8)
-        return {"senders": senders, "recipients": recipients, "sealed": rows}
+            for recipient, row in self.rounds[client].share(members, adverts):
+                senders.append(client)
+                recipients.append(int(recipient))
+                sealed.append(bytes(row))
+        return {"senders": senders, "recipients": recipients,
+                "sealed": _rows(sealed, self.traits.sealed_size)}
 
     def _open(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Each client opens the shares delivered to it; the rows that did not open come back.
@@ -197,18 +210,18 @@ class SecureClients:
         """
         clients = [int(c) for c in request["clients"]]
         self._require(clients)
-        inbox: dict[int, list[SealedShares]] = {c: [] for c in clients}
+        assert self.traits is not None  # _require checked it
+        _expect(request["sealed"], self.traits.sealed_size, "sealed")
+        inbox: dict[int, list[tuple[int, bytes]]] = {c: [] for c in clients}
         for sender, recipient, row in zip(request["senders"], request["recipients"],
                                           request["sealed"]):
             if int(recipient) not in inbox:
                 raise MeshError(f"a share delivered for client {recipient}, not one of "
                                 f"{clients}")
-            inbox[int(recipient)].append(SealedShares(int(sender), int(recipient), bytes(row)))
+            inbox[int(recipient)].append((int(sender), bytes(row)))
         senders, recipients = [], []
         for client in clients:
-            delivery = ShareDelivery(client, tuple(sorted(inbox[client],
-                                                          key=lambda s: s.sender)))
-            for sender in self.rounds[client].open(delivery, self.rounds):
+            for sender in self.rounds[client].open(sorted(inbox[client], key=lambda r: r[0])):
                 log.warning("round %d: client %d's shares from client %d do not open",
                             self.round, client, sender)
                 senders.append(sender)
@@ -219,23 +232,21 @@ class SecureClients:
         """The ephemeral key of each accused share (each opens that one share pair only)."""
         senders = [int(c) for c in request["senders"]]
         self._require(senders)
-        keys = [np.frombuffer(self.rounds[s].reveal(int(r)), np.uint8)
-                for s, r in zip(senders, request["recipients"])]
-        return {"keys": np.stack(keys)}
+        assert self.traits is not None  # _require checked it
+        keys = [self.rounds[s].reveal(int(r)) for s, r in zip(senders, request["recipients"])]
+        return {"keys": _rows(keys, self.traits.reveal_size)}
 
     def _mask(self, request: Mapping[str, Any],
               fit: Callable[[Mapping[str, Any]], tuple[Mapping[str, Any], Mapping[str, Any]]]
               ) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]
         self._require(clients)
-        assert self.params is not None  # _require checked it
+        assert self.params is not None and self.scheme is not None  # _require checked it
         bits = self.params.modulus_bits
         excluded = [int(c) for c in request["excluded"]]
-        total = np.zeros(masked_length(self.length), dtype=vector_dtype(bits))
+        total: np.ndarray | None = None
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
-        # This reply is one sum of these clients' inputs: a pair of them masks for nothing.
-        cancelled = cancelled_pairs({c: self.rounds[c] for c in clients if c not in excluded})
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -243,11 +254,16 @@ class SecureClients:
             if update.size != self.length:
                 raise MeshError(f"the round's updates have {self.length} elements; this "
                                 f"worker's model gives {update.size}")
-            quantised = quantize(update, self.params)
+            quantised = self.scheme.quantize(update, self.params)
             del update, fitted  # the clear update goes no further than this line
-            masked: MaskedInput = self.rounds[client].mask_opened(
-                quantised, excluded, cancelled.get(client, ()))
-            add_mod(total, masked.vector, bits, out=total)
+            masked = self.rounds[client].mask(quantised, excluded)
+            if masked.dtype != vector_dtype(bits) or masked.ndim != 1 or (
+                    total is not None and masked.shape != total.shape):
+                raise MeshError(f"the scheme masked client {client}'s update as "
+                                f"{masked.dtype}{list(masked.shape)}; the round's field needs "
+                                f"one {vector_dtype(bits)} vector of one length")
+            total = masked.copy() if total is None else add_mod(total, masked, bits, out=total)
+        assert total is not None  # the schema asks for at least one client
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
         return {"clients": clients, "vector": total}
@@ -257,17 +273,16 @@ class SecureClients:
         self._require(clients)
         survivors = tuple(int(c) for c in request["survivors"])
         dropped = tuple(int(c) for c in request["dropped"])
+        assert self.traits is not None  # _require checked it
         holders, owners, kinds, shares = [], [], [], []
         for client in clients:
-            reply = self.rounds[client].unmask(UnmaskRequest(client, survivors, dropped))
-            for kind, pairs in ((0, reply.seed_shares), (1, reply.key_shares)):
-                for owner, share in pairs:
-                    holders.append(client)
-                    owners.append(int(owner))
-                    kinds.append(kind)
-                    shares.append(np.frombuffer(share, np.uint8))
-        rows = np.stack(shares) if shares else np.zeros((0, SHARE_SIZE), np.uint8)
-        return {"holders": holders, "owners": owners, "kinds": kinds, "shares": rows}
+            for owner, kind, share in self.rounds[client].unmask(survivors, dropped):
+                holders.append(client)
+                owners.append(int(owner))
+                kinds.append(int(kind))
+                shares.append(bytes(share))
+        return {"holders": holders, "owners": owners, "kinds": kinds,
+                "shares": _rows(shares, self.traits.share_size)}
 
     def after_reply(self) -> None:
         """Called when the request after the masked reply arrives (that reply is taken in by

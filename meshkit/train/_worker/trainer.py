@@ -320,8 +320,8 @@ class Trainer:
                 metrics = self.task.evaluate(model)  # its whole held-out set is this client's
             else:
                 raise ConfigError(
-                    f"the task's evaluate(state) cannot evaluate on one client's share of "
-                    f"the held-out set; give it evaluate(state, x=None, y=None)")
+                    "the task's evaluate(state) cannot evaluate on one client's share of "
+                    "the held-out set; give it evaluate(state, x=None, y=None)")
             figures = _metrics(metrics, op)
             # A task whose client reads its own held-out data (a Flower client
             # handed only its partition id) says over how many examples its

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 import meshkit
-from meshkit.config import SecureAggregationTable, parse_config
+from meshkit.config import Selection, parse_config
 from meshkit.train._coordinator.plan import resolve
 from meshkit.train import build_components
+from meshkit_secagg import SecAggPlusOptions
 
 
 def table(out: Path, **secure: Any) -> dict[str, Any]:
@@ -25,17 +26,22 @@ def _plan(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_table_takes_the_design_keys_with_auto_degree_and_threshold(tmp_path):
     parsed = parse_config({"secure_aggregation": {}}).secure_aggregation
-    assert parsed == SecureAggregationTable(name="secagg+", degree="auto", threshold="auto",
-                                            clip_range=8.0, modulus_bits=32)
-    chosen = parse_config(table(tmp_path, degree=4, threshold=0.5, clip_range=2.0,
-                                modulus_bits=40)).secure_aggregation
-    assert (chosen.degree, chosen.threshold, chosen.clip_range, chosen.modulus_bits) == (
+    assert parsed == Selection("secure_aggregation", "secagg+", {}, "[secure_aggregation]")
+    plain = table(tmp_path)
+    plain["secure_aggregation"] = {}
+    assert _plan(plain)["secure_aggregation"].scheme.options == SecAggPlusOptions(
+        degree="auto", threshold="auto", clip_range=8.0, modulus_bits=32)
+    chosen = _plan(table(tmp_path, degree=4, threshold=0.5, clip_range=2.0,
+                         modulus_bits=40))["secure_aggregation"]
+    assert chosen.name == "secagg+" and chosen.traits.modulus_bits == 40
+    options = chosen.scheme.options
+    assert (options.degree, options.threshold, options.clip_range, options.modulus_bits) == (
         4, 0.5, 2.0, 40)
-    assert _plan(table(tmp_path))["secure_aggregation"].threshold == 3
+    assert _plan(table(tmp_path))["secure_aggregation"].scheme.options.threshold == 3
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("name", "secagg", r"name must be one of 'secagg\+'"),
+    ("name", "secagg", r"name: no secure_aggregation named 'secagg' \(did you mean 'secagg\+'"),
     ("degree", -1, "degree must be an integer >= 0"),
     ("degree", True, "degree must be \"auto\" or a number"),
     ("threshold", 1, "threshold must be a number of shares >= 2"),
@@ -45,8 +51,10 @@ def test_the_table_takes_the_design_keys_with_auto_degree_and_threshold(tmp_path
     ("shares", 3, r"\[secure_aggregation\] shares: unknown key"),
 ])
 def test_a_bad_value_names_the_file_the_table_and_the_key(tmp_path, key, value, message):
-    with pytest.raises(meshkit.ConfigError, match=message) as caught:
-        parse_config(table(tmp_path, **{key: value}), path="run.toml")
+    # A misspelt name is the plugins' error (UnknownComponentError); a bad key the config's.
+    with pytest.raises((meshkit.ConfigError, meshkit.UnknownComponentError),
+                       match=message) as caught:
+        resolve(parse_config(table(tmp_path, **{key: value}), path="run.toml"))
     assert str(caught.value).startswith("run.toml: [secure_aggregation]")
 
 
@@ -95,9 +103,11 @@ def test_the_shipped_secure_example_checks_and_says_its_table():
 
     example = Path(__file__).resolve().parents[3] / "examples" / "federated-secure.toml"
     plan = resolve(load_config(example))
-    assert build_components(plan)["secure_aggregation"].clip_range == 1.0
-    assert ("secure_aggregation: secagg+ [degree='auto', threshold='auto', clip_range=1.0, "
-            "modulus_bits=32]") in plan.describe()
+    assert build_components(plan)["secure_aggregation"].scheme.options.clip_range == 1.0
+    assert any(line.startswith("secure_aggregation: secagg+ from plugin 'secagg'")
+               and line.endswith("[degree='auto', threshold='auto', clip_range=1.0, "
+                                 "modulus_bits=32]") for line in plan.describe()), \
+        plan.describe()
     from click.testing import CliRunner
 
     from meshkit.cli import main

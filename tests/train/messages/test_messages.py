@@ -24,10 +24,10 @@ import meshkit
 import meshkit.plugins
 from meshkit.node import NodeCaps
 from meshkit.train import LocalPool, Runner, StrategyContext, Trainer, decode, read_metrics
-from meshkit.secagg import SEALED_SIZE, SHARE_SIZE
 from meshkit.train import _messages as messages
 from meshkit.train._messages.trainer import FitReply
 from meshkit.train._messages import REPLIES, REQUESTS, check_reply, check_request
+from meshkit_secagg import SEALED_SIZE, SHARE_SIZE
 
 from tests.support import protocol_doc
 from tests.support.configs import write_config
@@ -291,8 +291,8 @@ def test_every_well_formed_request_fits():
      "clients must be survivors"),
     ({"op": "secagg_unmask", "clients": [1], "survivors": [0, 1], "dropped": [1]},
      "both a survivor and dropped"),
-    ({"op": "secagg_share", "members": [0, 1], "adverts": np.zeros((2, 95), np.uint8)},
-     "adverts rows are 95 bytes wide; they must be 96"),
+    ({"op": "secagg_share", "members": [0, 1], "adverts": np.zeros((2, 0), np.uint8)},
+     "adverts rows are 0 bytes wide; they must be 1 to 65536"),
     ({"op": "secagg_mask", "clients": [1, 0], "seeds": [0, 0], "shards": 2, "senders": [],
       "recipients": [], "sealed": np.zeros((0, SEALED_SIZE), np.uint8)},
      "clients: client ids must be distinct"),

@@ -13,12 +13,17 @@ import pytest
 
 import meshkit
 import meshkit.plugins
-from meshkit.config import SecureAggregationTable
-from meshkit.secagg import add_mod, quantize, vector_dtype
+from meshkit.secure_aggregation import choose
+from meshkit_secagg import add_mod, quantize, vector_dtype
 from meshkit.train import LocalPool, Reply, StrategyContext, Trainer, answer_relay_request
 from meshkit.train import decode, encode, secure_sum
 from meshkit.train._relay.secure import masked_sum_request, serve_masked_sum
 from meshkit.train._worker.secure import update_vector, vector_keys
+
+
+def secagg(**options: Any) -> Any:
+    """The built-in ``secagg+`` scheme with these ``[secure_aggregation]`` options."""
+    return choose("secagg+", options)
 
 CLIENTS = 10
 LAYOUT = {"hostA": [1, 2], "hostB": [3, 4]}  # and rank 5 dialed the coordinator directly
@@ -92,7 +97,7 @@ def play(pool: Relayed) -> tuple[Mapping[str, Any], Any]:
     ctx = context(pool)
     state = ctx.task.init_state(3)
     return state, secure_sum(ctx, list(range(CLIENTS)), state=state,
-                             table=SecureAggregationTable(degree=0, threshold=5), rnd=1,
+                             scheme=secagg(degree=0, threshold=5), rnd=1,
                              shards=CLIENTS, seeds={c: 50 + c for c in range(CLIENTS)})
 
 
@@ -134,7 +139,7 @@ def test_an_error_reply_behind_a_relay_costs_that_rank_only_and_the_relay_sums_t
     ctx = context(pool)
     state = ctx.task.init_state(3)
     call = lambda: secure_sum(ctx, list(range(CLIENTS)), state=state,  # noqa: E731
-                              table=SecureAggregationTable(degree=0, threshold=5), rnd=1,
+                              scheme=secagg(degree=0, threshold=5), rnd=1,
                               shards=CLIENTS, seeds={c: 50 + c for c in range(CLIENTS)},
                               accept_failures=accept)
     if not accept:

@@ -7,7 +7,6 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-import meshkit.plugins
 from meshkit.aggregation import FixedPointSum, MeanFold
 from meshkit.errors import AggregationError
 from meshkit.train import LocalPool, StrategyContext, Trainer, Work, client_seed, fold_round

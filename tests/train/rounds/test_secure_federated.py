@@ -10,11 +10,16 @@ import pytest
 
 import meshkit
 import meshkit.plugins
-from meshkit.config import SecureAggregationTable
+from meshkit.secure_aggregation import choose
 from meshkit.train import LocalPool, StrategyContext, Trainer
 
+
+def secagg(**options: Any) -> Any:
+    """The built-in ``secagg+`` scheme with these ``[secure_aggregation]`` options."""
+    return choose("secagg+", options)
+
 CLIENTS = 8
-SECURE = SecureAggregationTable(degree=4, threshold=3, clip_range=1.0, modulus_bits=40)
+SECURE = secagg(degree=4, threshold=3, clip_range=1.0, modulus_bits=40)
 
 
 def task() -> Any:

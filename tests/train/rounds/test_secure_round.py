@@ -17,13 +17,18 @@ from hypothesis import strategies as st
 
 import meshkit
 import meshkit.plugins
-from meshkit.config import SecureAggregationTable
-from meshkit.secagg import SecAggParams, add_mod, quantize, vector_dtype
+from meshkit.secure_aggregation import choose
+from meshkit_secagg import SecAggParams, add_mod, quantize, vector_dtype
 from meshkit.train import LocalPool, StrategyContext, Trainer, round_params, secure_sum
 from meshkit.train._worker.secure import update_vector, vector_keys
 
+
+def secagg(**options: Any) -> Any:
+    """The built-in ``secagg+`` scheme with these ``[secure_aggregation]`` options."""
+    return choose("secagg+", options)
+
 CLIENTS = 10
-TABLE = SecureAggregationTable(degree=0, threshold=5, clip_range=1.0)
+TABLE = secagg(degree=0, threshold=5, clip_range=1.0)
 
 
 def task() -> Any:
@@ -60,7 +65,7 @@ def plaintext(state: Mapping[str, Any], clients: list[int], params: SecAggParams
 
 def play(ctx: StrategyContext, **kw: Any) -> Any:
     state = ctx.task.init_state(3)
-    return state, secure_sum(ctx, list(range(CLIENTS)), state=state, table=kw.pop("table", TABLE),
+    return state, secure_sum(ctx, list(range(CLIENTS)), state=state, scheme=kw.pop("scheme", TABLE),
                              rnd=1, shards=CLIENTS, seeds=seeds(), **kw)
 
 
@@ -164,17 +169,17 @@ def test_a_worker_sending_a_bad_key_share_or_vector_costs_only_its_own_rank(op, 
 
 
 def test_auto_degree_and_threshold_follow_the_cohort():
-    small = round_params(SecureAggregationTable(), 10)
+    small = round_params(secagg(), 10)
     assert (small.degree, small.threshold) == (6, 4)
-    fraction = round_params(SecureAggregationTable(degree=0, threshold=0.5), 10)
+    fraction = round_params(secagg(degree=0, threshold=0.5), 10)
     assert fraction.effective_degree == 9 and fraction.threshold == 5
     with pytest.raises(meshkit.ConfigError, match=r"threshold = 12: 12 shares are needed but "
                                                   r"each of this round's 10 clients has 9"):
-        round_params(SecureAggregationTable(degree=0, threshold=12), 10)
+        round_params(secagg(degree=0, threshold=12), 10)
     with pytest.raises(meshkit.RefusedError, match="with two each learns the other's"):
-        round_params(SecureAggregationTable(), 2)
+        round_params(secagg(), 2)
     with pytest.raises(meshkit.RefusedError, match="use modulus_bits >= 26"):
-        round_params(SecureAggregationTable(modulus_bits=20), 1000)
+        round_params(secagg(modulus_bits=20), 1000)
 
 
 #: Reply fields a breaching worker may garble: every list and row array, but only the shape

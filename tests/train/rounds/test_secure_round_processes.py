@@ -15,12 +15,17 @@ import pytest
 import meshkit
 import meshkit.plugins
 import meshkit.train._pool as pool_module
-from meshkit.secagg import ServerRound, SecAggParams, add_mod, quantize, vector_dtype
-from meshkit.config import SecureAggregationTable
+from meshkit_secagg import ServerRound, SecAggParams, add_mod, quantize, vector_dtype
+from meshkit.secure_aggregation import choose
 from meshkit.train import Runner, Trainer, client_seed, read_metrics, round_params
 from meshkit.train._worker.secure import FAULT_ENV, update_vector, vector_keys
 
 from tests.support.configs import write_config
+
+
+def secagg(**options: Any) -> Any:
+    """The built-in ``secagg+`` scheme with these ``[secure_aggregation]`` options."""
+    return choose("secagg+", options)
 
 CLIENTS, SEED = 10, 7
 TASK = {"params": 256, "arrays": 2, "rows": 200}
@@ -218,10 +223,10 @@ def test_three_workers_of_four_clients_survive_losing_one_with_the_defaults(
     assert rows[0]["dropped"] == [1]
     assert sorted(map(int, rows[0]["served"])) == list(range(12))
     assert (totals[0].contributors, totals[1].contributors) == (tuple(range(12)),) * 2
-    first = round_params(SecureAggregationTable(clip_range=1.0), 12, per_worker=4)
+    first = round_params(secagg(clip_range=1.0), 12, per_worker=4)
     assert (first.degree, first.threshold) == (8, 5)
     # Round 2 plays twelve clients on two workers: the graph grows to survive losing six.
-    second = round_params(SecureAggregationTable(clip_range=1.0), 12, per_worker=6)
+    second = round_params(secagg(clip_range=1.0), 12, per_worker=6)
     assert second.effective_degree == 11
     _exact(totals, states, 12, first, second)
 
@@ -275,5 +280,5 @@ def test_one_hostile_fit_among_five_secure_workers_costs_its_own_clients(
         # The hostile node's fit of that round, replayed (its first round is this mode).
         return Hostile(HostileOptions(misbehave=mode if mode == "huge" else ""))
 
-    _exact(totals, states, CLIENTS, round_params(SecureAggregationTable(clip_range=1.0),
+    _exact(totals, states, CLIENTS, round_params(secagg(clip_range=1.0),
                                                  CLIENTS, per_worker=2), make_task=fitted_by)

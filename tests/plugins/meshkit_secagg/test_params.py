@@ -7,7 +7,7 @@ import math
 import pytest
 
 from meshkit import RefusedError
-from meshkit.secagg import MIN_LEVEL_BITS, SecAggParams, choose_degree
+from meshkit_secagg import MIN_LEVEL_BITS, SecAggParams, choose_degree
 
 
 def test_a_modulus_too_small_for_the_cohort_is_refused_with_the_figure_it_needs() -> None:
@@ -29,7 +29,7 @@ def test_the_levels_leave_headroom_for_every_client_at_once() -> None:
 
 
 def test_levels_stop_where_float64_stops_holding_integers() -> None:
-    from meshkit.secagg import quantize
+    from meshkit_secagg import quantize
     params = SecAggParams(clients=3, degree=0, threshold=1, clip_range=1.0, modulus_bits=64)
     assert params.levels == 2 ** 53
     top = quantize([5.0], params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.secagg import neighbours
+from meshkit_secagg import neighbours
 
 
 @pytest.mark.parametrize("n,k", [(10, 2), (30, 6), (101, 14), (64, 62)])

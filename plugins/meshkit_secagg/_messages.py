@@ -26,10 +26,10 @@ import attrs
 import cattrs
 import numpy as np
 
-from meshkit.errors import ProtocolError
-from meshkit.secagg._agreement import KEY_SIZE, SEALED_TO_OVERHEAD
-from meshkit.secagg._params import MAX_CLIENTS, MAX_LENGTH
-from meshkit.secagg._shamir import SHARE_SIZE
+from meshkit.secure_aggregation import SecureAggregationError
+from meshkit_secagg._agreement import KEY_SIZE, SEALED_TO_OVERHEAD
+from meshkit_secagg._params import MAX_CLIENTS, MAX_LENGTH
+from meshkit_secagg._shamir import SHARE_SIZE
 
 __all__ = ["SecAggError", "KeyAdvert", "Roster", "SealedShares", "ShareBundle", "ShareDelivery",
            "MaskedInput", "MaskedSum", "UnmaskRequest", "UnmaskReply", "MESSAGES", "decode",
@@ -42,16 +42,12 @@ MAX_CLIENT_ID = (1 << 32) - 2
 SEALED_SIZE = 2 * SHARE_SIZE + SEALED_TO_OVERHEAD
 
 
-class SecAggError(ProtocolError):
+class SecAggError(SecureAggregationError):
     """A secure-aggregation message that is malformed or does not fit the round.
 
     ``client`` is the client it is blamed on (drop that one), ``None`` when
     the fault is the coordinator's (seen on a client).
     """
-
-    def __init__(self, message: str, client: Optional[int] = None) -> None:
-        super().__init__(message)
-        self.client = client
 
 
 def _id(value: Any, what: str, blame: Optional[int]) -> int:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from meshkit import ProtocolError, RefusedError
-from meshkit.secagg import (MESSAGES, SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert,
+from meshkit_secagg import (MESSAGES, SEALED_SIZE, SHARE_SIZE, ClientRound, KeyAdvert,
                             MaskedInput, SealedShares, SecAggError, SecAggParams, ServerRound,
                             ShareBundle, UnmaskReply, decode, payload_bytes)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshkit.secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALED_TO_OVERHEAD, SEALING,
+from meshkit_secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALED_TO_OVERHEAD, SEALING,
                                        agree, check_public_key, derive, generate_key_pair,
                                        open_from, open_revealed, open_sealed, public_key, seal,
                                        seal_to, seed_commitment)

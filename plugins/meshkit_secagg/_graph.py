@@ -13,7 +13,6 @@ an odd degree is raised by one.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Sequence
 
@@ -26,17 +25,11 @@ def neighbours(round_seed: bytes, members: Sequence[int], degree: int) -> dict[i
     ``members`` are distinct integer ids (any order: the graph depends on
     the set only); ``degree`` as in :class:`SecAggParams` (0: complete).
     """
-    ids = tuple(sorted(members))
+    ids = sorted(members)
     if len(set(ids)) != len(ids):
         raise ValueError("graph members must be distinct")
     if degree < 0:
         raise ValueError(f"degree must be >= 0, got {degree}")
-    # A worker playing many clients of one round asks for the same graph once per client.
-    return dict(_graph(bytes(round_seed), ids, degree))
-
-
-@functools.lru_cache(maxsize=8)
-def _graph(round_seed: bytes, ids: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
     n = len(ids)
     k = degree + (degree & 1)
     if degree == 0 or k >= n - 1:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from meshkit.errors import AggregationError
-from meshkit.secagg._masks import vector_dtype
-from meshkit.secagg._params import SecAggParams
+from meshkit_secagg._masks import vector_dtype
+from meshkit_secagg._params import SecAggParams
 
 __all__ = ["quantize", "dequantize"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshkit.secagg import add_mod, mask_vector, sub_mod, vector_dtype
+from meshkit_secagg import add_mod, mask_vector, sub_mod, vector_dtype
 
 
 @pytest.mark.parametrize("bits", [1, 7, 20, 32, 33, 63, 64])

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meshkit.secagg import SecAggParams, quantize
+from meshkit_secagg import SecAggParams, quantize
 
 #: The public seed every round in these tests uses.
 ROUND_SEED = b"meshkit tests: round 7"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from meshkit import AggregationError
-from meshkit.secagg import SecAggParams, dequantize, quantize
+from meshkit_secagg import SecAggParams, dequantize, quantize
 
 
 @pytest.fixture

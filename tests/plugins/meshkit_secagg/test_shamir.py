@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshkit.secagg import PRIME, SHARE_SIZE, Share, shamir_combine, shamir_split
+from meshkit_secagg import PRIME, SHARE_SIZE, Share, shamir_combine, shamir_split
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

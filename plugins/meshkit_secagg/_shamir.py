@@ -74,54 +74,25 @@ def shamir_split(secret: bytes, threshold: int, xs: Sequence[int]) -> list[Share
     shares = []
     for x in xs:
         y = 0
-        for i, c in enumerate(reversed(coefficients)):  # Horner
-            # x is below 2**32: reducing every _REDUCE_EVERY steps keeps y small
-            # and skips most of the 521-bit reductions (the same value mod p).
-            y = y * x + c
-            if i % _REDUCE_EVERY == _REDUCE_EVERY - 1:
-                y %= PRIME
-        shares.append(Share(x, y % PRIME))
+        for c in reversed(coefficients):  # Horner
+            y = (y * x + c) % PRIME
+        shares.append(Share(x, y))
     return shares
-
-
-# Horner steps between reductions in shamir_split: y stays under ~521 + 8 * 32 bits.
-_REDUCE_EVERY = 8
 
 
 @functools.lru_cache(maxsize=64)
 def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     # The coefficients depend on the points only; a round rebuilds many
     # secrets from the same responders (all of them, on the complete graph).
-    numerators, denominators = [], []
+    coefficients = []
     for i, xi in enumerate(xs):
         numerator, denominator = 1, 1
         for j, xj in enumerate(xs):
             if i != j:
                 numerator = numerator * xj % PRIME
                 denominator = denominator * (xj - xi) % PRIME
-        numerators.append(numerator)
-        denominators.append(denominator)
-    inverses = _inverses(denominators)
-    return tuple(n * d % PRIME for n, d in zip(numerators, inverses))
-
-
-def _inverses(values: Sequence[int]) -> list[int]:
-    """Every value's inverse mod PRIME from one inversion (Montgomery's batch trick).
-
-    The values are non-zero (differences of distinct points below 2**32).
-    One modular inversion of a 521-bit number costs as much as hundreds of
-    multiplications, so the prefix products are inverted once and unwound.
-    """
-    prefix, running = [], 1
-    for v in values:
-        prefix.append(running)
-        running = running * v % PRIME
-    inverse = pow(running, -1, PRIME)
-    out = [0] * len(values)
-    for i in range(len(values) - 1, -1, -1):
-        out[i] = inverse * prefix[i] % PRIME
-        inverse = inverse * values[i] % PRIME
-    return out
+        coefficients.append(numerator * pow(denominator, PRIME - 2, PRIME) % PRIME)
+    return tuple(coefficients)
 
 
 def shamir_combine(shares: Iterable[Share], threshold: int) -> bytes:

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from meshkit.secagg import CHECK_ELEMENTS, SEALED_SIZE, STAGES, SecAggParams, simulate_round
+from meshkit_secagg import CHECK_ELEMENTS, SEALED_SIZE, STAGES, SecAggParams, simulate_round
 
 Updates = Callable[[SecAggParams, int], dict[int, np.ndarray]]
 

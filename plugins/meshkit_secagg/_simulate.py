@@ -16,10 +16,10 @@ from typing import Any, Callable, Collection, Mapping, Optional, TypeVar
 import attrs
 import numpy as np
 
-from meshkit.secagg._client import ClientRound
-from meshkit.secagg._messages import payload_bytes
-from meshkit.secagg._params import SecAggParams
-from meshkit.secagg._server import SecAggResult, ServerRound
+from meshkit_secagg._client import ClientRound
+from meshkit_secagg._messages import payload_bytes
+from meshkit_secagg._params import SecAggParams
+from meshkit_secagg._server import SecAggResult, ServerRound
 
 __all__ = ["simulate_round", "Simulation", "STAGES"]
 

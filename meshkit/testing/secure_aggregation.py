@@ -1,0 +1,352 @@
+"""The secure-aggregation scheme contract suite: what the kernel's round relies on, checked in one process.
+
+Subclass :class:`SecureAggregationContract`, set ``component`` (and
+``options``), and pytest collects the checks. Each drives the scheme the
+way ``meshkit/train/_rounds/secure.py`` does -- the five steps of
+:mod:`meshkit.secure_aggregation`, byte rows between its coordinator side
+and one client side per client -- without processes or sockets, so a
+failure names the step. What is checked:
+
+* its traits are declared and agree with the round it plans, and the
+  parameters a worker rebuilds from the keys request are the coordinator's;
+* every row is the width its traits declare;
+* the unmasked sum is the exact sum mod ``2**modulus_bits`` of the clients'
+  quantised updates, and dequantises to their clipped sum within one
+  quantisation step of ``2 clip_range clients / 2**modulus_bits`` each;
+* a masked input is not its update, and the masks cancel only in the full
+  sum (the sum of all but one masked input is not those clients' sum);
+* up to the dropouts it declares (``tolerates_dropouts``, and
+  :meth:`Scheme.describe`'s ``survives_losing_clients``) the survivors' sum is
+  revealed exactly; past them, or any dropout for a scheme that declares
+  none, the round is refused -- never a sum of the wrong clients;
+* a share sealed wrongly is named: its recipient accuses the sender and
+  ``judge`` blames the sender, while an accusation of a good share blames
+  the accuser; a tampered unmasking share is named (or outvoted), never
+  unmasked into a wrong sum; a masked input of the wrong shape is refused
+  naming its client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import attrs
+import numpy as np
+import pytest
+
+from meshkit.errors import RefusedError
+from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient, SchemeServer,
+                                        SecureAggregationError, SecureAggregationTraits,
+                                        SecureResult, add_mod, scheme_traits, vector_dtype)
+from meshkit.testing.support import ContractBase
+
+__all__ = ["SecureAggregationContract", "Round"]
+
+#: The round's public seed in every check (the kernel draws a fresh one per round).
+SEED = bytes(range(32))
+
+
+def _row(row: Any, width: int, what: str) -> bytes:
+    assert isinstance(row, (bytes, bytearray)) and len(row) == width, (
+        f"{what}: a row of {len(row) if isinstance(row, (bytes, bytearray)) else repr(row)} "
+        f"bytes; the scheme's traits declare {width}")
+    return bytes(row)
+
+
+@attrs.define
+class Round:
+    """One round driven as the kernel drives it, a method a step, so a check can tamper
+    between two. ``Round(scheme, clients, length).run(quantised)`` plays it whole."""
+
+    scheme: Scheme
+    clients: int
+    length: int
+    traits: SecureAggregationTraits = attrs.field(init=False)
+    params: RoundParams = attrs.field(init=False)
+    server: SchemeServer = attrs.field(init=False)
+    sides: dict[int, SchemeClient] = attrs.field(init=False)
+    adverts: dict[int, bytes] = attrs.field(init=False, factory=dict)
+    members: list[int] = attrs.field(init=False, factory=list)
+    deliveries: dict[int, list[tuple[int, bytes]]] = attrs.field(init=False, factory=dict)
+    excluded: tuple[int, ...] = attrs.field(init=False, default=())
+    masked: dict[int, np.ndarray] = attrs.field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.traits = scheme_traits(self.scheme)
+        self.params = self.scheme.plan(self.clients, 1)
+        cohort = list(range(self.clients))
+        self.server = self.scheme.server(self.params, cohort, SEED, self.length,
+                                         {c: c for c in cohort})
+        # Each client is built as a worker builds it: from the keys request's fields.
+        rebuilt = self.scheme.params(
+            clients=self.params.clients, degree=self.params.degree,
+            threshold=self.params.threshold, clip_range=self.params.clip_range,
+            modulus_bits=self.params.modulus_bits)
+        self.sides = {c: self.scheme.client(rebuilt, c, SEED, self.length) for c in cohort}
+
+    def advertise(self, lost: Sequence[int] = ()) -> None:
+        for client, side in self.sides.items():
+            if client not in lost:
+                self.adverts[client] = _row(side.advertise(), self.traits.advert_size,
+                                            "advertise()")
+                self.server.receive_advert(client, self.adverts[client])
+        self.members = self.server.members()
+
+    def share(self, lost: Sequence[int] = (), garble: tuple[int, int] | None = None) -> None:
+        """Step 2; ``garble = (sender, recipient)``: that sender seals that row wrongly."""
+        for client in self.members:
+            if client in lost:
+                continue
+            rows = [(int(r), _row(b, self.traits.sealed_size, "share()"))
+                    for r, b in self.sides[client].share(self.members, self.adverts)]
+            if garble is not None and garble[0] == client:
+                rows = [(r, b if r != garble[1] else bytes(x ^ 0x5A for x in b))
+                        for r, b in rows]
+            self.server.receive_shares(client, rows)
+        self.deliveries = self.server.deliveries()
+
+    def open(self) -> list[tuple[int, int]]:
+        """Step 3: every (sender, recipient) accusation, settled: the party at fault excluded."""
+        accusations = [(int(s), r) for r in sorted(self.deliveries)
+                       for s in self.sides[r].open(self.deliveries[r])]
+        faulty = set()
+        for sender, recipient in accusations:
+            key = _row(self.sides[sender].reveal(recipient), self.traits.reveal_size, "reveal()")
+            faulty.add(self.server.judge(sender, recipient, key))
+        if faulty:
+            self.excluded = tuple(self.server.exclude(sorted(faulty)))
+        return accusations
+
+    def mask(self, quantised: dict[int, np.ndarray], lost: Sequence[int] = ()) -> None:
+        bits = self.params.modulus_bits
+        for client in sorted(self.deliveries):
+            if client in lost or client in self.excluded:
+                continue
+            vector = self.sides[client].mask(quantised[client], list(self.excluded))
+            assert isinstance(vector, np.ndarray) and vector.ndim == 1 \
+                and vector.dtype == vector_dtype(bits), (
+                    f"mask(): client {client}'s masked input is {vector!r:.80}; it must be a 1-d "
+                    f"{vector_dtype(bits)} vector (integers mod 2**{bits})")
+            self.masked[client] = vector
+            self.server.receive_masked((client,), vector)
+
+    def unmask(self, lost: Sequence[int] = (), tamper: int | None = None) -> SecureResult:
+        """Step 5; ``tamper``: that holder's first share row has a byte flipped."""
+        told = self.server.unmasking()
+        for holder in told.holders:
+            if holder in lost:
+                continue
+            rows = [(int(o), int(k), _row(s, self.traits.share_size, "unmask()"))
+                    for o, k, s in self.sides[holder].unmask(told.survivors, told.dropped)]
+            if holder == tamper and rows:
+                owner, kind, share = rows[0]
+                rows[0] = (owner, kind, bytes([share[0] ^ 1]) + share[1:])
+            self.server.receive_unmask(holder, rows)
+        return self.server.finish()
+
+    def until_masked(self, quantised: dict[int, np.ndarray], lost: Sequence[int] = ()) -> None:
+        """Steps 1-4, the ``lost`` clients leaving after they shared."""
+        self.advertise()
+        self.share()
+        self.open()
+        self.mask(quantised, lost=lost)
+
+    def run(self, quantised: dict[int, np.ndarray]) -> SecureResult:
+        self.until_masked(quantised)
+        return self.unmask()
+
+
+class SecureAggregationContract(ContractBase):
+    """Conformance tests every secure-aggregation scheme must pass (module docstring)."""
+
+    kind: ClassVar[str] = "secure_aggregation"
+    #: Clients in each checked round (at least the scheme's ``min_clients``).
+    clients: ClassVar[int] = 8
+    #: Elements of each client's update.
+    length: ClassVar[int] = 257
+
+    def updates(self, scheme: Scheme, params: RoundParams, seed: int = 0
+                ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """Float updates (some past ``clip_range``) and their quantised form, per client."""
+        rng = np.random.default_rng(seed)
+        floats = {c: rng.normal(0.0, params.clip_range * 0.6, self.length)
+                  for c in range(self.clients)}
+        return floats, {c: scheme.quantize(x, params) for c, x in floats.items()}
+
+    def exact(self, quantised: dict[int, np.ndarray], clients: Sequence[int],
+              bits: int) -> np.ndarray:
+        total = np.zeros(next(iter(quantised.values())).shape, vector_dtype(bits))
+        for client in clients:
+            add_mod(total, quantised[client], bits, out=total)
+        return total
+
+    def round(self) -> Round:
+        scheme = self.make()
+        assert scheme_traits(scheme).min_clients <= self.clients, (
+            f"the scheme serves at least {scheme_traits(scheme).min_clients} clients; set "
+            f"`clients` on the suite")
+        return Round(scheme, self.clients, self.length)
+
+    def test_the_traits_are_declared_and_the_round_agrees_with_them(self) -> None:
+        play = self.round()
+        assert play.params.modulus_bits == play.traits.modulus_bits, (
+            f"plan() sums mod 2**{play.params.modulus_bits}, the traits declare "
+            f"modulus_bits = {play.traits.modulus_bits}")
+        assert play.params.clients == self.clients, (
+            f"plan({self.clients}) set up a round of {play.params.clients} clients")
+        rebuilt = play.scheme.params(
+            clients=play.params.clients, degree=play.params.degree,
+            threshold=play.params.threshold, clip_range=play.params.clip_range,
+            modulus_bits=play.params.modulus_bits)
+        fields = ("clients", "degree", "threshold", "clip_range", "modulus_bits")
+        assert [getattr(rebuilt, f) for f in fields] == [getattr(play.params, f)
+                                                         for f in fields], (
+            "params(...) from the keys request's fields is not the round plan() made: a "
+            "worker would play another round")
+
+    def test_the_unmasked_sum_is_the_exact_sum_of_the_quantised_updates(self) -> None:
+        play = self.round()
+        floats, quantised = self.updates(play.scheme, play.params)
+        result = play.run(quantised)
+        everyone = list(range(self.clients))
+        assert tuple(result.contributors) == tuple(everyone), (
+            f"every client masked; the result names {result.contributors}")
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, everyone, play.params.modulus_bits),
+            err_msg="the unmasked total is not the sum mod 2**modulus_bits of the clients' "
+                    "quantised updates")
+        clipped = sum(np.clip(x, -play.params.clip_range, play.params.clip_range)
+                      for x in floats.values())
+        step = 2 * play.params.clip_range * self.clients / 2.0 ** play.params.modulus_bits
+        got = play.scheme.dequantize(result.total, play.params, self.clients)
+        np.testing.assert_allclose(got, clipped, rtol=0, atol=self.clients * step + 1e-12,
+                                   err_msg="dequantize(the sum) is not the clipped updates' sum "
+                                           "to within a quantisation step each")
+
+    def test_a_masked_input_hides_its_update_and_masks_cancel_only_in_the_full_sum(self) -> None:
+        play = self.round()
+        _, quantised = self.updates(play.scheme, play.params)
+        play.until_masked(quantised)
+        bits = play.params.modulus_bits
+        for client, vector in play.masked.items():
+            size = min(vector.size, quantised[client].size)
+            same = np.mean(vector[:size] == quantised[client][:size])
+            assert same < 0.5, (
+                f"client {client}'s masked input equals its quantised update in {same:.0%} of "
+                f"its coordinates: it is not masked")
+        some = sorted(play.masked)[1:]
+        partial = np.zeros(next(iter(play.masked.values())).shape, vector_dtype(bits))
+        for client in some:
+            add_mod(partial, play.masked[client], bits, out=partial)
+        size = quantised[0].size
+        assert not np.array_equal(partial[:size], self.exact(quantised, some, bits)), (
+            "the masked inputs of all clients but one add up to their plain sum: the masks "
+            "cancel in a partial sum, so the coordinator learns who-knows-what by leaving one out")
+
+    def test_dropouts_up_to_the_declared_tolerance_reveal_the_survivors_sum(self) -> None:
+        play = self.round()
+        _, quantised = self.updates(play.scheme, play.params)
+        lost = []
+        if play.traits.tolerates_dropouts:
+            facts = play.scheme.describe(play.params, [1] * self.clients)
+            tolerated = int(facts["survives_losing_clients"])
+            assert 0 <= tolerated < self.clients, (
+                f"describe() says a round survives losing {tolerated} of {self.clients} clients")
+            lost = list(range(1, 1 + min(tolerated, self.clients - 3)))
+        if not lost:
+            pytest.skip("the scheme declares no dropout it survives")
+        play.until_masked(quantised, lost=lost)
+        result = play.unmask(lost=lost)
+        survivors = [c for c in range(self.clients) if c not in lost]
+        assert tuple(result.contributors) == tuple(survivors) and set(result.dropped) == set(
+            lost), (f"{lost} dropped before masking; the result names contributors "
+                    f"{result.contributors} and dropped {result.dropped}")
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, survivors, play.params.modulus_bits),
+            err_msg="with the declared dropouts, the total is not the survivors' exact sum")
+
+    def test_a_dropout_past_the_tolerance_is_refused_never_a_wrong_sum(self) -> None:
+        play = self.round()
+        _, quantised = self.updates(play.scheme, play.params)
+        tolerated = 0
+        if play.traits.tolerates_dropouts:
+            tolerated = int(play.scheme.describe(play.params, [1] * self.clients)[
+                "survives_losing_clients"])
+        lost = list(range(1, 2 + tolerated))
+        if self.clients - len(lost) < 1:
+            pytest.skip("the scheme survives losing every client but one")
+        play.until_masked(quantised, lost=lost)
+        try:
+            result = play.unmask(lost=lost)
+        except (RefusedError, SecureAggregationError):
+            return
+        survivors = [c for c in range(self.clients) if c not in lost]
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, list(result.contributors),
+                                     play.params.modulus_bits),
+            err_msg=f"{len(lost)} clients dropped, past the {tolerated} the scheme declares, "
+                    f"and it revealed a total that is not its contributors' sum")
+        assert set(result.contributors) <= set(survivors)
+
+    def test_a_share_sealed_wrongly_is_named_and_its_sender_blamed(self) -> None:
+        play = self.round()
+        play.advertise()
+        play.share()
+        senders = {s for rows in play.deliveries.values() for s, _ in rows}
+        if not senders:
+            pytest.skip("the scheme seals no share to another client")
+        recipient = min(play.deliveries)
+        sender = play.deliveries[recipient][0][0]
+        play = self.round()
+        play.advertise()
+        play.share(garble=(sender, recipient))
+        if recipient not in play.deliveries:
+            return  # refused already: the server would not route it
+        accused = play.sides[recipient].open(play.deliveries[recipient])
+        assert sender in accused, (
+            f"client {sender} sealed garbage to client {recipient}, whose open() named "
+            f"{list(accused)}")
+        key = play.sides[sender].reveal(recipient)
+        assert play.server.judge(sender, recipient, key) == sender, (
+            "judge() did not blame the sender of a share that does not open under its key")
+
+    def test_an_accusation_of_a_good_share_blames_the_accuser(self) -> None:
+        play = self.round()
+        play.advertise()
+        play.share()
+        rows = [(r, s) for r, got in play.deliveries.items() for s, _ in got]
+        if not rows:
+            pytest.skip("the scheme seals no share to another client")
+        recipient, sender = rows[0]
+        key = play.sides[sender].reveal(recipient)
+        assert play.server.judge(sender, recipient, key) == recipient, (
+            "judge() blamed the sender of a share that opens: a liar could evict any client")
+
+    def test_a_tampered_unmasking_share_is_named_or_outvoted_never_unmasked_wrongly(
+            self) -> None:
+        play = self.round()
+        _, quantised = self.updates(play.scheme, play.params)
+        play.until_masked(quantised)
+        try:
+            result = play.unmask(tamper=0)
+        except SecureAggregationError as exc:
+            assert exc.client == 0, (
+                f"client 0's unmasking share was tampered; the error blames {exc.client}: {exc}")
+            return
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, list(result.contributors),
+                                     play.params.modulus_bits),
+            err_msg="a tampered unmasking share was unmasked into a wrong total")
+
+    def test_a_masked_input_of_the_wrong_shape_is_refused_naming_its_client(self) -> None:
+        play = self.round()
+        play.advertise()
+        play.share()
+        play.open()
+        client = min(play.deliveries)
+        bad = np.zeros(self.length // 2, vector_dtype(play.params.modulus_bits))
+        with pytest.raises(SecureAggregationError) as caught:
+            play.server.receive_masked((client,), bad)
+        assert caught.value.client == client, (
+            f"a masked input of the wrong length from client {client} blamed "
+            f"{caught.value.client}")
