@@ -71,3 +71,7 @@ def no_mlflow_opt_in():
     os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
     if before is not None:
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
+
+# A fixture package's own tests run only where it is installed
+# (tests/train/rounds/test_third_party_scheme.py does that), never in this suite.
+collect_ignore_glob = ["fixtures/*/tests/*"]
