@@ -34,7 +34,7 @@ from meshkit.config import Config, parse_config
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.service._protocol import Assign
 from meshkit.service._store import Store
-from meshkit.train import Runner, RunEvent
+from meshkit.train import Runner, RunEvent, RunStopped
 
 __all__ = ["RunJob", "service_config", "run_dir", "plain_json", "write_private"]
 
@@ -139,7 +139,8 @@ class RunJob:
         self._stop.set()
 
     def _main(self) -> None:
-        record = self.record
+        # Re-read: a stop may have been asked between placement and now.
+        record = self.record = self._store.run(self.record.id) or self.record
         run_id = record.id
         secret_file = self._dir / "run.secret"
         state, error, result, completed = "failed", None, None, record.rounds_completed
@@ -166,6 +167,9 @@ class RunJob:
             completed = report.rounds_completed
             stopped = report.stopped or self._stop.is_set()
             state = "stopped" if stopped and completed < report.rounds else "finished"
+        except RunStopped:
+            # `meshkit stop`: the strategy ended between rounds, checkpoint intact.
+            state = "stopped"
         except MeshError as exc:
             error = str(exc)
         except Exception as exc:  # a bug in a task or plugin: the run failed, the service goes on

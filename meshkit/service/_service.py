@@ -230,9 +230,3 @@ class Service:
         updated = self.store.run(run_id)
         assert updated is not None
         return updated
-
-    def wait_closed(self, stop: threading.Event) -> None:
-        stop.wait()
-
-    def describe_error(self, exc: MeshError) -> str:
-        return str(exc)
