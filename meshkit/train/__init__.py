@@ -40,9 +40,9 @@ Strategy plugins import from here, never from a ``_private`` module.
 
 from __future__ import annotations
 
-from meshkit.train._collective import PartialReducer, check_collective, cohort_slice
-from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
-from meshkit.train._engine import (
+from meshkit.train._rounds.collective import PartialReducer, check_collective, cohort_slice
+from meshkit.train._coordinator.artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+from meshkit.train._rounds.engine import (
     DEFAULT_WINDOW,
     HOLD,
     Folded,
@@ -53,28 +53,23 @@ from meshkit.train._engine import (
     answer_relay_request,
     train_loss,
 )
-from meshkit.train._host_relay import (
-    FanoutRequest,
-    FoldRequest,
-    RelayPool,
-    RelayRanks,
-    parse_relay_request,
-)
+from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_relay_request
+from meshkit.train._relay.host import RelayPool, RelayRanks
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._attacks import AttackedFold, AttackPlan
 from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
                                      strike)
 from meshkit.train._messages import check_contribution, signature
-from meshkit.train._node_job import node_attack, serve_train_job
+from meshkit.train._worker.node_job import node_attack, serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
-from meshkit.train._launch import free_ports
+from meshkit.train._coordinator.launch import free_ports
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
-from meshkit.train._progress import format_event, format_metrics, format_result, format_round
+from meshkit.train._coordinator.progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
-from meshkit.train._rounds import RoundOutcome, run_rounds, timed
+from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
 from meshkit.train._traits import StrategyTraits, strategy_traits
-from meshkit.train._preflight import build_components
-from meshkit.train._runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
+from meshkit.train._coordinator.preflight import build_components
+from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import (client_seed, poisson_clients, sample_clients, shard_bounds,
                                      shard_pair)
 from meshkit.train._strategy import (
@@ -85,8 +80,8 @@ from meshkit.train._strategy import (
     StrategyResult,
     weighted_mean,
 )
-from meshkit.train._worker import Trainer, serve_trainer, with_device
-from meshkit.train._secure_round import SecureSum, round_params, secure_sum
+from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
+from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
 
 __all__ = [
     # the strategy contract
@@ -178,11 +173,11 @@ __all__ = [
     "QUARANTINE_AFTER",
     # local launches
     "free_ports",
-    # collective runs: every rank plays its slice of the round (meshkit/train/_collective.py)
+    # collective runs: every rank plays its slice of the round (meshkit/train/_rounds/collective.py)
     "PartialReducer",
     "cohort_slice",
     "check_collective",
-    # secure aggregation ([secure_aggregation], meshkit/train/_secure_round.py)
+    # secure aggregation ([secure_aggregation], meshkit/train/_rounds/secure.py)
     "secure_sum",
     "SecureSum",
     "round_params",
