@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from meshkit import plugins, wire
-from meshkit.config import resolve
+from meshkit.train._coordinator.plan import resolve
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.service._config import ServeConfig
 from meshkit.service._links import NodeListener
