@@ -30,10 +30,10 @@ def _address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"{attribute.name} {value!r}: port {port!r} is not a number") from None
+        raise ValueError(f"{attribute.name} must have a numeric port, got {value!r}") from None
     if not 0 <= number <= 65535:
-        raise ValueError(f"{attribute.name} {value!r}: port {number} is out of range 0..65535 "
-                         f"(0 picks a free port, kept across restarts)")
+        raise ValueError(f"{attribute.name} must have a port in 0..65535 (0 picks a free one, "
+                         f"kept across restarts), got {value!r}")
 
 
 def _non_empty(instance: Any, attribute: attrs.Attribute, value: str) -> None:

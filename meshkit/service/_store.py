@@ -163,15 +163,24 @@ class Store:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"{self.path}: not a meshkit service database ({exc}); point "
+                              f"state_dir at another directory") from None
         except sqlite3.Error as exc:
             raise ConfigError(f"{self.path}: cannot open the service database: {exc}") from None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._generation = 0
         try:
             self.migrated_from = migrate(self._db, where=str(self.path))
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"{self.path}: not a meshkit service database ({exc}); point "
                               f"state_dir at another directory") from None
+
+    def _notify(self) -> None:
+        # Called with the lock held, after a change.
+        self._generation += 1
+        self._changed.notify_all()
 
     def close(self) -> None:
         with self._lock:
@@ -200,7 +209,7 @@ class Store:
                 "INSERT INTO runs (id, seq, name, config, authorized, state, submitted, rounds,"
                 " workers) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
                 (run_id, seq, name, config, authorized, time.time(), rounds, workers))
-            self._changed.notify_all()
+            self._notify()
         record = self.run(run_id)
         assert record is not None
         return record
@@ -231,7 +240,7 @@ class Store:
         with self._lock, self._db:
             self._db.execute(f"UPDATE runs SET {assignments} WHERE id = ?",
                              (*fields.values(), run_id))
-            self._changed.notify_all()
+            self._notify()
 
     # -- events -------------------------------------------------------------------
 
@@ -244,7 +253,7 @@ class Store:
                              "VALUES (?, ?, ?, ?, ?, ?)",
                              (run_id, seq, time.time(), kind, message,
                               None if data is None else json.dumps(data)))
-            self._changed.notify_all()
+            self._notify()
         return int(seq)
 
     def events(self, run_id: str, *, after: int = 0, kinds: Sequence[str] = (),
@@ -262,13 +271,17 @@ class Store:
         """Events after ``after``, waiting up to ``timeout`` s for one (``logs --follow``)."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
+            with self._lock:
+                seen = self._generation
             found = self.events(run_id, after=after)
             record = self.run(run_id)
             remaining = deadline - time.monotonic()
             if found or remaining <= 0 or record is None or record.state not in UNFINISHED:
                 return found
             with self._changed:
-                self._changed.wait(remaining)
+                # Only if nothing changed since the reads above (else read again).
+                if self._generation == seen:
+                    self._changed.wait(remaining)
 
     # -- nodes --------------------------------------------------------------------
 
@@ -282,7 +295,7 @@ class Store:
                 " caps = excluded.caps, address = excluded.address,"
                 " last_seen = excluded.last_seen, connected = 1",
                 (node_id, public, json.dumps(caps), address, now, now))
-            self._changed.notify_all()
+            self._notify()
 
     def update_node(self, node_id: str, *, connected: bool | None = None,
                     busy_run: str | None | bool = False, served: bool = False) -> None:
@@ -299,7 +312,7 @@ class Store:
         with self._lock, self._db:
             self._db.execute(f"UPDATE nodes SET {', '.join(sets)} WHERE id = ?",
                              (*args, node_id))
-            self._changed.notify_all()
+            self._notify()
 
     def disconnect_all(self) -> None:
         """At start-up: whatever the last process knew of live links died with it."""
