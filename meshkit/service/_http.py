@@ -172,7 +172,7 @@ class ControlServer:
     def __init__(self, service: Any, sock: socket.socket) -> None:
         config = service.config
         self._server = uvicorn.Server(uvicorn.Config(
-            _app(service), log_level="warning", lifespan="off",
+            _app(service), log_level="warning", lifespan="off", ws="none",
             ssl_certfile=config.tls_cert or None, ssl_keyfile=config.tls_key or None))
         self._sock = sock
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
