@@ -120,7 +120,7 @@ def parse_serve_config(data: Any, *, path: str = "<serve>") -> ServeConfig:
             f"carries the submit token: set tls_cert and tls_key to serve it over TLS, or "
             f"keep control on 127.0.0.1 (reach it over ssh -L)")
     base = Path(path).parent if path not in ("<serve>", "<mapping>") else Path.cwd()
-    resolved = {key: str(base / value) for key in ("state_dir", "secret_file", "authorized_nodes",
+    resolved: dict[str, Any] = {key: str(base / value) for key in ("state_dir", "secret_file", "authorized_nodes",
                                                      "token_file", "tls_cert", "tls_key")
                 if (value := getattr(config, key)) and not os.path.isabs(value)}
     return attrs.evolve(config, **resolved)
