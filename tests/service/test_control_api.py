@@ -11,8 +11,13 @@ from typing import Iterator
 import pytest
 
 from meshkit.errors import AuthenticationError, ConfigError
-from meshkit.service import ControlServer, ServeConfig, Service, locate_service
+from meshkit.service import ServeConfig, Service, locate_service
 from tests.support.service import run_toml
+
+# The control server is the extra "serve" (Starlette, uvicorn).
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+from meshkit.service import ControlServer  # noqa: E402
 
 
 @pytest.fixture

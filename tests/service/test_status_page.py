@@ -20,6 +20,8 @@ import pytest
 
 from tests.support.service import Federation, run_toml
 
+pytest.importorskip("starlette")  # the control server's extra, "serve"
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
