@@ -14,7 +14,9 @@ Each command lives in a module named for it and loads only when it runs:
 * ``_export`` — ``meshkit export`` (a run's model through an exporter plugin);
 * ``_node`` — ``meshkit node`` (with ``_options``: ``KEY=VALUE`` flags and
   the secret);
-* ``_relay`` — ``meshkit relay`` (a host relay, from the transport).
+* ``_relay`` — ``meshkit relay`` (a host relay, from the transport);
+* ``_serve`` — ``meshkit serve`` and its clients ``submit``, ``ls``, ``status``,
+  ``logs``, ``stop``.
 
 ``meshkit --help`` lists the commands from :data:`_COMMANDS` without loading
 any, so it starts fast everywhere (no numpy, no plugin's heavy code).
@@ -59,6 +61,16 @@ _COMMANDS: Mapping[str, tuple[str, str]] = {
     "relay": ("meshkit.cli._relay:relay",
               "A host relay: one connection to the coordinator for this host's ranks."),
     "run": ("meshkit.cli._run:run", "Run the training job CONFIG."),
+    "serve": ("meshkit.cli._serve:serve",
+              "Run the service CONFIG ([serve] table): nodes join once, runs come and go."),
+    "submit": ("meshkit.cli._serve:submit", "Submit the run CONFIG to a service; prints its run id."),
+    "ls": ("meshkit.cli._serve:ls", "List the service's runs, oldest first."),
+    "status": ("meshkit.cli._serve:status", "Show RUN: its state, rounds and latest metrics."),
+    "logs": ("meshkit.cli._serve:logs",
+             "Print RUN's events (rounds, nodes, the end); with --follow, as they happen."),
+    "stop": ("meshkit.cli._serve:stop",
+             "Stop RUN: a queued run never starts; a running one ends after its round, "
+             "checkpoint kept."),
 }
 
 

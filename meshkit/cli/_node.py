@@ -12,19 +12,21 @@ import json
 import logging
 import signal
 import sys
+import threading
 import types
 from typing import Any
 
 import attrs
 import click
 
-from meshkit import plugins, wire
+from meshkit import __version__, plugins, wire
 from meshkit.cli._options import parse_board_options, parse_options, read_secret
-from meshkit.errors import ConfigError, PeerLostError, RefusedError
+from meshkit.errors import ConfigError, MeshError, PeerLostError, RefusedError
 from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import serve_pipeline_job
+from meshkit.service import Assign, Done, serve_service
 from meshkit.train import node_attack, serve_train_job
 
 __all__ = ["node"]
@@ -92,6 +94,13 @@ class _Stopped(BaseException):
               help="The network between the nodes is trusted ([mesh] trust_network): only "
                    "then may a transport that authenticates nothing (torchdist) use a "
                    "non-loopback address.")
+@click.option("--service", "service", default=None, metavar="HOST:PORT",
+              help="Join a `meshkit serve` service at its node address instead of one run's "
+                   "coordinator: serve run after run (the service assigns rank, world and a "
+                   "per-run secret) and rejoin by itself after the service restarts.")
+@click.option("--rejoin-timeout", type=float, default=300.0,
+              help="With --service: give up (exit 2) after this many seconds without a "
+                   "service to rejoin.")
 @click.option("--steps", type=int, default=None,
               help="Step budget: serve at most this many activations, then leave.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
@@ -103,7 +112,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          board_options: tuple[str, ...], task_options: tuple[str, ...],
          attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None,
-         encrypt: bool, trust_network: bool, steps: int | None, verbose: int) -> None:
+         encrypt: bool, trust_network: bool, service: str | None, rejoin_timeout: float,
+         steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
 
     Flags mirror meshkit.NodeConfig and win over the environment variables
@@ -167,7 +177,19 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         if heap_mb <= 0:
             raise ConfigError(f"--heap-mb must be positive, got {heap_mb}")
         overrides["heap_bytes"] = heap_mb << 20
-    if discover or disc_port is not None or data_port is not None or via is not None:
+    if service is not None:
+        given = [flag for flag, value in (("--rank", rank), ("--world", world),
+                                          ("--peers", peers), ("--discover", discover),
+                                          ("--board", board_name), ("--via", via))
+                 if value not in (None, False)]
+        if given:
+            raise ConfigError(f"--service: the service assigns each run's rank, world and "
+                              f"coordinator; drop {', '.join(given)}")
+        if not rejoin_timeout > 0:
+            raise ConfigError(f"--rejoin-timeout must be positive, got {rejoin_timeout}")
+        # A placeholder star of two; each run's assignment replaces all three.
+        overrides.update(rank=1, world=2, peers=service, discover=False)
+    elif discover or disc_port is not None or data_port is not None or via is not None:
         overrides.update(discover=True, disc_port=disc_port, data_base=data_port, via=via)
         overrides["peers"] = ()
     elif peers is not None:
@@ -187,6 +209,13 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
             "no peers: pass --peers HOST:PORT (the coordinator, for a star; or one address "
             "per rank, for a mesh), or --discover (env PEERS / DISCOVER=1)")
 
+    if service is not None:
+        _join_service(service, config, pull_data=pull_data, steps=steps,
+                      rejoin_timeout=rejoin_timeout,
+                      jobs={"pipeline": serve_pipeline_job,
+                            "train": functools.partial(serve_train_job, task_options=task_options,
+                                                       attack=attack)})
+        return
     control = NodeControl(steps=steps)
     joined = False
     signalled: list[int] = []
@@ -246,3 +275,78 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         raise PeerLostError(
             "lost the coordinator before it ended the run; start the node again (same "
             "rank and credentials) to rejoin at the next round")
+
+
+def _echo(event: dict[str, Any]) -> None:
+    click.echo(json.dumps(event))
+    sys.stdout.flush()
+
+
+def _join_service(address: str, config: NodeConfig, *, pull_data: bool, steps: int | None,
+                  rejoin_timeout: float, jobs: dict[str, Any]) -> None:
+    """``meshkit node --service``: serve the service's runs, one at a time, until stopped.
+
+    Each assignment is served exactly as ``meshkit node --peers`` would serve
+    that run (the same job loop), on the rank, world, coordinator address and
+    per-run secret the service sent; a node key (--key) is proven to the
+    service and to each run's coordinator alike.
+    """
+    stop = threading.Event()
+    signalled: list[int] = []
+    current: list[NodeControl] = []
+
+    def _stop(signum: int, frame: types.FrameType | None) -> None:
+        # Leave after the current activation rather than dying mid-frame.
+        signalled.append(signum)
+        stop.set()
+        for control in current:
+            control.stop()
+
+    def serve_run(assign: Assign) -> Done:
+        run_config = attrs.evolve(config, rank=assign.rank, world=assign.world,
+                                  peers=(assign.address,), secret=assign.secret.encode(),
+                                  encrypt=assign.encrypt, timeout=assign.timeout)
+        caps = caps_for(run_config)
+        if pull_data:
+            caps = attrs.evolve(caps, pull_data=True)
+        control = NodeControl(steps=steps)
+        current[:] = [control]
+        if stop.is_set():
+            control.stop()
+        try:
+            group = run_config.connect()
+        except MeshError as exc:
+            return Done(run=assign.run, ok=False, detail=f"could not join: {exc}"[:1000])
+        try:
+            _echo({"event": "run", "run": assign.run, "rank": assign.rank,
+                   "world": assign.world})
+            for report in serve_node(group, caps, control=control, jobs=jobs):
+                _echo({"event": "report", "run": assign.run, "report": report.to_json()})
+        except MeshError as exc:
+            return Done(run=assign.run, ok=False, detail=str(exc)[:1000])
+        finally:
+            group.close()
+        ended = control.ended or ""
+        return Done(run=assign.run, ok=ended not in ("refused", "coordinator lost"),
+                    detail=control.refusal if ended == "refused" else ended)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, _stop)
+        except (ValueError, OSError):  # not the main thread (embedded use)
+            pass
+    try:
+        serve_service(address, secret=config.secret or b"", node_key=config.node_key,
+                      caps=caps_for(config).to_json(), serve_run=serve_run, stop=stop,
+                      encrypt=config.encrypt, timeout=config.timeout,
+                      rejoin_timeout=rejoin_timeout, version=__version__,
+                      on_joined=lambda: _echo({"event": "joined", "service": address}))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signalled:
+        name = signal.Signals(signalled[0]).name
+        click.echo(f"meshkit node: stopped by {'Ctrl-C' if name == 'SIGINT' else name}",
+                   err=True)
+        sys.exit(128 + signalled[0])

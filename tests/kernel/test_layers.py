@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
      "meshkit.privacy", "meshkit.simulation", "meshkit.secure_aggregation", "meshkit.compression"),
     ("meshkit.node", "meshkit.task", "meshkit.population"),
     ("meshkit.train", "meshkit.pipeline", "meshkit.config", "meshkit.torch", "meshkit.flower"),
+    ("meshkit.service",),
     ("meshkit.cli",),
     ("meshkit.testing", "meshkit", "meshkit.__main__"),
 ]

@@ -260,6 +260,11 @@ class Runner:
     #: The run's ``[[observers]]`` (a plugin set of their own), once built.
     _observers: Any = None
 
+    @property
+    def address(self) -> str:
+        """Where the coordinator listens, once it does ("" before; what "listening" announces)."""
+        return str(self._group.address) if self._group is not None else ""
+
     # -- entry ----------------------------------------------------------------
 
     def run(self) -> RunReport:
