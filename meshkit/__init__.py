@@ -28,7 +28,6 @@ from meshkit.errors import (
     UnknownComponentError,
     WireError,
     WorkerError,
-    ProtocolError,
 )
 
 __version__ = "0.1.0"
