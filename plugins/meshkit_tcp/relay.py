@@ -52,18 +52,8 @@ from meshkit.transport import (
     TAG_WELCOME,
 )
 
-from meshkit_tcp.tcp import (
-    KIND_CONTROL,
-    MAX_REFUSED,
-    ROLE_RELAY,
-    ROLE_STAR,
-    accept_loop,
-    dial,
-    format_address,
-    listen,
-    parse_address,
-    send_refusal,
-)
+from meshkit_tcp.joining import KIND_CONTROL, MAX_REFUSED, ROLE_RELAY, ROLE_STAR, send_refusal
+from meshkit_tcp.sockets import accept_loop, dial, format_address, listen, parse_address
 
 __all__ = ["RelayConfig", "RelayReport", "HostRelay", "start_relay", "serve_relay"]
 

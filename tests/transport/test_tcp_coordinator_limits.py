@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from meshkit_tcp.tcp import MAX_HANDSHAKES
+from meshkit_tcp.sockets import MAX_HANDSHAKES
 
 from meshkit import plugins, wire
 from meshkit.errors import ConfigError, WireError

@@ -18,7 +18,7 @@ import pytest
 from meshkit import AuthenticationError, WireError, plugins, wire
 from meshkit.node.config import NodeConfig
 from meshkit.transport import TAG_RELAY_CTL
-from meshkit_tcp.tcp import KIND_CONTROL, ROLE_STAR
+from meshkit_tcp.joining import KIND_CONTROL, ROLE_STAR
 
 SECRET = b"host-relay-test-secret"
 TAG = 7

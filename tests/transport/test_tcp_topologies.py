@@ -11,7 +11,7 @@ import pytest
 from meshkit import ConfigError, PeerLostError, WireError
 from meshkit.node.config import NodeConfig
 from meshkit.transport import ANY
-from meshkit_tcp.tcp import parse_address
+from meshkit_tcp.sockets import parse_address
 from meshkit_tcp.testing import run_ranks, tcp_star_configs
 
 from meshkit.train import free_ports
