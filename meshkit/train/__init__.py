@@ -17,6 +17,10 @@ One idea per module:
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
 * ``_protocol`` — the trainer requests and replies, and their tags;
 * ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
+* ``_local_sgd`` — a worker's DiLoCo replica: inner steps, pseudo-gradients out,
+  outer updates in, handed over whole to heal a newcomer (:func:`split_fragments`,
+  :func:`state_digest`, :func:`apply_update`), and ``_local_sgd_messages`` its
+  requests' schemas;
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
@@ -86,6 +90,10 @@ from meshkit.train._strategy import (
     weighted_mean,
 )
 from meshkit.train._worker import Trainer, serve_trainer, with_device
+from meshkit.train._local_sgd import (apply_update, decode_update, pseudo_gradients,
+                                      split_fragments, state_digest)
+# Registers the replica's requests in the trainer protocol's schemas.
+from meshkit.train._local_sgd_messages import LOCAL_SGD_REQUESTS
 from meshkit.train._secure_round import SecureSum, round_params, secure_sum
 
 __all__ = [
@@ -182,6 +190,13 @@ __all__ = [
     "PartialReducer",
     "cohort_slice",
     "check_collective",
+    # local SGD (DiLoCo): the arithmetic coordinator and replicas share (_local_sgd.py)
+    "split_fragments",
+    "state_digest",
+    "apply_update",
+    "decode_update",
+    "pseudo_gradients",
+    "LOCAL_SGD_REQUESTS",
     # secure aggregation ([secure_aggregation], meshkit/train/_secure_round.py)
     "secure_sum",
     "SecureSum",

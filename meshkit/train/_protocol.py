@@ -68,7 +68,10 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 
 #: Request/reply fields that hold a nested state and travel flattened.
-_NESTED = ("state", "gradients", "local", "partial")
+_NESTED = ("state", "gradients", "local", "partial",
+           # a DiLoCo replica's (meshkit.train._local_sgd)
+           "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
+           "snapshot")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:
