@@ -89,7 +89,7 @@ def run_cell(workers: int, relays: int, *, params: int, rounds: int,
     setting: the benchmark narrows the launcher's relay blocks).
     """
     from meshkit.train import Runner
-    from meshkit.train import _launch
+    from meshkit.train._coordinator import launch as _launch
 
     blocks = _launch.relay_blocks
     if relays and direct:

@@ -85,7 +85,7 @@ def default_from(table: str, key: str) -> dict[str, Any]:
 
     ``num_partitions: int = attrs.field(default=0, metadata=default_from("strategy",
     "clients"))``: a value the user would otherwise write twice, and could get
-    wrong in one place. :func:`meshkit.config.resolve` fills it in (when
+    wrong in one place. :func:`meshkit.train._coordinator.plan.resolve` fills it in (when
     ``[table] key`` is given) before the options are structured, and the filled
     table is what every node receives.
     """

@@ -19,7 +19,7 @@ import click
 
 from meshkit.aggregation import holds_every_contribution
 from meshkit.checkpoint import CHECKPOINT_NAME
-from meshkit.config import check
+from meshkit.train._coordinator.plan import check
 from meshkit.errors import MeshError
 from meshkit.train import QUARANTINE_AFTER, build_components, strategy_traits
 

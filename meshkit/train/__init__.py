@@ -16,11 +16,8 @@ One idea per module:
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
 * ``_protocol`` — the trainer requests and replies, and their tags;
-* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
-* ``_local_sgd`` — a worker's DiLoCo replica: inner steps, pseudo-gradients out,
-  outer updates in, handed over whole to heal a newcomer (:func:`split_fragments`,
-  :func:`state_digest`, :func:`apply_update`), and ``_local_sgd_messages`` its
-  requests' schemas;
+* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`; ``local_sgd``: a
+  DiLoCo replica, :func:`split_fragments`, :func:`state_digest`, :func:`apply_update`);
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
@@ -44,9 +41,9 @@ Strategy plugins import from here, never from a ``_private`` module.
 
 from __future__ import annotations
 
-from meshkit.train._collective import PartialReducer, check_collective, cohort_slice
-from meshkit.train._artifacts import METRICS_NAME, REPORT_NAME, read_metrics
-from meshkit.train._engine import (
+from meshkit.train._rounds.collective import PartialReducer, check_collective, cohort_slice
+from meshkit.train._coordinator.artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+from meshkit.train._rounds.engine import (
     DEFAULT_WINDOW,
     HOLD,
     Folded,
@@ -57,28 +54,23 @@ from meshkit.train._engine import (
     answer_relay_request,
     train_loss,
 )
-from meshkit.train._host_relay import (
-    FanoutRequest,
-    FoldRequest,
-    RelayPool,
-    RelayRanks,
-    parse_relay_request,
-)
+from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_relay_request
+from meshkit.train._relay.host import RelayPool, RelayRanks
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._attacks import AttackedFold, AttackPlan
 from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
                                      strike)
 from meshkit.train._messages import check_contribution, signature
-from meshkit.train._node_job import node_attack, serve_train_job
+from meshkit.train._worker.node_job import node_attack, serve_train_job
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
-from meshkit.train._launch import free_ports
+from meshkit.train._coordinator.launch import free_ports
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
-from meshkit.train._progress import format_event, format_metrics, format_result, format_round
+from meshkit.train._coordinator.progress import format_event, format_metrics, format_result, format_round
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
-from meshkit.train._rounds import RoundOutcome, run_rounds, timed
+from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
 from meshkit.train._traits import StrategyTraits, strategy_traits
-from meshkit.train._preflight import build_components
-from meshkit.train._runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
+from meshkit.train._coordinator.preflight import build_components
+from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import (client_seed, poisson_clients, sample_clients, shard_bounds,
                                      shard_pair)
 from meshkit.train._strategy import (
@@ -89,12 +81,10 @@ from meshkit.train._strategy import (
     StrategyResult,
     weighted_mean,
 )
-from meshkit.train._worker import Trainer, serve_trainer, with_device
-from meshkit.train._local_sgd import (apply_update, decode_update, pseudo_gradients,
-                                      split_fragments, state_digest)
-# Registers the replica's requests in the trainer protocol's schemas.
-from meshkit.train._local_sgd_messages import LOCAL_SGD_REQUESTS
-from meshkit.train._secure_round import SecureSum, round_params, secure_sum
+from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
+from meshkit.train._worker.local_sgd import (apply_update, decode_update, pseudo_gradients,
+                                             split_fragments, state_digest)
+from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
 
 __all__ = [
     # the strategy contract
@@ -186,18 +176,17 @@ __all__ = [
     "QUARANTINE_AFTER",
     # local launches
     "free_ports",
-    # collective runs: every rank plays its slice of the round (meshkit/train/_collective.py)
+    # collective runs: every rank plays its slice of the round (meshkit/train/_rounds/collective.py)
     "PartialReducer",
     "cohort_slice",
     "check_collective",
-    # local SGD (DiLoCo): the arithmetic coordinator and replicas share (_local_sgd.py)
+    # local SGD (DiLoCo): the arithmetic coordinator and replicas share (_worker/local_sgd.py)
     "split_fragments",
     "state_digest",
     "apply_update",
     "decode_update",
     "pseudo_gradients",
-    "LOCAL_SGD_REQUESTS",
-    # secure aggregation ([secure_aggregation], meshkit/train/_secure_round.py)
+    # secure aggregation ([secure_aggregation], meshkit/train/_rounds/secure.py)
     "secure_sum",
     "SecureSum",
     "round_params",

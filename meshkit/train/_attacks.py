@@ -9,7 +9,7 @@ IPM) seeing the *honest* updates of the round -- then feeds every
 contribution, in key order, to the aggregator's own fold. A data-poisoning
 attack (label flipping) is not applied here: the engine adds ``poison`` to
 an attacker's fit request and the worker flips its labels
-(:mod:`meshkit.train._worker`). Either way the attacked clients are named
+(:mod:`meshkit.train._worker.trainer`). Either way the attacked clients are named
 in the round's report (``attacked`` in ``metrics.jsonl``).
 
 A real node started with ``meshkit node --attack NAME`` poisons its own

@@ -49,7 +49,7 @@ from meshkit.train._messages import check_reply
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.transport import Membership
 from meshkit.transport.tags import TAG_RELAY, TAG_UP
-from meshkit.train._worker import Trainer
+from meshkit.train._worker.trainer import Trainer
 
 __all__ = ["Reply", "WorkerPool", "LocalPool", "GroupPool", "call", "broadcast"]
 

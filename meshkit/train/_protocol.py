@@ -37,7 +37,7 @@ global state, sent once per worker by ``set_state``), and never changes
 it. With ``keep = KEY`` a fit's (or a ``grads``') result stays on the
 worker and the reply carries only ``examples``, ``metrics`` and
 ``kept = KEY``; the coordinator pulls it with ``take`` when the fold is
-ready for it (:mod:`meshkit.train._engine`). Without ``keep`` the reply
+ready for it (:mod:`meshkit.train._rounds.engine`). Without ``keep`` the reply
 carries the result itself.
 
 A ``fit`` with ``poison = {"name": ATTACK, "options": {...}}`` is a
@@ -69,7 +69,7 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 #: Request/reply fields that hold a nested state and travel flattened.
 _NESTED = ("state", "gradients", "local", "partial",
-           # a DiLoCo replica's (meshkit.train._local_sgd)
+           # a DiLoCo replica's (meshkit.train._worker.local_sgd)
            "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
            "snapshot")
 

@@ -253,7 +253,7 @@ class StrategyContext:
     #: JSON values; ``fedbuff``'s versions in flight and clock). {} by default.
     strategy_state: Callable[[], Mapping[str, Any]] = lambda: {}
     #: A collective run's :class:`meshkit.train.PartialReducer` (every rank plays the round,
-    #: one all-reduce: :mod:`meshkit.train._collective`); None: a coordinator and workers.
+    #: one all-reduce: :mod:`meshkit.train._rounds.collective`); None: a coordinator and workers.
     collective: Any = None
     #: ``[secure_aggregation]`` (:class:`meshkit.config.SecureAggregationTable`); None: rounds
     #: fold plain contributions.

@@ -25,7 +25,7 @@ relay -- and reads the verdict back from it; none keeps a ledger of its own
   the dead ledger. Whoever runs the rounds calls it only between rounds (a
   rank taken back mid-round could be handed work by a round that already
   gave its share to others): the runner's ``_admit``
-  (``meshkit/train/_runner.py``), through ``group.take_back()``. A host
+  (``meshkit/train/_coordinator/runner.py``), through ``group.take_back()``. A host
   relay runs no rounds: it takes a reconnecting rank back at once, in its
   own view, and the coordinator keeps that rank returning until its rounds
   take it back.

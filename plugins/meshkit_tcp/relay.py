@@ -6,7 +6,7 @@ keys, never re-encoded), except the requests addressed to the relay itself
 (``TAG_RELAY``: ``fold`` and ``fanout``), which it hands to the kernel
 (:func:`meshkit.train.answer_relay_request`, over a
 :class:`meshkit.train.RelayPool` of its own ranks) and answers once. What a
-relay does with a round lives in ``meshkit/train/_host_relay.py``; this
+relay does with a round lives in ``meshkit/train/_rounds/relayed.py``; this
 module only carries the bytes.
 
 Both legs run the ordinary handshake (shared secret, encryption, world

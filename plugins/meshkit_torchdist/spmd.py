@@ -4,7 +4,7 @@ Each rank runs the config's federated run itself (:func:`run_spmd`): the
 same components from the same seed, so the same cohort each round; it fits
 its slice of the cohort and folds it into an exact fixed-point partial, and
 :class:`GlooReducer` sums the ranks' partials with one gloo all-reduce per
-round (:mod:`meshkit.train._collective` is the round; docs/scaling-out.md
+round (:mod:`meshkit.train._rounds.collective` is the round; docs/scaling-out.md
 the user's view). Rank 0 writes the run's files in ``[run] out``; every
 other rank runs with a private scratch directory that is removed at the end
 (``--resume`` copies rank 0's checkpoint into it first, so on several hosts

@@ -22,7 +22,8 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from meshkit import ConfigError, MeshError, RefusedError  # noqa: E402
 from meshkit.checkpoint import load_checkpoint  # noqa: E402
-from meshkit.config import parse_config, resolve  # noqa: E402
+from meshkit.config import parse_config  # noqa: E402
+from meshkit.train._coordinator.plan import resolve
 from meshkit.flower import FlowerOptions, task  # noqa: E402
 from meshkit.train import Trainer, read_metrics  # noqa: E402
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from meshkit._atomic import atomic_file
-from meshkit.train._artifacts import write_summary
+from meshkit.train._coordinator.artifacts import write_summary
 
 
 def test_the_target_is_replaced_only_when_the_block_ends(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 import meshkit
 from meshkit.checkpoint import load_checkpoint
-from meshkit.config import parse_config, resolve
+from meshkit.config import parse_config
+from meshkit.train._coordinator.plan import resolve
 from meshkit.testing.support import assert_states_identical
 from meshkit.train import build_components, read_metrics
 
@@ -75,7 +76,9 @@ def test_a_budget_stops_the_run_before_it_is_exceeded_and_a_resume_is_bit_exact(
 
 def _watch_relays(monkeypatch) -> tuple[list[str], list[bool]]:
     """Record the ops sent to relays, and per round whether every worker was behind one."""
-    from meshkit.train import GroupPool, _engine, _host_relay
+    from meshkit.train import GroupPool
+    from meshkit.train._rounds import engine as _engine
+    from meshkit.train._rounds import relayed as _host_relay
 
     sent: list[str] = []
     behind: list[bool] = []

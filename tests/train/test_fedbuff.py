@@ -11,7 +11,8 @@ import pytest
 import meshkit
 import meshkit.plugins
 from meshkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from meshkit.config import parse_config, resolve
+from meshkit.config import parse_config
+from meshkit.train._coordinator.plan import resolve
 from meshkit.simulation import Speeds
 from meshkit.task import FitResult
 from meshkit.train import AttackPlan, LocalPool, StrategyContext, build_components

@@ -23,7 +23,7 @@ MUTATORS = {"add", "pop", "popitem", "discard", "remove", "update", "clear", "se
 #: Where a rank is taken back: the membership, the group's and ledger's calls
 #: through to it, the rounds' runner (between rounds), a host relay (at once).
 TAKES_BACK = {"meshkit/transport/_membership.py", "meshkit/transport/_ledger.py",
-              "meshkit/transport/_group.py", "meshkit/train/_runner.py",
+              "meshkit/transport/_group.py", "meshkit/train/_coordinator/runner.py",
               "plugins/meshkit_tcp/relay.py"}
 
 

@@ -4,7 +4,7 @@ A test puts this directory first on ``PYTHONPATH`` and sets
 ``MESHKIT_TEST_HOSTILE = "RANK:MODE"``; a local launch passes both to its
 worker processes, and Python imports this module at start-up in each. In
 the ``meshkit node`` process whose ``--rank`` is RANK it patches the real
-worker's :class:`~meshkit.train._secure_worker.SecureClients` (nothing else
+worker's :class:`~meshkit.train._worker.secure.SecureClients` (nothing else
 changes: the wire, the schema checks and the fits are the real ones):
 
 * ``error``: every ``secagg_mask`` raises, so the worker answers with a
@@ -33,7 +33,7 @@ def _install() -> None:
         return
     from typing import Any
 
-    from meshkit.train import _secure_worker
+    from meshkit.train._worker import secure as _secure_worker
 
     original = _secure_worker.SecureClients.handle
 

@@ -1,0 +1,260 @@
+"""The trainer protocol's schema language: bounds, value types, field declarations, one converter.
+
+Every message family (:mod:`.trainer`, :mod:`.secure`, :mod:`.relay`)
+declares its attrs classes with :func:`_field` and the checks below, and
+is structured by the one cattrs converter :data:`CONVERTER` built here
+(``forbid_extra_keys``; no coercion: ``"3"`` is not an int, ``True`` is not
+a number). Where a message is checked is :mod:`.check`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, NewType
+
+import attrs
+import cattrs
+import numpy as np
+
+from meshkit.secagg import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH
+
+
+# -- bounds ------------------------------------------------------------------------------
+
+#: The most examples one reply may claim: exactly representable as a float64.
+MAX_EXAMPLES = 2 ** 53
+#: The most entries a state (a model, gradients) may have.
+MAX_STATE_KEYS = 1 << 20
+#: The longest state key, metric name or stage node name (characters).
+MAX_NAME = 1024
+#: The most metrics one reply may carry.
+MAX_METRICS = 256
+#: The longest error message a worker may send (characters).
+MAX_ERROR = 1 << 16
+#: Shards, clients, ranks and stage nodes: at most this many.
+MAX_COUNT = 1 << 31
+#: The longest time budget a fit may be given (seconds: about four months).
+MAX_BUDGET = 1e7
+#: The most fits one ``fit_batch`` may carry (the engine sends far fewer).
+MAX_BATCH = 4096
+#: Seeds are unsigned 64-bit integers.
+MAX_SEED = 2 ** 64 - 1
+#: Kept-result keys are integers 0..MAX_SEQ; sequence numbers signed 64-bit
+#: integers (a host relay numbers its own requests below zero).
+MAX_SEQ = 2 ** 63 - 1
+MIN_SEQ = -(2 ** 63)
+
+# -- the value types beyond JSON's -----------------------------------------------------------
+
+#: A model state: ``name -> array | JSON value`` (docs/protocol.md: "state").
+State = NewType("State", dict)
+#: Task metrics: ``name -> finite number``.
+Metrics = NewType("Metrics", dict)
+#: A pipeline activation: an array (or a JSON number or list).
+Activation = NewType("Activation", object)
+#: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
+Poison = NewType("Poison", dict)
+
+#: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
+ClientIds = NewType("ClientIds", list)
+#: Secure aggregation: a list of integers (ids in any order, seeds, kinds).
+Integers = NewType("Integers", list)
+#: Secure aggregation: rows of bytes, a 2-d uint8 array (one key, share or sealed share a row).
+Rows = NewType("Rows", object)
+#: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits).
+Masked = NewType("Masked", object)
+
+_JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
+
+
+def _integer(value: Any, _: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"expected an integer, got {_shown(value)}")
+    return int(value)
+
+
+def _number(value: Any, _: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"expected a number, got {_shown(value)}")
+    return float(value)
+
+
+def _string(value: Any, _: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_shown(value)}")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
+        raise ValueError(f"{what} must be a string of 1 to {MAX_NAME} characters, got "
+                         f"{_shown(value)}")
+    return value
+
+
+def _state(value: Any, _: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a state (name -> array or JSON value), got {_shown(value)}")
+    if len(value) > MAX_STATE_KEYS:
+        raise ValueError(f"a state of {len(value)} entries; at most {MAX_STATE_KEYS}")
+    for key, leaf in value.items():
+        _name(key, "a state key")
+        if not isinstance(leaf, (np.ndarray, *_JSON_LEAVES)):
+            raise TypeError(f"state key {key!r} holds {_shown(leaf)}, not an array or a "
+                            f"JSON value")
+    return value
+
+
+def _metrics(value: Any, _: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected metrics (name -> number), got {_shown(value)}")
+    if len(value) > MAX_METRICS:
+        raise ValueError(f"{len(value)} metrics; at most {MAX_METRICS}")
+    out: dict[str, float] = {}
+    for name, number in value.items():
+        _name(name, "a metric name")
+        if isinstance(number, bool) or not isinstance(number, (int, float, np.number)):
+            raise TypeError(f"metric {name!r} is {_shown(number)}, not a number")
+        if not math.isfinite(float(number)):
+            raise ValueError(f"metric {name!r} is {float(number)!r}; metrics must be finite")
+        out[name] = float(number)
+    return out
+
+
+def _poison(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or "name" not in value or set(value) - {"name", "options"}:
+        raise TypeError(f"expected an attack {{name, options}}, got {_shown(value)}")
+    _name(value["name"], "the attack's name")
+    options = value.get("options") or {}
+    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
+        raise ValueError(f"the attack's options must be an object of at most {MAX_METRICS} "
+                         f"entries, got {_shown(options)}")
+    for key, leaf in options.items():
+        _name(key, "an attack option")
+        if not isinstance(leaf, _JSON_LEAVES):
+            raise TypeError(f"attack option {key!r} is {_shown(leaf)}, not a JSON value")
+    return {"name": value["name"], "options": dict(options)}
+
+
+def _client_ids(value: Any, _: Any) -> list[int]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of client ids, got {_shown(value)}")
+    if len(value) > MAX_CLIENTS:
+        raise ValueError(f"{len(value)} client ids; at most {MAX_CLIENTS}")
+    ids = [_integer(v, None) for v in value]
+    if any(not 0 <= v <= MAX_CLIENT_ID for v in ids) or ids != sorted(set(ids)):
+        raise ValueError(f"client ids must be distinct integers 0..{MAX_CLIENT_ID}, ascending")
+    return ids
+
+
+def _integers(value: Any, _: Any) -> list[int]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of integers, got {_shown(value)}")
+    if len(value) > MAX_COUNT:
+        raise ValueError(f"{len(value)} integers; at most {MAX_COUNT}")
+    return [_integer(v, None) for v in value]
+
+
+def _rows(value: Any, _: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 2:
+        raise TypeError(f"expected rows of bytes (a 2-d uint8 array), got {_shown(value)}")
+    return value
+
+
+def _masked(value: Any, _: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype not in (
+            np.dtype(np.uint32), np.dtype(np.uint64)) or not 0 < value.size <= MAX_LENGTH:
+        raise TypeError(f"expected a masked vector (a 1-d uint32 or uint64 array of 1 to "
+                        f"{MAX_LENGTH} elements), got {_shown(value)}")
+    return value
+
+
+def _activation(value: Any, _: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (np.ndarray, list, int, float)):
+        raise TypeError(f"expected an activation (an array), got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its type, and the value when it is short."""
+    if isinstance(value, np.ndarray):
+        return f"an array {value.dtype}{list(value.shape)}"
+    if isinstance(value, (bool, int, float, str, type(None))):
+        text = repr(value)
+        if len(text) <= 40:
+            return f"{type(value).__name__} {text}"
+    return type(value).__name__
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(int, _integer)
+    converter.register_structure_hook(float, _number)
+    converter.register_structure_hook(str, _string)
+    converter.register_structure_hook(State, _state)
+    converter.register_structure_hook(Metrics, _metrics)
+    converter.register_structure_hook(Activation, _activation)
+    converter.register_structure_hook(Poison, _poison)
+    converter.register_structure_hook(ClientIds, _client_ids)
+    converter.register_structure_hook(Integers, _integers)
+    converter.register_structure_hook(Rows, _rows)
+    converter.register_structure_hook(Masked, _masked)
+    return converter
+
+
+# -- fields ------------------------------------------------------------------------------------
+
+
+def _between(low: float, high: float) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, attribute: Any, value: Any) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"{attribute.name} = {value!r} is out of range [{low}, {high}]")
+    return check
+
+
+def _length(low: int, high: int) -> Callable[[Any, Any, Any], None]:
+    def check(_: Any, attribute: Any, value: Any) -> None:
+        if not low <= len(value) <= high:
+            raise ValueError(f"{attribute.name} has {len(value)} characters; {low} to {high} "
+                             f"are allowed")
+    return check
+
+
+def _field(wire: str, doc: str, *, optional: bool = False, default: Any = attrs.NOTHING,
+           check: Callable[[Any, Any, Any], None] | None = None) -> Any:
+    """A message field: its wire type and meaning (docs/protocol.md shows both)."""
+    validator = None if check is None else (attrs.validators.optional(check) if optional
+                                            else check)
+    if optional and default is attrs.NOTHING:
+        default = None
+    return attrs.field(default=default, validator=validator,
+                       metadata={"wire": wire, "doc": doc})
+
+
+def _seq(default: Any = attrs.NOTHING) -> Any:
+    return _field("int -2^63..2^63-1", "the request's ticket, echoed by its reply (a host "
+                  "relay numbers its own below 0)", default=default,
+                  check=_between(MIN_SEQ, MAX_SEQ))
+
+
+def _shard() -> Any:
+    return _field("int 0..shards-1", "which shard (client) of `shards`",
+                  check=_between(0, MAX_COUNT))
+
+
+def _shards() -> Any:
+    return _field("int 1..2^31", "how many shards the training (or held-out) set is cut into",
+                  check=_between(1, MAX_COUNT))
+
+
+def _examples(doc: str) -> Any:
+    return _field("int 0..2^53", doc, check=_between(0, MAX_EXAMPLES))
+
+
+def _in_order(message: Any) -> None:
+    if message.shard >= message.shards:
+        raise ValueError(f"shard {message.shard} of {message.shards}: shard must be below "
+                         f"shards")
+
+
+CONVERTER = _converter()

@@ -1,0 +1,272 @@
+"""The secure round's messages (``secagg_*``, docs/protocol.md §7.2), checked like every trainer message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from meshkit.secagg import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, SEALED_SIZE, SHARE_SIZE
+from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Integers,
+                                            Masked, Rows, _between, _field, _seq, _shards)
+
+
+# -- secure aggregation (``[secure_aggregation]``: meshkit.train._rounds.secure) ---------------
+
+#: Bytes of one key advert row: the share key, the mask key, the seed commitment.
+ADVERT_SIZE = 3 * 32
+
+
+def _ids_field(doc: str) -> Any:
+    return _field("client ids", doc)
+
+
+def _width(rows: Any, width: int, what: str, count: int | None = None) -> None:
+    if rows.shape[1] != width:
+        raise ValueError(f"{what} rows are {rows.shape[1]} bytes wide; they must be {width}")
+    if count is not None and rows.shape[0] != count:
+        raise ValueError(f"{what} has {rows.shape[0]} rows for {count} entries")
+
+
+def _aligned(message: Any, *names: str) -> None:
+    counts = {name: len(getattr(message, name)) for name in names}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name} has {count}" for name, count in counts.items())
+        raise ValueError(f"{' and '.join(names)} must have one entry each per row: {shown}")
+
+
+def _any_ids(_: Any, attribute: Any, value: list[int]) -> None:
+    if not all(0 <= v <= MAX_CLIENT_ID for v in value):
+        raise ValueError(f"{attribute.name} must hold client ids 0..{MAX_CLIENT_ID}")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggKeysRequest:
+    """Secure round, step 1: start a ClientRound for each of ``clients``; send their adverts."""
+
+    seq: int = _seq(0)
+    round: int = _field("int 0..2^31", "the round (named in logs and errors)",
+                        check=_between(0, MAX_COUNT))
+    clients: ClientIds = _ids_field("the clients this worker plays this round (1 or more)")
+    cohort: int = _field("int 2..65536", "the cohort size the round is set up for",
+                         check=_between(2, MAX_CLIENTS))
+    degree: int = _field("int 0..65536", "neighbours per client (0: complete graph)",
+                         check=_between(0, MAX_CLIENTS))
+    threshold: int = _field("int 1..65536", "shares that rebuild a client's secret",
+                            check=_between(1, MAX_CLIENTS))
+    clip_range: float = _field("float (0, 1e12]", "each coordinate of an update is clipped to "
+                               "[-clip_range, clip_range] before it is quantised",
+                               check=_between(1e-300, 1e12))
+    modulus_bits: int = _field("int 1..64", "masked vectors are integers mod 2^modulus_bits",
+                               check=_between(1, 64))
+    round_seed: Rows = _field("bytes 1x32", "the round's public seed (the graph, the keys' "
+                                            "derivations)")
+    length: int = _field("int 1..2^31", "elements of an update (the model's float arrays)",
+                         check=_between(1, MAX_LENGTH))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients must name at least one client")
+        _width(self.round_seed, 32, "round_seed", 1)
+
+
+@attrs.frozen(kw_only=True)
+class SecAggKeysReply:
+    """Each client's fresh public keys and self-mask seed commitment."""
+
+    seq: int = _seq()
+    clients: ClientIds = _ids_field("the clients advertising, the request's")
+    adverts: Rows = _field("bytes nx96", "per client: share key, mask key, seed commitment "
+                                         "(32 bytes each)")
+
+    def __attrs_post_init__(self) -> None:
+        _width(self.adverts, ADVERT_SIZE, "adverts", len(self.clients))
+
+
+@attrs.frozen(kw_only=True)
+class SecAggShareRequest:
+    """Step 2: who advertised, with every advert; each client seals shares for its neighbours."""
+
+    seq: int = _seq(0)
+    members: ClientIds = _ids_field("every client that advertised (the graph's members)")
+    adverts: Rows = _field("bytes nx96", "each member's advert, in `members` order")
+
+    def __attrs_post_init__(self) -> None:
+        _width(self.adverts, ADVERT_SIZE, "adverts", len(self.members))
+
+
+@attrs.frozen(kw_only=True)
+class SecAggShareReply:
+    """The sealed shares of this worker's clients, one row per (sender, recipient)."""
+
+    seq: int = _seq()
+    senders: Integers = _field("list of client ids", "the client that sealed each row",
+                                check=_any_ids)
+    recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
+                                   check=_any_ids)
+    sealed: Rows = _field("bytes nx200", "the sealed share pairs (an ephemeral X25519 key, then "
+                                         "AES-GCM)")
+
+    def __attrs_post_init__(self) -> None:
+        _aligned(self, "senders", "recipients")
+        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+
+
+@attrs.frozen(kw_only=True)
+class SecAggOpenRequest:
+    """Step 3: the sealed shares delivered to this worker's clients, to open before anyone masks."""
+
+    seq: int = _seq(0)
+    clients: ClientIds = _ids_field("the clients the shares are for (each shared this round)")
+    senders: Integers = _field("list of client ids", "who sealed each delivered row",
+                                check=_any_ids)
+    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
+                                   check=_any_ids)
+    sealed: Rows = _field("bytes nx200", "the sealed share pairs delivered to `clients`")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients must name at least one client")
+        _aligned(self, "senders", "recipients")
+        _width(self.sealed, SEALED_SIZE, "sealed", len(self.senders))
+
+
+@attrs.frozen(kw_only=True)
+class SecAggOpenReply:
+    """The accusations: each (sender, recipient) whose sealed share did not open."""
+
+    seq: int = _seq()
+    senders: Integers = _field("list of client ids", "the sealer of each share that did not "
+                                "open", check=_any_ids)
+    recipients: Integers = _field("list of client ids", "the client of this worker it did not "
+                                   "open for", check=_any_ids)
+
+    def __attrs_post_init__(self) -> None:
+        _aligned(self, "senders", "recipients")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggRevealRequest:
+    """Step 3b, only after an accusation: the ephemeral keys this worker's clients sealed with."""
+
+    seq: int = _seq(0)
+    senders: Integers = _field("list of client ids", "the accused sealers (this worker's "
+                                "clients)", check=_any_ids)
+    recipients: Integers = _field("list of client ids", "the accusers, in `senders` order",
+                                   check=_any_ids)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.senders:
+            raise ValueError("senders must name at least one client")
+        _aligned(self, "senders", "recipients")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggRevealReply:
+    """The ephemeral private key each accused share was sealed with, in the request's order."""
+
+    seq: int = _seq()
+    keys: Rows = _field("bytes nx32", "the X25519 ephemeral private keys (each opens one "
+                                      "sealed share pair, nothing else)")
+
+    def __attrs_post_init__(self) -> None:
+        _width(self.keys, 32, "keys")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggMaskRequest:
+    """Step 4: fit each client, then mask its quantised update with the neighbours that shared."""
+
+    seq: int = _seq(0)
+    clients: ClientIds = _ids_field("the clients to fit and mask (each shared this round)")
+    seeds: Integers = _field("list of int 0..2^64-1", "each client's fit seed, in `clients` "
+                              "order", check=lambda _, a, v: _each(a, v, 0, MAX_SEED))
+    shards: int = _shards()
+    excluded: ClientIds = _ids_field("clients taken out of the round after the shares were "
+                                     "opened: nobody masks with them")
+    time_budget: float | None = _field("float (0, 1e7]", "seconds each fit may take",
+                                       optional=True, check=_between(1e-9, MAX_BUDGET))
+    clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: clip "
+                                     "each update to this L2 norm first", optional=True,
+                                     check=_between(1e-300, 1e300))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients must name at least one client")
+        _aligned(self, "clients", "seeds")
+        if set(self.clients) & set(self.excluded):
+            raise ValueError("a client to mask cannot be excluded")
+        if any(c >= self.shards for c in self.clients):
+            raise ValueError(f"a client id must be below shards = {self.shards}")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggMaskReply:
+    """The modular sum of this worker's clients' masked inputs (a worker folds its own)."""
+
+    seq: int = _seq()
+    clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up")
+    vector: Masked = _field("uint32 or uint64 array", "their masked inputs' sum mod "
+                                                      "2^modulus_bits")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients:
+            raise ValueError("clients must name at least one client")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggUnmaskRequest:
+    """Step 5: whose masked input is in the sum (survivors) and who dropped after sharing."""
+
+    seq: int = _seq(0)
+    clients: ClientIds = _ids_field("this worker's survivors, who answer")
+    survivors: ClientIds = _ids_field("every client whose masked input is in the sum")
+    dropped: ClientIds = _ids_field("every client that shared but sent no masked input")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.clients or set(self.clients) - set(self.survivors):
+            raise ValueError("clients must be survivors, at least one")
+        if set(self.survivors) & set(self.dropped):
+            raise ValueError("a client cannot be both a survivor and dropped")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggUnmaskReply:
+    """The shares each survivor holds: of the survivors' self-mask seeds, the dropped's keys."""
+
+    seq: int = _seq()
+    holders: Integers = _field("list of client ids", "the survivor holding each share row",
+                                check=_any_ids)
+    owners: Integers = _field("list of client ids", "whose secret each row is a share of",
+                               check=_any_ids)
+    kinds: Integers = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
+                              "key's", check=lambda _, a, v: _each(a, v, 0, 1))
+    shares: Rows = _field("bytes nx70", "the Shamir shares")
+
+    def __attrs_post_init__(self) -> None:
+        _aligned(self, "holders", "owners", "kinds")
+        _width(self.shares, SHARE_SIZE, "shares", len(self.holders))
+
+
+def _each(attribute: Any, values: list[int], low: int, high: int) -> None:
+    if not all(low <= v <= high for v in values):
+        raise ValueError(f"{attribute.name} must hold integers {low}..{high}")
+
+
+#: The secure round's ops (docs/protocol.md §7.2).
+SECURE_REQUESTS: dict[str, type] = {
+    "secagg_keys": SecAggKeysRequest,
+    "secagg_share": SecAggShareRequest,
+    "secagg_open": SecAggOpenRequest,
+    "secagg_reveal": SecAggRevealRequest,
+    "secagg_mask": SecAggMaskRequest,
+    "secagg_unmask": SecAggUnmaskRequest,
+}
+SECURE_REPLIES: dict[str, type] = {
+    "secagg_keys": SecAggKeysReply,
+    "secagg_share": SecAggShareReply,
+    "secagg_open": SecAggOpenReply,
+    "secagg_reveal": SecAggRevealReply,
+    "secagg_mask": SecAggMaskReply,
+    "secagg_unmask": SecAggUnmaskReply,
+}

@@ -1,0 +1,5 @@
+"""A host relay's side (``meshkit relay``): it serves the coordinator's requests on its own ranks.
+
+* :mod:`.host` -- its pool over its ranks and its answers to ``fold`` and ``fanout``;
+* :mod:`.secure` -- its part in a secure round: the sum of its ranks' masked vectors.
+"""

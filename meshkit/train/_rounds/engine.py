@@ -1,0 +1,665 @@
+"""The one round engine: every strategy's contributions reach the fold here, and only here.
+
+Rule: a round's contributions (clients' fits, replicas' gradients) are
+folded one at a time, in key order (the client or shard id), through the
+aggregator's streaming fold, while the coordinator holds at most ``window``
+whole contributions besides what the fold itself keeps (one, for the
+built-in means). So coordinator memory does not grow with the number of
+workers or clients, and the fold order -- hence every bit of the result --
+does not depend on which worker answered first.
+
+How a round goes (:func:`fold_round`):
+
+1. The round's global state, when there is one, goes once to each worker
+   the round needs (``set_state``, which also discards what an earlier
+   round left on the worker). A worker is handed work only after it has
+   acknowledged it: a worker that died between rounds never acknowledges,
+   is declared dead in the ledger and is never sent a client.
+2. The keys are planned round-robin over those workers, in key order (the
+   first worker the first key, ...), and handed out one request at a time
+   per worker; a worker done with its plan takes over the last planned key
+   of the busiest ready worker, so a slow worker does not hold up the round.
+   A fit's result stays on its worker (``keep``) and the reply is small. A
+   worker keeps at most :data:`HOLD` results waiting (more only when the
+   fold waits on the next key).
+3. The coordinator pulls results (``take``) only for the first ``window``
+   keys not folded yet, and folds each as soon as every key before it is
+   folded.
+4. A worker that dies or stalls (the pool declares it dead in the ledger)
+   loses everything it held or was doing for this round; those keys go
+   back to the front of the queue and are served again by a live worker in
+   the same round. A fit is a pure function of (global state, shard, seed),
+   so the re-served contribution is the very same bits. A key no live
+   worker is left to serve is recorded as not served, with the reason.
+5. A key pinned to a rank (``Work.rank``: a client whose data only that
+   node has) is planned for that worker alone and never taken over; when
+   that worker is lost, the key is not served this round.
+
+5. With a round deadline (``deadline`` seconds, ``[strategy]
+   round_timeout``), the engine stops handing out work when it passes:
+   every key whose fit had not answered by then is *late*, recorded in
+   ``not_served`` (the reason starts with ``late``) and in ``Folded.late``,
+   and its request is abandoned in the pool (:meth:`WorkerPool.abandon`),
+   so the worker is not declared dead and its late reply is discarded when
+   it comes, never taken for the next round's. Keys that had answered are
+   still pulled and folded.
+
+6. Every reply was checked against its schema where the pool took it in
+   (:mod:`meshkit.train._messages`); one that did not fit came back as a
+   lost worker, its rank declared dead with a ``protocol error`` reason. A
+   pulled result is checked here against the round's model too (a fit's:
+   the same keys; gradients: some of them; each array the same shape and
+   dtype as the model's): one that does not match
+   costs its rank the same way, and its keys are served again -- a
+   malformed or hostile worker costs its own rank, never the round.
+
+7. A member's failure -- an ``error`` reply, a contribution that does not
+   match the round's model or holds NaN or inf -- drops that rank for the
+   rest of the round and its keys are served again; a client that fails on
+   two ranks is the client's failure and is not served again this round
+   (:mod:`meshkit.train._failures` decides, and counts the rank's strikes
+   towards quarantine). With ``[strategy] accept_failures = false`` any of
+   them stops the run instead. NaN and inf are scanned for at the boundary
+   (one sum per float array) -- except when the fold is the engine's own
+   strict mean (``fedavg``, ``allreduce``), which finds them while it sums
+   at no extra cost: when it refuses a contribution, the round is played
+   again from the start with the boundary scan on, so the sender is dropped
+   exactly as above and the result is the same bits (every fit is a pure
+   function of its client). An honest round never pays for a second pass
+   over a model; a hostile one costs one round's work again. A fold that
+   lets them through (``[aggregator] allow_nonfinite = true``) is not
+   scanned: the user asked for them.
+
+Behind host relays (``meshkit relay``) the round is played by
+:mod:`meshkit.train._rounds.relayed` instead: each relay folds its own ranks'
+contributions and the coordinator folds one partial per relay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+
+from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.train._local_keys import ClientLocal
+from meshkit.train._rounds.collective import fold_collectively
+from meshkit.train._attacks import AttackedFold, poison_request
+from meshkit.train._messages import Signature, check_contribution, signature
+from meshkit.train._rounds.batched import batch_applies, fold_batched
+from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
+from meshkit.train._pool import protocol_reason
+from meshkit.train._rounds.skeleton import RoundOutcome
+from meshkit.train._relay.host import answer_request
+from meshkit.train._rounds.relayed import fold_through_relays, relay_plan_applies, relay_weight
+from meshkit.train._pool import WorkerPool
+from meshkit.train._strategy import StrategyContext, weighted_mean
+
+__all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
+           "DEFAULT_WINDOW", "answer_relay_request"]
+
+log = logging.getLogger(__name__)
+
+#: Whole contributions the coordinator holds by default (pulled or arriving,
+#: not yet folded). One keeps the bound lowest: the round's global state, the
+#: fold's accumulator, the one contribution the fold retains and the one
+#: arriving (docs/strategies.md, "The round engine").
+DEFAULT_WINDOW = 1
+
+#: Results a worker keeps waiting for the coordinator to take before it is
+#: handed more work: enough to fit the next client while the last waits.
+HOLD = 2
+
+
+@attrs.frozen
+class Work:
+    """One contribution a round asks for: its key (fold order) and the request.
+
+    ``request`` is a ``fit`` or ``grads`` request without the global state
+    (the engine sends that once per worker) and without ``keep`` (the engine
+    adds it). ``rank`` pins the work to one worker: a client whose data only
+    that node has (``[partitioner] name = "local"``). No other worker serves
+    it; when that worker is lost, the key is not served this round.
+    """
+
+    key: int
+    request: Mapping[str, Any]
+    rank: int | None = None
+
+
+def by_examples(reply: Mapping[str, Any]) -> float:
+    """A contribution's weight: the examples it was trained on (realized work)."""
+    return float(reply["examples"])
+
+
+def once(reply: Mapping[str, Any]) -> float:
+    """A contribution's weight when each counts the same (a data-parallel shard's
+    gradient is already the mean over its batch: DDP's rule)."""
+    return 1.0
+
+
+def train_loss(replies: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The example-weighted mean ``train_loss`` of small replies ({} when none had one)."""
+    loss = weighted_mean((r["metrics"]["train_loss"], r.get("examples", 1))
+                         for r in replies if "train_loss" in r.get("metrics", {}))
+    return {} if loss is None else {"train_loss": loss}
+
+
+@attrs.frozen
+class Folded:
+    """What :func:`fold_round` produced.
+
+    ``result`` is the fold's result (None when nothing was served);
+    ``served`` maps each folded key, in fold order, to the rank whose
+    contribution was folded; ``not_served`` maps each key that could not be
+    folded to the reason; ``replies`` holds each served key's small reply
+    (``examples``, ``metrics``); ``late`` maps each key whose answer missed
+    the round deadline to the rank that owed it (None: never handed out).
+    """
+
+    result: dict[str, Any] | None
+    served: dict[int, int]
+    not_served: dict[int, str]
+    replies: dict[int, Mapping[str, Any]]
+    late: dict[int, int | None] = attrs.Factory(dict)
+    #: The folded keys whose contribution was attacked (``[attack]`` in simulation, or a
+    #: node started with ``--attack`` that said so in its reply), ascending.
+    attacked: tuple[int, ...] = ()
+    #: Ranks dropped for the round for their own failure -> the reason
+    #: (:mod:`meshkit.train._failures`); they are not dead.
+    failed: dict[int, str] = attrs.Factory(dict)
+
+    @property
+    def answered(self) -> tuple[int, ...]:
+        """The ranks that served at least one key, sorted."""
+        return tuple(sorted(set(self.served.values())))
+
+    @property
+    def examples(self) -> int:
+        return sum(int(r.get("examples", 0)) for r in self.replies.values())
+
+    def train_loss(self) -> dict[str, float]:
+        """The example-weighted mean of the served keys' ``train_loss`` ({} when none had one)."""
+        return train_loss(self.replies.values())
+
+    def outcome(self, state: Mapping[str, Any], metrics: Mapping[str, float]) -> RoundOutcome:
+        """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what."""
+        return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
+                            examples=self.examples, metrics=dict(metrics),
+                            served=dict(self.served), not_served=dict(self.not_served),
+                            client_examples={k: int(self.replies[k].get("examples", 0))
+                                             for k in self.served},
+                            late=tuple(sorted({r for r in self.late.values()
+                                               if r is not None})),
+                            attacked=self.attacked, failed=dict(self.failed))
+
+
+def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
+               state: Mapping[str, Any] | None = None,
+               weight: Callable[[Mapping[str, Any]], float] = by_examples,
+               window: int = DEFAULT_WINDOW, fold: Any = None,
+               label: str = "client", deadline: float | None = None,
+               reference: Mapping[str, Any] | None = None,
+               local: ClientLocal | None = None, batch: bool = True) -> Folded:
+    """Serve ``work`` on the live workers and fold the contributions in key order.
+
+    ``state`` (the round's global state) is sent once to each worker the
+    round needs; without it the workers' own state is used (data-parallel
+    replicas). ``weight(reply)`` gives a contribution's weight from its small
+    reply (default: examples seen). ``fold`` defaults to the aggregator's
+    (``ctx.aggregation_begin()``). ``label`` names contributions in errors
+    (``"client 3 (rank 2)"``). ``deadline`` (seconds from now; None or 0:
+    none) is the round deadline of the module docstring's step 5.
+    ``reference`` is the model every contribution must match key for key
+    (shape and dtype; default: ``state``): a result that does not is its
+    worker's :class:`~meshkit.ProtocolError` (module docstring, step 6). With
+    ``local`` (the run's :class:`ClientLocal`, FedBN), each pulled
+    contribution's local keys are kept there for its key (the client) and
+    only the rest is folded, so the result lacks them. ``batch=False`` plays
+    the round flat (per client) even where the batched round
+    (:mod:`meshkit.train._rounds.batched`) applies: its result then is the
+    aggregator's own fold in key order, bit for bit.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    if deadline is not None and not deadline >= 0:
+        raise ValueError(f"deadline must be a number of seconds >= 0, got {deadline}")
+    keys = [w.key for w in work]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"every piece of work needs its own key, got {keys}")
+    if ctx.collective is not None and fold is None:
+        # Every rank plays the round: its slice, one exact partial, one all-reduce.
+        return fold_collectively(ctx, work, state=state, weight=weight, window=window,
+                                 label=label, serve=fold_round, folded_type=Folded,
+                                 unsupported=bool(deadline or local or ctx.attack))
+    # The round's global state is the reference a rule on updates measures from.
+    attack = ctx.attack if fold is None else None
+    given = fold is not None
+    fold = ctx.aggregation_begin(reference=state) if fold is None else fold
+    requests = {w.key: poison_request(attack, w.key, w.request) for w in work}
+    if attack is not None:  # simulated Byzantine clients (meshkit.train._attacks)
+        fold = AttackedFold(fold, attack, state,
+                            {w.key: int(w.request.get("seed", w.key)) for w in work})
+    pinned = {w.key: w.rank for w in work if w.rank is not None}
+    # A round deadline is kept per client by _Round; relays fold their ranks
+    # themselves, so a round with a deadline folds flat (relays forward). So
+    # does one with pinned work (a relay would not keep a client on its
+    # node) and an attacked one (the coordinator poisons single contributions).
+    # A relay folds whole contributions, so local keys fold flat too.
+    how = None if deadline or pinned or local or attack else relay_weight(weight, by_examples)
+    # What sums may stand in for: decided by the aggregator's declared traits
+    # (a given fold is a relay group's own mean, or a collective rank's feed).
+    mean = (fold if given else exact_mean(ctx.aggregator, fold)) if how is not None else None
+    plan = None if mean is None else relay_plan_applies(ctx, mean, how, keys)
+    if plan is not None and how is not None and mean is not None:
+        result, served, not_served, replies, failed = fold_through_relays(
+            ctx, plan, requests, state, how, window, mean, label, _play_group)
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                      failed=failed)
+    reference = state if reference is None else reference
+    if batch and not given and reference is not None and mean is not None and batch_applies(
+            mean, how, requests, state, len(ctx.live)):
+        # A strict mean no one needs per client: each worker folds its own
+        # clients exactly and the coordinator merges one partial per worker.
+        assert how is not None and state is not None  # batch_applies checked both
+        result, served, not_served, replies, failed = fold_batched(
+            ctx, requests, state, how, label, signature(reference), name=mean.name)
+        return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
+                      failed=failed)
+    expected = None if reference is None else signature(reference)
+    # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
+    # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
+    allows = bool(getattr(fold, "allow_nonfinite", False))
+    replay = not given and attack is None and type(fold) is MeanFold and not allows
+    round_ = _Round(ctx, requests, state, weight, window, fold, label, pinned=pinned,
+                    deadline=deadline or None, expected=expected, local=local or None,
+                    scan=not replay and not allows)
+    try:
+        folded = round_.play()
+    except AggregationError as exc:
+        if not replay:
+            raise
+        log.warning("the fold refused a contribution (%s); the round is played again with "
+                    "every contribution scanned at the boundary", exc)
+        round_ = _Round(ctx, requests, state, weight, window,
+                        ctx.aggregation_begin(reference=state), label, pinned=pinned,
+                        deadline=deadline or None, expected=expected, local=local or None,
+                        scan=True)
+        folded = round_.play()
+    simulated = set(getattr(fold, "attacked", ()))
+    attacked = simulated | set(_declared(folded.served, folded.replies))
+    return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
+
+
+def _declared(served: Mapping[int, int], replies: Mapping[int, Mapping[str, Any]]
+              ) -> tuple[int, ...]:
+    """The served keys whose node said it attacked (``meshkit node --attack``)."""
+    return tuple(sorted(k for k in served if replies.get(k, {}).get("attacked")))
+
+
+def _play_group(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]], *,
+                state: Mapping[str, Any] | None, weight: str, window: int, fold: Any,
+                label: str) -> Folded:
+    """One relay group's keys through the flat engine (a relay's, or the direct workers')."""
+    return fold_round(ctx, [Work(k, r) for k, r in requests.items()], state=state,
+                      weight=by_examples if weight == "examples" else once, window=window,
+                      fold=fold, label=label)
+
+
+def answer_relay_request(pool: WorkerPool, carried: frozenset[int], name: str,
+                         message: Mapping[str, Any]) -> dict[str, Any]:
+    """A host relay's answer to the coordinator's request ``message`` (``fold`` or
+    ``fanout``), served on its own ranks through ``pool``
+    (:func:`meshkit.train._relay.host.answer_request`)."""
+    return answer_request(pool, carried, name, message, _play_group)
+
+
+@attrs.define
+class _Round:
+    """The state of one round while it is played (see the module docstring)."""
+
+    ctx: StrategyContext
+    requests: dict[int, Mapping[str, Any]]
+    state: Mapping[str, Any] | None
+    weight: Callable[[Mapping[str, Any]], float]
+    window: int
+    fold: Any
+    label: str
+    #: Keys only one worker may serve: key -> rank.
+    pinned: dict[int, int] = attrs.Factory(dict)
+    #: Pinned keys planned for each worker and not handed out yet (ascending).
+    own: dict[int, list[int]] = attrs.Factory(dict)
+    #: Seconds the round may take before unanswered keys are late (None: no deadline).
+    deadline: float | None = None
+    #: Keys whose answer missed the deadline -> the rank that owed it (None: not handed out).
+    late: dict[int, int | None] = attrs.Factory(dict)
+    expired: bool = False
+    #: Keys not folded yet and not given up on, in fold order.
+    unfolded: list[int] = attrs.Factory(list)
+    #: Keys planned for each worker and not handed out yet (ascending).
+    plan: dict[int, list[int]] = attrs.Factory(dict)
+    #: Keys whose worker was lost: any worker may serve them (sorted).
+    spare: list[int] = attrs.Factory(list)
+    #: Workers that hold this round's state and may be handed work.
+    ready: set[int] = attrs.Factory(set)
+    #: Workers sent the round's state (acknowledged or not), and those lost since.
+    sent_state: set[int] = attrs.Factory(set)
+    lost: set[int] = attrs.Factory(set)
+    #: The one request each busy worker owes: ticket -> (rank, kind, key).
+    busy: dict[int, tuple[int, str, int | None]] = attrs.Factory(dict)
+    #: Results waiting on each worker, by key.
+    held: dict[int, set[int]] = attrs.Factory(dict)
+    #: The small reply of each key whose result exists (held or taken).
+    replies: dict[int, Mapping[str, Any]] = attrs.Factory(dict)
+    #: Whole contributions pulled and waiting for their turn: key -> (rank, state).
+    taken: dict[int, tuple[int, Mapping[str, Any]]] = attrs.Factory(dict)
+    served: dict[int, int] = attrs.Factory(dict)
+    not_served: dict[int, str] = attrs.Factory(dict)
+    #: What every pulled contribution must look like (the round's model), or None.
+    expected: Signature | None = None
+    #: Where each client's local keys are kept before the rest is folded (FedBN).
+    local: ClientLocal | None = None
+    #: This round's member failures (:mod:`meshkit.train._failures`).
+    failures: RoundFailures = attrs.Factory(RoundFailures)
+    #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
+    scan: bool = True
+
+    def play(self) -> Folded:
+        try:
+            return self._play()
+        except (DivergedFit, AggregationError):
+            # The round is abandoned (skipped, or played again): the replies still
+            # owed must not be taken for the next round's.
+            for ticket in self.busy:
+                self.ctx.pool.abandon(ticket)
+            raise
+
+    def _play(self) -> Folded:
+        self.failures.accept = self.ctx.accept_failures
+        self.failures.needed = max(1, min(2, len(self.ctx.live)))
+        ends = None if self.deadline is None else time.monotonic() + self.deadline
+        self.unfolded = sorted(self.requests)
+        for key in self.unfolded:
+            if key in self.ctx.stalled_clients:  # each try would cost a worker
+                self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
+        live = self.ctx.live
+        for key in self.unfolded:
+            if key in self.pinned:
+                rank = self.pinned[key]
+                if rank in live:
+                    self.own.setdefault(rank, []).append(key)
+                else:
+                    self.not_served[key] = (f"its data is on rank {rank}, which is not a live "
+                                            f"worker")
+        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
+        free = [k for k in self.unfolded if k not in self.pinned]
+        # Only as many workers as there is work: the rest get no state.
+        workers = live if self.state is None else live[:len(free)]
+        if self.pinned:
+            workers = sorted({*workers, *self.own})
+        for i, key in enumerate(free):
+            if workers:
+                self.plan.setdefault(workers[i % len(workers)], []).append(key)
+            else:
+                self.spare.append(key)
+        if self.state is None:
+            self.ready = set(workers)  # replicas: each holds its own state
+        else:
+            for rank in workers:
+                self._send_state(rank)
+                # A large state takes a while to write: start the workers that
+                # already acknowledged theirs instead of waiting for the last.
+                self._drain()
+        # Bounded: each reply settles one request, and each key is handed out
+        # again only after a worker died (at most once per worker).
+        limit = 8 * (len(self.requests) + 1) * (len(self.ctx.workers) + 1)
+        for _ in range(limit):
+            self._dispatch()
+            if not self.busy:
+                break
+            if ends is None or self.expired:
+                self._settle(self.ctx.pool.receive())
+                continue
+            reply = self.ctx.pool.receive(until=ends)
+            if reply is None:
+                self._expire()
+            else:
+                self._settle(reply)
+        else:  # pragma: no cover - a bug in the scheduling, never a hang
+            raise MeshError(f"the round engine settled {limit} replies without finishing")
+        if self.unfolded:
+            self._give_up()
+        result = self.fold.result() if self.served else None
+        strike(self.ctx, self.failures)
+        return Folded(result, dict(self.served), dict(self.not_served),
+                      {k: self.replies[k] for k in self.served}, dict(self.late),
+                      failed=dict(self.failures.ranks))
+
+    # -- sending ---------------------------------------------------------------
+
+    def _send(self, rank: int, kind: str, key: int | None, request: Mapping[str, Any]) -> None:
+        ticket = self.ctx.pool.send(rank, request, self.ctx.timeout)
+        self.busy[ticket] = (rank, kind, key)
+
+    def _send_state(self, rank: int) -> None:
+        self.sent_state.add(rank)
+        self._send(rank, "state", None, {"op": "set_state", "state": self.state})
+
+    def _dispatch(self) -> None:
+        """Give every idle ready worker its next request: a pull first, else new work."""
+        busy = {rank for rank, _, _ in self.busy.values()}
+        window = set(self.unfolded[:self.window])
+        for rank in sorted(self.ready - busy):
+            waiting = sorted(self.held.get(rank, set()) & window)
+            if waiting:
+                key = waiting[0]
+                self.held[rank].discard(key)
+                busy.add(rank)
+                self._send(rank, "take", key, {"op": "take", "key": key})
+            else:
+                nxt = self._next_key(rank, busy)
+                if nxt is not None:
+                    busy.add(rank)
+                    self._send(rank, "work", nxt, {**self.requests[nxt], "keep": nxt})
+        if self.spare and self.state is not None and not self.expired:
+            # A worker that had this round's state was lost and its work
+            # waits: bring in a live worker that was not sent the state yet.
+            fresh = [r for r in self.ctx.live if r not in self.sent_state]
+            if fresh and len(self.sent_state - self.lost) < len(self.unfolded):
+                self._send_state(fresh[0])
+
+    def _next_key(self, rank: int, busy: set[int]) -> int | None:
+        """The key ``rank`` serves next: its own plan's, a lost worker's, or a busy one's last."""
+        if self.expired:
+            return None
+        own = self.plan.get(rank)
+        victims = [self.plan[r] for r in sorted(self.ready)
+                   if r != rank and r in busy and self.plan.get(r)]
+        options: list[tuple[list[int], int]] = []
+        if self.own.get(rank):
+            options.append((self.own[rank], 0))
+        if own:
+            options.append((own, 0))
+        if self.spare:
+            options.append((self.spare, 0))
+        if victims:
+            options.append((max(victims, key=len), -1))
+        if len(self.held.get(rank, ())) >= HOLD:
+            # Full: only the key the fold waits on may still be taken on.
+            options = [(keys, i) for keys, i in options if keys[i] == self.unfolded[0]]
+        if not options:
+            return None
+        keys, i = options[0]
+        return keys.pop(i)
+
+    # -- receiving -------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Settle every reply already there, without waiting, then hand out work."""
+        for _ in range(len(self.busy)):
+            reply = self.ctx.pool.receive(block=False)
+            if reply is None:
+                break
+            self._settle(reply)
+        self._dispatch()
+
+    def _settle(self, reply: Any) -> None:
+        rank, kind, key = self.busy.pop(reply.seq)
+        if not reply.ok:
+            if not self.ctx.accept_failures:
+                raise WorkerError(rank, reply.error or "lost")
+            self._lost(rank, kind, key, reply.error or "lost")
+            return
+        payload = reply.payload
+        failure = reply_failure(rank, payload, accept=self.ctx.accept_failures)
+        if failure is not None:
+            self._failed(rank, kind, key, failure)
+            return
+        if kind == "state":
+            self.ready.add(rank)
+            return
+        assert key is not None  # work and take requests carry their client's key
+        if kind == "work":
+            self.held.setdefault(rank, set()).add(key)
+            small: dict[str, Any] = {"examples": payload.get("examples", 0),
+                                     "metrics": dict(payload.get("metrics") or {})}
+            if payload.get("attacked"):  # a node run with --attack says so
+                small["attacked"] = str(payload["attacked"])
+            self.replies[key] = small
+        else:  # take
+            contribution = payload["state"]
+            if self.expected is not None:
+                try:
+                    # A fit returns the whole model; gradients (no round state)
+                    # may leave out the model's JSON entries.
+                    check_contribution(contribution, self.expected,
+                                       f"rank {rank}'s result for {self.label} {key}",
+                                       subset=self.state is None, finite=self.scan)
+                except ProtocolError as exc:
+                    # Its sender's (or its client's): the rank sits the round out and
+                    # its keys are served again (module docstring, step 7).
+                    self._failed(rank, kind, key, protocol_reason(exc))
+                    return
+            self.taken[key] = (rank, contribution)
+            self._advance()
+
+    def _advance(self) -> None:
+        """Fold every pulled contribution whose turn has come, in key order."""
+        while self.unfolded and self.unfolded[0] in self.taken:
+            key = self.unfolded.pop(0)
+            rank, contribution = self.taken.pop(key)
+            if self.local is not None:
+                contribution = self.local.keep(key, contribution)
+            source = f"{self.label} {key} (rank {rank})"
+            keyed = getattr(self.fold, "add_keyed", None)
+            if keyed is not None:  # an attacked round needs to know whose it is
+                keyed(key, contribution, self.weight(self.replies[key]), source=source)
+            else:
+                self.fold.add(contribution, self.weight(self.replies[key]), source=source)
+            del contribution  # the fold holds it now, or has folded it
+            self.served[key] = rank
+
+    def _failed(self, rank: int, kind: str, key: int | None, reason: str) -> None:
+        """A member failed (module docstring, step 7): its client's, or its rank's for the round."""
+        if kind in ("work", "take") and key is not None \
+                and self.failures.client_failed(key, rank, reason):
+            self._drop_client(key)
+            return
+        self.failures.rank_failed(rank, reason)
+        self._lost(rank, kind, key, reason)
+
+    def _drop_client(self, key: int) -> None:
+        """``key`` failed on two ranks: not served again this round."""
+        self.not_served[key] = self.failures.clients[key]
+        self.replies.pop(key, None)
+        self.unfolded = [k for k in self.unfolded if k != key]
+        for held in self.held.values():
+            held.discard(key)
+        if key in self.spare:
+            self.spare.remove(key)
+        self._advance()
+
+    def _lost(self, rank: int, kind: str, key: int | None, reason: str) -> None:
+        """A worker is gone: what it held or was doing goes back to the queue."""
+        self.ready.discard(rank)
+        self.lost.add(rank)
+        again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
+                 | set(self.own.pop(rank, [])))
+        if kind in ("work", "take") and key is not None:
+            if kind == "work" and rank not in self.failures.ranks \
+                    and self.failures.client_failed(key, rank, f"lost while fitting it ({reason})"):
+                # Lost while fitting it on a second rank (a hang, a crash): its own, and
+                # not tried again in this run (each try costs a worker).
+                self.ctx.stalled_clients[key] = self.failures.clients[key]
+                self._drop_client(key)
+            else:
+                again.add(key)
+        stuck = {k for k in again if k in self.pinned}
+        for k in sorted(stuck):
+            # Nobody else has its data: this round goes on without it.
+            self.replies.pop(k, None)
+            self.not_served[k] = f"its data is on rank {rank}, which was lost ({reason})"
+        if stuck:
+            self.unfolded = [k for k in self.unfolded if k not in stuck]
+            again -= stuck
+            self._advance()
+        for k in sorted(again):
+            self.replies.pop(k, None)
+            bisect.insort(self.spare, k)
+        if again:
+            log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
+                        reason, self.label + ("s" if len(again) > 1 else ""),
+                        ", ".join(map(str, sorted(again))))
+
+    def _expire(self) -> None:
+        """The round deadline passed: whatever has not answered is late (module docstring)."""
+        self.expired = True
+        why = f"no answer within round_timeout = {self.deadline:g} s"
+        for ticket, (rank, kind, key) in list(self.busy.items()):
+            if kind == "take":
+                continue  # answered in time; its result is still pulled
+            del self.busy[ticket]
+            self.ctx.pool.abandon(ticket)
+            if kind == "state":
+                self.ready.discard(rank)
+            else:
+                assert key is not None  # a work request carries its client's key
+                self.late[key] = rank
+        for plan in (self.plan, self.own):
+            for rank, keys in plan.items():
+                for key in keys:
+                    self.late.setdefault(key, rank if rank in self.sent_state else None)
+        self.own.clear()
+        for key in self.spare:
+            self.late.setdefault(key, None)
+        self.plan.clear()
+        self.spare.clear()
+        for key, late_rank in sorted(self.late.items()):
+            self.not_served[key] = (f"late: rank {late_rank} {why}" if late_rank is not None
+                                    else f"late: not started within round_timeout = "
+                                         f"{self.deadline:g} s")
+        self.unfolded = [k for k in self.unfolded if k not in self.late]
+        if self.late:
+            log.warning("round deadline: %s %s late (%s); their workers serve on",
+                        self.label + ("s" if len(self.late) > 1 else ""),
+                        ", ".join(map(str, sorted(self.late))), why)
+        self._advance()
+
+    def _give_up(self) -> None:
+        """No live worker is left: every key not pulled yet is not served."""
+        dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
+        why = f"no live worker left to serve it (dead: {dead})"
+        if self.failures.ranks:
+            why += "; dropped for this round: " + "; ".join(
+                f"rank {r}: {w}" for r, w in sorted(self.failures.ranks.items()))
+        for key in self.unfolded:
+            if key not in self.taken:
+                self.not_served[key] = why
+        # What was pulled before the last worker went is still folded, in order.
+        self.unfolded = [k for k in self.unfolded if k in self.taken]
+        self._advance()

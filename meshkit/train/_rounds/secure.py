@@ -1,0 +1,549 @@
+"""The coordinator's side of a secure round: it learns the sum of the clients' updates, never one.
+
+Rule: every byte a secure round takes in from a worker goes through this
+module into one :class:`meshkit.secagg.ServerRound`, and what comes out is
+the exact integer sum of the surviving clients' quantised updates,
+dequantised. No individual update, masked or not, is kept past
+``ServerRound.receive_masked`` (which folds it into a running modular sum).
+
+How a round goes (:func:`secure_sum`; the worker's side is
+:mod:`meshkit.train._worker.secure`):
+
+1. The cohort is planned round-robin over the live workers, in client order
+   (the first worker the first client, ...); a worker plays every client it
+   is given, so the trust boundary is the worker, not the simulated client.
+   The round's model goes once to each (``set_state``).
+2. ``secagg_keys``: each worker starts a fresh ``ClientRound`` per client
+   (fresh X25519 pairs, fresh self-mask seed) and sends the adverts.
+3. ``secagg_share``: every advert goes to every worker; each client seals
+   Shamir shares of its two secrets to its neighbours in the round's graph.
+4. ``secagg_mask``: the shares are routed to their recipients; each worker
+   fits its clients, quantises and masks their updates, and answers with the
+   sum mod ``2**modulus_bits`` of its clients' masked inputs.
+5. ``secagg_unmask``: the survivors (whose masked input arrived) send the
+   shares that remove the self-masks of the survivors and the pairwise masks
+   of those who dropped after sharing; ``ServerRound.finish`` rebuilds the
+   integer sum, or refuses (:class:`~meshkit.RefusedError`) when fewer than
+   ``threshold`` survive: nothing is revealed in part.
+
+A worker lost at any step takes its clients out of the round: before
+masking they are dropouts whose pairwise masks are cancelled, after masking
+their inputs stay in the sum (their self-masks rebuilt from the survivors'
+shares). They are never served again by another worker in the same round:
+a re-served client would need fresh keys, and its shares are already with
+its neighbours. A worker whose reply does not fit its schema, or whose
+keys, shares or vector the ``ServerRound`` refuses
+(:class:`~meshkit.secagg.SecAggError`, a :class:`~meshkit.ProtocolError`),
+is declared dead with a ``protocol error`` reason, like any breach: its
+clients drop out, the round goes on.
+
+``degree`` and ``threshold`` (``[secure_aggregation]``): ``"auto"`` degree
+is :func:`meshkit.secagg.choose_degree` for the cohort, tolerating
+:data:`AUTO_DROPOUT` of it dropping; ``"auto"`` threshold is a majority of
+each client's neighbours; a fraction is that share of the neighbours
+(rounded up).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import secrets
+from typing import Any, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
+from meshkit.secagg import (MAX_CLIENTS, SEALED_SIZE, SEED_SIZE, KeyAdvert, MaskedInput, MaskedSum, SealedShares,
+                            SecAggParams, ServerRound, ShareBundle, UnmaskReply, choose_degree,
+                            dequantize)
+from meshkit.train._messages import ADVERT_SIZE
+from meshkit.train._pool import call as pool_call
+from meshkit.train._pool import protocol_reason
+from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
+from meshkit.train._worker.secure import vector_keys
+from meshkit.train._strategy import StrategyContext
+
+__all__ = ["SecureSum", "secure_sum", "round_params", "plan_cohort", "survivable_workers",
+           "secure_plan",
+           "AUTO_DROPOUT"]
+
+log = logging.getLogger(__name__)
+
+#: The share of the cohort ``degree = "auto"`` tolerates dropping (no colluders assumed).
+AUTO_DROPOUT = 0.3
+
+
+@attrs.frozen(eq=False)
+class SecureSum:
+    """What a secure round revealed.
+
+    ``sum`` maps each summed key (:func:`~meshkit.train._worker.secure.vector_keys`)
+    to the float64 sum of the ``contributors``' clipped updates;
+    ``served`` maps each contributor to the rank that played it;
+    ``not_served`` each other sampled client to why it is not in the sum.
+    """
+
+    sum: dict[str, np.ndarray]
+    contributors: tuple[int, ...]
+    served: dict[int, int]
+    not_served: dict[int, str]
+    params: SecAggParams
+    #: The exact integer sum of the contributors' quantised updates (mod 2**modulus_bits).
+    total: np.ndarray
+    #: Shared their secrets, sent no masked input: their pairwise masks were cancelled.
+    dropped: tuple[int, ...] = ()
+
+    def mean(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """``state`` moved by the contributors' mean update (each counts once), dtypes kept."""
+        out = dict(state)
+        count = len(self.contributors)
+        for key, total in self.sum.items():
+            ref = state[key]
+            out[key] = (np.asarray(ref, np.float64) + total / count).astype(ref.dtype)
+        return out
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
+    """``degree = "auto"``: :data:`AUTO_DROPOUT` of the cohort, and any one worker, may drop.
+
+    :func:`choose_degree` bounds the chance that a client keeps too few
+    surviving holders when a random :data:`AUTO_DROPOUT` of the cohort drops.
+    A worker takes all its clients with it, so the degree is then raised
+    until the round survives losing the worker with the most clients in the
+    worst case over the graph (:func:`survivable_workers`), keeping the
+    threshold a majority of each client's neighbourhood.
+    """
+    degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
+    k = clients - 1 if degree == 0 else degree
+    while k + 1 - threshold < per_worker and k < clients - 1:
+        k = min(k + 2, clients - 1)
+        threshold = max(threshold, k // 2 + 1)
+    return (0 if k >= clients - 1 else k), threshold
+
+
+def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
+    """How many workers a round survives losing at any step, in the worst case over its graph.
+
+    ``loads`` are the clients each worker plays. A client's secrets have
+    ``k + 1`` holders (its ``k`` neighbours and itself) and need ``t``: losing
+    ``L`` clients leaves every client at least ``k + 1 - L`` holders (a lost
+    client's own share is lost with it, but it is then one of the ``L``), so
+    any set of workers whose clients number at most ``k + 1 - t`` may be
+    lost: the count of the largest loads that fit that budget.
+    """
+    budget = params.effective_degree + 1 - params.threshold
+    lost = survived = 0
+    for load in sorted(loads, reverse=True):
+        if lost + load > budget:
+            break
+        lost += load
+        survived += 1
+    return min(survived, max(len(loads) - 1, 0))
+
+
+def round_params(table: Any, clients: int, where: str = "[secure_aggregation]",
+                 per_worker: int = 1) -> SecAggParams:
+    """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
+
+    ``per_worker`` is the most clients one worker plays this round (what
+    ``degree = "auto"`` must survive losing).
+    """
+    if clients < 3:
+        raise RefusedError(
+            f"{where}: a secure round of {clients} client(s): with one the sum is its update, "
+            f"with two each learns the other's from the sum and its own. Sample at least 3 "
+            f"clients per round ([strategy] clients, fraction, min_clients)")
+    if clients > MAX_CLIENTS:
+        raise ConfigError(
+            f"{where}: a secure round of {clients} clients; at most {MAX_CLIENTS} can take "
+            f"part in one (client ids and the quantisation headroom are sized for that). "
+            f"Lower [strategy] clients or fraction")
+    auto_t = None
+    if table.degree == "auto":
+        degree, auto_t = _auto_degree(clients, per_worker)
+    else:
+        degree = int(table.degree)
+    probe = SecAggParams(clients=clients, degree=degree, threshold=1,
+                         clip_range=table.clip_range, modulus_bits=table.modulus_bits)
+    neighbours = probe.effective_degree
+    if table.threshold == "auto":
+        threshold = auto_t if auto_t is not None else neighbours // 2 + 1
+    elif isinstance(table.threshold, float):
+        threshold = max(1, math.ceil(table.threshold * neighbours))
+    else:
+        threshold = int(table.threshold)
+    if threshold > neighbours:
+        raise ConfigError(
+            f"{where} threshold = {table.threshold!r}: {threshold} shares are needed but each of "
+            f"this round's {clients} clients has {neighbours} neighbours to hold them (degree = "
+            f"{table.degree!r}); lower threshold, raise degree (0: the complete graph), or "
+            f"sample more clients")
+    return attrs.evolve(probe, threshold=threshold)
+
+
+def plan_cohort(cohort: Sequence[int], live: Sequence[int],
+                pinned: Mapping[int, int] | None = None) -> dict[int, list[int]]:
+    """Which rank plays which clients: round-robin over ``live`` in client order, or ``pinned``."""
+    plan: dict[int, list[int]] = {}
+    for i, client in enumerate(sorted(cohort)):
+        rank = live[i % len(live)] if pinned is None else pinned[client]
+        plan.setdefault(rank, []).append(client)
+    return plan
+
+
+def secure_plan(table: Any, clients: int, workers: int, fraction: float = 1.0,
+                min_clients: int = 1, path: str = "") -> dict[str, Any]:
+    """What ``meshkit check`` says of a secure run's rounds: the cohort, graph and survival.
+
+    ``clients`` the run's clients, ``workers`` the live workers a round is
+    planned over (``[mesh] workers``), ``fraction`` and ``min_clients`` the
+    cohort's sampling (a fixed cohort of ``ceil(fraction * clients)``).
+    Raises :class:`~meshkit.ConfigError` naming ``[strategy] clients`` for a
+    cohort above :data:`~meshkit.secagg.MAX_CLIENTS`, and what
+    :func:`round_params` raises for the table.
+    """
+    cohort = min(clients, max(1, min_clients, math.ceil(round(fraction * clients, 9))))
+    if cohort > MAX_CLIENTS:
+        raise ConfigError(
+            f"{path}: [strategy] clients = {clients}: a secure round's cohort would be "
+            f"{cohort} clients, and at most {MAX_CLIENTS} can take part in one (client ids and "
+            f"the quantisation headroom are sized for that). Lower [strategy] clients, or "
+            f"sample fewer with [strategy] fraction")
+    plan = plan_cohort(range(cohort), list(range(1, max(1, workers) + 1)))
+    loads = [len(cs) for cs in plan.values()]
+    where = f"{path}: [secure_aggregation]" if path else "[secure_aggregation]"
+    params = round_params(table, cohort, where=where, per_worker=max(loads))
+    return {"cohort": cohort, "workers": len(loads), "clients_per_worker": max(loads),
+            "degree": params.effective_degree, "threshold": params.threshold,
+            "survives_losing_workers": survivable_workers(params, loads),
+            "survives_losing_clients": params.effective_degree + 1 - params.threshold}
+
+
+def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, str]) -> None:
+    """``rank`` sent what the round refuses: it is declared dead, its clients drop out."""
+    reason = protocol_reason(error)
+    ctx.pool.declare_dead(rank, reason)
+    lost[rank] = ctx.pool.dead.get(rank, reason)
+
+
+def _failed(rank: int, error: str, lost: dict[int, str], accept_failures: bool) -> None:
+    """``rank`` answered a secure step with an ``error`` reply (its task raised).
+
+    With ``[strategy] accept_failures = true`` (the default) that costs the rank
+    its clients for this round, named with the reason; it is not declared dead,
+    so it plays again next round. ``false`` ends the run with the rank's error.
+    """
+    if not accept_failures:
+        raise WorkerError(rank, error)
+    log.warning("rank %d failed a secure round step; its clients leave the round: %s",
+                rank, error)
+    lost.setdefault(rank, f"failed: {error}")
+
+
+def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[str, Any],
+               table: Any, rnd: int, shards: int, seeds: Mapping[int, int],
+               fit: Mapping[str, Any] | None = None,
+               pinned: Mapping[int, int] | None = None,
+               accept_failures: bool = True) -> SecureSum:
+    """One secure round over the live workers (module docstring).
+
+    ``clients`` is the round's cohort, ``seeds[c]`` client c's fit seed,
+    ``shards`` how many clients the run has (a fit's ``shards``), ``fit``
+    extra fields of every client's fit (``time_budget``, ``clip_norm``),
+    ``pinned[c]`` the only rank that may play client c (its data is there:
+    ``[partitioner] name = "local"``), ``accept_failures`` (``[strategy]``)
+    whether a rank's ``error`` reply costs its clients the round (true) or
+    ends the run (false, :class:`~meshkit.WorkerError`).
+    Raises :class:`~meshkit.RefusedError` when the round cannot be unmasked
+    without weakening the guarantee (too few clients left at any step).
+    """
+    cohort = sorted(clients)
+    live = ctx.live
+    if not live:
+        raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
+    plan = plan_cohort(cohort, live, pinned)
+    params = round_params(table, len(cohort), per_worker=max(map(len, plan.values())))
+    keys = vector_keys(state)
+    length = int(sum(np.asarray(state[k]).size for k in keys))
+    if length == 0:
+        raise RefusedError("[secure_aggregation]: the model has no floating-point arrays to "
+                           "sum; a secure round has nothing to hide or to average")
+    lost: dict[int, str] = {}
+    round_seed = secrets.token_bytes(SEED_SIZE)
+    # A bad unmasking share is searched for by rank: a worker playing several clients
+    # could otherwise hide one bad share behind another.
+    server = ServerRound(params, cohort, round_seed, length,
+                         groups={c: r for r, cs in plan.items() for c in cs})
+
+    def call(requests: dict[int, dict[str, Any]]) -> dict[int, Mapping[str, Any]]:
+        """Each still-live planned rank's reply; the lost ones are recorded as such."""
+        alive = set(ctx.live)
+        sent = [(r, q) for r, q in sorted(requests.items()) if r in alive and r not in lost]
+        for rank in sorted(set(requests) - alive - set(lost)):
+            lost[rank] = ctx.pool.dead.get(rank, "lost")
+        answers = {}
+        for reply in pool_call(ctx.pool, sent, ctx.timeout):
+            if reply.payload is None:
+                lost[reply.rank] = reply.error or "lost"
+            elif reply.payload.get("error"):
+                _failed(reply.rank, str(reply.payload["error"]), lost, accept_failures)
+            else:
+                answers[reply.rank] = reply.payload
+        return answers
+
+    call({r: {"op": "set_state", "state": state} for r in plan})
+    replies = call({r: {"op": "secagg_keys", "round": rnd, "clients": cs,
+                        "cohort": params.clients, "degree": params.degree,
+                        "threshold": params.threshold, "clip_range": params.clip_range,
+                        "modulus_bits": params.modulus_bits,
+                        "round_seed": np.frombuffer(round_seed, np.uint8)[None, :],
+                        "length": length} for r, cs in plan.items()})
+    rows_of: dict[int, np.ndarray] = {}
+    for rank, reply in replies.items():
+        try:
+            if list(reply["clients"]) != plan[rank]:
+                raise ProtocolError(f"keys for clients {list(reply['clients'])}, not for the "
+                                    f"{plan[rank]} it plays")
+            for client, row in zip(plan[rank], reply["adverts"]):
+                server.receive_advert(KeyAdvert(client, *_split(row)))
+                rows_of[client] = row
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    rosters = server.rosters()
+    members = sorted(rosters)
+    everyone = np.stack([rows_of[c] for c in members])
+    advertised = {r: [c for c in cs if c in rosters] for r, cs in plan.items()}
+    replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone}
+                    for r, cs in advertised.items() if cs})
+    for rank, reply in replies.items():
+        try:
+            bundles: dict[int, list[SealedShares]] = {c: [] for c in advertised[rank]}
+            for sender, recipient, row in zip(reply["senders"], reply["recipients"],
+                                              reply["sealed"]):
+                if sender not in bundles:
+                    raise ProtocolError(f"shares sealed by client {sender}, which it does not "
+                                        f"play")
+                bundles[sender].append(SealedShares(int(sender), int(recipient), bytes(row)))
+            for client, shares in bundles.items():
+                server.receive_shares(ShareBundle(client, tuple(shares)))
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    deliveries = server.deliveries()
+    sharing = {r: [c for c in cs if c in deliveries] for r, cs in advertised.items()}
+    opening = {}
+    for rank, cs in sharing.items():
+        if not cs:
+            continue
+        rows = [s for c in cs for s in deliveries[c].shares]
+        opening[rank] = {
+            "op": "secagg_open", "clients": cs, "senders": [s.sender for s in rows],
+            "recipients": [s.recipient for s in rows],
+            "sealed": (np.stack([np.frombuffer(s.sealed, np.uint8) for s in rows])
+                       if rows else np.zeros((0, SEALED_SIZE), np.uint8))}
+    accusations: list[tuple[int, int]] = []
+    for rank, reply in call(opening).items():
+        try:
+            pairs = [(int(s), int(r)) for s, r in zip(reply["senders"], reply["recipients"])]
+            for sender, recipient in pairs:
+                if recipient not in sharing[rank] or not any(
+                        row.sender == sender for row in deliveries[recipient].shares):
+                    raise ProtocolError(f"an accusation of client {sender} by client "
+                                        f"{recipient}, which it did not deliver to")
+            accusations.extend(pairs)
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    where = {c: r for r, cs in plan.items() for c in cs}
+    excluded = _settle(ctx, server, accusations, where, plan, lost, call) if accusations else ()
+    gone = set(excluded)
+    masking = {}
+    for rank, cs in sharing.items():
+        cs = [c for c in cs if c not in gone]
+        if cs:
+            masking[rank] = {"op": "secagg_mask", "clients": cs,
+                             "seeds": [int(seeds[c]) for c in cs], "shards": shards,
+                             "excluded": list(excluded), **(fit or {})}
+    _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
+    requests = server.unmask_requests()  # refuses below the threshold, before any share moves
+    told = next(iter(requests.values()))  # every survivor is told the same two sets
+    replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
+                        "survivors": list(told.survivors), "dropped": list(told.dropped)}
+                    for r, cs in sharing.items() if any(c in requests for c in cs)})
+    for rank, reply in replies.items():
+        try:
+            for holder in sorted(set(reply["holders"])):
+                if holder not in requests or holder not in sharing[rank]:
+                    raise ProtocolError(f"unmasking shares of client {holder}, which it does "
+                                        f"not play among the survivors")
+            mine = [c for c in sharing[rank] if c in requests]
+            for holder in mine:
+                held = [(int(o), int(k), bytes(s)) for h, o, k, s in zip(
+                    reply["holders"], reply["owners"], reply["kinds"], reply["shares"])
+                    if h == holder]
+                server.receive_unmask(UnmaskReply(
+                    holder, tuple((o, s) for o, k, s in held if k == 0),
+                    tuple((o, s) for o, k, s in held if k == 1)))
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    result = _finish(ctx, server, sharing, lost)
+    total = dequantize(result.total, params, len(result.contributors))
+    summed: dict[str, np.ndarray] = {}
+    offset = 0
+    for key in keys:
+        size = np.asarray(state[key]).size
+        summed[key] = total[offset:offset + size].reshape(np.shape(state[key]))
+        offset += size
+    served = {c: where[c] for c in result.contributors}
+    not_served = {c: _why(c, where[c], lost, rosters, deliveries, gone)
+                  for c in cohort if c not in served}
+    return SecureSum(summed, tuple(result.contributors), served, not_served, params,
+                     result.total, dropped=tuple(result.dropped))
+
+
+def _masked_step(ctx: StrategyContext, server: ServerRound,
+                 masking: Mapping[int, Mapping[str, Any]], sharing: Mapping[int, list[int]],
+                 bits: int, lost: dict[int, str], accept_failures: bool) -> None:
+    """Step 4: each worker's masked sum into ``server``, through its host relay when one
+    carries several of the round's workers (one ``masked_sum`` relay request each)."""
+    alive = set(ctx.live)
+    for rank in sorted(set(masking) - alive - set(lost)):
+        lost[rank] = ctx.pool.dead.get(rank, "lost")
+    asked = {r: q for r, q in masking.items() if r in alive and r not in lost}
+    owner = {r: name for name, rs in ctx.pool.relays.items() for r in rs}
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(asked):
+        if rank in owner:
+            groups.setdefault(owner[rank], []).append(rank)
+    groups = {name: ranks for name, ranks in groups.items() if len(ranks) > 1}
+    grouped = {r for ranks in groups.values() for r in ranks}
+    tickets: dict[int, tuple[str, list[int]]] = {}  # ticket -> (relay or "", ranks)
+    for rank in sorted(set(asked) - grouped):
+        tickets[ctx.pool.send(rank, asked[rank], ctx.timeout)] = ("", [rank])
+    for name, ranks in sorted(groups.items()):
+        request = masked_sum_request({r: asked[r] for r in ranks}, bits, ctx.timeout)
+        tickets[ctx.pool.send_relay(name, request, ctx.timeout)] = (name, ranks)
+    for _ in range(len(tickets)):
+        reply = ctx.pool.receive()
+        assert reply is not None  # a blocking receive always returns one
+        name, ranks = tickets[reply.seq]
+        if reply.payload is None:
+            for rank in ranks:
+                lost.setdefault(rank, reply.error or "lost")
+            continue
+        if reply.payload.get("error"):
+            failed = int(reply.payload.get("rank") or ranks[0])
+            _failed(failed, str(reply.payload["error"]), lost, accept_failures)
+            if name:  # a relay answers with one rank's error: its sum of the others is lost
+                for rank in ranks:
+                    lost.setdefault(rank, f"its relay {name}'s sum was lost with rank "
+                                          f"{failed}'s error")
+            continue
+        try:
+            if not name:
+                ids = tuple(reply.payload["clients"])
+                vector = reply.payload["vector"]
+            else:
+                clients, vector, gone = parse_masked_sum_answer(
+                    reply.payload, sorted(c for r in ranks for c in sharing[r]))
+                for rank, why in gone:
+                    if rank in ranks and why.startswith("failed: "):
+                        _failed(rank, why.removeprefix("failed: "), lost, accept_failures)
+                    elif rank in ranks:
+                        lost.setdefault(rank, why)
+                ids = tuple(clients)
+                if vector is None:
+                    continue
+            if not set(ids) <= {c for r in ranks for c in sharing[r]}:
+                raise ProtocolError(f"a masked input of clients {list(ids)}, not of the "
+                                    f"{sorted(c for r in ranks for c in sharing[r])} it was "
+                                    f"asked to mask")
+            server.receive_masked(MaskedInput(ids[0], vector) if len(ids) == 1
+                                  else MaskedSum(ids, vector))
+        except ProtocolError as exc:
+            for rank in ranks:  # a relay's sum cannot be split: its ranks go together
+                _bad(ctx, rank, exc, lost)
+
+
+def _split(row: Any) -> tuple[bytes, bytes, bytes]:
+    raw = bytes(row)
+    return raw[:32], raw[32:64], raw[64:ADVERT_SIZE]
+
+
+def _settle(ctx: StrategyContext, server: ServerRound, accusations: Sequence[tuple[int, int]],
+            where: Mapping[int, int], plan: Mapping[int, list[int]], lost: dict[int, str],
+            call: Any) -> tuple[int, ...]:
+    """Accusations (sender, recipient: "its shares do not open") settled before anyone masks.
+
+    Each accused sealer's rank is asked for the ephemeral keys it sealed
+    those shares with (``secagg_reveal``), and :meth:`ServerRound.judge`
+    opens each share the coordinator routed: the sealer's rank is at fault
+    when it reveals nothing or a key under which the share does not open,
+    the accuser's when the share opens. The rank at fault is declared dead
+    with the reason and all its clients are taken out of the round
+    (:meth:`ServerRound.exclude`): nobody masks with them. Returns every
+    client taken out.
+    """
+    by_rank: dict[int, list[tuple[int, int]]] = {}
+    for sender, recipient in accusations:
+        by_rank.setdefault(where[sender], []).append((sender, recipient))
+    revealed = call({r: {"op": "secagg_reveal", "senders": [s for s, _ in pairs],
+                         "recipients": [v for _, v in pairs]}
+                     for r, pairs in by_rank.items()})
+    faulty: dict[int, str] = {}
+    for rank, pairs in sorted(by_rank.items()):
+        keys = revealed.get(rank, {}).get("keys")
+        if keys is not None and len(keys) != len(pairs):
+            _bad(ctx, rank, ProtocolError(f"{len(keys)} revealed keys for {len(pairs)} accused "
+                                          f"shares"), lost)
+            keys = None
+        for i, (sender, recipient) in enumerate(pairs):
+            key = None if keys is None else bytes(keys[i])
+            if server.judge(sender, recipient, key) == sender:
+                faulty.setdefault(rank, f"client {sender}'s shares for client {recipient} do not "
+                                        f"open under the key it revealed")
+            else:
+                faulty.setdefault(where[recipient], f"client {recipient} accused client "
+                                                    f"{sender} of shares that do open")
+    for rank, why in sorted(faulty.items()):
+        log.warning("rank %d is at fault in a secure round: %s", rank, why)
+        if rank in set(ctx.live):
+            _bad(ctx, rank, ProtocolError(why), lost)
+        else:
+            lost.setdefault(rank, f"protocol error: {why}")
+    return server.exclude([c for r in faulty for c in plan[r]])
+
+
+def _finish(ctx: StrategyContext, server: ServerRound, sharing: Mapping[int, list[int]],
+            lost: dict[int, str]) -> Any:
+    """``server.finish()``, dropping each holder whose share fails its owner's commitment."""
+    owner = {c: r for r, cs in sharing.items() for c in cs}
+    for _ in range(len(owner) + 1):  # each retry has discarded one holder's reply
+        try:
+            return server.finish()
+        except ProtocolError as exc:
+            client = getattr(exc, "client", None)
+            if client is None or client not in owner:
+                raise
+            _bad(ctx, owner[client], exc, lost)
+    raise RefusedError("[secure_aggregation]: every unmasking share was refused")
+
+
+def _why(client: int, rank: int, lost: Mapping[int, str], rosters: Mapping[int, Any],
+         deliveries: Mapping[int, Any], excluded: set[int]) -> str:
+    """Why ``client`` (played by ``rank``) is not in the round's sum."""
+    if client not in rosters:
+        step, cause = "before advertising keys", "its advert was refused"
+    elif client not in deliveries:
+        step, cause = "before sharing its secrets", "too few of its neighbours shared with it"
+    elif client in excluded:
+        step, cause = "before masking", "too few of its neighbours remained in the round"
+    else:
+        step = "before sending its masked input"
+        cause = f"rank {rank} sent no masked input for it"
+    if rank in lost:
+        cause = (f"rank {rank} {lost[rank]}" if lost[rank].startswith("failed: ")
+                 else f"rank {rank} was lost ({lost[rank]})")
+    return f"dropped {step}: {cause}"
