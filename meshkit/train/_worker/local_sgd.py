@@ -224,13 +224,13 @@ class LocalSGD:
                                 f"not back")
             keys = self.fragments[p]
             self.snapshots[p] = {k: np.array(local[k]) for k in keys}
-            codes: dict[str, np.ndarray] = {}
-            scales: dict[str, np.ndarray] = {}
+            out: dict[str, np.ndarray] = {}
+            out_scales: dict[str, np.ndarray] = {}
             for key, g in pseudo_gradients(anchor, self.snapshots[p], keys).items():
-                codes[key], scale = encode_blocks(g, self.bits)
+                out[key], scale = encode_blocks(g, self.bits)
                 if self.bits != 32:
-                    scales[key] = scale
-            reply["codes"], reply["scales"] = codes, scales
+                    out_scales[key] = scale
+            reply["codes"], reply["scales"] = out, out_scales
         return reply
 
     def _handed_over(self) -> dict[str, Any]:
