@@ -96,7 +96,13 @@ class Task(Protocol):
     #                                            own data, as a Flower client)
     # Optional, per strategy:
     #   gradients(state, x, y) -> FitResult     (data-parallel)
-    #   apply(state, gradients) -> state        (data-parallel)
+    #   apply(state, gradients) -> state        (data-parallel, diloco)
+    #   load_replica(state, optimizer_state=None) -> state
+    #                                           (diloco: the replica's model moved,
+    #                                            its inner optimizer kept, reset or
+    #                                            loaded; docs/tasks.md)
+    #   optimizer_state() -> state              (diloco: the inner optimizer's
+    #                                            state, to heal a newcomer)
     #   stages() -> Sequence[str]               (model-parallel: the graph, in order)
     #   run_stage(state, node, x) -> activation (model-parallel)
 

@@ -40,6 +40,8 @@ Where each idea lives:
   (the kernel decides by these, never by a name);
 * ``_linear.py``: what a sum may stand in for (:func:`exact_mean`) and the
   refusal naming the missing ``linear`` trait (:func:`refuse_unless_linear`);
+* ``_blocks.py``: outer gradients in 8 or 4 bits, blockwise, decoded to the same bits
+  everywhere (:func:`encode_blocks`, :func:`decode_blocks`; DiLoCo's exchange);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
   :func:`clip_update`), shared by the robust rules and privacy.
 """
@@ -52,6 +54,8 @@ from meshkit.aggregation._buffering import (
     holds_every_contribution,
     streaming,
 )
+from meshkit.aggregation._blocks import BLOCK, OUTER_BITS, decode_blocks, encode_blocks, \
+    encoded_bytes
 from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
 from meshkit.aggregation._contract import (
     Aggregator,
@@ -72,6 +76,11 @@ from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, lin
 from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
 
 __all__ = [
+    "BLOCK",
+    "OUTER_BITS",
+    "encode_blocks",
+    "decode_blocks",
+    "encoded_bytes",
     "Fold",
     "Aggregator",
     "StreamingAggregator",

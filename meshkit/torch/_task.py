@@ -397,6 +397,50 @@ class TorchTask:
                                                dict(state))
         return replica
 
+    def load_replica(self, state: Mapping[str, Any],
+                     optimizer_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Make ``state`` the replica's model; the live model (as :meth:`apply` returns it).
+
+        ``optimizer_state`` None keeps the optimizer's state (DiLoCo: an outer
+        update moved the model, the inner AdamW moments carry on); ``{}``
+        starts it afresh; else it is :meth:`optimizer_state` of another
+        replica (a healed one), loaded as it was.
+        """
+        replica = self._replica
+        if replica is None:
+            replica = self._replica_for(state, "load_replica")
+        else:
+            # Copied into the module's own tensors: the optimizer holds them.
+            load_module_state(replica.module, state, where="load_replica")
+        if optimizer_state is not None:
+            if not optimizer_state:
+                replica.optimizer = self._make_optimizer(replica.module)
+            else:
+                replica.optimizer.load_state_dict(
+                    _optimizer_dict(replica.optimizer, replica.module, optimizer_state))
+        replica.state = module_state(replica.module)
+        return replica.state
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The replica's optimizer state as a meshkit state: ``"<parameter>/<entry>"`` ->
+        array (or number); {} before the first step. :meth:`load_replica` takes it back."""
+        replica = self._replica
+        if replica is None:
+            return {}
+        names = {id(p): name for name, p in replica.module.named_parameters()}
+        out: dict[str, Any] = {}
+        for param, entries in replica.optimizer.state.items():
+            for entry, value in entries.items():
+                key = f"{names[id(param)]}/{entry}"
+                if isinstance(value, torch.Tensor):
+                    out[key] = to_numpy(value.detach().to("cpu")).copy()
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[key] = value
+                else:
+                    raise MeshError(f"optimizer_state: {key} holds a {type(value).__name__}; "
+                                    f"only tensors and numbers can be handed to a replica")
+        return out
+
     def gradients(self, state: Mapping[str, Any], x: Any, y: Any) -> FitResult:
         """Gradients of the mean loss on rows ``x``, and the buffers this batch left.
 
@@ -457,3 +501,20 @@ class TorchTask:
         replica.state = module_state(module)
         return replica.state
 
+
+
+def _optimizer_dict(optimizer: torch.optim.Optimizer, module: torch.nn.Module,
+                    saved: Mapping[str, Any]) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with its per-parameter state replaced by ``saved``
+    (:meth:`TorchTask.optimizer_state`'s form); its hyperparameters stay its own."""
+    current = optimizer.state_dict()
+    index = {name: i for i, (name, _) in enumerate(module.named_parameters())}
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in saved.items():
+        name, _, entry = key.rpartition("/")
+        if name not in index or not entry:
+            raise MeshError(f"load_replica: optimizer state entry {key!r} names no parameter "
+                            f"of the model")
+        state.setdefault(index[name], {})[entry] = (
+            from_numpy(np.array(value)) if isinstance(value, np.ndarray) else value)
+    return {"state": state, "param_groups": current["param_groups"]}

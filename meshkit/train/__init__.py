@@ -16,7 +16,8 @@ One idea per module:
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
 * ``_protocol`` — the trainer requests and replies, and their tags;
-* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`);
+* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`; ``local_sgd``: a
+  DiLoCo replica, :func:`split_fragments`, :func:`state_digest`, :func:`apply_update`);
 * ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
@@ -81,6 +82,8 @@ from meshkit.train._strategy import (
     weighted_mean,
 )
 from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
+from meshkit.train._worker.local_sgd import (apply_update, decode_update, pseudo_gradients,
+                                             split_fragments, state_digest)
 from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
 
 __all__ = [
@@ -178,6 +181,12 @@ __all__ = [
     "PartialReducer",
     "cohort_slice",
     "check_collective",
+    # local SGD (DiLoCo): the arithmetic coordinator and replicas share (_worker/local_sgd.py)
+    "split_fragments",
+    "state_digest",
+    "apply_update",
+    "decode_update",
+    "pseudo_gradients",
     # secure aggregation ([secure_aggregation], meshkit/train/_rounds/secure.py)
     "secure_sum",
     "SecureSum",

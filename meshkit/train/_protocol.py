@@ -23,7 +23,9 @@ op              request fields                          reply fields
 =======
 The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 ``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and
-``stop``; every field of every request and reply, its type and its bounds,
+``stop`` (and a DiLoCo replica's ``replica_init``, ``inner``,
+``replica_get``, ``replica_put``: :mod:`meshkit.train._worker.local_sgd`);
+every field of every request and reply, its type and its bounds,
 is declared once, in :mod:`meshkit.train._messages` (``REQUESTS``,
 ``REPLIES``), where each message is checked as it enters
 (docs/protocol.md §7 tabulates the same classes).
@@ -68,7 +70,10 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 
 #: Request/reply fields that hold a nested state and travel flattened.
-_NESTED = ("state", "gradients", "local", "partial")
+_NESTED = ("state", "gradients", "local", "partial",
+           # a DiLoCo replica's (meshkit.train._worker.local_sgd)
+           "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
+           "snapshot")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:

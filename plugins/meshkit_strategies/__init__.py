@@ -1,4 +1,4 @@
-"""Built-in strategies: local, data-parallel, federated, fedbuff, model-parallel, two refusals.
+"""Built-in strategies: local, data-parallel, federated, fedbuff, diloco, model-parallel, two refusals.
 
 One module per strategy. Only the records, the options classes and the
 refusals are imported here; a strategy's loop (numpy, aggregation) loads
@@ -13,6 +13,7 @@ import meshkit
 
 from meshkit_strategies.options import (
     DataParallelOptions,
+    DiLoCoOptions,
     FedBuffOptions,
     FederatedOptions,
     LocalOptions,
@@ -45,6 +46,12 @@ def build_fedbuff(options: FedBuffOptions | None = None) -> Any:
     return FedBuff(options or FedBuffOptions())
 
 
+def build_diloco(options: DiLoCoOptions | None = None) -> Any:
+    from meshkit_strategies.diloco import DiLoCo
+
+    return DiLoCo(options or DiLoCoOptions())
+
+
 def build_model_parallel(options: ModelParallelOptions | None = None) -> Any:
     from meshkit_strategies.model_parallel import ModelParallel
 
@@ -74,6 +81,10 @@ def meshkit_strategies() -> Iterable[meshkit.Component]:
             "fedbuff", build_fedbuff, FedBuffOptions,
             summary="asynchronous: clients train on the version they were sent; every "
                     "buffer_size updates, weighted by staleness, step the global model"),
+        meshkit.Component(
+            "diloco", build_diloco, DiLoCoOptions,
+            summary="replicas run inner_steps local steps, then one outer step on the exactly "
+                    "averaged (optionally 8/4-bit, fragment-streamed) pseudo-gradients"),
         meshkit.Component("population-based", refuse_population_based,
                           summary="refused: needs per-member hyperparameters (an executor)"),
         meshkit.Component("custom", refuse_custom,

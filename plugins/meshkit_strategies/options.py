@@ -14,6 +14,7 @@ __all__ = [
     "BoardOptions",
     "ModelParallelOptions",
     "FedBuffOptions",
+    "DiLoCoOptions",
 ]
 
 
@@ -213,4 +214,34 @@ class FedBuffOptions:
     #: What a step whose new global model is not finite does: "stop" or "skip-round".
     on_nonfinite: str = _on_nonfinite()
     #: A member's failure drops that member for the round (true) or stops the run.
+    accept_failures: bool = _accept_failures()
+
+
+#: ``[strategy] outer_bits`` values of ``diloco``: float32, or blockwise int8 / int4 codes.
+OUTER_BITS = (32, 8, 4)
+
+
+@attrs.frozen
+class DiLoCoOptions:
+    """``[strategy]`` keys of ``diloco`` (docs/strategies.md, "diloco")."""
+
+    #: Outer steps (one round each: H inner steps per replica, then the outer step).
+    rounds: int = _rounds(5)
+    #: H: inner optimizer steps each replica runs between two outer steps.
+    inner_steps: int = attrs.field(default=100, validator=_at_least(1))
+    #: F: the model's float arrays cut into F fragments, one synced every H/F inner
+    #: steps, its exchange overlapping the next H/F (Streaming DiLoCo); 1: plain DiLoCo.
+    fragments: int = attrs.field(default=1, validator=_at_least(1))
+    #: Width of the pseudo-gradients and outer updates on the wire: 32 (float32), 8 or 4.
+    outer_bits: int = attrs.field(default=32, validator=attrs.validators.in_(OUTER_BITS))
+    #: Fewest replicas whose pseudo-gradients an exchange needs, or the run stops.
+    quorum: int = attrs.field(default=1, validator=_at_least(1))
+    #: Rows of a replica's shard per inner step (0: the whole shard).
+    batch_size: int = attrs.field(default=32, validator=_at_least(0))
+    #: Seconds an ``inner`` request (H/F inner steps) may take before its replica is
+    #: declared stalled (0: no limit).
+    inner_timeout: float = attrs.field(default=600.0, validator=_seconds)
+    #: Train only on ranks that advertise this device ("" = any).
+    device: str = _device()
+    #: A member's failure drops that member for the exchange (true) or stops the run.
     accept_failures: bool = _accept_failures()

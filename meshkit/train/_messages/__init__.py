@@ -4,6 +4,7 @@
   declarations and the one cattrs converter (no coercion, no extra keys);
 * :mod:`.trainer` -- what rank 0 asks a worker, and each reply;
 * :mod:`.secure` -- the secure round's ``secagg_*`` messages;
+* :mod:`.local_sgd` -- a DiLoCo replica's ``replica_*`` and ``inner`` messages;
 * :mod:`.relay` -- what the coordinator asks a host relay, and its answers;
 * :mod:`.check` -- where a message is checked as it enters (a reply where a
   pool takes it in, a request where a worker does), and a contribution
@@ -22,10 +23,11 @@ from meshkit.train._messages.check import (REPLIES, REQUESTS, Signature, check_c
 from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MAX_ERROR,
                                             MAX_EXAMPLES, MAX_METRICS, MAX_NAME, MAX_SEED, MAX_SEQ,
                                             MAX_STATE_KEYS, MIN_SEQ, Metrics, State)
+from meshkit.train._messages.local_sgd import LOCAL_SGD_REPLIES, LOCAL_SGD_REQUESTS
 from meshkit.train._messages.secure import MAX_CLIENT_ID
 from meshkit.train._messages.trainer import ErrorReply
 
-__all__ = ["REQUESTS", "REPLIES", "ErrorReply", "Signature", "check_request", "check_reply",
+__all__ = ["REQUESTS", "REPLIES", "LOCAL_SGD_REQUESTS", "LOCAL_SGD_REPLIES", "ErrorReply", "Signature", "check_request", "check_reply",
            "check_contribution", "nonfinite_leaf", "signature", "field_table", "State", "Metrics",
            "MAX_CLIENT_ID", "MAX_BATCH", "MAX_BUDGET", "MAX_COUNT", "MAX_ERROR",
            "MAX_EXAMPLES", "MAX_METRICS", "MAX_NAME", "MAX_SEED", "MAX_SEQ", "MAX_STATE_KEYS",

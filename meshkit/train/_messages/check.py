@@ -39,13 +39,14 @@ import numpy as np
 
 from meshkit.errors import ProtocolError
 from meshkit.train._messages.fields import CONVERTER, _shown
+from meshkit.train._messages.local_sgd import LOCAL_SGD_REPLIES, LOCAL_SGD_REQUESTS
 from meshkit.train._messages.secure import SECURE_REPLIES, SECURE_REQUESTS
 from meshkit.train._messages.trainer import TRAINER_REPLIES, TRAINER_REQUESTS, ErrorReply
 
 #: op -> the schema of its request, every family's.
-REQUESTS: dict[str, type] = {**TRAINER_REQUESTS, **SECURE_REQUESTS}
+REQUESTS: dict[str, type] = {**TRAINER_REQUESTS, **SECURE_REQUESTS, **LOCAL_SGD_REQUESTS}
 #: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).
-REPLIES: dict[str, type] = {**TRAINER_REPLIES, **SECURE_REPLIES}
+REPLIES: dict[str, type] = {**TRAINER_REPLIES, **SECURE_REPLIES, **LOCAL_SGD_REPLIES}
 
 # -- checking ------------------------------------------------------------------------------
 

@@ -67,6 +67,8 @@ from meshkit.population import client_held_out_of, client_rows_of, is_population
 from meshkit.privacy import clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
+from meshkit.train._messages import LOCAL_SGD_REQUESTS
+from meshkit.train._worker.local_sgd import LocalSGD
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
 from meshkit.train._messages import signature
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -135,6 +137,8 @@ class Trainer:
     _splits: dict[tuple[str, int], Any] = attrs.Factory(dict)
     #: The clients this worker plays in a secure round (``secagg_*`` requests).
     secure: SecureClients = attrs.Factory(SecureClients)
+    #: This worker's DiLoCo replica (``replica_*`` and ``inner`` requests), once started.
+    replica: LocalSGD | None = None
 
     def train_data(self) -> tuple[Any, Any]:
         return self.data if self.data is not None else self.task.train_data()
@@ -249,6 +253,12 @@ class Trainer:
     def _dispatch(self, op: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(op, str) and op.startswith("secagg_"):
             return self.secure.handle(op, request, self._secure_fit)
+        if op in LOCAL_SGD_REQUESTS:
+            if self.replica is None:
+                self.replica = LocalSGD(self.task)
+            reply = self.replica.handle(op, request, self._seeded_batch)
+            self.examples += int(reply.get("examples", 0))
+            return reply
         if op == "fit":
             state, examples, metrics, attacked = self._fit(request)
             if request.get("compress") is not None:
@@ -446,6 +456,12 @@ class Trainer:
             raise ConfigError(f"a label-flipping attack needs integer class labels; this "
                               f"task's training labels are {labels.dtype} ({labels.size} rows)")
         return int(labels.max()) + 1
+
+    def _seeded_batch(self, shard: int, shards: int, batch_size: int,
+                      seed: int) -> tuple[Any, Any]:
+        """An inner step's batch: ``batch_size`` rows of the shard drawn with ``seed``."""
+        return self._batch({"shard": shard, "shards": shards, "batch_size": batch_size,
+                            "seed": seed})
 
     def _batch(self, request: Mapping[str, Any]) -> tuple[Any, Any]:
         """The rows of a ``grads``/``step`` request: its shard, or a seeded batch of it."""

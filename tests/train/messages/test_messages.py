@@ -34,6 +34,9 @@ from tests.support.configs import write_config
 
 # -- the schema --------------------------------------------------------------------------
 
+#: A SHA-256 digest as replicas send it (``replica_*``, ``inner``).
+DIGEST = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
 #: A well-formed reply to each op (with keep where the engine sends it).
 GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "set_state": ({"op": "set_state"}, {"seq": 5}),
@@ -67,6 +70,15 @@ GOOD: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "secagg_unmask": ({"op": "secagg_unmask"},
                       {"seq": 5, "holders": [0], "owners": [1], "kinds": [0],
                        "shares": np.zeros((1, SHARE_SIZE), np.uint8)}),
+    "replica_init": ({"op": "replica_init"}, {"seq": 5, "digest": DIGEST}),
+    "inner": ({"op": "inner"}, {"seq": 5, "examples": 64, "metrics": {"train_loss": 1.5},
+                                "digest": DIGEST}),
+    "replica_get": ({"op": "replica_get"},
+                    {"seq": 5, "anchor": {"w": np.zeros(2)}, "local": {"w": np.ones(2)},
+                     "optimizer": {}, "snapshot": {}, "pending": [1], "inner_steps": 40,
+                     "digest": DIGEST, "replica_digest": DIGEST}),
+    "replica_put": ({"op": "replica_put"},
+                    {"seq": 5, "digest": DIGEST, "replica_digest": DIGEST}),
 }
 
 #: Values of the wrong type for any field (each field's own type is filtered out below).
@@ -258,6 +270,14 @@ GOOD_REQUESTS = {
     "secagg_reveal": {"senders": [0], "recipients": [1]},
     "secagg_mask": {"clients": [0], "seeds": [3], "shards": 2, "excluded": [4]},
     "secagg_unmask": {"clients": [0], "survivors": [0, 1], "dropped": [2]},
+    "replica_init": {"state": {"w": np.zeros(2)}, "fragments": 2, "bits": 8},
+    "inner": {"steps": 10, "shard": 0, "shards": 4, "batch_size": 8, "seed": 7, "step": 20,
+              "updated": [1], "update_codes": {"w": np.zeros(2, np.int8)},
+              "update_scales": {"w": np.ones(1, np.float32)}, "send": 0},
+    "replica_get": {},
+    "replica_put": {"anchor": {"w": np.zeros(2)}, "local": {"w": np.ones(2)},
+                    "optimizer": {"w/step": 3.0}, "snapshot": {}, "pending": [],
+                    "inner_steps": 40, "fragments": 1, "bits": 32},
 }
 
 
