@@ -71,9 +71,13 @@ def test_a_node_not_in_a_runs_authorized_nodes_never_receives_that_run(
     assert all(f["state"] == "finished" for f in finals.values()), finals
 
     # Both private runs went to a (the second waited for it, although b was
-    # idle); b served only the open run and was never sent a private one.
-    assert sorted(e["run"] for e in alice.events("run")) == ["r1", "r2"]
-    assert [e["run"] for e in bob.events("run")] == ["r3"]
+    # idle); b was never sent a private one. The open run went to whichever
+    # node was free first: which one is the scheduler's timing, not the rule.
+    served_by_a = {e["run"] for e in alice.events("run")}
+    served_by_b = [e["run"] for e in bob.events("run")]
+    assert {"r1", "r2"} <= served_by_a
+    assert not {"r1", "r2"} & set(served_by_b), served_by_b
+    assert sorted([*served_by_a, *served_by_b]) == ["r1", "r2", "r3"]
     started = [e for e in fed.client().events("r2")["events"] if e["kind"] == "started"]
     assert list(started[0]["data"]["ranks"]) == [wire_id(fed.root / "a.key.pub")]
 
