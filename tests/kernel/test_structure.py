@@ -14,11 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 800
 
-#: Files known to break a rule, each with the change that removes it. A file that no longer
-#: breaks it fails its test (strict xfail), so this list cannot go stale.
-KNOWN: dict[str, str] = {}
-
-
 def _sources() -> list[Path]:
     return sorted([*(ROOT / "meshkit").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")])
 
@@ -26,18 +21,8 @@ def _sources() -> list[Path]:
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_is_over_800_lines(path: Path):
     name = str(path.relative_to(ROOT))
-    if name in KNOWN:
-        pytest.skip(f"known: {KNOWN[name]} (test_every_known_exception_still_holds keeps it honest)")
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by idea (at most {MAX_LINES})"
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN))
-def test_every_known_exception_still_holds(name: str):
-    """A file on :data:`KNOWN` that was fixed must leave the list."""
-    path = ROOT / name
-    assert path.exists() and len(path.read_text().splitlines()) > MAX_LINES, (
-        f"{name} is fixed ({KNOWN[name]}): remove it from KNOWN")
 
 
 def _plugin_imports(path: Path, package: str, module: str) -> set[str]:
