@@ -63,7 +63,7 @@ class NoisedSum(ClippedSum):
     @property
     def count(self) -> int:
         """Contributions folded: added, merged, or in a secure round's sum."""
-        return super().count + self._secure
+        return self._count + self._secure
 
     def add_total(self, total: Mapping[str, np.ndarray], count: int) -> None:
         """Fold in the sum of ``count`` updates the clients clipped themselves.
