@@ -36,7 +36,7 @@ from meshkit.torch._convert import (
 )
 from meshkit.torch._options import TorchOptions
 from meshkit.torch._results import export, load, state_dict
-from meshkit.torch._task import NORM_LAYERS, TorchTask, pick_device, task
+from meshkit.torch._task import NORM_LAYERS, TorchTask, is_lora_key, pick_device, task
 
 __all__ = [
     "task",
@@ -44,6 +44,7 @@ __all__ = [
     "TorchOptions",
     "pick_device",
     "NORM_LAYERS",
+    "is_lora_key",
     "INT_BUFFERS",
     "to_numpy",
     "from_numpy",

@@ -49,7 +49,15 @@ from meshkit.torch._convert import INT_BUFFERS, from_numpy, load_module_state, m
     state_from_tensors, tensors_from_state, to_numpy
 from meshkit.torch._options import TorchOptions
 
-__all__ = ["task", "TorchTask", "pick_device", "NORM_LAYERS"]
+__all__ = ["task", "TorchTask", "pick_device", "NORM_LAYERS", "is_lora_key"]
+
+
+def is_lora_key(key: str) -> bool:
+    """Whether a state key is a LoRA adapter's (``"@lora"``): one of its dotted parts
+    starts with ``lora_`` -- PEFT's ``lora_A``/``lora_B``/``lora_embedding_A``/
+    ``lora_magnitude_vector`` and a hand-written ``self.lora_a`` alike. The base
+    layer's own ``weight``/``bias`` (``base_layer.weight``) are not."""
+    return any(part.startswith("lora_") for part in key.split("."))
 
 #: The normalisation layers whose parameters and buffers ``"@norm"`` names
 #: (FedBN keeps them on each client).
@@ -178,7 +186,7 @@ class TorchTask:
         self._test_labels: np.ndarray | None = None
         self._module: torch.nn.Module | None = None
         self._replica: _Replica | None = None
-        self._layout: tuple[frozenset[str], frozenset[str]] | None = None
+        self._layout: tuple[frozenset[str], frozenset[str], frozenset[str]] | None = None
 
     # -- what the state's keys are -------------------------------------------------
 
@@ -188,11 +196,14 @@ class TorchTask:
         return self._keys()[0]
 
     def key_groups(self) -> dict[str, frozenset[str]]:
-        """``{"norm": ...}``: every parameter and buffer of the module's normalisation
-        layers (:data:`NORM_LAYERS`), which ``[strategy] local_keys = ["@norm"]`` names."""
-        return {"norm": self._keys()[1]}
+        """``{"norm": ..., "lora": ...}``: every parameter and buffer of the module's
+        normalisation layers (:data:`NORM_LAYERS`), which ``[strategy] local_keys =
+        ["@norm"]`` names; and the LoRA adapters' keys (:func:`is_lora_key`), which
+        ``[strategy] trainable = ["@lora"]`` names."""
+        keys = self._keys()
+        return {"norm": keys[1], "lora": frozenset(k for k in keys[2] if is_lora_key(k))}
 
-    def _keys(self) -> tuple[frozenset[str], frozenset[str]]:
+    def _keys(self) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
         if self._layout is None:
             with torch.random.fork_rng(devices=[]):
                 module = self.build_model()
@@ -203,7 +214,7 @@ class TorchTask:
                 if isinstance(layer, NORM_LAYERS):
                     prefix = f"{name}." if name else ""
                     norm.update(prefix + k for k in layer.state_dict())
-            self._layout = (frozenset(keys - params), frozenset(norm & keys))
+            self._layout = (frozenset(keys - params), frozenset(norm & keys), frozenset(keys))
         return self._layout
 
     # -- building ----------------------------------------------------------------
