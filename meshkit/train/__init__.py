@@ -57,6 +57,7 @@ from meshkit.train._rounds.engine import (
 from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_relay_request
 from meshkit.train._relay.host import RelayPool, RelayRanks
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
+from meshkit.train._trainable import Trainable
 from meshkit.train._attacks import AttackedFold, AttackPlan
 from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
                                      strike)
@@ -161,6 +162,7 @@ __all__ = [
     # keys kept on each client (FedBN)
     "ClientLocal",
     "resolve_local_keys",
+    "Trainable",
     # progress lines, as the CLI prints them
     "format_event",
     "format_metrics",

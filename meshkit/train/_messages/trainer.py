@@ -26,6 +26,11 @@ class SetStateRequest:
 
     seq: int = _seq(0)
     state: State = _field("state", "the model; discards every result an earlier round kept")
+    trainable: list[str] | None = _field(
+        "list of str", "`[strategy] trainable`: the keys that train; `state` then replaces "
+        "only its own keys of the model the worker holds (after the first round it holds "
+        "only these), and fits answer with only these keys", optional=True,
+        check=lambda _, attribute, value: _key_names(value))
 
 
 @attrs.frozen(kw_only=True)
@@ -150,6 +155,16 @@ class EvaluateRequest:
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)
+
+
+def _key_names(value: list[str] | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or not value or len(value) > MAX_COUNT \
+            or len(set(value)) != len(value):
+        raise ValueError("trainable must name at least one state key, each once")
+    for key in value:
+        _name(key, "a state key")
 
 
 def _nodes(_: Any, attribute: Any, value: list[str]) -> None:

@@ -125,6 +125,9 @@ class Trainer:
     #: The round's exact partial sum of the fits ``fit_batch`` folded here, until
     #: ``take_partial`` hands it over (a new ``set_state`` discards it).
     partial: FixedPointSum | ClippedSum | None = None
+    #: ``[strategy] trainable``'s keys (the last ``set_state``'s): a fit answers with
+    #: only these; None: with every key.
+    trainable: frozenset[str] | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     #: Compressors named by fit requests (``compress``), built once per name and options.
@@ -276,7 +279,7 @@ class Trainer:
             partial, self.partial = self.partial, None
             return {"partial": partial.partial().to_wire()}
         if op == "set_state":
-            self.state = dict(request["state"])
+            self.state, self.trainable = _set_state(self.state, request)
             # A new round: whatever the last one left unclaimed is stale.
             self.kept.clear()
             self.partial = None
@@ -380,7 +383,7 @@ class Trainer:
         # coordinator checks a flat round's: a client whose fit has the wrong keys or
         # shapes (a 0-d array where a vector belongs) fails alone, named, and never
         # becomes the template of this worker's sum.
-        expected = signature(model)
+        expected = signature(_only(model, self.trainable))
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
@@ -420,7 +423,7 @@ class Trainer:
         self.fits += 1
         self.examples += int(result.examples)
         self.metrics = metrics = _metrics(result.metrics, "fit")
-        state = result.state
+        state = _only(result.state, self.trainable)
         if self.attack is not None and not poisons_data(self.attack):
             # A real node sees only its own update: contributors = attackers = 1.
             state = tamper_contribution(
@@ -516,6 +519,39 @@ class Trainer:
         if self.state is None:
             raise MeshError(f"{op!r} before any model was set on this worker")
         return self.state
+
+
+def _set_state(held: dict[str, Any] | None, request: Mapping[str, Any]
+               ) -> tuple[dict[str, Any], frozenset[str] | None]:
+    """A ``set_state``: the worker's model and its trainable keys after it.
+
+    Without ``trainable`` the state is the model. With it, the state replaces its own
+    keys of the model held (the frozen rest stays as the first round sent it); a
+    worker that holds no model must be sent all of it.
+    """
+    state = request["state"]
+    names = request.get("trainable")
+    if names is None:
+        return dict(state), None
+    trainable = frozenset(names)
+    missing = sorted(k for k in trainable if k not in state)
+    if missing:
+        raise MeshError(f"set_state names trainable keys it does not carry: "
+                        f"{', '.join(map(repr, missing[:5]))}")
+    if held is None or not all(k in held for k in state):
+        if held is None and set(state) == trainable:
+            raise MeshError("set_state carries only the trainable keys, but this worker "
+                            "holds no model to merge them into (it started after the "
+                            "first round); the coordinator sends it the whole model again")
+        return dict(state), trainable
+    return {**held, **state}, trainable
+
+
+def _only(state: Mapping[str, Any], keys: frozenset[str] | None) -> Mapping[str, Any]:
+    """``state``'s ``keys`` (``[strategy] trainable``), or all of it when None."""
+    if keys is None:
+        return state
+    return {k: state[k] for k in state if k in keys}
 
 
 def _with_local(state: Mapping[str, Any], request: Mapping[str, Any]) -> Mapping[str, Any]:
