@@ -71,6 +71,8 @@ class StrategyTraits:
     * ``clients``: clients as configured (0: not set);
     * ``evaluate``: ``"coordinator"``, ``"clients"`` or ``"both"``;
     * ``local_keys``: FedBN's glob patterns kept per client;
+    * ``trainable``: the glob patterns (or ``"@group"``) of the only keys that travel
+      and are aggregated (empty: every key); a secure round refuses them;
     * ``round_timeout``: seconds (0: no deadline);
     * ``device``: the coordinator's device for the task ("": default);
     * ``accept_failures``: the strategy's ``[strategy] accept_failures`` (a member's
@@ -115,6 +117,7 @@ class StrategyTraits:
     clients: int = 0
     evaluate: str = "coordinator"
     local_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    trainable: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
     round_timeout: float = 0.0
     device: str = ""
     accept_failures: bool | None = None

@@ -8,13 +8,14 @@ from typing import Any, Mapping
 
 import attrs
 
-from meshkit import ConfigError
+from meshkit import ConfigError, RefusedError
 from meshkit.compression import is_residual
 from meshkit.partitioner import is_per_node
 from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
-from meshkit.train import ClientLocal, client_seed, fold_round, resolve_local_keys, run_rounds
+from meshkit.train import ClientLocal, Trainable, client_seed, fold_round, resolve_local_keys
+from meshkit.train import run_rounds
 from meshkit.train import cohort_size, poisson_clients, sample_clients, weighted_mean
 
 from meshkit_strategies._shared import require_rows, require_served
@@ -50,7 +51,8 @@ class Federated:
         return StrategyTraits(
             partitioned=True, private=True, secure=True, collective=True, compressed=True,
             rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
-            local_keys=tuple(opts.local_keys), round_timeout=opts.round_timeout,
+            local_keys=tuple(opts.local_keys), trainable=tuple(opts.trainable),
+            round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
             cohort=self.cohort, check=self.check, accept_failures=self.options.accept_failures,
             sampling=opts.sampling, fraction=opts.fraction, min_clients=opts.min_clients)
@@ -82,10 +84,11 @@ class Federated:
         return self.options.clients or workers
 
     def check(self, *, task: Any, outer_name: str, workers: int,
-              partitioner: Any = None, privacy: Any = None) -> None:
+              partitioner: Any = None, privacy: Any = None, compression: Any = None) -> None:
         """Refuse what cannot work before any process starts."""
         opts = self.options
         per_node = is_per_node(partitioner)
+        _check_trainable(opts, privacy, compression)
         if privacy is not None:
             check_private(opts, privacy, self.clients(workers, partitioner, task))
         if per_node and opts.clients not in (0, workers):
@@ -130,9 +133,10 @@ class Federated:
         last: list[Any] = [ctx.initial_state(), {}, ctx.start_round]
         if self.options.local_keys:
             ctx.client_local.use(resolve_local_keys(self.options.local_keys, last[0], ctx.task))
+        trainable = _trainable(self.options.trainable, last[0], ctx.task)
 
         def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
-            outcome = self.play_round(ctx, rnd, state)
+            outcome = self.play_round(ctx, rnd, state, trainable)
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
@@ -154,8 +158,10 @@ class Federated:
                     f"that node held-out data (e.g. --task-option test_csv=FILE for digits), or "
                     f"use evaluate = \"coordinator\"")
 
-    def play_round(self, ctx: StrategyContext, rnd: int,
-                   state: Mapping[str, Any]) -> RoundOutcome:
+    def play_round(self, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
+                   trainable: Trainable | None = None) -> RoundOutcome:
+        """One round; with ``trainable`` (``[strategy] trainable``) only those keys are
+        sent after a worker's first round, answered, folded and stepped."""
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
@@ -178,12 +184,23 @@ class Federated:
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
                          "seed": client_seed(ctx.seed, rnd, c), **budget, **_own(local, c)},
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
-        folded = fold_round(ctx, work, state=state, window=opts.window,
-                            deadline=opts.round_timeout or None, local=local or None)
+        if trainable is not None:
+            trainable.keep_only(ctx.live)
+            folded = fold_round(ctx, work, state=trainable.of(state), window=opts.window,
+                                deadline=opts.round_timeout or None,
+                                send_state=lambda rank: trainable.set_state(rank, state))
+            trainable.forget(folded.failed)
+        else:
+            folded = fold_round(ctx, work, state=state, window=opts.window,
+                                deadline=opts.round_timeout or None, local=local or None)
         require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())
         consensus = folded.result
         assert consensus is not None  # min_clients >= 1 clients were served and folded
-        if local:
+        if trainable is not None:
+            # The consensus holds only the trainable keys: the frozen rest stays as it is.
+            stepped = ctx.outer_step(trainable.of(state), consensus)
+            state = {k: stepped.get(k, v) for k, v in state.items()}
+        elif local:
             # The consensus lacks the local keys: the global model keeps its own.
             shared = ctx.outer_step({k: v for k, v in state.items() if k not in local.keys},
                                     consensus)
@@ -195,14 +212,16 @@ class Federated:
             metrics.update(ctx.task.evaluate(state))
         per_client: dict[int, dict[str, float]] = {}
         if opts.evaluate in ("clients", "both"):
-            per_client = self._evaluate_on_clients(ctx, state, sampled, clients, per_node)
+            per_client = self._evaluate_on_clients(ctx, state, sampled, clients, per_node,
+                                                   trainable)
             metrics.update(client_means(per_client))
         outcome = folded.outcome(state, metrics)
         return attrs.evolve(outcome, client_metrics=per_client)
 
     def _evaluate_on_clients(self, ctx: StrategyContext, state: Mapping[str, Any],
-                             sampled: list[int], clients: int,
-                             per_node: bool) -> dict[int, dict[str, float]]:
+                             sampled: list[int], clients: int, per_node: bool,
+                             trainable: Trainable | None = None
+                             ) -> dict[int, dict[str, float]]:
         """Each sampled client's metrics of ``state`` on its own held-out data."""
         live = ctx.live
         if per_node:
@@ -210,7 +229,8 @@ class Federated:
         else:
             where = {c: live[i % len(live)] for i, c in enumerate(sampled)} if live else {}
         ranks = sorted(set(where.values()))
-        ctx.call([(r, {"op": "set_state", "state": state}) for r in ranks])
+        ctx.call([(r, {"op": "set_state", "state": state} if trainable is None
+                   else trainable.set_state(r, state)) for r in ranks])
         replies = ctx.call([(r, {"op": "evaluate", "shard": c, "shards": clients,
                                  **_own(ctx.client_local, c, evaluate=True)})
                             for c, r in where.items()])
@@ -221,6 +241,36 @@ class Federated:
             found[client] = {**{k: float(v) for k, v in reply.payload["metrics"].items()},
                              "examples": float(reply.payload["examples"])}
         return found
+
+
+def _trainable(patterns: list[str], state: Mapping[str, Any], task: Any) -> Trainable | None:
+    """``[strategy] trainable``'s keys of the model (None: every key trains). A pattern that
+    names no array of the model is a ConfigError; keys that cover the whole model are
+    every key (a plain round)."""
+    if not patterns:
+        return None
+    keys = resolve_local_keys(patterns, state, task, where="[strategy] trainable")
+    if keys >= set(state):
+        return None
+    return Trainable(keys)
+
+
+def _check_trainable(opts: FederatedOptions, privacy: Any, compression: Any) -> None:
+    """What ``[strategy] trainable`` does not compose with (yet)."""
+    if not opts.trainable:
+        return
+    for other, present, why in (
+            ("[privacy]", privacy is not None, "a private round clips and noises every key "
+             "of the update"),
+            ("[compression]", compression is not None, "a compressed round encodes the "
+             "update of every key"),
+            ("[strategy] local_keys", bool(opts.local_keys), "local keys are per client "
+             "while frozen keys are per worker")):
+        if present:
+            raise RefusedError(
+                f"[strategy] trainable = {opts.trainable} with {other}: {why}, and sending "
+                f"only the trainable keys is not built into it yet. Remove trainable, or "
+                f"{other}")
 
 
 def _own(local: ClientLocal, client: int, *, evaluate: bool = False) -> dict[str, Any]:

@@ -125,6 +125,11 @@ class FederatedOptions:
     #: patterns, or a task's key group such as meshkit.torch's "@norm".
     local_keys: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
         attrs.validators.instance_of(str), attrs.validators.instance_of(list)))
+    #: The only state keys that train, travel and are aggregated (glob patterns,
+    #: or a task's key group such as meshkit.torch's "@lora"); empty: every key.
+    #: The rest stays frozen on the workers after the first round.
+    trainable: list[str] = attrs.field(factory=list, validator=attrs.validators.deep_iterable(
+        attrs.validators.instance_of(str), attrs.validators.instance_of(list)))
     #: How a round's clients are drawn: "fixed" (ceil(fraction * clients) of
     #: them) or "poisson" (each independently with probability fraction, from
     #: the run seed: what a privacy accountant's amplification assumes).

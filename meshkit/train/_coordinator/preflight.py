@@ -496,6 +496,12 @@ def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:
             f"client's own values of those keys at the coordinator, individual values a "
             f"secure round never reveals. Remove local_keys (or the [secure_aggregation] "
             f"table)")
+    if traits.trainable:
+        raise RefusedError(
+            f"{where} [strategy] trainable = {list(traits.trainable)}: a secure round masks "
+            f"and sums every key of the model each round, and sending only the trainable "
+            f"keys is not built into it yet. Remove trainable (or the [secure_aggregation] "
+            f"table)")
     timeout = traits.round_timeout
     if timeout:
         raise RefusedError(

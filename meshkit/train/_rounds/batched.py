@@ -71,7 +71,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -125,7 +125,8 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
 def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, expected: Signature,
                  *, fraction_bits: int = DEFAULT_FRACTION_BITS,
-                 name: str = "fedavg", private: ClippedSum | None = None) -> BatchFolded:
+                 name: str = "fedavg", private: ClippedSum | None = None,
+                 send_state: Callable[[int], Mapping[str, Any]] | None = None) -> BatchFolded:
     """Serve ``requests`` (key -> fit request) batched; see the module docstring.
 
     ``how`` is each fit's weight (``"examples"`` or ``"once"``), ``expected``
@@ -138,8 +139,10 @@ def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]]
         fraction_bits = private.fraction_bits
         # A partial of updates: the model's float keys, summed from float64.
         expected = {k: (tuple(state[k].shape), np.dtype(np.float64)) for k in private.keys}
-    return _Batched(ctx, dict(requests), state, how, label, expected, fraction_bits,
-                    name, private).play()
+    batched = _Batched(ctx, dict(requests), state, how, label, expected, fraction_bits,
+                       name, private)
+    batched.send_state = send_state
+    return batched.play()
 
 
 class _Batched:
@@ -152,6 +155,8 @@ class _Batched:
         self.label, self.expected, self.bits = label, expected, bits
         self.total = FixedPointSum(fraction_bits=bits, name=name)
         self.private = private
+        #: The ``set_state`` request for each rank (None: ``state``, whole).
+        self.send_state: Callable[[int], Mapping[str, Any]] | None = None
         #: Batches planned for each worker and not handed out yet, in key order.
         self.plan: dict[int, collections.deque[list[int]]] = {}
         #: Batches whose worker was lost: any worker may serve them.
@@ -252,8 +257,9 @@ class _Batched:
         self.busy[self.ctx.pool.send(rank, request, timeout)] = (rank, kind, keys)
 
     def _send_state(self, rank: int) -> None:
-        self._send(rank, "state", None, {"op": "set_state", "state": self.state},
-                   self.ctx.timeout)
+        request = ({"op": "set_state", "state": self.state} if self.send_state is None
+                   else self.send_state(rank))
+        self._send(rank, "state", None, request, self.ctx.timeout)
 
     def _dispatch(self) -> None:
         busy = {rank for rank, _, _ in self.busy.values()}

@@ -88,7 +88,8 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
-from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.errors import (AggregationError, MeshError, ProtocolError, RefusedError,
+                            WorkerError)
 from meshkit.privacy import ClippedSum
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
@@ -118,7 +119,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                window: int = DEFAULT_WINDOW, fold: Any = None,
                label: str = "client", deadline: float | None = None,
                reference: Mapping[str, Any] | None = None,
-               local: ClientLocal | None = None, batch: bool = True) -> Folded:
+               local: ClientLocal | None = None, batch: bool = True,
+               send_state: Callable[[int], Mapping[str, Any]] | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -136,7 +138,11 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     only the rest is folded, so the result lacks them. ``batch=False`` plays
     the round flat (per client) even where the batched round
     (:mod:`meshkit.train._rounds.batched`) applies: its result then is the
-    aggregator's own fold in key order, bit for bit.
+    aggregator's own fold in key order, bit for bit. ``send_state(rank)``
+    is the ``set_state`` request each worker is sent (default: ``state``
+    whole); ``[strategy] trainable`` sends the whole model only to a worker
+    that lacks it (:class:`meshkit.train.Trainable`), and its round is never
+    relayed or collective.
 
     Which way the round is played is :data:`ROUND_PATHS`' first path that
     applies (:func:`round_path`).
@@ -150,7 +156,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     call = RoundCall(ctx, work, state=state, weight=weight, window=window, given=fold,
                      label=label, deadline=deadline, reference=reference, local=local,
-                     batch=batch)
+                     batch=batch, send_state=send_state)
     return round_path(call).play(call)
 
 
@@ -166,8 +172,10 @@ class RoundCall:
                  state: Mapping[str, Any] | None,
                  weight: Callable[[Mapping[str, Any]], float], window: int, given: Any,
                  label: str, deadline: float | None, reference: Mapping[str, Any] | None,
-                 local: ClientLocal | None, batch: bool) -> None:
+                 local: ClientLocal | None, batch: bool,
+                 send_state: Callable[[int], Mapping[str, Any]] | None = None) -> None:
         self.ctx, self.work, self.state, self.weight = ctx, work, state, weight
+        self.send_state = send_state
         self.window, self.given, self.label, self.deadline = window, given, label, deadline
         self.reference = state if reference is None else reference
         self.local, self.batch = local, batch
@@ -242,8 +250,8 @@ class RoundCall:
 
     @functools.cached_property
     def relays(self) -> RelayPlan | None:
-        if self.mean is None:
-            return None
+        if self.mean is None or self.send_state is not None:
+            return None  # a relay sends its workers the round's state whole
         return relay_plan_applies(self.ctx, self.mean, self.how, [w.key for w in self.work])
 
 
@@ -258,6 +266,11 @@ class RoundPath:
 
 
 def _play_collective(call: RoundCall) -> Folded:
+    if call.send_state is not None:
+        raise RefusedError(
+            "[strategy] trainable: a collective (torchrun spmd) round has every rank hold "
+            "and fold the whole model, so it cannot send only the trainable keys; drop "
+            "trainable, or run with the coordinator's round engine (meshkit run)")
     # Every rank plays the round: its slice, one exact partial, one all-reduce.
     return fold_collectively(call.ctx, call.work, state=call.state, weight=call.weight,
                              window=call.window, label=call.label, serve=fold_round,
@@ -290,7 +303,8 @@ def _play_batched(call: RoundCall) -> Folded:
     result, served, not_served, replies, failed = fold_batched(
         call.ctx, call.requests, call.state, call.how, call.label, signature(call.reference),
         name=call.mean.name,
-        private=call.given if isinstance(call.given, ClippedSum) else None)
+        private=call.given if isinstance(call.given, ClippedSum) else None,
+        send_state=call.send_state)
     return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
                   failed=failed)
 
@@ -306,7 +320,7 @@ def _play_flat(call: RoundCall) -> Folded:
     round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
                     pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                     local=call.fold_local or None, scan=not replay and not allows,
-                    unpack=call.unpack)
+                    unpack=call.unpack, send_state=call.send_state)
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -317,7 +331,8 @@ def _play_flat(call: RoundCall) -> Folded:
         round_ = _Round(ctx, call.requests, state, call.weight, call.window,
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-                        local=call.fold_local or None, scan=True, unpack=call.unpack)
+                        local=call.fold_local or None, scan=True, unpack=call.unpack,
+                        send_state=call.send_state)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -427,6 +442,8 @@ class _Round:
     scan: bool = True
     #: A compressed round's decoder of pulled payloads (None: contributions come whole).
     unpack: Unpacker | None = None
+    #: The ``set_state`` request for each rank (None: the round's state, whole).
+    send_state: Callable[[int], Mapping[str, Any]] | None = None
 
     def play(self) -> Folded:
         try:
@@ -508,7 +525,9 @@ class _Round:
 
     def _send_state(self, rank: int) -> None:
         self.sent_state.add(rank)
-        self._send(rank, "state", None, {"op": "set_state", "state": self.state})
+        request = ({"op": "set_state", "state": self.state} if self.send_state is None
+                   else self.send_state(rank))
+        self._send(rank, "state", None, request)
 
     def _dispatch(self) -> None:
         """Give every idle ready worker its next request: a pull first, else new work."""
