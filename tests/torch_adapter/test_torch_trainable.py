@@ -117,6 +117,8 @@ def test_a_pattern_naming_no_key_stops_the_run_with_a_config_error(tmp_path):
 @pytest.mark.parametrize("table, needle", [
     ('\n[secure_aggregation]\nname = "secagg+"\n', "a secure round masks"),
     ('\n[compression]\nname = "quantize"\n', "with [compression]"),
+    ('\n[privacy]\nname = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\n'
+     'delta = 1e-5\n', "with [privacy]"),
 ])
 def test_what_does_not_compose_is_refused_by_check(tmp_path, table, needle):
     config = _config(tmp_path, "refused", clients=2, rounds=1, extra=table)
