@@ -190,6 +190,7 @@ class Federated:
                                 deadline=opts.round_timeout or None,
                                 send_state=lambda rank: trainable.set_state(rank, state))
             trainable.forget(folded.failed)
+            trainable.keep_only(ctx.live)  # lost during the round
         else:
             folded = fold_round(ctx, work, state=state, window=opts.window,
                                 deadline=opts.round_timeout or None, local=local or None)

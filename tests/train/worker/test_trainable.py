@@ -76,3 +76,35 @@ def test_the_coordinator_sends_the_whole_model_once_per_rank_and_again_after_a_f
     trainable.keep_only([1])  # rank 2 died: it may come back as a fresh process
     assert set(trainable.set_state(2, state)["state"]) == {"body.w", "fc.w"}
     assert trainable.set_state(2, state)["trainable"] == ["fc.w"]
+
+
+def test_a_restarted_worker_is_sent_the_whole_model_and_every_round_is_served():
+    """A run over a LocalPool where rank 2 comes back as a fresh process (no model)
+    before round 3: it is sent the whole model (run_rounds hands an admitted rank the
+    model; a set_state of only the trainable keys then merges), serves, and the frozen
+    key stays put."""
+    import meshkit.plugins
+    from meshkit.train import LocalPool, StrategyContext
+
+    pool = LocalPool.of(TwoLayers, [1, 2])
+    reports = []
+    rounds_started = []
+
+    def admit():
+        rounds_started.append(1)
+        if len(rounds_started) == 3:
+            pool.trainers[2] = Trainer(TwoLayers())  # a restarted process holds nothing
+            return [2]
+        return []
+
+    ctx = StrategyContext(task=TwoLayers(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+                          pool=pool, workers=[1, 2], rng=np.random.default_rng(0),
+                          outer=meshkit.plugins.create("outer_optimizer", "average"),
+                          on_round=lambda report, state: reports.append((report, dict(state))))
+    ctx.admit = admit
+    strategy = meshkit.plugins.create("strategy", "federated", {
+        "rounds": 4, "clients": 2, "trainable": ["fc.*"]})
+    result = strategy.run(ctx)
+    assert [sorted(r.answered) for r, _ in reports] == [[1, 2]] * 4
+    assert np.array_equal(result.state["body.w"], np.zeros(3, np.float32))
+    assert np.array_equal(result.state["fc.w"], np.full(2, 4, np.float32))
