@@ -210,6 +210,16 @@ def _secure_line(plan: dict[str, Any]) -> str:
                                       "threshold or raise degree"))
 
 
+def _field_line(plan: dict[str, Any], compression: Any) -> str:
+    """What a masked coordinate costs on the wire, and why (the field's width)."""
+    bits = plan["modulus_bits"]
+    why = (f"[compression] {compression.name!r}'s {compression.compressor.field_bits}-bit "
+           f"codes summed over {plan['cohort']} clients" if compression is not None
+           else "[secure_aggregation] modulus_bits")
+    return (f"secure aggregation: updates masked mod 2^{bits} ({why}): {bits} bits a "
+            f"coordinate up")
+
+
 @click.command("check")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-q", "--quiet", is_flag=True, help="Print only the final line (ok).")
@@ -254,6 +264,7 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(_privacy_line(parts["privacy_plan"]))
         if parts.get("secure_plan"):
             click.echo(_secure_line(parts["secure_plan"]))
+            click.echo(_field_line(parts["secure_plan"], parts.get("compression")))
         if parts.get("upload"):
             click.echo(_upload_line(parts["upload"]))
         note = _out_note(plan)
