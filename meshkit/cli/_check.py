@@ -265,7 +265,9 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
         if parts.get("secure_plan"):
             click.echo(_secure_line(parts["secure_plan"]))
             click.echo(_field_line(parts["secure_plan"], parts.get("compression")))
-        if parts.get("upload"):
+        # Under secure aggregation the field line above says what a coordinate costs: the
+        # payload of a plain compressed fit is never sent.
+        if parts.get("upload") and not parts.get("secure_plan"):
             click.echo(_upload_line(parts["upload"]))
         note = _out_note(plan)
         if note:

@@ -174,3 +174,4 @@ def test_check_states_what_a_masked_coordinate_costs_with_and_without_int8(tmp_p
     assert checked.exit_code == 0, checked.output
     assert ("updates masked mod 2^12 ([compression] 'quantize''s 8-bit codes summed over 12 "
             "clients): 12 bits a coordinate up") in checked.output
+    assert "upload: quantize sends" not in checked.output  # a plain fit's payload: never sent
