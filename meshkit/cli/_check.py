@@ -213,11 +213,16 @@ def _secure_line(plan: dict[str, Any]) -> str:
 def _field_line(plan: dict[str, Any], compression: Any) -> str:
     """What a masked coordinate costs on the wire, and why (the field's width)."""
     bits = plan["modulus_bits"]
-    why = (f"[compression] {compression.name!r}'s {compression.compressor.field_bits}-bit "
-           f"codes summed over {plan['cohort']} clients" if compression is not None
-           else "[secure_aggregation] modulus_bits")
-    return (f"secure aggregation: updates masked mod 2^{bits} ({why}): {bits} bits a "
-            f"coordinate up")
+    if compression is None:
+        return (f"secure aggregation: updates masked mod 2^{bits} ([secure_aggregation] "
+                f"modulus_bits): {bits} bits a coordinate up")
+    codes = compression.compressor.field_bits
+    step = 2 * plan["clip_range"] / ((1 << codes) - 1)
+    return (f"secure aggregation: updates masked mod 2^{bits} ([compression] "
+            f"{compression.name!r}'s {codes}-bit codes summed over {plan['cohort']} clients): "
+            f"{bits} bits a coordinate up; the shared grid is [-{plan['clip_range']:g}, "
+            f"{plan['clip_range']:g}] ([secure_aggregation] clip_range) in steps of "
+            f"{step:.3g}: set clip_range near the largest coordinate of a client's update")
 
 
 @click.command("check")

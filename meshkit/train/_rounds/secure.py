@@ -211,6 +211,7 @@ def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: floa
     facts: dict[str, Any] = {"cohort": cohort, "workers": len(loads),
                              # What a masked coordinate costs on the wire (to_wire).
                              "modulus_bits": params.modulus_bits,
+                             "clip_range": params.clip_range,
                              "clients_per_worker": max(loads),
                              "tolerates_dropouts": traits.tolerates_dropouts,
                              "survives_losing_workers": 0, "survives_losing_clients": 0}

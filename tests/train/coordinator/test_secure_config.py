@@ -173,5 +173,6 @@ def test_check_states_what_a_masked_coordinate_costs_with_and_without_int8(tmp_p
     checked = _check(tmp_path, 'clients = 12\n\n[compression]\nname = "quantize"')
     assert checked.exit_code == 0, checked.output
     assert ("updates masked mod 2^12 ([compression] 'quantize''s 8-bit codes summed over 12 "
-            "clients): 12 bits a coordinate up") in checked.output
+            "clients): 12 bits a coordinate up; the shared grid is [-8, 8] ([secure_aggregation] "
+            "clip_range) in steps of 0.0627") in checked.output
     assert "upload: quantize sends" not in checked.output  # a plain fit's payload: never sent
