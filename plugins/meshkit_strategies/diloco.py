@@ -343,8 +343,13 @@ class _Replicas:
         metrics.update({
             "inner_steps": float(rnd * opts.inner_steps),
             "replicas": float(len(report.answered)),
+            # The encoded payload; on a transport that counts its bytes (tcp) the round
+            # skeleton replaces bytes_up/bytes_down with what crossed the wire, so the
+            # payload keeps its own names too.
             "bytes_up": float(report.bytes_up),
             "bytes_down": float(report.bytes_down),
+            "payload_up": float(report.bytes_up),
+            "payload_down": float(report.bytes_down),
             "peak_exchange_bytes": float(report.peak),
             "healed": float(len(report.healed)),
             "model_digest": fingerprint(digest),
