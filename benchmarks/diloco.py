@@ -248,6 +248,7 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=0, help="trial t runs seed first + t")
     parser.add_argument("--torchft", action="store_true",
                         help="also torchft's DiLoCo (benchmarks/diloco_torchft.py)")
     args = parser.parse_args()
@@ -263,13 +264,14 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for trial in range(args.trials):
+            seed = args.first_seed + trial
             for kind in kinds:  # interleaved: every kind once per trial
                 if kind.startswith("torchft"):
                     from diloco_torchft import run_torchft
-                    results[kind].append(run_torchft(args, seed=trial, where=Path(tmp)))
+                    results[kind].append(run_torchft(args, seed=seed, where=Path(tmp)))
                 else:
-                    results[kind].append(run(kind, args, seed=trial, where=Path(tmp)))
-                print(f"trial {trial} {kind}: {results[kind][-1]}", flush=True)
+                    results[kind].append(run(kind, args, seed=seed, where=Path(tmp)))
+                print(f"trial {trial} (seed {seed}) {kind}: {results[kind][-1]}", flush=True)
     params = sum(p.numel() for p in TinyLM().parameters())
     _, test = data()
     floor = entropy_floor(*test.tensors)
