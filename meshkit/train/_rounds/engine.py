@@ -451,10 +451,11 @@ class _Round(Scheduler[int]):
 
     def hand_out(self, rank: int, busy: set[int]) -> bool:
         """A pull first (a result it holds within the window), else new work."""
-        waiting = sorted(self.held.get(rank, set()) & set(self.unfolded[:self.window]))
-        if waiting:
+        held = self.held.get(rank)
+        waiting = sorted(held & set(self.unfolded[:self.window])) if held else []
+        if held and waiting:
             key = waiting[0]
-            self.held[rank].discard(key)
+            held.discard(key)
             self.send(rank, "take", key, {"op": "take", "key": key}, self.ctx.timeout)
             return True
         nxt = None if self.expired else self.next_unit(rank, busy)
