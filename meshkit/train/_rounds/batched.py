@@ -55,6 +55,11 @@ flat fold's arithmetic), an unweighted mean over unequal work,
 data-parallel replicas (no round state), requests other than a plain
 ``fit``, and fewer than two keys a worker (batching would save no round
 trip and double the bytes). :func:`batch_applies` says which.
+
+The round plays on the scheduler the flat round shares (:mod:`.scheduler`:
+requests in flight, who serves next, what a lost worker or a member's
+failure costs); :class:`_Batched` here supplies its batches, the partial
+pulls and what a partial merges into.
 """
 
 from __future__ import annotations

@@ -70,6 +70,11 @@ How a round goes (:func:`fold_round`):
    lets them through (``[aggregator] allow_nonfinite = true``) is not
    scanned: the user asked for them.
 
+The flat round plays on the scheduler the batched round shares
+(:mod:`.scheduler`: requests in flight, who serves next, what a lost worker
+or a member's failure costs -- steps 1, 2, 4 and 7); :class:`_Round` here
+supplies its requests and what a pulled contribution folds into.
+
 Which path a round takes is one table, :data:`ROUND_PATHS`, asked in order:
 collective (every rank plays its slice, :mod:`.collective`), relayed (host
 relays fold their ranks' contributions and the coordinator one partial per
