@@ -3,8 +3,11 @@
 Loading checks the file's own shape (known tables, known keys, right types);
 resolving it against the plugins (every selected component looked up, its
 table structured into the component's options class) is the coordinator's
-plan, :mod:`meshkit.train._coordinator.plan`. Every problem is a
-:class:`ConfigError` naming the file, the table and the key.
+plan: :class:`meshkit.train.Plan`, :func:`meshkit.train.resolve` and
+:func:`meshkit.train.check` (this module's before issue 33; it cannot
+re-export them: ``meshkit.train`` imports this module, so that would be an
+import cycle). Every problem is a :class:`ConfigError` naming the file, the
+table and the key.
 """
 
 from __future__ import annotations

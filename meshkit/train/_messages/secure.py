@@ -37,9 +37,20 @@ def _aligned(message: Any, *names: str) -> None:
         raise ValueError(f"{' and '.join(names)} must have one entry each per row: {shown}")
 
 
+def _rows_per_entry(message: Any, rows: str, *names: str) -> None:
+    """The lists ``names`` hold one entry each per row of ``rows`` (the scheme's width)."""
+    _aligned(message, *names)
+    _width(getattr(message, rows), None, rows, len(getattr(message, names[0])))
+
+
 def _any_ids(_: Any, attribute: Any, value: list[int]) -> None:
     if not all(0 <= v <= MAX_CLIENT_ID for v in value):
         raise ValueError(f"{attribute.name} must hold client ids 0..{MAX_CLIENT_ID}")
+
+
+def _any_ids_field(doc: str) -> Any:
+    """Client ids in any order, repeats allowed: one a row (``_ids_field``: sorted, distinct)."""
+    return _field("list of client ids", doc, check=_any_ids)
 
 
 @attrs.frozen(kw_only=True)
@@ -110,16 +121,13 @@ class SecAggShareReply:
     """The sealed shares of this worker's clients, one row per (sender, recipient)."""
 
     seq: int = _seq()
-    senders: Integers = _field("list of client ids", "the client that sealed each row",
-                                check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("the client that sealed each row")
+    recipients: Integers = _any_ids_field("the neighbour each row is sealed to")
     sealed: Rows = _field("bytes nxS", "the sealed rows (S: the scheme's sealed_size; secagg+: "
                                        "200, an ephemeral X25519 key, then AES-GCM)")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self, "senders", "recipients")
-        _width(self.sealed, None, "sealed", len(self.senders))
+        _rows_per_entry(self, "sealed", "senders", "recipients")
 
 
 @attrs.frozen(kw_only=True)
@@ -128,17 +136,14 @@ class SecAggOpenRequest:
 
     seq: int = _seq(0)
     clients: ClientIds = _ids_field("the clients the shares are for (each shared this round)")
-    senders: Integers = _field("list of client ids", "who sealed each delivered row",
-                                check=_any_ids)
-    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("who sealed each delivered row")
+    recipients: Integers = _any_ids_field("which of `clients` each row is for")
     sealed: Rows = _field("bytes nxS", "the sealed rows delivered to `clients`")
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
-        _aligned(self, "senders", "recipients")
-        _width(self.sealed, None, "sealed", len(self.senders))
+        _rows_per_entry(self, "sealed", "senders", "recipients")
 
 
 @attrs.frozen(kw_only=True)
@@ -146,10 +151,10 @@ class SecAggOpenReply:
     """The accusations: each (sender, recipient) whose sealed share did not open."""
 
     seq: int = _seq()
-    senders: Integers = _field("list of client ids", "the sealer of each share that did not "
-                                "open", check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the client of this worker it did not "
-                                   "open for", check=_any_ids)
+    senders: Integers = _any_ids_field("the sealer of each share that did not "
+                                "open")
+    recipients: Integers = _any_ids_field("the client of this worker it did not "
+                                   "open for")
 
     def __attrs_post_init__(self) -> None:
         _aligned(self, "senders", "recipients")
@@ -160,10 +165,9 @@ class SecAggRevealRequest:
     """Step 3b, only after an accusation: the ephemeral keys this worker's clients sealed with."""
 
     seq: int = _seq(0)
-    senders: Integers = _field("list of client ids", "the accused sealers (this worker's "
-                                "clients)", check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the accusers, in `senders` order",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("the accused sealers (this worker's "
+                                "clients)")
+    recipients: Integers = _any_ids_field("the accusers, in `senders` order")
 
     def __attrs_post_init__(self) -> None:
         if not self.senders:
@@ -255,18 +259,15 @@ class SecAggUnmaskReply:
     """The shares each survivor holds: of the survivors' self-mask seeds, the dropped's keys."""
 
     seq: int = _seq()
-    holders: Integers = _field("list of client ids", "the survivor holding each share row",
-                                check=_any_ids)
-    owners: Integers = _field("list of client ids", "whose secret each row is a share of",
-                               check=_any_ids)
+    holders: Integers = _any_ids_field("the survivor holding each share row")
+    owners: Integers = _any_ids_field("whose secret each row is a share of")
     kinds: Integers = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
                               "key's", check=lambda _, a, v: _each(a, v, 0, 1))
     shares: Rows = _field("bytes nxH", "the unmasking shares (H: the scheme's share_size; "
                                       "secagg+: 70, a Shamir share)")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self, "holders", "owners", "kinds")
-        _width(self.shares, None, "shares", len(self.holders))
+        _rows_per_entry(self, "shares", "holders", "owners", "kinds")
 
 
 def _packing(vector: Any, elements: int | None) -> None:
