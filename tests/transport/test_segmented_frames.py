@@ -119,3 +119,19 @@ def test_a_model_above_max_frame_travels_through_a_host_relay_in_segments(tmp_pa
     report = Runner(str(config)).run()
     assert report.ok
     assert [len(r["served"]) for r in read_metrics(out)] == [2, 2]
+
+
+@pytest.mark.parametrize("command", [
+    ["node", "--rank", "1", "--world", "2", "--peers", "127.0.0.1:9"],
+    ["relay", "--coordinator", "127.0.0.1:9", "--world", "3", "--ranks", "1"],
+], ids=["node", "relay"])
+def test_a_bad_segment_bytes_flag_exits_2_naming_it_with_no_traceback(command):
+    from click.testing import CliRunner
+
+    from meshkit.cli import main
+
+    result = CliRunner().invoke(main, [*command, "--segment-bytes", "1000"],
+                                env={"MESHKIT_SECRET": SECRET.decode()})
+    assert result.exit_code == 2, result.output
+    assert "segment" in result.output and "multiple of 65536" in result.output
+    assert "Traceback" not in result.output
