@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from round_memory import MB, WRAPPER, ensure_synthetic  # noqa: E402
+from round_memory import MB, WRAPPER, ensure_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "meshkit_tasks.synthetic:SyntheticTask"
