@@ -68,6 +68,13 @@ def _check_address(name: str, value: str) -> None:
                          f"(0 picks a free port)")
 
 
+def _segment_bytes(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    # Checked when the file loads: the hello announces it in 64 KiB units.
+    problem = wire.check_segment_bytes(value, attribute.name)
+    if problem:
+        raise ValueError(problem)
+
+
 def _listen_address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
     # Checked when the file loads, so `meshkit check` refuses the address the
     # transport would refuse only once the run has started.
@@ -144,6 +151,11 @@ class MeshTable:
     #: Start once this many workers have joined (0: all of them); the rest
     #: are taken in at a round boundary when they join (late joiners).
     min_workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: The most one frame of a model-sized message carries (bytes, a multiple
+    #: of 64 KiB): a bigger body travels as a lead frame and segments of at
+    #: most this size, each authenticated like any frame (docs/transports.md).
+    segment_bytes: int = attrs.field(default=wire.DEFAULT_SEGMENT_BYTES,
+                                     validator=_segment_bytes)
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:

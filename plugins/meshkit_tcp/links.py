@@ -92,6 +92,10 @@ class TcpLinks(RelayHub, Links):
             # Checked here: inside every handshake it would refuse each peer instead.
             raise ConfigError(f"[transport] max_frame_bytes must be a positive byte count "
                               f"below 2**63, got {self.max_frame}")
+        self.max_message = int(options.max_message_bytes)
+        if not 0 < self.max_message < 1 << 63:
+            raise ConfigError(f"[transport] max_message_bytes must be a positive byte count "
+                              f"below 2**63, got {self.max_message}")
         #: Connections refused or failed at the handshake (newest last, the
         #: last 256), for operators and tests: a bad peer is reported here,
         #: not raised.
@@ -368,6 +372,7 @@ class TcpLinks(RelayHub, Links):
             role=ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
             encrypt=self.config.encrypt, node_key=self.config.node_key,
+            segment=self.config.segment_bytes, max_message=self.max_message,
             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
 
     # -- accepting side -------------------------------------------------------

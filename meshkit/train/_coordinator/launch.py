@@ -142,6 +142,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                "--world", str(world), "--peers", peers[rank],
                "--topology", topology, "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
+               "--segment-bytes", str(cfg.mesh.segment_bytes),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
                # The coordinator's own [mesh] trust_network, or a trusting run's
                # workers refuse the rendezvous address it was allowed.
@@ -183,7 +184,7 @@ def _spawn_relays(processes: MutableMapping[int, subprocess.Popen], cfg: Any, re
                "--bind", "127.0.0.1:0", "--world", str(world),
                "--ranks", ",".join(map(str, block)), "--name", f"relay-{i + 1}",
                "--transport", cfg.mesh.transport, "--timeout", str(cfg.mesh.timeout),
-               "--secret-file", str(secret_file),
+               "--secret-file", str(secret_file), "--segment-bytes", str(cfg.mesh.segment_bytes),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]), *transport_flags]
         log_file = open(logs / f"relay-{i + 1}.log", "wb")
         try:
