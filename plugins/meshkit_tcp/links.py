@@ -312,6 +312,12 @@ class TcpLinks(RelayHub, Links):
 
     def _register(self, rank: int, channel: wire.Channel) -> None:
         with self._lock:
+            # The rank's reservation (_rank_problem) ends here, in the same step
+            # that puts it in the routing table: released any earlier, a second
+            # node claiming it could be welcomed too; any later, a node that
+            # joined, left and restarted at once would find its old reservation
+            # and be refused as a duplicate of itself.
+            self._admitting.discard(rank)
             if self._events.closed:
                 channel.close()
                 return
@@ -433,13 +439,7 @@ class TcpLinks(RelayHub, Links):
                 self._admitting.discard(rank)
             self._refuse(f"{where} (rank {rank})", str(exc))
             return
-        try:
-            self._register(rank, channel)
-        finally:
-            # Only now that the rank is in the routing table: released any
-            # earlier, a second node claiming it could be welcomed too.
-            with self._lock:
-                self._admitting.discard(rank)
+        self._register(rank, channel)  # which ends the rank's reservation
 
     def _identity_problem(self, channel: wire.Channel) -> str | None:
         """Why the node key ``channel``'s peer proved (or did not) may not join, or None."""

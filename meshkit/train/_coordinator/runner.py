@@ -641,7 +641,7 @@ class Runner:
                 clients=client_local.state_dict(),
                 aggregator_state=aggregator_state(parts["aggregator"]),
                 privacy_state={} if privacy is None else privacy.state_dict(),
-                strategy_state=ctx.strategy_state()))
+                strategy_state=ctx.strategy_state(), stalled_clients=ctx.stalled_clients))
             append_metrics(out, line)
             if clients_mode == "file":
                 append_clients(out, per_client)
@@ -668,7 +668,7 @@ class Runner:
             attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
-            compression=parts.get("compression"))
+            compression=parts.get("compression"), stalled_clients=parts["stalled_clients"])
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -68,7 +68,12 @@ How a round goes (:func:`fold_round`):
    function of its client). An honest round never pays for a second pass
    over a model; a hostile one costs one round's work again. A fold that
    lets them through (``[aggregator] allow_nonfinite = true``) is not
-   scanned: the user asked for them.
+   scanned: the user asked for them. Under the strict mean a finite value
+   out of its range (:meth:`MeanFold.value_limit`: 1.3e154 in a float64
+   sum, 1.8e19 in a float32 one; a worker's 1e308) is refused the same way:
+   the fold's test per chunk sees it in the running sum, and the boundary
+   scan (a replay, a relay's own fold) tests each contribution's values
+   against the limit in the same pass as NaN.
 
 The flat round plays on the scheduler the batched round shares
 (:mod:`.scheduler`: requests in flight, who serves next, what a lost worker
@@ -309,10 +314,13 @@ def _play_flat(call: RoundCall) -> Folded:
     allows = bool(getattr(fold, "allow_nonfinite", False))
     replay = call.given is None and call.attack is None and type(fold) is MeanFold \
         and not allows
+    # Under the strict mean a value beyond its range is its sender's too (step 7): the
+    # boundary, when it scans (a replay, a relay's fold), tests it in the same pass.
+    limit = fold.value_limit if type(fold) is MeanFold else None
     round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
                     pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                     local=call.fold_local or None, scan=not replay and not allows,
-                    unpack=call.unpack)
+                    unpack=call.unpack, limit=limit)
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -323,7 +331,8 @@ def _play_flat(call: RoundCall) -> Folded:
         round_ = _Round(ctx, call.requests, state, call.weight, call.window,
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-                        local=call.fold_local or None, scan=True, unpack=call.unpack)
+                        local=call.fold_local or None, scan=True, unpack=call.unpack,
+                        limit=limit)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -394,7 +403,8 @@ class _Round(Scheduler[int]):
                  state: Mapping[str, Any] | None, weight: Callable[[Mapping[str, Any]], float],
                  window: int, fold: Any, label: str, *, pinned: dict[int, int],
                  deadline: float | None, expected: Signature | None,
-                 local: ClientLocal | None, scan: bool, unpack: Unpacker | None) -> None:
+                 local: ClientLocal | None, scan: bool, unpack: Unpacker | None,
+                 limit: Callable[[Any], float | None] | None = None) -> None:
         super().__init__(ctx, state, label)
         self.requests, self.weight, self.window, self.fold = requests, weight, window, fold
         #: Keys only one worker may serve: key -> rank.
@@ -419,6 +429,8 @@ class _Round(Scheduler[int]):
         self.scan = scan
         #: A compressed round's decoder of pulled payloads (None: contributions come whole).
         self.unpack = unpack
+        #: The largest |x| the fold accepts per dtype, scanned with NaN/inf (None: any finite).
+        self.limit = limit
 
     def play_round(self) -> Folded:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
@@ -518,7 +530,8 @@ class _Round(Scheduler[int]):
                 # may leave out the model's JSON entries.
                 check_contribution(contribution, self.expected,
                                    f"rank {rank}'s result for {self.label} {key}",
-                                   subset=self.state is None, finite=self.scan)
+                                   subset=self.state is None, finite=self.scan,
+                                   limit=self.limit)
             except ProtocolError as exc:
                 # Its sender's (or its client's): the rank sits the round out and
                 # its keys are served again (module docstring, step 7).
