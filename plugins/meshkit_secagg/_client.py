@@ -36,8 +36,8 @@ from typing import Iterable
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit_secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
-                                       generate_key_pair, open_from, seal_to, seed_commitment)
+from meshkit_secagg._agreement import (PAIRWISE, agree, derive, generate_private, open_from,
+                                       seal_to, seed_commitment)
 from meshkit_secagg._graph import neighbours
 from meshkit_secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit_secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
@@ -69,8 +69,12 @@ class ClientRound:
         self.client = client
         self.round_seed = bytes(round_seed)
         self.length = length
-        self._share_private, self._share_public = generate_key_pair()
-        self._mask_private, self._mask_public = generate_key_pair()
+        # Each key is agreed with once per neighbour: kept loaded, never re-read from bytes.
+        self._share_key = generate_private()
+        self._share_public = self._share_key.public_key().public_bytes_raw()
+        self._mask_key = generate_private()
+        self._mask_private = self._mask_key.private_bytes_raw()  # what is split into shares
+        self._mask_public = self._mask_key.public_key().public_bytes_raw()
         self._seed = secrets.token_bytes(SEED_SIZE)
         self._stage = 0
         self._adverts: dict[int, KeyAdvert] = {}
@@ -121,11 +125,6 @@ class ClientRound:
                 f"the threshold {self.params.threshold}: its secrets could not be rebuilt; a "
                 "round needs more clients, or a lower threshold")
         for advert in roster.adverts:
-            try:
-                check_public_key(advert.share_key)
-            except ValueError as error:
-                raise SecAggError(f"client {advert.client}'s share key: {error}",
-                                  advert.client) from None
             self._adverts[advert.client] = advert
         # The last point is the client's own: it holds one share of each of its secrets.
         xs = [v + 1 for v in mine] + [self.client + 1]
@@ -134,8 +133,13 @@ class ClientRound:
         self._own = (seed_shares[-1].to_bytes(), key_shares[-1].to_bytes())
         sealed = []
         for v, s, k in zip(mine, seed_shares, key_shares):
-            ephemeral, box = seal_to(self._adverts[v].share_key, s.to_bytes() + k.to_bytes(),
-                                     self.round_seed, self.client, v)
+            try:
+                # The sealing agreement is the share key's check: a key of the wrong size
+                # or of small order (an all-zero agreement) is refused there.
+                ephemeral, box = seal_to(self._adverts[v].share_key, s.to_bytes() + k.to_bytes(),
+                                         self.round_seed, self.client, v)
+            except ValueError as error:
+                raise SecAggError(f"client {v}'s share key: {error}", v) from None
             self._ephemeral[v] = ephemeral  # kept to answer an accusation (reveal)
             sealed.append(SealedShares(self.client, v, box))
         return ShareBundle(self.client, tuple(sealed))
@@ -161,7 +165,7 @@ class ClientRound:
                                   f"to this client", None)
             self._sharers.append(owner)
             try:
-                plain = open_from(self._share_private, sealed.sealed, self.round_seed,
+                plain = open_from(self._share_key, sealed.sealed, self.round_seed,
                                   owner, self.client)
                 seed_share = Share.from_bytes(plain[:SHARE_SIZE])
                 key_share = Share.from_bytes(plain[SHARE_SIZE:])
@@ -245,7 +249,7 @@ class ClientRound:
 
     def _pairwise_seed(self, other: int) -> bytes:
         try:
-            shared = agree(self._mask_private, self._adverts[other].mask_key)
+            shared = agree(self._mask_key, self._adverts[other].mask_key)
         except ValueError as error:
             raise SecAggError(f"client {other}'s mask key: {error}", other) from None
         return derive(shared, self.round_seed, PAIRWISE, self.client, other)

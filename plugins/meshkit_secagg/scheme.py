@@ -88,12 +88,6 @@ def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
     return min(survived, max(len(loads) - 1, 0))
 
 
-@functools.lru_cache(maxsize=4)
-def _graph(seed: bytes, members: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
-    """The round's graph, drawn once per worker however many clients it plays."""
-    return neighbours(seed, list(members), degree)
-
-
 def _advert(client: int, row: bytes) -> KeyAdvert:
     return KeyAdvert(client, row[:32], row[32:64], row[64:ADVERT_SIZE])
 
@@ -159,7 +153,7 @@ class _Client:
 
     def share(self, members: Sequence[int], adverts: Mapping[int, bytes]
               ) -> list[tuple[int, bytes]]:
-        graph = _graph(self.seed, tuple(members), self.params.degree)
+        graph = neighbours(self.seed, members, self.params.degree)  # drawn once a round
         roster = Roster(self.client, tuple(members),
                         tuple(_advert(v, adverts[v]) for v in graph[self.client]))
         return [(row.recipient, row.sealed) for row in self.round.share(roster).shares]

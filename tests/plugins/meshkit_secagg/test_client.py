@@ -117,7 +117,7 @@ def test_a_small_order_public_key_is_blamed_on_its_advertiser(round_seed: bytes)
     adverts = [c.advertise() for c in clients]
     evil = KeyAdvert(3, bytes(32), adverts[3].mask_key, adverts[3].seed_commitment)
     roster = Roster(0, tuple(range(6)), (*adverts[1:3], evil, *adverts[4:]))
-    with pytest.raises(SecAggError) as caught:
+    with pytest.raises(SecAggError, match="client 3's share key") as caught:
         clients[0].share(roster)
     assert caught.value.client == 3
 
