@@ -13,7 +13,8 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     the round's scheme (``scheme``: a ``[secure_aggregation] name``, absent
     for the default, built with its default options through the plugins) and
     a fresh scheme client per client (SecAgg+: fresh key pairs, fresh
-    self-mask seed): their adverts.
+    self-mask seed): their adverts. A scheme with the trait ``party`` builds
+    the worker's clients together (:meth:`~meshkit.secure_aggregation.PartyScheme.party`).
 ``secagg_share``
     every member's advert; each client's roster is its neighbours' adverts in
     the round's graph: the sealed shares, one row per neighbour.
@@ -32,7 +33,9 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked with every neighbour that shared except the ``excluded`` (the
     parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
-    this worker's masked inputs (a fold of its own, as a relay does).
+    this worker's masked inputs (a fold of its own, as a relay does). A
+    party is told the request's clients first (``summing``): all of them are
+    in the sum, or the reply is an error and none is.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -48,16 +51,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 
 from meshkit import plugins
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
-from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient,
-                                        SecureAggregationTraits, add_mod, scheme_traits,
-                                        vector_dtype)
+from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+                                        SchemeParty, SecureAggregationTraits, add_mod,
+                                        scheme_traits, vector_dtype)
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -133,6 +136,8 @@ class SecureClients:
         self.seed = b""
         self.length = 0
         self.rounds: dict[int, SchemeClient] = {}
+        #: The round's clients built together (a scheme with the trait ``party``), else None.
+        self.party: SchemeParty | None = None
         #: The schemes built so far, by name (a worker plays one run's rounds).
         self.schemes: dict[str, Scheme] = {}
         #: Set by a masked reply the fault injection names; read after the reply is sent.
@@ -173,8 +178,19 @@ class SecureClients:
         self.seed = bytes(request["round_seed"][0])
         self.length = int(request["length"])
         self.exit_pending = False
-        self.rounds = {int(c): scheme.client(self.params, int(c), self.seed, self.length)
-                       for c in request["clients"]}
+        ids = [int(c) for c in request["clients"]]
+        self.party = None
+        if self.traits.party:
+            self.party = cast(PartyScheme, scheme).party(self.params, sorted(ids), self.seed,
+                                                         self.length)
+            built = dict(self.party.clients)
+            if sorted(built) != sorted(ids):
+                raise MeshError(f"the scheme's party plays clients {sorted(built)}, not the "
+                                f"{sorted(ids)} it was asked for")
+            self.rounds = {c: built[c] for c in ids}
+        else:
+            self.rounds = {c: scheme.client(self.params, c, self.seed, self.length)
+                           for c in ids}
         adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
         return {"clients": sorted(self.rounds),
                 "adverts": _rows(adverts, self.traits.advert_size)}
@@ -247,6 +263,8 @@ class SecureClients:
         total: np.ndarray | None = None
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
+        if self.party is not None:
+            self.party.summing(sorted(clients))  # exactly the clients this reply adds
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
