@@ -31,7 +31,7 @@ Sign convention: for neighbours ``u < v`` the pairwise mask is added by
 from __future__ import annotations
 
 import secrets
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from meshkit_secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShar
 from meshkit_secagg._params import SecAggParams, masked_length
 from meshkit_secagg._shamir import SHARE_SIZE, Share, shamir_split
 
-__all__ = ["ClientRound"]
+__all__ = ["ClientRound", "cancelled_pairs"]
 
 
 
@@ -202,7 +202,13 @@ class ClientRound:
                               accused[0])
         return self.mask_opened(update)
 
-    def mask_opened(self, update: np.ndarray, excluded: Iterable[int] = ()) -> MaskedInput:
+    @property
+    def sharers(self) -> tuple[int, ...]:
+        """The neighbours whose shares were delivered to this client (it masks with each)."""
+        return tuple(sorted(self._sharers))
+
+    def mask_opened(self, update: np.ndarray, excluded: Iterable[int] = (),
+                    cancelled: Iterable[int] = ()) -> MaskedInput:
         """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it.
 
         ``excluded`` are clients the coordinator took out of the round after
@@ -211,6 +217,14 @@ class ClientRound:
         kept. The masked vector is :attr:`masked_length` long: the update,
         then a 1 in each of the :data:`CHECK_ELEMENTS` (the coordinator's
         count check).
+
+        ``cancelled`` are sharers whose masked inputs the caller adds to this
+        one before anything leaves it (a worker that plays both and sends
+        one sum: :func:`cancelled_pairs`): the pair's mask, added by one end
+        and subtracted by the other, would cancel in that sum, so neither
+        end expands it. The vector returned is then a masked input only as
+        part of the caller's sum, which is bit for bit the sum of the
+        uncancelled inputs.
         """
         self._advance(3, "mask")
         dtype = vector_dtype(self.params.modulus_bits)
@@ -241,7 +255,10 @@ class ClientRound:
         add_mod(out, mask_vector(self._seed, size, bits, out=scratch), bits, out=out)
         # Every sharer the coordinator kept, whether or not its share opened here: the
         # coordinator cancels exactly those pairs' masks.
+        skip = set(cancelled)
         for other in sorted(self._sharers):
+            if other in skip:
+                continue
             seed = self._pairwise_seed(other)
             mask = mask_vector(seed, size, bits, out=scratch)
             (add_mod if self.client < other else sub_mod)(out, mask, bits, out=out)
@@ -274,3 +291,17 @@ class ClientRound:
         key_shares = tuple((o, self._held[o][1]) for o in sorted(self._held) if o in dropped)
         return UnmaskReply(self.client, seed_shares, key_shares)
 
+
+def cancelled_pairs(rounds: Mapping[int, ClientRound]) -> dict[int, frozenset[int]]:
+    """For clients whose masked inputs one party adds up before sending: each one's masks that cancel.
+
+    A pair ``(u, v)`` of ``rounds`` cancels when each is the other's sharer
+    (so ``u`` adds the pair's mask and ``v`` subtracts it, or the other way
+    round); a pair masked by one end only (deliveries that disagree) is
+    left as it is, so the sum stays bit for bit what the uncancelled inputs
+    give. Pass each client's set as ``cancelled`` to
+    :meth:`ClientRound.mask_opened`.
+    """
+    sharers = {c: set(r.sharers) for c, r in rounds.items()}
+    return {c: frozenset(v for v in mine if v in sharers and c in sharers[v])
+            for c, mine in sharers.items()}

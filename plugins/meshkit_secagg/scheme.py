@@ -28,7 +28,7 @@ import numpy as np
 from meshkit import ConfigError
 from meshkit.secure_aggregation import SecureAggregationTraits, SecureResult, Unmasking
 
-from meshkit_secagg._client import ClientRound
+from meshkit_secagg._client import ClientRound, cancelled_pairs
 from meshkit_secagg._graph import neighbours
 from meshkit_secagg._messages import (SEALED_SIZE, KeyAdvert, MaskedInput,
                                       MaskedSum, Roster, SealedShares, ShareBundle,
@@ -146,6 +146,8 @@ class _Client:
         self.client = client
         self.params = params
         self.seed = round_seed
+        #: Sharers whose masks cancel in the party's sum (:meth:`_Party.summing`).
+        self.cancelled: frozenset[int] = frozenset()
 
     def advertise(self) -> bytes:
         advert = self.round.advertise()
@@ -167,7 +169,7 @@ class _Client:
         return self.round.reveal(recipient)
 
     def mask(self, quantised: np.ndarray, excluded: Sequence[int]) -> np.ndarray:
-        masked: MaskedInput = self.round.mask_opened(quantised, list(excluded))
+        masked: MaskedInput = self.round.mask_opened(quantised, list(excluded), self.cancelled)
         return masked.vector
 
     def unmask(self, survivors: Sequence[int], dropped: Sequence[int]
@@ -176,6 +178,31 @@ class _Client:
         return [(int(owner), kind, share)
                 for kind, pairs in ((0, reply.seed_shares), (1, reply.key_shares))
                 for owner, share in pairs]
+
+
+class _Party:
+    """The clients one worker plays in a round (the trait ``party``): its masked reply is one sum.
+
+    In that sum the pairwise mask of two of its clients is added by one and
+    subtracted by the other, so neither expands it nor agrees its seed
+    (:func:`cancelled_pairs`): the same bits, half the pairwise work at two
+    workers. The clients drop together or not at all, since the sum is one
+    reply, so the coordinator never has such a pair to cancel.
+    """
+
+    def __init__(self, clients: Mapping[int, _Client]) -> None:
+        self._clients = dict(clients)
+
+    @property
+    def clients(self) -> Mapping[int, _Client]:
+        return self._clients
+
+    def summing(self, clients: Sequence[int]) -> None:
+        cancelled = cancelled_pairs({c: self._clients[c].round for c in clients})
+        for side in self._clients.values():
+            side.cancelled = frozenset()
+        for client, pairs in cancelled.items():
+            self._clients[client].cancelled = pairs
 
 
 @attrs.frozen
@@ -189,7 +216,7 @@ class SecAggPlus:
         return SecureAggregationTraits(
             modulus_bits=self.options.modulus_bits, advert_size=ADVERT_SIZE,
             sealed_size=SEALED_SIZE, share_size=SHARE_SIZE, reveal_size=REVEAL_SIZE,
-            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS)
+            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS, party=True)
 
     def plan(self, clients: int, per_worker: int = 1) -> SecAggParams:
         """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
@@ -238,6 +265,10 @@ class SecAggPlus:
                length: int) -> _Client:
         return _Client(ClientRound(params, client, round_seed, length), client, params,
                        round_seed)
+
+    def party(self, params: SecAggParams, clients: Sequence[int], round_seed: bytes,
+              length: int) -> _Party:
+        return _Party({c: self.client(params, c, round_seed, length) for c in clients})
 
     def quantize(self, values: np.ndarray, params: SecAggParams) -> np.ndarray:
         return quantize(values, params)
