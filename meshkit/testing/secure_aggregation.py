@@ -23,7 +23,8 @@ failure names the step. What is checked:
   parties of several workers (each masked reply one party's sum), the
   same exact sums, a party's sum is not its clients' plain sum, and a
   party lost before masking is a dropout like any other;
-* a share sealed wrongly is named: its recipient accuses the sender and
+* a share sealed wrongly is named (between two clients of one party too):
+  its recipient accuses the sender and
   ``judge`` blames the sender, while an accusation of a good share blames
   the accuser; a tampered unmasking share is named (or outvoted), never
   unmasked into a wrong sum; a masked input of the wrong shape is refused
@@ -389,6 +390,28 @@ class SecureAggregationContract(ContractBase):
         key = play.sides[sender].reveal(recipient)
         assert play.server.judge(sender, recipient, key) == sender, (
             "judge() did not blame the sender of a share that does not open under its key")
+
+    def test_a_share_garbled_between_two_clients_of_one_party_is_named(self) -> None:
+        if not scheme_traits(self.make()).party:
+            pytest.skip("the scheme builds each client alone (no trait party)")
+        play = Round(self.make(), self.clients, self.length, parties=2)
+        play.advertise()
+        play.share()
+        pairs = [(s, r) for r, rows in play.deliveries.items() for s, _ in rows
+                 if s % 2 == r % 2]
+        if not pairs:
+            pytest.skip("the scheme seals no share between two clients of one party")
+        sender, recipient = pairs[0]
+        play = Round(self.make(), self.clients, self.length, parties=2)
+        play.advertise()
+        play.share(garble=(sender, recipient))
+        if recipient not in play.deliveries:
+            return  # refused already: the server would not route it
+        accused = play.sides[recipient].open(play.deliveries[recipient])
+        assert sender in accused, (
+            f"client {sender} sealed garbage to client {recipient}, both played by one party; "
+            f"{recipient}'s open() named {list(accused)}: a party's clients must open what "
+            f"the coordinator delivers, not trust what their peer meant to send")
 
     def test_an_accusation_of_a_good_share_blames_the_accuser(self) -> None:
         play = self.round()

@@ -80,6 +80,9 @@ class ClientRound:
         self._adverts: dict[int, KeyAdvert] = {}
         #: recipient -> the ephemeral private key its shares were sealed with.
         self._ephemeral: dict[int, bytes] = {}
+        #: recipient -> (its share key, the sealed bytes, the share pair in them): what a
+        #: peer played by the same party may read instead of opening (``open``'s ``peers``).
+        self._sealed: dict[int, tuple[bytes, bytes, bytes]] = {}
         #: The neighbours that sent shares (in the delivery), whether or not they opened.
         self._sharers: list[int] = []
         #: sender -> why its shares did not open.
@@ -133,18 +136,21 @@ class ClientRound:
         self._own = (seed_shares[-1].to_bytes(), key_shares[-1].to_bytes())
         sealed = []
         for v, s, k in zip(mine, seed_shares, key_shares):
+            pair = s.to_bytes() + k.to_bytes()
             try:
                 # The sealing agreement is the share key's check: a key of the wrong size
                 # or of small order (an all-zero agreement) is refused there.
-                ephemeral, box = seal_to(self._adverts[v].share_key, s.to_bytes() + k.to_bytes(),
-                                         self.round_seed, self.client, v)
+                ephemeral, box = seal_to(self._adverts[v].share_key, pair, self.round_seed,
+                                         self.client, v)
             except ValueError as error:
                 raise SecAggError(f"client {v}'s share key: {error}", v) from None
             self._ephemeral[v] = ephemeral  # kept to answer an accusation (reveal)
+            self._sealed[v] = (self._adverts[v].share_key, box, pair)
             sealed.append(SealedShares(self.client, v, box))
         return ShareBundle(self.client, tuple(sealed))
 
-    def open(self, delivery: ShareDelivery) -> tuple[int, ...]:
+    def open(self, delivery: ShareDelivery,
+             peers: Mapping[int, "ClientRound"] | None = None) -> tuple[int, ...]:
         """Step 4: opens the shares its neighbours sealed to it; the senders whose did not open.
 
         A share that does not authenticate, does not parse, or is for another
@@ -153,6 +159,13 @@ class ClientRound:
         asks the sender for that share's ephemeral key: :meth:`reveal`). A
         delivery that is not this client's, or holds a non-neighbour's share,
         is the coordinator's fault (:class:`SecAggError` blaming ``None``).
+
+        ``peers`` (id -> round) are clients of this round played by the same
+        party (a worker playing several): a share one of them sealed to this
+        client's own share key, delivered as the very bytes it sealed, is
+        read from the sealer instead of decrypted, which is what decrypting
+        it would give. Any other share, a peer's altered on the way
+        included, is decrypted.
         """
         self._advance(2, "open")
         if delivery.client != self.client:
@@ -164,9 +177,15 @@ class ClientRound:
                 raise SecAggError(f"shares from {owner} to {sealed.recipient}: not a neighbour's "
                                   f"to this client", None)
             self._sharers.append(owner)
+            peer = (peers or {}).get(owner)
+            kept = peer._sealed.get(self.client) if peer is not None else None
             try:
-                plain = open_from(self._share_key, sealed.sealed, self.round_seed,
-                                  owner, self.client)
+                if kept is not None and kept[0] == self._share_public \
+                        and kept[1] == sealed.sealed:
+                    plain = kept[2]  # the bytes its sealer made: no agreement, no AES
+                else:
+                    plain = open_from(self._share_key, sealed.sealed, self.round_seed,
+                                      owner, self.client)
                 seed_share = Share.from_bytes(plain[:SHARE_SIZE])
                 key_share = Share.from_bytes(plain[SHARE_SIZE:])
                 if seed_share.x != self.client + 1 or key_share.x != self.client + 1:

@@ -148,6 +148,8 @@ class _Client:
         self.seed = round_seed
         #: Sharers whose masks cancel in the party's sum (:meth:`_Party.summing`).
         self.cancelled: frozenset[int] = frozenset()
+        #: The other clients its worker plays (:class:`_Party`): their shares are read, not opened.
+        self.peers: Mapping[int, ClientRound] = {}
 
     def advertise(self) -> bytes:
         advert = self.round.advertise()
@@ -163,7 +165,7 @@ class _Client:
     def open(self, delivered: Sequence[tuple[int, bytes]]) -> tuple[int, ...]:
         rows = sorted((SealedShares(int(s), self.client, bytes(b)) for s, b in delivered),
                       key=lambda s: s.sender)
-        return self.round.open(ShareDelivery(self.client, tuple(rows)))
+        return self.round.open(ShareDelivery(self.client, tuple(rows)), self.peers)
 
     def reveal(self, recipient: int) -> bytes:
         return self.round.reveal(recipient)
@@ -187,11 +189,16 @@ class _Party:
     subtracted by the other, so neither expands it nor agrees its seed
     (:func:`cancelled_pairs`): the same bits, half the pairwise work at two
     workers. The clients drop together or not at all, since the sum is one
-    reply, so the coordinator never has such a pair to cancel.
+    reply, so the coordinator never has such a pair to cancel. And a share
+    one of them sealed to another, delivered as sealed, is read from its
+    sealer rather than decrypted (:meth:`ClientRound.open`'s ``peers``).
     """
 
     def __init__(self, clients: Mapping[int, _Client]) -> None:
         self._clients = dict(clients)
+        rounds = {c: side.round for c, side in self._clients.items()}
+        for side in self._clients.values():
+            side.peers = rounds
 
     @property
     def clients(self) -> Mapping[int, _Client]:

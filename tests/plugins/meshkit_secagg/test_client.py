@@ -200,3 +200,51 @@ def test_a_pair_masked_by_one_end_only_is_not_cancelled(round_seed: bytes) -> No
         0: frozenset({2}), 1: frozenset({2}), 2: frozenset({0, 1})}
     assert isinstance(clients[0].mask_opened(quantize(np.zeros(8), PARAMS), cancelled={2}),
                       MaskedInput)
+
+
+def test_a_peers_shares_are_read_from_it_only_when_delivered_as_it_sealed_them(
+        round_seed: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    import meshkit_secagg._client as client_module
+
+    opened: list[int] = []
+    real = client_module.open_from
+
+    def counted(private, sealed, seed, sender, recipient):  # type: ignore[no-untyped-def]
+        opened.append(sender)
+        return real(private, sealed, seed, sender, recipient)
+
+    monkeypatch.setattr(client_module, "open_from", counted)
+    clients, _, deliveries = _round(round_seed)
+    peers = {c: clients[c] for c in (1, 2)}  # one party plays 0, 1 and 2
+    helped, alone = copy.deepcopy(clients[0]), copy.deepcopy(clients[0])
+    assert helped.open(deliveries[0], peers) == ()
+    assert sorted(opened) == [3, 4, 5]  # the peers' shares were not decrypted
+    assert alone.open(deliveries[0]) == ()
+    assert helped._held == alone._held and len(helped._held) == 5
+    # A peer's share altered on the way is decrypted, fails, and is an accusation as before.
+    first = next(s for s in deliveries[0].shares if s.sender == 1)
+    flipped = first.sealed[:-1] + bytes([first.sealed[-1] ^ 1])
+    tampered = ShareDelivery(0, tuple(SealedShares(1, 0, flipped) if s.sender == 1 else s
+                                      for s in deliveries[0].shares))
+    assert copy.deepcopy(clients[0]).open(tampered, peers) == (1,)
+
+
+def test_a_peers_share_sealed_to_another_key_is_decrypted_and_accused(round_seed: bytes) -> None:
+    # The coordinator handed peer 1 a forged share key for client 0: what 1 sealed does not
+    # open for 0, and reading it from 1 would hide that. It is decrypted, and accused.
+    params = PARAMS
+    clients = {c: ClientRound(params, c, round_seed, 16) for c in range(6)}
+    adverts = {c: r.advertise() for c, r in clients.items()}
+    forged = KeyAdvert(0, adverts[5].share_key, adverts[0].mask_key,
+                       adverts[0].seed_commitment)
+    server = ServerRound(params, range(6), round_seed, 16)
+    for a in adverts.values():
+        server.receive_advert(a)
+    rosters = server.rosters()
+    roster = rosters[1]
+    rosters[1] = Roster(1, roster.members, tuple(forged if a.client == 0 else a
+                                                 for a in roster.adverts))
+    for c, r in rosters.items():
+        server.receive_shares(clients[c].share(r))
+    deliveries = server.deliveries()
+    assert clients[0].open(deliveries[0], {1: clients[1]}) == (1,)
