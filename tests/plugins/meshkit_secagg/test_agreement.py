@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshkit_secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALED_TO_OVERHEAD, SEALING,
                                        agree, check_public_key, derive, generate_key_pair,
@@ -84,3 +86,18 @@ def test_sealing_to_a_small_order_or_short_key_is_refused() -> None:
     for bad in (bytes(32), b"\x01" + bytes(31), bytes(31)):
         with pytest.raises(ValueError):
             seal_to(bad, b"shares", b"round", 1, 2)
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(shared=st.binary(min_size=32, max_size=32), seed=st.binary(max_size=70),
+       a=st.integers(0, 2 ** 32), b=st.integers(0, 2 ** 32))
+def test_derive_is_rfc5869_hkdf_sha256_to_the_byte(shared: bytes, seed: bytes, a: int,
+                                                   b: int) -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    lo, hi = sorted((a, b))
+    info = (b"meshkit/secagg/1 " + PAIRWISE + b" " + lo.to_bytes(8, "big", signed=True)
+            + hi.to_bytes(8, "big", signed=True))
+    expected = HKDF(algorithm=hashes.SHA256(), length=32, salt=seed, info=info).derive(shared)
+    assert derive(shared, seed, PAIRWISE, a, b) == expected
