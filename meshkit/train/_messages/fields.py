@@ -163,7 +163,9 @@ def _client_ids(value: Any, _: Any) -> list[int]:
         raise TypeError(f"expected a list of client ids, got {_shown(value)}")
     if len(value) > MAX_CLIENTS:
         raise ValueError(f"{len(value)} client ids; at most {MAX_CLIENTS}")
-    ids = [_integer(v, None) for v in value]
+    # Plain ints (bool is not one) pass as they are: a round's lists hold ~10**4 of them.
+    ids = (list(value) if all(type(v) is int for v in value)
+           else [_integer(v, None) for v in value])
     if any(not 0 <= v <= MAX_CLIENT_ID for v in ids) or ids != sorted(set(ids)):
         raise ValueError(f"client ids must be distinct integers 0..{MAX_CLIENT_ID}, ascending")
     return ids
@@ -174,6 +176,8 @@ def _integers(value: Any, _: Any) -> list[int]:
         raise TypeError(f"expected a list of integers, got {_shown(value)}")
     if len(value) > MAX_COUNT:
         raise ValueError(f"{len(value)} integers; at most {MAX_COUNT}")
+    if all(type(v) is int for v in value):
+        return list(value)  # plain ints (not bool): what _integer would return, as they are
     return [_integer(v, None) for v in value]
 
 
