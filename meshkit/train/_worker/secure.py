@@ -86,14 +86,20 @@ def vector_keys(state: Mapping[str, Any]) -> list[str]:
 def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],
                   keys: list[str]) -> np.ndarray:
     """``fitted - start`` over ``keys``, flattened in that order, in float64."""
-    parts = []
     for key in keys:
         if key not in fitted or np.shape(fitted[key]) != start[key].shape:
             raise MeshError(f"the fit's model has no {key!r} of the round model's shape "
                             f"{list(start[key].shape)}")
-        parts.append((np.asarray(fitted[key], np.float64)
-                      - np.asarray(start[key], np.float64)).ravel())
-    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+    out = np.empty(sum(start[key].size for key in keys), np.float64)
+    offset = 0
+    for key in keys:
+        # One pass into place: each side widened to float64 as the subtraction reads it
+        # (exact), the difference rounded once in float64, as converting both first would.
+        size = start[key].size
+        np.subtract(np.asarray(fitted[key]).reshape(-1), np.asarray(start[key]).reshape(-1),
+                    out=out[offset:offset + size], dtype=np.float64)
+        offset += size
+    return out
 
 
 def _rows(rows: list[bytes], width: int) -> np.ndarray:

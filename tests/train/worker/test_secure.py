@@ -98,3 +98,19 @@ def test_a_party_that_plays_other_clients_than_asked_is_refused() -> None:
     with pytest.raises(MeshError, match=r"the scheme's party plays clients \[1\], not the "
                                         r"\[1, 2\] it was asked for"):
         _keys(worker, [1, 2])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_the_update_vector_is_the_float64_difference_bit_for_bit(dtype: Any) -> None:
+    from meshkit.train._worker.secure import update_vector
+
+    rng = np.random.default_rng(1)
+    start = {"a": rng.normal(size=(5, 7)).astype(dtype), "b": rng.normal(size=9).astype(dtype)}
+    fitted = {"a": np.asfortranarray(rng.normal(size=(5, 7)).astype(dtype)),  # any layout
+              "b": rng.normal(size=9).astype(dtype)}
+    expected = np.concatenate([(np.asarray(fitted[k], np.float64)
+                                - np.asarray(start[k], np.float64)).ravel() for k in "ab"])
+    got = update_vector(fitted, start, ["a", "b"])
+    assert got.dtype == np.float64 and got.tobytes() == expected.tobytes()
+    with pytest.raises(MeshError, match="the fit's model has no 'b'"):
+        update_vector({"a": fitted["a"]}, start, ["a", "b"])
