@@ -121,6 +121,10 @@ def _listed(value: Any, expected: str, most: int, counted: str) -> list[int]:
         raise TypeError(f"expected {expected}, got {_shown(value)}")
     if len(value) > most:
         raise ValueError(f"{counted.format(len(value))}; at most {most}")
+    if all(type(v) is int for v in value):
+        # Plain ints (bool is not one) pass as they are, what _integer would return: a
+        # round's lists hold ~10**4 of them.
+        return list(value)
     return [_integer(v, None) for v in value]
 
 

@@ -406,11 +406,12 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                     raise ProtocolError(f"unmasking shares of client {holder}, which it does "
                                         f"not play among the survivors")
             mine = [c for c in sharing[rank] if c in requests]
+            held: dict[int, list[tuple[int, int, bytes]]] = {c: [] for c in mine}
+            for h, o, k, s in zip(reply["holders"], reply["owners"], reply["kinds"],
+                                  reply["shares"]):  # one pass, not one per holder
+                held[int(h)].append((int(o), int(k), bytes(s)))
             for holder in mine:
-                server.receive_unmask(holder, [
-                    (int(o), int(k), bytes(s)) for h, o, k, s in zip(
-                        reply["holders"], reply["owners"], reply["kinds"], reply["shares"])
-                    if h == holder])
+                server.receive_unmask(holder, held[holder])
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     result = _finish(ctx, server, sharing, lost)

@@ -13,7 +13,8 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     the round's scheme (``scheme``: a ``[secure_aggregation] name``, absent
     for the default, built with its default options through the plugins) and
     a fresh scheme client per client (SecAgg+: fresh key pairs, fresh
-    self-mask seed): their adverts.
+    self-mask seed): their adverts. A scheme with the trait ``party`` builds
+    the worker's clients together (:meth:`~meshkit.secure_aggregation.PartyScheme.party`).
 ``secagg_share``
     every member's advert; each client's roster is its neighbours' adverts in
     the round's graph: the sealed shares, one row per neighbour.
@@ -37,7 +38,9 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     (:func:`meshkit.secure_aggregation.to_wire`). With ``compress`` (the
     run's ``[compression]``, whose keys request named ``input_bits``) the
     update is quantised by that compressor onto the round's shared grid
-    (:func:`meshkit.compression.field_codes`), not by the scheme.
+    (:func:`meshkit.compression.field_codes`), not by the scheme.. A
+    party is told the request's clients first (``summing``): all of them are
+    in the sum, or the reply is an error and none is.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -53,7 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 
@@ -61,9 +64,9 @@ from meshkit import plugins
 from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
-from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient,
-                                        SecureAggregationTraits, add_mod, scheme_traits,
-                                        to_wire, vector_dtype)
+from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+                                        SchemeParty, SecureAggregationTraits, add_mod,
+                                        scheme_traits, to_wire, vector_dtype)
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -89,14 +92,20 @@ def vector_keys(state: Mapping[str, Any]) -> list[str]:
 def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],
                   keys: list[str]) -> np.ndarray:
     """``fitted - start`` over ``keys``, flattened in that order, in float64."""
-    parts = []
     for key in keys:
         if key not in fitted or np.shape(fitted[key]) != start[key].shape:
             raise MeshError(f"the fit's model has no {key!r} of the round model's shape "
                             f"{list(start[key].shape)}")
-        parts.append((np.asarray(fitted[key], np.float64)
-                      - np.asarray(start[key], np.float64)).ravel())
-    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+    out = np.empty(sum(start[key].size for key in keys), np.float64)
+    offset = 0
+    for key in keys:
+        # One pass into place: each side widened to float64 as the subtraction reads it
+        # (exact), the difference rounded once in float64, as converting both first would.
+        size = start[key].size
+        np.subtract(np.asarray(fitted[key]).reshape(-1), np.asarray(start[key]).reshape(-1),
+                    out=out[offset:offset + size], dtype=np.float64)
+        offset += size
+    return out
 
 
 def _rows(rows: list[bytes], width: int) -> np.ndarray:
@@ -139,6 +148,8 @@ class SecureClients:
         self.seed = b""
         self.length = 0
         self.rounds: dict[int, SchemeClient] = {}
+        #: The round's clients built together (a scheme with the trait ``party``), else None.
+        self.party: SchemeParty | None = None
         #: The schemes built so far, by name (a worker plays one run's rounds).
         self.schemes: dict[str, Scheme] = {}
         #: The round's codes' bits when a compressor quantises (0: the scheme does).
@@ -185,8 +196,19 @@ class SecureClients:
         self.seed = bytes(request["round_seed"][0])
         self.length = int(request["length"])
         self.exit_pending = False
-        self.rounds = {int(c): scheme.client(self.params, int(c), self.seed, self.length)
-                       for c in request["clients"]}
+        ids = [int(c) for c in request["clients"]]
+        self.party = None
+        if self.traits.party:
+            self.party = cast(PartyScheme, scheme).party(self.params, sorted(ids), self.seed,
+                                                         self.length)
+            built = dict(self.party.clients)
+            if sorted(built) != sorted(ids):
+                raise MeshError(f"the scheme's party plays clients {sorted(built)}, not the "
+                                f"{sorted(ids)} it was asked for")
+            self.rounds = {c: built[c] for c in ids}
+        else:
+            self.rounds = {c: scheme.client(self.params, c, self.seed, self.length)
+                           for c in ids}
         adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
         return {"clients": sorted(self.rounds),
                 "adverts": _rows(adverts, self.traits.advert_size)}
@@ -260,6 +282,8 @@ class SecureClients:
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
         compressor = self._compressor(request.get("compress"))
+        if self.party is not None:
+            self.party.summing(sorted(clients))  # exactly the clients this reply adds
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
