@@ -18,8 +18,11 @@ timed against the baseline (the code before, imported from ``DIR``):
   which finds NaN while it sums) no scan of the elements; for any other
   rule the scan;
 * ``scanned`` -- always the scan (one sum per float array, the exact check
-  only when the sum is not finite): what a robust rule, a host relay's
-  fold and a replayed round pay.
+  only when the sum is not finite): what a robust rule pays;
+* ``ranged`` -- the scan with the strict mean's range (one sum of squares
+  per float array, :func:`out_of_range_leaf`): what a host relay's fold and
+  a replayed round pay since the range check (issue 34); timed against the
+  baseline's ``scanned``, which they paid before.
 
 Each trial runs every side in fresh processes, alternating, so load hits
 all alike. Printed: ms per contribution for each (best trial, and the
@@ -64,10 +67,14 @@ def one_trial(params: int, contributors: int, repeats: int, aggregator_name: str
     model, states = _contributions(params, contributors)
     aggregator = meshkit.plugins.create("aggregator", aggregator_name)
     expected = signature(model)
-    kw = {}
-    if "finite" in inspect.signature(check_contribution).parameters:  # not in the baseline
-        strict_mean = type(begin(aggregator, reference=model)) is MeanFold
-        kw = {"finite": mode == "scanned" or not strict_mean}
+    kw: dict = {}
+    parameters = inspect.signature(check_contribution).parameters
+    if "finite" in parameters:  # not in the first baseline
+        fold = begin(aggregator, reference=model)
+        strict_mean = type(fold) is MeanFold
+        kw = {"finite": mode in ("scanned", "ranged") or not strict_mean}
+        if mode == "ranged" and "limit" in parameters:  # not in the code before the range
+            kw["limit"] = fold.value_limit
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -118,14 +125,18 @@ def main() -> None:
     parser.add_argument("--aggregator", default="fedavg")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"engine": [], "scanned": [], "baseline": []}
+    figures: dict[str, list[float]] = {"engine": [], "scanned": [], "ranged": [],
+                                       "baseline": [], "baseline-scanned": []}
     for _ in range(args.trials):
         figures["engine"].append(_child(args, None, "engine"))
-        figures["scanned"].append(_child(args, None, "scanned"))
         figures["baseline"].append(_child(args, args.baseline, "engine"))
+        figures["scanned"].append(_child(args, None, "scanned"))
+        figures["ranged"].append(_child(args, None, "ranged"))
+        figures["baseline-scanned"].append(_child(args, args.baseline, "scanned"))
     alone = scan_alone(args.params)
-    ratios = {name: min(figures[name]) / min(figures["baseline"])
-              for name in ("engine", "scanned")}
+    ratios = {"engine": min(figures["engine"]) / min(figures["baseline"]),
+              "scanned": min(figures["scanned"]) / min(figures["baseline"]),
+              "ranged": min(figures["ranged"]) / min(figures["baseline-scanned"])}
     if args.json:
         print(json.dumps({"figures": figures, "scan_ms": alone, "ratios": ratios,
                           "params": args.params, "contributors": args.contributors,
@@ -136,9 +147,10 @@ def main() -> None:
           f"each checked first; ms per contribution, best of {args.trials} trials "
           f"(min..max); load {load}")
     for name, values in figures.items():
-        print(f"{name:>9}: {min(values):8.2f}  ({min(values):.2f}..{max(values):.2f})")
+        print(f"{name:>16}: {min(values):8.2f}  ({min(values):.2f}..{max(values):.2f})")
     for name, ratio in ratios.items():
-        print(f"{name:>9} / baseline: {ratio:.3f}")
+        base = "baseline-scanned" if name == "ranged" else "baseline"
+        print(f"{name:>16} / {base}: {ratio:.3f}")
     print(f"     scan: {alone:.2f} ms per contribution, alone")
 
 

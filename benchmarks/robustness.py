@@ -53,8 +53,8 @@ import numpy as np
 
 import meshkit
 from meshkit.attack import choose_attackers
-from meshkit.train._coordinator.plan import check
-from meshkit.train import AttackPlan, LocalPool, StrategyContext, Trainer, build_components
+from meshkit.train import (AttackPlan, LocalPool, StrategyContext, Trainer, build_components,
+                           check)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 Run (from the repository root, in the dev venv)::
 
-    python benchmarks/secure_round.py                        # n = 100, 100k parameters, 2 workers
+    python benchmarks/secure_round.py                        # n = 100, 100k parameters, 4 workers
     python benchmarks/secure_round.py --baseline before=/tmp/base-e98c367
     python benchmarks/secure_round.py --clients 20,50,100 --repeat 1   # a quick look
 
@@ -12,7 +12,8 @@ as processes, authenticated and encrypted frames): ``federated`` on the
 ``--clients`` clients each round, ``fedavg``, on ``--workers`` workers;
 the plain round (the baseline) and the same run with
 ``[secure_aggregation]`` at its defaults (``degree = "auto"``, which is
-60 at n = 100, threshold "auto"; ``clip_range = 1``). The runs take turns
+60 at n = 100 over 4 or more workers, threshold 31, and the complete graph
+over 2; ``clip_range = 1``). The runs take turns
 (plain, secure, each ``--baseline`` tree's secure round), ``--repeat``
 times, so a change in the machine's load falls on all alike.
 
@@ -114,7 +115,7 @@ def parse_baseline(text: str) -> tuple[str, str, Path, str | None]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="100", help="comma list of cohort sizes")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)  # degree "auto" is 60 at n = 100
     parser.add_argument("--params", type=float, default=1e5)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)

@@ -62,6 +62,9 @@ class Checkpoint:
     #: What the strategy needs beyond the model to continue exactly
     #: (``StrategyContext.strategy_state``: fedbuff's versions in flight, its clock).
     strategy_state: Mapping[str, Any] = attrs.Factory(dict)
+    #: Clients whose fit stalled two ranks, by client key (a string) -> why: a resumed
+    #: run does not try them again either (``StrategyContext.stalled_clients``).
+    stalled_clients: Mapping[Any, str] = attrs.Factory(dict)
 
 
 def checkpoint_path(path: str | os.PathLike[str]) -> Path:
@@ -137,6 +140,8 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         meta["strategy"] = _to_json(dict(checkpoint.strategy_state), "strategy", arrays)
     if checkpoint.clients:
         meta["clients"] = _to_json(dict(checkpoint.clients), "clients", arrays)
+    if checkpoint.stalled_clients:
+        meta["stalled"] = {str(k): str(v) for k, v in checkpoint.stalled_clients.items()}
     for name, array in arrays.items():
         if array.dtype.hasobject:
             raise ConfigError(f"checkpoint: {name} is an object array, which only pickle "
@@ -216,6 +221,7 @@ def _read(file: Path) -> Checkpoint:
         aggregator_state=_from_json(meta.get("aggregator") or {}, arrays),
         privacy_state=_from_json(meta.get("privacy") or {}, arrays),
         strategy_state=_from_json(meta.get("strategy") or {}, arrays),
+        stalled_clients=dict(meta.get("stalled") or {}),
     )
 
 
@@ -225,8 +231,8 @@ _AFRESH = "Restore the file, or start afresh with --overwrite (which replaces it
 #: The header fields that hold JSON objects; "report", "dtypes", "clients",
 #: "aggregator" and "privacy" may be absent.
 _OBJECTS = ("state", "outer", "rng", "identity", "report", "dtypes", "clients", "aggregator",
-            "privacy", "strategy")
-_OPTIONAL = ("report", "dtypes", "clients", "aggregator", "privacy", "strategy")
+            "privacy", "strategy", "stalled")
+_OPTIONAL = ("report", "dtypes", "clients", "aggregator", "privacy", "strategy", "stalled")
 
 
 def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:
@@ -240,6 +246,10 @@ def _check_meta(file: Path, meta: Mapping[str, Any]) -> None:
         if not isinstance(value, dict) and not (name in _OPTIONAL and value is None):
             problems.append(f"{name} is {'missing' if value is None else repr(value)[:40]}, "
                             f"not a JSON object")
+    stalled = meta.get("stalled")
+    if isinstance(stalled, dict) and not all(
+            k.isdigit() and isinstance(v, str) for k, v in stalled.items()):
+        problems.append("stalled is not a JSON object of client number -> reason")
     if problems:
         raise ConfigError(f"checkpoint {str(file)!r} is damaged or not from this meshkit: its "
                           f"header's {'; '.join(problems)}. {_AFRESH}")

@@ -3,8 +3,11 @@
 Loading checks the file's own shape (known tables, known keys, right types);
 resolving it against the plugins (every selected component looked up, its
 table structured into the component's options class) is the coordinator's
-plan, :mod:`meshkit.train._coordinator.plan`. Every problem is a
-:class:`ConfigError` naming the file, the table and the key.
+plan: :class:`meshkit.train.Plan`, :func:`meshkit.train.resolve` and
+:func:`meshkit.train.check` (this module's before issue 33; it cannot
+re-export them: ``meshkit.train`` imports this module, so that would be an
+import cycle). Every problem is a :class:`ConfigError` naming the file, the
+table and the key.
 """
 
 from __future__ import annotations
@@ -63,6 +66,13 @@ def _check_address(name: str, value: str) -> None:
     if not 0 <= number <= 65535:
         raise ValueError(f"{name} {value!r}: port {number} is out of range 0..65535 "
                          f"(0 picks a free port)")
+
+
+def _segment_bytes(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    # Checked when the file loads: the hello announces it in 64 KiB units.
+    problem = wire.check_segment_bytes(value, attribute.name)
+    if problem:
+        raise ValueError(problem)
 
 
 def _listen_address(instance: Any, attribute: attrs.Attribute, value: str) -> None:
@@ -141,6 +151,11 @@ class MeshTable:
     #: Start once this many workers have joined (0: all of them); the rest
     #: are taken in at a round boundary when they join (late joiners).
     min_workers: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: The most one frame of a model-sized message carries (bytes, a multiple
+    #: of 64 KiB): a bigger body travels as a lead frame and segments of at
+    #: most this size, each authenticated like any frame (docs/transports.md).
+    segment_bytes: int = attrs.field(default=wire.DEFAULT_SEGMENT_BYTES,
+                                     validator=_segment_bytes)
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:

@@ -9,7 +9,17 @@ Its rules (docs/aggregators.md has them as formulas):
 * integer and bool arrays are not averaged: they must be identical
   everywhere and pass through;
 * JSON leaves average as :mod:`meshkit.aggregation._json` says;
-* NaN/inf in a contribution is refused (unless ``allow_nonfinite``);
+* NaN/inf in a contribution is refused (unless ``allow_nonfinite``), and so
+  is a finite value out of range: beyond :func:`value_limit`, the square
+  root of the accumulation dtype's largest value (1.3e154 when the sum is
+  float64, 1.8e19 when it is float32). No model value is that large (its
+  square overflows), and a few such values overflow the sum: under a mean
+  one worker's 1e308 would otherwise be averaged in. The fold sees it in
+  its running weighted sum (a cheap test per chunk, which also finds
+  NaN/inf): a value a far smaller weight scales back into range is not
+  seen there -- the round engine's boundary scan
+  (:func:`meshkit.train.check_contribution` with a limit) refuses every one
+  exactly;
 * a weight is a finite number >= 0, and the weights must not sum to zero;
 * one contributor is the identity, exactly (bit for bit, same dtype);
 * the mass is divided out once, at ``result()``.
@@ -54,6 +64,35 @@ from meshkit.state import (
 #: chunk's two scratch buffers and its slice of the accumulator stay in L2
 #: while a pair's weighted sum is formed and added (docs/benchmarks/aggregate.md).
 CHUNK_ELEMENTS = 1 << 16
+
+def value_limit(dtype: Any, *, wide: bool = False) -> float | None:
+    """The largest ``|x|`` the strict mean accepts in a ``dtype`` array; None: any finite value.
+
+    The square root of the largest finite value of the dtype the array is
+    summed in (:func:`meshkit.state.accumulate_dtype`): 1.34e154 for a
+    float64 sum, 1.84e19 for a float32 one. None when every finite value of
+    ``dtype`` is below it (float16 summed in float32, float32 with
+    ``wide``), or for an integer or bool array (never summed).
+    """
+    dtype = np.dtype(dtype)
+    if not is_float_dtype(dtype):
+        return None
+    limit = _LIMITS[accumulate_dtype(dtype, wide=wide)]
+    top = float(np.finfo(np.float32).max if dtype == BFLOAT16 else np.finfo(dtype).max)
+    return None if limit >= top else limit
+
+
+_LIMITS = {np.dtype(t): math.sqrt(float(np.finfo(t).max)) for t in (np.float32, np.float64)}
+
+
+def peak(x: np.ndarray) -> float:
+    """The largest ``|x|`` of a float array (bfloat16 read as float32); 0 when empty."""
+    if not x.size:
+        return 0.0
+    if x.dtype == BFLOAT16:
+        x = x.astype(np.float32)
+    return float(max(-float(x.min()), float(x.max())))
+
 
 # Relative weights above this are rebased (see MeanFold._rebase): far below
 # float32's range, so factor * value cannot overflow for any sane value.
@@ -140,7 +179,6 @@ class MeanFold:
         self._started = False  # whether the accumulators hold anything yet
         # Scratch per (dtype, worker): each thread folds in its own.
         self._scratch: dict[tuple[np.dtype, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._zeros: dict[np.dtype, np.ndarray] = {}
         self._broken: str | None = None
         self._done = False
 
@@ -150,6 +188,11 @@ class MeanFold:
     def count(self) -> int:
         """How many contributions were accepted."""
         return len(self.sources)
+
+    def value_limit(self, dtype: Any) -> float | None:
+        """The largest ``|x|`` this fold accepts in a ``dtype`` array (:func:`value_limit`);
+        None: any finite value (or, with ``allow_nonfinite``, anything at all)."""
+        return None if self.allow_nonfinite else value_limit(dtype, wide=self.wide)
 
     @property
     def mass(self) -> float:
@@ -259,7 +302,6 @@ class MeanFold:
                 out[key] = json_result(entry, divisor, self)
         self._entries = None
         self._scratch.clear()
-        self._zeros.clear()
         return out
 
     # -- internals ------------------------------------------------------------
@@ -401,7 +443,7 @@ class MeanFold:
         self._reference = reference
 
     def _buffers(self, dtype: np.dtype, size: int,
-                 worker: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 worker: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Scratch sized to one chunk, or to the array when it is smaller."""
         size = min(self._chunk, size)
         pair = self._scratch.get((dtype, worker))
@@ -410,10 +452,7 @@ class MeanFold:
             # scratch, not a whole chunk's worth each round.
             pair = self._scratch[dtype, worker] = (np.empty(size, dtype=dtype),
                                                    np.empty(size, dtype=dtype))
-        zeros = self._zeros.get(dtype)
-        if zeros is None or zeros.size < size:
-            zeros = self._zeros[dtype] = np.zeros(size, dtype=dtype)
-        return pair[0], pair[1], zeros
+        return pair[0], pair[1]
 
     def _fold_arrays(self, parts: list[tuple[State, float, str]],
                      divisor: float | None = None) -> None:
@@ -431,7 +470,7 @@ class MeanFold:
             if bad is not None:
                 key, where = bad
                 job = next(job for job in jobs if job[0] == key)
-                raise self._nonfinite(key, where, job[2], parts, job[1].dtype)
+                raise self._refusal(key, where, job[2], parts, job[1])
         except AggregationError as exc:
             self._broken = str(exc)
             raise
@@ -476,9 +515,10 @@ class MeanFold:
         fold).
         """
         hi = acc.size if hi is None else hi
-        t, u, zeros = self._buffers(acc.dtype, hi - lo, worker)
+        t, u = self._buffers(acc.dtype, hi - lo, worker)
         step = self._chunk
         check = not self.allow_nonfinite
+        limit = self.value_limit(xs[0][0].dtype)
         add, dot = np.add, np.dot
         # A "plain" part needs no widening and no scaling: a bare add.
         parts = [(x, f, x.dtype == acc.dtype and f == 1.0) for x, f in xs]
@@ -511,17 +551,21 @@ class MeanFold:
                         add(target, scaled, out=target)
                 if not init:
                     add(a, target, out=a)
-            # NaN and inf make a dot product with zeros NaN, finite values make
-            # it exactly 0: a cheap finiteness test while the chunk is in cache.
-            if check and dot(a, zeros[:n]) != 0:
+            # The chunk's sum of squares, while it is in cache: finite exactly when
+            # no element is NaN, inf or beyond the square root of the dtype's
+            # largest value, unless many large values overflow it together -- a
+            # false alarm told apart element by element (_alarm), rarely paid.
+            if check and not dot(a, a) < _INF and _alarm(a, xs, start, stop, limit):
                 return slice(start, stop)
             if divisor is not None:
                 np.divide(a, divisor, out=a)
         return None
 
-    def _nonfinite(self, key: str, where: slice, xs: list[tuple[np.ndarray, float]],
-                   parts: list[tuple[State, float, str]],
-                   acc_dtype: np.dtype) -> AggregationError:
+    def _refusal(self, key: str, where: slice, xs: list[tuple[np.ndarray, float]],
+                 parts: list[tuple[State, float, str]], acc: np.ndarray) -> AggregationError:
+        """Why the chunk ``where`` of ``key``'s sum is refused: NaN/inf sent, the sum
+        overflowed, or a value out of range (:func:`value_limit`), naming who sent it."""
+        acc_dtype = acc.dtype
         culprits = []
         for (x, _), (_, _, label) in zip(xs, parts):
             chunk = x[where]
@@ -536,11 +580,37 @@ class MeanFold:
                      f"the others). Find why it diverged, or set allow_nonfinite = true to "
                      f"let them through", *culprits)
         labels = [label for _, _, label in parts]
+        limit = self.value_limit(xs[0][0].dtype)
+        peaks = [(peak(x[where]), label) for (x, _), (_, _, label) in zip(xs, parts)]
+        culprits = [] if limit is None else [label for top, label in peaks if top > limit]
+        if culprits:
+            top = max(p for p, _ in peaks)
+            wider = (" (or set accumulate = \"float64\" to sum it in float64, where the "
+                     "limit is 1.3e154)" if acc_dtype != np.float64 else "")
+            return self._error(
+                key, f"{listing(culprits)} sent a value out of range (|x| up to {top:.3g}, "
+                     f"beyond {limit:.3g}, the square root of {dtype_name(acc_dtype)}'s "
+                     f"largest value: no model value is that large, and a few such values "
+                     f"overflow the sum); a mean would average it into the model. Find why "
+                     f"it was sent{wider}", *culprits)
         return self._error(
             key, f"the weighted sum overflowed {dtype_name(acc_dtype)} while adding "
                  f"{listing(labels)}; scale the weights down (only their ratios matter) "
                  f"or set accumulate = \"float64\"", *labels)
 
+
+
+_INF = math.inf
+
+
+def _alarm(a: np.ndarray, xs: list[tuple[np.ndarray, float]], start: int, stop: int,
+           limit: float | None) -> bool:
+    """Whether a chunk whose sum of squares is not finite holds a real refusal: NaN or inf
+    in the sum (sent, or an overflow), or a contribution's value beyond ``limit``; else
+    many large values in range overflowed the test together, which is no refusal."""
+    if not np.isfinite(a).all():
+        return True
+    return limit is not None and any(peak(x[start:stop]) > limit for x, _ in xs)
 
 
 def _narrow(acc: np.ndarray, dtype: np.dtype, *, exact: bool) -> np.ndarray:

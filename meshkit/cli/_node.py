@@ -65,6 +65,10 @@ class _Stopped(BaseException):
               help="Read/write timeout in seconds for the transport.")
 @click.option("--transport-option", "transport_options", multiple=True, metavar="KEY=VALUE",
               help="A transport option (repeatable), e.g. max_frame_bytes=1048576; the [transport] table.")
+@click.option("--segment-bytes", type=int, default=None,
+              help="The most one frame of a model-sized message carries ([mesh] "
+                   "segment_bytes; a multiple of 65536, default 4 MiB); each link cuts at the "
+                   "smaller of its two ends' values.")
 @click.option("--board", "board_name", default=None,
               help="Join as a fixed-function rank driving this board component.")
 @click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",
@@ -108,7 +112,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          disc_port: int | None, data_port: int | None, via: str | None,
          topology: str | None, device: str | None, heap_mb: int | None,
          transport: str | None, timeout: float | None,
-         transport_options: tuple[str, ...], board_name: str | None,
+         transport_options: tuple[str, ...], segment_bytes: int | None, board_name: str | None,
          board_options: tuple[str, ...], task_options: tuple[str, ...],
          attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None,
@@ -173,6 +177,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         "secret": secret, "encrypt": encrypt, "node_key": node_key,
         "trust_network": trust_network,
     }
+    if segment_bytes is not None:
+        overrides["segment_bytes"] = segment_bytes
     if heap_mb is not None:
         if heap_mb <= 0:
             raise ConfigError(f"--heap-mb must be positive, got {heap_mb}")

@@ -65,6 +65,9 @@ def _ranks(text: str) -> tuple[int, ...]:
               help="A transport option (repeatable), as the nodes are given.")
 @click.option("--timeout", type=float, default=30.0,
               help="Read/write timeout in seconds, on both legs.")
+@click.option("--segment-bytes", type=int, default=wire.DEFAULT_SEGMENT_BYTES,
+              help="The most one frame of a model-sized message carries, on both legs "
+                   "([mesh] segment_bytes; a multiple of 65536).")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
               help="File holding the run's shared secret. Env: MESHKIT_SECRET.")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), default=None,
@@ -78,7 +81,8 @@ def _ranks(text: str) -> tuple[int, ...]:
                    "[mesh] encrypt = false.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
 def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, transport: str,
-          transport_options: tuple[str, ...], timeout: float, secret_file: str | None,
+          transport_options: tuple[str, ...], timeout: float, segment_bytes: int,
+          secret_file: str | None,
           key_file: str | None, authorized_file: str | None, encrypt: bool,
           verbose: int) -> None:
     """A host relay: one connection to the coordinator for this host's ranks.
@@ -95,6 +99,9 @@ def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, t
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s meshkit relay %(levelname)s %(message)s", stream=sys.stderr)
+    problem = wire.check_segment_bytes(segment_bytes, "--segment-bytes")
+    if problem:
+        raise ConfigError(problem)
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
     authorized = (wire.load_authorized_nodes(Path(authorized_file), "--authorized-nodes")
@@ -110,7 +117,7 @@ def relay(coordinator: str, bind: str, world: int, ranks_text: str, name: str, t
     host_relay: HostRelay = factory.start_relay(
         coordinator=coordinator, bind=bind, world=world, ranks=_ranks(ranks_text),
         secret=secret, name=name, timeout=timeout, encrypt=encrypt, node_key=node_key,
-        authorized_nodes=authorized)
+        authorized_nodes=authorized, segment_bytes=segment_bytes)
 
     def _stop(signum: int, frame: types.FrameType | None) -> None:
         host_relay.close(f"stopped by {signal.Signals(signum).name}")

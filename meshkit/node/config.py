@@ -17,6 +17,7 @@ from meshkit import plugins
 from meshkit.errors import ConfigError
 from meshkit.node._caps import NodeCaps, NodeRole, local_caps
 from meshkit.node.board import FixedFunction
+from meshkit.wire import DEFAULT_SEGMENT_BYTES, check_segment_bytes
 
 #: The longest timeout meshkit accepts, in seconds (about 31 years): far
 #: below threading.TIMEOUT_MAX and the socket layer's limit (about 9.2e9 s
@@ -80,6 +81,11 @@ class NodeConfig:
     #: transport that authenticates nothing (``torchdist``) may use a
     #: non-loopback address. False: such a transport refuses one.
     trust_network: bool = False
+    #: The most one frame of a model-sized message carries on this node's
+    #: links (``[mesh] segment_bytes``, ``meshkit node --segment-bytes``): a
+    #: bigger body travels in segments; each link cuts at the smaller of its
+    #: two ends' values (docs/transports.md).
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.world < 1:
@@ -106,6 +112,9 @@ class NodeConfig:
                 f"r, so a world of {self.world} needs ports up to "
                 f"{self.data_base + self.world - 1}; choose a data_base of at most "
                 f"{65536 - self.world}")
+        problem = check_segment_bytes(self.segment_bytes)
+        if problem:
+            raise ConfigError(problem)
         if self.heap_bytes is not None and self.heap_bytes <= 0:
             raise ConfigError(f"heap_bytes must be positive, got {self.heap_bytes}")
         if self.secret is not None and not isinstance(self.secret, (bytes, bytearray)):

@@ -23,7 +23,10 @@ worker and a reply:
 4. *mask*: each client's update, quantised by :meth:`Scheme.quantize`, is
    masked (:meth:`SchemeClient.mask`); workers and relays add masked vectors
    mod ``2**modulus_bits`` (:func:`meshkit.secure_aggregation.add_mod`) and
-   the server folds them (:meth:`SchemeServer.receive_masked`);
+   the server folds them (:meth:`SchemeServer.receive_masked`). A scheme
+   with the trait ``party`` is told, before any of a worker's clients
+   masks, which of them that worker adds into its one reply
+   (:meth:`SchemeParty.summing`);
 5. *unmask*: :meth:`SchemeServer.unmasking` says who is asked and who
    survived, each asked client answers rows of ``share_size`` bytes
    (:meth:`SchemeClient.unmask`), and :meth:`SchemeServer.finish` returns the
@@ -45,7 +48,8 @@ import numpy as np
 from meshkit import plugins
 from meshkit.errors import ProtocolError
 
-__all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "RoundParams",
+__all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
+           "PartyScheme", "RoundParams",
            "Unmasking", "SecureResult", "SecureAggregationError", "scheme_traits",
            "SchemeChoice", "choose",
            "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW"]
@@ -106,7 +110,21 @@ class SecureAggregationTraits:
       round survives: :meth:`Scheme.describe`);
     * ``min_clients``, ``max_clients``: the cohort sizes it serves (at least
       3: with two clients each learns the other's update from the sum); a
-      configuration that samples outside them is refused naming the trait.
+      configuration that samples outside them is refused naming the trait;
+    * ``integer_inputs``: the scheme masks integers the kernel quantised
+      itself (a compressor's codes on a grid every client shares, below
+      ``2**input_bits``) in a field the round narrows to
+      ``input_bits + ceil(log2 clients)`` bits (:func:`field_width`):
+      :meth:`Scheme.plan` and :meth:`Scheme.params` take ``input_bits`` and
+      :meth:`Scheme.quantize` / :meth:`Scheme.dequantize` are not used.
+      Without it ``[compression]`` with this scheme is refused naming the
+      trait.
+    * ``party``: the scheme builds the clients one worker plays in a round
+      together (:meth:`PartyScheme.party`, a :class:`SchemeParty`), and is
+      told which of them the worker sums into its one masked reply before
+      they mask, so it may skip work among them that the sum cancels or
+      that one of them already did (SecAgg+: the pairwise masks between two
+      of them). Without it, each client is built alone (:meth:`Scheme.client`).
     """
 
     modulus_bits: int = attrs.field(validator=_between(1, 64))
@@ -118,6 +136,8 @@ class SecureAggregationTraits:
     threshold: bool = attrs.field(default=False, validator=_flag)
     min_clients: int = attrs.field(default=3, validator=_between(3, MAX_CLIENTS))
     max_clients: int = attrs.field(default=MAX_CLIENTS, validator=_between(3, MAX_CLIENTS))
+    integer_inputs: bool = attrs.field(default=False, validator=_flag)
+    party: bool = attrs.field(default=False, validator=_flag)
 
 
 class RoundParams(Protocol):
@@ -209,6 +229,25 @@ class SchemeClient(Protocol):
         """``(owner, kind, share)`` rows that unmask the survivors' sum."""
 
 
+class SchemeParty(Protocol):
+    """The clients one worker plays in one round, built together (the trait ``party``).
+
+    ``clients`` maps each client id to its :class:`SchemeClient`, which the
+    worker drives step by step as it would a client built alone. Before a
+    mask request's clients mask, the worker calls :meth:`summing` with
+    exactly the clients whose masked inputs it adds, mod
+    ``2**modulus_bits``, into its one reply, and it sends that sum or
+    nothing. Their masked inputs may then leave out what cancels in that
+    sum: each is a masked input only as part of it, and the sum is what the
+    clients' separate masked inputs would add up to, bit for bit.
+    """
+
+    @property
+    def clients(self) -> Mapping[int, SchemeClient]: ...
+    def summing(self, clients: Sequence[int]) -> None:
+        """The clients (sorted) whose masked inputs the worker adds into one reply."""
+
+
 class Scheme(Protocol):
     """What a ``meshkit_secure_aggregation`` factory builds (from ``[secure_aggregation]``).
 
@@ -223,9 +262,13 @@ class Scheme(Protocol):
 
     traits: SecureAggregationTraits
 
-    def plan(self, clients: int, per_worker: int = 1) -> RoundParams: ...
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0) -> RoundParams:
+        """The round's parameters; ``input_bits`` > 0 (a scheme with the trait
+        ``integer_inputs`` only): the inputs are integers below ``2**input_bits`` and
+        the field is :func:`field_width` of them and ``clients`` bits wide."""
     def params(self, *, clients: int, degree: int, threshold: int, clip_range: float,
-               modulus_bits: int) -> RoundParams: ...
+               modulus_bits: int, input_bits: int = 0) -> RoundParams:
+        """The parameters a keys request carries (``input_bits`` as in :meth:`plan`)."""
     def describe(self, params: RoundParams, loads: Sequence[int]) -> dict[str, Any]:
         """What ``meshkit check`` shows of a round whose workers play ``loads`` clients each."""
     def server(self, params: RoundParams, cohort: Sequence[int], round_seed: bytes,
@@ -238,6 +281,14 @@ class Scheme(Protocol):
     def dequantize(self, total: np.ndarray, params: RoundParams,
                    contributors: int) -> np.ndarray:
         """The float64 sum of ``contributors`` clipped updates whose quantised sum is ``total``."""
+
+
+class PartyScheme(Scheme, Protocol):
+    """A :class:`Scheme` with the trait ``party``: one worker's clients are built together."""
+
+    def party(self, params: RoundParams, clients: Sequence[int], round_seed: bytes,
+              length: int) -> SchemeParty:
+        """The ``clients`` (sorted) one worker plays this round, as one :class:`SchemeParty`."""
 
 
 @attrs.frozen

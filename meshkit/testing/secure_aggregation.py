@@ -19,25 +19,34 @@ failure names the step. What is checked:
   :meth:`Scheme.describe`'s ``survives_losing_clients``) the survivors' sum is
   revealed exactly; past them, or any dropout for a scheme that declares
   none, the round is refused -- never a sum of the wrong clients;
-* a share sealed wrongly is named: its recipient accuses the sender and
+* a scheme with the trait ``party`` gives, with its clients built as the
+  parties of several workers (each masked reply one party's sum), the
+  same exact sums, a party's sum is not its clients' plain sum, and a
+  party lost before masking is a dropout like any other;
+* a share sealed wrongly is named (between two clients of one party too):
+  its recipient accuses the sender and
   ``judge`` blames the sender, while an accusation of a good share blames
   the accuser; a tampered unmasking share is named (or outvoted), never
   unmasked into a wrong sum; a masked input of the wrong shape is refused
-  naming its client.
+  naming its client;
+* a scheme that declares ``integer_inputs`` plans, for ``b``-bit inputs, the
+  field of ``b + ceil(log2 clients)`` bits, a worker rebuilds it, and the
+  unmasked sum of codes at the top of their range is their exact sum.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence, cast
 
 import attrs
 import numpy as np
 import pytest
 
 from meshkit.errors import RefusedError
-from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient, SchemeServer,
-                                        SecureAggregationError, SecureAggregationTraits,
-                                        SecureResult, add_mod, scheme_traits, vector_dtype)
+from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+                                        SchemeParty, SchemeServer, SecureAggregationError,
+                                        SecureAggregationTraits, SecureResult, add_mod,
+                                        field_width, scheme_traits, vector_dtype)
 from meshkit.testing.support import ContractBase
 
 __all__ = ["SecureAggregationContract", "Round"]
@@ -56,11 +65,20 @@ def _row(row: Any, width: int, what: str) -> bytes:
 @attrs.define
 class Round:
     """One round driven as the kernel drives it, a method a step, so a check can tamper
-    between two. ``Round(scheme, clients, length).run(quantised)`` plays it whole."""
+    between two. ``Round(scheme, clients, length).run(quantised)`` plays it whole.
+
+    ``parties`` (a scheme with the trait ``party`` only): the clients are
+    played by that many workers, round-robin as the kernel plans them, each
+    built as one :class:`SchemeParty` and masking as one sum; 0 builds each
+    client alone.
+    """
 
     scheme: Scheme
     clients: int
     length: int
+    #: > 0: the inputs are integers below 2**input_bits (a scheme with integer_inputs).
+    input_bits: int = 0
+    parties: int = 0
     traits: SecureAggregationTraits = attrs.field(init=False)
     params: RoundParams = attrs.field(init=False)
     server: SchemeServer = attrs.field(init=False)
@@ -70,19 +88,41 @@ class Round:
     deliveries: dict[int, list[tuple[int, bytes]]] = attrs.field(init=False, factory=dict)
     excluded: tuple[int, ...] = attrs.field(init=False, default=())
     masked: dict[int, np.ndarray] = attrs.field(init=False, factory=dict)
+    #: party -> its clients (round-robin), and the parties built (``parties`` > 0).
+    groups: dict[int, list[int]] = attrs.field(init=False, factory=dict)
+    built: dict[int, SchemeParty] = attrs.field(init=False, factory=dict)
+    #: Each party's masked reply: the clients it adds up, and their sum.
+    sums: dict[int, tuple[tuple[int, ...], np.ndarray]] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.traits = scheme_traits(self.scheme)
-        self.params = self.scheme.plan(self.clients, 1)
+        narrowed = {"input_bits": self.input_bits} if self.input_bits else {}
         cohort = list(range(self.clients))
-        self.server = self.scheme.server(self.params, cohort, SEED, self.length,
-                                         {c: c for c in cohort})
+        if self.parties:
+            assert self.traits.party, "parties > 0 needs a scheme with the trait party"
+            for client in cohort:
+                self.groups.setdefault(client % self.parties, []).append(client)
+        self.params = self.scheme.plan(
+            self.clients, max((len(cs) for cs in self.groups.values()), default=1), **narrowed)
+        self.server = self.scheme.server(
+            self.params, cohort, SEED, self.length,
+            {c: p for p, cs in self.groups.items() for c in cs} or {c: c for c in cohort})
         # Each client is built as a worker builds it: from the keys request's fields.
         rebuilt = self.scheme.params(
             clients=self.params.clients, degree=self.params.degree,
             threshold=self.params.threshold, clip_range=self.params.clip_range,
-            modulus_bits=self.params.modulus_bits)
-        self.sides = {c: self.scheme.client(rebuilt, c, SEED, self.length) for c in cohort}
+            modulus_bits=self.params.modulus_bits, **narrowed)
+        if not self.parties:
+            self.sides = {c: self.scheme.client(rebuilt, c, SEED, self.length) for c in cohort}
+            return
+        self.sides = {}
+        for party, clients in self.groups.items():
+            self.built[party] = cast(PartyScheme, self.scheme).party(rebuilt, clients, SEED,
+                                                                     self.length)
+            sides = dict(self.built[party].clients)
+            assert sorted(sides) == clients, (
+                f"party(...) for clients {clients} built clients {sorted(sides)}")
+            self.sides.update(sides)
 
     def advertise(self, lost: Sequence[int] = ()) -> None:
         for client, side in self.sides.items():
@@ -119,6 +159,9 @@ class Round:
 
     def mask(self, quantised: dict[int, np.ndarray], lost: Sequence[int] = ()) -> None:
         bits = self.params.modulus_bits
+        if self.parties:
+            self._mask_parties(quantised, lost)
+            return
         for client in sorted(self.deliveries):
             if client in lost or client in self.excluded:
                 continue
@@ -129,6 +172,23 @@ class Round:
                     f"{vector_dtype(bits)} vector (integers mod 2**{bits})")
             self.masked[client] = vector
             self.server.receive_masked((client,), vector)
+
+    def _mask_parties(self, quantised: dict[int, np.ndarray], lost: Sequence[int]) -> None:
+        """Step 4 as a worker plays it: each party told whom it sums, then one sum each."""
+        bits = self.params.modulus_bits
+        for party, clients in sorted(self.groups.items()):
+            summed = [c for c in clients if c in self.deliveries and c not in lost
+                      and c not in self.excluded]
+            if not summed:
+                continue
+            self.built[party].summing(summed)
+            total = np.zeros(0, vector_dtype(bits))
+            for client in summed:
+                vector = self.sides[client].mask(quantised[client], list(self.excluded))
+                total = vector.copy() if not total.size else add_mod(total, vector, bits,
+                                                                     out=total)
+            self.sums[party] = (tuple(summed), total)
+            self.server.receive_masked(tuple(summed), total)
 
     def unmask(self, lost: Sequence[int] = (), tamper: int | None = None) -> SecureResult:
         """Step 5; ``tamper``: that holder's first share row has a byte flipped."""
@@ -288,6 +348,33 @@ class SecureAggregationContract(ContractBase):
                     f"and it revealed a total that is not its contributors' sum")
         assert set(result.contributors) <= set(survivors)
 
+    def test_clients_built_as_parties_sum_exactly_and_a_lost_party_is_a_dropout(self) -> None:
+        if not scheme_traits(self.make()).party:
+            pytest.skip("the scheme builds each client alone (no trait party)")
+        play = Round(self.make(), self.clients, self.length, parties=3)
+        _, quantised = self.updates(play.scheme, play.params)
+        bits = play.params.modulus_bits
+        lost: list[int] = []
+        if play.traits.tolerates_dropouts:
+            loads = [len(cs) for cs in play.groups.values()]
+            tolerated = int(play.scheme.describe(play.params, loads)["survives_losing_clients"])
+            if len(play.groups[2]) <= tolerated:
+                lost = list(play.groups[2])  # a worker lost before masking: all its clients
+        play.until_masked(quantised, lost=lost)
+        for party, (clients, total) in play.sums.items():
+            size = quantised[0].size
+            assert not np.array_equal(total[:size], self.exact(quantised, clients, bits)), (
+                f"party {party}'s masked sum is its clients' {list(clients)} plain sum")
+        result = play.unmask(lost=lost)
+        survivors = [c for c in range(self.clients) if c not in lost]
+        assert tuple(result.contributors) == tuple(survivors), (
+            f"parties {sorted(play.groups)} ({lost} lost) masked; the result names "
+            f"{result.contributors}")
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, survivors, bits),
+            err_msg="with the clients built as parties, each masking as one sum, the total is "
+                    "not the survivors' exact sum")
+
     def test_a_share_sealed_wrongly_is_named_and_its_sender_blamed(self) -> None:
         play = self.round()
         play.advertise()
@@ -309,6 +396,28 @@ class SecureAggregationContract(ContractBase):
         key = play.sides[sender].reveal(recipient)
         assert play.server.judge(sender, recipient, key) == sender, (
             "judge() did not blame the sender of a share that does not open under its key")
+
+    def test_a_share_garbled_between_two_clients_of_one_party_is_named(self) -> None:
+        if not scheme_traits(self.make()).party:
+            pytest.skip("the scheme builds each client alone (no trait party)")
+        play = Round(self.make(), self.clients, self.length, parties=2)
+        play.advertise()
+        play.share()
+        pairs = [(s, r) for r, rows in play.deliveries.items() for s, _ in rows
+                 if s % 2 == r % 2]
+        if not pairs:
+            pytest.skip("the scheme seals no share between two clients of one party")
+        sender, recipient = pairs[0]
+        play = Round(self.make(), self.clients, self.length, parties=2)
+        play.advertise()
+        play.share(garble=(sender, recipient))
+        if recipient not in play.deliveries:
+            return  # refused already: the server would not route it
+        accused = play.sides[recipient].open(play.deliveries[recipient])
+        assert sender in accused, (
+            f"client {sender} sealed garbage to client {recipient}, both played by one party; "
+            f"{recipient}'s open() named {list(accused)}: a party's clients must open what "
+            f"the coordinator delivers, not trust what their peer meant to send")
 
     def test_an_accusation_of_a_good_share_blames_the_accuser(self) -> None:
         play = self.round()
@@ -350,3 +459,26 @@ class SecureAggregationContract(ContractBase):
         assert caught.value.client == client, (
             f"a masked input of the wrong length from client {client} blamed "
             f"{caught.value.client}")
+
+    def test_integer_inputs_are_summed_exactly_in_the_narrow_field(self) -> None:
+        scheme = self.make()
+        if not scheme_traits(scheme).integer_inputs:
+            pytest.skip("it does not declare integer_inputs")
+        bits = 8
+        play = Round(scheme, self.clients, self.length, input_bits=bits)
+        field = field_width(bits, self.clients)
+        assert play.params.modulus_bits == field, (
+            f"plan({self.clients}, input_bits={bits}) sums mod 2**"
+            f"{play.params.modulus_bits}; {bits}-bit inputs of {self.clients} clients need "
+            f"exactly {field} (meshkit.secure_aggregation.field_width)")
+        rng = np.random.default_rng(4)
+        codes = {c: rng.integers(0, 1 << bits, self.length).astype(vector_dtype(field))
+                 for c in range(self.clients)}
+        for c in codes:
+            codes[c][:3] = (1 << bits) - 1  # every client at the top: the sum still fits
+        result = play.run(codes)
+        want = np.sum([codes[c].astype(np.int64) for c in range(self.clients)], axis=0)
+        assert int(want.max()) < 1 << field
+        np.testing.assert_array_equal(
+            result.total.astype(np.int64), want,
+            err_msg="the unmasked total of integer inputs is not their exact sum")

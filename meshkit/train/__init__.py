@@ -30,6 +30,8 @@ One idea per module:
   ``meshkit check`` refuses the same (:func:`build_components`);
 * ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
   :func:`run`);
+* ``_coordinator.plan`` — what a config resolves to against the plugins
+  (:class:`Plan`, :func:`resolve`, and :func:`check`, what ``meshkit check`` runs);
 * ``_launch`` — the local worker processes and their per-run secret;
 * ``_collective`` — a round every rank plays: its slice of the cohort, one
   exact partial, one all-reduce (:class:`PartialReducer`, :func:`cohort_slice`);
@@ -71,6 +73,7 @@ from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
 from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
 from meshkit.train._traits import StrategyTraits, strategy_traits
 from meshkit.train._coordinator.preflight import build_components
+from meshkit.train._coordinator.plan import Plan, check, resolve
 from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
 from meshkit.train._sharding import (client_seed, cohort_size, poisson_clients, sample_clients,
                                      shard_bounds, shard_pair)
@@ -156,6 +159,10 @@ __all__ = [
     "run",
     "load_run_config",
     "build_components",
+    # a config resolved against the plugins (was meshkit.config's before issue 33)
+    "Plan",
+    "resolve",
+    "check",
     "METRICS_NAME",
     "REPORT_NAME",
     "read_metrics",

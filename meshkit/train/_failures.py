@@ -20,7 +20,7 @@ this module what a failure means instead of deciding itself.
   blamed (the first sat out the rest of the round already; its strike is
   withdrawn). One hostile rank cannot get an honest client refused: that
   takes two ranks failing it. A client whose fit *stalled* two ranks (each
-  try cost a worker) is not tried again in the run
+  try cost a worker) is not tried again in the run, nor after a --resume
   (``StrategyContext.stalled_clients``). A round with one live worker (a collective
   rank serving its own slice) has no second rank to ask: there a failure is the
   client's at once, and the rank serves the rest of its slice.

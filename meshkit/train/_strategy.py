@@ -272,7 +272,8 @@ class StrategyContext:
     #: Rounds each rank was dropped from for its own failure (quarantine counts them).
     strikes: dict[int, int] = attrs.Factory(dict)
     #: Clients (work keys) whose fit stalled two ranks -> why: not served again in this
-    #: run, since each try costs a worker (:mod:`meshkit.train._failures`).
+    #: run, since each try costs a worker (:mod:`meshkit.train._failures`); checkpointed,
+    #: so a resumed run does not try them either.
     stalled_clients: dict[int, str] = attrs.Factory(dict)
     #: Ranks whose reply to :meth:`call` or :meth:`broadcast` was an error this round ->
     #: the reason (the round skeleton reports them in ``failed`` and clears them).

@@ -103,7 +103,9 @@ is dead and why, who is taken back: the one place any of it changes),
 ``_ledger.py`` (routing over it: links, held messages, the next hop),
 ``_mailbox.py`` (received messages until a ``recv`` takes them),
 ``_forwarding.py`` (the star's per-destination queues and writers),
-``_timeouts.py`` (timeouts as deadlines). The star reduce service
+``_timeouts.py`` (timeouts as deadlines), ``_traits.py`` (what a transport
+declares, :class:`TransportTraits`, and the trust rule for one that
+authenticates nothing: :func:`trust_refusal`). The star reduce service
 (``all_reduce`` / ``reduce_round``) was removed in issue 21: every round
 runs on the one round engine (``meshkit.train.fold_round``). UDP discovery is the
 public module :mod:`meshkit.transport.discovery` (``DiscoveryServer``,
@@ -120,6 +122,7 @@ from meshkit.transport._membership import Membership, describe_dead
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
 from meshkit.transport._timeouts import deadline_after
+from meshkit.transport._traits import TransportTraits, is_loopback, transport_traits, trust_refusal
 # Every tag, as tags.__all__ lists them (the module is the one place they live).
 from meshkit.transport.tags import *  # noqa: F403
 
@@ -138,6 +141,10 @@ __all__ = [
     "check_state",
     "deadline_after",
     "describe_dead",
+    "TransportTraits",
+    "transport_traits",
+    "trust_refusal",
+    "is_loopback",
     "Membership",
     "MAX_UNREAD_BYTES",
     "MAX_UNREAD_TAGS",

@@ -80,7 +80,17 @@ Public API
 Constants: ``PROTOCOL_VERSION``, ``DEFAULT_MAX_FRAME``, ``MAX_TENSORS``,
 ``MAX_NDIM``, ``MAX_NAME_BYTES``, ``RESERVED_TAG_BASE``, ``HELLO_MAGIC``,
 ``HELLO_SIZE``, ``HEADER_SIZE``, ``MAC_SIZE``, ``BODY_TAG_SIZE``, ``FLAG_BF16``,
-``DTYPE_CODES``, ``MIN_SECRET``, ``HELLO_FLAG_PLAINTEXT``, ``HELLO_FLAG_NODE_KEY``.
+``DTYPE_CODES``, ``MIN_SECRET``, ``HELLO_FLAG_PLAINTEXT``, ``HELLO_FLAG_NODE_KEY``;
+segments (issue 39): ``FLAG_SEGMENTED``, ``FLAG_SEGMENT``, ``SEGMENT_LEAD``,
+``SEGMENT_UNIT``, ``DEFAULT_SEGMENT_BYTES``, ``MAX_SEGMENT_BYTES``,
+``DEFAULT_MAX_MESSAGE``, and ``check_segment_bytes(value)`` (what is wrong
+with a segment size, or None).
+
+A body larger than a link's segment size (the smaller of the two ends'
+``segment`` announced in the hello, and of their ``max_frame``) travels as a
+lead frame and its segments, each an ordinary authenticated frame; the
+receiver reads the segments straight into one buffer of the whole body, so
+a message may be larger than ``max_frame`` (up to ``max_message``).
 
 Decoded arrays are **writable numpy views** into one buffer that holds that
 frame alone, so they may be folded from or modified in place; they keep the
@@ -105,17 +115,29 @@ import no sibling):
 * ``_channel``: every byte a frame puts on the socket: :class:`Channel`,
   :class:`Frame`, sequence numbers, header MAC, body encryption and tag,
   timeouts.
+* ``_segments``: a message bigger than one segment, cut into a lead frame
+  and segments and read back into one buffer (docs/wire.md §2.4).
 * ``_handshake``: the hello exchange, :func:`handshake`.
 * ``_datagrams``: :func:`seal_datagram` and :func:`open_datagram`.
 """
 
 from __future__ import annotations
 
-from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel, Frame, Placer, RecvTimeout
+from meshkit.wire._channel import (
+    DEFAULT_MAX_FRAME,
+    DEFAULT_MAX_MESSAGE,
+    Channel,
+    Frame,
+    Placer,
+    RecvTimeout,
+)
 from meshkit.wire._codec import (
     BODY_TAG_SIZE,
+    DEFAULT_SEGMENT_BYTES,
     DTYPE_CODES,
     FLAG_BF16,
+    FLAG_SEGMENT,
+    FLAG_SEGMENTED,
     HEADER_SIZE,
     HELLO_FLAG_NODE_KEY,
     HELLO_FLAG_PLAINTEXT,
@@ -124,11 +146,15 @@ from meshkit.wire._codec import (
     MAC_SIZE,
     MAX_NAME_BYTES,
     MAX_NDIM,
+    MAX_SEGMENT_BYTES,
     MAX_TENSORS,
     PROTOCOL_VERSION,
     RESERVED_TAG_BASE,
+    SEGMENT_LEAD,
+    SEGMENT_UNIT,
     EncodedState,
     Hello,
+    check_segment_bytes,
     decode_state,
     encode_state,
 )
@@ -164,6 +190,14 @@ __all__ = [
     "MAC_SIZE",
     "BODY_TAG_SIZE",
     "FLAG_BF16",
+    "FLAG_SEGMENTED",
+    "FLAG_SEGMENT",
+    "SEGMENT_LEAD",
+    "SEGMENT_UNIT",
+    "DEFAULT_SEGMENT_BYTES",
+    "MAX_SEGMENT_BYTES",
+    "DEFAULT_MAX_MESSAGE",
+    "check_segment_bytes",
     "DTYPE_CODES",
     "Hello",
     "Frame",

@@ -15,7 +15,9 @@ the tag before anything is decoded. A receiver that knows what the next
 frames must hold (the mesh all-reduce's ring) can hand :meth:`Channel.recv`
 a :class:`Placer`: a body that starts with one of the heads it expects is
 then read (and decrypted, or fed to the tag) straight into the buffer that
-head names, not into a receive buffer to be copied from. Stall timeouts and write deadlines are enforced here; any
+head names, not into a receive buffer to be copied from. A body above the
+link's segment size travels as a lead frame and segments, each a frame
+sent and checked here (how it is cut and put back: ``_segments``). Stall timeouts and write deadlines are enforced here; any
 error but :class:`RecvTimeout` closes the channel, since the stream can no
 longer be trusted to be in sync. The layouts themselves are in ``_codec``.
 """
@@ -39,9 +41,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._codec import (
     _HEADER,
-    _KNOWN_FRAME_FLAGS,
+    _KNOWN_HEADER_FLAGS,
     BODY_TAG_SIZE,
+    DEFAULT_SEGMENT_BYTES,
     FLAG_BF16,
+    FLAG_SEGMENT,
+    FLAG_SEGMENTED,
     FRAME_MAGIC,
     HEADER_SIZE,
     MAC_SIZE,
@@ -52,6 +57,7 @@ from meshkit.wire._codec import (
     encode_state,
 )
 from meshkit.wire._keys import _Keys
+from meshkit.wire._segments import DEFAULT_MAX_MESSAGE, read_segmented, write_segmented
 from meshkit.wire._sockets import _Poller, _send_queue_has_room, close_socket
 
 #: Largest frame body a channel accepts unless told otherwise (1 GiB).
@@ -219,6 +225,7 @@ class Frame:
     seq: int
     state: dict[str, Any]
     bf16: bool = False
+    #: The body's size: the whole message's, for a segmented one.
     nbytes: int = 0
     #: The raw body (a numpy uint8 array the state's arrays are views of).
     body: Any = attrs.field(default=None, repr=False, eq=False)
@@ -226,6 +233,8 @@ class Frame:
     #: True when a :class:`Placer` took the body: ``state`` is the one it
     #: gave, its data already in place; ``body`` is None (nothing to forward).
     placed: bool = False
+    #: How many segments the body came in (0: one ordinary frame).
+    segments: int = 0
 
 
 _UNSET: Any = object()
@@ -243,7 +252,8 @@ class Channel:
 
     def __init__(self, sock: socket.socket, *, keys: _Keys, rank: int, world: int, peer: Hello,
                  timeout: float, max_frame: int, mac: bool = True, encrypt: bool = False,
-                 peer_key: bytes | None = None) -> None:
+                 peer_key: bytes | None = None, segment: int = DEFAULT_SEGMENT_BYTES,
+                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
         self._sock = sock
         self._keys = keys
         self.rank = rank
@@ -256,6 +266,13 @@ class Channel:
         self.encrypted = encrypt and mac
         #: The Ed25519 public key the peer proved in the handshake (32 bytes), or None.
         self.peer_key = peer_key
+        #: The largest segment this end asked for in its hello (bytes).
+        self.segment = segment
+        #: The largest message (a segmented body) this end accepts (bytes).
+        self.max_message = max_message
+        #: The largest frame body this channel wrote and read (tests, benchmarks).
+        self.largest_sent = 0
+        self.largest_received = 0
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._send_seq = 0
@@ -278,6 +295,13 @@ class Channel:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def segment_bytes(self) -> int:
+        """The most one frame of a message carries on this link (a bigger body is
+        segmented): the smallest of both ends' hello ``segment`` and ``max_frame``."""
+        theirs = self.peer.segment or self.segment
+        return min(self.segment, theirs, self.max_frame, self.peer.max_frame)
 
     @property
     def timeout(self) -> float:
@@ -378,11 +402,6 @@ class Channel:
             raise WireError(f"frame tag must be 0..0xFFFFFFFF, got {tag!r}")
         if not 0 <= sender <= 0xFFFFFFFF:
             raise WireError(f"frame sender must be a rank >= 0, got {sender}")
-        limit = min(self.max_frame, self.peer.max_frame)
-        if nbytes > limit:
-            raise WireError(f"frame body of {nbytes} bytes exceeds the {limit}-byte ceiling "
-                            f"agreed with {self.peer.describe()}; raise max_frame on both ends "
-                            "or send the state in parts")
         views = [_byte_view(buf) for buf in encoded.buffers]
         if not self._send_lock.acquire(blocking=not if_room):
             return None
@@ -392,18 +411,29 @@ class Channel:
             if if_room and not _send_queue_has_room(
                     self._sock, HEADER_SIZE + nbytes + BODY_TAG_SIZE):
                 return None
-            seq = self._send_seq
-            head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
-            header = head + (self._keys.send_mac(head) if self.mac_enabled else _ZERO_MAC)
             try:
-                self._write(header, views, nbytes, seq, deadline)
+                if nbytes <= self.segment_bytes:
+                    self._write_frame(kind, flags, tag, sender, views, nbytes, deadline)
+                else:
+                    write_segmented(self, kind, flags, tag, sender, views, nbytes,
+                                    self.segment_bytes, deadline)
             except BaseException as exc:
                 self.close(str(exc) if isinstance(exc, PeerLostError) else None)
                 raise
-            self._send_seq = seq + 1
         finally:
             self._send_lock.release()
         return nbytes
+
+    def _write_frame(self, kind: int, flags: int, tag: int, sender: int,
+                     views: list[memoryview], nbytes: int, deadline: float | None) -> None:
+        """One frame: header (MACed), body, tag; the next sequence number (send lock held)."""
+        seq = self._send_seq
+        head = _HEADER.pack(FRAME_MAGIC, kind, flags, 0, tag, sender, seq, nbytes)
+        header = head + (self._keys.send_mac(head) if self.mac_enabled else _ZERO_MAC)
+        self._write(header, views, nbytes, seq, deadline)
+        self._send_seq = seq + 1
+        if nbytes > self.largest_sent:
+            self.largest_sent = nbytes
 
     def _tag(self, seq: int, header: bytes, body: list[memoryview]) -> bytes:
         if not self.mac_enabled:
@@ -596,9 +626,8 @@ class Channel:
         if feed is not None and fed < mac_end:
             feed(view[fed:mac_end])
 
-    def _recv_frame(self, header: bytearray, got: int, place: Placer | None = None) -> Frame:
-        if got < HEADER_SIZE:  # usually the whole header came with the first read
-            self._read_into(memoryview(header), "header", got=got)
+    def _check_header(self, header: bytearray) -> tuple[int, int, int, int, int, int]:
+        """Authenticate and check a header: ``(kind, flags, tag, sender, seq, body length)``."""
         head = bytes(header[:_HEADER.size])
         if self.mac_enabled:
             expected = self._keys.recv_mac(head)
@@ -614,12 +643,30 @@ class Channel:
             raise AuthenticationError(
                 f"frame from {self.peer.describe()} has sequence number {seq}, expected "
                 f"{self._recv_seq} (a replayed or reordered frame); connection dropped")
-        if flags & ~_KNOWN_FRAME_FLAGS or reserved:
+        if flags & ~_KNOWN_HEADER_FLAGS or reserved or (
+                flags & FLAG_SEGMENTED and flags & FLAG_SEGMENT):
             raise WireError(f"frame from {self.peer.describe()} has unknown flags {flags:#x}")
         if nbytes > self.max_frame:
             raise WireError(
                 f"{self.peer.describe()} announced a frame body of {nbytes} bytes, above this "
                 f"node's max_frame of {self.max_frame}; refused before reading it")
+        if nbytes > self.largest_received:
+            self.largest_received = nbytes
+        return kind, flags, tag, sender, seq, nbytes
+
+    def _recv_frame(self, header: bytearray, got: int, place: Placer | None = None) -> Frame:
+        if got < HEADER_SIZE:  # usually the whole header came with the first read
+            self._read_into(memoryview(header), "header", got=got)
+        kind, flags, tag, sender, seq, nbytes = self._check_header(header)
+        if flags & FLAG_SEGMENT:
+            raise WireError(f"{self.peer.describe()} sent a segment (tag 0x{tag:08X}) that no "
+                            f"lead frame announced; the stream is out of sync")
+        if flags & FLAG_SEGMENTED:
+            body, count = read_segmented(self, bytes(header), kind, tag, sender, seq, nbytes)
+            flags &= ~FLAG_SEGMENTED
+            return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
+                         state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
+                         nbytes=body.nbytes, body=body, flags=flags, segments=count)
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
         head_size = 0 if place is None else place.head_size(tag, flags, nbytes)
@@ -661,16 +708,7 @@ class Channel:
         or, when the placer declines, after the head into a receive buffer
         as usual. The tag is checked before the frame is returned either way.
         """
-        context: Any = None
-        feed: Any = None
-        if self.encrypted:
-            context = _streaming_gcm(self._keys.recv_body, seq, header, decrypt=True)
-
-            def feed(piece: memoryview) -> None:
-                context.update_into(piece, piece)
-        elif self.mac_enabled:
-            context = _streaming_gmac(self._keys.recv_body, seq)
-            feed = context.authenticate_additional_data
+        context, feed = self._body_reader(header, seq)
         head = np.empty(head_size, dtype=np.uint8)
         self._read_into(head.data, "body", feed, head_size)
         chosen = place.place(head.tobytes())
@@ -685,6 +723,32 @@ class Channel:
             rest = body.data[head_size:]
         self._read_into(rest, "body", feed, rest.nbytes)
         del rest
+        self._check_body_tag(context, header, seq, tag, nbytes)
+        if chosen is None:
+            assert body is not None
+            return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
+                         state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
+                         nbytes=nbytes, body=body, flags=flags)
+        return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=dict(state),
+                     bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=None, flags=flags,
+                     placed=True)
+
+    def _body_reader(self, header: bytes, seq: int) -> tuple[Any, Any]:
+        """The body's streaming context and what to feed it each received piece (or None)."""
+        if self.encrypted:
+            context = _streaming_gcm(self._keys.recv_body, seq, header, decrypt=True)
+
+            def feed(piece: memoryview) -> None:
+                context.update_into(piece, piece)
+            return context, feed
+        if self.mac_enabled:
+            context = _streaming_gmac(self._keys.recv_body, seq)
+            return context, context.authenticate_additional_data
+        return None, None
+
+    def _check_body_tag(self, context: Any, header: bytes, seq: int, tag: int,
+                        nbytes: int) -> None:
+        """Read the body's 16-byte tag and check it against ``context``; count the frame."""
         received = bytearray(BODY_TAG_SIZE)
         self._read_into(memoryview(received), "body")
         failed = False
@@ -702,14 +766,12 @@ class Channel:
                 f"frame body from {self.peer.describe()} (tag 0x{tag:08X}, {nbytes} bytes) "
                 "failed authentication (forged or corrupted); connection dropped")
         self._recv_seq = seq + 1
-        if chosen is None:
-            assert body is not None
-            return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
-                         state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
-                         nbytes=nbytes, body=body, flags=flags)
-        return Frame(kind=kind, tag=tag, sender=sender, seq=seq, state=dict(state),
-                     bf16=bool(flags & FLAG_BF16), nbytes=nbytes, body=None, flags=flags,
-                     placed=True)
+
+    def _read_body(self, header: bytes, seq: int, tag: int, view: memoryview) -> None:
+        """Read one frame's body into ``view`` (all of it) and its tag; decrypt, check."""
+        context, feed = self._body_reader(header, seq)
+        self._read_into(view, "body", feed, view.nbytes)
+        self._check_body_tag(context, header, seq, tag, view.nbytes)
 
     def _decrypt_into(self, whole: np.ndarray, header: bytes, seq: int, tag: int,
                       nbytes: int) -> None:

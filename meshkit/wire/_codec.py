@@ -29,7 +29,10 @@ from meshkit.state import MAX_JSON_DEPTH, json_depth
 # Version 3: the hello's nonce is an ephemeral X25519 key whose shared value
 # enters the key schedule; bodies are AES-256-GCM encrypted unless both ends
 # opt out (HELLO_FLAG_PLAINTEXT); a node may prove an Ed25519 key.
-PROTOCOL_VERSION = 3
+# Version 4: a body above the link's segment size travels as a lead frame and
+# its segments (FLAG_SEGMENTED, FLAG_SEGMENT); the hello's former reserved
+# field says how big a segment this end wants to receive (issue 39).
+PROTOCOL_VERSION = 4
 #: Every MAC on the wire (header, key confirmation, datagram) is HMAC-SHA256.
 MAC_SIZE = 32
 
@@ -37,8 +40,9 @@ MAC_SIZE = 32
 
 HELLO_MAGIC = b"MESHKIT\x00"
 SESSION_SIZE = 16
-# Hello: magic 8s | version u16 | flags u16 | role u16 | reserved u16 | rank u32 |
+# Hello: magic 8s | version u16 | flags u16 | role u16 | segment u16 | rank u32 |
 # world u32 | max_frame u64 | session 16s | nonce 32s   -> 80 bytes.
+# ``segment`` is the largest segment this end wants, in SEGMENT_UNIT bytes.
 _HELLO = struct.Struct("<8sHHHHIIQ16s32s")
 HELLO_SIZE = _HELLO.size
 # The first 10 bytes (magic + version) keep this layout in every version, so
@@ -65,6 +69,8 @@ class Hello:
     session: bytes
     nonce: bytes
     address: str = ""
+    #: The largest segment of a segmented message this end wants, in bytes.
+    segment: int = 0
 
     def describe(self) -> str:
         where = f" at {self.address}" if self.address else ""
@@ -81,7 +87,23 @@ FRAME_MAGIC = b"MKF\x01"
 _HEADER = struct.Struct("<4sBBHIIQQ")
 HEADER_SIZE = _HEADER.size + MAC_SIZE
 FLAG_BF16 = 0x01
+#: Flags a message's body carries (what :func:`decode_state` reads).
 _KNOWN_FRAME_FLAGS = FLAG_BF16
+#: A lead frame: its body is :data:`SEGMENT_LEAD` and the message's body
+#: follows in that many :data:`FLAG_SEGMENT` frames (docs/wire.md, "Segments").
+FLAG_SEGMENTED = 0x02
+#: One segment of the body the last lead frame announced: raw body bytes.
+FLAG_SEGMENT = 0x04
+#: Every flag a frame header may carry.
+_KNOWN_HEADER_FLAGS = FLAG_BF16 | FLAG_SEGMENTED | FLAG_SEGMENT
+#: A lead frame's body: the message body's bytes u64 | segments u32 | segment size u32.
+SEGMENT_LEAD = struct.Struct("<QII")
+#: Segment sizes are announced in the hello in units of this many bytes.
+SEGMENT_UNIT = 64 << 10
+#: The segment size an end wants unless told otherwise (``[mesh] segment_bytes``).
+DEFAULT_SEGMENT_BYTES = 4 << 20
+#: The largest segment size a hello can announce (65535 units, just under 4 GiB).
+MAX_SEGMENT_BYTES = 0xFFFF * SEGMENT_UNIT
 #: Size of the AES-GMAC body tag that follows every frame body.
 BODY_TAG_SIZE = 16
 
@@ -124,6 +146,21 @@ DTYPE_CODES: dict[int, np.dtype] = _dtype_table()
 _CODE_OF = {dt: code for code, dt in DTYPE_CODES.items()}
 _BF16 = DTYPE_CODES[11]
 _F32 = DTYPE_CODES[12]
+
+
+def check_segment_bytes(value: Any, what: str = "segment_bytes") -> str | None:
+    """What is wrong with ``value`` as a segment size, or None (it is usable).
+
+    A segment size is announced in the hello in units of
+    :data:`SEGMENT_UNIT`, so it must be a multiple of it (64 KiB, 1 MiB,
+    4 MiB, ...) between one unit and :data:`MAX_SEGMENT_BYTES`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{what} must be an integer number of bytes, got {value!r}"
+    if not SEGMENT_UNIT <= value <= MAX_SEGMENT_BYTES or value % SEGMENT_UNIT:
+        return (f"{what} must be a multiple of {SEGMENT_UNIT} (64 KiB) between {SEGMENT_UNIT} "
+                f"and {MAX_SEGMENT_BYTES}, e.g. {DEFAULT_SEGMENT_BYTES} (4 MiB); got {value}")
+    return None
 
 
 def _little_endian(dtype: np.dtype) -> np.dtype:

@@ -25,9 +25,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
-from meshkit.wire._channel import DEFAULT_MAX_FRAME, Channel
+from meshkit.wire._channel import DEFAULT_MAX_FRAME, DEFAULT_MAX_MESSAGE, Channel
 from meshkit.wire._codec import (
     _HELLO,
+    DEFAULT_SEGMENT_BYTES,
+    SEGMENT_UNIT,
+    check_segment_bytes,
     _HELLO_PREFIX,
     _KNOWN_HELLO_FLAGS,
     HELLO_FLAG_NO_MAC,
@@ -61,6 +64,8 @@ def handshake(
     encrypt: bool = True,
     node_key: NodeKey | None = None,
     benchmark_only_disable_mac: bool = False,
+    segment: int = DEFAULT_SEGMENT_BYTES,
+    max_message: int = DEFAULT_MAX_MESSAGE,
 ) -> Channel:
     """Authenticate a connected stream socket and return a :class:`Channel`.
 
@@ -80,6 +85,12 @@ def handshake(
     handshake's transcript; the peer's proven key, if it sent one, is
     ``channel.peer_key`` (32 raw bytes, or None).
 
+    ``segment`` (a multiple of 64 KiB, ``[mesh] segment_bytes``) is the
+    largest segment this end wants a big message cut into; it is announced
+    in the hello, and both directions of the link cut at the smaller of the
+    two ends' (``channel.segment_bytes``). ``max_message`` bounds a
+    segmented message this end accepts, checked before its buffer exists.
+
     ``benchmark_only_disable_mac`` turns frame MACs off (the handshake is
     still authenticated) so benchmarks can measure the MAC's cost. Both ends
     must set it (it implies ``encrypt=False``); it is never read from
@@ -98,6 +109,11 @@ def handshake(
                               f"got {len(session)}")
         if not 0 < max_frame < 1 << 63:
             raise ConfigError(f"max_frame must be a positive byte count, got {max_frame}")
+        problem = check_segment_bytes(segment, "segment")
+        if problem:
+            raise ConfigError(problem)
+        if not 0 < max_message < 1 << 63:
+            raise ConfigError(f"max_message must be a positive byte count, got {max_message}")
     except ConfigError:
         close_socket(sock)  # as on every other error: the peer must not wait on it
         raise
@@ -115,7 +131,8 @@ def handshake(
     ephemeral = X25519PrivateKey.generate()
     nonce = ephemeral.public_key().public_bytes(serialization.Encoding.Raw,
                                                 serialization.PublicFormat.Raw)
-    mine = _HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, role, 0, rank, world, max_frame,
+    mine = _HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, role, segment // SEGMENT_UNIT,
+                       rank, world, max_frame,
                        session.ljust(SESSION_SIZE, b"\x00"), nonce)
     try:
         _configure(sock)
@@ -141,7 +158,7 @@ def handshake(
         fields = _HELLO.unpack(theirs)
         peer = Hello(version=fields[1], flags=fields[2], role=fields[3], rank=fields[5],
                      world=fields[6], max_frame=fields[7], session=fields[8].rstrip(b"\x00"),
-                     nonce=fields[9], address=address)
+                     nonce=fields[9], address=address, segment=fields[4] * SEGMENT_UNIT)
         if peer.nonce == nonce:
             raise AuthenticationError(f"{where} echoed our own handshake back (a reflection); "
                                       "refused")
@@ -171,6 +188,9 @@ def handshake(
         if peer.session and session and peer.session != session.rstrip(b"\x00"):
             raise WireError(f"{peer.describe()} belongs to job {peer.session.hex()}, this node to "
                             f"job {session.hex()}; refused")
+        if not peer.segment:
+            raise WireError(f"{peer.describe()} announced no segment size in its hello "
+                            f"(version {PROTOCOL_VERSION} needs one); refused")
         if peer.flags & ~_KNOWN_HELLO_FLAGS:
             raise WireError(f"{peer.describe()} sent unknown handshake flags {peer.flags:#x}")
         if (peer.flags & HELLO_FLAG_NO_MAC) != (flags & HELLO_FLAG_NO_MAC):
@@ -205,4 +225,5 @@ def handshake(
     log.debug("authenticated %s (role %d)", peer.describe(), peer.role)
     return Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
                    max_frame=max_frame, mac=not benchmark_only_disable_mac, encrypt=encrypt,
+                   segment=segment, max_message=max_message,
                    peer_key=peer_key)

@@ -55,7 +55,7 @@ _LAZY = {
                      "ShareDelivery", "MaskedInput", "MaskedSum", "UnmaskRequest",
                      "UnmaskReply", "MESSAGES", "decode", "MAX_CLIENT_ID", "SEALED_SIZE",
                      "payload_bytes"], "meshkit_secagg._messages"),
-    "ClientRound": "meshkit_secagg._client",
+    **dict.fromkeys(["ClientRound", "cancelled_pairs"], "meshkit_secagg._client"),
     **dict.fromkeys(["ServerRound", "SecAggResult"], "meshkit_secagg._server"),
     **dict.fromkeys(["simulate_round", "Simulation", "STAGES"], "meshkit_secagg._simulate"),
     **dict.fromkeys(["SecAggPlus", "survivable_workers", "AUTO_DROPOUT"],

@@ -31,13 +31,13 @@ Sign convention: for neighbours ``u < v`` the pairwise mask is added by
 from __future__ import annotations
 
 import secrets
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
 from meshkit.errors import RefusedError
-from meshkit_secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
-                                       generate_key_pair, open_from, seal_to, seed_commitment)
+from meshkit_secagg._agreement import (PAIRWISE, agree, derive, generate_private, open_from,
+                                       seal_to, seed_commitment)
 from meshkit_secagg._graph import neighbours
 from meshkit_secagg._masks import SEED_SIZE, add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit_secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShares, SecAggError,
@@ -45,7 +45,7 @@ from meshkit_secagg._messages import (KeyAdvert, MaskedInput, Roster, SealedShar
 from meshkit_secagg._params import SecAggParams, masked_length
 from meshkit_secagg._shamir import SHARE_SIZE, Share, shamir_split
 
-__all__ = ["ClientRound"]
+__all__ = ["ClientRound", "cancelled_pairs"]
 
 
 
@@ -69,13 +69,20 @@ class ClientRound:
         self.client = client
         self.round_seed = bytes(round_seed)
         self.length = length
-        self._share_private, self._share_public = generate_key_pair()
-        self._mask_private, self._mask_public = generate_key_pair()
+        # Each key is agreed with once per neighbour: kept loaded, never re-read from bytes.
+        self._share_key = generate_private()
+        self._share_public = self._share_key.public_key().public_bytes_raw()
+        self._mask_key = generate_private()
+        self._mask_private = self._mask_key.private_bytes_raw()  # what is split into shares
+        self._mask_public = self._mask_key.public_key().public_bytes_raw()
         self._seed = secrets.token_bytes(SEED_SIZE)
         self._stage = 0
         self._adverts: dict[int, KeyAdvert] = {}
         #: recipient -> the ephemeral private key its shares were sealed with.
         self._ephemeral: dict[int, bytes] = {}
+        #: recipient -> (its share key, the sealed bytes, the share pair in them): what a
+        #: peer played by the same party may read instead of opening (``open``'s ``peers``).
+        self._sealed: dict[int, tuple[bytes, bytes, bytes]] = {}
         #: The neighbours that sent shares (in the delivery), whether or not they opened.
         self._sharers: list[int] = []
         #: sender -> why its shares did not open.
@@ -121,11 +128,6 @@ class ClientRound:
                 f"the threshold {self.params.threshold}: its secrets could not be rebuilt; a "
                 "round needs more clients, or a lower threshold")
         for advert in roster.adverts:
-            try:
-                check_public_key(advert.share_key)
-            except ValueError as error:
-                raise SecAggError(f"client {advert.client}'s share key: {error}",
-                                  advert.client) from None
             self._adverts[advert.client] = advert
         # The last point is the client's own: it holds one share of each of its secrets.
         xs = [v + 1 for v in mine] + [self.client + 1]
@@ -134,13 +136,21 @@ class ClientRound:
         self._own = (seed_shares[-1].to_bytes(), key_shares[-1].to_bytes())
         sealed = []
         for v, s, k in zip(mine, seed_shares, key_shares):
-            ephemeral, box = seal_to(self._adverts[v].share_key, s.to_bytes() + k.to_bytes(),
-                                     self.round_seed, self.client, v)
+            pair = s.to_bytes() + k.to_bytes()
+            try:
+                # The sealing agreement is the share key's check: a key of the wrong size
+                # or of small order (an all-zero agreement) is refused there.
+                ephemeral, box = seal_to(self._adverts[v].share_key, pair, self.round_seed,
+                                         self.client, v)
+            except ValueError as error:
+                raise SecAggError(f"client {v}'s share key: {error}", v) from None
             self._ephemeral[v] = ephemeral  # kept to answer an accusation (reveal)
+            self._sealed[v] = (self._adverts[v].share_key, box, pair)
             sealed.append(SealedShares(self.client, v, box))
         return ShareBundle(self.client, tuple(sealed))
 
-    def open(self, delivery: ShareDelivery) -> tuple[int, ...]:
+    def open(self, delivery: ShareDelivery,
+             peers: Mapping[int, "ClientRound"] | None = None) -> tuple[int, ...]:
         """Step 4: opens the shares its neighbours sealed to it; the senders whose did not open.
 
         A share that does not authenticate, does not parse, or is for another
@@ -149,6 +159,13 @@ class ClientRound:
         asks the sender for that share's ephemeral key: :meth:`reveal`). A
         delivery that is not this client's, or holds a non-neighbour's share,
         is the coordinator's fault (:class:`SecAggError` blaming ``None``).
+
+        ``peers`` (id -> round) are clients of this round played by the same
+        party (a worker playing several): a share one of them sealed to this
+        client's own share key, delivered as the very bytes it sealed, is
+        read from the sealer instead of decrypted, which is what decrypting
+        it would give. Any other share, a peer's altered on the way
+        included, is decrypted.
         """
         self._advance(2, "open")
         if delivery.client != self.client:
@@ -160,9 +177,15 @@ class ClientRound:
                 raise SecAggError(f"shares from {owner} to {sealed.recipient}: not a neighbour's "
                                   f"to this client", None)
             self._sharers.append(owner)
+            peer = (peers or {}).get(owner)
+            kept = peer._sealed.get(self.client) if peer is not None else None
             try:
-                plain = open_from(self._share_private, sealed.sealed, self.round_seed,
-                                  owner, self.client)
+                if kept is not None and kept[0] == self._share_public \
+                        and kept[1] == sealed.sealed:
+                    plain = kept[2]  # the bytes its sealer made: no agreement, no AES
+                else:
+                    plain = open_from(self._share_key, sealed.sealed, self.round_seed,
+                                      owner, self.client)
                 seed_share = Share.from_bytes(plain[:SHARE_SIZE])
                 key_share = Share.from_bytes(plain[SHARE_SIZE:])
                 if seed_share.x != self.client + 1 or key_share.x != self.client + 1:
@@ -198,7 +221,13 @@ class ClientRound:
                               accused[0])
         return self.mask_opened(update)
 
-    def mask_opened(self, update: np.ndarray, excluded: Iterable[int] = ()) -> MaskedInput:
+    @property
+    def sharers(self) -> tuple[int, ...]:
+        """The neighbours whose shares were delivered to this client (it masks with each)."""
+        return tuple(sorted(self._sharers))
+
+    def mask_opened(self, update: np.ndarray, excluded: Iterable[int] = (),
+                    cancelled: Iterable[int] = ()) -> MaskedInput:
         """Step 5: ``update`` (from :func:`quantize`) masked with every neighbour that shared with it.
 
         ``excluded`` are clients the coordinator took out of the round after
@@ -207,6 +236,14 @@ class ClientRound:
         kept. The masked vector is :attr:`masked_length` long: the update,
         then a 1 in each of the :data:`CHECK_ELEMENTS` (the coordinator's
         count check).
+
+        ``cancelled`` are sharers whose masked inputs the caller adds to this
+        one before anything leaves it (a worker that plays both and sends
+        one sum: :func:`cancelled_pairs`): the pair's mask, added by one end
+        and subtracted by the other, would cancel in that sum, so neither
+        end expands it. The vector returned is then a masked input only as
+        part of the caller's sum, which is bit for bit the sum of the
+        uncancelled inputs.
         """
         self._advance(3, "mask")
         dtype = vector_dtype(self.params.modulus_bits)
@@ -237,7 +274,10 @@ class ClientRound:
         add_mod(out, mask_vector(self._seed, size, bits, out=scratch), bits, out=out)
         # Every sharer the coordinator kept, whether or not its share opened here: the
         # coordinator cancels exactly those pairs' masks.
+        skip = set(cancelled)
         for other in sorted(self._sharers):
+            if other in skip:
+                continue
             seed = self._pairwise_seed(other)
             mask = mask_vector(seed, size, bits, out=scratch)
             (add_mod if self.client < other else sub_mod)(out, mask, bits, out=out)
@@ -245,7 +285,7 @@ class ClientRound:
 
     def _pairwise_seed(self, other: int) -> bytes:
         try:
-            shared = agree(self._mask_private, self._adverts[other].mask_key)
+            shared = agree(self._mask_key, self._adverts[other].mask_key)
         except ValueError as error:
             raise SecAggError(f"client {other}'s mask key: {error}", other) from None
         return derive(shared, self.round_seed, PAIRWISE, self.client, other)
@@ -270,3 +310,17 @@ class ClientRound:
         key_shares = tuple((o, self._held[o][1]) for o in sorted(self._held) if o in dropped)
         return UnmaskReply(self.client, seed_shares, key_shares)
 
+
+def cancelled_pairs(rounds: Mapping[int, ClientRound]) -> dict[int, frozenset[int]]:
+    """For clients whose masked inputs one party adds up before sending: each one's masks that cancel.
+
+    A pair ``(u, v)`` of ``rounds`` cancels when each is the other's sharer
+    (so ``u`` adds the pair's mask and ``v`` subtracts it, or the other way
+    round); a pair masked by one end only (deliveries that disagree) is
+    left as it is, so the sum stays bit for bit what the uncancelled inputs
+    give. Pass each client's set as ``cancelled`` to
+    :meth:`ClientRound.mask_opened`.
+    """
+    sharers = {c: set(r.sharers) for c, r in rounds.items()}
+    return {c: frozenset(v for v in mine if v in sharers and c in sharers[v])
+            for c, mine in sharers.items()}

@@ -13,6 +13,7 @@ an odd degree is raised by one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Sequence
 
@@ -25,11 +26,17 @@ def neighbours(round_seed: bytes, members: Sequence[int], degree: int) -> dict[i
     ``members`` are distinct integer ids (any order: the graph depends on
     the set only); ``degree`` as in :class:`SecAggParams` (0: complete).
     """
-    ids = sorted(members)
+    ids = tuple(sorted(members))
     if len(set(ids)) != len(ids):
         raise ValueError("graph members must be distinct")
     if degree < 0:
         raise ValueError(f"degree must be >= 0, got {degree}")
+    # Every client a worker plays asks for the same graph: it is drawn once per round.
+    return dict(_graph(bytes(round_seed), ids, degree))
+
+
+@functools.lru_cache(maxsize=8)
+def _graph(round_seed: bytes, ids: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
     n = len(ids)
     k = degree + (degree & 1)
     if degree == 0 or k >= n - 1:

@@ -41,7 +41,7 @@ import numpy as np
 
 from meshkit.errors import RefusedError
 from meshkit_secagg._agreement import (PAIRWISE, agree, check_public_key, derive,
-                                       open_revealed, public_key, seed_commitment)
+                                       open_revealed, private_key, public_key, seed_commitment)
 from meshkit_secagg._graph import neighbours
 from meshkit_secagg._masks import add_mod, mask_vector, sub_mod, vector_dtype
 from meshkit_secagg._messages import (MAX_CLIENT_ID, KeyAdvert, MaskedInput, MaskedSum, Roster,
@@ -376,10 +376,11 @@ class ServerRound:
             sub_mod(total, mask_vector(rebuilt_seeds[owner], size, bits, out=scratch), bits,
                     out=total)
         for gone in sorted(rebuilt_keys):
+            key = private_key(rebuilt_keys[gone])  # loaded once for all its neighbours
             for survivor in self._shared[gone]:
                 if survivor not in self._masked:
                     continue
-                shared = agree(rebuilt_keys[gone], self._adverts[survivor].mask_key)
+                shared = agree(key, self._adverts[survivor].mask_key)
                 mask = mask_vector(derive(shared, self.round_seed, PAIRWISE, gone, survivor),
                                    size, bits, out=scratch)
                 # The survivor added the pair's mask if its id is the smaller one.

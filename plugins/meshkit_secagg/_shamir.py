@@ -74,25 +74,56 @@ def shamir_split(secret: bytes, threshold: int, xs: Sequence[int]) -> list[Share
     shares = []
     for x in xs:
         y = 0
-        for c in reversed(coefficients):  # Horner
-            y = (y * x + c) % PRIME
-        shares.append(Share(x, y))
+        for i, c in enumerate(reversed(coefficients)):  # Horner
+            y = y * x + c
+            # x is below 2**32: reducing every _REDUCE_EVERY steps keeps y under about
+            # 521 + 33 * _REDUCE_EVERY bits and skips most 521-bit reductions (same value mod p).
+            if i % _REDUCE_EVERY == _REDUCE_EVERY - 1:
+                y %= PRIME
+        shares.append(Share(x, y % PRIME))
     return shares
+
+
+#: Horner steps between reductions in :func:`shamir_split`.
+_REDUCE_EVERY = 8
 
 
 @functools.lru_cache(maxsize=64)
 def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     # The coefficients depend on the points only; a round rebuilds many
     # secrets from the same responders (all of them, on the complete graph).
-    coefficients = []
+    numerators, denominators = [], []
     for i, xi in enumerate(xs):
         numerator, denominator = 1, 1
         for j, xj in enumerate(xs):
             if i != j:
                 numerator = numerator * xj % PRIME
                 denominator = denominator * (xj - xi) % PRIME
-        coefficients.append(numerator * pow(denominator, PRIME - 2, PRIME) % PRIME)
-    return tuple(coefficients)
+        numerators.append(numerator)
+        denominators.append(denominator)
+    return tuple(n * d % PRIME for n, d in zip(numerators, inverses(denominators)))
+
+
+def inverses(values: Sequence[int]) -> list[int]:
+    """Each value's inverse mod :data:`PRIME`, from one modular inversion (Montgomery's trick).
+
+    The values are non-zero mod PRIME (here: products of differences of
+    distinct points below 2**32). One inversion of a 521-bit number costs
+    as much as hundreds of multiplications, so the prefix products are
+    inverted once and unwound. ``ValueError`` for a value that is 0 mod PRIME.
+    """
+    prefix, running = [], 1
+    for v in values:
+        prefix.append(running)
+        running = running * v % PRIME
+    if running == 0:
+        raise ValueError("0 has no inverse mod PRIME")
+    inverse = pow(running, -1, PRIME)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = inverse * prefix[i] % PRIME
+        inverse = inverse * values[i] % PRIME
+    return out
 
 
 def shamir_combine(shares: Iterable[Share], threshold: int) -> bytes:

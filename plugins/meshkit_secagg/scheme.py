@@ -26,9 +26,10 @@ import attrs
 import numpy as np
 
 from meshkit import ConfigError
-from meshkit.secure_aggregation import SecureAggregationTraits, SecureResult, Unmasking
+from meshkit.secure_aggregation import (SecureAggregationTraits, SecureResult, Unmasking,
+                                        field_width)
 
-from meshkit_secagg._client import ClientRound
+from meshkit_secagg._client import ClientRound, cancelled_pairs
 from meshkit_secagg._graph import neighbours
 from meshkit_secagg._messages import (SEALED_SIZE, KeyAdvert, MaskedInput,
                                       MaskedSum, Roster, SealedShares, ShareBundle,
@@ -86,12 +87,6 @@ def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
         lost += load
         survived += 1
     return min(survived, max(len(loads) - 1, 0))
-
-
-@functools.lru_cache(maxsize=4)
-def _graph(seed: bytes, members: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
-    """The round's graph, drawn once per worker however many clients it plays."""
-    return neighbours(seed, list(members), degree)
 
 
 def _advert(client: int, row: bytes) -> KeyAdvert:
@@ -152,6 +147,10 @@ class _Client:
         self.client = client
         self.params = params
         self.seed = round_seed
+        #: Sharers whose masks cancel in the party's sum (:meth:`_Party.summing`).
+        self.cancelled: frozenset[int] = frozenset()
+        #: The other clients its worker plays (:class:`_Party`): their shares are read, not opened.
+        self.peers: Mapping[int, ClientRound] = {}
 
     def advertise(self) -> bytes:
         advert = self.round.advertise()
@@ -159,7 +158,7 @@ class _Client:
 
     def share(self, members: Sequence[int], adverts: Mapping[int, bytes]
               ) -> list[tuple[int, bytes]]:
-        graph = _graph(self.seed, tuple(members), self.params.degree)
+        graph = neighbours(self.seed, members, self.params.degree)  # drawn once a round
         roster = Roster(self.client, tuple(members),
                         tuple(_advert(v, adverts[v]) for v in graph[self.client]))
         return [(row.recipient, row.sealed) for row in self.round.share(roster).shares]
@@ -167,13 +166,13 @@ class _Client:
     def open(self, delivered: Sequence[tuple[int, bytes]]) -> tuple[int, ...]:
         rows = sorted((SealedShares(int(s), self.client, bytes(b)) for s, b in delivered),
                       key=lambda s: s.sender)
-        return self.round.open(ShareDelivery(self.client, tuple(rows)))
+        return self.round.open(ShareDelivery(self.client, tuple(rows)), self.peers)
 
     def reveal(self, recipient: int) -> bytes:
         return self.round.reveal(recipient)
 
     def mask(self, quantised: np.ndarray, excluded: Sequence[int]) -> np.ndarray:
-        masked: MaskedInput = self.round.mask_opened(quantised, list(excluded))
+        masked: MaskedInput = self.round.mask_opened(quantised, list(excluded), self.cancelled)
         return masked.vector
 
     def unmask(self, survivors: Sequence[int], dropped: Sequence[int]
@@ -182,6 +181,36 @@ class _Client:
         return [(int(owner), kind, share)
                 for kind, pairs in ((0, reply.seed_shares), (1, reply.key_shares))
                 for owner, share in pairs]
+
+
+class _Party:
+    """The clients one worker plays in a round (the trait ``party``): its masked reply is one sum.
+
+    In that sum the pairwise mask of two of its clients is added by one and
+    subtracted by the other, so neither expands it nor agrees its seed
+    (:func:`cancelled_pairs`): the same bits, half the pairwise work at two
+    workers. The clients drop together or not at all, since the sum is one
+    reply, so the coordinator never has such a pair to cancel. And a share
+    one of them sealed to another, delivered as sealed, is read from its
+    sealer rather than decrypted (:meth:`ClientRound.open`'s ``peers``).
+    """
+
+    def __init__(self, clients: Mapping[int, _Client]) -> None:
+        self._clients = dict(clients)
+        rounds = {c: side.round for c, side in self._clients.items()}
+        for side in self._clients.values():
+            side.peers = rounds
+
+    @property
+    def clients(self) -> Mapping[int, _Client]:
+        return self._clients
+
+    def summing(self, clients: Sequence[int]) -> None:
+        cancelled = cancelled_pairs({c: self._clients[c].round for c in clients})
+        for side in self._clients.values():
+            side.cancelled = frozenset()
+        for client, pairs in cancelled.items():
+            self._clients[client].cancelled = pairs
 
 
 @attrs.frozen
@@ -195,13 +224,17 @@ class SecAggPlus:
         return SecureAggregationTraits(
             modulus_bits=self.options.modulus_bits, advert_size=ADVERT_SIZE,
             sealed_size=SEALED_SIZE, share_size=SHARE_SIZE, reveal_size=REVEAL_SIZE,
-            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS)
+            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS,
+            integer_inputs=True, party=True)
 
-    def plan(self, clients: int, per_worker: int = 1) -> SecAggParams:
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0) -> SecAggParams:
         """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
 
         ``per_worker`` is the most clients one worker plays this round (what
-        ``degree = "auto"`` must survive losing).
+        ``degree = "auto"`` must survive losing). ``input_bits`` > 0: the inputs
+        are a compressor's codes below ``2**input_bits``, masked in the narrowest
+        field their sum fits (:func:`meshkit.secure_aggregation.field_width`)
+        instead of ``modulus_bits``.
         """
         opts = self.options
         auto_t = None
@@ -210,7 +243,10 @@ class SecAggPlus:
         else:
             degree = int(opts.degree)
         probe = SecAggParams(clients=clients, degree=degree, threshold=1,
-                             clip_range=opts.clip_range, modulus_bits=opts.modulus_bits)
+                             clip_range=opts.clip_range,
+                             modulus_bits=(field_width(input_bits, clients) if input_bits
+                                           else opts.modulus_bits),
+                             input_bits=input_bits)
         neighbours_ = probe.effective_degree
         if opts.threshold == "auto":
             threshold = auto_t if auto_t is not None else neighbours_ // 2 + 1
@@ -227,9 +263,10 @@ class SecAggPlus:
         return attrs.evolve(probe, threshold=threshold)
 
     def params(self, *, clients: int, degree: int, threshold: int, clip_range: float,
-               modulus_bits: int) -> SecAggParams:
+               modulus_bits: int, input_bits: int = 0) -> SecAggParams:
         return SecAggParams(clients=clients, degree=degree, threshold=threshold,
-                            clip_range=clip_range, modulus_bits=modulus_bits)
+                            clip_range=clip_range, modulus_bits=modulus_bits,
+                            input_bits=input_bits)
 
     def describe(self, params: SecAggParams, loads: Sequence[int]) -> dict[str, Any]:
         return {"degree": params.effective_degree, "threshold": params.threshold,
@@ -244,6 +281,10 @@ class SecAggPlus:
                length: int) -> _Client:
         return _Client(ClientRound(params, client, round_seed, length), client, params,
                        round_seed)
+
+    def party(self, params: SecAggParams, clients: Sequence[int], round_seed: bytes,
+              length: int) -> _Party:
+        return _Party({c: self.client(params, c, round_seed, length) for c in clients})
 
     def quantize(self, values: np.ndarray, params: SecAggParams) -> np.ndarray:
         return quantize(values, params)

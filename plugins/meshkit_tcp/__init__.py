@@ -27,6 +27,10 @@ class TcpOptions:
     retired_keys: ClassVar[Mapping[str, str]] = {"bf16_wire": BF16_WIRE_RETIRED}
     #: Largest frame body accepted, checked before anything is allocated.
     max_frame_bytes: int = 1 << 30
+    #: Largest message accepted: one bigger than a segment (``[mesh] segment_bytes``)
+    #: travels as a lead frame and segments; the lead's claim is checked against
+    #: this before anything is allocated.
+    max_message_bytes: int = 1 << 40
     #: Bytes a sender's unread messages on one tag may hold behind the oldest
     #: one (which may be any frame size); past it the sender is dropped.
     max_unread_bytes: int = 64 << 20

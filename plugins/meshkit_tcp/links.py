@@ -92,6 +92,10 @@ class TcpLinks(RelayHub, Links):
             # Checked here: inside every handshake it would refuse each peer instead.
             raise ConfigError(f"[transport] max_frame_bytes must be a positive byte count "
                               f"below 2**63, got {self.max_frame}")
+        self.max_message = int(options.max_message_bytes)
+        if not 0 < self.max_message < 1 << 63:
+            raise ConfigError(f"[transport] max_message_bytes must be a positive byte count "
+                              f"below 2**63, got {self.max_message}")
         #: Connections refused or failed at the handshake (newest last, the
         #: last 256), for operators and tests: a bad peer is reported here,
         #: not raised.
@@ -308,6 +312,12 @@ class TcpLinks(RelayHub, Links):
 
     def _register(self, rank: int, channel: wire.Channel) -> None:
         with self._lock:
+            # The rank's reservation (_rank_problem) ends here, in the same step
+            # that puts it in the routing table: released any earlier, a second
+            # node claiming it could be welcomed too; any later, a node that
+            # joined, left and restarted at once would find its old reservation
+            # and be refused as a duplicate of itself.
+            self._admitting.discard(rank)
             if self._events.closed:
                 channel.close()
                 return
@@ -368,6 +378,7 @@ class TcpLinks(RelayHub, Links):
             role=ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
             encrypt=self.config.encrypt, node_key=self.config.node_key,
+            segment=self.config.segment_bytes, max_message=self.max_message,
             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
 
     # -- accepting side -------------------------------------------------------
@@ -428,13 +439,7 @@ class TcpLinks(RelayHub, Links):
                 self._admitting.discard(rank)
             self._refuse(f"{where} (rank {rank})", str(exc))
             return
-        try:
-            self._register(rank, channel)
-        finally:
-            # Only now that the rank is in the routing table: released any
-            # earlier, a second node claiming it could be welcomed too.
-            with self._lock:
-                self._admitting.discard(rank)
+        self._register(rank, channel)  # which ends the rank's reservation
 
     def _identity_problem(self, channel: wire.Channel) -> str | None:
         """Why the node key ``channel``'s peer proved (or did not) may not join, or None."""

@@ -93,6 +93,12 @@ class RelayConfig:
     #: holding the secret, whose identity is then the relay's.
     authorized_nodes: Any = attrs.field(default=None, repr=False)
     max_frame: int = wire.DEFAULT_MAX_FRAME
+    #: The most one frame of a model-sized message carries, on both legs
+    #: (``meshkit relay --segment-bytes``; each link cuts at the smaller of its
+    #: two ends' values).
+    segment_bytes: int = wire.DEFAULT_SEGMENT_BYTES
+    #: The largest segmented message accepted (``[transport] max_message_bytes``).
+    max_message: int = wire.DEFAULT_MAX_MESSAGE
 
     def __attrs_post_init__(self) -> None:
         if not self.ranks:
@@ -242,7 +248,8 @@ class HostRelay:
         channel = wire.handshake(
             sock, cfg.secret, rank=min(self.ranks), world=cfg.world, role=ROLE_RELAY,
             timeout=cfg.timeout, handshake_timeout=max(0.05, deadline - time.monotonic()),
-            max_frame=cfg.max_frame, encrypt=cfg.encrypt, node_key=cfg.node_key)
+            max_frame=cfg.max_frame, encrypt=cfg.encrypt, node_key=cfg.node_key,
+            segment=cfg.segment_bytes, max_message=cfg.max_message)
         if channel.peer.rank != 0:
             channel.close()
             raise WireError(f"the node at {cfg.coordinator} is rank {channel.peer.rank}, not "
@@ -461,7 +468,8 @@ class HostRelay:
         try:
             channel = wire.handshake(sock, cfg.secret, rank=0, world=cfg.world, role=ROLE_STAR,
                                      timeout=cfg.timeout, max_frame=cfg.max_frame,
-                                     encrypt=cfg.encrypt)
+                                     encrypt=cfg.encrypt, segment=cfg.segment_bytes,
+                                     max_message=cfg.max_message)
         except (MeshError, OSError) as exc:
             if not self._closed.is_set():
                 self._refuse(where, str(exc))
@@ -590,6 +598,9 @@ def start_relay(options: Any = None, **settings: Any) -> HostRelay:
     give its largest frame)."""
     if options is not None and "max_frame" not in settings:
         settings["max_frame"] = int(getattr(options, "max_frame_bytes", wire.DEFAULT_MAX_FRAME))
+    if options is not None and "max_message" not in settings:
+        settings["max_message"] = int(getattr(options, "max_message_bytes",
+                                              wire.DEFAULT_MAX_MESSAGE))
     return HostRelay(RelayConfig(**settings)).start()
 
 

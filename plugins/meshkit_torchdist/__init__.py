@@ -16,13 +16,44 @@ mode = "spmd"`` every rank runs the same program (:mod:`meshkit_torchdist.spmd`)
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable, Mapping
+import os
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from urllib.parse import urlparse
 
 import attrs
 
 import meshkit
+from meshkit.transport import TransportTraits
 
-__all__ = ["TorchdistOptions"]
+__all__ = ["TorchdistOptions", "init_method", "rendezvous"]
+
+
+def init_method(options: Any, rank: int, bind: str, peers: Sequence[str]) -> str:
+    """Where a rank meets the others: ``[transport] init_method``, else ``tcp://`` at its bind
+    address (rank 0) or the first peer's, else ``env://`` (torchrun's environment)."""
+    if options.init_method:
+        return str(options.init_method)
+    address = bind if rank == 0 and bind else (peers[0] if peers else "")
+    return f"tcp://{address}" if address else "env://"
+
+
+def rendezvous(options: Any, rank: int, bind: str, peers: Sequence[str]
+               ) -> list[tuple[str, str]]:
+    """The host a rank meets at, with the setting that chose it (:class:`TransportTraits`)."""
+    method = init_method(options, rank, bind, peers)
+    if method.startswith("env://"):
+        host = os.environ.get("MASTER_ADDR", "")
+        return [("MASTER_ADDR (the environment torchrun sets)", host)] if host else []
+    if not method.startswith("tcp://"):
+        return []  # refused as a ConfigError when the rank connects
+    try:
+        host = urlparse(method).hostname or ""
+    except ValueError:
+        return []
+    setting = (f"[transport] init_method = {options.init_method!r}" if options.init_method
+               else f"[mesh] bind = {bind!r}" if rank == 0 and bind
+               else f"[mesh] peers ({peers[0]!r}; meshkit node --peers)")
+    return [(setting, host)] if host else []
 
 BACKENDS = ("auto", "gloo", "nccl")
 #: ``[transport] mode`` values (:class:`TorchdistOptions`).
@@ -44,6 +75,11 @@ class TorchdistOptions:
     backend: str = attrs.field(default="auto", validator=attrs.validators.in_(BACKENDS))
     #: Largest control frame body accepted, checked before anything is allocated.
     max_frame_bytes: int = attrs.field(default=1 << 30, validator=attrs.validators.gt(0))
+    #: torch.distributed authenticates nothing: the kernel refuses a rendezvous that is
+    #: not on loopback unless [mesh] trust_network (meshkit.transport.trust_refusal),
+    #: in meshkit check and run before anything starts, and here at connect.
+    traits: ClassVar[TransportTraits] = TransportTraits(authenticates=False,
+                                                        rendezvous=rendezvous)
     #: Keys this transport no longer takes, and why (meshkit.options names them).
     retired_keys: ClassVar[Mapping[str, str]] = {"bf16_wire": (
         "removed (issue 21): it narrowed only the model frames of the star reduce service, "

@@ -44,7 +44,6 @@ interface; meshkit cannot change that and warns (docs/security.md).
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import os
 import socket
@@ -61,8 +60,9 @@ from meshkit import wire
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, RefusedError, \
     WireError
 from meshkit.node.config import NodeConfig
-from meshkit.transport import META_KEY, TAG_BYE, Group, LinkEvents, Links, Message
-from meshkit_torchdist import TorchdistOptions
+from meshkit.transport import (META_KEY, TAG_BYE, Group, LinkEvents, Links, Message,
+                               is_loopback, trust_refusal)
+from meshkit_torchdist import TorchdistOptions, init_method
 
 __all__ = ["TorchdistTransport", "TorchdistLinks", "is_loopback"]
 
@@ -77,23 +77,6 @@ _KIND_NAMES = ("control", "model")
 _IDLE = datetime.timedelta(days=30)
 #: gloo threads per pair group: one link moves one message at a time.
 _PAIR_THREADS = 1
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` resolves to is a loopback address."""
-    name = host.strip("[]")
-    if name in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
-                               for i in infos)
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -155,23 +138,16 @@ class TorchdistLinks(Links):
         return name
 
     def _init_method(self) -> str:
-        method = self.options.init_method
-        if method:
-            return method
-        address = self.config.bind if self.rank == 0 and self.config.bind else (
-            self.config.peers[0] if self.config.peers else "")
-        return f"tcp://{address}" if address else "env://"
+        return init_method(self.options, self.rank, self.config.bind or "", self.config.peers)
 
-    def _check_trust(self, host: str, where: str) -> None:
+    def _check_trust(self, host: str) -> None:
+        """The kernel's trust rule (as ``meshkit check`` applied it), for this node's config."""
         self._loopback = is_loopback(host)
-        if self._loopback or self.config.trust_network:
-            return
-        raise RefusedError(
-            f"torchdist: {where} is {host!r}, not a loopback address, and torch.distributed "
-            f"authenticates nothing: anyone who can reach it can join the process group, read "
-            f"every tensor or inject one. Set [mesh] trust_network = true only on a network "
-            f"you trust (a cluster's private fabric), or use the tcp transport, which "
-            f"authenticates and encrypts every frame")
+        why = trust_refusal("torchdist", TorchdistOptions.traits, self.options, rank=self.rank,
+                            bind=self.config.bind or "", peers=self.config.peers,
+                            trust_network=self.config.trust_network)
+        if why is not None:
+            raise RefusedError(f"torchdist: {why}")
 
     def _rendezvous(self) -> None:
         method = self._init_method()
@@ -191,7 +167,7 @@ class TorchdistLinks(Links):
                         f"configured as {name.lower().replace('_size', '')} {mine}; with "
                         f"torchrun, [mesh] workers must be --nproc-per-node x --nnodes - 1")
             host = os.environ["MASTER_ADDR"]
-            self._check_trust(host, "MASTER_ADDR")
+            self._check_trust(host)
             where = f"{host}:{os.environ['MASTER_PORT']}"
             agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             if agent and self.rank == 0:
@@ -215,7 +191,7 @@ class TorchdistLinks(Links):
             if not parsed.hostname or parsed.port is None:
                 raise ConfigError(f"torchdist init_method {method!r} must be tcp://host:port")
             host, port = parsed.hostname, parsed.port
-            self._check_trust(host, f"the rendezvous address {host}:{port}")
+            self._check_trust(host)
             if self.rank != 0 and port == 0:
                 raise ConfigError("a torchdist worker needs rank 0's actual port, not 0")
             store = self._store_at(f"{host}:{port}", lambda: self._host_store(

@@ -370,9 +370,11 @@ def test_allow_nonfinite_lets_nan_through(pset):
 
 
 def test_a_float32_overflow_is_refused_and_float64_accumulation_fixes_it(pset):
+    # 3e38 is beyond a float32 sum's range (its square overflows; issue 34): each sender
+    # is named, and a float64 sum, whose range holds it, is the way out.
     states = [{"w": f32(3e38)}, {"w": f32(3e38)}]
     err = refused(pset.create("aggregator", "allreduce"), states)
-    assert "the weighted sum overflowed float32 while adding rank 1 and rank 2" in str(err)
+    assert "rank 1 and rank 2 sent a value out of range (|x| up to 3e+38" in str(err)
     assert 'accumulate = "float64"' in str(err)
     wide = pset.create("aggregator", "allreduce", {"accumulate": "float64"})
     assert wide.aggregate(states)["w"].tolist() == [np.float32(3e38)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -55,3 +56,17 @@ def test_importing_meshkit_loads_neither_numpy_nor_any_plugin():
     out = _fresh("import sys, meshkit; print(sorted(m for m in sys.modules "
                  "if m == 'numpy' or m.startswith('meshkit_') or m.startswith('meshkit.')))")
     assert out == "['meshkit.components', 'meshkit.errors']"
+
+
+def test_plan_resolve_and_check_are_meshkit_trains_public_names():
+    """Issue 33 moved them out of ``meshkit.config`` (a config is resolved by the coordinator);
+    public names do not change, so they are ``meshkit.train``'s, reachable from a bare
+    ``import meshkit``, and ``meshkit.train.check`` resolves a config into a ``Plan``."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "federated.toml"
+    out = _fresh("import meshkit\n"
+                 "names = ('Plan', 'resolve', 'check')\n"
+                 "print(all(n in meshkit.train.__all__ for n in names))\n"
+                 f"plan = meshkit.train.check({str(example)!r})\n"
+                 "print(type(plan) is meshkit.train.Plan, plan.components['strategy'].name)\n"
+                 "print(meshkit.train.resolve(plan.config).components['strategy'].name)")
+    assert out.splitlines() == ["True", "True federated", "federated"]

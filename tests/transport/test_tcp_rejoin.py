@@ -107,3 +107,37 @@ def test_a_restart_that_races_its_predecessors_link_drop_is_admitted(monkeypatch
         if second is not None:
             second.close()
         g0.close()
+
+
+def test_a_restart_right_after_the_first_join_is_not_refused_as_a_duplicate(monkeypatch):
+    # The coordinator's admitting thread reserves a rank while it welcomes it. It used to
+    # release the reservation only after registering the link -- after the ledger said
+    # "joined" -- so a node that joined, left and restarted before that thread ran again (a
+    # loaded machine) found its own old reservation: "duplicate rank". Hold the first
+    # admitting thread just after it registered the link, until the restart is through.
+    g0 = coordinator(2)
+    register = g0.links._register
+    hold, held = threading.Event(), threading.Event()
+
+    def held_register(rank, channel):
+        register(rank, channel)
+        if not held.is_set():
+            held.set()
+            hold.wait(20)
+
+    monkeypatch.setattr(g0.links, "_register", held_register)
+    first = worker(1, 2, g0.address)
+    second = None
+    try:
+        assert held.wait(5)
+        g0.wait_for_workers(timeout=5)
+        first.close()
+        assert wait_until(g0, lambda: 1 in g0.dead)
+        second = worker(1, 2, g0.address)  # refused as a duplicate before
+        assert wait_until(g0, lambda: g0.returning == [1])
+        assert g0.take_back() == [1] and g0.live_ranks == [1]
+    finally:
+        hold.set()
+        if second is not None:
+            second.close()
+        g0.close()

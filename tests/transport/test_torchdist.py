@@ -155,7 +155,7 @@ def _own_non_loopback_address() -> str:
     pytest.skip("this machine has no non-loopback IPv4 address to rendezvous on")
 
 
-def _run_on(tmp_path, host: str, *, trust: bool):
+def _run_on(tmp_path, host: str, *, trust: bool, command: str = "run"):
     from tests.support.cli import run_cli
 
     config = tmp_path / "run.toml"
@@ -176,19 +176,59 @@ name = "federated"
 rounds = 1
 clients = 2
 """)
-    return run_cli("run", "-q", str(config), timeout=240)
+    return run_cli(command, *(["-q"] if command == "run" else []), str(config), timeout=240)
 
 
-def test_a_run_rendezvousing_on_this_machines_own_address_is_refused_clearly(tmp_path):
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_run_rendezvousing_on_this_machines_own_address_is_refused_clearly(tmp_path, command):
     # Issue 34: a non-loopback rendezvous must be the trust refusal (exit 2, one
-    # paragraph), never an OSError or a traceback.
+    # paragraph naming the file and the key), never an OSError or a traceback -- and
+    # meshkit check, which said ok, refuses it as run does (the transport's declared
+    # TransportTraits, read before anything starts).
     host = _own_non_loopback_address()
-    ran = _run_on(tmp_path, host, trust=False)
+    ran = _run_on(tmp_path, host, trust=False, command=command)
     assert ran.returncode == 2, ran.stderr
     assert "Traceback" not in ran.stderr and "OSError" not in ran.stderr
-    assert ran.stderr.startswith(f"meshkit: error: torchdist: the rendezvous address {host}:0 "
-                                 f"is '{host}', not a loopback address"), ran.stderr
-    assert "Set [mesh] trust_network = true only on a network you trust" in ran.stderr
+    assert ran.stderr.startswith(
+        f"meshkit: error: {tmp_path / 'run.toml'}: [mesh] bind = '{host}:0' puts the torchdist "
+        f"rendezvous on '{host}', not a loopback address, and transport 'torchdist' "
+        f"authenticates nothing"), ran.stderr
+    assert "set [mesh] trust_network = true only on a network you trust" in ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+
+
+def test_check_refuses_a_non_loopback_init_method_or_master_addr(tmp_path, monkeypatch):
+    from tests.support.cli import run_cli
+
+    config = tmp_path / "run.toml"
+    base = f"""
+[run]
+task = "digits"
+out = "{tmp_path / 'out'}"
+
+[mesh]
+workers = 2
+transport = "torchdist"
+
+[strategy]
+name = "federated"
+rounds = 1
+"""
+    config.write_text(base + '\n[transport]\ninit_method = "tcp://192.0.2.7:29500"\n')
+    ran = run_cli("check", str(config), timeout=120)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert (f"{config}: [transport] init_method = 'tcp://192.0.2.7:29500' puts the torchdist "
+            f"rendezvous on '192.0.2.7'") in ran.stderr
+    config.write_text(base + '\n[transport]\ninit_method = "env://"\n')
+    ran = run_cli("check", str(config), timeout=120,
+                  env={"MASTER_ADDR": "192.0.2.7", "MASTER_PORT": "29500"})
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert (f"{config}: MASTER_ADDR (the environment torchrun sets) puts the torchdist "
+            f"rendezvous on '192.0.2.7'") in ran.stderr
+    config.write_text(base.replace("workers = 2", "workers = 2\ntrust_network = true")
+                      + '\n[transport]\ninit_method = "tcp://192.0.2.7:29500"\n')
+    ran = run_cli("check", str(config), timeout=120)
+    assert ran.returncode == 0, ran.stderr
 
 
 @pytest.mark.slow

@@ -24,14 +24,15 @@ class DocPeer:
     Ed25519 from ``cryptography``; no meshkit.wire)."""
 
     def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int, *,
-                 encrypt: bool = True, node_key: Ed25519PrivateKey | None = None) -> None:
+                 encrypt: bool = True, node_key: Ed25519PrivateKey | None = None,
+                 segment_units: int = 64) -> None:
         self.sock = sock
         self.encrypt = encrypt
         ephemeral = X25519PrivateKey.generate()
         nonce = ephemeral.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         flags = (0 if encrypt else 0x0002) | (0x0004 if node_key is not None else 0)
-        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 3, flags, 0, 0, rank, world,
-                           1 << 30, bytes(16), nonce)
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 4, flags, 0, segment_units, rank,
+                           world, 1 << 30, bytes(16), nonce)
         sock.sendall(mine)
         theirs = self._read(80)
         peer_nonce = theirs[48:80]
@@ -51,9 +52,17 @@ class DocPeer:
             public = node_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
             sock.sendall(public + node_key.sign(b"meshkit/1 node identity " + transcript + nonce))
         self.seq_out = self.seq_in = 0
+        # wire.md §2.4: the link cuts at the smaller of the two hellos' segment sizes.
+        self.segment = min(segment_units, struct.unpack_from("<H", theirs, 14)[0]) * 65536
 
     def _read(self, n: int) -> bytes:
-        return self.sock.recv(n, socket.MSG_WAITALL)
+        out = b""
+        while len(out) < n:  # a socket with a timeout returns what has arrived
+            chunk = self.sock.recv(n - len(out), socket.MSG_WAITALL)
+            if not chunk:
+                break
+            out += chunk
+        return out
 
     def send_array(self, tag: int, name: str, array: np.ndarray, code: int) -> None:
         raw = name.encode()
@@ -62,7 +71,17 @@ class DocPeer:
         table += b"".join(struct.pack("<Q", d) for d in array.shape) + raw
         table += bytes(-len(table) % 64)
         body = table + array.astype(array.dtype.newbyteorder("<")).tobytes()
-        head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, 0, 0, tag, 1, self.seq_out, len(body))
+        if len(body) <= self.segment:
+            self._send_frame(tag, 0, body)
+            return
+        count = -(-len(body) // self.segment)
+        self._send_frame(tag, 0x02, struct.pack("<QII", len(body), count, self.segment))
+        for i in range(count):
+            self._send_frame(tag, 0x04, body[i * self.segment:(i + 1) * self.segment])
+
+    def _send_frame(self, tag: int, flags: int, body: bytes) -> None:
+        head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, flags, 0, tag, 1, self.seq_out,
+                           len(body))
         header = head + hmac.digest(self.send_keys[0], head, "sha256")
         nonce = struct.pack("<IQ", 0, self.seq_out)
         if self.encrypt:
@@ -72,7 +91,20 @@ class DocPeer:
         self.sock.sendall(header + sealed)
         self.seq_out += 1
 
-    def recv_json(self) -> tuple[int, dict]:
+    def recv_body(self) -> tuple[int, bytes]:
+        """The next message's tag and body: one frame, or a lead and its segments."""
+        flags, tag, body = self._recv_frame()
+        if not flags & 0x02:
+            return tag, body
+        total, count, size = struct.unpack("<QII", body)
+        parts = []
+        for i in range(count):
+            s_flags, s_tag, part = self._recv_frame()
+            assert (s_flags, s_tag, len(part)) == (0x04, tag, min(size, total - i * size))
+            parts.append(part)
+        return tag, b"".join(parts)
+
+    def _recv_frame(self) -> tuple[int, int, bytes]:
         header = self._read(64)
         assert hmac.compare_digest(header[32:], hmac.digest(self.recv_keys[0], header[:32],
                                                             "sha256"))
@@ -87,6 +119,10 @@ class DocPeer:
         else:
             assert hmac.compare_digest(tag_, self.recv_keys[1].encrypt(nonce, header, body)[-16:])
         self.seq_in += 1
+        return flags, tag, body
+
+    def recv_json(self) -> tuple[int, dict]:
+        tag, body = self.recv_body()
         count, _ = struct.unpack_from("<II", body)
         pos, entries = 8, []
         for _ in range(count):
@@ -118,5 +154,27 @@ def test_a_peer_written_from_the_docs_interoperates(encrypt):
     np.testing.assert_array_equal(frame.state["w"], matrix)
     channel.send(3, 12, {"round": 4, "names": ["a", "b"], "loss": 0.5})
     assert peer.recv_json() == (12, {"round": 4, "names": ["a", "b"], "loss": 0.5})
+    channel.close()
+    a.close()
+
+
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "authenticated"])
+def test_a_peer_written_from_the_docs_sends_and_receives_segments(encrypt):
+    a, b = tcp_pair()
+    # The channel asks for 4 MiB segments, the doc peer for 64 KiB: 64 KiB both ways.
+    other = Call(lambda: wire.handshake(b, SECRET, rank=0, world=2, encrypt=encrypt))
+    peer = DocPeer(a, SECRET, rank=1, world=2, encrypt=encrypt, segment_units=1)
+    channel = other.result()
+    assert channel.segment_bytes == peer.segment == 65536
+    big = np.arange(100_000, dtype=np.float32)  # 400 kB: 7 segments
+    sending = Call(lambda: peer.send_array(11, "w", big, code=12))
+    frame = channel.recv()
+    sending.result()
+    assert frame.segments == 7
+    np.testing.assert_array_equal(frame.state["w"], big)
+    text = ["x" * 1000] * 300  # a 300 kB JSON value
+    sending = Call(lambda: channel.send(3, 12, {"notes": text}))
+    assert peer.recv_json() == (12, {"notes": text})
+    sending.result()
     channel.close()
     a.close()

@@ -142,6 +142,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                "--world", str(world), "--peers", peers[rank],
                "--topology", topology, "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
+               "--segment-bytes", str(cfg.mesh.segment_bytes),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
                # The coordinator's own [mesh] trust_network, or a trusting run's
                # workers refuse the rendezvous address it was allowed.
@@ -183,7 +184,7 @@ def _spawn_relays(processes: MutableMapping[int, subprocess.Popen], cfg: Any, re
                "--bind", "127.0.0.1:0", "--world", str(world),
                "--ranks", ",".join(map(str, block)), "--name", f"relay-{i + 1}",
                "--transport", cfg.mesh.transport, "--timeout", str(cfg.mesh.timeout),
-               "--secret-file", str(secret_file),
+               "--secret-file", str(secret_file), "--segment-bytes", str(cfg.mesh.segment_bytes),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]), *transport_flags]
         log_file = open(logs / f"relay-{i + 1}.log", "wb")
         try:
@@ -284,6 +285,13 @@ class ExitWatch:
     seconds, until :meth:`stop`); the first exit is recorded (:attr:`exited`)
     and ``on_exit`` is called once -- the runner closes the group, which ends
     the wait with a ``PeerLostError`` that :meth:`describe` then explains.
+
+    A worker may exit just as the handshake completes: the wait then ends
+    normally, while the thread records the exit (and closes the group) or
+    has not polled yet. So :meth:`stop` polls once more after the thread
+    ended, and a ``with`` block that completes while :attr:`exited` is not
+    empty raises that ``PeerLostError`` itself: the exit is quoted at once,
+    never met later as a closed group or a lost rank.
     """
 
     def __init__(self, processes: Mapping[int, subprocess.Popen], on_exit: Any,
@@ -299,19 +307,28 @@ class ExitWatch:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, *exc: Any) -> None:
         self.stop()
+        if kind is None and self.exited:  # the wait completed as a worker exited
+            raise PeerLostError(f"local worker(s) {sorted(self.exited)} exited as the "
+                                f"capability handshake completed")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        if not self.exited and not self._thread.is_alive():
+            self._poll()  # an exit since the thread's last look (or with no thread)
+
+    def _poll(self) -> bool:
+        """Record the processes that exited, if any; whether any did."""
+        exited = {r: p.poll() for r, p in self.processes.items()}
+        self.exited = {r: int(s) for r, s in exited.items() if s is not None}
+        return bool(self.exited)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):
-            exited = {r: p.poll() for r, p in self.processes.items() if p.poll() is not None}
-            if exited:
-                self.exited = {r: int(s) for r, s in exited.items() if s is not None}
+            if self._poll():
                 self.on_exit()
                 return
 

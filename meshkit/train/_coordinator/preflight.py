@@ -8,9 +8,11 @@ rejects would only move the failure to a worse moment. In order:
 1. the out directory can be created and written (:func:`check_out`);
 2. the workers are driven as a star (through at most one local relay per
    worker) or as a full mesh with one address per rank
-   (:func:`check_topology`, :func:`check_mesh_peers`), and a run
+   (:func:`check_topology`, :func:`check_mesh_peers`), a run
    whose nodes start elsewhere has a readable secret of at least 16
-   bytes (:func:`check_secret`);
+   bytes (:func:`check_secret`), and a transport that authenticates
+   nothing meets on loopback unless ``[mesh] trust_network``
+   (:func:`check_transport_trust`, by its declared traits);
 3. the strategy, the task and the strategy's own checks (a partition pinned
    to a rank the run will not have, a task lacking a method, ...);
 4. the task's initial model is built on the coordinator
@@ -54,6 +56,7 @@ from meshkit.train._coordinator.observers import build_observers
 from meshkit.train._rounds.secure import secure_plan
 from meshkit.train._sharding import shard_bounds
 from meshkit.train._traits import strategy_traits
+from meshkit.transport import transport_traits, trust_refusal
 
 __all__ = ["build_components", "check_secure_aggregation", "check_out", "check_topology", "check_mesh_peers", "attack_plan",
            "check_secret", "initial_model", "world_size", "ModelSize", "ClientShare",
@@ -135,6 +138,17 @@ def check_mesh_peers(cfg: Any, world: int) -> None:
             + (f" and {world - 1 - cfg.mesh.workers} board rank(s)"
                if world - 1 > cfg.mesh.workers else "")
             + "); give one host:port per rank, the coordinator's first")
+
+
+def check_transport_trust(plan: Any) -> None:
+    """A transport that authenticates nothing meets only on loopback, unless ``[mesh]
+    trust_network`` (its declared traits; :func:`meshkit.transport.trust_refusal`)."""
+    cfg = plan.config
+    why = trust_refusal(cfg.mesh.transport, transport_traits(plan.components["transport"].options),
+                        plan.options["transport"], rank=0, bind=cfg.mesh.bind,
+                        peers=tuple(cfg.mesh.peers), trust_network=cfg.mesh.trust_network)
+    if why is not None:
+        raise ConfigError(f"{cfg.path}: {why}")
 
 
 def _toml(value: Any) -> str:
@@ -439,9 +453,11 @@ def _private_instead(cfg: Any) -> str:
             f"sums them; or remove the [privacy] table")
 
 
-def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan | None:
+def compression_plan(plan: Any, strategy: Any, privacy: Any,
+                     scheme: SchemeChoice | None = None) -> CompressionPlan | None:
     """The run's ``[compression]`` (None without the table), refused where it cannot compose
-    (:mod:`meshkit.compression._plan` decides by the compressor's traits)."""
+    (:mod:`meshkit.compression._plan` decides by the compressor's traits and, under
+    ``[secure_aggregation]``, ``scheme``'s)."""
     cfg = plan.config
     if cfg.compression is None:
         return None
@@ -456,7 +472,7 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan 
                              plan.create("compression"))
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
-                      secure=cfg.secure_aggregation is not None)
+                      secure=None if scheme is None else scheme.traits)
     return chosen
 
 
@@ -612,6 +628,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
     check_out(cfg)
     check_topology(cfg, launch)
     check_secret(cfg, launch)
+    check_transport_trust(plan)
     if cfg.mesh.relays and (launch or cfg.mesh.launch) != "local":
         raise ConfigError(
             f"{cfg.path}: [mesh] relays = {cfg.mesh.relays} starts host relays on this "
@@ -661,15 +678,18 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
         scheme = SchemeChoice(cfg.secure_aggregation.name, plan.create("secure_aggregation"))
+    # Built before the strategy's check, which may refuse a compressor it cannot play, and
+    # before the secure plan, whose field a compressor's codes narrow.
+    compression = compression_plan(plan, strategy, privacy, scheme)
+    if scheme is not None:
         secure = secure_plan(scheme,
                              run_clients(cfg, strategy, partitioner, task), cfg.mesh.workers,
                              # Poisson sampling may draw every client in one round.
                              fraction=1.0 if traits.sampling == "poisson" else traits.fraction,
-                             min_clients=traits.min_clients, path=cfg.path)
+                             min_clients=traits.min_clients, path=cfg.path,
+                             compression=compression)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
-    # Built before the strategy's check too, which may refuse a compressor it cannot play.
-    compression = compression_plan(plan, strategy, privacy)
     check = traits.check
     if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}
@@ -740,4 +760,6 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         "initial_state": state,
         "ctx_state": None,
         "global_state": None,
+        #: Clients not tried again in this run (a resumed run's, from its checkpoint).
+        "stalled_clients": {},
     }

@@ -142,6 +142,8 @@ def _resume(plan: Any, out: Path, parts: dict[str, Any]) -> Start:
     truncate_metrics(out, ckpt.round, ckpt.report)
     parts["client_local"] = dict(ckpt.clients)
     parts["strategy_state"] = dict(ckpt.strategy_state)
+    # A client whose fit stalled two ranks is not tried again after a resume either.
+    parts["stalled_clients"].update({int(k): v for k, v in ckpt.stalled_clients.items()})
     parts["global_state"] = dict(ckpt.state)
     parts["ctx_state"] = dict(ckpt.state)
     log.info("resuming %s after round %d", out, ckpt.round)

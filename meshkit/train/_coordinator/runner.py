@@ -418,7 +418,7 @@ class Runner:
             bind=mesh_bind(cfg.mesh.bind, peers) if mesh else cfg.mesh.bind, peers=peers,
             encrypt=cfg.mesh.encrypt, authorized_nodes=cfg.authorized_nodes(),
             discover=discovery, disc_port=cfg.mesh.discovery_port,
-            trust_network=cfg.mesh.trust_network)
+            trust_network=cfg.mesh.trust_network, segment_bytes=cfg.mesh.segment_bytes)
         transport = plan.create("transport")
         if mesh:
             self._emit("listening", f"coordinator forming a mesh of {self._world} ranks at "
@@ -641,7 +641,7 @@ class Runner:
                 clients=client_local.state_dict(),
                 aggregator_state=aggregator_state(parts["aggregator"]),
                 privacy_state={} if privacy is None else privacy.state_dict(),
-                strategy_state=ctx.strategy_state()))
+                strategy_state=ctx.strategy_state(), stalled_clients=ctx.stalled_clients))
             append_metrics(out, line)
             if clients_mode == "file":
                 append_clients(out, per_client)
@@ -668,7 +668,7 @@ class Runner:
             attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
-            compression=parts.get("compression"))
+            compression=parts.get("compression"), stalled_clients=parts["stalled_clients"])
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

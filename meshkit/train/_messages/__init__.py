@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from meshkit.train._messages.check import (REPLIES, REQUESTS, Signature, check_contribution,
                                            check_reply, check_request, field_table, nonfinite_leaf,
+                                           out_of_range_leaf,
                                            signature)
 from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MAX_ERROR,
                                             MAX_EXAMPLES, MAX_METRICS, MAX_NAME, MAX_SEED, MAX_SEQ,
@@ -28,7 +29,7 @@ from meshkit.train._messages.secure import MAX_CLIENT_ID
 from meshkit.train._messages.trainer import ErrorReply
 
 __all__ = ["REQUESTS", "REPLIES", "LOCAL_SGD_REQUESTS", "LOCAL_SGD_REPLIES", "ErrorReply", "Signature", "check_request", "check_reply",
-           "check_contribution", "nonfinite_leaf", "signature", "field_table", "State", "Metrics",
+           "check_contribution", "nonfinite_leaf", "out_of_range_leaf", "signature", "field_table", "State", "Metrics",
            "MAX_CLIENT_ID", "MAX_BATCH", "MAX_BUDGET", "MAX_COUNT", "MAX_ERROR",
            "MAX_EXAMPLES", "MAX_METRICS", "MAX_NAME", "MAX_SEED", "MAX_SEQ", "MAX_STATE_KEYS",
            "MIN_SEQ"]

@@ -31,7 +31,7 @@ with :func:`field_table`, so the page and the code cannot drift apart.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import attrs
 import cattrs
@@ -154,7 +154,8 @@ def signature(state: Mapping[str, Any]) -> Signature:
 
 
 def check_contribution(state: Mapping[str, Any], expected: Signature, what: str, *,
-                       subset: bool = False, finite: bool = True) -> None:
+                       subset: bool = False, finite: bool = True,
+                       limit: Callable[[np.dtype], float | None] | None = None) -> None:
     """A contribution (a fit's model, gradients) matches the round's model, key for key.
 
     The same keys (with ``subset``: some of them -- gradients need not carry
@@ -166,7 +167,11 @@ def check_contribution(state: Mapping[str, Any], expected: Signature, what: str,
     leaves the elements to the caller: the round engine's own strict mean
     finds NaN and inf while it sums, and the engine replays such a round with
     the scan on (:mod:`meshkit.train._rounds.engine`, step 7), so an honest round
-    pays for no second pass over a model.
+    pays for no second pass over a model. ``limit`` (with ``finite``), the
+    largest ``|x|`` a fold accepts in an array of a dtype (None: any finite
+    value; the strict mean's :meth:`~meshkit.aggregation.MeanFold.value_limit`),
+    makes a value beyond it out of range, found in the same one pass
+    (:func:`out_of_range_leaf`).
     """
     if subset:
         unknown = [k for k in state if k not in expected]
@@ -190,9 +195,49 @@ def check_contribution(state: Mapping[str, Any], expected: Signature, what: str,
                                 f"an array {want[1]}{list(want[0])}")
     for key, value in state.items() if finite else ():
         # Shapes first: a non-finite scan of an array of the wrong shape is wasted.
-        if expected[key] is not None and nonfinite_leaf(value):
+        if expected[key] is None:
+            continue
+        bound = None if limit is None else limit(value.dtype)
+        if bound is None:
+            if nonfinite_leaf(value):
+                raise ProtocolError(f"{what}: {key!r} holds NaN or inf; a contribution must "
+                                    f"be finite (its sender is dropped, never averaged in)")
+            continue
+        top = out_of_range_leaf(value, bound)
+        if top is None:
+            continue
+        if not math.isfinite(top):
             raise ProtocolError(f"{what}: {key!r} holds NaN or inf; a contribution must be "
                                 f"finite (its sender is dropped, never averaged in)")
+        raise ProtocolError(f"{what}: {key!r} is out of range: it holds {top:.3g}, beyond "
+                            f"{bound:.3g}, the most the strict mean accepts (the square root "
+                            f"of its sum's largest value; its sender is dropped, never "
+                            f"averaged in)")
+
+
+def out_of_range_leaf(value: np.ndarray, limit: float) -> float | None:
+    """A float array's largest ``|x|`` when it is beyond ``limit`` or not finite, else None.
+
+    ``limit`` is the square root of the largest value of the dtype the array
+    is tested in (its own, float32 for bfloat16: what
+    :meth:`~meshkit.aggregation.MeanFold.value_limit` gives). One pass: the
+    sum of squares is finite exactly when every element is finite and at
+    most ``limit``, except that many large elements may overflow it
+    together; so a sum that is not finite is confirmed element by element
+    before it is believed.
+    """
+    if value.size == 0:
+        return None
+    if value.dtype.kind == "V":  # bfloat16 (ml_dtypes)
+        value = value.astype(np.float32)
+    flat = value.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if float(np.dot(flat, flat)) < math.inf:
+            return None
+    if not np.isfinite(flat).all():
+        return math.inf
+    top = max(-float(flat.min()), float(flat.max()))
+    return top if top > limit else None
 
 
 def nonfinite_leaf(value: np.ndarray) -> bool:

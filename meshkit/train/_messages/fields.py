@@ -10,7 +10,7 @@ a number). Where a message is checked is :mod:`.check`.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, NewType
+from typing import Any, Callable, Iterator, Mapping, NewType
 
 import attrs
 import cattrs
@@ -63,7 +63,8 @@ ClientIds = NewType("ClientIds", list)
 Integers = NewType("Integers", list)
 #: Secure aggregation: rows of bytes, a 2-d uint8 array (one key, share or sealed share a row).
 Rows = NewType("Rows", object)
-#: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits).
+#: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits),
+#: or uint8 when packed at modulus_bits bits an element (meshkit.secure_aggregation.to_wire).
 Masked = NewType("Masked", object)
 
 _JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
@@ -100,13 +101,36 @@ def _name(value: Any, what: str) -> str:
     return value
 
 
-def _state(value: Any, _: Any) -> Mapping[str, Any]:
+def _named(value: Any, expected: str, most: int, counted: str,
+           key: str) -> Iterator[tuple[str, Any]]:
+    """``value``'s entries, checked as they are read: a mapping of at most ``most`` entries
+    (``counted`` says how many it has, ``{}`` the count), each key a name (``key`` says
+    which in errors)."""
     if not isinstance(value, Mapping):
-        raise TypeError(f"expected a state (name -> array or JSON value), got {_shown(value)}")
-    if len(value) > MAX_STATE_KEYS:
-        raise ValueError(f"a state of {len(value)} entries; at most {MAX_STATE_KEYS}")
-    for key, leaf in value.items():
-        _name(key, "a state key")
+        raise TypeError(f"expected {expected}, got {_shown(value)}")
+    if len(value) > most:
+        raise ValueError(f"{counted.format(len(value))}; at most {most}")
+    for name, leaf in value.items():
+        _name(name, key)
+        yield name, leaf
+
+
+def _listed(value: Any, expected: str, most: int, counted: str) -> list[int]:
+    """``value``, a list of at most ``most`` integers (``counted``: how many it has)."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected {expected}, got {_shown(value)}")
+    if len(value) > most:
+        raise ValueError(f"{counted.format(len(value))}; at most {most}")
+    if all(type(v) is int for v in value):
+        # Plain ints (bool is not one) pass as they are, what _integer would return: a
+        # round's lists hold ~10**4 of them.
+        return list(value)
+    return [_integer(v, None) for v in value]
+
+
+def _state(value: Any, _: Any) -> Mapping[str, Any]:
+    for key, leaf in _named(value, "a state (name -> array or JSON value)", MAX_STATE_KEYS,
+                            "a state of {} entries", "a state key"):
         if not isinstance(leaf, (np.ndarray, *_JSON_LEAVES)):
             raise TypeError(f"state key {key!r} holds {_shown(leaf)}, not an array or a "
                             f"JSON value")
@@ -114,13 +138,9 @@ def _state(value: Any, _: Any) -> Mapping[str, Any]:
 
 
 def _metrics(value: Any, _: Any) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"expected metrics (name -> number), got {_shown(value)}")
-    if len(value) > MAX_METRICS:
-        raise ValueError(f"{len(value)} metrics; at most {MAX_METRICS}")
     out: dict[str, float] = {}
-    for name, number in value.items():
-        _name(name, "a metric name")
+    for name, number in _named(value, "metrics (name -> number)", MAX_METRICS, "{} metrics",
+                               "a metric name"):
         if isinstance(number, bool) or not isinstance(number, (int, float, np.number)):
             raise TypeError(f"metric {name!r} is {_shown(number)}, not a number")
         if not math.isfinite(float(number)):
@@ -159,22 +179,14 @@ def _compress(value: Any, _: Any) -> dict[str, Any]:
     return {**_choice(value, "compressor"), "raw": [_name(k, "a key sent whole") for k in raw]}
 
 def _client_ids(value: Any, _: Any) -> list[int]:
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list of client ids, got {_shown(value)}")
-    if len(value) > MAX_CLIENTS:
-        raise ValueError(f"{len(value)} client ids; at most {MAX_CLIENTS}")
-    ids = [_integer(v, None) for v in value]
+    ids = _listed(value, "a list of client ids", MAX_CLIENTS, "{} client ids")
     if any(not 0 <= v <= MAX_CLIENT_ID for v in ids) or ids != sorted(set(ids)):
         raise ValueError(f"client ids must be distinct integers 0..{MAX_CLIENT_ID}, ascending")
     return ids
 
 
 def _integers(value: Any, _: Any) -> list[int]:
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list of integers, got {_shown(value)}")
-    if len(value) > MAX_COUNT:
-        raise ValueError(f"{len(value)} integers; at most {MAX_COUNT}")
-    return [_integer(v, None) for v in value]
+    return _listed(value, "a list of integers", MAX_COUNT, "{} integers")
 
 
 def _rows(value: Any, _: Any) -> np.ndarray:
@@ -185,9 +197,11 @@ def _rows(value: Any, _: Any) -> np.ndarray:
 
 def _masked(value: Any, _: Any) -> np.ndarray:
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype not in (
-            np.dtype(np.uint32), np.dtype(np.uint64)) or not 0 < value.size <= MAX_LENGTH:
+            np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.uint8)) \
+            or not 0 < value.size <= 8 * MAX_LENGTH:
         raise TypeError(f"expected a masked vector (a 1-d uint32 or uint64 array of 1 to "
-                        f"{MAX_LENGTH} elements), got {_shown(value)}")
+                        f"{MAX_LENGTH} elements, or one packed into uint8), got "
+                        f"{_shown(value)}")
     return value
 
 
@@ -208,21 +222,18 @@ def _shown(value: Any) -> str:
     return type(value).__name__
 
 
+#: Each value type and the check that structures it (no coercion).
+_HOOKS: dict[Any, Callable[[Any, Any], Any]] = {
+    int: _integer, float: _number, str: _string, bool: _boolean, State: _state,
+    Metrics: _metrics, Activation: _activation, Poison: _poison, Compress: _compress,
+    ClientIds: _client_ids, Integers: _integers, Rows: _rows, Masked: _masked,
+}
+
+
 def _converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
-    converter.register_structure_hook(int, _integer)
-    converter.register_structure_hook(float, _number)
-    converter.register_structure_hook(str, _string)
-    converter.register_structure_hook(bool, _boolean)
-    converter.register_structure_hook(State, _state)
-    converter.register_structure_hook(Metrics, _metrics)
-    converter.register_structure_hook(Activation, _activation)
-    converter.register_structure_hook(Poison, _poison)
-    converter.register_structure_hook(Compress, _compress)
-    converter.register_structure_hook(ClientIds, _client_ids)
-    converter.register_structure_hook(Integers, _integers)
-    converter.register_structure_hook(Rows, _rows)
-    converter.register_structure_hook(Masked, _masked)
+    for kind, hook in _HOOKS.items():
+        converter.register_structure_hook(kind, hook)
     return converter
 
 

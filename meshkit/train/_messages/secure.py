@@ -7,8 +7,9 @@ from typing import Any
 import attrs
 
 from meshkit.secure_aggregation import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW
-from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Integers,
-                                            Masked, Rows, _between, _field, _name, _seq, _shards)
+from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Compress,
+                                            Integers, Masked, Rows, _between, _field, _name, _seq,
+                                            _shards)
 
 
 # -- secure aggregation (``[secure_aggregation]``: meshkit.train._rounds.secure) ---------------
@@ -36,9 +37,20 @@ def _aligned(message: Any, *names: str) -> None:
         raise ValueError(f"{' and '.join(names)} must have one entry each per row: {shown}")
 
 
+def _rows_per_entry(message: Any, rows: str, *names: str) -> None:
+    """The lists ``names`` hold one entry each per row of ``rows`` (the scheme's width)."""
+    _aligned(message, *names)
+    _width(getattr(message, rows), None, rows, len(getattr(message, names[0])))
+
+
 def _any_ids(_: Any, attribute: Any, value: list[int]) -> None:
     if not all(0 <= v <= MAX_CLIENT_ID for v in value):
         raise ValueError(f"{attribute.name} must hold client ids 0..{MAX_CLIENT_ID}")
+
+
+def _any_ids_field(doc: str) -> Any:
+    """Client ids in any order, repeats allowed: one a row (``_ids_field``: sorted, distinct)."""
+    return _field("list of client ids", doc, check=_any_ids)
 
 
 @attrs.frozen(kw_only=True)
@@ -67,6 +79,10 @@ class SecAggKeysRequest:
     scheme: str | None = _field("string", "the `[secure_aggregation] name` of the round's scheme "
                                 "(absent: the default, secagg+)", optional=True,
                                 check=lambda _, a, v: None if _name(v, a.name) else None)
+    input_bits: int | None = _field("int 1..32", "`[compression]`: the inputs are a compressor's "
+                                    "codes below 2^input_bits, and `modulus_bits` is input_bits "
+                                    "+ ceil(log2 cohort) (absent: the scheme quantises)",
+                                    optional=True, check=_between(1, 32))
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
@@ -105,16 +121,13 @@ class SecAggShareReply:
     """The sealed shares of this worker's clients, one row per (sender, recipient)."""
 
     seq: int = _seq()
-    senders: Integers = _field("list of client ids", "the client that sealed each row",
-                                check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the neighbour each row is sealed to",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("the client that sealed each row")
+    recipients: Integers = _any_ids_field("the neighbour each row is sealed to")
     sealed: Rows = _field("bytes nxS", "the sealed rows (S: the scheme's sealed_size; secagg+: "
                                        "200, an ephemeral X25519 key, then AES-GCM)")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self, "senders", "recipients")
-        _width(self.sealed, None, "sealed", len(self.senders))
+        _rows_per_entry(self, "sealed", "senders", "recipients")
 
 
 @attrs.frozen(kw_only=True)
@@ -123,17 +136,14 @@ class SecAggOpenRequest:
 
     seq: int = _seq(0)
     clients: ClientIds = _ids_field("the clients the shares are for (each shared this round)")
-    senders: Integers = _field("list of client ids", "who sealed each delivered row",
-                                check=_any_ids)
-    recipients: Integers = _field("list of client ids", "which of `clients` each row is for",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("who sealed each delivered row")
+    recipients: Integers = _any_ids_field("which of `clients` each row is for")
     sealed: Rows = _field("bytes nxS", "the sealed rows delivered to `clients`")
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
-        _aligned(self, "senders", "recipients")
-        _width(self.sealed, None, "sealed", len(self.senders))
+        _rows_per_entry(self, "sealed", "senders", "recipients")
 
 
 @attrs.frozen(kw_only=True)
@@ -141,10 +151,10 @@ class SecAggOpenReply:
     """The accusations: each (sender, recipient) whose sealed share did not open."""
 
     seq: int = _seq()
-    senders: Integers = _field("list of client ids", "the sealer of each share that did not "
-                                "open", check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the client of this worker it did not "
-                                   "open for", check=_any_ids)
+    senders: Integers = _any_ids_field("the sealer of each share that did not "
+                                "open")
+    recipients: Integers = _any_ids_field("the client of this worker it did not "
+                                   "open for")
 
     def __attrs_post_init__(self) -> None:
         _aligned(self, "senders", "recipients")
@@ -155,10 +165,9 @@ class SecAggRevealRequest:
     """Step 3b, only after an accusation: the ephemeral keys this worker's clients sealed with."""
 
     seq: int = _seq(0)
-    senders: Integers = _field("list of client ids", "the accused sealers (this worker's "
-                                "clients)", check=_any_ids)
-    recipients: Integers = _field("list of client ids", "the accusers, in `senders` order",
-                                   check=_any_ids)
+    senders: Integers = _any_ids_field("the accused sealers (this worker's "
+                                "clients)")
+    recipients: Integers = _any_ids_field("the accusers, in `senders` order")
 
     def __attrs_post_init__(self) -> None:
         if not self.senders:
@@ -195,6 +204,10 @@ class SecAggMaskRequest:
     clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: clip "
                                      "each update to this L2 norm first", optional=True,
                                      check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: quantise each update "
+                                       "onto the round's shared grid with this compressor "
+                                       "(docs/compression.md, \"Under secure aggregation\"), "
+                                       "not the scheme; `raw` is unused here", optional=True)
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
@@ -212,12 +225,17 @@ class SecAggMaskReply:
 
     seq: int = _seq()
     clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up")
-    vector: Masked = _field("uint32 or uint64 array", "their masked inputs' sum mod "
-                                                      "2^modulus_bits")
+    vector: Masked = _field("uint32, uint64 or uint8 array", "their masked inputs' sum mod "
+                            "2^modulus_bits: the uint32 (modulus_bits 32) or uint64 (64) "
+                            "array itself, else packed into bytes, modulus_bits bits an "
+                            "element (§7.2, the types)")
+    elements: int | None = _field("int 1..2^31", "present exactly when `vector` is packed: "
+                                  "its elements", optional=True, check=_between(1, MAX_LENGTH))
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
+        _packing(self.vector, self.elements)
 
 
 @attrs.frozen(kw_only=True)
@@ -241,18 +259,21 @@ class SecAggUnmaskReply:
     """The shares each survivor holds: of the survivors' self-mask seeds, the dropped's keys."""
 
     seq: int = _seq()
-    holders: Integers = _field("list of client ids", "the survivor holding each share row",
-                                check=_any_ids)
-    owners: Integers = _field("list of client ids", "whose secret each row is a share of",
-                               check=_any_ids)
+    holders: Integers = _any_ids_field("the survivor holding each share row")
+    owners: Integers = _any_ids_field("whose secret each row is a share of")
     kinds: Integers = _field("list of int 0..1", "0: a self-mask seed's share, 1: a mask "
                               "key's", check=lambda _, a, v: _each(a, v, 0, 1))
     shares: Rows = _field("bytes nxH", "the unmasking shares (H: the scheme's share_size; "
                                       "secagg+: 70, a Shamir share)")
 
     def __attrs_post_init__(self) -> None:
-        _aligned(self, "holders", "owners", "kinds")
-        _width(self.shares, None, "shares", len(self.holders))
+        _rows_per_entry(self, "shares", "holders", "owners", "kinds")
+
+
+def _packing(vector: Any, elements: int | None) -> None:
+    """A packed (uint8) masked vector names its elements; a whole one does not."""
+    if (vector.dtype == "uint8") != (elements is not None):
+        raise ValueError("elements must be given exactly when the vector is packed (uint8)")
 
 
 def _each(attribute: Any, values: list[int], low: int, high: int) -> None:

@@ -64,29 +64,31 @@ flat fold's arithmetic), an unweighted mean over unequal work,
 data-parallel replicas (no round state), requests other than a plain
 ``fit``, and fewer than two keys a worker (batching would save no round
 trip and double the bytes). :func:`batch_applies` says which.
+
+The round plays on the scheduler the flat round shares (:mod:`.scheduler`:
+requests in flight, who serves next, what a lost worker or a member's
+failure costs); :class:`_Batched` here supplies its batches, the partial
+pulls and what a partial merges into.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import math
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from meshkit.aggregation import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum, MeanFold
-from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.errors import AggregationError, ProtocolError, WorkerError
 from meshkit.privacy import ClippedSum, one_bit
-from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
+from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._strategy import StrategyContext
 
 __all__ = ["batch_applies", "fold_batched", "BATCHES_PER_WORKER", "MIN_BATCH",
            "MAX_BATCH", "BATCH_FIELDS"]
-
-log = logging.getLogger(__name__)
 
 #: Batches planned per worker: an idle worker takes the next, so a slow one
 #: delays the round by at most about one batch.
@@ -141,88 +143,46 @@ def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]]
         expected = {k: (tuple(state[k].shape), np.dtype(np.float64)) for k in private.keys}
     batched = _Batched(ctx, dict(requests), state, how, label, expected, fraction_bits,
                        name, private)
-    batched.send_state = send_state
+    batched.state_request = send_state
     return batched.play()
 
 
-class _Batched:
-    """The state of one batched round while it is played."""
+class _Batched(Scheduler[list[int]]):
+    """One batched round on the scheduler (:mod:`.scheduler`): its unit is a batch of keys,
+    an answer folds into its worker's partial, merged when every batch is answered."""
+
+    name = "the batched round"
 
     def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, expected: Signature,
                  bits: int, name: str, private: ClippedSum | None) -> None:
-        self.ctx, self.requests, self.state, self.how = ctx, requests, state, how
-        self.label, self.expected, self.bits = label, expected, bits
+        super().__init__(ctx, state, label)
+        self.requests, self.how, self.expected, self.bits = requests, how, expected, bits
         self.total = FixedPointSum(fraction_bits=bits, name=name)
         self.private = private
-        #: The ``set_state`` request for each rank (None: ``state``, whole).
-        self.send_state: Callable[[int], Mapping[str, Any]] | None = None
-        #: Batches planned for each worker and not handed out yet, in key order.
-        self.plan: dict[int, collections.deque[list[int]]] = {}
-        #: Batches whose worker was lost: any worker may serve them.
-        self.spare: collections.deque[list[int]] = collections.deque()
         self.size = 1
-        #: ticket -> (rank, kind, keys of the batch or None).
-        self.busy: dict[int, tuple[int, str, list[int] | None]] = {}
-        self.ready: set[int] = set()
-        self.lost: set[int] = set()
         #: Keys folded into each worker's partial and not merged yet.
         self.folded: dict[int, list[int]] = {}
         self.taking: int | None = None
-        self.replies: dict[int, Mapping[str, Any]] = {}
-        self.served: dict[int, int] = {}
-        self.not_served: dict[int, str] = {}
-        self.failures = RoundFailures(accept=ctx.accept_failures)
         #: Keys of a batch whose rank was lost while fitting it (a stall, a crash): each
         #: is served again alone, so a client that stalls every rank is found by name.
         self.singles: set[int] = set()
 
-    def play(self) -> BatchFolded:
-        for key in [k for k in self.requests if k in self.ctx.stalled_clients]:
-            # Each try would cost a worker (meshkit.train._failures).
-            self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
+    def play_round(self) -> BatchFolded:
+        keys = self.quarantine(sorted(self.requests))
+        for key in self.not_served:
             del self.requests[key]
-        try:
-            return self._play()
-        except DivergedFit:
-            # The round is abandoned (on_nonfinite = "skip-round" plays the next): the
-            # replies still owed must not be taken for the next round's.
-            for ticket in self.busy:
-                self.ctx.pool.abandon(ticket)
-            raise
-
-    def _play(self) -> BatchFolded:
-        keys = sorted(self.requests)
         workers = self.ctx.live[:len(keys)]
         per_worker = math.ceil(len(keys) / max(1, len(workers)))
         self.size = max(1, min(MAX_BATCH, per_worker, max(MIN_BATCH, math.ceil(
             len(keys) / max(1, len(workers) * BATCHES_PER_WORKER)))))
-        batches = self._batches(keys)
-        for i, batch in enumerate(batches):
-            if workers:
-                self.plan.setdefault(workers[i % len(workers)], collections.deque()).append(batch)
-            else:
-                self.spare.append(batch)
+        self.plan_round_robin(self._batches(keys), workers)
         for rank in workers:
-            self._send_state(rank)
-        # Bounded: each reply settles one request; a batch is handed out again
-        # only after a worker was lost (at most once per worker).
-        limit = 8 * (len(keys) + 1) * (len(self.ctx.workers) + 1)
-        for _ in range(limit):
-            self._dispatch()
-            if not self.busy:
-                break
-            # Not kept in a local: a partial's arrays go as soon as it is merged.
-            self._settle(self.ctx.pool.receive())
-        else:  # pragma: no cover - a bug in the scheduling, never a hang
-            raise MeshError(f"the batched round settled {limit} replies without finishing")
+            self.send_state(rank)
+        self.run(len(keys))
         left = [*self.spare, *(b for batches in self.plan.values() for b in batches)]
         if left:
-            dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
-            why = f"no live worker left to serve it (dead: {dead})"
-            if self.failures.ranks:
-                why += "; dropped for this round: " + "; ".join(
-                    f"rank {r}: {w}" for r, w in sorted(self.failures.ranks.items()))
+            why = self.no_worker_left()
             for batch in left:
                 for key in batch:
                     self.not_served[key] = why
@@ -231,52 +191,31 @@ class _Batched:
         else:
             result = self.total.result() if self.private is None else self.private.result()
         order = sorted(self.served)
-        strike(self.ctx, self.failures)
+        self.finish()
         return (result, {k: self.served[k] for k in order}, dict(sorted(self.not_served.items())),
                 {k: self.replies[k] for k in order}, dict(self.failures.ranks))
-
-    # -- sending ---------------------------------------------------------------------------
 
     def _batches(self, keys: Sequence[int]) -> list[list[int]]:
         return [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]
 
-    def _next_batch(self, rank: int, busy: set[int]) -> list[int] | None:
-        """What ``rank`` serves next: its own plan's, a lost worker's, or a busy worker's last
-        (a worker that has not acknowledged the state yet keeps its plan)."""
-        own = self.plan.get(rank)
-        if own:
-            return own.popleft()
-        if self.spare:
-            return self.spare.popleft()
-        victims = [self.plan[r] for r in sorted(self.ready) if r != rank and r in busy
-                   and self.plan.get(r)]
-        return max(victims, key=len).pop() if victims else None
+    # -- what the scheduler asks -----------------------------------------------------------
 
-    def _send(self, rank: int, kind: str, keys: list[int] | None,
-              request: Mapping[str, Any], timeout: float | None) -> None:
-        self.busy[self.ctx.pool.send(rank, request, timeout)] = (rank, kind, keys)
+    def hand_out(self, rank: int, busy: set[int]) -> bool:
+        batch = self.next_unit(rank, busy)
+        if batch is None:
+            return False
+        fits = [{**{k: v for k, v in self.requests[key].items() if k != "op"}, "key": key}
+                for key in batch]
+        # One request runs every fit of the batch: its timeout is theirs together.
+        timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
+        request = {"op": "fit_batch", "fits": fits, "weight": self.how,
+                   "fraction_bits": self.bits, "label": self.label}
+        if self.private is not None:
+            request["dp_clip"] = self.private.clip_norm
+        self.send(rank, "fit_batch", batch, request, timeout)
+        return True
 
-    def _send_state(self, rank: int) -> None:
-        request = ({"op": "set_state", "state": self.state} if self.send_state is None
-                   else self.send_state(rank))
-        self._send(rank, "state", None, request, self.ctx.timeout)
-
-    def _dispatch(self) -> None:
-        busy = {rank for rank, _, _ in self.busy.values()}
-        for rank in sorted(self.ready - busy):
-            batch = self._next_batch(rank, busy)
-            if batch is None:
-                continue
-            fits = [{**{k: v for k, v in self.requests[key].items() if k != "op"}, "key": key}
-                    for key in batch]
-            # One request runs every fit of the batch: its timeout is theirs together.
-            timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
-            request = {"op": "fit_batch", "fits": fits, "weight": self.how,
-                       "fraction_bits": self.bits, "label": self.label}
-            if self.private is not None:
-                request["dp_clip"] = self.private.clip_norm
-            self._send(rank, "fit_batch", batch, request, timeout)
-            busy.add(rank)
+    def dispatched(self, busy: set[int]) -> None:
         planned = self.spare or any(self.plan.values())
         working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
         if not planned and not working and self.taking is None:
@@ -284,61 +223,46 @@ class _Batched:
             for rank in sorted(self.folded):
                 if self.folded[rank] and rank not in busy:
                     self.taking = rank
-                    self._send(rank, "take_partial", None, {"op": "take_partial"},
-                               self.ctx.timeout)
+                    self.send(rank, "take_partial", None, {"op": "take_partial"},
+                              self.ctx.timeout)
                     break
 
-    # -- receiving -------------------------------------------------------------------------
+    def blamed(self, kind: str, batch: list[int] | None,
+               payload: Mapping[str, Any]) -> int | None:
+        key = payload.get("key")  # a fit_batch error names the fit that failed
+        return key if batch is not None and key in batch else None
 
-    def _settle(self, reply: Any) -> None:
-        assert reply is not None  # a blocking receive gives a reply or a failed ticket
-        rank, kind, batch = self.busy.pop(reply.seq)
-        if not reply.ok:
-            if not self.failures.accept:
-                raise WorkerError(rank, reply.error or "lost")
-            self._lost(rank, kind, batch, reply.error or "lost")
-            return
-        payload = reply.payload
-        failure = reply_failure(rank, payload, accept=self.failures.accept)
-        if failure is not None:
-            key = payload.get("key")
-            self._failed(rank, kind, batch,
-                         key if batch is not None and key in batch else None, failure)
-            return
-        if kind == "state":
-            self.ready.add(rank)
-        elif kind == "fit_batch":
+    def answered(self, rank: int, kind: str, batch: list[int] | None,
+                 payload: Mapping[str, Any]) -> None:
+        if kind == "fit_batch":
             assert batch is not None
             for result in payload["results"]:
-                small: dict[str, Any] = {"examples": int(result["examples"]),
-                                         "metrics": dict(result.get("metrics") or {})}
-                if result.get("attacked"):  # a node run with --attack says so
-                    small["attacked"] = str(result["attacked"])
-                self.replies[int(result["key"])] = small
+                self.replies[int(result["key"])] = small_reply(int(result["examples"]), result)
             self.folded.setdefault(rank, []).extend(batch)
-        else:  # take_partial
-            self.taking = None
-            keys = self.folded.get(rank, [])
-            try:
-                partial = self._checked(rank, payload["partial"], keys)
-            except ProtocolError as exc:
-                # Its sender's fault alone (a partial is no client's): the rank goes, its
-                # keys are served again.
-                reason = protocol_reason(exc)
-                if not self.failures.accept:
-                    raise WorkerError(rank, reason) from None
-                self.ctx.pool.declare_dead(rank, reason)
-                self._lost(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
-                return
-            source = f"rank {rank} ({len(keys)} {self.label}s)"
-            if self.private is None:
-                self.total.merge(partial, source=source)
-            else:
-                # Each fit's bit from its small reply, one bit each (adaptive clipping).
-                bits = sum(one_bit(self.replies[k]["metrics"].get("unclipped")) for k in keys)
-                self.private.merge(partial, unclipped=bits, source=source)
-            for key in self.folded.pop(rank):
-                self.served[key] = rank
+            return
+        # take_partial
+        self.taking = None
+        keys = self.folded.get(rank, [])
+        try:
+            partial = self._checked(rank, payload["partial"], keys)
+        except ProtocolError as exc:
+            # Its sender's fault alone (a partial is no client's): the rank goes, its
+            # keys are served again.
+            reason = protocol_reason(exc)
+            if not self.failures.accept:
+                raise WorkerError(rank, reason) from None
+            self.ctx.pool.declare_dead(rank, reason)
+            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            return
+        source = f"rank {rank} ({len(keys)} {self.label}s)"
+        if self.private is None:
+            self.total.merge(partial, source=source)
+        else:
+            # Each fit's bit from its small reply, one bit each (adaptive clipping).
+            bits = sum(one_bit(self.replies[k]["metrics"].get("unclipped")) for k in keys)
+            self.private.merge(partial, unclipped=bits, source=source)
+        for key in self.folded.pop(rank):
+            self.served[key] = rank
 
     def _checked(self, rank: int, wire: Mapping[str, Any], keys: list[int]) -> FixedPartial:
         """Rank ``rank``'s partial, if it is what folding ``keys`` must give; else ProtocolError."""
@@ -360,26 +284,20 @@ class _Batched:
             raise ProtocolError(f"{what} does not match the round's model: {mismatch}")
         return partial
 
-    def _failed(self, rank: int, kind: str, batch: list[int] | None, key: int | None,
-                reason: str) -> None:
-        """A member failed (module docstring, step 6). Its partial is unusable either way
-        (the fits before the failed one are in it): it sits out the round."""
-        if key is not None and self.failures.client_failed(key, rank, reason):
-            # The client's failure, not the rank's: the rank starts its partial afresh
-            # (set_state discards it) and serves on; what it had folded is served again.
-            self.not_served[key] = self.failures.clients[key]
-            self.replies.pop(key, None)
-            again = sorted({*self.folded.pop(rank, []), *(k for k in batch or [] if k != key)})
-            for k in again:
-                self.replies.pop(k, None)
-            if again:
-                self.spare = collections.deque(self._batches(sorted(
-                    {*again, *(k for b in self.spare for k in b)})))
-            self.ready.discard(rank)
-            self._send_state(rank)
-            return
-        self.failures.rank_failed(rank, reason)
-        self._lost(rank, kind, batch, reason)
+    def client_dropped(self, rank: int, kind: str, batch: list[int] | None, key: int) -> None:
+        """The client's failure, not the rank's (module docstring, step 6): the rank starts its
+        partial afresh (set_state discards it) and serves on; what it had folded is served
+        again (the fits before the failed one are in its partial)."""
+        self.not_served[key] = self.failures.clients[key]
+        self.replies.pop(key, None)
+        again = sorted({*self.folded.pop(rank, []), *(k for k in batch or [] if k != key)})
+        for k in again:
+            self.replies.pop(k, None)
+        if again:
+            self.spare = collections.deque(self._batches(sorted(
+                {*again, *(k for b in self.spare for k in b)})))
+        self.ready.discard(rank)
+        self.send_state(rank)
 
     def _stalled(self, rank: int, batch: list[int], reason: str) -> list[int]:
         """``rank`` was lost while fitting ``batch``: which client did it is not known, so
@@ -399,23 +317,19 @@ class _Batched:
         self.singles.add(key)
         return batch
 
-    def _lost(self, rank: int, kind: str, batch: list[int] | None, reason: str) -> None:
-        """A worker is gone: every key in its partial, or in its batch, is served again."""
-        self.ready.discard(rank)
-        self.lost.add(rank)
+    def requeue(self, rank: int, kind: str, batch: list[int] | None, reason: str) -> list[int]:
+        """Every key in ``rank``'s partial, in its batch, or planned for it (its partial is
+        lost: module docstring, steps 4 and 6)."""
         if kind == "take_partial":
             self.taking = None
         if kind == "fit_batch" and batch and rank not in self.failures.ranks:
             batch = self._stalled(rank, batch, reason)
-        again = sorted({*self.folded.pop(rank, []), *(batch or []),
-                        *(k for b in self.plan.pop(rank, ()) for k in b)})
-        for key in again:
-            self.replies.pop(key, None)
-        if again:
-            spare = sorted({*again, *(k for b in self.spare for k in b)})
-            self.spare = collections.deque(
-                [[k] for k in spare if k in self.singles]
-                + self._batches([k for k in spare if k not in self.singles]))
-            log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
-                        reason, self.label + ("s" if len(again) > 1 else ""),
-                        ", ".join(map(str, again)))
+        return sorted({*self.folded.pop(rank, []), *(batch or []),
+                       *(k for b in self.plan.pop(rank, ()) for k in b)})
+
+    def respare(self, again: list[int]) -> None:
+        """Spare batches again, a key lost while fitting alone in a batch of its own."""
+        spare = sorted({*again, *(k for b in self.spare for k in b)})
+        self.spare = collections.deque(
+            [[k] for k in spare if k in self.singles]
+            + self._batches([k for k in spare if k not in self.singles]))

@@ -68,7 +68,17 @@ How a round goes (:func:`fold_round`):
    function of its client). An honest round never pays for a second pass
    over a model; a hostile one costs one round's work again. A fold that
    lets them through (``[aggregator] allow_nonfinite = true``) is not
-   scanned: the user asked for them.
+   scanned: the user asked for them. Under the strict mean a finite value
+   out of its range (:meth:`MeanFold.value_limit`: 1.3e154 in a float64
+   sum, 1.8e19 in a float32 one; a worker's 1e308) is refused the same way:
+   the fold's test per chunk sees it in the running sum, and the boundary
+   scan (a replay, a relay's own fold) tests each contribution's values
+   against the limit in the same pass as NaN.
+
+The flat round plays on the scheduler the batched round shares
+(:mod:`.scheduler`: requests in flight, who serves next, what a lost worker
+or a member's failure costs -- steps 1, 2, 4 and 7); :class:`_Round` here
+supplies its requests and what a pulled contribution folds into.
 
 Which path a round takes is one table, :data:`ROUND_PATHS`, asked in order:
 collective (every rank plays its slice, :mod:`.collective`), relayed (host
@@ -79,7 +89,7 @@ relay, :mod:`.relayed`), batched (each worker folds its own clients exactly,
 
 from __future__ import annotations
 
-import bisect
+import collections
 import functools
 import logging
 import time
@@ -88,15 +98,14 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
-from meshkit.errors import (AggregationError, MeshError, ProtocolError, RefusedError,
-                            WorkerError)
+from meshkit.errors import AggregationError, ProtocolError, RefusedError
 from meshkit.privacy import ClippedSum
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._rounds.batched import batch_applies, fold_batched
-from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
+from meshkit.train._failures import DivergedFit
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.host import answer_request
 from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay_plan_applies,
@@ -104,6 +113,7 @@ from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext
 from meshkit.train._rounds.compressed import Unpacker, compressed_work
+from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
                                        train_loss)
 
@@ -317,10 +327,14 @@ def _play_flat(call: RoundCall) -> Folded:
     allows = bool(getattr(fold, "allow_nonfinite", False))
     replay = call.given is None and call.attack is None and type(fold) is MeanFold \
         and not allows
+    # Under the strict mean a value beyond its range is its sender's too (step 7): the
+    # boundary, when it scans (a replay, a relay's fold), tests it in the same pass.
+    limit = fold.value_limit if type(fold) is MeanFold else None
     round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
                     pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                     local=call.fold_local or None, scan=not replay and not allows,
-                    unpack=call.unpack, send_state=call.send_state)
+                    unpack=call.unpack, limit=limit)
+    round_.state_request = call.send_state
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -332,7 +346,8 @@ def _play_flat(call: RoundCall) -> Folded:
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                         local=call.fold_local or None, scan=True, unpack=call.unpack,
-                        send_state=call.send_state)
+                        limit=limit)
+        round_.state_request = call.send_state
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -391,85 +406,57 @@ def answer_relay_request(pool: WorkerPool, carried: frozenset[int], name: str,
     return answer_request(pool, carried, name, message, _play_group)
 
 
-@attrs.define
-class _Round:
-    """The state of one round while it is played (see the module docstring)."""
+class _Round(Scheduler[int]):
+    """One flat round on the scheduler (:mod:`.scheduler`), as the module docstring says:
+    its unit is a key; an answer is held on its worker until pulled (``take``), and a
+    pulled contribution folds in key order."""
 
-    ctx: StrategyContext
-    requests: dict[int, Mapping[str, Any]]
-    state: Mapping[str, Any] | None
-    weight: Callable[[Mapping[str, Any]], float]
-    window: int
-    fold: Any
-    label: str
-    #: Keys only one worker may serve: key -> rank.
-    pinned: dict[int, int] = attrs.Factory(dict)
-    #: Pinned keys planned for each worker and not handed out yet (ascending).
-    own: dict[int, list[int]] = attrs.Factory(dict)
-    #: Seconds the round may take before unanswered keys are late (None: no deadline).
-    deadline: float | None = None
-    #: Keys whose answer missed the deadline -> the rank that owed it (None: not handed out).
-    late: dict[int, int | None] = attrs.Factory(dict)
-    expired: bool = False
-    #: Keys not folded yet and not given up on, in fold order.
-    unfolded: list[int] = attrs.Factory(list)
-    #: Keys planned for each worker and not handed out yet (ascending).
-    plan: dict[int, list[int]] = attrs.Factory(dict)
-    #: Keys whose worker was lost: any worker may serve them (sorted).
-    spare: list[int] = attrs.Factory(list)
-    #: Workers that hold this round's state and may be handed work.
-    ready: set[int] = attrs.Factory(set)
-    #: Workers sent the round's state (acknowledged or not), and those lost since.
-    sent_state: set[int] = attrs.Factory(set)
-    lost: set[int] = attrs.Factory(set)
-    #: The one request each busy worker owes: ticket -> (rank, kind, key).
-    busy: dict[int, tuple[int, str, int | None]] = attrs.Factory(dict)
-    #: Results waiting on each worker, by key.
-    held: dict[int, set[int]] = attrs.Factory(dict)
-    #: The small reply of each key whose result exists (held or taken).
-    replies: dict[int, Mapping[str, Any]] = attrs.Factory(dict)
-    #: Whole contributions pulled and waiting for their turn: key -> (rank, state).
-    taken: dict[int, tuple[int, Mapping[str, Any]]] = attrs.Factory(dict)
-    served: dict[int, int] = attrs.Factory(dict)
-    not_served: dict[int, str] = attrs.Factory(dict)
-    #: What every pulled contribution must look like (the round's model), or None.
-    expected: Signature | None = None
-    #: Where each client's local keys are kept before the rest is folded (FedBN).
-    local: ClientLocal | None = None
-    #: This round's member failures (:mod:`meshkit.train._failures`).
-    failures: RoundFailures = attrs.Factory(RoundFailures)
-    #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
-    scan: bool = True
-    #: A compressed round's decoder of pulled payloads (None: contributions come whole).
-    unpack: Unpacker | None = None
-    #: The ``set_state`` request for each rank (None: the round's state, whole).
-    send_state: Callable[[int], Mapping[str, Any]] | None = None
+    name = "the round engine"
+    abandon_on = (DivergedFit, AggregationError)  # skipped, or played again
 
-    def play(self) -> Folded:
-        try:
-            return self._play()
-        except (DivergedFit, AggregationError):
-            # The round is abandoned (skipped, or played again): the replies still
-            # owed must not be taken for the next round's.
-            for ticket in self.busy:
-                self.ctx.pool.abandon(ticket)
-            raise
+    def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
+                 state: Mapping[str, Any] | None, weight: Callable[[Mapping[str, Any]], float],
+                 window: int, fold: Any, label: str, *, pinned: dict[int, int],
+                 deadline: float | None, expected: Signature | None,
+                 local: ClientLocal | None, scan: bool, unpack: Unpacker | None,
+                 limit: Callable[[Any], float | None] | None = None) -> None:
+        super().__init__(ctx, state, label)
+        self.requests, self.weight, self.window, self.fold = requests, weight, window, fold
+        #: Keys only one worker may serve: key -> rank.
+        self.pinned = pinned
+        #: Pinned keys planned for each worker and not handed out yet (ascending).
+        self.own: dict[int, collections.deque[int]] = {}
+        #: Seconds the round may take before unanswered keys are late (None: no deadline).
+        self.deadline = deadline
+        #: Keys whose answer missed the deadline -> the rank that owed it (None: not handed out).
+        self.late: dict[int, int | None] = {}
+        #: Keys not folded yet and not given up on, in fold order.
+        self.unfolded: list[int] = []
+        #: Results waiting on each worker, by key.
+        self.held: dict[int, set[int]] = {}
+        #: Whole contributions pulled and waiting for their turn: key -> (rank, state).
+        self.taken: dict[int, tuple[int, Mapping[str, Any]]] = {}
+        #: What every pulled contribution must look like (the round's model), or None.
+        self.expected = expected
+        #: Where each client's local keys are kept before the rest is folded (FedBN).
+        self.local = local
+        #: Whether each pulled contribution is scanned for NaN/inf (module docstring, step 7).
+        self.scan = scan
+        #: A compressed round's decoder of pulled payloads (None: contributions come whole).
+        self.unpack = unpack
+        #: The largest |x| the fold accepts per dtype, scanned with NaN/inf (None: any finite).
+        self.limit = limit
 
-    def _play(self) -> Folded:
-        self.failures.accept = self.ctx.accept_failures
+    def play_round(self) -> Folded:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
-        ends = None if self.deadline is None else time.monotonic() + self.deadline
-        self.unfolded = sorted(self.requests)
-        for key in self.unfolded:
-            if key in self.ctx.stalled_clients:  # each try would cost a worker
-                self.not_served[key] = f"quarantined: {self.ctx.stalled_clients[key]}"
-        self.unfolded = [k for k in self.unfolded if k not in self.not_served]
+        self.ends = None if self.deadline is None else time.monotonic() + self.deadline
+        self.unfolded = self.quarantine(sorted(self.requests))
         live = self.ctx.live
         for key in self.unfolded:
             if key in self.pinned:
                 rank = self.pinned[key]
                 if rank in live:
-                    self.own.setdefault(rank, []).append(key)
+                    self.own.setdefault(rank, collections.deque()).append(key)
                 else:
                     self.not_served[key] = (f"its data is on rank {rank}, which is not a live "
                                             f"worker")
@@ -479,212 +466,102 @@ class _Round:
         workers = live if self.state is None else live[:len(free)]
         if self.pinned:
             workers = sorted({*workers, *self.own})
-        for i, key in enumerate(free):
-            if workers:
-                self.plan.setdefault(workers[i % len(workers)], []).append(key)
-            else:
-                self.spare.append(key)
+        self.plan_round_robin(free, workers)
         if self.state is None:
             self.ready = set(workers)  # replicas: each holds its own state
         else:
             for rank in workers:
-                self._send_state(rank)
+                self.send_state(rank)
                 # A large state takes a while to write: start the workers that
                 # already acknowledged theirs instead of waiting for the last.
-                self._drain()
-        # Bounded: each reply settles one request, and each key is handed out
-        # again only after a worker died (at most once per worker).
-        limit = 8 * (len(self.requests) + 1) * (len(self.ctx.workers) + 1)
-        for _ in range(limit):
-            self._dispatch()
-            if not self.busy:
-                break
-            if ends is None or self.expired:
-                self._settle(self.ctx.pool.receive())
-                continue
-            reply = self.ctx.pool.receive(until=ends)
-            if reply is None:
-                self._expire()
-            else:
-                self._settle(reply)
-        else:  # pragma: no cover - a bug in the scheduling, never a hang
-            raise MeshError(f"the round engine settled {limit} replies without finishing")
+                self.drain()
+        self.run(len(self.requests))
         if self.unfolded:
             self._give_up()
         result = self.fold.result() if self.served else None
-        strike(self.ctx, self.failures)
+        self.finish()
         return Folded(result, dict(self.served), dict(self.not_served),
                       {k: self.replies[k] for k in self.served}, dict(self.late),
                       failed=dict(self.failures.ranks))
 
-    # -- sending ---------------------------------------------------------------
+    # -- what the scheduler asks -------------------------------------------------------
 
-    def _send(self, rank: int, kind: str, key: int | None, request: Mapping[str, Any]) -> None:
-        ticket = self.ctx.pool.send(rank, request, self.ctx.timeout)
-        self.busy[ticket] = (rank, kind, key)
+    def hand_out(self, rank: int, busy: set[int]) -> bool:
+        """A pull first (a result it holds within the window), else new work."""
+        held = self.held.get(rank)
+        waiting = sorted(held & set(self.unfolded[:self.window])) if held else []
+        if held and waiting:
+            key = waiting[0]
+            held.discard(key)
+            self.send(rank, "take", key, {"op": "take", "key": key}, self.ctx.timeout)
+            return True
+        nxt = None if self.expired else self.next_unit(rank, busy)
+        if nxt is None:
+            return False
+        self.send(rank, "work", nxt, {**self.requests[nxt], "keep": nxt}, self.ctx.timeout)
+        return True
 
-    def _send_state(self, rank: int) -> None:
-        self.sent_state.add(rank)
-        request = ({"op": "set_state", "state": self.state} if self.send_state is None
-                   else self.send_state(rank))
-        self._send(rank, "state", None, request)
-
-    def _dispatch(self) -> None:
-        """Give every idle ready worker its next request: a pull first, else new work."""
-        busy = {rank for rank, _, _ in self.busy.values()}
-        window = set(self.unfolded[:self.window])
-        for rank in sorted(self.ready - busy):
-            waiting = sorted(self.held.get(rank, set()) & window)
-            if waiting:
-                key = waiting[0]
-                self.held[rank].discard(key)
-                busy.add(rank)
-                self._send(rank, "take", key, {"op": "take", "key": key})
-            else:
-                nxt = self._next_key(rank, busy)
-                if nxt is not None:
-                    busy.add(rank)
-                    self._send(rank, "work", nxt, {**self.requests[nxt], "keep": nxt})
+    def dispatched(self, busy: set[int]) -> None:
         if self.spare and self.state is not None and not self.expired:
             # A worker that had this round's state was lost and its work
             # waits: bring in a live worker that was not sent the state yet.
             fresh = [r for r in self.ctx.live if r not in self.sent_state]
             if fresh and len(self.sent_state - self.lost) < len(self.unfolded):
-                self._send_state(fresh[0])
+                self.send_state(fresh[0])
 
-    def _next_key(self, rank: int, busy: set[int]) -> int | None:
-        """The key ``rank`` serves next: its own plan's, a lost worker's, or a busy one's last."""
-        if self.expired:
-            return None
-        own = self.plan.get(rank)
-        victims = [self.plan[r] for r in sorted(self.ready)
-                   if r != rank and r in busy and self.plan.get(r)]
-        options: list[tuple[list[int], int]] = []
+    def choices(self, rank: int, busy: set[int]) -> list[tuple[collections.deque[int], int]]:
+        """Its pinned keys before anything else; a worker holding :data:`HOLD` results
+        takes on only the key the fold waits on."""
+        options = super().choices(rank, busy)
         if self.own.get(rank):
-            options.append((self.own[rank], 0))
-        if own:
-            options.append((own, 0))
-        if self.spare:
-            options.append((self.spare, 0))
-        if victims:
-            options.append((max(victims, key=len), -1))
+            options.insert(0, (self.own[rank], 0))
         if len(self.held.get(rank, ())) >= HOLD:
-            # Full: only the key the fold waits on may still be taken on.
             options = [(keys, i) for keys, i in options if keys[i] == self.unfolded[0]]
-        if not options:
-            return None
-        keys, i = options[0]
-        return keys.pop(i)
+        return options
 
-    # -- receiving -------------------------------------------------------------
+    def blamed(self, kind: str, key: int | None, payload: Mapping[str, Any]) -> int | None:
+        return key  # a work or take request's client (None: set_state)
 
-    def _drain(self) -> None:
-        """Settle every reply already there, without waiting, then hand out work."""
-        for _ in range(len(self.busy)):
-            reply = self.ctx.pool.receive(block=False)
-            if reply is None:
-                break
-            self._settle(reply)
-        self._dispatch()
-
-    def _settle(self, reply: Any) -> None:
-        rank, kind, key = self.busy.pop(reply.seq)
-        if not reply.ok:
-            if not self.ctx.accept_failures:
-                raise WorkerError(rank, reply.error or "lost")
-            self._lost(rank, kind, key, reply.error or "lost")
-            return
-        payload = reply.payload
-        failure = reply_failure(rank, payload, accept=self.ctx.accept_failures)
-        if failure is not None:
-            self._failed(rank, kind, key, failure)
-            return
-        if kind == "state":
-            self.ready.add(rank)
-            return
+    def answered(self, rank: int, kind: str, key: int | None,
+                 payload: Mapping[str, Any]) -> None:
         assert key is not None  # work and take requests carry their client's key
         if kind == "work":
             self.held.setdefault(rank, set()).add(key)
-            small: dict[str, Any] = {"examples": payload.get("examples", 0),
-                                     "metrics": dict(payload.get("metrics") or {})}
-            if payload.get("attacked"):  # a node run with --attack says so
-                small["attacked"] = str(payload["attacked"])
-            self.replies[key] = small
-        else:  # take
-            contribution = payload["state"]
-            residuals: dict[str, Any] = {}
-            if self.unpack is not None and self.state is not None:
-                try:
-                    contribution, residuals = self.unpack.decode(
-                        contribution, self.state, f"rank {rank}'s result for {self.label} {key}")
-                except ProtocolError as exc:
-                    self._failed(rank, kind, key, protocol_reason(exc))
-                    return
-            if self.expected is not None:
-                try:
-                    # A fit returns the whole model; gradients (no round state)
-                    # may leave out the model's JSON entries.
-                    check_contribution(contribution, self.expected,
-                                       f"rank {rank}'s result for {self.label} {key}",
-                                       subset=self.state is None, finite=self.scan)
-                except ProtocolError as exc:
-                    # Its sender's (or its client's): the rank sits the round out and
-                    # its keys are served again (module docstring, step 7).
-                    self._failed(rank, kind, key, protocol_reason(exc))
-                    return
-            if residuals:  # kept in the client-local store with the rest (_advance)
-                contribution = {**contribution, **residuals}
-            self.taken[key] = (rank, contribution)
-            self._advance()
-
-    def _advance(self) -> None:
-        """Fold every pulled contribution whose turn has come, in key order."""
-        while self.unfolded and self.unfolded[0] in self.taken:
-            key = self.unfolded.pop(0)
-            rank, contribution = self.taken.pop(key)
-            if self.local is not None:
-                contribution = self.local.keep(key, contribution)
-            source = f"{self.label} {key} (rank {rank})"
-            keyed = getattr(self.fold, "add_keyed", None)
-            try:
-                if keyed is not None:  # an attacked round needs to know whose it is
-                    keyed(key, contribution, self.weight(self.replies[key]), source=source)
-                else:
-                    self.fold.add(contribution, self.weight(self.replies[key]), source=source)
-            except ContributionOutOfRange as exc:
-                # A finite value no exact sum holds (1e308): its sender's, as a non-finite
-                # one is, refused before the sum changed. Back in line, then failed as a
-                # pulled contribution that does not fit is (module docstring, step 7).
-                self.unfolded.insert(0, key)
-                self._failed(rank, "take", key, f"out of range: {exc}")
-                continue
-            del contribution  # the fold holds it now, or has folded it
-            self.served[key] = rank
-
-    def _failed(self, rank: int, kind: str, key: int | None, reason: str) -> None:
-        """A member failed (module docstring, step 7): its client's, or its rank's for the round."""
-        if kind in ("work", "take") and key is not None \
-                and self.failures.client_failed(key, rank, reason):
-            self._drop_client(key)
+            self.replies[key] = small_reply(payload.get("examples", 0), payload)
             return
-        self.failures.rank_failed(rank, reason)
-        self._lost(rank, kind, key, reason)
-
-    def _drop_client(self, key: int) -> None:
-        """``key`` failed on two ranks: not served again this round."""
-        self.not_served[key] = self.failures.clients[key]
-        self.replies.pop(key, None)
-        self.unfolded = [k for k in self.unfolded if k != key]
-        for held in self.held.values():
-            held.discard(key)
-        if key in self.spare:
-            self.spare.remove(key)
+        # take
+        contribution = payload["state"]
+        residuals: dict[str, Any] = {}
+        if self.unpack is not None and self.state is not None:
+            try:
+                contribution, residuals = self.unpack.decode(
+                    contribution, self.state, f"rank {rank}'s result for {self.label} {key}")
+            except ProtocolError as exc:
+                self.failed(rank, kind, key, key, protocol_reason(exc))
+                return
+        if self.expected is not None:
+            try:
+                # A fit returns the whole model; gradients (no round state)
+                # may leave out the model's JSON entries.
+                check_contribution(contribution, self.expected,
+                                   f"rank {rank}'s result for {self.label} {key}",
+                                   subset=self.state is None, finite=self.scan,
+                                   limit=self.limit)
+            except ProtocolError as exc:
+                # Its sender's (or its client's): the rank sits the round out and
+                # its keys are served again (module docstring, step 7).
+                self.failed(rank, kind, key, key, protocol_reason(exc))
+                return
+        if residuals:  # kept in the client-local store with the rest (_advance)
+            contribution = {**contribution, **residuals}
+        self.taken[key] = (rank, contribution)
         self._advance()
 
-    def _lost(self, rank: int, kind: str, key: int | None, reason: str) -> None:
-        """A worker is gone: what it held or was doing goes back to the queue."""
-        self.ready.discard(rank)
-        self.lost.add(rank)
+    def client_dropped(self, rank: int, kind: str, unit: int | None, key: int) -> None:
+        self._drop_client(key)
+
+    def requeue(self, rank: int, kind: str, key: int | None, reason: str) -> list[int]:
+        """What it held, was planned or was doing (module docstring, steps 4 and 5)."""
         again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
                  | set(self.own.pop(rank, [])))
         if kind in ("work", "take") and key is not None:
@@ -705,15 +582,48 @@ class _Round:
             self.unfolded = [k for k in self.unfolded if k not in stuck]
             again -= stuck
             self._advance()
-        for k in sorted(again):
-            self.replies.pop(k, None)
-            bisect.insort(self.spare, k)
-        if again:
-            log.warning("rank %d lost (%s); %s %s will be served by another worker", rank,
-                        reason, self.label + ("s" if len(again) > 1 else ""),
-                        ", ".join(map(str, sorted(again))))
+        return sorted(again)
 
-    def _expire(self) -> None:
+    def respare(self, again: list[int]) -> None:
+        self.spare = collections.deque(sorted({*self.spare, *again}))
+
+    # -- folding -------------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Fold every pulled contribution whose turn has come, in key order."""
+        while self.unfolded and self.unfolded[0] in self.taken:
+            key = self.unfolded.pop(0)
+            rank, contribution = self.taken.pop(key)
+            if self.local is not None:
+                contribution = self.local.keep(key, contribution)
+            source = f"{self.label} {key} (rank {rank})"
+            keyed = getattr(self.fold, "add_keyed", None)
+            try:
+                if keyed is not None:  # an attacked round needs to know whose it is
+                    keyed(key, contribution, self.weight(self.replies[key]), source=source)
+                else:
+                    self.fold.add(contribution, self.weight(self.replies[key]), source=source)
+            except ContributionOutOfRange as exc:
+                # A finite value no exact sum holds (1e308): its sender's, as a non-finite
+                # one is, refused before the sum changed. Back in line, then failed as a
+                # pulled contribution that does not fit is (module docstring, step 7).
+                self.unfolded.insert(0, key)
+                self.failed(rank, "take", key, key, f"out of range: {exc}")
+                continue
+            del contribution  # the fold holds it now, or has folded it
+            self.served[key] = rank
+
+    def _drop_client(self, key: int) -> None:
+        """``key`` failed on two ranks: not served again this round."""
+        self.not_served[key] = self.failures.clients[key]
+        self.replies.pop(key, None)
+        self.unfolded = [k for k in self.unfolded if k != key]
+        for held in self.held.values():
+            held.discard(key)
+        if key in self.spare:
+            self.spare.remove(key)
+        self._advance()
+
+    def expire(self) -> None:
         """The round deadline passed: whatever has not answered is late (module docstring)."""
         self.expired = True
         why = f"no answer within round_timeout = {self.deadline:g} s"
@@ -749,11 +659,7 @@ class _Round:
 
     def _give_up(self) -> None:
         """No live worker is left: every key not pulled yet is not served."""
-        dead = "; ".join(f"rank {r}: {why}" for r, why in self.ctx.dead.items()) or "none"
-        why = f"no live worker left to serve it (dead: {dead})"
-        if self.failures.ranks:
-            why += "; dropped for this round: " + "; ".join(
-                f"rank {r}: {w}" for r, w in sorted(self.failures.ranks.items()))
+        why = self.no_worker_left()
         for key in self.unfolded:
             if key not in self.taken:
                 self.not_served[key] = why

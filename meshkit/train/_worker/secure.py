@@ -13,7 +13,8 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     the round's scheme (``scheme``: a ``[secure_aggregation] name``, absent
     for the default, built with its default options through the plugins) and
     a fresh scheme client per client (SecAgg+: fresh key pairs, fresh
-    self-mask seed): their adverts.
+    self-mask seed): their adverts. A scheme with the trait ``party`` builds
+    the worker's clients together (:meth:`~meshkit.secure_aggregation.PartyScheme.party`).
 ``secagg_share``
     every member's advert; each client's roster is its neighbours' adverts in
     the round's graph: the sealed shares, one row per neighbour.
@@ -32,7 +33,14 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked with every neighbour that shared except the ``excluded`` (the
     parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
-    this worker's masked inputs (a fold of its own, as a relay does).
+    this worker's masked inputs (a fold of its own, as a relay does), packed
+    at ``modulus_bits`` bits an element
+    (:func:`meshkit.secure_aggregation.to_wire`). With ``compress`` (the
+    run's ``[compression]``, whose keys request named ``input_bits``) the
+    update is quantised by that compressor onto the round's shared grid
+    (:func:`meshkit.compression.field_codes`), not by the scheme.. A
+    party is told the request's clients first (``summing``): all of them are
+    in the sum, or the reply is an error and none is.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -48,16 +56,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 
 from meshkit import plugins
+from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
-from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient,
-                                        SecureAggregationTraits, add_mod, scheme_traits,
-                                        vector_dtype)
+from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+                                        SchemeParty, SecureAggregationTraits, add_mod,
+                                        scheme_traits, to_wire, vector_dtype)
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -83,14 +92,20 @@ def vector_keys(state: Mapping[str, Any]) -> list[str]:
 def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],
                   keys: list[str]) -> np.ndarray:
     """``fitted - start`` over ``keys``, flattened in that order, in float64."""
-    parts = []
     for key in keys:
         if key not in fitted or np.shape(fitted[key]) != start[key].shape:
             raise MeshError(f"the fit's model has no {key!r} of the round model's shape "
                             f"{list(start[key].shape)}")
-        parts.append((np.asarray(fitted[key], np.float64)
-                      - np.asarray(start[key], np.float64)).ravel())
-    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+    out = np.empty(sum(start[key].size for key in keys), np.float64)
+    offset = 0
+    for key in keys:
+        # One pass into place: each side widened to float64 as the subtraction reads it
+        # (exact), the difference rounded once in float64, as converting both first would.
+        size = start[key].size
+        np.subtract(np.asarray(fitted[key]).reshape(-1), np.asarray(start[key]).reshape(-1),
+                    out=out[offset:offset + size], dtype=np.float64)
+        offset += size
+    return out
 
 
 def _rows(rows: list[bytes], width: int) -> np.ndarray:
@@ -133,8 +148,14 @@ class SecureClients:
         self.seed = b""
         self.length = 0
         self.rounds: dict[int, SchemeClient] = {}
+        #: The round's clients built together (a scheme with the trait ``party``), else None.
+        self.party: SchemeParty | None = None
         #: The schemes built so far, by name (a worker plays one run's rounds).
         self.schemes: dict[str, Scheme] = {}
+        #: The round's codes' bits when a compressor quantises (0: the scheme does).
+        self.input_bits = 0
+        #: Compressors named by masking requests, built once per name and options.
+        self.compressors: dict[str, Any] = {}
         #: Set by a masked reply the fault injection names; read after the reply is sent.
         self.exit_pending = False
 
@@ -164,17 +185,30 @@ class SecureClients:
     def _keys(self, request: Mapping[str, Any]) -> dict[str, Any]:
         scheme = self._scheme(request.get("scheme") or DEFAULT_SECURE_AGGREGATION)
         self.scheme, self.traits = scheme, scheme_traits(scheme)
+        self.input_bits = int(request.get("input_bits") or 0)
+        narrowed = {"input_bits": self.input_bits} if self.input_bits else {}
         self.params = scheme.params(clients=int(request["cohort"]),
                                     degree=int(request["degree"]),
                                     threshold=int(request["threshold"]),
                                     clip_range=float(request["clip_range"]),
-                                    modulus_bits=int(request["modulus_bits"]))
+                                    modulus_bits=int(request["modulus_bits"]), **narrowed)
         self.round = int(request["round"])
         self.seed = bytes(request["round_seed"][0])
         self.length = int(request["length"])
         self.exit_pending = False
-        self.rounds = {int(c): scheme.client(self.params, int(c), self.seed, self.length)
-                       for c in request["clients"]}
+        ids = [int(c) for c in request["clients"]]
+        self.party = None
+        if self.traits.party:
+            self.party = cast(PartyScheme, scheme).party(self.params, sorted(ids), self.seed,
+                                                         self.length)
+            built = dict(self.party.clients)
+            if sorted(built) != sorted(ids):
+                raise MeshError(f"the scheme's party plays clients {sorted(built)}, not the "
+                                f"{sorted(ids)} it was asked for")
+            self.rounds = {c: built[c] for c in ids}
+        else:
+            self.rounds = {c: scheme.client(self.params, c, self.seed, self.length)
+                           for c in ids}
         adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
         return {"clients": sorted(self.rounds),
                 "adverts": _rows(adverts, self.traits.advert_size)}
@@ -247,6 +281,9 @@ class SecureClients:
         total: np.ndarray | None = None
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
+        compressor = self._compressor(request.get("compress"))
+        if self.party is not None:
+            self.party.summing(sorted(clients))  # exactly the clients this reply adds
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -254,7 +291,12 @@ class SecureClients:
             if update.size != self.length:
                 raise MeshError(f"the round's updates have {self.length} elements; this "
                                 f"worker's model gives {update.size}")
-            quantised = self.scheme.quantize(update, self.params)
+            if compressor is None:
+                quantised = self.scheme.quantize(update, self.params)
+            else:
+                quantised = field_codes(compressor, update, seed=key_seed(int(seed), 0),
+                                        clip_range=self.params.clip_range,
+                                        dtype=vector_dtype(bits))
             del update, fitted  # the clear update goes no further than this line
             masked = self.rounds[client].mask(quantised, excluded)
             if masked.dtype != vector_dtype(bits) or masked.ndim != 1 or (
@@ -266,7 +308,26 @@ class SecureClients:
         assert total is not None  # the schema asks for at least one client
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
-        return {"clients": clients, "vector": total}
+        return {"clients": clients, **to_wire(total, bits)}
+
+    def _compressor(self, chosen: Mapping[str, Any] | None) -> Any:
+        """The masking request's compressor (None: the scheme quantises), checked against
+        the keys request: codes of ``input_bits`` bits, or none."""
+        if chosen is None:
+            if self.input_bits:
+                raise MeshError(f"the round's field was narrowed for {self.input_bits}-bit "
+                                f"codes, and the masking request names no compressor")
+            return None
+        cache = f"{chosen['name']}:{sorted(chosen['options'].items())!r}"
+        if cache not in self.compressors:
+            self.compressors[cache] = plugins.default().create(
+                "compression", chosen["name"], chosen["options"])
+        compressor = self.compressors[cache]
+        if int(compressor.field_bits) != self.input_bits:
+            raise MeshError(f"the masking request's compressor {chosen['name']!r} makes "
+                            f"{compressor.field_bits}-bit codes; the round's field was set up "
+                            f"for {self.input_bits}")
+        return compressor
 
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]

@@ -61,6 +61,7 @@ from meshkit.aggregation import FixedPointSum
 from meshkit.compression import RESIDUAL, SEP, encode_update, is_residual
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
+from meshkit.errors import WireError
 from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_lazy, is_per_node, rows_of_client, split_rows
 from meshkit.population import client_held_out_of, client_rows_of, is_population
@@ -667,7 +668,7 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
         else:
             reply = trainer.handle(request)
         try:
-            group.send(0, TAG_REPLY, encode(reply))
+            _send_reply(group, request, reply, trainer)
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
@@ -677,6 +678,30 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
     log.info("trainer on rank %s finished%s", group.rank,
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)
+
+
+def _send_reply(group: Group, request: Mapping[str, Any], reply: Mapping[str, Any],
+                trainer: Trainer | None) -> None:
+    """Send ``reply``; one the wire cannot carry (a dtype it lacks, more entries than a frame
+    holds) is answered with an error reply saying why, so the coordinator drops this rank
+    for that request at once instead of waiting out its timeout on a rank that serves on.
+
+    Raises:
+        PeerLostError: the coordinator is gone (the job ends).
+    """
+    try:
+        group.send(0, TAG_REPLY, encode(reply))
+        return
+    except PeerLostError:
+        raise
+    except WireError as exc:
+        op = request.get("op")
+        why = f"{op if isinstance(op, str) else 'request'}: the reply could not be sent: {exc}"
+    log.error("rank %s: %s", group.rank, why)
+    if trainer is not None:
+        trainer.error = why
+    seq = reply.get("seq", 0)
+    group.send(0, TAG_REPLY, encode({"error": why, "seq": seq}))
 
 
 def _trainer(spec: Mapping[str, Any], device: str = "auto", group: Any = None) -> Trainer:

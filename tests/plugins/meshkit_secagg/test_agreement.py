@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshkit_secagg._agreement import (PAIRWISE, SEALED_OVERHEAD, SEALED_TO_OVERHEAD, SEALING,
                                        agree, check_public_key, derive, generate_key_pair,
-                                       open_from, open_revealed, open_sealed, public_key, seal,
-                                       seal_to, seed_commitment)
+                                       generate_private, open_from, open_revealed, open_sealed,
+                                       private_key, public_key, seal, seal_to, seed_commitment)
 
 
 def test_both_ends_derive_the_same_key_and_nothing_else_does() -> None:
@@ -66,3 +68,36 @@ def test_a_share_sealed_to_a_key_opens_for_its_recipient_and_with_the_revealed_e
         open_from(recipient_private, sealed, b"round", 1, 3)  # another recipient's binding
     # A second sealing to the same key uses another ephemeral key.
     assert seal_to(recipient_public, b"shares", b"round", 1, 2)[1][:32] != sealed[:32]
+
+
+def test_a_loaded_key_agrees_as_its_raw_bytes_do_and_refuses_the_same_keys() -> None:
+    (a_priv, a_pub), (_, b_pub) = generate_key_pair(), generate_key_pair()
+    loaded = private_key(a_priv)
+    assert agree(loaded, b_pub) == agree(a_priv, b_pub)
+    fresh = generate_private()
+    assert public_key(fresh.private_bytes_raw()) == fresh.public_key().public_bytes_raw()
+    for bad in (bytes(32), b"\x01" + bytes(31), bytes(31)):
+        with pytest.raises(ValueError):
+            agree(loaded, bad)
+
+
+def test_sealing_to_a_small_order_or_short_key_is_refused() -> None:
+    # The sealing agreement is the share key's only check on a client: it must refuse.
+    for bad in (bytes(32), b"\x01" + bytes(31), bytes(31)):
+        with pytest.raises(ValueError):
+            seal_to(bad, b"shares", b"round", 1, 2)
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(shared=st.binary(min_size=32, max_size=32), seed=st.binary(max_size=70),
+       a=st.integers(0, 2 ** 32), b=st.integers(0, 2 ** 32))
+def test_derive_is_rfc5869_hkdf_sha256_to_the_byte(shared: bytes, seed: bytes, a: int,
+                                                   b: int) -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    lo, hi = sorted((a, b))
+    info = (b"meshkit/secagg/1 " + PAIRWISE + b" " + lo.to_bytes(8, "big", signed=True)
+            + hi.to_bytes(8, "big", signed=True))
+    expected = HKDF(algorithm=hashes.SHA256(), length=32, salt=seed, info=info).derive(shared)
+    assert derive(shared, seed, PAIRWISE, a, b) == expected

@@ -37,3 +37,10 @@ def test_an_odd_degree_is_raised_by_one() -> None:
 def test_repeated_members_are_refused() -> None:
     with pytest.raises(ValueError, match="distinct"):
         neighbours(b"s", [1, 2, 2], 2)
+
+
+def test_the_graph_is_drawn_once_a_round_and_each_caller_gets_its_own_copy() -> None:
+    graph = neighbours(b"s", range(30), 6)
+    graph[0] = ()
+    assert neighbours(b"s", list(reversed(range(30))), 6)[0] != ()
+    assert neighbours(b"s", range(30), 6) is not neighbours(b"s", range(30), 6)

@@ -185,3 +185,34 @@ def test_a_client_fed_junk_by_the_coordinator_raises_only_secagg_or_refused(
     for c in range(5):
         server.receive_masked(clients[c].mask(deliveries[c], update))
     offer(target.unmask, server.unmask_requests()[0])
+
+
+def _ids_one_by_one(values: Any) -> tuple[int, ...] | str:
+    """The id-list rule element by element (what the fast path must agree with)."""
+    from meshkit_secagg._messages import MAX_CLIENT_ID
+
+    ids = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) \
+                or not 0 <= v <= MAX_CLIENT_ID:
+            return "must be a client id"
+        ids.append(int(v))
+    return tuple(ids) if ids == sorted(set(ids)) else "must be sorted"
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(values=st.lists(st.one_of(st.integers(-3, 2 ** 32 + 2), st.booleans(),
+                                 st.integers(0, 9).map(np.int64),
+                                 st.sampled_from([2 ** 32 - 2, 2 ** 32 - 1, -1])),
+                       max_size=6))
+def test_a_list_of_ids_is_checked_by_the_rule_whatever_the_path(values: list[Any]) -> None:
+    from meshkit_secagg._messages import _ids
+
+    for candidate in (values, sorted(values, key=float)):
+        expected = _ids_one_by_one(candidate)
+        if isinstance(expected, str):
+            with pytest.raises(SecAggError, match=expected):
+                _ids(candidate, "ids", 4)
+        else:
+            got = _ids(candidate, "ids", 4)
+            assert got == expected and all(type(v) is int for v in got)

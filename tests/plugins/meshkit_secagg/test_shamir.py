@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshkit_secagg import PRIME, SHARE_SIZE, Share, shamir_combine, shamir_split
+from meshkit_secagg._shamir import _lagrange_at_zero, inverses
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -64,3 +65,31 @@ def test_two_shares_at_one_point_are_refused() -> None:
         shamir_combine([shares[0], shares[0]], 2)
     with pytest.raises(ValueError, match="distinct"):
         shamir_split(bytes(32), 2, [3, 3])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(values=st.lists(st.integers(1, PRIME - 1), min_size=1, max_size=12))
+def test_the_batch_inverses_are_each_values_own_inverse(values: list[int]) -> None:
+    assert inverses(values) == [pow(v, -1, PRIME) for v in values]
+
+
+def test_zero_has_no_inverse_in_a_batch() -> None:
+    with pytest.raises(ValueError, match="no inverse"):
+        inverses([3, PRIME, 5])
+
+
+def test_the_lagrange_coefficients_are_the_textbook_ones() -> None:
+    # Fermat's inversion, one denominator at a time: the definition the batch must equal.
+    xs = (1, 4, 9, 2 ** 32 - 1, 77)
+    expected = []
+    for i, xi in enumerate(xs):
+        numerator = denominator = 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                numerator, denominator = numerator * xj % PRIME, denominator * (xj - xi) % PRIME
+        expected.append(numerator * pow(denominator, PRIME - 2, PRIME) % PRIME)
+    assert _lagrange_at_zero(xs) == tuple(expected)
+    # A share at a large point after many Horner steps (the split reduces in batches).
+    secret = bytes(range(32))
+    shares = shamir_split(secret, 20, [2 ** 32 - 1 - i for i in range(20)])
+    assert shamir_combine(shares, 20) == secret

@@ -60,6 +60,27 @@ def test_a_contribution_holding_nan_is_a_breach_naming_the_key():
     check_contribution(model, signature(model), "rank 3's fit")
 
 
+@pytest.mark.parametrize("dtype, limit", [(np.float64, 1.34e154), (np.float32, 1.84e19),
+                                          (ml_dtypes.bfloat16, 1.84e19)])
+def test_under_the_strict_means_limit_a_value_beyond_it_is_out_of_range(dtype, limit):
+    from meshkit.aggregation import MeanFold
+
+    model = {"w": np.zeros(70_000, dtype), "n": np.zeros(2, np.int64)}
+    fold = MeanFold()
+    good = {**model, "w": np.full(70_000, limit * 0.9, dtype)}  # whose squares overflow
+    check_contribution(good, signature(model), "rank 3's fit", limit=fold.value_limit)
+    bad = {**model, "w": good["w"].copy()}
+    bad["w"][69_999] = dtype(limit * 2) if dtype is not np.float64 else 1e308
+    with pytest.raises(ProtocolError, match=r"rank 3's fit: 'w' is out of range: it holds "):
+        check_contribution(bad, signature(model), "rank 3's fit", limit=fold.value_limit)
+    bad["w"][3] = np.nan
+    with pytest.raises(ProtocolError, match=r"'w' holds NaN or inf"):
+        check_contribution(bad, signature(model), "rank 3's fit", limit=fold.value_limit)
+    # Without a limit (a robust rule's round) a finite value is the rule's to judge.
+    bad["w"][3] = 0
+    check_contribution(bad, signature(model), "rank 3's fit")
+
+
 # -- a hostile rank in process (the real-process proof: test_failures_processes.py) --------
 
 
@@ -74,11 +95,44 @@ class Tampering(Trainer):
         return state, examples, metrics, attacked
 
 
-def hostile_ctx(workers: int = 4, bad: int = 2) -> StrategyContext:
-    ctx = make_ctx(workers=workers)
-    ctx.pool = LocalPool({r: (Tampering if r == bad else Trainer)(synthetic())
+class Huge(Trainer):
+    """A trainer whose every fit result holds its dtype's largest value in its first array
+    (finite, and out of the strict mean's range: 3.4e38 beyond a float32 sum's 1.84e19)."""
+
+    def _fit(self, request: Any) -> Any:
+        state, examples, metrics, attacked = super()._fit(request)
+        key = next(iter(state))
+        state[key] = np.full_like(state[key], np.finfo(state[key].dtype).max)
+        return state, examples, metrics, attacked
+
+
+def hostile_ctx(workers: int = 4, bad: int = 2, hostile: type = Tampering,
+                aggregator: str = "fedavg") -> StrategyContext:
+    ctx = make_ctx(workers=workers, aggregator=aggregator)
+    ctx.pool = LocalPool({r: (hostile if r == bad else Trainer)(synthetic())
                           for r in ctx.workers})
     return ctx
+
+
+@pytest.mark.parametrize("aggregator", ["fedavg", "allreduce"])
+def test_a_value_out_of_the_means_range_drops_its_rank_and_the_bits_are_an_honest_rounds(
+        aggregator):
+    # Issue 34: under the strict mean one worker's 1e308 was averaged into the model.
+    state = make_ctx().task.init_state(0)
+    ctx = hostile_ctx(hostile=Huge, aggregator=aggregator)
+    folded = fold_round(ctx, fits(4), state=state, batch=False, weight=lambda reply: 1.0)
+    assert list(folded.failed) == [2] and "is out of range: it holds 3.4e+38" in folded.failed[2]
+    assert folded.not_served == {} and 2 not in folded.served.values()
+    honest = fold_round(make_ctx(aggregator=aggregator), fits(4), state=state, batch=False,
+                        weight=lambda reply: 1.0)
+    assert same_bytes(folded.result, honest.result)
+
+
+def test_under_a_robust_rule_a_value_out_of_the_means_range_is_the_rules_to_judge():
+    state = make_ctx().task.init_state(0)
+    folded = fold_round(hostile_ctx(hostile=Huge, aggregator="median"), fits(4), state=state,
+                        batch=False)
+    assert folded.failed == {} and 2 in folded.served.values()
 
 
 def test_a_nan_contribution_drops_its_rank_for_the_round_and_the_bits_are_an_honest_rounds():
@@ -267,8 +321,11 @@ def test_the_strict_mean_scans_nothing_in_an_honest_round_and_replays_a_poisoned
     import meshkit.train._messages.check as messages
 
     scans: list[int] = []
-    real = messages.nonfinite_leaf
+    real, ranged = messages.nonfinite_leaf, messages.out_of_range_leaf
     monkeypatch.setattr(messages, "nonfinite_leaf", lambda x: scans.append(1) or real(x))
+    # The strict mean's replay scans NaN and its range in one pass.
+    monkeypatch.setattr(messages, "out_of_range_leaf",
+                        lambda x, limit: scans.append(1) or ranged(x, limit))
     state = make_ctx().task.init_state(0)
     honest = make_ctx()
     fold_round(honest, fits(4), state=state, batch=False)

@@ -149,7 +149,11 @@ def honest_runs(tmp_path_factory):
     (10, "nan+scalar+shape", ["NaN or inf", "float64[]", "float64[65, 32]"]),
     # 1e308 is finite, but no worker's exact (fixed-point) sum holds it: out of range.
     (10, "huge+huge+huge", ["beyond the range of a 32-bit fixed-point sum"] * 3),
-], ids=["flat", "flat-error-inf-hang", "batched", "batched-nan-scalar-shape", "batched-huge"])
+    # Nor does the flat round's strict mean (beyond 1.34e154, the square root of float64's
+    # largest value): its fold sees it, the round is replayed and the sender dropped.
+    (5, "huge+huge+huge", ["is out of range: it holds 1e+308"] * 3),
+], ids=["flat", "flat-error-inf-hang", "batched", "batched-nan-scalar-shape", "batched-huge",
+        "flat-huge"])
 def test_one_hostile_rank_among_five_costs_only_its_own_rank(tmp_path, honest_runs, clients,
                                                              modes, why):
     honest = honest_runs(clients)
@@ -246,7 +250,9 @@ def honest_behind_relays(tmp_path_factory):
 @pytest.mark.parametrize("modes, why", [
     ("error+nan+scalar", ["hostile node: this fit refuses", "NaN or inf", "float64[]"]),
     ("shape+inf+hang", ["float64[65, 32]", "NaN or inf", None]),
-], ids=["error-nan-scalar", "shape-inf-hang"])
+    # The relay's own strict mean refuses 1e308 at its boundary (out of its range).
+    ("huge+huge+huge", ["is out of range: it holds 1e+308"] * 3),
+], ids=["error-nan-scalar", "shape-inf-hang", "huge"])
 def test_one_hostile_rank_among_five_behind_host_relays_costs_only_its_own_rank(
         tmp_path, monkeypatch, honest_behind_relays, modes, why):
     # Two relays over five workers (ranks 1-3 and 4-5): the hostile rank 5 shares its

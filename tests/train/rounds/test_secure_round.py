@@ -118,6 +118,27 @@ def test_a_worker_plays_several_clients_and_sends_one_modular_sum():
                                   plaintext(state, list(range(CLIENTS)), revealed.params))
 
 
+def test_a_workers_own_clients_expand_no_pairwise_mask_between_them(monkeypatch):
+    # secagg+ declares the trait party: each worker's clients are built together and
+    # told whom the reply sums, so a pair both in one reply expands no mask at either end.
+    import meshkit_secagg._client as client_side
+
+    expanded: list[int] = []
+    real = client_side.mask_vector
+
+    def counted(seed, length, bits, out=None):  # type: ignore[no-untyped-def]
+        expanded.append(length)
+        return real(seed, length, bits, out=out)
+
+    monkeypatch.setattr(client_side, "mask_vector", counted)
+    ctx = context(3)  # clients [0, 3, 6, 9], [1, 4, 7], [2, 5, 8]; the complete graph
+    state, revealed = play(ctx)
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, list(range(CLIENTS)), revealed.params))
+    within = 2 * (6 + 3 + 3)  # both ends of each pair inside one worker
+    assert len(expanded) == CLIENTS + CLIENTS * (CLIENTS - 1) - within
+
+
 class Breaching(Trainer):
     """A worker whose reply to ``op`` is changed by ``breach``."""
 
