@@ -4,6 +4,7 @@ Run (from the repository root)::
 
     python benchmarks/compression.py                     # digits and the torch CNN, 3 trials
     python benchmarks/compression.py --workload digits --trials 1
+    python benchmarks/compression.py --workload digits --schemes secure,secure-int8
 
 Two workloads, each run by ``meshkit.run`` with local worker processes over
 TCP on loopback (the transport counts every frame body both ways):
@@ -17,6 +18,12 @@ TCP on loopback (the transport counts every frame body both ways):
 Schemes, each against the same run uncompressed (the baseline, in the same
 invocation and with the same seeds): ``quantize`` 8 bits, ``quantize`` 2 bits
 rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
+Under secure aggregation (``secagg+``, ``clip_range`` ``--secure-clip``):
+``secure`` (its own 32-bit field) against ``secure-int8`` (``quantize`` 8 bits
+inside the masking field, ``8 + ceil(log2 n)`` bits); ``vs none`` is then
+against ``secure``, and the bits a masked coordinate cost are also
+*measured*: 32 less the bytes the int8 run's uploads saved per worker per
+coordinate (``measured``).
 
 Per row:
 
@@ -69,7 +76,12 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     "quantize-2-rotated": {"name": "quantize", "bits": 2, "rotate": True},
     "top-k-1.5%-ef": {"name": "top-k", "fraction": 0.015},
     "top-k-1.5%": {"name": "top-k", "fraction": 0.015, "error_feedback": False},
+    # Under [secure_aggregation] (SECURE); "secure" is their baseline.
+    "secure": None,
+    "secure-int8": {"name": "quantize", "bits": 8},
 }
+#: The schemes that run under [secure_aggregation].
+SECURE = ("secure", "secure-int8")
 
 
 def _workload(name: str, rounds: int) -> dict[str, Any]:
@@ -85,24 +97,43 @@ def _workload(name: str, rounds: int) -> dict[str, Any]:
 
 
 def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int,
-            workers: int, out: Path) -> dict[str, float]:
+            workers: int, out: Path, secure_clip: float | None = None) -> dict[str, float]:
     config = _workload(workload, rounds)
     config["run"].update({"seed": seed, "out": str(out)})
     config["mesh"] = {"launch": "local", "workers": workers, "transport": "tcp"}
     if scheme is not None:
         config["compression"] = dict(scheme)
+    if secure_clip is not None:
+        config["secure_aggregation"] = {"name": "secagg+", "clip_range": secure_clip}
     meshkit.run(config)
     rows = read_metrics(out)
-    fits = [len(r["clients"]) if scheme is not None else len(r["answered"]) for r in rows]
-    return {"accuracy": float(rows[-1]["accuracy"]),
+    fits = [r["secure_sum_of"] if secure_clip is not None
+            else len(r["clients"]) if scheme is not None else len(r["answered"]) for r in rows]
+    return {"accuracy": float(rows[-1]["accuracy"]), "cohort": statistics.mean(fits),
+            "up_per_round": statistics.mean(r["bytes_up"] for r in rows),
             "up_per_fit": statistics.mean(r["bytes_up"] / n for r, n in zip(rows, fits)),
             "down_per_round": statistics.mean(r["bytes_down"] for r in rows)}
 
 
-def payload_bits(workload: str, scheme: dict[str, Any] | None) -> tuple[float, float]:
-    """(payload bits per float coordinate, residual bits per coordinate) on the model."""
-    task = meshkit.plugins.create("task", "digits") if workload == "digits" else \
+def _task(workload: str) -> Any:
+    return meshkit.plugins.create("task", "digits") if workload == "digits" else \
         meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
+
+
+def secure_coordinates(workload: str) -> int:
+    """What one masked vector holds: every float array of the model."""
+    state = _task(workload).init_state(0)
+    return sum(v.size for v in state.values()
+               if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+
+
+def payload_bits(workload: str, scheme: dict[str, Any] | None,
+                 cohort: int = 0) -> tuple[float, float]:
+    """(payload bits per float coordinate, residual bits per coordinate) on the model;
+    ``cohort`` > 0: under secure aggregation, the round's field."""
+    if cohort:
+        return (32.0 if scheme is None else scheme["bits"] + (cohort - 1).bit_length()), 0.0
+    task = _task(workload)
     state = task.init_state(0)
     # What the round engine compresses: float arrays, the task's buffers aside (sent whole).
     floats = {k: v for k, v in state.items() if k not in buffer_keys(task)
@@ -124,9 +155,7 @@ def flower_bytes(workload: str) -> int:
     """What a Flower 1.42 client uploads per fit: its own serialisation of the float32 arrays."""
     from flwr.common import ndarrays_to_parameters
 
-    task = meshkit.plugins.create("task", "digits") if workload == "digits" else \
-        meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
-    arrays = [np.asarray(v, np.float32) for v in task.init_state(0).values()
+    arrays = [np.asarray(v, np.float32) for v in _task(workload).init_state(0).values()
               if isinstance(v, np.ndarray)]
     return sum(len(t) for t in ndarrays_to_parameters(arrays).tensors)
 
@@ -138,8 +167,10 @@ def main() -> None:
     parser.add_argument("--cnn-rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--schemes", default=",".join(SCHEMES),
+    parser.add_argument("--schemes", default=",".join(s for s in SCHEMES if s not in SECURE),
                         help="comma list of: " + ", ".join(SCHEMES))
+    parser.add_argument("--secure-clip", type=float, default=0.25,
+                        help="[secure_aggregation] clip_range of the secure schemes")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
     chosen = [s for s in args.schemes.split(",") if s]
@@ -149,23 +180,35 @@ def main() -> None:
         for trial in range(args.trials):
             for name in chosen:
                 with tempfile.TemporaryDirectory() as tmp:
-                    results[name].append(run_one(workload, rounds, SCHEMES[name], trial,
-                                                 args.workers, Path(tmp) / "run"))
+                    results[name].append(run_one(
+                        workload, rounds, SCHEMES[name], trial, args.workers, Path(tmp) / "run",
+                        args.secure_clip if name in SECURE else None))
                 print(f"{workload} trial {trial + 1} {name}: accuracy "
                       f"{results[name][-1]['accuracy']:.4f}", flush=True)
-        base = statistics.median(r["accuracy"] for r in results.get("none") or [{"accuracy":
-                                                                                 float("nan")}])
+        nan = [{"accuracy": float("nan")}]
+        base = statistics.median(r["accuracy"] for r in results.get("none") or nan)
+        secure_base = statistics.median(r["accuracy"] for r in results.get("secure") or nan)
         print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds 0..{args.trials - 1})")
         print(f"{'scheme':<22}{'bits/coord':>11}{'vs f32':>8}{'resid':>7}{'up/fit B':>10}"
               f"{'down/rnd B':>12}  accuracy median (min, max)  vs none")
         for name in chosen:
-            bits, resid = payload_bits(workload, SCHEMES[name])
+            cohort = round(results[name][0]["cohort"]) if name in SECURE else 0
+            bits, resid = payload_bits(workload, SCHEMES[name], cohort)
             accs = [r["accuracy"] for r in results[name]]
             med = statistics.median(accs)
+            against = secure_base if name in SECURE else base
             print(f"{name:<22}{bits:>11.2f}{32 / bits:>7.1f}x{resid:>7.0f}"
                   f"{statistics.mean(r['up_per_fit'] for r in results[name]):>10.0f}"
                   f"{statistics.mean(r['down_per_round'] for r in results[name]):>12.0f}  "
-                  f"{med:.4f} ({min(accs):.4f}, {max(accs):.4f})  {100 * (med - base):+.2f} pt")
+                  f"{med:.4f} ({min(accs):.4f}, {max(accs):.4f})  {100 * (med - against):+.2f} pt")
+        if all(s in results for s in SECURE):
+            saved = (statistics.mean(r["up_per_round"] for r in results["secure"])
+                     - statistics.mean(r["up_per_round"] for r in results["secure-int8"]))
+            # One masked vector per worker per round: the coordinates and secagg+'s 2 checks.
+            per = args.workers * (secure_coordinates(workload) + 2)
+            print(f"secure-int8: measured {32 - 8 * saved / per:.2f} bits a masked coordinate "
+                  f"(32 less the bytes saved per worker per coordinate; cohort "
+                  f"{results['secure-int8'][0]['cohort']:.0f})")
         flower = flower_bytes(workload)
         print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"
               f"{'':>12}  (Flower's FedAvg uploads these bytes per fit; no compression)\n",

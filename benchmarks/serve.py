@@ -4,6 +4,7 @@ Run (from the repository root, in the dev venv, with the ``serve`` extra)::
 
     python benchmarks/serve.py                   # both measurements, defaults below
     python benchmarks/serve.py --repeat 5 --runs 100 --rounds 10
+    python benchmarks/serve.py --memory-only --no-auto-gc   # part 2 alone, collector off
 
 1. **Submit to first round** on a warm service (the service and its nodes
    already up, as in production) against the baseline, a fresh ``meshkit
@@ -15,7 +16,12 @@ Run (from the repository root, in the dev venv, with the ``serve`` extra)::
 2. **Memory flat** over ``--runs`` x ``--rounds`` rounds of small runs
    through one service (default 100 x 10 = 1,000 rounds): tracemalloc's
    current traced bytes in the service process after the first tenth of the
-   runs and after the last, and the growth per run between them.
+   runs, at every further tenth, and after the last, and the growth per run
+   between the first tenth and the last. Each is taken once the run is
+   reported ended (the service collects an ended run before it says so:
+   meshkit/service/_runs.py, "Memory"). ``--no-auto-gc`` turns CPython's
+   automatic cycle collector off for this part, so the figure cannot depend
+   on when it happened to run.
 
 The service runs in this process (so tracemalloc sees it); its nodes are
 real ``meshkit node --service`` processes. A benchmark, not a test: it
@@ -25,6 +31,7 @@ asserts nothing, and its numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -117,12 +124,26 @@ def _nodes(service: Service, n: int, root: Path) -> list[subprocess.Popen]:
     return procs
 
 
+def _print_first_round(warm: list[float], fresh: list[float], args: Any) -> None:
+    print(f"submit -> first round, {args.workers} workers, digits federated "
+          f"(median of {args.repeat}, spread max-min):")
+    print(f"  warm service      {statistics.median(warm):7.3f} s  "
+          f"(spread {max(warm) - min(warm):.3f})")
+    print(f"  fresh meshkit run {statistics.median(fresh):7.3f} s  "
+          f"(spread {max(fresh) - min(fresh):.3f})")
+    print(f"  ratio fresh / warm: {statistics.median(fresh) / statistics.median(warm):.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--memory-only", action="store_true",
+                        help="skip part 1 (submit to first round)")
+    parser.add_argument("--no-auto-gc", action="store_true",
+                        help="part 2 with the automatic cycle collector off")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="meshkit-bench-serve-"))
     tracemalloc.start()
@@ -134,8 +155,9 @@ def main() -> None:
         # what every run needs (the nodes have too) before anything is timed.
         _wait_done(service, service.submit("warmup.toml", CONFIG.format(
             seed=99, out="x", workers=args.workers, rounds=2)).id)
-        warm, fresh = [], []
-        for i in range(args.repeat):
+        warm: list[float] = []
+        fresh: list[float] = []
+        for i in range(0 if args.memory_only else args.repeat):
             text = CONFIG.format(seed=i, out="x", workers=args.workers, rounds=2)
             started = time.perf_counter()
             run = service.submit("bench.toml", text).id
@@ -143,30 +165,32 @@ def main() -> None:
             warm.append(time.perf_counter() - started)
             _wait_done(service, run)
             fresh.append(_first_round_fresh(root, i, args.workers))
-        print(f"submit -> first round, {args.workers} workers, digits federated "
-              f"(median of {args.repeat}, spread max-min):")
-        print(f"  warm service      {statistics.median(warm):7.3f} s  "
-              f"(spread {max(warm) - min(warm):.3f})")
-        print(f"  fresh meshkit run {statistics.median(fresh):7.3f} s  "
-              f"(spread {max(fresh) - min(fresh):.3f})")
-        print(f"  ratio fresh / warm: {statistics.median(fresh) / statistics.median(warm):.1f}x")
-
+        if warm:
+            _print_first_round(warm, fresh, args)
         tenth = max(1, args.runs // 10)
         marks: dict[str, int] = {}
+        series: list[int] = []
+        if args.no_auto_gc:
+            gc.disable()
         for i in range(args.runs):
             text = CONFIG.format(seed=100 + i, out="x", workers=args.workers, rounds=args.rounds)
             _wait_done(service, service.submit("small.toml", text).id)
+            if (i + 1) % tenth == 0:
+                series.append(tracemalloc.get_traced_memory()[0])
             if i + 1 == tenth:
                 marks["after_tenth"] = tracemalloc.get_traced_memory()[0]
+        gc.enable()
         marks["after_all"] = tracemalloc.get_traced_memory()[0]
         grown = marks["after_all"] - marks["after_tenth"]
         per_run = grown / max(1, args.runs - tenth)
         print(f"memory over {args.runs} runs x {args.rounds} rounds = "
-              f"{args.runs * args.rounds} rounds (tracemalloc, service process):")
+              f"{args.runs * args.rounds} rounds (tracemalloc, service process, automatic "
+              f"collector {'off' if args.no_auto_gc else 'on'}):")
         print(f"  after {tenth} runs {marks['after_tenth'] / 1e6:8.2f} MB; after {args.runs} runs "
               f"{marks['after_all'] / 1e6:8.2f} MB; growth {grown / 1e3:+.1f} kB "
               f"({per_run / 1e3:+.2f} kB per run)")
-        print(json.dumps({"warm": warm, "fresh": fresh, **marks}))
+        print("  every tenth (MB): " + " ".join(f"{b / 1e6:.2f}" for b in series))
+        print(json.dumps({"warm": warm, "fresh": fresh, **marks, "series": series}))
     finally:
         for proc in nodes:
             proc.terminate()

@@ -210,6 +210,21 @@ def _secure_line(plan: dict[str, Any]) -> str:
                                       "threshold or raise degree"))
 
 
+def _field_line(plan: dict[str, Any], compression: Any) -> str:
+    """What a masked coordinate costs on the wire, and why (the field's width)."""
+    bits = plan["modulus_bits"]
+    if compression is None:
+        return (f"secure aggregation: updates masked mod 2^{bits} ([secure_aggregation] "
+                f"modulus_bits): {bits} bits a coordinate up")
+    codes = compression.compressor.field_bits
+    step = 2 * plan["clip_range"] / ((1 << codes) - 1)
+    return (f"secure aggregation: updates masked mod 2^{bits} ([compression] "
+            f"{compression.name!r}'s {codes}-bit codes summed over {plan['cohort']} clients): "
+            f"{bits} bits a coordinate up; the shared grid is [-{plan['clip_range']:g}, "
+            f"{plan['clip_range']:g}] ([secure_aggregation] clip_range) in steps of "
+            f"{step:.3g}: set clip_range near the largest coordinate of a client's update")
+
+
 @click.command("check")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-q", "--quiet", is_flag=True, help="Print only the final line (ok).")
@@ -254,7 +269,10 @@ def check_command(config: str, quiet: bool, as_json: bool) -> None:
             click.echo(_privacy_line(parts["privacy_plan"]))
         if parts.get("secure_plan"):
             click.echo(_secure_line(parts["secure_plan"]))
-        if parts.get("upload"):
+            click.echo(_field_line(parts["secure_plan"], parts.get("compression")))
+        # Under secure aggregation the field line above says what a coordinate costs: the
+        # payload of a plain compressed fit is never sent.
+        if parts.get("upload") and not parts.get("secure_plan"):
             click.echo(_upload_line(parts["upload"]))
         note = _out_note(plan)
         if note:

@@ -16,13 +16,15 @@ docs/compression.md is the user's guide.
 
 from __future__ import annotations
 
-from meshkit.compression._contract import CompressionTraits, Compressor, compression_traits
+from meshkit.compression._contract import (CompressionTraits, Compressor, FieldCompressor,
+                                           compression_traits)
 from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
-                                          decode_contribution, encode_update, is_residual,
-                                          key_seed, residual_name)
+                                          decode_contribution, decode_field_sum, encode_update,
+                                          field_codes, is_residual, key_seed, residual_name)
 from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
 
-__all__ = ["CompressionTraits", "Compressor", "compression_traits", "RESIDUAL", "SEP",
-           "check_model_keys", "compressed_keys", "decode_contribution", "encode_update",
-           "is_residual", "key_seed", "residual_name", "CompressionPlan",
-           "check_compression", "upload_estimate"]
+__all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits",
+           "RESIDUAL", "SEP", "check_model_keys", "compressed_keys", "field_codes",
+           "decode_field_sum", "decode_contribution", "encode_update", "is_residual",
+           "key_seed", "residual_name", "CompressionPlan", "check_compression",
+           "upload_estimate"]

@@ -17,8 +17,11 @@ only, never by a compressor's name (docs/compression.md):
 * ``unbiased``: E[decode(encode(x))] = x over the encoder's seed;
 * ``sparse``: the payload names coordinates (indices) -- refused under
   secure aggregation, which would reveal which coordinates each client moved;
-* ``integer_field``: the payload is integer codes on a grid shared by every
-  client, so codes can be summed in a modular field (secure aggregation);
+* ``integer_field``: the compressor can also put an update on a grid every
+  client shares (:class:`FieldCompressor`): integer codes below
+  ``2**field_bits`` whose *sum* over clients decodes to the sum of their
+  updates, so they can be summed in a secure aggregation's modular field
+  (``field_bits + ceil(log2 n)`` bits a coordinate for ``n`` clients);
 * ``stateful``: the kernel runs error feedback for it -- the client's
   residual (what compression left out) is added to its next update, and kept
   per client in the coordinator's client-local store, checkpointed;
@@ -33,7 +36,7 @@ from typing import Any, Mapping, Protocol
 import attrs
 import numpy as np
 
-__all__ = ["CompressionTraits", "Compressor", "compression_traits"]
+__all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits"]
 
 
 @attrs.frozen
@@ -77,6 +80,32 @@ class Compressor(Protocol):
 
     def bounds(self, size: int) -> dict[str, tuple[np.dtype, int]]:
         """Each field's dtype and most elements for a vector of ``size`` elements."""
+        ...
+
+
+class FieldCompressor(Compressor, Protocol):
+    """A compressor with the trait ``integer_field``: its grid is the round's, not its own.
+
+    Under secure aggregation the coordinator must decode a *sum* of codes, so
+    every client quantises onto one grid: ``[-clip_range, clip_range]``, the
+    round's public ``[secure_aggregation] clip_range`` (nothing a client
+    chose, so the grid reveals nothing of any update). The kernel checks the
+    codes (integers, ``0 <= code < 2**field_bits``, one per coordinate)
+    before they are masked.
+    """
+
+    #: Each code is below ``2**field_bits`` (1 to 32).
+    field_bits: int
+
+    def encode_field(self, x: np.ndarray, *, seed: int, clip_range: float) -> np.ndarray:
+        """One integer code per coordinate of ``x`` (1-d float) on the shared grid;
+        ``seed`` drives any randomness (stochastic rounding)."""
+        ...
+
+    def decode_field(self, total: np.ndarray, *, clip_range: float,
+                     count: int) -> np.ndarray:
+        """The float64 sum of ``count`` clients' updates whose codes sum to ``total``
+        (exact integers, one per coordinate)."""
         ...
 
 

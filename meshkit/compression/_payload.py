@@ -3,6 +3,11 @@ checked and decoded on the coordinator.
 
 Rule: every byte of a compressed contribution is laid out, and checked, here.
 
+Under secure aggregation nothing of this travels: the update is put on the
+round's shared grid (:func:`field_codes`, checked here before the scheme
+masks it) and the coordinator decodes only the unmasked sum
+(:func:`decode_field_sum`).
+
 A compressed fit result is a *state* (the wire's unit: ``name -> array``),
 so it travels through the authenticated codec like any model -- no pickle,
 every length bounded by the wire before it is allocated. Per model key:
@@ -35,7 +40,8 @@ from meshkit.compression._contract import Compressor, compression_traits
 from meshkit.errors import ConfigError, ProtocolError
 
 __all__ = ["SEP", "RESIDUAL", "residual_name", "is_residual", "compressed_keys",
-           "encode_update", "decode_contribution", "check_model_keys", "key_seed"]
+           "encode_update", "decode_contribution", "check_model_keys", "key_seed",
+           "field_codes", "decode_field_sum"]
 
 #: Between a model key and a field name in a payload (no model key may hold it).
 SEP = "\x1f"
@@ -179,3 +185,33 @@ def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
         raise ProtocolError(f"{what} holds entries the round's model has no place for: "
                             f"{extra[:4]!r}")
     return state, residuals
+
+
+def field_codes(compressor: Any, update: np.ndarray, *, seed: int, clip_range: float,
+                dtype: np.dtype) -> np.ndarray:
+    """``update`` on the secure round's shared grid (:class:`~meshkit.compression.FieldCompressor`),
+    checked -- one integer code per coordinate, each below ``2**field_bits`` -- and
+    returned as ``dtype`` (the field's vector dtype). A compressor that breaks this
+    is a bug in it (``ValueError``), never a code that would wrap in the field."""
+    bits = int(compressor.field_bits)
+    codes = compressor.encode_field(update, seed=seed, clip_range=clip_range)
+    if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "ui" \
+            or codes.shape != (update.size,):
+        raise ValueError(f"the compressor's field codes are "
+                         f"{getattr(codes, 'dtype', type(codes).__name__)}"
+                         f"{list(getattr(codes, 'shape', []))}; the round needs "
+                         f"{update.size} integers")
+    if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
+        raise ValueError(f"the compressor's field codes reach {int(codes.max())} "
+                         f"(min {int(codes.min())}); it declares field_bits = {bits}")
+    return codes.astype(dtype, copy=False)
+
+
+def decode_field_sum(compressor: Any, total: np.ndarray, *, clip_range: float,
+                     count: int) -> np.ndarray:
+    """The float64 sum of ``count`` clients' updates whose field codes sum to ``total``."""
+    out = compressor.decode_field(total, clip_range=clip_range, count=count)
+    if not isinstance(out, np.ndarray) or out.shape != (total.size,):
+        raise ValueError(f"the compressor decoded a field sum of {total.size} to "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    return out.astype(np.float64, copy=False)

@@ -17,12 +17,17 @@ Where compression sits (docs/compression.md has the argument):
 * **before the fold**: each contribution is decoded as it is pulled, so
   robust rules see individual updates and a linear fold sums decoded
   updates in the engine's bounded window;
-* **not with** secure aggregation, host relays' partial sums or the
-  batched round: a secure round's clients mask their whole update (the
-  refusal names the trait a compressor would need); relays and the batched
-  round fold whole contributions on the worker side, so a compressed run
-  plays its rounds flat instead (each contribution crosses the wire
-  compressed, once).
+* **inside secure aggregation's field** when the compressor is dense and
+  declares ``integer_field`` and the scheme declares ``integer_inputs``:
+  each client quantises its update onto the round's shared grid
+  (:class:`~meshkit.compression.FieldCompressor`), the scheme masks the
+  codes in a field of ``field_bits + ceil(log2 n)`` bits, and the
+  coordinator decodes the unmasked integer sum once. A sparse compressor is
+  refused (its indices would reveal which coordinates each client moved),
+  and so is any other, naming the trait it lacks;
+* **not with** host relays' partial sums or the batched round: they fold
+  whole contributions on the worker side, so a compressed run plays its
+  rounds flat instead (each contribution crosses the wire compressed, once).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 from meshkit.compression._contract import CompressionTraits, compression_traits
 from meshkit.compression._payload import compressed_keys, encode_update, is_residual
 from meshkit.errors import RefusedError
+from meshkit.secure_aggregation import SecureAggregationTraits
 
 __all__ = ["CompressionPlan", "check_compression", "upload_estimate"]
 
@@ -58,21 +64,31 @@ class CompressionPlan:
 
 
 def check_compression(plan: CompressionPlan, *, where: str, private_client_clip: bool,
-                      secure: bool) -> None:
-    """Refuse what a compressor's traits cannot compose with (module docstring)."""
+                      secure: SecureAggregationTraits | None) -> None:
+    """Refuse what a compressor's traits cannot compose with (module docstring).
+
+    ``secure`` is the run's secure-aggregation scheme's traits (None: no
+    ``[secure_aggregation]``).
+    """
     traits = plan.traits
-    if secure:
+    if secure is not None:
+        why = None
         if traits.sparse:
             why = ("a sparse payload names the coordinates each client moved, and secure "
                    "aggregation would reveal them (the trait CompressionTraits.sparse)")
-        else:
-            why = ("a secure round's clients mask their whole update in the field; quantising "
-                   "inside the masking field is not built yet (it needs "
-                   "CompressionTraits.integer_field and the round driver's support)")
-        raise RefusedError(
-            f"{where}: [compression] name = {plan.name!r} with [secure_aggregation]: {why}. "
-            f"Drop one of the two tables; secure aggregation alone already sends "
-            f"modulus_bits per coordinate")
+        elif not traits.integer_field:
+            why = ("a secure round sums codes on one grid every client shares, and this "
+                   "compressor's codes are on a grid of its own (it lacks the trait "
+                   "CompressionTraits.integer_field; quantize has it, without rotate)")
+        elif not secure.integer_inputs:
+            why = ("the scheme masks only updates it quantised itself (it lacks the trait "
+                   "SecureAggregationTraits.integer_inputs)")
+        if why is not None:
+            raise RefusedError(
+                f"{where}: [compression] name = {plan.name!r} with [secure_aggregation]: "
+                f"{why}. Use [compression] name = \"quantize\" (rotate = false), or drop one "
+                f"of the two tables; secure aggregation alone sends modulus_bits per "
+                f"coordinate")
     if private_client_clip and not traits.contractive:
         raise RefusedError(
             f"{where}: [compression] name = {plan.name!r} with [privacy] clip = \"client\": "

@@ -13,7 +13,10 @@ What lives where:
 * ``_accountant.py``: :class:`Accountant`, ε at δ of the Poisson-subsampled
   Gaussian by PLD (default) or RDP;
 * ``_clip.py``: what DP releases (:func:`float_keys`) and a client's
-  clipping of its own update (:func:`clip_contribution`, run on the worker).
+  clipping of its own update (:func:`clip_contribution`, run on the worker);
+* ``_clipped.py``: :class:`ClippedSum`, the exact sum of clipped updates a
+  round releases, the same bits folded on the coordinator or per worker
+  (:func:`clip_bits`, :func:`one_bit`).
 
 docs/privacy.md says what the guarantee covers and what it does not.
 """
@@ -23,8 +26,10 @@ from __future__ import annotations
 from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
                                          effective_noise_multiplier, epsilon_pld, epsilon_rdp)
 from meshkit.privacy._clip import clip_contribution, float_keys
+from meshkit.privacy._clipped import COHORT_BITS, ClippedSum, clip_bits, one_bit
 from meshkit.privacy._contract import NOISE_SOURCES, PLACEMENTS, PrivacyFold, PrivacyMechanism
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplier",
            "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "PrivacyMechanism",
-           "PrivacyFold", "float_keys", "clip_contribution"]
+           "PrivacyFold", "float_keys", "clip_contribution", "ClippedSum", "clip_bits",
+           "one_bit", "COHORT_BITS"]

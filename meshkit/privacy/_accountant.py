@@ -36,6 +36,7 @@ to 0.1, z from 0.5 to 2 and T up to 2,000.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -166,6 +167,9 @@ class _Pmf:
     lo: int
     masses: np.ndarray
     infinity: float
+    #: :meth:`_log_mgfs`, when worked out once already (a run's one-round distribution).
+    mgfs: tuple[tuple[tuple[float, float], ...], ...] | None = attrs.field(default=None,
+                                                                           eq=False)
 
     def convolve(self, other: _Pmf) -> _Pmf:
         n = len(self.masses) + len(other.masses) - 1
@@ -214,16 +218,13 @@ class _Pmf:
 
     def _chernoff(self, offsets: np.ndarray, times: int) -> tuple[int, int]:
         """Offsets (from ``times``·lo) between which the ``times``-fold sum has all but 2·TAIL."""
-        log_p = np.log(np.maximum(self.masses, 1e-300))
         total = times * (len(self.masses) - 1)
         bounds = []
-        for sign in (1.0, -1.0):
+        mgfs = self.mgfs if self.mgfs is not None else self._log_mgfs(offsets)
+        for sign, curve in zip((1.0, -1.0), mgfs):
             best = float(total) if sign > 0 else 0.0
-            for t in np.geomspace(1e-4, 1e2, 60) / max(1, len(self.masses)) * 50:
-                # log E[e^{±t·offset}] of one round, then P(sum ≷ x) <= e^{T·that ∓ t·x}
-                x = sign * t * offsets + log_p
-                peak = float(x.max())
-                log_mgf = peak + math.log(float(np.exp(x - peak).sum()))
+            for t, log_mgf in curve:
+                # P(sum ≷ x) <= e^{T·log E[e^{±t·offset}] ∓ t·x}
                 edge = (times * log_mgf - math.log(TAIL)) / t
                 best = min(best, edge) if sign > 0 else max(best, -edge)
             bounds.append(best)
@@ -232,6 +233,19 @@ class _Pmf:
         if high < low:  # no t gave a usable bound: the whole support, exactly
             return 0, total
         return low, high
+
+    def _log_mgfs(self, offsets: np.ndarray) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """(t, log E[e^{±t·offset}]) of one round over :meth:`_chernoff`'s t, for + and −."""
+        log_p = np.log(np.maximum(self.masses, 1e-300))
+        curves = []
+        for sign in (1.0, -1.0):
+            curve = []
+            for t in np.geomspace(1e-4, 1e2, 60) / max(1, len(self.masses)) * 50:
+                x = sign * t * offsets + log_p
+                peak = float(x.max())
+                curve.append((float(t), peak + math.log(float(np.exp(x - peak).sum()))))
+            curves.append(tuple(curve))
+        return tuple(curves)
 
     def epsilon(self, delta: float, h: float) -> float:
         """The smallest ε >= 0 with δ(ε) <= ``delta``; ∞ when none."""
@@ -268,12 +282,20 @@ _FINEST = 1e-5
 _AIM = 0.004
 
 
+@functools.lru_cache(maxsize=64)
+def _one_round(q: float, z: float, h: float, direction: str) -> _Pmf:
+    """One round's discretised loss distribution: a pure function of its arguments, worked
+    out once per run (every round's ε composes the same one again; nothing mutates it)."""
+    pmf = _Pmf(*_connect_dots(q, z, h, direction)).truncated()
+    return attrs.evolve(pmf, mgfs=pmf._log_mgfs(np.arange(len(pmf.masses), dtype=np.float64)))
+
+
 def _epsilon_at(groups: Sequence[tuple[float, float, int]], delta: float, h: float) -> float:
     epsilons = []
     for direction in ("remove", "add"):
         total: _Pmf | None = None
         for q, z, t in groups:
-            pmf = _Pmf(*_connect_dots(q, z, h, direction)).truncated().power(t)
+            pmf = _one_round(q, z, h, direction).power(t)
             total = pmf if total is None else total.convolve(pmf)
         assert total is not None
         epsilons.append(total.epsilon(delta, h))
@@ -361,7 +383,9 @@ def _log_a_frac(q: float, z: float, alpha: float) -> float:
     return math.inf  # the series did not settle: this order gives no bound
 
 
+@functools.lru_cache(maxsize=4096)
 def _rdp(q: float, z: float, alpha: float) -> float:
+    """One round's Rényi DP at order ``alpha``: pure, so worked out once per (q, z, order)."""
     if q >= 1.0:
         return alpha / (2 * z * z)
     log_a = (_log_a_int(q, z, int(alpha)) if float(alpha).is_integer()

@@ -15,7 +15,9 @@ plugin. What lives where:
   that names the client at fault);
 * ``_field.py``: the arithmetic of the field every scheme sums in, the
   integers mod ``2**modulus_bits`` (:func:`add_mod`, :func:`vector_dtype`):
-  a worker and a host relay fold masked vectors with it, knowing no scheme.
+  a worker and a host relay fold masked vectors with it, knowing no scheme;
+  and how a masked vector travels, ``modulus_bits`` bits an element
+  (:func:`to_wire`, :func:`from_wire`).
 
 docs/secure-aggregation.md is the user's guide and threat model;
 docs/writing-a-plugin.md shows a scheme plugin;
@@ -30,9 +32,11 @@ from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MA
                                                   SecureAggregationError,
                                                   SecureAggregationTraits, SecureResult,
                                                   Unmasking, scheme_traits)
-from meshkit.secure_aggregation._field import add_mod, vector_dtype
+from meshkit.secure_aggregation._field import (add_mod, field_width, from_wire, pack,
+                                               packed_size, to_wire, unpack, vector_dtype)
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "RoundParams",
            "Unmasking", "SecureResult", "SecureAggregationError", "scheme_traits",
            "SchemeChoice", "choose",
-           "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW", "add_mod", "vector_dtype"]
+           "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW", "add_mod", "vector_dtype",
+           "pack", "unpack", "packed_size", "to_wire", "from_wire", "field_width"]

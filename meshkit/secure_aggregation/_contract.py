@@ -106,7 +106,15 @@ class SecureAggregationTraits:
       round survives: :meth:`Scheme.describe`);
     * ``min_clients``, ``max_clients``: the cohort sizes it serves (at least
       3: with two clients each learns the other's update from the sum); a
-      configuration that samples outside them is refused naming the trait.
+      configuration that samples outside them is refused naming the trait;
+    * ``integer_inputs``: the scheme masks integers the kernel quantised
+      itself (a compressor's codes on a grid every client shares, below
+      ``2**input_bits``) in a field the round narrows to
+      ``input_bits + ceil(log2 clients)`` bits (:func:`field_width`):
+      :meth:`Scheme.plan` and :meth:`Scheme.params` take ``input_bits`` and
+      :meth:`Scheme.quantize` / :meth:`Scheme.dequantize` are not used.
+      Without it ``[compression]`` with this scheme is refused naming the
+      trait.
     """
 
     modulus_bits: int = attrs.field(validator=_between(1, 64))
@@ -118,6 +126,7 @@ class SecureAggregationTraits:
     threshold: bool = attrs.field(default=False, validator=_flag)
     min_clients: int = attrs.field(default=3, validator=_between(3, MAX_CLIENTS))
     max_clients: int = attrs.field(default=MAX_CLIENTS, validator=_between(3, MAX_CLIENTS))
+    integer_inputs: bool = attrs.field(default=False, validator=_flag)
 
 
 class RoundParams(Protocol):
@@ -223,9 +232,13 @@ class Scheme(Protocol):
 
     traits: SecureAggregationTraits
 
-    def plan(self, clients: int, per_worker: int = 1) -> RoundParams: ...
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0) -> RoundParams:
+        """The round's parameters; ``input_bits`` > 0 (a scheme with the trait
+        ``integer_inputs`` only): the inputs are integers below ``2**input_bits`` and
+        the field is :func:`field_width` of them and ``clients`` bits wide."""
     def params(self, *, clients: int, degree: int, threshold: int, clip_range: float,
-               modulus_bits: int) -> RoundParams: ...
+               modulus_bits: int, input_bits: int = 0) -> RoundParams:
+        """The parameters a keys request carries (``input_bits`` as in :meth:`plan`)."""
     def describe(self, params: RoundParams, loads: Sequence[int]) -> dict[str, Any]:
         """What ``meshkit check`` shows of a round whose workers play ``loads`` clients each."""
     def server(self, params: RoundParams, cohort: Sequence[int], round_seed: bytes,

@@ -22,7 +22,8 @@ which coordinates are large). Through the kernel, an update round-trips
 (:func:`meshkit.compression.encode_update` then
 :func:`~meshkit.compression.decode_contribution`) to the same state a decoder
 alone gives, and a ``stateful`` compressor's residual is exactly what it left
-out.
+out. An ``integer_field`` compressor's codes fit ``field_bits`` and the decoded
+sum of several clients' codes is unbiased for the sum of their vectors.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 import pytest
 
 from meshkit.compression import (CompressionTraits, compression_traits, decode_contribution,
-                                 encode_update, residual_name)
+                                 decode_field_sum, encode_update, field_codes, residual_name)
 from meshkit.testing.support import ContractBase
 
 __all__ = ["CompressionContract"]
@@ -158,3 +159,34 @@ class CompressionContract(ContractBase):
             np.testing.assert_allclose(sent + left, full, rtol=0, atol=1e-4)
         else:
             assert back == {} and residual == {}
+
+    def test_an_integer_field_compressor_sums_on_one_grid(self) -> None:
+        """``integer_field``: codes below ``2**field_bits``, one per coordinate, a pure
+        function of the vector and the seed; the decoded sum of several clients' codes is
+        unbiased for the sum of their (clipped) vectors."""
+        compressor = self.make()
+        if not compression_traits(compressor).integer_field:
+            pytest.skip("it does not declare integer_field")
+        bits = compressor.field_bits
+        assert isinstance(bits, int) and 1 <= bits <= 32, (
+            f"field_bits must be an int 1..32, got {bits!r}")
+        clip = 4.0
+        xs = [np.clip(_vector(64, seed=c), -clip, clip) for c in range(3)]
+        codes = [field_codes(compressor, x, seed=9, clip_range=clip, dtype=np.dtype(np.uint32))
+                 for x in xs]
+        again = field_codes(compressor, xs[0].copy(), seed=9, clip_range=clip,
+                            dtype=np.dtype(np.uint32))
+        assert again.tobytes() == codes[0].tobytes(), "encode_field is not a pure function"
+        draws = []
+        for s in range(DRAWS):
+            total = np.zeros(xs[0].size, np.uint64)
+            for c, x in enumerate(xs):
+                total += field_codes(compressor, x, seed=1000 * s + c, clip_range=clip,
+                                     dtype=np.dtype(np.uint64))
+            draws.append(decode_field_sum(compressor, total, clip_range=clip, count=len(xs)))
+        stacked = np.stack(draws)
+        mean, want = stacked.mean(axis=0), np.sum(xs, axis=0, dtype=np.float64)
+        err = np.sqrt(stacked.var(axis=0, ddof=1).mean() / DRAWS)
+        bad = np.abs(mean - want) > 5 * err + 1e-9 * clip
+        assert not bad.any(), (f"coordinates {np.flatnonzero(bad)[:5]}: the decoded sum of "
+                               f"{DRAWS} encodings is outside five standard errors of the sum")

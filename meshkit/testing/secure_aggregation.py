@@ -23,7 +23,10 @@ failure names the step. What is checked:
   ``judge`` blames the sender, while an accusation of a good share blames
   the accuser; a tampered unmasking share is named (or outvoted), never
   unmasked into a wrong sum; a masked input of the wrong shape is refused
-  naming its client.
+  naming its client;
+* a scheme that declares ``integer_inputs`` plans, for ``b``-bit inputs, the
+  field of ``b + ceil(log2 clients)`` bits, a worker rebuilds it, and the
+  unmasked sum of codes at the top of their range is their exact sum.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ import pytest
 from meshkit.errors import RefusedError
 from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient, SchemeServer,
                                         SecureAggregationError, SecureAggregationTraits,
-                                        SecureResult, add_mod, scheme_traits, vector_dtype)
+                                        SecureResult, add_mod, field_width, scheme_traits,
+                                        vector_dtype)
 from meshkit.testing.support import ContractBase
 
 __all__ = ["SecureAggregationContract", "Round"]
@@ -61,6 +65,8 @@ class Round:
     scheme: Scheme
     clients: int
     length: int
+    #: > 0: the inputs are integers below 2**input_bits (a scheme with integer_inputs).
+    input_bits: int = 0
     traits: SecureAggregationTraits = attrs.field(init=False)
     params: RoundParams = attrs.field(init=False)
     server: SchemeServer = attrs.field(init=False)
@@ -73,7 +79,8 @@ class Round:
 
     def __attrs_post_init__(self) -> None:
         self.traits = scheme_traits(self.scheme)
-        self.params = self.scheme.plan(self.clients, 1)
+        narrowed = {"input_bits": self.input_bits} if self.input_bits else {}
+        self.params = self.scheme.plan(self.clients, 1, **narrowed)
         cohort = list(range(self.clients))
         self.server = self.scheme.server(self.params, cohort, SEED, self.length,
                                          {c: c for c in cohort})
@@ -81,7 +88,7 @@ class Round:
         rebuilt = self.scheme.params(
             clients=self.params.clients, degree=self.params.degree,
             threshold=self.params.threshold, clip_range=self.params.clip_range,
-            modulus_bits=self.params.modulus_bits)
+            modulus_bits=self.params.modulus_bits, **narrowed)
         self.sides = {c: self.scheme.client(rebuilt, c, SEED, self.length) for c in cohort}
 
     def advertise(self, lost: Sequence[int] = ()) -> None:
@@ -350,3 +357,26 @@ class SecureAggregationContract(ContractBase):
         assert caught.value.client == client, (
             f"a masked input of the wrong length from client {client} blamed "
             f"{caught.value.client}")
+
+    def test_integer_inputs_are_summed_exactly_in_the_narrow_field(self) -> None:
+        scheme = self.make()
+        if not scheme_traits(scheme).integer_inputs:
+            pytest.skip("it does not declare integer_inputs")
+        bits = 8
+        play = Round(scheme, self.clients, self.length, input_bits=bits)
+        field = field_width(bits, self.clients)
+        assert play.params.modulus_bits == field, (
+            f"plan({self.clients}, input_bits={bits}) sums mod 2**"
+            f"{play.params.modulus_bits}; {bits}-bit inputs of {self.clients} clients need "
+            f"exactly {field} (meshkit.secure_aggregation.field_width)")
+        rng = np.random.default_rng(4)
+        codes = {c: rng.integers(0, 1 << bits, self.length).astype(vector_dtype(field))
+                 for c in range(self.clients)}
+        for c in codes:
+            codes[c][:3] = (1 << bits) - 1  # every client at the top: the sum still fits
+        result = play.run(codes)
+        want = np.sum([codes[c].astype(np.int64) for c in range(self.clients)], axis=0)
+        assert int(want.max()) < 1 << field
+        np.testing.assert_array_equal(
+            result.total.astype(np.int64), want,
+            err_msg="the unmasked total of integer inputs is not their exact sum")

@@ -53,8 +53,10 @@ class Rotated:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         t = inner.traits
+        # Not integer_field: the signs D are drawn per client (from its fit's seed), so two
+        # clients' codes are on different grids and their sum means nothing.
         self.traits = CompressionTraits(unbiased=t.unbiased, sparse=t.sparse,
-                                        integer_field=t.integer_field, stateful=t.stateful,
+                                        integer_field=False, stateful=t.stateful,
                                         contractive=t.contractive)
 
     def _padded(self, size: int) -> int:

@@ -6,6 +6,15 @@ a coordinate ``x`` at ``t = (x - lo) / step`` levels rounds up with
 probability ``t - floor(t)``, else down, so E[decoded] = x exactly (with
 the float32 ``lo`` and ``step`` that travel). Codes are packed ``8 / bits``
 to a byte. Cost per coordinate: ``bits + 64 / chunk`` bits.
+
+Under secure aggregation (the trait ``integer_field``) a chunk's own range
+cannot be used: the coordinator decodes only the *sum* of every client's
+codes, so all clients share one grid, the round's public
+``[-clip_range, clip_range]`` in ``2**bits - 1`` steps of
+``2 clip_range / (2**bits - 1)``. A coordinate is clipped to that range,
+then rounded up or down at random as above (unbiased within the range);
+``n`` clients' codes sum to at most ``n (2**bits - 1)``, exact in a field
+of ``bits + ceil(log2 n)`` bits, and decode as ``sum * step - n * clip_range``.
 """
 
 from __future__ import annotations
@@ -22,12 +31,14 @@ __all__ = ["Quantize"]
 class Quantize:
     """Stochastic uniform quantisation to ``bits`` (8, 4, 2) per coordinate."""
 
-    traits = CompressionTraits(unbiased=True, sparse=False, integer_field=False,
+    traits = CompressionTraits(unbiased=True, sparse=False, integer_field=True,
                                stateful=False, contractive=False)
 
     def __init__(self, *, bits: int = 8, chunk: int = 1024) -> None:
         self.bits, self.chunk = int(bits), int(chunk)
         self.levels = (1 << self.bits) - 1
+        #: Under secure aggregation each code is below 2**field_bits (module docstring).
+        self.field_bits = self.bits
 
     def _chunks(self, size: int) -> int:
         return -(-size // self.chunk)
@@ -69,6 +80,31 @@ class Quantize:
         values = _unpack(codes, self.bits, size).astype(np.float64)
         per = np.repeat(np.arange(chunks), self.chunk)[:size]
         return (lo[per].astype(np.float64) + values * step[per]).astype(np.float32)
+
+
+    def encode_field(self, x: np.ndarray, *, seed: int, clip_range: float) -> np.ndarray:
+        """``x`` on the round's shared grid (module docstring): uint32 codes, one each."""
+        c = float(clip_range)
+        t = np.clip(np.asarray(x, np.float64).ravel(), -c, c)
+        t += c
+        t *= self.levels / (2.0 * c)
+        floor = np.floor(t)
+        t -= floor
+        rng = np.random.default_rng(seed)
+        floor += rng.random(t.shape) < t
+        # A coordinate at the top of the range has t == levels exactly; round-off only
+        # could push a code past it.
+        np.clip(floor, 0, self.levels, out=floor)
+        return floor.astype(np.uint32)
+
+    def decode_field(self, total: np.ndarray, *, clip_range: float,
+                     count: int) -> np.ndarray:
+        """The sum of ``count`` clients' updates whose codes sum to ``total``."""
+        c = float(clip_range)
+        out = np.asarray(total).astype(np.float64)
+        out *= 2.0 * c / self.levels
+        out -= count * c
+        return out
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:

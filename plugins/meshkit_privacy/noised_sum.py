@@ -14,30 +14,25 @@ privacy), whatever examples it trained on.
 
 Only floating-point arrays are updates: integer arrays (counters such as
 ``num_batches_tracked``) and JSON leaves take the global model's value, so
-nothing is released about them.
+nothing is released about them. The clipped updates are summed exactly
+(:class:`meshkit.privacy.ClippedSum`, in units of 2^-F): the sum is the
+same bits whether the coordinator adds every update or merges one partial
+per worker.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from typing import Any, Mapping
 
 import numpy as np
 
 from meshkit import AggregationError
-from meshkit.aggregation import clip_update, squared_norm
-from meshkit.privacy import float_keys
+from meshkit.privacy import ClippedSum
 
 __all__ = ["NoisedSum"]
 
-log = logging.getLogger(__name__)
 
-#: How far past S a client-clipped update may come (rounding of global + update − global).
-_SLACK = 1e-5
-
-
-class NoisedSum:
+class NoisedSum(ClippedSum):
     """A fold (``add``/``result``) computing one DP-FedAvg round's noised mean model.
 
     ``reference`` is the round's global model; ``clip_norm`` S; ``noise_std``
@@ -45,7 +40,10 @@ class NoisedSum:
     ``expected`` the fixed denominator m; ``rng`` the noise generator;
     ``clipped_by_clients``: the updates come clipped (``clip = "client"``),
     and are clipped again here only to enforce the bound (a no-op for an
-    honest client).
+    honest client). The clipping and the exact sum are meshkit's
+    (:class:`meshkit.privacy.ClippedSum`): a batched round merges each
+    worker's partial sum of its clients' clipped updates into this fold
+    (:meth:`merge`), the same bits as adding every update here.
     """
 
     def __init__(self, reference: Mapping[str, Any], *, clip_norm: float, noise_std: float,
@@ -53,59 +51,19 @@ class NoisedSum:
                  clipped_by_clients: bool = False, name: str = "privacy") -> None:
         if not expected > 0:
             raise ValueError(f"the expected cohort size must be > 0, got {expected}")
-        self.reference = reference
-        self.keys = float_keys(reference)
-        self.clip_norm = float(clip_norm)
+        super().__init__(reference, clip_norm=clip_norm, clipped_by_clients=clipped_by_clients,
+                         name=name)
         self.noise_std = float(noise_std)
         self.expected = float(expected)
         self.rng = rng
-        self.clipped_by_clients = clipped_by_clients
-        self.name = name
-        self.sum = {k: np.zeros(reference[k].shape, np.float64) for k in self.keys}
-        self._ref64 = {k: np.asarray(reference[k], np.float64) for k in self.keys}
-        self._scratch = {k: np.empty(reference[k].shape, np.float64) for k in self.keys}
-        #: Contributions folded, and those whose update was within S before clipping.
-        self.count = 0
-        self.unclipped = 0
-        #: Each contribution's norm before clipping (coordinator placement) or as received.
-        self.norms: list[float] = []
-        #: Norms of the clipped updates actually summed (each <= S).
-        self.clipped_norms: list[float] = []
+        #: Sums of updates a secure round handed over whole (:meth:`add_total`), float64.
+        self.totals = {k: np.zeros(reference[k].shape, np.float64) for k in self.keys}
+        self._secure = 0
 
-    def add(self, state: Mapping[str, Any], weight: float = 1.0, *,
-            source: str | None = None) -> None:
-        who = source or f"contributor #{self.count}"
-        total = 0.0
-        for key in self.keys:  # the update, in float64 scratch buffers kept across adds
-            if key not in state:
-                raise AggregationError(f"{self.name}: {who} lacks key {key!r}")
-            value = np.asarray(state[key])
-            if value.shape != self._ref64[key].shape:
-                raise AggregationError(
-                    f"{self.name}: {who} key {key!r} has shape {value.shape}, the global "
-                    f"model {self._ref64[key].shape}")
-            delta = np.subtract(value, self._ref64[key], out=self._scratch[key],
-                                dtype=np.float64)
-            part = squared_norm(delta)
-            if not math.isfinite(part):  # a NaN or an infinity (or a norm beyond float64)
-                raise AggregationError(f"{self.name}: {who} key {key!r} is not finite")
-            total += part
-        norm = math.sqrt(total)
-        # clip_update's rule (meshkit.aggregation), in place: one scale for every array
-        scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
-        if self.clipped_by_clients and norm > self.clip_norm * (1 + _SLACK):
-            log.warning("%s: %s sent an update of norm %.6g with clip = \"client\" and S = "
-                        "%.6g: clipped here to keep the guarantee", self.name, who, norm,
-                        self.clip_norm)
-        for key in self.keys:
-            delta = self._scratch[key]
-            if scale < 1.0:
-                np.multiply(delta, scale, out=delta)
-            self.sum[key] += delta
-        self.norms.append(norm)
-        self.clipped_norms.append(norm * scale)
-        self.unclipped += norm <= self.clip_norm
-        self.count += 1
+    @property
+    def count(self) -> int:
+        """Contributions folded: added, merged, or in a secure round's sum."""
+        return self._count + self._secure
 
     def add_total(self, total: Mapping[str, np.ndarray], count: int) -> None:
         """Fold in the sum of ``count`` updates the clients clipped themselves.
@@ -122,13 +80,14 @@ class NoisedSum:
             if key not in total or np.shape(total[key]) != self._ref64[key].shape:
                 raise AggregationError(f"{self.name}: the summed updates lack key {key!r} of "
                                        f"shape {self._ref64[key].shape}")
-            self.sum[key] += total[key]
-        self.count += count
+            self.totals[key] += total[key]
+        self._secure += count
 
     def noised_sum(self) -> dict[str, np.ndarray]:
         """The sum plus the noise, drawn key by key in sorted key order (float64)."""
-        return {k: self.sum[k] + self.rng.normal(0.0, self.noise_std, self.sum[k].shape)
-                for k in self.keys}
+        summed = self.total()
+        return {k: (summed[k] + self.totals[k])
+                + self.rng.normal(0.0, self.noise_std, summed[k].shape) for k in self.keys}
 
     def result(self) -> dict[str, Any]:
         """The round's new model: the global plus the noised sum over m (added once)."""

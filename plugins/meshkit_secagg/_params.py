@@ -78,12 +78,17 @@ class SecAggParams:
     * ``clip_range``: every coordinate is clipped to ``[-clip_range,
       clip_range]`` before it is quantised (finite, > 0);
     * ``modulus_bits``: the sum is computed mod ``2**modulus_bits`` (1 to
-      64; 32 keeps a masked upload the size of a float32 one).
+      64; 32 keeps a masked upload the size of a float32 one);
+    * ``input_bits``: 0 (the default) when the scheme quantises the update
+      itself (:func:`~meshkit_secagg._quantize.quantize`); else the inputs
+      are integers below ``2**input_bits`` the kernel quantised (a
+      compressor's codes), and ``modulus_bits`` must be at least
+      ``input_bits + ceil(log2 clients)`` so their sum is exact.
 
     Raises :class:`~meshkit.RefusedError` when the modulus leaves fewer than
     :data:`MIN_LEVEL_BITS` bits per client for ``clients`` inputs (saying
-    which ``modulus_bits`` would do), and ``ValueError`` for a value out of
-    its range.
+    which ``modulus_bits`` would do) or, with ``input_bits``, too few for
+    their sum; ``ValueError`` for a value out of its range.
     """
 
     clients: int = attrs.field(validator=_positive_int)
@@ -91,6 +96,7 @@ class SecAggParams:
     threshold: int = attrs.field(validator=_positive_int)
     clip_range: float = attrs.field(converter=float)
     modulus_bits: int = attrs.field(default=32, validator=_positive_int)
+    input_bits: int = attrs.field(default=0, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if not 2 <= self.clients <= MAX_CLIENTS:
@@ -104,7 +110,13 @@ class SecAggParams:
                 f"threshold must be 1 to the graph's degree ({self.effective_degree} for "
                 f"degree = {self.degree} and {self.clients} clients), got {self.threshold}")
         headroom = (self.clients - 1).bit_length()  # ceil(log2(clients))
-        if self.modulus_bits - headroom < MIN_LEVEL_BITS:
+        if self.input_bits:
+            if self.input_bits + headroom > self.modulus_bits:
+                raise RefusedError(
+                    f"modulus_bits = {self.modulus_bits} cannot hold the exact sum of "
+                    f"{self.clients} inputs of {self.input_bits} bits; it needs "
+                    f"{self.input_bits + headroom} (input_bits + ceil(log2 clients))")
+        elif self.modulus_bits - headroom < MIN_LEVEL_BITS:
             raise RefusedError(
                 f"modulus_bits = {self.modulus_bits} leaves {self.modulus_bits - headroom} bits per "
                 f"client for a sum of {self.clients} clients (the sum needs {headroom} bits of "

@@ -26,7 +26,8 @@ import attrs
 import numpy as np
 
 from meshkit import ConfigError
-from meshkit.secure_aggregation import SecureAggregationTraits, SecureResult, Unmasking
+from meshkit.secure_aggregation import (SecureAggregationTraits, SecureResult, Unmasking,
+                                        field_width)
 
 from meshkit_secagg._client import ClientRound
 from meshkit_secagg._graph import neighbours
@@ -195,13 +196,17 @@ class SecAggPlus:
         return SecureAggregationTraits(
             modulus_bits=self.options.modulus_bits, advert_size=ADVERT_SIZE,
             sealed_size=SEALED_SIZE, share_size=SHARE_SIZE, reveal_size=REVEAL_SIZE,
-            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS)
+            tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS,
+            integer_inputs=True)
 
-    def plan(self, clients: int, per_worker: int = 1) -> SecAggParams:
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0) -> SecAggParams:
         """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
 
         ``per_worker`` is the most clients one worker plays this round (what
-        ``degree = "auto"`` must survive losing).
+        ``degree = "auto"`` must survive losing). ``input_bits`` > 0: the inputs
+        are a compressor's codes below ``2**input_bits``, masked in the narrowest
+        field their sum fits (:func:`meshkit.secure_aggregation.field_width`)
+        instead of ``modulus_bits``.
         """
         opts = self.options
         auto_t = None
@@ -210,7 +215,10 @@ class SecAggPlus:
         else:
             degree = int(opts.degree)
         probe = SecAggParams(clients=clients, degree=degree, threshold=1,
-                             clip_range=opts.clip_range, modulus_bits=opts.modulus_bits)
+                             clip_range=opts.clip_range,
+                             modulus_bits=(field_width(input_bits, clients) if input_bits
+                                           else opts.modulus_bits),
+                             input_bits=input_bits)
         neighbours_ = probe.effective_degree
         if opts.threshold == "auto":
             threshold = auto_t if auto_t is not None else neighbours_ // 2 + 1
@@ -227,9 +235,10 @@ class SecAggPlus:
         return attrs.evolve(probe, threshold=threshold)
 
     def params(self, *, clients: int, degree: int, threshold: int, clip_range: float,
-               modulus_bits: int) -> SecAggParams:
+               modulus_bits: int, input_bits: int = 0) -> SecAggParams:
         return SecAggParams(clients=clients, degree=degree, threshold=threshold,
-                            clip_range=clip_range, modulus_bits=modulus_bits)
+                            clip_range=clip_range, modulus_bits=modulus_bits,
+                            input_bits=input_bits)
 
     def describe(self, params: SecAggParams, loads: Sequence[int]) -> dict[str, Any]:
         return {"degree": params.effective_degree, "threshold": params.threshold,

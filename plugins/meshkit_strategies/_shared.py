@@ -1,8 +1,10 @@
 """What more than one built-in strategy needs: the training set's row count, the served check.
 
 :func:`training_rows` is what the pre-run checks compare client and worker
-counts against (:func:`require_rows` the check itself); :func:`require_served` is the ``min_clients`` rule a
-federated round (private or not) applies after folding.
+counts against (:func:`require_rows` the check itself, and
+:func:`require_replica_task` the replicas' one: ``data-parallel`` and
+``diloco``); :func:`require_served` is the ``min_clients`` rule a federated
+round (private or not) applies after folding.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ def require_served(rnd: int, folded: Any, sampled: Sequence[int], min_clients: i
     raise MeshError(
         f"round {rnd}: {len(folded.served)} of {len(sampled)} clients served, fewer than "
         f"min_clients = {min_clients} (not served: {missing or 'none'}). {advice}")
+
+
+def require_replica_task(task: Any, workers: int, strategy: str, steps: str) -> None:
+    """Refuse a task that cannot be a replica of ``strategy`` (``data-parallel``, ``diloco``):
+    one without ``gradients()`` and ``apply()`` (``steps`` says what they are for), or with
+    fewer training rows than ``workers`` (every replica trains on a shard of them)."""
+    for method in ("gradients", "apply"):
+        if not callable(getattr(task, method, None)):
+            raise ConfigError(f"{strategy} needs the task to offer {method}() ({steps})")
+    rows = training_rows(task)
+    if rows is not None and rows < workers:
+        raise ConfigError(
+            f"{strategy} shards the task's {rows} training rows over {workers} workers; "
+            f"every replica needs at least one row. Use at most {rows} workers")
 
 
 def training_rows(task: Any) -> int | None:

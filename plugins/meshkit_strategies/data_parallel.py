@@ -11,7 +11,7 @@ from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, 
 from meshkit.train import check_contribution, client_seed, fold_round, once, run_rounds
 from meshkit.train import signature, train_loss
 
-from meshkit_strategies._shared import training_rows
+from meshkit_strategies._shared import require_replica_task
 from meshkit_strategies.options import DataParallelOptions
 
 
@@ -89,14 +89,8 @@ class DataParallel:
             raise ConfigError(
                 f"[strategy] min_workers = {self.options.min_workers} but there are only "
                 f"{workers} workers; lower min_workers or add workers")
-        for method in ("gradients", "apply"):
-            if not callable(getattr(task, method, None)):
-                raise ConfigError(f"data-parallel needs the task to offer {method}()")
-        rows = training_rows(task)
-        if rows is not None and rows < workers:
-            raise ConfigError(
-                f"data-parallel shards the task's {rows} training rows over {workers} "
-                f"workers; every replica needs at least one row. Use at most {rows} workers")
+        require_replica_task(task, workers, "data-parallel",
+                             "every step is the task's gradients, averaged, then apply")
 
     def run(self, ctx: StrategyContext) -> StrategyResult:
         opts = self.options

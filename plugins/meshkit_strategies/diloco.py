@@ -67,7 +67,7 @@ from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, 
 from meshkit.train import apply_update, decode_update, reply_failure, run_rounds
 from meshkit.train import split_fragments, state_digest
 
-from meshkit_strategies._shared import training_rows
+from meshkit_strategies._shared import require_replica_task
 from meshkit_strategies.options import DiLoCoOptions
 
 __all__ = ["DiLoCo"]
@@ -343,8 +343,13 @@ class _Replicas:
         metrics.update({
             "inner_steps": float(rnd * opts.inner_steps),
             "replicas": float(len(report.answered)),
+            # The encoded payload; on a transport that counts its bytes (tcp) the round
+            # skeleton replaces bytes_up/bytes_down with what crossed the wire, so the
+            # payload keeps its own names too.
             "bytes_up": float(report.bytes_up),
             "bytes_down": float(report.bytes_down),
+            "payload_up": float(report.bytes_up),
+            "payload_down": float(report.bytes_down),
             "peak_exchange_bytes": float(report.peak),
             "healed": float(len(report.healed)),
             "model_digest": fingerprint(digest),
@@ -406,15 +411,8 @@ class DiLoCo:
                 f"[strategy] inner_steps = {opts.inner_steps} is not a multiple of fragments = "
                 f"{opts.fragments}: one fragment is synced every inner_steps / fragments inner "
                 f"steps. Make inner_steps a multiple of fragments")
-        for method in ("gradients", "apply"):
-            if not callable(getattr(task, method, None)):
-                raise ConfigError(f"diloco needs the task to offer {method}() (its inner "
-                                  f"steps are the task's gradients + apply)")
-        rows = training_rows(task)
-        if rows is not None and rows < workers:
-            raise ConfigError(
-                f"diloco shards the task's {rows} training rows over {workers} replicas; "
-                f"every replica needs at least one row. Use at most {rows} workers")
+        require_replica_task(task, workers, "diloco",
+                             "its inner steps are the task's gradients + apply")
         if aggregator is not None and not aggregator_traits(aggregator).linear:
             raise RefusedError(
                 f"[strategy] name = \"diloco\" averages the replicas' pseudo-gradients with "

@@ -52,3 +52,25 @@ def test_the_same_interval_catches_a_biased_rounding():
 
     mean, half = _mean_and_interval(Nearest(), x)
     assert (np.abs(mean - x) > half).sum() > 30
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_on_the_secure_rounds_shared_grid_the_mean_of_many_decoded_sums_is_the_sum(bits):
+    # What secure aggregation decodes: the sum of 5 clients' codes on [-c, c], decoded once.
+    rng = np.random.default_rng(2)
+    clip = 2.0
+    xs = [np.clip(rng.standard_normal(300), -clip, clip) for _ in range(5)]
+    compressor = meshkit.plugins.create("compression", "quantize", {"bits": bits})
+    draws = np.stack([
+        compressor.decode_field(sum(compressor.encode_field(x, seed=s * 10 + c, clip_range=clip)
+                                    .astype(np.int64) for c, x in enumerate(xs)),
+                                clip_range=clip, count=len(xs))
+        for s in range(DRAWS)])
+    want = np.sum(xs, axis=0)
+    half = 3.9 * np.sqrt(draws.var(axis=0, ddof=1).mean() / DRAWS)
+    assert half > 0
+    outside = np.abs(draws.mean(axis=0) - want) > half
+    assert outside.sum() <= 1, np.flatnonzero(outside)
+    # Each code is on the grid, below 2**bits.
+    codes = compressor.encode_field(xs[0], seed=0, clip_range=clip)
+    assert codes.dtype == np.uint32 and int(codes.max()) < 1 << bits

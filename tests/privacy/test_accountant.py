@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshkit.privacy import Accountant, effective_noise_multiplier, epsilon_pld, epsilon_rdp
@@ -82,3 +83,16 @@ def test_effective_noise_multiplier_of_sum_and_count() -> None:
     z = effective_noise_multiplier(1.0, 10.0)
     assert z == pytest.approx(1 / math.sqrt(1.01))
     assert z < 1.0
+
+
+@pytest.mark.parametrize("q, z, rounds", [(0.05, 1.0, 37), (0.01, 0.7, 200), (0.2, 2.0, 3)])
+def test_the_one_round_distribution_worked_out_once_composes_to_the_same_bits(q, z, rounds):
+    # A run composes the same one-round distribution every round: it is cached, with its
+    # Chernoff curve; the composition must be the very bits of working it out afresh.
+    from meshkit.privacy._accountant import _Pmf, _connect_dots, _one_round
+
+    for direction in ("remove", "add"):
+        fresh = _Pmf(*_connect_dots(q, z, 0.005, direction)).truncated().power(rounds)
+        cached = _one_round(q, z, 0.005, direction).power(rounds)
+        assert (cached.lo, cached.infinity) == (fresh.lo, fresh.infinity)
+        np.testing.assert_array_equal(cached.masses, fresh.masses)

@@ -203,3 +203,38 @@ def test_the_shipped_private_example_checks_and_stays_within_its_budget():
     plan = build_components(resolve(load_config(example)))["privacy_plan"]
     assert plan["q"] == 0.05 and plan["expected_cohort"] == 50
     assert plan["epsilon"] <= plan["target_epsilon"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["coordinator", "client"])
+def test_a_private_run_on_worker_processes_folds_per_worker_to_the_per_client_bits(
+        tmp_path, monkeypatch, placement):
+    # Real worker processes: each folds its clients' clipped updates and sends one partial
+    # a round; the model, epsilon and adaptive S are those of the per-client round.
+    from meshkit.train._rounds import engine as _engine
+
+    def config(name: str) -> dict[str, Any]:
+        out = table(tmp_path / name, rounds=3)
+        out["privacy"] = {"name": "dp-adaptive", "clip": placement, "initial_clip_norm": 1.0,
+                          "noise_multiplier": 0.8, "count_noise_multiplier": 2.0,
+                          "noise": "seeded"}
+        return out
+
+    paths: list[str] = []
+    path = _engine.round_path
+    monkeypatch.setattr(_engine, "round_path",
+                        lambda call: paths.append(path(call).name) or path(call))
+    batched = meshkit.run(config("batched"))
+    assert batched.ok and paths == ["batched"] * 3
+    paths.clear()
+    monkeypatch.setattr(_engine, "batch_applies", lambda *a, **k: False)
+    flat = meshkit.run(config("flat"))
+    assert flat.ok and paths == ["flat"] * 3
+    assert_states_identical(batched.state, flat.state, what="folded per worker vs per client")
+    rows = {name: read_metrics(tmp_path / name) for name in ("batched", "flat")}
+    for key in ("epsilon", "clip_norm", "cohort", "clients"):
+        assert [r[key] for r in rows["batched"]] == [r[key] for r in rows["flat"]], key
+    assert len({r["clip_norm"] for r in rows["batched"]}) == 3  # S moved on the counted bits
+    # one partial per worker, not one model per client: fewer bytes up
+    for folded, per_client in zip(rows["batched"], rows["flat"]):
+        assert folded["bytes_up"] < per_client["bytes_up"]

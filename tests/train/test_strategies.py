@@ -344,6 +344,21 @@ def test_more_data_parallel_workers_than_training_rows_is_refused_before_the_run
         strategy.check(task=ShardMean(3), outer_name="average", workers=4)
 
 
+class NoApply(ShardMean):
+    apply = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("name", ["data-parallel", "diloco"])
+def test_a_replica_strategy_refuses_a_task_without_apply_or_with_too_few_rows(name):
+    # One check for both replica strategies (meshkit_strategies._shared.require_replica_task).
+    strategy = meshkit.plugins.create("strategy", name, {})
+    with pytest.raises(ConfigError, match=rf"{name} needs the task to offer apply\(\)"):
+        strategy.check(task=NoApply(8), outer_name="nesterov", workers=2)
+    with pytest.raises(ConfigError, match=rf"{name} shards the task's 3 training rows over 4 "
+                                          rf"workers.*Use at most 3 workers"):
+        strategy.check(task=ShardMean(3), outer_name="nesterov", workers=4)
+
+
 def test_data_parallel_min_workers_above_the_worker_count_is_refused_before_the_run():
     strategy = meshkit.plugins.create("strategy", "data-parallel", {"min_workers": 3})
     with pytest.raises(ConfigError, match="min_workers = 3 but there are only 2 workers"):

@@ -190,6 +190,54 @@ def test_a_worker_answers_a_request_that_does_not_fit_and_serves_on(mesh):
     assert reports[1].stopped is None
 
 
+class UnsendableReplica:
+    """digits, whose inner optimizer state holds a complex array: no wire dtype carries it,
+    so a DiLoCo replica's ``replica_get`` reply cannot be encoded."""
+
+    def __init__(self) -> None:
+        self._task = meshkit.plugins.create("task", "digits", SPEC["task_options"])
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def optimizer_state(self):
+        return {"moment": np.array([1 + 2j])}
+
+
+def test_a_reply_the_wire_cannot_carry_is_an_error_reply_and_the_worker_serves_on(mesh):
+    start, reports, threads = mesh
+    groups = start(2)
+    spec = {**SPEC, "task": f"{__name__}:UnsendableReplica", "task_options": {}}
+    worker = threading.Thread(
+        target=lambda: reports.__setitem__(1, serve_trainer(groups[1], spec)), daemon=True)
+    worker.start()
+    threads.append(worker)
+    state = meshkit.plugins.create("task", "digits", SPEC["task_options"]).init_state(0)
+    # A timeout far above how long an error reply takes: the old worker ended its job
+    # on the unsendable reply, and this pool would only have heard "stalled".
+    pool = GroupPool(groups[0])
+    init = {"op": "replica_init", "state": state, "fragments": 1, "bits": 8}
+    get = {"op": "replica_get"}
+    inner = {"op": "inner", "steps": 1, "shard": 0, "shards": 1, "batch_size": 8, "seed": 0,
+             "step": 0}
+    replies = []
+    for request in (init, get, inner):
+        ticket = pool.send(1, request, 60.0)
+        replies.append(pool.receive())
+        assert replies[-1].seq == ticket
+    started, handed, stepped = replies
+    assert started.ok and stepped.ok, (started.error, stepped.error)
+    assert handed.payload is not None, f"no error reply: {handed.error}"
+    why = handed.payload["error"]
+    assert why.startswith("replica_get: the reply could not be sent: "), why
+    assert "'optimizer/moment': arrays of dtype complex128 are not supported" in why, why
+    assert 1 not in pool.dead, "an error reply is a member's failure, not a lost rank"
+    pool.stop_all([1])
+    worker.join(10)
+    assert reports[1].stopped is None
+    assert "replica_get: the reply could not be sent" in reports[1].error
+
+
 def test_a_direct_local_pool_keeps_no_log_and_gives_its_trainer_a_copy_of_the_state() -> None:
     pool = LocalPool.of(lambda: meshkit.plugins.create("task", "digits"), [1], direct=True)
     state = meshkit.plugins.create("task", "digits").init_state(0)

@@ -439,9 +439,11 @@ def _private_instead(cfg: Any) -> str:
             f"sums them; or remove the [privacy] table")
 
 
-def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan | None:
+def compression_plan(plan: Any, strategy: Any, privacy: Any,
+                     scheme: SchemeChoice | None = None) -> CompressionPlan | None:
     """The run's ``[compression]`` (None without the table), refused where it cannot compose
-    (:mod:`meshkit.compression._plan` decides by the compressor's traits)."""
+    (:mod:`meshkit.compression._plan` decides by the compressor's traits and, under
+    ``[secure_aggregation]``, ``scheme``'s)."""
     cfg = plan.config
     if cfg.compression is None:
         return None
@@ -456,7 +458,7 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any) -> CompressionPlan 
                              plan.create("compression"))
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
-                      secure=cfg.secure_aggregation is not None)
+                      secure=None if scheme is None else scheme.traits)
     return chosen
 
 
@@ -655,15 +657,18 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
         if privacy is not None:
             check_secure_privacy(cfg, privacy)
         scheme = SchemeChoice(cfg.secure_aggregation.name, plan.create("secure_aggregation"))
+    # Built before the strategy's check, which may refuse a compressor it cannot play, and
+    # before the secure plan, whose field a compressor's codes narrow.
+    compression = compression_plan(plan, strategy, privacy, scheme)
+    if scheme is not None:
         secure = secure_plan(scheme,
                              run_clients(cfg, strategy, partitioner, task), cfg.mesh.workers,
                              # Poisson sampling may draw every client in one round.
                              fraction=1.0 if traits.sampling == "poisson" else traits.fraction,
-                             min_clients=traits.min_clients, path=cfg.path)
+                             min_clients=traits.min_clients, path=cfg.path,
+                             compression=compression)
     # Built before the strategy's check, which may refuse an attack it cannot play.
     attack = attack_plan(plan, strategy, partitioner, task)
-    # Built before the strategy's check too, which may refuse a compressor it cannot play.
-    compression = compression_plan(plan, strategy, privacy)
     check = traits.check
     if check is not None:
         extra: dict[str, Any] = {"partitioner": partitioner} if partitioned else {}

@@ -63,7 +63,8 @@ ClientIds = NewType("ClientIds", list)
 Integers = NewType("Integers", list)
 #: Secure aggregation: rows of bytes, a 2-d uint8 array (one key, share or sealed share a row).
 Rows = NewType("Rows", object)
-#: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits).
+#: Secure aggregation: a masked vector, 1-d uint32 or uint64 (integers mod 2**modulus_bits),
+#: or uint8 when packed at modulus_bits bits an element (meshkit.secure_aggregation.to_wire).
 Masked = NewType("Masked", object)
 
 _JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
@@ -185,9 +186,11 @@ def _rows(value: Any, _: Any) -> np.ndarray:
 
 def _masked(value: Any, _: Any) -> np.ndarray:
     if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype not in (
-            np.dtype(np.uint32), np.dtype(np.uint64)) or not 0 < value.size <= MAX_LENGTH:
+            np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.uint8)) \
+            or not 0 < value.size <= 8 * MAX_LENGTH:
         raise TypeError(f"expected a masked vector (a 1-d uint32 or uint64 array of 1 to "
-                        f"{MAX_LENGTH} elements), got {_shown(value)}")
+                        f"{MAX_LENGTH} elements, or one packed into uint8), got "
+                        f"{_shown(value)}")
     return value
 
 

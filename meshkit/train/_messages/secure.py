@@ -7,8 +7,9 @@ from typing import Any
 import attrs
 
 from meshkit.secure_aggregation import MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW
-from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Integers,
-                                            Masked, Rows, _between, _field, _name, _seq, _shards)
+from meshkit.train._messages.fields import (MAX_BUDGET, MAX_COUNT, MAX_SEED, ClientIds, Compress,
+                                            Integers, Masked, Rows, _between, _field, _name, _seq,
+                                            _shards)
 
 
 # -- secure aggregation (``[secure_aggregation]``: meshkit.train._rounds.secure) ---------------
@@ -67,6 +68,10 @@ class SecAggKeysRequest:
     scheme: str | None = _field("string", "the `[secure_aggregation] name` of the round's scheme "
                                 "(absent: the default, secagg+)", optional=True,
                                 check=lambda _, a, v: None if _name(v, a.name) else None)
+    input_bits: int | None = _field("int 1..32", "`[compression]`: the inputs are a compressor's "
+                                    "codes below 2^input_bits, and `modulus_bits` is input_bits "
+                                    "+ ceil(log2 cohort) (absent: the scheme quantises)",
+                                    optional=True, check=_between(1, 32))
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
@@ -195,6 +200,10 @@ class SecAggMaskRequest:
     clip_norm: float | None = _field("float (0, 1e300]", "`[privacy] clip = \"client\"`: clip "
                                      "each update to this L2 norm first", optional=True,
                                      check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: quantise each update "
+                                       "onto the round's shared grid with this compressor "
+                                       "(docs/compression.md, \"Under secure aggregation\"), "
+                                       "not the scheme; `raw` is unused here", optional=True)
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
@@ -212,12 +221,17 @@ class SecAggMaskReply:
 
     seq: int = _seq()
     clients: ClientIds = _ids_field("the clients whose masked inputs `vector` adds up")
-    vector: Masked = _field("uint32 or uint64 array", "their masked inputs' sum mod "
-                                                      "2^modulus_bits")
+    vector: Masked = _field("uint32, uint64 or uint8 array", "their masked inputs' sum mod "
+                            "2^modulus_bits: the uint32 (modulus_bits 32) or uint64 (64) "
+                            "array itself, else packed into bytes, modulus_bits bits an "
+                            "element (§7.2, the types)")
+    elements: int | None = _field("int 1..2^31", "present exactly when `vector` is packed: "
+                                  "its elements", optional=True, check=_between(1, MAX_LENGTH))
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
+        _packing(self.vector, self.elements)
 
 
 @attrs.frozen(kw_only=True)
@@ -253,6 +267,12 @@ class SecAggUnmaskReply:
     def __attrs_post_init__(self) -> None:
         _aligned(self, "holders", "owners", "kinds")
         _width(self.shares, None, "shares", len(self.holders))
+
+
+def _packing(vector: Any, elements: int | None) -> None:
+    """A packed (uint8) masked vector names its elements; a whole one does not."""
+    if (vector.dtype == "uint8") != (elements is not None):
+        raise ValueError("elements must be given exactly when the vector is packed (uint8)")
 
 
 def _each(attribute: Any, values: list[int], low: int, high: int) -> None:

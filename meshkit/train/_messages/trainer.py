@@ -223,6 +223,17 @@ class FitBatchRequest:
                                 check=_between(0, 62))
     label: str = _field("str, 1..1024 chars", "what a contribution is called in errors "
                                               "(`client`)", check=_length(1, MAX_NAME))
+    dp_clip: float | None = _field("float (0, 1e300]", "a private round (`[privacy]`): fold "
+                                   "each fit's *update*, clipped to this L2 norm, into an exact "
+                                   "sum of updates (`meshkit.privacy.ClippedSum`; weight "
+                                   "`once`, `fraction_bits` its `clip_bits`) instead of its "
+                                   "model; each result's `metrics.unclipped` says whether it "
+                                   "was within", optional=True, check=_between(1e-300, 1e300))
+
+    def __attrs_post_init__(self) -> None:
+        if self.dp_clip is not None and self.weight != "once":
+            raise ValueError("dp_clip: a private round's sum weighs every fit once "
+                             f"(weight = 'once'), got weight = {self.weight!r}")
 
 
 @attrs.frozen(kw_only=True)

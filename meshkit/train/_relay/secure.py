@@ -16,7 +16,10 @@ reply at the same boundary as the coordinator (its pool does), drops a
 rank whose vector is not of the first one's length and dtype (a protocol
 error for that rank), and answers ``{"op": "masked_sum", "clients": [...],
 "vector": ..., "lost": [[rank, reason], ...]}`` (no ``vector`` when no rank
-answered). A rank whose task failed (an ``error`` reply) is one of the
+answered). Vectors come in and go out as the field's wire form
+(:func:`meshkit.secure_aggregation.to_wire`: packed at ``modulus_bits``
+bits an element, with ``elements``, below 32 bits); the relay adds them
+unpacked, exactly, mod ``2**modulus_bits``. A rank whose task failed (an ``error`` reply) is one of the
 ``lost``, its reason starting ``failed: ``: the coordinator decides whether
 that ends the run (``[strategy] accept_failures``).
 """
@@ -28,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshkit.errors import ProtocolError
-from meshkit.secure_aggregation import add_mod
+from meshkit.secure_aggregation import add_mod, from_wire, to_wire
 from meshkit.train._messages import MAX_CLIENT_ID, check_request
 from meshkit.train._pool import WorkerPool, protocol_reason
 
@@ -101,13 +104,18 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
             # ([strategy] accept_failures).
             lost.append([rank, f"failed: {reply.payload['error']}"])
             continue
-        vector = reply.payload["vector"]
         asked = set(requests[rank]["clients"])
-        if total is not None and (vector.shape != total.shape or vector.dtype != total.dtype) \
+        try:
+            vector = from_wire(reply.payload, bits)
+            shape = f"{vector.dtype}{list(vector.shape)}"
+        except ValueError as exc:
+            vector, shape = None, f"a vector that does not fit the field ({exc})"
+        if vector is None or total is not None and (
+                vector.shape != total.shape or vector.dtype != total.dtype) \
                 or not set(reply.payload["clients"]) <= asked:
             reason = protocol_reason(ProtocolError(
                 f"a masked input of clients {list(reply.payload['clients'])} and "
-                f"{vector.dtype}{list(vector.shape)}, where the relay's others are "
+                f"{shape}, where the relay's others are "
                 f"{'none' if total is None else f'{total.dtype}{list(total.shape)}'} and it "
                 f"was asked for {sorted(asked)}"))
             pool.declare_dead(rank, reason)
@@ -117,13 +125,14 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
         clients.extend(int(c) for c in reply.payload["clients"])
     answer: dict[str, Any] = {"op": "masked_sum", "clients": sorted(clients), "lost": lost}
     if total is not None:
-        answer["vector"] = total
+        answer.update(to_wire(total, bits))
     return answer
 
 
-def parse_masked_sum_answer(answer: Mapping[str, Any], asked: list[int]
+def parse_masked_sum_answer(answer: Mapping[str, Any], asked: list[int], modulus_bits: int
                             ) -> tuple[list[int], np.ndarray | None, list[tuple[int, str]]]:
-    """A relay's ``masked_sum`` answer, checked: (clients, vector or None, lost ranks)."""
+    """A relay's ``masked_sum`` answer, checked: (clients, vector or None, lost ranks), the
+    vector unpacked (:func:`meshkit.secure_aggregation.from_wire`)."""
     clients, vector, lost = answer.get("clients"), answer.get("vector"), answer.get("lost")
     if answer.get("op") != "masked_sum" or not isinstance(clients, list) or not all(
             type(c) is int and 0 <= c <= MAX_CLIENT_ID for c in clients) \
@@ -132,9 +141,16 @@ def parse_masked_sum_answer(answer: Mapping[str, Any], asked: list[int]
                             f"for {asked})")
     if (vector is None) != (not clients) or vector is not None and (
             not isinstance(vector, np.ndarray) or vector.ndim != 1
-            or vector.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64))):
+            or vector.dtype not in (np.dtype(np.uint32), np.dtype(np.uint64),
+                                    np.dtype(np.uint8))):
         raise ProtocolError("a malformed answer to 'masked_sum': its vector must be a 1-d "
-                            "uint32 or uint64 array, present exactly when it names clients")
+                            "uint32, uint64 or packed uint8 array, present exactly when it "
+                            "names clients")
+    if vector is not None:
+        try:
+            vector = from_wire(answer, modulus_bits)
+        except ValueError as exc:
+            raise ProtocolError(f"a malformed answer to 'masked_sum': {exc}") from None
     if not isinstance(lost, list) or not all(
             isinstance(e, list) and len(e) == 2 and type(e[0]) is int
             and isinstance(e[1], str) for e in lost):

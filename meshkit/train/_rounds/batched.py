@@ -46,6 +46,15 @@ How a round goes (:func:`fold_batched`):
    client's failure and is not served again this round. With ``[strategy]
    accept_failures = false`` any of them stops the run.
 
+A private round (``[privacy]``: the round's fold is a
+:class:`meshkit.privacy.ClippedSum`) is batched the same way: each worker
+folds its clients' *clipped updates*, weight 1, into the same exact sum the
+coordinator would (``fit_batch`` with ``dp_clip``), each fit's small result
+carries its ``unclipped`` bit, and the coordinator merges each partial into
+the round's fold, which clips it to n·S for n fits (a worker that did not clip
+moves the sum no further than its n clients could) and adds the noise once.
+The same bits as the flat round's (docs/privacy.md, "Folding per worker").
+
 Not here (the flat engine, :mod:`meshkit.train._rounds.engine`, plays them): a
 round deadline (a late batch would already be in its worker's sum), work
 pinned to a rank, FedBN local keys (kept per client at the coordinator),
@@ -64,8 +73,11 @@ import logging
 import math
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from meshkit.aggregation import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum, MeanFold
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.privacy import ClippedSum, one_bit
 from meshkit.train._failures import DivergedFit, RoundFailures, reply_failure, strike
 from meshkit.train._messages import Signature
 from meshkit.train._pool import protocol_reason
@@ -100,9 +112,12 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
     no round trip and doubles the bytes)."""
     if how is None or state is None or not requests or len(requests) < 2 * workers:
         return False
-    if type(fold) is not MeanFold or fold.count or fold.allow_nonfinite or fold.wide:
+    if isinstance(fold, ClippedSum):  # a private round: every client counts once
+        if how != "once" or fold.count:
+            return False
+    elif type(fold) is not MeanFold or fold.count or fold.allow_nonfinite or fold.wide:
         return False  # (wide: accumulate = "float64" asks for the flat fold's arithmetic)
-    if not fold.weighted and how != "once":
+    elif not fold.weighted and how != "once":
         return False  # allreduce must refuse unequal work; it sees each weight flat
     return all(r.get("op") == "fit" and set(r) <= BATCH_FIELDS for r in requests.values())
 
@@ -110,15 +125,21 @@ def batch_applies(fold: Any, how: str | None, requests: Mapping[int, Mapping[str
 def fold_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, expected: Signature,
                  *, fraction_bits: int = DEFAULT_FRACTION_BITS,
-                 name: str = "fedavg") -> BatchFolded:
+                 name: str = "fedavg", private: ClippedSum | None = None) -> BatchFolded:
     """Serve ``requests`` (key -> fit request) batched; see the module docstring.
 
     ``how`` is each fit's weight (``"examples"`` or ``"once"``), ``expected``
     the round's model as every partial must match it, ``name`` the
-    aggregator's name in refusals.
+    aggregator's name in refusals. ``private``: the private round's fold, into
+    which each worker's partial sum of clipped updates is merged (its result is
+    the round's).
     """
+    if private is not None:
+        fraction_bits = private.fraction_bits
+        # A partial of updates: the model's float keys, summed from float64.
+        expected = {k: (tuple(state[k].shape), np.dtype(np.float64)) for k in private.keys}
     return _Batched(ctx, dict(requests), state, how, label, expected, fraction_bits,
-                    name).play()
+                    name, private).play()
 
 
 class _Batched:
@@ -126,10 +147,11 @@ class _Batched:
 
     def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, expected: Signature,
-                 bits: int, name: str) -> None:
+                 bits: int, name: str, private: ClippedSum | None) -> None:
         self.ctx, self.requests, self.state, self.how = ctx, requests, state, how
         self.label, self.expected, self.bits = label, expected, bits
         self.total = FixedPointSum(fraction_bits=bits, name=name)
+        self.private = private
         #: Batches planned for each worker and not handed out yet, in key order.
         self.plan: dict[int, collections.deque[list[int]]] = {}
         #: Batches whose worker was lost: any worker may serve them.
@@ -199,7 +221,10 @@ class _Batched:
             for batch in left:
                 for key in batch:
                     self.not_served[key] = why
-        result = self.total.result() if self.served else None
+        if not self.served:
+            result = None
+        else:
+            result = self.total.result() if self.private is None else self.private.result()
         order = sorted(self.served)
         strike(self.ctx, self.failures)
         return (result, {k: self.served[k] for k in order}, dict(sorted(self.not_served.items())),
@@ -240,9 +265,11 @@ class _Batched:
                     for key in batch]
             # One request runs every fit of the batch: its timeout is theirs together.
             timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
-            self._send(rank, "fit_batch", batch,
-                       {"op": "fit_batch", "fits": fits, "weight": self.how,
-                        "fraction_bits": self.bits, "label": self.label}, timeout)
+            request = {"op": "fit_batch", "fits": fits, "weight": self.how,
+                       "fraction_bits": self.bits, "label": self.label}
+            if self.private is not None:
+                request["dp_clip"] = self.private.clip_norm
+            self._send(rank, "fit_batch", batch, request, timeout)
             busy.add(rank)
         planned = self.spare or any(self.plan.values())
         working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
@@ -297,7 +324,13 @@ class _Batched:
                 self.ctx.pool.declare_dead(rank, reason)
                 self._lost(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
                 return
-            self.total.merge(partial, source=f"rank {rank} ({len(keys)} {self.label}s)")
+            source = f"rank {rank} ({len(keys)} {self.label}s)"
+            if self.private is None:
+                self.total.merge(partial, source=source)
+            else:
+                # Each fit's bit from its small reply, one bit each (adaptive clipping).
+                bits = sum(one_bit(self.replies[k]["metrics"].get("unclipped")) for k in keys)
+                self.private.merge(partial, unclipped=bits, source=source)
             for key in self.folded.pop(rank):
                 self.served[key] = rank
 

@@ -89,6 +89,7 @@ import attrs
 
 from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
 from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
+from meshkit.privacy import ClippedSum
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
@@ -275,8 +276,10 @@ def _play_relayed(call: RoundCall) -> Folded:
 
 
 def _batched_applies(call: RoundCall) -> bool:
-    return (call.batch and call.given is None and call.reference is not None
-            and call.mean is not None
+    # A given fold is batched only when it is a private round's exact sum of clipped
+    # updates (meshkit.privacy.ClippedSum): each worker folds its clients' clipped updates.
+    return (call.batch and (call.given is None or isinstance(call.given, ClippedSum))
+            and call.reference is not None and call.mean is not None
             and batch_applies(call.mean, call.how, call.requests, call.state,
                               len(call.ctx.live)))
 
@@ -286,7 +289,8 @@ def _play_batched(call: RoundCall) -> Folded:
     assert call.reference is not None
     result, served, not_served, replies, failed = fold_batched(
         call.ctx, call.requests, call.state, call.how, call.label, signature(call.reference),
-        name=call.mean.name)
+        name=call.mean.name,
+        private=call.given if isinstance(call.given, ClippedSum) else None)
     return Folded(result, served, not_served, replies, attacked=_declared(served, replies),
                   failed=failed)
 
@@ -335,8 +339,9 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
               "deadline, no pinned work, no simulated attack, no local keys, no compression",
               lambda call: call.relays is not None, _play_relayed),
     RoundPath("batched",
-              "the aggregator is linear, nothing needs single contributions, and there are "
-              "at least two fits a worker: each worker folds its own clients exactly",
+              "the aggregator is linear (or the round is private: its fold a ClippedSum), "
+              "nothing needs single contributions, and there are at least two fits a "
+              "worker: each worker folds its own clients exactly",
               _batched_applies, _play_batched),
     RoundPath("flat", "every other round: one contribution at a time, in key order",
               lambda call: True, _play_flat),

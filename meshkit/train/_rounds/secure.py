@@ -47,6 +47,16 @@ The round's parameters (degree, threshold, clip range, field) are the
 scheme's :meth:`~meshkit.secure_aggregation.Scheme.plan` for the cohort;
 the kernel refuses a cohort below 3 clients or outside the scheme's
 ``min_clients`` / ``max_clients`` first.
+
+Under ``[compression]`` (a compressor with ``integer_field``, a scheme with
+``integer_inputs``: :func:`meshkit.compression.check_compression`) the
+field is narrowed to ``field_bits + ceil(log2 n)`` bits: each client's
+update is put on the round's shared grid by the compressor
+(:func:`meshkit.compression.field_codes`, on the worker) instead of the
+scheme's quantiser, and the unmasked integer sum is decoded once, by the
+compressor (:func:`meshkit.compression.decode_field_sum`). Every masked
+vector travels ``modulus_bits`` bits an element
+(:func:`meshkit.secure_aggregation.to_wire`).
 """
 
 from __future__ import annotations
@@ -59,10 +69,12 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
+from meshkit.compression import CompressionPlan, decode_field_sum
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
-                                        SecureAggregationError, SecureAggregationTraits)
+                                        SecureAggregationError, SecureAggregationTraits,
+                                        field_width, from_wire)
 from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
@@ -108,13 +120,16 @@ class SecureSum:
 
 
 def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggregation]",
-                 per_worker: int = 1) -> RoundParams:
+                 per_worker: int = 1, input_bits: int = 0) -> RoundParams:
     """The round's parameters for a cohort of ``clients``: the scheme's plan, after the
     kernel's refusals (fewer than 3 clients, or outside the scheme's declared cohort sizes).
 
     ``per_worker`` is the most clients one worker plays this round (what a
-    scheme that tolerates dropouts must survive losing). A refusal from the
-    scheme's plan is given ``where``'s file name.
+    scheme that tolerates dropouts must survive losing). ``input_bits`` > 0:
+    the inputs are a compressor's codes below ``2**input_bits``, masked in the
+    field of :func:`~meshkit.secure_aggregation.field_width` bits (the scheme
+    must declare ``integer_inputs``). A refusal from the scheme's plan is
+    given ``where``'s file name.
     """
     traits = choice.traits
     if clients < 3:
@@ -133,17 +148,27 @@ def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggre
             f"{where}: a secure round of {clients} clients; at most {traits.max_clients} can "
             f"take part in one of scheme {choice.name!r} (its trait "
             f"SecureAggregationTraits.max_clients). Lower [strategy] clients or fraction")
+    if input_bits and not traits.integer_inputs:
+        raise RefusedError(
+            f"{where} name = {choice.name!r}: the round's inputs are a compressor's "
+            f"{input_bits}-bit codes, and the scheme masks only updates it quantised itself "
+            f"(it lacks the trait SecureAggregationTraits.integer_inputs). Drop "
+            f"[compression] or select a scheme that has it (secagg+)")
     try:
-        params = choice.scheme.plan(clients, per_worker)
+        params = (choice.scheme.plan(clients, per_worker, input_bits=input_bits) if input_bits
+                  else choice.scheme.plan(clients, per_worker))
     except (ConfigError, RefusedError) as exc:
         prefix = where.removesuffix("[secure_aggregation]")
         raise type(exc)(f"{prefix}{exc}") from None
-    if params.modulus_bits != traits.modulus_bits or params.clients != clients:
+    field = field_width(input_bits, clients) if input_bits else traits.modulus_bits
+    if params.modulus_bits != field or params.clients != clients:
         raise RefusedError(
             f"{where} name = {choice.name!r}: the scheme planned a round of {params.clients} "
-            f"clients mod 2^{params.modulus_bits} for a cohort of {clients}, and declares the "
-            f"field 2^{traits.modulus_bits} (SecureAggregationTraits.modulus_bits): the "
-            f"scheme contradicts itself; report it to its author")
+            f"clients mod 2^{params.modulus_bits} for a cohort of {clients}, and the round's "
+            f"field is 2^{field} ("
+            + (f"{input_bits}-bit inputs summed over {clients} clients"
+               if input_bits else "SecureAggregationTraits.modulus_bits")
+            + "): the scheme contradicts itself; report it to its author")
     return params
 
 
@@ -158,12 +183,14 @@ def plan_cohort(cohort: Sequence[int], live: Sequence[int],
 
 
 def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: float = 1.0,
-                min_clients: int = 1, path: str = "") -> dict[str, Any]:
+                min_clients: int = 1, path: str = "",
+                compression: CompressionPlan | None = None) -> dict[str, Any]:
     """What ``meshkit check`` says of a secure run's rounds: the cohort, graph and survival.
 
     ``clients`` the run's clients, ``workers`` the live workers a round is
     planned over (``[mesh] workers``), ``fraction`` and ``min_clients`` the
-    cohort's sampling (a fixed cohort of ``ceil(fraction * clients)``).
+    cohort's sampling (a fixed cohort of ``ceil(fraction * clients)``),
+    ``compression`` the run's ``[compression]`` (its codes narrow the field).
     Raises :class:`~meshkit.ConfigError` naming ``[strategy] clients`` for a
     cohort above the scheme's ``max_clients``, and what :func:`round_params`
     raises.
@@ -179,14 +206,23 @@ def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: floa
     plan = plan_cohort(range(cohort), list(range(1, max(1, workers) + 1)))
     loads = [len(cs) for cs in plan.values()]
     where = f"{path}: [secure_aggregation]" if path else "[secure_aggregation]"
-    params = round_params(choice, cohort, where=where, per_worker=max(loads))
+    params = round_params(choice, cohort, where=where, per_worker=max(loads),
+                          input_bits=_input_bits(compression))
     facts: dict[str, Any] = {"cohort": cohort, "workers": len(loads),
+                             # What a masked coordinate costs on the wire (to_wire).
+                             "modulus_bits": params.modulus_bits,
+                             "clip_range": params.clip_range,
                              "clients_per_worker": max(loads),
                              "tolerates_dropouts": traits.tolerates_dropouts,
                              "survives_losing_workers": 0, "survives_losing_clients": 0}
     if traits.tolerates_dropouts:
         facts.update(choice.scheme.describe(params, loads))
     return facts
+
+
+def _input_bits(compression: CompressionPlan | None) -> int:
+    """The bits of a compressed round's codes (0: the scheme quantises)."""
+    return 0 if compression is None else int(compression.compressor.field_bits)
 
 
 def _bad(ctx: StrategyContext, rank: int, error: ProtocolError, lost: dict[int, str]) -> None:
@@ -238,7 +274,10 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     if not live:
         raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
     plan = plan_cohort(cohort, live, pinned)
-    params = round_params(scheme, len(cohort), per_worker=max(map(len, plan.values())))
+    compression: CompressionPlan | None = ctx.compression
+    input_bits = _input_bits(compression)
+    params = round_params(scheme, len(cohort), per_worker=max(map(len, plan.values())),
+                          input_bits=input_bits)
     traits = scheme.traits
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
@@ -271,7 +310,10 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     call({r: {"op": "set_state", "state": state} for r in plan})
     # The default scheme goes unnamed: the keys request is then what it was before schemes
     # were plugins, so a worker of that version still plays it.
-    named = {} if scheme.name == DEFAULT_SECURE_AGGREGATION else {"scheme": scheme.name}
+    named: dict[str, Any] = ({} if scheme.name == DEFAULT_SECURE_AGGREGATION
+                             else {"scheme": scheme.name})
+    if input_bits:
+        named["input_bits"] = input_bits
     replies = call({r: {"op": "secagg_keys", "round": rnd, "clients": cs,
                         "cohort": params.clients, "degree": params.degree,
                         "threshold": params.threshold, "clip_range": params.clip_range,
@@ -346,6 +388,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
             masking[rank] = {"op": "secagg_mask", "clients": cs,
                              "seeds": [int(seeds[c]) for c in cs], "shards": shards,
                              "excluded": list(excluded), **(fit or {})}
+            if compression is not None:
+                masking[rank]["compress"] = compression.request()
     _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
     if not traits.tolerates_dropouts:
         _refuse_dropouts(scheme.name, cohort, plan, lost, rosters, gone)
@@ -370,7 +414,11 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     result = _finish(ctx, server, sharing, lost)
-    total = scheme.scheme.dequantize(result.total, params, len(result.contributors))
+    if compression is not None:
+        total = decode_field_sum(compression.compressor, result.total,
+                                 clip_range=params.clip_range, count=len(result.contributors))
+    else:
+        total = scheme.scheme.dequantize(result.total, params, len(result.contributors))
     summed: dict[str, np.ndarray] = {}
     offset = 0
     for key in keys:
@@ -422,13 +470,14 @@ def _masked_step(ctx: StrategyContext, server: SchemeServer,
                     lost.setdefault(rank, f"its relay {name}'s sum was lost with rank "
                                           f"{failed}'s error")
             continue
+        vector: np.ndarray | None
         try:
             if not name:
                 ids = tuple(reply.payload["clients"])
-                vector = reply.payload["vector"]
+                vector = _vector(reply.payload, bits)
             else:
                 clients, vector, gone = parse_masked_sum_answer(
-                    reply.payload, sorted(c for r in ranks for c in sharing[r]))
+                    reply.payload, sorted(c for r in ranks for c in sharing[r]), bits)
                 for rank, why in gone:
                     if rank in ranks and why.startswith("failed: "):
                         _failed(ctx, rank, why.removeprefix("failed: "), lost, accept_failures)
@@ -445,6 +494,15 @@ def _masked_step(ctx: StrategyContext, server: SchemeServer,
         except ProtocolError as exc:
             for rank in ranks:  # a relay's sum cannot be split: its ranks go together
                 _bad(ctx, rank, exc, lost)
+
+
+def _vector(message: Mapping[str, Any], bits: int) -> np.ndarray:
+    """A masked reply's vector, unpacked (:func:`~meshkit.secure_aggregation.from_wire`), or
+    the sender is in breach."""
+    try:
+        return from_wire(message, bits)
+    except ValueError as exc:
+        raise ProtocolError(f"a masked vector that does not fit the field: {exc}") from None
 
 
 def _expect(rows: np.ndarray, width: int, what: str) -> None:

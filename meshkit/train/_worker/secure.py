@@ -32,7 +32,12 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     float arrays in sorted key order: :func:`update_vector`) quantised and
     masked with every neighbour that shared except the ``excluded`` (the
     parties found at fault); the reply is the sum mod ``2**modulus_bits`` of
-    this worker's masked inputs (a fold of its own, as a relay does).
+    this worker's masked inputs (a fold of its own, as a relay does), packed
+    at ``modulus_bits`` bits an element
+    (:func:`meshkit.secure_aggregation.to_wire`). With ``compress`` (the
+    run's ``[compression]``, whose keys request named ``input_bits``) the
+    update is quantised by that compressor onto the round's shared grid
+    (:func:`meshkit.compression.field_codes`), not by the scheme.
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
@@ -53,11 +58,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from meshkit import plugins
+from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
 from meshkit.secure_aggregation import (RoundParams, Scheme, SchemeClient,
                                         SecureAggregationTraits, add_mod, scheme_traits,
-                                        vector_dtype)
+                                        to_wire, vector_dtype)
 
 __all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -135,6 +141,10 @@ class SecureClients:
         self.rounds: dict[int, SchemeClient] = {}
         #: The schemes built so far, by name (a worker plays one run's rounds).
         self.schemes: dict[str, Scheme] = {}
+        #: The round's codes' bits when a compressor quantises (0: the scheme does).
+        self.input_bits = 0
+        #: Compressors named by masking requests, built once per name and options.
+        self.compressors: dict[str, Any] = {}
         #: Set by a masked reply the fault injection names; read after the reply is sent.
         self.exit_pending = False
 
@@ -164,11 +174,13 @@ class SecureClients:
     def _keys(self, request: Mapping[str, Any]) -> dict[str, Any]:
         scheme = self._scheme(request.get("scheme") or DEFAULT_SECURE_AGGREGATION)
         self.scheme, self.traits = scheme, scheme_traits(scheme)
+        self.input_bits = int(request.get("input_bits") or 0)
+        narrowed = {"input_bits": self.input_bits} if self.input_bits else {}
         self.params = scheme.params(clients=int(request["cohort"]),
                                     degree=int(request["degree"]),
                                     threshold=int(request["threshold"]),
                                     clip_range=float(request["clip_range"]),
-                                    modulus_bits=int(request["modulus_bits"]))
+                                    modulus_bits=int(request["modulus_bits"]), **narrowed)
         self.round = int(request["round"])
         self.seed = bytes(request["round_seed"][0])
         self.length = int(request["length"])
@@ -247,6 +259,7 @@ class SecureClients:
         total: np.ndarray | None = None
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
+        compressor = self._compressor(request.get("compress"))
         for client, seed in zip(clients, request["seeds"]):
             fitted, start = fit({"op": "fit", "shard": client, "shards": int(request["shards"]),
                                  "seed": int(seed), **extra})
@@ -254,7 +267,12 @@ class SecureClients:
             if update.size != self.length:
                 raise MeshError(f"the round's updates have {self.length} elements; this "
                                 f"worker's model gives {update.size}")
-            quantised = self.scheme.quantize(update, self.params)
+            if compressor is None:
+                quantised = self.scheme.quantize(update, self.params)
+            else:
+                quantised = field_codes(compressor, update, seed=key_seed(int(seed), 0),
+                                        clip_range=self.params.clip_range,
+                                        dtype=vector_dtype(bits))
             del update, fitted  # the clear update goes no further than this line
             masked = self.rounds[client].mask(quantised, excluded)
             if masked.dtype != vector_dtype(bits) or masked.ndim != 1 or (
@@ -266,7 +284,26 @@ class SecureClients:
         assert total is not None  # the schema asks for at least one client
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
-        return {"clients": clients, "vector": total}
+        return {"clients": clients, **to_wire(total, bits)}
+
+    def _compressor(self, chosen: Mapping[str, Any] | None) -> Any:
+        """The masking request's compressor (None: the scheme quantises), checked against
+        the keys request: codes of ``input_bits`` bits, or none."""
+        if chosen is None:
+            if self.input_bits:
+                raise MeshError(f"the round's field was narrowed for {self.input_bits}-bit "
+                                f"codes, and the masking request names no compressor")
+            return None
+        cache = f"{chosen['name']}:{sorted(chosen['options'].items())!r}"
+        if cache not in self.compressors:
+            self.compressors[cache] = plugins.default().create(
+                "compression", chosen["name"], chosen["options"])
+        compressor = self.compressors[cache]
+        if int(compressor.field_bits) != self.input_bits:
+            raise MeshError(f"the masking request's compressor {chosen['name']!r} makes "
+                            f"{compressor.field_bits}-bit codes; the round's field was set up "
+                            f"for {self.input_bits}")
+        return compressor
 
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]

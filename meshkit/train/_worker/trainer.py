@@ -61,10 +61,11 @@ from meshkit.aggregation import FixedPointSum
 from meshkit.compression import RESIDUAL, SEP, encode_update, is_residual
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
+from meshkit.errors import WireError
 from meshkit.node import TrainReport, sendable
 from meshkit.partitioner import is_lazy, is_per_node, rows_of_client, split_rows
 from meshkit.population import client_held_out_of, client_rows_of, is_population
-from meshkit.privacy import clip_contribution
+from meshkit.privacy import ClippedSum, clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
 from meshkit.train._messages import LOCAL_SGD_REQUESTS
@@ -124,7 +125,7 @@ class Trainer:
     attack_name: str = ""
     #: The round's exact partial sum of the fits ``fit_batch`` folded here, until
     #: ``take_partial`` hands it over (a new ``set_state`` discards it).
-    partial: FixedPointSum | None = None
+    partial: FixedPointSum | ClippedSum | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     #: Compressors named by fit requests (``compress``), built once per name and options.
@@ -349,28 +350,52 @@ class Trainer:
         raise MeshError(f"unknown trainer request {op!r}")
 
     def _fit_batch(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Fit each client of the batch and fold it into the round's partial sum."""
-        self._require_state("fit_batch")
+        """Fit each client of the batch and fold it into the round's partial sum.
+
+        With ``dp_clip`` (a private round) the partial is the exact sum of the fits'
+        clipped *updates* (:class:`meshkit.privacy.ClippedSum`, the coordinator's own
+        rule, so the same bits as folding each there), and each result says whether its
+        update was within the clip norm (``metrics.unclipped``, adaptive clipping's bit).
+        """
+        model = self._require_state("fit_batch")
         bits = int(request["fraction_bits"])
+        private = request.get("dp_clip")
         if self.partial is None:
-            self.partial = FixedPointSum(fraction_bits=bits)
-        elif self.partial.fraction_bits != bits:
+            if private is None:
+                self.partial = FixedPointSum(fraction_bits=bits)
+            else:
+                clipped = any(fit.get("clip_norm") is not None for fit in request["fits"])
+                self.partial = ClippedSum(model, clip_norm=float(private),
+                                          clipped_by_clients=clipped)
+        if (private is None) != isinstance(self.partial, FixedPointSum):
+            raise MeshError("fit_batch mixes private (dp_clip) and plain batches in one round")
+        if self.partial.fraction_bits != bits:
             raise MeshError(f"fit_batch with fraction_bits = {bits}, but this round's partial "
                             f"sum counts in 2^-{self.partial.fraction_bits}")
+        if isinstance(self.partial, ClippedSum) and self.partial.clip_norm != private:
+            raise MeshError(f"fit_batch with dp_clip = {private}, but this round's sum clips "
+                            f"to {self.partial.clip_norm}")
         label = str(request["label"])
         results = []
         # Each fit is checked against the round's model before it is folded, as the
         # coordinator checks a flat round's: a client whose fit has the wrong keys or
         # shapes (a 0-d array where a vector belongs) fails alone, named, and never
         # becomes the template of this worker's sum.
-        expected = signature(self._require_state("fit_batch"))
+        expected = signature(model)
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
             state, examples, metrics, attacked = self._fit({**fit, "op": "fit"})
             check_contribution(state, expected, f"{label} {key}'s fit", finite=False)
-            weight = float(examples) if request["weight"] == "examples" else 1.0
-            self.partial.add(state, weight, source=f"{label} {key}")
+            if isinstance(self.partial, ClippedSum):
+                norm = self.partial.add(state, source=f"{label} {key}")
+                if "unclipped" not in metrics:
+                    # clip = "coordinator": the bit of the norm before this clip (with
+                    # clip = "client" the fit's own clip said it already)
+                    metrics["unclipped"] = float(norm <= self.partial.clip_norm)
+            else:
+                weight = float(examples) if request["weight"] == "examples" else 1.0
+                self.partial.add(state, weight, source=f"{label} {key}")
             self.failing = None
             del state  # folded: a batch holds one fit's result at a time
             result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
@@ -607,7 +632,7 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
         else:
             reply = trainer.handle(request)
         try:
-            group.send(0, TAG_REPLY, encode(reply))
+            _send_reply(group, request, reply, trainer)
         except PeerLostError as exc:
             stopped = f"coordinator lost: {exc}"
             break
@@ -617,6 +642,30 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
     log.info("trainer on rank %s finished%s", group.rank,
              f": {stopped}" if stopped else "")
     return _train_report(group, trainer, stopped, time.monotonic() - started)
+
+
+def _send_reply(group: Group, request: Mapping[str, Any], reply: Mapping[str, Any],
+                trainer: Trainer | None) -> None:
+    """Send ``reply``; one the wire cannot carry (a dtype it lacks, more entries than a frame
+    holds) is answered with an error reply saying why, so the coordinator drops this rank
+    for that request at once instead of waiting out its timeout on a rank that serves on.
+
+    Raises:
+        PeerLostError: the coordinator is gone (the job ends).
+    """
+    try:
+        group.send(0, TAG_REPLY, encode(reply))
+        return
+    except PeerLostError:
+        raise
+    except WireError as exc:
+        op = request.get("op")
+        why = f"{op if isinstance(op, str) else 'request'}: the reply could not be sent: {exc}"
+    log.error("rank %s: %s", group.rank, why)
+    if trainer is not None:
+        trainer.error = why
+    seq = reply.get("seq", 0)
+    group.send(0, TAG_REPLY, encode({"error": why, "seq": seq}))
 
 
 def _trainer(spec: Mapping[str, Any], device: str = "auto", group: Any = None) -> Trainer:

@@ -84,3 +84,26 @@ def test_a_small_cohort_gets_the_complete_graph() -> None:
 def test_too_much_dropout_and_corruption_together_is_refused() -> None:
     with pytest.raises(RefusedError, match="not even the complete graph"):
         choose_degree(50, dropout=0.5, corruption=0.5)
+
+
+def test_integer_inputs_narrow_the_field_to_their_bits_plus_the_sums_headroom() -> None:
+    # A compressor's int8 codes for 100 clients: 8 + ceil(log2 100) = 15 bits, far below
+    # the 16 bits per client the scheme's own quantiser needs, and exact.
+    params = SecAggParams(clients=100, degree=0, threshold=50, clip_range=1.0,
+                          modulus_bits=15, input_bits=8)
+    assert params.levels >= 255 and 100 * 255 < 2 ** 15
+    with pytest.raises(RefusedError, match="cannot hold the exact sum of 100 inputs of 8 bits; "
+                                           "it needs 15"):
+        SecAggParams(clients=100, degree=0, threshold=50, clip_range=1.0, modulus_bits=14,
+                     input_bits=8)
+
+
+def test_the_scheme_plans_the_narrow_field_for_integer_inputs() -> None:
+    from meshkit_secagg import SecAggPlus, SecAggPlusOptions
+
+    scheme = SecAggPlus(SecAggPlusOptions(degree=0))
+    assert scheme.traits.integer_inputs
+    assert scheme.plan(100, input_bits=8).modulus_bits == 15
+    assert scheme.plan(100).modulus_bits == 32  # its own quantiser: [secure_aggregation]'s
+    assert scheme.params(clients=100, degree=0, threshold=51, clip_range=1.0, modulus_bits=15,
+                         input_bits=8).input_bits == 8

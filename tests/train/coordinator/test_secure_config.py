@@ -163,3 +163,16 @@ def test_a_cohort_above_the_most_one_round_takes_is_a_config_error_naming_the_ke
     assert "run.toml: [strategy] clients = 70000: a secure round's cohort would be 70000 " \
            "clients, and at most 65536" in checked.output
     assert "Traceback" not in checked.output
+
+
+def test_check_states_what_a_masked_coordinate_costs_with_and_without_int8(tmp_path):
+    checked = _check(tmp_path, "clients = 12")
+    assert checked.exit_code == 0, checked.output
+    assert ("updates masked mod 2^32 ([secure_aggregation] modulus_bits): 32 bits a "
+            "coordinate up") in checked.output
+    checked = _check(tmp_path, 'clients = 12\n\n[compression]\nname = "quantize"')
+    assert checked.exit_code == 0, checked.output
+    assert ("updates masked mod 2^12 ([compression] 'quantize''s 8-bit codes summed over 12 "
+            "clients): 12 bits a coordinate up; the shared grid is [-8, 8] ([secure_aggregation] "
+            "clip_range) in steps of 0.0627") in checked.output
+    assert "upload: quantize sends" not in checked.output  # a plain fit's payload: never sent

@@ -14,6 +14,7 @@ import pytest
 import meshkit
 import meshkit.plugins
 from meshkit.secure_aggregation import choose
+from meshkit.compression import CompressionPlan, field_codes, key_seed
 from meshkit_secagg import add_mod, quantize, vector_dtype
 from meshkit.train import LocalPool, Reply, StrategyContext, Trainer, answer_relay_request
 from meshkit.train import decode, encode, secure_sum
@@ -42,6 +43,7 @@ class Relayed:
         self.fail = fail
         self.asked: list[tuple[str, dict[str, Any]]] = []
         self._answers: list[Reply] = []
+        self.answered: list[dict[str, Any]] = []  # each relay's answer, as it went up
         self._seq = 10 ** 6
 
     relays = property(lambda self: {n: self.direct.live(rs) for n, rs in LAYOUT.items()})
@@ -66,6 +68,7 @@ class Relayed:
                                       decode(encode(request)))
         for rank, why in own.dead.items():
             self.direct.declare_dead(rank, why)  # the relay forwards its ranks' deaths
+        self.answered.append(answer)
         self._answers.append(Reply(LAYOUT[name][0], decode(encode(answer)), None, self._seq))
         return self._seq
 
@@ -173,3 +176,33 @@ def test_a_malformed_masked_sum_request_is_refused_by_the_relay(change, message)
     answer = answer_relay_request(LocalPool({1: Trainer(task())}), frozenset({1}), "hostA",
                                   {**request, **change})
     assert message in answer["error"] or "seeds" in answer["error"]
+
+
+def test_relays_add_packed_int8_vectors_exactly_and_send_one_packed_sum_each():
+    options = {"bits": 8}
+    pool = Relayed()
+    ctx = context(pool)
+    ctx.compression = CompressionPlan("quantize", options, meshkit.plugins.create(
+        "compression", "quantize", options))
+    state = ctx.task.init_state(3)
+    revealed = secure_sum(ctx, list(range(CLIENTS)), state=state,
+                          scheme=secagg(degree=0, threshold=5, clip_range=0.5), rnd=1,
+                          shards=CLIENTS, seeds={c: 50 + c for c in range(CLIENTS)})
+    bits = revealed.params.modulus_bits
+    assert bits == 8 + 4  # int8 codes of 10 clients
+    length = sum(state[k].size for k in vector_keys(state))
+    assert len(pool.answered) == 2
+    for answer in pool.answered:  # one packed sum per relay, 12 bits an element
+        assert answer["vector"].dtype == np.uint8 and answer["elements"] == length + 2
+        assert answer["vector"].nbytes == -(-(length + 2) * bits // 8)
+    trainer = Trainer(task())
+    trainer.handle({"op": "set_state", "seq": 1, "state": dict(state)})
+    codes = np.zeros(length, vector_dtype(bits))
+    for client in range(CLIENTS):
+        reply = trainer.handle({"op": "fit", "seq": 2, "shard": client, "shards": CLIENTS,
+                                "seed": 50 + client})
+        update = update_vector(reply["state"], state, vector_keys(state))
+        add_mod(codes, field_codes(ctx.compression.compressor, update,
+                                   seed=key_seed(50 + client, 0), clip_range=0.5,
+                                   dtype=vector_dtype(bits)), bits, out=codes)
+    np.testing.assert_array_equal(revealed.total, codes)
