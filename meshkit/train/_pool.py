@@ -78,7 +78,9 @@ class Reply:
 
     @property
     def ok(self) -> bool:
-        return self.payload is not None
+        """Answered, and not with an ``error`` payload (a member's failure:
+        :func:`meshkit.train.reply_failure`); a lost worker's reply has no payload."""
+        return self.payload is not None and not self.payload.get("error")
 
 
 class WorkerPool(Protocol):

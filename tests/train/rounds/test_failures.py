@@ -300,6 +300,14 @@ def test_fedbuff_under_the_strict_mean_drops_a_value_out_of_its_range_naming_the
                for v in result.state.values() if isinstance(v, np.ndarray))
 
 
+def test_a_reply_carrying_an_error_payload_is_not_ok():
+    # GroupPool hands an ``error`` reply over as answered; only ctx.call read it as failed.
+    from meshkit.train import Reply
+    assert Reply(2, {"error": "this node refuses", "seq": 1}, None, 1).ok is False
+    assert Reply(2, None, "lost", 1).ok is False
+    assert Reply(2, {"examples": 3}, None, 1).ok is True
+
+
 # -- plain requests (StrategyContext.call / broadcast) -----------------------------------
 
 
