@@ -213,12 +213,14 @@ class Scheduler:
                 for node_id in ranks:
                     self.nodes[node_id].busy = run_id
                 self._queue.remove(run_id)
-                self._active[run_id] = _Active(job=None, ranks=ranks)
-                starts.append((record, ranks))
-            for record, ranks in starts:
+                entry = self._active[run_id] = _Active(job=None, ranks=ranks)
+                starts.append((record, ranks, entry))
+            for record, ranks, entry in starts:
                 for node_id in ranks:
                     self._store.update_node(node_id, busy_run=record.id)
-                self._active[record.id].job = self._start_run(record, ranks)
+                # The entry held, not looked up again: a run that ends before its start
+                # returns (its job says so on this thread) has already left _active.
+                entry.job = self._start_run(record, ranks)
 
     def _eligible(self, record: Any, link: NodeLink, rank: int | None) -> bool:
         try:

@@ -1,42 +1,54 @@
 """Training runs: the strategy contract, the workers it drives, and the runner.
 
-One idea per module:
+One idea per module (docs/architecture.md, "where to find things"):
 
 * ``_strategy`` — the contract a strategy is written against
   (:class:`Strategy`, :class:`StrategyContext`, :class:`RoundReport`,
   :class:`StrategyResult`, :class:`RunStopped`);
 * ``_traits`` — what a strategy declares it is, everything the kernel reads
   of one (:class:`StrategyTraits`, :func:`strategy_traits`);
-* ``_rounds`` — the round skeleton every strategy shares
-  (:func:`run_rounds`, :class:`RoundOutcome`);
-* ``_engine`` — the one round engine: a round's contributions folded in key
-  order, a bounded number held at once, lost workers' work served again
-  (:func:`fold_round`, :class:`Work`, :class:`Folded`);
+* ``_rounds`` — how a round is played: ``_rounds.skeleton``, the loop every
+  strategy shares (:func:`run_rounds`, :class:`RoundOutcome`);
+  ``_rounds.work``, what every path takes and gives back (:class:`Work`,
+  :class:`Folded`); ``_rounds.engine``, the one round engine -- which path a
+  round takes, and the flat round: contributions folded in key order, a
+  bounded number held at once, lost workers' work served again
+  (:func:`fold_round`); ``_rounds.scheduler``, the scheduler the flat and
+  batched rounds share; one module per other path: ``_rounds.batched``,
+  ``_rounds.collective`` (every rank plays its slice, one exact partial, one
+  all-reduce: :class:`PartialReducer`, :func:`cohort_slice`),
+  ``_rounds.relayed`` (host relays, one partial per relay),
+  ``_rounds.secure``; ``_rounds.compressed``, a compressed round's fits;
 * ``_sharding`` — which rows a client trains on, which clients a round
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
-* ``_protocol`` — the trainer requests and replies, and their tags;
-* ``_worker`` — the worker side (:class:`Trainer`, :func:`serve_trainer`; ``local_sgd``: a
-  DiLoCo replica, :func:`split_fragments`, :func:`state_digest`, :func:`apply_update`);
-* ``_node_job`` — the node's ``"train"`` job handler (:func:`serve_train_job`);
+* ``_local_keys`` — each client's own values of ``[strategy] local_keys``;
+* ``_protocol`` — the trainer requests and replies' framing, and their tags;
+  ``_messages`` — every message's fields, types and bounds, and where they are
+  checked (``_messages.check``: :func:`check_contribution`);
+* ``_failures`` — what a member's failure costs (:class:`RoundFailures`);
+* ``_worker`` — the worker side: ``_worker.trainer`` (:class:`Trainer`,
+  :func:`serve_trainer`), ``_worker.local_sgd`` (a DiLoCo replica,
+  :func:`split_fragments`, :func:`state_digest`, :func:`apply_update`),
+  ``_worker.secure`` (the clients it plays in a secure round),
+  ``_worker.node_job`` (the node's ``"train"`` job, :func:`serve_train_job`);
 * ``_pool`` — reaching the workers, and where a dead rank leaves a round:
   liveness is the transport's dead ledger (:class:`GroupPool`,
   :class:`LocalPool`), and one request for many ranks (:func:`broadcast`);
-* ``_host_relay`` — a round folded through host relays, one partial per
-  relay;
+* ``_relay`` — a host relay's side: ``_relay.host`` (its pool over its ranks,
+  its answers: :class:`RelayPool`), ``_relay.secure`` (its masked sum);
 * ``_attacks`` — a simulated ``[attack]``: the coordinator poisons the
   chosen clients' contributions (:class:`AttackPlan`, :class:`AttackedFold`);
-* ``_preflight`` — everything a run refuses before any process starts, so
-  ``meshkit check`` refuses the same (:func:`build_components`);
-* ``_runner`` — ``meshkit run`` from one config (:class:`Runner`,
-  :func:`run`);
-* ``_coordinator.plan`` — what a config resolves to against the plugins
-  (:class:`Plan`, :func:`resolve`, and :func:`check`, what ``meshkit check`` runs);
-* ``_launch`` — the local worker processes and their per-run secret;
-* ``_collective`` — a round every rank plays: its slice of the cohort, one
-  exact partial, one all-reduce (:class:`PartialReducer`, :func:`cohort_slice`);
-* ``_artifacts`` — what a run leaves in ``out``: ``metrics.jsonl``,
-  ``summary.json``, ``report.png``.
+* ``_coordinator`` — the coordinator's side: ``_coordinator.plan`` (what a
+  config resolves to against the plugins: :class:`Plan`, :func:`resolve`,
+  and :func:`check`, what ``meshkit check`` runs), ``_coordinator.preflight``
+  (everything a run refuses before any process starts, so ``meshkit check``
+  refuses the same: :func:`build_components`), ``_coordinator.launch`` (the
+  local worker processes and their per-run secret), ``_coordinator.runner``
+  (``meshkit run`` from one config: :class:`Runner`, :func:`run`),
+  ``_coordinator.resume``, ``_coordinator.artifacts`` (what a run leaves in
+  ``out``: ``metrics.jsonl``, ``summary.json``, ``report.png``),
+  ``_coordinator.progress``, ``_coordinator.observers``.
 
 Strategy plugins import from here, never from a ``_private`` module.
 """

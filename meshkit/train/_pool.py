@@ -78,7 +78,9 @@ class Reply:
 
     @property
     def ok(self) -> bool:
-        return self.payload is not None
+        """Answered, and not with an ``error`` payload (a member's failure:
+        :func:`meshkit.train.reply_failure`); a lost worker's reply has no payload."""
+        return self.payload is not None and not self.payload.get("error")
 
 
 class WorkerPool(Protocol):
@@ -198,6 +200,10 @@ def broadcast(pool: WorkerPool, ranks: Sequence[int], request: Mapping[str, Any]
             continue
         assert answers is not None  # _fanout_problem refused anything else
         for rank, ok, error in answers:
+            if not ok:
+                # The relay lost the rank: declared dead here too, as a rank lost on
+                # a direct link is (GroupPool), so the ledger says what the reply does.
+                pool.declare_dead(rank, f"lost behind host relay {who!r}: {error}")
             replies[rank] = (Reply(rank, {} if error is None else {"error": error}, None,
                                    reply.seq) if ok
                              else Reply(rank, None, str(error), reply.seq))

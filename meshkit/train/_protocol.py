@@ -20,7 +20,7 @@ op              request fields                          reply fields
 ``stage``       nodes, x, state (the stage's keys)      x
 ``stop``        —                                       (none: the worker returns)
 ==============  ======================================  =============================
-=======
+
 The ops are ``set_state``, ``fit``, ``grads``, ``step``, ``take``,
 ``apply``, ``get_state``, ``held_out``, ``evaluate``, ``stage`` and
 ``stop`` (and a DiLoCo replica's ``replica_init``, ``inner``,

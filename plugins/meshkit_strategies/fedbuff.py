@@ -54,7 +54,11 @@ Rules (docs/async.md):
 * Aggregators, by their declared traits (:class:`meshkit.AggregatorTraits`,
   never their names). A *linear* one (``fedavg``, ``allreduce``, a
   third-party weighted mean) folds into the buffer's sums as above, ``n_i``
-  being its ``weight(examples)``. Any other rule (``median``, ``multi-krum``,
+  being its ``weight(examples)``; under the strict mean (``fedavg``,
+  ``allreduce``) an update holding a value beyond its range
+  (:meth:`meshkit.aggregation.MeanFold.value_limit`, a worker's 1e308) is
+  its sender's failure, as NaN is: dropped, the rank named in ``failed``.
+  Any other rule (``median``, ``multi-krum``,
   ``centered-clipping``, ...) folds *each buffer*: at the step, every update
   is expressed against the current model, ``x_i' = x − s(τ_i) Δ_i``, and the
   rule combines the K models ``x_i'`` (weights: their examples) with the
@@ -85,7 +89,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import attrs
 import numpy as np
@@ -96,7 +100,7 @@ from meshkit.compression import decode_contribution
 from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
 from meshkit.population import population_size
-from meshkit.aggregation import aggregator_traits, linear_weight
+from meshkit.aggregation import MeanFold, aggregator_traits, linear_weight
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
 from meshkit.train import DivergedFit, RoundFailures, check_contribution, client_seed
 from meshkit.train import reply_failure
@@ -391,10 +395,14 @@ class FedBuff:
         # RoundFailures): its fit is recorded, and no new fit goes to it.
         self._failures = failures = RoundFailures(accept=ctx.accept_failures)
         expected = signature(state)
+        # Under the strict mean (fedavg, allreduce) a finite value beyond its range
+        # (MeanFold.value_limit: a worker's 1e308) is its sender's, as NaN is: refused
+        # at the boundary, as the flat round refuses it (meshkit.train's round engine).
+        limit = _strict_limit(ctx, state) if linear else None
         # Bounded: each pass folds, drops or loses one fit, and a fit is lost
         # at most once per worker.
-        limit = 8 * (opts.buffer_size + opts.concurrency + 1) * (len(ctx.workers) + 1)
-        for _ in range(limit):
+        passes = 8 * (opts.buffer_size + opts.concurrency + 1) * (len(ctx.workers) + 1)
+        for _ in range(passes):
             if len(buffer.entries) >= opts.buffer_size:
                 break
             self._top_up(ctx, version, buffer)
@@ -414,7 +422,7 @@ class FedBuff:
                         raw=_sent_whole(ctx, start),
                         what=f"rank {reply.rank}'s fit of client {flight.client}")
                 check_contribution(fitted, expected, f"rank {reply.rank}'s fit of client "
-                                                     f"{flight.client}")
+                                                     f"{flight.client}", limit=limit)
             except MeshError as exc:  # a ProtocolError: its sender's (or its client's)
                 reason = f"protocol error: {exc}"
                 if not failures.client_failed(flight.client, reply.rank, reason):
@@ -448,7 +456,7 @@ class FedBuff:
             not_served.pop(flight.client, None)
             self._release(version)
         else:  # pragma: no cover - a bug in the loop, never a hang
-            raise MeshError(f"fedbuff settled {limit} fits without filling the buffer")
+            raise MeshError(f"fedbuff settled {passes} fits without filling the buffer")
         if linear and buffer.mass <= 0:
             raise AggregationError(
                 f"fedbuff step {rnd}: the buffer's {len(buffer.entries)} updates trained on 0 "
@@ -606,6 +614,14 @@ class FedBuff:
         needed = {f.version for f in run.flights} | {version}
         for old in [v for v in run.models if v not in needed]:
             del run.models[old]
+
+
+def _strict_limit(ctx: StrategyContext,
+                  state: Mapping[str, Any]) -> Callable[[Any], float | None] | None:
+    """The strict mean's range per dtype (:meth:`MeanFold.value_limit`) when the selected
+    aggregator folds with it, as the flat round asks; None for any other fold."""
+    fold = ctx.aggregation_begin(reference=state)
+    return fold.value_limit if type(fold) is MeanFold else None
 
 
 def _sent_whole(ctx: StrategyContext, state: Mapping[str, Any]) -> list[str]:

@@ -298,6 +298,8 @@ class ExitWatch:
                  interval: float = 0.2) -> None:
         self.processes, self.on_exit, self.interval = dict(processes), on_exit, interval
         self.exited: dict[int, int] = {}
+        #: Whether the wait the watch guarded completed (the exit came as it did).
+        self.completed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="meshkit-exit-watch",
                                         daemon=True)
@@ -310,6 +312,7 @@ class ExitWatch:
     def __exit__(self, kind: Any, *exc: Any) -> None:
         self.stop()
         if kind is None and self.exited:  # the wait completed as a worker exited
+            self.completed = True
             raise PeerLostError(f"local worker(s) {sorted(self.exited)} exited as the "
                                 f"capability handshake completed")
 
@@ -334,13 +337,16 @@ class ExitWatch:
 
     def describe(self, out: str | os.PathLike[str]) -> str:
         """``local worker rank 3 exited (status 2) before the capability handshake: <its
-        last words>``, each exited process quoted."""
+        last words>``, each exited process quoted (``as the capability handshake
+        completed`` when the wait had completed: :attr:`completed`)."""
+        when = ("as the capability handshake completed" if self.completed
+                else "before the capability handshake")
         parts = []
         for rank, status in sorted(self.exited.items()):
             said = exit_message(out, rank).removeprefix("meshkit: error: ")
             log_name = f"worker-{rank}.log" if rank > 0 else f"relay-{-rank}.log"
             parts.append(f"local {'worker rank' if rank > 0 else 'relay'} {abs(rank)} exited "
-                         f"(status {status}) before the capability handshake"
+                         f"(status {status}) {when}"
                          + (f": {said}" if said else "") + f" (its log: {logs_dir(out) / log_name})")
         return "; ".join(parts)
 

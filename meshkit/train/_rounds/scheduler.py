@@ -209,7 +209,7 @@ class Scheduler(Generic[Unit]):
         """One reply (or a failed ticket: its worker is lost) settles its request."""
         assert reply is not None  # a blocking receive gives a reply or a failed ticket
         rank, kind, unit = self.busy.pop(reply.seq)
-        if not reply.ok:
+        if reply.payload is None:  # lost (an error payload is a member's failure, below)
             if not self.failures.accept:
                 raise WorkerError(rank, reply.error or "lost")
             self.lose(rank, kind, unit, reply.error or "lost")

@@ -102,9 +102,24 @@ def test_the_runner_quotes_a_worker_that_exits_as_the_handshake_completes(tmp_pa
     with pytest.raises(PeerLostError) as info:
         runner._join(plan, Group(), pset=None)
     message = str(info.value)
-    assert message.startswith("local worker rank 2 exited (status 2) before the capability "
-                              "handshake: [board] in_bitz: unknown key (did you mean "
-                              "'in_bits'?) (its log: "), message
+    # It exited as the handshake completed, not before it: said so.
+    assert message.startswith("local worker rank 2 exited (status 2) as the capability "
+                              "handshake completed: [board] in_bitz: unknown key (did you "
+                              "mean 'in_bits'?) (its log: "), message
+
+
+def test_an_exit_that_ends_the_wait_is_described_as_before_the_handshake(tmp_path):
+    said(tmp_path, 3, "no such task")
+    proc = Process()
+    closed = threading.Event()
+    watch = ExitWatch({3: proc}, closed.set, interval=0.01)
+    with pytest.raises(PeerLostError):
+        with watch:
+            proc.exit(1)
+            assert closed.wait(10)  # the group closed: the "handshake" fails
+            raise PeerLostError("the group was closed")
+    assert watch.describe(tmp_path).startswith(
+        "local worker rank 3 exited (status 1) before the capability handshake: no such task")
 
 
 def _fast(init: Any) -> Any:

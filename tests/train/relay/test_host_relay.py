@@ -310,6 +310,18 @@ def test_a_relay_whose_fanout_answer_does_not_fit_loses_its_ranks_only(answers):
     assert all("protocol error: host relay 'hostA'" in why for why in pool.dead.values())
 
 
+def test_a_rank_the_relay_lost_during_a_broadcast_is_declared_dead_as_a_direct_one_is():
+    # A relay's fanout answer [rank, false, why]: the rank was lost behind it. The pool's
+    # ledger now says so (GroupPool declares a rank lost on a direct link dead).
+    pool = RelayedPool(corrupt={"hostA": lambda a: a.update(
+        answers=[[1, False, "stalled: no reply within 30 s"], [2, True, None]])})
+    state = synthetic().init_state(0)
+    replies = broadcast(pool, [1, 2, 3, 4], {"op": "set_state", "state": state}, 30.0)
+    assert [r.ok for r in replies] == [False, True, True, True]
+    assert replies[0].error == "stalled: no reply within 30 s"
+    assert pool.dead == {1: "lost behind host relay 'hostA': stalled: no reply within 30 s"}
+
+
 def test_a_weight_that_reads_only_examples_folds_at_the_relays():
     def by_examples(reply):
         return float(reply["examples"])

@@ -277,6 +277,37 @@ def test_fedbuff_finishes_every_step_with_one_hostile_rank(hostile, virtual):
     assert ctx.strikes[2] == sum(2 in r.failed for r in reports)
 
 
+@pytest.mark.parametrize("virtual", [False, True])
+def test_fedbuff_under_the_strict_mean_drops_a_value_out_of_its_range_naming_the_rank(virtual):
+    # Issue 34: fedbuff folded one worker's 1e308 (here float32's 3.4e38) into its buffer.
+    ranks = [1, 2, 3]
+    reports: list[RoundReport] = []
+    ctx = StrategyContext(
+        task=synthetic(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+        pool=LocalPool({r: (Huge if r == 2 else Trainer)(synthetic()) for r in ranks}),
+        workers=ranks, rng=np.random.default_rng(0),
+        outer=meshkit.plugins.create("outer_optimizer", "average"),
+        on_round=lambda report, state: reports.append(report))
+    if virtual:
+        ctx.speeds = Speeds(seed=0, sigma=0.5)
+    strategy = meshkit.plugins.create("strategy", "fedbuff", {
+        "rounds": 3, "clients": 6, "buffer_size": 2, "concurrency": 3})
+    result = strategy.run(ctx)
+    assert result.rounds == 3 and [r.round for r in reports] == [1, 2, 3]
+    assert any("is out of range" in r.failed.get(2, "") for r in reports)
+    assert all(2 not in r.served.values() for r in reports)
+    assert all(np.isfinite(v).all() and np.abs(v).max() < 1e6
+               for v in result.state.values() if isinstance(v, np.ndarray))
+
+
+def test_a_reply_carrying_an_error_payload_is_not_ok():
+    # GroupPool hands an ``error`` reply over as answered; only ctx.call read it as failed.
+    from meshkit.train import Reply
+    assert Reply(2, {"error": "this node refuses", "seq": 1}, None, 1).ok is False
+    assert Reply(2, None, "lost", 1).ok is False
+    assert Reply(2, {"examples": 3}, None, 1).ok is True
+
+
 # -- plain requests (StrategyContext.call / broadcast) -----------------------------------
 
 
