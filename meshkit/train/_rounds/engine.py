@@ -24,7 +24,11 @@ How a round goes (:func:`fold_round`):
    fold waits on the next key).
 3. The coordinator pulls results (``take``) only for the first ``window``
    keys not folded yet, and folds each as soon as every key before it is
-   folded.
+   folded. A key handed out while it is among those first ``window`` keys
+   is not kept: its result comes back with the fit's answer (one message,
+   not three), since it would be pulled as soon as it answered; every
+   result pulled or on its way is a distinct key of the window, so the
+   bound holds.
 4. A worker that dies or stalls (the pool declares it dead in the ledger)
    loses everything it held or was doing for this round; those keys go
    back to the front of the queue and are served again by a live worker in
@@ -406,6 +410,10 @@ def answer_relay_request(pool: WorkerPool, carried: frozenset[int], name: str,
     return answer_request(pool, carried, name, message, _play_group)
 
 
+#: The reply field that carries a request's result when it is not kept, by op.
+_RESULT_FIELD = {"fit": "state", "grads": "gradients"}
+
+
 class _Round(Scheduler[int]):
     """One flat round on the scheduler (:mod:`.scheduler`), as the module docstring says:
     its unit is a key; an answer is held on its worker until pulled (``take``), and a
@@ -498,7 +506,14 @@ class _Round(Scheduler[int]):
         nxt = None if self.expired else self.next_unit(rank, busy)
         if nxt is None:
             return False
-        self.send(rank, "work", nxt, {**self.requests[nxt], "keep": nxt}, self.ctx.timeout)
+        request = self.requests[nxt]
+        if not (request.get("op") in _RESULT_FIELD and nxt in self.unfolded[:self.window]):
+            request = {**request, "keep": nxt}
+        # Within the pull window the result comes back at once (no hold, no take): it
+        # would be pulled as soon as it answered anyway, and every result in flight or
+        # pulled is a distinct key of the window, so the coordinator still holds at
+        # most ``window`` of them.
+        self.send(rank, "work", nxt, request, self.ctx.timeout)
         return True
 
     def dispatched(self, busy: set[int]) -> None:
@@ -526,11 +541,20 @@ class _Round(Scheduler[int]):
                  payload: Mapping[str, Any]) -> None:
         assert key is not None  # work and take requests carry their client's key
         if kind == "work":
-            self.held.setdefault(rank, set()).add(key)
             self.replies[key] = small_reply(payload.get("examples", 0), payload)
+            if "kept" in payload:
+                self.held.setdefault(rank, set()).add(key)
+                return
+            # Asked back at once (hand_out: within the window): pulled with its answer.
+            field = _RESULT_FIELD[self.requests[key]["op"]]
+            self._pulled(rank, key, payload[field])
             return
-        # take
-        contribution = payload["state"]
+        self._pulled(rank, key, payload["state"])  # take
+
+    def _pulled(self, rank: int, key: int, contribution: Mapping[str, Any]) -> None:
+        """A pulled contribution (a take's, or a work reply's asked back at once): checked
+        against the round's model, then folded when its turn comes."""
+        kind = "take"  # failed as a pulled contribution, whichever request brought it
         residuals: dict[str, Any] = {}
         if self.unpack is not None and self.state is not None:
             try:

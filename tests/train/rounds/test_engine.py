@@ -88,6 +88,23 @@ def test_the_state_goes_once_to_each_worker_the_round_needs():
     assert sorted(r for r, req in few.pool.log if req["op"] == "set_state") == [1, 2]
 
 
+def test_the_key_the_fold_waits_on_comes_back_with_its_answer():
+    # Within the pull window a fit's result is not held on its worker: no keep, no take.
+    ctx = make_ctx(workers=3)
+    state = ctx.task.init_state(0)
+    folded = fold_round(ctx, fits(3), state=state, window=3, batch=False)
+    ops = [req["op"] for _, req in ctx.pool.log]
+    assert sorted(ops) == ["fit"] * 3 + ["set_state"] * 3, ops
+    assert all("keep" not in req for _, req in ctx.pool.log)
+    # Beyond the window a result waits on its worker and is pulled in its turn.
+    held = make_ctx(workers=3)
+    again = fold_round(held, fits(3), state=state, window=1, batch=False)
+    log = [req for _, req in held.pool.log]
+    assert [req.get("keep") for req in log if req["op"] == "fit"] == [None, 1, 2]
+    assert sorted(req["key"] for req in log if req["op"] == "take") == [1, 2]
+    assert same_bytes(folded.result, again.result), "the same fold, in the same order"
+
+
 def test_a_worker_keeps_at_most_hold_results_waiting():
     held = []
 
@@ -156,7 +173,9 @@ def test_clients_no_live_worker_can_serve_are_recorded_with_the_reason():
     lost = set()
 
     def fail(rank, request):
-        if request["op"] == "take" and request["key"] >= 2:
+        # Asked to fit (a key the fold waits on comes back at once) or to hand over
+        # (a kept one) client 2 or later.
+        if request["op"] in ("fit", "take") and request.get("key", request.get("shard")) >= 2:
             lost.add(rank)
         return "power cut" if rank in lost else None
 
