@@ -122,7 +122,7 @@ from meshkit.transport._membership import Membership, describe_dead
 from meshkit.transport._mailbox import MAX_UNREAD_BYTES, MAX_UNREAD_TAGS
 from meshkit.transport._message import KINDS, META_KEY, Message, check_state
 from meshkit.transport._timeouts import deadline_after
-from meshkit.transport._traits import TransportTraits, is_loopback, transport_traits, trust_refusal
+from meshkit.transport_traits import TransportTraits, is_loopback, transport_traits, trust_refusal
 # Every tag, as tags.__all__ lists them (the module is the one place they live).
 from meshkit.transport.tags import *  # noqa: F403
 

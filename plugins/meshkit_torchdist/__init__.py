@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import attrs
 
 import meshkit
-from meshkit.transport import TransportTraits
+from meshkit.transport_traits import TransportTraits
 
 __all__ = ["TorchdistOptions", "init_method", "rendezvous"]
 

@@ -15,6 +15,11 @@ The traits live on the transport's *options class* (a ``ClassVar``), as
 ``retired_keys`` do: the preflight reads them without building the transport,
 whose factory may import a heavy library (torch) or refuse a mode that only
 another launcher runs.
+
+It is its own top-level module, below :mod:`meshkit.transport`, so a transport
+plugin declares its traits without importing the transport package (which
+loads numpy for the mesh all-reduce): ``meshkit plugins`` and ``--help`` list
+every plugin without numpy. :mod:`meshkit.transport` re-exports its names.
 """
 
 from __future__ import annotations
