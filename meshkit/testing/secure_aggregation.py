@@ -385,11 +385,9 @@ class SecureAggregationContract(ContractBase):
         recipient = min(play.deliveries)
         sender = play.deliveries[recipient][0][0]
         play = self.round()
-        play.advertise()
-        play.share(garble=(sender, recipient))
-        if recipient not in play.deliveries:
+        accused = _open_garbled(play, sender, recipient)
+        if accused is None:
             return  # refused already: the server would not route it
-        accused = play.sides[recipient].open(play.deliveries[recipient])
         assert sender in accused, (
             f"client {sender} sealed garbage to client {recipient}, whose open() named "
             f"{list(accused)}")
@@ -408,12 +406,10 @@ class SecureAggregationContract(ContractBase):
         if not pairs:
             pytest.skip("the scheme seals no share between two clients of one party")
         sender, recipient = pairs[0]
-        play = Round(self.make(), self.clients, self.length, parties=2)
-        play.advertise()
-        play.share(garble=(sender, recipient))
-        if recipient not in play.deliveries:
+        accused = _open_garbled(Round(self.make(), self.clients, self.length, parties=2),
+                                sender, recipient)
+        if accused is None:
             return  # refused already: the server would not route it
-        accused = play.sides[recipient].open(play.deliveries[recipient])
         assert sender in accused, (
             f"client {sender} sealed garbage to client {recipient}, both played by one party; "
             f"{recipient}'s open() named {list(accused)}: a party's clients must open what "
@@ -482,3 +478,13 @@ class SecureAggregationContract(ContractBase):
         np.testing.assert_array_equal(
             result.total.astype(np.int64), want,
             err_msg="the unmasked total of integer inputs is not their exact sum")
+
+
+def _open_garbled(play: Round, sender: int, recipient: int) -> Sequence[int] | None:
+    """What ``recipient`` accuses once ``sender``'s share to it was garbled on the way
+    (None: the server refused to route the garbled share at all)."""
+    play.advertise()
+    play.share(garble=(sender, recipient))
+    if recipient not in play.deliveries:
+        return None
+    return list(play.sides[recipient].open(play.deliveries[recipient]))
