@@ -87,7 +87,7 @@ def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again
     out = tmp_path / "out"
     # With a relay, the restarted node dials the relay again (its --peers), and
     # the relay takes it in and tells the coordinator.
-    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=4, timeout=20,
+    config = write_config(tmp_path / "c.toml", out, workers=2, rounds=5, timeout=20,
                           extra="clients = 2", mesh=f"relays = {relays}")
     try:
         report = Runner(str(config), on_workers=procs.update, on_round=on_round).run()
@@ -97,12 +97,21 @@ def test_a_worker_killed_after_round_1_and_restarted_with_its_rank_answers_again
             node.kill()
     assert report.ok
     rows = read_metrics(out)
-    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
     assert 1 in rows[0]["answered"]
-    # The gap: round 2 went on without rank 1; round 3 took it back.
+    # The gap: round 2 went on without rank 1; a later round took it back.
     assert rows[1]["answered"] == [2] and rows[1]["dropped"] == [1]
-    assert rows[2]["joined"] == [1] and 1 in rows[2]["answered"]
-    assert 1 in rows[3]["answered"] and rows[3]["joined"] == []
+    # Directly, the node is connected to the coordinator when it prints its caps,
+    # so round 3 takes it back. Behind a relay, the relay tells the coordinator
+    # after the node connected to it: under load that message can land after
+    # round 3 started, and then a later round takes the rank back, once.
+    back = [r["round"] for r in rows if r["joined"] == [1]]
+    assert back == [3] if relays == 0 else back in ([3], [4], [5]), rows
+    for r in rows[1:]:
+        if r["round"] < back[0]:
+            assert 1 not in r["answered"]
+        else:
+            assert 1 in r["answered"]
     assert all(sorted(map(int, r["served"])) == [0, 1] for r in rows)
     # Its run finished: the restarted node exits 0.
     assert status == 0, "".join(restarted[0].stderr)
