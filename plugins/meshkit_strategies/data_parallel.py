@@ -119,6 +119,7 @@ class DataParallel:
         examples = 0
         replies: list[Mapping[str, Any]] = []
         served: dict[int, int] = {}
+        failed: dict[int, str] = {}  # ranks that sat out a step for their own failure
         for step in range(opts.steps):
             live = self._replicas(ctx, replicas, state, step, f"round {rnd} step {step + 1}")
             global_step = (rnd - 1) * opts.steps + step
@@ -148,12 +149,15 @@ class DataParallel:
             replicas.deliver(ctx, [r for r in ctx.live if r in replicas.held],
                              {"op": "apply", "gradients": folded.result}, everyone=True)
             answered.update(folded.answered)
+            for rank, why in folded.failed.items():
+                failed.setdefault(rank, why)
             examples += folded.examples
             served = folded.served
             replies.extend(folded.replies.values())
         reader = self._reader(ctx, replicas, f"round {rnd}")
-        return self._read_back(ctx, rnd, reader, answered, examples, replies, served, state,
-                               replicas)
+        outcome = self._read_back(ctx, rnd, reader, answered, examples, replies, served,
+                                  state, replicas)
+        return attrs.evolve(outcome, failed=failed)
 
     def _replicas(self, ctx: StrategyContext, replicas: Replicas, state: Mapping[str, Any],
                   step: int, label: str) -> list[int]:
