@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import attrs
@@ -71,6 +72,33 @@ def no_mlflow_opt_in():
     os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
     if before is not None:
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
+
+# -- the `torch` marker: which quick tests CI also runs with torch installed ----------------
+
+#: A test module that names torch anywhere (the library, ``meshkit.torch``, torchdist,
+#: torchrun, a device) may behave differently with torch installed.
+_NAMES_TORCH = re.compile(r"torch")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "torch: set on every test whose module mentions torch (tests/conftest.py); "
+                   "CI runs the quick tests that are not `torch` only in the environment "
+                   "without torch, where they exercise the same code")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mentions: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if path not in mentions:
+            try:
+                mentions[path] = bool(_NAMES_TORCH.search(path.read_text()))
+            except OSError:
+                mentions[path] = True
+        if mentions[path]:
+            item.add_marker(pytest.mark.torch)
+
 
 # A fixture package's own tests run only where it is installed
 # (tests/train/rounds/test_third_party_scheme.py does that), never in this suite.
