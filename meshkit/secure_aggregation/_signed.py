@@ -22,9 +22,13 @@ model"), two checks, after Bonawitz et al. 2017 §6 (the malicious model):
   before unmasking, each survivor signs the survivor and dropped sets it was
   told; the unmask request carries the confirmations the coordinator
   collected; a client reveals shares only when at least ``threshold``
-  survivors (its own confirmation counted) confirmed *exactly the sets it
-  was told*, each signed by the key that signed that client's advert
-  (:func:`check_confirmations`), else :class:`EquivocationError`.
+  survivors, and more than half of the clients the sets name (survivors
+  and dropped), confirmed *exactly the sets it was told* (its own
+  confirmation counted), each signed by the key that signed that client's
+  advert (:func:`check_confirmations`), else :class:`EquivocationError`.
+  Two sets confirmed by majorities share an honest client, who confirms
+  one pair of sets only: without colluding clients, the coordinator cannot
+  have two groups of survivors reveal on two different sets.
 
 Byte layout (big-endian; ``id8`` a client id as 8 bytes, as §7.2.1)::
 
@@ -175,9 +179,10 @@ def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, client: int
     none), ``confirmations`` the ``(client, signer, signature)`` the
     coordinator collected, ``advert_signers[c]`` the key that signed c's
     advert. Counts the distinct survivors whose confirmation verifies over
-    this client's sets under their advert's key; fewer than ``threshold``
-    refuses (as does any confirmation that does not verify: the coordinator
-    equivocated, or forged it).
+    this client's sets under their advert's key; fewer than ``threshold``, or
+    than a strict majority of the clients the sets name, refuses (as does
+    any confirmation that does not verify: the coordinator equivocated, or
+    forged it).
     """
     told = (tuple(sorted(survivors)), tuple(sorted(dropped)))
     if confirmed is None or confirmed != told:
@@ -205,8 +210,11 @@ def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, client: int
                 f"survivors different sets, or forged a confirmation; client {client} reveals "
                 f"no share")
         good.add(other)
-    if len(good) < threshold:
+    named = len(told[0]) + len(told[1])
+    needed = max(threshold, named // 2 + 1)
+    if len(good) < needed:
         raise EquivocationError(
             f"round {rnd}: {len(good)} survivors confirmed the set client {client} was told, "
-            f"fewer than the threshold {threshold}: it reveals no share (a consistency check "
-            f"needs threshold signed confirmations of one survivor set)")
+            f"and it needs {needed} (the threshold {threshold}, and more than half of the "
+            f"{named} clients the set names): it reveals no share. Two groups of survivors "
+            f"told different sets could otherwise each unmask half of one client's secrets")
