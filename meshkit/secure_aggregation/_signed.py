@@ -152,10 +152,11 @@ def check_adverts(roster: Roster, round_seed: bytes, rnd: int, adverts: Mapping[
     """
     for client in sorted(adverts):
         public, signature = signers.get(client), signatures.get(client)
-        if public is None or signature is None:
+        if public is None or signature is None or not any(public):
             why = "is unsigned"
         else:
-            why = roster.problem(public) or (
+            problem = roster.problem(public)
+            why = f"is refused: {problem}" if problem else (
                 None if verify(public, signature, advert_message(round_seed, rnd, client,
                                                                  adverts[client]))
                 else "has a signature that does not verify over it")

@@ -344,12 +344,13 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     rosters = set(members)
     everyone = np.stack([rows_of[c] for c in members])
     advertised = {r: [c for c in cs if c in rosters] for r, cs in plan.items()}
-    # A signed round: every member's advert came signed (a worker with a roster refuses
-    # an unsigned one); the signatures go with the adverts.
+    # A signed round: every member's advert came signed, and the signatures go with the
+    # adverts (an unsigned one as zeros, which a worker with a roster refuses, naming it).
     signed = bool(members) and all(c in signed_by for c in members)
-    sharing_keys: dict[str, Any] = {} if not signed else {
-        "signers": _stack([signed_by[c][0] for c in members], 32),
-        "signatures": _stack([signed_by[c][1] for c in members], 64)}
+    unsigned = (bytes(32), bytes(64))
+    sharing_keys: dict[str, Any] = {} if not signed_by else {
+        "signers": _stack([signed_by.get(c, unsigned)[0] for c in members], 32),
+        "signatures": _stack([signed_by.get(c, unsigned)[1] for c in members], 64)}
     replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone,
                         **sharing_keys}
                     for r, cs in advertised.items() if cs})
