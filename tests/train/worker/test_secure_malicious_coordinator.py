@@ -193,3 +193,12 @@ def test_an_honest_signed_round_unmasks_with_every_confirmation():
     for rank in driver.ranks:
         reply = driver.unmask(rank, everyone, [], got)
         assert "error" not in reply and len(reply["shares"]) == 5  # b of all 5 survivors
+
+
+def test_the_auto_threshold_alone_keeps_two_halves_of_honest_holders_from_unmasking():
+    # 6 clients on the complete graph: t = 4 of 6 holders (a strict majority), so even
+    # unsigned, two groups of 3 told different sets cannot each rebuild a secret.
+    driver = Driver(6, roster=False)
+    assert driver.params.threshold == 4
+    replies, recovered = _equivocate(driver, "none")
+    assert recovered is None
