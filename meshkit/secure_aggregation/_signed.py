@@ -45,7 +45,7 @@ Ed25519 (RFC 8032) over that message, 64 bytes; the signer's public key is
 from __future__ import annotations
 
 import struct
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from cryptography.exceptions import InvalidSignature
@@ -55,9 +55,21 @@ from meshkit.errors import RefusedError
 from meshkit.secure_aggregation._contract import SecureAggregationError
 from meshkit.wire import AuthorizedNodes, NodeKey, fingerprint
 
-__all__ = ["ADVERT_LABEL", "CONFIRM_LABEL", "SIGNATURE_SIZE", "PUBLIC_SIZE", "advert_message",
-           "confirm_message", "Roster", "SignatureError", "EquivocationError",
-           "sign", "verify", "check_adverts", "check_confirmations"]
+__all__ = [
+    "ADVERT_LABEL",
+    "CONFIRM_LABEL",
+    "PUBLIC_SIZE",
+    "SIGNATURE_SIZE",
+    "EquivocationError",
+    "Roster",
+    "SignatureError",
+    "advert_message",
+    "check_adverts",
+    "check_confirmations",
+    "confirm_message",
+    "sign",
+    "verify",
+]
 
 ADVERT_LABEL = b"meshkit/secagg/1 signed advert "
 CONFIRM_LABEL = b"meshkit/secagg/1 survivor confirmation "
@@ -128,7 +140,7 @@ class Roster:
     where: str = "the roster"
 
     @classmethod
-    def from_authorized(cls, nodes: AuthorizedNodes) -> "Roster":
+    def from_authorized(cls, nodes: AuthorizedNodes) -> Roster:
         revoked = {k.public for k in nodes.keys if k.revoked}
         return cls(frozenset(k.public for k in nodes.keys if k.public not in revoked),
                    nodes.path)
@@ -152,6 +164,7 @@ def check_adverts(roster: Roster, round_seed: bytes, rnd: int, adverts: Mapping[
     """
     for client in sorted(adverts):
         public, signature = signers.get(client), signatures.get(client)
+        why: str | None
         if public is None or signature is None or not any(public):
             why = "is unsigned"
         else:

@@ -6,9 +6,17 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from meshkit.errors import RefusedError
-from meshkit.secure_aggregation import (EquivocationError, Roster, SecureAggregationError,
-                                        SignatureError, advert_message, check_adverts,
-                                        check_confirmations, confirm_message, sign)
+from meshkit.secure_aggregation import (
+    EquivocationError,
+    Roster,
+    SecureAggregationError,
+    SignatureError,
+    advert_message,
+    check_adverts,
+    check_confirmations,
+    confirm_message,
+    sign,
+)
 from meshkit.wire import AuthorizedKey, AuthorizedNodes, NodeKey
 
 SEED = bytes(32)

@@ -15,20 +15,28 @@ Worker keys are made here (:func:`node_keys`); the coordinator's own key
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from meshkit_secagg import Share, mask_vector, masked_length, shamir_combine, sub_mod
+from meshkit_secagg._agreement import PAIRWISE, agree, derive
 
 import meshkit
-from meshkit.secure_aggregation import (Roster, add_mod, advert_message, choose, from_wire,
-                                        sign, vector_dtype)
+from meshkit.secure_aggregation import (
+    Roster,
+    add_mod,
+    advert_message,
+    choose,
+    from_wire,
+    sign,
+    vector_dtype,
+)
 from meshkit.train import Signing, Trainer, round_params
 from meshkit.train._protocol import decode, encode
 from meshkit.train._worker.secure import update_vector, vector_keys
 from meshkit.wire import NodeKey
-from meshkit_secagg import Share, mask_vector, masked_length, shamir_combine, sub_mod
-from meshkit_secagg._agreement import PAIRWISE, agree, derive
 
 SEED = bytes(range(32))
 ROUND = 1

@@ -619,9 +619,10 @@ def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
     """
     started = time.monotonic()
     try:
-        trainer: Trainer | None = _trainer(spec, device, group)
+        built = _trainer(spec, device, group)
         if signing is not None:
-            trainer.secure.signing = signing
+            built.secure.signing = signing
+        trainer: Trainer | None = built
         failure: MeshError | None = None
     except MeshError as exc:
         # Answer every request with the reason instead of leaving: the

@@ -8,7 +8,8 @@ then shares nothing; a worker whose signatures do not verify is in breach.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest

@@ -23,7 +23,6 @@ import pytest
 from meshkit import wire
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import read_metrics
-
 from tests.support.cli import pip_install_target, plugin_env
 from tests.support.configs import external_config
 from tests.support.nodes import run_with_nodes, spawn_node

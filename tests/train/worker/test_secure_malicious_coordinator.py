@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from meshkit.secure_aggregation import from_wire
-
 from tests.support.malicious_coordinator import Driver, recover, shares_of
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -184,7 +183,7 @@ def test_a_survivor_set_changed_after_the_confirmation_is_refused():
 
 def test_an_honest_signed_round_unmasks_with_every_confirmation():
     driver = Driver(5, roster=True)
-    vectors, _ = driver.honest_until_masked()
+    driver.honest_until_masked()
     everyone = [0, 1, 2, 3, 4]
     got = {}
     for rank in driver.ranks:
@@ -200,5 +199,5 @@ def test_the_auto_threshold_alone_keeps_two_halves_of_honest_holders_from_unmask
     # unsigned, two groups of 3 told different sets cannot each rebuild a secret.
     driver = Driver(6, roster=False)
     assert driver.params.threshold == 4
-    replies, recovered = _equivocate(driver, "none")
+    _, recovered = _equivocate(driver, "none")
     assert recovered is None
