@@ -21,6 +21,7 @@ the network's extra round trip. A benchmark, not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import time
@@ -36,7 +37,8 @@ from meshkit.wire import NodeKey
 
 def one_round(clients: int, workers: int, params: int, signed: bool) -> float:
     def task():
-        return meshkit.plugins.create("task", "synthetic", {"params": params, "rows": 20})
+        return meshkit.plugins.create("task", "synthetic", {"params": params,
+                                                         "rows": 2 * clients})
 
     ranks = list(range(1, workers + 1))
     trainers = {r: Trainer(task()) for r in ranks}
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    logging.disable(logging.WARNING)  # a refused step would be the only thing to log
     print(f"load average {os.getloadavg()[0]:.1f}; {args.workers} workers, "
           f"{args.params} parameters")
     for clients in (int(c) for c in args.clients.split(",")):
