@@ -181,54 +181,57 @@ def check_adverts(roster: Roster, round_seed: bytes, rnd: int, adverts: Mapping[
                 f"is shared this round", client if blame else None)
 
 
-def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, client: int,
+def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, clients: Sequence[int],
                         survivors: Sequence[int], dropped: Sequence[int],
-                        confirmed: tuple[tuple[int, ...], tuple[int, ...]] | None,
+                        confirmed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]],
                         confirmations: Iterable[tuple[int, bytes, bytes]],
                         advert_signers: Mapping[int, bytes], threshold: int) -> None:
-    """Whether ``client`` may reveal its unmasking shares, or :class:`EquivocationError`.
+    """Whether ``clients`` (one worker's) may reveal their unmasking shares, or
+    :class:`EquivocationError`.
 
-    ``survivors`` and ``dropped`` are the unmask request's sets, ``confirmed``
-    the sets this client signed at ``secagg_confirm`` (None: it confirmed
-    none), ``confirmations`` the ``(client, signer, signature)`` the
-    coordinator collected, ``advert_signers[c]`` the key that signed c's
+    ``survivors`` and ``dropped`` are the unmask request's sets,
+    ``confirmed[c]`` the sets client c signed at ``secagg_confirm`` (absent:
+    it confirmed none), ``confirmations`` the ``(client, signer, signature)``
+    the coordinator collected, ``advert_signers[c]`` the key that signed c's
     advert. Counts the distinct survivors whose confirmation verifies over
-    this client's sets under their advert's key; fewer than ``threshold``, or
-    than a strict majority of the clients the sets name, refuses (as does
-    any confirmation that does not verify: the coordinator equivocated, or
-    forged it).
+    the sets under their advert's key (each verified once, for all
+    ``clients``); fewer than ``threshold``, or than a strict majority of the
+    clients the sets name, refuses (as does any confirmation that does not
+    verify: the coordinator equivocated, or forged it).
     """
     told = (tuple(sorted(survivors)), tuple(sorted(dropped)))
-    if confirmed is None or confirmed != told:
-        raise EquivocationError(
-            f"round {rnd}: client {client} is asked to unmask for survivors "
-            f"{list(told[0])}, dropped {list(told[1])}, but confirmed "
-            + ("no survivor set" if confirmed is None else
-               f"survivors {list(confirmed[0])}, dropped {list(confirmed[1])}")
-            + ": the coordinator changed the set after the consistency check; it reveals "
-              "no share")
+    who = f"client {clients[0]}" if len(clients) == 1 else f"clients {list(clients)}"
+    for client in clients:
+        mine = confirmed.get(client)
+        if mine != told:
+            raise EquivocationError(
+                f"round {rnd}: client {client} is asked to unmask for survivors "
+                f"{list(told[0])}, dropped {list(told[1])}, but confirmed "
+                + ("no survivor set" if mine is None else
+                   f"survivors {list(mine[0])}, dropped {list(mine[1])}")
+                + ": the coordinator changed the set after the consistency check; it "
+                  "reveals no share")
     good: set[int] = set()
     for other, public, signature in confirmations:
         if other not in told[0]:
             raise EquivocationError(
                 f"round {rnd}: a confirmation from client {other}, not a survivor of the set "
-                f"client {client} was told; it reveals no share")
+                f"{who} was told; no share is revealed")
         expected = advert_signers.get(other)
         if expected is None or bytes(public) != expected or roster.problem(public) \
                 or not verify(public, signature,
                               confirm_message(round_seed, rnd, other, *told)):
             raise EquivocationError(
                 f"round {rnd}: client {other}'s confirmation does not verify over the survivor "
-                f"set client {client} was told (survivors {list(told[0])}, dropped "
-                f"{list(told[1])}) under the key that signed its advert: the coordinator told "
-                f"survivors different sets, or forged a confirmation; client {client} reveals "
-                f"no share")
+                f"set {who} was told (survivors {list(told[0])}, dropped {list(told[1])}) "
+                f"under the key that signed its advert: the coordinator told survivors "
+                f"different sets, or forged a confirmation; no share is revealed")
         good.add(other)
     named = len(told[0]) + len(told[1])
     needed = max(threshold, named // 2 + 1)
     if len(good) < needed:
         raise EquivocationError(
-            f"round {rnd}: {len(good)} survivors confirmed the set client {client} was told, "
+            f"round {rnd}: {len(good)} survivors confirmed the set {who} was told, "
             f"and it needs {needed} (the threshold {threshold}, and more than half of the "
-            f"{named} clients the set names): it reveals no share. Two groups of survivors "
+            f"{named} clients the set names): no share is revealed. Two groups of survivors "
             f"told different sets could otherwise each unmask half of one client's secrets")

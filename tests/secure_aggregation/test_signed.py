@@ -87,8 +87,18 @@ def _confirmations(survivors=SURVIVORS, dropped=DROPPED, who=SURVIVORS):
 
 def _check(confirmations, confirmed=(SURVIVORS, DROPPED), threshold=3, survivors=SURVIVORS,
            dropped=DROPPED):
-    check_confirmations(ROSTER, SEED, 3, 0, survivors, dropped, confirmed, confirmations,
+    check_confirmations(ROSTER, SEED, 3, [0], survivors, dropped,
+                        {} if confirmed is None else {0: confirmed}, confirmations,
                         {c: k.public for c, k in KEYS.items()}, threshold)
+
+
+def test_every_client_of_a_worker_must_have_confirmed_the_sets():
+    told = (SURVIVORS, DROPPED)
+    check_confirmations(ROSTER, SEED, 3, [0, 1], SURVIVORS, DROPPED, {0: told, 1: told},
+                        _confirmations(), {c: k.public for c, k in KEYS.items()}, 3)
+    with pytest.raises(EquivocationError, match="client 1 is asked to unmask"):
+        check_confirmations(ROSTER, SEED, 3, [0, 1], SURVIVORS, DROPPED, {0: told},
+                            _confirmations(), {c: k.public for c, k in KEYS.items()}, 3)
 
 
 def test_a_majority_of_confirmations_of_the_same_sets_lets_a_client_reveal():

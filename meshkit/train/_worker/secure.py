@@ -420,10 +420,9 @@ class SecureClients:
             confirmed = [int(c) for c in request.get("confirmed") or ()]
             keys, sigs = request.get("confirm_signers"), request.get("confirm_signatures")
             confirmations = [(c, _row(keys, i), _row(sigs, i)) for i, c in enumerate(confirmed)]
-            for client in clients:
-                check_confirmations(self.signing.roster, self.seed, self.round, client,
-                                    survivors, dropped, self.confirmed.get(client),
-                                    confirmations, self.advert_signers, self.params.threshold)
+            check_confirmations(self.signing.roster, self.seed, self.round, clients,
+                                survivors, dropped, self.confirmed, confirmations,
+                                self.advert_signers, self.params.threshold)
         holders, owners, kinds, shares = [], [], [], []
         for client in clients:
             for owner, kind, share in self.rounds[client].unmask(survivors, dropped):
