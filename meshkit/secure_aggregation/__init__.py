@@ -45,7 +45,8 @@ from meshkit.secure_aggregation._field import (add_mod, field_width, from_wire, 
                                                packed_size, to_wire, unpack, vector_dtype)
 from meshkit.secure_aggregation._signed import (EquivocationError, Roster, SignatureError,
                                                 advert_message, check_adverts,
-                                                check_confirmations, confirm_message, sign,
+                                                check_confirmations, confirm_message,
+                                                confirm_messages, sign,
                                                 verify)
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
@@ -55,4 +56,5 @@ __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", 
            "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW", "add_mod", "vector_dtype",
            "pack", "unpack", "packed_size", "to_wire", "from_wire", "field_width",
            "Roster", "SignatureError", "EquivocationError", "advert_message", "confirm_message",
+           "confirm_messages",
            "sign", "verify", "check_adverts", "check_confirmations"]

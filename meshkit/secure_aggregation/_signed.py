@@ -67,6 +67,7 @@ __all__ = [
     "check_adverts",
     "check_confirmations",
     "confirm_message",
+    "confirm_messages",
     "sign",
     "verify",
 ]
@@ -105,11 +106,19 @@ def advert_message(round_seed: bytes, rnd: int, client: int, advert: bytes) -> b
 def confirm_message(round_seed: bytes, rnd: int, client: int, survivors: Sequence[int],
                     dropped: Sequence[int]) -> bytes:
     """The bytes a client's survivor confirmation covers (module docstring)."""
-    out = [CONFIRM_LABEL, bytes(round_seed), struct.pack(">Q", rnd), _id8(client)]
+    return confirm_messages(round_seed, rnd, [client], survivors, dropped)[client]
+
+
+def confirm_messages(round_seed: bytes, rnd: int, clients: Iterable[int],
+                     survivors: Sequence[int], dropped: Sequence[int]) -> dict[int, bytes]:
+    """:func:`confirm_message` of each of ``clients`` over the same sets (encoded once)."""
+    head = CONFIRM_LABEL + bytes(round_seed) + struct.pack(">Q", rnd)
+    tail = []
     for ids in (sorted(survivors), sorted(dropped)):
-        out.append(struct.pack(">I", len(ids)))
-        out.extend(_id8(i) for i in ids)
-    return b"".join(out)
+        tail.append(struct.pack(">I", len(ids)))
+        tail.append(struct.pack(f">{len(ids)}q", *ids))
+    sets = b"".join(tail)
+    return {c: head + _id8(c) + sets for c in clients}
 
 
 def sign(key: NodeKey, message: bytes) -> bytes:
@@ -211,6 +220,8 @@ def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, clients: Se
                    f"survivors {list(mine[0])}, dropped {list(mine[1])}")
                 + ": the coordinator changed the set after the consistency check; it "
                   "reveals no share")
+    confirmations = list(confirmations)
+    messages = confirm_messages(round_seed, rnd, [c for c, _, _ in confirmations], *told)
     good: set[int] = set()
     for other, public, signature in confirmations:
         if other not in told[0]:
@@ -219,8 +230,7 @@ def check_confirmations(roster: Roster, round_seed: bytes, rnd: int, clients: Se
                 f"{who} was told; no share is revealed")
         expected = advert_signers.get(other)
         if expected is None or bytes(public) != expected or roster.problem(public) \
-                or not verify(public, signature,
-                              confirm_message(round_seed, rnd, other, *told)):
+                or not verify(public, signature, messages[other]):
             raise EquivocationError(
                 f"round {rnd}: client {other}'s confirmation does not verify over the survivor "
                 f"set {who} was told (survivors {list(told[0])}, dropped {list(told[1])}) "

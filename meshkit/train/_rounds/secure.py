@@ -80,7 +80,7 @@ from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
                                         Roster, SecureAggregationError,
                                         SecureAggregationTraits, check_adverts,
-                                        confirm_message, field_width, from_wire, verify)
+                                        confirm_messages, field_width, from_wire, verify)
 from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
@@ -489,10 +489,11 @@ def _confirm_step(ctx: StrategyContext, call: Any, asked: Mapping[int, list[int]
                 raise ProtocolError(f"confirmations of clients {list(reply['clients'])}, not "
                                     f"of the {asked[rank]} it was asked for")
             signer = bytes(reply["signer"][0])
+            messages = confirm_messages(round_seed, rnd, asked[rank], told.survivors,
+                                        told.dropped)
             for client, row in zip(asked[rank], reply["signatures"]):
-                message = confirm_message(round_seed, rnd, client, told.survivors,
-                                          told.dropped)
-                if signer != signed_by[client][0] or not verify(signer, bytes(row), message):
+                if signer != signed_by[client][0] or not verify(signer, bytes(row),
+                                                                messages[client]):
                     raise ProtocolError(f"client {client}'s confirmation of the survivor set "
                                         f"does not verify under the key that signed its advert")
                 got[client] = (signer, bytes(row))

@@ -81,7 +81,7 @@ from meshkit.errors import MeshError
 from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
                                         advert_message, check_adverts, check_confirmations,
-                                        confirm_message, scheme_traits, sign, to_wire,
+                                        confirm_messages, scheme_traits, sign, to_wire,
                                         vector_dtype)
 from meshkit.wire import NodeKey
 
@@ -405,8 +405,9 @@ class SecureClients:
                 raise MeshError(f"round {self.round}: client {client} already confirmed "
                                 f"another survivor set; it confirms one only")
             self.confirmed[client] = (survivors, dropped)
-            signatures.append(sign(key, confirm_message(self.seed, self.round, client,
-                                                        survivors, dropped)))
+        messages = confirm_messages(self.seed, self.round, clients, survivors, dropped)
+        for client in clients:
+            signatures.append(sign(key, messages[client]))
         return {"clients": clients, "signer": _rows([key.public], 32),
                 "signatures": _rows(signatures, 64)}
 
