@@ -26,8 +26,8 @@ from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import serve_pipeline_job
-from meshkit.service import Assign, Done, serve_service
 from meshkit.secure_aggregation import Roster
+from meshkit.service import Assign, Done, serve_service
 from meshkit.train import Signing, node_attack, serve_train_job
 
 __all__ = ["node"]
