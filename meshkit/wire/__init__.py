@@ -115,6 +115,8 @@ import no sibling):
 * ``_channel``: every byte a frame puts on the socket: :class:`Channel`,
   :class:`Frame`, sequence numbers, header MAC, body encryption and tag,
   timeouts.
+* ``_buffers``: the process-wide receive-buffer pool and send scratch
+  buffers every channel shares.
 * ``_segments``: a message bigger than one segment, cut into a lead frame
   and segments and read back into one buffer (docs/wire.md §2.4).
 * ``_handshake``: the hello exchange, :func:`handshake`.
