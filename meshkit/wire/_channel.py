@@ -38,12 +38,19 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.wire._buffers import (
+    _SEND_PIECE,
+    _give_scratch,
+    _receive_buffer,
+    _take_scratch,
+)
 from meshkit.wire._codec import (
     _HEADER,
     _KNOWN_HEADER_FLAGS,
     BODY_TAG_SIZE,
     DEFAULT_SEGMENT_BYTES,
     FLAG_BF16,
+    FLAG_RESUMABLE,
     FLAG_SEGMENT,
     FLAG_SEGMENTED,
     FRAME_MAGIC,
@@ -55,8 +62,9 @@ from meshkit.wire._codec import (
     decode_state,
     encode_state,
 )
-from meshkit.wire._buffers import _SEND_PIECE, _give_scratch, _receive_buffer, _take_scratch
 from meshkit.wire._keys import _Keys
+from meshkit.wire._partials import PartialStore
+from meshkit.wire._resume import Transfer, read_resumable, send_transfer
 from meshkit.wire._segments import DEFAULT_MAX_MESSAGE, read_segmented, write_segmented
 from meshkit.wire._sockets import _Poller, _send_queue_has_room, close_socket
 
@@ -177,6 +185,8 @@ class Frame:
     placed: bool = False
     #: How many segments the body came in (0: one ordinary frame).
     segments: int = 0
+    #: The segment a resumed transfer continued from on this connection (0: none).
+    resumed_from: int = 0
 
 
 _UNSET: Any = object()
@@ -195,7 +205,8 @@ class Channel:
     def __init__(self, sock: socket.socket, *, keys: _Keys, rank: int, world: int, peer: Hello,
                  timeout: float, max_frame: int, mac: bool = True, encrypt: bool = False,
                  peer_key: bytes | None = None, segment: int = DEFAULT_SEGMENT_BYTES,
-                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+                 max_message: int = DEFAULT_MAX_MESSAGE,
+                 partials: PartialStore | None = None) -> None:
         self._sock = sock
         self._keys = keys
         self.rank = rank
@@ -212,6 +223,12 @@ class Channel:
         self.segment = segment
         #: The largest message (a segmented body) this end accepts (bytes).
         self.max_message = max_message
+        #: Where a resumable message cut on this channel is parked (None: dropped).
+        self.partials = partials
+        #: Partials this connection's handshake claimed for their continuation (by id).
+        self.resuming: dict[bytes, Any] = {}
+        #: The peer's answers to the transfers this end offered in the handshake (by id).
+        self.resume_answers: dict[bytes, Any] = {}
         #: The largest frame body this channel wrote and read (tests, benchmarks).
         self.largest_sent = 0
         self.largest_received = 0
@@ -270,6 +287,9 @@ class Channel:
             self._close_reason = reason
         self._closed = True
         close_socket(self._sock)
+        # Partials claimed by the handshake and never continued go back to the store.
+        while self.resuming and self.partials is not None:
+            self.partials.park(self.resuming.popitem()[1])
 
     def _closed_error(self, tense: str = "was") -> PeerLostError:
         why = f" ({self._close_reason})" if self._close_reason else ""
@@ -304,6 +324,18 @@ class Channel:
                                   self.rank if sender is None else sender, deadline)
         assert sent is not None  # only forward_now (if_room) may send nothing
         return sent
+
+    def send_resumable(self, kind: int, tag: int, transfer: Transfer, *,
+                       sender: int | None = None, deadline: float | None = None) -> int:
+        """Send ``transfer`` so that a cut resumes: from the start, or where the
+        handshake's answer to its offer says; returns the body bytes sent now.
+
+        Keep ``transfer`` until this returns; after a :class:`PeerLostError`,
+        reconnect with ``handshake(..., offers=[transfer])`` and call this on
+        the new channel (docs/wire.md §2.5).
+        """
+        return send_transfer(self, kind, tag, transfer, self.rank if sender is None else sender,
+                             deadline)
 
     def forward(self, frame: Frame, *, sender: int | None = None,
                 deadline: float | None = None) -> int:
@@ -568,8 +600,12 @@ class Channel:
         if feed is not None and fed < mac_end:
             feed(view[fed:mac_end])
 
-    def _check_header(self, header: bytearray) -> tuple[int, int, int, int, int, int]:
-        """Authenticate and check a header: ``(kind, flags, tag, sender, seq, body length)``."""
+    def _check_header(self, header: bytearray,
+                      allow: int = 0) -> tuple[int, int, int, int, int, int]:
+        """Authenticate and check a header: ``(kind, flags, tag, sender, seq, body length)``.
+
+        ``allow``: flags accepted on top of the usual ones (the handshake's resume frames).
+        """
         head = bytes(header[:_HEADER.size])
         if self.mac_enabled:
             expected = self._keys.recv_mac(head)
@@ -585,8 +621,9 @@ class Channel:
             raise AuthenticationError(
                 f"frame from {self.peer.describe()} has sequence number {seq}, expected "
                 f"{self._recv_seq} (a replayed or reordered frame); connection dropped")
-        if flags & ~_KNOWN_HEADER_FLAGS or reserved or (
-                flags & FLAG_SEGMENTED and flags & FLAG_SEGMENT):
+        if flags & ~(_KNOWN_HEADER_FLAGS | allow) or reserved or (
+                flags & FLAG_SEGMENTED and flags & FLAG_SEGMENT) or (
+                flags & FLAG_RESUMABLE and not flags & FLAG_SEGMENTED):
             raise WireError(f"frame from {self.peer.describe()} has unknown flags {flags:#x}")
         if nbytes > self.max_frame:
             raise WireError(
@@ -604,11 +641,17 @@ class Channel:
             raise WireError(f"{self.peer.describe()} sent a segment (tag 0x{tag:08X}) that no "
                             f"lead frame announced; the stream is out of sync")
         if flags & FLAG_SEGMENTED:
-            body, count = read_segmented(self, bytes(header), kind, tag, sender, seq, nbytes)
-            flags &= ~FLAG_SEGMENTED
+            first = 0
+            if flags & FLAG_RESUMABLE:
+                body, count, first = read_resumable(self, bytes(header), kind, flags, tag, sender,
+                                                    seq, nbytes)
+            else:
+                body, count = read_segmented(self, bytes(header), kind, tag, sender, seq, nbytes)
+            flags &= ~(FLAG_SEGMENTED | FLAG_RESUMABLE)
             return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
                          state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
-                         nbytes=body.nbytes, body=body, flags=flags, segments=count)
+                         nbytes=body.nbytes, body=body, flags=flags, segments=count,
+                         resumed_from=first)
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
         head_size = 0 if place is None else place.head_size(tag, flags, nbytes)

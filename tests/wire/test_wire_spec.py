@@ -31,7 +31,7 @@ class DocPeer:
         ephemeral = X25519PrivateKey.generate()
         nonce = ephemeral.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         flags = (0 if encrypt else 0x0002) | (0x0004 if node_key is not None else 0)
-        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 4, flags, 0, segment_units, rank,
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 5, flags, 0, segment_units, rank,
                            world, 1 << 30, bytes(16), nonce)
         sock.sendall(mine)
         theirs = self._read(80)
