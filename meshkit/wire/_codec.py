@@ -110,8 +110,8 @@ _KNOWN_HEADER_FLAGS = FLAG_BF16 | FLAG_SEGMENTED | FLAG_SEGMENT | FLAG_RESUMABLE
 #: A lead frame's body: the message body's bytes u64 | segments u32 | segment size u32.
 SEGMENT_LEAD = struct.Struct("<QII")
 #: A resumable lead's body: bytes u64 | segments u32 | segment size u32 | transfer id 16s |
-#: digest 16s | first segment sent u32 | reserved u32 (0).
-RESUME_LEAD = struct.Struct("<QII16s16sII")
+#: first segment sent u32 | reserved u32 (0).
+RESUME_LEAD = struct.Struct("<QII16sII")
 #: A resume offer's entry: transfer id 16s | digest 16s | bytes u64 | segments u32 | size u32.
 RESUME_OFFER = struct.Struct("<16s16sQII")
 #: A resume answer's entry: transfer id 16s | first segment to send u32 | status u32.

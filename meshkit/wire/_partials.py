@@ -2,7 +2,7 @@
 
 A resumable message (docs/wire.md §2.5) cut part-way leaves its receiver
 holding a *partial*: the body's buffer with its first ``done`` segments
-verified, and the running digest of those segments. A :class:`PartialStore`
+verified. A :class:`PartialStore`
 keeps partials until the sender offers them again after a reconnect, and
 never more than ``max_bytes`` of them (each counted at its whole body's size,
 the buffer it holds), ``max_partials`` of them, or any of them longer than
@@ -18,7 +18,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import numpy as np
@@ -38,16 +37,13 @@ RESUMED = 0
 UNKNOWN = 1
 EXPIRED = 2
 EVICTED = 3
-DIGEST = 4
-LAYOUT = 5
+LAYOUT = 4
 STATUS_TEXT = {
     RESUMED: "resumed",
     UNKNOWN: "this end holds no partial of it (never cut here, already completed, or "
              "it keeps no partials)",
     EXPIRED: "its partial expired before the offer came",
     EVICTED: "its partial was evicted to make room for newer ones",
-    DIGEST: "the offer's digest differs from the partial's (another message under the "
-            "same id); the partial is discarded",
     LAYOUT: "the offer's size, segment count or segment size differs from the partial's; "
             "the partial is discarded",
 }
@@ -58,7 +54,6 @@ class Partial:
     """A resumable message being received, or cut and kept: its body and what of it is verified."""
 
     id: bytes
-    digest: bytes
     total: int
     count: int
     size: int
@@ -71,10 +66,10 @@ class Partial:
     peer_rank: int
     peer_key: bytes | None
     body: np.ndarray = attrs.field(repr=False)
-    #: The running digest of the verified segments (a streaming GMAC context).
-    hasher: Any = attrs.field(repr=False)
     #: Segments ``0 .. done - 1`` are verified and in ``body``.
     done: int = 0
+    #: The whole body's digest, as the offer that claimed it announced (b"": not offered).
+    digest: bytes = b""
     parked_at: float = 0.0
 
 
@@ -139,7 +134,8 @@ class PartialStore:
         """Answer an offer: ``(partial, RESUMED)``, taken out of the store, or ``(None, why)``.
 
         A partial another peer sent is not this offer's (``UNKNOWN``, and it
-        stays: its own sender may still come back).
+        stays: its own sender may still come back). The offer's ``digest``
+        is kept with the partial, to check the whole body against at the end.
         """
         with self._lock:
             self._expire()
@@ -148,13 +144,11 @@ class PartialStore:
                 return None, self._gone.get(transfer_id, UNKNOWN)
             if partial.peer_rank != peer_rank or partial.peer_key != peer_key:
                 return None, UNKNOWN
-            if partial.digest != digest:
-                self._drop(transfer_id, DIGEST)
-                return None, DIGEST
             if (partial.total, partial.count, partial.size) != (total, count, size):
                 self._drop(transfer_id, LAYOUT)
                 return None, LAYOUT
             self._drop(transfer_id, None)
+            partial.digest = digest
             return partial, RESUMED
 
     def discard(self, transfer_id: bytes) -> None:

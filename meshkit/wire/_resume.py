@@ -1,17 +1,21 @@
 """A cut transfer resumes: what the sender keeps, what it offers after a reconnect, where it continues.
 
 A message sent with :meth:`Channel.send_resumable` travels as a *resumable*
-segmented message (docs/wire.md §2.5): its lead names a transfer id and the
-digest of the whole body. When the connection is cut part-way, the receiver
-parks what it verified (``_partials``); after a reconnect the sender offers
-the transfer in the new handshake (:func:`exchange_offers`), the receiver
-answers with the first segment it still needs, and the sender continues
-from there. The receiver checks the whole body's digest at the end: a
-mismatch is a :class:`~meshkit.errors.DigestMismatchError` and the partial is
-discarded. Every segment is still an ordinary frame, authenticated on the
-connection that carried it; the digest binds the pieces of two connections
-into one message (it is a checksum against a sender whose body changed
-between the attempts, not a MAC: the frames are the MACs).
+segmented message (docs/wire.md §2.5): its lead names a transfer id. When
+the connection is cut part-way, the receiver parks what it verified
+(``_partials``); after a reconnect the sender offers the transfer (its id,
+layout and the digest of its whole body) in the new handshake
+(:func:`exchange_offers`), the receiver answers with the first segment it
+still needs, and the sender continues from there. The receiver checks the
+whole body against the offer's digest at the end: a mismatch is a
+:class:`~meshkit.errors.DigestMismatchError` and the partial is discarded.
+Every segment is still an ordinary frame, authenticated on the connection
+that carried it; the digest binds the pieces of two connections into one
+message (a checksum against a sender whose body changed between the
+attempts, not a MAC: the frames are the MACs). So only a resumed transfer
+pays for it: the sender digests the body when it offers it, the receiver
+once the last segment is in; a transfer that is never cut costs one 40-byte
+lead more than a plain segmented one.
 
 The digest is AES-GMAC (16 bytes) under ``SHA256("meshkit/5 resume digest"
 || id)`` with an all-zero nonce, the body as associated data: it runs at
@@ -65,17 +69,13 @@ def _feed(context: Any, view: memoryview) -> None:
         context.authenticate_additional_data(view[start:start + _PIECE])
 
 
-def _finish(context: Any) -> bytes:
-    context.finalize()
-    return bytes(context.tag)
-
-
 def body_digest(transfer_id: bytes, views: Sequence[memoryview]) -> bytes:
     """The 16-byte digest of a body (its buffers in order) for transfer ``transfer_id``."""
     context = _digest_context(transfer_id)
     for view in views:
         _feed(context, view)
-    return _finish(context)
+    context.finalize()
+    return bytes(context.tag)
 
 
 @attrs.define(eq=False)
@@ -97,8 +97,9 @@ class Transfer:
     Keep it until :meth:`Channel.send_resumable` returns; if that raised
     :class:`~meshkit.errors.PeerLostError`, reconnect with
     ``handshake(..., offers=[transfer])`` and send it again on the new
-    channel: it continues from the receiver's answer. ``encoded`` must not
-    change in between (the digest catches it if it does).
+    channel: it continues from the receiver's answer. ``encoded`` should
+    not change in between: a change in the part the receiver already holds
+    is a :class:`~meshkit.errors.DigestMismatchError` at its end.
     """
 
     encoded: EncodedState
@@ -111,18 +112,15 @@ class Transfer:
     resumed_from: int = 0
     #: The receiver's answer to the last offer of it, or None.
     answer: Answer | None = None
-    _digest: bytes = b""
 
     @classmethod
     def of(cls, state: Any, *, bf16: bool = False) -> Transfer:
         """A transfer of ``state``, encoded once (as :func:`encode_state`)."""
         return cls(encode_state(state, bf16=bf16))
 
-    @property
     def digest(self) -> bytes:
-        if not self._digest:
-            self._digest = body_digest(self.id, [_byte_view(b) for b in self.encoded.buffers])
-        return self._digest
+        """The whole body's digest as it is now (one pass over it: computed per offer)."""
+        return body_digest(self.id, [_byte_view(b) for b in self.encoded.buffers])
 
     @property
     def count(self) -> int:
@@ -166,13 +164,11 @@ def send_transfer(channel: Any, kind: int, tag: int, transfer: Transfer, sender:
             sent = channel.send_encoded(kind, tag, encoded, sender=sender, deadline=deadline)
             transfer.complete, transfer.resumed_from = True, 0
             return int(sent)
-        # A fresh start cuts at this link's size, and digests the body as it is now.
-        transfer.size, transfer._digest = channel.segment_bytes, b""
+        transfer.size = channel.segment_bytes  # a fresh start cuts at this link's size
     size, count, nbytes = transfer.size, transfer.count, encoded.nbytes
     if not (0 <= kind <= 0xFF and 0 <= tag <= 0xFFFFFFFF and 0 <= sender <= 0xFFFFFFFF):
         raise WireError(f"frame kind, tag or sender out of range: {kind}, {tag}, {sender}")
-    lead = memoryview(RESUME_LEAD.pack(nbytes, count, size, transfer.id, transfer.digest,
-                                       first, 0))
+    lead = memoryview(RESUME_LEAD.pack(nbytes, count, size, transfer.id, first, 0))
     views = [_byte_view(buf) for buf in encoded.buffers]
     transfer.complete, transfer.resumed_from = False, first
     with channel._send_lock:
@@ -197,9 +193,9 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
 
     A fresh transfer (first segment 0) starts a partial; a continuation must
     be the one this connection's handshake answered, with the same layout,
-    digest, kind, tag and sender. Cut part-way (:class:`PeerLostError`), the
-    partial is parked in the channel's store; at the end the whole body's
-    digest is checked.
+    kind, tag and sender. Cut part-way (:class:`PeerLostError`), the
+    partial is parked in the channel's store; at the end of a continuation
+    the whole body is checked against the digest its offer announced.
     """
     who = channel.peer.describe()
     if nbytes != RESUME_LEAD.size:
@@ -207,7 +203,7 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
                         f"{RESUME_LEAD.size}; the stream is out of sync")
     lead = bytearray(RESUME_LEAD.size)
     channel._read_body(header, seq, tag, memoryview(lead))
-    total, count, size, tid, digest, first, reserved = RESUME_LEAD.unpack(lead)
+    total, count, size, tid, first, reserved = RESUME_LEAD.unpack(lead)
     check_layout(who, channel, total, count, size)
     body_flags = flags & FLAG_BF16
     if reserved or first >= count:
@@ -218,24 +214,22 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
         channel.resuming.pop(tid, None)  # the sender started it over
         if store is not None:
             store.discard(tid)
-        partial = Partial(id=tid, digest=digest, total=total, count=count, size=size, kind=kind,
-                          tag=tag, sender=sender, flags=body_flags, peer_rank=channel.peer.rank,
-                          peer_key=channel.peer_key, body=np.empty(total, dtype=np.uint8),
-                          hasher=_digest_context(tid))
+        partial = Partial(id=tid, total=total, count=count, size=size, kind=kind, tag=tag,
+                          sender=sender, flags=body_flags, peer_rank=channel.peer.rank,
+                          peer_key=channel.peer_key, body=np.empty(total, dtype=np.uint8))
     else:
         partial = channel.resuming.pop(tid, None)
         if partial is None or partial.done != first:
             held = "no partial" if partial is None else f"segment {partial.done}"
             raise WireError(f"{who} continues transfer {tid.hex()} from segment {first}, but "
                             f"this connection's handshake answered it with {held}")
-        if ((partial.total, partial.count, partial.size, partial.digest, partial.kind,
-             partial.tag, partial.sender, partial.flags)
-                != (total, count, size, digest, kind, tag, sender, body_flags)):
-            raise WireError(f"{who} continues transfer {tid.hex()} with another size, digest, "
-                            f"kind, tag or sender than it started with; refused")
+        if ((partial.total, partial.count, partial.size, partial.kind, partial.tag,
+             partial.sender, partial.flags)
+                != (total, count, size, kind, tag, sender, body_flags)):
+            raise WireError(f"{who} continues transfer {tid.hex()} with another size, kind, "
+                            f"tag, flags or sender than it started with; refused")
 
     def verified(index: int, piece: memoryview) -> None:
-        _feed(partial.hasher, piece)
         partial.done = index + 1
 
     try:
@@ -245,10 +239,10 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
         if store is not None:
             store.park(partial)
         raise
-    if _finish(partial.hasher) != digest:
+    if first and body_digest(tid, [partial.body.data]) != partial.digest:
         raise DigestMismatchError(
             f"{who}: transfer {tid.hex()} ({total} bytes, resumed at segment {first} of "
-            f"{count}) does not match the digest its lead announced: the sender's body changed "
+            f"{count}) does not match the digest its offer announced: the sender's body changed "
             f"between the attempts; the partial is discarded, send it again from the start")
     return partial.body, count - first, first
 
@@ -268,7 +262,7 @@ def exchange_offers(channel: Any, offers: Sequence[Transfer], partials: PartialS
     """
     if offers:
         body = RESUME_COUNT.pack(len(offers), 0) + b"".join(
-            RESUME_OFFER.pack(t.id, t.digest, t.encoded.nbytes, t.count, t.size) for t in offers)
+            RESUME_OFFER.pack(t.id, t.digest(), t.encoded.nbytes, t.count, t.size) for t in offers)
         _write_control(channel, body)
     if peer_offers:
         answers = []

@@ -135,12 +135,11 @@ def test_a_transfer_cut_at_half_resumes_and_sends_less_than_the_remainder_plus_a
         channel.close()
 
 
-def test_a_body_that_changed_between_attempts_is_a_digest_mismatch_and_the_partial_is_gone(
-        receiver):
+def test_a_body_that_changed_where_the_receiver_holds_it_is_a_digest_mismatch(receiver):
     state = _contribution(1 << 20)
     with CuttingProxy(receiver.address, cuts=[2 << 20]) as proxy:
         transfer = _cut_transfer(receiver, proxy, state)
-        state["w"][-1] += 1.0  # the encoded body refers to the array: it changed
+        state["w"][0] += 1.0  # the encoded body refers to the array: its first segment changed
         receiving = receiver.receive()
         channel = _dial(proxy, offers=[transfer])
         assert channel.resume_answers[transfer.id].first > 0
@@ -175,14 +174,64 @@ def _offer_again(receiver: Receiver, proxy: CuttingProxy, transfer: wire.Transfe
     channel.close()
 
 
-def test_an_offer_with_another_digest_starts_over_and_discards_the_partial(receiver):
+def test_another_body_offered_under_the_transfer_id_is_a_digest_mismatch(receiver):
     state = _contribution(1 << 20)
     with CuttingProxy(receiver.address, cuts=[2 << 20]) as proxy:
         cut = _cut_transfer(receiver, proxy, state)
-        impostor = wire.Transfer(cut.encoded, id=cut.id, size=cut.size, digest=bytes(16))
-        assert "digest differs" in wire.Answer(0, _partials.DIGEST).reason
-        _offer_again(receiver, proxy, impostor, state, _partials.DIGEST)
+        other = _contribution(1 << 20)
+        other["w"] = -other["w"]  # same layout, other numbers
+        impostor = wire.Transfer(wire.encode_state(other), id=cut.id, size=cut.size)
+        receiving = receiver.receive()
+        channel = _dial(proxy, offers=[impostor])
+        assert channel.resume_answers[cut.id].status == _partials.RESUMED
+        try:
+            channel.send_resumable(3, 9, impostor)
+        except PeerLostError:
+            pass
+        with pytest.raises(DigestMismatchError, match=r"does not match the digest its offer"):
+            receiving.result(30)
         assert len(receiver.store) == 0
+        channel.close()
+
+
+def test_a_body_that_changed_only_where_it_was_not_sent_yet_resumes_to_the_new_body(receiver):
+    state = _contribution(1 << 20)
+    with CuttingProxy(receiver.address, cuts=[2 << 20]) as proxy:
+        transfer = _cut_transfer(receiver, proxy, state)
+        state["w"][-1] += 1.0  # past the cut: the receiver holds none of it
+        receiving = receiver.receive()
+        channel = _dial(proxy, offers=[transfer])
+        assert channel.resume_answers[transfer.id].first > 0
+        channel.send_resumable(3, 9, transfer)
+        frame = receiving.result(30)
+        _equal(frame, state)
+        assert frame.resumed_from > 0
+        channel.close()
+
+
+@pytest.mark.parametrize("cuts", [2, 3], ids=["cut-once", "cut-twice"])
+def test_a_transfer_cut_again_while_resuming_resumes_again(receiver, cuts):
+    state = _contribution(1 << 20)
+    body = wire.encode_state(state).nbytes
+    with CuttingProxy(receiver.address, cuts=[1 << 20, 1 << 20, 1 << 20][:cuts - 1]) as proxy:
+        transfer = _cut_transfer(receiver, proxy, state)
+        firsts = [0]
+        for attempt in range(1, cuts):
+            receiving = receiver.receive()
+            channel = _dial(proxy, offers=[transfer])
+            firsts.append(channel.resume_answers[transfer.id].first)
+            try:
+                channel.send_resumable(3, 9, transfer)
+            except PeerLostError:
+                pass
+            if attempt < cuts - 1:
+                with pytest.raises(PeerLostError):
+                    receiving.result(30)
+            else:
+                _equal(receiving.result(30), state)
+            channel.close()
+        assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts)  # always forward
+        assert proxy.link(cuts - 1).up < body
 
 
 def test_an_expired_partial_starts_over_and_the_answer_says_it_expired():
@@ -226,7 +275,7 @@ def _hostile(monkeypatch: pytest.MonkeyPatch, body: Callable[[list[wire.Transfer
 def _entry(transfer: wire.Transfer, **change: int) -> bytes:
     fields = {"total": transfer.encoded.nbytes, "count": transfer.count, "size": transfer.size}
     fields.update(change)
-    return wire.RESUME_OFFER.pack(transfer.id, transfer.digest, fields["total"],
+    return wire.RESUME_OFFER.pack(transfer.id, transfer.digest(), fields["total"],
                                   fields["count"], fields["size"])
 
 
