@@ -30,7 +30,7 @@ def test_the_oldest_partials_are_evicted_to_stay_within_max_bytes():
     a, b, c = _partial("a"), _partial("b"), _partial("c")
     assert store.park(a) and store.park(b) and store.nbytes == 2000
     assert store.park(c)  # 3000 > 2500: the oldest goes
-    assert store.nbytes == 2000 and "a".encode().ljust(16, b".") not in store
+    assert store.nbytes == 2000 and b"a".ljust(16, b".") not in store
     assert store.evicted == 1
     assert _claim(store, a) == (None, EVICTED)
     partial, status = _claim(store, b)
