@@ -38,6 +38,7 @@ UNKNOWN = 1
 EXPIRED = 2
 EVICTED = 3
 LAYOUT = 4
+COMPLETED = 5
 STATUS_TEXT = {
     RESUMED: "resumed",
     UNKNOWN: "this end holds no partial of it (never cut here, already completed, or "
@@ -46,6 +47,7 @@ STATUS_TEXT = {
     EVICTED: "its partial was evicted to make room for newer ones",
     LAYOUT: "the offer's size, segment count or segment size differs from the partial's; "
             "the partial is discarded",
+    COMPLETED: "this end received it whole already: it is not to be sent again",
 }
 
 
@@ -93,6 +95,7 @@ class PartialStore:
         self._lock = threading.Lock()
         self._kept: OrderedDict[bytes, Partial] = OrderedDict()  # oldest first
         self._gone: OrderedDict[bytes, int] = OrderedDict()
+        self._done: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
         self._bytes = 0
         #: Partials dropped to make room, and partials that expired (counters).
         self.evicted = 0
@@ -141,6 +144,8 @@ class PartialStore:
             self._expire()
             partial = self._kept.get(transfer_id)
             if partial is None:
+                if self._done.get(transfer_id) == (peer_rank, peer_key):
+                    return None, COMPLETED
                 return None, self._gone.get(transfer_id, UNKNOWN)
             if partial.peer_rank != peer_rank or partial.peer_key != peer_key:
                 return None, UNKNOWN
@@ -150,6 +155,20 @@ class PartialStore:
             self._drop(transfer_id, None)
             partial.digest = digest
             return partial, RESUMED
+
+    def completed(self, transfer_id: bytes, peer_rank: int, peer_key: bytes | None) -> None:
+        """Remember that a transfer arrived whole, so an offer of it is answered "do not resend".
+
+        Its sender cannot tell a cut that lost the end of a message from one
+        that came after it (the kernel took every byte either way), so it may
+        offer a transfer this end completed; without this, "unknown" would
+        make it send the message twice. Bound to the sender, as partials are.
+        """
+        with self._lock:
+            self._done[transfer_id] = (peer_rank, peer_key)
+            self._done.move_to_end(transfer_id)
+            while len(self._done) > _REMEMBER:
+                self._done.popitem(last=False)
 
     def discard(self, transfer_id: bytes) -> None:
         """Forget a transfer's partial, if kept (its sender started it over)."""

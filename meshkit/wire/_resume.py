@@ -50,7 +50,14 @@ from meshkit.wire._codec import (
     _byte_view,
     encode_state,
 )
-from meshkit.wire._partials import RESUMED, STATUS_TEXT, UNKNOWN, Partial, PartialStore
+from meshkit.wire._partials import (
+    COMPLETED,
+    RESUMED,
+    STATUS_TEXT,
+    UNKNOWN,
+    Partial,
+    PartialStore,
+)
 from meshkit.wire._segments import check_layout, cut, read_segments
 
 #: Most transfers one handshake may offer (an offer is bounded before it is read).
@@ -151,7 +158,8 @@ def send_transfer(channel: Any, kind: int, tag: int, transfer: Transfer, sender:
     """Send ``transfer`` on ``channel``, from the segment the handshake's answer names; bytes sent.
 
     A body that fits one segment on a fresh send is an ordinary frame (a cut
-    then sends it again whole: it is one segment at most). A continuation
+    then sends it again whole: it is one segment at most). A transfer the
+    receiver answered COMPLETED is not sent (0 bytes). A continuation
     keeps the segment size the transfer started with (the receiver's answer
     checked it against its bounds).
     """
@@ -159,6 +167,9 @@ def send_transfer(channel: Any, kind: int, tag: int, transfer: Transfer, sender:
     answer = channel.resume_answers.pop(transfer.id, None)
     transfer.answer = answer
     first = answer.first if answer is not None and transfer.size else 0
+    if answer is not None and answer.status == COMPLETED:
+        transfer.complete, transfer.resumed_from = True, transfer.count
+        return 0  # the receiver has it whole: sending it again would deliver it twice
     if first == 0:
         if encoded.nbytes <= channel.segment_bytes:
             sent = channel.send_encoded(kind, tag, encoded, sender=sender, deadline=deadline)
@@ -244,6 +255,8 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
             f"{who}: transfer {tid.hex()} ({total} bytes, resumed at segment {first} of "
             f"{count}) does not match the digest its offer announced: the sender's body changed "
             f"between the attempts; the partial is discarded, send it again from the start")
+    if store is not None:
+        store.completed(tid, channel.peer.rank, channel.peer_key)
     return partial.body, count - first, first
 
 

@@ -361,6 +361,28 @@ def test_both_ends_may_offer_in_one_handshake_and_each_gets_its_answer(receiver)
     channel.close()
 
 
+def test_a_transfer_the_receiver_completed_is_not_sent_twice(receiver):
+    state = _contribution(1 << 20)
+    with CuttingProxy(receiver.address) as proxy:
+        receiving = receiver.receive()
+        channel = _dial(proxy)
+        transfer = wire.Transfer.of(state)
+        channel.send_resumable(3, 9, transfer)
+        _equal(receiving.result(30), state)
+        channel.close()
+        # The sender cannot tell whether the end arrived: it offers the transfer again.
+        receiving = receiver.receive()
+        channel = _dial(proxy, offers=[transfer])
+        answer = channel.resume_answers[transfer.id]
+        assert (answer.status, answer.first) == (_partials.COMPLETED, 0)
+        assert "not to be sent again" in answer.reason
+        assert channel.send_resumable(3, 9, transfer) == 0
+        channel.send(3, 10, {"next": 1})
+        frame = receiving.result(30)
+        assert (frame.tag, frame.state) == (10, {"next": 1})  # nothing came before it
+        channel.close()
+
+
 def test_a_message_of_one_segment_is_an_ordinary_frame(receiver):
     receiving = receiver.receive()
     with CuttingProxy(receiver.address) as proxy:
