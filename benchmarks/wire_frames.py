@@ -2,8 +2,10 @@
 
 * **small frames**: a state of about 1 KiB echoed over a real encrypted
   channel pair on 127.0.0.1 (two threads of one process, the default
-  frames), ``--batches`` batches of ``--trips`` round trips; a run's figure
-  is the median batch's µs per round trip. With ``--against REF`` every run
+  frames), ``--batches`` batches of ``--trips`` round trips; a run's figures
+  are the median batch's µs per round trip, wall clock and CPU (the
+  process's, both ends: on a loaded machine the wall clock mostly measures
+  the wait for a core, the CPU time what the code costs). With ``--against REF`` every run
   alternates this tree and REF's (``git archive`` of its ``meshkit/`` into a
   temporary directory, first on ``PYTHONPATH`` of a child process), so a load
   spike hits both alike; the ratio is REF's median over this tree's (> 1:
@@ -52,8 +54,8 @@ def _pair(**kwargs):  # type: ignore[no-untyped-def]
     return a, out["b"]
 
 
-def small_frames(trips: int, batches: int) -> float:
-    """Median µs per round trip of a ~1 KiB state over an encrypted channel pair."""
+def small_frames(trips: int, batches: int) -> tuple[float, float]:
+    """Median µs per round trip (wall, CPU) of a ~1 KiB state over an encrypted channel pair."""
     import numpy as np
 
     a, b = _pair()
@@ -68,16 +70,17 @@ def small_frames(trips: int, batches: int) -> float:
     thread.start()
     a.send(1, 2, state)
     a.recv(timeout=60)  # warm
-    figures = []
+    figures, cpu = [], []
     for _ in range(batches):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(trips):
             a.send(1, 2, state)
             a.recv(timeout=60)
         figures.append((time.perf_counter() - start) / trips * 1e6)
+        cpu.append((time.process_time() - start_cpu) / trips * 1e6)
     thread.join(60)
     a.close(), b.close()
-    return statistics.median(figures)
+    return statistics.median(figures), statistics.median(cpu)
 
 
 def big_message(mib: int, runs: int) -> dict[str, list[float]]:
@@ -114,13 +117,14 @@ def _checkout(ref: str) -> Path:
     return tree
 
 
-def _child(tree: Path | None, trips: int, batches: int) -> float:
+def _child(tree: Path | None, trips: int, batches: int) -> tuple[float, float]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{env.get('PYTHONPATH', '')}"
     cmd = [sys.executable, __file__, "--one", "--trips", str(trips), "--batches", str(batches)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd="/")
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
 
 
 def _spread(values: list[float]) -> str:
@@ -141,28 +145,31 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.one:
-        print(small_frames(args.trips, args.batches))
+        print(*small_frames(args.trips, args.batches))
         return
     report: dict[str, object] = {"load_before": os.getloadavg()[0]}
     tree = _checkout(args.against) if args.against else None
     try:
-        here: list[float] = []
-        there: list[float] = []
+        runs: dict[str, list[tuple[float, float]]] = {"this": [], str(args.against): []}
         for _ in range(args.runs):
-            here.append(_child(None, args.trips, args.batches))
+            runs["this"].append(_child(None, args.trips, args.batches))
             if tree is not None:
-                there.append(_child(tree, args.trips, args.batches))
-        report["small_us_here"] = here
-        if here:
-            print(f"1 KiB round trip, this tree: {_spread(here)} µs")
-        if tree is not None and here:
-            report["small_us_" + args.against] = there
-            ratio = statistics.median(there) / statistics.median(here)
-            best = min(there) / min(here)
-            report["ratio"], report["ratio_best"] = ratio, best
-            print(f"1 KiB round trip, {args.against}: {_spread(there)} µs; "
-                  f"ratio {args.against}/this {ratio:.3f} of medians, {best:.3f} of the best "
-                  f"runs (> 1: this tree is faster)")
+                runs[str(args.against)].append(_child(tree, args.trips, args.batches))
+        report["small_us_wall_cpu"] = runs
+        for which, measure in ((0, "wall"), (1, "CPU")):
+            here = [r[which] for r in runs["this"]]
+            there = [r[which] for r in runs[str(args.against)]]
+            if not here:
+                break
+            line = f"1 KiB round trip ({measure}), this tree: {_spread(here)} µs"
+            if there:
+                ratio = statistics.median(there) / statistics.median(here)
+                best = min(there) / min(here)
+                report[f"ratio_{measure}"], report[f"ratio_{measure}_best"] = ratio, best
+                line += (f"; {args.against}: {_spread(there)} µs; ratio {args.against}/this "
+                         f"{ratio:.3f} of medians, {best:.3f} of the best runs "
+                         f"(> 1: this tree is faster)")
+            print(line)
     finally:
         if tree is not None:
             shutil.rmtree(tree, ignore_errors=True)

@@ -170,10 +170,13 @@ class PartialStore:
             while len(self._done) > _REMEMBER:
                 self._done.popitem(last=False)
 
-    def discard(self, transfer_id: bytes) -> None:
-        """Forget a transfer's partial, if kept (its sender started it over)."""
+    def discard(self, transfer_id: bytes, peer_rank: int, peer_key: bytes | None) -> None:
+        """Forget a transfer's partial, if kept for this peer (its sender started it over)."""
         with self._lock:
-            self._drop(transfer_id, None)
+            partial = self._kept.get(transfer_id)
+            if partial is not None and (partial.peer_rank, partial.peer_key) == (peer_rank,
+                                                                                 peer_key):
+                self._drop(transfer_id, None)
 
     def _expire(self) -> None:
         now = self._clock()

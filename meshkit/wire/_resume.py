@@ -138,8 +138,7 @@ class Transfer:
 
         Not only when a send raised: a send the kernel took whole may still
         have been cut on the way, and only the receiver knows (it answers
-        "unknown" for a transfer it completed or never saw, and the sender
-        then starts it over).
+        COMPLETED for a transfer it received whole, and it is not sent again).
         """
         return self.size > 0
 
@@ -224,7 +223,7 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
     if first == 0:
         channel.resuming.pop(tid, None)  # the sender started it over
         if store is not None:
-            store.discard(tid)
+            store.discard(tid, channel.peer.rank, channel.peer_key)
         partial = Partial(id=tid, total=total, count=count, size=size, kind=kind, tag=tag,
                           sender=sender, flags=body_flags, peer_rank=channel.peer.rank,
                           peer_key=channel.peer_key, body=np.empty(total, dtype=np.uint8))

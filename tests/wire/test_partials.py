@@ -7,7 +7,15 @@ import pytest
 
 from meshkit import wire
 from meshkit.errors import ConfigError
-from meshkit.wire._partials import EVICTED, EXPIRED, LAYOUT, RESUMED, UNKNOWN, Partial
+from meshkit.wire._partials import (
+    COMPLETED,
+    EVICTED,
+    EXPIRED,
+    LAYOUT,
+    RESUMED,
+    UNKNOWN,
+    Partial,
+)
 
 
 def _partial(name: str, total: int = 1000, done: int = 1, rank: int = 1,
@@ -105,3 +113,21 @@ def test_a_partial_parked_again_replaces_its_older_self():
 def test_a_store_with_impossible_bounds_is_refused(bad):
     with pytest.raises(ConfigError, match="partial store needs"):
         wire.PartialStore(**bad)
+
+
+def test_only_its_own_sender_starting_a_transfer_over_discards_its_partial():
+    store = wire.PartialStore()
+    p = _partial("p", rank=1)
+    store.park(p)
+    store.discard(p.id, 2, None)
+    assert p.id in store
+    store.discard(p.id, 1, None)
+    assert p.id not in store
+
+
+def test_a_completed_transfer_is_answered_completed_to_its_sender_only():
+    store = wire.PartialStore()
+    p = _partial("p", rank=1)
+    store.completed(p.id, 1, None)
+    assert _claim(store, p) == (None, COMPLETED)
+    assert _claim(store, p, rank=2) == (None, UNKNOWN)
