@@ -323,6 +323,26 @@ def test_a_hostile_offer_is_a_specific_error_and_the_receiver_keeps_serving(
         channel.close()
 
 
+def test_a_partial_claimed_by_a_connection_lost_before_its_continuation_is_kept(receiver):
+    state = _contribution(1 << 20)
+    with CuttingProxy(receiver.address, cuts=[2 << 20]) as proxy:
+        transfer = _cut_transfer(receiver, proxy, state)
+        receiving = receiver.receive()
+        channel = _dial(proxy, offers=[transfer])
+        first = channel.resume_answers[transfer.id].first
+        assert first > 0 and len(receiver.store) == 0  # claimed by that connection
+        channel.close()  # lost before it sent the rest
+        with pytest.raises(PeerLostError):
+            receiving.result(30)
+        assert transfer.id in receiver.store  # back for the next attempt
+        receiving = receiver.receive()
+        channel = _dial(proxy, offers=[transfer])
+        assert channel.resume_answers[transfer.id].first == first
+        channel.send_resumable(3, 9, transfer)
+        _equal(receiving.result(30), state)
+        channel.close()
+
+
 def test_a_continuation_from_a_segment_not_answered_is_refused(receiver):
     state = _contribution(1 << 20)
     with CuttingProxy(receiver.address, cuts=[2 << 20]) as proxy:
