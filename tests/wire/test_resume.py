@@ -419,3 +419,40 @@ def test_a_resumable_lead_without_segments_flag_is_refused(pair):
     a._write_frame(3, wire.FLAG_RESUMABLE, 9, 0, [memoryview(bytes(8))], 8, None)
     with pytest.raises(WireError, match="unknown flags 0x8"):
         b.recv(timeout=10)
+
+
+def _answer(transfer: wire.Transfer, first: int, status: int, tid: bytes | None = None) -> bytes:
+    return wire.RESUME_ANSWER.pack(transfer.id if tid is None else tid, first, status)
+
+
+HOSTILE_ANSWERS = {
+    "no-entry": (lambda t: wire.RESUME_COUNT.pack(0, 0), "answers 0 transfers, 1 were offered"),
+    "past-the-end": (lambda t: wire.RESUME_COUNT.pack(1, 0) + _answer(t, t.count, 0),
+                     "is not an answer"),
+    "resumed-at-0": (lambda t: wire.RESUME_COUNT.pack(1, 0) + _answer(t, 0, 0),
+                     "is not an answer"),
+    "unknown-status": (lambda t: wire.RESUME_COUNT.pack(1, 0) + _answer(t, 0, 99),
+                       "is not an answer"),
+    "another-id": (lambda t: wire.RESUME_COUNT.pack(1, 0) + _answer(t, 1, 0, bytes(16)),
+                   "is not an answer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_ANSWERS))
+def test_a_hostile_answer_is_a_specific_error_for_the_sender(receiver, monkeypatch, case):
+    body, message = HOSTILE_ANSWERS[case]
+    transfer = wire.Transfer.of(_contribution(1 << 18))
+    transfer.size = SEGMENT  # as if it had been cut before
+    real = _handshake.exchange_offers
+
+    def exchange(channel: Any, offers: Any, partials: Any, peer_offers: bool) -> None:
+        if channel.rank != 0:
+            return real(channel, offers, partials, peer_offers)
+        _resume._read_offer(channel)
+        _resume._write_control(channel, body(transfer))
+    monkeypatch.setattr(_handshake, "exchange_offers", exchange)
+    accepting = Call(receiver.accept, "receiver")
+    with pytest.raises(WireError, match=message):
+        wire.handshake(socket.create_connection(receiver.address, timeout=10), SECRET, rank=1,
+                       world=2, timeout=10.0, segment=SEGMENT, offers=[transfer])
+    accepting.result(10).close()
