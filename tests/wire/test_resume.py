@@ -456,3 +456,27 @@ def test_a_hostile_answer_is_a_specific_error_for_the_sender(receiver, monkeypat
         wire.handshake(socket.create_connection(receiver.address, timeout=10), SECRET, rank=1,
                        world=2, timeout=10.0, segment=SEGMENT, offers=[transfer])
     accepting.result(10).close()
+
+
+def test_a_transfer_resumes_with_encryption_off_too():
+    rx = Receiver(wire.PartialStore(), encrypt=False)
+    state = _contribution(1 << 20)
+    try:
+        with CuttingProxy(rx.address, cuts=[2 << 20]) as proxy:
+            receiving = rx.receive()
+            channel = _dial(proxy, encrypt=False)
+            transfer = wire.Transfer.of(state)
+            try:
+                channel.send_resumable(3, 9, transfer)
+            except PeerLostError:
+                pass
+            with pytest.raises(PeerLostError):
+                receiving.result(30)
+            receiving = rx.receive()
+            channel = _dial(proxy, encrypt=False, offers=[transfer])
+            assert not channel.encrypted and channel.resume_answers[transfer.id].first > 0
+            channel.send_resumable(3, 9, transfer)
+            _equal(receiving.result(30), state)
+            channel.close()
+    finally:
+        rx.close()
