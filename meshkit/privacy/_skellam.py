@@ -30,7 +30,8 @@ has a closed form (:func:`skellam_rdp`).
 
 The field check (:func:`plan_skellam`): a coordinate leaves its share
 (and would be clipped there, the one deviation from the mechanism) only if
-a client's noise exceeds ``half − (S·s + 1)``; s is chosen so that this
+a client's noise exceeds ``half − (S·s + 1)``; s is chosen (at most so
+fine that each Poisson's mean stays within :data:`MAX_LAMBDA`) so that this
 happens with probability at most ``2**-WRAP_BITS`` per round, over every
 client and coordinate (Bernstein's bound for a centred Poisson difference),
 which adds at most that to δ. A field too narrow for a grid that keeps
@@ -58,6 +59,10 @@ WRAP_BITS = 40
 #: The most the rounding may inflate the L2 sensitivity (Δ₂ / (S·s)); above, the grid is
 #: too coarse for the field and the plan is refused.
 MAX_INFLATION = 1.01
+#: The largest Poisson mean a client's noise is drawn with: numpy's sampler loses its law
+#: past about 2^44 (a variance 8 % low at 1.5e14, measured), so the grid is capped to keep
+#: each of the two Poissons at or below this (a grid that fine has no rounding to speak of).
+MAX_LAMBDA = float(1 << 40)
 #: Conditional rounding redraws at most this often (each draw passes with prob. ≥ 1 − β).
 MAX_DRAWS = 200
 
@@ -199,7 +204,8 @@ def _grid(z: float, cohort: int, length: int, half: int) -> tuple[float, float]:
     """
     log_fail = _log_fail(cohort, length)
     room = half - 1 - 2 * log_fail / 3
-    grid = room / (1 + z * math.sqrt(2 * log_fail / cohort))
+    grid = min(room / (1 + z * math.sqrt(2 * log_fail / cohort)),
+               math.sqrt(2 * cohort * MAX_LAMBDA) / z)
     return grid, (rounded_l2_bound(grid, length) if grid > 0 else math.inf)
 
 
