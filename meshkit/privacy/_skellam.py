@@ -115,7 +115,8 @@ class SkellamPlan:
         return l1_bound(self.bound, self.length)
 
     def sum_variance(self, contributors: int) -> float:
-        """μ: the noise variance a coordinate of the sum of ``contributors`` carries (grid steps²)."""
+        """μ: the noise variance a coordinate of the sum of ``contributors`` carries
+        (grid steps²)."""
         return self.variance * contributors
 
     def round(self, update: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -133,8 +134,8 @@ class SkellamPlan:
             rounded = low + (rng.random(x.size) < frac)
             if float(np.dot(rounded, rounded)) <= limit:
                 return rounded.astype(np.int64)
-        raise MeshError(f"conditional rounding found no vector within the L2 bound {self.bound:.6g} "
-                        f"in {MAX_DRAWS} draws: the update is not clipped to the round's clip norm")
+        raise MeshError(f"conditional rounding found no vector within the L2 bound "
+                        f"{self.bound:.6g} in {MAX_DRAWS} draws: the update is not clipped to the round's clip norm")
 
     def encode(self, update: np.ndarray, rng: np.random.Generator,
                dtype: Any) -> tuple[np.ndarray, int]:

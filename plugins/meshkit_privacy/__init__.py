@@ -17,8 +17,8 @@ import meshkit
 
 from meshkit_privacy.options import DpAdaptiveOptions, DpFixedOptions
 
-__all__ = ["GaussianMechanism", "DistributedSkellam", "AdaptiveClip", "NoisedSum", "noise_seed", "dp_fixed",
-           "dp_adaptive", "meshkit_privacy"]
+__all__ = ["GaussianMechanism", "DistributedSkellam", "AdaptiveClip", "NoisedSum", "noise_seed",
+           "dp_fixed", "dp_adaptive", "meshkit_privacy"]
 
 #: The mechanism's public names, imported on first use (they pull in numpy).
 _LAZY = {"GaussianMechanism": "meshkit_privacy.mechanism",

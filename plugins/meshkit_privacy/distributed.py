@@ -59,7 +59,8 @@ class DistributedSkellam:
                                  length=length, levels=field_levels(bits, cohort), bits=bits)
         return self.plan
 
-    def _group(self, q: float, contributors: int | None = None) -> tuple[float, ...]:
+    def _group(self, q: float, contributors: int | None = None
+               ) -> tuple[float, float, float, float]:
         plan = self.plan
         if plan is None:
             # Before any round (meshkit check) the grid is unknown: the fine-grid limit,
