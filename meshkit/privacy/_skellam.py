@@ -135,7 +135,8 @@ class SkellamPlan:
             if float(np.dot(rounded, rounded)) <= limit:
                 return rounded.astype(np.int64)
         raise MeshError(f"conditional rounding found no vector within the L2 bound "
-                        f"{self.bound:.6g} in {MAX_DRAWS} draws: the update is not clipped to the round's clip norm")
+                        f"{self.bound:.6g} in {MAX_DRAWS} draws: the update is not clipped to "
+                        f"the round's clip norm")
 
     def encode(self, update: np.ndarray, rng: np.random.Generator,
                dtype: Any) -> tuple[np.ndarray, int]:
