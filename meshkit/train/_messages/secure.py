@@ -198,6 +198,15 @@ class SecAggRevealReply:
         _width(self.keys, None, "keys")
 
 
+#: A distributed-DP masking request's fields (all or none).
+DDP_FIELDS = ("ddp_scale", "ddp_variance", "ddp_bound", "ddp_half", "ddp_noise")
+
+
+def _one_of_noise(_: Any, attribute: Any, value: Any) -> None:
+    if value not in ("os", "seeded"):
+        raise ValueError(f"{attribute.name} must be \"os\" or \"seeded\", got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class SecAggMaskRequest:
     """Step 4: fit each client, then mask its quantised update with the neighbours that shared."""
@@ -218,10 +227,31 @@ class SecAggMaskRequest:
                                        "onto the round's shared grid with this compressor "
                                        "(docs/compression.md, \"Under secure aggregation\"), "
                                        "not the scheme; `raw` is unused here", optional=True)
+    ddp_scale: float | None = _field("float (0, 1e300]", "`[privacy] placement = "
+                                     "\"distributed\"`: grid steps per unit of the clipped "
+                                     "update (s)", optional=True, check=_between(1e-300, 1e300))
+    ddp_variance: float | None = _field("float (0, 1e300]", "the Skellam variance each client "
+                                        "adds to each coordinate on the grid", optional=True,
+                                        check=_between(1e-300, 1e300))
+    ddp_bound: float | None = _field("float (0, 1e300]", "the L2 norm on the grid conditional "
+                                     "rounding keeps each update within (the accounted "
+                                     "sensitivity)", optional=True,
+                                     check=_between(1e-300, 1e300))
+    ddp_half: int | None = _field("int 1..2^53", "each noised coordinate is offset by this "
+                                  "into [0, 2 ddp_half], the client's share of the field",
+                                  optional=True, check=_between(1, 1 << 53))
+    ddp_noise: str | None = _field("\"os\" or \"seeded\"", "the noise's randomness: the "
+                                   "OS's, or the client's fit seed (testing only)",
+                                   optional=True, check=_one_of_noise)
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
+        ddp = [getattr(self, k) is None for k in DDP_FIELDS]
+        if any(ddp) and not all(ddp):
+            raise ValueError("the ddp_* fields come all together or not at all")
+        if not all(ddp) and (self.clip_norm is None or self.compress is not None):
+            raise ValueError("ddp_* fields need clip_norm, and exclude compress")
         _aligned(self, "clients", "seeds")
         if set(self.clients) & set(self.excluded):
             raise ValueError("a client to mask cannot be excluded")

@@ -69,7 +69,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -77,6 +77,7 @@ import numpy as np
 from meshkit.compression import CompressionPlan, decode_field_sum
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
+from meshkit.privacy import SkellamPlan
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
                                         Roster, SecureAggregationError,
                                         SecureAggregationTraits, check_adverts,
@@ -114,6 +115,8 @@ class SecureSum:
     total: np.ndarray
     #: Shared their secrets, sent no masked input: their pairwise masks were cancelled.
     dropped: tuple[int, ...] = ()
+    #: A distributed-DP round's grid and noise (its ``sum`` carries the contributors' noise).
+    noise: SkellamPlan | None = None
 
     def mean(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """``state`` moved by the contributors' mean update (each counts once), dtypes kept."""
@@ -261,7 +264,9 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                scheme: SchemeChoice, rnd: int, shards: int, seeds: Mapping[int, int],
                fit: Mapping[str, Any] | None = None,
                pinned: Mapping[int, int] | None = None,
-               accept_failures: bool = True) -> SecureSum:
+               accept_failures: bool = True,
+               noise: Callable[[RoundParams, int], SkellamPlan] | None = None,
+               noise_source: str = "os") -> SecureSum:
     """One secure round over the live workers (module docstring).
 
     ``clients`` is the round's cohort, ``scheme`` the run's
@@ -271,7 +276,12 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     ``pinned[c]`` the only rank that may play client c (its data is there:
     ``[partitioner] name = "local"``), ``accept_failures`` (``[strategy]``)
     whether a rank's ``error`` reply costs its clients the round (true) or
-    ends the run (false, :class:`~meshkit.WorkerError`).
+    ends the run (false, :class:`~meshkit.WorkerError`). ``noise``
+    (``[privacy] placement = "distributed"``): called with the round's
+    parameters and the update's length before any request, it gives the
+    round's :class:`~meshkit.privacy.SkellamPlan`; each client then puts its
+    update on that grid and adds its Skellam share itself (``noise_source``
+    "os" or "seeded"), and the sum is decoded by the plan.
     Raises :class:`~meshkit.RefusedError` when the round cannot be unmasked
     without weakening the guarantee (too few clients left at any step).
     """
@@ -287,9 +297,14 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     traits = scheme.traits
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
+    if noise is not None and compression is not None:
+        raise RefusedError("[secure_aggregation]: a distributed-DP round's clients put their "
+                           "updates on the Skellam grid themselves; [compression] would put "
+                           "them on its own")
     if length == 0:
         raise RefusedError("[secure_aggregation]: the model has no floating-point arrays to "
                            "sum; a secure round has nothing to hide or to average")
+    plan_noise = None if noise is None else noise(params, length)
     lost: dict[int, str] = {}
     round_seed = secrets.token_bytes(SEED_SIZE)
     # A bad unmasking share is searched for by rank: a worker playing several clients
@@ -406,6 +421,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                              "excluded": list(excluded), **(fit or {})}
             if compression is not None:
                 masking[rank]["compress"] = compression.request()
+            if plan_noise is not None:
+                masking[rank].update(ddp_request(plan_noise, noise_source))
     _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
     if not traits.tolerates_dropouts:
         _refuse_dropouts(scheme.name, cohort, plan, lost, rosters, gone)
@@ -436,7 +453,9 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     result = _finish(ctx, server, sharing, lost)
-    if compression is not None:
+    if plan_noise is not None:
+        total = plan_noise.decode(result.total, len(result.contributors))
+    elif compression is not None:
         total = decode_field_sum(compression.compressor, result.total,
                                  clip_range=params.clip_range, count=len(result.contributors))
     else:
@@ -451,7 +470,13 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     not_served = {c: _why(c, where[c], lost, rosters, deliveries, gone)
                   for c in cohort if c not in served}
     return SecureSum(summed, tuple(result.contributors), served, not_served, params,
-                     result.total, dropped=tuple(result.dropped))
+                     result.total, dropped=tuple(result.dropped), noise=plan_noise)
+
+
+def ddp_request(plan: SkellamPlan, source: str) -> dict[str, Any]:
+    """The ``secagg_mask`` fields that tell each client the round's Skellam grid and share."""
+    return {"ddp_scale": float(plan.scale), "ddp_variance": float(plan.variance),
+            "ddp_bound": float(plan.bound), "ddp_half": int(plan.half), "ddp_noise": source}
 
 
 def _stack(rows: Sequence[bytes], width: int) -> np.ndarray:

@@ -38,7 +38,10 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     (:func:`meshkit.secure_aggregation.to_wire`). With ``compress`` (the
     run's ``[compression]``, whose keys request named ``input_bits``) the
     update is quantised by that compressor onto the round's shared grid
-    (:func:`meshkit.compression.field_codes`), not by the scheme.. A
+    (:func:`meshkit.compression.field_codes`), not by the scheme. With
+    ``ddp_*`` (``[privacy] placement = "distributed"``) the clipped update is
+    put on the round's Skellam grid and the client's share of the noise is
+    added here, before masking (:class:`meshkit.privacy.SkellamPlan`). A
     party is told the request's clients first (``summing``): all of them are
     in the sum, or the reply is an error and none is.
 ``secagg_confirm``
@@ -69,6 +72,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from typing import Any, Callable, Mapping, cast
 
 import attrs
@@ -78,6 +82,7 @@ from meshkit import plugins
 from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
+from meshkit.privacy import SkellamPlan, field_levels
 from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
                                         advert_message, check_adverts, check_confirmations,
@@ -91,6 +96,8 @@ log = logging.getLogger(__name__)
 
 #: The test-only fault injection (module docstring).
 FAULT_ENV = "MESHKIT_FAULT_EXIT_AFTER_MASKING"
+#: The stream of a client's seeded Skellam noise (``ddp_noise = "seeded"``), off its fit seed.
+DDP_STREAM = 0xD1D9
 #: A worker that exits by :data:`FAULT_ENV` exits with this status.
 FAULT_STATUS = 70
 
@@ -341,6 +348,7 @@ class SecureClients:
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
         compressor = self._compressor(request.get("compress"))
+        noise = self._noise(request)
         if self.party is not None:
             self.party.summing(sorted(clients))  # exactly the clients this reply adds
         for client, seed in zip(clients, request["seeds"]):
@@ -350,7 +358,16 @@ class SecureClients:
             if update.size != self.length:
                 raise MeshError(f"the round's updates have {self.length} elements; this "
                                 f"worker's model gives {update.size}")
-            if compressor is None:
+            if noise is not None:
+                rng = (np.random.default_rng(np.random.SeedSequence([int(seed), DDP_STREAM]))
+                       if request["ddp_noise"] == "seeded"
+                       else np.random.default_rng(secrets.randbits(128)))
+                quantised, clipped = noise.encode(update, rng, vector_dtype(bits))
+                if clipped:
+                    log.warning("round %d: client %d's noised update left its share of the "
+                                "field in %d coordinates (clipped there)", self.round, client,
+                                clipped)
+            elif compressor is None:
                 quantised = self.scheme.quantize(update, self.params)
             else:
                 quantised = field_codes(compressor, update, seed=key_seed(int(seed), 0),
@@ -368,6 +385,30 @@ class SecureClients:
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
         return {"clients": clients, **to_wire(total, bits)}
+
+    def _noise(self, request: Mapping[str, Any]) -> SkellamPlan | None:
+        """A distributed-DP round's grid and Skellam share (``ddp_*``), checked against the
+        round's field: each client's noised coordinate must stay within its share."""
+        if request.get("ddp_scale") is None:
+            return None
+        assert self.params is not None  # _require checked it
+        if "clip_norm" not in request or request.get("clip_norm") is None:
+            raise MeshError("a distributed-DP masking request must name the clip_norm each "
+                            "update is clipped to first")
+        if self.input_bits:
+            raise MeshError("a distributed-DP round's field cannot also hold a compressor's "
+                            "codes")
+        levels = field_levels(self.params.modulus_bits, self.params.clients)
+        half = int(request["ddp_half"])
+        if 2 * half > levels:
+            raise MeshError(f"ddp_half = {half}: a client's share of this round's field holds "
+                            f"values up to {levels}")
+        scale, bound = float(request["ddp_scale"]), float(request["ddp_bound"])
+        if bound < float(request["clip_norm"]) * scale:
+            raise MeshError(f"ddp_bound = {bound:g} is below the clipped update's norm on the "
+                            f"grid ({float(request['clip_norm']) * scale:g})")
+        return SkellamPlan(scale=scale, variance=float(request["ddp_variance"]), bound=bound,
+                           half=half, length=self.length, cohort=self.params.clients)
 
     def _compressor(self, chosen: Mapping[str, Any] | None) -> Any:
         """The masking request's compressor (None: the scheme quantises), checked against
