@@ -25,7 +25,12 @@ How a round goes (:func:`secure_sum`; the worker's side is
 4. ``secagg_mask``: the shares are routed to their recipients; each worker
    fits its clients, quantises and masks their updates, and answers with the
    sum mod ``2**modulus_bits`` of its clients' masked inputs.
-5. ``secagg_unmask``: the survivors (whose masked input arrived) send the
+5. ``secagg_confirm``, a signed round only (every advert came signed by
+   its worker's node key: docs/protocol.md §7.2.2): each survivor signs the
+   survivor and dropped sets; the unmask request carries every
+   confirmation, and a worker with a roster reveals nothing unless
+   threshold survivors confirmed the sets it was told.
+6. ``secagg_unmask``: the survivors (whose masked input arrived) send the
    shares that remove the self-masks of the survivors and the pairwise masks
    of those who dropped after sharing; the server's ``finish`` rebuilds the
    integer sum, or refuses (:class:`~meshkit.RefusedError`) when fewer than
@@ -74,8 +79,9 @@ from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.privacy import SkellamPlan
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
-                                        SecureAggregationError, SecureAggregationTraits,
-                                        field_width, from_wire)
+                                        Roster, SecureAggregationError,
+                                        SecureAggregationTraits, check_adverts,
+                                        confirm_messages, field_width, from_wire, verify)
 from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
@@ -336,12 +342,14 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                         "round_seed": np.frombuffer(round_seed, np.uint8)[None, :],
                         "length": length, **named} for r, cs in plan.items()})
     rows_of: dict[int, np.ndarray] = {}
+    signed_by: dict[int, tuple[bytes, bytes]] = {}  # client -> (signer, advert signature)
     for rank, reply in replies.items():
         try:
             if list(reply["clients"]) != plan[rank]:
                 raise ProtocolError(f"keys for clients {list(reply['clients'])}, not for the "
                                     f"{plan[rank]} it plays")
             _expect(reply["adverts"], traits.advert_size, "advert")
+            signed_by.update(_advert_signatures(reply, plan[rank], round_seed, rnd))
             for client, row in zip(plan[rank], reply["adverts"]):
                 server.receive_advert(client, bytes(row))
                 rows_of[client] = row
@@ -351,7 +359,15 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     rosters = set(members)
     everyone = np.stack([rows_of[c] for c in members])
     advertised = {r: [c for c in cs if c in rosters] for r, cs in plan.items()}
-    replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone}
+    # A signed round: every member's advert came signed, and the signatures go with the
+    # adverts (an unsigned one as zeros, which a worker with a roster refuses, naming it).
+    signed = bool(members) and all(c in signed_by for c in members)
+    unsigned = (bytes(32), bytes(64))
+    sharing_keys: dict[str, Any] = {} if not signed_by else {
+        "signers": _stack([signed_by.get(c, unsigned)[0] for c in members], 32),
+        "signatures": _stack([signed_by.get(c, unsigned)[1] for c in members], 64)}
+    replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone,
+                        **sharing_keys}
                     for r, cs in advertised.items() if cs})
     for rank, reply in replies.items():
         try:
@@ -412,9 +428,14 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         _refuse_dropouts(scheme.name, cohort, plan, lost, rosters, gone)
     told = server.unmasking()  # refuses below the threshold, before any share moves
     requests = set(told.holders)
-    replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
-                        "survivors": list(told.survivors), "dropped": list(told.dropped)}
-                    for r, cs in sharing.items() if any(c in requests for c in cs)})
+    asked = {r: [c for c in cs if c in requests] for r, cs in sharing.items()}
+    asked = {r: cs for r, cs in asked.items() if cs}
+    confirmations = (_confirm_step(ctx, call, asked, told, signed_by, round_seed, rnd, lost)
+                     if signed else {})
+    replies = call({r: {"op": "secagg_unmask", "clients": cs,
+                        "survivors": list(told.survivors), "dropped": list(told.dropped),
+                        **confirmations}
+                    for r, cs in asked.items()})
     for rank, reply in replies.items():
         try:
             _expect(reply["shares"], traits.share_size, "unmasking share")
@@ -456,6 +477,56 @@ def ddp_request(plan: SkellamPlan, source: str) -> dict[str, Any]:
     """The ``secagg_mask`` fields that tell each client the round's Skellam grid and share."""
     return {"ddp_scale": float(plan.scale), "ddp_variance": float(plan.variance),
             "ddp_bound": float(plan.bound), "ddp_half": int(plan.half), "ddp_noise": source}
+
+
+def _stack(rows: Sequence[bytes], width: int) -> np.ndarray:
+    return (np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), width) if rows
+            else np.zeros((0, width), np.uint8))
+
+
+def _advert_signatures(reply: Mapping[str, Any], clients: Sequence[int], round_seed: bytes,
+                       rnd: int) -> dict[int, tuple[bytes, bytes]]:
+    """A keys reply's advert signatures (none when it is unsigned), each checked against the
+    key the reply names: a signature that does not verify is the rank's breach."""
+    if reply.get("signer") is None:
+        return {}
+    signer = bytes(reply["signer"][0])
+    adverts = {c: bytes(row) for c, row in zip(clients, reply["adverts"])}
+    signatures = {c: bytes(row) for c, row in zip(clients, reply["signatures"])}
+    check_adverts(Roster(frozenset([signer]), "the keys reply"), round_seed, rnd, adverts,
+                  dict.fromkeys(clients, signer), signatures, blame=True)
+    return {c: (signer, signatures[c]) for c in clients}
+
+
+def _confirm_step(ctx: StrategyContext, call: Any, asked: Mapping[int, list[int]], told: Any,
+                  signed_by: Mapping[int, tuple[bytes, bytes]], round_seed: bytes, rnd: int,
+                  lost: dict[int, str]) -> dict[str, Any]:
+    """The consistency check's collection (``secagg_confirm``): every asked survivor's
+    signature of the sets, checked under the key that signed its advert; the unmask
+    request's ``confirmed``, ``confirm_signers`` and ``confirm_signatures``."""
+    replies = call({r: {"op": "secagg_confirm", "clients": cs,
+                        "survivors": list(told.survivors), "dropped": list(told.dropped)}
+                    for r, cs in asked.items()})
+    got: dict[int, tuple[bytes, bytes]] = {}
+    for rank, reply in replies.items():
+        try:
+            if list(reply["clients"]) != asked[rank]:
+                raise ProtocolError(f"confirmations of clients {list(reply['clients'])}, not "
+                                    f"of the {asked[rank]} it was asked for")
+            signer = bytes(reply["signer"][0])
+            messages = confirm_messages(round_seed, rnd, asked[rank], told.survivors,
+                                        told.dropped)
+            for client, row in zip(asked[rank], reply["signatures"]):
+                if signer != signed_by[client][0] or not verify(signer, bytes(row),
+                                                                messages[client]):
+                    raise ProtocolError(f"client {client}'s confirmation of the survivor set "
+                                        f"does not verify under the key that signed its advert")
+                got[client] = (signer, bytes(row))
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    ids = sorted(got)
+    return {"confirmed": ids, "confirm_signers": _stack([got[c][0] for c in ids], 32),
+            "confirm_signatures": _stack([got[c][1] for c in ids], 64)}
 
 
 def _masked_step(ctx: StrategyContext, server: SchemeServer,

@@ -44,9 +44,22 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     added here, before masking (:class:`meshkit.privacy.SkellamPlan`). A
     party is told the request's clients first (``summing``): all of them are
     in the sum, or the reply is an error and none is.
+``secagg_confirm``
+    a signed round only: each survivor's signature of the survivor and
+    dropped sets it was told (:func:`meshkit.secure_aggregation.confirm_message`).
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
+
+**Signed rounds** (docs/protocol.md §7.2.2, :class:`Signing`): a worker with
+a node key (``meshkit node --key``) signs its clients' adverts and
+confirmations; a worker with a roster (``meshkit node --roster``) checks
+every member's advert before its clients share a secret
+(:func:`~meshkit.secure_aggregation.check_adverts`) and, before revealing a
+share, that threshold survivors confirmed the very sets it was told
+(:func:`~meshkit.secure_aggregation.check_confirmations`); either check
+failing refuses the step for all its clients (an ``error`` reply naming
+the client and the check), and the round goes on without them.
 
 Fault injection, for tests only: ``MESHKIT_FAULT_EXIT_AFTER_MASKING =
 "ROUND:CLIENT,..."`` in a worker's environment makes the worker process exit
@@ -62,6 +75,7 @@ import os
 import secrets
 from typing import Any, Callable, Mapping, cast
 
+import attrs
 import numpy as np
 
 from meshkit import plugins
@@ -69,11 +83,14 @@ from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
 from meshkit.privacy import SkellamPlan, field_levels
-from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
-                                        scheme_traits, to_wire, vector_dtype)
+                                        advert_message, check_adverts, check_confirmations,
+                                        confirm_messages, scheme_traits, sign, to_wire,
+                                        vector_dtype)
+from meshkit.wire import NodeKey
 
-__all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
+__all__ = ["SecureClients", "Signing", "update_vector", "vector_keys", "FAULT_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +157,19 @@ def _faults(text: str) -> set[tuple[int, int]]:
     return found
 
 
+@attrs.frozen
+class Signing:
+    """A worker's part in signed rounds: its node ``key`` (signs; None: signs nothing) and the
+    ``roster`` of keys it accepts signatures from (None: checks nothing)."""
+
+    key: NodeKey | None = None
+    roster: Roster | None = None
+
+
+def _row(rows: Any, i: int) -> bytes:
+    return bytes(np.asarray(rows[i], np.uint8))
+
+
 class SecureClients:
     """The clients a worker plays in the current secure round (module docstring).
 
@@ -147,7 +177,13 @@ class SecureClients:
     way the worker's ``fit`` op does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, signing: Signing | None = None) -> None:
+        #: Signed rounds (:class:`Signing`): this worker's key and roster.
+        self.signing = signing or Signing()
+        #: The key that signed each member's advert this round (a roster checked it).
+        self.advert_signers: dict[int, bytes] = {}
+        #: The (survivors, dropped) each of this worker's clients confirmed this round.
+        self.confirmed: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.scheme: Scheme | None = None
         self.traits: SecureAggregationTraits | None = None
         self.params: RoundParams | None = None
@@ -180,6 +216,8 @@ class SecureClients:
             return self._reveal(request)
         if op == "secagg_mask":
             return self._mask(request, fit)
+        if op == "secagg_confirm":
+            return self._confirm(request)
         if op == "secagg_unmask":
             return self._unmask(request)
         raise MeshError(f"unknown secure-aggregation request {op!r}")
@@ -217,8 +255,16 @@ class SecureClients:
             self.rounds = {c: scheme.client(self.params, c, self.seed, self.length)
                            for c in ids}
         adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
-        return {"clients": sorted(self.rounds),
-                "adverts": _rows(adverts, self.traits.advert_size)}
+        self.advert_signers, self.confirmed = {}, {}
+        reply = {"clients": sorted(self.rounds),
+                 "adverts": _rows(adverts, self.traits.advert_size)}
+        key = self.signing.key
+        if key is not None:  # a signed round's advert (docs/protocol.md §7.2.2)
+            reply["signer"] = _rows([key.public], 32)
+            reply["signatures"] = _rows(
+                [sign(key, advert_message(self.seed, self.round, c, a))
+                 for c, a in zip(sorted(self.rounds), adverts)], 64)
+        return reply
 
     def _require(self, clients: Any) -> None:
         missing = sorted(set(map(int, clients)) - set(self.rounds))
@@ -232,6 +278,19 @@ class SecureClients:
         _expect(request["adverts"], self.traits.advert_size, "advert")
         members = [int(m) for m in request["members"]]
         adverts = {m: bytes(row) for m, row in zip(members, request["adverts"])}
+        if self.signing.roster is not None:  # before any secret is sealed to these keys
+            keys, sigs = request.get("signers"), request.get("signatures")
+            signers = {} if keys is None else {m: _row(keys, i) for i, m in enumerate(members)}
+            signatures = ({} if sigs is None
+                          else {m: _row(sigs, i) for i, m in enumerate(members)})
+            check_adverts(self.signing.roster, self.seed, self.round, adverts, signers,
+                          signatures)
+            mine = self.signing.key.public if self.signing.key is not None else None
+            for client in self.rounds:
+                if client in signers and signers[client] != mine:
+                    raise MeshError(f"round {self.round}: client {client}'s advert is relayed "
+                                    f"signed by another node's key; this worker signed it")
+            self.advert_signers = signers
         senders, recipients, sealed = [], [], []
         for client in sorted(self.rounds):
             if client not in adverts:
@@ -370,12 +429,42 @@ class SecureClients:
                             f"for {self.input_bits}")
         return compressor
 
+    def _confirm(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Each client signs the survivor and dropped sets it is told (remembered, so an
+        unmask request with other sets is refused)."""
+        clients = [int(c) for c in request["clients"]]
+        self._require(clients)
+        key = self.signing.key
+        if key is None:
+            raise MeshError("secagg_confirm: a signed round needs this worker's node key "
+                            "(meshkit node --key FILE, made by `meshkit keygen`)")
+        survivors = tuple(sorted(int(c) for c in request["survivors"]))
+        dropped = tuple(sorted(int(c) for c in request["dropped"]))
+        signatures = []
+        for client in clients:
+            if client in self.confirmed and self.confirmed[client] != (survivors, dropped):
+                raise MeshError(f"round {self.round}: client {client} already confirmed "
+                                f"another survivor set; it confirms one only")
+            self.confirmed[client] = (survivors, dropped)
+        messages = confirm_messages(self.seed, self.round, clients, survivors, dropped)
+        for client in clients:
+            signatures.append(sign(key, messages[client]))
+        return {"clients": clients, "signer": _rows([key.public], 32),
+                "signatures": _rows(signatures, 64)}
+
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]
         self._require(clients)
         survivors = tuple(int(c) for c in request["survivors"])
         dropped = tuple(int(c) for c in request["dropped"])
-        assert self.traits is not None  # _require checked it
+        assert self.traits is not None and self.params is not None  # _require checked it
+        if self.signing.roster is not None:  # the consistency check, before any share leaves
+            confirmed = [int(c) for c in request.get("confirmed") or ()]
+            keys, sigs = request.get("confirm_signers"), request.get("confirm_signatures")
+            confirmations = [(c, _row(keys, i), _row(sigs, i)) for i, c in enumerate(confirmed)]
+            check_confirmations(self.signing.roster, self.seed, self.round, clients,
+                                survivors, dropped, self.confirmed, confirmations,
+                                self.advert_signers, self.params.threshold)
         holders, owners, kinds, shares = [], [], [], []
         for client in clients:
             for owner, kind, share in self.rounds[client].unmask(survivors, dropped):
