@@ -5,8 +5,11 @@ Rule: every decision about what compression composes with lives here.
 
 Where compression sits (docs/compression.md has the argument):
 
-* **the upload only**: the worker compresses its fit's update; the
-  coordinator broadcasts the model whole (a downlink delta is not built);
+* **the upload**, and with ``[compression] broadcast = true`` **the download**
+  too: the coordinator sends each worker a compressed delta against the model
+  it holds (:mod:`meshkit.train._broadcast`; only a strategy with the trait
+  ``StrategyTraits.broadcast``, and not under secure aggregation, whose round
+  sends the model itself);
 * **after a client's clip** (``[privacy] clip = "client"``): the clip bound
   S must hold for what is *sent*, so only a ``contractive`` compressor is
   accepted there (‖C(x)‖ ≤ ‖x‖ ≤ S); the Gaussian noise is added by the
@@ -53,6 +56,8 @@ class CompressionPlan:
     name: str
     options: Mapping[str, Any]
     compressor: Any
+    #: ``[compression] broadcast``: the model goes down as a compressed delta too.
+    broadcast: bool = False
 
     @property
     def traits(self) -> CompressionTraits:
@@ -71,6 +76,12 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
     ``[secure_aggregation]``).
     """
     traits = plan.traits
+    if secure is not None and plan.broadcast:
+        raise RefusedError(
+            f"{where}: [compression] broadcast = true with [secure_aggregation]: the secure "
+            f"round hands each client the model through its own protocol, and sending it as "
+            f"a delta is not built into that round. Drop broadcast (uploads are still "
+            f"compressed), or drop [secure_aggregation]")
     if secure is not None:
         why = None
         if traits.sparse:

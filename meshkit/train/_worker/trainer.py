@@ -69,7 +69,8 @@ from meshkit.privacy import ClippedSum, clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
 from meshkit.train._messages import LOCAL_SGD_REQUESTS
-from meshkit.train._worker.held import Compressors, only, set_state, with_local
+from meshkit.train._worker.held import Compressors, Stale, apply_broadcast, only, set_state
+from meshkit.train._worker.held import with_local
 from meshkit.train._worker.local_sgd import LocalSGD
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
 from meshkit.train._messages import signature
@@ -130,6 +131,9 @@ class Trainer:
     #: ``[strategy] trainable``'s keys (the last ``set_state``'s): a fit answers with
     #: only these; None: with every key.
     trainable: frozenset[str] | None = None
+    #: The digest of ``state`` when a broadcast ``set_state`` left it (``[compression]
+    #: broadcast``: a delta applies only to it); None after any other.
+    digest: str | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     #: Compressors named by fit requests (``compress``), built once per name and options.
@@ -281,7 +285,18 @@ class Trainer:
             partial, self.partial = self.partial, None
             return {"partial": partial.partial().to_wire()}
         if op == "set_state":
-            self.state, self.trainable = set_state(self.state, request)
+            if request.get("digest") is not None:  # [compression] broadcast
+                try:
+                    self.state, self.digest = apply_broadcast(self.state, self.digest, request,
+                                                              self._compressors)
+                except Stale as exc:
+                    # Nothing changed: the coordinator sends the whole model next.
+                    log.info("set_state: %s; asking for the whole model", exc)
+                    return {"stale": str(exc)}
+                self.trainable = None
+            else:
+                self.state, self.trainable = set_state(self.state, request)
+                self.digest = None
             # A new round: whatever the last one left unclaimed is stale.
             self.kept.clear()
             self.partial = None
@@ -302,7 +317,7 @@ class Trainer:
             result = self.task.gradients(state, *self._batch(request))
             mean = self.group.mesh_all_reduce(result.state, 1.0,
                                               ranks=[int(r) for r in request["ranks"]])
-            self.state = dict(self.task.apply(state, mean))
+            self.state, self.digest = dict(self.task.apply(state, mean)), None
             self.examples += int(result.examples)
             return {"examples": int(result.examples),
                     "metrics": _metrics(result.metrics, op)}
@@ -314,6 +329,7 @@ class Trainer:
             return {"state": self.kept.pop(key)}
         if op == "apply":
             self.state = dict(self.task.apply(self._require_state(op), request["gradients"]))
+            self.digest = None
             return {}
         if op == "get_state":
             return {"state": self._require_state(op)}
