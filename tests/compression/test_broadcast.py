@@ -17,9 +17,11 @@ import signal
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import meshkit
 from meshkit.checkpoint import load_checkpoint
+from meshkit.cli import main
 from meshkit.compression import CompressionPlan
 from meshkit.config import load_config
 from meshkit.errors import ConfigError
@@ -34,6 +36,9 @@ from meshkit.train import (
 from meshkit.train._broadcast import apply_delta, encode_delta
 from tests.support.cli import run_cli
 from tests.support.configs import KILLER, write_config
+
+#: A config's [compression] table with the broadcast on.
+BROADCAST = '\n[compression]\nname = "quantize"\nbroadcast = true\n'
 
 
 def _plan(name: str = "quantize", **options) -> CompressionPlan:
@@ -222,8 +227,9 @@ def test_broadcast_must_be_true_or_false(tmp_path):
                                 'broadcast = "yes"\n')
     with pytest.raises(ConfigError, match=r"\[compression\] broadcast: expected true or false"):
         load_config(config)
-    result = run_cli("check", str(config), cwd=str(tmp_path))
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = CliRunner().invoke(main, ["check", str(config)])
+    assert result.exit_code == 2, result.output
+    assert f"{config}: [compression] broadcast: expected true or false" in result.stderr
 
 
 @pytest.mark.parametrize("strategy, tables, words", [
@@ -236,15 +242,22 @@ def test_what_cannot_broadcast_is_refused_naming_why(tmp_path, strategy, tables,
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           strategy=strategy, extra='clients = 4\n\n' + tables +
                           '[compression]\nname = "quantize"\nbroadcast = true\n')
-    result = run_cli("check", str(config), cwd=str(tmp_path))
-    assert result.returncode == 2, result.stdout + result.stderr
+    result = CliRunner().invoke(main, ["check", str(config)])
+    assert result.exit_code == 2, result.output
     for word in words:
-        assert word in result.stdout + result.stderr, (word, result.stdout + result.stderr)
+        assert word in result.stderr, (word, result.stderr)
 
+
+def test_check_says_the_model_goes_down_as_a_delta(tmp_path):
+    config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
+                          extra='clients = 2\n' + BROADCAST)
+    result = CliRunner().invoke(main, ["check", str(config)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.stdout.splitlines() if line.startswith("upload:"))
+    assert "broadcast: the model goes down the same way" in line, line
 
 # -- real processes: what the transport counted, kill and resume, accuracy -------------------
 
-BROADCAST = '\n[compression]\nname = "quantize"\nbroadcast = true\n'
 
 
 def _run(tmp_path, name, extra, rounds=3, **kwargs):
@@ -305,3 +318,4 @@ def test_a_killed_and_resumed_broadcast_run_finishes_sending_the_whole_model_onc
     # resume sends it whole (fresh workers hold nothing), the later ones a delta.
     if len(rows) > 1:
         assert rows[1]["bytes_down"] < 0.5 * rows[0]["bytes_down"], rows
+
