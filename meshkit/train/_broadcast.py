@@ -17,6 +17,10 @@ How the two ends keep the same bits (docs/compression.md, "Compressed broadcast"
   does, and the round is played from that decoded model (the fits start from it, the
   uploads are measured against it, the outer step steps from it); the global model the
   outer step makes is checkpointed and evaluated as before;
+* the held model is the run's state too: :meth:`Broadcast.state_dict` goes into the
+  checkpoint (the strategy's state), so a resumed run encodes the very delta the
+  uninterrupted one would have, and sends it whole to its fresh workers -- the same
+  bits as the uninterrupted run from then on;
 * every ``set_state`` under ``broadcast`` names the digest (:func:`state_digest`, SHA-256
   of keys, dtypes, shapes and bytes) of the model it leaves; a delta also names its
   ``base``. A worker whose model is not ``base`` (a fresh or restarted process, a
@@ -159,6 +163,19 @@ class Broadcast:
         self.sent["delta"] += 1
         return {"op": "set_state", "state": self.delta, "base": self.base,
                 "digest": self.digest, "compress": self.plan.request(self.raw)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the checkpoint keeps: the model the workers hold ({} before the first round)."""
+        return {} if self.model is None else {"model": dict(self.model)}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`state_dict`. No worker holds the model yet
+        (a resumed run's workers are fresh), so each is sent it whole first."""
+        model = saved.get("model")
+        self.model = None if not model else dict(model)
+        self.digest = None if self.model is None else state_digest(self.model)
+        self.delta = self.base = None
+        self.held = {}
 
     def stale(self, rank: int) -> None:
         """``rank`` does not hold what the coordinator thought (it answered ``stale``):

@@ -144,6 +144,11 @@ class Federated:
         plan = ctx.compression
         # [compression] broadcast: the model goes down as a delta (meshkit.train.Broadcast).
         broadcast = Broadcast(plan, ctx.seed) if plan is not None and plan.broadcast else None
+        if broadcast is not None:
+            # The model the workers hold is checkpointed with the run: a resumed run sends
+            # the uninterrupted run's bits (meshkit.train._broadcast).
+            broadcast.load_state_dict(dict(ctx.saved.get("broadcast") or {}))
+            ctx.strategy_state = lambda: {"broadcast": broadcast.state_dict()}
 
         def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
             outcome = self.play_round(ctx, rnd, state, trainable, broadcast)
