@@ -221,6 +221,19 @@ def test_a_worker_that_lost_its_model_mid_run_is_sent_the_whole_model_in_that_ro
         assert trainer.digest == state_digest(trainer.state) == to_two[-1]["digest"]
 
 
+def test_a_clients_evaluation_in_between_costs_a_whole_model_not_a_stale_round_trip():
+    # evaluate = "both": the sampled clients evaluate the new global model, sent whole,
+    # so the coordinator forgets what they held and sends the next round whole, unasked.
+    task = _digits()
+    ctx = _ctx(task, _plan(bits=8))
+    federated = meshkit.plugins.create("strategy", "federated",
+                                       {"rounds": 3, "clients": 4, "evaluate": "both"})
+    result = federated.run(ctx)
+    assert result.rounds == 3 and "client_accuracy" in result.metrics
+    broadcast_sets = [r for _, r in _set_states(ctx.pool) if "digest" in r]
+    assert len(broadcast_sets) == 6 and not any("base" in r for r in broadcast_sets)
+
+
 def test_broadcast_must_be_true_or_false(tmp_path):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           extra='clients = 2\n\n[compression]\nname = "quantize"\n'
@@ -237,6 +250,8 @@ def test_broadcast_must_be_true_or_false(tmp_path):
                      "StrategyTraits.broadcast", "Drop broadcast"]),
     ("federated", '[secure_aggregation]\nname = "secagg+"\n\n',
      ["broadcast = true with [secure_aggregation]", "Drop broadcast"]),
+    ("federated", '[privacy]\nname = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\n\n',
+     ["broadcast = true with [privacy]", "Drop broadcast"]),
 ])
 def test_what_cannot_broadcast_is_refused_naming_why(tmp_path, strategy, tables, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
