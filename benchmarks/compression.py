@@ -5,6 +5,7 @@ Run (from the repository root)::
     python benchmarks/compression.py                     # digits and the torch CNN, 3 trials
     python benchmarks/compression.py --workload digits --trials 1
     python benchmarks/compression.py --workload digits --schemes secure,secure-int8
+    python benchmarks/compression.py --workload digits --broadcast   # bytes up and down
 
 Two workloads, each run by ``meshkit.run`` with local worker processes over
 TCP on loopback (the transport counts every frame body both ways):
@@ -44,6 +45,14 @@ The Flower 1.42 row is Flower's own serialisation of the same model's
 arrays as float32 (``flwr.common.ndarrays_to_parameters``): Flower ships no
 compression, so that is what each of its clients uploads per fit.
 
+With ``--broadcast`` the schemes are ``none``, ``quantize-8`` and
+``quantize-8+broadcast`` (``[compression] broadcast = true``: the model goes
+down as a compressed delta against what each worker holds), and a second
+table gives the bytes per round each way as the coordinator's transport
+counted them: ``up/rnd``, ``down r1`` (the first round, which sends the
+whole model) and ``down/rnd`` (the mean over the later rounds), each the
+mean over trials, with the later rounds' (min, max) down.
+
 A benchmark, not a test: it asserts nothing; the accuracy spread is over
 seeds.
 """
@@ -79,7 +88,11 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     # Under [secure_aggregation] (SECURE); "secure" is their baseline.
     "secure": None,
     "secure-int8": {"name": "quantize", "bits": 8},
+    # [compression] broadcast = true: the model goes down as a compressed delta too.
+    "quantize-8+broadcast": {"name": "quantize", "bits": 8, "broadcast": True},
 }
+#: The schemes ``--broadcast`` compares.
+BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
 #: The schemes that run under [secure_aggregation].
 SECURE = ("secure", "secure-int8")
 
@@ -112,7 +125,12 @@ def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int
     return {"accuracy": float(rows[-1]["accuracy"]), "cohort": statistics.mean(fits),
             "up_per_round": statistics.mean(r["bytes_up"] for r in rows),
             "up_per_fit": statistics.mean(r["bytes_up"] / n for r, n in zip(rows, fits)),
-            "down_per_round": statistics.mean(r["bytes_down"] for r in rows)}
+            "down_per_round": statistics.mean(r["bytes_down"] for r in rows),
+            "up_later": statistics.mean(r["bytes_up"] for r in rows[1:] or rows),
+            "down_first": float(rows[0]["bytes_down"]),
+            "down_later": statistics.mean(r["bytes_down"] for r in rows[1:] or rows),
+            "down_later_min": min(r["bytes_down"] for r in rows[1:] or rows),
+            "down_later_max": max(r["bytes_down"] for r in rows[1:] or rows)}
 
 
 def _task(workload: str) -> Any:
@@ -141,7 +159,7 @@ def payload_bits(workload: str, scheme: dict[str, Any] | None,
     coords = sum(v.size for v in floats.values())
     if scheme is None:
         return 32.0, 0.0
-    options = {k: v for k, v in scheme.items() if k != "name"}
+    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast")}
     compressor = meshkit.plugins.create("compression", scheme["name"], options)
     rng = np.random.default_rng(0)
     fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
@@ -167,13 +185,19 @@ def main() -> None:
     parser.add_argument("--cnn-rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--schemes", default=",".join(s for s in SCHEMES if s not in SECURE),
-                        help="comma list of: " + ", ".join(SCHEMES))
+    parser.add_argument("--schemes", default=None,
+                        help="comma list of: " + ", ".join(SCHEMES) + " (default: every one "
+                        "but the secure and broadcast ones)")
+    parser.add_argument("--broadcast", action="store_true",
+                        help="compare " + ", ".join(BROADCAST) + " and print the bytes per "
+                        "round up and down")
     parser.add_argument("--secure-clip", type=float, default=0.25,
                         help="[secure_aggregation] clip_range of the secure schemes")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
-    chosen = [s for s in args.schemes.split(",") if s]
+    default = BROADCAST if args.broadcast else [
+        s for s in SCHEMES if s not in SECURE and s != "quantize-8+broadcast"]
+    chosen = [s for s in args.schemes.split(",") if s] if args.schemes else list(default)
     for workload in workloads:
         rounds = args.digits_rounds if workload == "digits" else args.cnn_rounds
         results: dict[str, list[dict[str, float]]] = {s: [] for s in chosen}
@@ -209,10 +233,28 @@ def main() -> None:
             print(f"secure-int8: measured {32 - 8 * saved / per:.2f} bits a masked coordinate "
                   f"(32 less the bytes saved per worker per coordinate; cohort "
                   f"{results['secure-int8'][0]['cohort']:.0f})")
+        if args.broadcast:
+            _bytes_table(chosen, results)
         flower = flower_bytes(workload)
         print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"
               f"{'':>12}  (Flower's FedAvg uploads these bytes per fit; no compression)\n",
               flush=True)
+
+
+def _bytes_table(chosen: list[str], results: dict[str, list[dict[str, float]]]) -> None:
+    """Bytes per round each way, as the coordinator's transport counted them."""
+    def mean(name: str, field: str) -> float:
+        return statistics.mean(r[field] for r in results[name])
+
+    base = mean("none", "down_later") if "none" in results else float("nan")
+    print(f"\n{'scheme':<22}{'up/rnd B':>10}{'down r1 B':>11}{'down/rnd B':>12}"
+          f"{'(min, max)':>18}{'down vs none':>14}")
+    for name in chosen:
+        low = min(r["down_later_min"] for r in results[name])
+        high = max(r["down_later_max"] for r in results[name])
+        print(f"{name:<22}{mean(name, 'up_later'):>10.0f}{mean(name, 'down_first'):>11.0f}"
+              f"{mean(name, 'down_later'):>12.0f}{f'({low:.0f}, {high:.0f})':>18}"
+              f"{mean(name, 'down_later') / base:>13.3f}x")
 
 
 if __name__ == "__main__":

@@ -291,6 +291,9 @@ class Config:
     simulation: SimulationTable | None = None
     #: ``[compression]``: how workers compress what they upload (None: sent whole).
     compression: Selection | None = None
+    #: ``[compression] broadcast``: the coordinator sends each worker a compressed delta
+    #: against the model it holds, too (a kernel key: the compressor never sees it).
+    compression_broadcast: bool = False
 
     def speeds(self) -> Speeds | None:
         """The ``[simulation]`` clients' durations (None without the table); a
@@ -455,6 +458,15 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     partitioner = optional("partitioner", DEFAULT_PARTITIONER, "a component name")
     privacy = optional("privacy", None, "a privacy mechanism's name (e.g. \"dp-fixed\")")
     compression = optional("compression", None, "a compressor's name (e.g. \"quantize\")")
+    broadcast = False
+    if compression is not None and "broadcast" in compression.options:
+        options = dict(compression.options)
+        broadcast = options.pop("broadcast")
+        if not isinstance(broadcast, bool):
+            raise ConfigError(f"{path}: [compression] broadcast: expected true or false (send "
+                              f"each worker a compressed delta of the model), got "
+                              f"{broadcast!r}")
+        compression = attrs.evolve(compression, options=options)
     attack = _attack_table(table("attack"), path) if "attack" in data else None
     secure = optional("secure_aggregation", DEFAULT_SECURE_AGGREGATION,
                       "a secure-aggregation scheme's name (e.g. \"secagg+\")")
@@ -472,4 +484,4 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
                   privacy=privacy, simulation=simulation, secure_aggregation=secure,
-                  compression=compression, **selections)
+                  compression=compression, compression_broadcast=broadcast, **selections)

@@ -136,6 +136,9 @@ def _upload_line(upload: dict[str, Any]) -> str:
     if upload["residual_bytes"]:
         line += (f"; error feedback's residual ({upload['residual_bytes']:,} bytes a client) "
                  f"travels with each fit")
+    if upload.get("broadcast"):
+        line += ("; broadcast: the model goes down the same way, as a delta against the "
+                 "model each worker holds (whole in a worker's first round)")
     return line
 
 

@@ -5,8 +5,11 @@ Rule: every decision about what compression composes with lives here.
 
 Where compression sits (docs/compression.md has the argument):
 
-* **the upload only**: the worker compresses its fit's update; the
-  coordinator broadcasts the model whole (a downlink delta is not built);
+* **the upload**, and with ``[compression] broadcast = true`` **the download**
+  too: the coordinator sends each worker a compressed delta against the model
+  it holds (:mod:`meshkit.train._broadcast`; only a strategy with the trait
+  ``StrategyTraits.broadcast``, and not under secure aggregation, whose round
+  sends the model itself);
 * **after a client's clip** (``[privacy] clip = "client"``): the clip bound
   S must hold for what is *sent*, so only a ``contractive`` compressor is
   accepted there (‖C(x)‖ ≤ ‖x‖ ≤ S); the Gaussian noise is added by the
@@ -53,6 +56,8 @@ class CompressionPlan:
     name: str
     options: Mapping[str, Any]
     compressor: Any
+    #: ``[compression] broadcast``: the model goes down as a compressed delta too.
+    broadcast: bool = False
 
     @property
     def traits(self) -> CompressionTraits:
@@ -71,6 +76,12 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
     ``[secure_aggregation]``).
     """
     traits = plan.traits
+    if secure is not None and plan.broadcast:
+        raise RefusedError(
+            f"{where}: [compression] broadcast = true with [secure_aggregation]: the secure "
+            f"round hands each client the model through its own protocol, and sending it as "
+            f"a delta is not built into that round. Drop broadcast (uploads are still "
+            f"compressed), or drop [secure_aggregation]")
     if secure is not None:
         why = None
         if traits.sparse:
@@ -102,8 +113,9 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
 def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
                     raw: Collection[str] = ()) -> dict[str, Any]:
     """What one client's compressed update of ``state`` carries (``meshkit check``): the
-    payload's bits per compressed coordinate (float32: 32), the keys sent whole, and the
-    residual error feedback sends back (bytes). Encoded for real, from a seeded update."""
+    payload's bits per compressed coordinate (float32: 32), the keys sent whole, the
+    residual error feedback sends back (bytes), and whether the model goes down the same
+    way (``broadcast``). Encoded for real, from a seeded update."""
     keys = compressed_keys(state, raw)
     start = {k: np.asarray(state[k]) for k in keys}
     rng = np.random.default_rng(0)
@@ -115,4 +127,5 @@ def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
     return {"name": plan.name, "coordinates": coordinates, "payload_bytes": sent,
             "bits_per_coordinate": 8 * sent / coordinates if coordinates else 0.0,
             "whole": sorted(k for k in state if k not in set(keys)),
-            "residual_bytes": sum(int(v.nbytes) for v in residual.values())}
+            "residual_bytes": sum(int(v.nbytes) for v in residual.values()),
+            "broadcast": plan.broadcast}

@@ -19,6 +19,8 @@ One idea per module (docs/architecture.md, "where to find things"):
   all-reduce: :class:`PartialReducer`, :func:`cohort_slice`),
   ``_rounds.relayed`` (host relays, one partial per relay),
   ``_rounds.secure``; ``_rounds.compressed``, a compressed round's fits;
+* ``_broadcast`` — ``[compression] broadcast``: the model sent down as a
+  compressed delta against what each worker holds (:class:`Broadcast`);
 * ``_sharding`` — which rows a client trains on, which clients a round
   asks, and the seed of each fit;
 * ``_partitions`` — model-parallel stages: ordering, validation, pinning;
@@ -72,6 +74,7 @@ from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_rela
 from meshkit.train._relay.host import RelayPool, RelayRanks
 from meshkit.train._local_keys import ClientLocal, resolve_local_keys
 from meshkit.train._trainable import Trainable
+from meshkit.train._broadcast import Broadcast
 from meshkit.train._attacks import AttackedFold, AttackPlan
 from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
                                      strike)
@@ -184,6 +187,7 @@ __all__ = [
     "ClientLocal",
     "resolve_local_keys",
     "Trainable",
+    "Broadcast",
     # progress lines, as the CLI prints them
     "format_event",
     "format_metrics",

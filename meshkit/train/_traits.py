@@ -62,7 +62,10 @@ class StrategyTraits:
     * ``collective``: plays torchrun's spmd rounds (every rank folds its slice of
       the cohort through :func:`meshkit.train.fold_round`; one sum a round);
     * ``compressed``: its clients' fits go through :func:`meshkit.train.fold_round`,
-      which compresses what they upload (``[compression]``).
+      which compresses what they upload (``[compression]``);
+    * ``broadcast``: it hands each worker the round's model through
+      :func:`meshkit.train.fold_round`'s ``send_state``, so ``[compression] broadcast``
+      can send it as a compressed delta (:mod:`meshkit.train._broadcast`).
 
     What its options say that the kernel reads (``[strategy]`` keys):
 
@@ -112,6 +115,7 @@ class StrategyTraits:
     secure: bool = attrs.field(default=False, validator=_flag)
     clocked: bool = attrs.field(default=False, validator=_flag)
     compressed: bool = attrs.field(default=False, validator=_flag)
+    broadcast: bool = attrs.field(default=False, validator=_flag)
     collective: bool = attrs.field(default=False, validator=_flag)
     rounds: int | None = None
     clients: int = 0

@@ -14,7 +14,8 @@ from meshkit.partitioner import is_per_node
 from meshkit.population import is_population, population_size
 from meshkit.task import has_held_out
 from meshkit.train import RoundOutcome, StrategyContext, StrategyResult, StrategyTraits, Work
-from meshkit.train import ClientLocal, Trainable, client_seed, fold_round, resolve_local_keys
+from meshkit.train import Broadcast, ClientLocal, Trainable, client_seed, fold_round
+from meshkit.train import resolve_local_keys
 from meshkit.train import run_rounds
 from meshkit.train import cohort_size, poisson_clients, sample_clients, weighted_mean
 
@@ -50,7 +51,7 @@ class Federated:
         opts = self.options
         return StrategyTraits(
             partitioned=True, private=True, secure=True, collective=True, compressed=True,
-            rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
+            broadcast=True, rounds=opts.rounds, clients=opts.clients, evaluate=opts.evaluate,
             local_keys=tuple(opts.local_keys), trainable=tuple(opts.trainable),
             round_timeout=opts.round_timeout,
             device=opts.device, count_clients=self.clients, sampling_rate=self.sampling_rate,
@@ -89,6 +90,12 @@ class Federated:
         opts = self.options
         per_node = is_per_node(partitioner)
         _check_trainable(opts, privacy, compression)
+        if privacy is not None and getattr(compression, "broadcast", False):
+            raise RefusedError(
+                "[compression] broadcast = true with [privacy]: a private round hands its "
+                "workers the model through its own clipped fold, and sending it as a delta "
+                "is not built into that round yet. Drop broadcast (uploads are still "
+                "compressed), or drop [privacy]")
         if privacy is not None:
             check_private(opts, privacy, self.clients(workers, partitioner, task))
         if per_node and opts.clients not in (0, workers):
@@ -134,9 +141,17 @@ class Federated:
         if self.options.local_keys:
             ctx.client_local.use(resolve_local_keys(self.options.local_keys, last[0], ctx.task))
         trainable = _trainable(self.options.trainable, last[0], ctx.task)
+        plan = ctx.compression
+        # [compression] broadcast: the model goes down as a delta (meshkit.train.Broadcast).
+        broadcast = Broadcast(plan, ctx.seed) if plan is not None and plan.broadcast else None
+        if broadcast is not None:
+            # The model the workers hold is checkpointed with the run: a resumed run sends
+            # the uninterrupted run's bits (meshkit.train._broadcast).
+            broadcast.load_state_dict(dict(ctx.saved.get("broadcast") or {}))
+            ctx.strategy_state = lambda: {"broadcast": broadcast.state_dict()}
 
         def play(ctx: StrategyContext, rnd: int, state: Mapping[str, Any]) -> RoundOutcome:
-            outcome = self.play_round(ctx, rnd, state, trainable)
+            outcome = self.play_round(ctx, rnd, state, trainable, broadcast)
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
@@ -159,9 +174,14 @@ class Federated:
                     f"use evaluate = \"coordinator\"")
 
     def play_round(self, ctx: StrategyContext, rnd: int, state: Mapping[str, Any],
-                   trainable: Trainable | None = None) -> RoundOutcome:
+                   trainable: Trainable | None = None,
+                   broadcast: Broadcast | None = None) -> RoundOutcome:
         """One round; with ``trainable`` (``[strategy] trainable``) only those keys are
-        sent after a worker's first round, answered, folded and stepped."""
+        sent after a worker's first round, answered, folded and stepped. With
+        ``broadcast`` (``[compression] broadcast``) each worker is sent a compressed delta
+        against the model it holds, and the round is played from the model the workers
+        then hold (the decoded broadcast: the fits start from it, the outer step steps
+        from it)."""
         opts = self.options
         per_node = is_per_node(ctx.partitioner)
         clients = self.clients(len(ctx.workers), ctx.partitioner, ctx.task)
@@ -191,6 +211,14 @@ class Federated:
                                 send_state=lambda rank: trainable.set_state(rank, state))
             trainable.forget(folded.failed)
             trainable.keep_only(ctx.live)  # lost during the round
+        elif broadcast is not None:
+            state = broadcast.prepare(state, rnd, _sent_whole(ctx, state, local))
+            broadcast.keep_only(ctx.live)
+            folded = fold_round(ctx, work, state=state, window=opts.window,
+                                deadline=opts.round_timeout or None, local=local or None,
+                                send_state=broadcast.set_state, on_stale=broadcast.stale)
+            broadcast.forget(folded.failed)
+            broadcast.keep_only(ctx.live)  # lost during the round
         else:
             folded = fold_round(ctx, work, state=state, window=opts.window,
                                 deadline=opts.round_timeout or None, local=local or None)
@@ -215,6 +243,8 @@ class Federated:
         if opts.evaluate in ("clients", "both"):
             per_client = self._evaluate_on_clients(ctx, state, sampled, clients, per_node,
                                                    trainable)
+            if broadcast is not None:  # they were sent the new global model, whole
+                broadcast.forget(ctx.workers)
             metrics.update(client_means(per_client))
         outcome = folded.outcome(state, metrics)
         return attrs.evolve(outcome, client_metrics=per_client)
@@ -242,6 +272,14 @@ class Federated:
             found[client] = {**{k: float(v) for k, v in reply.payload["metrics"].items()},
                              "examples": float(reply.payload["examples"])}
         return found
+
+
+def _sent_whole(ctx: StrategyContext, state: Mapping[str, Any],
+                local: ClientLocal) -> list[str]:
+    """The keys a broadcast delta carries whole, as an upload does: the task's buffers and
+    the local keys (meshkit.train._rounds.compressed)."""
+    own = {k for k in (local.keys if local else ()) if not is_residual(k)}
+    return sorted(own | (ctx.buffers & set(state)))
 
 
 def _trainable(patterns: list[str], state: Mapping[str, Any], task: Any) -> Trainable | None:

@@ -468,8 +468,16 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any,
             f"{cfg.strategy.name!r}: only a strategy whose client fits go through the round "
             f"engine can upload them compressed, and {traits.lacks('compressed')}. Use a "
             f"strategy that declares it (federated), or remove the [compression] table")
+    broadcast = bool(cfg.compression_broadcast)
+    if broadcast and not traits.broadcast:
+        raise RefusedError(
+            f"{cfg.path}: [compression] broadcast = true with [strategy] name = "
+            f"{cfg.strategy.name!r}: only a strategy that hands each worker the round's model "
+            f"through the round engine's set_state can send it as a delta, and "
+            f"{traits.lacks('broadcast')}. Drop broadcast (uploads are still compressed), "
+            f"or use a strategy that declares it (federated)")
     chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
-                             plan.create("compression"))
+                             plan.create("compression"), broadcast=broadcast)
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
                       secure=None if scheme is None else scheme.traits)

@@ -17,6 +17,10 @@ from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MA
                                             _name, _seq, _shard, _shards)
 
 
+#: A SHA-256 digest in hex.
+DIGEST = 64
+
+
 # -- requests (rank 0 -> worker, tag TAG_REQUEST) ----------------------------------------------
 
 
@@ -31,6 +35,25 @@ class SetStateRequest:
         "only its own keys of the model the worker holds (after the first round it holds "
         "only these), and fits answer with only these keys", optional=True,
         check=lambda _, attribute, value: _key_names(value))
+    digest: str | None = _field(
+        "str, 64 hex chars", "`[compression] broadcast`: SHA-256 (`meshkit.train.state_digest`) "
+        "of the model the worker holds after this request; a delta is applied only when the "
+        "model it makes has this digest", optional=True, check=_length(DIGEST, DIGEST))
+    base: str | None = _field(
+        "str, 64 hex chars", "`[compression] broadcast`: `state` is a compressed delta (the "
+        "`fit` reply's payload layout) against the model with this digest; a worker that "
+        "does not hold it changes nothing and answers `stale`", optional=True,
+        check=_length(DIGEST, DIGEST))
+    compress: Compress | None = _field("compressor", "with `base`: the compressor that "
+                                       "decodes the delta, and the keys it carries whole",
+                                       optional=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.base is not None and (self.digest is None or self.compress is None
+                                      or self.trainable is not None):
+            raise ValueError("a delta (base) needs digest and compress, and no trainable")
+        if self.digest is not None and self.trainable is not None:
+            raise ValueError("a broadcast set_state (digest) carries no trainable")
 
 
 @attrs.frozen(kw_only=True)
@@ -286,6 +309,17 @@ class AckReply:
 
 
 @attrs.frozen(kw_only=True)
+class SetStateReply:
+    """Done; or, under `[compression] broadcast`, the delta could not be applied."""
+
+    seq: int = _seq()
+    stale: str | None = _field("str, 1..65536 chars", "the delta's `base` is not the model "
+                               "this worker holds, or it decoded to another `digest`: "
+                               "nothing changed, and rank 0 sends the whole model",
+                               optional=True, check=_length(1, MAX_ERROR))
+
+
+@attrs.frozen(kw_only=True)
 class ErrorReply:
     """The request could not be served (any op): the worker's message."""
 
@@ -417,7 +451,7 @@ class PartialReply:
 
 #: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).
 TRAINER_REPLIES: dict[str, type] = {
-    "set_state": AckReply,
+    "set_state": SetStateReply,
     "fit": FitReply,
     "grads": GradsReply,
     "step": StepReply,

@@ -134,7 +134,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
                label: str = "client", deadline: float | None = None,
                reference: Mapping[str, Any] | None = None,
                local: ClientLocal | None = None, batch: bool = True,
-               send_state: Callable[[int], Mapping[str, Any]] | None = None) -> Folded:
+               send_state: Callable[[int], Mapping[str, Any]] | None = None,
+               on_stale: Callable[[int], None] | None = None) -> Folded:
     """Serve ``work`` on the live workers and fold the contributions in key order.
 
     ``state`` (the round's global state) is sent once to each worker the
@@ -156,7 +157,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     is the ``set_state`` request each worker is sent (default: ``state``
     whole); ``[strategy] trainable`` sends the whole model only to a worker
     that lacks it (:class:`meshkit.train.Trainable`), and its round is never
-    relayed or collective.
+    relayed or collective. ``on_stale(rank)`` is told of a worker that answered its
+    ``set_state`` ``stale`` (``[compression] broadcast``: it lacks the delta's base,
+    :mod:`meshkit.train._broadcast`) before ``send_state(rank)`` is asked again, for the
+    whole model.
 
     Which way the round is played is :data:`ROUND_PATHS`' first path that
     applies (:func:`round_path`).
@@ -170,7 +174,7 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
         raise ValueError(f"every piece of work needs its own key, got {keys}")
     call = RoundCall(ctx, work, state=state, weight=weight, window=window, given=fold,
                      label=label, deadline=deadline, reference=reference, local=local,
-                     batch=batch, send_state=send_state)
+                     batch=batch, send_state=send_state, on_stale=on_stale)
     return round_path(call).play(call)
 
 
@@ -187,9 +191,10 @@ class RoundCall:
                  weight: Callable[[Mapping[str, Any]], float], window: int, given: Any,
                  label: str, deadline: float | None, reference: Mapping[str, Any] | None,
                  local: ClientLocal | None, batch: bool,
-                 send_state: Callable[[int], Mapping[str, Any]] | None = None) -> None:
+                 send_state: Callable[[int], Mapping[str, Any]] | None = None,
+                 on_stale: Callable[[int], None] | None = None) -> None:
         self.ctx, self.work, self.state, self.weight = ctx, work, state, weight
-        self.send_state = send_state
+        self.send_state, self.on_stale = send_state, on_stale
         self.window, self.given, self.label, self.deadline = window, given, label, deadline
         self.reference = state if reference is None else reference
         self.local, self.batch = local, batch
@@ -338,7 +343,7 @@ def _play_flat(call: RoundCall) -> Folded:
                     pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                     local=call.fold_local or None, scan=not replay and not allows,
                     unpack=call.unpack, limit=limit)
-    round_.state_request = call.send_state
+    round_.state_request, round_.on_stale = call.send_state, call.on_stale
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -351,7 +356,7 @@ def _play_flat(call: RoundCall) -> Folded:
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                         local=call.fold_local or None, scan=True, unpack=call.unpack,
                         limit=limit)
-        round_.state_request = call.send_state
+        round_.state_request, round_.on_stale = call.send_state, call.on_stale
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))

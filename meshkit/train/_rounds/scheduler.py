@@ -61,6 +61,12 @@ class Scheduler(Generic[Unit]):
         #: The ``set_state`` request for each rank (None: the round's state, whole):
         #: ``[strategy] trainable`` sends the whole model only to a worker that lacks it.
         self.state_request: Callable[[int], Mapping[str, Any]] | None = None
+        #: Told of a rank that answered its ``set_state`` ``stale`` (``[compression]
+        #: broadcast``: it lacks the delta's base), before it is sent the state again,
+        #: whole (None: a ``stale`` answer is a protocol breach).
+        self.on_stale: Callable[[int], None] | None = None
+        #: Ranks sent the state again this round after a ``stale`` answer.
+        self.restated: set[int] = set()
         #: The one request each busy worker owes: ticket -> (rank, kind, unit or None).
         self.busy: dict[int, tuple[int, str, Unit | None]] = {}
         #: Workers that hold this round's state and may be handed work.
@@ -220,9 +226,27 @@ class Scheduler(Generic[Unit]):
             self.failed(rank, kind, unit, self.blamed(kind, unit, payload), failure)
             return
         if kind == "state":
+            if payload.get("stale") is not None:
+                self.restate(rank, str(payload["stale"]))
+                return
             self.ready.add(rank)
             return
         self.answered(rank, kind, unit, payload)
+
+    def restate(self, rank: int, why: str) -> None:
+        """``rank`` answered its ``set_state`` ``stale``: send it the state again, whole
+        (:attr:`on_stale` makes the next request whole). Once a round: a rank that calls
+        a whole model stale is in breach of the protocol."""
+        if self.on_stale is None or rank in self.restated:
+            self.failed(rank, "state", None, None,
+                        f"protocol error: it answered set_state stale ({why}), and it was "
+                        f"{'sent the whole model' if rank in self.restated else 'sent no delta'}")
+            return
+        log.info("rank %d cannot apply the broadcast delta (%s); sending the whole model",
+                 rank, why)
+        self.restated.add(rank)
+        self.on_stale(rank)
+        self.send_state(rank)
 
     def failed(self, rank: int, kind: str, unit: Unit | None, key: int | None,
                reason: str) -> None:

@@ -69,6 +69,8 @@ from meshkit.privacy import ClippedSum, clip_contribution
 from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
 from meshkit.train._messages import LOCAL_SGD_REQUESTS
+from meshkit.train._worker.held import Compressors, Stale, apply_broadcast, only, set_state
+from meshkit.train._worker.held import with_local
 from meshkit.train._worker.local_sgd import LocalSGD
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
 from meshkit.train._messages import signature
@@ -129,10 +131,13 @@ class Trainer:
     #: ``[strategy] trainable``'s keys (the last ``set_state``'s): a fit answers with
     #: only these; None: with every key.
     trainable: frozenset[str] | None = None
+    #: The digest of ``state`` when a broadcast ``set_state`` left it (``[compression]
+    #: broadcast``: a delta applies only to it); None after any other.
+    digest: str | None = None
     #: Data-poisoning attacks named by fit requests (``poison``), built once each.
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     #: Compressors named by fit requests (``compress``), built once per name and options.
-    _compressors: dict[tuple[str, str], Any] = attrs.Factory(dict)
+    _compressors: Compressors = attrs.Factory(Compressors)
     #: Contiguous blocks' bounds per client count (the blocks themselves are views).
     _blocks: dict[int, list[tuple[int, int]]] = attrs.Factory(dict)
     #: The partitioner's whole split per (set, client count), for a partitioner
@@ -280,7 +285,18 @@ class Trainer:
             partial, self.partial = self.partial, None
             return {"partial": partial.partial().to_wire()}
         if op == "set_state":
-            self.state, self.trainable = _set_state(self.state, request)
+            if request.get("digest") is not None:  # [compression] broadcast
+                try:
+                    self.state, self.digest = apply_broadcast(self.state, self.digest, request,
+                                                              self._compressors)
+                except Stale as exc:
+                    # Nothing changed: the coordinator sends the whole model next.
+                    log.info("set_state: %s; asking for the whole model", exc)
+                    return {"stale": str(exc)}
+                self.trainable = None
+            else:
+                self.state, self.trainable = set_state(self.state, request)
+                self.digest = None
             # A new round: whatever the last one left unclaimed is stale.
             self.kept.clear()
             self.partial = None
@@ -301,7 +317,7 @@ class Trainer:
             result = self.task.gradients(state, *self._batch(request))
             mean = self.group.mesh_all_reduce(result.state, 1.0,
                                               ranks=[int(r) for r in request["ranks"]])
-            self.state = dict(self.task.apply(state, mean))
+            self.state, self.digest = dict(self.task.apply(state, mean)), None
             self.examples += int(result.examples)
             return {"examples": int(result.examples),
                     "metrics": _metrics(result.metrics, op)}
@@ -313,6 +329,7 @@ class Trainer:
             return {"state": self.kept.pop(key)}
         if op == "apply":
             self.state = dict(self.task.apply(self._require_state(op), request["gradients"]))
+            self.digest = None
             return {}
         if op == "get_state":
             return {"state": self._require_state(op)}
@@ -322,7 +339,7 @@ class Trainer:
                 return {"examples": 0}
             return {"examples": int(len(test_data()[1]))}
         if op == "evaluate":
-            model = _with_local(request["state"] if "state" in request
+            model = with_local(request["state"] if "state" in request
                                 else self._require_state(op), request)
             x, y = self.held_out(int(request["shard"]), int(request["shards"]))
             if len(y) == 0:
@@ -384,7 +401,7 @@ class Trainer:
         # coordinator checks a flat round's: a client whose fit has the wrong keys or
         # shapes (a 0-d array where a vector belongs) fails alone, named, and never
         # becomes the template of this worker's sum.
-        expected = signature(_only(model, self.trainable))
+        expected = signature(only(model, self.trainable))
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
@@ -411,7 +428,7 @@ class Trainer:
         """One client's fit: (its state, examples, metrics, the attack it ran or "")."""
         x, y = self._shard(int(request["shard"]), int(request["shards"]), partitioned=True)
         start = request["state"] if "state" in request else self._require_state("fit")
-        start = _with_local(start, request)
+        start = with_local(start, request)
         poisoner, attacked = self._data_attack(request)
         if poisoner is not None:
             x, y = poisoner.poison(x, y, classes=self._classes())
@@ -424,7 +441,7 @@ class Trainer:
         self.fits += 1
         self.examples += int(result.examples)
         self.metrics = metrics = _metrics(result.metrics, "fit")
-        state = _only(result.state, self.trainable)
+        state = only(result.state, self.trainable)
         if self.attack is not None and not poisons_data(self.attack):
             # A real node sees only its own update: contributors = attackers = 1.
             state = tamper_contribution(
@@ -444,15 +461,10 @@ class Trainer:
         """A fit's result as its compressed payload (:mod:`meshkit.compression`): the update
         against the model it started from, with the client's residual fed back."""
         chosen = request["compress"]
-        name = str(chosen["name"])
-        options = dict(chosen.get("options") or {})
-        cache = (name, repr(sorted(options.items())))
-        if cache not in self._compressors:
-            self._compressors[cache] = plugins.default().create("compression", name, options)
         start = request["state"] if "state" in request else self._require_state("fit")
         residual = {k[:-len(SEP + RESIDUAL)]: v for k, v in (request.get("local") or {}).items()
                     if is_residual(k)}
-        payload, _ = encode_update(self._compressors[cache], _with_local(start, request),
+        payload, _ = encode_update(self._compressors.of(chosen), with_local(start, request),
                                    fitted, seed=int(request["seed"]), raw=chosen["raw"],
                                    residual=residual)
         return payload
@@ -520,53 +532,6 @@ class Trainer:
         if self.state is None:
             raise MeshError(f"{op!r} before any model was set on this worker")
         return self.state
-
-
-def _set_state(held: dict[str, Any] | None, request: Mapping[str, Any]
-               ) -> tuple[dict[str, Any], frozenset[str] | None]:
-    """A ``set_state``: the worker's model and its trainable keys after it.
-
-    Without ``trainable`` the state is the model. With it, the state replaces its own
-    keys of the model held (the frozen rest stays as the first round sent it); a
-    worker that holds no model must be sent all of it.
-    """
-    state = request["state"]
-    names = request.get("trainable")
-    if names is None:
-        return dict(state), None
-    trainable = frozenset(names)
-    missing = sorted(k for k in trainable if k not in state)
-    if missing:
-        raise MeshError(f"set_state names trainable keys it does not carry: "
-                        f"{', '.join(map(repr, missing[:5]))}")
-    if held is None or not all(k in held for k in state):
-        if held is None and set(state) == trainable:
-            raise MeshError("set_state carries only the trainable keys, but this worker "
-                            "holds no model to merge them into (it started after the "
-                            "first round); the coordinator sends it the whole model again")
-        return dict(state), trainable
-    return {**held, **state}, trainable
-
-
-def _only(state: Mapping[str, Any], keys: frozenset[str] | None) -> Mapping[str, Any]:
-    """``state``'s ``keys`` (``[strategy] trainable``), or all of it when None."""
-    if keys is None:
-        return state
-    return {k: state[k] for k in state if k in keys}
-
-
-def _with_local(state: Mapping[str, Any], request: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The model with the client's own local keys (``local``, FedBN) in place of the global's."""
-    # A compressed run's residuals travel with the client's local values; they are
-    # not model keys (meshkit.compression, the payload).
-    local = {k: v for k, v in (request.get("local") or {}).items() if not is_residual(k)}
-    if not local:
-        return state
-    unknown = sorted(k for k in local if k not in state)
-    if unknown:
-        raise MeshError(f"the client's local keys {', '.join(map(repr, unknown))} are not in "
-                        f"the model")
-    return {**state, **local}
 
 
 def _metrics(metrics: Mapping[str, Any], op: str) -> dict[str, float]:
