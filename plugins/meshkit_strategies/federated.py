@@ -140,8 +140,10 @@ class Federated:
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
+            # Every round sends its state to each worker it uses (the round engine, the
+            # secure round, the clients' evaluation): a joined worker needs none before.
             return run_rounds(ctx, "federated", self.options.rounds, last[0], play,
-                              on_nonfinite=self.options.on_nonfinite,
+                              on_nonfinite=self.options.on_nonfinite, hand_state=False,
                               accept_failures=self.options.accept_failures)
         except BudgetReached as stop:
             # Not an error: the budget was spent; the last round's checkpoint stands.
