@@ -18,6 +18,7 @@ from meshkit.errors import (
     BoardError,
     BoardTimeoutError,
     ConfigError,
+    DigestMismatchError,
     MeshError,
     PeerLostError,
     PlacementError,
@@ -87,6 +88,7 @@ __all__ = [
     "BoardTimeoutError",
     "WorkerError",
     "ProtocolError",
+    "DigestMismatchError",
     *_LAZY,
 ]
 

@@ -23,6 +23,7 @@ __all__ = [
     "BoardError",
     "BoardTimeoutError",
     "ProtocolError",
+    "DigestMismatchError",
 ]
 
 
@@ -64,6 +65,15 @@ class WireError(MeshError):
 
 class AuthenticationError(WireError):
     """A frame failed authentication: wrong secret, forged, replayed or reordered."""
+
+
+class DigestMismatchError(WireError):
+    """A resumed transfer's whole body does not match the digest its first lead announced.
+
+    Every segment was authenticated, so the sender's body changed between the
+    attempts (or it offered another message under the transfer's id); the
+    partial is discarded and the message must be sent again from the start.
+    """
 
 
 class PeerLostError(MeshError):

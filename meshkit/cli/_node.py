@@ -26,8 +26,9 @@ from meshkit.node import NodeControl, caps_for, serve_node
 from meshkit.node.board import DeadlineBoard
 from meshkit.node.config import NodeConfig
 from meshkit.pipeline import serve_pipeline_job
+from meshkit.secure_aggregation import Roster
 from meshkit.service import Assign, Done, serve_service
-from meshkit.train import node_attack, serve_train_job
+from meshkit.train import Signing, node_attack, serve_train_job
 
 __all__ = ["node"]
 
@@ -91,6 +92,11 @@ class _Stopped(BaseException):
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), default=None,
               help="This node's private key (from `meshkit keygen`), proven in the handshake; "
                    "needed when the coordinator has [mesh] authorized_nodes.")
+@click.option("--roster", "roster_file", type=click.Path(dir_okay=False), default=None,
+              help="Signed secure rounds: the node keys ([mesh] authorized_nodes format) whose "
+                   "signed adverts and survivor confirmations this worker's clients accept; "
+                   "a round that relays anything else is refused before a secret is shared "
+                   "or a share revealed (docs/secure-aggregation.md). Needs --key.")
 @click.option("--encrypt/--no-encrypt", default=True,
               help="Encrypt frame bodies; --no-encrypt matches a coordinator with "
                    "[mesh] encrypt = false.")
@@ -115,7 +121,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          transport_options: tuple[str, ...], segment_bytes: int | None, board_name: str | None,
          board_options: tuple[str, ...], task_options: tuple[str, ...],
          attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
-         secret_file: str | None, key_file: str | None,
+         secret_file: str | None, key_file: str | None, roster_file: str | None,
          encrypt: bool, trust_network: bool, service: str | None, rejoin_timeout: float,
          steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
@@ -142,6 +148,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     attack = node_attack(attack_name, attack_options) if attack_name else None
     secret = read_secret(secret_file)
     node_key = wire.load_node_key(key_file, "--key") if key_file else None
+    if roster_file and node_key is None:
+        raise ConfigError("--roster needs --key FILE: a worker that checks its neighbours' "
+                          "signatures signs its own clients' adverts (make a key with "
+                          "`meshkit keygen`)")
+    signing = Signing(node_key, Roster.from_authorized(wire.load_authorized_nodes(
+        roster_file, "--roster")) if roster_file else None) if node_key is not None else None
     for pair in task_options:
         if "=" not in pair or not pair.partition("=")[0].strip():
             raise ConfigError(f"--task-option {pair!r}: expected KEY=VALUE")
@@ -220,7 +232,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
                       rejoin_timeout=rejoin_timeout,
                       jobs={"pipeline": serve_pipeline_job,
                             "train": functools.partial(serve_train_job, task_options=task_options,
-                                                       attack=attack)})
+                                                       attack=attack, signing=signing)})
         return
     control = NodeControl(steps=steps)
     joined = False
@@ -257,7 +269,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
                                  jobs={"pipeline": serve_pipeline_job,
                                        "train": functools.partial(serve_train_job,
                                                                   task_options=task_options,
-                                                                  attack=attack)})
+                                                                  attack=attack, signing=signing)})
             for report in reports:
                 click.echo(json.dumps({"event": "report", "report": report.to_json()}))
         finally:

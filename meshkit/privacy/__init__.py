@@ -14,6 +14,11 @@ What lives where:
   Gaussian by PLD (default) or RDP;
 * ``_clip.py``: what DP releases (:func:`float_keys`) and a client's
   clipping of its own update (:func:`clip_contribution`, run on the worker);
+* ``_skellam.py``: ``placement = "distributed"``: a client's share of the
+  Skellam mechanism in the secure aggregation's field (:func:`plan_skellam`,
+  :class:`SkellamPlan`: conditional rounding, Skellam noise, the field check);
+* ``_skellam_accountant.py``: :class:`SkellamAccountant`, ε of the Skellam
+  mechanism by RDP, each round with the noise its survivors added;
 * ``_clipped.py``: :class:`ClippedSum`, the exact sum of clipped updates a
   round releases, the same bits folded on the coordinator or per worker
   (:func:`clip_bits`, :func:`one_bit`).
@@ -27,9 +32,17 @@ from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
                                          effective_noise_multiplier, epsilon_pld, epsilon_rdp)
 from meshkit.privacy._clip import clip_contribution, float_keys
 from meshkit.privacy._clipped import COHORT_BITS, ClippedSum, clip_bits, one_bit
-from meshkit.privacy._contract import NOISE_SOURCES, PLACEMENTS, PrivacyFold, PrivacyMechanism
+from meshkit.privacy._skellam import (SkellamPlan, field_levels, l1_bound, plan_skellam,
+                                      rounded_l2_bound, skellam_noise)
+from meshkit.privacy._skellam_accountant import (SKELLAM_ORDERS, SkellamAccountant,
+                                                 epsilon_skellam, skellam_rdp, subsampled_rdp)
+from meshkit.privacy._contract import (DISTRIBUTED, NOISE_SOURCES, PLACEMENTS, PrivacyFold,
+                                       PrivacyMechanism)
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplier",
            "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "PrivacyMechanism",
            "PrivacyFold", "float_keys", "clip_contribution", "ClippedSum", "clip_bits",
-           "one_bit", "COHORT_BITS"]
+           "one_bit", "COHORT_BITS", "SkellamPlan", "plan_skellam", "field_levels",
+           "rounded_l2_bound", "l1_bound", "skellam_noise", "SkellamAccountant",
+           "epsilon_skellam", "skellam_rdp", "subsampled_rdp", "SKELLAM_ORDERS",
+           "DISTRIBUTED"]

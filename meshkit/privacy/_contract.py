@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-__all__ = ["PrivacyMechanism", "PrivacyFold", "PLACEMENTS", "NOISE_SOURCES"]
+__all__ = ["PrivacyMechanism", "PrivacyFold", "PLACEMENTS", "NOISE_SOURCES", "DISTRIBUTED"]
 
 #: ``clip`` values: who clips an update before it is summed.
 PLACEMENTS = ("coordinator", "client")
+#: ``placement`` values: who adds the noise (the coordinator to the sum, or the
+#: clients in the secure aggregation's field, :mod:`meshkit.privacy._skellam`).
+DISTRIBUTED = ("central", "distributed")
 #: ``noise`` values: where the noise's randomness comes from (the OS's entropy, or
 #: (run seed, round): reproducible, and no privacy against whoever knows the seed).
 NOISE_SOURCES = ("os", "seeded")

@@ -19,7 +19,13 @@ plugin. What lives where:
   integers mod ``2**modulus_bits`` (:func:`add_mod`, :func:`vector_dtype`):
   a worker and a host relay fold masked vectors with it, knowing no scheme;
   and how a masked vector travels, ``modulus_bits`` bits an element
-  (:func:`to_wire`, :func:`from_wire`).
+  (:func:`to_wire`, :func:`from_wire`);
+* ``_signed.py``: signed rounds, for every scheme: the bytes a node key signs
+  for a client's advert and for the survivor set it confirms
+  (:func:`advert_message`, :func:`confirm_message`), the :class:`Roster` of
+  keys that count, and the checks (:func:`check_adverts`,
+  :func:`check_confirmations`) with their errors (:class:`SignatureError`,
+  :class:`EquivocationError`).
 
 docs/secure-aggregation.md is the user's guide and threat model;
 docs/writing-a-plugin.md shows a scheme plugin;
@@ -37,10 +43,18 @@ from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MA
                                                   Unmasking, scheme_traits)
 from meshkit.secure_aggregation._field import (add_mod, field_width, from_wire, pack,
                                                packed_size, to_wire, unpack, vector_dtype)
+from meshkit.secure_aggregation._signed import (EquivocationError, Roster, SignatureError,
+                                                advert_message, check_adverts,
+                                                check_confirmations, confirm_message,
+                                                confirm_messages, sign,
+                                                verify)
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
            "PartyScheme", "RoundParams",
            "Unmasking", "SecureResult", "SecureAggregationError", "scheme_traits",
            "SchemeChoice", "choose",
            "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW", "add_mod", "vector_dtype",
-           "pack", "unpack", "packed_size", "to_wire", "from_wire", "field_width"]
+           "pack", "unpack", "packed_size", "to_wire", "from_wire", "field_width",
+           "Roster", "SignatureError", "EquivocationError", "advert_message", "confirm_message",
+           "confirm_messages",
+           "sign", "verify", "check_adverts", "check_confirmations"]

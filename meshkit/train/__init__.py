@@ -77,6 +77,7 @@ from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailure
                                      strike)
 from meshkit.train._messages import check_contribution, signature
 from meshkit.train._worker.node_job import node_attack, serve_train_job
+from meshkit.train._worker.secure import Signing
 from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
 from meshkit.train._coordinator.launch import free_ports
 from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
@@ -160,6 +161,7 @@ __all__ = [
     "serve_trainer",
     "serve_train_job",
     "node_attack",
+    "Signing",
     # simulated attacks
     "AttackPlan",
     "AttackedFold",

@@ -84,7 +84,14 @@ Constants: ``PROTOCOL_VERSION``, ``DEFAULT_MAX_FRAME``, ``MAX_TENSORS``,
 segments (issue 39): ``FLAG_SEGMENTED``, ``FLAG_SEGMENT``, ``SEGMENT_LEAD``,
 ``SEGMENT_UNIT``, ``DEFAULT_SEGMENT_BYTES``, ``MAX_SEGMENT_BYTES``,
 ``DEFAULT_MAX_MESSAGE``, and ``check_segment_bytes(value)`` (what is wrong
-with a segment size, or None).
+with a segment size, or None); resume (issue 39, version 5): ``Transfer``
+(a message that resumes where a cut left it: ``Channel.send_resumable``,
+offered again with ``handshake(..., offers=[...])``), ``Answer``,
+``PartialStore`` (what a receiver keeps of cut transfers, bounded in bytes,
+count and time; ``handshake(..., partials=store)``), ``body_digest``,
+``FLAG_RESUMABLE``, ``FLAG_RESUME``, ``HELLO_FLAG_RESUME``, ``RESUME_LEAD``,
+``RESUME_OFFER``, ``RESUME_ANSWER``, ``RESUME_COUNT``, ``MAX_OFFERS``,
+``DEFAULT_PARTIAL_BYTES``, ``DEFAULT_PARTIAL_COUNT``, ``DEFAULT_PARTIAL_TTL``.
 
 A body larger than a link's segment size (the smaller of the two ends'
 ``segment`` announced in the hello, and of their ``max_frame``) travels as a
@@ -115,8 +122,14 @@ import no sibling):
 * ``_channel``: every byte a frame puts on the socket: :class:`Channel`,
   :class:`Frame`, sequence numbers, header MAC, body encryption and tag,
   timeouts.
+* ``_buffers``: the process-wide receive-buffer pool and send scratch
+  buffers every channel shares.
 * ``_segments``: a message bigger than one segment, cut into a lead frame
   and segments and read back into one buffer (docs/wire.md §2.4).
+* ``_partials``: what a receiver keeps of a cut transfer, and for how long
+  (:class:`PartialStore`).
+* ``_resume``: a cut transfer resumes: :class:`Transfer`, the resumable
+  lead, the offer and answer after the handshake (docs/wire.md §2.5).
 * ``_handshake``: the hello exchange, :func:`handshake`.
 * ``_datagrams``: :func:`seal_datagram` and :func:`open_datagram`.
 """
@@ -132,15 +145,19 @@ from meshkit.wire._channel import (
     RecvTimeout,
 )
 from meshkit.wire._codec import (
+    _HELLO,  # noqa: F401 - tests forge hellos with wire._HELLO
     BODY_TAG_SIZE,
     DEFAULT_SEGMENT_BYTES,
     DTYPE_CODES,
     FLAG_BF16,
+    FLAG_RESUMABLE,
+    FLAG_RESUME,
     FLAG_SEGMENT,
     FLAG_SEGMENTED,
     HEADER_SIZE,
     HELLO_FLAG_NODE_KEY,
     HELLO_FLAG_PLAINTEXT,
+    HELLO_FLAG_RESUME,
     HELLO_MAGIC,
     HELLO_SIZE,
     MAC_SIZE,
@@ -150,6 +167,10 @@ from meshkit.wire._codec import (
     MAX_TENSORS,
     PROTOCOL_VERSION,
     RESERVED_TAG_BASE,
+    RESUME_ANSWER,
+    RESUME_COUNT,
+    RESUME_LEAD,
+    RESUME_OFFER,
     SEGMENT_LEAD,
     SEGMENT_UNIT,
     EncodedState,
@@ -158,7 +179,6 @@ from meshkit.wire._codec import (
     decode_state,
     encode_state,
 )
-from meshkit.wire._codec import _HELLO  # noqa: F401 - tests forge hellos with wire._HELLO
 from meshkit.wire._datagrams import open_datagram, seal_datagram
 from meshkit.wire._handshake import handshake
 from meshkit.wire._identity import (
@@ -173,6 +193,13 @@ from meshkit.wire._identity import (
     public_key_text,
 )
 from meshkit.wire._keys import MIN_SECRET
+from meshkit.wire._partials import (
+    DEFAULT_PARTIAL_BYTES,
+    DEFAULT_PARTIAL_COUNT,
+    DEFAULT_PARTIAL_TTL,
+    PartialStore,
+)
+from meshkit.wire._resume import MAX_OFFERS, Answer, Transfer, body_digest
 from meshkit.wire._secrets import check_private_file, read_secret_file, secret_from_text
 from meshkit.wire._sockets import close_socket
 
@@ -198,6 +225,21 @@ __all__ = [
     "MAX_SEGMENT_BYTES",
     "DEFAULT_MAX_MESSAGE",
     "check_segment_bytes",
+    "FLAG_RESUMABLE",
+    "FLAG_RESUME",
+    "HELLO_FLAG_RESUME",
+    "RESUME_LEAD",
+    "RESUME_OFFER",
+    "RESUME_ANSWER",
+    "RESUME_COUNT",
+    "MAX_OFFERS",
+    "Transfer",
+    "Answer",
+    "PartialStore",
+    "DEFAULT_PARTIAL_BYTES",
+    "DEFAULT_PARTIAL_COUNT",
+    "DEFAULT_PARTIAL_TTL",
+    "body_digest",
     "DTYPE_CODES",
     "Hello",
     "Frame",

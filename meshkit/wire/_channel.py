@@ -27,7 +27,6 @@ from __future__ import annotations
 import hmac
 import socket
 import struct
-import sys
 import threading
 import time
 from typing import Any, Mapping, Protocol
@@ -39,12 +38,19 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
+from meshkit.wire._buffers import (
+    _SEND_PIECE,
+    _give_scratch,
+    _receive_buffer,
+    _take_scratch,
+)
 from meshkit.wire._codec import (
     _HEADER,
     _KNOWN_HEADER_FLAGS,
     BODY_TAG_SIZE,
     DEFAULT_SEGMENT_BYTES,
     FLAG_BF16,
+    FLAG_RESUMABLE,
     FLAG_SEGMENT,
     FLAG_SEGMENTED,
     FRAME_MAGIC,
@@ -57,6 +63,8 @@ from meshkit.wire._codec import (
     encode_state,
 )
 from meshkit.wire._keys import _Keys
+from meshkit.wire._partials import PartialStore
+from meshkit.wire._resume import Transfer, read_resumable, send_transfer
 from meshkit.wire._segments import DEFAULT_MAX_MESSAGE, read_segmented, write_segmented
 from meshkit.wire._sockets import _Poller, _send_queue_has_room, close_socket
 
@@ -86,66 +94,8 @@ _COALESCE = 256 * 1024
 # 1 MiB frame overlaps (docs/benchmarks/allreduce.md: the MAC's share of a
 # 1 MiB ping-pong fell from about 100 % to about 25 % with this).
 _MAC_STEP = 256 << 10
-_SEND_PIECE = 1 << 20
-# Receive buffers between these sizes are recycled once nothing refers to them
-# (see _receive_buffer). The pool is shared by every channel in the process,
-# like the scratch buffers below: a coordinator has one channel per worker,
-# and a pool each made its memory grow by up to _POOL_SIZE frames per worker.
-# At most _POOL_SIZE are kept, so the process holds at most 16 MiB of idle
-# receive buffers. Above 4 MiB the transfer dominates and numpy backs the
-# allocation with huge pages anyway.
-_POOL_MIN = 64 * 1024
-_POOL_MAX = 4 << 20
-_POOL_SIZE = 4
-_recv_pool: list[np.ndarray] = []
-_recv_pool_lock = threading.Lock()
 _RECV_CHUNK = 4 << 20
 _SEND_CHUNK = 4 << 20
-# Big bodies are encrypted piece by piece into a scratch buffer of
-# _SEND_PIECE bytes. The buffers are shared by every channel in the process:
-# a coordinator has one channel per worker, and a scratch each would make
-# its memory grow by _SEND_PIECE per worker. A sender takes one for the frame
-# and gives it back; at most _SCRATCH_KEEP are kept between frames.
-_SCRATCH_KEEP = 4
-_scratch_free: list[bytearray] = []
-_scratch_lock = threading.Lock()
-
-
-def _receive_buffer(size: int) -> np.ndarray:
-    """A buffer for one frame: a recycled one nothing references any more, or a new one.
-
-    Reading into memory that was just used keeps a steady stream of frames
-    in cache (a fresh allocation is cold, and often page-faulted in). A
-    buffer is only recycled once no decoded array, frame or view refers to
-    it: numpy views keep their base alive, so the reference count says so
-    exactly. The check runs under the pool's lock and the taker holds its
-    reference from then on, so two readers never get the same buffer.
-    """
-    if not _POOL_MIN <= size <= _POOL_MAX:
-        return np.empty(size, dtype=np.uint8)
-    with _recv_pool_lock:
-        for buf in _recv_pool:
-            # References: the pool's slot, ``buf`` and getrefcount's argument.
-            if buf.nbytes == size and sys.getrefcount(buf) <= 3:
-                return buf
-        buf = np.empty(size, dtype=np.uint8)
-        if len(_recv_pool) >= _POOL_SIZE:
-            _recv_pool.pop(0)
-        _recv_pool.append(buf)
-        return buf
-
-
-def _take_scratch() -> bytearray:
-    with _scratch_lock:
-        if _scratch_free:
-            return _scratch_free.pop()
-    return bytearray(_SEND_PIECE)
-
-
-def _give_scratch(buffer: bytearray) -> None:
-    with _scratch_lock:
-        if len(_scratch_free) < _SCRATCH_KEEP:
-            _scratch_free.append(buffer)
 
 
 def _streaming_gmac(key: bytes, seq: int) -> Any:
@@ -235,6 +185,8 @@ class Frame:
     placed: bool = False
     #: How many segments the body came in (0: one ordinary frame).
     segments: int = 0
+    #: The segment a resumed transfer continued from on this connection (0: none).
+    resumed_from: int = 0
 
 
 _UNSET: Any = object()
@@ -253,7 +205,8 @@ class Channel:
     def __init__(self, sock: socket.socket, *, keys: _Keys, rank: int, world: int, peer: Hello,
                  timeout: float, max_frame: int, mac: bool = True, encrypt: bool = False,
                  peer_key: bytes | None = None, segment: int = DEFAULT_SEGMENT_BYTES,
-                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+                 max_message: int = DEFAULT_MAX_MESSAGE,
+                 partials: PartialStore | None = None) -> None:
         self._sock = sock
         self._keys = keys
         self.rank = rank
@@ -270,6 +223,12 @@ class Channel:
         self.segment = segment
         #: The largest message (a segmented body) this end accepts (bytes).
         self.max_message = max_message
+        #: Where a resumable message cut on this channel is parked (None: dropped).
+        self.partials = partials
+        #: Partials this connection's handshake claimed for their continuation (by id).
+        self.resuming: dict[bytes, Any] = {}
+        #: The peer's answers to the transfers this end offered in the handshake (by id).
+        self.resume_answers: dict[bytes, Any] = {}
         #: The largest frame body this channel wrote and read (tests, benchmarks).
         self.largest_sent = 0
         self.largest_received = 0
@@ -328,6 +287,9 @@ class Channel:
             self._close_reason = reason
         self._closed = True
         close_socket(self._sock)
+        # Partials claimed by the handshake and never continued go back to the store.
+        while self.resuming and self.partials is not None:
+            self.partials.park(self.resuming.popitem()[1])
 
     def _closed_error(self, tense: str = "was") -> PeerLostError:
         why = f" ({self._close_reason})" if self._close_reason else ""
@@ -362,6 +324,18 @@ class Channel:
                                   self.rank if sender is None else sender, deadline)
         assert sent is not None  # only forward_now (if_room) may send nothing
         return sent
+
+    def send_resumable(self, kind: int, tag: int, transfer: Transfer, *,
+                       sender: int | None = None, deadline: float | None = None) -> int:
+        """Send ``transfer`` so that a cut resumes: from the start, or where the
+        handshake's answer to its offer says; returns the body bytes sent now.
+
+        Keep ``transfer`` until this returns; after a :class:`PeerLostError`,
+        reconnect with ``handshake(..., offers=[transfer])`` and call this on
+        the new channel (docs/wire.md §2.5).
+        """
+        return send_transfer(self, kind, tag, transfer, self.rank if sender is None else sender,
+                             deadline)
 
     def forward(self, frame: Frame, *, sender: int | None = None,
                 deadline: float | None = None) -> int:
@@ -626,8 +600,12 @@ class Channel:
         if feed is not None and fed < mac_end:
             feed(view[fed:mac_end])
 
-    def _check_header(self, header: bytearray) -> tuple[int, int, int, int, int, int]:
-        """Authenticate and check a header: ``(kind, flags, tag, sender, seq, body length)``."""
+    def _check_header(self, header: bytearray,
+                      allow: int = 0) -> tuple[int, int, int, int, int, int]:
+        """Authenticate and check a header: ``(kind, flags, tag, sender, seq, body length)``.
+
+        ``allow``: flags accepted on top of the usual ones (the handshake's resume frames).
+        """
         head = bytes(header[:_HEADER.size])
         if self.mac_enabled:
             expected = self._keys.recv_mac(head)
@@ -643,8 +621,9 @@ class Channel:
             raise AuthenticationError(
                 f"frame from {self.peer.describe()} has sequence number {seq}, expected "
                 f"{self._recv_seq} (a replayed or reordered frame); connection dropped")
-        if flags & ~_KNOWN_HEADER_FLAGS or reserved or (
-                flags & FLAG_SEGMENTED and flags & FLAG_SEGMENT):
+        if flags & ~(_KNOWN_HEADER_FLAGS | allow) or reserved or (
+                flags & FLAG_SEGMENTED and flags & FLAG_SEGMENT) or (
+                flags & FLAG_RESUMABLE and not flags & FLAG_SEGMENTED):
             raise WireError(f"frame from {self.peer.describe()} has unknown flags {flags:#x}")
         if nbytes > self.max_frame:
             raise WireError(
@@ -662,11 +641,17 @@ class Channel:
             raise WireError(f"{self.peer.describe()} sent a segment (tag 0x{tag:08X}) that no "
                             f"lead frame announced; the stream is out of sync")
         if flags & FLAG_SEGMENTED:
-            body, count = read_segmented(self, bytes(header), kind, tag, sender, seq, nbytes)
-            flags &= ~FLAG_SEGMENTED
+            first = 0
+            if flags & FLAG_RESUMABLE:
+                body, count, first = read_resumable(self, bytes(header), kind, flags, tag, sender,
+                                                    seq, nbytes)
+            else:
+                body, count = read_segmented(self, bytes(header), kind, tag, sender, seq, nbytes)
+            flags &= ~(FLAG_SEGMENTED | FLAG_RESUMABLE)
             return Frame(kind=kind, tag=tag, sender=sender, seq=seq,
                          state=decode_state(body, flags=flags), bf16=bool(flags & FLAG_BF16),
-                         nbytes=body.nbytes, body=body, flags=flags, segments=count)
+                         nbytes=body.nbytes, body=body, flags=flags, segments=count,
+                         resumed_from=first)
         # Only now, with the header authenticated and its length bounded, is
         # anything body-sized allocated. Body and tag arrive in one read.
         head_size = 0 if place is None else place.head_size(tag, flags, nbytes)

@@ -32,7 +32,10 @@ from meshkit.state import MAX_JSON_DEPTH, json_depth
 # Version 4: a body above the link's segment size travels as a lead frame and
 # its segments (FLAG_SEGMENTED, FLAG_SEGMENT); the hello's former reserved
 # field says how big a segment this end wants to receive (issue 39).
-PROTOCOL_VERSION = 4
+# Version 5: a cut transfer resumes: a resumable lead frame (FLAG_RESUMABLE)
+# names the transfer and its digest, and a hello flag (HELLO_FLAG_RESUME) says
+# an offer of cut transfers follows the handshake (issue 39).
+PROTOCOL_VERSION = 5
 #: Every MAC on the wire (header, key confirmation, datagram) is HMAC-SHA256.
 MAC_SIZE = 32
 
@@ -53,7 +56,10 @@ HELLO_FLAG_NO_MAC = 0x0001
 HELLO_FLAG_PLAINTEXT = 0x0002
 #: This end proves a node key right after the key confirmation.
 HELLO_FLAG_NODE_KEY = 0x0004
-_KNOWN_HELLO_FLAGS = HELLO_FLAG_NO_MAC | HELLO_FLAG_PLAINTEXT | HELLO_FLAG_NODE_KEY
+#: This end offers cut transfers to resume right after the handshake (docs/wire.md §2.5).
+HELLO_FLAG_RESUME = 0x0008
+_KNOWN_HELLO_FLAGS = (HELLO_FLAG_NO_MAC | HELLO_FLAG_PLAINTEXT | HELLO_FLAG_NODE_KEY
+                      | HELLO_FLAG_RESUME)
 
 
 @attrs.frozen
@@ -94,10 +100,24 @@ _KNOWN_FRAME_FLAGS = FLAG_BF16
 FLAG_SEGMENTED = 0x02
 #: One segment of the body the last lead frame announced: raw body bytes.
 FLAG_SEGMENT = 0x04
-#: Every flag a frame header may carry.
-_KNOWN_HEADER_FLAGS = FLAG_BF16 | FLAG_SEGMENTED | FLAG_SEGMENT
+#: With FLAG_SEGMENTED: a resumable lead, its body :data:`RESUME_LEAD` (docs/wire.md §2.5).
+FLAG_RESUMABLE = 0x08
+#: A resume offer or answer: only the first frame each way after a handshake
+#: whose hello set :data:`HELLO_FLAG_RESUME` (docs/wire.md §2.5).
+FLAG_RESUME = 0x10
+#: Every flag a frame header may carry after the handshake.
+_KNOWN_HEADER_FLAGS = FLAG_BF16 | FLAG_SEGMENTED | FLAG_SEGMENT | FLAG_RESUMABLE
 #: A lead frame's body: the message body's bytes u64 | segments u32 | segment size u32.
 SEGMENT_LEAD = struct.Struct("<QII")
+#: A resumable lead's body: bytes u64 | segments u32 | segment size u32 | transfer id 16s |
+#: first segment sent u32 | reserved u32 (0).
+RESUME_LEAD = struct.Struct("<QII16sII")
+#: A resume offer's entry: transfer id 16s | digest 16s | bytes u64 | segments u32 | size u32.
+RESUME_OFFER = struct.Struct("<16s16sQII")
+#: A resume answer's entry: transfer id 16s | first segment to send u32 | status u32.
+RESUME_ANSWER = struct.Struct("<16sII")
+#: An offer or answer body starts with: entries u32 | reserved u32 (0).
+RESUME_COUNT = struct.Struct("<II")
 #: Segment sizes are announced in the hello in units of this many bytes.
 SEGMENT_UNIT = 64 << 10
 #: The segment size an end wants unless told otherwise (``[mesh] segment_bytes``).

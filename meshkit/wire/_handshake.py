@@ -20,31 +20,43 @@ import logging
 import socket
 import struct
 import time
+from typing import Sequence
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import (
+    X25519PrivateKey,
+    X25519PublicKey,
+)
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._channel import DEFAULT_MAX_FRAME, DEFAULT_MAX_MESSAGE, Channel
 from meshkit.wire._codec import (
     _HELLO,
-    DEFAULT_SEGMENT_BYTES,
-    SEGMENT_UNIT,
-    check_segment_bytes,
     _HELLO_PREFIX,
     _KNOWN_HELLO_FLAGS,
+    DEFAULT_SEGMENT_BYTES,
     HELLO_FLAG_NO_MAC,
     HELLO_FLAG_NODE_KEY,
     HELLO_FLAG_PLAINTEXT,
+    HELLO_FLAG_RESUME,
     HELLO_MAGIC,
     HELLO_SIZE,
     MAC_SIZE,
     PROTOCOL_VERSION,
+    SEGMENT_UNIT,
     SESSION_SIZE,
     Hello,
+    check_segment_bytes,
 )
-from meshkit.wire._identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, NodeKey, verify_signature
+from meshkit.wire._identity import (
+    PUBLIC_KEY_SIZE,
+    SIGNATURE_SIZE,
+    NodeKey,
+    verify_signature,
+)
 from meshkit.wire._keys import _check_secret, _derive_keys
+from meshkit.wire._partials import PartialStore
+from meshkit.wire._resume import Transfer, check_offers, exchange_offers
 from meshkit.wire._sockets import _configure, _peer_address, _read_exact, close_socket
 
 log = logging.getLogger(__name__)
@@ -66,6 +78,8 @@ def handshake(
     benchmark_only_disable_mac: bool = False,
     segment: int = DEFAULT_SEGMENT_BYTES,
     max_message: int = DEFAULT_MAX_MESSAGE,
+    offers: Sequence[Transfer] = (),
+    partials: PartialStore | None = None,
 ) -> Channel:
     """Authenticate a connected stream socket and return a :class:`Channel`.
 
@@ -91,6 +105,13 @@ def handshake(
     two ends' (``channel.segment_bytes``). ``max_message`` bounds a
     segmented message this end accepts, checked before its buffer exists.
 
+    ``offers`` are this end's transfers a cut left part-way (those of them
+    sent segmented and not to the end): the peer answers each with the
+    segment to continue from (``channel.resume_answers``), and
+    :meth:`Channel.send_resumable` continues there. ``partials`` is where
+    this end keeps the transfers cut while it received them, for their
+    senders to offer; without one it answers every offer "start over".
+
     ``benchmark_only_disable_mac`` turns frame MACs off (the handshake is
     still authenticated) so benchmarks can measure the MAC's cost. Both ends
     must set it (it implies ``encrypt=False``); it is never read from
@@ -114,6 +135,7 @@ def handshake(
             raise ConfigError(problem)
         if not 0 < max_message < 1 << 63:
             raise ConfigError(f"max_message must be a positive byte count, got {max_message}")
+        offers = check_offers(offers)
     except ConfigError:
         close_socket(sock)  # as on every other error: the peer must not wait on it
         raise
@@ -124,7 +146,8 @@ def handshake(
     encrypt = encrypt and not benchmark_only_disable_mac
     flags = ((HELLO_FLAG_NO_MAC if benchmark_only_disable_mac else 0)
              | (0 if encrypt else HELLO_FLAG_PLAINTEXT)
-             | (HELLO_FLAG_NODE_KEY if node_key is not None else 0))
+             | (HELLO_FLAG_NODE_KEY if node_key is not None else 0)
+             | (HELLO_FLAG_RESUME if offers else 0))
     # The nonce field is a fresh X25519 public key: random to anyone else,
     # and the key exchange that keeps the session keys out of reach of
     # anyone who only knows the shared secret.
@@ -223,7 +246,16 @@ def handshake(
         close_socket(sock)
         raise
     log.debug("authenticated %s (role %d)", peer.describe(), peer.role)
-    return Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
-                   max_frame=max_frame, mac=not benchmark_only_disable_mac, encrypt=encrypt,
-                   segment=segment, max_message=max_message,
-                   peer_key=peer_key)
+    channel = Channel(sock, keys=keys, rank=rank, world=world, peer=peer, timeout=timeout,
+                      max_frame=max_frame, mac=not benchmark_only_disable_mac, encrypt=encrypt,
+                      segment=segment, max_message=max_message, peer_key=peer_key,
+                      partials=partials)
+    if offers or peer.flags & HELLO_FLAG_RESUME:
+        # Version 5: the offer of cut transfers and its answer (docs/wire.md §2.5).
+        try:
+            exchange_offers(channel, offers, partials, bool(peer.flags & HELLO_FLAG_RESUME))
+        except BaseException as exc:
+            log.debug("resume offer with %s failed: %s", peer.describe(), exc)
+            channel.close()
+            raise
+    return channel

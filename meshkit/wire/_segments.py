@@ -18,7 +18,7 @@ is the byte-level spec; every byte of each frame is still decided by
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -86,6 +86,14 @@ def read_segmented(channel: Any, header: bytes, kind: int, tag: int, sender: int
     lead = bytearray(SEGMENT_LEAD.size)
     channel._read_body(header, seq, tag, memoryview(lead))
     total, count, size = SEGMENT_LEAD.unpack(lead)
+    check_layout(who, channel, total, count, size)
+    body = np.empty(total, dtype=np.uint8)
+    read_segments(channel, kind, tag, sender, total, count, size, body.data, 0)
+    return body, count
+
+
+def check_layout(who: str, channel: Any, total: int, count: int, size: int) -> None:
+    """Bound a message's announced size, segment count and segment size (before any buffer)."""
     if not 0 < size <= channel.max_frame:
         raise WireError(f"{who} announced segments of {size} bytes; this node takes "
                         f"1 to {channel.max_frame} (its max_frame)")
@@ -95,11 +103,21 @@ def read_segmented(channel: Any, header: bytes, kind: int, tag: int, sender: int
     if total == 0 or count != -(-total // size):
         raise WireError(f"{who} announced {count} segments of {size} bytes for a "
                         f"{total}-byte message; the stream is out of sync")
-    body = np.empty(total, dtype=np.uint8)
-    view = body.data
+
+
+def read_segments(channel: Any, kind: int, tag: int, sender: int, total: int, count: int,
+                  size: int, view: memoryview, first: int,
+                  verified: Callable[[int, memoryview], None] | None = None) -> None:
+    """Read segments ``first .. count - 1`` of a message straight to their offsets in ``view``.
+
+    Each is a frame checked like any other (MAC, sequence number, the lead's
+    kind, tag and sender, its exact length, its tag) before ``verified(index,
+    its bytes)`` is told of it.
+    """
+    who = channel.peer.describe()
     header_buf = bytearray(HEADER_SIZE)
-    start = 0
-    for index in range(count):
+    for index in range(first, count):
+        start = index * size
         channel._read_into(memoryview(header_buf), "header")
         s_kind, s_flags, s_tag, s_sender, s_seq, s_bytes = channel._check_header(header_buf)
         expected = min(size, total - start)
@@ -109,6 +127,7 @@ def read_segmented(channel: Any, header: bytes, kind: int, tag: int, sender: int
                 f"{who}: frame {index + 1} of a {count}-segment message (tag 0x{tag:08X}) "
                 f"is not its segment {index + 1} (flags {s_flags:#x}, tag 0x{s_tag:08X}, "
                 f"{s_bytes} bytes, expected {expected}); the stream is out of sync")
-        channel._read_body(bytes(header_buf), s_seq, tag, view[start:start + expected])
-        start += expected
-    return body, count
+        piece = view[start:start + expected]
+        channel._read_body(bytes(header_buf), s_seq, tag, piece)
+        if verified is not None:
+            verified(index, piece)

@@ -17,11 +17,12 @@ import meshkit
 
 from meshkit_privacy.options import DpAdaptiveOptions, DpFixedOptions
 
-__all__ = ["GaussianMechanism", "AdaptiveClip", "NoisedSum", "noise_seed", "dp_fixed",
-           "dp_adaptive", "meshkit_privacy"]
+__all__ = ["GaussianMechanism", "DistributedSkellam", "AdaptiveClip", "NoisedSum", "noise_seed",
+           "dp_fixed", "dp_adaptive", "meshkit_privacy"]
 
 #: The mechanism's public names, imported on first use (they pull in numpy).
 _LAZY = {"GaussianMechanism": "meshkit_privacy.mechanism",
+         "DistributedSkellam": "meshkit_privacy.distributed",
          "AdaptiveClip": "meshkit_privacy.mechanism",
          "noise_seed": "meshkit_privacy.mechanism",
          "NoisedSum": "meshkit_privacy.noised_sum"}
@@ -34,16 +35,43 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _refuse_accountant(options: Any, name: str) -> None:
+    """An ``accountant`` that cannot account the placement's noise is refused, never ignored."""
+    distributed = options.placement == "distributed"
+    wrong = (options.accountant not in (None, "skellam") if distributed
+             else options.accountant == "skellam")
+    if wrong:
+        raise meshkit.RefusedError(
+            f"[privacy] name = {name!r} with placement = {options.placement!r} and accountant "
+            f"= {options.accountant!r}: "
+            + ("the clients add Skellam noise, which only accountant = \"skellam\" accounts "
+               "(\"pld\" and \"rdp\" account the Gaussian the coordinator adds). Use "
+               "accountant = \"skellam\" or leave accountant out"
+               if distributed else
+               "the coordinator adds Gaussian noise, which \"skellam\" does not account. "
+               "Use accountant = \"pld\" or \"rdp\", or placement = \"distributed\""))
+
+
 def dp_fixed(options: DpFixedOptions) -> Any:
-    """McMahan et al. 2018: clip to ``clip_norm``, noise σ = z·S/m on the mean."""
+    """McMahan et al. 2018: clip to ``clip_norm``, noise σ = z·S/m on the mean; with
+    ``placement = "distributed"``, the clients' Skellam noise (Agarwal et al. 2021)."""
     from meshkit.privacy import Accountant
+
+    _refuse_accountant(options, "dp-fixed")
+    if options.placement == "distributed":
+        from meshkit_privacy.distributed import DistributedSkellam
+
+        return DistributedSkellam(
+            clip_norm=options.clip_norm, noise_multiplier=options.noise_multiplier,
+            delta=options.delta, target_epsilon=options.target_epsilon, noise=options.noise,
+            name="dp-fixed", placement=options.clip)
 
     from meshkit_privacy.mechanism import GaussianMechanism
 
     return GaussianMechanism(
         clip_norm=options.clip_norm, noise_multiplier=options.noise_multiplier,
         placement=options.clip, delta=options.delta, target_epsilon=options.target_epsilon,
-        accountant=Accountant(options.accountant, options.delta), noise=options.noise,
+        accountant=Accountant(options.accountant_name, options.delta), noise=options.noise,
         name="dp-fixed")
 
 
@@ -53,10 +81,19 @@ def dp_adaptive(options: DpAdaptiveOptions) -> Any:
 
     from meshkit_privacy.mechanism import AdaptiveClip, GaussianMechanism
 
+    if options.placement == "distributed":
+        raise meshkit.RefusedError(
+            "[privacy] name = \"dp-adaptive\" with placement = \"distributed\": adaptive "
+            "clipping moves S by a noised count of the clients within it, and meshkit has no "
+            "distributed noise for that count (each client's bit would reach the coordinator "
+            "in clear). Use name = \"dp-fixed\" with placement = \"distributed\", or "
+            "placement = \"central\"")
+    _refuse_accountant(options, "dp-adaptive")
+
     return GaussianMechanism(
         clip_norm=options.initial_clip_norm, noise_multiplier=options.noise_multiplier,
         placement=options.clip, delta=options.delta, target_epsilon=options.target_epsilon,
-        accountant=Accountant(options.accountant, options.delta), noise=options.noise,
+        accountant=Accountant(options.accountant_name, options.delta), noise=options.noise,
         adaptive=AdaptiveClip(options.target_quantile, options.clip_lr,
                               options.count_noise_multiplier),
         name="dp-adaptive")

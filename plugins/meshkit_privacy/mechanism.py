@@ -89,6 +89,8 @@ class GaussianMechanism:
     clip_norm: float
     noise_multiplier: float
     placement: str = "coordinator"
+    #: Who adds the noise: the coordinator, to the sum ("distributed" is DistributedSkellam).
+    noise_placement: str = "central"
     delta: float = 1e-5
     #: Stop before the round that would take ε past this (0: no budget).
     target_epsilon: float = 0.0

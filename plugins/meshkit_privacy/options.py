@@ -12,7 +12,9 @@ __all__ = ["CommonOptions", "DpFixedOptions", "DpAdaptiveOptions"]
 #: Mirrors meshkit.privacy (PLACEMENTS, ACCOUNTANTS, NOISE_SOURCES); kept here so
 #: listing plugins never imports numpy.
 _PLACEMENTS = ("coordinator", "client")
-_ACCOUNTANTS = ("pld", "rdp")
+_ACCOUNTANTS = ("pld", "rdp", "skellam")
+#: Mirrors meshkit.privacy.DISTRIBUTED: who adds the noise.
+_NOISE_PLACEMENTS = ("central", "distributed")
 _NOISE = ("os", "seeded")
 
 
@@ -64,14 +66,27 @@ class CommonOptions:
     #: Stop the run before the round that would take ε past this (0: no budget).
     target_epsilon: float = attrs.field(default=0.0, validator=_within(
         0.0, 1e6, "0: no budget"), kw_only=True)
-    accountant: str = attrs.field(default="pld", validator=_one_of(*_ACCOUNTANTS), kw_only=True)
+    #: None: the placement's own ("pld" central, "skellam" distributed).
+    accountant: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        _one_of(*_ACCOUNTANTS)), kw_only=True)
+    #: "central": the coordinator noises the sum; "distributed": each client adds its
+    #: share of Skellam noise in the secure aggregation's field (needs [secure_aggregation]).
+    placement: str = attrs.field(default="central", validator=_one_of(*_NOISE_PLACEMENTS),
+                                 kw_only=True)
+
+    @property
+    def accountant_name(self) -> str:
+        """The accountant the run uses: ``accountant``, or the placement's own."""
+        if self.accountant is not None:
+            return self.accountant
+        return "skellam" if self.placement == "distributed" else "pld"
     #: "os": fresh OS entropy (the guarantee); "seeded": from (run seed, round),
     #: reproducible, and no privacy against whoever knows the seed (testing only).
     noise: str = attrs.field(default="os", validator=_one_of(*_NOISE), kw_only=True)
 
 
 def _pld_resolves(options: Any, accounted: float) -> None:
-    if options.accountant == "pld" and accounted < PLD_MIN_NOISE:
+    if options.accountant_name == "pld" and accounted < PLD_MIN_NOISE:
         raise ValueError(
             f"noise_multiplier must be at least {PLD_MIN_NOISE:g} for accountant = \"pld\" "
             f"(the round's accounted noise multiplier is {accounted:.3g}; the PLD grid grows "

@@ -168,9 +168,13 @@ def choose_degree(clients: int, dropout: float = 0.1, corruption: float = 0.0,
       ``n P[X_C >= t]``;
 
     is at most ``2**-sigma``. ``t`` is the smallest value the privacy
-    condition allows (at least ``k // 2 + 1``, a majority of the
-    neighbourhood, as Bell et al. require against a coordinator that lies
-    about who dropped). When no degree below ``n - 1`` satisfies both,
+    condition allows (at least ``(k + 1) // 2 + 1``, a strict majority of
+    the ``k + 1`` holders of a client's shares, the client included, as
+    Bell et al. require against a coordinator that lies about who dropped:
+    two disjoint groups of honest holders, one told the client survived and
+    one that it dropped, cannot then both reach ``t``; ``k // 2 + 1``, the
+    rule before, was only half of them when ``k`` is odd, the complete
+    graph of an even cohort). When no degree below ``n - 1`` satisfies both,
     the complete graph is returned as ``(0, t)``; when not even the complete
     graph does, :class:`~meshkit.RefusedError` says so.
     """
@@ -184,7 +188,7 @@ def choose_degree(clients: int, dropout: float = 0.1, corruption: float = 0.0,
     bound = 2.0 ** -sigma / clients
     for k in range(2, others + 2, 2):
         k = min(k, others)
-        for t in range(k // 2 + 1, k + 1):
+        for t in range((k + 1) // 2 + 1, k + 1):
             if corrupted and _hypergeom_tail(others, corrupted, k, t) > bound:
                 continue
             if dropped and _hypergeom_tail(others, dropped, k, k - t + 1) > bound:

@@ -12,7 +12,8 @@ X25519 private key (32 bytes).
 ``degree`` and ``threshold`` (``[secure_aggregation]``): ``"auto"`` degree
 is :func:`choose_degree` for the cohort, tolerating :data:`AUTO_DROPOUT` of
 it dropping and the loss of the worker that plays the most clients;
-``"auto"`` threshold is a majority of each client's neighbours; a fraction
+``"auto"`` threshold is a strict majority of the ``k + 1`` holders of each
+client's shares (its neighbours and itself: ``(k + 1) // 2 + 1``); a fraction
 is that share of the neighbours (rounded up).
 """
 
@@ -59,13 +60,13 @@ def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
     A worker takes all its clients with it, so the degree is then raised
     until the round survives losing the worker with the most clients in the
     worst case over the graph (:func:`survivable_workers`), keeping the
-    threshold a majority of each client's neighbourhood.
+    threshold a strict majority of the ``k + 1`` holders of each client's shares.
     """
     degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
     k = clients - 1 if degree == 0 else degree
     while k + 1 - threshold < per_worker and k < clients - 1:
         k = min(k + 2, clients - 1)
-        threshold = max(threshold, k // 2 + 1)
+        threshold = max(threshold, (k + 1) // 2 + 1)
     return (0 if k >= clients - 1 else k), threshold
 
 
@@ -249,7 +250,7 @@ class SecAggPlus:
                              input_bits=input_bits)
         neighbours_ = probe.effective_degree
         if opts.threshold == "auto":
-            threshold = auto_t if auto_t is not None else neighbours_ // 2 + 1
+            threshold = auto_t if auto_t is not None else (neighbours_ + 1) // 2 + 1
         elif isinstance(opts.threshold, float):
             threshold = max(1, math.ceil(opts.threshold * neighbours_))
         else:

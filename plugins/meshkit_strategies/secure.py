@@ -16,6 +16,15 @@ Rules (docs/secure-aggregation.md, "Composition"):
   their updates to the L2 norm S before quantising; the coordinator adds
   the Gaussian to the unmasked sum and divides by the expected cohort m, as
   a private round does.
+* Under ``[privacy] placement = "distributed"`` the clients add the noise:
+  once the round's field is planned, the mechanism sets the Skellam grid
+  and each client's share of the noise (the budget is checked then, as if
+  every sampled client survives); the clients noise their own updates
+  before masking, the coordinator divides the unmasked (already noised) sum
+  by m, and the round is accounted with the noise its contributors added.
+  Its metrics carry ``epsilon`` (after the round, as accounted),
+  ``round_epsilon`` (that round alone), ``noise_std`` and
+  ``noise_multiplier_realized`` (lower when clients dropped).
 * No per-client figure is reported: a secure round's metrics have no
   ``train_loss`` and its rows no examples per client.
 """
@@ -39,8 +48,11 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
     """One secure round (module docstring); ``pinned[c]`` is client c's rank with local data."""
     privacy = ctx.privacy
     q = sampling_rate(opts)
+    distributed = getattr(privacy, "noise_placement", "central") == "distributed"
+    epsilon = 0.0
     if privacy is not None:
-        epsilon = check_budget(privacy, q, rnd)
+        if not distributed:  # a distributed round checks once its grid is planned
+            epsilon = check_budget(privacy, q, rnd)
         sampled = (poisson_clients(ctx.seed, rnd, clients, q) if opts.sampling == "poisson"
                    else list(range(clients)))
     else:
@@ -50,13 +62,22 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
     fit: dict[str, Any] = {"time_budget": opts.time_budget} if opts.time_budget else {}
     if privacy is not None:
         fit["clip_norm"] = privacy.clip_norm
+    noise: dict[str, Any] = {}
+    if distributed:
+        def plan(params: Any, length: int) -> Any:
+            grid = privacy.plan_round(cohort=params.clients, length=length,
+                                      bits=params.modulus_bits)
+            check_budget(privacy, q, rnd)
+            return grid
+
+        noise = {"noise": plan, "noise_source": privacy.noise}
     try:
         revealed = secure_sum(ctx, sampled, state=state, scheme=ctx.secure_aggregation, rnd=rnd,
                               shards=clients, seeds={c: client_seed(ctx.seed, rnd, c)
                                                      for c in sampled}, fit=fit,
                               pinned=None if pinned is None else {c: pinned[c]
                                                                   for c in sampled},
-                              accept_failures=opts.accept_failures)
+                              accept_failures=opts.accept_failures, **noise)
     except RefusedError as exc:
         # Too few clients left to unmask without weakening the guarantee: the round has no
         # result, and is never passed off as the sum of fewer clients.
@@ -71,6 +92,10 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
                                  "secure_sum_of": float(len(revealed.contributors))}
     if privacy is None:
         consensus = revealed.mean(state)
+    elif distributed:
+        consensus = privacy.release(state, revealed.sum, q * clients)
+        metrics.update(privacy.finish_round(q, len(revealed.contributors)))
+        metrics["clip_norm"] = privacy.clip_norm
     else:
         fold = privacy.begin(state, expected=q * clients, seed=ctx.seed, round_=rnd)
         fold.add_total(revealed.sum, len(revealed.contributors))

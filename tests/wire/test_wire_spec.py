@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from meshkit import wire
+from meshkit.errors import PeerLostError
 from meshkit.testing.support import Call
 
 from tests.support.channels import SECRET, tcp_pair
@@ -25,13 +26,14 @@ class DocPeer:
 
     def __init__(self, sock: socket.socket, secret: bytes, rank: int, world: int, *,
                  encrypt: bool = True, node_key: Ed25519PrivateKey | None = None,
-                 segment_units: int = 64) -> None:
+                 segment_units: int = 64, offer: bytes = b"") -> None:
         self.sock = sock
         self.encrypt = encrypt
         ephemeral = X25519PrivateKey.generate()
         nonce = ephemeral.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        flags = (0 if encrypt else 0x0002) | (0x0004 if node_key is not None else 0)
-        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 4, flags, 0, segment_units, rank,
+        flags = ((0 if encrypt else 0x0002) | (0x0004 if node_key is not None else 0)
+                 | (0x0008 if offer else 0))
+        mine = struct.pack("<8sHHHHIIQ16s32s", b"MESHKIT\0", 5, flags, 0, segment_units, rank,
                            world, 1 << 30, bytes(16), nonce)
         sock.sendall(mine)
         theirs = self._read(80)
@@ -54,6 +56,11 @@ class DocPeer:
         self.seq_out = self.seq_in = 0
         # wire.md §2.4: the link cuts at the smaller of the two hellos' segment sizes.
         self.segment = min(segment_units, struct.unpack_from("<H", theirs, 14)[0]) * 65536
+        self.answer = b""
+        if offer:  # wire.md §1.2 step 9: the offer, then (the peer offers nothing) its answer
+            self._send_frame(0, 0x10, offer, kind=0)
+            flags_, _, self.answer = self._recv_frame()
+            assert flags_ == 0x10
 
     def _read(self, n: int) -> bytes:
         out = b""
@@ -79,8 +86,8 @@ class DocPeer:
         for i in range(count):
             self._send_frame(tag, 0x04, body[i * self.segment:(i + 1) * self.segment])
 
-    def _send_frame(self, tag: int, flags: int, body: bytes) -> None:
-        head = struct.pack("<4sBBHIIQQ", b"MKF\x01", 9, flags, 0, tag, 1, self.seq_out,
+    def _send_frame(self, tag: int, flags: int, body: bytes, kind: int = 9) -> None:
+        head = struct.pack("<4sBBHIIQQ", b"MKF\x01", kind, flags, 0, tag, 1, self.seq_out,
                            len(body))
         header = head + hmac.digest(self.send_keys[0], head, "sha256")
         nonce = struct.pack("<IQ", 0, self.seq_out)
@@ -176,5 +183,60 @@ def test_a_peer_written_from_the_docs_sends_and_receives_segments(encrypt):
     sending = Call(lambda: channel.send(3, 12, {"notes": text}))
     assert peer.recv_json() == (12, {"notes": text})
     sending.result()
+    channel.close()
+    a.close()
+
+
+def _table(name: str, array: np.ndarray, code: int) -> bytes:
+    raw = name.encode()
+    table = struct.pack("<II", 1, 0) + struct.pack("<BBBBIQ", 1, code, array.ndim, 0, len(raw),
+                                                    array.nbytes)
+    table += b"".join(struct.pack("<Q", d) for d in array.shape) + raw
+    return table + bytes(-len(table) % 64) + array.astype("<f4").tobytes()
+
+
+def test_a_peer_written_from_the_docs_resumes_a_cut_transfer():
+    """wire.md §2.5 alone: a resumable lead, the cut, the offer (with its digest), the answer,
+    the continuation; the meshkit end receives the whole body."""
+    store = wire.PartialStore()
+    big = np.arange(100_000, dtype=np.float32)  # 400 kB: 7 segments of 64 KiB
+    body = _table("w", big, 12)
+    size, transfer_id = 65536, bytes(range(16))
+    count = -(-len(body) // size)
+
+    def lead(first: int) -> bytes:
+        return struct.pack("<QII16sII", len(body), count, size, transfer_id, first, 0)
+
+    a, b = tcp_pair()
+    other = Call(lambda: wire.handshake(b, SECRET, rank=0, world=2, partials=store))
+    peer = DocPeer(a, SECRET, rank=1, world=2, segment_units=1)
+    channel = other.result()
+    receiving = Call(channel.recv)
+    peer._send_frame(11, 0x02 | 0x08, lead(0))
+    for i in range(3):  # three segments, then the connection is cut
+        peer._send_frame(11, 0x04, body[i * size:(i + 1) * size])
+    a.close()
+    with pytest.raises(PeerLostError):
+        receiving.result()
+    assert transfer_id in store
+
+    gmac_key = hashlib.sha256(b"meshkit/5 resume digest" + transfer_id).digest()
+    digest = AESGCM(gmac_key).encrypt(bytes(12), b"", body)[-16:]
+    offer = struct.pack("<II", 1, 0) + struct.pack("<16s16sQII", transfer_id, digest, len(body),
+                                                   count, size)
+    a, b = tcp_pair()
+    other = Call(lambda: wire.handshake(b, SECRET, rank=0, world=2, partials=store))
+    peer = DocPeer(a, SECRET, rank=1, world=2, segment_units=1, offer=offer)
+    channel = other.result()
+    n, reserved = struct.unpack_from("<II", peer.answer)
+    tid, first, status = struct.unpack_from("<16sII", peer.answer, 8)
+    assert (n, reserved, tid, first, status) == (1, 0, transfer_id, 3, 0)
+    receiving = Call(channel.recv)
+    peer._send_frame(11, 0x02 | 0x08, lead(first))
+    for i in range(first, count):
+        peer._send_frame(11, 0x04, body[i * size:(i + 1) * size])
+    frame = receiving.result()
+    assert frame.resumed_from == 3 and frame.segments == count - 3
+    np.testing.assert_array_equal(frame.state["w"], big)
     channel.close()
     a.close()

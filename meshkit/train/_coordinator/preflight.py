@@ -557,6 +557,29 @@ def check_secure_privacy(cfg: Any, privacy: Any) -> None:
                            "private secure combination meshkit runs)")
 
 
+def check_distributed(cfg: Any, privacy: Any) -> None:
+    """``[privacy] placement = "distributed"``: the noise is added in the secure aggregation's
+    field, so it needs ``[secure_aggregation]``, and that field holds the Skellam grid alone."""
+    if getattr(privacy, "noise_placement", "central") != "distributed":
+        return
+    where = f"{cfg.path}: [privacy] name = {cfg.privacy.name!r} with placement = \"distributed\""
+    if cfg.secure_aggregation is None:
+        raise RefusedError(
+            f"{where}: the clients add their shares of the noise before their updates are "
+            f"masked, and without [secure_aggregation] each update would reach the "
+            f"coordinator with only its own small share of noise. Add [secure_aggregation] "
+            f"name = \"secagg+\", or use placement = \"central\" (the coordinator adds the "
+            f"noise to the sum)")
+    if cfg.compression is not None:
+        raise RefusedError(
+            f"{where} and [compression] name = {cfg.compression.name!r}: the clients put "
+            f"their updates on the Skellam mechanism's integer grid, which is itself the "
+            f"quantisation, and the compressor's codes would be a second grid in the same "
+            f"field. Drop [compression] and narrow the field instead ([secure_aggregation] "
+            f"modulus_bits: the Skellam grid fills whatever width it is given), or use "
+            f"placement = \"central\"")
+
+
 #: The most rounds a ``[privacy]`` run may have (what its ε accounting can compose).
 MAX_PRIVATE_ROUNDS = 100_000
 
@@ -663,6 +686,7 @@ def _build_components(plan: Any, *, launch: str | None = None) -> dict[str, Any]
     privacy = plan.create("privacy") if cfg.privacy is not None else None
     if privacy is not None:
         check_privacy(cfg, strategy, aggregator)
+        check_distributed(cfg, privacy)
     speeds = cfg.speeds()
     if speeds is not None and not traits.clocked:
         # No option that silently does nothing: only a strategy that orders

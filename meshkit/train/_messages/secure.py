@@ -99,9 +99,14 @@ class SecAggKeysReply:
     adverts: Rows = _field("bytes nxA", "per client: its advert (A: the scheme's advert_size; "
                                         "secagg+: share key, mask key, seed commitment, 32 "
                                         "bytes each)")
+    signer: Rows | None = _field("bytes 1x32", "a signed round (docs/protocol.md §7.2.2): the "
+                                 "worker's node key (Ed25519 public key)", optional=True)
+    signatures: Rows | None = _field("bytes nx64", "with `signer`: per client, its Ed25519 "
+                                     "signature of its advert (§7.2.2)", optional=True)
 
     def __attrs_post_init__(self) -> None:
         _width(self.adverts, None, "adverts", len(self.clients))
+        _signed(self, "signer", "signatures", len(self.clients), one_signer=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -111,9 +116,14 @@ class SecAggShareRequest:
     seq: int = _seq(0)
     members: ClientIds = _ids_field("every client that advertised (the graph's members)")
     adverts: Rows = _field("bytes nxA", "each member's advert, in `members` order")
+    signers: Rows | None = _field("bytes nx32", "a signed round: the node key that signed "
+                                  "each member's advert, in `members` order", optional=True)
+    signatures: Rows | None = _field("bytes nx64", "with `signers`: each member's advert "
+                                     "signature (§7.2.2)", optional=True)
 
     def __attrs_post_init__(self) -> None:
         _width(self.adverts, None, "adverts", len(self.members))
+        _signed(self, "signers", "signatures", len(self.members))
 
 
 @attrs.frozen(kw_only=True)
@@ -188,6 +198,15 @@ class SecAggRevealReply:
         _width(self.keys, None, "keys")
 
 
+#: A distributed-DP masking request's fields (all or none).
+DDP_FIELDS = ("ddp_scale", "ddp_variance", "ddp_bound", "ddp_half", "ddp_noise")
+
+
+def _one_of_noise(_: Any, attribute: Any, value: Any) -> None:
+    if value not in ("os", "seeded"):
+        raise ValueError(f"{attribute.name} must be \"os\" or \"seeded\", got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class SecAggMaskRequest:
     """Step 4: fit each client, then mask its quantised update with the neighbours that shared."""
@@ -208,10 +227,31 @@ class SecAggMaskRequest:
                                        "onto the round's shared grid with this compressor "
                                        "(docs/compression.md, \"Under secure aggregation\"), "
                                        "not the scheme; `raw` is unused here", optional=True)
+    ddp_scale: float | None = _field("float (0, 1e300]", "`[privacy] placement = "
+                                     "\"distributed\"`: grid steps per unit of the clipped "
+                                     "update (s)", optional=True, check=_between(1e-300, 1e300))
+    ddp_variance: float | None = _field("float (0, 1e300]", "the Skellam variance each client "
+                                        "adds to each coordinate on the grid", optional=True,
+                                        check=_between(1e-300, 1e300))
+    ddp_bound: float | None = _field("float (0, 1e300]", "the L2 norm on the grid conditional "
+                                     "rounding keeps each update within (the accounted "
+                                     "sensitivity)", optional=True,
+                                     check=_between(1e-300, 1e300))
+    ddp_half: int | None = _field("int 1..2^53", "each noised coordinate is offset by this "
+                                  "into [0, 2 ddp_half], the client's share of the field",
+                                  optional=True, check=_between(1, 1 << 53))
+    ddp_noise: str | None = _field("\"os\" or \"seeded\"", "the noise's randomness: the "
+                                   "OS's, or the client's fit seed (testing only)",
+                                   optional=True, check=_one_of_noise)
 
     def __attrs_post_init__(self) -> None:
         if not self.clients:
             raise ValueError("clients must name at least one client")
+        ddp = [getattr(self, k) is None for k in DDP_FIELDS]
+        if any(ddp) and not all(ddp):
+            raise ValueError("the ddp_* fields come all together or not at all")
+        if not all(ddp) and (self.clip_norm is None or self.compress is not None):
+            raise ValueError("ddp_* fields need clip_norm, and exclude compress")
         _aligned(self, "clients", "seeds")
         if set(self.clients) & set(self.excluded):
             raise ValueError("a client to mask cannot be excluded")
@@ -238,6 +278,41 @@ class SecAggMaskReply:
         _packing(self.vector, self.elements)
 
 
+def _survivors(message: Any) -> None:
+    if not message.clients or set(message.clients) - set(message.survivors):
+        raise ValueError("clients must be survivors, at least one")
+    if set(message.survivors) & set(message.dropped):
+        raise ValueError("a client cannot be both a survivor and dropped")
+
+
+@attrs.frozen(kw_only=True)
+class SecAggConfirmRequest:
+    """Step 5a, a signed round only: the survivor set, for each survivor to sign (§7.2.2)."""
+
+    seq: int = _seq(0)
+    clients: ClientIds = _ids_field("this worker's survivors, who confirm")
+    survivors: ClientIds = _ids_field("every client whose masked input is in the sum")
+    dropped: ClientIds = _ids_field("every client that shared but sent no masked input")
+
+    def __attrs_post_init__(self) -> None:
+        _survivors(self)
+
+
+@attrs.frozen(kw_only=True)
+class SecAggConfirmReply:
+    """Each client's signature of the survivor and dropped sets it was told."""
+
+    seq: int = _seq()
+    clients: ClientIds = _ids_field("the clients confirming, the request's")
+    signer: Rows = _field("bytes 1x32", "the worker's node key (the one that signed their "
+                                        "adverts)")
+    signatures: Rows = _field("bytes nx64", "per client, its Ed25519 signature of the sets "
+                                            "(§7.2.2)")
+
+    def __attrs_post_init__(self) -> None:
+        _signed(self, "signer", "signatures", len(self.clients), one_signer=True)
+
+
 @attrs.frozen(kw_only=True)
 class SecAggUnmaskRequest:
     """Step 5: whose masked input is in the sum (survivors) and who dropped after sharing."""
@@ -246,12 +321,22 @@ class SecAggUnmaskRequest:
     clients: ClientIds = _ids_field("this worker's survivors, who answer")
     survivors: ClientIds = _ids_field("every client whose masked input is in the sum")
     dropped: ClientIds = _ids_field("every client that shared but sent no masked input")
+    confirmed: ClientIds | None = _field("client ids", "a signed round: the survivors whose "
+                                         "confirmation the coordinator collected (§7.2.2)",
+                                         optional=True)
+    confirm_signers: Rows | None = _field("bytes nx32", "with `confirmed`: the node key of "
+                                          "each confirmation, in `confirmed` order",
+                                          optional=True)
+    confirm_signatures: Rows | None = _field("bytes nx64", "with `confirmed`: each "
+                                             "confirmation's signature", optional=True)
 
     def __attrs_post_init__(self) -> None:
-        if not self.clients or set(self.clients) - set(self.survivors):
-            raise ValueError("clients must be survivors, at least one")
-        if set(self.survivors) & set(self.dropped):
-            raise ValueError("a client cannot be both a survivor and dropped")
+        _survivors(self)
+        if (self.confirmed is None) != (self.confirm_signers is None):
+            raise ValueError("confirmed and confirm_signers are given together or not at all")
+        _signed(self, "confirm_signers", "confirm_signatures", len(self.confirmed or ()))
+        if set(self.confirmed or ()) - set(self.survivors):
+            raise ValueError("a confirmation from a client that is not a survivor")
 
 
 @attrs.frozen(kw_only=True)
@@ -268,6 +353,19 @@ class SecAggUnmaskReply:
 
     def __attrs_post_init__(self) -> None:
         _rows_per_entry(self, "shares", "holders", "owners", "kinds")
+
+
+def _signed(message: Any, signers: str, signatures: str, count: int,
+            one_signer: bool = False) -> None:
+    """Signatures (64 bytes, ``count`` of them) given exactly with their signer keys (32 bytes:
+    one row, or one a signature)."""
+    keys, sigs = getattr(message, signers), getattr(message, signatures)
+    if (keys is None) != (sigs is None):
+        raise ValueError(f"{signers} and {signatures} are given together or not at all")
+    if keys is None:
+        return
+    _width(keys, 32, signers, 1 if one_signer else count)
+    _width(sigs, 64, signatures, count)
 
 
 def _packing(vector: Any, elements: int | None) -> None:
@@ -288,6 +386,7 @@ SECURE_REQUESTS: dict[str, type] = {
     "secagg_open": SecAggOpenRequest,
     "secagg_reveal": SecAggRevealRequest,
     "secagg_mask": SecAggMaskRequest,
+    "secagg_confirm": SecAggConfirmRequest,
     "secagg_unmask": SecAggUnmaskRequest,
 }
 SECURE_REPLIES: dict[str, type] = {
@@ -296,5 +395,6 @@ SECURE_REPLIES: dict[str, type] = {
     "secagg_open": SecAggOpenReply,
     "secagg_reveal": SecAggRevealReply,
     "secagg_mask": SecAggMaskReply,
+    "secagg_confirm": SecAggConfirmReply,
     "secagg_unmask": SecAggUnmaskReply,
 }

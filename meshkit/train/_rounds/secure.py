@@ -25,7 +25,12 @@ How a round goes (:func:`secure_sum`; the worker's side is
 4. ``secagg_mask``: the shares are routed to their recipients; each worker
    fits its clients, quantises and masks their updates, and answers with the
    sum mod ``2**modulus_bits`` of its clients' masked inputs.
-5. ``secagg_unmask``: the survivors (whose masked input arrived) send the
+5. ``secagg_confirm``, a signed round only (every advert came signed by
+   its worker's node key: docs/protocol.md §7.2.2): each survivor signs the
+   survivor and dropped sets; the unmask request carries every
+   confirmation, and a worker with a roster reveals nothing unless
+   threshold survivors confirmed the sets it was told.
+6. ``secagg_unmask``: the survivors (whose masked input arrived) send the
    shares that remove the self-masks of the survivors and the pairwise masks
    of those who dropped after sharing; the server's ``finish`` rebuilds the
    integer sum, or refuses (:class:`~meshkit.RefusedError`) when fewer than
@@ -64,7 +69,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -72,9 +77,11 @@ import numpy as np
 from meshkit.compression import CompressionPlan, decode_field_sum
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
+from meshkit.privacy import SkellamPlan
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
-                                        SecureAggregationError, SecureAggregationTraits,
-                                        field_width, from_wire)
+                                        Roster, SecureAggregationError,
+                                        SecureAggregationTraits, check_adverts,
+                                        confirm_messages, field_width, from_wire, verify)
 from meshkit.train._pool import call as pool_call
 from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
@@ -108,6 +115,8 @@ class SecureSum:
     total: np.ndarray
     #: Shared their secrets, sent no masked input: their pairwise masks were cancelled.
     dropped: tuple[int, ...] = ()
+    #: A distributed-DP round's grid and noise (its ``sum`` carries the contributors' noise).
+    noise: SkellamPlan | None = None
 
     def mean(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """``state`` moved by the contributors' mean update (each counts once), dtypes kept."""
@@ -255,7 +264,9 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                scheme: SchemeChoice, rnd: int, shards: int, seeds: Mapping[int, int],
                fit: Mapping[str, Any] | None = None,
                pinned: Mapping[int, int] | None = None,
-               accept_failures: bool = True) -> SecureSum:
+               accept_failures: bool = True,
+               noise: Callable[[RoundParams, int], SkellamPlan] | None = None,
+               noise_source: str = "os") -> SecureSum:
     """One secure round over the live workers (module docstring).
 
     ``clients`` is the round's cohort, ``scheme`` the run's
@@ -265,7 +276,12 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     ``pinned[c]`` the only rank that may play client c (its data is there:
     ``[partitioner] name = "local"``), ``accept_failures`` (``[strategy]``)
     whether a rank's ``error`` reply costs its clients the round (true) or
-    ends the run (false, :class:`~meshkit.WorkerError`).
+    ends the run (false, :class:`~meshkit.WorkerError`). ``noise``
+    (``[privacy] placement = "distributed"``): called with the round's
+    parameters and the update's length before any request, it gives the
+    round's :class:`~meshkit.privacy.SkellamPlan`; each client then puts its
+    update on that grid and adds its Skellam share itself (``noise_source``
+    "os" or "seeded"), and the sum is decoded by the plan.
     Raises :class:`~meshkit.RefusedError` when the round cannot be unmasked
     without weakening the guarantee (too few clients left at any step).
     """
@@ -281,9 +297,14 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     traits = scheme.traits
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
+    if noise is not None and compression is not None:
+        raise RefusedError("[secure_aggregation]: a distributed-DP round's clients put their "
+                           "updates on the Skellam grid themselves; [compression] would put "
+                           "them on its own")
     if length == 0:
         raise RefusedError("[secure_aggregation]: the model has no floating-point arrays to "
                            "sum; a secure round has nothing to hide or to average")
+    plan_noise = None if noise is None else noise(params, length)
     lost: dict[int, str] = {}
     round_seed = secrets.token_bytes(SEED_SIZE)
     # A bad unmasking share is searched for by rank: a worker playing several clients
@@ -321,12 +342,14 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                         "round_seed": np.frombuffer(round_seed, np.uint8)[None, :],
                         "length": length, **named} for r, cs in plan.items()})
     rows_of: dict[int, np.ndarray] = {}
+    signed_by: dict[int, tuple[bytes, bytes]] = {}  # client -> (signer, advert signature)
     for rank, reply in replies.items():
         try:
             if list(reply["clients"]) != plan[rank]:
                 raise ProtocolError(f"keys for clients {list(reply['clients'])}, not for the "
                                     f"{plan[rank]} it plays")
             _expect(reply["adverts"], traits.advert_size, "advert")
+            signed_by.update(_advert_signatures(reply, plan[rank], round_seed, rnd))
             for client, row in zip(plan[rank], reply["adverts"]):
                 server.receive_advert(client, bytes(row))
                 rows_of[client] = row
@@ -336,7 +359,15 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     rosters = set(members)
     everyone = np.stack([rows_of[c] for c in members])
     advertised = {r: [c for c in cs if c in rosters] for r, cs in plan.items()}
-    replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone}
+    # A signed round: every member's advert came signed, and the signatures go with the
+    # adverts (an unsigned one as zeros, which a worker with a roster refuses, naming it).
+    signed = bool(members) and all(c in signed_by for c in members)
+    unsigned = (bytes(32), bytes(64))
+    sharing_keys: dict[str, Any] = {} if not signed_by else {
+        "signers": _stack([signed_by.get(c, unsigned)[0] for c in members], 32),
+        "signatures": _stack([signed_by.get(c, unsigned)[1] for c in members], 64)}
+    replies = call({r: {"op": "secagg_share", "members": members, "adverts": everyone,
+                        **sharing_keys}
                     for r, cs in advertised.items() if cs})
     for rank, reply in replies.items():
         try:
@@ -390,14 +421,21 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                              "excluded": list(excluded), **(fit or {})}
             if compression is not None:
                 masking[rank]["compress"] = compression.request()
+            if plan_noise is not None:
+                masking[rank].update(ddp_request(plan_noise, noise_source))
     _masked_step(ctx, server, masking, sharing, params.modulus_bits, lost, accept_failures)
     if not traits.tolerates_dropouts:
         _refuse_dropouts(scheme.name, cohort, plan, lost, rosters, gone)
     told = server.unmasking()  # refuses below the threshold, before any share moves
     requests = set(told.holders)
-    replies = call({r: {"op": "secagg_unmask", "clients": [c for c in cs if c in requests],
-                        "survivors": list(told.survivors), "dropped": list(told.dropped)}
-                    for r, cs in sharing.items() if any(c in requests for c in cs)})
+    asked = {r: [c for c in cs if c in requests] for r, cs in sharing.items()}
+    asked = {r: cs for r, cs in asked.items() if cs}
+    confirmations = (_confirm_step(ctx, call, asked, told, signed_by, round_seed, rnd, lost)
+                     if signed else {})
+    replies = call({r: {"op": "secagg_unmask", "clients": cs,
+                        "survivors": list(told.survivors), "dropped": list(told.dropped),
+                        **confirmations}
+                    for r, cs in asked.items()})
     for rank, reply in replies.items():
         try:
             _expect(reply["shares"], traits.share_size, "unmasking share")
@@ -415,7 +453,9 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
         except ProtocolError as exc:
             _bad(ctx, rank, exc, lost)
     result = _finish(ctx, server, sharing, lost)
-    if compression is not None:
+    if plan_noise is not None:
+        total = plan_noise.decode(result.total, len(result.contributors))
+    elif compression is not None:
         total = decode_field_sum(compression.compressor, result.total,
                                  clip_range=params.clip_range, count=len(result.contributors))
     else:
@@ -430,7 +470,63 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     not_served = {c: _why(c, where[c], lost, rosters, deliveries, gone)
                   for c in cohort if c not in served}
     return SecureSum(summed, tuple(result.contributors), served, not_served, params,
-                     result.total, dropped=tuple(result.dropped))
+                     result.total, dropped=tuple(result.dropped), noise=plan_noise)
+
+
+def ddp_request(plan: SkellamPlan, source: str) -> dict[str, Any]:
+    """The ``secagg_mask`` fields that tell each client the round's Skellam grid and share."""
+    return {"ddp_scale": float(plan.scale), "ddp_variance": float(plan.variance),
+            "ddp_bound": float(plan.bound), "ddp_half": int(plan.half), "ddp_noise": source}
+
+
+def _stack(rows: Sequence[bytes], width: int) -> np.ndarray:
+    return (np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), width) if rows
+            else np.zeros((0, width), np.uint8))
+
+
+def _advert_signatures(reply: Mapping[str, Any], clients: Sequence[int], round_seed: bytes,
+                       rnd: int) -> dict[int, tuple[bytes, bytes]]:
+    """A keys reply's advert signatures (none when it is unsigned), each checked against the
+    key the reply names: a signature that does not verify is the rank's breach."""
+    if reply.get("signer") is None:
+        return {}
+    signer = bytes(reply["signer"][0])
+    adverts = {c: bytes(row) for c, row in zip(clients, reply["adverts"])}
+    signatures = {c: bytes(row) for c, row in zip(clients, reply["signatures"])}
+    check_adverts(Roster(frozenset([signer]), "the keys reply"), round_seed, rnd, adverts,
+                  dict.fromkeys(clients, signer), signatures, blame=True)
+    return {c: (signer, signatures[c]) for c in clients}
+
+
+def _confirm_step(ctx: StrategyContext, call: Any, asked: Mapping[int, list[int]], told: Any,
+                  signed_by: Mapping[int, tuple[bytes, bytes]], round_seed: bytes, rnd: int,
+                  lost: dict[int, str]) -> dict[str, Any]:
+    """The consistency check's collection (``secagg_confirm``): every asked survivor's
+    signature of the sets, checked under the key that signed its advert; the unmask
+    request's ``confirmed``, ``confirm_signers`` and ``confirm_signatures``."""
+    replies = call({r: {"op": "secagg_confirm", "clients": cs,
+                        "survivors": list(told.survivors), "dropped": list(told.dropped)}
+                    for r, cs in asked.items()})
+    got: dict[int, tuple[bytes, bytes]] = {}
+    for rank, reply in replies.items():
+        try:
+            if list(reply["clients"]) != asked[rank]:
+                raise ProtocolError(f"confirmations of clients {list(reply['clients'])}, not "
+                                    f"of the {asked[rank]} it was asked for")
+            signer = bytes(reply["signer"][0])
+            messages = confirm_messages(round_seed, rnd, asked[rank], told.survivors,
+                                        told.dropped)
+            for client, row in zip(asked[rank], reply["signatures"]):
+                if signer != signed_by[client][0] or not verify(signer, bytes(row),
+                                                                messages[client]):
+                    raise ProtocolError(f"client {client}'s confirmation of the survivor set "
+                                        f"does not verify under the key that signed its advert")
+                got[client] = (signer, bytes(row))
+        except ProtocolError as exc:
+            _bad(ctx, rank, exc, lost)
+    ids = sorted(got)
+    return {"confirmed": ids, "confirm_signers": _stack([got[c][0] for c in ids], 32),
+            "confirm_signatures": _stack([got[c][1] for c in ids], 64)}
 
 
 def _masked_step(ctx: StrategyContext, server: SchemeServer,

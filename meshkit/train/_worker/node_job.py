@@ -94,12 +94,15 @@ def with_node_options(spec: Mapping[str, Any], pairs: Sequence[str]) -> dict[str
 
 def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
                     control: NodeControl, *, task_options: Sequence[str] = (),
-                    attack: Mapping[str, Any] | None = None) -> TrainReport | None:
+                    attack: Mapping[str, Any] | None = None,
+                    signing: Any = None) -> TrainReport | None:
     """Serve a ``train`` job; None when it was refused (rank 0 has been told why).
 
     ``task_options`` are this node's ``--task-option KEY=VALUE`` strings; one
     the task does not accept is told to rank 0 and raised (the node exits 2).
     ``attack`` is :func:`node_attack`'s spec (``--attack``), or None.
+    ``signing`` is this node's part in signed secure rounds
+    (:class:`~meshkit.train._worker.secure.Signing`: ``--key``, ``--roster``), or None.
     """
     job_id = job.get("job")
     why = caps.why_not_train()
@@ -115,7 +118,7 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         raise
     try:
         device = task_device(caps.device, str(spec.get("device") or ""), caps.devices)
-        report = serve_trainer(group, spec, control, device=device)
+        report = serve_trainer(group, spec, control, device=device, signing=signing)
     except MeshError as exc:
         report_job_error(group, job_id, exc)
         return None

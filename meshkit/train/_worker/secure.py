@@ -38,12 +38,28 @@ The ops, in the order a round sends them (docs/protocol.md §7.2):
     (:func:`meshkit.secure_aggregation.to_wire`). With ``compress`` (the
     run's ``[compression]``, whose keys request named ``input_bits``) the
     update is quantised by that compressor onto the round's shared grid
-    (:func:`meshkit.compression.field_codes`), not by the scheme.. A
+    (:func:`meshkit.compression.field_codes`), not by the scheme. With
+    ``ddp_*`` (``[privacy] placement = "distributed"``) the clipped update is
+    put on the round's Skellam grid and the client's share of the noise is
+    added here, before masking (:class:`meshkit.privacy.SkellamPlan`). A
     party is told the request's clients first (``summing``): all of them are
     in the sum, or the reply is an error and none is.
+``secagg_confirm``
+    a signed round only: each survivor's signature of the survivor and
+    dropped sets it was told (:func:`meshkit.secure_aggregation.confirm_message`).
 ``secagg_unmask``
     each survivor's shares of the survivors' self-mask seeds and the dropped
     clients' mask keys.
+
+**Signed rounds** (docs/protocol.md §7.2.2, :class:`Signing`): a worker with
+a node key (``meshkit node --key``) signs its clients' adverts and
+confirmations; a worker with a roster (``meshkit node --roster``) checks
+every member's advert before its clients share a secret
+(:func:`~meshkit.secure_aggregation.check_adverts`) and, before revealing a
+share, that threshold survivors confirmed the very sets it was told
+(:func:`~meshkit.secure_aggregation.check_confirmations`); either check
+failing refuses the step for all its clients (an ``error`` reply naming
+the client and the check), and the round goes on without them.
 
 Fault injection, for tests only: ``MESHKIT_FAULT_EXIT_AFTER_MASKING =
 "ROUND:CLIENT,..."`` in a worker's environment makes the worker process exit
@@ -56,24 +72,32 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from typing import Any, Callable, Mapping, cast
 
+import attrs
 import numpy as np
 
 from meshkit import plugins
 from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError
-from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
+from meshkit.privacy import SkellamPlan, field_levels
+from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
-                                        scheme_traits, to_wire, vector_dtype)
+                                        advert_message, check_adverts, check_confirmations,
+                                        confirm_messages, scheme_traits, sign, to_wire,
+                                        vector_dtype)
+from meshkit.wire import NodeKey
 
-__all__ = ["SecureClients", "update_vector", "vector_keys", "FAULT_ENV"]
+__all__ = ["SecureClients", "Signing", "update_vector", "vector_keys", "FAULT_ENV"]
 
 log = logging.getLogger(__name__)
 
 #: The test-only fault injection (module docstring).
 FAULT_ENV = "MESHKIT_FAULT_EXIT_AFTER_MASKING"
+#: The stream of a client's seeded Skellam noise (``ddp_noise = "seeded"``), off its fit seed.
+DDP_STREAM = 0xD1D9
 #: A worker that exits by :data:`FAULT_ENV` exits with this status.
 FAULT_STATUS = 70
 
@@ -133,6 +157,19 @@ def _faults(text: str) -> set[tuple[int, int]]:
     return found
 
 
+@attrs.frozen
+class Signing:
+    """A worker's part in signed rounds: its node ``key`` (signs; None: signs nothing) and the
+    ``roster`` of keys it accepts signatures from (None: checks nothing)."""
+
+    key: NodeKey | None = None
+    roster: Roster | None = None
+
+
+def _row(rows: Any, i: int) -> bytes:
+    return bytes(np.asarray(rows[i], np.uint8))
+
+
 class SecureClients:
     """The clients a worker plays in the current secure round (module docstring).
 
@@ -140,7 +177,13 @@ class SecureClients:
     way the worker's ``fit`` op does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, signing: Signing | None = None) -> None:
+        #: Signed rounds (:class:`Signing`): this worker's key and roster.
+        self.signing = signing or Signing()
+        #: The key that signed each member's advert this round (a roster checked it).
+        self.advert_signers: dict[int, bytes] = {}
+        #: The (survivors, dropped) each of this worker's clients confirmed this round.
+        self.confirmed: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.scheme: Scheme | None = None
         self.traits: SecureAggregationTraits | None = None
         self.params: RoundParams | None = None
@@ -173,6 +216,8 @@ class SecureClients:
             return self._reveal(request)
         if op == "secagg_mask":
             return self._mask(request, fit)
+        if op == "secagg_confirm":
+            return self._confirm(request)
         if op == "secagg_unmask":
             return self._unmask(request)
         raise MeshError(f"unknown secure-aggregation request {op!r}")
@@ -210,8 +255,16 @@ class SecureClients:
             self.rounds = {c: scheme.client(self.params, c, self.seed, self.length)
                            for c in ids}
         adverts = [self.rounds[c].advertise() for c in sorted(self.rounds)]
-        return {"clients": sorted(self.rounds),
-                "adverts": _rows(adverts, self.traits.advert_size)}
+        self.advert_signers, self.confirmed = {}, {}
+        reply = {"clients": sorted(self.rounds),
+                 "adverts": _rows(adverts, self.traits.advert_size)}
+        key = self.signing.key
+        if key is not None:  # a signed round's advert (docs/protocol.md §7.2.2)
+            reply["signer"] = _rows([key.public], 32)
+            reply["signatures"] = _rows(
+                [sign(key, advert_message(self.seed, self.round, c, a))
+                 for c, a in zip(sorted(self.rounds), adverts)], 64)
+        return reply
 
     def _require(self, clients: Any) -> None:
         missing = sorted(set(map(int, clients)) - set(self.rounds))
@@ -225,6 +278,19 @@ class SecureClients:
         _expect(request["adverts"], self.traits.advert_size, "advert")
         members = [int(m) for m in request["members"]]
         adverts = {m: bytes(row) for m, row in zip(members, request["adverts"])}
+        if self.signing.roster is not None:  # before any secret is sealed to these keys
+            keys, sigs = request.get("signers"), request.get("signatures")
+            signers = {} if keys is None else {m: _row(keys, i) for i, m in enumerate(members)}
+            signatures = ({} if sigs is None
+                          else {m: _row(sigs, i) for i, m in enumerate(members)})
+            check_adverts(self.signing.roster, self.seed, self.round, adverts, signers,
+                          signatures)
+            mine = self.signing.key.public if self.signing.key is not None else None
+            for client in self.rounds:
+                if client in signers and signers[client] != mine:
+                    raise MeshError(f"round {self.round}: client {client}'s advert is relayed "
+                                    f"signed by another node's key; this worker signed it")
+            self.advert_signers = signers
         senders, recipients, sealed = [], [], []
         for client in sorted(self.rounds):
             if client not in adverts:
@@ -282,6 +348,7 @@ class SecureClients:
         extra = {k: request[k] for k in ("time_budget", "clip_norm")
                  if request.get(k) is not None}
         compressor = self._compressor(request.get("compress"))
+        noise = self._noise(request)
         if self.party is not None:
             self.party.summing(sorted(clients))  # exactly the clients this reply adds
         for client, seed in zip(clients, request["seeds"]):
@@ -291,7 +358,16 @@ class SecureClients:
             if update.size != self.length:
                 raise MeshError(f"the round's updates have {self.length} elements; this "
                                 f"worker's model gives {update.size}")
-            if compressor is None:
+            if noise is not None:
+                rng = (np.random.default_rng(np.random.SeedSequence([int(seed), DDP_STREAM]))
+                       if request["ddp_noise"] == "seeded"
+                       else np.random.default_rng(secrets.randbits(128)))
+                quantised, clipped = noise.encode(update, rng, vector_dtype(bits))
+                if clipped:
+                    log.warning("round %d: client %d's noised update left its share of the "
+                                "field in %d coordinates (clipped there)", self.round, client,
+                                clipped)
+            elif compressor is None:
                 quantised = self.scheme.quantize(update, self.params)
             else:
                 quantised = field_codes(compressor, update, seed=key_seed(int(seed), 0),
@@ -309,6 +385,30 @@ class SecureClients:
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
         return {"clients": clients, **to_wire(total, bits)}
+
+    def _noise(self, request: Mapping[str, Any]) -> SkellamPlan | None:
+        """A distributed-DP round's grid and Skellam share (``ddp_*``), checked against the
+        round's field: each client's noised coordinate must stay within its share."""
+        if request.get("ddp_scale") is None:
+            return None
+        assert self.params is not None  # _require checked it
+        if "clip_norm" not in request or request.get("clip_norm") is None:
+            raise MeshError("a distributed-DP masking request must name the clip_norm each "
+                            "update is clipped to first")
+        if self.input_bits:
+            raise MeshError("a distributed-DP round's field cannot also hold a compressor's "
+                            "codes")
+        levels = field_levels(self.params.modulus_bits, self.params.clients)
+        half = int(request["ddp_half"])
+        if 2 * half > levels:
+            raise MeshError(f"ddp_half = {half}: a client's share of this round's field holds "
+                            f"values up to {levels}")
+        scale, bound = float(request["ddp_scale"]), float(request["ddp_bound"])
+        if bound < float(request["clip_norm"]) * scale:
+            raise MeshError(f"ddp_bound = {bound:g} is below the clipped update's norm on the "
+                            f"grid ({float(request['clip_norm']) * scale:g})")
+        return SkellamPlan(scale=scale, variance=float(request["ddp_variance"]), bound=bound,
+                           half=half, length=self.length, cohort=self.params.clients)
 
     def _compressor(self, chosen: Mapping[str, Any] | None) -> Any:
         """The masking request's compressor (None: the scheme quantises), checked against
@@ -329,12 +429,42 @@ class SecureClients:
                             f"for {self.input_bits}")
         return compressor
 
+    def _confirm(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Each client signs the survivor and dropped sets it is told (remembered, so an
+        unmask request with other sets is refused)."""
+        clients = [int(c) for c in request["clients"]]
+        self._require(clients)
+        key = self.signing.key
+        if key is None:
+            raise MeshError("secagg_confirm: a signed round needs this worker's node key "
+                            "(meshkit node --key FILE, made by `meshkit keygen`)")
+        survivors = tuple(sorted(int(c) for c in request["survivors"]))
+        dropped = tuple(sorted(int(c) for c in request["dropped"]))
+        signatures = []
+        for client in clients:
+            if client in self.confirmed and self.confirmed[client] != (survivors, dropped):
+                raise MeshError(f"round {self.round}: client {client} already confirmed "
+                                f"another survivor set; it confirms one only")
+            self.confirmed[client] = (survivors, dropped)
+        messages = confirm_messages(self.seed, self.round, clients, survivors, dropped)
+        for client in clients:
+            signatures.append(sign(key, messages[client]))
+        return {"clients": clients, "signer": _rows([key.public], 32),
+                "signatures": _rows(signatures, 64)}
+
     def _unmask(self, request: Mapping[str, Any]) -> dict[str, Any]:
         clients = [int(c) for c in request["clients"]]
         self._require(clients)
         survivors = tuple(int(c) for c in request["survivors"])
         dropped = tuple(int(c) for c in request["dropped"])
-        assert self.traits is not None  # _require checked it
+        assert self.traits is not None and self.params is not None  # _require checked it
+        if self.signing.roster is not None:  # the consistency check, before any share leaves
+            confirmed = [int(c) for c in request.get("confirmed") or ()]
+            keys, sigs = request.get("confirm_signers"), request.get("confirm_signatures")
+            confirmations = [(c, _row(keys, i), _row(sigs, i)) for i, c in enumerate(confirmed)]
+            check_confirmations(self.signing.roster, self.seed, self.round, clients,
+                                survivors, dropped, self.confirmed, confirmations,
+                                self.advert_signers, self.params.threshold)
         holders, owners, kinds, shares = [], [], [], []
         for client in clients:
             for owner, kind, share in self.rounds[client].unmask(survivors, dropped):

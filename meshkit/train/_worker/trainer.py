@@ -619,16 +619,20 @@ def with_device(name: str, options: Mapping[str, Any], device: str) -> dict[str,
 
 
 def serve_trainer(group: Group, spec: Mapping[str, Any], control: Any = None, *,
-                  device: str = "auto") -> TrainReport:
+                  device: str = "auto", signing: Any = None) -> TrainReport:
     """Serve trainer requests from rank 0 until told to stop; returns a ``TrainReport``.
 
     ``control`` is a :class:`meshkit.NodeControl` (its stop flag is observed
     between requests) or None. ``device`` is the device this node's task
-    runs on (:func:`with_device`).
+    runs on (:func:`with_device`); ``signing`` its node key and roster for
+    signed secure rounds (:class:`~meshkit.train._worker.secure.Signing`), or None.
     """
     started = time.monotonic()
     try:
-        trainer: Trainer | None = _trainer(spec, device, group)
+        built = _trainer(spec, device, group)
+        if signing is not None:
+            built.secure.signing = signing
+        trainer: Trainer | None = built
         failure: MeshError | None = None
     except MeshError as exc:
         # Answer every request with the reason instead of leaving: the

@@ -76,9 +76,20 @@ def test_the_chosen_degree_meets_both_conditions_and_is_logarithmic(
 
 
 def test_a_small_cohort_gets_the_complete_graph() -> None:
-    # Half of 9 others may drop: no sparse graph keeps t survivors around everyone.
-    degree, t = choose_degree(10, dropout=0.5)
+    # 40 % of 8 others may drop: no sparse graph keeps t survivors around everyone.
+    degree, t = choose_degree(9, dropout=0.4)
     assert degree == 0 and t == 5
+
+
+def test_the_threshold_is_a_strict_majority_of_a_clients_holders() -> None:
+    # Half of 9 others may drop: t = 5 of the 10 holders would survive it, but two halves
+    # told different survivor sets would then each reach t (issue 41); 6 of 10 cannot.
+    with pytest.raises(RefusedError, match="not even the complete graph"):
+        choose_degree(10, dropout=0.5)
+    for clients in range(3, 40):
+        degree, t = choose_degree(clients, dropout=0.1)
+        holders = (clients - 1 if degree == 0 else degree) + 1
+        assert 2 * t > holders, clients
 
 
 def test_too_much_dropout_and_corruption_together_is_refused() -> None:

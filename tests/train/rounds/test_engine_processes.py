@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshkit.train import GroupPool, Runner, read_metrics
-from meshkit.wire import _channel as wire_channel
+from meshkit.wire import _buffers as wire_buffers
 
 from tests.support.configs import write_config
 pytestmark = pytest.mark.slow
@@ -88,5 +88,5 @@ def test_coordinator_memory_stays_a_few_model_copies_with_16_workers(tmp_path, p
     # A model of at most 4 MiB also has its frames recycled by the wire: at
     # most _POOL_SIZE of them for the whole process (before, that many per
     # link: 20 copies at 16 workers with a 3 MB model).
-    pooled = wire_channel._POOL_SIZE if model <= wire_channel._POOL_MAX else 0
+    pooled = wire_buffers._POOL_SIZE if model <= wire_buffers._POOL_MAX else 0
     assert peak < (6 + pooled) * model, f"coordinator peak {peak / model:.1f} model copies"
