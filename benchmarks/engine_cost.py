@@ -19,7 +19,8 @@ or ``LABEL=DIR:PYTHON``). The trees take turns, trial by trial and cell by
 cell, so a change in the machine's load (it is shared) falls on all alike.
 ``--flat`` adds this tree with ``[strategy] round_timeout = 3600``, which
 plays the flat (per-client) engine: the batched round's own share of the
-change, in the same run. ``--round-timeout SECONDS`` runs every tree,
+change, in the same run. ``--window N`` (repeatable) adds this tree with
+``[strategy] window = N``. ``--round-timeout SECONDS`` runs every tree,
 baselines too, with ``[strategy] round_timeout = SECONDS``: the flat round
 with a deadline against the code before, in the same run.
 
@@ -61,10 +62,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: bool,
-                round_timeout: float | None = None, secure: bool = False) -> str:
+                round_timeout: float | None = None, secure: bool = False,
+                window: int | None = None) -> str:
     if round_timeout is None and flat:
         round_timeout = 3600
     deadline = f"round_timeout = {round_timeout:g}" if round_timeout is not None else ""
+    if window is not None:
+        deadline += f"\n        window = {window}"
     return textwrap.dedent(f"""
         [run]
         task = "digits"
@@ -101,14 +105,15 @@ clip_range = 1.0
 
 
 def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
-            flat: bool, round_timeout: float | None = None, secure: bool = False) -> float:
+            flat: bool, round_timeout: float | None = None, secure: bool = False,
+            window: int | None = None) -> float:
     """Seconds per round of one ``meshkit run`` (median after the first round)."""
     with tempfile.TemporaryDirectory(prefix="meshkit-engine-cost-") as tmp:
         out = Path(tmp) / "out"
         config = Path(tmp) / "run.toml"
         config.write_text(config_text(out, clients=clients, workers=workers, rounds=rounds,
                                       flat=flat, round_timeout=round_timeout,
-                                      secure=secure))
+                                      secure=secure, window=window))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         proc = subprocess.run([python, "-m", "meshkit", "run", str(config)], cwd=tree, env=env,
                               capture_output=True, text=True)
@@ -199,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
                         help="every tree with [strategy] round_timeout = SECONDS (the flat "
                              "round with a deadline, baselines too)")
+    parser.add_argument("--window", type=int, action="append", default=[], metavar="N",
+                        help="also this tree with [strategy] window = N (repeatable)")
     parser.add_argument("--secure", action="store_true",
                         help="every tree's rounds under [secure_aggregation] (secagg+)")
     parser.add_argument("--in-process", action="store_true",
@@ -208,28 +215,30 @@ def main(argv: list[str] | None = None) -> None:
         in_process()
         return
 
-    trees: list[tuple[str, str, Path, bool]] = [("this", sys.executable, ROOT, False)]
+    trees: list[tuple[str, str, Path, bool, int | None]] = [
+        ("this", sys.executable, ROOT, False, None)]
     if args.flat:
-        trees.append(("this-flat", sys.executable, ROOT, True))
-    trees += [(label, python, tree, False) for label, python, tree in args.baseline]
+        trees.append(("this-flat", sys.executable, ROOT, True, None))
+    trees += [(f"this-window-{n}", sys.executable, ROOT, False, n) for n in args.window]
+    trees += [(label, python, tree, False, None) for label, python, tree in args.baseline]
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
           f"{args.rounds} rounds a run, {args.repeat} trials; median (min-max) over trials"
           + (f"; every tree with round_timeout = {args.round_timeout:g}"
              if args.round_timeout is not None else "")
           + ("; every round secure (secagg+)" if args.secure else ""),
           flush=True)
-    for label, python, tree, flat in trees:
+    for label, python, tree, flat, _ in trees:
         print(f"# {label}: {tree} ({python}){' flat' if flat else ''}", flush=True)
     results: dict[tuple[int, int], dict[str, list[float]]] = {
         cell: {label: [] for label, *_ in trees} for cell in args.cells}
     for _ in range(args.repeat):
         for cell in args.cells:
-            for label, python, tree, flat in trees:
+            for label, python, tree, flat, window in trees:
                 results[cell][label].append(one_run(python, tree, clients=cell[0],
                                                     workers=cell[1], rounds=args.rounds,
                                                     flat=flat,
                                                     round_timeout=args.round_timeout,
-                                                    secure=args.secure))
+                                                    secure=args.secure, window=window))
     print(f"{'clients':>7} {'workers':>7} {'tree':>14} {'s/round':>22} {'ms/client':>9}  "
           f"ratios", flush=True)
     median: dict[tuple[int, int], dict[str, float]] = {}

@@ -126,15 +126,8 @@ def is_json_value(value: Any) -> bool:
 
 def nonfinite_keys(state: Mapping[str, Any]) -> list[str]:
     """The keys of ``state`` whose float array holds a NaN or an infinity, in key order."""
-    bad = []
-    for key, value in state.items():
-        if is_array(value) and is_float_dtype(value.dtype):
-            a = np.asarray(value)
-            if a.dtype not in (np.float16, np.float32, np.float64):
-                a = a.astype(np.float32)  # bfloat16: numpy's isfinite needs a native float
-            if not np.isfinite(a).all():
-                bad.append(str(key))
-    return bad
+    return [str(key) for key, value in state.items()
+            if is_array(value) and is_float_dtype(value.dtype) and not _all_finite(value)]
 
 
 def is_float_dtype(dtype: Any) -> bool:
@@ -259,17 +252,33 @@ def _validate_value(value: Any, label: str, allow_nonfinite: bool,
                 f"tensor.numpy(), or list(...) for a tuple)")
 
 
+#: Elements a finiteness scan tests at a time: its scratch is this many bools (and, for
+#: a half-precision array, this many float32), whatever the array's size.
+_SCAN_CHUNK = 1 << 16
+
+
 def _all_finite(array: Any) -> bool:
+    """Whether a float array holds no NaN or infinity, scanned in chunks of
+    :data:`_SCAN_CHUNK` into one small scratch (never a whole array of bools, nor of
+    float32 for a half-precision one)."""
     array = np.asarray(array)
-    if array.dtype == BFLOAT16 or array.dtype == np.float16:
-        # Widen in bounded chunks: ml_dtypes' isfinite on bf16 is slow.
-        flat = array.reshape(-1)
-        step = 1 << 16
-        for start in range(0, flat.size, step):
-            if not np.isfinite(flat[start:start + step].astype(np.float32)).all():
-                return False
-        return True
-    return bool(np.isfinite(array).all())
+    flat = array.ravel(order="K")  # a view unless the array is not contiguous
+    if not np.shares_memory(flat, array) and array.size:
+        return bool(np.isfinite(array).all())  # rare: a strided view, copied once anyway
+    widen = array.dtype == BFLOAT16 or array.dtype == np.float16
+    # Half precision is widened chunk by chunk: ml_dtypes' isfinite on bf16 is slow.
+    scratch = np.empty(min(flat.size, _SCAN_CHUNK), dtype=bool)
+    wide = np.empty(scratch.size, dtype=np.float32) if widen else None
+    for start in range(0, flat.size, _SCAN_CHUNK):
+        chunk = flat[start:start + _SCAN_CHUNK]
+        n = chunk.size
+        if wide is not None:
+            chunk = wide[:n]
+            chunk[...] = flat[start:start + n]
+        np.isfinite(chunk, out=scratch[:n])
+        if not scratch[:n].all():
+            return False
+    return True
 
 
 def copy_state(state: State) -> dict[str, Any]:

@@ -607,7 +607,7 @@ class LocalPool:
             self.declare_dead(rank, reason)
             return Reply(rank, None, reason, seq)
         if self.direct:
-            if request.get("op") == "set_state":
+            if request.get("op") == "set_state" or request.get("set_state"):
                 # The trainer's own copy, as a worker process has: nothing a fit does
                 # reaches the caller's model (once a round, not once a client).
                 request = {**request, "state": {k: np.array(v, copy=True) if is_array(v)

@@ -155,8 +155,13 @@ class Federated:
             last[:] = [outcome.state, outcome.metrics, rnd]
             return outcome
         try:
+            # Every round sends its state to each worker it uses (the round engine, the
+            # secure round, the clients' evaluation): a joined worker needs none before --
+            # except with trainable, whose rounds send a worker they think holds the model
+            # (a restarted process may not) only the trainable keys.
             return run_rounds(ctx, "federated", self.options.rounds, last[0], play,
                               on_nonfinite=self.options.on_nonfinite,
+                              hand_state=trainable is not None,
                               accept_failures=self.options.accept_failures)
         except BudgetReached as stop:
             # Not an error: the budget was spent; the last round's checkpoint stands.

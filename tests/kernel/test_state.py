@@ -123,3 +123,35 @@ def test_the_wire_refuses_json_nested_past_the_bound():
     # A hostile peer encodes what a well-behaved one never would.
     with pytest.raises(WireError, match="'meta': JSON nested more than 64 levels"):
         decode_state(body({"meta": _nested(65)}))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32, np.float64])
+def test_the_finiteness_scan_finds_every_nan_and_inf_chunk_by_chunk(dtype):
+    chunk = st._SCAN_CHUNK
+    for n in (0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 5):
+        clean = np.zeros(n, dtype=dtype)
+        assert st.nonfinite_keys({"w": clean}) == []
+        for where in sorted({0, n // 2, n - 1}) if n else []:
+            for bad in (np.nan, np.inf, -np.inf):
+                dirty = clean.copy()
+                dirty[where] = bad
+                assert st.nonfinite_keys({"a": clean, "w": dirty, "j": 1.0}) == ["w"], \
+                    (n, where, bad)
+    # Not contiguous, and in another memory order: the same answer.
+    m = np.zeros((300, 400), dtype=dtype)
+    m[299, 397] = np.inf
+    assert not st._all_finite(m) and not st._all_finite(m.T)
+    assert not st._all_finite(m[1::2, 1::3]) and st._all_finite(m[::2, ::2])
+
+
+def test_the_finiteness_scan_allocates_a_chunk_not_the_array():
+    import tracemalloc
+
+    model = np.zeros(4 * st._SCAN_CHUNK * 16, dtype=np.float32)  # 4 MB, 1M bools whole
+    tracemalloc.start()
+    try:
+        assert st.nonfinite_keys({"w": model}) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < model.size // 4, peak  # a whole bool array would be model.size bytes

@@ -106,6 +106,36 @@ def test_federated_reports_every_round_with_who_answered():
     assert reports[-1].metrics["m"] == pytest.approx(3.5)
 
 
+class AdmitsLater(LocalPool):
+    """A pool where rank 3 is live only once admitted (a worker that joined after round 1)."""
+
+    admitted = False
+
+    def live(self, ranks):
+        return [r for r in super().live(ranks) if r != 3 or self.admitted]
+
+
+def test_a_worker_joining_a_federated_run_is_sent_the_model_once():
+    task = ShardMean(9)
+    pool = AdmitsLater.of(lambda: task, (1, 2, 3))
+
+    def admit():
+        if pool.admitted or not reports:
+            return ()
+        pool.admitted = True
+        return (3,)
+
+    reports = []
+    ctx = make_ctx(task, ranks=(1, 2, 3), pool=pool, admit=admit,
+                   on_round=lambda report, state: reports.append(report))
+    result = strategy("federated", rounds=2, clients=3).run(ctx)
+    assert [r.joined for r in reports] == [(), (3,)] and reports[1].served[2] == 3
+    # The round's own fit carries it: no set_state before the round besides.
+    to_3 = [req for rank, req in pool.log if rank == 3]
+    assert [(req["op"], "state" in req) for req in to_3] == [("fit", True), ("take", False)]
+    assert float(result.state["m"][0]) == pytest.approx(4.0)  # the mean of 0..8
+
+
 def test_poisson_sampling_asks_each_round_the_cohort_of_seed_and_round():
     from meshkit.train import poisson_clients
 

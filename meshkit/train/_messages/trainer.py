@@ -67,6 +67,14 @@ class FitRequest:
                        check=_between(0, MAX_SEED))
     state: State | None = _field("state", "the model to start from (default: the worker's)",
                                  optional=True)
+    set_state: bool = _field("bool", "true: the worker first holds `state` as a `set_state` "
+                             "with the same `state` and `trainable` would (discarding every "
+                             "result an earlier round kept), then fits from it: the round's "
+                             "model goes with each worker's first fit of the round",
+                             default=False)
+    trainable: list[str] | None = _field(
+        "list of str", "with `set_state`: as `set_state`'s", optional=True,
+        check=lambda _, attribute, value: _key_names(value))
     keep: int | None = _field("int 0..2^63-1", "keep the result on the worker under this key "
                                      "(the reply then carries `kept`)",
                               optional=True, check=_between(0, MAX_SEQ))
@@ -92,6 +100,11 @@ class FitRequest:
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)
+        if self.set_state and self.state is None:
+            raise ValueError("set_state = true needs the model in `state`")
+        if self.trainable is not None and not self.set_state:
+            raise ValueError("trainable goes with set_state = true (it says how the worker "
+                             "holds `state`)")
 
 
 @attrs.frozen(kw_only=True)

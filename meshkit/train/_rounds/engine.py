@@ -11,10 +11,17 @@ does not depend on which worker answered first.
 How a round goes (:func:`fold_round`):
 
 1. The round's global state, when there is one, goes once to each worker
-   the round needs (``set_state``, which also discards what an earlier
-   round left on the worker). A worker is handed work only after it has
-   acknowledged it: a worker that died between rounds never acknowledges,
-   is declared dead in the ledger and is never sent a client.
+   the round needs. In a round of fits it goes with the worker's first fit
+   (the fit's ``set_state``: the worker holds it as a ``set_state`` would,
+   discarding what an earlier round left on the worker), one message
+   instead of two. A worker lost on that fit is lost as on any fit (a
+   worker that died between rounds costs its first client one strike of
+   step 7's two, as a worker dying mid-fit does); an ``error`` reply to it
+   (the worker may have refused it before holding the state) has its next
+   request carry the state again; a worker brought in mid-round to stand in
+   for a lost one is sent its state with its first fit the same way. Other
+   rounds (gradients) send ``set_state`` first and hand a worker work only
+   after it acknowledged it.
 2. The keys are planned round-robin over those workers, in key order (the
    first worker the first key, ...), and handed out one request at a time
    per worker; a worker done with its plan takes over the last planned key
@@ -155,7 +162,8 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     (:mod:`meshkit.train._rounds.batched`) applies: its result then is the
     aggregator's own fold in key order, bit for bit. ``send_state(rank)``
     is the ``set_state`` request each worker is sent (default: ``state``
-    whole); ``[strategy] trainable`` sends the whole model only to a worker
+    whole; in a flat round of fits its ``state`` and ``trainable`` go with the
+    worker's first fit); ``[strategy] trainable`` sends the whole model only to a worker
     that lacks it (:class:`meshkit.train.Trainable`), and its round is never
     relayed or collective. ``on_stale(rank)`` is told of a worker that answered its
     ``set_state`` ``stale`` (``[compression] broadcast``: it lacks the delta's base,
@@ -459,9 +467,21 @@ class _Round(Scheduler[int]):
         self.unpack = unpack
         #: The largest |x| the fold accepts per dtype, scanned with NaN/inf (None: any finite).
         self.limit = limit
+        #: Workers whose next work request carries the round's state (``set_state``
+        #: inside the fit, step 1), and those whose request that carried it is in flight:
+        #: rank -> its key.
+        self.owed: set[int] = set()
+        self.carrying: dict[int, int] = {}
+        #: Whether the round's state goes with fits (a round of fits that carry none).
+        self.fits = state is not None and all(
+            r.get("op") == "fit" and "state" not in r for r in requests.values())
 
     def play_round(self) -> Folded:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
+        if self.on_stale is not None:
+            # A broadcast's set_state is a delta a worker may answer stale
+            # ([compression] broadcast): it goes on its own, before the fits.
+            self.fits = False
         self.ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = self.quarantine(sorted(self.requests))
         live = self.ctx.live
@@ -482,6 +502,11 @@ class _Round(Scheduler[int]):
         self.plan_round_robin(free, workers)
         if self.state is None:
             self.ready = set(workers)  # replicas: each holds its own state
+        elif self.fits:
+            # Each worker's first fit carries the round's state: one message, not two.
+            self.ready = set(workers)
+            self.owed = set(workers)
+            self.sent_state |= self.owed
         else:
             for rank in workers:
                 self.send_state(rank)
@@ -518,8 +543,22 @@ class _Round(Scheduler[int]):
         # would be pulled as soon as it answered anyway, and every result in flight or
         # pulled is a distinct key of the window, so the coordinator still holds at
         # most ``window`` of them.
+        if rank in self.owed:
+            self.owed.discard(rank)
+            self.carrying[rank] = nxt
+            request = {**request, **self._state_fields(rank)}
         self.send(rank, "work", nxt, request, self.ctx.timeout)
         return True
+
+    def _state_fields(self, rank: int) -> dict[str, Any]:
+        """The fields that carry the round's state in ``rank``'s first fit: its
+        ``set_state`` request's (``[strategy] trainable`` decides what it holds)."""
+        held = ({"state": self.state} if self.state_request is None
+                else self.state_request(rank))
+        fields = {"state": held["state"], "set_state": True}
+        if held.get("trainable") is not None:
+            fields["trainable"] = held["trainable"]
+        return fields
 
     def dispatched(self, busy: set[int]) -> None:
         if self.spare and self.state is not None and not self.expired:
@@ -527,7 +566,14 @@ class _Round(Scheduler[int]):
             # waits: bring in a live worker that was not sent the state yet.
             fresh = [r for r in self.ctx.live if r not in self.sent_state]
             if fresh and len(self.sent_state - self.lost) < len(self.unfolded):
-                self.send_state(fresh[0])
+                if not self.fits:
+                    self.send_state(fresh[0])
+                    return
+                # In a round of fits the state goes with its first fit, at once.
+                self.sent_state.add(fresh[0])
+                self.ready.add(fresh[0])
+                self.owed.add(fresh[0])
+                self.hand_out(fresh[0], busy)
 
     def choices(self, rank: int, busy: set[int]) -> list[tuple[collections.deque[int], int]]:
         """Its pinned keys before anything else; a worker holding :data:`HOLD` results
@@ -545,6 +591,7 @@ class _Round(Scheduler[int]):
     def answered(self, rank: int, kind: str, key: int | None,
                  payload: Mapping[str, Any]) -> None:
         assert key is not None  # work and take requests carry their client's key
+        self.carrying.pop(rank, None)
         if kind == "work":
             self.replies[key] = small_reply(payload.get("examples", 0), payload)
             if "kept" in payload:
@@ -586,6 +633,14 @@ class _Round(Scheduler[int]):
         self.taken[key] = (rank, contribution)
         self._advance()
 
+    def failed(self, rank: int, kind: str, unit: int | None, key: int | None,
+               reason: str) -> None:
+        if self.carrying.pop(rank, None) is not None:
+            # An error reply to the fit that carried the round's state: the worker may
+            # have refused it before holding the state, so its next request carries it.
+            self.owed.add(rank)
+        super().failed(rank, kind, unit, key, reason)
+
     def client_dropped(self, rank: int, kind: str, unit: int | None, key: int) -> None:
         self._drop_client(key)
 
@@ -593,6 +648,8 @@ class _Round(Scheduler[int]):
         """What it held, was planned or was doing (module docstring, steps 4 and 5)."""
         again = (self.held.pop(rank, set()) | set(self.plan.pop(rank, []))
                  | set(self.own.pop(rank, [])))
+        self.owed.discard(rank)
+        self.carrying.pop(rank, None)
         if kind in ("work", "take") and key is not None:
             if kind == "work" and rank not in self.failures.ranks \
                     and self.failures.client_failed(key, rank, f"lost while fitting it ({reason})"):

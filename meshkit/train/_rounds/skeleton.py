@@ -10,7 +10,8 @@ names the workers declared dead since the report before it (between rounds
 or during this one). A stop request is honoured between rounds, never
 inside one, and so is a worker coming in (``ctx.admit()``: a late joiner,
 or a restarted worker taken back from the dead ledger), which is handed
-the round's state before the round starts and named in its report's
+the round's state before the round starts (unless the strategy's rounds
+hand it out themselves, ``hand_state=False``) and named in its report's
 ``joined``.
 
 A round whose new global model holds a NaN or an infinity is never a
@@ -87,9 +88,12 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
 
     ``on_nonfinite`` is what a round whose new model is not finite does (the
     module docstring): ``"stop"`` or ``"skip-round"``. ``hand_state=False``
-    is for a strategy whose every request carries the model it starts from
-    and whose requests stay outstanding between rounds (``fedbuff``): a
-    joined or skipped-round worker is then sent no ``set_state``.
+    is for a strategy whose rounds hand each worker they use the model
+    themselves -- every request carries it and stays outstanding between
+    rounds (``fedbuff``), or every round sends its state (``federated``: the
+    round engine, the secure round) -- so a joined or skipped-round worker
+    is sent no ``set_state`` here, which would be a second copy of the
+    model.
     ``accept_failures`` (``[strategy] accept_failures``) is what a member's
     failure costs in every round: its rank for the round, or the run
     (:mod:`meshkit.train._failures`).

@@ -269,6 +269,12 @@ class Trainer:
             self.examples += int(reply.get("examples", 0))
             return reply
         if op == "fit":
+            if request.get("set_state"):
+                # The round's model came with this worker's first fit of the round: held as
+                # a set_state would hold it, then the fit starts from the model held.
+                self._hold(request)
+                request = {k: v for k, v in request.items()
+                           if k not in ("state", "set_state", "trainable")}
             state, examples, metrics, attacked = self._fit(request)
             if request.get("compress") is not None:
                 state = self._compressed(request, state)
@@ -294,12 +300,11 @@ class Trainer:
                     log.info("set_state: %s; asking for the whole model", exc)
                     return {"stale": str(exc)}
                 self.trainable = None
+                # A new round: whatever the last one left unclaimed is stale.
+                self.kept.clear()
+                self.partial = None
             else:
-                self.state, self.trainable = set_state(self.state, request)
-                self.digest = None
-            # A new round: whatever the last one left unclaimed is stale.
-            self.kept.clear()
-            self.partial = None
+                self._hold(request)
             return {}
         if op == "grads":
             state = self._require_state(op)
@@ -527,6 +532,14 @@ class Trainer:
         self.kept[int(keep)] = dict(result)
         reply["kept"] = int(keep)
         return reply
+
+    def _hold(self, request: Mapping[str, Any]) -> None:
+        """The round's model, as a ``set_state`` (or a fit with ``set_state``) sends it."""
+        self.state, self.trainable = set_state(self.state, request)
+        self.digest = None
+        # A new round: whatever the last one left unclaimed is stale.
+        self.kept.clear()
+        self.partial = None
 
     def _require_state(self, op: str) -> dict[str, Any]:
         if self.state is None:

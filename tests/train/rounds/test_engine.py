@@ -12,6 +12,7 @@ import pytest
 import meshkit.plugins
 from meshkit.errors import MeshError
 from meshkit.train import HOLD, LocalPool, Work, client_seed, fold_round
+from meshkit.train._worker.trainer import Trainer
 
 from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
 
@@ -77,32 +78,57 @@ def test_the_coordinator_holds_a_window_of_contributions_whatever_the_client_cou
         assert ctx.pool.peak_held <= window + 1, (clients, ctx.pool.peak_held)
 
 
-def test_the_state_goes_once_to_each_worker_the_round_needs():
+def _carries_state(request):
+    return request["op"] == "fit" and request.get("set_state") is True and "state" in request
+
+
+def test_the_state_goes_once_to_each_worker_the_round_needs_with_its_first_fit():
     ctx = make_ctx(workers=4)
-    fold_round(ctx, fits(8), state=ctx.task.init_state(0), batch=False)
-    sent = [(rank, req["op"]) for rank, req in ctx.pool.log]
-    assert sorted(r for r, op in sent if op == "set_state") == [1, 2, 3, 4]
-    assert all("state" not in req for _, req in ctx.pool.log if req["op"] == "fit")
+    state = ctx.task.init_state(0)
+    fold_round(ctx, fits(8), state=state, batch=False)
+    assert not any(req["op"] == "set_state" for _, req in ctx.pool.log)
+    carried = [(r, req) for r, req in ctx.pool.log if "state" in req]
+    assert sorted(r for r, _ in carried) == [1, 2, 3, 4]  # once each
+    assert all(_carries_state(req) for _, req in carried)
+    # ... and it is each worker's first request of the round.
+    firsts = {}
+    for rank, req in ctx.pool.log:
+        firsts.setdefault(rank, req)
+    assert all(_carries_state(req) for req in firsts.values())
+    assert all(req["state"] is state for _, req in carried), "the round's state, not a copy"
     few = make_ctx(workers=4)
     fold_round(few, fits(2), state=few.task.init_state(0), batch=False)
-    assert sorted(r for r, req in few.pool.log if req["op"] == "set_state") == [1, 2]
+    assert sorted(r for r, req in few.pool.log if "state" in req) == [1, 2]
 
 
 def test_the_key_the_fold_waits_on_comes_back_with_its_answer():
-    # Within the pull window a fit's result is not held on its worker: no keep, no take.
+    # Within the pull window a fit's result is not held on its worker: no keep, no take;
+    # the state goes with each worker's fit: 3 clients on 3 workers are 3 requests.
     ctx = make_ctx(workers=3)
     state = ctx.task.init_state(0)
     folded = fold_round(ctx, fits(3), state=state, window=3, batch=False)
     ops = [req["op"] for _, req in ctx.pool.log]
-    assert sorted(ops) == ["fit"] * 3 + ["set_state"] * 3, ops
+    assert ops == ["fit"] * 3, ops
+    assert all(_carries_state(req) for _, req in ctx.pool.log)
     assert all("keep" not in req for _, req in ctx.pool.log)
-    # Beyond the window a result waits on its worker and is pulled in its turn.
+    # Beyond the window a result waits on its worker and is pulled in its turn: 5 requests.
     held = make_ctx(workers=3)
     again = fold_round(held, fits(3), state=state, window=1, batch=False)
     log = [req for _, req in held.pool.log]
+    assert sorted(req["op"] for req in log) == ["fit"] * 3 + ["take"] * 2
     assert [req.get("keep") for req in log if req["op"] == "fit"] == [None, 1, 2]
     assert sorted(req["key"] for req in log if req["op"] == "take") == [1, 2]
     assert same_bytes(folded.result, again.result), "the same fold, in the same order"
+    # The same bits as the state sent on its own first (set_state, then fits without it).
+    alone = make_ctx(workers=3)
+    for rank in (1, 2, 3):
+        assert "error" not in alone.pool.trainers[rank].handle(
+            {"op": "set_state", "state": state})
+    fold = alone.aggregation_begin()
+    for work in fits(3):
+        reply = alone.pool.trainers[1 + work.key].handle(dict(work.request))
+        fold.add(reply["state"], float(reply["examples"]))
+    assert same_bytes(fold.result(), folded.result)
 
 
 def test_a_worker_keeps_at_most_hold_results_waiting():
@@ -154,19 +180,59 @@ def test_a_worker_lost_mid_round_has_its_clients_served_again_with_the_same_bits
     assert same_bytes(folded.result, reference.result), "re-served fits are the same bits"
 
 
-def test_a_worker_lost_before_acknowledging_the_state_is_never_handed_work():
+def test_a_worker_lost_on_the_fit_that_carried_the_state_has_its_client_served_again():
     ctx = make_ctx(workers=3, fail=lambda rank, request: "gone" if rank == 3 else None)
-    folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0))
-    assert [req["op"] for rank, req in ctx.pool.log if rank == 3] == ["set_state"]
+    state = ctx.task.init_state(0)
+    folded = fold_round(ctx, fits(3), state=state)
+    to_3 = [req for rank, req in ctx.pool.log if rank == 3]
+    assert len(to_3) == 1 and _carries_state(to_3[0]) and to_3[0]["shard"] == 2
     assert list(folded.served) == [0, 1, 2] and set(folded.served.values()) == {1, 2}
+    assert list(ctx.dead) == [3] and folded.not_served == {}
+    assert same_bytes(folded.result, fold_round(make_ctx(workers=3), fits(3),
+                                                state=state).result)
 
 
 def test_a_lost_worker_is_replaced_by_one_that_had_no_work_this_round():
     ctx = make_ctx(workers=4, fail=lambda rank, request: "gone" if rank == 1 else None)
     folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0), batch=False)
-    # Three clients: ranks 1-3 were sent the state; rank 4 stood in for rank 1.
-    assert sorted(r for r, req in ctx.pool.log if req["op"] == "set_state") == [1, 2, 3, 4]
+    # Three clients: ranks 1-3 were sent the state with their first fit; rank 4 stood in
+    # for rank 1, its state with its first fit too, at once.
+    assert sorted(r for r, req in ctx.pool.log if _carries_state(req)) == [1, 2, 3, 4]
+    assert not any(req["op"] == "set_state" for _, req in ctx.pool.log)
     assert set(folded.served.values()) == {2, 3, 4}
+    assert folded.served[0] == 4, "rank 1's client, served by the rank that stood in"
+
+
+def test_an_error_reply_to_the_fit_that_carried_the_state_sends_it_again():
+    # The only worker refuses its first fit as a worker refuses a request that does not
+    # fit its schema: before it holds the state. With one live worker that is the client's
+    # failure; the next client's fit must carry the state again, or it would start from
+    # the model the worker held before (an earlier round's).
+    state = make_ctx().task.init_state(0)
+
+    class RefusesFirst(Trainer):
+        refused = 0
+
+        def handle(self, request):
+            if request.get("set_state") and not self.refused:
+                self.refused += 1
+                return {"error": "protocol error: refused", "seq": request.get("seq", 0)}
+            return super().handle(request)
+
+    ctx = make_ctx(workers=1)
+    trainer = RefusesFirst(ctx.task)
+    trainer.handle({"op": "set_state", "state": make_ctx().task.init_state(5)})  # stale
+    ctx.pool.trainers[1] = trainer
+    folded = fold_round(ctx, fits(2), state=state, batch=False)
+    assert trainer.refused == 1 and list(folded.not_served) == [0] and list(folded.served) == [1]
+    sent = [req for _, req in ctx.pool.log if req["op"] == "fit"]
+    assert [_carries_state(req) for req in sent] == [True, True]
+    expected = ctx.aggregation_begin()
+    fresh = Trainer(ctx.task)
+    fresh.handle({"op": "set_state", "state": state})
+    reply = fresh.handle(dict(fits(2)[1].request))
+    expected.add(reply["state"], float(reply["examples"]))
+    assert same_bytes(folded.result, expected.result())
 
 
 def test_clients_no_live_worker_can_serve_are_recorded_with_the_reason():
