@@ -163,7 +163,6 @@ class PieceFold:
                     f"entries (missing {sorted(self._others - set(rest))[:5]}, unknown "
                     f"{sorted(set(rest) - self._others)[:5]})")
             self._rest = rest
-            self._check(label)
         got = {k for k in parts if k in self._standins} if index == 0 else set(parts)
         if got != slices:
             raise AggregationError(f"{fold.name}: piece {index} of {label} does not carry "
@@ -179,6 +178,8 @@ class PieceFold:
                     f"{fold.name}: piece {index} of {label}: {key!r}[{lo}:{hi}] should be a "
                     f"flat {model.dtype} array of {hi - lo} elements")
             xs.append((key, lo, hi, x))
+        if index == 0:
+            self._check(label)
         position = fold.count
         first = position == 0
         # A later pair's first member, and its second (retain = 1).
