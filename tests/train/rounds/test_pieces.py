@@ -139,3 +139,16 @@ def test_a_piece_that_does_not_fit_the_model_costs_its_rank():
     folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0), batch=False)
     assert 3 in folded.failed and 3 not in folded.served.values()
     assert same_bytes(folded.result, whole.result)
+
+
+@pytest.mark.parametrize("value", ["100", "2.5", '"big"', str(1 << 41)])
+def test_a_bad_piece_size_is_a_config_error_naming_the_file_table_and_key(tmp_path, value):
+    from meshkit.config import load_config
+    from meshkit.errors import ConfigError
+
+    path = tmp_path / "run.toml"
+    path.write_text(f'[run]\ntask = "meshkit_tasks.synthetic:SyntheticTask"\n\n'
+                    f'[mesh]\nworkers = 2\npiece_bytes = {value}\n')
+    with pytest.raises(ConfigError, match=r"run\.toml.*\[mesh\].*piece_bytes"):
+        load_config(path)
+
