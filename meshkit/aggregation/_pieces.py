@@ -26,17 +26,24 @@ the caller plays the round again the whole-contribution way.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from meshkit.aggregation._contract import check_weight
 from meshkit.aggregation._json import json_accumulate
-from meshkit.aggregation._mean import _MAX_FACTOR, MeanFold, _ExactEntry, _FloatEntry, _scaled_into
+from meshkit.aggregation._mean import (
+    _MAX_FACTOR,
+    MeanFold,
+    _ExactEntry,
+    _FloatEntry,
+    _scaled_into,
+)
 from meshkit.errors import AggregationError
 from meshkit.state import is_array, is_float_dtype
 
-__all__ = ["DEFAULT_PIECE_BYTES", "piece_plan", "float_layout", "PieceFold"]
+__all__ = ["DEFAULT_PIECE_BYTES", "PieceFold", "float_layout", "piece_plan"]
 
 #: Bytes of one piece of a contribution, by default (32 MiB).
 DEFAULT_PIECE_BYTES = 32 << 20
@@ -151,7 +158,7 @@ class PieceFold:
         piece 0 its other entries. Checked before anything is summed."""
         if self._current is None or index != self._next:
             raise ValueError(f"piece {index} out of turn (expected {self._next})")
-        w, factor, label = self._current
+        _, factor, label = self._current
         fold = self.fold
         want = self.plan[index]
         slices = {key for key, _, _ in want}
@@ -269,7 +276,7 @@ class PieceFold:
         assert self.fold._entries is not None
         entry = self.fold._entries[key]
         assert isinstance(entry, _FloatEntry)
-        return entry.acc  # type: ignore[no-any-return]
+        return entry.acc
 
     def _buffer_for(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
         buf = self._buffer.get(key)
@@ -286,7 +293,8 @@ class PieceFold:
             if bad is not None:
                 key, where = bad
                 job = next(job for job in jobs if job[0] == key)
-                parts = [({}, f, name) for (_, f), name in zip(job[2], labels)]
+                parts: list[tuple[Mapping[str, Any], float, str]] = [
+                    ({}, f, name) for (_, f), name in zip(job[2], labels)]
                 raise fold._refusal(key, where, job[2], parts, job[1])
         except AggregationError as exc:
             fold._broken = str(exc)

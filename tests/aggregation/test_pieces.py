@@ -37,8 +37,8 @@ def cut(state: dict, plan: list) -> list[dict]:
 def same(a: dict, b: dict) -> bool:
     if a.keys() != b.keys():
         return False
-    for k in a:
-        x, y = a[k], b[k]
+    for k, x in a.items():
+        y = b[k]
         if isinstance(x, np.ndarray):
             if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
                 return False

@@ -25,7 +25,8 @@ whole-contribution round unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from meshkit.aggregation import MeanFold, PieceFold, float_layout, piece_plan
 from meshkit.errors import AggregationError, ProtocolError
@@ -33,7 +34,7 @@ from meshkit.train._messages import check_contribution
 from meshkit.train._messages.check import Signature
 from meshkit.train._pool import protocol_reason
 
-__all__ = ["pieces_apply", "PieceRound"]
+__all__ = ["PieceRound", "pieces_apply"]
 
 
 def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
@@ -102,7 +103,7 @@ class PieceRound:
             self.pulling[rank] = (key, 0)
             self._take(rank, key, 0)
             return True
-        return super().hand_out(rank, busy)  # type: ignore[misc, no-any-return]
+        return super().hand_out(rank, busy)  # type: ignore[misc]
 
     def answered(self, rank: int, kind: str, key: int | None,
                  payload: Mapping[str, Any]) -> None:

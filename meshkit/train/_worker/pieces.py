@@ -9,7 +9,8 @@ until then any piece may be asked for again.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from meshkit.errors import MeshError
 __all__ = ["take_piece"]
 
 
-def take_piece(kept: dict[int, Mapping[str, Any]], key: int, piece: int,
+def take_piece(kept: dict[int, dict[str, Any]], key: int, piece: int,
                piece_bytes: int) -> dict[str, Any]:
     """Piece ``piece`` of the result kept under ``key``, cut in ``piece_bytes``."""
     result = kept[key]

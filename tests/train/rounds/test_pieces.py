@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from meshkit.train import fold_round
-
 from tests.support.rounds import fits, make_ctx, same_bytes
 
 #: The synthetic task's model here: two float32 arrays of 2048 elements (16 KiB).

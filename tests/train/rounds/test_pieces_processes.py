@@ -19,7 +19,6 @@ import pytest
 
 from meshkit.train._rounds import pieces as pieces_module
 from meshkit.wire import _channel
-
 from tests.support.configs import write_secret_file
 from tests.support.nodes import finish, spawn_node
 
