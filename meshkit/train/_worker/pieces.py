@@ -9,7 +9,6 @@ until then any piece may be asked for again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
