@@ -151,3 +151,26 @@ def test_a_bad_piece_size_is_a_config_error_naming_the_file_table_and_key(tmp_pa
     with pytest.raises(ConfigError, match=r"run\.toml.*\[mesh\].*piece_bytes"):
         load_config(path)
 
+
+
+@pytest.mark.parametrize("bad", [np.nan, 1e30])
+def test_a_non_finite_or_out_of_range_piece_drops_its_sender_as_the_whole_round_does(bad):
+    def hostile(piece_bytes):
+        ctx = make_ctx(workers=3)
+        ctx.piece_bytes = piece_bytes
+        original = ctx.pool.trainers[2].task.fit
+
+        def fit(*args, **kw):
+            result = original(*args, **kw)
+            state = {k: np.array(v, copy=True) for k, v in result.state.items()}
+            first = sorted(state)[0]
+            state[first][-5] = bad  # in a piece after the first
+            return type(result)(state=state, examples=result.examples, metrics=result.metrics)
+
+        ctx.pool.trainers[2].task.fit = fit
+        return fold_round(ctx, fits(4), state=ctx.task.init_state(0), batch=False)
+
+    whole, pieces = hostile(MODEL_BYTES), hostile(1000)
+    assert 2 in whole.failed and 2 in pieces.failed
+    assert pieces.served == whole.served and 2 not in pieces.served.values()
+    assert same_bytes(pieces.result, whole.result)
