@@ -86,6 +86,10 @@ class PieceRound:
 
     # -- the scheduler's hooks -----------------------------------------------------------
 
+    def run(self, keys: int) -> None:
+        """The scheduler's loop, its bound counting each piece of a key as a reply."""
+        super().run(keys * self.plan_size)  # type: ignore[misc]
+
     def hand_out(self, rank: int, busy: set[int]) -> bool:
         """The next piece of the contribution it is handing over; else, when it holds the
         key the fold waits on and nothing else is being pulled, that key's first piece;
