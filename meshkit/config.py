@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import attrs
 
 from meshkit import wire
+from meshkit.aggregation import DEFAULT_PIECE_BYTES
 from meshkit.errors import ConfigError
 from meshkit.node.config import MAX_TIMEOUT
 from meshkit.options import closest, structure_strict
@@ -156,6 +157,12 @@ class MeshTable:
     #: most this size, each authenticated like any frame (docs/transports.md).
     segment_bytes: int = attrs.field(default=wire.DEFAULT_SEGMENT_BYTES,
                                      validator=_segment_bytes)
+    #: The most one piece of a contribution carries (bytes): the round engine pulls a
+    #: model larger than this piece by piece and folds each as it arrives, never holding
+    #: a whole contribution (docs/protocol.md, the ``take`` request).
+    piece_bytes: int = attrs.field(default=DEFAULT_PIECE_BYTES, validator=[
+        attrs.validators.instance_of(int), attrs.validators.ge(1 << 16),
+        attrs.validators.le(1 << 40)])
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:

@@ -42,6 +42,8 @@ Where each idea lives:
   refusal naming the missing ``linear`` trait (:func:`refuse_unless_linear`);
 * ``_blocks.py``: outer gradients in 8 or 4 bits, blockwise, decoded to the same bits
   everywhere (:func:`encode_blocks`, :func:`decode_blocks`; DiLoCo's exchange);
+* ``_pieces.py``: a contribution cut into pieces (:func:`piece_plan`) and folded piece
+  by piece into the strict mean's sum with the same bits (:class:`PieceFold`);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
   :func:`clip_update`), shared by the robust rules and privacy.
 """
@@ -74,6 +76,7 @@ from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributi
 from meshkit.aggregation._threads import DEFAULT_THREADS
 from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
 from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
+from meshkit.aggregation._pieces import DEFAULT_PIECE_BYTES, PieceFold, float_layout, piece_plan
 
 __all__ = [
     "BLOCK",
@@ -110,4 +113,8 @@ __all__ = [
     "linear_weight",
     "exact_mean",
     "refuse_unless_linear",
+    "PieceFold",
+    "piece_plan",
+    "float_layout",
+    "DEFAULT_PIECE_BYTES",
 ]

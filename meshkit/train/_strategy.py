@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import attrs
 import numpy as np
 
-from meshkit.aggregation import Aggregator, begin
+from meshkit.aggregation import DEFAULT_PIECE_BYTES, Aggregator, begin
 from meshkit.errors import MeshError, PeerLostError, PlacementError
 from meshkit.outer import OuterOptimizer, step_parameters
 from meshkit.partitioner import Partitioner
@@ -266,6 +266,9 @@ class StrategyContext:
     #: ``[compression]`` (:class:`meshkit.compression.CompressionPlan`); None: fits upload
     #: their whole model (:func:`meshkit.train.fold_round` applies it).
     compression: Any = None
+    #: Bytes of one piece of a contribution the flat round pulls and folds piece by piece
+    #: (:mod:`meshkit.train._rounds.pieces`; a model within one piece comes whole).
+    piece_bytes: int = DEFAULT_PIECE_BYTES
     #: ``[strategy] accept_failures``: a member's failure drops that member for the round
     #: (True, the default) or stops the run (:mod:`meshkit.train._failures`).
     accept_failures: bool = True

@@ -668,7 +668,8 @@ class Runner:
             attack=parts.get("attack"), privacy=privacy, speeds=parts.get("speeds"),
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
-            compression=parts.get("compression"), stalled_clients=parts["stalled_clients"])
+            compression=parts.get("compression"), stalled_clients=parts["stalled_clients"],
+            piece_bytes=cfg.mesh.piece_bytes)
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,9 @@ from meshkit.train._messages.fields import (MAX_BATCH, MAX_BUDGET, MAX_COUNT, MA
 
 #: A SHA-256 digest in hex.
 DIGEST = 64
+#: The most pieces one result is cut into, and the largest piece (1 TiB).
+MAX_PIECES = 2**31 - 1
+MAX_PIECE_BYTES = 2**40
 
 
 # -- requests (rank 0 -> worker, tag TAG_REQUEST) ----------------------------------------------
@@ -153,6 +156,17 @@ class TakeRequest:
     seq: int = _seq(0)
     key: int = _field("int 0..2^63-1", "the `keep` key of an earlier fit or grads",
                       check=_between(0, MAX_SEQ))
+    piece: int | None = _field(
+        "int 0..2^31-1", "hand over only this piece of the result (its float arrays cut in "
+        "`piece_bytes`, docs/protocol.md); the result is forgotten when its last piece is taken",
+        optional=True, check=_between(0, MAX_PIECES))
+    piece_bytes: int | None = _field(
+        "int 1..2^40", "the size of a piece, in bytes (with `piece`)", optional=True,
+        check=_between(1, MAX_PIECE_BYTES))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.piece is None) != (self.piece_bytes is None):
+            raise ValueError("`piece` and `piece_bytes` go together")
 
 
 @attrs.frozen(kw_only=True)

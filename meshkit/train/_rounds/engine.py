@@ -124,6 +124,7 @@ from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext
 from meshkit.train._rounds.compressed import Unpacker, compressed_work
+from meshkit.train._rounds.pieces import PieceRound, pieces_apply
 from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
                                        train_loss)
@@ -347,10 +348,17 @@ def _play_flat(call: RoundCall) -> Folded:
     # Under the strict mean a value beyond its range is its sender's too (step 7): the
     # boundary, when it scans (a replay, a relay's fold), tests it in the same pass.
     limit = fold.value_limit if type(fold) is MeanFold else None
-    round_ = _Round(ctx, call.requests, state, call.weight, call.window, fold, call.label,
-                    pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-                    local=call.fold_local or None, scan=not replay and not allows,
-                    unpack=call.unpack, limit=limit)
+    # A model above one piece comes in pieces, folded as they arrive (.pieces).
+    pieces = replay and not (call.fold_local or call.unpack or call.deadline or call.send_state) \
+        and pieces_apply(fold, call.reference, call.requests, ctx.piece_bytes)
+    round_ = (_PieceRound if pieces else _Round)(
+        ctx, call.requests, state, call.weight, call.window, fold, call.label,
+        pinned=call.pinned, deadline=call.deadline or None, expected=expected,
+        local=call.fold_local or None, scan=not replay and not allows, unpack=call.unpack,
+        limit=limit)
+    if pieces:
+        assert call.reference is not None  # pieces_apply checked
+        round_.use_pieces(call.reference, ctx.piece_bytes)  # type: ignore[attr-defined]
     round_.state_request, round_.on_stale = call.send_state, call.on_stale
     try:
         folded = round_.play()
@@ -752,3 +760,7 @@ class _Round(Scheduler[int]):
         # What was pulled before the last worker went is still folded, in order.
         self.unfolded = [k for k in self.unfolded if k in self.taken]
         self._advance()
+
+
+class _PieceRound(PieceRound, _Round):
+    """The flat round pulling contributions in pieces (:mod:`.pieces`)."""

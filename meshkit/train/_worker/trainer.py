@@ -72,6 +72,7 @@ from meshkit.train._messages import LOCAL_SGD_REQUESTS
 from meshkit.train._worker.held import Compressors, Stale, apply_broadcast, only, set_state
 from meshkit.train._worker.held import with_local
 from meshkit.train._worker.local_sgd import LocalSGD
+from meshkit.train._worker.pieces import take_piece
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
 from meshkit.train._messages import signature
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -331,6 +332,9 @@ class Trainer:
             if key not in self.kept:
                 raise MeshError(f"no result {key} is kept here (kept: "
                                 f"{sorted(self.kept) or 'none'}); a new round discards them")
+            if request.get("piece") is not None:  # one piece of it (issue 39)
+                return {"state": take_piece(self.kept, key, int(request["piece"]),
+                                            int(request["piece_bytes"]))}
             return {"state": self.kept.pop(key)}
         if op == "apply":
             self.state = dict(self.task.apply(self._require_state(op), request["gradients"]))
