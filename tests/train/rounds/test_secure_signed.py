@@ -136,5 +136,5 @@ def test_the_coordinator_drops_a_rank_whose_adverts_its_authorized_nodes_do_not_
 def test_keys_the_authorized_nodes_admit_for_any_rank_sign_for_every_rank():
     ctx = context(5, trainers=signed_workers())
     ctx.authorized_nodes = _authorized(bound=False)
-    state, revealed = play(ctx)
+    _, revealed = play(ctx)
     assert ctx.dead == {} and revealed.contributors == tuple(range(CLIENTS))
