@@ -281,6 +281,10 @@ class StrategyContext:
     #: Ranks whose reply to :meth:`call` or :meth:`broadcast` was an error this round ->
     #: the reason (the round skeleton reports them in ``failed`` and clears them).
     call_failures: dict[int, str] = attrs.Factory(dict)
+    #: ``[mesh] authorized_nodes`` (a :class:`meshkit.wire.AuthorizedNodes`): a signed secure
+    #: round takes a rank's adverts only when signed by a key it admits for that rank
+    #: (:mod:`meshkit.train._rounds.secure`); None: the signatures are checked, not the keys.
+    authorized_nodes: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

@@ -669,7 +669,7 @@ class Runner:
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
             compression=parts.get("compression"), stalled_clients=parts["stalled_clients"],
-            piece_bytes=cfg.mesh.piece_bytes)
+            piece_bytes=cfg.mesh.piece_bytes, authorized_nodes=self._authorized)
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:

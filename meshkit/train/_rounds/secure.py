@@ -79,7 +79,7 @@ from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.privacy import SkellamPlan
 from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
-                                        Roster, SecureAggregationError,
+                                        Roster, SecureAggregationError, SignatureError,
                                         SecureAggregationTraits, check_adverts,
                                         confirm_messages, field_width, from_wire, verify)
 from meshkit.train._pool import call as pool_call
@@ -87,6 +87,7 @@ from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.secure import masked_sum_request, parse_masked_sum_answer
 from meshkit.train._worker.secure import vector_keys
 from meshkit.train._strategy import StrategyContext
+from meshkit.wire import AuthorizedNodes
 
 __all__ = ["SecureSum", "secure_sum", "round_params", "plan_cohort", "secure_plan"]
 
@@ -349,7 +350,8 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                 raise ProtocolError(f"keys for clients {list(reply['clients'])}, not for the "
                                     f"{plan[rank]} it plays")
             _expect(reply["adverts"], traits.advert_size, "advert")
-            signed_by.update(_advert_signatures(reply, plan[rank], round_seed, rnd))
+            signed_by.update(_advert_signatures(reply, plan[rank], round_seed, rnd, rank,
+                                                ctx.authorized_nodes))
             for client, row in zip(plan[rank], reply["adverts"]):
                 server.receive_advert(client, bytes(row))
                 rows_of[client] = row
@@ -485,12 +487,22 @@ def _stack(rows: Sequence[bytes], width: int) -> np.ndarray:
 
 
 def _advert_signatures(reply: Mapping[str, Any], clients: Sequence[int], round_seed: bytes,
-                       rnd: int) -> dict[int, tuple[bytes, bytes]]:
+                       rnd: int, rank: int, authorized: AuthorizedNodes | None
+                       ) -> dict[int, tuple[bytes, bytes]]:
     """A keys reply's advert signatures (none when it is unsigned), each checked against the
-    key the reply names: a signature that does not verify is the rank's breach."""
+    key the reply names, and that key against the coordinator's ``[mesh] authorized_nodes``
+    (when it has one: listed, not revoked, not bound to another rank): either failing is
+    the rank's breach."""
     if reply.get("signer") is None:
         return {}
     signer = bytes(reply["signer"][0])
+    problem = None if authorized is None else authorized.problem(signer, rank)
+    if problem is not None:
+        raise SignatureError(
+            f"round {rnd}: rank {rank}'s adverts (clients {list(clients)}) are signed by a key "
+            f"the coordinator's [mesh] authorized_nodes does not admit for rank {rank}: "
+            f"{problem}. A signed round takes only adverts signed by the node key a rank is "
+            f"admitted with; the rank's clients leave the round", clients[0])
     adverts = {c: bytes(row) for c, row in zip(clients, reply["adverts"])}
     signatures = {c: bytes(row) for c, row in zip(clients, reply["signatures"])}
     check_adverts(Roster(frozenset([signer]), "the keys reply"), round_seed, rnd, adverts,

@@ -28,7 +28,9 @@ def secagg(**options: Any) -> Any:
     return choose("secagg+", options)
 
 CLIENTS = 10
-TABLE = secagg(degree=0, threshold=5, clip_range=1.0)
+# threshold 6: a strict majority of each client's 10 holders on the complete graph of 10
+# clients (5 would let two halves of the survivors each unmask; docs/secure-aggregation.md).
+TABLE = secagg(degree=0, threshold=6, clip_range=1.0)
 
 
 def task() -> Any:
@@ -102,8 +104,8 @@ def test_clients_dropping_before_masking_are_left_out_and_their_masks_cancelled(
 
 
 def test_fewer_survivors_than_the_threshold_is_refused_and_no_share_is_asked_for():
-    ctx = context(5, fail=dies_at("secagg_mask", {1, 2, 3}))  # 6 of 10 drop; t = 5
-    with pytest.raises(meshkit.RefusedError, match="fewer than the threshold 5: the round is "
+    ctx = context(5, fail=dies_at("secagg_mask", {1, 2, 3}))  # 6 of 10 drop; t = 6
+    with pytest.raises(meshkit.RefusedError, match="fewer than the threshold 6: the round is "
                                                     "not unmasked"):
         play(ctx)
     assert not [q for _, q in ctx.pool.log if q["op"] == "secagg_unmask"]

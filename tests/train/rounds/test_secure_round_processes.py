@@ -29,11 +29,12 @@ def secagg(**options: Any) -> Any:
 
 CLIENTS, SEED = 10, 7
 TASK = {"params": 256, "arrays": 2, "rows": 200}
-PARAMS = SecAggParams(clients=CLIENTS, degree=0, threshold=5, clip_range=1.0, modulus_bits=32)
+PARAMS = SecAggParams(clients=CLIENTS, degree=0, threshold=6, clip_range=1.0, modulus_bits=32)
 #: (round, client) whose worker exits right after sending its masked input. With 7 workers
 #: and the cohort planned round-robin over the live ones: round 1 loses nobody; round 2 rank 4
 #: (client 3 alone: 10 %); round 3 ranks 6 and 1 (clients 4; 0 and 6: 30 %); round 4 ranks 2
-#: and 3 (six clients), which leaves 4 holders of shares, below the threshold of 5.
+#: and 3 (six clients), which leaves 4 holders of shares, below the threshold of 6 (a strict
+#: majority of the 10 holders: 5 would be open to the survivor-set split).
 FAULTS = "2:3,3:4,3:0,4:0,4:1"
 
 
@@ -81,12 +82,12 @@ def test_a_secure_run_sums_exactly_through_dropouts_and_refuses_below_the_thresh
     config = write_config(
         tmp_path / "run.toml", out, workers=7, rounds=4, task="synthetic", timeout=20.0,
         extra=f"clients = {CLIENTS}\n\n[task]\n" + "\n".join(f"{k} = {v}" for k, v in TASK.items())
-        + "\n\n[secure_aggregation]\ndegree = 0\nthreshold = 5\nclip_range = 1.0\n")
+        + "\n\n[secure_aggregation]\ndegree = 0\nthreshold = 6\nclip_range = 1.0\n")
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     # Round 4 lost six clients' holders after masking: four replies cannot rebuild any
     # secret, and the run stops there saying so, its last checkpoint round 3's.
     with pytest.raises(meshkit.RefusedError, match=r"round 4: \[secure_aggregation\]: .*fewer "
-                                                   r"than 5 shares among the 4 replies: the "
+                                                   r"than 6 shares among the 4 replies: the "
                                                    r"sum is not unmasked.*round 3\) is intact"):
         runner.run()
     report = runner.report

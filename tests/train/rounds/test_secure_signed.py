@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from meshkit.errors import RefusedError
 from meshkit.secure_aggregation import Roster
 from meshkit.train import Signing, Trainer
-from meshkit.wire import NodeKey
+from meshkit.wire import AuthorizedKey, AuthorizedNodes, NodeKey
 from tests.train.rounds.test_secure_round import CLIENTS, context, plaintext, play, task
 
 KEYS = {r: NodeKey(Ed25519PrivateKey.generate()) for r in range(1, 6)}
@@ -103,3 +103,38 @@ def test_a_worker_whose_advert_signature_does_not_verify_is_in_breach():
     assert revealed.contributors == tuple(contributors)
     np.testing.assert_array_equal(revealed.total, plaintext(state, contributors,
                                                             revealed.params))
+
+
+def _authorized(bound: bool = True) -> AuthorizedNodes:
+    """The coordinator's ``[mesh] authorized_nodes``: each rank's key, bound to its rank."""
+    return AuthorizedNodes("the test authorized_nodes", tuple(
+        AuthorizedKey(k.public, frozenset({r}) if bound else frozenset())
+        for r, k in KEYS.items()))
+
+
+@pytest.mark.parametrize("signer, reason", [
+    # Rank 2's key: every worker's roster admits it, only the coordinator's binds it to rank 2.
+    (KEYS[2], "is bound to rank 2"),
+    # A key nobody lists: without the coordinator's check every roster worker refuses the round.
+    (NodeKey(Ed25519PrivateKey.generate()), "is unknown"),
+])
+def test_the_coordinator_drops_a_rank_whose_adverts_its_authorized_nodes_do_not_admit(
+        signer, reason):
+    workers = signed_workers()
+    workers[4].secure.signing = Signing(signer, ROSTER)
+    ctx = context(5, trainers=workers)
+    ctx.authorized_nodes = _authorized()
+    state, revealed = play(ctx)
+    assert list(ctx.dead) == [4]
+    assert "authorized_nodes does not admit for rank 4" in ctx.dead[4] and reason in ctx.dead[4]
+    contributors = [c for c in range(CLIENTS) if c not in (3, 8)]
+    assert revealed.contributors == tuple(contributors)
+    np.testing.assert_array_equal(revealed.total, plaintext(state, contributors,
+                                                            revealed.params))
+
+
+def test_keys_the_authorized_nodes_admit_for_any_rank_sign_for_every_rank():
+    ctx = context(5, trainers=signed_workers())
+    ctx.authorized_nodes = _authorized(bound=False)
+    _, revealed = play(ctx)
+    assert ctx.dead == {} and revealed.contributors == tuple(range(CLIENTS))

@@ -8,21 +8,27 @@ secure clients were written from docs/protocol.md §7.2-7.2.2 only (no
 import of meshkit's scheme plugin); it signs, checks, confirms and masks
 beside meshkit's clients, and the run's model is the first run's bit for
 bit. In the third, rank 2's roster lacks rank 1's key: it refuses the
-round's adverts and only its clients leave.
+round's adverts and only its clients leave. The last adds distributed DP
+(``[privacy] placement = "distributed"``): the clients' Skellam shares go
+under signed masks, every survivor confirms the set, and each round reports
+its epsilon.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meshkit import wire
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import read_metrics
+from meshkit.train._rounds import secure as secure_round
 from tests.support.cli import pip_install_target, plugin_env
 from tests.support.configs import external_config
 from tests.support.nodes import run_with_nodes, spawn_node
@@ -55,19 +61,24 @@ def _keys(root: Path) -> tuple[dict[int, Path], Path]:
     return keys, authorized
 
 
+SECURE = """
+    clients = 6
+
+    [secure_aggregation]
+    name = "secagg+"
+    clip_range = 1.0
+"""
+
+
 def _run(tmp_path: Path, keys: dict[int, Path], authorized: Path,
-         rosters: dict[int, Path] | None = None, second: tuple[int, str] | None = None) -> Path:
+         rosters: dict[int, Path] | None = None, second: tuple[int, str] | None = None,
+         extra: str = SECURE) -> Path:
     """One secure run over ``WORKERS`` nodes; ``second = (rank, site)`` runs that rank as the
-    second client. Returns the run's output directory."""
+    second client; ``extra`` the ``[strategy]`` lines and the tables after them. Returns the
+    run's output directory."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = external_config(tmp_path, workers=WORKERS, rounds=2, secret=SECRET,
-                             mesh=f'authorized_nodes = "{authorized}"', extra="""
-        clients = 6
-
-        [secure_aggregation]
-        name = "secagg+"
-        clip_range = 1.0
-    """)
+                             mesh=f'authorized_nodes = "{authorized}"', extra=extra)
     secret = tmp_path / "secret"
 
     def start(address: str) -> list[subprocess.Popen]:
@@ -127,3 +138,46 @@ def test_a_worker_whose_roster_lacks_a_key_refuses_and_only_its_clients_leave(tm
         assert sorted(map(int, row["served"])) == [0, 2, 3, 5], row
         assert "SignatureError" in row["failed"]["2"] and "client 0's advert" in \
             row["failed"]["2"]
+
+
+DISTRIBUTED_DP = """
+    clients = 6
+
+    [privacy]
+    name = "dp-fixed"
+    placement = "distributed"
+    clip = "client"
+    clip_norm = 1.0
+    noise_multiplier = 1.0
+    delta = 1e-5
+
+    [secure_aggregation]
+    name = "secagg+"
+"""
+
+
+def test_a_signed_round_with_distributed_dp_confirms_the_survivors_and_reports_epsilon(
+        tmp_path, monkeypatch):
+    # The coordinator runs in this process: count its consistency checks (a signed round's).
+    confirmed = []
+    step = secure_round._confirm_step
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        fields = step(*args, **kwargs)
+        confirmed.append(list(fields["confirmed"]))
+        return fields
+
+    monkeypatch.setattr(secure_round, "_confirm_step", counting)
+    keys, authorized = _keys(tmp_path / "keys")
+    rows = read_metrics(_run(tmp_path / "run", keys, authorized, extra=DISTRIBUTED_DP))
+    assert [r["round"] for r in rows] == [1, 2]
+    assert confirmed == [list(range(6))] * 2  # every survivor signed the set, each round
+    epsilons = [r["epsilon"] for r in rows]
+    assert 0 < epsilons[0] < epsilons[1] and math.isfinite(epsilons[1])
+    for row in rows:
+        assert sorted(map(int, row["served"])) == list(range(6)) and not row.get("failed")
+        assert row["secure_sum_of"] == 6
+        # every client's Skellam share reached the sum: the calibrated noise, all of it
+        assert row["noise_multiplier_realized"] == pytest.approx(1.0, rel=1e-3)
+        assert 0 < row["round_epsilon"] <= row["epsilon"]
+        assert math.isfinite(row["loss"])
