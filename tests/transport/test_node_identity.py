@@ -54,9 +54,11 @@ def test_unknown_revoked_and_misbound_keys_are_refused_and_the_authorized_finish
             None: "no node key: this coordinator admits only nodes listed",
         }
         for name, reason in refusals.items():
+            # A refusal comes back at once; the longer dial timeout is for a
+            # loaded machine, where 20 s to connect was seen to run out.
             flags = ["--key", str(tmp_path / name)] if name else []
-            proc = spawn_node(1, 3, address, secret, *flags)
-            out, err = finish(proc, 60)
+            proc = spawn_node(1, 3, address, secret, *flags, "--timeout", "60")
+            out, err = finish(proc, 120)
             assert proc.returncode == 2, err
             assert "refused rank 1" in err and reason in err, err
             assert "Traceback" not in err
