@@ -223,6 +223,8 @@ def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
             got["phases"] = traced["phases"]
             if sent:  # the state out: every model-sized frame the coordinator wrote
                 got["out"] = sum(n for _, n in sent) / sum(t for t, _ in sent)
+                # Each in turn: the first worker's fit runs beside the writes to the next.
+                got["each"] = [n / t for t, n in sent]
             if pulled:  # a contribution in: its first piece asked for to its last folded
                 got["in"] = params * 4 / statistics.median(pulled)
         return got
@@ -342,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
                            if name in got)
+            if got.get("each"):
+                wire += f" (out frame by frame: {', '.join(f'{r / MB:.0f}' for r in got['each'])})"
             print(f"# trial {trial + 1} {label}: peak {got['rss'] / MB:.0f} MB, "
                   f"{got['seconds']:.2f} s/round{wire}; raw {raws[-1] / MB:.0f} MB/s, "
                   f"encrypted {sealed[-1] / MB:.0f} MB/s; load {os.getloadavg()[0]:.1f}",
