@@ -16,17 +16,32 @@ other processes). ``[mesh] segment_bytes`` is left at its default unless
 ``--segment-bytes`` is given (a baseline from before segments gets none).
 
 Beside each trial, in the same run, one raw loopback TCP stream: ``params
-* 4`` bytes sent through a connected socket pair by one thread and read by
-another, ``--raw`` times (median): the bandwidth a single TCP stream gets on
+* 4`` bytes sent through a connected socket by another process and read by
+this one, ``--raw`` times (median): the bandwidth a single TCP stream gets on
 this machine at that moment. A round moves the model ``2 * workers`` times
 through the coordinator (the state out to each worker, a contribution back
 from each), so its *transfer rate* is ``2 * workers * model / seconds per
 round`` (the rounds after the first, their own clocks in ``metrics.jsonl``),
 a lower bound: the round's seconds include the workers' fits and the fold.
 
+The transfer itself is measured apart from the fits (this tree only): the
+coordinator runs through :data:`PHASES_WRAPPER`, which times every
+model-sized frame it writes (the *state out*: bytes over the seconds its
+writes took, the worker reading as it arrives) and each contribution pulled
+piece by piece (*contribution in*: from asking for its first piece to its
+last folded, so the fold between pieces counts against it), in the rounds
+after the first; and samples its RSS every 5 ms, keeping the highest in
+each phase of a round (the state going out, the fits, a contribution coming
+in, the result and evaluation, the checkpoint). Beside the raw stream, an
+encrypted one: the sender AES-256-GCM encrypts each 1 MiB piece before
+sending it and the reader decrypts in place, as a channel does, so the two
+show what the wire costs with and without the encryption.
+
 Printed per tree: peak RSS in MB and in model copies, seconds per round and
 transfer rate, each as the median over ``--repeat`` trials with min-max,
-the raw stream's rate, and the ratio (round rate / raw rate). This is a
+the raw stream's rate, and the ratio (round rate / raw rate); then the
+state out and contribution in rates and their ratios to the raw and the
+encrypted streams, and the peak RSS of each phase. This is a
 benchmark, not a test: it asserts nothing, and its numbers depend on the
 machine and its load (the load average is printed with them).
 """
@@ -42,13 +57,106 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_memory import MB, WRAPPER, ensure_synthetic
+
+#: The coordinator, run through this: its peak RSS (``ru_maxrss``), and, when this tree's
+#: round engine has the piece fold, the phases of each round (:data:`PHASES`) with the
+#: highest RSS sampled in each and their clocks. Everything is timed by wrapping the
+#: coordinator's own functions; nothing of the run is changed. A baseline tree without
+#: the hooked functions reports its peak RSS only.
+PHASES_WRAPPER = textwrap.dedent("""
+    import atexit, json, os, resource, runpy, sys, threading, time
+    out = sys.argv.pop(1)
+    page = os.sysconf("SC_PAGE_SIZE")
+    phase = ["start"]
+    high = {}
+    frames_out = []   # (round, seconds, bytes) of each frame above 1 MiB written
+    pulls = []        # (round, seconds) of each contribution pulled piece by piece
+    rounds = [0]
+    done = threading.Event()
+
+    def rss():
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * page
+
+    def sample():
+        while not done.is_set():
+            key = phase[0]
+            high[key] = max(high.get(key, 0), rss())
+            done.wait(0.005)
+
+    def hook():
+        try:
+            from meshkit.wire import _channel
+            from meshkit.train._rounds import pieces, engine
+            import meshkit.checkpoint as checkpoint
+            from meshkit.train._coordinator import runner
+        except ImportError:
+            return
+        send = _channel.Channel._send_buffers
+        def timed_send(self, kind, tag, flags, encoded, *args, **kwargs):
+            if encoded.nbytes < (1 << 20):
+                return send(self, kind, tag, flags, encoded, *args, **kwargs)
+            before, phase[0] = phase[0], "state out"
+            started = time.perf_counter()
+            try:
+                return send(self, kind, tag, flags, encoded, *args, **kwargs)
+            finally:
+                frames_out.append((rounds[0], time.perf_counter() - started, encoded.nbytes))
+                phase[0] = "fits (state sent)" if before in ("round start", "state out") \
+                    else before
+        _channel.Channel._send_buffers = timed_send
+        take, answered = pieces.PieceRound._take, pieces.PieceRound.answered
+        started = {}
+        def timed_take(self, rank, key, piece):
+            if piece == 0:
+                phase[0] = "contribution in"
+                started[key] = time.perf_counter()
+            return take(self, rank, key, piece)
+        def timed_answered(self, rank, kind, key, payload):
+            last = kind == "take" and self.pulling.get(rank, (None, -1))[1] == self.plan_size - 1
+            result = answered(self, rank, kind, key, payload)
+            if last:
+                pulls.append((rounds[0], time.perf_counter() - started.pop(key)))
+                phase[0] = "waiting for the next contribution (the sum held)"
+            return result
+        pieces.PieceRound._take, pieces.PieceRound.answered = timed_take, timed_answered
+        play = engine._Round.play_round
+        def timed_play(self):
+            rounds[0] += 1
+            phase[0] = "round start"
+            try:
+                return play(self)
+            finally:
+                phase[0] = "after the fold (result, outer step, evaluation)"
+        engine._Round.play_round = timed_play
+        save = checkpoint.save_checkpoint
+        def timed_save(*args, **kwargs):
+            phase[0] = "checkpoint"
+            try:
+                return save(*args, **kwargs)
+            finally:
+                phase[0] = "between rounds"
+        checkpoint.save_checkpoint = timed_save
+        runner.save_checkpoint = timed_save
+
+    def record():
+        done.set()
+        with open(out, "w") as fh:
+            fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        with open(out + ".json", "w") as fh:
+            json.dump({"phases": high, "frames_out": frames_out, "pulls": pulls}, fh)
+    hook()
+    threading.Thread(target=sample, daemon=True).start()
+    atexit.register(record)
+    sys.argv = ["meshkit", *sys.argv[1:]]
+    runpy.run_module("meshkit", run_name="__main__")
+""")
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "meshkit_tasks.synthetic:SyntheticTask"
@@ -87,7 +195,7 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
 
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
-            timeout: float, segment_bytes: int | None) -> dict[str, Any]:
+            timeout: float, segment_bytes: int | None, phases: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-large-model-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
@@ -96,43 +204,92 @@ def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
                                       timeout=timeout, segment_bytes=segment_bytes))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
-        proc = subprocess.run([python, "-c", WRAPPER, str(rss_file), "run", str(config)],
+        wrapper = PHASES_WRAPPER if phases else WRAPPER
+        proc = subprocess.run([python, "-c", wrapper, str(rss_file), "run", str(config)],
                               cwd=tree, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"meshkit run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                 if line]
         later = [r["seconds"] for r in rows[1:]] or [rows[0]["seconds"]]
-        return {"rss": int(rss_file.read_text()), "seconds": statistics.median(later)}
+        got: dict[str, Any] = {"rss": int(rss_file.read_text()),
+                               "seconds": statistics.median(later)}
+        extra = Path(str(rss_file) + ".json")
+        if phases and extra.exists():
+            traced = json.loads(extra.read_text())
+            first = 2 if rounds > 1 else 1  # the rounds after the first, as the seconds
+            sent = [(t, n) for r, t, n in traced["frames_out"] if r >= first]
+            pulled = [t for r, t in traced["pulls"] if r >= first]
+            got["phases"] = traced["phases"]
+            if sent:  # the state out: every model-sized frame the coordinator wrote
+                got["out"] = sum(n for _, n in sent) / sum(t for t, _ in sent)
+                # Each in turn: the first worker's fit runs beside the writes to the next.
+                got["each"] = [n / t for t, n in sent]
+            if pulled:  # a contribution in: its first piece asked for to its last folded
+                got["in"] = params * 4 / statistics.median(pulled)
+        return got
 
 
-def raw_stream(nbytes: int) -> float:
-    """Bytes per second of one loopback TCP stream carrying ``nbytes`` (one sender, one reader)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        dialer = socket.create_connection(listener.getsockname())
-        reader, _ = listener.accept()
-    chunk = memoryview(bytearray(4 << 20))
+def raw_stream(nbytes: int, encrypt: bool = False) -> float:
+    """Bytes per second of one loopback TCP stream carrying ``nbytes`` from another process.
+
+    With ``encrypt``, the stream is what a channel's body costs: the sender AES-256-GCM
+    encrypts each 1 MiB piece into a scratch buffer before sending it, the reader decrypts
+    what it received in place (the channel's ``_SEND_PIECE`` and its streaming GCM),
+    and checks the tag at the end.
+    """
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key, nonce, piece = bytes(range(32)), bytes(12), 1 << 20
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = listener.getsockname()
+    pid = os.fork()
+    if pid == 0:  # the sender: another process, as a worker is
+        code = 1
+        try:
+            dialer = socket.create_connection(address)
+            data = memoryview(bytearray(os.urandom(1 << 20)) * 4)
+            scratch = memoryview(bytearray(piece))
+            gcm = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor() if encrypt else None
+            left = nbytes
+            while left:
+                chunk = data[:min(left, piece)]
+                if gcm is not None:
+                    gcm.update_into(chunk, scratch)
+                    chunk = scratch[:chunk.nbytes]
+                dialer.sendall(chunk)
+                left -= chunk.nbytes
+            if gcm is not None:
+                gcm.finalize()
+                dialer.sendall(gcm.tag)
+            dialer.shutdown(socket.SHUT_WR)
+            dialer.recv(1)
+            code = 0
+        finally:
+            os._exit(code)
+    reader, _ = listener.accept()
+    listener.close()
     sink = bytearray(4 << 20)
-
-    def send() -> None:
-        left = nbytes
-        while left:
-            n = dialer.send(chunk[:min(left, len(chunk))])
-            left -= n
-        dialer.shutdown(socket.SHUT_WR)
-
+    view = memoryview(sink)
+    gcm = Cipher(algorithms.AES(key), modes.GCM(nonce)).decryptor() if encrypt else None
     started = time.perf_counter()
-    sender = threading.Thread(target=send)
-    sender.start()
     got = 0
-    while True:
-        n = reader.recv_into(sink)
+    while got < nbytes:
+        n = reader.recv_into(view[:min(len(sink), nbytes - got)])
         if not n:
             break
+        if gcm is not None:
+            gcm.update_into(view[:n], view[:n])
         got += n
+    if gcm is not None:
+        tag = b""
+        while len(tag) < 16:
+            tag += reader.recv(16 - len(tag))
+        gcm.finalize_with_tag(tag)
     elapsed = time.perf_counter() - started
-    sender.join()
-    dialer.close(), reader.close()
+    reader.sendall(b"x")
+    reader.close()
+    os.waitpid(pid, 0)
     assert got == nbytes
     return nbytes / elapsed
 
@@ -173,29 +330,51 @@ def main(argv: list[str] | None = None) -> None:
         ensure_synthetic(tree)
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in trees}
     raws: list[float] = []
+    sealed: list[float] = []
     print(f"# {params:,} float32 parameters ({model / MB:.0f} MB), {args.workers} workers, "
           f"{args.rounds} rounds, {args.repeat} trials; load {os.getloadavg()}", flush=True)
     for trial in range(args.repeat):
         for label, tree, python, segment in trees:  # the trees take turns, trial by trial
             raws.append(statistics.median(raw_stream(model) for _ in range(args.raw)))
+            sealed.append(statistics.median(raw_stream(model, encrypt=True)
+                                            for _ in range(args.raw)))
             got = one_run(python, tree, params=params, workers=args.workers,
-                          rounds=args.rounds, timeout=args.timeout, segment_bytes=segment)
+                          rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
+                          phases=label == "this")
             results[label].append(got)
+            wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
+                           if name in got)
+            if got.get("each"):
+                wire += f" (out frame by frame: {', '.join(f'{r / MB:.0f}' for r in got['each'])})"
             print(f"# trial {trial + 1} {label}: peak {got['rss'] / MB:.0f} MB, "
-                  f"{got['seconds']:.2f} s/round, raw {raws[-1] / MB:.0f} MB/s; "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
-    raw = statistics.median(raws)
-    print(f"\nraw loopback stream: {fmt(raws, ' MB/s', MB)}")
+                  f"{got['seconds']:.2f} s/round{wire}; raw {raws[-1] / MB:.0f} MB/s, "
+                  f"encrypted {sealed[-1] / MB:.0f} MB/s; load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+            for name, high in (got.get("phases") or {}).items():
+                print(f"#   peak RSS in phase {name!r}: {high / MB:.0f} MB "
+                      f"({high / model:.2f} model copies)", flush=True)
+    raw, enc = statistics.median(raws), statistics.median(sealed)
+    print(f"\nraw loopback stream: {fmt(raws, ' MB/s', MB)}; AES-256-GCM encrypted stream: "
+          f"{fmt(sealed, ' MB/s', MB)}")
     print("| tree | peak RSS (MB) | model copies | s/round | round transfer (MB/s) | "
-          "vs raw stream |")
-    print("|---|---|---|---|---|---|")
+          "vs raw stream | state out (MB/s) | contribution in (MB/s) | out, in vs raw | "
+          "out, in vs encrypted |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, *_ in trees:
         rows = results[label]
         rss = [r["rss"] for r in rows]
         rates = [2 * args.workers * model / r["seconds"] for r in rows]
+        wire = []
+        for name in ("out", "in"):
+            values = [r[name] for r in rows if name in r]
+            wire.append((fmt(values, "", MB), statistics.median(values)) if values else None)
+        shown = [w[0] if w else "-" for w in wire]
+        versus = [", ".join(f"{w[1] / base:.2f}x" for w in wire if w) or "-"
+                  for base in (raw, enc)]
         print(f"| {label} | {fmt(rss, '', MB)} | {fmt(rss, '', model)} | "
               f"{fmt([r['seconds'] for r in rows], '')} | {fmt(rates, '', MB)} | "
-              f"{statistics.median(rates) / raw:.2f}x |")
+              f"{statistics.median(rates) / raw:.2f}x | {shown[0]} | {shown[1]} | "
+              f"{versus[0]} | {versus[1]} |")
     print(f"\nload average at the end: {os.getloadavg()}")
 
 

@@ -211,23 +211,12 @@ class MeanFold:
         refusal may surface at the next ``add`` or at ``result`` -- the
         message and ``error.contributors`` name the contribution at fault.
         """
-        self._check_open()
         label = source or default_source(self.count)
-        w = check_weight(weight, label, name=self.name)
+        w, factor = self._admit(weight, label)
         if not isinstance(state, Mapping):
             raise self._fail(None, [label],
                              f"{self.name}: {label} sent {type(state).__name__}, expected a "
                              f"state (a mapping of name -> array or JSON value)")
-        if not self.weighted and self.weights and w != self.weights[0]:
-            shown, first = f"{w:g}", f"{self.weights[0]:g}"
-            if shown == first:  # e.g. float32(0.1) vs 0.1: show the digits that differ
-                shown, first = repr(w), repr(self.weights[0])
-            raise self._fail(
-                None, [label, self.sources[0]],
-                f"{self.name}: {label} has weight {shown} but {self.sources[0]} has "
-                f"{first}; allreduce is an unweighted mean in which every "
-                f"contributor counts once. Send equal weights, or use fedavg to weight "
-                f"contributions by realized work")
 
         if self._entries is None:
             entries = self._template(state, label)
@@ -235,20 +224,11 @@ class MeanFold:
             entries = self._entries
             self._check_compatible(state, label)
 
-        # Weights are folded as w_i / w_ref, w_ref being the first positive
-        # weight: equal weights are then a plain add, and the first
-        # contribution is copied exactly (the identity for one contributor).
-        if not self.weighted:
+        if factor is None:
+            # A weight this much larger than the reference would overflow
+            # the factor in float32; make it the reference instead.
+            self._rebase(w)
             factor = 1.0
-        elif self._reference is None:
-            factor = 1.0 if w > 0 else 0.0
-        else:
-            factor = w / self._reference
-            if factor > _MAX_FACTOR:
-                # A weight this much larger than the reference would overflow
-                # the factor in float32; make it the reference instead.
-                self._rebase(w)
-                factor = 1.0
 
         self._entries = entries
         self._pending.append((state, factor, label))
@@ -305,6 +285,39 @@ class MeanFold:
         return out
 
     # -- internals ------------------------------------------------------------
+
+    def _admit(self, weight: float, label: str) -> tuple[float, float | None]:
+        """A new contribution's checked weight ``w`` and the factor it is folded with, or
+        None for the factor when ``w`` is more than ``_MAX_FACTOR`` times the reference
+        weight (the sum must be rebased onto it first, :meth:`_rebase`). Refuses a closed
+        or broken fold, a bad weight, and an unequal weight in an unweighted mean.
+
+        Weights are folded as w_i / w_ref, w_ref being the first positive weight: equal
+        weights are then a plain add, and the first contribution is copied exactly (the
+        identity for one contributor). Nothing is changed: the caller commits it.
+        """
+        self._check_open()
+        w = check_weight(weight, label, name=self.name)
+        return w, self._factor(w, label)
+
+    def _factor(self, w: float, label: str) -> float | None:
+        """:meth:`_admit`'s factor for the checked weight ``w``."""
+        if not self.weighted:
+            if self.weights and w != self.weights[0]:
+                shown, first = f"{w:g}", f"{self.weights[0]:g}"
+                if shown == first:  # e.g. float32(0.1) vs 0.1: show the digits that differ
+                    shown, first = repr(w), repr(self.weights[0])
+                raise self._fail(
+                    None, [label, self.sources[0]],
+                    f"{self.name}: {label} has weight {shown} but {self.sources[0]} has "
+                    f"{first}; allreduce is an unweighted mean in which every "
+                    f"contributor counts once. Send equal weights, or use fedavg to weight "
+                    f"contributions by realized work")
+            return 1.0
+        if self._reference is None:
+            return 1.0 if w > 0 else 0.0
+        factor = w / self._reference
+        return None if factor > _MAX_FACTOR else factor
 
     def _check_open(self) -> None:
         if self._done:

@@ -31,15 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from meshkit.aggregation._contract import check_weight
 from meshkit.aggregation._json import json_accumulate
-from meshkit.aggregation._mean import (
-    _MAX_FACTOR,
-    MeanFold,
-    _ExactEntry,
-    _FloatEntry,
-    _scaled_into,
-)
+from meshkit.aggregation._mean import MeanFold, _ExactEntry, _FloatEntry, _scaled_into
 from meshkit.errors import AggregationError
 from meshkit.state import is_array, is_float_dtype
 
@@ -133,24 +126,15 @@ class PieceFold:
 
     def begin(self, weight: float, source: str) -> None:
         """A new contribution of ``weight`` (its refusals are the fold's own)."""
-        fold = self.fold
-        fold._check_open()
         if self._current is not None:
             raise ValueError("a contribution is already being received")
-        w = check_weight(weight, source, name=fold.name)
-        if not fold.weighted and fold.weights and w != fold.weights[0]:
-            # The fold's own wording: hand it a stand-in contribution to refuse.
-            fold.add(self._standins, weight, source=source)
-        if not fold.weighted:
-            factor = 1.0
-        elif fold._reference is None:
-            factor = 1.0 if w > 0 else 0.0
-        else:
-            factor = w / fold._reference
-            if factor > _MAX_FACTOR:
-                raise self._broken(
-                    f"{source}'s weight is more than 2^40 times the first one's; the sum is "
-                    f"rebased then, which needs whole contributions")
+        w, factor = self.fold._admit(weight, source)  # the fold's own rule and refusals
+        if factor is None:
+            # The whole-contribution fold rebases its sum onto this weight (every
+            # contribution so far rescaled before this one is added); pieces cannot.
+            raise self._broken(
+                f"{source}'s weight is more than 2^40 times the first one's; the sum is "
+                f"rebased then, which needs whole contributions")
         self._current, self._next, self._touched, self._rest = (w, factor, source), 0, False, {}
 
     def piece(self, index: int, parts: Mapping[str, Any]) -> None:

@@ -171,3 +171,34 @@ def test_a_piece_that_does_not_fit_the_plan_is_refused_before_anything_is_summed
         pieces.piece(0, wrong)
     with pytest.raises(AggregationError, match="other entries"):
         pieces.piece(0, {k: v for k, v in parts[0].items() if k != "meta"})
+
+
+def test_weights_follow_the_means_own_rule_and_its_refusals():
+    """The piece fold asks the mean for each contribution's factor (MeanFold._admit): a
+    fold that is closed, a bad or (unweighted) unequal weight is refused in the mean's own
+    words, and a weight the mean would rebase its sum onto is refused explicitly."""
+    states = [model(0), model(1)]
+    plan = piece_plan(float_layout(states[0]), 1024)
+
+    unweighted = PieceFold(MeanFold(weighted=False), states[0], plan)
+    unweighted.begin(2.0, "c0")
+    for j, parts in enumerate(cut(states[0], plan)):
+        unweighted.piece(j, parts)
+    unweighted.end()
+    with pytest.raises(AggregationError, match="c1 has weight 3 but c0 has 2; allreduce"):
+        unweighted.begin(3.0, "c1")
+    with pytest.raises(AggregationError, match="weight"):
+        PieceFold(MeanFold(), states[0], plan).begin(-1.0, "c0")
+
+    rebased = PieceFold(MeanFold(), states[0], plan)
+    rebased.begin(1.0, "c0")
+    for j, parts in enumerate(cut(states[0], plan)):
+        rebased.piece(j, parts)
+    rebased.end()
+    with pytest.raises(AggregationError, match="rebased then, which needs whole"):
+        rebased.begin(2.0 ** 41, "c1")
+    # The whole-contribution fold takes the same weight (it rebases its sum).
+    fold = MeanFold()
+    fold.add(states[0], 1.0, source="c0")
+    fold.add(states[1], 2.0 ** 41, source="c1")
+    assert fold.count == 2
