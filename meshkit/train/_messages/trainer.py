@@ -294,8 +294,19 @@ class FitBatchRequest:
                                    "`once`, `fraction_bits` its `clip_bits`) instead of its "
                                    "model; each result's `metrics.unclipped` says whether it "
                                    "was within", optional=True, check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: fold nothing; the "
+                                       "reply's `payloads` carry each fit's compressed "
+                                       "payload, as a compressed `fit` reply's `state`",
+                                       optional=True)
+    locals: State | None = _field("state", "with `compress`: each fit's `local` (a fit's: the "
+                                  "client's residuals), entry `NAME` of fit `KEY` as `KEY/NAME`",
+                                  optional=True)
 
     def __attrs_post_init__(self) -> None:
+        if self.compress is not None and self.dp_clip is not None:
+            raise ValueError("a compressed batch (compress) folds nothing, so no dp_clip")
+        if self.locals is not None and self.compress is None:
+            raise ValueError("locals go only with a compressed batch (compress)")
         if self.dp_clip is not None and self.weight != "once":
             raise ValueError("dp_clip: a private round's sum weighs every fit once "
                              f"(weight = 'once'), got weight = {self.weight!r}")
@@ -464,6 +475,9 @@ class FitBatchReply:
     seq: int = _seq()
     results: list[BatchResult] = _field("list of result", "one `{key, examples, metrics, "
                                         "attacked?}` per fit asked for, in its order")
+    payloads: State | None = _field("state", "when the batch asked for `compress` (and only "
+                                    "then): each fit's compressed payload, entry `NAME` of "
+                                    "fit `KEY` as `KEY/NAME`", optional=True)
 
 
 @attrs.frozen(kw_only=True)

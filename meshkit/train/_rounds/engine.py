@@ -123,7 +123,8 @@ from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay
                                           relay_weight)
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext
-from meshkit.train._rounds.compressed import Unpacker, compressed_work
+from meshkit.train._rounds.compressed import (Unpacker, compressed_batch_applies, compressed_work,
+                                              play_compressed_batched)
 from meshkit.train._rounds.pieces import PieceRound, pieces_apply
 from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
@@ -393,6 +394,11 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
               "caller gave a strict mean), and nothing needs single contributions: no round "
               "deadline, no pinned work, no simulated attack, no local keys, no compression",
               lambda call: call.relays is not None, _play_relayed),
+    RoundPath("compressed batched",
+              "a compressed round of fits, the aggregator linear, at least two fits a worker, "
+              "and as for batched: each worker answers a batch with its fits' compressed "
+              "payloads, folded chunk by chunk into one exact sum (.compressed)",
+              compressed_batch_applies, play_compressed_batched),
     RoundPath("batched",
               "the aggregator is linear (or the round is private: its fold a ClippedSum), "
               "nothing needs single contributions, and there are at least two fits a "
