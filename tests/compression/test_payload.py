@@ -85,7 +85,8 @@ def test_a_model_key_holding_the_separator_is_refused():
 
 
 class Corrupting(Trainer):
-    """An honest fit, then a truncated payload when the coordinator takes it."""
+    """An honest fit, then a truncated payload when the coordinator takes it (the flat
+    round), or in the first fit's payload of each batch (the batched round)."""
 
     def handle(self, request):
         reply = super().handle(request)
@@ -94,19 +95,29 @@ class Corrupting(Trainer):
             name = next(k for k in state if k.endswith(f"{SEP}codes"))
             state[name] = state[name][:-1]
             reply["state"] = state
+        if request.get("op") == "fit_batch" and "payloads" in reply:
+            first = f"{request['fits'][0]['key']}/"
+            payloads = dict(reply["payloads"])
+            name = next(k for k in payloads if k.startswith(first) and k.endswith("codes"))
+            payloads[name] = payloads[name][:-1]
+            reply["payloads"] = payloads
         return reply
 
 
-def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_are_served_again():
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_are_served_again(
+        batch):
     honest = make_ctx(workers=2)
     plan = CompressionPlan("quantize", {"bits": 8}, meshkit.plugins.create(
         "compression", "quantize", {"bits": 8}))
     honest.compression = plan
     state = honest.task.init_state(0)
-    expected = fold_round(honest, fits(6), state=state)
+    expected = fold_round(honest, fits(6), state=state, batch=batch)
     assert expected.failed == {} and len(expected.served) == 6
+    ops = [r["op"] for _, r in honest.pool.log if r.get("op") in ("fit", "fit_batch")]
+    assert set(ops) == {"fit_batch" if batch else "fit"}
     assert all(r["compress"]["name"] == "quantize" for _, r in honest.pool.log
-               if r.get("op") == "fit")
+               if r.get("op") in ("fit", "fit_batch"))
     plain = fold_round(make_ctx(workers=2), fits(6), state=state, batch=False).result
     for key, value in plain.items():  # compressed: close to the plain mean, not the same bits
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":
@@ -115,7 +126,7 @@ def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_ar
     hostile = make_ctx(workers=2)
     hostile.compression = plan
     hostile.pool.trainers[2] = Corrupting(synthetic())
-    folded = fold_round(hostile, fits(6), state=state)
+    folded = fold_round(hostile, fits(6), state=state, batch=batch)
     assert set(folded.failed) == {2} and "protocol error" in folded.failed[2]
     assert "does not decode" in folded.failed[2]
     assert sorted(folded.served) == list(range(6)) and set(folded.served.values()) == {1}

@@ -274,7 +274,8 @@ def _fits(_: Any, attribute: Any, value: list[BatchFit]) -> None:
 @attrs.frozen(kw_only=True)
 class FitBatchRequest:
     """Fit these clients one after another from the worker's model and fold each into the
-    worker's exact partial sum for the round (``take_partial`` hands it over)."""
+    worker's exact partial sum for the round (``take_partial`` hands it over); with
+    ``compress``, answer with each fit's compressed payload instead."""
 
     seq: int = _seq(0)
     fits: list[BatchFit] = _field("list of fit", "1..4096 fits, each `{key, shard, shards, "
@@ -470,7 +471,8 @@ class BatchResult:
 
 @attrs.frozen(kw_only=True)
 class FitBatchReply:
-    """Each fit's realized work, in the request's order; the results are in the partial."""
+    """Each fit's realized work, in the request's order; the results are in the partial (with
+    ``compress``: in ``payloads``)."""
 
     seq: int = _seq()
     results: list[BatchResult] = _field("list of result", "one `{key, examples, metrics, "

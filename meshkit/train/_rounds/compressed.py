@@ -215,8 +215,8 @@ class _CompressedBatched(_Batched):
         try:
             payloads = by_key(payload["payloads"])
             if not set(payloads) <= set(batch):
-                raise ProtocolError(f"its payloads name fits {sorted(set(payloads) - set(batch))[:4]} "
-                                    f"it was not asked for")
+                extra = sorted(set(payloads) - set(batch))[:4]
+                raise ProtocolError(f"its payloads name fits {extra} it was not asked for")
         except ProtocolError as exc:
             self.failed(rank, kind, batch, None, protocol_reason(exc))
             return
