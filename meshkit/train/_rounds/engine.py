@@ -356,11 +356,10 @@ def _play_flat(call: RoundCall) -> Folded:
         ctx, call.requests, state, call.weight, call.window, fold, call.label,
         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
         local=call.fold_local or None, scan=not replay and not allows, unpack=call.unpack,
-        limit=limit)
+        limit=limit, state_request=call.send_state, on_stale=call.on_stale)
     if pieces:
         assert call.reference is not None  # pieces_apply checked
         round_.use_pieces(call.reference, ctx.piece_bytes)  # type: ignore[attr-defined]
-    round_.state_request, round_.on_stale = call.send_state, call.on_stale
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -372,8 +371,7 @@ def _play_flat(call: RoundCall) -> Folded:
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                         local=call.fold_local or None, scan=True, unpack=call.unpack,
-                        limit=limit)
-        round_.state_request, round_.on_stale = call.send_state, call.on_stale
+                        limit=limit, state_request=call.send_state, on_stale=call.on_stale)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -454,8 +452,11 @@ class _Round(Scheduler[int]):
                  window: int, fold: Any, label: str, *, pinned: dict[int, int],
                  deadline: float | None, expected: Signature | None,
                  local: ClientLocal | None, scan: bool, unpack: Unpacker | None,
-                 limit: Callable[[Any], float | None] | None = None) -> None:
+                 limit: Callable[[Any], float | None] | None = None,
+                 state_request: Callable[[int], Mapping[str, Any]] | None = None,
+                 on_stale: Callable[[int], None] | None = None) -> None:
         super().__init__(ctx, state, label)
+        self.state_request, self.on_stale = state_request, on_stale
         self.requests, self.weight, self.window, self.fold = requests, weight, window, fold
         #: Keys only one worker may serve: key -> rank.
         self.pinned = pinned
@@ -486,16 +487,15 @@ class _Round(Scheduler[int]):
         #: rank -> its key.
         self.owed: set[int] = set()
         self.carrying: dict[int, int] = {}
-        #: Whether the round's state goes with fits (a round of fits that carry none).
-        self.fits = state is not None and all(
+        #: Whether the round's state goes with fits (a round of fits that carry none), decided
+        #: once: not when a worker may answer its state request ``stale`` (``on_stale``,
+        #: ``[compression] broadcast``): a delta goes on its own, before the fits, so a
+        #: ``stale`` answer is re-sent whole before any fit starts from the wrong model.
+        self.fits = state is not None and on_stale is None and all(
             r.get("op") == "fit" and "state" not in r for r in requests.values())
 
     def play_round(self) -> Folded:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
-        if self.on_stale is not None:
-            # A broadcast's set_state is a delta a worker may answer stale
-            # ([compression] broadcast): it goes on its own, before the fits.
-            self.fits = False
         self.ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = self.quarantine(sorted(self.requests))
         live = self.ctx.live
