@@ -281,12 +281,12 @@ class FitBatchRequest:
     fits: list[BatchFit] = _field("list of fit", "1..4096 fits, each `{key, shard, shards, "
                                   "seed}` with a fit's optional `time_budget`, `poison`, "
                                   "`clip_norm`; keys distinct", check=_fits)
-    weight: str = _field("str", "each fit's weight in the sum: `examples` (its realized "
-                                "work) or `once` (1)",
-                         check=attrs.validators.in_(("examples", "once")))
-    fraction_bits: int = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
-                                             "(`meshkit.aggregation.FixedPointSum`)",
-                                check=_between(0, 62))
+    weight: str | None = _field("str", "each fit's weight in the sum: `examples` (its "
+                                "realized work) or `once` (1); required unless `compress`",
+                                optional=True, check=attrs.validators.in_(("examples", "once")))
+    fraction_bits: int | None = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
+                                       "(`meshkit.aggregation.FixedPointSum`); required unless "
+                                       "`compress`", optional=True, check=_between(0, 62))
     label: str = _field("str, 1..1024 chars", "what a contribution is called in errors "
                                               "(`client`)", check=_length(1, MAX_NAME))
     dp_clip: float | None = _field("float (0, 1e300]", "a private round (`[privacy]`): fold "
@@ -304,6 +304,10 @@ class FitBatchRequest:
                                   optional=True)
 
     def __attrs_post_init__(self) -> None:
+        if (self.compress is None) != (self.weight is not None
+                                       and self.fraction_bits is not None):
+            raise ValueError("a batch folds its fits with weight and fraction_bits, and only "
+                             "then: a compressed batch (compress) carries neither")
         if self.compress is not None and self.dp_clip is not None:
             raise ValueError("a compressed batch (compress) folds nothing, so no dp_clip")
         if self.locals is not None and self.compress is None:

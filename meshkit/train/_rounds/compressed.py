@@ -195,8 +195,8 @@ class _CompressedBatched(_Batched):
             return False
         fits = [{**{k: v for k, v in self.requests[key].items()
                     if k not in ("op", "compress", "local")}, "key": key} for key in batch]
-        request = {"op": "fit_batch", "fits": fits, "weight": self.how,
-                   "fraction_bits": self.fold.fraction_bits, "label": self.label,
+        # No weight, no fraction_bits: the worker folds nothing (the coordinator weighs).
+        request = {"op": "fit_batch", "fits": fits, "label": self.label,
                    "compress": self.compress}
         locals_ = {f"{key}/{name}": value for key in batch
                    for name, value in (self.requests[key].get("local") or {}).items()}
