@@ -94,7 +94,9 @@ supplies its requests and what a pulled contribution folds into.
 Which path a round takes is one table, :data:`ROUND_PATHS`, asked in order:
 collective (every rank plays its slice, :mod:`.collective`), relayed (host
 relays fold their ranks' contributions and the coordinator one partial per
-relay, :mod:`.relayed`), batched (each worker folds its own clients exactly,
+relay, :mod:`.relayed`), compressed batched (a worker answers a batch of clients with
+each one's compressed payload, folded chunk by chunk into one exact sum,
+:mod:`.compressed`), batched (each worker folds its own clients exactly,
 :mod:`.batched`), and the flat round above, which plays every other round.
 """
 
