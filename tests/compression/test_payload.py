@@ -132,3 +132,34 @@ def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_ar
     assert sorted(folded.served) == list(range(6)) and set(folded.served.values()) == {1}
     for key, value in expected.result.items():  # every fit a pure function of its client
         assert folded.result[key].tobytes() == value.tobytes(), key
+
+
+def test_a_batched_compressed_round_keeps_each_residual_and_its_bits_ignore_the_workers():
+    plan = CompressionPlan("top-k", {"fraction": 0.1}, meshkit.plugins.create(
+        "compression", "top-k", {"fraction": 0.1}))
+    runs = {}
+    for batch, workers in ((False, 2), (True, 2), (True, 3)):
+        ctx = make_ctx(workers=workers)
+        ctx.compression = plan
+        state = ctx.task.init_state(0)
+        kept = []
+        for rnd in (1, 2):
+            folded = fold_round(ctx, fits(8, rnd), state=state, batch=batch)
+            assert sorted(folded.served) == list(range(8)) and folded.failed == {}
+            state = folded.result
+            kept.append({c: ctx.client_local.of(c) for c in range(8)})
+        ops = {r["op"] for _, r in ctx.pool.log if r.get("op") in ("fit", "fit_batch")}
+        assert ops == {"fit_batch" if batch else "fit"}
+        runs[(batch, workers)] = state, kept
+    # Round 1 starts every run from the same model: each client's residual is its own.
+    flat, batched, more = runs[(False, 2)], runs[(True, 2)], runs[(True, 3)]
+    for client in range(8):
+        for name, value in flat[1][0][client].items():
+            assert value.tobytes() == batched[1][0][client][name].tobytes(), (client, name)
+        assert any(np.abs(v).max() > 0 for v in batched[1][0][client].values())
+    # The batched sum is exact and order-free: 2 or 3 workers, the same bits, round after round.
+    for key, value in batched[0].items():
+        assert value.tobytes() == more[0][key].tobytes(), key
+    for client in range(8):
+        for name, value in batched[1][1][client].items():
+            assert value.tobytes() == more[1][1][client][name].tobytes(), (client, name)
