@@ -9,7 +9,9 @@ A ``[compression]`` table selects a compressor (kind ``compression``, hook
 * ``_payload.py``: the payload layout, :func:`encode_update` (the worker)
   and :func:`decode_contribution` (the coordinator, checked before decoding);
 * ``_plan.py``: :class:`CompressionPlan` and :func:`check_compression`,
-  every composition decided by traits.
+  every composition decided by traits;
+* ``_fold.py``: :class:`CompressedSum`, the exact sum a linear fold keeps of
+  compressed contributions, decoded a chunk at a time (no float copy of one).
 
 docs/compression.md is the user's guide.
 """
@@ -21,10 +23,11 @@ from meshkit.compression._contract import (CompressionTraits, Compressor, FieldC
 from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
                                           decode_contribution, decode_field_sum, encode_update,
                                           field_codes, is_residual, key_seed, residual_name)
+from meshkit.compression._fold import DECODE_STEP, CompressedSum, decoded_chunks
 from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
 
 __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits",
            "RESIDUAL", "SEP", "check_model_keys", "compressed_keys", "field_codes",
            "decode_field_sum", "decode_contribution", "encode_update", "is_residual",
            "key_seed", "residual_name", "CompressionPlan", "check_compression",
-           "upload_estimate"]
+           "upload_estimate", "CompressedSum", "decoded_chunks", "DECODE_STEP"]

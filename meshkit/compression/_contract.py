@@ -82,6 +82,12 @@ class Compressor(Protocol):
         """Each field's dtype and most elements for a vector of ``size`` elements."""
         ...
 
+    # Optional: ``decode_chunks(fields, size, step)`` yields ``(start, chunk)`` -- the
+    # decoded vector's float32 coordinates ``start:start + len(chunk)``, in order, at most
+    # ``step`` at a time, the same values :meth:`decode` gives -- so a linear fold adds a
+    # contribution without a float copy of it (:class:`meshkit.compression.CompressedSum`).
+    # Without it the coordinator decodes each key whole.
+
 
 class FieldCompressor(Compressor, Protocol):
     """A compressor with the trait ``integer_field``: its grid is the round's, not its own.

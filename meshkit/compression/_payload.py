@@ -40,7 +40,8 @@ from meshkit.compression._contract import Compressor, compression_traits
 from meshkit.errors import ConfigError, ProtocolError
 
 __all__ = ["SEP", "RESIDUAL", "residual_name", "is_residual", "compressed_keys",
-           "encode_update", "decode_contribution", "check_model_keys", "key_seed",
+           "encode_update", "decode_contribution", "checked_payload", "decoded",
+           "check_model_keys", "key_seed",
            "field_codes", "decode_field_sum"]
 
 #: Between a model key and a field name in a payload (no model key may hold it).
@@ -112,13 +113,14 @@ def encode_update(compressor: Compressor, start: Mapping[str, Any], fitted: Mapp
         for name, array in fields.items():
             payload[f"{key}{SEP}{name}"] = array
         if stateful:
-            kept[residual_name(key)] = update - _decoded(compressor, fields, update.size, key)
+            kept[residual_name(key)] = update - decoded(compressor, fields, update.size, key)
     payload.update(kept)
     return payload, kept
 
 
-def _decoded(compressor: Compressor, fields: Mapping[str, np.ndarray], size: int,
+def decoded(compressor: Compressor, fields: Mapping[str, np.ndarray], size: int,
              key: str) -> np.ndarray:
+    """``key``'s update, decoded whole (float32), its shape checked."""
     out = compressor.decode(fields, size)
     if not isinstance(out, np.ndarray) or out.shape != (size,):
         raise ProtocolError(f"the compressor decoded key {key!r} to "
@@ -135,16 +137,38 @@ def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
     ``reference`` is the round's model (what the client started from, its
     ``raw`` keys aside).
     """
+    fields_of, residuals = checked_payload(compressor, payload, reference, raw=raw, what=what)
+    state: dict[str, Any] = {}
+    for key, ref in reference.items():
+        if key not in fields_of:
+            state[key] = payload[key]
+            continue
+        try:
+            update = decoded(compressor, fields_of[key], int(ref.size), key)
+        except ValueError as exc:
+            raise ProtocolError(f"{what}: key {key!r} does not decode: {exc}") from None
+        total = np.asarray(ref, np.float64).ravel() + update
+        state[key] = total.astype(ref.dtype).reshape(ref.shape)
+    return state, residuals
+
+
+def checked_payload(compressor: Compressor, payload: Mapping[str, Any],
+                    reference: Mapping[str, Any], *, raw: Collection[str] = (),
+                    what: str = "a contribution"
+                    ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """(each compressed key's fields, the residuals) of ``payload``, checked field by field
+    against the compressor's :meth:`~Compressor.bounds` before anything is decoded -- or a
+    ProtocolError. Every other key of ``reference`` is in ``payload`` (it is not checked
+    further here), and ``payload`` holds nothing else."""
     stateful = compression_traits(compressor).stateful
     chosen = set(compressed_keys(reference, raw))
-    state: dict[str, Any] = {}
+    fields_of: dict[str, dict[str, np.ndarray]] = {}
     residuals: dict[str, np.ndarray] = {}
     used: set[str] = set()
     for key, ref in reference.items():
         if key not in chosen:
             if key not in payload:
                 raise ProtocolError(f"{what} lacks key {key!r}")
-            state[key] = payload[key]
             used.add(key)
             continue
         size = int(ref.size)
@@ -165,12 +189,7 @@ def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
                                     f"{most} elements")
             fields[field] = array
             used.add(name)
-        try:
-            update = _decoded(compressor, fields, size, key)
-        except ValueError as exc:
-            raise ProtocolError(f"{what}: key {key!r} does not decode: {exc}") from None
-        total = np.asarray(ref, np.float64).ravel() + update
-        state[key] = total.astype(ref.dtype).reshape(ref.shape)
+        fields_of[key] = fields
         if stateful:
             name = residual_name(key)
             kept = payload.get(name)
@@ -184,7 +203,7 @@ def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
     if extra:
         raise ProtocolError(f"{what} holds entries the round's model has no place for: "
                             f"{extra[:4]!r}")
-    return state, residuals
+    return fields_of, residuals
 
 
 def field_codes(compressor: Any, update: np.ndarray, *, seed: int, clip_range: float,

@@ -17,9 +17,10 @@ Where compression sits (docs/compression.md has the argument):
   is still S. With ``clip = "coordinator"`` (the default) the coordinator
   clips the *decoded* update, so every compressor composes: the released
   sum's sensitivity is S whatever the decoder produced;
-* **before the fold**: each contribution is decoded as it is pulled, so
-  robust rules see individual updates and a linear fold sums decoded
-  updates in the engine's bounded window;
+* **before the fold**: a linear fold sums each compressed contribution a
+  chunk at a time into an exact sum (:class:`~meshkit.compression.CompressedSum`,
+  the batched compressed round); otherwise each contribution is decoded as
+  it is pulled, so robust rules see individual updates;
 * **inside secure aggregation's field** when the compressor is dense and
   declares ``integer_field`` and the scheme declares ``integer_inputs``:
   each client quantises its update onto the round's shared grid
@@ -28,9 +29,11 @@ Where compression sits (docs/compression.md has the argument):
   coordinator decodes the unmasked integer sum once. A sparse compressor is
   refused (its indices would reveal which coordinates each client moved),
   and so is any other, naming the trait it lacks;
-* **not with** host relays' partial sums or the batched round: they fold
-  whole contributions on the worker side, so a compressed run plays its
-  rounds flat instead (each contribution crosses the wire compressed, once).
+* **not with** host relays' partial sums: they fold whole contributions on
+  the relay's side, so a compressed run behind relays plays its rounds flat
+  (each contribution crosses the wire compressed, once). A worker serving
+  many clients answers a batch of them with each one's payload
+  (:mod:`meshkit.train._rounds.compressed`), never with a sum.
 """
 
 from __future__ import annotations

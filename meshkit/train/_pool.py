@@ -268,6 +268,7 @@ def _answers_to(request: Mapping[str, Any]) -> dict[str, Any]:
                                             else {})}
     if request.get("op") == "fit_batch":
         answers["keys"] = [fit["key"] for fit in request["fits"]]
+        answers["compressed"] = request.get("compress") is not None
     return answers
 
 

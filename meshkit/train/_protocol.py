@@ -71,6 +71,8 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 
 #: Request/reply fields that hold a nested state and travel flattened.
 _NESTED = ("state", "gradients", "local", "partial",
+           # a compressed fit_batch's, each entry `KEY/NAME` (meshkit.train._rounds.compressed)
+           "locals", "payloads",
            # a DiLoCo replica's (meshkit.train._worker.local_sgd)
            "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
            "snapshot")

@@ -19,7 +19,7 @@ of ``bits + ceil(log2 n)`` bits, and decode as ``sum * step - n * clip_range``.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -68,7 +68,8 @@ class Quantize:
         codes = np.clip(codes, 0, self.levels).astype(np.uint8).ravel()[:size]
         return {"codes": _pack(codes, self.bits), "lo": lo, "step": step}
 
-    def decode(self, fields: Mapping[str, np.ndarray], size: int) -> np.ndarray:
+    def _checked(self, fields: Mapping[str, np.ndarray], size: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         chunks = self._chunks(size)
         codes, lo, step = fields["codes"], fields["lo"], fields["step"]
         if codes.size != -(-size * self.bits // 8) or lo.size != chunks or step.size != chunks:
@@ -77,9 +78,28 @@ class Quantize:
                              f"{self.chunk}")
         if not (np.isfinite(lo).all() and np.isfinite(step).all()):
             raise ValueError("a chunk's scale is not finite")
+        return codes, lo, step
+
+    def decode(self, fields: Mapping[str, np.ndarray], size: int) -> np.ndarray:
+        codes, lo, step = self._checked(fields, size)
         values = _unpack(codes, self.bits, size).astype(np.float64)
-        per = np.repeat(np.arange(chunks), self.chunk)[:size]
+        per = np.repeat(np.arange(self._chunks(size)), self.chunk)[:size]
         return (lo[per].astype(np.float64) + values * step[per]).astype(np.float32)
+
+    def decode_chunks(self, fields: Mapping[str, np.ndarray], size: int,
+                      step: int) -> Iterator[tuple[int, np.ndarray]]:
+        """:meth:`decode`'s vector ``step`` coordinates at a time, the same bits: each
+        range's codes unpacked and scaled on their own (no whole float copy)."""
+        codes, lo, scale = self._checked(fields, size)
+        per_byte = 8 // self.bits
+        for start in range(0, size, step):
+            stop = min(size, start + step)
+            first = start // per_byte
+            packed = codes[first:-(-stop // per_byte)]
+            skip = start - first * per_byte
+            values = _unpack(packed, self.bits, skip + stop - start)[skip:].astype(np.float64)
+            per = np.arange(start, stop) // self.chunk
+            yield start, (lo[per].astype(np.float64) + values * scale[per]).astype(np.float32)
 
 
     def encode_field(self, x: np.ndarray, *, seed: int, clip_range: float) -> np.ndarray:

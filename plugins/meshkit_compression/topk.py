@@ -16,7 +16,7 @@ client's DP clip bound holds for what it sends; with it, it is not.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -48,6 +48,25 @@ class TopK:
         return {"index": index, "value": x[index].astype(np.float32)}
 
     def decode(self, fields: Mapping[str, np.ndarray], size: int) -> np.ndarray:
+        index, value = self._checked(fields, size)
+        out = np.zeros(size, np.float32)
+        out[index] = value
+        return out
+
+    def decode_chunks(self, fields: Mapping[str, np.ndarray], size: int,
+                      step: int) -> Iterator[tuple[int, np.ndarray]]:
+        """:meth:`decode`'s vector ``step`` coordinates at a time: each range's zeros with
+        its own indices' values scattered in (the indices are sorted)."""
+        index, value = self._checked(fields, size)
+        for start in range(0, size, step):
+            stop = min(size, start + step)
+            a, b = np.searchsorted(index, [start, stop])
+            out = np.zeros(stop - start, np.float32)
+            out[index[a:b].astype(np.int64) - start] = value[a:b]
+            yield start, out
+
+    def _checked(self, fields: Mapping[str, np.ndarray], size: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
         index, value = fields["index"], fields["value"]
         k = self.k(size)
         if index.size != k or value.size != k:
@@ -57,6 +76,4 @@ class TopK:
             raise ValueError(f"the indices must be ascending, distinct and below {size}")
         if not np.isfinite(value).all():
             raise ValueError("a value is not finite")
-        out = np.zeros(size, np.float32)
-        out[index] = value
-        return out
+        return index, value

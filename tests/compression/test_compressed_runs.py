@@ -62,6 +62,30 @@ def test_the_transport_counts_a_compressed_upload_at_a_fraction_of_an_uncompress
     assert quantized[-1]["bytes_down"] == pytest.approx(whole[-1]["bytes_down"], rel=0.05)
 
 
+def test_a_compressed_round_of_many_clients_a_worker_sends_a_batch_not_a_request_a_client(
+        tmp_path):
+    # 16 clients on 2 workers: the uncompressed round plays batched (one fit_batch a batch of
+    # clients, one partial a worker back), and so must a compressed one.
+    many = "clients = 16\n"
+    whole = _run(tmp_path, "whole", many)
+    quantized = _run(tmp_path, "int8", many + '\n[compression]\nname = "quantize"\n')
+    broadcast = _run(tmp_path, "int8-down", many + '\n[compression]\nname = "quantize"\n'
+                     'broadcast = true\n')
+    down = {name: rows[-1]["bytes_down"] for name, rows in
+            (("whole", whole), ("int8", quantized), ("broadcast", broadcast))}
+    # Without broadcast the model goes down whole either way (19,280 bytes to each worker):
+    # a batch's request costs what the uncompressed one's does, and no partial is pulled.
+    # One fit request a client (about 700 bytes each with its compress field, and a take
+    # for most) would put the compressed round 10 kB above the uncompressed one.
+    assert down["int8"] <= down["whole"], down
+    # With broadcast, round 2 sends each worker an int8 delta: far below the whole model.
+    assert down["broadcast"] < 0.4 * down["whole"], down
+    # Up: each client's payload (about a quarter of the float64 model, 2,410 coordinates)
+    # crosses the wire once; the uncompressed round sends one int64 partial a worker.
+    per_fit = quantized[-1]["bytes_up"] / 16
+    assert 2410 < per_fit < 0.25 * 19280, per_fit
+
+
 def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_runs(
         tmp_path):
     (tmp_path / "killer.py").write_text(KILLER)

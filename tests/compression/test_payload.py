@@ -85,7 +85,8 @@ def test_a_model_key_holding_the_separator_is_refused():
 
 
 class Corrupting(Trainer):
-    """An honest fit, then a truncated payload when the coordinator takes it."""
+    """An honest fit, then a truncated payload when the coordinator takes it (the flat
+    round), or in the first fit's payload of each batch (the batched round)."""
 
     def handle(self, request):
         reply = super().handle(request)
@@ -94,19 +95,29 @@ class Corrupting(Trainer):
             name = next(k for k in state if k.endswith(f"{SEP}codes"))
             state[name] = state[name][:-1]
             reply["state"] = state
+        if request.get("op") == "fit_batch" and "payloads" in reply:
+            first = f"{request['fits'][0]['key']}/"
+            payloads = dict(reply["payloads"])
+            name = next(k for k in payloads if k.startswith(first) and k.endswith("codes"))
+            payloads[name] = payloads[name][:-1]
+            reply["payloads"] = payloads
         return reply
 
 
-def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_are_served_again():
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_are_served_again(
+        batch):
     honest = make_ctx(workers=2)
     plan = CompressionPlan("quantize", {"bits": 8}, meshkit.plugins.create(
         "compression", "quantize", {"bits": 8}))
     honest.compression = plan
     state = honest.task.init_state(0)
-    expected = fold_round(honest, fits(6), state=state)
+    expected = fold_round(honest, fits(6), state=state, batch=batch)
     assert expected.failed == {} and len(expected.served) == 6
+    ops = [r["op"] for _, r in honest.pool.log if r.get("op") in ("fit", "fit_batch")]
+    assert set(ops) == {"fit_batch" if batch else "fit"}
     assert all(r["compress"]["name"] == "quantize" for _, r in honest.pool.log
-               if r.get("op") == "fit")
+               if r.get("op") in ("fit", "fit_batch"))
     plain = fold_round(make_ctx(workers=2), fits(6), state=state, batch=False).result
     for key, value in plain.items():  # compressed: close to the plain mean, not the same bits
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":
@@ -115,9 +126,40 @@ def test_a_worker_sending_a_malformed_payload_loses_the_round_and_its_clients_ar
     hostile = make_ctx(workers=2)
     hostile.compression = plan
     hostile.pool.trainers[2] = Corrupting(synthetic())
-    folded = fold_round(hostile, fits(6), state=state)
+    folded = fold_round(hostile, fits(6), state=state, batch=batch)
     assert set(folded.failed) == {2} and "protocol error" in folded.failed[2]
     assert "does not decode" in folded.failed[2]
     assert sorted(folded.served) == list(range(6)) and set(folded.served.values()) == {1}
     for key, value in expected.result.items():  # every fit a pure function of its client
         assert folded.result[key].tobytes() == value.tobytes(), key
+
+
+def test_a_batched_compressed_round_keeps_each_residual_and_its_bits_ignore_the_workers():
+    plan = CompressionPlan("top-k", {"fraction": 0.1}, meshkit.plugins.create(
+        "compression", "top-k", {"fraction": 0.1}))
+    runs = {}
+    for batch, workers in ((False, 2), (True, 2), (True, 3)):
+        ctx = make_ctx(workers=workers)
+        ctx.compression = plan
+        state = ctx.task.init_state(0)
+        kept = []
+        for rnd in (1, 2):
+            folded = fold_round(ctx, fits(8, rnd), state=state, batch=batch)
+            assert sorted(folded.served) == list(range(8)) and folded.failed == {}
+            state = folded.result
+            kept.append({c: ctx.client_local.of(c) for c in range(8)})
+        ops = {r["op"] for _, r in ctx.pool.log if r.get("op") in ("fit", "fit_batch")}
+        assert ops == {"fit_batch" if batch else "fit"}
+        runs[(batch, workers)] = state, kept
+    # Round 1 starts every run from the same model: each client's residual is its own.
+    flat, batched, more = runs[(False, 2)], runs[(True, 2)], runs[(True, 3)]
+    for client in range(8):
+        for name, value in flat[1][0][client].items():
+            assert value.tobytes() == batched[1][0][client][name].tobytes(), (client, name)
+        assert any(np.abs(v).max() > 0 for v in batched[1][0][client].values())
+    # The batched sum is exact and order-free: 2 or 3 workers, the same bits, round after round.
+    for key, value in batched[0].items():
+        assert value.tobytes() == more[0][key].tobytes(), key
+    for client in range(8):
+        for name, value in batched[1][1][client].items():
+            assert value.tobytes() == more[1][1][client][name].tobytes(), (client, name)

@@ -122,6 +122,11 @@ def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
             if answered != asked:
                 raise ProtocolError(f"the reply to 'fit_batch' answers keys "
                                     f"{answered[:8]}, asked for {asked[:8]}")
+            compressed = bool(request.get("compressed", request.get("compress") is not None))
+            if (message.payloads is not None) != compressed:
+                raise ProtocolError(f"the reply to 'fit_batch' must carry payloads "
+                                    f"{'' if compressed else 'only '}when the batch asked "
+                                    f"for compress")
     if seq is not None and message.seq != seq:
         raise ProtocolError(f"the reply to {op!r} echoes seq {message.seq}, not {seq}")
     return reply

@@ -274,18 +274,19 @@ def _fits(_: Any, attribute: Any, value: list[BatchFit]) -> None:
 @attrs.frozen(kw_only=True)
 class FitBatchRequest:
     """Fit these clients one after another from the worker's model and fold each into the
-    worker's exact partial sum for the round (``take_partial`` hands it over)."""
+    worker's exact partial sum for the round (``take_partial`` hands it over); with
+    ``compress``, answer with each fit's compressed payload instead."""
 
     seq: int = _seq(0)
     fits: list[BatchFit] = _field("list of fit", "1..4096 fits, each `{key, shard, shards, "
                                   "seed}` with a fit's optional `time_budget`, `poison`, "
                                   "`clip_norm`; keys distinct", check=_fits)
-    weight: str = _field("str", "each fit's weight in the sum: `examples` (its realized "
-                                "work) or `once` (1)",
-                         check=attrs.validators.in_(("examples", "once")))
-    fraction_bits: int = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
-                                             "(`meshkit.aggregation.FixedPointSum`)",
-                                check=_between(0, 62))
+    weight: str | None = _field("str", "each fit's weight in the sum: `examples` (its "
+                                "realized work) or `once` (1); required unless `compress`",
+                                optional=True, check=attrs.validators.in_(("examples", "once")))
+    fraction_bits: int | None = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
+                                       "(`meshkit.aggregation.FixedPointSum`); required unless "
+                                       "`compress`", optional=True, check=_between(0, 62))
     label: str = _field("str, 1..1024 chars", "what a contribution is called in errors "
                                               "(`client`)", check=_length(1, MAX_NAME))
     dp_clip: float | None = _field("float (0, 1e300]", "a private round (`[privacy]`): fold "
@@ -294,8 +295,23 @@ class FitBatchRequest:
                                    "`once`, `fraction_bits` its `clip_bits`) instead of its "
                                    "model; each result's `metrics.unclipped` says whether it "
                                    "was within", optional=True, check=_between(1e-300, 1e300))
+    compress: Compress | None = _field("compressor", "`[compression]`: fold nothing; the "
+                                       "reply's `payloads` carry each fit's compressed "
+                                       "payload, as a compressed `fit` reply's `state`",
+                                       optional=True)
+    locals: State | None = _field("state", "with `compress`: each fit's `local` (a fit's: the "
+                                  "client's residuals), entry `NAME` of fit `KEY` as `KEY/NAME`",
+                                  optional=True)
 
     def __attrs_post_init__(self) -> None:
+        if (self.compress is None) != (self.weight is not None
+                                       and self.fraction_bits is not None):
+            raise ValueError("a batch folds its fits with weight and fraction_bits, and only "
+                             "then: a compressed batch (compress) carries neither")
+        if self.compress is not None and self.dp_clip is not None:
+            raise ValueError("a compressed batch (compress) folds nothing, so no dp_clip")
+        if self.locals is not None and self.compress is None:
+            raise ValueError("locals go only with a compressed batch (compress)")
         if self.dp_clip is not None and self.weight != "once":
             raise ValueError("dp_clip: a private round's sum weighs every fit once "
                              f"(weight = 'once'), got weight = {self.weight!r}")
@@ -459,11 +475,15 @@ class BatchResult:
 
 @attrs.frozen(kw_only=True)
 class FitBatchReply:
-    """Each fit's realized work, in the request's order; the results are in the partial."""
+    """Each fit's realized work, in the request's order; the results are in the partial (with
+    ``compress``: in ``payloads``)."""
 
     seq: int = _seq()
     results: list[BatchResult] = _field("list of result", "one `{key, examples, metrics, "
                                         "attacked?}` per fit asked for, in its order")
+    payloads: State | None = _field("state", "when the batch asked for `compress` (and only "
+                                    "then): each fit's compressed payload, entry `NAME` of "
+                                    "fit `KEY` as `KEY/NAME`", optional=True)
 
 
 @attrs.frozen(kw_only=True)

@@ -161,6 +161,8 @@ class _Batched(Scheduler[list[int]]):
         self.total = FixedPointSum(fraction_bits=bits, name=name)
         self.private = private
         self.size = 1
+        #: The most fits a batch carries (a path may bound it lower).
+        self.max_size = MAX_BATCH
         #: Keys folded into each worker's partial and not merged yet.
         self.folded: dict[int, list[int]] = {}
         self.taking: int | None = None
@@ -174,7 +176,7 @@ class _Batched(Scheduler[list[int]]):
             del self.requests[key]
         workers = self.ctx.live[:len(keys)]
         per_worker = math.ceil(len(keys) / max(1, len(workers)))
-        self.size = max(1, min(MAX_BATCH, per_worker, max(MIN_BATCH, math.ceil(
+        self.size = max(1, min(self.max_size, per_worker, max(MIN_BATCH, math.ceil(
             len(keys) / max(1, len(workers) * BATCHES_PER_WORKER)))))
         self.plan_round_robin(self._batches(keys), workers)
         for rank in workers:
@@ -186,14 +188,15 @@ class _Batched(Scheduler[list[int]]):
             for batch in left:
                 for key in batch:
                     self.not_served[key] = why
-        if not self.served:
-            result = None
-        else:
-            result = self.total.result() if self.private is None else self.private.result()
+        result = self.result() if self.served else None
         order = sorted(self.served)
         self.finish()
         return (result, {k: self.served[k] for k in order}, dict(sorted(self.not_served.items())),
                 {k: self.replies[k] for k in order}, dict(self.failures.ranks))
+
+    def result(self) -> dict[str, Any]:
+        """The round's result, once every batch was answered (and something was served)."""
+        return self.total.result() if self.private is None else self.private.result()
 
     def _batches(self, keys: Sequence[int]) -> list[list[int]]:
         return [list(keys[i:i + self.size]) for i in range(0, len(keys), self.size)]

@@ -1,24 +1,51 @@
-"""A compressed round's two ends on the coordinator: the fits it asks for, and its decoder.
+"""A compressed round on the coordinator: the fits it asks for, its decoder, and its batches.
 
-The round engine plays a compressed round flat (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
-each contribution crosses the wire compressed once and is decoded as it is pulled.
+Each contribution crosses the wire compressed once. Which way a compressed round is
+played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
+
+* **batched** (:func:`fold_compressed_batched`), when the aggregator is linear (the
+  strict mean) and there are at least two fits a worker, and nothing needs a single
+  contribution in key order (no deadline, pinned work, attack, FedBN local keys, given
+  fold, host relay): one ``fit_batch`` request per batch of clients, as the
+  uncompressed batched round (:mod:`.batched`), asking for ``compress``. The worker fits
+  its clients in turn and answers with each client's compressed payload, in order; the
+  coordinator decodes and folds the payloads one at a time, a chunk at a time, into one
+  exact sum (:class:`meshkit.compression.CompressedSum`: no float copy of a
+  contribution, and the same bits whichever worker served which client, in whatever
+  order the replies came). Error-feedback residuals go to the client-local store as each
+  payload is folded. A batch is cut as the uncompressed batched round's, and so that its
+  payloads (by the compressor's ``bounds``) are at most ``window`` whole contributions'
+  bytes or :data:`BATCH_BYTES`, whichever is more: with one request in flight per
+  worker, the coordinator holds at most that per worker besides the sums.
+  What was folded stays folded when its worker is lost later; a payload that does not
+  fit, does not decode or is not finite costs its rank (or, on a second rank, its
+  client), and the rest of its batch is served again.
+* **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
+import numpy as np
 
-from meshkit.compression import (CompressionPlan, compressed_keys, decode_contribution,
-                                 is_residual, residual_name)
+from meshkit.aggregation import exact_mean
+from meshkit.compression import (CompressedSum, CompressionPlan, compressed_keys,
+                                 decode_contribution, is_residual, residual_name)
+from meshkit.errors import AggregationError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
+from meshkit.train._messages import Signature, check_contribution, signature
+from meshkit.train._pool import protocol_reason
+from meshkit.train._rounds.batched import _Batched, batch_applies
+from meshkit.train._rounds.relayed import relay_plan_applies, relay_weight
+from meshkit.train._rounds.scheduler import small_reply
 from meshkit.train._strategy import StrategyContext
+from meshkit.train._worker.held import by_key
+from meshkit.train._rounds.work import Folded, Work, by_examples
 
-
-from meshkit.train._rounds.work import Work
-
-__all__ = ["compressed_work", "Unpacker"]
+__all__ = ["compressed_work", "Unpacker", "fold_compressed_batched", "batch_size_bound",
+           "compressed_batch_applies", "play_compressed_batched"]
 
 
 def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
@@ -63,3 +90,165 @@ class Unpacker:
                what: str) -> tuple[dict[str, Any], dict[str, Any]]:
         return decode_contribution(self.plan.compressor, payload, reference, raw=self.raw,
                                    what=what)
+
+
+#: A compressed batch's payloads may take this many bytes even when ``window`` whole
+#: models are fewer.
+BATCH_BYTES = 4 << 20
+
+
+def compressed_batch_applies(call: Any) -> bool:
+    """Whether a round (a :class:`~meshkit.train._rounds.engine.RoundCall`) is a compressed
+    round played batched (module docstring): compressed fits, a linear aggregator, at least
+    two fits a worker, and nothing that needs single contributions in key order."""
+    if call.compressed is None or not call.batch or call.given is not None \
+            or call.attack is not None or call.deadline or call.pinned \
+            or call.state is None or call.reference is None:
+        return False
+    kept = [*(call.compressed[1].keys if call.compressed[1] is not None else ()),
+            *(call.local.keys if call.local is not None else ())]
+    if any(not is_residual(k) for k in kept):
+        return False  # FedBN's own keys are kept per client, whole: the flat round
+    how = relay_weight(call.weight, by_examples)
+    mean = exact_mean(call.ctx.aggregator, call.fold) if how is not None else None
+    if mean is None or relay_plan_applies(call.ctx, mean, how,
+                                          [w.key for w in call.work]) is not None:
+        return False  # relays forward whole contributions' sums: the flat round
+    plain = {k: {f: v for f, v in r.items() if f not in ("compress", "local")}
+             for k, r in call.requests.items()}
+    return batch_applies(mean, how, plain, call.state, len(call.ctx.live))
+
+
+def play_compressed_batched(call: Any) -> Folded:
+    """The round :func:`compressed_batch_applies` said is batched, played; its ``Folded``."""
+    how = relay_weight(call.weight, by_examples)
+    mean = exact_mean(call.ctx.aggregator, call.fold)
+    assert how is not None and mean is not None and call.unpack is not None
+    result, served, not_served, replies, failed = fold_compressed_batched(
+        call.ctx, call.requests, call.state, call.unpack, call.compressed[1], call.weight, how,
+        call.label, signature(call.reference), window=call.window, name=mean.name,
+        send_state=call.send_state, on_stale=call.on_stale)
+    attacked = tuple(sorted(k for k in served if replies.get(k, {}).get("attacked")))
+    return Folded(result, served, not_served, replies, attacked=attacked, failed=failed)
+
+
+def batch_size_bound(plan: CompressionPlan, state: Mapping[str, Any], raw: Sequence[str],
+                     window: int) -> int:
+    """The most fits a compressed batch carries: its payloads' most bytes (the compressor's
+    ``bounds``, the keys sent whole, the residuals) within ``window`` whole models, or
+    :data:`BATCH_BYTES` when that is more (a small model's batch is cut as the uncompressed
+    batched round's is)."""
+    keys = compressed_keys(state, raw)
+    residual = 4 if plan.traits.stateful else 0
+    payload = sum(np.dtype(dtype).itemsize * int(most)
+                  for k in keys
+                  for dtype, most in plan.compressor.bounds(int(state[k].size)).values())
+    payload += sum(residual * int(state[k].size) for k in keys)
+    payload += sum(int(v.nbytes) for k, v in state.items()
+                   if k not in set(keys) and isinstance(v, np.ndarray))
+    whole = sum(int(v.nbytes) for v in state.values() if isinstance(v, np.ndarray))
+    return max(1, max(window * whole, BATCH_BYTES) // max(1, payload))
+
+
+def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping[str, Any]],
+                            state: Mapping[str, Any], unpack: Unpacker, store: ClientLocal | None,
+                            weight: Callable[[Mapping[str, Any]], float], how: str, label: str,
+                            expected: Signature, *, window: int, name: str,
+                            send_state: Callable[[int], Mapping[str, Any]] | None = None,
+                            on_stale: Callable[[int], None] | None = None) -> tuple[
+                                dict[str, Any] | None, dict[int, int], dict[int, str],
+                                dict[int, Mapping[str, Any]], dict[int, str]]:
+    """Serve ``requests`` (key -> compressed fit request) in batches and fold each payload
+    into one :class:`CompressedSum` (module docstring); what :func:`.batched.fold_batched`
+    gives back."""
+    fold = CompressedSum(unpack.plan.compressor, state, raw=unpack.raw, name=name)
+    whole = {k: expected[k] for k in fold.whole_keys if k in expected}
+    batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold, store,
+                                 weight)
+    batched.max_size = min(batched.max_size,
+                           batch_size_bound(unpack.plan, state, unpack.raw, window))
+    batched.state_request, batched.on_stale = send_state, on_stale
+    return batched.play()
+
+
+class _CompressedBatched(_Batched):
+    """The batched round (:mod:`.batched`) whose batches answer with each fit's compressed
+    payload, folded at the coordinator as it arrives (module docstring)."""
+
+    name = "the compressed batched round"
+
+    def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
+                 state: Mapping[str, Any], how: str, label: str, whole: Signature,
+                 fold: CompressedSum, store: ClientLocal | None,
+                 weight: Callable[[Mapping[str, Any]], float]) -> None:
+        super().__init__(ctx, requests, state, how, label, whole, 0, fold.name, None)
+        self.fold, self.store, self.weight = fold, store, weight
+        first = next(iter(requests.values()), {})
+        self.compress = first.get("compress")
+
+    def result(self) -> dict[str, Any]:
+        return self.fold.result()
+
+    def hand_out(self, rank: int, busy: set[int]) -> bool:
+        batch = self.next_unit(rank, busy)
+        if batch is None:
+            return False
+        fits = [{**{k: v for k, v in self.requests[key].items()
+                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        # No weight, no fraction_bits: the worker folds nothing (the coordinator weighs).
+        request = {"op": "fit_batch", "fits": fits, "label": self.label,
+                   "compress": self.compress}
+        locals_ = {f"{key}/{name}": value for key in batch
+                   for name, value in (self.requests[key].get("local") or {}).items()}
+        if locals_:  # the clients' residuals (error feedback)
+            request["locals"] = locals_
+        timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
+        self.send(rank, "fit_batch", batch, request, timeout)
+        return True
+
+    def dispatched(self, busy: set[int]) -> None:
+        """Nothing to pull: every payload came with its batch's answer."""
+
+    def answered(self, rank: int, kind: str, batch: list[int] | None,
+                 payload: Mapping[str, Any]) -> None:
+        assert batch is not None  # only fit_batch is asked
+        try:
+            payloads = by_key(payload["payloads"])
+            if not set(payloads) <= set(batch):
+                extra = sorted(set(payloads) - set(batch))[:4]
+                raise ProtocolError(f"its payloads name fits {extra} it was not asked for")
+        except ProtocolError as exc:
+            self.failed(rank, kind, batch, None, protocol_reason(exc))
+            return
+        for i, result in enumerate(payload["results"]):
+            key = int(result["key"])
+            self.replies[key] = small_reply(int(result["examples"]), result)
+            what = f"rank {rank}'s result for {self.label} {key}"
+            contribution = payloads.pop(key, {})  # held no longer than its turn
+            try:
+                check_contribution({k: contribution.get(k) for k in self.expected},
+                                   self.expected, what, finite=False)
+                residuals = self.fold.add(contribution, self.weight(self.replies[key]),
+                                          source=f"{self.label} {key} (rank {rank})")
+            except (ProtocolError, AggregationError) as exc:
+                reason = (protocol_reason(exc) if isinstance(exc, ProtocolError)
+                          else f"refused by the fold: {exc}")
+                # Its sender's (or, on a second rank, its client's); the rest of the batch
+                # is served again, what was folded before it stays folded.
+                self.failed(rank, kind, batch[i:], key, reason)
+                return
+            del contribution
+            if self.store is not None and residuals:
+                self.store.keep(key, residuals)
+            self.served[key] = rank
+
+    def client_dropped(self, rank: int, kind: str, batch: list[int] | None, key: int) -> None:
+        """``key`` failed on two ranks: not served again; the rest of its batch that was not
+        folded is (the rank serves on: it holds no partial)."""
+        self.not_served[key] = self.failures.clients[key]
+        self.replies.pop(key, None)
+        again = [k for k in batch or [] if k != key and k not in self.served]
+        for k in again:
+            self.replies.pop(k, None)
+        if again:
+            self.respare(again)

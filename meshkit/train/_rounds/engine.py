@@ -94,7 +94,9 @@ supplies its requests and what a pulled contribution folds into.
 Which path a round takes is one table, :data:`ROUND_PATHS`, asked in order:
 collective (every rank plays its slice, :mod:`.collective`), relayed (host
 relays fold their ranks' contributions and the coordinator one partial per
-relay, :mod:`.relayed`), batched (each worker folds its own clients exactly,
+relay, :mod:`.relayed`), compressed batched (a worker answers a batch of clients with
+each one's compressed payload, folded chunk by chunk into one exact sum,
+:mod:`.compressed`), batched (each worker folds its own clients exactly,
 :mod:`.batched`), and the flat round above, which plays every other round.
 """
 
@@ -123,7 +125,8 @@ from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay
                                           relay_weight)
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext
-from meshkit.train._rounds.compressed import Unpacker, compressed_work
+from meshkit.train._rounds.compressed import (Unpacker, compressed_batch_applies, compressed_work,
+                                              play_compressed_batched)
 from meshkit.train._rounds.pieces import PieceRound, pieces_apply
 from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
@@ -355,11 +358,10 @@ def _play_flat(call: RoundCall) -> Folded:
         ctx, call.requests, state, call.weight, call.window, fold, call.label,
         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
         local=call.fold_local or None, scan=not replay and not allows, unpack=call.unpack,
-        limit=limit)
+        limit=limit, state_request=call.send_state, on_stale=call.on_stale)
     if pieces:
         assert call.reference is not None  # pieces_apply checked
         round_.use_pieces(call.reference, ctx.piece_bytes)  # type: ignore[attr-defined]
-    round_.state_request, round_.on_stale = call.send_state, call.on_stale
     try:
         folded = round_.play()
     except AggregationError as exc:
@@ -371,8 +373,7 @@ def _play_flat(call: RoundCall) -> Folded:
                         ctx.aggregation_begin(reference=state), call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                         local=call.fold_local or None, scan=True, unpack=call.unpack,
-                        limit=limit)
-        round_.state_request, round_.on_stale = call.send_state, call.on_stale
+                        limit=limit, state_request=call.send_state, on_stale=call.on_stale)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
     attacked = simulated | set(_declared(folded.served, folded.replies))
@@ -393,6 +394,11 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
               "caller gave a strict mean), and nothing needs single contributions: no round "
               "deadline, no pinned work, no simulated attack, no local keys, no compression",
               lambda call: call.relays is not None, _play_relayed),
+    RoundPath("compressed batched",
+              "a compressed round of fits, the aggregator linear, at least two fits a worker, "
+              "and as for batched: each worker answers a batch with its fits' compressed "
+              "payloads, folded chunk by chunk into one exact sum (.compressed)",
+              compressed_batch_applies, play_compressed_batched),
     RoundPath("batched",
               "the aggregator is linear (or the round is private: its fold a ClippedSum), "
               "nothing needs single contributions, and there are at least two fits a "
@@ -448,8 +454,11 @@ class _Round(Scheduler[int]):
                  window: int, fold: Any, label: str, *, pinned: dict[int, int],
                  deadline: float | None, expected: Signature | None,
                  local: ClientLocal | None, scan: bool, unpack: Unpacker | None,
-                 limit: Callable[[Any], float | None] | None = None) -> None:
+                 limit: Callable[[Any], float | None] | None = None,
+                 state_request: Callable[[int], Mapping[str, Any]] | None = None,
+                 on_stale: Callable[[int], None] | None = None) -> None:
         super().__init__(ctx, state, label)
+        self.state_request, self.on_stale = state_request, on_stale
         self.requests, self.weight, self.window, self.fold = requests, weight, window, fold
         #: Keys only one worker may serve: key -> rank.
         self.pinned = pinned
@@ -480,16 +489,15 @@ class _Round(Scheduler[int]):
         #: rank -> its key.
         self.owed: set[int] = set()
         self.carrying: dict[int, int] = {}
-        #: Whether the round's state goes with fits (a round of fits that carry none).
-        self.fits = state is not None and all(
+        #: Whether the round's state goes with fits (a round of fits that carry none), decided
+        #: once: not when a worker may answer its state request ``stale`` (``on_stale``,
+        #: ``[compression] broadcast``): a delta goes on its own, before the fits, so a
+        #: ``stale`` answer is re-sent whole before any fit starts from the wrong model.
+        self.fits = state is not None and on_stale is None and all(
             r.get("op") == "fit" and "state" not in r for r in requests.values())
 
     def play_round(self) -> Folded:
         self.failures.needed = max(1, min(2, len(self.ctx.live)))
-        if self.on_stale is not None:
-            # A broadcast's set_state is a delta a worker may answer stale
-            # ([compression] broadcast): it goes on its own, before the fits.
-            self.fits = False
         self.ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = self.quarantine(sorted(self.requests))
         live = self.ctx.live

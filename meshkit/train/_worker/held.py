@@ -18,7 +18,7 @@ from meshkit.errors import MeshError, ProtocolError
 from meshkit.train._broadcast import apply_delta
 from meshkit.train._worker.local_sgd import state_digest
 
-__all__ = ["set_state", "apply_broadcast", "Stale", "only", "with_local", "Compressors"]
+__all__ = ["set_state", "apply_broadcast", "Stale", "only", "with_local", "Compressors", "by_key"]
 
 
 class Stale(Exception):
@@ -118,3 +118,15 @@ class Compressors:
         if cache not in self._built:
             self._built[cache] = plugins.default().create("compression", name, options)
         return self._built[cache]
+
+
+def by_key(entries: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """A compressed ``fit_batch``'s ``locals`` or ``payloads`` (entry ``NAME`` of fit ``KEY``
+    as ``KEY/NAME``) split per fit; a name that is not ``KEY/NAME`` is a ProtocolError."""
+    out: dict[int, dict[str, Any]] = {}
+    for entry, value in entries.items():
+        key, sep, name = entry.partition("/")
+        if not sep or not name or not key.isdigit() or len(key) > 19:
+            raise ProtocolError(f"a batch's entry {entry[:80]!r} is not KEY/NAME")
+        out.setdefault(int(key), {})[name] = value
+    return out

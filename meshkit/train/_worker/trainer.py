@@ -70,7 +70,7 @@ from meshkit.task import accepts_data, create_task, resolve_task_component
 from meshkit.train._failures import DivergedFit
 from meshkit.train._messages import LOCAL_SGD_REQUESTS
 from meshkit.train._worker.held import Compressors, Stale, apply_broadcast, only, set_state
-from meshkit.train._worker.held import with_local
+from meshkit.train._worker.held import by_key, with_local
 from meshkit.train._worker.local_sgd import LocalSGD
 from meshkit.train._worker.pieces import take_piece
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
@@ -387,6 +387,8 @@ class Trainer:
         update was within the clip norm (``metrics.unclipped``, adaptive clipping's bit).
         """
         model = self._require_state("fit_batch")
+        if request.get("compress") is not None:
+            return self._fit_compressed_batch(request)
         bits = int(request["fraction_bits"])
         private = request.get("dp_clip")
         if self.partial is None:
@@ -432,6 +434,28 @@ class Trainer:
                 result["attacked"] = attacked
             results.append(result)
         return {"results": results}
+
+    def _fit_compressed_batch(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """``[compression]``: fit each client of the batch in turn and answer with each one's
+        compressed payload (``state``), in order; nothing is folded here -- the coordinator
+        folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`)."""
+        results, payloads = [], {}
+        local = by_key(request.get("locals") or {})
+        for fit in request["fits"]:
+            key = int(fit["key"])
+            self.failing = key  # named in the error reply if this fit fails
+            one = {**fit, "op": "fit", "compress": request["compress"],
+                   "local": local.pop(key, {})}
+            state, examples, metrics, attacked = self._fit(one)
+            for name, value in self._compressed(one, state).items():
+                payloads[f"{key}/{name}"] = value
+            del state
+            result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
+            if attacked:
+                result["attacked"] = attacked
+            results.append(result)
+        self.failing = None
+        return {"results": results, "payloads": payloads}
 
     def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:
         """One client's fit: (its state, examples, metrics, the attack it ran or "")."""
