@@ -420,7 +420,9 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
     With ``own`` (:func:`contribution`) the buffers start unfilled: each
     segment's own share is read from the state as the ring first needs it
     (chunk ``i`` is sent straight from it and every other chunk is added to
-    it on arrival, so no separate packing pass is made).
+    it on arrival, so no separate packing pass is made). A segment of an earlier
+    ``round_`` is dropped; one of another round from the previous rank is a
+    :class:`MeshError`.
     """
     n = len(ranks)
     i = ranks.index(me)
@@ -436,7 +438,20 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
         sender.post(_segment(round_, check, c, phase[step], k, x))
 
     def receive(c: int, step: int, k: int) -> np.ndarray:
-        src, payload = take()
+        while True:
+            src, payload = take()
+            r = payload.get("r")
+            if isinstance(r, int) and not isinstance(r, bool) and r < round_:
+                # A late segment of an earlier round (one that failed, or a step this
+                # rank skipped): it belongs to no sum any more, so it is dropped, never
+                # added into this round's.
+                continue
+            if r != round_ and src == prv:
+                raise MeshError(
+                    f"mesh_all_reduce round {round_}: rank {me} got a segment of round {r!r} "
+                    f"from rank {src}: the participants disagree on the round (or step) "
+                    f"this collective is")
+            break
         if payload.get("check") != check and src == prv:
             raise AggregationError(
                 f"mesh_all_reduce round {round_}: rank {src} contributes a different layout "

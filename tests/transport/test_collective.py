@@ -327,3 +327,38 @@ def test_a_ring_frame_without_an_array_is_a_protocol_error_not_a_crash():
         ring_sum(buffers, [1, 2], 1, layout.check, 1, lambda dst, p: sent.append(dst),
                  lambda: (2, frame))
     assert sent == [2], "its own chunk went out first"
+
+
+def scripted_ring(frames_for_rank_1):
+    """Rank 1 of a 2-rank ring whose peer's frames are ``frames_for_rank_1`` in turn."""
+    from meshkit.transport._collective import ring_sum
+
+    layout, buffers = pack({"w": np.full(8, 1.0, np.float32)}, 1.0, [1, 2])
+    frames = iter(frames_for_rank_1)
+    ring_sum(buffers, [1, 2], 1, layout.check, 5, lambda dst, p: None,
+             lambda: (2, next(frames)))
+    return layout, buffers
+
+
+def test_a_late_segment_of_an_earlier_round_is_dropped_not_summed():
+    # Rank 1 of [1, 2] adds chunk 1 (elements 4..8, the weight's slot last) in the
+    # reduce and takes chunk 0 in the gather. A segment of round 4 with the very fields
+    # round 5 expects arrives first: summed, chunk 1 would hold 1 + 100 instead of 1 + 2.
+    check = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])[0].check
+    late = {"r": 4, "check": check, "c": 1, "phase": "reduce", "k": 0,
+            "x": np.full(5, 100.0, np.float32)}
+    mine = {"r": 5, "check": check, "c": 1, "phase": "reduce", "k": 0,
+            "x": np.full(5, 2.0, np.float32)}
+    gather = {"r": 5, "check": check, "c": 0, "phase": "gather", "k": 0,
+              "x": np.full(4, 3.0, np.float32)}
+    layout, buffers = scripted_ring([late, mine, gather])
+    assert buffers[0].tolist() == [3.0] * 9  # 1 + 2 everywhere: the late 100 is nowhere
+
+
+def test_a_segment_of_a_later_round_from_the_previous_rank_is_refused_naming_both():
+    check = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])[0].check
+    ahead = {"r": 6, "check": check, "c": 1, "phase": "reduce", "k": 0,
+             "x": np.full(5, 2.0, np.float32)}
+    with pytest.raises(MeshError, match="got a segment of round 6 from rank 2"):
+        scripted_ring([ahead])
+
