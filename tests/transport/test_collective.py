@@ -362,3 +362,42 @@ def test_a_segment_of_a_later_round_from_the_previous_rank_is_refused_naming_bot
     with pytest.raises(MeshError, match="got a segment of round 6 from rank 2"):
         scripted_ring([ahead])
 
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_exact_sum_adds_integer_codes_in_their_own_dtype_and_max_takes_the_largest(world):
+    size = 40_000
+
+    def codes(rank):
+        return {"a": np.random.default_rng(rank).integers(-127, 128, (size,), dtype=np.int16),
+                "b": np.full((3, 2), rank - 1, np.int16)}
+
+    def body(g):
+        before = g.bytes_out
+        summed = g.mesh_sum(codes(g.rank), ranks=range(world), step=7)
+        sent = g.bytes_out - before
+        top = g.mesh_sum({"s": np.array([g.rank, -g.rank], np.float32)},
+                         ranks=range(world), step=8, op="max")
+        return summed, sent, top
+
+    results = run_ranks(tcp_mesh(world), body).join()
+    want = {k: sum(codes(r)[k].astype(np.int64) for r in range(world)) for k in ("a", "b")}
+    for summed, sent, top in results.values():
+        for key, value in want.items():
+            assert summed[key].dtype == np.int16
+            assert summed[key].tolist() == value.tolist()
+        assert top["s"].tolist() == [world - 1, 0]
+        # Measured on the transport: 2 (n - 1) / n of the int16 buffer, plus frame heads.
+        payload = 2 * (world - 1) / world * (size + 6) * 2
+        assert payload <= sent <= payload * 1.05 + 2_000
+
+
+def test_an_exact_sum_over_layouts_that_differ_is_refused_on_every_rank():
+    def body(g):
+        dtype = np.int16 if g.rank == 0 else np.int32
+        return g.mesh_sum({"a": np.ones(10, dtype)}, ranks=[0, 1], step=1)
+
+    ranks = run_ranks(tcp_mesh(2), body)
+    ranks.join(30, raise_errors=False)
+    assert sorted(ranks.errors) == [0, 1], ranks.errors
+    assert any(isinstance(e, AggregationError) and "layout" in str(e)
+               for e in ranks.errors.values()), ranks.errors
