@@ -73,7 +73,7 @@ __all__ = ["TAG_REQUEST", "TAG_REPLY", "encode", "decode"]
 _NESTED = ("state", "gradients", "local", "partial",
            # a DiLoCo replica's (meshkit.train._worker.local_sgd)
            "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
-           "snapshot")
+           "snapshot", "totals", "shared", "outer_state")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -351,7 +351,7 @@ def test_a_late_segment_of_an_earlier_round_is_dropped_not_summed():
             "x": np.full(5, 2.0, np.float32)}
     gather = {"r": 5, "check": check, "c": 0, "phase": "gather", "k": 0,
               "x": np.full(4, 3.0, np.float32)}
-    layout, buffers = scripted_ring([late, mine, gather])
+    _, buffers = scripted_ring([late, mine, gather])
     assert buffers[0].tolist() == [3.0] * 9  # 1 + 2 everywhere: the late 100 is nowhere
 
 

@@ -265,7 +265,7 @@ class Trainer:
             return self.secure.handle(op, request, self._secure_fit)
         if op in LOCAL_SGD_REQUESTS:
             if self.replica is None:
-                self.replica = LocalSGD(self.task)
+                self.replica = LocalSGD(self.task, group=self.group)
             reply = self.replica.handle(op, request, self._seeded_batch)
             self.examples += int(reply.get("examples", 0))
             return reply
