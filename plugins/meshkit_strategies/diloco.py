@@ -107,6 +107,8 @@ class _Round:
 
     bytes_up: int = 0
     bytes_down: int = 0
+    #: Over the ring: what the replicas' transports sent for the exchanges.
+    ring_bytes: int = 0
     peak: int = 0
     examples: int = 0
     losses: list[float] = attrs.Factory(list)
@@ -400,6 +402,7 @@ class _Replicas:
                 report.failed.setdefault(reply.rank, "its model after the ring's outer step "
                                                      "differs from the global model")
             report.bytes_up += int(reply.payload.get("ring_bytes") or 0)
+            report.ring_bytes += int(reply.payload.get("ring_bytes") or 0)
             report.examples += int(reply.payload["examples"])
             report.answered.add(reply.rank)
             report.digests[reply.rank] = applied
@@ -428,6 +431,7 @@ class _Replicas:
             "payload_up": float(report.bytes_up),
             "payload_down": float(report.bytes_down),
             "peak_exchange_bytes": float(report.peak),
+            **({"ring_bytes": float(report.ring_bytes)} if opts.exchange == "ring" else {}),
             "healed": float(len(report.healed)),
             "model_digest": fingerprint(digest),
         })
