@@ -12,15 +12,17 @@ Douillard et al., *Streaming DiLoCo with overlapping communication* (2025):
 steps, so the peak bytes of an exchange are 1/F of a whole model's; and the
 exchange of one fragment overlaps the next H/F inner steps.
 
-How a round (one outer step: F exchanges) goes, all on the coordinator's star:
+How a round (one outer step: F exchanges) goes on the coordinator's star
+(``exchange = "star"``, the default):
 
 * each replica's ``inner`` request first applies the outer updates that came
   back since its last one, runs H/F inner steps, and answers with one
   fragment's pseudo-gradient, encoded at ``outer_bits`` (32: float32; 8 or 4:
   blockwise codes, :func:`meshkit.aggregation.encode_blocks`);
-* the coordinator decodes them and folds them in an exact int64 fixed-point
-  sum (:class:`meshkit.aggregation.FixedPointSum`), so the mean is the same
-  bits whatever order they arrive in; the outer optimizer steps that
+* the coordinator decodes them and folds them exactly (32 bits: an int64
+  fixed-point sum, :class:`meshkit.aggregation.FixedPointSum`; 8 and 4 bits:
+  the codes on one grid summed as integers, :class:`meshkit.aggregation.GridSum`),
+  so the mean is the same bits whatever order they arrive in; the outer optimizer steps that
   fragment of the global model; the *update* (new - old) is encoded at
   ``outer_bits`` and every replica, and the coordinator itself, adds the
   decoded update to its anchor (:func:`meshkit.train.apply_update`): the
@@ -34,7 +36,17 @@ How a round (one outer step: F exchanges) goes, all on the coordinator's star:
   anchor + (local - snapshot)``). The pipeline drains at the end of every
   round, where replicas join and heal.
 
-Fault tolerance per exchange: a replica whose pseudo-gradient does not
+Over the mesh ring (``exchange = "ring"``, :meth:`_Replicas._finish_ring`): each
+``inner`` request names the ring and the exchange's number; the replicas sum
+their codes among themselves (``Group.mesh_sum``: the max of the block scales,
+then the codes re-coded on it, summed in int16 for int8 -- the star's
+``GridSum`` arithmetic, so the star's bits), each steps its own copy of the
+outer optimizer and applies the encoded update; the lowest rank hands the
+sums to the coordinator, which steps the global model alike and checks every
+replica's digest against it. No update travels down, nothing overlaps, and a
+replica lost mid-exchange fails the exchange on every replica (the run stops).
+
+Fault tolerance per exchange (the star): a replica whose pseudo-gradient does not
 arrive (it died, failed, or its digest disagrees) is left out of that
 exchange's mean; the exchange needs ``quorum`` pseudo-gradients, or the run
 stops. A replica whose pseudo-gradient arrived counts even if it dies before
