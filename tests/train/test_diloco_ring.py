@@ -98,3 +98,10 @@ def test_a_ring_exchange_at_32_bits_is_refused_naming_what_it_would_need():
         meshkit.plugins.create("strategy", "diloco", {"exchange": "ring", "outer_bits": 32}) \
             .check(task=meshkit.plugins.create("task", "digits"), outer_name="nesterov",
                    workers=2)
+
+
+def test_a_ring_exchange_on_a_star_is_refused_naming_the_mesh_it_needs():
+    from tests.train.test_diloco import run
+
+    with pytest.raises(meshkit.RefusedError, match=r'needs direct links .*topology = "mesh"'):
+        run(exchange="ring", outer_bits=8)
