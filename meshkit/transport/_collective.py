@@ -37,6 +37,10 @@ How, in two steps:
   there once its tag has been checked; an all-gather segment lands where the
   result needs it, so it is never copied at all.
 
+The same ring sums integer arrays exactly in their own dtype, or keeps their
+elementwise max (:meth:`Collective.exact_sum`, ``Group.mesh_sum``: DiLoCo's
+codes), under its own tag and numbered by the caller's step.
+
 A participant that is lost, stalls past the timeout (per step), or
 disagrees on the layout makes the collective fail on *every* participant:
 the rank that notices sends an abort to all the others before raising, and a
