@@ -21,6 +21,10 @@ The requests (docs/protocol.md §7.3; schemas in :mod:`meshkit.train._messages.l
   inner steps (the task's ``gradients`` + ``apply`` on a seeded batch of the
   shard), then, when ``send`` names a fragment, snapshot it and reply with its
   pseudo-gradient ``anchor - local`` encoded at ``bits``;
+  With ``ring`` (``exchange = "ring"``) the pseudo-gradient is not sent to rank 0:
+  the replicas sum their codes exactly over the mesh ring (``Group.mesh_sum``), and
+  each steps its own copy of the outer optimizer (``replica_init``'s ``outer``) and
+  applies the encoded update at once (:meth:`LocalSGD._ring`);
 * ``replica_get`` / ``replica_put``: the whole replica, out of a live one and
   into a newcomer, each answered with the digests that prove the copy.
 """
