@@ -15,9 +15,13 @@ encrypted links).
 Bytes are measured on the wire, the same way for both: the tcp transport's
 frame body bytes at the coordinator (``bytes_up``/``bytes_down`` of every
 metrics row, both directions; on the star every replica's traffic crosses
-it). ``DP / wire, a step`` compares one outer step once running (rounds 2
-on): DiLoCo's first round also sends the float32 model to every replica,
-data-parallel's is sent before its first round. ``payload`` is what the
+it), plus, on a mesh (``--exchange ring``), what each replica's transport sent
+for its ring collectives (``ring_bytes``: data-parallel's all-reduce of the
+float32 gradients every step, DiLoCo's exact int16/int8 sum of its codes
+every exchange), which the coordinator never sees. ``DP / wire, a step``
+compares one outer step once running (rounds 2 on) against the data-parallel
+run of the same exchange: DiLoCo's first round also sends the float32 model
+to every replica, data-parallel's is sent before its first round. ``payload`` is what the
 arithmetic says (data-parallel: float32 gradients up and the mean down every
 step; DiLoCo: its encoded codes and scales, ``payload_up``/``payload_down``).
 Frame headers and AEAD tags are not counted for either.
@@ -30,6 +34,7 @@ process to sweep settings.
 
     python benchmarks/diloco.py --outer-steps 12 --trials 1 --fragments 1 --torchft
     python benchmarks/diloco.py --outer-steps 3 --fragments 1 --bits 8 4
+    python benchmarks/diloco.py --outer-steps 3 --fragments 1 --bits 8 4 --exchange star ring
 """
 
 from __future__ import annotations
@@ -162,7 +167,8 @@ task = meshkit.torch.task(model=TinyLM, loss=lm_loss, data=data,
                                                                 **schedule()))
 
 
-def config(path: Path, out: Path, strategy: str, seed: int, lr: float) -> Path:
+def config(path: Path, out: Path, strategy: str, seed: int, lr: float,
+           topology: str = "star") -> Path:
     path.write_text(f"""
 [run]
 task = "diloco:task"
@@ -177,6 +183,7 @@ threads = 1
 launch = "local"
 workers = 4
 timeout = 600
+topology = "{topology}"
 
 {strategy}
 """)
@@ -185,7 +192,8 @@ timeout = 600
 
 def run(kind: str, args: argparse.Namespace, seed: int, where: Path) -> dict[str, Any]:
     h, steps = args.inner_steps, args.inner_steps * args.outer_steps
-    if kind == "data-parallel":
+    ring = kind.endswith(" ring")
+    if kind.startswith("data-parallel"):
         lr = args.dp_lr
         strategy = (f'[strategy]\nname = "data-parallel"\nrounds = {args.outer_steps}\n'
                     f'steps = {h}\nbatch_size = {args.batch}\n\n'
@@ -193,17 +201,18 @@ def run(kind: str, args: argparse.Namespace, seed: int, where: Path) -> dict[str
     else:
         lr = args.inner_lr
         fragments = int(kind.split("F=")[1].split()[0])
-        bits = int(kind.split("int")[-1]) if "int" in kind else 32
+        bits = int(kind.split("int")[-1].split()[0]) if "int" in kind else 32
         strategy = (f'[strategy]\nname = "diloco"\nrounds = {args.outer_steps}\n'
                     f'inner_steps = {h}\nfragments = {fragments}\n'
-                    f'outer_bits = {bits}\nbatch_size = {args.batch}\n\n'
+                    f'outer_bits = {bits}\nbatch_size = {args.batch}\n'
+                    f'exchange = "{"ring" if ring else "star"}"\n\n'
                     f'[outer_optimizer]\nname = "nesterov"\nlr = {args.outer_lr}\n'
                     f'momentum = {args.momentum}')
     out = where / f"{kind.replace(' ', '_').replace('=', '')}-{seed}"
     os.environ["DILOCO_SCHEDULE"] = f"{args.warmup},{steps},{args.decay}"
     started = time.perf_counter()
-    report = Runner(str(config(where / "run.toml", out, strategy, seed, lr)),
-                    overwrite=True).run()
+    report = Runner(str(config(where / "run.toml", out, strategy, seed, lr,
+                               "mesh" if ring else "star")), overwrite=True).run()
     seconds = time.perf_counter() - started
     if not report.ok:
         raise SystemExit(f"{kind}: {report.error}")
@@ -211,8 +220,9 @@ def run(kind: str, args: argparse.Namespace, seed: int, where: Path) -> dict[str
     params = sum(p.numel() for p in TinyLM().parameters())
     # Measured on the wire (the tcp transport's frame body bytes at the coordinator, both
     # ways, every round): on a star every replica's traffic crosses it, so this is all of it.
-    wire = sum(r["bytes_up"] + r["bytes_down"] for r in rows)
-    if kind == "data-parallel":
+    # ... plus, on a mesh, what the replicas' transports sent for the ring collectives.
+    wire = sum(r["bytes_up"] + r["bytes_down"] + r.get("ring_bytes", 0.0) for r in rows)
+    if kind.startswith("data-parallel"):
         # What the arithmetic says it must be: float32 gradients up, the mean down, a step.
         payload = 4 * steps * params * 4 * 2
         peak = 4 * params * 4 * 2
@@ -221,10 +231,12 @@ def run(kind: str, args: argparse.Namespace, seed: int, where: Path) -> dict[str
         peak = max(r["peak_exchange_bytes"] for r in rows)
     # An outer step's bytes once running (rounds 2 on): DiLoCo's first round also carries
     # the model to every replica (replica_init), data-parallel's is sent before round 1.
-    steady = statistics.median(r["bytes_up"] + r["bytes_down"] for r in rows[1:])
+    steady = statistics.median(r["bytes_up"] + r["bytes_down"] + r.get("ring_bytes", 0.0)
+                               for r in rows[1:])
+    ring_part = statistics.median(r.get("ring_bytes", 0.0) for r in rows[1:])
     return {"loss": rows[-1]["loss"], "curve": [r["loss"] for r in rows],
             "wire": float(wire), "payload": float(payload), "peak": float(peak),
-            "steady": float(steady),
+            "steady": float(steady), "ring": float(ring_part),
             "seconds": seconds, "tokens": float(4 * steps * args.batch * LM["context"])}
 
 
@@ -249,6 +261,10 @@ def main() -> None:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--first-seed", type=int, default=0, help="trial t runs seed first + t")
+    parser.add_argument("--exchange", nargs="+", default=["star"], choices=("star", "ring"),
+                        help="star: every run on the coordinator's star (the default "
+                        "config); ring: [mesh] topology = \"mesh\", data-parallel all-reduces "
+                        "over the ring and DiLoCo uses exchange = \"ring\"")
     parser.add_argument("--torchft", action="store_true",
                         help="also torchft's DiLoCo (benchmarks/diloco_torchft.py)")
     args = parser.parse_args()
@@ -257,8 +273,12 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here,
                                                              os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, here)
-    kinds = ["data-parallel"] + [f"diloco F={f} int{b}" if b != 32 else f"diloco F={f} f32"
-                                 for b in args.bits for f in args.fragments]
+    def named(kind: str, exchange: str) -> str:
+        return kind if exchange == "star" and args.exchange == ["star"] else f"{kind} {exchange}"
+
+    kinds = [named("data-parallel", e) for e in args.exchange] + [
+        named(f"diloco F={f} int{b}" if b != 32 else f"diloco F={f} f32", e)
+        for e in args.exchange for b in args.bits for f in args.fragments]
     if args.torchft:
         kinds.append("torchft diloco")
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
@@ -281,27 +301,35 @@ def main() -> None:
           f"decay {args.decay}, outer lr {args.outer_lr} momentum {args.momentum}; "
           f"entropy floor of the test set {floor:.4f}; "
           f"{args.trials} trial(s), median (min-max)")
-    base = results["data-parallel"]
-    print(f"{'run':<18} {'eval loss':>22} {'loss / DP':>22} {'wire bytes':>11} "
-          f"{'DP / wire':>22} {'DP / wire, a step':>22} {'payload':>10} {'peak exch.':>11} "
-          f"{'seconds':>18}")
+    print(f"{'run':<24} {'eval loss':>22} {'loss / DP':>22} {'wire bytes':>11} "
+          f"{'DP / wire':>22} {'DP / wire, a step':>22} {'a step':>9} {'of it ring':>10} "
+          f"{'payload':>10} {'peak exch.':>11} {'seconds':>18}")
     for kind in kinds:
         rs = results[kind]
+        # Against the data-parallel run of the same exchange (star with star, ring with ring).
+        same = [k for k in kinds if k.startswith("data-parallel")
+                and k.endswith(" ring") == kind.endswith(" ring")]
+        base = results[same[0] if same else kinds[0]]
         ratio = [r["loss"] / b["loss"] for r, b in zip(rs, base)]
         saving = [b["wire"] / r["wire"] for r, b in zip(rs, base)]
         steady = [b["steady"] / r["steady"] for r, b in zip(rs, base) if "steady" in r]
-        print(f"{kind:<18} {spread([r['loss'] for r in rs]):>22} {spread(ratio):>22} "
+        print(f"{kind:<24} {spread([r['loss'] for r in rs]):>22} {spread(ratio):>22} "
               f"{statistics.median(r['wire'] for r in rs):>11.4g} {spread(saving):>22} "
               f"{spread(steady) if steady else '-':>22} "
+              f"{statistics.median(r.get('steady', 0.0) for r in rs):>9.4g} "
+              f"{statistics.median(r.get('ring', 0.0) for r in rs):>10.4g} "
               f"{statistics.median(r['payload'] for r in rs):>10.4g} "
               f"{statistics.median(r['peak'] for r in rs):>11.4g} "
               f"{spread([r['seconds'] for r in rs], 3):>18}")
     print("\nloss / DP after each outer step (median over trials):")
-    for kind in kinds[1:]:
+    for kind in [k for k in kinds if not k.startswith("data-parallel")]:
         rs = results[kind]
+        same = [k for k in kinds if k.startswith("data-parallel")
+                and k.endswith(" ring") == kind.endswith(" ring")]
+        base = results[same[0] if same else kinds[0]]
         curve = [statistics.median(r["curve"][i] / b["curve"][i] for r, b in zip(rs, base))
                  for i in range(min(len(r["curve"]) for r in rs))]
-        print(f"{kind:<18} " + " ".join(f"{c:.3f}" for c in curve))
+        print(f"{kind:<24} " + " ".join(f"{c:.3f}" for c in curve))
     assert all(math.isfinite(r["loss"]) for rs in results.values() for r in rs)
 
 

@@ -41,7 +41,9 @@ Where each idea lives:
 * ``_linear.py``: what a sum may stand in for (:func:`exact_mean`) and the
   refusal naming the missing ``linear`` trait (:func:`refuse_unless_linear`);
 * ``_blocks.py``: outer gradients in 8 or 4 bits, blockwise, decoded to the same bits
-  everywhere (:func:`encode_blocks`, :func:`decode_blocks`; DiLoCo's exchange);
+  everywhere (:func:`encode_blocks`, :func:`decode_blocks`; DiLoCo's exchange), and
+  their exact mean on one grid (:class:`GridSum`, :func:`on_grid`, :func:`sum_dtype`,
+  :func:`mean_of_sum`: the star's fold and the ring's integer sum alike);
 * ``_pieces.py``: a contribution cut into pieces (:func:`piece_plan`) and folded piece
   by piece into the strict mean's sum with the same bits (:class:`PieceFold`);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
@@ -56,8 +58,8 @@ from meshkit.aggregation._buffering import (
     holds_every_contribution,
     streaming,
 )
-from meshkit.aggregation._blocks import BLOCK, OUTER_BITS, decode_blocks, encode_blocks, \
-    encoded_bytes
+from meshkit.aggregation._blocks import BLOCK, OUTER_BITS, GridSum, decode_blocks, \
+    encode_blocks, encoded_bytes, mean_of_sum, on_grid, sum_dtype
 from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
 from meshkit.aggregation._contract import (
     Aggregator,
@@ -84,6 +86,10 @@ __all__ = [
     "encode_blocks",
     "decode_blocks",
     "encoded_bytes",
+    "GridSum",
+    "mean_of_sum",
+    "on_grid",
+    "sum_dtype",
     "Fold",
     "Aggregator",
     "StreamingAggregator",

@@ -28,7 +28,8 @@ import numpy as np
 
 from meshkit.errors import ProtocolError
 
-__all__ = ["BLOCK", "OUTER_BITS", "encode_blocks", "decode_blocks", "encoded_bytes"]
+__all__ = ["BLOCK", "OUTER_BITS", "encode_blocks", "decode_blocks", "encoded_bytes",
+           "GridSum", "mean_of_sum", "on_grid", "sum_dtype"]
 
 #: Elements per block (one float32 scale each).
 BLOCK = 256
@@ -108,3 +109,94 @@ def encoded_bytes(codes: Mapping[str, np.ndarray], scales: Mapping[str, np.ndarr
     """The payload bytes of an encoded state (codes and scales; framing not counted)."""
     return sum(int(a.nbytes) for a in codes.values()) + sum(int(a.nbytes)
                                                             for a in scales.values())
+
+
+# -- the exact mean of several replicas' codes: on one grid, summed as integers ---------
+#
+# Each replica's codes sit on its own block scales, so their sum is no integer sum. The
+# mean DiLoCo's exchange applies (the star's fold and the ring's sum alike) is:
+#
+# 1. the shared scale of a block: the largest of the replicas' scales for it (a max,
+#    exact in any order);
+# 2. each replica's decoded values re-coded on the shared scales (``rint(v / S)``,
+#    clipped to [-L, L], so they fit ``bits`` again: |v| <= L s <= L S);
+# 3. those codes summed as integers in :func:`sum_dtype` -- exact, the same bits in any
+#    order, over any grouping (star, ring);
+# 4. the mean: ``float32(sum) * S / float32(count)``, in float32.
+#
+# Re-coding adds at most half a shared step to each value's error (so at most
+# ``s / 2 + S / 2`` against the value the replica encoded).
+
+
+def sum_dtype(bits: int, count: int) -> np.dtype:
+    """The narrowest signed integer dtype that holds the sum of ``count`` codes of ``bits``
+    bits (|code| <= L): bits + ceil(log2 count) bits, rounded up to a numpy width --
+    int8 for 4-bit codes of up to 18 replicas, int16 for 8-bit codes of up to 258."""
+    largest = _levels(bits) * max(int(count), 1)
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        if largest <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"{count} replicas' {bits}-bit codes do not fit an int64 sum")
+
+
+def on_grid(values: np.ndarray, shared: np.ndarray, bits: int) -> np.ndarray:
+    """Decoded ``values`` (flat float32) re-coded on the ``shared`` block scales (int8)."""
+    levels = _levels(bits)
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    shared = np.asarray(shared, dtype=np.float32)
+    if shared.size != -(-flat.size // BLOCK):
+        raise ValueError(f"{shared.size} shared scales for {flat.size} values at block "
+                         f"{BLOCK}")
+    inverse = np.zeros_like(shared)
+    np.divide(np.float32(1.0), shared, out=inverse, where=shared > 0)
+    scaled = flat * np.repeat(inverse, BLOCK)[:flat.size]
+    return np.rint(scaled).clip(-levels, levels).astype(np.int8)
+
+
+def mean_of_sum(total: np.ndarray, shared: np.ndarray, count: int) -> np.ndarray:
+    """The float32 mean of ``count`` replicas whose codes on ``shared`` summed to ``total``."""
+    flat = np.asarray(total).reshape(-1)
+    step = np.repeat(np.asarray(shared, dtype=np.float32), BLOCK)[:flat.size]
+    return flat.astype(np.float32) * step / np.float32(count)
+
+
+class GridSum:
+    """The star's side of the exact mean above: each replica's decoded values and own
+    scales per key go in (:meth:`add`); :meth:`result` is the same float32 mean the ring's
+    replicas compute (:func:`on_grid`, :func:`sum_dtype`, :func:`mean_of_sum`)."""
+
+    def __init__(self, bits: int) -> None:
+        _levels(bits)
+        self.bits = bits
+        self._values: list[Mapping[str, np.ndarray]] = []
+        self._scales: list[Mapping[str, np.ndarray]] = []
+
+    @property
+    def count(self) -> int:
+        return len(self._values)
+
+    def add(self, values: Mapping[str, np.ndarray], scales: Mapping[str, np.ndarray]) -> None:
+        self._values.append(values)
+        self._scales.append(scales)
+
+    def totals(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per key, the shared scales and the integer sum of the codes on them."""
+        if not self._values:
+            raise ValueError("no replica's values to sum")
+        dtype = sum_dtype(self.bits, self.count)
+        shared: dict[str, np.ndarray] = {}
+        totals: dict[str, np.ndarray] = {}
+        for key in self._values[0]:
+            shared[key] = np.maximum.reduce([np.asarray(s[key], np.float32)
+                                             for s in self._scales])
+            total = np.zeros(np.size(self._values[0][key]), dtype)
+            for values in self._values:
+                np.add(total, on_grid(values[key], shared[key], self.bits), out=total,
+                       casting="unsafe")
+            totals[key] = total
+        return shared, totals
+
+    def result(self) -> dict[str, np.ndarray]:
+        shared, totals = self.totals()
+        return {key: mean_of_sum(totals[key], shared[key], self.count).reshape(
+            np.shape(self._values[0][key])) for key in totals}

@@ -102,8 +102,8 @@ from meshkit.train._strategy import (
     weighted_mean,
 )
 from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
-from meshkit.train._worker.local_sgd import (apply_update, decode_update, pseudo_gradients,
-                                             split_fragments, state_digest)
+from meshkit.train._worker.local_sgd import (apply_update, decode_update, outer_update,
+                                             pseudo_gradients, split_fragments, state_digest)
 from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
 
 __all__ = [
@@ -214,6 +214,7 @@ __all__ = [
     "apply_update",
     "decode_update",
     "pseudo_gradients",
+    "outer_update",
     # secure aggregation ([secure_aggregation], meshkit/train/_rounds/secure.py)
     "secure_sum",
     "SecureSum",

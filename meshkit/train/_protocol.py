@@ -75,7 +75,7 @@ _NESTED = ("state", "gradients", "local", "partial",
            "locals", "payloads",
            # a DiLoCo replica's (meshkit.train._worker.local_sgd)
            "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
-           "snapshot")
+           "snapshot", "totals", "shared", "outer_state")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:

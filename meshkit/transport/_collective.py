@@ -37,6 +37,10 @@ How, in two steps:
   there once its tag has been checked; an all-gather segment lands where the
   result needs it, so it is never copied at all.
 
+The same ring sums integer arrays exactly in their own dtype, or keeps their
+elementwise max (:meth:`Collective.exact_sum`, ``Group.mesh_sum``: DiLoCo's
+codes), under its own tag and numbered by the caller's step.
+
 A participant that is lost, stalls past the timeout (per step), or
 disagrees on the layout makes the collective fail on *every* participant:
 the rank that notices sends an abort to all the others before raising, and a
@@ -64,7 +68,7 @@ from meshkit.transport._contract import Links
 from meshkit.transport._ledger import Ledger
 from meshkit.transport._mailbox import Mailboxes
 from meshkit.transport._message import Message, check_state
-from meshkit.transport.tags import TAG_RING
+from meshkit.transport.tags import TAG_RING, TAG_RING_SUM
 from meshkit.wire import encode_state
 
 __all__ = ["SEGMENT_BYTES", "Collective", "Layout", "contribution", "layout_bytes",
@@ -404,7 +408,7 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
              interrupt: Callable[[BaseException], None] | None = None,
              own: Own | None = None,
              receive_into: Callable[[_Landing], Callable[[], None] | None] | None = None,
-             ) -> None:
+             op: str = "sum") -> None:
     """Sum ``buffers`` in place over ``ranks``: ring reduce-scatter, then ring all-gather.
 
     Each buffer is cut into ``n`` chunks; at step ``s`` of the reduce-scatter
@@ -420,8 +424,12 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
     With ``own`` (:func:`contribution`) the buffers start unfilled: each
     segment's own share is read from the state as the ring first needs it
     (chunk ``i`` is sent straight from it and every other chunk is added to
-    it on arrival, so no separate packing pass is made).
+    it on arrival, so no separate packing pass is made). ``op = "max"`` keeps the
+    elementwise largest instead of the sum (exact in any dtype, like an integer sum).
+    A segment of an earlier ``round_`` is dropped; one of another round from the
+    previous rank is a :class:`MeshError`.
     """
+    combine = {"sum": np.add, "max": np.maximum}[op]
     n = len(ranks)
     i = ranks.index(me)
     nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
@@ -436,7 +444,20 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
         sender.post(_segment(round_, check, c, phase[step], k, x))
 
     def receive(c: int, step: int, k: int) -> np.ndarray:
-        src, payload = take()
+        while True:
+            src, payload = take()
+            r = payload.get("r")
+            if isinstance(r, int) and not isinstance(r, bool) and r < round_:
+                # A late segment of an earlier round (one that failed, or a step this
+                # rank skipped): it belongs to no sum any more, so it is dropped, never
+                # added into this round's.
+                continue
+            if r != round_ and src == prv:
+                raise MeshError(
+                    f"mesh_all_reduce round {round_}: rank {me} got a segment of round {r!r} "
+                    f"from rank {src}: the participants disagree on the round (or step) "
+                    f"this collective is")
+            break
         if payload.get("check") != check and src == prv:
             raise AggregationError(
                 f"mesh_all_reduce round {round_}: rank {src} contributes a different layout "
@@ -504,14 +525,14 @@ def ring_sum(buffers: Sequence[np.ndarray], ranks: Sequence[int], me: int, check
                         assert own is not None
                         out = spare(b, hi - lo)
                         source = own(b, lo, hi, out)
-                        np.add(target, out if source is None else source, out=target)
+                        combine(target, out if source is None else source, out=target)
                 elif not adding:
                     target[...] = got
                 elif own is not None:  # each chunk visits once in the reduce: add our share
                     source = own(b, lo, hi, target)
-                    np.add(target if source is None else source, got, out=target)
+                    combine(target if source is None else source, got, out=target)
                 else:
-                    np.add(target, got, out=target)
+                    combine(target, got, out=target)
                 del got  # the channel recycles the receive buffer once nothing holds it
                 if step < last:
                     post(c, step + 1, k, target)
@@ -581,6 +602,50 @@ class Collective:
                 self._ring(buffers, members, layout.check, round_, wait)
         return unpack(layout, buffers)
 
+    def exact_sum(self, arrays: Mapping[str, np.ndarray], ranks: Sequence[int], step: int,
+                  timeout: float | None, op: str = "sum") -> dict[str, np.ndarray]:
+        """Every rank in ``ranks``: the elementwise sum (or ``op = "max"``: largest) of
+        their ``arrays``, in the arrays' own dtype, over the ring.
+
+        For exact sums of integer codes (DiLoCo's outer gradients): the caller picks
+        the narrowest dtype that cannot overflow (an integer sum wraps silently) and
+        numbers the call with ``step``, the same on every participant (a rank that
+        healed mid-run has no count of earlier calls to agree on). A segment of an
+        earlier step is dropped; the layout (keys, shapes, the one dtype, ``op``) must
+        agree, or every participant gets an :class:`AggregationError`.
+        """
+        me = self._ledger.rank
+        members = tuple(sorted(set(ranks)))
+        if me not in members or any(not 0 <= r < self._ledger.world_size for r in members):
+            raise ValueError(f"rank {me} called exact_sum over ranks {list(members)}")
+        if op not in ("sum", "max"):
+            raise ValueError(f"op must be 'sum' or 'max', got {op!r}")
+        keys = sorted(arrays)
+        dtypes = {np.asarray(arrays[k]).dtype for k in keys}
+        if len(dtypes) > 1 or any(d.kind not in "iuf" for d in dtypes):
+            raise AggregationError(
+                f"exact_sum: the arrays must share one integer or floating dtype, got "
+                f"{sorted(str(d) for d in dtypes)} (keys {keys[:5]})")
+        dtype = dtypes.pop() if dtypes else np.dtype(np.int16)
+        entries = [(k, tuple(np.shape(arrays[k])), dtype) for k in keys]
+        check = layout_digest([*entries, (f"\0exact_sum:{op}", (), dtype)], members)
+        # This rank's own copy, one flat buffer, summed in place.
+        buffer = (np.concatenate([np.ravel(arrays[k]) for k in keys]).astype(dtype)
+                  if keys else np.zeros(0, dtype))
+        if len(members) > 1:
+            if self._is_star:
+                raise MeshError("exact_sum needs direct links between the participants (a "
+                                "mesh); a star has none")
+            wait = self._timeout if timeout is None else float(timeout)
+            self._ring([buffer], members, check, int(step), wait, tag=TAG_RING_SUM, op=op)
+        out: dict[str, np.ndarray] = {}
+        at = 0
+        for key, shape, _ in entries:
+            size = math.prod(shape)
+            out[key] = buffer[at:at + size].reshape(shape)
+            at += size
+        return out
+
     def _buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
         """A buffer for :func:`pack`: a spare one nothing references any more, or a new one.
 
@@ -603,7 +668,8 @@ class Collective:
             return buffer
 
     def _ring(self, buffers: list[np.ndarray], members: tuple[int, ...], check: int,
-              round_: int, wait: float, own: Own | None = None) -> None:
+              round_: int, wait: float, own: Own | None = None, *, tag: int = TAG_RING,
+              op: str = "sum") -> None:
         me = self._ledger.rank
         others = frozenset(members) - {me}
         # Only the previous rank's chunks are needed; a rank further round
@@ -613,13 +679,13 @@ class Collective:
         prv = frozenset({previous})
 
         def send(dst: int, payload: Mapping[str, Any]) -> None:
-            self._send(Message(me, dst, TAG_RING, payload))
+            self._send(Message(me, dst, tag, payload))
 
         def interrupt(exc: BaseException) -> None:
             # The ring's sender thread failed: wake the ring's receive with an
             # abort of its own (a send error is a lost link, as inline).
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
-            self._mailboxes.put(Message(me, me, TAG_RING, {
+            self._mailboxes.put(Message(me, me, tag, {
                 "r": round_, "abort": f"sending failed: {exc}", "kind": kind}))
 
         sources = set(others) | {me}
@@ -627,7 +693,7 @@ class Collective:
         def take() -> tuple[int, Mapping[str, Any]]:
             while True:
                 message = self._mailboxes.take(
-                    TAG_RING, sources, wait, f"mesh_all_reduce round {round_}",
+                    tag, sources, wait, f"mesh_all_reduce round {round_}",
                     watch=prv)
                 payload = message.payload
                 if not isinstance(payload.get("r"), int) or payload["r"] < round_:
@@ -640,18 +706,18 @@ class Collective:
                 return message.src, payload
 
         def receive_into(placer: _Landing) -> Callable[[], None] | None:
-            return self._links.receive_into(previous, TAG_RING, placer)
+            return self._links.receive_into(previous, tag, placer)
 
         try:
             ring_sum(buffers, list(members), me, check, round_, send, take,
-                     interrupt=interrupt, own=own, receive_into=receive_into)
+                     interrupt=interrupt, own=own, receive_into=receive_into, op=op)
         except (MeshError, OSError) as exc:
             kind = "aggregation" if isinstance(exc, AggregationError) else "lost"
             for rank in sorted(others):
                 if self._ledger.reason(rank) is not None:
                     continue
                 try:  # every participant must stop waiting, not only the next one
-                    self._send(Message(me, rank, TAG_RING, {
+                    self._send(Message(me, rank, tag, {
                         "r": round_, "abort": str(exc), "kind": kind}))
                 except (MeshError, OSError):
                     pass

@@ -196,6 +196,14 @@ class Group:
         """
         return self._collective.all_reduce(state, weight, ranks, timeout)
 
+    def mesh_sum(self, arrays: Mapping[str, Any], *, ranks: Any, step: int,
+                 op: str = "sum", timeout: float | None = None) -> dict[str, Any]:
+        """Every rank in ``ranks``: the exact elementwise sum (``op = "max"``: largest) of
+        their ``arrays`` in the arrays' one dtype, over the ring; ``step`` numbers the
+        call alike on every participant (``_collective.py``, ``Collective.exact_sum``).
+        """
+        return self._collective.exact_sum(arrays, ranks, step, timeout, op)
+
     def declare_dead(self, rank: int, reason: str, *, quiet: bool = False) -> None:
         """Have the membership record ``rank`` as dead (``_membership.py``) and drop its link.
 

@@ -14,6 +14,8 @@ tag               value           spoken by
 ``TAG_SCATTER``   ``0xFFFF0002``  retired (the star reduce service, removed)
 ``TAG_BYE``       ``0xFFFF0003``  a transport, on ``close()``
 ``TAG_RING``      ``0xFFFF0004``  the mesh all-reduce (rank to rank, a ring)
+``TAG_RING_SUM``  ``0xFFFF0005``  the mesh exact sum (integer codes; a ring,
+                                  numbered by the caller's step)
 ``TAG_CAPS``      ``0xFFFF0010``  the node driver's capability handshake
 ``TAG_CONTROL``   ``0xFFFF0011``  the node driver: rank 0 -> worker jobs
                                   (``TAG_JOB`` is the same tag)
@@ -58,6 +60,7 @@ __all__ = [
     "RETIRED_TAGS",
     "TAG_BYE",
     "TAG_RING",
+    "TAG_RING_SUM",
     "TAG_CAPS",
     "TAG_CONTROL",
     "TAG_JOB",
@@ -91,6 +94,9 @@ TAG_BYE = 0xFFFF0003
 #: A chunk (or an abort) of the mesh all-reduce, to the next rank of the ring
 #: (``Group.mesh_all_reduce``; ``_collective.py``).
 TAG_RING = 0xFFFF0004
+#: A chunk (or an abort) of the mesh's exact sum, to the next rank of the ring
+#: (``Group.mesh_sum``: DiLoCo's integer outer gradients; ``_collective.py``).
+TAG_RING_SUM = 0xFFFF0005
 
 # -- the node driver (meshkit.node documents each message) ----------------------
 
@@ -131,7 +137,8 @@ RETIRED_TAGS = frozenset({TAG_REDUCE, TAG_SCATTER})
 #: Tags user code may not send: they would spoof the handshake, a leaving
 #: rank, a host relay's membership news or the ring all-reduce (or speak a
 #: retired protocol).
-SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_BYE, TAG_RELAY_CTL, TAG_RING, *RETIRED_TAGS})
+SERVICE_TAGS = frozenset({TAG_WELCOME, TAG_BYE, TAG_RELAY_CTL, TAG_RING, TAG_RING_SUM,
+                          *RETIRED_TAGS})
 
 
 def check_tag(tag: Any, *, service: bool = False) -> int:

@@ -244,6 +244,10 @@ class DataParallel:
             raise MeshError(f"round {rnd}: no replica's model could be read back")
         state = self._outer_step(ctx, before, dict(payload["state"]), replicas)
         metrics = {**train_loss(replies), **ctx.task.evaluate(state)}
+        if any("ring_bytes" in r for r in replies):
+            # On a mesh: what the replicas' transports sent for the all-reduces (the
+            # coordinator's own counters see none of it).
+            metrics["ring_bytes"] = float(sum(int(r.get("ring_bytes") or 0) for r in replies))
         # The round's last step says which replica served each shard.
         return RoundOutcome(state, answered=tuple(sorted(answered)), clients=tuple(served),
                             examples=examples, metrics=metrics, served=served)

@@ -12,15 +12,17 @@ Douillard et al., *Streaming DiLoCo with overlapping communication* (2025):
 steps, so the peak bytes of an exchange are 1/F of a whole model's; and the
 exchange of one fragment overlaps the next H/F inner steps.
 
-How a round (one outer step: F exchanges) goes, all on the coordinator's star:
+How a round (one outer step: F exchanges) goes on the coordinator's star
+(``exchange = "star"``, the default):
 
 * each replica's ``inner`` request first applies the outer updates that came
   back since its last one, runs H/F inner steps, and answers with one
   fragment's pseudo-gradient, encoded at ``outer_bits`` (32: float32; 8 or 4:
   blockwise codes, :func:`meshkit.aggregation.encode_blocks`);
-* the coordinator decodes them and folds them in an exact int64 fixed-point
-  sum (:class:`meshkit.aggregation.FixedPointSum`), so the mean is the same
-  bits whatever order they arrive in; the outer optimizer steps that
+* the coordinator decodes them and folds them exactly (32 bits: an int64
+  fixed-point sum, :class:`meshkit.aggregation.FixedPointSum`; 8 and 4 bits:
+  the codes on one grid summed as integers, :class:`meshkit.aggregation.GridSum`),
+  so the mean is the same bits whatever order they arrive in; the outer optimizer steps that
   fragment of the global model; the *update* (new - old) is encoded at
   ``outer_bits`` and every replica, and the coordinator itself, adds the
   decoded update to its anchor (:func:`meshkit.train.apply_update`): the
@@ -34,7 +36,17 @@ How a round (one outer step: F exchanges) goes, all on the coordinator's star:
   anchor + (local - snapshot)``). The pipeline drains at the end of every
   round, where replicas join and heal.
 
-Fault tolerance per exchange: a replica whose pseudo-gradient does not
+Over the mesh ring (``exchange = "ring"``, :meth:`_Replicas._finish_ring`): each
+``inner`` request names the ring and the exchange's number; the replicas sum
+their codes among themselves (``Group.mesh_sum``: the max of the block scales,
+then the codes re-coded on it, summed in int16 for int8 -- the star's
+``GridSum`` arithmetic, so the star's bits), each steps its own copy of the
+outer optimizer and applies the encoded update; the lowest rank hands the
+sums to the coordinator, which steps the global model alike and checks every
+replica's digest against it. No update travels down, nothing overlaps, and a
+replica lost mid-exchange fails the exchange on every replica (the run stops).
+
+Fault tolerance per exchange (the star): a replica whose pseudo-gradient does not
 arrive (it died, failed, or its digest disagrees) is left out of that
 exchange's mean; the exchange needs ``quorum`` pseudo-gradients, or the run
 stops. A replica whose pseudo-gradient arrived counts even if it dies before
@@ -60,11 +72,10 @@ import attrs
 import numpy as np
 
 from meshkit import ConfigError, MeshError, PeerLostError, ProtocolError, RefusedError
-from meshkit.aggregation import FixedPointSum, aggregator_traits, encode_blocks
+from meshkit.aggregation import FixedPointSum, GridSum, aggregator_traits, mean_of_sum, sum_dtype
 from meshkit.errors import AggregationError
-from meshkit.outer import step_parameters
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
-from meshkit.train import apply_update, decode_update, reply_failure, run_rounds
+from meshkit.train import apply_update, decode_update, outer_update, reply_failure, run_rounds
 from meshkit.train import split_fragments, state_digest
 
 from meshkit_strategies._shared import require_replica_task
@@ -108,6 +119,8 @@ class _Round:
 
     bytes_up: int = 0
     bytes_down: int = 0
+    #: Over the ring: what the replicas' transports sent for the exchanges.
+    ring_bytes: int = 0
     peak: int = 0
     examples: int = 0
     losses: list[float] = attrs.Factory(list)
@@ -148,7 +161,8 @@ class _Replicas:
             # from the global model, every update applied (none is pending any more).
             self.pending, self.view = [], {k: _copy(v) for k, v in self.model.items()}
             request = {"op": "replica_init", "state": self.view,
-                       "fragments": opts.fragments, "bits": opts.outer_bits}
+                       "fragments": opts.fragments, "bits": opts.outer_bits,
+                       **self._outer_spec(ctx)}
             expected = state_digest(self.view)
             for reply in ctx.call([(r, request) for r in newcomers]):
                 if reply.payload is None:
@@ -175,7 +189,7 @@ class _Replicas:
             replica = {k: got.payload[k] for k in ("anchor", "local", "optimizer", "snapshot",
                                                    "pending", "inner_steps")}
             put = {"op": "replica_put", **replica, "fragments": self.options.fragments,
-                   "bits": self.options.outer_bits}
+                   "bits": self.options.outer_bits, **self._outer_spec(ctx)}
             for reply in ctx.call([(r, put) for r in newcomers]):
                 if reply.payload is None:
                     report.failed.setdefault(reply.rank, str(reply.error))
@@ -189,6 +203,18 @@ class _Replicas:
         raise PeerLostError(f"no live replica could hand its replica to rank(s) {newcomers}. "
                             f"{ctx.resume_advice()}")
 
+    def _outer_spec(self, ctx: StrategyContext) -> dict[str, Any]:
+        """Over the ring, what a replica needs to step the outer optimizer itself: its name,
+        options and each fragment's state (the coordinator's copies are the same bits)."""
+        if self.options.exchange != "ring":
+            return {}
+        options: Any = getattr(ctx.outer, "options", None)
+        spec = {"name": ctx.outer_name,
+                "options": attrs.asdict(options) if attrs.has(type(options)) else {}}
+        return {"outer": spec, "outer_state": {
+            f"outer{p}/{k}": v for p, opt in enumerate(self.optimizers)
+            for k, v in opt.state_dict().items()}}
+
     # -- one round ---------------------------------------------------------------------
 
     def play(self, ctx: StrategyContext, rnd: int) -> RoundOutcome:
@@ -196,7 +222,9 @@ class _Replicas:
         report = _Round()
         self.ready(ctx, rnd, report)
         per = opts.inner_steps // opts.fragments
-        depth = 2 if opts.fragments > 1 else 1
+        ring = opts.exchange == "ring"
+        # Over the ring an exchange completes inside its request: nothing overlaps it.
+        depth = 2 if opts.fragments > 1 and not ring else 1
         inflight: deque[_Exchange] = deque()
         for j in range(opts.fragments):
             while len(inflight) >= depth:
@@ -219,7 +247,10 @@ class _Replicas:
                        "send": j}
             if any(u.scales for u in updates):
                 request["update_scales"] = {k: v for u in updates for k, v in u.scales.items()}
-            tickets = {ctx.pool.send(r, {**request, "shard": ctx.workers.index(r)},
+            if ring:
+                request.update(ring=ranks, exchange=(rnd - 1) * opts.fragments + j)
+            tickets = {ctx.pool.send(r, {**request, "shard": ctx.workers.index(r),
+                                         **({"report": True} if ring and r == ranks[0] else {})},
                                      opts.inner_timeout or None): r for r in ranks}
             inflight.append(_Exchange(j, j, tickets, state_digest(self.view)))
         while inflight:
@@ -249,8 +280,12 @@ class _Replicas:
                 report: _Round) -> None:
         """Fold the exchange's pseudo-gradients, step its fragment, queue the update."""
         opts = self.options
+        if opts.exchange == "ring":
+            self._finish_ring(ctx, rnd, exchange, report)
+            return
         keys = self.fragments[exchange.fragment]
-        fold = FixedPointSum()
+        # 8 and 4 bits: the codes' exact mean on one grid, the ring's bits too (GridSum).
+        fold: Any = FixedPointSum() if opts.outer_bits == 32 else GridSum(opts.outer_bits)
         up = 0
         contributors: list[int] = []
         for reply in self._collect(ctx, exchange).values():
@@ -284,7 +319,7 @@ class _Replicas:
         report.peak = max(report.peak, up + update.nbytes * len(contributors))
 
     def _refused(self, ctx: StrategyContext, reply: Reply, exchange: _Exchange,
-                 keys: list[str], fold: FixedPointSum) -> str | None:
+                 keys: list[str], fold: Any) -> str | None:
         """Why this reply's pseudo-gradient is left out of the mean (None: it was folded)."""
         if reply.payload is None:
             return str(reply.error or "lost")
@@ -301,7 +336,10 @@ class _Replicas:
                 raise ProtocolError("the reply carries no pseudo-gradient")
             values = decode_update(self.view, codes, scales, keys, self.options.outer_bits,
                                    f"rank {reply.rank}'s pseudo-gradient")
-            fold.add(values, 1.0, source=f"rank {reply.rank}")
+            if isinstance(fold, GridSum):
+                fold.add(values, {k: scales[k] for k in keys})
+            else:
+                fold.add(values, 1.0, source=f"rank {reply.rank}")
         except ProtocolError as exc:
             ctx.pool.declare_dead(reply.rank, f"protocol error: {exc}")
             return f"protocol error: {exc}"
@@ -315,23 +353,77 @@ class _Replicas:
         replica applies, already applied to the global model here."""
         bits = self.options.outer_bits
         start = {k: self.model[k] for k in keys}
-        consensus = {k: (np.asarray(start[k]) - np.asarray(mean[k]).astype(
-            np.asarray(start[k]).dtype)) for k in keys}
-        stepped = step_parameters(self.optimizers[fragment], start, consensus,
-                                  buffers=ctx.buffers, name=ctx.outer_name)
-        codes: dict[str, np.ndarray] = {}
-        scales: dict[str, np.ndarray] = {}
-        for key in keys:
-            delta = (np.asarray(stepped[key], dtype=np.float32)
-                     - np.asarray(start[key], dtype=np.float32))
-            codes[key], scale = encode_blocks(delta, bits)
-            if bits != 32:
-                scales[key] = scale
+        codes, scales = outer_update(self.optimizers[fragment], start, mean, keys, bits,
+                                     buffers=ctx.buffers, name=ctx.outer_name)
         # The coordinator applies the very bits the replicas will: decoded, then added.
         decoded = decode_update(start, codes, scales, keys, bits, "an outer update")
         for key in keys:
             self.model[key] = apply_update(start[key], decoded[key])
         return Update(fragment, codes, scales)
+
+    def _finish_ring(self, ctx: StrategyContext, rnd: int, exchange: _Exchange,
+                     report: _Round) -> None:
+        """An exchange over the ring: every replica summed the codes and stepped; the
+        coordinator steps the global model from the reporting replica's sums alike."""
+        opts = self.options
+        keys = self.fragments[exchange.fragment]
+        replies = self._collect(ctx, exchange)
+        lost: dict[int, str] = {}
+        for reply in replies.values():
+            why = (str(reply.error or "lost") if reply.payload is None else
+                   reply_failure(reply.rank, reply.payload, accept=ctx.accept_failures))
+            if why is None and reply.payload is not None \
+                    and reply.payload["digest"] != exchange.expected_digest:
+                why = "its model digest differs from the global model's"
+            if why is not None:
+                lost[reply.rank] = why
+                self.held.discard(reply.rank)
+                report.failed.setdefault(reply.rank, why)
+        if lost:
+            # A collective has no survivors' sum: the ring failed on every participant.
+            raise PeerLostError(
+                f"outer step {rnd}, fragment {exchange.fragment}: over the ring ([strategy] "
+                f"exchange = \"ring\") every replica takes part in the sum, and "
+                f"{'; '.join(f'rank {r}: {w}' for r, w in sorted(lost.items()))}. The star "
+                f"(exchange = \"star\") drops a lost replica for one exchange instead. "
+                f"{ctx.resume_advice()}")
+        ranks = sorted(exchange.tickets.values())
+        payload = replies[next(t for t, r in exchange.tickets.items() if r == ranks[0])].payload
+        assert payload is not None
+        totals, shared = payload.get("totals") or {}, payload.get("shared") or {}
+        want = sum_dtype(opts.outer_bits, len(ranks))
+        mean: dict[str, np.ndarray] = {}
+        for key in keys:
+            size = int(np.asarray(self.model[key]).size)
+            total, scale = totals.get(key), shared.get(key)
+            if not (isinstance(total, np.ndarray) and total.dtype == want and total.size == size
+                    and isinstance(scale, np.ndarray) and scale.dtype == np.float32
+                    and scale.size == -(-size // 256)):
+                raise ProtocolError(f"outer step {rnd}: rank {ranks[0]}'s sums of fragment "
+                                    f"{exchange.fragment} do not fit key {key!r} ({want}"
+                                    f"[{size}] and its float32 block scales)")
+            mean[key] = mean_of_sum(total, scale, len(ranks)).reshape(
+                np.shape(self.model[key]))
+        update = self._outer_step(exchange.fragment, keys, mean, ctx)
+        self._deliver(update)  # the replicas applied it already: view follows
+        applied = state_digest(self.view)
+        for reply in replies.values():
+            assert reply.payload is not None
+            if reply.payload.get("applied") != applied:
+                self.held.discard(reply.rank)  # healed from a live peer next round
+                report.failed.setdefault(reply.rank, "its model after the ring's outer step "
+                                                     "differs from the global model")
+            report.bytes_up += int(reply.payload.get("ring_bytes") or 0)
+            report.ring_bytes += int(reply.payload.get("ring_bytes") or 0)
+            report.examples += int(reply.payload["examples"])
+            report.answered.add(reply.rank)
+            report.digests[reply.rank] = applied
+            loss = reply.payload["metrics"].get("train_loss")
+            if loss is not None:
+                report.losses.append(float(loss))
+        ring_bytes = sum(int(r.payload.get("ring_bytes") or 0) for r in replies.values()
+                         if r.payload is not None)
+        report.peak = max(report.peak, ring_bytes)
 
     def _outcome(self, ctx: StrategyContext, rnd: int, report: _Round) -> RoundOutcome:
         opts = self.options
@@ -351,6 +443,7 @@ class _Replicas:
             "payload_up": float(report.bytes_up),
             "payload_down": float(report.bytes_down),
             "peak_exchange_bytes": float(report.peak),
+            **({"ring_bytes": float(report.ring_bytes)} if opts.exchange == "ring" else {}),
             "healed": float(len(report.healed)),
             "model_digest": fingerprint(digest),
         })
@@ -413,6 +506,12 @@ class DiLoCo:
                 f"steps. Make inner_steps a multiple of fragments")
         require_replica_task(task, workers, "diloco",
                              "its inner steps are the task's gradients + apply")
+        if opts.exchange == "ring" and opts.outer_bits == 32:
+            raise RefusedError(
+                "[strategy] exchange = \"ring\" sums the replicas' codes exactly as integers, "
+                "and outer_bits = 32 sends float32 values, whose exact sum would need an int64 "
+                "fixed-point ring (8 bytes a value); set outer_bits = 8 or 4, or exchange = "
+                "\"star\"")
         if aggregator is not None and not aggregator_traits(aggregator).linear:
             raise RefusedError(
                 f"[strategy] name = \"diloco\" averages the replicas' pseudo-gradients with "
@@ -430,6 +529,16 @@ class DiLoCo:
             raise ConfigError(f"[strategy] fragments = {opts.fragments}: {exc}") from None
         if ctx.outer is None:
             raise MeshError("diloco needs an outer optimizer ([outer_optimizer] name)")
+        if opts.exchange == "ring" and not ctx.peer_reduce:
+            raise RefusedError(
+                "[strategy] exchange = \"ring\" needs direct links between the replicas "
+                "([mesh] topology = \"mesh\"); this run's transport is a star, where "
+                "exchange = \"star\" (the default) carries the pseudo-gradients")
+        if opts.exchange == "ring" and not attrs.has(type(getattr(ctx.outer, "options", None))):
+            raise RefusedError(
+                f"[strategy] exchange = \"ring\": every replica builds the outer optimizer "
+                f"{ctx.outer_name!r} from its name and options, and it has no attrs "
+                f"`options` to send; use exchange = \"star\"")
         # One optimizer per fragment: each one's moments belong to its parameters.
         optimizers = ([ctx.outer] if opts.fragments == 1
                       else [copy.deepcopy(ctx.outer) for _ in range(opts.fragments)])

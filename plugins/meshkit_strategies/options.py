@@ -241,6 +241,11 @@ class DiLoCoOptions:
     outer_bits: int = attrs.field(default=32, validator=attrs.validators.in_(OUTER_BITS))
     #: Fewest replicas whose pseudo-gradients an exchange needs, or the run stops.
     quorum: int = attrs.field(default=1, validator=_at_least(1))
+    #: Where an exchange's pseudo-gradients are summed: "star" (the coordinator folds
+    #: them and sends the outer update back) or "ring" (the replicas sum their codes
+    #: exactly over the mesh ring and each steps the outer optimizer itself; needs
+    #: ``[mesh] topology = "mesh"`` and outer_bits 8 or 4).
+    exchange: str = attrs.field(default="star", validator=attrs.validators.in_(("star", "ring")))
     #: Rows of a replica's shard per inner step (0: the whole shard).
     batch_size: int = attrs.field(default=32, validator=_at_least(0))
     #: Seconds an ``inner`` request (H/F inner steps) may take before its replica is

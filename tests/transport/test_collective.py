@@ -327,3 +327,77 @@ def test_a_ring_frame_without_an_array_is_a_protocol_error_not_a_crash():
         ring_sum(buffers, [1, 2], 1, layout.check, 1, lambda dst, p: sent.append(dst),
                  lambda: (2, frame))
     assert sent == [2], "its own chunk went out first"
+
+
+def scripted_ring(frames_for_rank_1):
+    """Rank 1 of a 2-rank ring whose peer's frames are ``frames_for_rank_1`` in turn."""
+    from meshkit.transport._collective import ring_sum
+
+    layout, buffers = pack({"w": np.full(8, 1.0, np.float32)}, 1.0, [1, 2])
+    frames = iter(frames_for_rank_1)
+    ring_sum(buffers, [1, 2], 1, layout.check, 5, lambda dst, p: None,
+             lambda: (2, next(frames)))
+    return layout, buffers
+
+
+def test_a_late_segment_of_an_earlier_round_is_dropped_not_summed():
+    # Rank 1 of [1, 2] adds chunk 1 (elements 4..8, the weight's slot last) in the
+    # reduce and takes chunk 0 in the gather. A segment of round 4 with the very fields
+    # round 5 expects arrives first: summed, chunk 1 would hold 1 + 100 instead of 1 + 2.
+    check = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])[0].check
+    late = {"r": 4, "check": check, "c": 1, "phase": "reduce", "k": 0,
+            "x": np.full(5, 100.0, np.float32)}
+    mine = {"r": 5, "check": check, "c": 1, "phase": "reduce", "k": 0,
+            "x": np.full(5, 2.0, np.float32)}
+    gather = {"r": 5, "check": check, "c": 0, "phase": "gather", "k": 0,
+              "x": np.full(4, 3.0, np.float32)}
+    _, buffers = scripted_ring([late, mine, gather])
+    assert buffers[0].tolist() == [3.0] * 9  # 1 + 2 everywhere: the late 100 is nowhere
+
+
+def test_a_segment_of_a_later_round_from_the_previous_rank_is_refused_naming_both():
+    check = pack({"w": np.ones(8, np.float32)}, 1.0, [1, 2])[0].check
+    ahead = {"r": 6, "check": check, "c": 1, "phase": "reduce", "k": 0,
+             "x": np.full(5, 2.0, np.float32)}
+    with pytest.raises(MeshError, match="got a segment of round 6 from rank 2"):
+        scripted_ring([ahead])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_exact_sum_adds_integer_codes_in_their_own_dtype_and_max_takes_the_largest(world):
+    size = 40_000
+
+    def codes(rank):
+        return {"a": np.random.default_rng(rank).integers(-127, 128, (size,), dtype=np.int16),
+                "b": np.full((3, 2), rank - 1, np.int16)}
+
+    def body(g):
+        before = g.bytes_out
+        summed = g.mesh_sum(codes(g.rank), ranks=range(world), step=7)
+        sent = g.bytes_out - before
+        top = g.mesh_sum({"s": np.array([g.rank, -g.rank], np.float32)},
+                         ranks=range(world), step=8, op="max")
+        return summed, sent, top
+
+    results = run_ranks(tcp_mesh(world), body).join()
+    want = {k: sum(codes(r)[k].astype(np.int64) for r in range(world)) for k in ("a", "b")}
+    for summed, sent, top in results.values():
+        for key, value in want.items():
+            assert summed[key].dtype == np.int16
+            assert summed[key].tolist() == value.tolist()
+        assert top["s"].tolist() == [world - 1, 0]
+        # Measured on the transport: 2 (n - 1) / n of the int16 buffer, plus frame heads.
+        payload = 2 * (world - 1) / world * (size + 6) * 2
+        assert payload <= sent <= payload * 1.05 + 2_000
+
+
+def test_an_exact_sum_over_layouts_that_differ_is_refused_on_every_rank():
+    def body(g):
+        dtype = np.int16 if g.rank == 0 else np.int32
+        return g.mesh_sum({"a": np.ones(10, dtype)}, ranks=[0, 1], step=1)
+
+    ranks = run_ranks(tcp_mesh(2), body)
+    ranks.join(30, raise_errors=False)
+    assert sorted(ranks.errors) == [0, 1], ranks.errors
+    assert any(isinstance(e, AggregationError) and "layout" in str(e)
+               for e in ranks.errors.values()), ranks.errors

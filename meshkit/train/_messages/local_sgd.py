@@ -55,6 +55,11 @@ class ReplicaInitRequest:
     state: State = _field("state", "the global model")
     fragments: int = _fragments()
     bits: int = _bits()
+    outer: State | None = _field("{name, options}", "over the ring (`exchange = \"ring\"`): "
+                                 "the outer optimizer each replica steps itself (absent: "
+                                 "the star steps it)", optional=True)
+    outer_state: State | None = _field("state", "with `outer`: each fragment p's optimizer "
+                                       "state under `outer{p}/`", optional=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -83,9 +88,19 @@ class InnerRequest:
     send: int | None = _field("int 0..4095", "the fragment whose pseudo-gradient to reply "
                               "with (absent: none)", optional=True,
                               check=_between(0, MAX_FRAGMENTS))
+    ring: Integers | None = _field("list of int", "with `send`: exchange it over the mesh "
+                                   "ring among these ranks (absent: reply with the codes)",
+                                   optional=True)
+    exchange: int | None = _field("int 0..2^62", "with `ring`: the exchange's number, the "
+                                  "same on every replica (numbers the ring's collectives)",
+                                  optional=True, check=_between(0, MAX_SEQ // 4))
+    report: bool = _field("bool", "with `ring`: reply with the exchange's integer sums",
+                          default=False)
 
     def __attrs_post_init__(self) -> None:
         _in_order(self)
+        if self.ring is not None and (self.send is None or self.exchange is None):
+            raise ValueError("ring needs send and exchange")
 
 
 @attrs.frozen(kw_only=True)
@@ -115,6 +130,11 @@ class ReplicaPutRequest:
                               check=_between(0, MAX_SEQ))
     fragments: int = _fragments()
     bits: int = _bits()
+    outer: State | None = _field("{name, options}", "over the ring (`exchange = \"ring\"`): "
+                                 "the outer optimizer each replica steps itself (absent: "
+                                 "the star steps it)", optional=True)
+    outer_state: State | None = _field("state", "with `outer`: each fragment p's optimizer "
+                                       "state under `outer{p}/`", optional=True)
 
 
 # -- replies --------------------------------------------------------------------------------
@@ -139,6 +159,16 @@ class InnerReply:
     codes: State | None = _field("state", "fragment `send`'s pseudo-gradient, encoded at "
                                           "`bits` (only with `send`)", optional=True)
     scales: State | None = _field("state", "its block scales (only with `send`)",
+                                  optional=True)
+    ring_bytes: int | None = _field("int 0..2^63-1", "with `ring`: bytes this replica's "
+                                    "transport sent for the exchange", optional=True,
+                                    check=_between(0, MAX_SEQ))
+    applied: str | None = _field("str, 64 hex chars", "with `ring`: SHA-256 of the anchor "
+                                 "once the exchange's update is applied", optional=True,
+                                 check=_length(DIGEST_CHARS, DIGEST_CHARS))
+    totals: State | None = _field("state", "with `report`: per key, the integer sum of the "
+                                  "replicas' codes on the shared scales", optional=True)
+    shared: State | None = _field("state", "with `report`: per key, the shared block scales",
                                   optional=True)
 
 

@@ -427,6 +427,9 @@ class StepReply:
     seq: int = _seq()
     examples: int = _examples("rows this replica's gradients were computed on")
     metrics: Metrics = _metrics_field("the batch's metrics")
+    ring_bytes: int | None = _field("int 0..2^63-1", "bytes this replica's transport sent "
+                                    "during the all-reduce (absent: it does not count them)",
+                                    optional=True, check=_between(0, MAX_SEQ))
 
 
 @attrs.frozen(kw_only=True)

@@ -21,6 +21,10 @@ The requests (docs/protocol.md §7.3; schemas in :mod:`meshkit.train._messages.l
   inner steps (the task's ``gradients`` + ``apply`` on a seeded batch of the
   shard), then, when ``send`` names a fragment, snapshot it and reply with its
   pseudo-gradient ``anchor - local`` encoded at ``bits``;
+  With ``ring`` (``exchange = "ring"``) the pseudo-gradient is not sent to rank 0:
+  the replicas sum their codes exactly over the mesh ring (``Group.mesh_sum``), and
+  each steps its own copy of the outer optimizer (``replica_init``'s ``outer``) and
+  applies the encoded update at once (:meth:`LocalSGD._ring`);
 * ``replica_get`` / ``replica_put``: the whole replica, out of a live one and
   into a newcomer, each answered with the digests that prove the copy.
 """
@@ -34,13 +38,16 @@ from typing import Any, Callable, Mapping
 import attrs
 import numpy as np
 
-from meshkit.aggregation import decode_blocks, encode_blocks
+from meshkit import plugins
+from meshkit.aggregation import decode_blocks, encode_blocks, mean_of_sum, on_grid, sum_dtype
 from meshkit.errors import MeshError, ProtocolError
+from meshkit.outer import step_parameters
 from meshkit.state import is_array, is_float_dtype
+from meshkit.task import buffer_keys
 from meshkit.train._sharding import client_seed
 
 __all__ = ["LocalSGD", "split_fragments", "state_digest", "apply_update", "pseudo_gradients",
-           "decode_update"]
+           "decode_update", "outer_update", "outer_optimizers"]
 
 #: ``batch(shard, shards, batch_size, seed) -> (x, y)``: the worker's seeded batch of a shard.
 BatchOf = Callable[[int, int, int, int], tuple[Any, Any]]
@@ -119,6 +126,43 @@ def apply_update(value: Any, update: np.ndarray) -> np.ndarray:
     return (array + update.astype(array.dtype)).astype(array.dtype)
 
 
+def outer_update(optimizer: Any, start: Mapping[str, Any], mean: Mapping[str, Any],
+                 keys: list[str], bits: int, *, buffers: Any = (),
+                 name: str = "outer") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One fragment's outer step on the mean pseudo-gradient, as the update every replica
+    applies: ``(codes, scales)`` of ``stepped - start`` encoded at ``bits``. The star's
+    coordinator and, over the ring, every replica compute it alike from the same bits."""
+    consensus = {k: (np.asarray(start[k]) - np.asarray(mean[k]).astype(
+        np.asarray(start[k]).dtype)) for k in keys}
+    stepped = step_parameters(optimizer, {k: start[k] for k in keys}, consensus,
+                              buffers=buffers, name=name)
+    codes: dict[str, np.ndarray] = {}
+    scales: dict[str, np.ndarray] = {}
+    for key in keys:
+        delta = (np.asarray(stepped[key], dtype=np.float32)
+                 - np.asarray(start[key], dtype=np.float32))
+        codes[key], scale = encode_blocks(delta, bits)
+        if bits != 32:
+            scales[key] = scale
+    return codes, scales
+
+
+def outer_optimizers(spec: Mapping[str, Any], state: Mapping[str, Any],
+                     count: int) -> list[Any]:
+    """``count`` outer optimizers (one a fragment) built from ``spec`` (``{"name",
+    "options"}``), each loaded from its ``outer{p}/`` part of ``state``."""
+    out = []
+    for p in range(count):
+        optimizer = plugins.create("outer_optimizer", str(spec["name"]),
+                                   dict(spec.get("options") or {}))
+        prefix = f"outer{p}/"
+        part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if part:
+            optimizer.load_state_dict(part)
+        out.append(optimizer)
+    return out
+
+
 @attrs.define
 class LocalSGD:
     """One worker's replica (the module docstring); ``task`` runs the inner steps."""
@@ -131,11 +175,16 @@ class LocalSGD:
     #: Fragment -> its local values when its pseudo-gradient was taken (update pending).
     snapshots: dict[int, dict[str, np.ndarray]] = attrs.Factory(dict)
     inner_steps: int = 0
+    #: The worker's group: the ring exchange's links (``exchange = "ring"``).
+    group: Any = None
+    #: Over the ring, each fragment's outer optimizer (every replica steps its own, alike).
+    optimizers: list[Any] = attrs.Factory(list)
 
     def handle(self, op: str, request: Mapping[str, Any], batch: BatchOf) -> dict[str, Any]:
         if op == "replica_init":
             state = dict(request["state"])
             self._start(state, state, int(request["fragments"]), int(request["bits"]), None)
+            self._outer(request)
             return {"digest": state_digest(self._anchor())}
         if op == "inner":
             return self._inner(request, batch)
@@ -151,6 +200,7 @@ class LocalSGD:
                 self._fragment(p)
                 self.snapshots[p] = {k: np.array(snapshot[k]) for k in self.fragments[p]}
             self.inner_steps = int(request["inner_steps"])
+            self._outer(request)
             return {"digest": state_digest(self._anchor()),
                     "replica_digest": self._replica_digest()}
         raise MeshError(f"unknown replica request {op!r}")
@@ -175,11 +225,19 @@ class LocalSGD:
             return local  # a task whose apply() is a function of (state, gradients)
         return dict(load(local, optimizer))
 
-    def _inner(self, request: Mapping[str, Any], batch: BatchOf) -> dict[str, Any]:
+    def _outer(self, request: Mapping[str, Any]) -> None:
+        """Over the ring the replica steps the outer optimizer itself: built from the
+        coordinator's name, options and state (absent: the star steps it)."""
+        spec = request.get("outer")
+        self.optimizers = ([] if spec is None else outer_optimizers(
+            spec, request.get("outer_state") or {}, len(self.fragments)))
+
+    def _apply(self, updated: list[int], codes: Mapping[str, Any],
+               scales: Mapping[str, Any]) -> None:
+        """Apply fragments' outer updates: the anchor moves by the decoded update, the local
+        values keep the progress made since their snapshot."""
         anchor, local = self._anchor(), self._local()
         moved = False
-        codes, scales = request.get("update_codes") or {}, request.get("update_scales") or {}
-        updated = [self._fragment(int(p)) for p in request.get("updated") or ()]
         carried = {k for p in updated for k in self.fragments[p]}
         if set(codes) != carried:
             raise ProtocolError(f"the updates carry keys {sorted(set(codes) ^ carried)[:5]} "
@@ -199,7 +257,13 @@ class LocalSGD:
                 local[key] = (anchor[key] + progress).astype(np.asarray(local[key]).dtype)
             moved = True
         if moved:
-            local = self.local = self._load(local, None)
+            self.local = self._load(local, None)
+
+    def _inner(self, request: Mapping[str, Any], batch: BatchOf) -> dict[str, Any]:
+        updated = [self._fragment(int(p)) for p in request.get("updated") or ()]
+        self._apply(updated, request.get("update_codes") or {},
+                    request.get("update_scales") or {})
+        anchor, local = self._anchor(), self._local()
         shard, shards = int(request["shard"]), int(request["shards"])
         size, seed, first = int(request["batch_size"]), int(request["seed"]), int(request["step"])
         examples, losses = 0, []
@@ -230,8 +294,53 @@ class LocalSGD:
                 out[key], scale = encode_blocks(g, self.bits)
                 if self.bits != 32:
                     out_scales[key] = scale
-            reply["codes"], reply["scales"] = out, out_scales
+            ring = request.get("ring")
+            if ring is None:
+                reply["codes"], reply["scales"] = out, out_scales
+            else:
+                reply.update(self._ring(p, keys, out, out_scales, [int(r) for r in ring],
+                                        int(request["exchange"]), bool(request.get("report"))))
         return reply
+
+    def _ring(self, p: int, keys: list[str], codes: Mapping[str, np.ndarray],
+              scales: Mapping[str, np.ndarray], ranks: list[int], exchange: int,
+              report: bool) -> dict[str, Any]:
+        """Fragment ``p``'s exchange over the mesh ring, then its outer step, here.
+
+        The replicas agree on each block's scale (the largest of theirs: one ring max of
+        the float32 scales), re-code their decoded values on it, and sum the codes exactly
+        in :func:`meshkit.aggregation.sum_dtype` (int16 for 8-bit codes): the mean is the
+        star's bits (:class:`meshkit.aggregation.GridSum`). Every replica then steps its
+        own copy of the outer optimizer and applies the update encoded at ``bits``, as
+        the star's replicas apply the coordinator's. ``report``: this replica hands the
+        sum to the coordinator, which steps the global model alike.
+        """
+        if self.group is None or not self.optimizers or self.bits == 32:
+            raise MeshError("an exchange over the ring needs the worker's mesh group, the "
+                            "outer optimizer (replica_init's outer) and 8- or 4-bit codes")
+        anchor = self._anchor()
+        sizes = {k: int(np.asarray(anchor[k]).size) for k in keys}
+        values = {k: decode_blocks(codes[k], scales[k], sizes[k], self.bits) for k in keys}
+        before = int(getattr(self.group, "bytes_out", 0))
+        # Two collectives an exchange, numbered by it: a late segment of an earlier
+        # exchange is dropped by the ring, never summed into this one.
+        shared = self.group.mesh_sum(dict(scales), ranks=ranks, step=2 * exchange + 1,
+                                     op="max")
+        dtype = sum_dtype(self.bits, len(ranks))
+        grid = {k: on_grid(values[k], shared[k], self.bits).astype(dtype) for k in keys}
+        totals = self.group.mesh_sum(grid, ranks=ranks, step=2 * exchange + 2)
+        sent = int(getattr(self.group, "bytes_out", 0)) - before
+        mean = {k: mean_of_sum(totals[k], shared[k], len(ranks)).reshape(np.shape(anchor[k]))
+                for k in keys}
+        update, update_scales = outer_update(
+            self.optimizers[p], anchor, mean, keys, self.bits,
+            buffers=buffer_keys(self.task), name="outer")
+        self._apply([p], update, update_scales)
+        out: dict[str, Any] = {"ring_bytes": sent, "applied": state_digest(self._anchor())}
+        if report:
+            out["totals"] = {k: np.asarray(v) for k, v in totals.items()}
+            out["shared"] = {k: np.asarray(v) for k, v in shared.items()}
+        return out
 
     def _handed_over(self) -> dict[str, Any]:
         anchor, local = self._anchor(), self._local()

@@ -265,7 +265,7 @@ class Trainer:
             return self.secure.handle(op, request, self._secure_fit)
         if op in LOCAL_SGD_REQUESTS:
             if self.replica is None:
-                self.replica = LocalSGD(self.task)
+                self.replica = LocalSGD(self.task, group=self.group)
             reply = self.replica.handle(op, request, self._seeded_batch)
             self.examples += int(reply.get("examples", 0))
             return reply
@@ -321,12 +321,15 @@ class Trainer:
             if self.group is None:
                 raise MeshError("'step' needs the worker's group (serve_trainer passes it)")
             result = self.task.gradients(state, *self._batch(request))
+            before = getattr(self.group, "bytes_out", None)
             mean = self.group.mesh_all_reduce(result.state, 1.0,
                                               ranks=[int(r) for r in request["ranks"]])
             self.state, self.digest = dict(self.task.apply(state, mean)), None
             self.examples += int(result.examples)
-            return {"examples": int(result.examples),
-                    "metrics": _metrics(result.metrics, op)}
+            reply = {"examples": int(result.examples), "metrics": _metrics(result.metrics, op)}
+            if isinstance(before, int):  # the transport counts its bytes (tcp)
+                reply["ring_bytes"] = int(self.group.bytes_out) - before
+            return reply
         if op == "take":
             key = int(request["key"])
             if key not in self.kept:
