@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 import attrs
 import numpy as np
+
+from meshkit.privacy._history import RoundHistory, check_delta
 
 __all__ = ["SkellamAccountant", "skellam_rdp", "subsampled_rdp", "epsilon_skellam",
            "SKELLAM_ORDERS"]
@@ -112,17 +114,13 @@ def epsilon_skellam(rounds: Iterable[Sequence[float]], delta: float) -> float:
 
 
 @attrs.define
-class SkellamAccountant:
+class SkellamAccountant(RoundHistory):
     """The privacy a distributed-DP run has spent: ``[q, mu, l2, l1, rounds]`` groups."""
 
-    delta: float = attrs.field()
+    delta: float = attrs.field(validator=check_delta)
     history: list[list[float]] = attrs.Factory(list)
     method: str = "skellam"
-
-    @delta.validator
-    def _check_delta(self, attribute: attrs.Attribute, value: float) -> None:
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {value}")
+    ROW: ClassVar[int] = 5
 
     @property
     def rounds(self) -> int:
@@ -146,15 +144,3 @@ class SkellamAccountant:
     def round_epsilon(self, q: float, mu: float, l2: float, l1: float) -> float:
         """ε at :attr:`delta` of that one round alone (what a round with its survivors cost)."""
         return epsilon_skellam([(q, mu, l2, l1, 1)], self.delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "delta": self.delta,
-                "history": [list(g) for g in self.history]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("method") != self.method or state.get("delta") != self.delta:
-            raise ValueError(
-                f"the checkpoint's accountant is {state.get('method')!r} at delta = "
-                f"{state.get('delta')}, this run's is {self.method!r} at {self.delta}")
-        self.history = [[float(q), float(mu), float(a), float(b), int(t)]
-                        for q, mu, a, b, t in state["history"]]
