@@ -1,7 +1,7 @@
 """Distributed DP (Skellam, clients add the noise under SecAgg+) against central DP at the same ε.
 
 ``python benchmarks/distributed_dp.py [--clients 500] [--q 0.05] [--rounds 200] [--seeds 3]
-[--accountants pld,rdp]``
+[--first-seed 0] [--accountants pld,rdp]``
 
 Every run trains ``digits`` with user-level DP-FedAvg: clip S = 1, Poisson
 sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5.
@@ -79,6 +79,8 @@ def main() -> int:
     parser.add_argument("--q", type=float, default=0.05)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--z", type=float, default=1.0)
     parser.add_argument("--accountants", default="pld,rdp",
                         help="central accountants to compare with, comma-separated")
@@ -105,7 +107,7 @@ def main() -> int:
         runs.append((f"distributed-at-{name}", z_d, True))
     results: dict[str, list[float]] = {kind: [] for kind, *_ in runs}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for kind, z, distributed in runs:
                 if args.only and not kind.startswith(args.only):
                     continue
