@@ -97,6 +97,12 @@ class _Stopped(BaseException):
                    "signed adverts and survivor confirmations this worker's clients accept; "
                    "a round that relays anything else is refused before a secret is shared "
                    "or a share revealed (docs/secure-aggregation.md). Needs --key.")
+@click.option("--min-noise-multiplier", "min_noise_multiplier", type=float, default=None,
+              metavar="Z",
+              help="Distributed DP ([privacy] placement = \"distributed\"): the least noise "
+                   "multiplier this worker's clients add their updates under; a round whose "
+                   "Skellam variance would give the sum of its clients less is refused "
+                   "before any client trains (docs/secure-aggregation.md, \"Threat model\").")
 @click.option("--encrypt/--no-encrypt", default=True,
               help="Encrypt frame bodies; --no-encrypt matches a coordinator with "
                    "[mesh] encrypt = false.")
@@ -122,7 +128,7 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          board_options: tuple[str, ...], task_options: tuple[str, ...],
          attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None, roster_file: str | None,
-         encrypt: bool, trust_network: bool, service: str | None, rejoin_timeout: float,
+         min_noise_multiplier: float | None, encrypt: bool, trust_network: bool, service: str | None, rejoin_timeout: float,
          steps: int | None, verbose: int) -> None:
     """Join a mesh as a worker, or with --board as a fixed-function rank.
 
@@ -152,8 +158,12 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
         raise ConfigError("--roster needs --key FILE: a worker that checks its neighbours' "
                           "signatures signs its own clients' adverts (make a key with "
                           "`meshkit keygen`)")
+    if min_noise_multiplier is not None and not min_noise_multiplier > 0:
+        raise ConfigError(f"--min-noise-multiplier must be positive, got "
+                          f"{min_noise_multiplier}")
     signing = Signing(node_key, Roster.from_authorized(wire.load_authorized_nodes(
-        roster_file, "--roster")) if roster_file else None) if node_key is not None else None
+        roster_file, "--roster")) if roster_file else None,
+        min_noise_multiplier or 0.0) if node_key is not None or min_noise_multiplier else None
     for pair in task_options:
         if "=" not in pair or not pair.partition("=")[0].strip():
             raise ConfigError(f"--task-option {pair!r}: expected KEY=VALUE")

@@ -19,6 +19,8 @@ What lives where:
   :class:`SkellamPlan`: conditional rounding, Skellam noise, the field check);
 * ``_skellam_accountant.py``: :class:`SkellamAccountant`, ε of the Skellam
   mechanism by RDP, each round with the noise its survivors added;
+* ``_history.py``: what both accountants share, their checkpointed history
+  of rounds (``state_dict``/``load_state_dict``) and the check of δ;
 * ``_clipped.py``: :class:`ClippedSum`, the exact sum of clipped updates a
   round releases, the same bits folded on the coordinator or per worker
   (:func:`clip_bits`, :func:`one_bit`).

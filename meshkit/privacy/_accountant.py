@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 import attrs
 import numpy as np
+
+from meshkit.privacy._history import RoundHistory, check_delta
 
 __all__ = ["Accountant", "ACCOUNTANTS", "epsilon_pld", "epsilon_rdp", "RDP_ORDERS",
            "effective_noise_multiplier"]
@@ -415,7 +417,7 @@ def epsilon_rdp(rounds: Iterable[tuple[float, float, int]], delta: float,
 
 
 @attrs.define
-class Accountant:
+class Accountant(RoundHistory):
     """The privacy a run has spent, round by round; checkpointed as its history.
 
     ``history`` holds ``[q, z, rounds]`` groups in the order they were
@@ -423,13 +425,9 @@ class Accountant:
     """
 
     method: str = attrs.field(validator=attrs.validators.in_(ACCOUNTANTS))
-    delta: float = attrs.field()
+    delta: float = attrs.field(validator=check_delta)
     history: list[list[float]] = attrs.Factory(list)
-
-    @delta.validator
-    def _check_delta(self, attribute: attrs.Attribute, value: float) -> None:
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {value}")
+    ROW: ClassVar[int] = 3
 
     @property
     def rounds(self) -> int:
@@ -456,14 +454,3 @@ class Accountant:
         if self.method == "rdp":
             return epsilon_rdp(groups, self.delta)
         return epsilon_pld(groups, self.delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "delta": self.delta,
-                "history": [list(g) for g in self.history]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("method") != self.method or state.get("delta") != self.delta:
-            raise ValueError(
-                f"the checkpoint's accountant is {state.get('method')!r} at delta = "
-                f"{state.get('delta')}, this run's is {self.method!r} at {self.delta}")
-        self.history = [[float(q), float(z), int(t)] for q, z, t in state["history"]]

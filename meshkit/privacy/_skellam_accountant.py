@@ -11,20 +11,31 @@ the noise the survivors actually added (fewer survivors: smaller μ, larger
       ε(α) ≤ α·Δ₂²/(2μ) + min(((2α − 1)·Δ₂² + 6·Δ₁)/(4μ²), 3·Δ₁/(2μ))
 
 * Poisson subsampling with probability q (a client is in a round with
-  probability q, the add/remove neighbourhood): the general upper bound of
-  Zhu and Wang 2019 ("Poisson subsampled Rényi DP", Theorem 6), valid for
-  any mechanism, :func:`subsampled_rdp`::
+  probability q, the add/remove neighbourhood), :func:`subsampled_rdp`: the
+  binomial expansion of the mixture's moment, exact for the "remove"
+  direction and bounded through the mechanism's RDP at each order::
 
-      ε_q(α) ≤ 1/(α−1) · log[(1−q)^(α−1)(αq − q + 1) + C(α,2) q²(1−q)^(α−2) e^ε(2)
-                               + 3 Σ_{l=3..α} C(α,l) (1−q)^(α−l) q^l e^((l−1)ε(l))]
+      ε_q(α) ≤ 1/(α−1) · log[(1−q)^(α−1)(1 + (α−1)q)
+                               + Σ_{j=2..α} C(α,j) (1−q)^(α−j) q^j e^((j−1)ε(j))]
 
-  and never more than ε(α) itself;
+  (the expansion Mironov, Talwar and Zhang 2019, §3.3, compute for the
+  sampled Gaussian's integer orders). Why it holds for the Skellam
+  mechanism in *both* directions: ``E_P[((1−q) + q·Q/P)^α]`` expands by the
+  binomial theorem into ``Σ_j C(α,j)(1−q)^(α−j) q^j E_P[(Q/P)^j]``, every term
+  positive, with ``E_P[(Q/P)^j] = e^((j−1)D_j(Q‖P)) ≤ e^((j−1)ε(j))``; and the
+  "add" direction ``D_α(P ‖ (1−q)P + qQ)`` never exceeds the "remove" one for
+  a pair that a bijection of the outputs swaps (k ↦ Δ − k swaps Sk(μ) and
+  Δ + Sk(μ), coordinate by coordinate, since the Skellam is symmetric): the
+  proof is in docs/privacy.md ("Accounting"), and
+  benchmarks/skellam_reference.py checks both directions of the exact
+  mixture against it. Never more than ε(α) itself.
 * rounds compose by adding RDP; ε at δ is the best order's
   ε(α) + log(1 − 1/α) − log(δα)/(α − 1) (Balle et al. 2020), as
   :func:`meshkit.privacy.epsilon_rdp` converts.
 
 benchmarks/skellam_reference.py recomputes these figures independently
-(exact Skellam divergences summed at 50 digits with mpmath) and
+(exact Skellam divergences and the exact subsampled mixture, summed at 50
+digits with mpmath) and
 tests/privacy/data/skellam_reference.json keeps them: the test holds this
 module within 1 % of them.
 """
@@ -33,10 +44,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 import attrs
 import numpy as np
+
+from meshkit.privacy._history import RoundHistory, check_delta
 
 __all__ = ["SkellamAccountant", "skellam_rdp", "subsampled_rdp", "epsilon_skellam",
            "SKELLAM_ORDERS"]
@@ -56,18 +69,22 @@ def _log_comb(n: int, k: int) -> float:
 
 
 def subsampled_rdp(alpha: int, q: float, mu: float, l2: float, l1: float) -> float:
-    """RDP at ``alpha`` of the Skellam mechanism on a Poisson sample with probability ``q``."""
+    """RDP at ``alpha`` of the Skellam mechanism on a Poisson sample with probability ``q``.
+
+    The binomial expansion of the module docstring: exact in the mechanism's
+    divergences, which :func:`skellam_rdp` bounds at each order ``j``.
+    """
     plain = skellam_rdp(alpha, mu, l2, l1)
     if q >= 1.0:
         return plain
     if q <= 0.0:
         return 0.0
     lq, l1q = math.log(q), math.log1p(-q)
-    terms = [(alpha - 1) * l1q + math.log(alpha * q - q + 1),
-             _log_comb(alpha, 2) + 2 * lq + (alpha - 2) * l1q + skellam_rdp(2, mu, l2, l1)]
-    for order in range(3, alpha + 1):
-        terms.append(math.log(3) + _log_comb(alpha, order) + (alpha - order) * l1q
-                     + order * lq + (order - 1) * skellam_rdp(order, mu, l2, l1))
+    # j = 0 and j = 1 together: (1−q)^α + α q (1−q)^(α−1), as E_P[Q/P] = 1
+    terms = [(alpha - 1) * l1q + math.log1p((alpha - 1) * q)]
+    for order in range(2, alpha + 1):
+        terms.append(_log_comb(alpha, order) + (alpha - order) * l1q + order * lq
+                     + (order - 1) * skellam_rdp(order, mu, l2, l1))
     top = max(terms)
     bound = (top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1)
     return min(bound, plain)
@@ -97,17 +114,13 @@ def epsilon_skellam(rounds: Iterable[Sequence[float]], delta: float) -> float:
 
 
 @attrs.define
-class SkellamAccountant:
+class SkellamAccountant(RoundHistory):
     """The privacy a distributed-DP run has spent: ``[q, mu, l2, l1, rounds]`` groups."""
 
-    delta: float = attrs.field()
+    delta: float = attrs.field(validator=check_delta)
     history: list[list[float]] = attrs.Factory(list)
     method: str = "skellam"
-
-    @delta.validator
-    def _check_delta(self, attribute: attrs.Attribute, value: float) -> None:
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {value}")
+    ROW: ClassVar[int] = 5
 
     @property
     def rounds(self) -> int:
@@ -131,15 +144,3 @@ class SkellamAccountant:
     def round_epsilon(self, q: float, mu: float, l2: float, l1: float) -> float:
         """ε at :attr:`delta` of that one round alone (what a round with its survivors cost)."""
         return epsilon_skellam([(q, mu, l2, l1, 1)], self.delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "delta": self.delta,
-                "history": [list(g) for g in self.history]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("method") != self.method or state.get("delta") != self.delta:
-            raise ValueError(
-                f"the checkpoint's accountant is {state.get('method')!r} at delta = "
-                f"{state.get('delta')}, this run's is {self.method!r} at {self.delta}")
-        self.history = [[float(q), float(mu), float(a), float(b), int(t)]
-                        for q, mu, a, b, t in state["history"]]

@@ -14,7 +14,8 @@ import pytest
 from meshkit import RefusedError
 from meshkit.config import parse_config
 from meshkit.privacy import (SkellamAccountant, epsilon_skellam, field_levels, plan_skellam,
-                             skellam_rdp)
+                             skellam_rdp, subsampled_rdp)
+from meshkit.privacy._accountant import _rdp as gaussian_rdp
 from meshkit.train import build_components
 from meshkit.train._coordinator.plan import resolve
 from meshkit_privacy.distributed import DistributedSkellam
@@ -41,6 +42,65 @@ def test_the_closed_form_bounds_the_exact_divergence_from_above():
         for order, exact in case["exact_rdp"].items():
             bound = skellam_rdp(int(order), case["mu"], case["l2"], case["l1"])
             assert float(exact) <= bound
+
+
+@pytest.mark.parametrize("mixture", _reference()["mixtures"],
+                         ids=lambda m: f"z{m['noise_multiplier']}-q{m['q']}-a{m['order']}")
+def test_the_expansion_is_the_exact_mixture_and_the_add_direction_is_below_it(mixture):
+    # benchmarks/skellam_reference.py sums both directions of the subsampled mixture itself
+    # at 50 digits (no expansion): the binomial expansion of the remove direction is exact,
+    # the add direction never exceeds it (docs/privacy.md, "Accounting"), and Zhu and
+    # Wang's general bound, which the accountant used before, lies above both (equal at α = 2,
+    # where it has no j >= 3 terms to triple).
+    remove, add = float(mixture["exact_remove"]), float(mixture["exact_add"])
+    assert float(mixture["expansion"]) == pytest.approx(remove, rel=1e-12)
+    assert add <= remove
+    assert float(mixture["zhu_wang_bound"]) >= remove
+    # and the accountant's float64 expansion, with the closed-form per-order bound, bounds
+    # the exact remove direction from above and stays within 2 % of it (the closed form is
+    # itself 1.5 % above the exact divergence at order 32, 16.001 against 15.771)
+    ours = subsampled_rdp(mixture["order"], mixture["q"], mixture["mu"], mixture["l2"],
+                          mixture["l1"])
+    assert remove <= ours <= remove * 1.02
+
+
+def _divergence(p: np.ndarray, m: np.ndarray, alpha: float) -> float:
+    """D_α(p‖m), summed in logs (the pairs below span hundreds of orders of magnitude)."""
+    logs = alpha * np.log(p) + (1 - alpha) * np.log(m)
+    top = float(logs.max())
+    return (top + math.log(float(np.exp(logs - top).sum()))) / (alpha - 1)
+
+
+def test_for_a_pair_a_bijection_swaps_adding_never_costs_more_than_removing():
+    # The lemma behind counting one direction: P and Q = P∘σ for an involution σ of the
+    # outputs (k -> Δ - k for Skellam noise), M = (1-q)P + qQ; then D_α(P‖M) <= D_α(M‖P)
+    # for every real α > 1 and q in [0, 1]. Random pairs on 2·20 points, σ swapping halves.
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        half = rng.exponential(size=20) ** rng.uniform(1, 6)
+        other = rng.exponential(size=20) ** rng.uniform(1, 6)
+        p = np.concatenate([half, other])
+        p /= p.sum()
+        q_dist = np.concatenate([p[20:], p[:20]])  # Q = P∘σ
+        q, alpha = rng.uniform(0, 1), rng.uniform(1.01, 40)
+        m = (1 - q) * p + q * q_dist
+        remove, add = _divergence(m, p, alpha), _divergence(p, m, alpha)
+        assert add <= remove * (1 + 1e-9) + 1e-12
+    # Without the symmetry the lemma fails: P uniform on two points, Q a point mass.
+    p, q_dist = np.array([0.5, 0.5]), np.array([1.0, 1e-300])
+    m = 0.5 * p + 0.5 * q_dist
+    assert _divergence(p, m, 2.0) > _divergence(m, p, 2.0)
+
+
+def test_with_the_gaussians_divergences_the_expansion_is_the_sampled_gaussians():
+    # On a fine grid the Skellam's per-order bound is the Gaussian's α/(2z²) (its correction
+    # is O(1/μ)); the expansion then reproduces Mironov et al.'s A_α for integer α, which
+    # meshkit's Gaussian RDP accountant computes by its own code.
+    grid, z = float(1 << 20), 1.3
+    for q in (0.01, 0.05, 0.3):
+        for alpha in (2, 3, 8, 32, 64):
+            ours = subsampled_rdp(alpha, q, (z * grid) ** 2, grid, grid)
+            assert ours == pytest.approx(gaussian_rdp(q, z, float(alpha)), rel=1e-8)
 
 
 def _plan(cohort: int = 10, length: int = 20_000, bits: int = 32, z: float = 1.0,

@@ -71,6 +71,7 @@ reads it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 from typing import Any, Callable, Mapping, cast
@@ -81,7 +82,7 @@ import numpy as np
 from meshkit import plugins
 from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
-from meshkit.errors import MeshError
+from meshkit.errors import MeshError, RefusedError
 from meshkit.privacy import SkellamPlan, field_levels
 from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
@@ -160,10 +161,14 @@ def _faults(text: str) -> set[tuple[int, int]]:
 @attrs.frozen
 class Signing:
     """A worker's part in signed rounds: its node ``key`` (signs; None: signs nothing) and the
-    ``roster`` of keys it accepts signatures from (None: checks nothing)."""
+    ``roster`` of keys it accepts signatures from (None: checks nothing); and the least
+    distributed-DP noise its clients add their updates under, ``min_noise_multiplier``
+    (``meshkit node --min-noise-multiplier``; 0: checks nothing): a masking request whose
+    ``ddp_*`` would give the sum of the round's clients less is refused before any fit."""
 
     key: NodeKey | None = None
     roster: Roster | None = None
+    min_noise_multiplier: float = 0.0
 
 
 def _row(rows: Any, i: int) -> bytes:
@@ -407,8 +412,30 @@ class SecureClients:
         if bound < float(request["clip_norm"]) * scale:
             raise MeshError(f"ddp_bound = {bound:g} is below the clipped update's norm on the "
                             f"grid ({float(request['clip_norm']) * scale:g})")
+        self._check_noise_floor(request, scale)
         return SkellamPlan(scale=scale, variance=float(request["ddp_variance"]), bound=bound,
                            half=half, length=self.length, cohort=self.params.clients)
+
+    def _check_noise_floor(self, request: Mapping[str, Any], scale: float) -> None:
+        """Refuse a ``ddp_variance`` that, summed over the round's clients, is less noise
+        than this node accepts: z = √(variance·n) / (clip_norm·scale), the noise multiplier
+        of the sum when all n of the round's clients contribute."""
+        floor = self.signing.min_noise_multiplier
+        if floor <= 0:
+            return
+        assert self.params is not None  # _noise's caller checked it
+        clients, clip = self.params.clients, float(request["clip_norm"])
+        variance = float(request["ddp_variance"])
+        planned = math.sqrt(variance * clients) / (clip * scale)
+        if planned < floor * (1 - 1e-9):
+            need = (floor * clip * scale) ** 2 / clients
+            raise RefusedError(
+                f"round {self.round}: the coordinator asks for Skellam variance {variance:.6g} "
+                f"per client and coordinate; over the round's {clients} clients the sum would "
+                f"carry noise multiplier {planned:.4g}, below the {floor:g} this node accepts "
+                f"(meshkit node --min-noise-multiplier). It would need ddp_variance >= "
+                f"{need:.6g} at clip_norm {clip:g} and ddp_scale {scale:g}, i.e. [privacy] "
+                f"noise_multiplier >= {floor:g}")
 
     def _compressor(self, chosen: Mapping[str, Any] | None) -> Any:
         """The masking request's compressor (None: the scheme quantises), checked against
