@@ -47,7 +47,7 @@ LAYOUT = 4
 COMPLETED = 5
 
 
-class RESUME_STATUS:  # noqa: N801 - a namespace of constants, named as they are
+class RESUME_STATUS:
     """The answer statuses by name (``wire.RESUME_STATUS.COMPLETED``, ...), for transports."""
 
     RESUMED = RESUMED

@@ -56,7 +56,7 @@ from meshkit import wire
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.transport import LinkEvents
 
-__all__ = ["ResumingLinks", "REDIAL_PAUSE", "PEER_PARTIALS"]
+__all__ = ["PEER_PARTIALS", "REDIAL_PAUSE", "ResumingLinks"]
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +209,12 @@ class ResumingLinks:
 
         def run() -> None:
             for entry in todo:
+
+                def attempt(c: wire.Channel, e: _Kept = entry) -> int:
+                    return self._continue(c, e, None)
+
                 try:
-                    self.bytes_out += self._send_resuming(
-                        peer, channel, lambda c, e=entry: self._continue(c, e, None))
+                    self.bytes_out += self._send_resuming(peer, channel, attempt)
                 except (MeshError, OSError) as exc:
                     log.warning("rank %d: continuing a cut transfer to rank %d failed: %s",
                                 self.rank, peer, exc)

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from meshkit import wire
-
 from tests.support.configs import write_secret_file
 from tests.support.cutting_proxy import CuttingProxy
 from tests.support.nodes import run_with_nodes, spawn_node
