@@ -340,10 +340,13 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
         events = self._events
         # Only a mesh link carries a frame from its peer to this rank alone.
         place = None if self.is_star else _LinkPlacer(self._placers, rank)
+        stopped = self._reading(channel) if self._resume else None
         while True:
             try:
                 frame = channel.recv(timeout=None, place=place)
             except (PeerLostError, WireError) as exc:
+                if stopped is not None:
+                    stopped.set()  # a transfer cut here is parked: a redial may claim it
                 if self._resume and not events.closed:
                     # A cut star link: the worker redials, the coordinator waits for it.
                     if self.is_coordinator:
@@ -353,6 +356,7 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
                         replacement = self._redial(rank, channel, str(exc))
                         if replacement is not None:
                             channel = replacement
+                            stopped = self._reading(channel)
                             continue
                 if not events.closed:
                     events.lost(rank, str(exc))

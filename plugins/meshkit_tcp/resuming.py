@@ -37,9 +37,10 @@ dead peer at once, as before).
 What this does not cover: a host relay's ranks and a mesh (``meshkit
 check`` refuses the combination); a message whose write *succeeded* but
 which the cut lost in the kernel's buffers is resent only if it was a
-resumable one (the last one sent whole); and a redial that reaches the
-coordinator before it noticed the cut finds no partial (the coordinator's
-reader parks it when its read fails) and starts that transfer over.
+resumable one (the last one sent whole). A redial that reaches the
+coordinator before it noticed the cut (a half-open connection, a busy
+machine) closes the old link first and waits for its reader to park what
+it was receiving (at most half the stall timeout), so the answer finds it.
 """
 
 from __future__ import annotations
@@ -112,16 +113,33 @@ class ResumingLinks:
         #: Bytes a resumed transfer did not send again (segments the receiver had).
         self.resumed_bytes = 0
         self._stopping = threading.Event()
+        #: Each link's reader sets its event once its read failed (a cut transfer parked).
+        self._stopped: dict[wire.Channel, threading.Event] = {}
 
     # -- what to offer ---------------------------------------------------------------------
 
     def _offers_for(self, channel: wire.Channel) -> list[wire.Transfer]:
-        """The transfers kept for the peer that just handshook (the coordinator's offer)."""
-        if channel.peer.rank in self._via:
+        """The transfers kept for the peer that just handshook (the coordinator's offer).
+
+        Called once the dialer is authenticated and before its own offer is
+        answered: a redial of a rank whose old link this end still reads
+        (it has not noticed the cut yet: a half-open connection, a busy
+        machine) closes that link first and waits, bounded, for its reader
+        to let go of it, so the transfer it was receiving is parked for the
+        answer to find.
+        """
+        rank = channel.peer.rank
+        if rank in self._via:
             return []
         with self._lock:
-            return [k.transfer for k in self._kept.get(channel.peer.rank, ())
-                    if k.transfer.offerable()]
+            old = self._channels.get(rank)
+            kept = [k.transfer for k in self._kept.get(rank, ()) if k.transfer.offerable()]
+        if old is not None and old is not channel and old.peer_key == channel.peer_key:
+            old.close("superseded by the peer's redial")
+            stopped = self._stopped.get(old)
+            if stopped is not None:
+                stopped.wait(self.timeout / 2)  # the dialer waits on our offer
+        return kept
 
     def _keep(self, peer: int, kind: int, tag: int, transfer: wire.Transfer) -> _Kept:
         entry = _Kept(kind, tag, transfer)
@@ -224,6 +242,16 @@ class ResumingLinks:
 
         threading.Thread(target=run, daemon=True,
                          name=f"meshkit-tcp-r{self.rank}-resume-{peer}").start()
+
+    def _reading(self, channel: wire.Channel) -> threading.Event:
+        """The event a link's reader sets once it stopped reading ``channel``."""
+        stopped = threading.Event()
+        with self._lock:
+            # Forget the links whose readers stopped long ago.
+            for gone in [c for c, e in self._stopped.items() if e.is_set() and c.closed]:
+                del self._stopped[gone]
+            self._stopped[channel] = stopped
+        return stopped
 
     def _held(self, rank: int, channel: wire.Channel) -> bool:
         """Coordinator: whether ``rank``'s cut link was replaced by a redial (wait for it)."""
