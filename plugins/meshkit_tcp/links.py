@@ -38,6 +38,7 @@ from meshkit_tcp.joining import (
     MAX_REFUSED,
     ROLE_MESH,
     ROLE_NAMES,
+    ROLE_REDIAL,
     ROLE_RELAY,
     ROLE_STAR,
     STALE_LINK_WAIT,
@@ -393,12 +394,12 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
             del frame, state
 
     def _handshake(self, sock: socket.socket, timeout: float,
-                   offers: Any = ()) -> wire.Channel:
+                   offers: Any = (), redial: bool = False) -> wire.Channel:
         if self._resume and self.is_coordinator:
             offers = self._offers_for  # known once the dialer's hello is
         return wire.handshake(
             sock, self.config.secret, rank=self.rank, world=self.world_size,
-            role=ROLE_STAR if self.is_star else ROLE_MESH,
+            role=ROLE_REDIAL if redial else ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
             encrypt=self.config.encrypt, node_key=self.config.node_key,
             segment=self.config.segment_bytes, max_message=self.max_message,
@@ -448,7 +449,13 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
             self._admit_relay(channel, where)
             return
         problem = self._identity_problem(channel)
-        replacing = problem is None and self._replaceable(channel)
+        replacing = False
+        if problem is None and channel.peer.role == ROLE_REDIAL:
+            replacing = self._replaceable(channel)
+            if not replacing:
+                problem = self._redial_problem(rank)
+        elif problem is None and self._resume:
+            self._restarted(channel)  # a new node claiming a held rank ends the hold
         if problem is None and not replacing:
             problem = self._rank_problem(rank, channel.peer.role)
         if problem is not None:
@@ -530,14 +537,15 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
         self._register(rank, self._connect(rank, address, deadline))
 
     def _connect(self, rank: int, address: str, deadline: float,
-                 offers: Any = ()) -> wire.Channel:
+                 offers: Any = (), redial: bool = False) -> wire.Channel:
         """Dial ``rank`` at ``address``: handshake, then its welcome; the channel."""
         host, port = parse_address(address, what=f"rank {rank}'s address")
         sock = dial(host, port, deadline, self.timeout, lambda exc: PeerLostError(
             f"rank {self.rank} could not reach rank {rank} at {address} within "
             f"{self.timeout:g} s; is it running and listening there?"),
             closed=lambda: self._events.closed)
-        channel = self._handshake(sock, max(0.001, deadline - time.monotonic()), offers)
+        channel = self._handshake(sock, max(0.001, deadline - time.monotonic()), offers,
+                                  redial)
         if channel.peer.rank != rank:
             channel.close()
             raise WireError(
@@ -562,7 +570,8 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
                 offers = [k.transfer for k in self._kept.get(rank, ())
                           if k.transfer.offerable()]
             try:
-                channel = self._connect(rank, address, deadline, offers[-wire.MAX_OFFERS:])
+                channel = self._connect(rank, address, deadline, offers[-wire.MAX_OFFERS:],
+                                        redial=True)
             except PeerLostError as exc:
                 log.info("rank %d: redial of rank %d failed: %s", self.rank, rank, exc)
                 continue

@@ -56,6 +56,7 @@ import attrs
 from meshkit import wire
 from meshkit.errors import MeshError, PeerLostError
 from meshkit.transport import LinkEvents
+from meshkit_tcp.joining import ROLE_REDIAL
 
 __all__ = ["PEER_PARTIALS", "REDIAL_PAUSE", "ResumingLinks"]
 
@@ -134,7 +135,8 @@ class ResumingLinks:
         with self._lock:
             old = self._channels.get(rank)
             kept = [k.transfer for k in self._kept.get(rank, ()) if k.transfer.offerable()]
-        if old is not None and old is not channel and old.peer_key == channel.peer_key:
+        if (old is not None and old is not channel and old.peer_key == channel.peer_key
+                and channel.peer.role == ROLE_REDIAL):
             old.close("superseded by the peer's redial")
             stopped = self._stopped.get(old)
             if stopped is not None:
@@ -281,6 +283,35 @@ class ResumingLinks:
         return True
 
     _admitting: set[int]
+
+    def _redial_problem(self, rank: int) -> str:
+        """Why a redial of ``rank`` that is not a replacement is refused."""
+        why = self._events.dead_reason(rank)
+        if not self._resume:
+            return (f"rank {rank} redialed, but this coordinator holds no cut links "
+                    f"([mesh] resume_seconds = 0); start the node again")
+        if why is not None:
+            return (f"rank {rank}'s cut link was not held: it was declared dead ({why}); "
+                    f"start the node again")
+        return (f"rank {rank}'s redial does not match its link (another node key, a host "
+                f"relay's rank, or one being admitted already)")
+
+    def _restarted(self, channel: wire.Channel) -> None:
+        """Coordinator: a new node (not a redial) claims a rank whose cut link is held.
+
+        Its old process is gone (a redial would say so in its role): the hold
+        ends now and the rank is dead, so the new node is admitted as a
+        restarted one (returning). A rank whose link still reads is left to
+        the duplicate-rank check.
+        """
+        rank = channel.peer.rank
+        with self._lock:
+            old = self._channels.get(rank)
+            stopped = self._stopped.get(old) if old is not None else None
+        if stopped is not None and stopped.is_set() and old is not None and (
+                old.peer_key == channel.peer_key):
+            self._events.lost(rank, "its cut link was held for a redial, and a new node "
+                                    "claimed its rank instead (restarted)")
 
     def _swap(self, rank: int, channel: wire.Channel) -> wire.Channel | None:
         """Put a redial's ``channel`` in ``rank``'s place; the old channel (closed), or None."""

@@ -135,3 +135,46 @@ def test_a_worker_that_cannot_redial_in_time_loses_the_coordinator(star):
     assert _wait(g1, lambda: 0 in g1.dead)
     assert g1.links.redials == 0
     assert _wait(g0, lambda: 1 in g0.dead)
+
+
+def test_a_new_node_claiming_a_held_rank_ends_the_hold_and_returns():
+    # A redial says so in its handshake role; a node started afresh (its old
+    # process died) does not, so the coordinator stops holding the cut link,
+    # declares the rank dead and admits the new node as returning, at once.
+    g0 = _config(0, bind="127.0.0.1:0", resume_seconds=600.0).connect()
+    host, port = g0.address.rsplit(":", 1)
+    proxy = CuttingProxy((host, int(port)))
+    try:
+        old = _config(1, peers=[f"127.0.0.1:{proxy.address[1]}"]).connect()  # no redial
+        g0.wait_for_workers(timeout=10)
+        proxy.link(0).close()  # the cut: the old node gives up, rank 0 holds the link
+        assert _wait(old, lambda: 0 in old.dead)
+        new = _config(1, peers=[g0.address]).connect()
+        try:
+            assert _wait(g0, lambda: g0.returning == [1])
+            assert "restarted" in g0.dead[1] and g0.links.replaced == 0
+        finally:
+            new.close()
+        old.close()
+    finally:
+        proxy.close()
+        g0.close()
+
+
+def test_a_redial_the_coordinator_does_not_hold_is_refused_and_the_worker_gives_up():
+    # resume on at the worker only: the coordinator declared rank 1 dead at the cut
+    # and refuses its redial (start the node again) instead of taking it back.
+    g0 = _config(0, bind="127.0.0.1:0").connect()
+    host, port = g0.address.rsplit(":", 1)
+    proxy = CuttingProxy((host, int(port)))
+    try:
+        g1 = _config(1, peers=[f"127.0.0.1:{proxy.address[1]}"], resume_seconds=600.0).connect()
+        g0.wait_for_workers(timeout=10)
+        proxy.link(0).close()
+        assert _wait(g1, lambda: 0 in g1.dead)
+        assert g1.links.redials == 0 and len(proxy.links) == 2
+        assert _wait(g0, lambda: any("start the node again" in r for r in g0.refused))
+        g1.close()
+    finally:
+        proxy.close()
+        g0.close()
