@@ -163,11 +163,32 @@ class MeshTable:
     piece_bytes: int = attrs.field(default=DEFAULT_PIECE_BYTES, validator=[
         attrs.validators.instance_of(int), attrs.validators.ge(1 << 16),
         attrs.validators.le(1 << 40)])
+    #: Seconds a star link cut part-way is held open for its worker to redial: the
+    #: worker redials the coordinator in the same process and a cut model-sized
+    #: message continues from its last verified segment (docs/transports.md). 0 (the
+    #: default): off, a lost link is a dead worker at once, as before.
+    resume_seconds: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0),
+                                                                _finite])
+    #: Bytes of cut transfers each end keeps *per peer* for their senders to resume
+    #: (each peer its own quota; a node keeps at most 4 of them per peer).
+    resume_bytes: int = attrs.field(default=wire.DEFAULT_PARTIAL_BYTES, validator=[
+        attrs.validators.instance_of(int), attrs.validators.ge(0),
+        attrs.validators.le(1 << 62)])
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:
             raise ValueError(f"min_workers = {self.min_workers} is more than workers = "
                              f"{self.workers}; use at most {self.workers} (0: all)")
+        if self.resume_seconds and (self.topology != "star" or self.relays):
+            raise ValueError(
+                f"resume_seconds = {self.resume_seconds:g} needs a star whose workers dial the "
+                f"coordinator directly; this run has topology = {self.topology!r} and relays = "
+                f"{self.relays}: set resume_seconds = 0, or use a star without relays")
+
+    def link_settings(self) -> dict[str, Any]:
+        """The ``NodeConfig`` fields of every link: segment size and resume."""
+        return {"segment_bytes": self.segment_bytes, "resume_seconds": self.resume_seconds,
+                "resume_bytes": self.resume_bytes}
 
 
 @attrs.frozen

@@ -70,6 +70,11 @@ class _Stopped(BaseException):
               help="The most one frame of a model-sized message carries ([mesh] "
                    "segment_bytes; a multiple of 65536, default 4 MiB); each link cuts at the "
                    "smaller of its two ends' values.")
+@click.option("--resume-seconds", type=float, default=None,
+              help="Seconds this worker redials a coordinator whose link was cut, its cut "
+                   "transfers resuming ([mesh] resume_seconds; 0: off, the default).")
+@click.option("--resume-bytes", type=int, default=None,
+              help="Bytes of cut transfers kept per peer to resume ([mesh] resume_bytes).")
 @click.option("--board", "board_name", default=None,
               help="Join as a fixed-function rank driving this board component.")
 @click.option("--board-option", "board_options", multiple=True, metavar="KEY=VALUE",
@@ -124,7 +129,8 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
          disc_port: int | None, data_port: int | None, via: str | None,
          topology: str | None, device: str | None, heap_mb: int | None,
          transport: str | None, timeout: float | None,
-         transport_options: tuple[str, ...], segment_bytes: int | None, board_name: str | None,
+         transport_options: tuple[str, ...], segment_bytes: int | None,
+         resume_seconds: float | None, resume_bytes: int | None, board_name: str | None,
          board_options: tuple[str, ...], task_options: tuple[str, ...],
          attack_name: str | None, attack_options: tuple[str, ...], pull_data: bool,
          secret_file: str | None, key_file: str | None, roster_file: str | None,
@@ -201,6 +207,10 @@ def node(rank: int | None, world: int | None, peers: str | None, discover: bool 
     }
     if segment_bytes is not None:
         overrides["segment_bytes"] = segment_bytes
+    if resume_seconds is not None:
+        overrides["resume_seconds"] = resume_seconds
+    if resume_bytes is not None:
+        overrides["resume_bytes"] = resume_bytes
     if heap_mb is not None:
         if heap_mb <= 0:
             raise ConfigError(f"--heap-mb must be positive, got {heap_mb}")

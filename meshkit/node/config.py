@@ -17,7 +17,7 @@ from meshkit import plugins
 from meshkit.errors import ConfigError
 from meshkit.node._caps import NodeCaps, NodeRole, local_caps
 from meshkit.node.board import FixedFunction
-from meshkit.wire import DEFAULT_SEGMENT_BYTES, check_segment_bytes
+from meshkit.wire import DEFAULT_PARTIAL_BYTES, DEFAULT_SEGMENT_BYTES, check_segment_bytes
 
 #: The longest timeout meshkit accepts, in seconds (about 31 years): far
 #: below threading.TIMEOUT_MAX and the socket layer's limit (about 9.2e9 s
@@ -86,6 +86,12 @@ class NodeConfig:
     #: bigger body travels in segments; each link cuts at the smaller of its
     #: two ends' values (docs/transports.md).
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    #: ``[mesh] resume_seconds`` (``meshkit node --resume-seconds``): how long a
+    #: star link cut part-way is held for the worker to redial, its cut
+    #: transfers resuming (0: off; a lost link is a death at once).
+    resume_seconds: float = 0.0
+    #: ``[mesh] resume_bytes``: bytes of cut transfers kept per peer to resume.
+    resume_bytes: int = DEFAULT_PARTIAL_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.world < 1:
@@ -115,6 +121,11 @@ class NodeConfig:
         problem = check_segment_bytes(self.segment_bytes)
         if problem:
             raise ConfigError(problem)
+        if not 0 <= self.resume_seconds <= MAX_TIMEOUT:
+            raise ConfigError(f"resume_seconds must be 0 (off) or a number of seconds up to "
+                              f"{MAX_TIMEOUT:.0e}, got {self.resume_seconds}")
+        if not 0 <= self.resume_bytes < 1 << 63:
+            raise ConfigError(f"resume_bytes must be a byte count >= 0, got {self.resume_bytes}")
         if self.heap_bytes is not None and self.heap_bytes <= 0:
             raise ConfigError(f"heap_bytes must be positive, got {self.heap_bytes}")
         if self.secret is not None and not isinstance(self.secret, (bytes, bytearray)):

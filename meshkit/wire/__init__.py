@@ -197,6 +197,7 @@ from meshkit.wire._partials import (
     DEFAULT_PARTIAL_BYTES,
     DEFAULT_PARTIAL_COUNT,
     DEFAULT_PARTIAL_TTL,
+    RESUME_STATUS,
     PartialStore,
 )
 from meshkit.wire._resume import MAX_OFFERS, Answer, Transfer, body_digest
@@ -239,6 +240,7 @@ __all__ = [
     "DEFAULT_PARTIAL_BYTES",
     "DEFAULT_PARTIAL_COUNT",
     "DEFAULT_PARTIAL_TTL",
+    "RESUME_STATUS",
     "body_digest",
     "DTYPE_CODES",
     "Hello",

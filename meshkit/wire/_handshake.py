@@ -20,7 +20,7 @@ import logging
 import socket
 import struct
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import (
@@ -78,7 +78,7 @@ def handshake(
     benchmark_only_disable_mac: bool = False,
     segment: int = DEFAULT_SEGMENT_BYTES,
     max_message: int = DEFAULT_MAX_MESSAGE,
-    offers: Sequence[Transfer] = (),
+    offers: Sequence[Transfer] | Callable[[Channel], Sequence[Transfer]] = (),
     partials: PartialStore | None = None,
 ) -> Channel:
     """Authenticate a connected stream socket and return a :class:`Channel`.
@@ -108,7 +108,11 @@ def handshake(
     ``offers`` are this end's transfers a cut left part-way (those of them
     sent segmented and not to the end): the peer answers each with the
     segment to continue from (``channel.resume_answers``), and
-    :meth:`Channel.send_resumable` continues there. ``partials`` is where
+    :meth:`Channel.send_resumable` continues there. ``offers`` may also be a
+    function of the authenticated channel (its ``peer`` and ``peer_key``)
+    returning them, for an end that learns who dialed it only from the
+    hello: such an end always sends an offer, of no transfers if it has none
+    for that peer. ``partials`` is where
     this end keeps the transfers cut while it received them, for their
     senders to offer; without one it answers every offer "start over".
 
@@ -135,7 +139,10 @@ def handshake(
             raise ConfigError(problem)
         if not 0 < max_message < 1 << 63:
             raise ConfigError(f"max_message must be a positive byte count, got {max_message}")
-        offers = check_offers(offers)
+        offering = callable(offers)
+        if not callable(offers):
+            offers = check_offers(offers)
+            offering = bool(offers)
     except ConfigError:
         close_socket(sock)  # as on every other error: the peer must not wait on it
         raise
@@ -147,7 +154,7 @@ def handshake(
     flags = ((HELLO_FLAG_NO_MAC if benchmark_only_disable_mac else 0)
              | (0 if encrypt else HELLO_FLAG_PLAINTEXT)
              | (HELLO_FLAG_NODE_KEY if node_key is not None else 0)
-             | (HELLO_FLAG_RESUME if offers else 0))
+             | (HELLO_FLAG_RESUME if offering else 0))
     # The nonce field is a fresh X25519 public key: random to anyone else,
     # and the key exchange that keeps the session keys out of reach of
     # anyone who only knows the shared secret.
@@ -250,10 +257,13 @@ def handshake(
                       max_frame=max_frame, mac=not benchmark_only_disable_mac, encrypt=encrypt,
                       segment=segment, max_message=max_message, peer_key=peer_key,
                       partials=partials)
-    if offers or peer.flags & HELLO_FLAG_RESUME:
+    if offering or peer.flags & HELLO_FLAG_RESUME:
         # Version 5: the offer of cut transfers and its answer (docs/wire.md §2.5).
         try:
-            exchange_offers(channel, offers, partials, bool(peer.flags & HELLO_FLAG_RESUME))
+            if callable(offers):
+                offers = check_offers(offers(channel))
+            exchange_offers(channel, offers, partials, bool(peer.flags & HELLO_FLAG_RESUME),
+                            offering=offering)
         except BaseException as exc:
             log.debug("resume offer with %s failed: %s", peer.describe(), exc)
             channel.close()

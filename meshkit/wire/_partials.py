@@ -6,8 +6,12 @@ verified. A :class:`PartialStore`
 keeps partials until the sender offers them again after a reconnect, and
 never more than ``max_bytes`` of them (each counted at its whole body's size,
 the buffer it holds), ``max_partials`` of them, or any of them longer than
-``ttl`` seconds: parking a partial evicts the oldest ones until it fits, and
-one bigger than ``max_bytes`` alone is not kept. What became of a dropped
+``ttl`` seconds. Each peer (rank and proven key) also has its own quota,
+``peer_bytes`` and ``peer_partials``: parking a partial evicts the oldest
+partials *of the same peer* until it fits that peer's quota, and never
+another peer's, so one peer's cut transfers cannot push out what another
+peer will resume (issue 39). A partial that still does not fit the store's
+totals after that, or is bigger than its peer's quota alone, is not kept. What became of a dropped
 transfer (expired, evicted) is remembered, bounded too, so the answer to a
 late offer says why it starts over instead of only that it does.
 """
@@ -25,10 +29,12 @@ import numpy as np
 from meshkit.errors import ConfigError
 
 #: How much a store keeps unless told otherwise: 1 GiB of partial bodies,
-#: 16 partials, each for 120 s after its cut.
+#: 16 partials, each for 120 s after its cut; a peer's own quota is the same
+#: bytes and 4 partials unless told otherwise.
 DEFAULT_PARTIAL_BYTES = 1 << 30
 DEFAULT_PARTIAL_COUNT = 16
 DEFAULT_PARTIAL_TTL = 120.0
+DEFAULT_PEER_PARTIALS = 4
 # Dropped transfers whose fate a late offer is told (expired, evicted, too big).
 _REMEMBER = 256
 
@@ -39,12 +45,26 @@ EXPIRED = 2
 EVICTED = 3
 LAYOUT = 4
 COMPLETED = 5
+
+
+class RESUME_STATUS:
+    """The answer statuses by name (``wire.RESUME_STATUS.COMPLETED``, ...), for transports."""
+
+    RESUMED = RESUMED
+    UNKNOWN = UNKNOWN
+    EXPIRED = EXPIRED
+    EVICTED = EVICTED
+    LAYOUT = LAYOUT
+    COMPLETED = COMPLETED
+
+
 STATUS_TEXT = {
     RESUMED: "resumed",
     UNKNOWN: "this end holds no partial of it (never cut here, already completed, or "
              "it keeps no partials)",
     EXPIRED: "its partial expired before the offer came",
-    EVICTED: "its partial was evicted to make room for newer ones",
+    EVICTED: "its partial was evicted to make room for its sender's newer ones, or did "
+             "not fit this end's bounds",
     LAYOUT: "the offer's size, segment count or segment size differs from the partial's; "
             "the partial is discarded",
     COMPLETED: "this end received it whole already: it is not to be sent again",
@@ -79,17 +99,29 @@ class PartialStore:
     """Cut transfers a receiver keeps for their senders to resume: bounded bytes, count, time.
 
     Thread-safe: every channel of a node may share one (a coordinator's
-    workers all send to it). ``clock`` (monotonic seconds) is for tests.
+    workers all send to it). ``peer_bytes`` and ``peer_partials`` are each
+    peer's own quota (default: ``max_bytes``, and 4 partials or
+    ``max_partials`` if fewer). ``clock`` (monotonic seconds) is for tests.
     """
 
     def __init__(self, *, max_bytes: int = DEFAULT_PARTIAL_BYTES,
                  max_partials: int = DEFAULT_PARTIAL_COUNT, ttl: float = DEFAULT_PARTIAL_TTL,
+                 peer_bytes: int | None = None, peer_partials: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if max_bytes < 0 or max_partials < 0 or not ttl > 0:
-            raise ConfigError(f"a partial store needs max_bytes >= 0, max_partials >= 0 and "
-                              f"ttl > 0 seconds; got {max_bytes}, {max_partials}, {ttl}")
+        if peer_bytes is None:
+            peer_bytes = max_bytes
+        if peer_partials is None:
+            peer_partials = min(max_partials, DEFAULT_PEER_PARTIALS)
+        if (max_bytes < 0 or max_partials < 0 or not ttl > 0 or peer_bytes < 0
+                or peer_partials < 0):
+            raise ConfigError(f"a partial store needs max_bytes >= 0, max_partials >= 0, "
+                              f"ttl > 0 seconds, peer_bytes >= 0 and peer_partials >= 0; got "
+                              f"{max_bytes}, {max_partials}, {ttl}, {peer_bytes}, "
+                              f"{peer_partials}")
         self.max_bytes = max_bytes
         self.max_partials = max_partials
+        self.peer_bytes = peer_bytes
+        self.peer_partials = peer_partials
         self.ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
@@ -97,6 +129,9 @@ class PartialStore:
         self._gone: OrderedDict[bytes, int] = OrderedDict()
         self._done: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
         self._bytes = 0
+        #: Bytes and partials kept per peer (rank, key): each peer's quota.
+        self._peer_bytes: dict[tuple[int, bytes | None], int] = {}
+        self._peer_count: dict[tuple[int, bytes | None], int] = {}
         #: Partials dropped to make room, and partials that expired (counters).
         self.evicted = 0
         self.expired = 0
@@ -112,24 +147,46 @@ class PartialStore:
     def __contains__(self, transfer_id: bytes) -> bool:
         return transfer_id in self._kept
 
+    def peer_nbytes(self, peer_rank: int, peer_key: bytes | None = None) -> int:
+        """Bytes of the partial bodies kept now for one peer (its quota's use)."""
+        with self._lock:
+            return self._peer_bytes.get((peer_rank, peer_key), 0)
+
     def park(self, partial: Partial) -> bool:
-        """Keep a cut partial (evicting the oldest to make room); False if it cannot be kept."""
+        """Keep a cut partial (evicting its own peer's oldest to make room); False if not kept.
+
+        Only partials of the same peer are evicted, to fit that peer's quota
+        and then the store's totals; a partial that still does not fit is
+        not kept (and another peer's partials stay).
+        """
         with self._lock:
             self._expire()
             self._drop(partial.id, None)
             if partial.done == 0:
                 return False  # nothing verified: nothing to resume from
-            if partial.total > self.max_bytes or not self.max_partials:
+            peer = (partial.peer_rank, partial.peer_key)
+            if (partial.total > min(self.max_bytes, self.peer_bytes) or not self.max_partials
+                    or not self.peer_partials):
                 self._remember(partial.id, EVICTED)
                 return False
-            while self._kept and (self._bytes + partial.total > self.max_bytes
-                                  or len(self._kept) >= self.max_partials):
-                oldest = next(iter(self._kept))
-                self._drop(oldest, EVICTED)
+            own = [k for k, p in self._kept.items() if (p.peer_rank, p.peer_key) == peer]
+            while own and (self._peer_bytes.get(peer, 0) + partial.total > self.peer_bytes
+                           or self._peer_count.get(peer, 0) >= self.peer_partials
+                           or self._bytes + partial.total > self.max_bytes
+                           or len(self._kept) >= self.max_partials):
+                self._drop(own.pop(0), EVICTED)
                 self.evicted += 1
+            if (self._bytes + partial.total > self.max_bytes
+                    or len(self._kept) >= self.max_partials):
+                # Full of other peers' partials: theirs stay, this one is not kept.
+                self._remember(partial.id, EVICTED)
+                self.evicted += 1
+                return False
             partial.parked_at = self._clock()
             self._kept[partial.id] = partial
             self._bytes += partial.total
+            self._peer_bytes[peer] = self._peer_bytes.get(peer, 0) + partial.total
+            self._peer_count[peer] = self._peer_count.get(peer, 0) + 1
             return True
 
     def claim(self, transfer_id: bytes, digest: bytes, total: int, count: int, size: int,
@@ -188,6 +245,11 @@ class PartialStore:
         partial = self._kept.pop(transfer_id, None)
         if partial is not None:
             self._bytes -= partial.total
+            peer = (partial.peer_rank, partial.peer_key)
+            self._peer_bytes[peer] -= partial.total
+            self._peer_count[peer] -= 1
+            if not self._peer_count[peer]:
+                del self._peer_bytes[peer], self._peer_count[peer]
         if why is not None:
             self._remember(transfer_id, why)
 

@@ -263,16 +263,20 @@ def read_resumable(channel: Any, header: bytes, kind: int, flags: int, tag: int,
 
 
 def exchange_offers(channel: Any, offers: Sequence[Transfer], partials: PartialStore | None,
-                    peer_offers: bool) -> None:
+                    peer_offers: bool, *, offering: bool | None = None) -> None:
     """Offer this end's cut transfers and answer the peer's (both ends, in the same order).
 
     Each end first writes its offer (if its hello said so), then answers the
     peer's, then reads the answer to its own: the frames are small, so
     neither end waits on the other's reading. Answers land in
     ``channel.resume_answers`` (by transfer id); claimed partials in
-    ``channel.resuming``, until their continuation arrives.
+    ``channel.resuming``, until their continuation arrives. ``offering``
+    (default: whether there are ``offers``) is what this end's hello said:
+    an end that said so sends its offer even of no transfers.
     """
-    if offers:
+    if offering is None:
+        offering = bool(offers)
+    if offering:
         body = RESUME_COUNT.pack(len(offers), 0) + b"".join(
             RESUME_OFFER.pack(t.id, t.digest(), t.encoded.nbytes, t.count, t.size) for t in offers)
         _write_control(channel, body)
@@ -286,7 +290,7 @@ def exchange_offers(channel: Any, offers: Sequence[Transfer], partials: PartialS
             answers.append(RESUME_ANSWER.pack(tid, 0 if partial is None else partial.done,
                                               status))
         _write_control(channel, RESUME_COUNT.pack(len(answers), 0) + b"".join(answers))
-    if offers:
+    if offering:
         channel.resume_answers.update(_read_answer(channel, offers))
 
 

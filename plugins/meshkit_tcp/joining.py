@@ -14,8 +14,20 @@ from meshkit import wire
 from meshkit.errors import MeshError, PeerLostError, WireError
 from meshkit.transport import TAG_WELCOME
 
-__all__ = ["KIND_CONTROL", "KIND_MODEL", "KIND_NAMES", "ROLE_STAR", "ROLE_MESH", "ROLE_RELAY",
-           "ROLE_NAMES", "MAX_REFUSED", "STALE_LINK_WAIT", "send_refusal", "read_welcome"]
+__all__ = [
+    "KIND_CONTROL",
+    "KIND_MODEL",
+    "KIND_NAMES",
+    "MAX_REFUSED",
+    "ROLE_MESH",
+    "ROLE_NAMES",
+    "ROLE_REDIAL",
+    "ROLE_RELAY",
+    "ROLE_STAR",
+    "STALE_LINK_WAIT",
+    "read_welcome",
+    "send_refusal",
+]
 
 #: Frame kind bytes (informative: the tag routes, the kind says how it travelled).
 KIND_CONTROL = 1
@@ -31,7 +43,10 @@ ROLE_STAR = 1
 ROLE_MESH = 2
 #: A host relay dialing a star's coordinator for the ranks it carries.
 ROLE_RELAY = 3
-ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh", ROLE_RELAY: "relay"}
+#: A star worker dialing its coordinator again after its link was cut, in the
+#: same process (``[mesh] resume_seconds``): it asks for its held link back.
+ROLE_REDIAL = 4
+ROLE_NAMES = {ROLE_STAR: "star", ROLE_MESH: "mesh", ROLE_RELAY: "relay", ROLE_REDIAL: "star"}
 #: How many refusals ``group.refused`` keeps (the newest).
 MAX_REFUSED = 256
 

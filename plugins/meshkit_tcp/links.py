@@ -38,6 +38,7 @@ from meshkit_tcp.joining import (
     MAX_REFUSED,
     ROLE_MESH,
     ROLE_NAMES,
+    ROLE_REDIAL,
     ROLE_RELAY,
     ROLE_STAR,
     STALE_LINK_WAIT,
@@ -45,6 +46,7 @@ from meshkit_tcp.joining import (
     send_refusal,
 )
 from meshkit_tcp.relay_hub import RelayHub, RelayLink
+from meshkit_tcp.resuming import ResumingLinks
 from meshkit_tcp.sockets import accept_loop, dial, format_address, listen, parse_address
 
 __all__ = ["TcpLinks"]
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 _RELAY_GOODBYE_WAIT = 5.0
 
 
-class TcpLinks(RelayHub, Links):
+class TcpLinks(RelayHub, ResumingLinks, Links):
     """One rank's TCP links (see the module docstring): the transport contract over sockets.
 
     It owns every socket this rank has: the listener, one channel per peer
@@ -120,6 +122,7 @@ class TcpLinks(RelayHub, Links):
         #: (peer, tag) -> the wire placers the kernel registered for that
         #: peer's frames (receive_into); read by the peer's reader thread.
         self._placers: dict[tuple[int, int], list[Any]] = {}
+        self._init_resume()
 
     @property
     def address(self) -> str:
@@ -169,8 +172,9 @@ class TcpLinks(RelayHub, Links):
             if message.raw is not None and message.src != self.rank:
                 # A relay forwards the authenticated body unchanged (no re-encoding),
                 # naming the original sender in the new header.
-                self.bytes_out += channel.forward(message.raw, sender=message.src,
-                                                  deadline=message.deadline)
+                raw, src, deadline = message.raw, message.src, message.deadline
+                self.bytes_out += self._send_resuming(peer, channel, lambda c: c.forward(
+                    raw, sender=src, deadline=deadline))
                 return
             meta: Any = message.meta
             if message.dst != peer or peer in self._via:
@@ -179,8 +183,9 @@ class TcpLinks(RelayHub, Links):
             # No copy of the payload when there is no metadata (an activation).
             state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
-            self.bytes_out += channel.send(KIND_MODEL if model else KIND_CONTROL, message.tag,
-                                           state, deadline=message.deadline)
+            self.bytes_out += self._send_model(peer, channel,
+                                               KIND_MODEL if model else KIND_CONTROL,
+                                               message.tag, state, message.deadline)
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise
@@ -190,6 +195,7 @@ class TcpLinks(RelayHub, Links):
             raise
 
     def drop(self, peer: int) -> None:
+        self._forget(peer)
         with self._lock:
             channel = self._channels.pop(peer, None)
             relay = self._via.pop(peer, None)
@@ -218,6 +224,7 @@ class TcpLinks(RelayHub, Links):
 
     def close(self) -> None:
         self._accepting.clear()
+        self._stopping.set()
         if self.discovery is not None:
             self.discovery.close()
         if self._listener is not None:
@@ -334,10 +341,24 @@ class TcpLinks(RelayHub, Links):
         events = self._events
         # Only a mesh link carries a frame from its peer to this rank alone.
         place = None if self.is_star else _LinkPlacer(self._placers, rank)
+        stopped = self._reading(channel) if self._resume else None
         while True:
             try:
                 frame = channel.recv(timeout=None, place=place)
             except (PeerLostError, WireError) as exc:
+                if stopped is not None:
+                    stopped.set()  # a transfer cut here is parked: a redial may claim it
+                if self._resume and not events.closed:
+                    # A cut star link: the worker redials, the coordinator waits for it.
+                    if self.is_coordinator:
+                        if self._held(rank, channel):
+                            return  # the redial's reader carries on
+                    else:
+                        replacement = self._redial(rank, channel, str(exc))
+                        if replacement is not None:
+                            channel = replacement
+                            stopped = self._reading(channel)
+                            continue
                 if not events.closed:
                     events.lost(rank, str(exc))
                 return
@@ -372,13 +393,17 @@ class TcpLinks(RelayHub, Links):
             # delivered alive: one reader per peer would hold a model per peer.
             del frame, state
 
-    def _handshake(self, sock: socket.socket, timeout: float) -> wire.Channel:
+    def _handshake(self, sock: socket.socket, timeout: float,
+                   offers: Any = (), redial: bool = False) -> wire.Channel:
+        if self._resume and self.is_coordinator:
+            offers = self._offers_for  # known once the dialer's hello is
         return wire.handshake(
             sock, self.config.secret, rank=self.rank, world=self.world_size,
-            role=ROLE_STAR if self.is_star else ROLE_MESH,
+            role=ROLE_REDIAL if redial else ROLE_STAR if self.is_star else ROLE_MESH,
             timeout=self.timeout, handshake_timeout=timeout, max_frame=self.max_frame,
             encrypt=self.config.encrypt, node_key=self.config.node_key,
             segment=self.config.segment_bytes, max_message=self.max_message,
+            offers=offers, partials=self.partials,
             benchmark_only_disable_mac=self._benchmark_only_disable_mac)
 
     # -- accepting side -------------------------------------------------------
@@ -424,7 +449,14 @@ class TcpLinks(RelayHub, Links):
             self._admit_relay(channel, where)
             return
         problem = self._identity_problem(channel)
-        if problem is None:
+        replacing = False
+        if problem is None and channel.peer.role == ROLE_REDIAL:
+            replacing = self._replaceable(channel)
+            if not replacing:
+                problem = self._redial_problem(rank)
+        elif problem is None and self._resume:
+            self._restarted(channel)  # a new node claiming a held rank ends the hold
+        if problem is None and not replacing:
             problem = self._rank_problem(rank, channel.peer.role)
         if problem is not None:
             send_refusal(channel, problem)
@@ -438,6 +470,14 @@ class TcpLinks(RelayHub, Links):
             with self._lock:
                 self._admitting.discard(rank)
             self._refuse(f"{where} (rank {rank})", str(exc))
+            return
+        if replacing:
+            # A live rank's redial: its new link takes the old one's place, no death.
+            if self._swap(rank, channel) is not None:
+                log.info("rank %d: rank %d redialed; its link is replaced", self.rank, rank)
+                self._spawn(self._reader, rank, channel,
+                            name=f"meshkit-tcp-r{self.rank}-from-{rank}")
+                self._resend_kept(rank, channel)
             return
         self._register(rank, channel)  # which ends the rank's reservation
 
@@ -494,12 +534,18 @@ class TcpLinks(RelayHub, Links):
     # -- dialing side ---------------------------------------------------------
 
     def _dial(self, rank: int, address: str, deadline: float) -> None:
+        self._register(rank, self._connect(rank, address, deadline))
+
+    def _connect(self, rank: int, address: str, deadline: float,
+                 offers: Any = (), redial: bool = False) -> wire.Channel:
+        """Dial ``rank`` at ``address``: handshake, then its welcome; the channel."""
         host, port = parse_address(address, what=f"rank {rank}'s address")
         sock = dial(host, port, deadline, self.timeout, lambda exc: PeerLostError(
             f"rank {self.rank} could not reach rank {rank} at {address} within "
             f"{self.timeout:g} s; is it running and listening there?"),
             closed=lambda: self._events.closed)
-        channel = self._handshake(sock, max(0.001, deadline - time.monotonic()))
+        channel = self._handshake(sock, max(0.001, deadline - time.monotonic()), offers,
+                                  redial)
         if channel.peer.rank != rank:
             channel.close()
             raise WireError(
@@ -507,7 +553,42 @@ class TcpLinks(RelayHub, Links):
                 f"check the peers list (index = rank)")
         read_welcome(channel, rank, address, deadline, me=self.rank,
                      topology="star" if self.is_star else "mesh")
-        self._register(rank, channel)
+        return channel
+
+    def _redial(self, rank: int, lost: wire.Channel, reason: str) -> wire.Channel | None:
+        """Star worker: dial the coordinator again after a cut; the new channel, or None.
+
+        Offers the transfers kept for it; tries until ``resume_seconds`` pass
+        (a refusal ends it at once). The new channel takes the lost one's place.
+        """
+        address = self.config.peers[0]
+        deadline = time.monotonic() + self.resume_seconds
+        log.warning("rank %d: lost rank %d (%s); redialing for %g s", self.rank, rank, reason,
+                    self.resume_seconds)
+        while self._redial_pause(deadline):
+            with self._lock:
+                offers = [k.transfer for k in self._kept.get(rank, ())
+                          if k.transfer.offerable()]
+            try:
+                channel = self._connect(rank, address, deadline, offers[-wire.MAX_OFFERS:],
+                                        redial=True)
+            except PeerLostError as exc:
+                log.info("rank %d: redial of rank %d failed: %s", self.rank, rank, exc)
+                continue
+            except (MeshError, OSError) as exc:  # refused, or not the node it was
+                log.warning("rank %d: redial of rank %d refused: %s", self.rank, rank, exc)
+                return None
+            with self._lock:
+                if self._events.closed:
+                    channel.close()
+                    return None
+                self._channels[rank] = channel
+                self.redials += 1
+                self._lock.notify_all()
+            log.info("rank %d: redialed rank %d", self.rank, rank)
+            self._resend_kept(rank, channel)
+            return channel
+        return None
 
     # -- bring-up ---------------------------------------------------------------
 

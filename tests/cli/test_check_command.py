@@ -81,6 +81,13 @@ def test_check_prints_the_resolved_plan(hello_site, tmp_path):
     (('[outer_optimizer]', '[outer]'), ["[outer]: unknown table"]),
     (('workers = 2', 'workers = 2\nlaunch = "cloud"'), ["[mesh]", "launch"]),
     (('[run]', '[run\n'), ["not valid TOML"]),
+    (("workers = 2", "workers = 2\nresume_seconds = -1"), ["[mesh]", "resume_seconds"]),
+    (("workers = 2", 'workers = 2\nresume_seconds = "soon"'), ["[mesh] resume_seconds"]),
+    (("workers = 2", "workers = 2\nresume_bytes = -5"), ["[mesh]", "resume_bytes"]),
+    (("workers = 2", 'workers = 2\nresume_seconds = 10\ntopology = "mesh"'),
+     ["resume_seconds = 10 needs a star", "topology = 'mesh'"]),
+    (("workers = 2", "workers = 2\nresume_seconds = 10\nrelays = 1"),
+     ["resume_seconds = 10 needs a star", "relays = 1"]),
 ])
 def test_a_bad_config_exits_2_naming_file_table_and_key(hello_site, tmp_path, edit, fragments):
     config = _write(tmp_path, GOOD_CONFIG.replace(*edit))

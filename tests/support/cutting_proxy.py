@@ -4,7 +4,8 @@ It knows nothing of meshkit: it accepts a connection, dials the upstream
 address, and copies bytes both ways. The i-th connection it accepts is cut
 (both of its sockets shut down and closed) once ``cuts[i]`` bytes have
 passed from the dialer to the upstream (None, or past the end of ``cuts``:
-never cut). It counts the bytes it forwards each way, per connection, so a
+never cut); ``down_cuts`` does the same for the bytes from the upstream
+to the dialer. It counts the bytes it forwards each way, per connection, so a
 test can say how much crossed after a reconnect without trusting either end.
 """
 
@@ -22,10 +23,12 @@ _IDLE = 60.0
 class Link:
     """One proxied connection: bytes forwarded each way, and whether it was cut."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket, cut: int | None) -> None:
+    def __init__(self, client: socket.socket, upstream: socket.socket, cut: int | None,
+                 down_cut: int | None = None) -> None:
         self.client = client
         self.upstream = upstream
         self.cut_at = cut
+        self.down_cut_at = down_cut
         #: Bytes read from the dialer and forwarded upstream (counted before they are written).
         self.up = 0
         #: Bytes read from upstream and forwarded to the dialer.
@@ -49,8 +52,9 @@ class Link:
         try:
             while True:
                 limit = _CHUNK
-                if upward and self.cut_at is not None:
-                    limit = min(limit, self.cut_at - self.up)
+                at, done = (self.cut_at, self.up) if upward else (self.down_cut_at, self.down)
+                if at is not None:
+                    limit = min(limit, at - done)
                     if limit <= 0:
                         self.cut.set()
                         break
@@ -71,9 +75,11 @@ class Link:
 class CuttingProxy:
     """Listen on 127.0.0.1 (port 0) and proxy each connection to ``upstream``."""
 
-    def __init__(self, upstream: tuple[str, int], cuts: Sequence[int | None] = ()) -> None:
+    def __init__(self, upstream: tuple[str, int], cuts: Sequence[int | None] = (),
+                 down_cuts: Sequence[int | None] = ()) -> None:
         self.upstream = upstream
         self.cuts = list(cuts)
+        self.down_cuts = list(down_cuts)
         self.links: list[Link] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = self._listener.getsockname()
@@ -90,7 +96,8 @@ class CuttingProxy:
             upstream = socket.create_connection(self.upstream, timeout=10)
             upstream.settimeout(None)
             index = len(self.links)
-            link = Link(client, upstream, self.cuts[index] if index < len(self.cuts) else None)
+            link = Link(client, upstream, self.cuts[index] if index < len(self.cuts) else None,
+                        self.down_cuts[index] if index < len(self.down_cuts) else None)
             for source, sink, upward in ((client, upstream, True), (upstream, client, False)):
                 threading.Thread(target=link.pump, args=(source, sink, upward), daemon=True,
                                  name=f"cutting-proxy-{index}-{'up' if upward else 'down'}").start()

@@ -131,3 +131,50 @@ def test_a_completed_transfer_is_answered_completed_to_its_sender_only():
     store.completed(p.id, 1, None)
     assert _claim(store, p) == (None, COMPLETED)
     assert _claim(store, p, rank=2) == (None, UNKNOWN)
+
+
+def test_one_peers_cut_transfers_never_evict_another_peers_partials():
+    # Issue 39: the bounds were shared, so a peer cut often pushed out what another
+    # would resume. Each peer now has its own quota (2 partials, 2500 bytes here).
+    store = wire.PartialStore(max_bytes=10_000, max_partials=16, peer_bytes=2500,
+                              peer_partials=2)
+    mine = _partial("mine", rank=1)
+    assert store.park(mine)
+    theirs = [_partial(f"t{i}", rank=2) for i in range(6)]
+    for p in theirs:
+        assert store.park(p)  # each evicts rank 2's own oldest, never rank 1's
+    assert store.peer_nbytes(2) == 2000 and store.peer_nbytes(1) == 1000
+    assert store.evicted == 4
+    assert _claim(store, theirs[0]) == (None, EVICTED)
+    assert _claim(store, mine) == (mine, RESUMED)
+
+
+def test_a_peer_over_its_byte_quota_evicts_its_own_oldest():
+    store = wire.PartialStore(max_bytes=10_000, peer_bytes=2500)
+    a, b, c = (_partial(n, rank=3) for n in "abc")
+    other = _partial("o", rank=4, total=2500)
+    assert store.park(other) and store.park(a) and store.park(b) and store.park(c)
+    assert store.peer_nbytes(3) == 2000 and store.peer_nbytes(4) == 2500
+    assert a.id not in store and other.id in store
+
+
+def test_a_full_store_keeps_the_partials_it_holds_and_refuses_a_new_peers():
+    store = wire.PartialStore(max_bytes=2000, peer_bytes=2000)
+    a, b = _partial("a", rank=1), _partial("b", rank=1)
+    assert store.park(a) and store.park(b)
+    late = _partial("late", rank=2)
+    assert not store.park(late)  # rank 1's partials stay; rank 2's is not kept
+    assert a.id in store and b.id in store
+    assert _claim(store, late) == (None, EVICTED)
+
+
+def test_a_partial_bigger_than_its_peers_quota_is_not_kept():
+    store = wire.PartialStore(max_bytes=10_000, peer_bytes=999)
+    assert not store.park(_partial("big"))
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("bad", [{"peer_bytes": -1}, {"peer_partials": -1}])
+def test_a_store_with_an_impossible_peer_quota_is_refused(bad):
+    with pytest.raises(ConfigError, match="partial store needs"):
+        wire.PartialStore(**bad)

@@ -264,9 +264,10 @@ def _hostile(monkeypatch: pytest.MonkeyPatch, body: Callable[[list[wire.Transfer
     """Rank 1's handshake writes ``body`` as its resume offer (rank 0's is untouched)."""
     real = _handshake.exchange_offers
 
-    def exchange(channel: Any, offers: Any, partials: Any, peer_offers: bool) -> None:
+    def exchange(channel: Any, offers: Any, partials: Any, peer_offers: bool,
+                 **kwargs: Any) -> None:
         if channel.rank != 1:
-            return real(channel, offers, partials, peer_offers)
+            return real(channel, offers, partials, peer_offers, **kwargs)
         _resume._write_control(channel, body(list(offers)))
         channel.recv(timeout=10)  # the receiver refuses: the connection closes
     monkeypatch.setattr(_handshake, "exchange_offers", exchange)
@@ -445,9 +446,10 @@ def test_a_hostile_answer_is_a_specific_error_for_the_sender(receiver, monkeypat
     transfer.size = SEGMENT  # as if it had been cut before
     real = _handshake.exchange_offers
 
-    def exchange(channel: Any, offers: Any, partials: Any, peer_offers: bool) -> None:
+    def exchange(channel: Any, offers: Any, partials: Any, peer_offers: bool,
+                 **kwargs: Any) -> None:
         if channel.rank != 0:
-            return real(channel, offers, partials, peer_offers)
+            return real(channel, offers, partials, peer_offers, **kwargs)
         _resume._read_offer(channel)
         _resume._write_control(channel, body(transfer))
     monkeypatch.setattr(_handshake, "exchange_offers", exchange)

@@ -143,6 +143,8 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
                "--topology", topology, "--transport", cfg.mesh.transport,
                "--timeout", str(cfg.mesh.timeout), "--secret-file", str(secret_file),
                "--segment-bytes", str(cfg.mesh.segment_bytes),
+               "--resume-seconds", str(cfg.mesh.resume_seconds),
+               "--resume-bytes", str(cfg.mesh.resume_bytes),
                *([] if cfg.mesh.encrypt else ["--no-encrypt"]),
                # The coordinator's own [mesh] trust_network, or a trusting run's
                # workers refuse the rendezvous address it was allowed.

@@ -418,7 +418,7 @@ class Runner:
             bind=mesh_bind(cfg.mesh.bind, peers) if mesh else cfg.mesh.bind, peers=peers,
             encrypt=cfg.mesh.encrypt, authorized_nodes=cfg.authorized_nodes(),
             discover=discovery, disc_port=cfg.mesh.discovery_port,
-            trust_network=cfg.mesh.trust_network, segment_bytes=cfg.mesh.segment_bytes)
+            trust_network=cfg.mesh.trust_network, **cfg.mesh.link_settings())
         transport = plan.create("transport")
         if mesh:
             self._emit("listening", f"coordinator forming a mesh of {self._world} ranks at "
