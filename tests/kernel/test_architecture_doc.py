@@ -80,7 +80,7 @@ def _rows() -> list[str]:
 
 #: Each round path's module (the flat round is the engine's own).
 PATH_MODULES = {"collective": "collective.py", "relayed": "relayed.py", "batched": "batched.py",
-                "flat": "engine.py", "secure": "secure.py"}
+                "compressed batched": "compressed.py", "flat": "engine.py", "secure": "secure.py"}
 
 
 def test_every_round_path_has_a_module():
