@@ -37,6 +37,16 @@ _recv_pool_lock = threading.Lock()
 _SCRATCH_KEEP = 4
 _scratch_free: list[bytearray] = []
 _scratch_lock = threading.Lock()
+# A segmented message's body up to _MESSAGE_MAX bytes (a pulled contribution's
+# piece: 32 MiB by default) goes into the one recycled message buffer when
+# nothing refers to it any more. A fresh body that size is a fresh mmap: the
+# kernel zeroes every page as the receive first touches it and unmaps it when
+# the piece is dropped, and that zeroing was most of the CPU a large transfer
+# took (docs/benchmarks.md, issue 39). One slot, so a process holds at most
+# _MESSAGE_MAX bytes of idle message buffer; bigger bodies (a whole model's
+# state) are allocated as before.
+_MESSAGE_MAX = 64 << 20
+_message_slot: list[np.ndarray] = []
 
 
 def _receive_buffer(size: int) -> np.ndarray:
@@ -60,6 +70,28 @@ def _receive_buffer(size: int) -> np.ndarray:
         if len(_recv_pool) >= _POOL_SIZE:
             _recv_pool.pop(0)
         _recv_pool.append(buf)
+        return buf
+
+
+def _message_buffer(size: int) -> np.ndarray:
+    """A buffer of exactly ``size`` bytes for a segmented message's body (see _MESSAGE_MAX).
+
+    A view of the recycled buffer when nothing else refers to it and it is
+    big enough, else a new buffer (which becomes the recycled one when it
+    fits the slot). As with :func:`_receive_buffer`, the reference count
+    (checked under the pool's lock) says exactly whether a decoded array,
+    frame or view still uses the buffer: numpy views keep their base alive.
+    """
+    if size > _MESSAGE_MAX:
+        return np.empty(size, dtype=np.uint8)
+    with _recv_pool_lock:
+        if _message_slot:
+            buf = _message_slot[0]
+            # References: the slot, ``buf`` and getrefcount's argument.
+            if buf.nbytes >= size and sys.getrefcount(buf) <= 3:
+                return buf[:size]
+        buf = np.empty(size, dtype=np.uint8)
+        _message_slot[:] = [buf]
         return buf
 
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from meshkit.errors import WireError
+from meshkit.wire._buffers import _message_buffer
 from meshkit.wire._codec import FLAG_SEGMENT, FLAG_SEGMENTED, HEADER_SIZE, SEGMENT_LEAD
 
 #: Largest message (a segmented body, all its segments together) a channel
@@ -87,7 +88,7 @@ def read_segmented(channel: Any, header: bytes, kind: int, tag: int, sender: int
     channel._read_body(header, seq, tag, memoryview(lead))
     total, count, size = SEGMENT_LEAD.unpack(lead)
     check_layout(who, channel, total, count, size)
-    body = np.empty(total, dtype=np.uint8)
+    body = _message_buffer(total)
     read_segments(channel, kind, tag, sender, total, count, size, body.data, 0)
     return body, count
 

@@ -185,3 +185,64 @@ def test_another_frame_between_the_segments_is_refused():
         b.recv()
     assert b.closed
     a.close()
+
+
+def _send_segmented(a: wire.Channel, b: wire.Channel, value: float, n: int) -> wire.Frame:
+    sending = Call(lambda: a.send(1, 1, {"w": np.full(n, value, np.float32)}))
+    frame = b.recv()
+    sending.result()
+    assert frame.segments > 1
+    return frame
+
+
+def test_a_segmented_body_nothing_refers_to_is_recycled_for_the_next_message():
+    # A piece-sized message (here 1.2 MB in 64 KiB segments) is read into the one
+    # recycled message buffer once the last one's arrays are dropped: no fresh
+    # mmap (and kernel page zeroing) per pulled piece.
+    from meshkit.wire import _buffers
+
+    a, b = channel_pair(segment=UNIT)
+    try:
+        frame = _send_segmented(a, b, 1.0, 300_000)
+        address = frame.body.ctypes.data
+        del frame
+        frame = _send_segmented(a, b, 2.0, 300_000)
+        # Not just the same address (malloc may hand that back): the recycled buffer.
+        assert np.shares_memory(frame.body, _buffers._message_slot[0])
+        assert frame.body.ctypes.data == address
+        np.testing.assert_array_equal(frame.state["w"], 2.0)
+        del frame
+        smaller = _send_segmented(a, b, 3.0, 200_000)  # a smaller body: the same memory
+        assert smaller.body.ctypes.data == address
+        assert smaller.nbytes == smaller.body.nbytes
+        np.testing.assert_array_equal(smaller.state["w"], 3.0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_segmented_body_is_not_recycled_while_a_decoded_array_uses_it():
+    a, b = channel_pair(segment=UNIT)
+    try:
+        kept = _send_segmented(a, b, 1.0, 300_000).state["w"]
+        for value in (2.0, 3.0, 4.0):
+            other = _send_segmented(a, b, value, 300_000).state["w"]
+            assert not np.shares_memory(kept, other)
+            np.testing.assert_array_equal(other, value)
+        np.testing.assert_array_equal(kept, 1.0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_segmented_body_above_the_recycled_size_gets_its_own_buffer(monkeypatch):
+    from meshkit.wire import _buffers
+
+    monkeypatch.setattr(_buffers, "_MESSAGE_MAX", 1 << 20)  # 1 MiB: the 1.2 MB body is above
+    a, b = channel_pair(segment=UNIT)
+    try:
+        frame = _send_segmented(a, b, 1.0, 300_000)
+        assert not any(np.shares_memory(frame.body, held) for held in _buffers._message_slot)
+    finally:
+        a.close()
+        b.close()
