@@ -33,7 +33,7 @@ for a plain aggregator that computes something else.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -477,17 +477,25 @@ class MeanFold:
             if isinstance(entry, _FloatEntry):
                 jobs.append((key, entry.acc, [(np.asarray(state[key]).reshape(-1), factor)
                                               for state, factor, _ in parts]))
+        self._fold_or_refuse(jobs, init, divisor, lambda job: parts)
+        self._started = True
+
+    def _fold_or_refuse(self, jobs: list[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]],
+                        init: bool, divisor: float | None,
+                        parts_of: Callable[[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]],
+                                           list[tuple[Mapping[str, Any], float, str]]]) -> None:
+        """Fold ``jobs`` (:meth:`_fold_shares`); a non-finite share is refused naming the
+        contributions ``parts_of(its job)``, and any refusal leaves the fold broken."""
         try:
             with np.errstate(over="ignore", invalid="ignore"):
                 bad = self._fold_shares(jobs, init, divisor)
             if bad is not None:
                 key, where = bad
                 job = next(job for job in jobs if job[0] == key)
-                raise self._refusal(key, where, job[2], parts, job[1])
+                raise self._refusal(key, where, job[2], parts_of(job), job[1])
         except AggregationError as exc:
             self._broken = str(exc)
             raise
-        self._started = True
 
     def _fold_shares(self, jobs: list[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]],
                      init: bool, divisor: float | None) -> tuple[str, slice] | None:

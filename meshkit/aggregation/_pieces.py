@@ -270,19 +270,8 @@ class PieceFold:
 
     def _fold(self, jobs: list[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]], *,
               init: bool, labels: list[str]) -> None:
-        fold = self.fold
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                bad = fold._fold_shares(jobs, init, None)
-            if bad is not None:
-                key, where = bad
-                job = next(job for job in jobs if job[0] == key)
-                parts: list[tuple[Mapping[str, Any], float, str]] = [
-                    ({}, f, name) for (_, f), name in zip(job[2], labels)]
-                raise fold._refusal(key, where, job[2], parts, job[1])
-        except AggregationError as exc:
-            fold._broken = str(exc)
-            raise
+        self.fold._fold_or_refuse(jobs, init, None, lambda job: [
+            ({}, f, name) for (_, f), name in zip(job[2], labels)])
 
     def _broken(self, why: str) -> AggregationError:
         self.fold._broken = why
