@@ -51,7 +51,7 @@ import attrs
 import numpy as np
 
 from meshkit.aggregation._contract import check_weight, default_source
-from meshkit.aggregation._messages import describe, listing
+from meshkit.aggregation._messages import describe
 from meshkit.errors import AggregationError, StateError
 from meshkit.state import (
     MAX_JSON_DEPTH,
