@@ -60,6 +60,57 @@ def _context(clients: int, workers: int, params: int) -> StrategyContext:
         outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=600.0)
 
 
+#: The leaves of the protocol's cost: (module, function) pairs, each timed where it is called.
+PRIMITIVES = {
+    "X25519 agreement": ("agree", ("_agreement", "_client", "_server")),
+    "X25519 key pair": ("generate_private", ("_agreement", "_client")),
+    "mask expansion": ("mask_vector", ("_client", "_server")),
+    "mask add": ("add_mod", ("_client", "_server")),
+    "mask subtract": ("sub_mod", ("_client", "_server")),
+    "HKDF": ("derive", ("_agreement", "_client", "_server")),
+    "AES-GCM seal": ("seal", ("_agreement",)),
+    "AES-GCM open": ("open_sealed", ("_agreement",)),
+    "Shamir split": ("shamir_split", ("_client",)),
+    "Shamir combine": ("shamir_combine", ("_server",)),
+}
+
+
+def _by_primitive(run: Any) -> dict[str, tuple[int, float]]:
+    """CPU seconds and calls of each of :data:`PRIMITIVES` during ``run()`` (timers patched in)."""
+    import importlib
+
+    spent: dict[str, list[float]] = {name: [0, 0.0] for name in PRIMITIVES}
+    patched = []
+
+    def timer(name: str, function: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name][0] += 1
+                spent[name][1] += time.process_time() - start
+        return timed
+
+    for name, (function, modules) in PRIMITIVES.items():
+        for module_name in modules:
+            module = importlib.import_module(f"meshkit_secagg.{module_name}")
+            if hasattr(module, function):
+                original = getattr(module, function)
+                patched.append((module, function, original))
+                setattr(module, function, timer(name, original))
+    try:
+        start = time.process_time()
+        run()
+        total = time.process_time() - start
+    finally:
+        for module, function, original in patched:
+            setattr(module, function, original)
+    out = {name: (int(c), s) for name, (c, s) in spent.items()}
+    out["(round, all of it)"] = (1, total)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=100)
@@ -68,6 +119,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--degree", default="auto")
     parser.add_argument("--threshold", default="auto")
+    parser.add_argument("--primitives", action="store_true",
+                        help="also split one more secure round's CPU by cryptographic primitive")
     parser.add_argument("--profile", type=int, default=0,
                         help="print cProfile's top N functions of one more secure round")
     args = parser.parse_args()
@@ -130,6 +183,10 @@ def main() -> None:
     for op, t in split.items():
         print(f"{'  ' + op:>20}: {statistics.median(t):.3f} s")
     print(f"{'secure / plain':>20}: {med['secure'] / med['plain']:.2f}")
+    if args.primitives:
+        spent = _by_primitive(secure)
+        for name, (calls, seconds) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
+            print(f"{name:>20}: {seconds:.3f} s in {calls} calls")
     if args.profile:
         profiler = cProfile.Profile(time.process_time)
         profiler.runcall(secure)
