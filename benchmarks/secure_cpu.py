@@ -12,7 +12,7 @@ wire encoding and its schema checks), ``synthetic`` task with ``--params``
 float32 parameters, all ``--clients`` clients, ``fedavg``: the plain round
 is :func:`~meshkit.train.fold_round` over ``fit`` work, the secure round
 :func:`~meshkit.train.secure_sum` with ``secagg+`` at its defaults
-(``degree = "auto"``: 60, threshold 31 at n = 100 over 4 workers;
+(``degree = "auto"``: 50, threshold 26 at n = 100 over 4 workers;
 ``clip_range = 1``). They take turns, ``--repeat`` times.
 
 CPU seconds (``time.process_time``: other processes' time does not count,
