@@ -27,8 +27,8 @@ ratio to the plain round. A benchmark, not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import logging
 import os
 import pstats
@@ -40,8 +40,15 @@ import numpy as np
 
 import meshkit
 from meshkit.secure_aggregation import choose
-from meshkit.train import LocalPool, StrategyContext, Trainer, Work, client_seed, fold_round
-from meshkit.train import secure_sum
+from meshkit.train import (
+    LocalPool,
+    StrategyContext,
+    Trainer,
+    Work,
+    client_seed,
+    fold_round,
+    secure_sum,
+)
 from meshkit.train._worker.secure import SecureClients
 
 STEPS = ("secagg_keys", "secagg_share", "secagg_open", "secagg_mask", "secagg_unmask")
