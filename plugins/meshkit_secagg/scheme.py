@@ -43,7 +43,8 @@ from meshkit_secagg.options import SecAggPlusOptions
 
 __all__ = ["SecAggPlus", "AUTO_DROPOUT", "survivable_workers", "ADVERT_SIZE", "REVEAL_SIZE"]
 
-#: The share of the cohort ``degree = "auto"`` tolerates dropping (no colluders assumed).
+#: The share of the cohort's droppable units (clients, or whole workers when a worker plays
+#: several) ``degree = "auto"`` tolerates dropping (no colluders assumed).
 AUTO_DROPOUT = 0.3
 #: Bytes of one advert row: the share key, the mask key, the seed commitment.
 ADVERT_SIZE = 3 * 32
@@ -53,20 +54,38 @@ REVEAL_SIZE = 32
 
 @functools.lru_cache(maxsize=256)
 def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
-    """``degree = "auto"``: :data:`AUTO_DROPOUT` of the cohort, and any one worker, may drop.
+    """``degree = "auto"``: the round survives :data:`AUTO_DROPOUT` of its droppable units dropping.
 
-    :func:`choose_degree` bounds the chance that a client keeps too few
-    surviving holders when a random :data:`AUTO_DROPOUT` of the cohort drops.
-    A worker takes all its clients with it, so the degree is then raised
-    until the round survives losing the worker with the most clients in the
-    worst case over the graph (:func:`survivable_workers`), keeping the
-    threshold a strict majority of the ``k + 1`` holders of each client's shares.
+    What drops is what plays: a worker's clients leave a round together (its
+    reply is one sum; any failure, breach or verdict takes out the rank), so
+    with ``per_worker`` > 1 the unit is the worker. The cohort then spans at
+    least ``w = ceil(clients / per_worker)`` workers, and the round must
+    survive losing ``max(1, floor(AUTO_DROPOUT * w))`` of them in the worst
+    case over the graph: every client keeps ``t`` of its ``k + 1`` holders
+    when that many workers' clients, ``per_worker`` each at most, are gone
+    (``k + 1 - t`` at least their number; :func:`survivable_workers`). With
+    one client a worker, clients drop one by one, and :func:`choose_degree`
+    bounds the chance that a random :data:`AUTO_DROPOUT` of them leaves a
+    client too few holders. Either way the threshold stays a strict majority
+    of the ``k + 1`` holders of each client's shares.
+
+    At 100 clients that is 60, threshold 31, with one client a worker (at
+    ``n = 100`` the ``2**-40`` bound is the worst case: 29 of the other 99
+    dropped must leave a majority); over 4 workers it is 50, threshold 26
+    (any one worker of 25 may drop). Random client dropouts do not happen
+    there, so the 60 would buy nothing the round can use.
     """
-    degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
-    k = clients - 1 if degree == 0 else degree
-    while k + 1 - threshold < per_worker and k < clients - 1:
+    if per_worker <= 1:
+        degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
+        k = clients - 1 if degree == 0 else degree
+        return (0 if k >= clients - 1 else k), threshold
+    workers = -(-clients // per_worker)
+    lost = max(1, math.floor(AUTO_DROPOUT * workers)) * per_worker
+    k = 2
+    threshold = (k + 1) // 2 + 1
+    while k + 1 - threshold < lost and k < clients - 1:
         k = min(k + 2, clients - 1)
-        threshold = max(threshold, (k + 1) // 2 + 1)
+        threshold = (k + 1) // 2 + 1
     return (0 if k >= clients - 1 else k), threshold
 
 

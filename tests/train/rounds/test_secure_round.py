@@ -205,6 +205,35 @@ def test_auto_degree_and_threshold_follow_the_cohort():
         round_params(secagg(modulus_bits=20), 1000)
 
 
+def test_auto_degree_counts_workers_when_a_worker_plays_several_clients():
+    # One client a worker: clients drop one by one, and 30 % of 100 dropping at random
+    # needs 60 neighbours (29 of the other 99 gone must leave a majority of 61 holders).
+    assert (round_params(secagg(), 100).degree, round_params(secagg(), 100).threshold) \
+        == (60, 31)
+    # 25 a worker over 4: what drops is a worker, any one of them, so 50 (25 of 51 holders
+    # may go and 26 remain); 5 over 10 workers, 3 of them (15 clients): 30.
+    assert (round_params(secagg(), 100, per_worker=25).degree,
+            round_params(secagg(), 100, per_worker=25).threshold) == (50, 26)
+    assert round_params(secagg(), 50, per_worker=5).degree == 30
+
+
+@pytest.mark.parametrize("op", ["secagg_share", "secagg_open", "secagg_mask", "secagg_unmask"])
+def test_the_auto_degree_survives_losing_any_one_worker_at_any_step(op):
+    # 10 clients over 5 workers, 2 each: degree "auto" is 4, threshold 3 (6 and 4 before:
+    # what 10 clients need when 30 % of them may drop at random). Losing rank 2 (clients 1
+    # and 6) at any step leaves every client at least 3 of its 5 holders.
+    scheme = secagg(clip_range=1.0)
+    params = round_params(scheme, CLIENTS, per_worker=2)
+    assert (params.degree, params.threshold) == (4, 3)
+    ctx = context(5, fail=dies_at(op, {2}))
+    state, revealed = play(ctx, scheme=scheme)
+    gone = () if op == "secagg_unmask" else (1, 6)
+    contributors = [c for c in range(CLIENTS) if c not in gone]
+    assert revealed.contributors == tuple(contributors)
+    np.testing.assert_array_equal(revealed.total,
+                                  plaintext(state, contributors, revealed.params))
+
+
 #: Reply fields a breaching worker may garble: every list and row array, but only the shape
 #: of the masked vector and the order of the adverts, not their contents (any input, or any
 #: key, a client may choose: secure aggregation keeps the sum secret; it does not check what
