@@ -615,8 +615,7 @@ class Runner:
                  last_metrics: dict[str, float], final_state: list[Any],
                  pset: Any) -> StrategyContext:
         cfg = plan.config
-        outer = parts["outer"]
-        rng = parts["rng"]
+        outer, rng = parts["outer"], parts["rng"]
         privacy = parts["privacy"]
         run_identity = identity(plan)
         client_local = ClientLocal(spill_dir=out)
@@ -669,7 +668,8 @@ class Runner:
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
             compression=parts.get("compression"), stalled_clients=parts["stalled_clients"],
-            piece_bytes=cfg.mesh.piece_bytes, authorized_nodes=self._authorized)
+            piece_bytes=cfg.mesh.piece_bytes, authorized_nodes=self._authorized,
+            spill=parts.get("spill"))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:
