@@ -121,10 +121,17 @@ def run(params: int, rounds: int, cap: int, budget: float) -> dict[str, Any]:
     if done_file.exists():
         result.update(json.loads(done_file.read_text()))
         done_file.unlink()
+    progress = Path(str(done_file) + ".progress")
+    if progress.exists():  # what the driver logged as it went (it may have been killed)
+        result["progress"] = progress.read_text().strip().splitlines()
+        progress.unlink()
     result["ok"] = not killed and proc.returncode == 0 and "rounds_done" in result
     if not result["ok"]:
-        tail = "".join(stderr)[-1500:].strip()
-        result["why"] = killed or f"exit status {proc.returncode}: {tail or '(no stderr)'}"
+        lines = [line.strip() for line in stderr if "[ROUND" in line or "Error" in line
+                 or "error" in line]
+        tail = " | ".join(lines[-6:]) or "".join(stderr)[-800:].strip()
+        result["why"] = (f"{killed}; last log lines: {tail}" if killed
+                         else f"exit status {proc.returncode}: {tail or '(no stderr)'}")
     return result
 
 
@@ -141,6 +148,13 @@ def child(params: int, rounds: int, done: str) -> None:
     from meshkit_tasks.synthetic import SyntheticOptions, SyntheticTask
 
     task = SyntheticTask(SyntheticOptions(params=params, rows=1024))
+    started = time.perf_counter()
+    log = open(done + ".progress", "a", buffering=1)
+
+    def note(what: str) -> None:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        log.write(f"{time.perf_counter() - started:.1f} s: {what} (driver peak so far "
+                  f"{rss / 2**20:.0f} MiB)\n")
     client_app = ClientApp()
     rounds_done: list[float] = []
 
@@ -165,12 +179,14 @@ def child(params: int, rounds: int, done: str) -> None:
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=2,
                           min_evaluate_nodes=0, min_available_nodes=2)
         initial = ArrayRecord([task.init_state(1)["w0"]])
+        note("initial model built, strategy starting")
         last = [time.perf_counter()]
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             now = time.perf_counter()
             if server_round >= 1:
                 rounds_done.append(now - last[0])
+                note(f"round {server_round} done, {now - last[0]:.1f} s")
             last[0] = now
             return MetricRecord({})
 

@@ -434,8 +434,10 @@ def flower_line(params: int, rounds: int, cap: int, model: int) -> str:
     if got["ok"]:
         seconds = got.get("seconds") or []
         shown = ", ".join(f"{s:.1f}" for s in seconds)
-        return f"{head}; rounds done {got['rounds_done']} (s/round: {shown})"
-    return f"{head}; FAILED: {got['why']}"
+        steps = "".join(f"\n  Flower driver: {line}" for line in got.get("progress", []))
+        return f"{head}; rounds done {got['rounds_done']} (s/round: {shown}){steps}"
+    steps = "".join(f"\n  Flower driver: {line}" for line in got.get("progress", []))
+    return f"{head}; FAILED: {got['why']}{steps}"
 
 
 if __name__ == "__main__":
