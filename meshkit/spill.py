@@ -88,6 +88,8 @@ class Spill:
         self._maps: list[weakref.ref[np.memmap]] = []
         self._lock = threading.Lock()
         self._pager: threading.Thread | None = None
+        #: Set after each pass of the pager (what a test waits on, not a sleep).
+        self.paged = threading.Event()
 
     # -- the global model ----------------------------------------------------------
 
@@ -173,6 +175,7 @@ class Spill:
                 if spill is None:
                     return
                 spill.release()
+                spill.paged.set()
                 del spill
 
         self._pager = threading.Thread(target=page, name="meshkit-spill-pager", daemon=True)
