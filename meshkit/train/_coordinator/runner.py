@@ -218,8 +218,7 @@ class Runner:
     pset: Any = None
     progress: Callable[[RunEvent], None] | None = None
     launch: str | None = None
-    #: Start the discovery responder whatever ``[mesh] discovery`` says
-    #: (``meshkit coordinator --discovery``).
+    #: Start the discovery responder whatever ``[mesh] discovery`` says (``--discovery``).
     discovery: bool = False
     on_workers: Callable[[Mapping[int, subprocess.Popen]], None] | None = None
     #: A collective run (:class:`meshkit.train.PartialReducer`): no coordinator and no
@@ -735,8 +734,7 @@ class Runner:
         if group is not None:
             try:
                 # A restarted node still waiting to be taken back hears the end too.
-                take_back = getattr(group, "take_back", None)
-                if callable(take_back):
+                if callable(take_back := getattr(group, "take_back", None)):
                     take_back()
                 if ctx is not None:
                     ctx.pool.stop_all(ctx.live)
