@@ -90,6 +90,7 @@ class Spill:
         self._pager: threading.Thread | None = None
         #: Set after each pass of the pager (what a test waits on, not a sleep).
         self.paged = threading.Event()
+        self._closed = threading.Event()
 
     # -- the global model ----------------------------------------------------------
 
@@ -125,6 +126,14 @@ class Spill:
         optimizer.load_state_dict({k: mapped.get(k, v) for k, v in state.items()})
 
     # -- paging ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the pager (the run is over); the maps stay readable, their pages counted
+        again as they are read. Writing through this spill starts it again."""
+        self._closed.set()
+        if self._pager is not None:
+            self._pager.join(5 * self.interval + 1.0)
+            self._pager = None
 
     def owns(self, value: Any) -> bool:
         """Whether ``value`` is one of this spill's live maps."""
@@ -164,12 +173,12 @@ class Spill:
     def _start_pager(self) -> None:
         if self._pager is not None:
             return
-        # The thread holds the spill weakly: it ends once the run drops its spill.
+        self._closed.clear()
+        # The thread holds the spill weakly: it ends at close() or once the spill is dropped.
         me = weakref.ref(self)
-        interval = self.interval
+        interval, stop = self.interval, self._closed
 
         def page() -> None:
-            stop = threading.Event()
             while not stop.wait(interval):
                 spill = me()
                 if spill is None:

@@ -68,6 +68,10 @@ def test_the_pager_drops_pages_without_being_asked(tmp_path):
         spill.paged.clear()
         assert spill.paged.wait(30)
     assert mapped_rss_kb(file) < 1024
+    pager = spill._pager
+    assert pager is not None
+    spill.close()  # the run is over: the pager stops, the model stays readable
+    assert not pager.is_alive() and float(mapped["w"][0]) == 1.0
 
 
 def outer_step_heap(tmp_path: Path, spill: Spill | None) -> tuple[int, dict, object]:

@@ -747,6 +747,8 @@ class Runner:
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        if ctx is not None and ctx.spill is not None:
+            ctx.spill.close()  # its pager stops; the final model's maps stay readable
 
     def _notify(self, pset: Any, hook: str, **kwargs: Any) -> None:
         """An event to the installed observer plugins, then to this run's ``[[observers]]``."""
