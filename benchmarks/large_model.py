@@ -5,6 +5,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/large_model.py                                  # 100M float32 (400 MB)
     python benchmarks/large_model.py --params 500e6 --repeat 1        # the issue's 2 GB model
     python benchmarks/large_model.py --baseline main-e42316d=/tmp/base-e42316d
+    python benchmarks/large_model.py --params 500e6 --repeat 1 --rounds 2 --spill --flower
 
 Each trial is a real ``meshkit run`` (local launch, ``workers`` worker
 processes, one client each, ``fedavg``, ``average`` outer optimizer) on the
@@ -41,7 +42,16 @@ Printed per tree: peak RSS in MB and in model copies, seconds per round and
 transfer rate, each as the median over ``--repeat`` trials with min-max,
 the raw stream's rate, and the ratio (round rate / raw rate); then the
 state out and contribution in rates and their ratios to the raw and the
-encrypted streams, and the peak RSS of each phase. This is a
+encrypted streams, and the peak RSS of each phase. With ``--spill`` this tree runs twice per trial, in turns: as configured, and
+with ``[run] spill = true`` (the global model in a mapped file, ``meshkit.spill``),
+and the last lines hold each one's highest peak against issue 39's bound
+(2 x model + 512 MiB without the spill, model + 512 MiB with it). The peak is
+the coordinator's resident set (``ru_maxrss``): the spilled model's pages in
+the page cache are not in it (they are the kernel's, shared and reclaimable:
+``buff/cache`` in ``free``). With ``--flower``, the same model then goes through
+Flower 1.42's simulation, two clients, ``--flower-rounds`` rounds
+(``benchmarks/flower_large.py``): its driver's peak RSS, its process tree's, its
+time per round, or where it failed. This is a
 benchmark, not a test: it asserts nothing, and its numbers depend on the
 machine and its load (the load average is printed with them).
 """
@@ -163,13 +173,14 @@ TASK = "meshkit_tasks.synthetic:SyntheticTask"
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: float,
-                segment_bytes: int | None) -> str:
+                segment_bytes: int | None, spill: bool = False, outer: str = "average") -> str:
     segment = f"segment_bytes = {segment_bytes}" if segment_bytes else ""
     return textwrap.dedent(f"""
         [run]
         task = "{TASK}"
         seed = 1
         out = "{out}"
+        {"spill = true" if spill else ""}
 
         [mesh]
         launch = "local"
@@ -190,18 +201,20 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
         name = "fedavg"
 
         [outer_optimizer]
-        name = "average"
+        name = "{outer}"
     """)
 
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
-            timeout: float, segment_bytes: int | None, phases: bool = False) -> dict[str, Any]:
+            timeout: float, segment_bytes: int | None, phases: bool = False,
+            spill: bool = False, outer: str = "average") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-large-model-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
-                                      timeout=timeout, segment_bytes=segment_bytes))
+                                      timeout=timeout, segment_bytes=segment_bytes,
+                                      spill=spill, outer=outer))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         wrapper = PHASES_WRAPPER if phases else WRAPPER
@@ -321,13 +334,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--segment-bytes", type=int, default=None)
     parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
                         metavar="LABEL=DIR[:PYTHON]")
+    parser.add_argument("--spill", action="store_true",
+                        help="also run this tree with [run] spill = true, trial by trial")
+    parser.add_argument("--outer", default="average", help="[outer_optimizer] name")
+    parser.add_argument("--flower", action="store_true",
+                        help="then the same model through Flower 1.42's simulation")
+    parser.add_argument("--flower-rounds", type=int, default=1)
+    parser.add_argument("--flower-cap", type=float, default=12 * 2**30,
+                        help="kill Flower's process tree past this many resident bytes")
     args = parser.parse_args(argv)
     params = int(args.params)
     model = params * 4
     trees = [("this", ROOT, sys.executable, args.segment_bytes),
+             *([("this, spill", ROOT, sys.executable, args.segment_bytes)] if args.spill
+               else []),
              *[(label, tree, python, None) for label, tree, python in args.baseline]]
-    for _, tree, _, _ in trees[1:]:
-        ensure_synthetic(tree)
+    for label, tree, _, _ in trees[1:]:
+        if tree != ROOT:
+            ensure_synthetic(tree)
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in trees}
     raws: list[float] = []
     sealed: list[float] = []
@@ -340,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                                             for _ in range(args.raw)))
             got = one_run(python, tree, params=params, workers=args.workers,
                           rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
-                          phases=label == "this")
+                          phases=tree == ROOT, spill=label == "this, spill",
+                          outer=args.outer if tree == ROOT else "average")
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
                            if name in got)
@@ -375,7 +400,44 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt([r['seconds'] for r in rows], '')} | {fmt(rates, '', MB)} | "
               f"{statistics.median(rates) / raw:.2f}x | {shown[0]} | {shown[1]} | "
               f"{versus[0]} | {versus[1]} |")
+    print(budgets(results, model))
+    if args.flower:
+        print(flower_line(params, args.flower_rounds, int(args.flower_cap), model), flush=True)
     print(f"\nload average at the end: {os.getloadavg()}")
+
+
+def budgets(results: dict[str, list[dict[str, Any]]], model: int) -> str:
+    """Each of this tree's peaks against issue 39's bound: 2 x model (spill off) or 1 x
+    model (spill on), + 512 MiB."""
+    lines = []
+    for label, copies in (("this", 2), ("this, spill", 1)):
+        rows = results.get(label)
+        if rows:
+            worst = max(r["rss"] for r in rows)
+            bound = copies * model + 512 * 2**20
+            lines.append(f"{label}: highest peak {worst / MB:.0f} MB vs {copies} x model + 512 "
+                         f"MiB = {bound / MB:.0f} MB: {'met' if worst <= bound else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def flower_line(params: int, rounds: int, cap: int, model: int) -> str:
+    """Flower's simulation of the same model: its peak memory and time, or how it ended."""
+    from flower_large import run as run_flower
+
+    print(f"\n# Flower simulation: {params:,} float32 parameters, 2 clients, {rounds} round(s); "
+          f"load {os.getloadavg()}", flush=True)
+    got = run_flower(params, rounds, cap, budget=1800.0)
+    head = (f"Flower {got.get('version', '?')}: driver peak RSS "
+            f"{got.get('peak_driver', 0) / MB:.0f} MB ({got.get('peak_driver', 0) / model:.2f} "
+            f"model copies), process tree peak {got.get('peak_tree', 0) / MB:.0f} MB, wall "
+            f"{got.get('wall', 0):.1f} s")
+    if got["ok"]:
+        seconds = got.get("seconds") or []
+        shown = ", ".join(f"{s:.1f}" for s in seconds)
+        steps = "".join(f"\n  Flower driver: {line}" for line in got.get("progress", []))
+        return f"{head}; rounds done {got['rounds_done']} (s/round: {shown}){steps}"
+    steps = "".join(f"\n  Flower driver: {line}" for line in got.get("progress", []))
+    return f"{head}; FAILED: {got['why']}{steps}"
 
 
 if __name__ == "__main__":

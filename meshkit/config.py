@@ -108,6 +108,11 @@ class RunTable:
     #: OUT/clients.jsonl (one line per client and round), or "none".
     client_metrics: str = attrs.field(default="inline", validator=attrs.validators.in_(
         ("inline", "file", "none")))
+    #: Keep the coordinator's global model and outer-optimizer state in memory-mapped
+    #: safetensors files in ``spill_dir`` instead of in memory (:mod:`meshkit.spill`).
+    spill: bool = False
+    #: Where the spill's files go ("": ``OUT/spill``, beside the checkpoint).
+    spill_dir: str = ""
 
 
 @attrs.frozen

@@ -162,7 +162,12 @@ def pseudo_gradient(x: np.ndarray, c: np.ndarray, dtype: Any) -> np.ndarray:
 
 def split_buffers(state: Mapping[str, Any], buffers: tuple[str, ...], *,
                   name: str) -> dict[str, dict[str, np.ndarray]]:
-    """``{"m/w": a, "v/w": b}`` -> ``{"m": {"w": a}, "v": {"w": b}}`` (arrays copied)."""
+    """``{"m/w": a, "v/w": b}`` -> ``{"m": {"w": a}, "v": {"w": b}}`` (arrays copied).
+
+    A writable ``numpy.memmap`` is adopted, not copied: the spill
+    (:mod:`meshkit.spill`) hands an optimizer its moments mapped from a file, to be
+    stepped in place there rather than held in memory.
+    """
     out: dict[str, dict[str, np.ndarray]] = {b: {} for b in buffers}
     for full_key, value in state.items():
         prefix, sep, key = full_key.partition("/")
@@ -173,11 +178,20 @@ def split_buffers(state: Mapping[str, Any], buffers: tuple[str, ...], *,
                 f"outer optimizer {name}: state entry {full_key!r} must be a float array, "
                 f"found {type(value).__name__}"
                 f"{' ' + dtype_name(value.dtype) if is_array(value) else ''}")
-        out[prefix][key] = np.array(value, copy=True)
+        out[prefix][key] = value if _spilled(value) else np.array(value, copy=True)
     return out
 
 
+def _spilled(value: Any) -> bool:
+    return isinstance(value, np.memmap) and value.mode == "r+"
+
+
 def join_buffers(buffers: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The inverse of :func:`split_buffers` (arrays copied, so later steps can't change it)."""
-    return {f"{prefix}/{key}": np.array(value, copy=True)
+    """The inverse of :func:`split_buffers` (arrays copied, so later steps can't change it).
+
+    A spilled buffer (a writable map, see :func:`split_buffers`) is handed out as the
+    map itself: it is the file, and copying it would bring the moments back into memory;
+    the checkpoint writer reads it before the next step changes it.
+    """
+    return {f"{prefix}/{key}": value if _spilled(value) else np.array(value, copy=True)
             for prefix, table in buffers.items() for key, value in table.items()}

@@ -285,6 +285,10 @@ class StrategyContext:
     #: round takes a rank's adverts only when signed by a key it admits for that rank
     #: (:mod:`meshkit.train._rounds.secure`); None: the signatures are checked, not the keys.
     authorized_nodes: Any = None
+    #: ``[run] spill``: a :class:`meshkit.spill.Spill` that keeps the global model from
+    #: :meth:`initial_state` and :meth:`outer_step`, and the outer optimizer's state, in
+    #: mapped files; None: in memory.
+    spill: Any = None
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 
@@ -311,9 +315,9 @@ class StrategyContext:
 
     def initial_state(self) -> dict[str, Any]:
         """The resumed global state, or the task's initial state from the seed."""
-        if self.global_state is not None:
-            return dict(self.global_state)
-        return self.task.init_state(self.seed)
+        state = (dict(self.global_state) if self.global_state is not None
+                 else self.task.init_state(self.seed))
+        return state if self.spill is None else self.spill.global_state(state)
 
     def call(self, requests: Sequence[tuple[int, Mapping[str, Any]]]) -> list[Reply]:
         """Send requests to workers and wait for every answer (replies in request order).
@@ -405,9 +409,16 @@ class StrategyContext:
         buffers, integer arrays and JSON values take the consensus, dtype kept.
         """
         if self.outer is None:
-            return dict(consensus)
-        return step_parameters(self.outer, global_state, consensus, buffers=self.buffers,
-                               name=self.outer_name)
+            new = dict(consensus)
+        else:
+            new = step_parameters(self.outer, global_state, consensus, buffers=self.buffers,
+                                  name=self.outer_name)
+        if self.spill is None:
+            return new
+        # The step is done with the consensus: the new model goes to its file, and the
+        # optimizer's moments to theirs (meshkit.spill), before anything else reads them.
+        self.spill.adopt_outer(self.outer)
+        return self.spill.global_state(new)
 
     def resume_advice(self) -> str:
         """What to do after the run stopped here: ``--resume`` only when a checkpoint exists."""

@@ -50,6 +50,7 @@ from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, labe
                                  rows_of_client, split_rows)
 from meshkit.population import client_rows_of, is_population
 from meshkit.secure_aggregation import SchemeChoice
+from meshkit.spill import check_spill, spill_dir
 from meshkit.task import buffer_keys, build_task, check_task
 from meshkit.train._attacks import AttackPlan
 from meshkit.train._coordinator.observers import build_observers
@@ -84,8 +85,9 @@ def check_out(cfg: Any) -> None:
     if not os.access(probe, os.W_OK | os.X_OK):
         what = "is not writable" if probe == out.absolute() else (
             f"cannot be created: {str(probe)!r} is not writable")
-        raise ConfigError(f"{where} {what} by this user; choose a directory you can write "
-                          f"to")
+        raise ConfigError(f"{where} {what} by this user; choose a directory you can write to")
+    if cfg.run.spill:  # [run] spill_dir: OUT/spill unless set
+        check_spill(spill_dir(out, cfg.run.spill_dir), f"{cfg.path}: [run] spill_dir")
 
 
 def check_topology(cfg: Any, launch: str | None = None) -> None:

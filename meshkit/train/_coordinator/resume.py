@@ -26,6 +26,7 @@ from meshkit.aggregation import load_aggregator_state
 from meshkit.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from meshkit.errors import ConfigError, MeshError
 from meshkit.partitioner import DEFAULT_PARTITIONER
+from meshkit.spill import Spill, spill_dir
 from meshkit.train._coordinator.artifacts import clear_results, truncate_metrics
 
 __all__ = ["Start", "prepare_out", "identity"]
@@ -76,6 +77,7 @@ def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
     except OSError as exc:
         raise ConfigError(f"{cfg.path}: [run] out = {cfg.run.out!r}: cannot create it: "
                           f"{exc.strerror or exc}; choose a directory you can write to") from None
+    parts["spill"] = _open_spill(cfg, out) if cfg.run.spill else None
     if resume:
         return _resume(plan, out, parts)
     if not overwrite and checkpoint_path(out).exists():
@@ -89,6 +91,17 @@ def prepare_out(plan: Any, parts: dict[str, Any], *, resume: bool = False,
         raise ConfigError(f"{cfg.path}: [run] out = {cfg.run.out!r}: cannot write in it: "
                           f"{exc.strerror or exc}; choose a directory you can write to") from None
     return Start()
+
+
+def _open_spill(cfg: Any, out: Path) -> Spill:
+    """``[run] spill``'s directory, created (a ConfigError naming the key if it cannot be)."""
+    directory = spill_dir(out, cfg.run.spill_dir)
+    try:
+        return Spill(directory)
+    except OSError as exc:
+        raise ConfigError(f"{cfg.path}: [run] spill_dir: cannot create {str(directory)!r}: "
+                          f"{exc.strerror or exc}; choose a writable spill_dir (or set spill "
+                          f"= false)") from None
 
 
 def _describe(out: Path) -> str:

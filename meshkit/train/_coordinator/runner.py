@@ -218,8 +218,7 @@ class Runner:
     pset: Any = None
     progress: Callable[[RunEvent], None] | None = None
     launch: str | None = None
-    #: Start the discovery responder whatever ``[mesh] discovery`` says
-    #: (``meshkit coordinator --discovery``).
+    #: Start the discovery responder whatever ``[mesh] discovery`` says (``--discovery``).
     discovery: bool = False
     on_workers: Callable[[Mapping[int, subprocess.Popen]], None] | None = None
     #: A collective run (:class:`meshkit.train.PartialReducer`): no coordinator and no
@@ -615,8 +614,7 @@ class Runner:
                  last_metrics: dict[str, float], final_state: list[Any],
                  pset: Any) -> StrategyContext:
         cfg = plan.config
-        outer = parts["outer"]
-        rng = parts["rng"]
+        outer, rng = parts["outer"], parts["rng"]
         privacy = parts["privacy"]
         run_identity = identity(plan)
         client_local = ClientLocal(spill_dir=out)
@@ -669,7 +667,8 @@ class Runner:
             saved=dict(parts.get("strategy_state") or {}),
             secure_aggregation=parts.get("secure_aggregation"),
             compression=parts.get("compression"), stalled_clients=parts["stalled_clients"],
-            piece_bytes=cfg.mesh.piece_bytes, authorized_nodes=self._authorized)
+            piece_bytes=cfg.mesh.piece_bytes, authorized_nodes=self._authorized,
+            spill=parts.get("spill"))
         return ctx
 
     def _train_job(self, rank: int, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -735,8 +734,7 @@ class Runner:
         if group is not None:
             try:
                 # A restarted node still waiting to be taken back hears the end too.
-                take_back = getattr(group, "take_back", None)
-                if callable(take_back):
+                if callable(take_back := getattr(group, "take_back", None)):
                     take_back()
                 if ctx is not None:
                     ctx.pool.stop_all(ctx.live)
@@ -749,6 +747,8 @@ class Runner:
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        if ctx is not None and ctx.spill is not None:
+            ctx.spill.close()  # its pager stops; the final model's maps stay readable
 
     def _notify(self, pset: Any, hook: str, **kwargs: Any) -> None:
         """An event to the installed observer plugins, then to this run's ``[[observers]]``."""
