@@ -297,15 +297,23 @@ class FitBatchRequest:
                                    "was within", optional=True, check=_between(1e-300, 1e300))
     compress: Compress | None = _field("compressor", "`[compression]`: fold nothing; the "
                                        "reply's `payloads` carry each fit's compressed "
-                                       "payload, as a compressed `fit` reply's `state`",
+                                       "payload, as a compressed `fit` reply's `state`; with "
+                                       "`clip_range`, the reply's `grid` is the one exact sum "
+                                       "of the fits' codes on `[-clip_range, clip_range]` "
+                                       "weighed by `weight` (`meshkit.compression.CodeSum`)",
                                        optional=True)
     locals: State | None = _field("state", "with `compress`: each fit's `local` (a fit's: the "
                                   "client's residuals), entry `NAME` of fit `KEY` as `KEY/NAME`",
                                   optional=True)
 
     def __attrs_post_init__(self) -> None:
-        if (self.compress is None) != (self.weight is not None
-                                       and self.fraction_bits is not None):
+        grid = self.compress is not None and "clip_range" in self.compress
+        if grid:
+            if self.weight is None or self.fraction_bits is not None or self.locals:
+                raise ValueError("a batch summed on the shared grid (compress.clip_range) "
+                                 "weighs its fits (weight), with no fraction_bits or locals")
+        elif (self.compress is None) != (self.weight is not None
+                                         and self.fraction_bits is not None):
             raise ValueError("a batch folds its fits with weight and fraction_bits, and only "
                              "then: a compressed batch (compress) carries neither")
         if self.compress is not None and self.dp_clip is not None:
@@ -487,6 +495,10 @@ class FitBatchReply:
     payloads: State | None = _field("state", "when the batch asked for `compress` (and only "
                                     "then): each fit's compressed payload, entry `NAME` of "
                                     "fit `KEY` as `KEY/NAME`", optional=True)
+    grid: State | None = _field("state", "when the batch asked for `compress` with "
+                                "`clip_range` (and only then): `CodeSum.to_wire()`, `bits`, "
+                                "`mass`, `count`, each key's packed integer sum `sum/KEY` and "
+                                "the keys sent whole `whole/...`", optional=True)
 
 
 @attrs.frozen(kw_only=True)

@@ -20,6 +20,13 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   What was folded stays folded when its worker is lost later; a payload that does not
   fit, does not decode or is not finite costs its rank (or, on a second rank, its
   client), and the rest of its batch is served again.
+  With ``[compression] clip_range`` (a dense ``integer_field`` compressor) a batch
+  answers instead with **one** exact integer sum of its clients' codes on the shared
+  grid, weighed by examples (or once), which the coordinator merges into its own
+  (:class:`meshkit.compression.CodeSum`, ``_GridBatched``): about one compressed model
+  a batch crosses the wire, not one a client, and the result is the bits of adding
+  each client's codes at the coordinator. A sum that does not fit costs its rank, and
+  the whole batch is served again.
 * **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
 """
 
@@ -31,7 +38,7 @@ import attrs
 import numpy as np
 
 from meshkit.aggregation import exact_mean
-from meshkit.compression import (CompressedSum, CompressionPlan, compressed_keys,
+from meshkit.compression import (CodeSum, CompressedSum, CompressionPlan, compressed_keys,
                                  decode_contribution, is_residual, residual_name)
 from meshkit.errors import AggregationError, ProtocolError
 from meshkit.train._local_keys import ClientLocal
@@ -161,12 +168,22 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
     """Serve ``requests`` (key -> compressed fit request) in batches and fold each payload
     into one :class:`CompressedSum` (module docstring); what :func:`.batched.fold_batched`
     gives back."""
-    fold = CompressedSum(unpack.plan.compressor, state, raw=unpack.raw, name=name)
-    whole = {k: expected[k] for k in fold.whole_keys if k in expected}
-    batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold, store,
-                                 weight)
-    batched.max_size = min(batched.max_size,
-                           batch_size_bound(unpack.plan, state, unpack.raw, window))
+    plan = unpack.plan
+    if plan.clip_range is not None:
+        # One integer sum a batch, whatever its size: the batch is cut as the uncompressed
+        # batched round's.
+        grid = CodeSum(plan.compressor, state, raw=unpack.raw, clip_range=plan.clip_range,
+                       name=name)
+        batched: _CompressedBatched = _GridBatched(
+            ctx, dict(requests), state, how, label,
+            {k: expected[k] for k in grid.whole_keys if k in expected}, grid, weight)
+    else:
+        fold = CompressedSum(plan.compressor, state, raw=unpack.raw, name=name)
+        whole = {k: expected[k] for k in fold.whole_keys if k in expected}
+        batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold,
+                                     store, weight)
+        batched.max_size = min(batched.max_size,
+                               batch_size_bound(plan, state, unpack.raw, window))
     batched.state_request, batched.on_stale = send_state, on_stale
     return batched.play()
 
@@ -179,7 +196,7 @@ class _CompressedBatched(_Batched):
 
     def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, whole: Signature,
-                 fold: CompressedSum, store: ClientLocal | None,
+                 fold: CompressedSum | CodeSum, store: ClientLocal | None,
                  weight: Callable[[Mapping[str, Any]], float]) -> None:
         super().__init__(ctx, requests, state, how, label, whole, 0, fold.name, None)
         self.fold, self.store, self.weight = fold, store, weight
@@ -228,6 +245,7 @@ class _CompressedBatched(_Batched):
             try:
                 check_contribution({k: contribution.get(k) for k in self.expected},
                                    self.expected, what, finite=False)
+                assert isinstance(self.fold, CompressedSum)
                 residuals = self.fold.add(contribution, self.weight(self.replies[key]),
                                           source=f"{self.label} {key} (rank {rank})")
             except (ProtocolError, AggregationError) as exc:
@@ -252,3 +270,57 @@ class _CompressedBatched(_Batched):
             self.replies.pop(k, None)
         if again:
             self.respare(again)
+
+
+class _GridBatched(_CompressedBatched):
+    """The compressed batched round with ``[compression] clip_range``: each batch answers with
+    one exact integer sum of its clients' codes on the shared grid (``grid``,
+    :class:`~meshkit.compression.CodeSum`), merged into the coordinator's as it arrives --
+    the bits of adding each client's codes here (module docstring of
+    :mod:`meshkit.compression._grid`)."""
+
+    name = "the compressed batched round (one grid sum a batch)"
+
+    def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
+                 state: Mapping[str, Any], how: str, label: str, whole: Signature,
+                 fold: CodeSum, weight: Callable[[Mapping[str, Any]], float]) -> None:
+        super().__init__(ctx, requests, state, how, label, whole, fold, None, weight)
+        self.grid = fold
+        if self.compress is not None:
+            self.compress = {**self.compress, "clip_range": fold.clip_range}
+
+    def hand_out(self, rank: int, busy: set[int]) -> bool:
+        batch = self.next_unit(rank, busy)
+        if batch is None:
+            return False
+        fits = [{**{k: v for k, v in self.requests[key].items()
+                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        request = {"op": "fit_batch", "fits": fits, "label": self.label, "weight": self.how,
+                   "compress": self.compress}
+        timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
+        self.send(rank, "fit_batch", batch, request, timeout)
+        return True
+
+    def answered(self, rank: int, kind: str, batch: list[int] | None,
+                 payload: Mapping[str, Any]) -> None:
+        assert batch is not None  # only fit_batch is asked
+        replies = {int(r["key"]): small_reply(int(r["examples"]), r)
+                   for r in payload["results"]}
+        source = f"rank {rank}'s grid sum of {len(batch)} {self.label}s"
+        try:
+            weights = [self.weight(replies[k]) for k in batch]
+            mass = int(sum(weights))
+            if any(w != int(w) for w in weights) or payload["grid"].get("mass") != mass \
+                    or payload["grid"].get("count") != len(batch):
+                raise ProtocolError(f"{source} claims {payload['grid'].get('count')} "
+                                    f"contributions weighing {payload['grid'].get('mass')}; "
+                                    f"it summed {len(batch)} weighing {mass}")
+            self.grid.merge(payload["grid"], source=source)
+        except (ProtocolError, AggregationError) as exc:
+            reason = (protocol_reason(exc) if isinstance(exc, ProtocolError)
+                      else f"refused by the fold: {exc}")
+            self.failed(rank, kind, batch, None, reason)  # its sender's: the batch again
+            return
+        for key in batch:
+            self.replies[key] = replies[key]
+            self.served[key] = rank

@@ -58,7 +58,7 @@ import numpy as np
 
 from meshkit import plugins
 from meshkit.aggregation import FixedPointSum
-from meshkit.compression import RESIDUAL, SEP, encode_update, is_residual
+from meshkit.compression import RESIDUAL, SEP, CodeSum, encode_update, is_residual
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.errors import WireError
@@ -444,20 +444,31 @@ class Trainer:
         folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`)."""
         results, payloads = [], {}
         local = by_key(request.get("locals") or {})
+        chosen = request["compress"]
+        grid = None  # with clip_range: one exact sum of the clients' codes (CodeSum)
+        if chosen.get("clip_range") is not None:
+            model = only(self._require_state("fit_batch"), self.trainable)
+            grid = CodeSum(self._compressors.of(chosen), model, raw=chosen["raw"],
+                           clip_range=float(chosen["clip_range"]))
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
-            one = {**fit, "op": "fit", "compress": request["compress"],
-                   "local": local.pop(key, {})}
+            one = {**fit, "op": "fit", "compress": chosen, "local": local.pop(key, {})}
             state, examples, metrics, attacked = self._fit(one)
-            for name, value in self._compressed(one, state).items():
-                payloads[f"{key}/{name}"] = value
+            if grid is not None:
+                grid.add_fit(model, state, examples if request["weight"] == "examples" else 1,
+                             seed=int(fit["seed"]), source=f"{request['label']} {key}")
+            else:
+                for name, value in self._compressed(one, state).items():
+                    payloads[f"{key}/{name}"] = value
             del state
             result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
             if attacked:
                 result["attacked"] = attacked
             results.append(result)
         self.failing = None
+        if grid is not None:
+            return {"results": results, "grid": grid.to_wire()}
         return {"results": results, "payloads": payloads}
 
     def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:
