@@ -129,9 +129,12 @@ class CodeSum:
             checked[key] = c.astype(np.int64) * w
         self._fold(checked, w, 1, whole, source)
 
-    def merge(self, wire: Mapping[str, Any], *, source: str) -> None:
+    def merge(self, wire: Mapping[str, Any], *, source: str,
+              whole: Mapping[str, Any] | None = None) -> None:
         """Add another sum (its :meth:`to_wire`), checked like any message: a
-        :class:`~meshkit.ProtocolError` naming what does not fit."""
+        :class:`~meshkit.ProtocolError` naming what does not fit. ``whole``: the keys sent
+        whole's signature (key -> (shape, dtype), :meth:`FixedPartial.matches`), checked
+        when given."""
         try:
             bits, mass, count = (_whole_number(wire.get(k), k) for k in ("bits", "mass", "count"))
         except ValueError as exc:
@@ -155,15 +158,19 @@ class CodeSum:
         extra = sorted(k for k in wire if k.startswith(SUM) and k[len(SUM):] not in self.sizes)
         if extra:
             raise ProtocolError(f"{source}: a grid sum of keys the model lacks: {extra[:4]}")
-        whole = None
+        partial = None
         if self.whole is not None:
             try:
-                whole = FixedPartial.from_wire(
+                partial = FixedPartial.from_wire(
                     {k[len(WHOLE):]: v for k, v in wire.items() if k.startswith(WHOLE)},
                     what=f"{source}'s keys sent whole")
             except AggregationError as exc:
                 raise ProtocolError(str(exc)) from None
-        self._fold(sums, mass, count, whole, source)
+            mismatch = None if whole is None else partial.matches(whole)
+            if mismatch is not None:
+                raise ProtocolError(f"{source}'s keys sent whole do not match the round's "
+                                    f"model: {mismatch}")
+        self._fold(sums, mass, count, partial, source)
 
     # -- out ------------------------------------------------------------------------------
 

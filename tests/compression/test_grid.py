@@ -60,6 +60,7 @@ def test_each_batch_answers_with_one_sum_and_the_model_is_the_per_client_folds_b
         ctx.compression = chosen
         folded = fold_round(ctx, fits(9), state=state)
         asked = [r for _, r in ctx.pool.log if r.get("op") == "fit_batch"]
+        assert "take_partial" in {r.get("op") for _, r in ctx.pool.log}
         assert asked and all(r["compress"]["clip_range"] == CLIP and r["weight"] == "examples"
                              for r in asked)
         assert sorted(folded.served) == list(range(9)) and folded.failed == {}
@@ -71,7 +72,7 @@ def test_each_batch_answers_with_one_sum_and_the_model_is_the_per_client_folds_b
             np.testing.assert_allclose(expected[key], value, atol=2 * CLIP / 255)
 
 
-def test_a_workers_reply_is_one_sum_a_batch_not_a_payload_a_client():
+def test_a_worker_hands_over_one_sum_for_all_its_batches_not_a_payload_a_client():
     ctx = make_ctx(workers=2)
     ctx.compression = plan()
     state = ctx.task.init_state(0)
@@ -80,22 +81,25 @@ def test_a_workers_reply_is_one_sum_a_batch_not_a_payload_a_client():
     class Recording(Trainer):
         def handle(self, request):
             reply = super().handle(request)
-            if request.get("op") == "fit_batch":
-                answers.append((len(request["fits"]), reply))
+            if request.get("op") in ("fit_batch", "take_partial"):
+                answers.append((request["op"], len(request.get("fits", ())), reply))
             return reply
 
     ctx.pool.trainers[1] = Recording(synthetic())
-    fold_round(ctx, fits(12), state=state)
-    assert answers
-    for count, reply in answers:
-        assert "payloads" not in reply and reply["grid"]["count"] == count
-        # bits + ceil(log2 mass) a coordinate, whatever the batch's size.
-        bits = reply["grid"]["bits"]
-        assert bits == (reply["grid"]["mass"] * 255).bit_length() < 32
-        sums = [k for k in reply["grid"] if k.startswith("sum/")]
-        for k in sums:
-            assert reply["grid"][k].dtype == np.uint8
-            assert reply["grid"][k].size == -(-np.asarray(state[k[4:]]).size * bits // 8)
+    folded = fold_round(ctx, fits(100, shards=100), state=state)
+    batches = [(n, reply) for op, n, reply in answers if op == "fit_batch"]
+    sums = [reply["partial"] for op, _, reply in answers if op == "take_partial"]
+    assert len(batches) >= 2 and len(sums) == 1  # several batches, one sum pulled
+    assert all("payloads" not in reply for _, reply in batches)
+    grid = sums[0]
+    assert grid["count"] == sum(n for n, _ in batches)
+    assert grid["count"] == sum(1 for rank in folded.served.values() if rank == 1)
+    # bits + ceil(log2 mass) a coordinate, however many clients it sums.
+    bits = grid["bits"]
+    assert bits == (grid["mass"] * 255).bit_length() < 32
+    for k in (k for k in grid if k.startswith("sum/")):
+        assert grid[k].dtype == np.uint8
+        assert grid[k].size == -(-np.asarray(state[k[4:]]).size * bits // 8)
 
 
 class Lying(Trainer):
@@ -105,14 +109,14 @@ class Lying(Trainer):
 
     def handle(self, request):
         reply = super().handle(request)
-        if request.get("op") == "fit_batch" and "grid" in reply:
-            grid = dict(reply["grid"])
+        if request.get("op") == "take_partial" and "bits" in reply.get("partial", {}):
+            grid = dict(reply["partial"])
             if self.how == "mass":
                 grid["mass"] += 1
             else:  # a sum beyond what its codes can reach: every bit set
                 key = next(k for k in grid if k.startswith("sum/"))
                 grid[key] = np.full_like(grid[key], 0xFF)
-            reply["grid"] = grid
+            reply["partial"] = grid
         return reply
 
 
@@ -125,7 +129,8 @@ def test_a_sum_that_does_not_fit_costs_its_rank_and_the_bits_stay(how, words):
     ctx.compression = chosen
     ctx.pool.trainers[2] = Lying(synthetic(), how)
     folded = fold_round(ctx, fits(8), state=state)
-    assert set(folded.failed) == {2} and words in folded.failed[2], folded.failed
+    assert list(ctx.dead) == [2] and ctx.dead[2].startswith("protocol error")
+    assert words in ctx.dead[2], ctx.dead[2]
     assert sorted(folded.served) == list(range(8)) and set(folded.served.values()) == {1}
     assert same_bytes(folded.result, expected)
 

@@ -124,11 +124,9 @@ def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
                                     f"{answered[:8]}, asked for {asked[:8]}")
             compressed = bool(request.get("compressed", request.get("compress") is not None))
             grid = bool(request.get("grid", "clip_range" in (request.get("compress") or {})))
-            if (message.payloads is not None) != (compressed and not grid) \
-                    or (message.grid is not None) != grid:
-                raise ProtocolError(f"the reply to 'fit_batch' must carry payloads only when "
-                                    f"the batch asked for compress, and a grid sum (grid) "
-                                    f"only, and always, when it asked for compress with "
+            if (message.payloads is not None) != (compressed and not grid):
+                raise ProtocolError(f"the reply to 'fit_batch' must carry payloads only, and "
+                                    f"always, when the batch asked for compress without "
                                     f"clip_range")
     if seq is not None and message.seq != seq:
         raise ProtocolError(f"the reply to {op!r} echoes seq {message.seq}, not {seq}")

@@ -298,9 +298,10 @@ class FitBatchRequest:
     compress: Compress | None = _field("compressor", "`[compression]`: fold nothing; the "
                                        "reply's `payloads` carry each fit's compressed "
                                        "payload, as a compressed `fit` reply's `state`; with "
-                                       "`clip_range`, the reply's `grid` is the one exact sum "
-                                       "of the fits' codes on `[-clip_range, clip_range]` "
-                                       "weighed by `weight` (`meshkit.compression.CodeSum`)",
+                                       "`clip_range`, no payloads: each fit's codes on "
+                                       "`[-clip_range, clip_range]` go into the worker's one "
+                                       "exact sum, weighed by `weight` "
+                                       "(`meshkit.compression.CodeSum`, `take_partial`)",
                                        optional=True)
     locals: State | None = _field("state", "with `compress`: each fit's `local` (a fit's: the "
                                   "client's residuals), entry `NAME` of fit `KEY` as `KEY/NAME`",
@@ -495,10 +496,6 @@ class FitBatchReply:
     payloads: State | None = _field("state", "when the batch asked for `compress` (and only "
                                     "then): each fit's compressed payload, entry `NAME` of "
                                     "fit `KEY` as `KEY/NAME`", optional=True)
-    grid: State | None = _field("state", "when the batch asked for `compress` with "
-                                "`clip_range` (and only then): `CodeSum.to_wire()`, `bits`, "
-                                "`mass`, `count`, each key's packed integer sum `sum/KEY` and "
-                                "the keys sent whole `whole/...`", optional=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -508,7 +505,10 @@ class PartialReply:
     seq: int = _seq()
     partial: State = _field("state", "`FixedPartial.to_wire()`: `fraction_bits`, `mass`, "
                                      "`count` and int64 sums (docs/strategies.md, \"The round "
-                                     "engine\")")
+                                     "engine\"); after grid batches (`compress.clip_range`) "
+                                     "`CodeSum.to_wire()`: `bits`, `mass`, `count`, each "
+                                     "key's integer sum packed at `bits` (`sum/KEY`), the "
+                                     "keys sent whole's partial (`whole/...`)")
 
 
 #: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).

@@ -20,13 +20,15 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   What was folded stays folded when its worker is lost later; a payload that does not
   fit, does not decode or is not finite costs its rank (or, on a second rank, its
   client), and the rest of its batch is served again.
-  With ``[compression] clip_range`` (a dense ``integer_field`` compressor) a batch
+  With ``[compression] clip_range`` (a dense ``integer_field`` compressor) a worker
   answers instead with **one** exact integer sum of its clients' codes on the shared
-  grid, weighed by examples (or once), which the coordinator merges into its own
-  (:class:`meshkit.compression.CodeSum`, ``_GridBatched``): about one compressed model
-  a batch crosses the wire, not one a client, and the result is the bits of adding
-  each client's codes at the coordinator. A sum that does not fit costs its rank, and
-  the whole batch is served again.
+  grid, weighed by examples (or once), kept across its batches and pulled once
+  (``take_partial``, as the uncompressed batched round's partial), which the
+  coordinator merges into its own (:class:`meshkit.compression.CodeSum`,
+  ``_GridBatched``): about one compressed model a worker crosses the wire, not one a
+  client, and the result is the bits of adding each client's codes at the
+  coordinator. A sum that does not fit costs its rank, and its clients are served
+  again.
 * **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
 """
 
@@ -40,7 +42,7 @@ import numpy as np
 from meshkit.aggregation import exact_mean
 from meshkit.compression import (CodeSum, CompressedSum, CompressionPlan, compressed_keys,
                                  decode_contribution, is_residual, residual_name)
-from meshkit.errors import AggregationError, ProtocolError
+from meshkit.errors import AggregationError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
@@ -174,7 +176,7 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
         # batched round's.
         grid = CodeSum(plan.compressor, state, raw=unpack.raw, clip_range=plan.clip_range,
                        name=name)
-        batched: _CompressedBatched = _GridBatched(
+        batched: _Batched = _GridBatched(
             ctx, dict(requests), state, how, label,
             {k: expected[k] for k in grid.whole_keys if k in expected}, grid, weight)
     else:
@@ -272,22 +274,26 @@ class _CompressedBatched(_Batched):
             self.respare(again)
 
 
-class _GridBatched(_CompressedBatched):
-    """The compressed batched round with ``[compression] clip_range``: each batch answers with
-    one exact integer sum of its clients' codes on the shared grid (``grid``,
-    :class:`~meshkit.compression.CodeSum`), merged into the coordinator's as it arrives --
-    the bits of adding each client's codes here (module docstring of
-    :mod:`meshkit.compression._grid`)."""
 
-    name = "the compressed batched round (one grid sum a batch)"
+class _GridBatched(_Batched):
+    """The compressed batched round with ``[compression] clip_range``: each worker adds its
+    batches' clients' codes on the shared grid into one exact integer sum
+    (:class:`~meshkit.compression.CodeSum`), handed over with ``take_partial`` as the
+    batched round's partial is, and merged into the coordinator's -- the bits of adding
+    each client's codes here (:mod:`meshkit.compression._grid`)."""
+
+    name = "the compressed batched round (one grid sum a worker)"
 
     def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, whole: Signature,
-                 fold: CodeSum, weight: Callable[[Mapping[str, Any]], float]) -> None:
-        super().__init__(ctx, requests, state, how, label, whole, fold, None, weight)
-        self.grid = fold
-        if self.compress is not None:
-            self.compress = {**self.compress, "clip_range": fold.clip_range}
+                 grid: CodeSum, weight: Callable[[Mapping[str, Any]], float]) -> None:
+        super().__init__(ctx, requests, state, how, label, whole, 0, grid.name, None)
+        self.grid, self.weight = grid, weight
+        first = next(iter(requests.values()), {})
+        self.compress = {**first.get("compress", {}), "clip_range": grid.clip_range}
+
+    def result(self) -> dict[str, Any]:
+        return self.grid.result()
 
     def hand_out(self, rank: int, busy: set[int]) -> bool:
         batch = self.next_unit(rank, busy)
@@ -303,24 +309,29 @@ class _GridBatched(_CompressedBatched):
 
     def answered(self, rank: int, kind: str, batch: list[int] | None,
                  payload: Mapping[str, Any]) -> None:
-        assert batch is not None  # only fit_batch is asked
-        replies = {int(r["key"]): small_reply(int(r["examples"]), r)
-                   for r in payload["results"]}
-        source = f"rank {rank}'s grid sum of {len(batch)} {self.label}s"
-        try:
-            weights = [self.weight(replies[k]) for k in batch]
-            mass = int(sum(weights))
-            if any(w != int(w) for w in weights) or payload["grid"].get("mass") != mass \
-                    or payload["grid"].get("count") != len(batch):
-                raise ProtocolError(f"{source} claims {payload['grid'].get('count')} "
-                                    f"contributions weighing {payload['grid'].get('mass')}; "
-                                    f"it summed {len(batch)} weighing {mass}")
-            self.grid.merge(payload["grid"], source=source)
-        except (ProtocolError, AggregationError) as exc:
-            reason = (protocol_reason(exc) if isinstance(exc, ProtocolError)
-                      else f"refused by the fold: {exc}")
-            self.failed(rank, kind, batch, None, reason)  # its sender's: the batch again
+        if kind == "fit_batch":
+            super().answered(rank, kind, batch, payload)
             return
-        for key in batch:
-            self.replies[key] = replies[key]
+        # take_partial: the worker's one sum of every batch it answered
+        self.taking = None
+        keys = self.folded.get(rank, [])
+        source = f"rank {rank}'s grid sum of {len(keys)} {self.label}s"
+        wire = payload["partial"]
+        try:
+            mass = sum(int(self.weight(self.replies[k])) for k in keys)
+            if wire.get("mass") != mass or wire.get("count") != len(keys):
+                raise ProtocolError(f"{source} claims {wire.get('count')} contributions "
+                                    f"weighing {wire.get('mass')}; it summed {len(keys)} "
+                                    f"weighing {mass}")
+            self.grid.merge(wire, source=source, whole=self.expected)
+        except ProtocolError as exc:
+            # Its sender's fault alone (a sum is no client's): the rank goes, its keys
+            # are served again -- as the batched round's partial.
+            reason = protocol_reason(exc)
+            if not self.failures.accept:
+                raise WorkerError(rank, reason) from None
+            self.ctx.pool.declare_dead(rank, reason)
+            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            return
+        for key in self.folded.pop(rank):
             self.served[key] = rank

@@ -128,7 +128,7 @@ class Trainer:
     attack_name: str = ""
     #: The round's exact partial sum of the fits ``fit_batch`` folded here, until
     #: ``take_partial`` hands it over (a new ``set_state`` discards it).
-    partial: FixedPointSum | ClippedSum | None = None
+    partial: FixedPointSum | ClippedSum | CodeSum | None = None
     #: ``[strategy] trainable``'s keys (the last ``set_state``'s): a fit answers with
     #: only these; None: with every key.
     trainable: frozenset[str] | None = None
@@ -290,6 +290,8 @@ class Trainer:
                 raise MeshError("no partial sum is held here; fit_batch folds one (a new "
                                 "round discards it)")
             partial, self.partial = self.partial, None
+            if isinstance(partial, CodeSum):  # [compression] clip_range: integer codes
+                return {"partial": partial.to_wire()}
             return {"partial": partial.partial().to_wire()}
         if op == "set_state":
             if request.get("digest") is not None:  # [compression] broadcast
@@ -401,7 +403,8 @@ class Trainer:
                 clipped = any(fit.get("clip_norm") is not None for fit in request["fits"])
                 self.partial = ClippedSum(model, clip_norm=float(private),
                                           clipped_by_clients=clipped)
-        if (private is None) != isinstance(self.partial, FixedPointSum):
+        if isinstance(self.partial, CodeSum) or (private is None) != isinstance(
+                self.partial, FixedPointSum):
             raise MeshError("fit_batch mixes private (dp_clip) and plain batches in one round")
         if self.partial.fraction_bits != bits:
             raise MeshError(f"fit_batch with fraction_bits = {bits}, but this round's partial "
@@ -445,11 +448,16 @@ class Trainer:
         results, payloads = [], {}
         local = by_key(request.get("locals") or {})
         chosen = request["compress"]
-        grid = None  # with clip_range: one exact sum of the clients' codes (CodeSum)
+        grid = None  # with clip_range: the round's one exact sum of codes (CodeSum)
         if chosen.get("clip_range") is not None:
             model = only(self._require_state("fit_batch"), self.trainable)
-            grid = CodeSum(self._compressors.of(chosen), model, raw=chosen["raw"],
-                           clip_range=float(chosen["clip_range"]))
+            if self.partial is None:
+                self.partial = CodeSum(self._compressors.of(chosen), model, raw=chosen["raw"],
+                                       clip_range=float(chosen["clip_range"]))
+            grid = self.partial
+            if not isinstance(grid, CodeSum) or grid.clip_range != chosen["clip_range"]:
+                raise MeshError("fit_batch mixes grid sums (compress.clip_range) of other "
+                                "ranges, or other batches, in one round")
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
@@ -467,8 +475,8 @@ class Trainer:
                 result["attacked"] = attacked
             results.append(result)
         self.failing = None
-        if grid is not None:
-            return {"results": results, "grid": grid.to_wire()}
+        if grid is not None:  # take_partial hands the sum over
+            return {"results": results}
         return {"results": results, "payloads": payloads}
 
     def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:
