@@ -448,16 +448,17 @@ class Trainer:
         results, payloads = [], {}
         local = by_key(request.get("locals") or {})
         chosen = request["compress"]
-        grid = None  # with clip_range: the round's one exact sum of codes (CodeSum)
+        grid: CodeSum | None = None  # with clip_range: the round's one exact sum of codes
         if chosen.get("clip_range") is not None:
             model = only(self._require_state("fit_batch"), self.trainable)
             if self.partial is None:
                 self.partial = CodeSum(self._compressors.of(chosen), model, raw=chosen["raw"],
                                        clip_range=float(chosen["clip_range"]))
-            grid = self.partial
-            if not isinstance(grid, CodeSum) or grid.clip_range != chosen["clip_range"]:
+            if not isinstance(self.partial, CodeSum) \
+                    or self.partial.clip_range != chosen["clip_range"]:
                 raise MeshError("fit_batch mixes grid sums (compress.clip_range) of other "
                                 "ranges, or other batches, in one round")
+            grid = self.partial
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
