@@ -54,7 +54,8 @@ Metrics = NewType("Metrics", dict)
 Activation = NewType("Activation", object)
 #: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
 Poison = NewType("Poison", dict)
-#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``.
+#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``,
+#: and in a grid batch (``fit_batch``) ``"clip_range": float``.
 Compress = NewType("Compress", dict)
 
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.

@@ -282,7 +282,8 @@ class FitBatchRequest:
                                   "seed}` with a fit's optional `time_budget`, `poison`, "
                                   "`clip_norm`; keys distinct", check=_fits)
     weight: str | None = _field("str", "each fit's weight in the sum: `examples` (its "
-                                "realized work) or `once` (1); required unless `compress`",
+                                "realized work) or `once` (1); required unless `compress` "
+                                "(and with `compress.clip_range`)",
                                 optional=True, check=attrs.validators.in_(("examples", "once")))
     fraction_bits: int | None = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
                                        "(`meshkit.aggregation.FixedPointSum`); required unless "
