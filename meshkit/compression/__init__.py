@@ -26,7 +26,7 @@ from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compr
                                           decode_contribution, decode_field_sum, encode_update,
                                           field_codes, is_residual, key_seed, residual_name)
 from meshkit.compression._fold import DECODE_STEP, CompressedSum, decoded_chunks
-from meshkit.compression._grid import CodeSum, grid_codes
+from meshkit.compression._grid import CodeSum, GridTotal, grid_codes
 from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
 
 __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits",
@@ -34,4 +34,4 @@ __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_tr
            "decode_field_sum", "decode_contribution", "encode_update", "is_residual",
            "key_seed", "residual_name", "CompressionPlan", "check_compression",
            "upload_estimate", "CompressedSum", "decoded_chunks", "DECODE_STEP", "CodeSum",
-           "grid_codes"]
+           "GridTotal", "grid_codes"]

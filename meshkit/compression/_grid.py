@@ -50,10 +50,12 @@ from meshkit.compression._payload import compressed_keys, decode_field_sum, fiel
 from meshkit.errors import AggregationError, ProtocolError, RefusedError
 from meshkit.secure_aggregation import pack, packed_size, unpack, vector_dtype
 
-__all__ = ["CodeSum", "grid_codes", "SUM", "WHOLE"]
+__all__ = ["CodeSum", "GridTotal", "grid_codes", "parse_wire", "to_wire", "SUM", "SIZE",
+           "WHOLE"]
 
-#: A grid sum's wire entries: ``sum/KEY`` (packed integers), ``whole/...`` (the partial).
-SUM, WHOLE = "sum/", "whole/"
+#: A grid sum's wire entries: ``sum/KEY`` (packed integers), ``n/KEY`` (its coordinates),
+#: ``whole/...`` (the keys sent whole's partial).
+SUM, SIZE, WHOLE = "sum/", "n/", "whole/"
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -135,55 +137,28 @@ class CodeSum:
         :class:`~meshkit.ProtocolError` naming what does not fit. ``whole``: the keys sent
         whole's signature (key -> (shape, dtype), :meth:`FixedPartial.matches`), checked
         when given."""
-        try:
-            bits, mass, count = (_whole_number(wire.get(k), k) for k in ("bits", "mass", "count"))
-        except ValueError as exc:
-            raise ProtocolError(f"{source}: a grid sum's {exc}") from None
-        most = mass * self.levels
-        if not 1 <= count or not 1 <= bits <= 64 or most.bit_length() > bits:
-            raise ProtocolError(f"{source}: a grid sum of {count} codes weighing {mass} at "
-                                f"{bits} bits a coordinate does not fit (its codes reach "
-                                f"{most}, {most.bit_length()} bits)")
-        sums = {}
-        for key, size in self.sizes.items():
-            packed = wire.get(SUM + key)
-            try:
-                total = unpack(packed, bits, size)  # type: ignore[arg-type]
-            except ValueError as exc:
-                raise ProtocolError(f"{source}: key {key!r}: {exc}") from None
-            if size and int(total.max()) > most:
-                raise ProtocolError(f"{source}: key {key!r} sums to more than its {count} "
-                                    f"codes weighing {mass} can ({most})")
-            sums[key] = total.astype(np.int64)
-        extra = sorted(k for k in wire if k.startswith(SUM) and k[len(SUM):] not in self.sizes)
-        if extra:
-            raise ProtocolError(f"{source}: a grid sum of keys the model lacks: {extra[:4]}")
-        partial = None
-        if self.whole is not None:
-            try:
-                partial = FixedPartial.from_wire(
-                    {k[len(WHOLE):]: v for k, v in wire.items() if k.startswith(WHOLE)},
-                    what=f"{source}'s keys sent whole")
-            except AggregationError as exc:
-                raise ProtocolError(str(exc)) from None
-            mismatch = None if whole is None else partial.matches(whole)
-            if mismatch is not None:
-                raise ProtocolError(f"{source}'s keys sent whole do not match the round's "
-                                    f"model: {mismatch}")
+        mass, count, levels, sizes, sums, partial = parse_wire(wire, source)
+        if levels != self.levels or sizes != self.sizes:
+            raise ProtocolError(f"{source}: a grid sum of {levels}-level codes over "
+                                f"{sorted(sizes.items())[:4]}; this round's are "
+                                f"{self.levels}-level over {sorted(self.sizes.items())[:4]}")
+        if (partial is None) != (self.whole is None):
+            raise ProtocolError(f"{source}: its keys sent whole "
+                                f"{'are missing' if partial is None else 'are not the model'}")
+        mismatch = None if whole is None or partial is None else partial.matches(whole)
+        if mismatch is not None:
+            raise ProtocolError(f"{source}'s keys sent whole do not match the round's "
+                                f"model: {mismatch}")
         self._fold(sums, mass, count, partial, source)
 
     # -- out ------------------------------------------------------------------------------
 
     def to_wire(self) -> dict[str, Any]:
-        """This sum as a flat state: ``bits``, ``mass``, ``count``, ``sum/KEY`` (packed at
-        ``bits``, the narrowest width ``mass * L`` fits) and ``whole/...``."""
-        bits = max(1, (self.mass * self.levels).bit_length())
-        wire: dict[str, Any] = {"bits": bits, "mass": self.mass, "count": self.count}
-        for key, total in self.sums.items():
-            wire[SUM + key] = pack(total.astype(vector_dtype(bits)), bits)
-        if self.whole is not None and self.count:
-            wire.update({WHOLE + k: v for k, v in self.whole.partial().to_wire().items()})
-        return wire
+        """This sum as a flat state: ``bits``, ``mass``, ``count``, ``levels``, ``n/KEY``
+        (its coordinates), ``sum/KEY`` (packed at ``bits``, the narrowest width
+        ``mass * levels`` fits) and ``whole/...`` (the keys sent whole's partial)."""
+        whole = self.whole.partial() if self.whole is not None and self.count else None
+        return to_wire(self.sums, self.mass, self.count, self.levels, whole)
 
     def wire_bytes(self) -> int:
         """The bytes :meth:`to_wire`'s sums take (framing and names not counted)."""
@@ -254,3 +229,97 @@ def _whole_number(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     return int(value)
+
+
+def to_wire(sums: Mapping[str, np.ndarray], mass: int, count: int, levels: int,
+            whole: FixedPartial | None) -> dict[str, Any]:
+    """A grid sum's flat wire form (:meth:`CodeSum.to_wire`)."""
+    bits = max(1, (mass * levels).bit_length())
+    wire: dict[str, Any] = {"bits": bits, "mass": mass, "count": count, "levels": levels}
+    for key, total in sums.items():
+        wire[SIZE + key] = int(total.size)
+        wire[SUM + key] = pack(total.astype(vector_dtype(bits)), bits)
+    if whole is not None:
+        wire.update({WHOLE + k: v for k, v in whole.to_wire().items()})
+    return wire
+
+
+def parse_wire(wire: Mapping[str, Any], source: str) -> tuple[
+        int, int, int, dict[str, int], dict[str, np.ndarray], FixedPartial | None]:
+    """A grid sum from elsewhere, checked (ProtocolError naming ``source``): its mass,
+    count, levels, each key's coordinates and int64 sum, and the whole keys' partial."""
+    try:
+        bits, mass, count, levels = (_whole_number(wire.get(k), k)
+                                     for k in ("bits", "mass", "count", "levels"))
+        sizes = {k[len(SIZE):]: _whole_number(v, k) for k, v in wire.items()
+                 if k.startswith(SIZE)}
+    except ValueError as exc:
+        raise ProtocolError(f"{source}: a grid sum's {exc}") from None
+    most = mass * levels
+    if count < 1 or not 1 <= bits <= 64 or levels < 1 or most.bit_length() > bits \
+            or most > _INT64_MAX:
+        raise ProtocolError(f"{source}: a grid sum of {count} codes of {levels} levels "
+                            f"weighing {mass} at {bits} bits a coordinate does not fit (its "
+                            f"codes reach {most}, {most.bit_length()} bits)")
+    if {k[len(SUM):] for k in wire if k.startswith(SUM)} != set(sizes):
+        raise ProtocolError(f"{source}: a grid sum's keys (sum/) and sizes (n/) differ")
+    sums = {}
+    for key, size in sizes.items():
+        try:
+            total = unpack(wire[SUM + key], bits, size)
+        except ValueError as exc:
+            raise ProtocolError(f"{source}: key {key!r}: {exc}") from None
+        if size and int(total.max()) > most:
+            raise ProtocolError(f"{source}: key {key!r} sums to more than its {count} "
+                                f"codes weighing {mass} can ({most})")
+        sums[key] = total.astype(np.int64)
+    entries = {k[len(WHOLE):]: v for k, v in wire.items() if k.startswith(WHOLE)}
+    partial = None
+    if entries:
+        try:
+            partial = FixedPartial.from_wire(entries, what=f"{source}'s keys sent whole")
+        except AggregationError as exc:
+            raise ProtocolError(str(exc)) from None
+    return mass, count, levels, sizes, sums, partial
+
+
+class GridTotal:
+    """Grid sums (:meth:`CodeSum.to_wire`) added exactly with neither the model nor the
+    compressor: a host relay's sum of its ranks' sums. The first sum sets the keys, sizes
+    and levels; one that differs, or does not fit, is refused (ProtocolError) and leaves
+    the total as it was."""
+
+    def __init__(self) -> None:
+        self.levels = 0
+        self.sizes: dict[str, int] = {}
+        self.sums: dict[str, np.ndarray] = {}
+        self.mass = self.count = 0
+        self.whole: FixedPointSum | None = None
+
+    def add(self, wire: Mapping[str, Any], *, source: str) -> None:
+        mass, count, levels, sizes, sums, partial = parse_wire(wire, source)
+        if self.count and (levels != self.levels or sizes != self.sizes
+                           or (partial is None) != (self.whole is None)):
+            raise ProtocolError(f"{source}: a grid sum of other keys, sizes or levels than "
+                                f"the others' ({levels} levels, {sorted(sizes)[:4]})")
+        if (self.mass + mass) * levels > _INT64_MAX:
+            raise ProtocolError(f"{source}: takes the weights to {self.mass + mass}, beyond "
+                                f"an int64 sum of {levels}-level codes")
+        if partial is not None:
+            whole = self.whole or FixedPointSum(partial.fraction_bits)
+            try:
+                whole.merge(partial, source=source)
+            except AggregationError as exc:
+                raise ProtocolError(str(exc)) from None
+            self.whole = whole
+        if not self.count:
+            self.levels, self.sizes = levels, sizes
+            self.sums = {k: np.zeros(n, np.int64) for k, n in sizes.items()}
+        for key, part in sums.items():
+            np.add(self.sums[key], part, out=self.sums[key])
+        self.mass += mass
+        self.count += count
+
+    def to_wire(self) -> dict[str, Any]:
+        whole = self.whole.partial() if self.whole is not None else None
+        return to_wire(self.sums, self.mass, self.count, self.levels, whole)
