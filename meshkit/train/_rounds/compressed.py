@@ -42,12 +42,13 @@ import numpy as np
 from meshkit.aggregation import exact_mean
 from meshkit.compression import (CodeSum, CompressedSum, CompressionPlan, compressed_keys,
                                  decode_contribution, is_residual, residual_name)
-from meshkit.errors import AggregationError, ProtocolError, WorkerError
+from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds.batched import _Batched, batch_applies
-from meshkit.train._rounds.relayed import relay_plan_applies, relay_weight
+from meshkit.train._relay.grid import grid_sum_request, parse_grid_sum_answer
+from meshkit.train._rounds.relayed import relay_groups, relay_plan_applies, relay_weight
 from meshkit.train._rounds.scheduler import small_reply
 from meshkit.train._strategy import StrategyContext
 from meshkit.train._worker.held import by_key
@@ -120,9 +121,13 @@ def compressed_batch_applies(call: Any) -> bool:
         return False  # FedBN's own keys are kept per client, whole: the flat round
     how = relay_weight(call.weight, by_examples)
     mean = exact_mean(call.ctx.aggregator, call.fold) if how is not None else None
-    if mean is None or relay_plan_applies(call.ctx, mean, how,
-                                          [w.key for w in call.work]) is not None:
-        return False  # relays forward whole contributions' sums: the flat round
+    if mean is None:
+        return False
+    grid = call.ctx.compression.clip_range is not None
+    if not grid and relay_plan_applies(call.ctx, mean, how,
+                                       [w.key for w in call.work]) is not None:
+        return False  # relays fold whole contributions: the flat round (with a grid, they
+        # add the workers' integer sums: _GridBatched)
     plain = {k: {f: v for f, v in r.items() if f not in ("compress", "local")}
              for k, r in call.requests.items()}
     return batch_applies(mean, how, plain, call.state, len(call.ctx.live))
@@ -291,6 +296,95 @@ class _GridBatched(_Batched):
         self.grid, self.weight = grid, weight
         first = next(iter(requests.values()), {})
         self.compress = {**first.get("compress", {}), "clip_range": grid.clip_range}
+        #: The ranks behind each host relay: their sums are added by the relay
+        #: (``grid_sum``, :mod:`meshkit.train._relay.grid`), not pulled one by one.
+        groups = relay_groups(ctx)
+        self.relays = {} if groups is None else groups.relays
+        self.behind = {r: name for name, ranks in self.relays.items() for r in ranks}
+
+    def run(self, keys: int) -> None:
+        """The scheduler's round, then the relays' sums; a rank lost on the way has its
+        clients served again, and its relay's sum pulled again (bounded: each pass sums
+        every relay or loses a rank)."""
+        for _ in range(len(self.behind) + 2):
+            super().run(keys)
+            pending = {name: [r for r in ranks if self.folded.get(r)]
+                       for name, ranks in self.relays.items()}
+            pending = {name: ranks for name, ranks in pending.items() if ranks}
+            if not pending:
+                return
+            self._pull_relays(pending)
+        raise MeshError(f"{self.name}: the relays' sums were not settled after "
+                        f"{len(self.behind) + 2} passes")
+
+    def dispatched(self, busy: set[int]) -> None:
+        """Every batch answered: pull the direct workers' sums, one at a time (a relay's
+        ranks' are the relay's to add, :meth:`run`)."""
+        planned = self.spare or any(self.plan.values())
+        working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
+        if not planned and not working and self.taking is None:
+            for rank in sorted(self.folded):
+                if self.folded[rank] and rank not in busy and rank not in self.behind:
+                    self.taking = rank
+                    self.send(rank, "take_partial", None, {"op": "take_partial"},
+                              self.ctx.timeout)
+                    break
+
+    def _pull_relays(self, pending: Mapping[str, list[int]]) -> None:
+        """One ``grid_sum`` to each relay in ``pending`` (name -> its ranks holding sums),
+        each answer merged or its ranks lost."""
+        budget = None if self.ctx.timeout is None else self.ctx.timeout * 2
+        tickets = {self.ctx.pool.send_relay(name, grid_sum_request(ranks, self.ctx.timeout),
+                                            budget): (name, ranks)
+                   for name, ranks in pending.items()}
+        for _ in range(len(tickets)):
+            reply = self.ctx.pool.receive()
+            assert reply is not None  # blocking: a reply or a failed ticket
+            name, ranks = tickets[reply.seq]
+            if reply.payload is None:
+                self._drop(ranks, f"host relay {name!r} lost: {reply.error or 'lost'}")
+                continue
+            try:
+                summed, wire, lost = parse_grid_sum_answer(reply.payload, ranks)
+                if reply.payload.get("error"):
+                    raise ProtocolError(str(reply.payload["error"]))
+            except ProtocolError as exc:
+                self._drop(ranks, protocol_reason(ProtocolError(
+                    f"host relay {name!r}'s grid sum: {exc}")), dead=True)
+                continue
+            for rank, why in lost:
+                self._drop([rank], f"host relay {name!r}: {why}",
+                           dead=not why.startswith("failed: "))
+            if wire is None:
+                continue
+            keys = [k for r in summed for k in self.folded.get(r, [])]
+            source = f"host relay {name!r}'s grid sum of {len(keys)} {self.label}s"
+            try:
+                mass = sum(int(self.weight(self.replies[k])) for k in keys)
+                if wire.get("mass") != mass or wire.get("count") != len(keys):
+                    raise ProtocolError(f"{source} claims {wire.get('count')} contributions "
+                                        f"weighing {wire.get('mass')}; its ranks summed "
+                                        f"{len(keys)} weighing {mass}")
+                self.grid.merge(wire, source=source, whole=self.expected)
+            except ProtocolError as exc:
+                self._drop(summed, protocol_reason(exc), dead=True)
+                continue
+            for rank in summed:
+                for key in self.folded.pop(rank, []):
+                    self.served[key] = rank
+
+    def _drop(self, ranks: Sequence[int], reason: str, *, dead: bool = False) -> None:
+        """``ranks`` lost for the round (declared dead: a protocol breach, or lost); the
+        clients their sums held are served again."""
+        for rank in ranks:
+            if not self.failures.accept:
+                raise WorkerError(rank, reason)
+            if dead or rank not in self.ctx.dead:
+                if dead:
+                    self.ctx.pool.declare_dead(rank, reason)
+                else:
+                    self.failures.rank_failed(rank, reason)
+            self.lose(rank, "take_partial", None, reason)
 
     def result(self) -> dict[str, Any]:
         return self.grid.result()
