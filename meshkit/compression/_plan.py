@@ -31,7 +31,9 @@ Where compression sits (docs/compression.md has the argument):
   and so is any other, naming the trait it lacks;
 * **not with** host relays' partial sums: they fold whole contributions on
   the relay's side, so a compressed run behind relays plays its rounds flat
-  (each contribution crosses the wire compressed, once). A worker serving
+  (each contribution crosses the wire compressed, once) -- but with
+  ``clip_range`` a relay adds its ranks' integer sums of codes
+  (:mod:`meshkit.train._relay.grid`). A worker serving
   many clients answers a batch of them with each one's payload
   (:mod:`meshkit.train._rounds.compressed`) -- or, with ``[compression]
   clip_range`` and a dense ``integer_field`` compressor, with one exact

@@ -28,7 +28,8 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   ``_GridBatched``): about one compressed model a worker crosses the wire, not one a
   client, and the result is the bits of adding each client's codes at the
   coordinator. A sum that does not fit costs its rank, and its clients are served
-  again.
+  again. Behind host relays the round is played the same way, and each relay adds
+  its ranks' sums (``grid_sum``, :mod:`meshkit.train._relay.grid`) and sends one up.
 * **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
 """
 
