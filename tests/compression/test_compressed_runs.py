@@ -164,6 +164,9 @@ def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_
      '\n[compression]\nname = "quantize"\n',
      ["[compression] name = 'quantize' with [privacy] clip = \"client\"",
       "CompressionTraits.contractive", "clip = \"coordinator\""]),
+    ('[compression]\nname = "top-k"\nclip_range = 0.25\n',
+     ["[compression] clip_range with name = 'top-k'", "integer_field, not sparse",
+      "Drop clip_range"]),
 ])
 def test_what_does_not_compose_is_refused_by_check_naming_the_trait(tmp_path, tables, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
@@ -186,6 +189,7 @@ def test_a_strategy_without_the_trait_is_refused(tmp_path):
 @pytest.mark.parametrize("line, words", [
     ("bits = 3", ["[compression]", "bits", "8, 4 or 2"]),
     ("fraction = 0.01", ["[compression]", "fraction"]),
+    ("clip_range = -1", ["[compression] clip_range", "a positive number"]),
 ])
 def test_a_bad_compression_option_names_file_table_and_key(tmp_path, line, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
