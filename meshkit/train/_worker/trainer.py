@@ -444,7 +444,10 @@ class Trainer:
     def _fit_compressed_batch(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """``[compression]``: fit each client of the batch in turn and answer with each one's
         compressed payload (``state``), in order; nothing is folded here -- the coordinator
-        folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`)."""
+        folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`).
+        With ``compress.clip_range`` each fit's codes on that shared grid go into the
+        round's one exact integer sum instead (:class:`meshkit.compression.CodeSum`,
+        weighed by ``weight``), which ``take_partial`` hands over."""
         results, payloads = [], {}
         local = by_key(request.get("locals") or {})
         chosen = request["compress"]
