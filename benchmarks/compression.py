@@ -6,6 +6,7 @@ Run (from the repository root)::
     python benchmarks/compression.py --workload digits --trials 1
     python benchmarks/compression.py --workload digits --schemes secure,secure-int8
     python benchmarks/compression.py --workload digits --broadcast   # bytes up and down
+    python benchmarks/compression.py --workload digits --grid        # one sum a worker up
 
 Two workloads, each run by ``meshkit.run`` with local worker processes over
 TCP on loopback (the transport counts every frame body both ways):
@@ -53,6 +54,11 @@ counted them: ``up/rnd``, ``down r1`` (the first round, which sends the
 whole model) and ``down/rnd`` (the mean over the later rounds), each the
 mean over trials, with the later rounds' (min, max) down.
 
+With ``--grid`` the schemes are ``none``, ``quantize-8`` and
+``quantize-8+grid`` (``[compression] clip_range = --grid-clip``: each worker
+uploads one exact integer sum of its clients' codes on the shared grid, not
+each client's payload), with the same bytes table.
+
 A benchmark, not a test: it asserts nothing; the accuracy spread is over
 seeds.
 """
@@ -90,9 +96,13 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     "secure-int8": {"name": "quantize", "bits": 8},
     # [compression] broadcast = true: the model goes down as a compressed delta too.
     "quantize-8+broadcast": {"name": "quantize", "bits": 8, "broadcast": True},
+    # [compression] clip_range: one integer sum of codes a worker (--grid-clip sets it).
+    "quantize-8+grid": {"name": "quantize", "bits": 8, "clip_range": 0.25},
 }
 #: The schemes ``--broadcast`` compares.
 BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
+#: The schemes ``--grid`` compares.
+GRID = ("none", "quantize-8", "quantize-8+grid")
 #: The schemes that run under [secure_aggregation].
 SECURE = ("secure", "secure-int8")
 
@@ -159,7 +169,7 @@ def payload_bits(workload: str, scheme: dict[str, Any] | None,
     coords = sum(v.size for v in floats.values())
     if scheme is None:
         return 32.0, 0.0
-    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast")}
+    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast", "clip_range")}
     compressor = meshkit.plugins.create("compression", scheme["name"], options)
     rng = np.random.default_rng(0)
     fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
@@ -191,12 +201,19 @@ def main() -> None:
     parser.add_argument("--broadcast", action="store_true",
                         help="compare " + ", ".join(BROADCAST) + " and print the bytes per "
                         "round up and down")
+    parser.add_argument("--grid", action="store_true",
+                        help="compare " + ", ".join(GRID) + " and print the bytes per round "
+                        "up and down")
+    parser.add_argument("--grid-clip", type=float, default=0.25,
+                        help="[compression] clip_range of quantize-8+grid")
     parser.add_argument("--secure-clip", type=float, default=0.25,
                         help="[secure_aggregation] clip_range of the secure schemes")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
-    default = BROADCAST if args.broadcast else [
-        s for s in SCHEMES if s not in SECURE and s != "quantize-8+broadcast"]
+    SCHEMES["quantize-8+grid"] = {**SCHEMES["quantize-8+grid"], "clip_range": args.grid_clip}
+    default = BROADCAST if args.broadcast else GRID if args.grid else [
+        s for s in SCHEMES if s not in SECURE and s not in ("quantize-8+broadcast",
+                                                            "quantize-8+grid")]
     chosen = [s for s in args.schemes.split(",") if s] if args.schemes else list(default)
     for workload in workloads:
         rounds = args.digits_rounds if workload == "digits" else args.cnn_rounds
@@ -233,7 +250,7 @@ def main() -> None:
             print(f"secure-int8: measured {32 - 8 * saved / per:.2f} bits a masked coordinate "
                   f"(32 less the bytes saved per worker per coordinate; cohort "
                   f"{results['secure-int8'][0]['cohort']:.0f})")
-        if args.broadcast:
+        if args.broadcast or args.grid:
             _bytes_table(chosen, results)
         flower = flower_bytes(workload)
         print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"

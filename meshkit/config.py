@@ -327,6 +327,9 @@ class Config:
     #: ``[compression] broadcast``: the coordinator sends each worker a compressed delta
     #: against the model it holds, too (a kernel key: the compressor never sees it).
     compression_broadcast: bool = False
+    #: ``[compression] clip_range``: the shared grid a linear batched round's clients
+    #: quantise onto, so each worker sends one exact sum (a kernel key, as broadcast).
+    compression_clip_range: float | None = None
 
     def speeds(self) -> Speeds | None:
         """The ``[simulation]`` clients' durations (None without the table); a
@@ -500,6 +503,17 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                               f"each worker a compressed delta of the model), got "
                               f"{broadcast!r}")
         compression = attrs.evolve(compression, options=options)
+    clip_range = None
+    if compression is not None and "clip_range" in compression.options:
+        options = dict(compression.options)
+        clip_range = options.pop("clip_range")
+        if isinstance(clip_range, bool) or not isinstance(clip_range, (int, float)) \
+                or not math.isfinite(clip_range) or clip_range <= 0:
+            raise ConfigError(f"{path}: [compression] clip_range: expected a positive number "
+                              f"(the shared grid [-clip_range, clip_range] every client "
+                              f"quantises onto), got {clip_range!r}")
+        clip_range = float(clip_range)
+        compression = attrs.evolve(compression, options=options)
     attack = _attack_table(table("attack"), path) if "attack" in data else None
     secure = optional("secure_aggregation", DEFAULT_SECURE_AGGREGATION,
                       "a secure-aggregation scheme's name (e.g. \"secagg+\")")
@@ -517,4 +531,5 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
     return Config(path=path, run=run, mesh=mesh, task=task, transport=transport,
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
                   privacy=privacy, simulation=simulation, secure_aggregation=secure,
-                  compression=compression, compression_broadcast=broadcast, **selections)
+                  compression=compression, compression_broadcast=broadcast,
+                  compression_clip_range=clip_range, **selections)

@@ -11,7 +11,9 @@ A ``[compression]`` table selects a compressor (kind ``compression``, hook
 * ``_plan.py``: :class:`CompressionPlan` and :func:`check_compression`,
   every composition decided by traits;
 * ``_fold.py``: :class:`CompressedSum`, the exact sum a linear fold keeps of
-  compressed contributions, decoded a chunk at a time (no float copy of one).
+  compressed contributions, decoded a chunk at a time (no float copy of one);
+* ``_grid.py``: :class:`CodeSum`, clients' codes on the configuration's shared grid
+  (``[compression] clip_range``) summed as integers -- a worker's one sum, exact.
 
 docs/compression.md is the user's guide.
 """
@@ -24,10 +26,12 @@ from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compr
                                           decode_contribution, decode_field_sum, encode_update,
                                           field_codes, is_residual, key_seed, residual_name)
 from meshkit.compression._fold import DECODE_STEP, CompressedSum, decoded_chunks
+from meshkit.compression._grid import CodeSum, GridTotal, grid_codes
 from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
 
 __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits",
            "RESIDUAL", "SEP", "check_model_keys", "compressed_keys", "field_codes",
            "decode_field_sum", "decode_contribution", "encode_update", "is_residual",
            "key_seed", "residual_name", "CompressionPlan", "check_compression",
-           "upload_estimate", "CompressedSum", "decoded_chunks", "DECODE_STEP"]
+           "upload_estimate", "CompressedSum", "decoded_chunks", "DECODE_STEP", "CodeSum",
+           "GridTotal", "grid_codes"]

@@ -31,9 +31,16 @@ Where compression sits (docs/compression.md has the argument):
   and so is any other, naming the trait it lacks;
 * **not with** host relays' partial sums: they fold whole contributions on
   the relay's side, so a compressed run behind relays plays its rounds flat
-  (each contribution crosses the wire compressed, once). A worker serving
+  (each contribution crosses the wire compressed, once) -- but with
+  ``clip_range`` a relay adds its ranks' integer sums of codes
+  (:mod:`meshkit.train._relay.grid`). A worker serving
   many clients answers a batch of them with each one's payload
-  (:mod:`meshkit.train._rounds.compressed`), never with a sum.
+  (:mod:`meshkit.train._rounds.compressed`) -- or, with ``[compression]
+  clip_range`` and a dense ``integer_field`` compressor, with one exact
+  integer sum of its clients' codes on the configuration's grid
+  (:class:`~meshkit.compression.CodeSum`); a ``stateful`` or ``sparse``
+  compressor is refused there, naming the trait, and so is ``clip_range``
+  under secure aggregation (whose own ``clip_range`` is the grid).
 """
 
 from __future__ import annotations
@@ -61,6 +68,10 @@ class CompressionPlan:
     compressor: Any
     #: ``[compression] broadcast``: the model goes down as a compressed delta too.
     broadcast: bool = False
+    #: ``[compression] clip_range``: a linear batched round's clients quantise onto the
+    #: shared grid ``[-clip_range, clip_range]`` and each worker sends one integer sum
+    #: (:class:`~meshkit.compression.CodeSum`); None: each client's payload on its own grid.
+    clip_range: float | None = None
 
     @property
     def traits(self) -> CompressionTraits:
@@ -103,6 +114,22 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
                 f"{why}. Use [compression] name = \"quantize\" (rotate = false), or drop one "
                 f"of the two tables; secure aggregation alone sends modulus_bits per "
                 f"coordinate")
+    if plan.clip_range is not None:
+        why = None
+        if secure is not None:
+            why = ("a secure round's grid is [secure_aggregation] clip_range; set the range "
+                   "there")
+        elif traits.sparse or not traits.integer_field:
+            why = ("a worker sums its clients' codes only when they are dense integers on one "
+                   "grid (the traits CompressionTraits.integer_field, not sparse; quantize has "
+                   "them, without rotate)")
+        elif traits.stateful:
+            why = ("a residual is kept per client, and a worker's sum has none to give back "
+                   "(the trait CompressionTraits.stateful)")
+        if why is not None:
+            raise RefusedError(
+                f"{where}: [compression] clip_range with name = {plan.name!r}: {why}. Drop "
+                f"clip_range (each client's payload then travels on its own grid)")
     if private_client_clip and not traits.contractive:
         raise RefusedError(
             f"{where}: [compression] name = {plan.name!r} with [privacy] clip = \"client\": "

@@ -269,6 +269,7 @@ def _answers_to(request: Mapping[str, Any]) -> dict[str, Any]:
     if request.get("op") == "fit_batch":
         answers["keys"] = [fit["key"] for fit in request["fits"]]
         answers["compressed"] = request.get("compress") is not None
+        answers["grid"] = "clip_range" in (request.get("compress") or {})
     return answers
 
 

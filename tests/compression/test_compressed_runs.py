@@ -9,7 +9,9 @@
 * what does not compose is refused by ``meshkit check`` with exit 2, naming both tables
   and the trait;
 * int8 under secure aggregation: what the transport counted says each masked coordinate
-  cost ``8 + ceil(log2 n)`` bits, not 32.
+  cost ``8 + ceil(log2 n)`` bits, not 32;
+* ``[compression] clip_range``: a worker uploads one integer sum of its clients' codes,
+  and the model is the same bits whichever worker summed which clients.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ pytestmark = pytest.mark.slow
 CLIENTS = "clients = 2\n"
 
 
-def _run(tmp_path, name, extra, **kwargs):
-    config = write_config(tmp_path / f"{name}.toml", tmp_path / name, workers=2, rounds=2,
+def _run(tmp_path, name, extra, workers=2, **kwargs):
+    config = write_config(tmp_path / f"{name}.toml", tmp_path / name, workers=workers, rounds=2,
                           extra=extra, **kwargs)
     result = run_cli("run", str(config), cwd=str(tmp_path), timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -84,6 +86,31 @@ def test_a_compressed_round_of_many_clients_a_worker_sends_a_batch_not_a_request
     # crosses the wire once; the uncompressed round sends one int64 partial a worker.
     per_fit = quantized[-1]["bytes_up"] / 16
     assert 2410 < per_fit < 0.25 * 19280, per_fit
+
+
+def test_a_grid_round_uploads_one_sum_a_worker_and_its_model_ignores_who_summed_what(
+        tmp_path):
+    # [compression] clip_range: each worker sends one exact integer sum of its clients' codes
+    # on the shared grid, not each client's payload.
+    many, int8 = "clients = 16\n", '\n[compression]\nname = "quantize"\n'
+    per_client = _run(tmp_path, "int8", many + int8)
+    summed = _run(tmp_path, "grid", many + int8 + "clip_range = 0.25\n")
+    again = _run(tmp_path, "grid3", many + int8 + "clip_range = 0.25\n", workers=3)
+    up = {"per_client": per_client[-1]["bytes_up"], "grid": summed[-1]["bytes_up"],
+          "grid3": again[-1]["bytes_up"]}
+    # One int8 model is 2,410 bytes (2,410 coordinates). A worker's sum packs each
+    # coordinate at bit_length(mass * 255) bits, mass its clients' examples (under 1,797):
+    # at most 19 bits, 5,724 bytes. The rest is framing and each client's small result
+    # (key, examples, metrics: about 150 bytes) -- counted here as 4 kB a worker.
+    assert up["grid"] <= 2 * (5724 + 4096), up
+    assert up["grid"] < 0.35 * up["per_client"], up
+    # Integer sums are exact: 2 or 3 workers summing different clients, the same bits.
+    a, b = load_checkpoint(tmp_path / "grid"), load_checkpoint(tmp_path / "grid3")
+    assert a.round == b.round == 2
+    for key in a.state:
+        assert a.state[key].tobytes() == b.state[key].tobytes(), key
+    # The grid (0.25, 255 steps) learns as the per-client payloads do (2 rounds: ~0.22).
+    assert abs(summed[-1]["accuracy"] - per_client[-1]["accuracy"]) < 0.05
 
 
 def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_runs(
@@ -137,6 +164,9 @@ def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_
      '\n[compression]\nname = "quantize"\n',
      ["[compression] name = 'quantize' with [privacy] clip = \"client\"",
       "CompressionTraits.contractive", "clip = \"coordinator\""]),
+    ('[compression]\nname = "top-k"\nclip_range = 0.25\n',
+     ["[compression] clip_range with name = 'top-k'", "integer_field, not sparse",
+      "Drop clip_range"]),
 ])
 def test_what_does_not_compose_is_refused_by_check_naming_the_trait(tmp_path, tables, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
@@ -159,6 +189,7 @@ def test_a_strategy_without_the_trait_is_refused(tmp_path):
 @pytest.mark.parametrize("line, words", [
     ("bits = 3", ["[compression]", "bits", "8, 4 or 2"]),
     ("fraction = 0.01", ["[compression]", "fraction"]),
+    ("clip_range = -1", ["[compression] clip_range", "a positive number"]),
 ])
 def test_a_bad_compression_option_names_file_table_and_key(tmp_path, line, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,

@@ -479,7 +479,8 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any,
             f"{traits.lacks('broadcast')}. Drop broadcast (uploads are still compressed), "
             f"or use a strategy that declares it (federated)")
     chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
-                             plan.create("compression"), broadcast=broadcast)
+                             plan.create("compression"), broadcast=broadcast,
+                             clip_range=cfg.compression_clip_range)
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
                       secure=None if scheme is None else scheme.traits)

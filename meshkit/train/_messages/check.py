@@ -123,10 +123,11 @@ def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
                 raise ProtocolError(f"the reply to 'fit_batch' answers keys "
                                     f"{answered[:8]}, asked for {asked[:8]}")
             compressed = bool(request.get("compressed", request.get("compress") is not None))
-            if (message.payloads is not None) != compressed:
-                raise ProtocolError(f"the reply to 'fit_batch' must carry payloads "
-                                    f"{'' if compressed else 'only '}when the batch asked "
-                                    f"for compress")
+            grid = bool(request.get("grid", "clip_range" in (request.get("compress") or {})))
+            if (message.payloads is not None) != (compressed and not grid):
+                raise ProtocolError(f"the reply to 'fit_batch' must carry payloads only, and "
+                                    f"always, when the batch asked for compress without "
+                                    f"clip_range")
     if seq is not None and message.seq != seq:
         raise ProtocolError(f"the reply to {op!r} echoes seq {message.seq}, not {seq}")
     return reply

@@ -54,7 +54,8 @@ Metrics = NewType("Metrics", dict)
 Activation = NewType("Activation", object)
 #: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
 Poison = NewType("Poison", dict)
-#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``.
+#: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``,
+#: and in a grid batch (``fit_batch``) ``"clip_range": float``.
 Compress = NewType("Compress", dict)
 
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
@@ -170,13 +171,22 @@ def _poison(value: Any, _: Any) -> dict[str, Any]:
 
 
 def _compress(value: Any, _: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or set(value) != {"name", "options", "raw"}:
-        raise TypeError(f"expected a compressor {{name, options, raw}}, got {_shown(value)}")
+    if not isinstance(value, Mapping) or not {"name", "options", "raw"} <= set(value) \
+            or set(value) - {"name", "options", "raw", "clip_range"}:
+        raise TypeError(f"expected a compressor {{name, options, raw, clip_range?}}, got "
+                        f"{_shown(value)}")
     raw = value["raw"]
     if not isinstance(raw, list) or len(raw) > MAX_STATE_KEYS:
         raise TypeError(f"the keys sent whole must be a list of at most {MAX_STATE_KEYS} "
                         f"names, got {_shown(raw)}")
-    return {**_choice(value, "compressor"), "raw": [_name(k, "a key sent whole") for k in raw]}
+    out = {**_choice({k: value[k] for k in ("name", "options")}, "compressor"),
+           "raw": [_name(k, "a key sent whole") for k in raw]}
+    if "clip_range" in value:  # a worker's one sum on the shared grid (CodeSum)
+        c = value["clip_range"]
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1e300:
+            raise ValueError(f"clip_range must be a positive number, got {_shown(c)}")
+        out["clip_range"] = float(c)
+    return out
 
 def _client_ids(value: Any, _: Any) -> list[int]:
     ids = _listed(value, "a list of client ids", MAX_CLIENTS, "{} client ids")

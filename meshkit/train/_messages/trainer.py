@@ -282,7 +282,8 @@ class FitBatchRequest:
                                   "seed}` with a fit's optional `time_budget`, `poison`, "
                                   "`clip_norm`; keys distinct", check=_fits)
     weight: str | None = _field("str", "each fit's weight in the sum: `examples` (its "
-                                "realized work) or `once` (1); required unless `compress`",
+                                "realized work) or `once` (1); required unless `compress` "
+                                "(and with `compress.clip_range`)",
                                 optional=True, check=attrs.validators.in_(("examples", "once")))
     fraction_bits: int | None = _field("int 0..62", "the sum's fixed-point resolution, 2^-bits "
                                        "(`meshkit.aggregation.FixedPointSum`); required unless "
@@ -297,15 +298,24 @@ class FitBatchRequest:
                                    "was within", optional=True, check=_between(1e-300, 1e300))
     compress: Compress | None = _field("compressor", "`[compression]`: fold nothing; the "
                                        "reply's `payloads` carry each fit's compressed "
-                                       "payload, as a compressed `fit` reply's `state`",
+                                       "payload, as a compressed `fit` reply's `state`; with "
+                                       "`clip_range`, no payloads: each fit's codes on "
+                                       "`[-clip_range, clip_range]` go into the worker's one "
+                                       "exact sum, weighed by `weight` "
+                                       "(`meshkit.compression.CodeSum`, `take_partial`)",
                                        optional=True)
     locals: State | None = _field("state", "with `compress`: each fit's `local` (a fit's: the "
                                   "client's residuals), entry `NAME` of fit `KEY` as `KEY/NAME`",
                                   optional=True)
 
     def __attrs_post_init__(self) -> None:
-        if (self.compress is None) != (self.weight is not None
-                                       and self.fraction_bits is not None):
+        grid = self.compress is not None and "clip_range" in self.compress
+        if grid:
+            if self.weight is None or self.fraction_bits is not None or self.locals:
+                raise ValueError("a batch summed on the shared grid (compress.clip_range) "
+                                 "weighs its fits (weight), with no fraction_bits or locals")
+        elif (self.compress is None) != (self.weight is not None
+                                         and self.fraction_bits is not None):
             raise ValueError("a batch folds its fits with weight and fraction_bits, and only "
                              "then: a compressed batch (compress) carries neither")
         if self.compress is not None and self.dp_clip is not None:
@@ -496,7 +506,10 @@ class PartialReply:
     seq: int = _seq()
     partial: State = _field("state", "`FixedPartial.to_wire()`: `fraction_bits`, `mass`, "
                                      "`count` and int64 sums (docs/strategies.md, \"The round "
-                                     "engine\")")
+                                     "engine\"); after grid batches (`compress.clip_range`) "
+                                     "`CodeSum.to_wire()`: `bits`, `mass`, `count`, each "
+                                     "key's integer sum packed at `bits` (`sum/KEY`), the "
+                                     "keys sent whole's partial (`whole/...`)")
 
 
 #: op -> the schema of its reply (besides :class:`ErrorReply`, which any op may get).

@@ -22,6 +22,7 @@ from meshkit.train._messages.relay import (FanoutRequest, FoldRequest, parse_rel
 from meshkit.train._failures import DivergedFit
 from meshkit.train._pool import Reply, WorkerPool, protocol_reason
 from meshkit.train._relay.secure import serve_masked_sum
+from meshkit.train._relay.grid import serve_grid_sum
 from meshkit.train._rounds.relayed import Play, serve_fold
 from meshkit.train._protocol import TAG_REQUEST, encode
 from meshkit.train._strategy import StrategyContext
@@ -235,7 +236,9 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
     ``fold`` is served with the round engine on the relay's own ranks
     (:func:`serve_fold`), ``fanout`` sent to each rank named, ``masked_sum``
     (a secure round's) summed mod 2**bits over the ranks named
-    (:func:`meshkit.train._relay.secure.serve_masked_sum`). A failure is
+    (:func:`meshkit.train._relay.secure.serve_masked_sum`), ``grid_sum`` (a
+    compressed round's on the shared grid) the ranks' integer sums of codes
+    added exactly (:func:`meshkit.train._relay.grid.serve_grid_sum`). A failure is
     the answer's ``error`` (``reason = "aggregation"`` for a refused fold,
     ``rank`` for a task's error), never an exception: the coordinator must
     hear, not wait.
@@ -243,6 +246,8 @@ def answer_request(pool: WorkerPool, carried: frozenset[int], name: str,
     try:
         if message.get("op") == "masked_sum":  # a secure round's (meshkit.train._relay.secure)
             return serve_masked_sum(pool, carried, message)
+        if message.get("op") == "grid_sum":  # a grid round's (meshkit.train._relay.grid)
+            return serve_grid_sum(pool, carried, message)
         request = parse_relay_request(message)
         if isinstance(request, FoldRequest):
             return serve_fold(_relay_context(pool, carried, request.timeout, request.ranks),

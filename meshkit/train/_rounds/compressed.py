@@ -20,6 +20,16 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   What was folded stays folded when its worker is lost later; a payload that does not
   fit, does not decode or is not finite costs its rank (or, on a second rank, its
   client), and the rest of its batch is served again.
+  With ``[compression] clip_range`` (a dense ``integer_field`` compressor) a worker
+  answers instead with **one** exact integer sum of its clients' codes on the shared
+  grid, weighed by examples (or once), kept across its batches and pulled once
+  (``take_partial``, as the uncompressed batched round's partial), which the
+  coordinator merges into its own (:class:`meshkit.compression.CodeSum`,
+  ``_GridBatched``): about one compressed model a worker crosses the wire, not one a
+  client, and the result is the bits of adding each client's codes at the
+  coordinator. A sum that does not fit costs its rank, and its clients are served
+  again. Behind host relays the round is played the same way, and each relay adds
+  its ranks' sums (``grid_sum``, :mod:`meshkit.train._relay.grid`) and sends one up.
 * **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
 """
 
@@ -31,14 +41,15 @@ import attrs
 import numpy as np
 
 from meshkit.aggregation import exact_mean
-from meshkit.compression import (CompressedSum, CompressionPlan, compressed_keys,
+from meshkit.compression import (CodeSum, CompressedSum, CompressionPlan, compressed_keys,
                                  decode_contribution, is_residual, residual_name)
-from meshkit.errors import AggregationError, ProtocolError
+from meshkit.errors import AggregationError, MeshError, ProtocolError, WorkerError
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds.batched import _Batched, batch_applies
-from meshkit.train._rounds.relayed import relay_plan_applies, relay_weight
+from meshkit.train._relay.grid import grid_sum_request, parse_grid_sum_answer
+from meshkit.train._rounds.relayed import relay_groups, relay_plan_applies, relay_weight
 from meshkit.train._rounds.scheduler import small_reply
 from meshkit.train._strategy import StrategyContext
 from meshkit.train._worker.held import by_key
@@ -111,9 +122,13 @@ def compressed_batch_applies(call: Any) -> bool:
         return False  # FedBN's own keys are kept per client, whole: the flat round
     how = relay_weight(call.weight, by_examples)
     mean = exact_mean(call.ctx.aggregator, call.fold) if how is not None else None
-    if mean is None or relay_plan_applies(call.ctx, mean, how,
-                                          [w.key for w in call.work]) is not None:
-        return False  # relays forward whole contributions' sums: the flat round
+    if mean is None:
+        return False
+    grid = call.ctx.compression.clip_range is not None
+    if not grid and relay_plan_applies(call.ctx, mean, how,
+                                       [w.key for w in call.work]) is not None:
+        return False  # relays fold whole contributions: the flat round (with a grid, they
+        # add the workers' integer sums: _GridBatched)
     plain = {k: {f: v for f, v in r.items() if f not in ("compress", "local")}
              for k, r in call.requests.items()}
     return batch_applies(mean, how, plain, call.state, len(call.ctx.live))
@@ -161,12 +176,22 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
     """Serve ``requests`` (key -> compressed fit request) in batches and fold each payload
     into one :class:`CompressedSum` (module docstring); what :func:`.batched.fold_batched`
     gives back."""
-    fold = CompressedSum(unpack.plan.compressor, state, raw=unpack.raw, name=name)
-    whole = {k: expected[k] for k in fold.whole_keys if k in expected}
-    batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold, store,
-                                 weight)
-    batched.max_size = min(batched.max_size,
-                           batch_size_bound(unpack.plan, state, unpack.raw, window))
+    plan = unpack.plan
+    if plan.clip_range is not None:
+        # One integer sum a batch, whatever its size: the batch is cut as the uncompressed
+        # batched round's.
+        grid = CodeSum(plan.compressor, state, raw=unpack.raw, clip_range=plan.clip_range,
+                       name=name)
+        batched: _Batched = _GridBatched(
+            ctx, dict(requests), state, how, label,
+            {k: expected[k] for k in grid.whole_keys if k in expected}, grid, weight)
+    else:
+        fold = CompressedSum(plan.compressor, state, raw=unpack.raw, name=name)
+        whole = {k: expected[k] for k in fold.whole_keys if k in expected}
+        batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold,
+                                     store, weight)
+        batched.max_size = min(batched.max_size,
+                               batch_size_bound(plan, state, unpack.raw, window))
     batched.state_request, batched.on_stale = send_state, on_stale
     return batched.play()
 
@@ -179,7 +204,7 @@ class _CompressedBatched(_Batched):
 
     def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
                  state: Mapping[str, Any], how: str, label: str, whole: Signature,
-                 fold: CompressedSum, store: ClientLocal | None,
+                 fold: CompressedSum | CodeSum, store: ClientLocal | None,
                  weight: Callable[[Mapping[str, Any]], float]) -> None:
         super().__init__(ctx, requests, state, how, label, whole, 0, fold.name, None)
         self.fold, self.store, self.weight = fold, store, weight
@@ -228,6 +253,7 @@ class _CompressedBatched(_Batched):
             try:
                 check_contribution({k: contribution.get(k) for k in self.expected},
                                    self.expected, what, finite=False)
+                assert isinstance(self.fold, CompressedSum)
                 residuals = self.fold.add(contribution, self.weight(self.replies[key]),
                                           source=f"{self.label} {key} (rank {rank})")
             except (ProtocolError, AggregationError) as exc:
@@ -252,3 +278,155 @@ class _CompressedBatched(_Batched):
             self.replies.pop(k, None)
         if again:
             self.respare(again)
+
+
+
+class _GridBatched(_Batched):
+    """The compressed batched round with ``[compression] clip_range``: each worker adds its
+    batches' clients' codes on the shared grid into one exact integer sum
+    (:class:`~meshkit.compression.CodeSum`), handed over with ``take_partial`` as the
+    batched round's partial is, and merged into the coordinator's -- the bits of adding
+    each client's codes here (:mod:`meshkit.compression._grid`)."""
+
+    name = "the compressed batched round (one grid sum a worker)"
+
+    def __init__(self, ctx: StrategyContext, requests: dict[int, Mapping[str, Any]],
+                 state: Mapping[str, Any], how: str, label: str, whole: Signature,
+                 grid: CodeSum, weight: Callable[[Mapping[str, Any]], float]) -> None:
+        super().__init__(ctx, requests, state, how, label, whole, 0, grid.name, None)
+        self.grid, self.weight = grid, weight
+        first = next(iter(requests.values()), {})
+        self.compress = {**first.get("compress", {}), "clip_range": grid.clip_range}
+        #: The ranks behind each host relay: their sums are added by the relay
+        #: (``grid_sum``, :mod:`meshkit.train._relay.grid`), not pulled one by one.
+        groups = relay_groups(ctx)
+        self.relays = {} if groups is None else groups.relays
+        self.behind = {r: name for name, ranks in self.relays.items() for r in ranks}
+
+    def run(self, keys: int) -> None:
+        """The scheduler's round, then the relays' sums; a rank lost on the way has its
+        clients served again, and its relay's sum pulled again (bounded: each pass sums
+        every relay or loses a rank)."""
+        for _ in range(len(self.behind) + 2):
+            super().run(keys)
+            pending = {name: [r for r in ranks if self.folded.get(r)]
+                       for name, ranks in self.relays.items()}
+            pending = {name: ranks for name, ranks in pending.items() if ranks}
+            if not pending:
+                return
+            self._pull_relays(pending)
+        raise MeshError(f"{self.name}: the relays' sums were not settled after "
+                        f"{len(self.behind) + 2} passes")
+
+    def dispatched(self, busy: set[int]) -> None:
+        """Every batch answered: pull the direct workers' sums, one at a time (a relay's
+        ranks' are the relay's to add, :meth:`run`)."""
+        planned = self.spare or any(self.plan.values())
+        working = any(kind != "take_partial" for _, kind, _ in self.busy.values())
+        if not planned and not working and self.taking is None:
+            for rank in sorted(self.folded):
+                if self.folded[rank] and rank not in busy and rank not in self.behind:
+                    self.taking = rank
+                    self.send(rank, "take_partial", None, {"op": "take_partial"},
+                              self.ctx.timeout)
+                    break
+
+    def _pull_relays(self, pending: Mapping[str, list[int]]) -> None:
+        """One ``grid_sum`` to each relay in ``pending`` (name -> its ranks holding sums),
+        each answer merged or its ranks lost."""
+        budget = None if self.ctx.timeout is None else self.ctx.timeout * 2
+        tickets = {self.ctx.pool.send_relay(name, grid_sum_request(ranks, self.ctx.timeout),
+                                            budget): (name, ranks)
+                   for name, ranks in pending.items()}
+        for _ in range(len(tickets)):
+            reply = self.ctx.pool.receive()
+            assert reply is not None  # blocking: a reply or a failed ticket
+            name, ranks = tickets[reply.seq]
+            if reply.payload is None:
+                self._drop(ranks, f"host relay {name!r} lost: {reply.error or 'lost'}")
+                continue
+            try:
+                summed, wire, lost = parse_grid_sum_answer(reply.payload, ranks)
+                if reply.payload.get("error"):
+                    raise ProtocolError(str(reply.payload["error"]))
+            except ProtocolError as exc:
+                self._drop(ranks, protocol_reason(ProtocolError(
+                    f"host relay {name!r}'s grid sum: {exc}")), dead=True)
+                continue
+            for rank, why in lost:
+                self._drop([rank], f"host relay {name!r}: {why}",
+                           dead=not why.startswith("failed: "))
+            if wire is None:
+                continue
+            keys = [k for r in summed for k in self.folded.get(r, [])]
+            source = f"host relay {name!r}'s grid sum of {len(keys)} {self.label}s"
+            try:
+                mass = sum(int(self.weight(self.replies[k])) for k in keys)
+                if wire.get("mass") != mass or wire.get("count") != len(keys):
+                    raise ProtocolError(f"{source} claims {wire.get('count')} contributions "
+                                        f"weighing {wire.get('mass')}; its ranks summed "
+                                        f"{len(keys)} weighing {mass}")
+                self.grid.merge(wire, source=source, whole=self.expected)
+            except ProtocolError as exc:
+                self._drop(summed, protocol_reason(exc), dead=True)
+                continue
+            for rank in summed:
+                for key in self.folded.pop(rank, []):
+                    self.served[key] = rank
+
+    def _drop(self, ranks: Sequence[int], reason: str, *, dead: bool = False) -> None:
+        """``ranks`` lost for the round (declared dead: a protocol breach, or lost); the
+        clients their sums held are served again."""
+        for rank in ranks:
+            if not self.failures.accept:
+                raise WorkerError(rank, reason)
+            if dead or rank not in self.ctx.dead:
+                if dead:
+                    self.ctx.pool.declare_dead(rank, reason)
+                else:
+                    self.failures.rank_failed(rank, reason)
+            self.lose(rank, "take_partial", None, reason)
+
+    def result(self) -> dict[str, Any]:
+        return self.grid.result()
+
+    def hand_out(self, rank: int, busy: set[int]) -> bool:
+        batch = self.next_unit(rank, busy)
+        if batch is None:
+            return False
+        fits = [{**{k: v for k, v in self.requests[key].items()
+                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        request = {"op": "fit_batch", "fits": fits, "label": self.label, "weight": self.how,
+                   "compress": self.compress}
+        timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
+        self.send(rank, "fit_batch", batch, request, timeout)
+        return True
+
+    def answered(self, rank: int, kind: str, batch: list[int] | None,
+                 payload: Mapping[str, Any]) -> None:
+        if kind == "fit_batch":
+            super().answered(rank, kind, batch, payload)
+            return
+        # take_partial: the worker's one sum of every batch it answered
+        self.taking = None
+        keys = self.folded.get(rank, [])
+        source = f"rank {rank}'s grid sum of {len(keys)} {self.label}s"
+        wire = payload["partial"]
+        try:
+            mass = sum(int(self.weight(self.replies[k])) for k in keys)
+            if wire.get("mass") != mass or wire.get("count") != len(keys):
+                raise ProtocolError(f"{source} claims {wire.get('count')} contributions "
+                                    f"weighing {wire.get('mass')}; it summed {len(keys)} "
+                                    f"weighing {mass}")
+            self.grid.merge(wire, source=source, whole=self.expected)
+        except ProtocolError as exc:
+            # Its sender's fault alone (a sum is no client's): the rank goes, its keys
+            # are served again -- as the batched round's partial.
+            reason = protocol_reason(exc)
+            if not self.failures.accept:
+                raise WorkerError(rank, reason) from None
+            self.ctx.pool.declare_dead(rank, reason)
+            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            return
+        for key in self.folded.pop(rank):
+            self.served[key] = rank

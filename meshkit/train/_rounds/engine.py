@@ -397,7 +397,9 @@ ROUND_PATHS: tuple[RoundPath, ...] = (
     RoundPath("compressed batched",
               "a compressed round of fits, the aggregator linear, at least two fits a worker, "
               "and as for batched: each worker answers a batch with its fits' compressed "
-              "payloads, folded chunk by chunk into one exact sum (.compressed)",
+              "payloads, folded chunk by chunk into one exact sum -- or, with [compression] "
+              "clip_range, with one exact integer sum of their codes on the shared grid "
+              "(.compressed)",
               compressed_batch_applies, play_compressed_batched),
     RoundPath("batched",
               "the aggregator is linear (or the round is private: its fold a ClippedSum), "

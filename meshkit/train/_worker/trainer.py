@@ -58,7 +58,7 @@ import numpy as np
 
 from meshkit import plugins
 from meshkit.aggregation import FixedPointSum
-from meshkit.compression import RESIDUAL, SEP, encode_update, is_residual
+from meshkit.compression import RESIDUAL, SEP, CodeSum, encode_update, is_residual
 from meshkit.attack import AttackRound, attack_rng, poisons_data, tamper_contribution
 from meshkit.errors import AggregationError, ConfigError, MeshError, PeerLostError, ProtocolError
 from meshkit.errors import WireError
@@ -128,7 +128,7 @@ class Trainer:
     attack_name: str = ""
     #: The round's exact partial sum of the fits ``fit_batch`` folded here, until
     #: ``take_partial`` hands it over (a new ``set_state`` discards it).
-    partial: FixedPointSum | ClippedSum | None = None
+    partial: FixedPointSum | ClippedSum | CodeSum | None = None
     #: ``[strategy] trainable``'s keys (the last ``set_state``'s): a fit answers with
     #: only these; None: with every key.
     trainable: frozenset[str] | None = None
@@ -290,6 +290,8 @@ class Trainer:
                 raise MeshError("no partial sum is held here; fit_batch folds one (a new "
                                 "round discards it)")
             partial, self.partial = self.partial, None
+            if isinstance(partial, CodeSum):  # [compression] clip_range: integer codes
+                return {"partial": partial.to_wire()}
             return {"partial": partial.partial().to_wire()}
         if op == "set_state":
             if request.get("digest") is not None:  # [compression] broadcast
@@ -401,7 +403,8 @@ class Trainer:
                 clipped = any(fit.get("clip_norm") is not None for fit in request["fits"])
                 self.partial = ClippedSum(model, clip_norm=float(private),
                                           clipped_by_clients=clipped)
-        if (private is None) != isinstance(self.partial, FixedPointSum):
+        if isinstance(self.partial, CodeSum) or (private is None) != isinstance(
+                self.partial, FixedPointSum):
             raise MeshError("fit_batch mixes private (dp_clip) and plain batches in one round")
         if self.partial.fraction_bits != bits:
             raise MeshError(f"fit_batch with fraction_bits = {bits}, but this round's partial "
@@ -441,23 +444,43 @@ class Trainer:
     def _fit_compressed_batch(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """``[compression]``: fit each client of the batch in turn and answer with each one's
         compressed payload (``state``), in order; nothing is folded here -- the coordinator
-        folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`)."""
+        folds each payload as it decodes it (:class:`meshkit.compression.CompressedSum`).
+        With ``compress.clip_range`` each fit's codes on that shared grid go into the
+        round's one exact integer sum instead (:class:`meshkit.compression.CodeSum`,
+        weighed by ``weight``), which ``take_partial`` hands over."""
         results, payloads = [], {}
         local = by_key(request.get("locals") or {})
+        chosen = request["compress"]
+        grid: CodeSum | None = None  # with clip_range: the round's one exact sum of codes
+        if chosen.get("clip_range") is not None:
+            model = only(self._require_state("fit_batch"), self.trainable)
+            if self.partial is None:
+                self.partial = CodeSum(self._compressors.of(chosen), model, raw=chosen["raw"],
+                                       clip_range=float(chosen["clip_range"]))
+            if not isinstance(self.partial, CodeSum) \
+                    or self.partial.clip_range != chosen["clip_range"]:
+                raise MeshError("fit_batch mixes grid sums (compress.clip_range) of other "
+                                "ranges, or other batches, in one round")
+            grid = self.partial
         for fit in request["fits"]:
             key = int(fit["key"])
             self.failing = key  # named in the error reply if this fit fails
-            one = {**fit, "op": "fit", "compress": request["compress"],
-                   "local": local.pop(key, {})}
+            one = {**fit, "op": "fit", "compress": chosen, "local": local.pop(key, {})}
             state, examples, metrics, attacked = self._fit(one)
-            for name, value in self._compressed(one, state).items():
-                payloads[f"{key}/{name}"] = value
+            if grid is not None:
+                grid.add_fit(model, state, examples if request["weight"] == "examples" else 1,
+                             seed=int(fit["seed"]), source=f"{request['label']} {key}")
+            else:
+                for name, value in self._compressed(one, state).items():
+                    payloads[f"{key}/{name}"] = value
             del state
             result: dict[str, Any] = {"key": key, "examples": examples, "metrics": metrics}
             if attacked:
                 result["attacked"] = attacked
             results.append(result)
         self.failing = None
+        if grid is not None:  # take_partial hands the sum over
+            return {"results": results}
         return {"results": results, "payloads": payloads}
 
     def _fit(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], int, dict[str, float], str]:

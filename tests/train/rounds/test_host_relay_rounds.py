@@ -130,3 +130,41 @@ def test_a_direct_worker_beside_a_relay_folds_as_a_relay_of_one(tmp_path, monkey
     assert all(0.9 * model < b < 1.3 * model for b in per_round), (per_round, model)
     for key, value in flat.state.items():
         np.testing.assert_allclose(mixed.state[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_grid_round_through_relays_adds_codes_there_and_gives_the_stars_bits(
+        tmp_path, monkeypatch):
+    # [compression] clip_range: each relay adds its ranks' integer sums of codes and sends
+    # one sum up (grid_sum); integer sums do not depend on grouping, so the model is the
+    # flat star's bit for bit.
+    params, clients = 4096, 16
+    grid = '\n[compression]\nname = "quantize"\nclip_range = 0.5\n'
+
+    def config(name, relays):
+        out = tmp_path / name
+        path = write_config(tmp_path / f"{name}.toml", out, workers=4, rounds=2,
+                            task="synthetic", timeout=20.0,
+                            extra=f"clients = {clients}\n{grid}\n[task]\nparams = {params}"
+                                  f"\nrows = 1024", mesh=f"relays = {relays}")
+        return path, out
+
+    flat = Runner(str(config("flat", 0)[0])).run()
+    sent = count_relay_requests(monkeypatch)
+    path, out = config("relayed", 2)
+    runner = Runner(str(path))
+    up: list[int] = []
+    runner.on_round = lambda report, state: up.append(
+        runner._group.relay_bytes_in["relay-1"])
+    relayed = runner.run()
+    assert flat.ok and relayed.ok
+    assert sent.count("relay-1:grid_sum") == sent.count("relay-2:grid_sum") == 2
+    assert not any(s.endswith(":fold") for s in sent)
+    for key, value in flat.state.items():
+        assert relayed.state[key].tobytes() == value.tobytes(), key
+    rows = read_metrics(out)
+    assert all(len(r["served"]) == clients and r["dropped"] == [] for r in rows)
+    # Up from relay 1 in round 2: one sum of its 8 clients' codes (about 18 bits a
+    # coordinate) and their small results, not 8 int8 payloads of `params` bytes each.
+    per_round = up[1] - up[0]
+    print("bytes up from relay-1 in round 2:", per_round, "one int8 model:", params)
+    assert per_round < 0.5 * 8 * params, per_round
