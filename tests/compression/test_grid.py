@@ -184,3 +184,21 @@ def test_what_cannot_be_summed_on_one_grid_is_refused_naming_the_trait(name, opt
         check_compression(plan(name, options), where="run.toml", private_client_clip=False,
                           secure=secure)
     assert "clip_range" in str(info.value) and words in str(info.value)
+
+
+def test_a_round_the_grid_cannot_apply_to_says_so_once_and_plays_per_client(caplog):
+    """One fit a worker is no batched round: each client uploads its own payload, and the
+    run warns (once) that ``clip_range`` was not used, rather than ignoring it silently."""
+    chosen = plan()
+    ctx = make_ctx(workers=3)
+    ctx.compression = chosen
+    state = ctx.task.init_state(0)
+    with caplog.at_level("WARNING", logger="meshkit.train._rounds.compressed"):
+        for _ in range(2):
+            folded = fold_round(ctx, fits(3), state=state)
+            assert sorted(folded.served) == [0, 1, 2]
+    ops = {r.get("op") for _, r in ctx.pool.log}
+    assert "fit_batch" not in ops and "take_partial" not in ops
+    said = [r for r in caplog.records if "clip_range" in r.getMessage()]
+    assert len(said) == 1 and "each client uploads its payload on its own grid" in \
+        said[0].getMessage()

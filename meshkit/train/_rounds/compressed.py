@@ -35,6 +35,7 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
@@ -57,6 +58,11 @@ from meshkit.train._rounds.work import Folded, Work, by_examples
 
 __all__ = ["compressed_work", "Unpacker", "fold_compressed_batched", "batch_size_bound",
            "compressed_batch_applies", "play_compressed_batched"]
+
+log = logging.getLogger(__name__)
+#: The plans (by identity) whose ``clip_range`` a round could not use, already told of:
+#: a run says so once, not every round.
+_UNGRIDDED: set[int] = set()
 
 
 def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
@@ -111,7 +117,25 @@ BATCH_BYTES = 4 << 20
 def compressed_batch_applies(call: Any) -> bool:
     """Whether a round (a :class:`~meshkit.train._rounds.engine.RoundCall`) is a compressed
     round played batched (module docstring): compressed fits, a linear aggregator, at least
-    two fits a worker, and nothing that needs single contributions in key order."""
+    two fits a worker, and nothing that needs single contributions in key order.
+
+    A ``[compression] clip_range`` only such a round can use: when a compressed round
+    with one is played another way, the run says so (a warning, once), so the shared grid
+    never does nothing silently."""
+    applies = _compressed_batch_applies(call)
+    plan = call.ctx.compression if call.compressed is not None else None
+    if not applies and plan is not None and plan.clip_range is not None \
+            and id(plan) not in _UNGRIDDED:
+        _UNGRIDDED.add(id(plan))
+        log.warning("[compression] clip_range = %s: a round of %s fits is not a linear batched round "
+                    "(a robust or weighted-by-metric aggregator, a deadline, local keys, a "
+                    "simulated attack, or one fit a worker), so each client uploads its "
+                    "payload on its own grid and no worker sums codes (docs/compression.md, "
+                    "\"One sum a worker\"); said once a run", plan.clip_range, call.label)
+    return applies
+
+
+def _compressed_batch_applies(call: Any) -> bool:
     if call.compressed is None or not call.batch or call.given is not None \
             or call.attack is not None or call.deadline or call.pinned \
             or call.state is None or call.reference is None:
