@@ -104,13 +104,14 @@ def _recycled(size: int, slots: list[np.ndarray], keep: int) -> np.ndarray:
     if keep <= 0:
         return np.empty(size, dtype=np.uint8)
     with _recv_pool_lock:
-        for buf in slots:
-            # References: the list, ``buf`` and getrefcount's argument.
-            if buf.nbytes >= size and sys.getrefcount(buf) <= 3:
-                return buf[:size]
+        # By index, so that no loop variable holds a slot while its references are
+        # counted: the list's and getrefcount's argument are the only ones of an idle slot.
+        for i in range(len(slots)):
+            if slots[i].nbytes >= size and sys.getrefcount(slots[i]) <= 2:
+                return slots[i][:size]
         fresh = np.empty(size, dtype=np.uint8)
-        for i, buf in enumerate(slots):
-            if sys.getrefcount(buf) <= 3:  # idle, but too small: the new one replaces it
+        for i in range(len(slots)):
+            if sys.getrefcount(slots[i]) <= 2:  # idle, but too small: the new one replaces it
                 slots[i] = fresh
                 return fresh
         if len(slots) < keep:

@@ -287,3 +287,26 @@ def test_a_large_body_is_read_into_a_kept_buffer_only_when_the_process_asked(mon
 def test_recycle_large_messages_refuses_a_count_it_cannot_bound():
     with pytest.raises(ValueError, match="0 to 4"):
         wire.recycle_large_messages(5)
+
+
+def test_an_idle_recycled_buffer_too_small_for_the_next_body_is_replaced(monkeypatch):
+    from meshkit.wire import _buffers
+
+    monkeypatch.setattr(_buffers, "_MESSAGE_SLOTS", 1)
+    monkeypatch.setattr(_buffers, "_message_slots", [])
+    a, b = channel_pair(segment=UNIT)
+    try:
+        small = _send_segmented(a, b, 1.0, 200_000)  # the one slot: 0.8 MB
+        assert np.shares_memory(small.body, _buffers._message_slots[0])
+        del small  # idle now
+        frame = _send_segmented(a, b, 2.0, 300_000)  # bigger: a new buffer takes the slot
+        assert len(_buffers._message_slots) == 1
+        assert np.shares_memory(frame.body, _buffers._message_slots[0])
+        address = frame.body.ctypes.data
+        del frame
+        again = _send_segmented(a, b, 3.0, 300_000)
+        assert again.body.ctypes.data == address
+        np.testing.assert_array_equal(again.state["w"], 3.0)
+    finally:
+        a.close()
+        b.close()
