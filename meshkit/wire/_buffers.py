@@ -57,6 +57,8 @@ _message_slots: list[np.ndarray] = []
 # Off by default: a coordinator's memory bound (two models) has no room for an
 # idle model-sized buffer.
 _large_keep = 0
+# A recycled buffer is allocated to the next multiple of this (see _recycled).
+_SLACK = 1 << 20
 _large_slots: list[np.ndarray] = []
 
 
@@ -109,14 +111,16 @@ def _recycled(size: int, slots: list[np.ndarray], keep: int) -> np.ndarray:
         for i in range(len(slots)):
             if slots[i].nbytes >= size and sys.getrefcount(slots[i]) <= 2:
                 return slots[i][:size]
-        fresh = np.empty(size, dtype=np.uint8)
+        # Rounded up: the next message of the same model is often a few bytes longer
+        # (its request's sequence number, a piece's header), and must still fit.
+        fresh = np.empty(-(-size // _SLACK) * _SLACK, dtype=np.uint8)
         for i in range(len(slots)):
             if sys.getrefcount(slots[i]) <= 2:  # idle, but too small: the new one replaces it
                 slots[i] = fresh
-                return fresh
+                return fresh[:size]
         if len(slots) < keep:
             slots.append(fresh)
-        return fresh
+        return fresh[:size]
 
 
 def recycle_large_messages(count: int) -> None:
