@@ -25,7 +25,8 @@ from each), so its *transfer rate* is ``2 * workers * model / seconds per
 round`` (the rounds after the first, their own clocks in ``metrics.jsonl``),
 a lower bound: the round's seconds include the workers' fits and the fold.
 
-The transfer itself is measured apart from the fits (this tree only): the
+The transfer itself is measured apart from the fits (this tree only; every
+tree with ``--phases-all``, so the baselines pay the wrapper's cost too): the
 coordinator runs through :data:`PHASES_WRAPPER`, which times every
 model-sized frame it writes (the *state out*: bytes over the seconds its
 writes took, the worker reading as it arrives) and each contribution pulled
@@ -42,7 +43,10 @@ Printed per tree: peak RSS in MB and in model copies, seconds per round and
 transfer rate, each as the median over ``--repeat`` trials with min-max,
 the raw stream's rate, and the ratio (round rate / raw rate); then the
 state out and contribution in rates and their ratios to the raw and the
-encrypted streams, and the peak RSS of each phase. With ``--spill`` this tree runs twice per trial, in turns: as configured, and
+encrypted streams, and the peak RSS of each phase; and the minor page faults
+and CPU seconds of the coordinator and of its workers together (its reaped
+children): a fresh buffer's pages are faulted in (and zeroed) by the kernel,
+a recycled one's are not. With ``--spill`` this tree runs twice per trial, in turns: as configured, and
 with ``[run] spill = true`` (the global model in a mapped file, ``meshkit.spill``),
 and the last lines hold each one's highest peak against issue 39's bound
 (2 x model + 512 MiB without the spill, model + 512 MiB with it). The peak is
@@ -159,8 +163,14 @@ PHASES_WRAPPER = textwrap.dedent("""
         done.set()
         with open(out, "w") as fh:
             fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+        mine = resource.getrusage(resource.RUSAGE_SELF)
+        # The workers are this process's children (local launch), reaped by now.
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        usage = {"coordinator": [mine.ru_minflt, mine.ru_utime, mine.ru_stime],
+                 "workers": [kids.ru_minflt, kids.ru_utime, kids.ru_stime]}
         with open(out + ".json", "w") as fh:
-            json.dump({"phases": high, "frames_out": frames_out, "pulls": pulls}, fh)
+            json.dump({"phases": high, "frames_out": frames_out, "pulls": pulls,
+                       "usage": usage}, fh)
     hook()
     threading.Thread(target=sample, daemon=True).start()
     atexit.register(record)
@@ -234,6 +244,7 @@ def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
             sent = [(t, n) for r, t, n in traced["frames_out"] if r >= first]
             pulled = [t for r, t in traced["pulls"] if r >= first]
             got["phases"] = traced["phases"]
+            got["usage"] = traced.get("usage", {})
             if sent:  # the state out: every model-sized frame the coordinator wrote
                 got["out"] = sum(n for _, n in sent) / sum(t for t, _ in sent)
                 # Each in turn: the first worker's fit runs beside the writes to the next.
@@ -332,6 +343,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raw", type=int, default=3, help="raw-stream trials per trial")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--segment-bytes", type=int, default=None)
+    parser.add_argument("--phases-all", action="store_true",
+                        help="run the baselines through the timing wrapper too (a tree whose "
+                             "code has the hooked functions), so every tree pays its cost")
     parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
                         metavar="LABEL=DIR[:PYTHON]")
     parser.add_argument("--spill", action="store_true",
@@ -364,7 +378,8 @@ def main(argv: list[str] | None = None) -> None:
                                             for _ in range(args.raw)))
             got = one_run(python, tree, params=params, workers=args.workers,
                           rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
-                          phases=tree == ROOT, spill=label == "this, spill",
+                          phases=tree == ROOT or args.phases_all,
+                          spill=label == "this, spill",
                           outer=args.outer if tree == ROOT else "average")
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
@@ -375,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{got['seconds']:.2f} s/round{wire}; raw {raws[-1] / MB:.0f} MB/s, "
                   f"encrypted {sealed[-1] / MB:.0f} MB/s; load {os.getloadavg()[0]:.1f}",
                   flush=True)
+            for who, (faults, user, system) in (got.get("usage") or {}).items():
+                print(f"#   {who}: {faults:,} minor page faults, user {user:.1f} s, "
+                      f"system {system:.1f} s", flush=True)
             for name, high in (got.get("phases") or {}).items():
                 print(f"#   peak RSS in phase {name!r}: {high / MB:.0f} MB "
                       f"({high / model:.2f} model copies)", flush=True)

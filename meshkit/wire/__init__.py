@@ -66,6 +66,12 @@ Public API
 ``encode_state(state, *, bf16=False) -> EncodedState``, ``decode_state(body, *, flags=0) -> dict``
     The body codec on its own (used by the channel; public for tests,
     fuzzing and other transports).
+``recycle_large_messages(count)``
+    Keep up to ``count`` (0 to 4; default 0) received message bodies above
+    64 MiB for reuse once nothing refers to them: a worker, which holds the
+    model it was sent until the next has arrived, asks for 2 so its bodies
+    stop being fresh memory the kernel zeroes. Process-wide; a coordinator
+    (bounded to two models) leaves it off.
 ``seal_datagram(secret, payload) -> bytes``, ``open_datagram(secret, datagram) -> bytes``
     Authenticate single datagrams (UDP discovery) under a key derived from
     the shared secret.
@@ -136,6 +142,7 @@ import no sibling):
 
 from __future__ import annotations
 
+from meshkit.wire._buffers import recycle_large_messages
 from meshkit.wire._channel import (
     DEFAULT_MAX_FRAME,
     DEFAULT_MAX_MESSAGE,
@@ -252,6 +259,7 @@ __all__ = [
     "handshake",
     "encode_state",
     "decode_state",
+    "recycle_large_messages",
     "seal_datagram",
     "open_datagram",
     "MIN_SECRET",

@@ -42,11 +42,24 @@ _scratch_lock = threading.Lock()
 # nothing refers to it any more. A fresh body that size is a fresh mmap: the
 # kernel zeroes every page as the receive first touches it and unmaps it when
 # the piece is dropped, and that zeroing was most of the CPU a large transfer
-# took (docs/benchmarks.md, issue 39). One slot, so a process holds at most
-# _MESSAGE_MAX bytes of idle message buffer; bigger bodies (a whole model's
-# state) are allocated as before.
+# took (docs/benchmarks.md, issue 39). _MESSAGE_SLOTS slots: a coordinator
+# pulls up to two pieces ahead of its fold (meshkit.train's piece round), so a
+# piece is folded while the next is queued and the one after it is read, and
+# a single slot sent every other piece to a fresh mapping. A process holds at
+# most _MESSAGE_SLOTS * _MESSAGE_MAX bytes of idle message buffers.
 _MESSAGE_MAX = 64 << 20
-_message_slot: list[np.ndarray] = []
+_MESSAGE_SLOTS = 3
+_message_slots: list[np.ndarray] = []
+# Bodies above _MESSAGE_MAX (a whole model's state, received by a worker each
+# round) are recycled only in a process that asked for it (recycle_large_messages):
+# a worker holds the model it was sent until the next one has arrived, so two
+# buffers take turns, and from the third message on none is a fresh mapping.
+# Off by default: a coordinator's memory bound (two models) has no room for an
+# idle model-sized buffer.
+_large_keep = 0
+# A recycled buffer is allocated to the next multiple of this (see _recycled).
+_SLACK = 1 << 20
+_large_slots: list[np.ndarray] = []
 
 
 def _receive_buffer(size: int) -> np.ndarray:
@@ -83,16 +96,49 @@ def _message_buffer(size: int) -> np.ndarray:
     frame or view still uses the buffer: numpy views keep their base alive.
     """
     if size > _MESSAGE_MAX:
+        return _recycled(size, _large_slots, _large_keep)
+    return _recycled(size, _message_slots, _MESSAGE_SLOTS)
+
+
+def _recycled(size: int, slots: list[np.ndarray], keep: int) -> np.ndarray:
+    """A view of ``size`` bytes of a slot nothing refers to, else a new buffer (kept in a
+    free place among ``keep`` slots; a slot still in use is never replaced)."""
+    if keep <= 0:
         return np.empty(size, dtype=np.uint8)
     with _recv_pool_lock:
-        if _message_slot:
-            buf = _message_slot[0]
-            # References: the slot, ``buf`` and getrefcount's argument.
-            if buf.nbytes >= size and sys.getrefcount(buf) <= 3:
-                return buf[:size]
-        buf = np.empty(size, dtype=np.uint8)
-        _message_slot[:] = [buf]
-        return buf
+        # By index, so that no loop variable holds a slot while its references are
+        # counted: the list's and getrefcount's argument are the only ones of an idle slot.
+        for i in range(len(slots)):
+            if slots[i].nbytes >= size and sys.getrefcount(slots[i]) <= 2:
+                return slots[i][:size]
+        # Rounded up: the next message of the same model is often a few bytes longer
+        # (its request's sequence number, a piece's header), and must still fit.
+        fresh = np.empty(-(-size // _SLACK) * _SLACK, dtype=np.uint8)
+        for i in range(len(slots)):
+            if sys.getrefcount(slots[i]) <= 2:  # idle, but too small: the new one replaces it
+                slots[i] = fresh
+                return fresh[:size]
+        if len(slots) < keep:
+            slots.append(fresh)
+        return fresh[:size]
+
+
+def recycle_large_messages(count: int) -> None:
+    """Keep up to ``count`` received message bodies above 64 MiB for reuse (0: none).
+
+    For a process that receives a whole model each round and holds it until
+    the next one has arrived (a worker: ``count`` 2): its bodies are then read
+    into memory the kernel does not zero again. A kept body is reused only
+    once nothing refers to it (as the smaller ones, :func:`_message_buffer`);
+    an idle one costs its size in memory, so a process that must stay within
+    a memory bound (a coordinator) leaves this off.
+    """
+    global _large_keep
+    if not 0 <= count <= 4:
+        raise ValueError(f"recycle_large_messages keeps 0 to 4 bodies, got {count}")
+    with _recv_pool_lock:
+        _large_keep = count
+        del _large_slots[count:]
 
 
 def _take_scratch() -> bytearray:

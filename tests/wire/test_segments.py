@@ -208,7 +208,7 @@ def test_a_segmented_body_nothing_refers_to_is_recycled_for_the_next_message():
         del frame
         frame = _send_segmented(a, b, 2.0, 300_000)
         # Not just the same address (malloc may hand that back): the recycled buffer.
-        assert np.shares_memory(frame.body, _buffers._message_slot[0])
+        assert any(np.shares_memory(frame.body, slot) for slot in _buffers._message_slots)
         assert frame.body.ctypes.data == address
         np.testing.assert_array_equal(frame.state["w"], 2.0)
         del frame
@@ -242,7 +242,71 @@ def test_a_segmented_body_above_the_recycled_size_gets_its_own_buffer(monkeypatc
     a, b = channel_pair(segment=UNIT)
     try:
         frame = _send_segmented(a, b, 1.0, 300_000)
-        assert not any(np.shares_memory(frame.body, held) for held in _buffers._message_slot)
+        assert not any(np.shares_memory(frame.body, held)
+                       for held in [*_buffers._message_slots, *_buffers._large_slots])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_large_body_is_read_into_a_kept_buffer_only_when_the_process_asked(monkeypatch):
+    # A worker holds the model it was sent until the next one arrived: with
+    # recycle_large_messages(2) two buffers take turns, so the third body is read
+    # into the first one's memory (no fresh mapping the kernel zeroes); without it,
+    # every large body is a buffer of its own.
+    from meshkit.wire import _buffers
+
+    monkeypatch.setattr(_buffers, "_MESSAGE_MAX", 1 << 20)  # 1 MiB: 1.2 MB bodies are above
+    monkeypatch.setattr(_buffers, "_large_slots", [])
+    a, b = channel_pair(segment=UNIT)
+    try:
+        wire.recycle_large_messages(2)
+        held = _send_segmented(a, b, 1.0, 300_000)  # round 1's model, held
+        first = held.body.ctypes.data
+        held = _send_segmented(a, b, 2.0, 300_000)  # round 2's arrives while 1's is held
+        assert held.body.ctypes.data != first
+        np.testing.assert_array_equal(held.state["w"], 2.0)
+        third = _send_segmented(a, b, 3.0, 300_000)  # round 1's is free now: its memory
+        assert any(np.shares_memory(third.body, slot) for slot in _buffers._large_slots)
+        assert third.body.ctypes.data == first and not np.shares_memory(third.body, held.body)
+        np.testing.assert_array_equal(third.state["w"], 3.0)
+        np.testing.assert_array_equal(held.state["w"], 2.0)  # the held one untouched
+        del held, third
+        wire.recycle_large_messages(0)
+        assert _buffers._large_slots == []  # nothing idle kept once it is off
+        one = _send_segmented(a, b, 4.0, 300_000)
+        two = _send_segmented(a, b, 5.0, 300_000)
+        assert not np.shares_memory(one.body, two.body)
+        assert _buffers._large_slots == []
+    finally:
+        wire.recycle_large_messages(0)
+        a.close()
+        b.close()
+
+
+def test_recycle_large_messages_refuses_a_count_it_cannot_bound():
+    with pytest.raises(ValueError, match="0 to 4"):
+        wire.recycle_large_messages(5)
+
+
+def test_an_idle_recycled_buffer_too_small_for_the_next_body_is_replaced(monkeypatch):
+    from meshkit.wire import _buffers
+
+    monkeypatch.setattr(_buffers, "_MESSAGE_SLOTS", 1)
+    monkeypatch.setattr(_buffers, "_message_slots", [])
+    a, b = channel_pair(segment=UNIT)
+    try:
+        small = _send_segmented(a, b, 1.0, 200_000)  # the one slot: 0.8 MB
+        assert np.shares_memory(small.body, _buffers._message_slots[0])
+        del small  # idle now
+        frame = _send_segmented(a, b, 2.0, 300_000)  # bigger: a new buffer takes the slot
+        assert len(_buffers._message_slots) == 1
+        assert np.shares_memory(frame.body, _buffers._message_slots[0])
+        address = frame.body.ctypes.data
+        del frame
+        again = _send_segmented(a, b, 3.0, 300_000)
+        assert again.body.ctypes.data == address
+        np.testing.assert_array_equal(again.state["w"], 3.0)
     finally:
         a.close()
         b.close()

@@ -10,6 +10,14 @@ the fold waits on with ``take`` one piece at a time (``piece``,
 contribution, and no message of the round is larger than a piece plus its
 header. The result is the whole-contribution fold's, bit for bit.
 
+The pull is pipelined: up to :data:`AHEAD` pieces of the contribution are
+asked for at once, and the next is asked for *before* the piece that just
+arrived is folded, so the worker sends (and the link's reader receives)
+piece ``k + 1`` while the coordinator folds piece ``k`` rather than
+waiting for the request a fold finishes with. The coordinator holds at
+most :data:`AHEAD` pieces of it in flight (they arrive, and are folded, in
+order: a worker answers its requests one after another).
+
 A worker lost (or a piece that does not fit the model) while its
 contribution is being pulled: when nothing of that contribution reached the
 sum yet, it is given up and its key served again like any lost work;
@@ -34,7 +42,12 @@ from meshkit.train._messages import check_contribution
 from meshkit.train._messages.check import Signature
 from meshkit.train._pool import protocol_reason
 
-__all__ = ["PieceRound", "pieces_apply"]
+__all__ = ["AHEAD", "PieceRound", "pieces_apply"]
+
+#: Pieces of one contribution asked for and not folded yet, at most (docstring above):
+#: two let a piece travel while the one before it is folded; more would only add
+#: memory (each is a piece-sized message on the coordinator).
+AHEAD = 2
 
 
 def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
@@ -67,6 +80,7 @@ class PieceRound:
     weight: Any
     not_served: dict[int, str]
     expected: Signature | None
+    busy: dict[int, tuple[int, str, Any]]
 
     def use_pieces(self, reference: Mapping[str, Any], piece_bytes: int) -> None:
         """Pull and fold in pieces of ``piece_bytes`` (``reference``: the round's model)."""
@@ -77,8 +91,10 @@ class PieceRound:
         floats = {key for key, _, _ in float_layout(reference)}
         self.others: Signature | None = None if self.expected is None else {
             k: v for k, v in self.expected.items() if k not in floats}
-        #: The worker whose contribution is being pulled: rank -> (key, next piece).
+        #: The worker whose contribution is being pulled: rank -> (key, next piece to
+        #: arrive); and the next piece to ask it for (at most AHEAD ahead of the first).
         self.pulling: dict[int, tuple[int, int]] = {}
+        self.asked: dict[int, int] = {}
         # Every result is kept and pulled here: none comes back with its fit's answer.
         self.window = 0
         # The round's result is the piece fold's (play_round asks self.fold).
@@ -94,9 +110,10 @@ class PieceRound:
         """The next piece of the contribution it is handing over; else, when it holds the
         key the fold waits on and nothing else is being pulled, that key's first piece;
         else new work (always kept)."""
-        if rank in self.pulling:
+        if rank in self.pulling:  # (idle while pulling: nothing of it is in flight)
             key, piece = self.pulling[rank]
-            self._take(rank, key, piece)
+            self.asked[rank] = piece
+            self._ask(rank, key)
             return True
         held = self.held.get(rank)
         if held and not self.pulling and self.unfolded and self.unfolded[0] in held:
@@ -105,7 +122,8 @@ class PieceRound:
             self.pieces.begin(self.weight(self.replies[key]),
                               f"{self.label} {key} (rank {rank})")
             self.pulling[rank] = (key, 0)
-            self._take(rank, key, 0)
+            self.asked[rank] = 0
+            self._ask(rank, key)
             return True
         return super().hand_out(rank, busy)  # type: ignore[misc]
 
@@ -117,6 +135,8 @@ class PieceRound:
         assert key is not None and self.pulling.get(rank, (None, 0))[0] == key
         piece = self.pulling[rank][1]
         parts = payload["state"]
+        # The next piece travels while this one is checked and folded (docstring).
+        self._ask(rank, key)
         what = f"rank {rank}'s piece {piece} of {self.label} {key}"
         try:
             if piece == 0 and self.others is not None:
@@ -135,12 +155,13 @@ class PieceRound:
             self.pulling[rank] = (key, piece + 1)
             return
         del self.pulling[rank]
+        del self.asked[rank]
         self.pieces.end()
         self.unfolded.pop(0)
         self.served[key] = rank
 
     def requeue(self, rank: int, kind: str, key: int | None, reason: str) -> list[int]:
-        pulled = self.pulling.pop(rank, None)
+        pulled = self._stop_pulling(rank)
         again: list[int] = super().requeue(rank, kind, key, reason)  # type: ignore[misc]
         if pulled is None:
             return again
@@ -148,12 +169,32 @@ class PieceRound:
         return sorted({*again, pulled[0]} - set(self.not_served))
 
     def client_dropped(self, rank: int, kind: str, unit: int | None, key: int) -> None:
-        pulled = self.pulling.pop(rank, None)
+        pulled = self._stop_pulling(rank)
         if pulled is not None:
             self._abandon_pull(rank, pulled[0], "its client failed")
         super().client_dropped(rank, kind, unit, key)  # type: ignore[misc]
 
     # -- internals -----------------------------------------------------------------------
+
+    def _ask(self, rank: int, key: int) -> None:
+        """Ask ``rank`` for the next pieces of ``key``'s contribution, up to :data:`AHEAD`
+        of them not arrived yet."""
+        first = self.pulling[rank][1]
+        while self.asked[rank] < min(first + AHEAD, self.plan_size):
+            self._take(rank, key, self.asked[rank])
+            self.asked[rank] += 1
+
+    def _stop_pulling(self, rank: int) -> tuple[int, int] | None:
+        """Forget the pull from ``rank`` (its (key, next piece), or None): the pieces still
+        asked of it are abandoned in the pool, so a late answer is never folded."""
+        self.asked.pop(rank, None)
+        pulled = self.pulling.pop(rank, None)
+        if pulled is not None:
+            for ticket, (owner, kind, _) in list(self.busy.items()):
+                if owner == rank and kind == "take":
+                    del self.busy[ticket]
+                    self.ctx.pool.abandon(ticket)
+        return pulled
 
     def _take(self, rank: int, key: int, piece: int) -> None:
         self.send(rank, "take", key,  # type: ignore[attr-defined]

@@ -182,3 +182,40 @@ def test_a_contribution_in_hundreds_of_pieces_is_not_cut_short_by_the_loops_boun
     ctx, pieces = played(2, 2, 64)
     assert len(takes(ctx)) == 2 * MODEL_BYTES // 64
     assert same_bytes(pieces.result, whole.result)
+
+
+def test_the_next_piece_is_asked_for_before_the_one_that_arrived_is_folded(monkeypatch):
+    # Two pieces of a contribution in flight (pieces.AHEAD), never more: a piece
+    # travels while the one before it is folded, and the result is unchanged.
+    from meshkit.train._pool import LocalPool
+    from meshkit.train._rounds.pieces import AHEAD
+
+    _, whole = played(3, 2, MODEL_BYTES)
+    ctx = make_ctx(workers=2)
+    ctx.piece_bytes = 1000
+    in_flight: dict[int, int] = {}
+    most: list[int] = [0]
+    tickets: dict[int, int] = {}
+    send, receive = LocalPool.send, LocalPool.receive
+
+    def counted_send(self, rank, request, timeout):
+        ticket = send(self, rank, request, timeout)
+        if request["op"] == "take":
+            tickets[ticket] = rank
+            in_flight[rank] = in_flight.get(rank, 0) + 1
+            most[0] = max(most[0], in_flight[rank])
+        return ticket
+
+    def counted_receive(self, *args, **kw):
+        reply = receive(self, *args, **kw)
+        if reply is not None and reply.seq in tickets:
+            in_flight[tickets.pop(reply.seq)] -= 1
+        return reply
+
+    monkeypatch.setattr(LocalPool, "send", counted_send)
+    monkeypatch.setattr(LocalPool, "receive", counted_receive)
+    folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0), batch=False)
+    assert same_bytes(folded.result, whole.result)
+    assert most[0] == AHEAD == 2
+    pieces = -(-MODEL_BYTES // 1000)
+    assert len(takes(ctx)) == 3 * pieces, "each piece asked for once"
