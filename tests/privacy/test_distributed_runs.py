@@ -39,6 +39,11 @@ def test_the_distributed_dp_example_runs_and_accounts_every_round(tmp_path):
         assert 0 < row["round_epsilon"] <= row["epsilon"]
         assert math.isfinite(row["loss"])
     assert epsilons[-1] < 10.0  # target_epsilon
+    # The grid is planned for all 400 clients, not for the round's cohort: rounds of
+    # different cohorts have the same grid, noise and Δ₂, so the same round_epsilon, bit for
+    # bit (with a grid per cohort they differed, and the grid told the cohort's size).
+    assert len({row["cohort"] for row in rows}) > 1
+    assert len({row["round_epsilon"] for row in rows}) == 1
 
 
 @pytest.mark.slow
