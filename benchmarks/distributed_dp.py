@@ -1,7 +1,7 @@
 """Distributed DP (Skellam, clients add the noise under SecAgg+) against central DP at the same ε.
 
 ``python benchmarks/distributed_dp.py [--clients 500] [--q 0.05] [--rounds 200] [--seeds 3]
-[--first-seed 0] [--accountants pld,rdp]``
+[--first-seed 0] [--accountants pld,rdp] [--paired DIR [--last 20]]``
 
 Every run trains ``digits`` with user-level DP-FedAvg: clip S = 1, Poisson
 sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5.
@@ -15,6 +15,22 @@ training). Distributed: the same with ``placement = "distributed"`` under
 too, its z found by bisection so that the Skellam accountant's ε after
 ``--rounds`` (with the grid of the expected cohort) equals that central
 accountant's. Prints one JSON line per run and a summary.
+
+``--paired DIR``: the paired design (issue 41). A seed's central and
+distributed runs share every random stream but the noise: the model's
+initialisation, the Poisson cohorts (their own stream of the run seed,
+``meshkit.train.poisson_clients``), each client's data order (its fit
+seed) are all functions of the run seed, and the noise is drawn from
+streams of its own (``noise = "seeded"``, so each run is reproducible; the
+central noise from (seed, round), each client's Skellam share and rounding
+from its fit seed). The benchmark checks the pairing: a pair's rounds must
+have the same cohort sizes, round by round. Each run is scored by its mean
+test accuracy over the last ``--last`` rounds (less noisy than the final
+round's) and saved to ``DIR/<kind>-<seed>.json`` as it ends, so partial
+results survive and a rerun skips what is done; ``--summarise`` only reads
+``DIR``. The summary gives, per central accountant, the paired difference
+central − distributed in accuracy points: mean, sd, standard error and a
+95 % t interval, and whether that interval lies within ±0.5 points.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -35,21 +52,22 @@ from meshkit.train import read_metrics
 from meshkit_privacy.distributed import DistributedSkellam
 
 LENGTH = 650  # digits' model: 64 x 10 weights and 10 biases
+EPSILON_OF = {"pld": epsilon_pld, "rdp": epsilon_rdp}
 
 
 def _skellam_epsilon(z: float, q: float, rounds: int, cohort: int, bits: int,
-                     delta: float) -> float:
+                     delta: float, population: int | None = None) -> float:
     mech = DistributedSkellam(clip_norm=1.0, noise_multiplier=z, delta=delta)
-    mech.plan_round(cohort=cohort, length=LENGTH, bits=bits)
+    mech.plan_round(cohort=cohort, length=LENGTH, bits=bits, population=population)
     return mech.epsilon_after(q, rounds)
 
 
 def matching_z(target: float, q: float, rounds: int, cohort: int, bits: int,
-               delta: float) -> float:
+               delta: float, population: int | None = None) -> float:
     low, high = 0.3, 10.0
     for _ in range(40):
         mid = math.sqrt(low * high)
-        if _skellam_epsilon(mid, q, rounds, cohort, bits, delta) > target:
+        if _skellam_epsilon(mid, q, rounds, cohort, bits, delta, population) > target:
             low = mid
         else:
             high = mid
@@ -57,20 +75,144 @@ def matching_z(target: float, q: float, rounds: int, cohort: int, bits: int,
 
 
 def config(out: Path, seed: int, clients: int, q: float, rounds: int, z: float,
-           distributed: bool, bits: int) -> dict[str, Any]:
+           distributed: bool, bits: int, noise: str = "os") -> dict[str, Any]:
     table: dict[str, Any] = {
         "run": {"task": "digits", "seed": seed, "out": str(out)},
         "mesh": {"launch": "local", "workers": 2},
         "strategy": {"name": "federated", "rounds": rounds, "clients": clients,
                      "fraction": q, "sampling": "poisson"},
         "privacy": {"name": "dp-fixed", "clip": "client", "clip_norm": 1.0,
-                    "noise_multiplier": z, "delta": 1e-5},
+                    "noise_multiplier": z, "delta": 1e-5, "noise": noise},
         "outer_optimizer": {"name": "fedavgm", "lr": 1.0, "momentum": 0.9},
         "task": {"lr": 0.5}}
     if distributed:
         table["privacy"]["placement"] = "distributed"
         table["secure_aggregation"] = {"name": "secagg+", "modulus_bits": bits}
     return table
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (p > 0.5) by bisection on its CDF, integrated numerically."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t: float) -> float:  # Simpson's rule on [0, t]: 2,000 panels is ample
+        n = 2000
+        h = t / n
+        f = [math.exp(log_c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df))
+             for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    low, high = 0.0, 100.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if cdf(mid) < p:
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+def paired_summary(diffs: list[float], margin: float = 0.5) -> dict[str, Any]:
+    """Mean, sd, standard error and 95 % t interval of paired differences (points), and
+    whether the interval lies within ±``margin``."""
+    n = len(diffs)
+    mean = statistics.mean(diffs)
+    if n < 2:
+        return {"n": n, "mean": mean, "per_seed": diffs}
+    sd = statistics.stdev(diffs)
+    se = sd / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * se
+    return {"n": n, "mean": mean, "sd": sd, "se": se, "ci95": [mean - half, mean + half],
+            "within_margin": -margin < mean - half and mean + half < margin,
+            "seeds_for_margin": math.ceil((t_quantile(0.975, max(n - 1, 1)) * sd / margin) ** 2),
+            "per_seed": diffs}
+
+
+def plan(args: argparse.Namespace) -> tuple[int, list[tuple[str, float, bool]], list[str]]:
+    """The field's bits, and the runs a seed plays: central, then distributed at each
+    accountant's ε (printing each matching z)."""
+    delta = 1e-5
+    bits = 16 + (args.clients - 1).bit_length()
+    cohort = round(args.q * args.clients)
+    accountants = [a for a in args.accountants.split(",") if a]
+    runs: list[tuple[str, float, bool]] = [("central", args.z, False)]
+    for name in accountants:
+        target = EPSILON_OF[name]([(args.q, args.z, args.rounds)], delta)
+        z_d = args.distributed_z or matching_z(target, args.q, args.rounds, cohort, bits,
+                                               delta, args.clients)
+        print(json.dumps({"accountant": name, "central_z": args.z, "central_epsilon": target,
+                          "distributed_z": z_d,
+                          "distributed_epsilon": _skellam_epsilon(z_d, args.q, args.rounds,
+                                                                  cohort, bits, delta,
+                                                                  args.clients),
+                          "modulus_bits": bits}), flush=True)
+        runs.append((f"distributed-at-{name}", z_d, True))
+    return bits, runs, accountants
+
+
+def run_paired(args: argparse.Namespace) -> int:
+    """The paired design (module docstring): every run saved to ``args.paired`` as it ends."""
+    folder = Path(args.paired)
+    folder.mkdir(parents=True, exist_ok=True)
+    bits, runs, accountants = plan(args)
+    if not args.summarise:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for kind, z, distributed in runs:
+                if args.only and not kind.startswith(args.only):
+                    continue
+                saved = folder / f"{kind}-{seed}.json"
+                if saved.exists():
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    started = time.time()
+                    result = meshkit.run(config(Path(tmp) / "run", seed, args.clients, args.q,
+                                                args.rounds, z, distributed, bits, "seeded"))
+                    rows = read_metrics(Path(tmp) / "run")
+                line = {"kind": kind, "seed": seed, "z": z, "ok": result.ok,
+                        "rounds": len(rows), "modulus_bits": bits if distributed else None,
+                        "accuracy": [r["accuracy"] for r in rows],
+                        "cohort": [r["cohort"] for r in rows],
+                        "epsilon": rows[-1]["epsilon"] if rows else None,
+                        "seconds": round(time.time() - started, 1),
+                        "load": os.getloadavg()[0]}
+                saved.write_text(json.dumps(line) + "\n")
+                print(json.dumps({k: v for k, v in line.items()
+                                  if k not in ("accuracy", "cohort")}
+                                 | {"final": line["accuracy"][-1] if rows else None}), flush=True)
+    print(json.dumps(summarise(folder, args.last, args.rounds, accountants)), flush=True)
+    return 0
+
+
+def summarise(folder: Path, last: int, rounds: int, accountants: list[str]) -> dict[str, Any]:
+    """Each saved run scored by its mean accuracy over the ``last`` rounds, paired by seed."""
+    score: dict[str, dict[int, float]] = {}
+    final: dict[str, dict[int, float]] = {}
+    cohorts: dict[str, dict[int, list[float]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        line = json.loads(path.read_text())
+        if line["rounds"] != rounds or not line["ok"]:
+            continue  # another setting, or a run that did not finish: never scored
+        kind, seed = line["kind"], int(line["seed"])
+        score.setdefault(kind, {})[seed] = 100 * statistics.mean(line["accuracy"][-last:])
+        final.setdefault(kind, {})[seed] = 100 * line["accuracy"][-1]
+        cohorts.setdefault(kind, {})[seed] = line["cohort"]
+    out: dict[str, Any] = {"last": last, "rounds": rounds,
+                           "runs": {k: {"n": len(v), "mean_score": statistics.mean(v.values())}
+                                    for k, v in score.items()}}
+    central = score.get("central", {})
+    for name in accountants:
+        dist = score.get(f"distributed-at-{name}", {})
+        seeds = sorted(set(central) & set(dist))
+        for seed in seeds:  # the pairing: a pair sampled the same cohorts, round by round
+            if cohorts["central"][seed] != cohorts[f"distributed-at-{name}"][seed]:
+                raise SystemExit(f"seed {seed}: the central and distributed-at-{name} runs "
+                                 f"sampled different cohorts: not a paired design")
+        if seeds:
+            out[f"gap_points_{name}"] = paired_summary([central[s] - dist[s] for s in seeds])
+            out[f"gap_points_{name}"]["seeds"] = seeds
+            out[f"gap_points_{name}_final_round"] = paired_summary(
+                [final["central"][s] - final[f"distributed-at-{name}"][s] for s in seeds])
+    return out
 
 
 def main() -> int:
@@ -88,23 +230,18 @@ def main() -> int:
                         help="run distributed DP at this z instead of the matching ones (its "
                              "ε is then the Skellam accountant's, printed)")
     parser.add_argument("--only", choices=("central", "distributed"), default=None)
+    parser.add_argument("--paired", metavar="DIR", default="",
+                        help="the paired design, each run saved to DIR (module docstring)")
+    parser.add_argument("--last", type=int, default=20,
+                        help="--paired: score a run by its mean accuracy over these last rounds")
+    parser.add_argument("--summarise", action="store_true",
+                        help="--paired: only summarise the runs saved in DIR")
     args = parser.parse_args()
+    if args.paired:
+        return run_paired(args)
     delta = 1e-5
-    bits = 16 + (args.clients - 1).bit_length()
-    cohort = round(args.q * args.clients)
-    accountants = [a for a in args.accountants.split(",") if a]
-    epsilon_of = {"pld": epsilon_pld, "rdp": epsilon_rdp}
-    runs: list[tuple[str, float, bool]] = [("central", args.z, False)]
-    for name in accountants:
-        target = epsilon_of[name]([(args.q, args.z, args.rounds)], delta)
-        z_d = args.distributed_z or matching_z(target, args.q, args.rounds, cohort, bits,
-                                               delta)
-        print(json.dumps({"accountant": name, "central_z": args.z, "central_epsilon": target,
-                          "distributed_z": z_d,
-                          "distributed_epsilon": _skellam_epsilon(z_d, args.q, args.rounds,
-                                                                  cohort, bits, delta),
-                          "modulus_bits": bits}), flush=True)
-        runs.append((f"distributed-at-{name}", z_d, True))
+    bits, runs, accountants = plan(args)
+    epsilon_of = EPSILON_OF
     results: dict[str, list[float]] = {kind: [] for kind, *_ in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.first_seed, args.first_seed + args.seeds):

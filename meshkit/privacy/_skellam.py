@@ -157,19 +157,35 @@ class SkellamPlan:
 
 
 def plan_skellam(*, clip_norm: float, noise_multiplier: float, cohort: int, length: int,
-                 levels: int, bits: int) -> SkellamPlan:
+                 levels: int, bits: int, population: int | None = None) -> SkellamPlan:
     """The round's :class:`SkellamPlan` for ``cohort`` clients in a field whose per-client
     share is ``levels`` (the scheme's, ``(2**bits − 1) // cohort``): the largest scale whose
     coordinates stay in their share but with probability 2^-WRAP_BITS (module docstring).
+
+    ``population`` (at least ``cohort``): plan the grid for a cohort of that many instead,
+    so that it does not depend on who was sampled (the run's client count: every round of
+    a run then has the same grid and Δ₂, whatever its cohort; docs/privacy.md, "The adding
+    client's own noise share"). The noise is still split over the ``cohort`` that
+    contributes, v = μ/cohort, and each coordinate checked against this cohort's share.
 
     Raises :class:`~meshkit.RefusedError` when the field is too narrow for the grid.
     """
     if cohort < 1 or length < 1 or not clip_norm > 0 or not noise_multiplier > 0:
         raise ValueError(f"need cohort, length >= 1 and clip_norm, noise_multiplier > 0; got "
                          f"{cohort}, {length}, {clip_norm}, {noise_multiplier}")
+    if population is not None and population < cohort:
+        raise ValueError(f"population {population} is smaller than the cohort {cohort}")
     half = levels // 2
     log_fail = _log_fail(cohort, length)
     grid, bound = _grid(noise_multiplier, cohort, length, half)
+    if population is not None and grid > 0:
+        widest = _grid(noise_multiplier, population, length,
+                       field_levels(bits, population) // 2, smallest=1)
+        if widest[0] > grid:  # not seen: a smaller cohort has the wider share of the field
+            raise MeshError(f"the grid planned for {population} clients ({widest[0]:.6g} steps "
+                            f"per clip norm) does not fit the field's share of a cohort of "
+                            f"{cohort} ({grid:.6g})")
+        grid, bound = widest
     if grid <= 0 or bound > MAX_INFLATION * grid:
         need = bits
         while need < 64 and not _fits(noise_multiplier, cohort, length, need):
@@ -199,15 +215,18 @@ def _log_fail(cohort: int, length: int) -> float:
     return WRAP_BITS * math.log(2) + math.log(2.0 * cohort * length)
 
 
-def _grid(z: float, cohort: int, length: int, half: int) -> tuple[float, float]:
+def _grid(z: float, cohort: int, length: int, half: int,
+          smallest: int | None = None) -> tuple[float, float]:
     """(S·s, Δ₂): the widest grid whose noised coordinates stay within ``half``.
 
     S·s + 1 + tail(v) <= half with v = (z·S·s)²/n and tail(v) <= 2L/3 + sqrt(2vL).
+    ``smallest``: the Poisson-mean cap holds for a cohort that small too (a population's
+    grid, used by smaller cohorts, whose clients each add more of the noise).
     """
     log_fail = _log_fail(cohort, length)
     room = half - 1 - 2 * log_fail / 3
     grid = min(room / (1 + z * math.sqrt(2 * log_fail / cohort)),
-               math.sqrt(2 * cohort * MAX_LAMBDA) / z)
+               math.sqrt(2 * (smallest or cohort) * MAX_LAMBDA) / z)
     return grid, (rounded_l2_bound(grid, length) if grid > 0 else math.inf)
 
 

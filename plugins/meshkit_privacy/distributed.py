@@ -52,11 +52,15 @@ class DistributedSkellam:
         if self.accountant is None:
             self.accountant = SkellamAccountant(self.delta)
 
-    def plan_round(self, *, cohort: int, length: int, bits: int) -> SkellamPlan:
-        """The round's grid and noise for ``cohort`` clients in a ``bits``-bit field."""
+    def plan_round(self, *, cohort: int, length: int, bits: int,
+                   population: int | None = None) -> SkellamPlan:
+        """The round's grid and noise for ``cohort`` clients in a ``bits``-bit field; the grid
+        planned for ``population`` clients (the run's), so that it is the same whoever was
+        sampled (:func:`~meshkit.privacy.plan_skellam`)."""
         self.plan = plan_skellam(clip_norm=self.clip_norm,
                                  noise_multiplier=self.noise_multiplier, cohort=cohort,
-                                 length=length, levels=field_levels(bits, cohort), bits=bits)
+                                 length=length, levels=field_levels(bits, cohort), bits=bits,
+                                 population=population)
         return self.plan
 
     def _group(self, q: float, contributors: int | None = None

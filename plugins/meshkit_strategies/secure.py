@@ -65,8 +65,9 @@ def play_secure_round(opts: Any, ctx: StrategyContext, rnd: int, state: Mapping[
     noise: dict[str, Any] = {}
     if distributed:
         def plan(params: Any, length: int) -> Any:
+            # The grid for every client, not this cohort: it must not tell who was sampled.
             grid = privacy.plan_round(cohort=params.clients, length=length,
-                                      bits=params.modulus_bits)
+                                      bits=params.modulus_bits, population=clients)
             check_budget(privacy, q, rnd)
             return grid
 

@@ -39,6 +39,13 @@ def test_the_distributed_dp_example_runs_and_accounts_every_round(tmp_path):
         assert 0 < row["round_epsilon"] <= row["epsilon"]
         assert math.isfinite(row["loss"])
     assert epsilons[-1] < 10.0  # target_epsilon
+    # The grid is planned for all 400 clients, not for the round's cohort: rounds of
+    # different cohorts have the same grid, noise and Δ₂, so the same round_epsilon but for
+    # the last bit of μ = (μ/n)·n (with a grid per cohort, cohorts of 17, 20 and 23 gave
+    # round_epsilon 1.6067451, 1.6067457, 1.6067463: the grid told the cohort's size).
+    assert len({row["cohort"] for row in rows}) > 1
+    for row in rows:
+        assert row["round_epsilon"] == pytest.approx(rows[0]["round_epsilon"], rel=1e-12)
 
 
 @pytest.mark.slow

@@ -109,6 +109,32 @@ def _plan(cohort: int = 10, length: int = 20_000, bits: int = 32, z: float = 1.0
                         levels=field_levels(bits, cohort), bits=bits)
 
 
+def test_a_population_grid_is_the_same_whoever_is_sampled():
+    # docs/privacy.md, "The adding client's own noise share": with the grid planned for the
+    # run's 500 clients, a cohort of n and one of n + 1 (the same clients and u) have the same
+    # grid and Δ₂, and their shares, μ/n each or μ/(n + 1) each, sum to the same Sk(μ): the
+    # release with u is the one without u shifted by u's rounded update, the pair the
+    # accountant bounds. Every cohort up to the population fits its share of the field.
+    population, bits, length, z = 500, 25, 650, 1.07
+
+    def plan(n: int, whole: int | None = population) -> Any:
+        return plan_skellam(clip_norm=1.0, noise_multiplier=z, cohort=n, length=length,
+                            levels=field_levels(bits, n), bits=bits, population=whole)
+
+    first = plan(1)
+    mu = (z * first.scale) ** 2
+    for n in range(1, population + 1):
+        each = plan(n)
+        assert (each.scale, each.bound, each.half) == (first.scale, first.bound,
+                                                      field_levels(bits, n) // 2)
+        assert each.sum_variance(n) == pytest.approx(mu, rel=1e-12)
+    # Planned per cohort (no population), the grid widens as the cohort shrinks: u's
+    # presence would change the grid, and the release's lattice would tell the cohort size.
+    assert plan(25, None).scale > plan(26, None).scale > first.scale
+    with pytest.raises(ValueError, match="smaller than the cohort"):
+        plan(population + 1)
+
+
 def _clipped(rng: np.random.Generator, length: int, norm: float) -> np.ndarray:
     update = rng.normal(size=length)
     return update * (norm / np.linalg.norm(update))
