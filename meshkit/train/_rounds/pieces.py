@@ -52,10 +52,10 @@ def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
 
 
 class PieceRound:
-    """What the flat round (:class:`meshkit.train._rounds.engine._Round`) does differently
+    """What the flat round (:class:`meshkit.train._rounds.flat.FlatRound`) does differently
     when its contributions come in pieces: mixed in before it."""
 
-    # The engine's _Round supplies these (a mixin reads them, mypy checks them there).
+    # FlatRound supplies these (a mixin reads them, mypy checks them there).
     ctx: Any
     fold: Any
     window: int
