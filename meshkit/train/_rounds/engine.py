@@ -35,7 +35,12 @@ How a round goes (:func:`fold_round`):
    is not kept: its result comes back with the fit's answer (one message,
    not three), since it would be pulled as soon as it answered; every
    result pulled or on its way is a distinct key of the window, so the
-   bound holds.
+   bound holds. A small model's results reach further: the window is
+   widened by as many results as fit in :data:`INLINE_BYTES` (4 MiB; none
+   for a model above it, :func:`.flat.inline_reach`), which do not count
+   against ``window`` -- so a digits-sized round sends one fit a client and
+   no ``take``, and the coordinator holds at most ``window`` model-sized
+   results plus 4 MiB of small ones.
 4. A worker that dies or stalls (the pool declares it dead in the ledger)
    loses everything it held or was doing for this round; those keys go
    back to the front of the queue and are served again by a live worker in
@@ -129,11 +134,11 @@ from meshkit.train._rounds.compressed import (Unpacker, compressed_batch_applies
                                               play_compressed_batched)
 from meshkit.train._rounds.flat import FlatRound, PieceFlatRound
 from meshkit.train._rounds.pieces import pieces_apply
-from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, Folded, Work, by_examples, once,
-                                       train_loss)
+from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, INLINE_BYTES, Folded, Work,
+                                       by_examples, once, train_loss)
 
 __all__ = ["Work", "Folded", "fold_round", "by_examples", "once", "train_loss", "HOLD",
-           "DEFAULT_WINDOW", "answer_relay_request", "RoundCall", "RoundPath", "ROUND_PATHS",
+           "INLINE_BYTES", "DEFAULT_WINDOW", "answer_relay_request", "RoundCall", "RoundPath", "ROUND_PATHS",
            "round_path"]
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,8 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from meshkit.aggregation import ContributionOutOfRange
 from meshkit.errors import AggregationError, ProtocolError
 from meshkit.train._failures import DivergedFit
@@ -24,13 +26,35 @@ from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds.compressed import Unpacker
 from meshkit.train._rounds.pieces import PieceRound
 from meshkit.train._rounds.scheduler import Scheduler, small_reply
-from meshkit.train._rounds.work import HOLD, Folded
+from meshkit.train._rounds.work import HOLD, INLINE_BYTES, Folded
 from meshkit.train._strategy import StrategyContext
 
-__all__ = ["FlatRound", "PieceFlatRound"]
+__all__ = ["FlatRound", "PieceFlatRound", "inline_reach", "result_bytes"]
 
 log = logging.getLogger(__name__)
 
+
+def inline_reach(expected: Signature | None, unpack: Unpacker | None, budget: int) -> int:
+    """How many results beyond the window come back with their fit: as many of the round's
+    model (``expected``: a fit's result is the whole model, gradients at most that) as fit
+    in ``budget`` bytes -- 0 for a model above it. 0 when the model is not known, and in
+    a compressed round, whose decoded contributions also carry residuals the model's
+    size does not bound."""
+    if expected is None or unpack is not None or budget <= 0:
+        return 0
+    return budget // result_bytes(expected)
+
+
+def result_bytes(expected: Signature) -> int:
+    """The bytes :func:`inline_reach` counts a result of the model ``expected`` at: its
+    arrays', and a little for each key (its name; a JSON value is not in the signature)."""
+    size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+               for shape, dtype in filter(None, expected.values()))
+    return size + _ENTRY_BYTES * len(expected)
+
+
+#: What a model's entry is counted beside its array's bytes (its name, a JSON value).
+_ENTRY_BYTES = 256
 
 #: The reply field that carries a request's result when it is not kept, by op.
 _RESULT_FIELD = {"fit": "state", "grads": "gradients"}
@@ -55,6 +79,10 @@ class FlatRound(Scheduler[int]):
         super().__init__(ctx, state, label)
         self.state_request, self.on_stale = state_request, on_stale
         self.requests, self.weight, self.window, self.fold = requests, weight, window, fold
+        #: Keys beyond the window whose results come back with their fit too: as many
+        #: of the round's model as fit in :data:`INLINE_BYTES` (:func:`inline_reach`).
+        self.inline = inline_reach(expected, unpack, INLINE_BYTES if ctx.inline_bytes is None
+                                   else ctx.inline_bytes)
         #: Keys only one worker may serve: key -> rank.
         self.pinned = pinned
         #: Pinned keys planned for each worker and not handed out yet (ascending).
@@ -138,7 +166,9 @@ class FlatRound(Scheduler[int]):
     def hand_out(self, rank: int, busy: set[int]) -> bool:
         """A pull first (a result it holds within the window), else new work."""
         held = self.held.get(rank)
-        waiting = sorted(held & set(self.unfolded[:self.window])) if held else []
+        # The window's model-sized results, and as many small ones as fit in INLINE_BYTES.
+        reach = self.unfolded[:self.window + self.inline]
+        waiting = sorted(held & set(reach)) if held else []
         if held and waiting:
             key = waiting[0]
             held.discard(key)
@@ -148,12 +178,12 @@ class FlatRound(Scheduler[int]):
         if nxt is None:
             return False
         request = self.requests[nxt]
-        if not (request.get("op") in _RESULT_FIELD and nxt in self.unfolded[:self.window]):
+        if not (request.get("op") in _RESULT_FIELD and nxt in reach):
             request = {**request, "keep": nxt}
         # Within the pull window the result comes back at once (no hold, no take): it
         # would be pulled as soon as it answered anyway, and every result in flight or
         # pulled is a distinct key of the window, so the coordinator still holds at
-        # most ``window`` of them.
+        # most ``window`` of them, and ``inline`` small ones (INLINE_BYTES in all).
         if rank in self.owed:
             self.owed.discard(rank)
             self.carrying[rank] = nxt

@@ -59,6 +59,7 @@ class PieceRound:
     ctx: Any
     fold: Any
     window: int
+    inline: int
     unfolded: list[int]
     held: dict[int, set[int]]
     replies: dict[int, Mapping[str, Any]]
@@ -80,7 +81,7 @@ class PieceRound:
         #: The worker whose contribution is being pulled: rank -> (key, next piece).
         self.pulling: dict[int, tuple[int, int]] = {}
         # Every result is kept and pulled here: none comes back with its fit's answer.
-        self.window = 0
+        self.window = self.inline = 0
         # The round's result is the piece fold's (play_round asks self.fold).
         self.fold = self.pieces
 
