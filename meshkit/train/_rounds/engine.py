@@ -107,24 +107,20 @@ each one's compressed payload, folded chunk by chunk into one exact sum,
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
-from meshkit.aggregation import ContributionOutOfRange, MeanFold, exact_mean
-from meshkit.errors import AggregationError, ProtocolError, RefusedError
+from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.errors import AggregationError, RefusedError
 from meshkit.privacy import ClippedSum
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._rounds.collective import fold_collectively
 from meshkit.train._attacks import AttackedFold, poison_request
-from meshkit.train._messages import Signature, check_contribution, signature
+from meshkit.train._messages import signature
 from meshkit.train._rounds.batched import batch_applies, fold_batched
-from meshkit.train._failures import DivergedFit
-from meshkit.train._pool import protocol_reason
 from meshkit.train._relay.host import answer_request
 from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay_plan_applies,
                                           relay_weight)
