@@ -107,7 +107,7 @@ PHASES_WRAPPER = textwrap.dedent("""
     def hook():
         try:
             from meshkit.wire import _channel
-            from meshkit.train._rounds import pieces, engine
+            from meshkit.train._rounds import pieces, flat
             import meshkit.checkpoint as checkpoint
             from meshkit.train._coordinator import runner
         except ImportError:
@@ -140,7 +140,7 @@ PHASES_WRAPPER = textwrap.dedent("""
                 phase[0] = "waiting for the next contribution (the sum held)"
             return result
         pieces.PieceRound._take, pieces.PieceRound.answered = timed_take, timed_answered
-        play = engine._Round.play_round
+        play = flat.FlatRound.play_round
         def timed_play(self):
             rounds[0] += 1
             phase[0] = "round start"
@@ -148,7 +148,7 @@ PHASES_WRAPPER = textwrap.dedent("""
                 return play(self)
             finally:
                 phase[0] = "after the fold (result, outer step, evaluation)"
-        engine._Round.play_round = timed_play
+        flat.FlatRound.play_round = timed_play
         save = checkpoint.save_checkpoint
         def timed_save(*args, **kwargs):
             phase[0] = "checkpoint"

@@ -46,7 +46,7 @@ from meshkit.aggregation._json import (
     json_template,
 )
 from meshkit.aggregation._messages import describe, listing
-from meshkit.aggregation._threads import DEFAULT_THREADS, run_shares, split, workers_for
+from meshkit.aggregation._threads import DEFAULT_THREADS, run_tasks, tasks, workers_for
 from meshkit.errors import AggregationError
 from meshkit.state import (
     BFLOAT16,
@@ -144,8 +144,9 @@ class MeanFold:
       therefore not be modified until :meth:`result` returns (the buffering
       fold has the same rule); ``retain=0`` folds each one at once;
     * the finiteness check runs on each chunk while it is in cache;
-    * a large fold is split into ``threads`` contiguous shares (default
-      :data:`DEFAULT_THREADS`), each folded on its own core: the arithmetic
+    * a large fold is split into contiguous tasks folded by up to ``threads``
+      threads (default :data:`DEFAULT_THREADS`), each taking the next task as
+      it comes free (:mod:`._threads`): the arithmetic
       of every element is the same whoever folds it, so the result is bit
       for bit the one thread's.
 
@@ -502,22 +503,19 @@ class MeanFold:
         """Fold ``jobs`` on up to ``threads`` threads; the first bad (key, chunk) or None."""
         sizes = [acc.size for _, acc, _ in jobs]
         workers = workers_for(sum(sizes), self.threads, init=init)
-        shares = split(sizes, workers, self._chunk)
-        for worker, work in enumerate(shares):  # scratch made here, not racing in threads
+        work = tasks(sizes, self._chunk)
+        for worker in range(workers):  # scratch made here, not racing in threads
             for index, lo, hi in work:
                 self._buffers(jobs[index][1].dtype, hi - lo, worker)
 
-        def run(worker: int) -> list[tuple[int, str, slice]]:
-            found = []
+        def run(worker: int, task: tuple[int, int, int]) -> list[tuple[int, str, slice]]:
+            index, lo, hi = task
+            key, acc, xs = jobs[index]
             with np.errstate(over="ignore", invalid="ignore"):
-                for index, lo, hi in shares[worker]:
-                    key, acc, xs = jobs[index]
-                    where = self._fold_chunks(acc, xs, init, divisor, lo, hi, worker)
-                    if where is not None:
-                        found.append((index, key, where))
-            return found
+                where = self._fold_chunks(acc, xs, init, divisor, lo, hi, worker)
+            return [] if where is None else [(index, key, where)]
 
-        found = run_shares(run, workers)
+        found = run_tasks(run, work, workers)
         if not found:
             return None
         _, key, where = min(found, key=lambda item: (item[0], item[2].start))

@@ -1,10 +1,14 @@
-"""How a large fold is split across threads: contiguous shares, the same bits as one thread.
+"""How a large fold is split across threads: tasks taken as threads come free, the same bits as one thread.
 
-A fold's float elements (all arrays, in order) are cut into one contiguous
-share per thread, on chunk boundaries, so each thread streams through its
-own memory; the arithmetic of every element is the same whoever folds it,
-so the result is bit for bit the one-thread result. The calling thread folds
-the first share, the process's fold pool the others.
+A fold's float elements (all arrays, in order) are cut into contiguous
+tasks of about :data:`TASK_ELEMENTS` on chunk boundaries, so each thread
+streams through memory a task at a time; the arithmetic of every element is
+the same whoever folds it, so the result is bit for bit the one-thread
+result. The calling thread and the process's fold pool take the next task
+not taken yet until none is left: a thread that is not scheduled (a busy
+machine) leaves its tasks to the others instead of holding the fold up,
+as fixed halves did (the calling thread waiting on the other's half made
+a two-thread fold slower than one on a loaded machine, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from typing import Callable, Sequence, TypeVar
 #: docs/benchmarks/aggregate.md), and a coordinator's other threads need the
 #: rest of the machine for the network.
 DEFAULT_THREADS = 2
+
+#: Elements of one task (4 MiB of float32): large enough that taking one costs
+#: nothing next to folding it, small enough that a thread left unscheduled holds up
+#: at most one task's worth of the fold.
+TASK_ELEMENTS = 1 << 20
 
 # Folds smaller than this (float elements over all arrays) stay on the
 # calling thread: handing work to another thread costs more than it saves.
@@ -46,35 +55,38 @@ def workers_for(total: int, threads: int, *, init: bool) -> int:
     return threads if total >= _THREADED_MIN_ELEMENTS and not init else 1
 
 
-def split(sizes: Sequence[int], workers: int, chunk: int) -> list[list[tuple[int, int, int]]]:
-    """Each worker's share as ``(array index, lo, hi)`` ranges, cut on chunk boundaries."""
-    total = sum(sizes)
-    share = -(-total // workers)
-    share = -(-share // chunk) * chunk
-    shares: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
-    offset = 0
-    for index, size in enumerate(sizes):
-        lo = 0
-        while lo < size:
-            worker = min((offset + lo) // share, workers - 1)
-            hi = min(size, (worker + 1) * share - offset)
-            if worker == workers - 1:
-                hi = size
-            shares[worker].append((index, lo, hi))
-            lo = hi
-        offset += size
-    return shares
+def tasks(sizes: Sequence[int], chunk: int,
+          elements: int | None = None) -> list[tuple[int, int, int]]:
+    """The fold's tasks, in order: ``(array index, lo, hi)`` ranges of about ``elements``
+    (default :data:`TASK_ELEMENTS`), cut on chunk boundaries."""
+    step = max(chunk, (TASK_ELEMENTS if elements is None else elements) // chunk * chunk)
+    return [(index, lo, min(size, lo + step))
+            for index, size in enumerate(sizes) for lo in range(0, size, step)]
 
 
-def run_shares(run: Callable[[int], list[_T]], workers: int) -> list[_T]:
-    """``run(0)`` here and ``run(1 .. workers-1)`` on the fold pool; all their items."""
+def run_tasks(run: Callable[[int, tuple[int, int, int]], list[_T]],
+              work: Sequence[tuple[int, int, int]], workers: int) -> list[_T]:
+    """``run(worker, task)`` for every task, on the calling thread (worker 0) and ``workers
+    - 1`` fold pool threads, each taking the next task not taken yet; all their items."""
     if workers == 1:
-        return run(0)
-    futures = [_fold_pool().submit(run, worker) for worker in range(1, workers)]
+        return [item for task in work for item in run(0, task)]
+    queue = iter(work)
+    lock = threading.Lock()
+
+    def take(worker: int) -> list[_T]:
+        found: list[_T] = []
+        while True:
+            with lock:
+                task = next(queue, None)
+            if task is None:
+                return found
+            found.extend(run(worker, task))
+
+    futures = [_fold_pool().submit(take, worker) for worker in range(1, workers)]
     try:
-        found = run(0)
+        found = take(0)
     finally:
-        # Every share is done (or failed) before anything is reported:
+        # Every task is done (or failed) before anything is reported:
         # no thread may still write the accumulators after we return.
         wait(futures)
     for future in futures:

@@ -162,6 +162,9 @@ class StrategyContract(ContractBase):
 
     def test_the_coordinator_holds_a_bounded_number_of_contributions(self) -> None:
         ctx = self.make_context(workers=self.memory_workers)
+        # Counted as for a large model: the round engine may hold a small model's results
+        # beyond its window (meshkit.train.INLINE_BYTES), which is not what this checks.
+        ctx.inline_bytes = 0
         self.make().run(ctx)
         assert ctx.pool.peak_held <= self.max_held, (
             f"with {self.memory_workers} workers the coordinator held "

@@ -62,6 +62,7 @@ from meshkit.train._coordinator.artifacts import METRICS_NAME, REPORT_NAME, read
 from meshkit.train._rounds.engine import (
     DEFAULT_WINDOW,
     HOLD,
+    INLINE_BYTES,
     Folded,
     Work,
     by_examples,
@@ -129,6 +130,7 @@ __all__ = [
     "train_loss",
     "DEFAULT_WINDOW",
     "HOLD",
+    "INLINE_BYTES",
     "answer_relay_request",
     # host relays: the relay's side (a transport offering relays carries the bytes)
     "RelayPool",

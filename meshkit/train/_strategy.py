@@ -269,6 +269,10 @@ class StrategyContext:
     #: Bytes of one piece of a contribution the flat round pulls and folds piece by piece
     #: (:mod:`meshkit.train._rounds.pieces`; a model within one piece comes whole).
     piece_bytes: int = DEFAULT_PIECE_BYTES
+    #: Bytes of small results the flat round may hold beyond its window, each back with
+    #: its fit (:data:`meshkit.train._rounds.work.INLINE_BYTES` when None; 0: every
+    #: result beyond the window waits on its worker for a ``take``).
+    inline_bytes: int | None = None
     #: ``[strategy] accept_failures``: a member's failure drops that member for the round
     #: (True, the default) or stops the run (:mod:`meshkit.train._failures`).
     accept_failures: bool = True

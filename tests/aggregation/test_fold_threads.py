@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
 import meshkit_aggregators
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from meshkit import AggregationError, ConfigError
-from meshkit.aggregation import MeanFold, _threads
+from meshkit.aggregation import CHUNK_ELEMENTS, MeanFold, _threads
 from meshkit.plugins import build_manager
 from meshkit.state import BFLOAT16
 
@@ -58,9 +59,28 @@ def threads_folding(states, weights, **options) -> set[str]:
     return seen
 
 
-def test_the_shares_run_on_the_fold_threads():
-    seen = threads_folding(contributions(3, [1 << 20]), [1.0, 2.0, 3.0], threads=2)
-    assert threading.current_thread().name in seen
+def test_the_tasks_run_on_the_fold_threads():
+    # The calling thread holds its first task until a fold thread has folded one: both
+    # take tasks (a fold of 3 tasks; which thread takes which is the machine's to decide).
+    seen: set[str] = set()
+    pooled = threading.Event()
+    original = MeanFold._fold_chunks
+    caller = threading.current_thread().name
+
+    def recording(self, *args, **kwargs):
+        name = threading.current_thread().name
+        if name == caller and args[2] is False:  # a threaded fold (not the init fold)
+            pooled.wait(30)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            seen.add(name)
+            if name.startswith("meshkit-fold"):
+                pooled.set()
+
+    with mock.patch.object(MeanFold, "_fold_chunks", recording):
+        fold(contributions(3, [3 << 20]), [1.0, 2.0, 3.0], threads=2)
+    assert caller in seen
     assert any(name.startswith("meshkit-fold") for name in seen), seen
 
 
@@ -109,4 +129,45 @@ def test_any_split_of_any_fold_is_bit_identical(n, size, chunk, threads, retain,
         many = fold(states, weights, threads=threads, retain=retain, chunk=chunk)
     for key in one:
         assert many[key].dtype == one[key].dtype
+        assert many[key].tobytes() == one[key].tobytes()
+
+
+
+def test_a_fold_thread_left_unscheduled_leaves_its_tasks_to_the_calling_thread():
+    # The fold pool's only thread is busy until the calling thread has folded every task
+    # of a threaded fold: the fold does not wait on it (fixed halves did), and its bits
+    # are one thread's.
+    sizes = [3 << 20, 300_001]
+    states = contributions(3, sizes)
+    weights = [1.0, 2.0, 3.0]
+    one = fold(states, weights, threads=1)
+    total = len(_threads.tasks(sizes, CHUNK_ELEMENTS))
+    assert total > 2
+    released = threading.Event()
+    busy = ThreadPoolExecutor(1, thread_name_prefix="busy")
+    busy.submit(released.wait, 60)
+    seen: list[str] = []
+    original = MeanFold._fold_chunks
+
+    def recording(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            seen.append(threading.current_thread().name)
+            if len(seen) == total:  # every task of the threaded fold is done
+                released.set()
+
+    folding = MeanFold(threads=2, retain=1)
+    folding.add(states[0], weights[0])
+    folding.add(states[1], weights[1])  # the first pair: one thread (init), not watched
+    folding.add(states[2], weights[2])
+    try:
+        with mock.patch.object(MeanFold, "_fold_chunks", recording), \
+                mock.patch.object(_threads, "_fold_pool", lambda: busy):
+            many = folding.result()  # the last pair, on two threads
+    finally:
+        released.set()
+        busy.shutdown()
+    assert seen == [threading.current_thread().name] * total, seen
+    for key in one:
         assert many[key].tobytes() == one[key].tobytes()

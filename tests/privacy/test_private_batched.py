@@ -83,7 +83,8 @@ def test_a_private_round_folds_per_worker_to_the_per_client_rounds_bits(monkeypa
     # per worker: fits in batches and one partial each; no client's model crosses alone
     assert "take" not in batched["ops"] and "fit" not in batched["ops"]
     assert batched["ops"].count("take_partial") == 6  # two workers, three rounds
-    assert "take" in flat["ops"]
+    # per client: each fit's model comes back alone (with its fit: a small model)
+    assert "fit" in flat["ops"] and "take_partial" not in flat["ops"]
     # the same noise seed: the same model, bit for bit (the sums are exact integers)
     assert_states_identical(batched["state"], flat["state"], what="batched vs per-client")
     # the accountant is untouched: the same epsilon after every round

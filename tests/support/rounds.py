@@ -17,13 +17,19 @@ def synthetic() -> Any:
 
 
 def make_ctx(workers: int = 4, fail: Callable[..., Any] | None = None, order: Any = None,
-             aggregator: str = "fedavg", task: Callable[[], Any] = synthetic) -> StrategyContext:
+             aggregator: str = "fedavg", task: Callable[[], Any] = synthetic,
+             inline_bytes: int | None = 0) -> StrategyContext:
+    """``inline_bytes`` defaults to 0 here: these small models' results then wait on their
+    workers and are pulled (``take``) as a large model's are, so the tests of keeping,
+    taking and losing a held result exercise it; ``None`` is the engine's default
+    (``INLINE_BYTES``: a small model's results come back with their fits)."""
     ranks = list(range(1, workers + 1))
     return StrategyContext(
         task=task(), aggregator=meshkit.plugins.create("aggregator", aggregator),
         pool=LocalPool.of(task, ranks, fail=fail, order=order), workers=ranks,
         rng=np.random.default_rng(0),
-        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0)
+        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0,
+        inline_bytes=inline_bytes)
 
 
 def fits(clients: int, rnd: int = 1, shards: int | None = None) -> list[Work]:

@@ -65,13 +65,14 @@ def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
 
 
 class PieceRound:
-    """What the flat round (:class:`meshkit.train._rounds.engine._Round`) does differently
+    """What the flat round (:class:`meshkit.train._rounds.flat.FlatRound`) does differently
     when its contributions come in pieces: mixed in before it."""
 
-    # The engine's _Round supplies these (a mixin reads them, mypy checks them there).
+    # FlatRound supplies these (a mixin reads them, mypy checks them there).
     ctx: Any
     fold: Any
     window: int
+    inline: int
     unfolded: list[int]
     held: dict[int, set[int]]
     replies: dict[int, Mapping[str, Any]]
@@ -96,7 +97,7 @@ class PieceRound:
         self.pulling: dict[int, tuple[int, int]] = {}
         self.asked: dict[int, int] = {}
         # Every result is kept and pulled here: none comes back with its fit's answer.
-        self.window = 0
+        self.window = self.inline = 0
         # The round's result is the piece fold's (play_round asks self.fold).
         self.fold = self.pieces
 

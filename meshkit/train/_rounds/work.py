@@ -14,7 +14,8 @@ from meshkit.train._rounds.skeleton import RoundOutcome
 from meshkit.train._strategy import weighted_mean
 
 
-__all__ = ["Work", "Folded", "by_examples", "once", "train_loss", "HOLD", "DEFAULT_WINDOW"]
+__all__ = ["Work", "Folded", "by_examples", "once", "train_loss", "HOLD", "DEFAULT_WINDOW",
+           "INLINE_BYTES"]
 
 
 #: Whole contributions the coordinator holds by default (pulled or arriving,
@@ -22,6 +23,14 @@ __all__ = ["Work", "Folded", "by_examples", "once", "train_loss", "HOLD", "DEFAU
 #: fold's accumulator, the one contribution the fold retains and the one
 #: arriving (docs/strategies.md, "The round engine").
 DEFAULT_WINDOW = 1
+
+#: Bytes of results the flat round may hold beyond its window: a result this small
+#: comes back with its fit instead of waiting on its worker for a ``take`` (one
+#: message, not two), as many of them as fit in these bytes at once. Holding them on
+#: the workers would save the coordinator less memory than its wire's own receive
+#: buffers (4 MiB a link) and cost a round trip each; a model above it is pulled
+#: through the window as before (docs/strategies.md, "The round engine").
+INLINE_BYTES = 4 << 20
 
 #: Results a worker keeps waiting for the coordinator to take before it is
 #: handed more work: enough to fit the next client while the last waits.

@@ -12,6 +12,9 @@ import pytest
 import meshkit.plugins
 from meshkit.errors import MeshError
 from meshkit.train import HOLD, LocalPool, Work, client_seed, fold_round
+from meshkit.train._messages import signature
+from meshkit.train._rounds.flat import result_bytes
+from meshkit.train._rounds.work import INLINE_BYTES
 from meshkit.train._worker.trainer import Trainer
 
 from tests.support.rounds import fits, make_ctx, same_bytes, synthetic
@@ -69,13 +72,16 @@ def test_the_result_is_the_aggregators_fold_in_client_order():
 
 
 @pytest.mark.parametrize("window", [1, 2, 3])
-def test_the_coordinator_holds_a_window_of_contributions_whatever_the_client_count(window):
+@pytest.mark.parametrize("small", [0, 2])
+def test_the_coordinator_holds_a_window_of_contributions_whatever_the_client_count(window, small):
+    # ``small``: how many of the model's results fit in INLINE_BYTES (0: a large model).
     for clients in (4, 16):
         ctx = make_ctx(workers=8, order=np.random.default_rng(clients))
-        fold_round(ctx, fits(clients), state=ctx.task.init_state(0), window=window,
-                   batch=False)
-        # The window, plus the one contribution the fold retains.
-        assert ctx.pool.peak_held <= window + 1, (clients, ctx.pool.peak_held)
+        state = ctx.task.init_state(0)
+        ctx.inline_bytes = small * result_bytes(signature(state))
+        fold_round(ctx, fits(clients), state=state, window=window, batch=False)
+        # The window, the small results beyond it, and the one the fold retains.
+        assert ctx.pool.peak_held <= window + small + 1, (clients, ctx.pool.peak_held)
 
 
 def _carries_state(request):
@@ -101,9 +107,32 @@ def test_the_state_goes_once_to_each_worker_the_round_needs_with_its_first_fit()
     assert sorted(r for r, req in few.pool.log if "state" in req) == [1, 2]
 
 
+def test_a_small_models_results_come_back_with_their_fits():
+    # The synthetic model (16 KiB) is far under INLINE_BYTES: at the default window a
+    # 3-on-3 round is turn 2's 3 requests, each fit carrying the state and its result.
+    ctx = make_ctx(workers=3, inline_bytes=None)
+    state = ctx.task.init_state(0)
+    assert result_bytes(signature(state)) * 3 < INLINE_BYTES
+    folded = fold_round(ctx, fits(3), state=state, batch=False)
+    log = [req for _, req in ctx.pool.log]
+    assert [req["op"] for req in log] == ["fit"] * 3, log
+    assert all(_carries_state(req) and "keep" not in req for req in log)
+    # As many as fit in the budget come back with their fit; the rest wait to be taken.
+    size = result_bytes(signature(state))
+    for budget, takes in ((2 * size, 0), (size, 1), (size - 1, 2)):
+        held = make_ctx(workers=3, inline_bytes=budget)
+        again = fold_round(held, fits(3), state=state, batch=False)
+        log = [req for _, req in held.pool.log]
+        assert sorted(req["op"] for req in log) == ["fit"] * 3 + ["take"] * takes, budget
+        assert [req.get("keep") for req in log if req["op"] == "fit"] == \
+            [None] * (3 - takes) + list(range(3 - takes, 3)), budget
+        assert same_bytes(folded.result, again.result), "the same fold, in the same order"
+
+
 def test_the_key_the_fold_waits_on_comes_back_with_its_answer():
     # Within the pull window a fit's result is not held on its worker: no keep, no take;
     # the state goes with each worker's fit: 3 clients on 3 workers are 3 requests.
+    # (make_ctx: no result comes back inline for being small, as for a large model.)
     ctx = make_ctx(workers=3)
     state = ctx.task.init_state(0)
     folded = fold_round(ctx, fits(3), state=state, window=3, batch=False)
