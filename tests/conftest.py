@@ -98,6 +98,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 mentions[path] = True
         if mentions[path]:
             item.add_marker(pytest.mark.torch)
+    _real_processes_first(items)
+
+
+def _real_processes_first(items: list[pytest.Item]) -> None:
+    """Order the files by how many real-process (``slow``) tests each holds, most first.
+
+    Under ``-n 2 --dist loadfile --no-loadscope-reorder`` (CI) xdist hands the
+    files out in this order, so the long ones start early and the quick ones
+    fill in at the end; xdist's own order (most tests first) left the files of
+    a few long runs for last, one worker finishing them while the other idled.
+    A file's tests keep their order; so do files with the same count.
+    """
+    slow: dict[Path, int] = {}
+    first: dict[Path, int] = {}
+    for index, item in enumerate(items):
+        path = Path(item.path)
+        first.setdefault(path, index)
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[Path(item.path)], first[Path(item.path)]))
 
 
 # A fixture package's own tests run only where it is installed
