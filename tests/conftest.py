@@ -87,6 +87,15 @@ def pytest_configure(config: pytest.Config) -> None:
                    "without torch, where they exercise the same code")
 
 
+#: The hang guard of a real-process (``slow``) test without its own ``timeout`` mark. The
+#: suite-wide 120 s (pyproject.toml) is for quick tests; a real run's own waits have their
+#: own deadlines (a ``meshkit run`` subprocess up to 300 s), and under load 30 on two cores
+#: the federated torch example, the LoRA runs and a hostile-rank run each progressed past
+#: 120 s and were cut off there, before any deadline of their own.
+SLOW_TIMEOUT = 600
+
+
+@pytest.hookimpl(trylast=True)  # after the directories' conftests have set their own marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mentions: dict[Path, bool] = {}
     for item in items:
@@ -98,6 +107,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 mentions[path] = True
         if mentions[path]:
             item.add_marker(pytest.mark.torch)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
     _real_processes_first(items)
 
 
