@@ -95,7 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
 SLOW_TIMEOUT = 600
 
 
-@pytest.hookimpl(trylast=True)  # after the directories' conftests have set their own marks
+# Not trylast: `-m` deselects in a later implementation of this hook, and must see the
+# `torch` mark. The directories' conftests (tests/service: 900 s) run before this one.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mentions: dict[Path, bool] = {}
     for item in items:
