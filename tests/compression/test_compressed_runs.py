@@ -25,7 +25,7 @@ from meshkit.checkpoint import load_checkpoint
 from meshkit.compression import is_residual
 from meshkit.train import ClientLocal, read_metrics
 
-from tests.support.cli import run_cli
+from tests.support.cli import check_in_process, run_cli
 from tests.support.configs import KILLER, write_config
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_
 def test_what_does_not_compose_is_refused_by_check_naming_the_trait(tmp_path, tables, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           extra="clients = 4\n\n" + tables)
-    result = run_cli("check", str(config), cwd=str(tmp_path))
+    result = check_in_process(str(config))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     for word in [str(config), *words]:
@@ -181,7 +181,7 @@ def test_what_does_not_compose_is_refused_by_check_naming_the_trait(tmp_path, ta
 def test_a_strategy_without_the_trait_is_refused(tmp_path):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           strategy="data-parallel", extra='\n[compression]\nname = "top-k"\n')
-    result = run_cli("check", str(config), cwd=str(tmp_path))
+    result = check_in_process(str(config))
     assert result.returncode == 2, result.stderr
     assert "StrategyTraits.compressed" in result.stderr, result.stderr
 
@@ -194,7 +194,7 @@ def test_a_strategy_without_the_trait_is_refused(tmp_path):
 def test_a_bad_compression_option_names_file_table_and_key(tmp_path, line, words):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           extra=f'\n[compression]\nname = "quantize"\n{line}\n')
-    result = run_cli("check", str(config), cwd=str(tmp_path))
+    result = check_in_process(str(config))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     for word in [str(config), *words]:
@@ -226,7 +226,7 @@ def test_fedbuff_uploads_compressed_and_refuses_error_feedback(tmp_path):
     config = write_config(tmp_path / "ef.toml", tmp_path / "ef", workers=2, rounds=2,
                           strategy="fedbuff",
                           extra=FEDBUFF + '\n[compression]\nname = "top-k"\n')
-    result = run_cli("check", str(config), cwd=str(tmp_path))
+    result = check_in_process(str(config))
     assert result.returncode == 2, result.stderr
     assert "CompressionTraits.stateful" in result.stderr and "fedbuff" in result.stderr
 
@@ -235,7 +235,7 @@ def test_check_says_what_one_clients_upload_carries(tmp_path):
     config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
                           extra='clients = 4\n\n[compression]\nname = "top-k"\n'
                                 'fraction = 0.015\n')
-    result = run_cli("check", str(config), cwd=str(tmp_path))
+    result = check_in_process(str(config))
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("upload:"))
     # 2,410 coordinates in keys of 2,048, 320, 32 and 10: top-k keeps 31 + 5 + 1 + 1 of

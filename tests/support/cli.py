@@ -44,3 +44,25 @@ def pip_install_target(target: Path, *package_dirs: Path) -> None:
          "--disable-pip-version-check", "--no-compile", "--target", str(target),
          *(str(p) for p in package_dirs)],
         check=True, capture_output=True, text=True, timeout=180)
+
+
+def check_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``meshkit check ARGS`` in this process (click's runner), as ``run_cli`` returns it.
+
+    The command's own code without a new interpreter importing meshkit again
+    (about a CPU-second each); for configs whose task is built in, since a
+    user's module imported here stays imported. An exception other than the
+    command's exit is raised, so a traceback never passes for a refusal. Real
+    ``meshkit check`` processes are tests/cli/test_check_command.py's.
+    """
+    from click.testing import CliRunner
+
+    from meshkit.cli import main
+
+    unset = {name: None for name in ("MESHKIT_PLUGINS", "MESHKIT_DISABLE_PLUGINS",
+                                     "MESHKIT_SECRET")}
+    result = CliRunner().invoke(main, ["check", *args], env=unset)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["meshkit", "check", *args], result.exit_code,
+                                       result.stdout, result.stderr)
