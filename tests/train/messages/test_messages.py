@@ -396,6 +396,10 @@ def run(strategy: str, options: dict[str, Any], op: str = "",
         pool=LocalPool(trainers), workers=ranks, rng=np.random.default_rng(0), seed=3,
         outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0,
         on_round=lambda report, state: reports.append(report))
+    if op == "take":
+        # A small model's results come back with their fits (meshkit.train.INLINE_BYTES):
+        # none is kept, so none is taken. Here every result is kept and taken.
+        ctx.inline_bytes = 0
     result = meshkit.plugins.create("strategy", strategy, options).run(ctx)
     return result, reports, ctx
 
