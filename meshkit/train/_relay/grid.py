@@ -28,7 +28,8 @@ from typing import Any, Mapping, Sequence
 
 from meshkit.compression import GridTotal
 from meshkit.errors import ProtocolError
-from meshkit.train._pool import WorkerPool, protocol_reason
+from meshkit.train._pool import WorkerPool
+from meshkit.train._relay.pull import pull_each
 
 __all__ = ["grid_sum_request", "serve_grid_sum", "parse_grid_sum_answer"]
 
@@ -62,28 +63,14 @@ def serve_grid_sum(pool: WorkerPool, carried: frozenset[int],
     if outside:
         raise ProtocolError(f"a grid_sum request for ranks {outside}, which this relay does "
                             f"not carry")
-    tickets = {pool.send(rank, {"op": "take_partial"}, timeout): rank for rank in ranks}
     total = GridTotal()
     summed: list[int] = []
-    lost: list[list[Any]] = []
-    for _ in tickets:
-        reply = pool.receive()
-        assert reply is not None  # a blocking receive always returns one
-        rank = tickets[reply.seq]
-        if reply.payload is None:
-            lost.append([rank, reply.error or "lost"])
-            continue
-        if reply.payload.get("error"):
-            lost.append([rank, f"failed: {reply.payload['error']}"])
-            continue
-        try:
-            total.add(reply.payload["partial"], source=f"rank {rank}'s grid sum")
-        except ProtocolError as exc:
-            reason = protocol_reason(exc)
-            pool.declare_dead(rank, reason)
-            lost.append([rank, reason])
-            continue
+
+    def take(rank: int, payload: Mapping[str, Any]) -> None:
+        total.add(payload["partial"], source=f"rank {rank}'s grid sum")
         summed.append(rank)
+
+    lost = pull_each(pool, {rank: {"op": "take_partial"} for rank in ranks}, timeout, take)
     answer: dict[str, Any] = {"op": "grid_sum", "ranks": sorted(summed), "lost": lost}
     if summed:
         answer["partial"] = total.to_wire()

@@ -33,7 +33,8 @@ import numpy as np
 from meshkit.errors import ProtocolError
 from meshkit.secure_aggregation import add_mod, from_wire, to_wire
 from meshkit.train._messages import MAX_CLIENT_ID, check_request
-from meshkit.train._pool import WorkerPool, protocol_reason
+from meshkit.train._pool import WorkerPool
+from meshkit.train._relay.pull import pull_each
 
 __all__ = ["masked_sum_request", "serve_masked_sum", "parse_masked_sum_answer"]
 
@@ -87,42 +88,29 @@ def serve_masked_sum(pool: WorkerPool, carried: frozenset[int],
     if outside:
         raise ProtocolError(f"a masked_sum request for ranks {outside}, which this relay does "
                             f"not carry")
-    tickets = {pool.send(rank, request, timeout): rank for rank, request in requests.items()}
     total: np.ndarray | None = None
     clients: list[int] = []
-    lost: list[list[Any]] = []
-    for _ in tickets:
-        reply = pool.receive()
-        assert reply is not None  # a blocking receive always returns one
-        rank = tickets[reply.seq]
-        if reply.payload is None:
-            lost.append([rank, reply.error or "lost"])
-            continue
-        if reply.payload.get("error"):
-            # A rank's task failed: the rank is left out of the relay's sum (the others'
-            # stands), and the coordinator decides from the reason whether that ends the run
-            # ([strategy] accept_failures).
-            lost.append([rank, f"failed: {reply.payload['error']}"])
-            continue
+
+    def take(rank: int, payload: Mapping[str, Any]) -> None:
+        nonlocal total
         asked = set(requests[rank]["clients"])
         try:
-            vector = from_wire(reply.payload, bits)
+            vector = from_wire(payload, bits)
             shape = f"{vector.dtype}{list(vector.shape)}"
         except ValueError as exc:
             vector, shape = None, f"a vector that does not fit the field ({exc})"
         if vector is None or total is not None and (
                 vector.shape != total.shape or vector.dtype != total.dtype) \
-                or not set(reply.payload["clients"]) <= asked:
-            reason = protocol_reason(ProtocolError(
-                f"a masked input of clients {list(reply.payload['clients'])} and "
-                f"{shape}, where the relay's others are "
+                or not set(payload["clients"]) <= asked:
+            raise ProtocolError(
+                f"a masked input of clients {list(payload['clients'])} and {shape}, where the "
+                f"relay's others are "
                 f"{'none' if total is None else f'{total.dtype}{list(total.shape)}'} and it "
-                f"was asked for {sorted(asked)}"))
-            pool.declare_dead(rank, reason)
-            lost.append([rank, reason])
-            continue
+                f"was asked for {sorted(asked)}")
         total = vector.copy() if total is None else add_mod(total, vector, bits, out=total)
-        clients.extend(int(c) for c in reply.payload["clients"])
+        clients.extend(int(c) for c in payload["clients"])
+
+    lost = pull_each(pool, requests, timeout, take)
     answer: dict[str, Any] = {"op": "masked_sum", "clients": sorted(clients), "lost": lost}
     if total is not None:
         answer.update(to_wire(total, bits))
