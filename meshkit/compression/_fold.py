@@ -104,6 +104,12 @@ class CompressedSum:
     def count(self) -> int:
         return len(self.sources)
 
+    def check(self, payload: Mapping[str, Any], *, what: str) -> None:
+        """A ProtocolError unless ``payload`` fits the compressor's bounds key by key (the
+        check :meth:`add` starts with; nothing is decoded), so a round can refuse a payload
+        as it arrives rather than when its turn to be folded comes."""
+        checked_payload(self.compressor, payload, self.reference, raw=self.raw, what=what)
+
     def add(self, payload: Mapping[str, Any], weight: float, *,
             source: str) -> dict[str, np.ndarray]:
         """Fold ``payload`` with ``weight``; its residuals. A refusal changes nothing."""

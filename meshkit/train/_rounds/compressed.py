@@ -57,7 +57,8 @@ from meshkit.train._worker.held import by_key
 from meshkit.train._rounds.work import Folded, Work, by_examples
 
 __all__ = ["compressed_work", "Unpacker", "fold_compressed_batched", "batch_size_bound",
-           "compressed_batch_applies", "play_compressed_batched"]
+           "compressed_batch_applies", "play_compressed_batched", "flat_payload_fold",
+           "PayloadFold"]
 
 log = logging.getLogger(__name__)
 #: The plans (by identity) whose ``clip_range`` a round could not use, already told of:
@@ -169,6 +170,69 @@ def play_compressed_batched(call: Any) -> Folded:
         send_state=call.send_state, on_stale=call.on_stale)
     attacked = tuple(sorted(k for k in served if replies.get(k, {}).get("attacked")))
     return Folded(result, served, not_served, replies, attacked=attacked, failed=failed)
+
+
+def flat_payload_fold(call: Any) -> PayloadFold | None:
+    """The linear fold a flat compressed round (a :class:`~meshkit.train._rounds.engine.RoundCall`
+    no batched path took) sums its payloads into, a chunk at a time (module docstring,
+    "flat"); None when each contribution is decoded whole: a rule that is not an exact
+    weighted mean (a robust rule sees individual updates), a given fold, a simulated
+    attack (it poisons decoded contributions), a mean that lets NaN through
+    (``allow_nonfinite``) or asks for the float fold's arithmetic (``accumulate =
+    "float64"``), or an unweighted mean over weights that may differ (it must refuse them)."""
+    if call.compressed is None or call.given is not None or call.attack is not None \
+            or call.state is None or call.reference is None:
+        return None
+    mean = exact_mean(call.ctx.aggregator, call.fold)
+    if mean is None or mean.count or mean.allow_nonfinite or mean.wide:
+        return None
+    if not mean.weighted and relay_weight(call.weight, by_examples) != "once":
+        return None
+    store, unpack = call.compressed[1], call.compressed[2]
+    # FedBN's own keys are kept per client, never folded: the sum's model lacks them.
+    own = frozenset(k for k in (store.keys if store is not None else ()) if not is_residual(k))
+    reference = {k: v for k, v in call.state.items() if k not in own}
+    summed = CompressedSum(unpack.plan.compressor, reference,
+                           raw=[k for k in unpack.raw if k not in own], name=mean.name)
+    expected = signature(call.reference)
+    whole = {k: expected[k] for k in expected if k not in set(summed.keys)}
+    return PayloadFold(summed, own, store, whole)
+
+
+class PayloadFold:
+    """A flat compressed round's linear fold (module docstring, "flat"): each pulled payload
+    summed into one :class:`~meshkit.compression.CompressedSum`, a chunk at a time, never
+    decoded whole; its client's own keys (FedBN) and residuals (error feedback) kept in the
+    client-local store once it is folded, so a refused payload changes nothing."""
+
+    def __init__(self, summed: CompressedSum, own: frozenset[str], store: ClientLocal | None,
+                 whole: Signature) -> None:
+        self.summed, self.own, self.store = summed, own, store
+        #: What the keys sent whole (and the client's own keys) must look like.
+        self.whole = whole
+
+    @property
+    def count(self) -> int:
+        return self.summed.count
+
+    def check(self, payload: Mapping[str, Any], what: str) -> None:
+        """A ProtocolError unless ``payload`` fits the round's model: its keys sent whole
+        (and its own keys) as the model's, each compressed key's fields within the
+        compressor's bounds. Nothing is decoded."""
+        check_contribution({k: payload.get(k) for k in self.whole}, self.whole, what,
+                           finite=False)
+        self.summed.check({k: v for k, v in payload.items() if k not in self.own}, what=what)
+
+    def add(self, key: int, payload: Mapping[str, Any], weight: float, *, source: str) -> None:
+        """Fold ``payload`` (client ``key``'s, checked by :meth:`check`) with ``weight``: a
+        ProtocolError or AggregationError leaves the sum and the store as they were."""
+        rest = {k: v for k, v in payload.items() if k not in self.own}
+        residuals = self.summed.add(rest, weight, source=source)
+        if self.store is not None:
+            self.store.keep(key, {**{k: payload[k] for k in self.own}, **residuals})
+
+    def result(self) -> dict[str, Any]:
+        return self.summed.result()
 
 
 def batch_size_bound(plan: CompressionPlan, state: Mapping[str, Any], raw: Sequence[str],
