@@ -71,6 +71,16 @@ def decoded_chunks(compressor: Compressor, fields: Mapping[str, np.ndarray], siz
                             f"{size} coordinates")
 
 
+def refuse_empty(name: str, count: int, mass: int) -> None:
+    """The AggregationError an exact sum's mean raises when it has nothing to divide:
+    no contributions (``count``), or weights (``mass``) that sum to zero."""
+    if not count:
+        raise AggregationError(f"{name}: no contributions to aggregate; a round "
+                               f"needs at least one contributor")
+    if mass <= 0:
+        raise AggregationError(f"{name}: the weights sum to zero over {count} contributions")
+
+
 class CompressedSum:
     """The exact weighted mean of compressed contributions against ``reference`` (the
     round's model), folded a chunk at a time (module docstring).
@@ -140,12 +150,7 @@ class CompressedSum:
 
     def result(self) -> dict[str, Any]:
         """The weighted mean: ``FixedPointSum.result()``'s over the decoded contributions."""
-        if not self.sources:
-            raise AggregationError(f"{self.name}: no contributions to aggregate; a round "
-                                   f"needs at least one contributor")
-        if self.mass <= 0:
-            raise AggregationError(f"{self.name}: the weights sum to zero over "
-                                   f"{self.count} contributions")
+        refuse_empty(self.name, self.count, self.mass)
         rest = self.whole.result() if self.whole is not None else {}
         mass = float(self.mass)
         out: dict[str, Any] = {}
