@@ -508,13 +508,7 @@ class _GridBatched(_Batched):
                                     f"weighing {mass}")
             self.grid.merge(wire, source=source, whole=self.expected)
         except ProtocolError as exc:
-            # Its sender's fault alone (a sum is no client's): the rank goes, its keys
-            # are served again -- as the batched round's partial.
-            reason = protocol_reason(exc)
-            if not self.failures.accept:
-                raise WorkerError(rank, reason) from None
-            self.ctx.pool.declare_dead(rank, reason)
-            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            self._partial_failed(rank, kind, exc)  # a sum is no client's: as a partial
             return
         for key in self.folded.pop(rank):
             self.served[key] = rank
