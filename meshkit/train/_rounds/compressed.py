@@ -284,6 +284,14 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
     return batched.play()
 
 
+def batch_fits(requests: Mapping[int, Mapping[str, Any]],
+               batch: Sequence[int]) -> list[dict[str, Any]]:
+    """A compressed ``fit_batch``'s fits: each client's request and its key, without what the
+    batch carries once (``op``, ``compress``) or beside its fits (``local``: residuals)."""
+    return [{**{k: v for k, v in requests[key].items()
+                if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+
+
 class _CompressedBatched(_Batched):
     """The batched round (:mod:`.batched`) whose batches answer with each fit's compressed
     payload, folded at the coordinator as it arrives (module docstring)."""
@@ -306,8 +314,7 @@ class _CompressedBatched(_Batched):
         batch = self.next_unit(rank, busy)
         if batch is None:
             return False
-        fits = [{**{k: v for k, v in self.requests[key].items()
-                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        fits = batch_fits(self.requests, batch)
         # No weight, no fraction_bits: the worker folds nothing (the coordinator weighs).
         request = {"op": "fit_batch", "fits": fits, "label": self.label,
                    "compress": self.compress}
@@ -482,8 +489,7 @@ class _GridBatched(_Batched):
         batch = self.next_unit(rank, busy)
         if batch is None:
             return False
-        fits = [{**{k: v for k, v in self.requests[key].items()
-                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        fits = batch_fits(self.requests, batch)
         request = {"op": "fit_batch", "fits": fits, "label": self.label, "weight": self.how,
                    "compress": self.compress}
         timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
