@@ -61,9 +61,9 @@ __all__ = ["compressed_work", "Unpacker", "fold_compressed_batched", "batch_size
            "PayloadFold"]
 
 log = logging.getLogger(__name__)
-#: The plans (by identity) whose ``clip_range`` a round could not use, already told of:
+#: The run's topic (``StrategyContext.said``) for a ``clip_range`` a round could not use:
 #: a run says so once, not every round.
-_UNGRIDDED: set[int] = set()
+UNGRIDDED = "compression.clip_range unused"
 
 
 def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
@@ -126,8 +126,8 @@ def compressed_batch_applies(call: Any) -> bool:
     applies = _compressed_batch_applies(call)
     plan = call.ctx.compression if call.compressed is not None else None
     if not applies and plan is not None and plan.clip_range is not None \
-            and id(plan) not in _UNGRIDDED:
-        _UNGRIDDED.add(id(plan))
+            and UNGRIDDED not in call.ctx.said:
+        call.ctx.said.add(UNGRIDDED)
         log.warning("[compression] clip_range = %s: a round of %s fits is not a linear batched round "
                     "(a robust or weighted-by-metric aggregator, a deadline, local keys, a "
                     "simulated attack, or one fit a worker), so each client uploads its "
