@@ -30,7 +30,15 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   coordinator. A sum that does not fit costs its rank, and its clients are served
   again. Behind host relays the round is played the same way, and each relay adds
   its ranks' sums (``grid_sum``, :mod:`meshkit.train._relay.grid`) and sends one up.
-* **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
+* **flat** otherwise (one fit a worker, a deadline, pinned work, FedBN local keys, host
+  relays without ``clip_range``, ``batch=False``): each payload is pulled in key order.
+  Under an exact weighted mean (:func:`flat_payload_fold`) it is summed as its turn comes
+  into one :class:`~meshkit.compression.CompressedSum`, a chunk at a time (no float copy
+  of a contribution; the bits of ``FixedPointSum`` over the decoded contributions, the
+  batched round's), its client's own keys and residual kept in the client-local store
+  once it is folded; a payload the sum refuses (does not decode, NaN, out of range) costs
+  its sender's rank and leaves the sum as it was. Any other rule -- a robust one sees
+  individual updates -- has each payload decoded whole as it is pulled (:class:`Unpacker`).
 """
 
 from __future__ import annotations
