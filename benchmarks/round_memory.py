@@ -6,6 +6,8 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/round_memory.py --baseline ../base    # and the pre-engine tree beside it
     python benchmarks/round_memory.py --params 1e6 --workers 2 4 --rounds 2   # a quick look
     python benchmarks/round_memory.py --clients-per-worker 4 ...   # batched rounds (issue 22)
+    python benchmarks/round_memory.py --quantize 8 --baseline ../base ...  # issue 37's flat
+                                                                    # compressed round
 
 Each cell is a real ``meshkit run``: a federated job (one client per
 worker, ``average`` outer optimizer, local launch) on the ``synthetic``
@@ -20,6 +22,13 @@ Printed per cell and tree: peak RSS in MB and in model copies (peak RSS /
 model bytes, the Python and numpy baseline included), the target (4 model
 copies + 200 MB, issue 12), and seconds per round, each as the minimum over
 ``--repeat`` runs with the spread (max - min) beside it.
+
+``--quantize BITS`` adds ``[compression] name = "quantize"`` with those bits
+to every run (both trees): with one client a worker the round is the flat
+compressed round (issue 37), whose coordinator decoded each payload whole
+before this branch and sums it chunk by chunk after. With ``--baseline`` a
+last line per cell gives this tree's figures over the baseline's (the ratio
+of the minima), peak RSS and seconds per round.
 
 ``--baseline DIR`` runs the same cells with the checkout in DIR (its own
 ``DIR/.venv/bin/python``): the "today" column. The task is selected as
@@ -64,7 +73,10 @@ MB = 1 << 20
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, window: int | None,
-                retain: int | None, timeout: float, per_worker: int = 1) -> str:
+                retain: int | None, timeout: float, per_worker: int = 1,
+                quantize: int | None = None) -> str:
+    compression = (f'[compression]\n        name = "quantize"\n        bits = {quantize}'
+                   if quantize is not None else "")
     window_line = f"window = {window}" if window is not None else ""
     clients_line = f"clients = {per_worker * workers}" if per_worker > 1 else ""
     retain_line = f"retain = {retain}" if retain is not None else ""
@@ -96,6 +108,8 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, window: in
 
         [outer_optimizer]
         name = "average"
+
+        {compression}
     """)
 
 
@@ -112,14 +126,14 @@ def ensure_synthetic(tree: Path) -> None:
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
             window: int | None, retain: int | None, timeout: float,
-            per_worker: int = 1) -> dict[str, Any]:
+            per_worker: int = 1, quantize: int | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-round-memory-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
                                       window=window, retain=retain, timeout=timeout,
-                                      per_worker=per_worker))
+                                      per_worker=per_worker, quantize=quantize))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         started = time.perf_counter()
@@ -156,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients-per-worker", type=int, default=1,
                         help="[strategy] clients = this x workers (default 1: one client a "
                              "worker); 2 or more plays this tree's batched round (issue 22)")
+    parser.add_argument("--quantize", type=int, choices=(8, 4, 2), default=None,
+                        help="[compression] quantize with these bits, in both trees (one "
+                             "client a worker: the flat compressed round, issue 37)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of the pre-engine code (with DIR/.venv)")
     args = parser.parse_args(argv)
@@ -172,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         trees.append(("today", str(base / ".venv" / "bin" / "python"), base, None, None))
 
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-          f"{args.rounds} rounds, {args.repeat} repeats; min (spread) over repeats", flush=True)
+          f"{args.rounds} rounds, {args.repeat} repeats; min (spread) over repeats"
+          + (f"; [compression] quantize {args.quantize} bits" if args.quantize else ""),
+          flush=True)
     print(f"{'params':>10} {'workers':>7} {'tree':>7} {'peak RSS MB':>16} {'copies':>14} "
           f"{'target MB':>9} {'met':>4} {'s/round':>14}", flush=True)
     for params, workers in grid:
@@ -186,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs[label].append(one_run(python, tree, params=params, workers=workers,
                                            rounds=args.rounds, window=window, retain=retain,
                                            timeout=args.timeout,
-                                           per_worker=args.clients_per_worker))
+                                           per_worker=args.clients_per_worker,
+                                           quantize=args.quantize))
         for label, *_ in trees:
             rss, rss_spread = spread([r["rss"] for r in runs[label]])
             sec, sec_spread = spread([r["seconds"] for r in runs[label]])
@@ -195,6 +215,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"{rss / model:>7.2f} ({rss_spread / model:>4.2f}) "
                   f"{target / MB:>9.0f} {'yes' if rss <= target else 'no':>4} "
                   f"{sec:>7.3f} ({sec_spread:>5.3f})", flush=True)
+        if len(trees) == 2:
+            mine, base = runs[trees[0][0]], runs[trees[1][0]]
+            rss_ratio = min(r["rss"] for r in mine) / min(r["rss"] for r in base)
+            sec_ratio = min(r["seconds"] for r in mine) / min(r["seconds"] for r in base)
+            pairs = [a["seconds"] / b["seconds"] for a, b in zip(mine, base)]
+            print(f"{params:>10} {workers:>7} {'ratio':>7} peak RSS {rss_ratio:.2f}, "
+                  f"s/round {sec_ratio:.2f} (repeat by repeat {min(pairs):.2f} to "
+                  f"{max(pairs):.2f}); {trees[0][0]} / {trees[1][0]}", flush=True)
     print(f"# load average after: {os.getloadavg()[0]:.2f}", flush=True)
 
 

@@ -71,6 +71,16 @@ def decoded_chunks(compressor: Compressor, fields: Mapping[str, np.ndarray], siz
                             f"{size} coordinates")
 
 
+def refuse_empty(name: str, count: int, mass: int) -> None:
+    """The AggregationError an exact sum's mean raises when it has nothing to divide:
+    no contributions (``count``), or weights (``mass``) that sum to zero."""
+    if not count:
+        raise AggregationError(f"{name}: no contributions to aggregate; a round "
+                               f"needs at least one contributor")
+    if mass <= 0:
+        raise AggregationError(f"{name}: the weights sum to zero over {count} contributions")
+
+
 class CompressedSum:
     """The exact weighted mean of compressed contributions against ``reference`` (the
     round's model), folded a chunk at a time (module docstring).
@@ -104,6 +114,12 @@ class CompressedSum:
     def count(self) -> int:
         return len(self.sources)
 
+    def check(self, payload: Mapping[str, Any], *, what: str) -> None:
+        """A ProtocolError unless ``payload`` fits the compressor's bounds key by key (the
+        check :meth:`add` starts with; nothing is decoded), so a round can refuse a payload
+        as it arrives rather than when its turn to be folded comes."""
+        checked_payload(self.compressor, payload, self.reference, raw=self.raw, what=what)
+
     def add(self, payload: Mapping[str, Any], weight: float, *,
             source: str) -> dict[str, np.ndarray]:
         """Fold ``payload`` with ``weight``; its residuals. A refusal changes nothing."""
@@ -134,12 +150,7 @@ class CompressedSum:
 
     def result(self) -> dict[str, Any]:
         """The weighted mean: ``FixedPointSum.result()``'s over the decoded contributions."""
-        if not self.sources:
-            raise AggregationError(f"{self.name}: no contributions to aggregate; a round "
-                                   f"needs at least one contributor")
-        if self.mass <= 0:
-            raise AggregationError(f"{self.name}: the weights sum to zero over "
-                                   f"{self.count} contributions")
+        refuse_empty(self.name, self.count, self.mass)
         rest = self.whole.result() if self.whole is not None else {}
         mass = float(self.mass)
         out: dict[str, Any] = {}

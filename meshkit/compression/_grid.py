@@ -46,6 +46,7 @@ from typing import Any, Collection, Mapping
 import numpy as np
 
 from meshkit.aggregation import DEFAULT_FRACTION_BITS, FixedPartial, FixedPointSum
+from meshkit.compression._fold import refuse_empty
 from meshkit.compression._payload import compressed_keys, decode_field_sum, field_codes, key_seed
 from meshkit.errors import AggregationError, ProtocolError, RefusedError
 from meshkit.secure_aggregation import pack, packed_size, unpack, vector_dtype
@@ -168,12 +169,7 @@ class CodeSum:
     def result(self) -> dict[str, Any]:
         """The weighted mean: the reference plus the decoded mean update, per key in the
         model's dtype; the keys sent whole as their FixedPointSum's mean."""
-        if not self.count:
-            raise AggregationError(f"{self.name}: no contributions to aggregate; a round "
-                                   f"needs at least one contributor")
-        if self.mass <= 0:
-            raise AggregationError(f"{self.name}: the weights sum to zero over "
-                                   f"{self.count} contributions")
+        refuse_empty(self.name, self.count, self.mass)
         rest = self.whole.result() if self.whole is not None else {}
         out: dict[str, Any] = {}
         for key, ref in self.reference.items():

@@ -19,8 +19,8 @@ Where compression sits (docs/compression.md has the argument):
   sum's sensitivity is S whatever the decoder produced;
 * **before the fold**: a linear fold sums each compressed contribution a
   chunk at a time into an exact sum (:class:`~meshkit.compression.CompressedSum`,
-  the batched compressed round); otherwise each contribution is decoded as
-  it is pulled, so robust rules see individual updates;
+  in the batched and the flat compressed round alike); otherwise each
+  contribution is decoded as it is pulled, so robust rules see individual updates;
 * **inside secure aggregation's field** when the compressor is dense and
   declares ``integer_field`` and the scheme declares ``integer_inputs``:
   each client quantises its update onto the round's shared grid

@@ -11,7 +11,8 @@ compressor declares its :class:`~meshkit.compression.CompressionTraits`;
 ``encode`` returns 1-d arrays, each of the dtype and at most the length
 ``bounds`` declares, for vectors from one element up; it is a pure function
 of the vector and the seed (the same fields, bit for bit); ``decode`` gives
-a float32 vector of the size asked for; what it sends is smaller than the
+a float32 vector of the size asked for; an optional ``decode_chunks`` gives
+``decode``'s float32 values in order, at most ``step`` at a time; what it sends is smaller than the
 float32 vector on a model-sized key; a payload whose lengths disagree with
 the size (a hostile or broken peer's) is a ``ValueError``, never an
 allocation or a wrong answer; and every trait it declares holds:
@@ -83,6 +84,30 @@ class CompressionContract(ContractBase):
         out = compressor.decode(compressor.encode(_vector(size), seed=1), size)
         assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (size,)
         assert np.isfinite(out).all()
+
+    @pytest.mark.parametrize("size", SIZES)
+    @pytest.mark.parametrize("step", (1, 100, 4096, 1 << 16))
+    def test_decode_chunks_gives_decodes_values_in_order(self, size: int, step: int) -> None:
+        compressor = self.make()
+        chunks = getattr(compressor, "decode_chunks", None)
+        if chunks is None:
+            pytest.skip("no decode_chunks: a linear fold decodes each key whole")
+        fields = compressor.encode(_vector(size), seed=5)
+        parts = list(chunks(fields, size, step))
+        at = 0
+        for start, part in parts:
+            assert start == at and isinstance(part, np.ndarray) and part.ndim == 1 \
+                and 0 < part.size <= step, (
+                f"decode_chunks must give the vector in order, at most {step} coordinates "
+                f"at a time: a chunk at {start} of {getattr(part, 'shape', None)}, the next "
+                f"was due at {at}")
+            at += part.size
+        assert at == size, f"decode_chunks gave {at} of {size} coordinates"
+        whole = compressor.decode(fields, size)
+        # The same float32 values decode gives: a linear fold of chunks is then the fold
+        # of the decoded vector, bit for bit (meshkit.compression.CompressedSum).
+        np.testing.assert_array_equal(
+            np.concatenate([p.astype(np.float32) for _, p in parts]), whole)
 
     def test_encode_is_a_pure_function_of_the_vector_and_the_seed(self) -> None:
         x = _vector(5000)

@@ -293,6 +293,9 @@ class StrategyContext:
     #: :meth:`initial_state` and :meth:`outer_step`, and the outer optimizer's state, in
     #: mapped files; None: in memory.
     spill: Any = None
+    #: What the run has already warned of, by topic: said once a run, not once a process
+    #: (a long-lived ``meshkit serve`` plays many runs, each with its own context).
+    said: set[str] = attrs.Factory(set)
     _buffers: frozenset[str] | None = attrs.field(default=None, init=False, repr=False)
     _reported: int = attrs.field(default=0, init=False, repr=False)
 

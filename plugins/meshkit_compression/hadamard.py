@@ -12,7 +12,7 @@ Estimation with Limited Communication*, 2017).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -43,8 +43,17 @@ def fwht(x: np.ndarray) -> np.ndarray:
 
 
 def _signs(seed: np.ndarray, count: int) -> np.ndarray:
-    rng = np.random.default_rng(int(seed.view(np.uint64)[0]))
-    return np.where(rng.random(count) < 0.5, -1.0, 1.0)
+    return _drawn(_sign_stream(seed), count)
+
+
+def _sign_stream(seed: np.ndarray) -> np.random.Generator:
+    return np.random.default_rng(int(seed.view(np.uint64)[0]))
+
+
+def _drawn(stream: np.random.Generator, count: int) -> np.ndarray:
+    """The next ``count`` signs of ``stream``: drawn a part at a time, the same signs as at
+    once (each float64 draw takes one 64-bit word of the generator)."""
+    return np.where(stream.random(count) < 0.5, -1.0, 1.0)
 
 
 class Rotated:
@@ -77,11 +86,62 @@ class Rotated:
         return {**self.inner.encode(rotated, seed=inner_seed), "rotation": rotation}
 
     def decode(self, fields: Mapping[str, np.ndarray], size: int) -> np.ndarray:
-        rotation = fields["rotation"]
-        if rotation.size != 2:
-            raise ValueError(f"the rotation's seed is 2 uint32, got {rotation.size}")
+        rotation = _rotation(fields)
         padded, block = self._padded(size), _block(size)
         inner = {k: v for k, v in fields.items() if k != "rotation"}
         y = self.inner.decode(inner, padded).astype(np.float64)
         x = fwht(y.reshape(-1, block)).ravel() * _signs(rotation, padded)
         return x[:size].astype(np.float32)
+
+    def decode_chunks(self, fields: Mapping[str, np.ndarray], size: int,
+                      step: int) -> Iterator[tuple[int, np.ndarray]]:
+        """:meth:`decode`'s vector ``step`` coordinates at a time, the same bits: the rotation
+        works per block, so the inner vector is gathered a whole number of blocks at a time
+        (the inner decoder's ``decode_chunks`` when it has one), each rotated back on its
+        own with the next signs of the same stream. Scratch: about ``max(step, block)``
+        coordinates, never the whole vector (unless the inner decoder decodes whole)."""
+        signs = _sign_stream(_rotation(fields))
+        padded, block = self._padded(size), _block(size)
+        inner = {k: v for k, v in fields.items() if k != "rotation"}
+        span = max(1, step // block) * block
+        buf, filled, at = np.empty(span, np.float64), 0, 0
+        for part in _inner_parts(self.inner, inner, padded, span):
+            i = 0
+            while i < part.size:
+                take = min(span - filled, part.size - i)
+                buf[filled:filled + take] = part[i:i + take]
+                filled, i = filled + take, i + take
+                if filled == span:
+                    yield from _rotated_back(buf, span, block, signs, at, size, step)
+                    filled, at = 0, at + span
+        if filled:  # the padded vector is whole blocks: so is what is left
+            yield from _rotated_back(buf, filled, block, signs, at, size, step)
+
+
+def _rotation(fields: Mapping[str, np.ndarray]) -> np.ndarray:
+    rotation = fields["rotation"]
+    if rotation.size != 2:
+        raise ValueError(f"the rotation's seed is 2 uint32, got {rotation.size}")
+    return rotation
+
+
+def _inner_parts(inner: Any, fields: Mapping[str, np.ndarray], padded: int,
+                 span: int) -> Iterator[np.ndarray]:
+    """The inner decoder's vector in order, ``span`` coordinates at a time when it decodes
+    in chunks, else whole."""
+    chunks = getattr(inner, "decode_chunks", None)
+    if chunks is None:
+        yield inner.decode(fields, padded)
+        return
+    for _, part in chunks(fields, padded, span):
+        yield part
+
+
+def _rotated_back(buf: np.ndarray, n: int, block: int, signs: np.random.Generator, at: int,
+                  size: int, step: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The ``n`` coordinates in ``buf`` (whole blocks, starting at ``at``) rotated back, cut
+    to the vector's ``size`` and yielded ``step`` at a time as float32."""
+    x = fwht(buf[:n].reshape(-1, block)).ravel() * _drawn(signs, n)
+    stop = min(n, size - at)
+    for lo in range(0, max(0, stop), step):
+        yield at + lo, x[lo:min(stop, lo + step)].astype(np.float32)

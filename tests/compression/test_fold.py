@@ -1,10 +1,12 @@
 """A compressed contribution folded chunk by chunk (meshkit.compression.CompressedSum).
 
 * the same bits as an exact sum (FixedPointSum) of the decoded contributions, whatever the
-  order they come in, and the built-ins' ``decode_chunks`` give ``decode``'s bits;
+  order they come in, and the built-ins' ``decode_chunks`` (``rotate`` too, a block at a
+  time) give ``decode``'s bits;
 * a refused contribution (NaN, out of range, a payload that does not fit) leaves the sum
   as it was, though some of its chunks were already added;
-* folding a quantised contribution allocates far less than one float copy of the model.
+* folding a quantised contribution, rotated or not, allocates far less than one float copy
+  of the model.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _payloads(compressor, start, n, rng):
     ("quantize", {"bits": 8}), ("quantize", {"bits": 4}), ("quantize", {"bits": 2}),
     ("quantize", {"bits": 2, "chunk": 100}),
     ("top-k", {"fraction": 0.05, "error_feedback": False}),
-    ("quantize", {"bits": 8, "rotate": True}),  # no decode_chunks: decoded whole
+    ("quantize", {"bits": 8, "rotate": True}),
+    ("top-k", {"fraction": 0.05, "error_feedback": False, "rotate": True}),
 ])
 def test_the_chunked_fold_is_the_exact_sum_of_the_decoded_contributions(name, options):
     rng = np.random.default_rng(3)
@@ -72,8 +75,10 @@ def test_the_chunked_fold_is_the_exact_sum_of_the_decoded_contributions(name, op
 
 @pytest.mark.parametrize("name, options", [
     ("quantize", {"bits": 8}), ("quantize", {"bits": 4}), ("quantize", {"bits": 2}),
-    ("top-k", {"fraction": 0.01})])
-@pytest.mark.parametrize("step", [1, 3, 1000, 1 << 16])
+    ("top-k", {"fraction": 0.01}), ("quantize", {"bits": 8, "rotate": True}),
+    ("quantize", {"bits": 4, "rotate": True, "chunk": 64}),
+    ("top-k", {"fraction": 0.01, "rotate": True})])
+@pytest.mark.parametrize("step", [1, 3, 1000, 4096, 5000, 1 << 16])
 def test_decode_chunks_gives_decodes_bits(name, options, step):
     compressor = _compressor(name, **options)
     x = np.random.default_rng(0).standard_normal(2049).astype(np.float32)
@@ -117,11 +122,12 @@ def test_a_refused_contribution_leaves_the_sum_as_it_was():
         assert got[key].tobytes() == want[key].tobytes(), key
 
 
-def test_folding_a_quantised_contribution_allocates_far_less_than_a_float_copy():
+@pytest.mark.parametrize("options", [{"bits": 8}, {"bits": 8, "rotate": True}])
+def test_folding_a_quantised_contribution_allocates_far_less_than_a_float_copy(options):
     rng = np.random.default_rng(0)
     size = 1 << 22  # 4 Mi float32 coordinates: 16 MiB a copy
     start = {"w": rng.standard_normal(size).astype(np.float32)}
-    compressor = _compressor("quantize", bits=8)
+    compressor = _compressor("quantize", **options)
     fitted = {"w": start["w"] + np.float32(0.01)}
     payload, _ = encode_update(compressor, start, fitted, seed=0)
     del fitted

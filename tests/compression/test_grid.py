@@ -202,3 +202,11 @@ def test_a_round_the_grid_cannot_apply_to_says_so_once_and_plays_per_client(capl
     said = [r for r in caplog.records if "clip_range" in r.getMessage()]
     assert len(said) == 1 and "each client uploads its payload on its own grid" in \
         said[0].getMessage()
+    # Once a run, not once a process: a second run with the same plan (a long-lived
+    # `meshkit serve` plays many) is told again.
+    again = make_ctx(workers=3)
+    again.compression = chosen
+    with caplog.at_level("WARNING", logger="meshkit.train._rounds.compressed"):
+        fold_round(again, fits(3), state=state)
+    said = [r for r in caplog.records if "clip_range" in r.getMessage()]
+    assert len(said) == 2

@@ -249,13 +249,7 @@ class _Batched(Scheduler[list[int]]):
         try:
             partial = self._checked(rank, payload["partial"], keys)
         except ProtocolError as exc:
-            # Its sender's fault alone (a partial is no client's): the rank goes, its
-            # keys are served again.
-            reason = protocol_reason(exc)
-            if not self.failures.accept:
-                raise WorkerError(rank, reason) from None
-            self.ctx.pool.declare_dead(rank, reason)
-            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            self._partial_failed(rank, kind, exc)
             return
         source = f"rank {rank} ({len(keys)} {self.label}s)"
         if self.private is None:
@@ -266,6 +260,16 @@ class _Batched(Scheduler[list[int]]):
             self.private.merge(partial, unclipped=bits, source=source)
         for key in self.folded.pop(rank):
             self.served[key] = rank
+
+    def _partial_failed(self, rank: int, kind: str, exc: ProtocolError) -> None:
+        """``rank``'s partial failed its check: its sender's fault alone (a partial is no
+        client's), so the rank goes and its keys are served again (module docstring, step 5);
+        with ``accept_failures = false`` the run stops."""
+        reason = protocol_reason(exc)
+        if not self.failures.accept:
+            raise WorkerError(rank, reason) from None
+        self.ctx.pool.declare_dead(rank, reason)
+        self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
 
     def _checked(self, rank: int, wire: Mapping[str, Any], keys: list[int]) -> FixedPartial:
         """Rank ``rank``'s partial, if it is what folding ``keys`` must give; else ProtocolError."""

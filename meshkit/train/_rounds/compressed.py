@@ -30,7 +30,15 @@ played (:data:`~meshkit.train._rounds.engine.ROUND_PATHS`):
   coordinator. A sum that does not fit costs its rank, and its clients are served
   again. Behind host relays the round is played the same way, and each relay adds
   its ranks' sums (``grid_sum``, :mod:`meshkit.train._relay.grid`) and sends one up.
-* **flat** otherwise: each contribution is pulled and decoded whole as it is folded.
+* **flat** otherwise (one fit a worker, a deadline, pinned work, FedBN local keys, host
+  relays without ``clip_range``, ``batch=False``): each payload is pulled in key order.
+  Under an exact weighted mean (:func:`flat_payload_fold`) it is summed as its turn comes
+  into one :class:`~meshkit.compression.CompressedSum`, a chunk at a time (no float copy
+  of a contribution; the bits of ``FixedPointSum`` over the decoded contributions, the
+  batched round's), its client's own keys and residual kept in the client-local store
+  once it is folded; a payload the sum refuses (does not decode, NaN, out of range) costs
+  its sender's rank and leaves the sum as it was. Any other rule -- a robust one sees
+  individual updates -- has each payload decoded whole as it is pulled (:class:`Unpacker`).
 """
 
 from __future__ import annotations
@@ -57,12 +65,13 @@ from meshkit.train._worker.held import by_key
 from meshkit.train._rounds.work import Folded, Work, by_examples
 
 __all__ = ["compressed_work", "Unpacker", "fold_compressed_batched", "batch_size_bound",
-           "compressed_batch_applies", "play_compressed_batched"]
+           "compressed_batch_applies", "play_compressed_batched", "flat_payload_fold",
+           "PayloadFold"]
 
 log = logging.getLogger(__name__)
-#: The plans (by identity) whose ``clip_range`` a round could not use, already told of:
+#: The run's topic (``StrategyContext.said``) for a ``clip_range`` a round could not use:
 #: a run says so once, not every round.
-_UNGRIDDED: set[int] = set()
+UNGRIDDED = "compression.clip_range unused"
 
 
 def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[str, Any],
@@ -125,8 +134,8 @@ def compressed_batch_applies(call: Any) -> bool:
     applies = _compressed_batch_applies(call)
     plan = call.ctx.compression if call.compressed is not None else None
     if not applies and plan is not None and plan.clip_range is not None \
-            and id(plan) not in _UNGRIDDED:
-        _UNGRIDDED.add(id(plan))
+            and UNGRIDDED not in call.ctx.said:
+        call.ctx.said.add(UNGRIDDED)
         log.warning("[compression] clip_range = %s: a round of %s fits is not a linear batched round "
                     "(a robust or weighted-by-metric aggregator, a deadline, local keys, a "
                     "simulated attack, or one fit a worker), so each client uploads its "
@@ -169,6 +178,69 @@ def play_compressed_batched(call: Any) -> Folded:
         send_state=call.send_state, on_stale=call.on_stale)
     attacked = tuple(sorted(k for k in served if replies.get(k, {}).get("attacked")))
     return Folded(result, served, not_served, replies, attacked=attacked, failed=failed)
+
+
+def flat_payload_fold(call: Any) -> PayloadFold | None:
+    """The linear fold a flat compressed round (a :class:`~meshkit.train._rounds.engine.RoundCall`
+    no batched path took) sums its payloads into, a chunk at a time (module docstring,
+    "flat"); None when each contribution is decoded whole: a rule that is not an exact
+    weighted mean (a robust rule sees individual updates), a given fold, a simulated
+    attack (it poisons decoded contributions), a mean that lets NaN through
+    (``allow_nonfinite``) or asks for the float fold's arithmetic (``accumulate =
+    "float64"``), or an unweighted mean over weights that may differ (it must refuse them)."""
+    if call.compressed is None or call.given is not None or call.attack is not None \
+            or call.state is None or call.reference is None:
+        return None
+    mean = exact_mean(call.ctx.aggregator, call.fold)
+    if mean is None or mean.count or mean.allow_nonfinite or mean.wide:
+        return None
+    if not mean.weighted and relay_weight(call.weight, by_examples) != "once":
+        return None
+    store, unpack = call.compressed[1], call.compressed[2]
+    # FedBN's own keys are kept per client, never folded: the sum's model lacks them.
+    own = frozenset(k for k in (store.keys if store is not None else ()) if not is_residual(k))
+    reference = {k: v for k, v in call.state.items() if k not in own}
+    summed = CompressedSum(unpack.plan.compressor, reference,
+                           raw=[k for k in unpack.raw if k not in own], name=mean.name)
+    expected = signature(call.reference)
+    whole = {k: expected[k] for k in expected if k not in set(summed.keys)}
+    return PayloadFold(summed, own, store, whole)
+
+
+class PayloadFold:
+    """A flat compressed round's linear fold (module docstring, "flat"): each pulled payload
+    summed into one :class:`~meshkit.compression.CompressedSum`, a chunk at a time, never
+    decoded whole; its client's own keys (FedBN) and residuals (error feedback) kept in the
+    client-local store once it is folded, so a refused payload changes nothing."""
+
+    def __init__(self, summed: CompressedSum, own: frozenset[str], store: ClientLocal | None,
+                 whole: Signature) -> None:
+        self.summed, self.own, self.store = summed, own, store
+        #: What the keys sent whole (and the client's own keys) must look like.
+        self.whole = whole
+
+    @property
+    def count(self) -> int:
+        return self.summed.count
+
+    def check(self, payload: Mapping[str, Any], what: str) -> None:
+        """A ProtocolError unless ``payload`` fits the round's model: its keys sent whole
+        (and its own keys) as the model's, each compressed key's fields within the
+        compressor's bounds. Nothing is decoded."""
+        check_contribution({k: payload.get(k) for k in self.whole}, self.whole, what,
+                           finite=False)
+        self.summed.check({k: v for k, v in payload.items() if k not in self.own}, what=what)
+
+    def add(self, key: int, payload: Mapping[str, Any], weight: float, *, source: str) -> None:
+        """Fold ``payload`` (client ``key``'s, checked by :meth:`check`) with ``weight``: a
+        ProtocolError or AggregationError leaves the sum and the store as they were."""
+        rest = {k: v for k, v in payload.items() if k not in self.own}
+        residuals = self.summed.add(rest, weight, source=source)
+        if self.store is not None:
+            self.store.keep(key, {**{k: payload[k] for k in self.own}, **residuals})
+
+    def result(self) -> dict[str, Any]:
+        return self.summed.result()
 
 
 def batch_size_bound(plan: CompressionPlan, state: Mapping[str, Any], raw: Sequence[str],
@@ -220,6 +292,14 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
     return batched.play()
 
 
+def batch_fits(requests: Mapping[int, Mapping[str, Any]],
+               batch: Sequence[int]) -> list[dict[str, Any]]:
+    """A compressed ``fit_batch``'s fits: each client's request and its key, without what the
+    batch carries once (``op``, ``compress``) or beside its fits (``local``: residuals)."""
+    return [{**{k: v for k, v in requests[key].items()
+                if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+
+
 class _CompressedBatched(_Batched):
     """The batched round (:mod:`.batched`) whose batches answer with each fit's compressed
     payload, folded at the coordinator as it arrives (module docstring)."""
@@ -242,8 +322,7 @@ class _CompressedBatched(_Batched):
         batch = self.next_unit(rank, busy)
         if batch is None:
             return False
-        fits = [{**{k: v for k, v in self.requests[key].items()
-                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        fits = batch_fits(self.requests, batch)
         # No weight, no fraction_bits: the worker folds nothing (the coordinator weighs).
         request = {"op": "fit_batch", "fits": fits, "label": self.label,
                    "compress": self.compress}
@@ -418,8 +497,7 @@ class _GridBatched(_Batched):
         batch = self.next_unit(rank, busy)
         if batch is None:
             return False
-        fits = [{**{k: v for k, v in self.requests[key].items()
-                    if k not in ("op", "compress", "local")}, "key": key} for key in batch]
+        fits = batch_fits(self.requests, batch)
         request = {"op": "fit_batch", "fits": fits, "label": self.label, "weight": self.how,
                    "compress": self.compress}
         timeout = None if self.ctx.timeout is None else self.ctx.timeout * len(batch)
@@ -444,13 +522,7 @@ class _GridBatched(_Batched):
                                     f"weighing {mass}")
             self.grid.merge(wire, source=source, whole=self.expected)
         except ProtocolError as exc:
-            # Its sender's fault alone (a sum is no client's): the rank goes, its keys
-            # are served again -- as the batched round's partial.
-            reason = protocol_reason(exc)
-            if not self.failures.accept:
-                raise WorkerError(rank, reason) from None
-            self.ctx.pool.declare_dead(rank, reason)
-            self.lose(rank, kind, None, self.ctx.pool.dead.get(rank, reason))
+            self._partial_failed(rank, kind, exc)  # a sum is no client's: as a partial
             return
         for key in self.folded.pop(rank):
             self.served[key] = rank

@@ -127,7 +127,7 @@ from meshkit.train._rounds.relayed import (RelayPlan, fold_through_relays, relay
 from meshkit.train._pool import WorkerPool
 from meshkit.train._strategy import StrategyContext
 from meshkit.train._rounds.compressed import (Unpacker, compressed_batch_applies, compressed_work,
-                                              play_compressed_batched)
+                                              flat_payload_fold, play_compressed_batched)
 from meshkit.train._rounds.flat import FlatRound, PieceFlatRound
 from meshkit.train._rounds.pieces import pieces_apply
 from meshkit.train._rounds.work import (DEFAULT_WINDOW, HOLD, INLINE_BYTES, Folded, Work,
@@ -343,6 +343,11 @@ def _play_batched(call: RoundCall) -> Folded:
 
 def _play_flat(call: RoundCall) -> Folded:
     ctx, fold, state = call.ctx, call.fold, call.state
+    # A compressed round under a linear rule sums each payload chunk by chunk, exactly
+    # (never a float copy of a contribution); the client-local store is the fold's.
+    payloads = flat_payload_fold(call)
+    if payloads is not None:
+        fold = payloads
     expected = None if call.reference is None else signature(call.reference)
     # The engine's own strict mean finds NaN/inf while it sums (step 7): no scan first.
     # A fold told to let them through ([aggregator] allow_nonfinite) is not overruled.
@@ -358,7 +363,8 @@ def _play_flat(call: RoundCall) -> Folded:
     round_ = (PieceFlatRound if pieces else FlatRound)(
         ctx, call.requests, state, call.weight, call.window, fold, call.label,
         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
-        local=call.fold_local or None, scan=not replay and not allows, unpack=call.unpack,
+        local=None if payloads is not None else call.fold_local or None,
+        scan=not replay and not allows, unpack=call.unpack,
         limit=limit, state_request=call.send_state, on_stale=call.on_stale)
     if pieces:
         assert call.reference is not None  # pieces_apply checked

@@ -23,7 +23,7 @@ from meshkit.train._failures import DivergedFit
 from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution
 from meshkit.train._pool import protocol_reason
-from meshkit.train._rounds.compressed import Unpacker
+from meshkit.train._rounds.compressed import PayloadFold, Unpacker
 from meshkit.train._rounds.pieces import PieceRound
 from meshkit.train._rounds.scheduler import Scheduler, small_reply
 from meshkit.train._rounds.work import HOLD, INLINE_BYTES, Folded
@@ -105,6 +105,9 @@ class FlatRound(Scheduler[int]):
         self.scan = scan
         #: A compressed round's decoder of pulled payloads (None: contributions come whole).
         self.unpack = unpack
+        #: A compressed round's linear fold, which takes each payload as it came, chunk by
+        #: chunk (None: a pulled payload is decoded whole first, ``unpack``).
+        self.payloads = fold if isinstance(fold, PayloadFold) else None
         #: The largest |x| the fold accepts per dtype, scanned with NaN/inf (None: any finite).
         self.limit = limit
         #: Workers whose next work request carries the round's state (``set_state``
@@ -248,6 +251,17 @@ class FlatRound(Scheduler[int]):
         """A pulled contribution (a take's, or a work reply's asked back at once): checked
         against the round's model, then folded when its turn comes."""
         kind = "take"  # failed as a pulled contribution, whichever request brought it
+        if self.payloads is not None:
+            # Checked against the round's model now, summed undecoded when its turn comes.
+            try:
+                self.payloads.check(contribution,
+                                    f"rank {rank}'s result for {self.label} {key}")
+            except ProtocolError as exc:
+                self.failed(rank, kind, key, key, protocol_reason(exc))
+                return
+            self.taken[key] = (rank, contribution)
+            self._advance()
+            return
         residuals: dict[str, Any] = {}
         if self.unpack is not None and self.state is not None:
             try:
@@ -320,6 +334,9 @@ class FlatRound(Scheduler[int]):
         while self.unfolded and self.unfolded[0] in self.taken:
             key = self.unfolded.pop(0)
             rank, contribution = self.taken.pop(key)
+            if self.payloads is not None:
+                self._fold_payload(key, rank, contribution)
+                continue
             if self.local is not None:
                 contribution = self.local.keep(key, contribution)
             source = f"{self.label} {key} (rank {rank})"
@@ -338,6 +355,22 @@ class FlatRound(Scheduler[int]):
                 continue
             del contribution  # the fold holds it now, or has folded it
             self.served[key] = rank
+
+    def _fold_payload(self, key: int, rank: int, payload: Mapping[str, Any]) -> None:
+        """A compressed round's payload summed chunk by chunk (:class:`PayloadFold`); one the
+        sum refuses (does not decode, NaN or inf, out of range) left it as it was, and is
+        failed as a pulled contribution that does not fit (module docstring, step 7)."""
+        source = f"{self.label} {key} (rank {rank})"
+        assert self.payloads is not None
+        try:
+            self.payloads.add(key, payload, self.weight(self.replies[key]), source=source)
+        except (ProtocolError, AggregationError) as exc:
+            self.unfolded.insert(0, key)
+            reason = (protocol_reason(exc) if isinstance(exc, ProtocolError)
+                      else f"refused by the fold: {exc}")
+            self.failed(rank, "take", key, key, reason)
+            return
+        self.served[key] = rank
 
     def _drop_client(self, key: int) -> None:
         """``key`` failed on two ranks: not served again this round."""

@@ -12,6 +12,8 @@ import pytest
 
 import meshkit.plugins
 from meshkit import ConfigError
+from meshkit.aggregation import FixedPointSum
+from meshkit.compression import CompressionPlan, decode_contribution
 from meshkit.node.config import NodeConfig
 from meshkit.task import FitResult
 from meshkit.train import (
@@ -234,3 +236,40 @@ def test_a_round_deadline_needs_a_non_negative_number_of_seconds():
                           rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="deadline must be a number of seconds >= 0"):
         fold_round(ctx, fits(1), state=ctx.task.init_state(0), deadline=-1.0)
+
+
+def _exact_of_payloads(plan, state, works, raw):
+    """The exact sum (FixedPointSum) of ``works``' compressed fits, each decoded whole at the
+    coordinator: what the flat compressed round's chunked sum must equal, bit for bit."""
+    total = FixedPointSum()
+    for work in works:
+        trainer = Trainer(digits())
+        trainer.handle({"op": "set_state", "state": state})
+        reply = trainer.handle({**work.request, "compress": plan.request(raw)})
+        decoded, _ = decode_contribution(plan.compressor, reply["state"], state, raw=raw)
+        total.add(decoded, reply["examples"], source=f"client {work.key}")
+    return total.result()
+
+
+def test_a_compressed_flat_round_leaves_a_late_payload_out_of_its_exact_sum(star):
+    pool = GroupPool(star)
+    task = digits()
+    plan = CompressionPlan("quantize", {"bits": 8},
+                           meshkit.plugins.create("compression", "quantize", {"bits": 8}))
+    ctx = StrategyContext(task=task, aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+                          pool=pool, workers=[1, 2], rng=np.random.default_rng(0),
+                          timeout=20.0, compression=plan)
+    state = task.init_state(0)
+    raw = sorted(ctx.buffers & set(state))
+    first = fold_round(ctx, fits(2, rnd=1), state=state, deadline=1.0)
+    assert first.served == {0: 1} and first.late == {1: 2}
+    assert ctx.dead == {} and ctx.live == [1, 2]
+    got = first.result
+    want = _exact_of_payloads(plan, state, fits(2, rnd=1)[:1], raw)
+    assert got.keys() == want.keys()
+    assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+    GATE.set()  # the straggler's late round-1 payload must be discarded, never summed
+    second = fold_round(ctx, fits(2, rnd=2), state=first.result, deadline=None, batch=False)
+    assert second.served == {0: 1, 1: 2} and second.late == {} and pool.pending == 0
+    want = _exact_of_payloads(plan, first.result, fits(2, rnd=2), raw)
+    assert all(second.result[k].tobytes() == want[k].tobytes() for k in want)
