@@ -37,7 +37,13 @@ each phase of a round (the state going out, the fits, a contribution coming
 in, the result and evaluation, the checkpoint). Beside the raw stream, an
 encrypted one: the sender AES-256-GCM encrypts each 1 MiB piece before
 sending it and the reader decrypts in place, as a channel does, so the two
-show what the wire costs with and without the encryption.
+show what the wire costs with and without the encryption. And a raw stream
+read into one fresh model-sized buffer: the raw stream reads into the same
+cache-hot 4 MiB again and again, where a received model must land in memory
+the kernel faults in and zeroes (on the benchmark host that zeroing was the
+largest single cost of a 400 MB transfer, docs/benchmarks.md). Each trial's
+rates are also divided by the streams measured right before it (the last
+table), since the machine's load moves them all.
 
 Printed per tree: peak RSS in MB and in model copies, seconds per round and
 transfer rate, each as the median over ``--repeat`` trials with min-max,
