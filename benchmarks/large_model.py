@@ -37,7 +37,13 @@ each phase of a round (the state going out, the fits, a contribution coming
 in, the result and evaluation, the checkpoint). Beside the raw stream, an
 encrypted one: the sender AES-256-GCM encrypts each 1 MiB piece before
 sending it and the reader decrypts in place, as a channel does, so the two
-show what the wire costs with and without the encryption.
+show what the wire costs with and without the encryption. And a raw stream
+read into one fresh model-sized buffer: the raw stream reads into the same
+cache-hot 4 MiB again and again, where a received model must land in memory
+the kernel faults in and zeroes (on the benchmark host that zeroing was the
+largest single cost of a 400 MB transfer, docs/benchmarks.md). Each trial's
+rates are also divided by the streams measured right before it (the last
+table), since the machine's load moves them all.
 
 Printed per tree: peak RSS in MB and in model copies, seconds per round and
 transfer rate, each as the median over ``--repeat`` trials with min-max,
@@ -74,6 +80,8 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_memory import MB, WRAPPER, ensure_synthetic
@@ -254,13 +262,16 @@ def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
         return got
 
 
-def raw_stream(nbytes: int, encrypt: bool = False) -> float:
+def raw_stream(nbytes: int, encrypt: bool = False, into_memory: bool = False) -> float:
     """Bytes per second of one loopback TCP stream carrying ``nbytes`` from another process.
 
     With ``encrypt``, the stream is what a channel's body costs: the sender AES-256-GCM
     encrypts each 1 MiB piece into a scratch buffer before sending it, the reader decrypts
     what it received in place (the channel's ``_SEND_PIECE`` and its streaming GCM),
-    and checks the tag at the end.
+    and checks the tag at the end. With ``into_memory``, the reader reads into one fresh
+    ``nbytes`` buffer (where a received model must end up: its pages are faulted in,
+    and zeroed, by the kernel as the stream fills them) rather than into the same
+    cache-hot 4 MiB again and again.
     """
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -295,10 +306,13 @@ def raw_stream(nbytes: int, encrypt: bool = False) -> float:
     listener.close()
     sink = bytearray(4 << 20)
     view = memoryview(sink)
+    body = memoryview(np.empty(nbytes if into_memory else 0, dtype=np.uint8)).cast("B")
     gcm = Cipher(algorithms.AES(key), modes.GCM(nonce)).decryptor() if encrypt else None
     started = time.perf_counter()
     got = 0
     while got < nbytes:
+        if into_memory:
+            view = body[got:]
         n = reader.recv_into(view[:min(len(sink), nbytes - got)])
         if not n:
             break
@@ -369,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in trees}
     raws: list[float] = []
     sealed: list[float] = []
+    landed: list[float] = []  # the raw stream into a fresh model-sized buffer
     print(f"# {params:,} float32 parameters ({model / MB:.0f} MB), {args.workers} workers, "
           f"{args.rounds} rounds, {args.repeat} trials; load {os.getloadavg()}", flush=True)
     for trial in range(args.repeat):
@@ -376,11 +391,14 @@ def main(argv: list[str] | None = None) -> None:
             raws.append(statistics.median(raw_stream(model) for _ in range(args.raw)))
             sealed.append(statistics.median(raw_stream(model, encrypt=True)
                                             for _ in range(args.raw)))
+            landed.append(statistics.median(raw_stream(model, into_memory=True)
+                                            for _ in range(args.raw)))
             got = one_run(python, tree, params=params, workers=args.workers,
                           rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
                           phases=tree == ROOT or args.phases_all,
                           spill=label == "this, spill",
                           outer=args.outer if tree == ROOT else "average")
+            got.update(raw=raws[-1], landed=landed[-1])
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
                            if name in got)
@@ -388,7 +406,8 @@ def main(argv: list[str] | None = None) -> None:
                 wire += f" (out frame by frame: {', '.join(f'{r / MB:.0f}' for r in got['each'])})"
             print(f"# trial {trial + 1} {label}: peak {got['rss'] / MB:.0f} MB, "
                   f"{got['seconds']:.2f} s/round{wire}; raw {raws[-1] / MB:.0f} MB/s, "
-                  f"encrypted {sealed[-1] / MB:.0f} MB/s; load {os.getloadavg()[0]:.1f}",
+                  f"encrypted {sealed[-1] / MB:.0f} MB/s, raw into a fresh model-sized buffer "
+                  f"{landed[-1] / MB:.0f} MB/s; load {os.getloadavg()[0]:.1f}",
                   flush=True)
             for who, (faults, user, system) in (got.get("usage") or {}).items():
                 print(f"#   {who}: {faults:,} minor page faults, user {user:.1f} s, "
@@ -398,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"({high / model:.2f} model copies)", flush=True)
     raw, enc = statistics.median(raws), statistics.median(sealed)
     print(f"\nraw loopback stream: {fmt(raws, ' MB/s', MB)}; AES-256-GCM encrypted stream: "
-          f"{fmt(sealed, ' MB/s', MB)}")
+          f"{fmt(sealed, ' MB/s', MB)}; raw stream into a fresh model-sized buffer: "
+          f"{fmt(landed, ' MB/s', MB)}")
     print("| tree | peak RSS (MB) | model copies | s/round | round transfer (MB/s) | "
           "vs raw stream | state out (MB/s) | contribution in (MB/s) | out, in vs raw | "
           "out, in vs encrypted |")
@@ -418,6 +438,19 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt([r['seconds'] for r in rows], '')} | {fmt(rates, '', MB)} | "
               f"{statistics.median(rates) / raw:.2f}x | {shown[0]} | {shown[1]} | "
               f"{versus[0]} | {versus[1]} |")
+    # Each trial against the raw streams measured right before it (the machine's load
+    # moves both): median (min-max) over the trials.
+    print("\n| tree | round transfer / raw | state out / raw | contribution in / raw | "
+          "state out / raw into memory | contribution in / raw into memory |")
+    print("|---|---|---|---|---|---|")
+    for label, *_ in trees:
+        rows = results[label]
+        cells = [fmt([2 * args.workers * model / r["seconds"] / r["raw"] for r in rows], "x")]
+        for base in ("raw", "landed"):
+            for name in ("out", "in"):
+                values = [r[name] / r[base] for r in rows if name in r]
+                cells.append(fmt(values, "x") if values else "-")
+        print(f"| {label} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {cells[4]} |")
     print(budgets(results, model))
     if args.flower:
         print(flower_line(params, args.flower_rounds, int(args.flower_cap), model), flush=True)

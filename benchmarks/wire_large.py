@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=400)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clear", action="store_true", help="GMAC only, no encryption")
+    parser.add_argument("--recycle", type=int, default=0,
+                        help="the receiver keeps this many bodies above 64 MiB for reuse "
+                             "(wire.recycle_large_messages), as a worker does")
     args = parser.parse_args()
     nbytes = int(args.mb * MB) // 4 * 4
     a, b = _tcp()
@@ -95,6 +98,7 @@ def main() -> None:
     a.close()
     os.close(wr)
     ch = wire.handshake(b, SECRET, rank=0, world=2, timeout=60, encrypt=not args.clear)
+    wire.recycle_large_messages(args.recycle)
     rates, costs = [], []
     for _ in range(args.repeat):
         before = usage()
@@ -122,7 +126,8 @@ def main() -> None:
                 f"{', '.join(str(r[2]) for r in rows)})")
 
     print(f"{nbytes / MB:.0f} MB message, {'GMAC' if args.clear else 'AES-256-GCM'}, "
-          f"segment {ch.segment_bytes} B, load {os.getloadavg()[0]:.2f}")
+          f"segment {ch.segment_bytes} B, {args.recycle} bodies recycled, "
+          f"load {os.getloadavg()[0]:.2f}")
     shown = "" if len(rates) > 10 else f"; in order: {', '.join(f'{r / MB:.0f}' for r in rates)}"
     print(f"  channel: {statistics.median(rates) / MB:.0f} MB/s "
           f"({min(rates) / MB:.0f}-{max(rates) / MB:.0f}{shown})")

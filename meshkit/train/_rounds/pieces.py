@@ -13,10 +13,12 @@ header. The result is the whole-contribution fold's, bit for bit.
 The pull is pipelined: up to :data:`AHEAD` pieces of the contribution are
 asked for at once, and the next is asked for *before* the piece that just
 arrived is folded, so the worker sends (and the link's reader receives)
-piece ``k + 1`` while the coordinator folds piece ``k`` rather than
-waiting for the request a fold finishes with. The coordinator holds at
-most :data:`AHEAD` pieces of it in flight (they arrive, and are folded, in
-order: a worker answers its requests one after another).
+pieces ``k + 1`` and ``k + 2`` while the coordinator folds piece ``k``
+rather than waiting for the request a fold finishes with. The coordinator
+has at most :data:`AHEAD` pieces of it in flight besides the one it folds
+(they arrive, and are folded, in order: a worker answers its requests one
+after another), so it holds at most ``AHEAD + 1`` pieces: one folded, one
+queued, one being read.
 
 A worker lost (or a piece that does not fit the model) while its
 contribution is being pulled: when nothing of that contribution reached the
@@ -136,7 +138,10 @@ class PieceRound:
         assert key is not None and self.pulling.get(rank, (None, 0))[0] == key
         piece = self.pulling[rank][1]
         parts = payload["state"]
-        # The next piece travels while this one is checked and folded (docstring).
+        # This piece is off the wire: the next AHEAD travel while it is checked and folded
+        # (docstring). The window counts from the next piece to arrive, so it moves now,
+        # not once the fold is done (which asked for nothing until the next piece came).
+        self.pulling[rank] = (key, piece + 1)
         self._ask(rank, key)
         what = f"rank {rank}'s piece {piece} of {self.label} {key}"
         try:
@@ -153,7 +158,6 @@ class PieceRound:
                 exc if isinstance(exc, ProtocolError) else ProtocolError(str(exc))))
             return
         if piece + 1 < self.plan_size:
-            self.pulling[rank] = (key, piece + 1)
             return
         del self.pulling[rank]
         del self.asked[rank]

@@ -212,10 +212,24 @@ def test_the_next_piece_is_asked_for_before_the_one_that_arrived_is_folded(monke
             in_flight[tickets.pop(reply.seq)] -= 1
         return reply
 
+    from meshkit.aggregation import PieceFold
+    at_fold: list[tuple[int, int]] = []  # (piece, takes in flight when it is folded)
+    fold_piece = PieceFold.piece
+
+    def counted_piece(self, index, parts):
+        at_fold.append((index, sum(in_flight.values())))
+        return fold_piece(self, index, parts)
+
     monkeypatch.setattr(LocalPool, "send", counted_send)
     monkeypatch.setattr(LocalPool, "receive", counted_receive)
+    monkeypatch.setattr(PieceFold, "piece", counted_piece)
     folded = fold_round(ctx, fits(3), state=ctx.task.init_state(0), batch=False)
     assert same_bytes(folded.result, whole.result)
     assert most[0] == AHEAD == 2
+    # While piece k is folded, pieces k + 1 and k + 2 are already asked for (the last
+    # pieces: as many as are left), not only k + 1.
+    count = -(-MODEL_BYTES // 1000)
+    assert at_fold and all(flying == min(AHEAD, count - 1 - index)
+                           for index, flying in at_fold), at_fold
     pieces = -(-MODEL_BYTES // 1000)
     assert len(takes(ctx)) == 3 * pieces, "each piece asked for once"
