@@ -24,6 +24,7 @@ step them honestly.
 
 from __future__ import annotations
 
+from collections import abc
 import math
 from typing import Any, Callable, Iterator, Mapping, Union
 
@@ -207,7 +208,7 @@ def validate_state(
     The finiteness check reads every float array once; components on a hot
     path (the streaming fold) check finiteness themselves, chunk by chunk.
     """
-    if not isinstance(state, Mapping):
+    if not isinstance(state, abc.Mapping):
         raise error(f"{where}: expected a mapping of name -> array or JSON value, "
                     f"found {type(state).__name__}")
     for key, value in state.items():

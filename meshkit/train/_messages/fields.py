@@ -9,6 +9,7 @@ a number). Where a message is checked is :mod:`.check`.
 
 from __future__ import annotations
 
+from collections import abc
 import math
 from typing import Any, Callable, Iterator, Mapping, NewType
 
@@ -107,7 +108,7 @@ def _named(value: Any, expected: str, most: int, counted: str,
     """``value``'s entries, checked as they are read: a mapping of at most ``most`` entries
     (``counted`` says how many it has, ``{}`` the count), each key a name (``key`` says
     which in errors)."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, abc.Mapping):
         raise TypeError(f"expected {expected}, got {_shown(value)}")
     if len(value) > most:
         raise ValueError(f"{counted.format(len(value))}; at most {most}")
@@ -154,7 +155,7 @@ def _choice(value: Any, what: str) -> dict[str, Any]:
     """A plugin chosen by a request, ``{name, options}``: its name and JSON options checked."""
     _name(value["name"], f"the {what}'s name")
     options = value.get("options") or {}
-    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
+    if not isinstance(options, abc.Mapping) or len(options) > MAX_METRICS:
         raise ValueError(f"the {what}'s options must be an object of at most {MAX_METRICS} "
                          f"entries, got {_shown(options)}")
     for key, leaf in options.items():
@@ -165,13 +166,13 @@ def _choice(value: Any, what: str) -> dict[str, Any]:
 
 
 def _poison(value: Any, _: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or "name" not in value or set(value) - {"name", "options"}:
+    if not isinstance(value, abc.Mapping) or "name" not in value or set(value) - {"name", "options"}:
         raise TypeError(f"expected an attack {{name, options}}, got {_shown(value)}")
     return _choice(value, "attack")
 
 
 def _compress(value: Any, _: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or not {"name", "options", "raw"} <= set(value) \
+    if not isinstance(value, abc.Mapping) or not {"name", "options", "raw"} <= set(value) \
             or set(value) - {"name", "options", "raw", "clip_range"}:
         raise TypeError(f"expected a compressor {{name, options, raw, clip_range?}}, got "
                         f"{_shown(value)}")
