@@ -70,6 +70,8 @@ Rows = NewType("Rows", object)
 Masked = NewType("Masked", object)
 
 _JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
+#: What a state's value may be: an array or a JSON value.
+_STATE_LEAVES = (np.ndarray, *_JSON_LEAVES)
 
 
 def _integer(value: Any, _: Any) -> int:
@@ -131,9 +133,17 @@ def _listed(value: Any, expected: str, most: int, counted: str) -> list[int]:
 
 
 def _state(value: Any, _: Any) -> Mapping[str, Any]:
-    for key, leaf in _named(value, "a state (name -> array or JSON value)", MAX_STATE_KEYS,
-                            "a state of {} entries", "a state key"):
-        if not isinstance(leaf, (np.ndarray, *_JSON_LEAVES)):
+    # _named's checks, inlined: every request and reply that carries a model comes
+    # through here, key by key (the generator and a tuple a key cost ~30% of a check).
+    if not isinstance(value, abc.Mapping):
+        raise TypeError(f"expected a state (name -> array or JSON value), got "
+                        f"{_shown(value)}")
+    if len(value) > MAX_STATE_KEYS:
+        raise ValueError(f"a state of {len(value)} entries; at most {MAX_STATE_KEYS}")
+    for key, leaf in value.items():
+        if type(key) is not str or not 0 < len(key) <= MAX_NAME:
+            _name(key, "a state key")  # raises, but for a str subclass of a good length
+        if not isinstance(leaf, _STATE_LEAVES):
             raise TypeError(f"state key {key!r} holds {_shown(leaf)}, not an array or a "
                             f"JSON value")
     return value
