@@ -24,6 +24,7 @@ step them honestly.
 
 from __future__ import annotations
 
+from collections import abc
 import math
 from typing import Any, Callable, Iterator, Mapping, Union
 
@@ -207,7 +208,7 @@ def validate_state(
     The finiteness check reads every float array once; components on a hot
     path (the streaming fold) check finiteness themselves, chunk by chunk.
     """
-    if not isinstance(state, Mapping):
+    if not isinstance(state, abc.Mapping):
         raise error(f"{where}: expected a mapping of name -> array or JSON value, "
                     f"found {type(state).__name__}")
     for key, value in state.items():
@@ -262,10 +263,14 @@ def _all_finite(array: Any) -> bool:
     :data:`_SCAN_CHUNK` into one small scratch (never a whole array of bools, nor of
     float32 for a half-precision one)."""
     array = np.asarray(array)
+    widen = array.dtype == BFLOAT16 or array.dtype == np.float16
+    if array.size <= _SCAN_CHUNK and not widen:
+        # One chunk's worth (a small model's every key, each round): one test, its bools
+        # no more than the scratch the loop below would make.
+        return bool(np.isfinite(array).all())
     flat = array.ravel(order="K")  # a view unless the array is not contiguous
     if not np.shares_memory(flat, array) and array.size:
         return bool(np.isfinite(array).all())  # rare: a strided view, copied once anyway
-    widen = array.dtype == BFLOAT16 or array.dtype == np.float16
     # Half precision is widened chunk by chunk: ml_dtypes' isfinite on bf16 is slow.
     scratch = np.empty(min(flat.size, _SCAN_CHUNK), dtype=bool)
     wide = np.empty(scratch.size, dtype=np.float32) if widen else None

@@ -32,6 +32,7 @@ for a plain aggregator that computes something else.
 
 from __future__ import annotations
 
+from collections import abc
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -182,6 +183,7 @@ class MeanFold:
         self._scratch: dict[tuple[np.dtype, int], tuple[np.ndarray, np.ndarray]] = {}
         self._broken: str | None = None
         self._done = False
+        self._limits: dict[tuple[Any, bool], float | None] = {}
 
     # -- public ---------------------------------------------------------------
 
@@ -193,7 +195,17 @@ class MeanFold:
     def value_limit(self, dtype: Any) -> float | None:
         """The largest ``|x|`` this fold accepts in a ``dtype`` array (:func:`value_limit`);
         None: any finite value (or, with ``allow_nonfinite``, anything at all)."""
-        return None if self.allow_nonfinite else value_limit(dtype, wide=self.wide)
+        if self.allow_nonfinite:
+            return None
+        # Asked once per chunk folded: remembered per (dtype, wide), a pure function of both.
+        key = (dtype, self.wide)
+        try:
+            return self._limits[key]
+        except KeyError:
+            limit = self._limits[key] = value_limit(dtype, wide=self.wide)
+            return limit
+        except TypeError:  # an unhashable dtype-like
+            return value_limit(dtype, wide=self.wide)
 
     @property
     def mass(self) -> float:
@@ -214,7 +226,7 @@ class MeanFold:
         """
         label = source or default_source(self.count)
         w, factor = self._admit(weight, label)
-        if not isinstance(state, Mapping):
+        if not isinstance(state, abc.Mapping):
             raise self._fail(None, [label],
                              f"{self.name}: {label} sent {type(state).__name__}, expected a "
                              f"state (a mapping of name -> array or JSON value)")
@@ -511,8 +523,12 @@ class MeanFold:
         def run(worker: int, task: tuple[int, int, int]) -> list[tuple[int, str, slice]]:
             index, lo, hi = task
             key, acc, xs = jobs[index]
-            with np.errstate(over="ignore", invalid="ignore"):
+            if worker == 0:
+                # The calling thread, inside _fold_or_refuse's errstate already.
                 where = self._fold_chunks(acc, xs, init, divisor, lo, hi, worker)
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    where = self._fold_chunks(acc, xs, init, divisor, lo, hi, worker)
             return [] if where is None else [(index, key, where)]
 
         found = run_tasks(run, work, workers)
@@ -688,7 +704,7 @@ def check_contributions(states: Sequence[State], weights: Sequence[float] | None
                                f"contributor must have done some work (weight > 0)")
     probe = MeanFold(name=name, allow_nonfinite=True)
     for i, (state, label) in enumerate(zip(states, labels)):
-        if not isinstance(state, Mapping):
+        if not isinstance(state, abc.Mapping):
             raise AggregationError(f"{name}: {label} sent {type(state).__name__}, expected a "
                                    f"state (a mapping of name -> array or JSON value)")
         if i == 0:

@@ -61,6 +61,7 @@ one that does not fit its schema, with ``{"error": "protocol error: ..."}``.
 
 from __future__ import annotations
 
+from collections import abc
 from typing import Any, Mapping
 
 from meshkit.errors import ProtocolError
@@ -82,7 +83,7 @@ def encode(message: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten nested states into one wire-level state (``"state/<key>"``)."""
     out: dict[str, Any] = {}
     for key, value in message.items():
-        if key in _NESTED and isinstance(value, Mapping):
+        if key in _NESTED and isinstance(value, abc.Mapping):
             # The count (so an empty state still travels) sits beside the
             # flattened keys, where no state key can land: "#state".
             out[f"#{key}"] = len(value)

@@ -9,6 +9,7 @@ a number). Where a message is checked is :mod:`.check`.
 
 from __future__ import annotations
 
+from collections import abc
 import math
 from typing import Any, Callable, Iterator, Mapping, NewType
 
@@ -69,6 +70,8 @@ Rows = NewType("Rows", object)
 Masked = NewType("Masked", object)
 
 _JSON_LEAVES = (int, float, str, bool, type(None), list, dict)
+#: What a state's value may be: an array or a JSON value.
+_STATE_LEAVES = (np.ndarray, *_JSON_LEAVES)
 
 
 def _integer(value: Any, _: Any) -> int:
@@ -107,7 +110,7 @@ def _named(value: Any, expected: str, most: int, counted: str,
     """``value``'s entries, checked as they are read: a mapping of at most ``most`` entries
     (``counted`` says how many it has, ``{}`` the count), each key a name (``key`` says
     which in errors)."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, abc.Mapping):
         raise TypeError(f"expected {expected}, got {_shown(value)}")
     if len(value) > most:
         raise ValueError(f"{counted.format(len(value))}; at most {most}")
@@ -130,9 +133,17 @@ def _listed(value: Any, expected: str, most: int, counted: str) -> list[int]:
 
 
 def _state(value: Any, _: Any) -> Mapping[str, Any]:
-    for key, leaf in _named(value, "a state (name -> array or JSON value)", MAX_STATE_KEYS,
-                            "a state of {} entries", "a state key"):
-        if not isinstance(leaf, (np.ndarray, *_JSON_LEAVES)):
+    # _named's checks, inlined: every request and reply that carries a model comes
+    # through here, key by key (the generator and a tuple a key cost ~30% of a check).
+    if not isinstance(value, abc.Mapping):
+        raise TypeError(f"expected a state (name -> array or JSON value), got "
+                        f"{_shown(value)}")
+    if len(value) > MAX_STATE_KEYS:
+        raise ValueError(f"a state of {len(value)} entries; at most {MAX_STATE_KEYS}")
+    for key, leaf in value.items():
+        if type(key) is not str or not 0 < len(key) <= MAX_NAME:
+            _name(key, "a state key")  # raises, but for a str subclass of a good length
+        if not isinstance(leaf, _STATE_LEAVES):
             raise TypeError(f"state key {key!r} holds {_shown(leaf)}, not an array or a "
                             f"JSON value")
     return value
@@ -154,7 +165,7 @@ def _choice(value: Any, what: str) -> dict[str, Any]:
     """A plugin chosen by a request, ``{name, options}``: its name and JSON options checked."""
     _name(value["name"], f"the {what}'s name")
     options = value.get("options") or {}
-    if not isinstance(options, Mapping) or len(options) > MAX_METRICS:
+    if not isinstance(options, abc.Mapping) or len(options) > MAX_METRICS:
         raise ValueError(f"the {what}'s options must be an object of at most {MAX_METRICS} "
                          f"entries, got {_shown(options)}")
     for key, leaf in options.items():
@@ -165,13 +176,13 @@ def _choice(value: Any, what: str) -> dict[str, Any]:
 
 
 def _poison(value: Any, _: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or "name" not in value or set(value) - {"name", "options"}:
+    if not isinstance(value, abc.Mapping) or "name" not in value or set(value) - {"name", "options"}:
         raise TypeError(f"expected an attack {{name, options}}, got {_shown(value)}")
     return _choice(value, "attack")
 
 
 def _compress(value: Any, _: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or not {"name", "options", "raw"} <= set(value) \
+    if not isinstance(value, abc.Mapping) or not {"name", "options", "raw"} <= set(value) \
             or set(value) - {"name", "options", "raw", "clip_range"}:
         raise TypeError(f"expected a compressor {{name, options, raw, clip_range?}}, got "
                         f"{_shown(value)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from typing import Any, Callable, Mapping
 
@@ -48,7 +49,9 @@ def inline_reach(expected: Signature | None, unpack: Unpacker | None, budget: in
 def result_bytes(expected: Signature) -> int:
     """The bytes :func:`inline_reach` counts a result of the model ``expected`` at: its
     arrays', and a little for each key (its name; a JSON value is not in the signature)."""
-    size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+    # math.prod, not np.prod: the same integer for a shape tuple, without numpy's
+    # per-call overhead (np.prod cost ~55 us a round for digits' four keys).
+    size = sum(math.prod(shape) * np.dtype(dtype).itemsize
                for shape, dtype in filter(None, expected.values()))
     return size + _ENTRY_BYTES * len(expected)
 

@@ -38,8 +38,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from meshkit.aggregation import MeanFold, PieceFold, float_layout, piece_plan
 from meshkit.errors import AggregationError, ProtocolError
+from meshkit.state import is_array, is_float_dtype
 from meshkit.train._messages import check_contribution
 from meshkit.train._messages.check import Signature
 from meshkit.train._pool import protocol_reason
@@ -62,7 +65,13 @@ def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
         return False
     if not requests or any(r.get("op") != "fit" for r in requests.values()):
         return False
-    size = sum(itemsize * n for _, itemsize, n in float_layout(reference))
+    # float_layout's bytes, summed without its sorted list (asked every flat round).
+    size = 0
+    for value in reference.values():
+        if is_array(value):
+            value = np.asarray(value)
+            if is_float_dtype(value.dtype):
+                size += value.nbytes
     return size > piece_bytes
 
 
