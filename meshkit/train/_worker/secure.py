@@ -66,6 +66,12 @@ Fault injection, for tests only: ``MESHKIT_FAULT_EXIT_AFTER_MASKING =
 (status 70) right after it sent the masked input of CLIENT in ROUND -- a
 client that drops after masking, as the protocol must survive. Nothing else
 reads it.
+
+Common random numbers, for the paired DP benchmark only: a seeded
+(``ddp_noise = "seeded"``) client's Skellam share comes from
+:func:`meshkit.privacy.common_skellam` when ``MESHKIT_BENCH_COMMON_NOISE``
+is set in the worker's environment (docs/privacy.md, "Common random
+numbers"); OS noise never reads it.
 """
 
 from __future__ import annotations
