@@ -210,8 +210,8 @@ def run_paired(args: argparse.Namespace) -> int:
                 print(json.dumps({k: v for k, v in line.items()
                                   if k not in ("accuracy", "cohort")}
                                  | {"final": line["accuracy"][-1] if rows else None}), flush=True)
-    print(json.dumps(summarise(folder, args.last, args.rounds, accountants, args.noise)),
-          flush=True)
+    print(json.dumps(summarise(folder, args.last, args.rounds, accountants, args.noise,
+                               window=_window(args.window))), flush=True)
     return 0
 
 
@@ -229,10 +229,19 @@ def steps(accuracy: list[float]) -> list[float]:
     return [b - a for a, b in zip(accuracy, accuracy[1:])]
 
 
+def _window(text: str) -> tuple[int, int] | None:
+    """``--window A:B`` as (A, B), rounds counted from 1, B included."""
+    if not text:
+        return None
+    first, _, end = text.partition(":")
+    return int(first), int(end)
+
+
 def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
-              noise: str = "common") -> dict[str, Any]:
-    """Each saved run scored by its mean accuracy over the ``last`` rounds, paired by seed;
-    only runs drawn with ``noise`` ("common" or "independent"; older files: independent)."""
+              noise: str = "common", window: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Each saved run scored by its mean accuracy over the ``last`` rounds (or over rounds
+    ``window`` = (first, last), counted from 1), paired by seed; only runs drawn with
+    ``noise`` ("common" or "independent"; older files: independent)."""
     score: dict[str, dict[int, float]] = {}
     final: dict[str, dict[int, float]] = {}
     cohorts: dict[str, dict[int, list[float]]] = {}
@@ -244,11 +253,13 @@ def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
         if line.get("noise", "independent") != noise:
             continue  # the other design: never paired with this one
         kind, seed = line["kind"], int(line["seed"])
-        score.setdefault(kind, {})[seed] = 100 * statistics.mean(line["accuracy"][-last:])
+        scored = (line["accuracy"][window[0] - 1:window[1]] if window
+                  else line["accuracy"][-last:])
+        score.setdefault(kind, {})[seed] = 100 * statistics.mean(scored)
         final.setdefault(kind, {})[seed] = 100 * line["accuracy"][-1]
         cohorts.setdefault(kind, {})[seed] = line["cohort"]
         curves.setdefault(kind, {})[seed] = line["accuracy"]
-    out: dict[str, Any] = {"last": last, "rounds": rounds,
+    out: dict[str, Any] = {"last": last, "window": window, "rounds": rounds,
                            "runs": {k: {"n": len(v), "mean_score": statistics.mean(v.values())}
                                     for k, v in score.items()}}
     central = score.get("central", {})
@@ -309,6 +320,10 @@ def main() -> int:
     parser.add_argument("--noise", choices=("common", "independent"), default="common",
                         help="--paired: the pair's noise from common random numbers (module "
                              "docstring), or each run's own streams")
+    parser.add_argument("--window", default="", metavar="A:B",
+                        help="--paired --summarise: score a run by its mean accuracy over rounds "
+                             "A to B instead (a secondary reading, e.g. before the pair's "
+                             "models drift apart)")
     parser.add_argument("--summarise", action="store_true",
                         help="--paired: only summarise the runs saved in DIR")
     args = parser.parse_args()

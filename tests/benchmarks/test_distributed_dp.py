@@ -47,6 +47,12 @@ def test_coupled_pairs_are_summarised_with_their_correlations(tmp_path):
     assert gap["n"] == 4 and gap["mean"] == pytest.approx(1.0, abs=0.2)
     assert gap["step_correlation_first_50"]["min"] > 0.9
     assert gap["score_correlation"] > 0.9
+    # --window: the same pairs scored over rounds 1 to 10
+    early = bench.summarise(tmp_path, 20, ROUNDS, ["pld"], window=(1, 10))["gap_points_pld"]
+    central = json.loads((tmp_path / "central-0.json").read_text())["accuracy"]
+    dist = json.loads((tmp_path / "distributed-at-pld-0.json").read_text())["accuracy"]
+    assert early["per_seed"][0] == pytest.approx(100 * (np.mean(central[:10])
+                                                        - np.mean(dist[:10])))
 
 
 def test_a_common_noise_pair_that_was_not_coupled_stops_the_summary(tmp_path):
