@@ -23,7 +23,11 @@ What lives where:
   of rounds (``state_dict``/``load_state_dict``) and the check of δ;
 * ``_clipped.py``: :class:`ClippedSum`, the exact sum of clipped updates a
   round releases, the same bits folded on the coordinator or per worker
-  (:func:`clip_bits`, :func:`one_bit`).
+  (:func:`clip_bits`, :func:`one_bit`);
+* ``_common_noise.py``: a benchmarking aid, never a privacy setting: a seeded
+  run's central and distributed noise from the same draws while
+  ``MESHKIT_BENCH_COMMON_NOISE`` is set (:func:`common_noise_key`), so that a
+  paired benchmark compares the mechanisms, not two noise draws.
 
 docs/privacy.md says what the guarantee covers and what it does not.
 """
@@ -38,6 +42,8 @@ from meshkit.privacy._skellam import (SkellamPlan, field_levels, l1_bound, plan_
                                       rounded_l2_bound, skellam_noise)
 from meshkit.privacy._skellam_accountant import (SKELLAM_ORDERS, SkellamAccountant,
                                                  epsilon_skellam, skellam_rdp, subsampled_rdp)
+from meshkit.privacy._common_noise import (COMMON_NOISE_ENV, common_noise_key, common_normal,
+                                            common_skellam, common_uniforms)
 from meshkit.privacy._contract import (DISTRIBUTED, NOISE_SOURCES, PLACEMENTS, PrivacyFold,
                                        PrivacyMechanism)
 
@@ -47,4 +53,5 @@ __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplie
            "one_bit", "COHORT_BITS", "SkellamPlan", "plan_skellam", "field_levels",
            "rounded_l2_bound", "l1_bound", "skellam_noise", "SkellamAccountant",
            "epsilon_skellam", "skellam_rdp", "subsampled_rdp", "SKELLAM_ORDERS",
-           "DISTRIBUTED"]
+           "DISTRIBUTED", "COMMON_NOISE_ENV", "common_noise_key", "common_normal",
+           "common_skellam", "common_uniforms"]

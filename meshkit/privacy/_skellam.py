@@ -139,10 +139,16 @@ class SkellamPlan:
                         f"the round's clip norm")
 
     def encode(self, update: np.ndarray, rng: np.random.Generator,
-               dtype: Any) -> tuple[np.ndarray, int]:
+               dtype: Any, noise: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Steps 2-4 for one client: its field input (in ``[0, 2·half]``) and how many
-        coordinates had to be clipped into the share (0 but with probability ≤ 2^-40)."""
-        noised = self.round(update, rng) + skellam_noise(rng, self.variance, self.length)
+        coordinates had to be clipped into the share (0 but with probability ≤ 2^-40).
+
+        ``noise``: the client's Skellam share drawn by the caller (a paired benchmark's
+        common numbers, :func:`~meshkit.privacy.common_skellam`); None draws it from
+        ``rng`` after the rounding, as every run that is not such a benchmark does."""
+        rounded = self.round(update, rng)
+        noised = rounded + (skellam_noise(rng, self.variance, self.length) if noise is None
+                            else np.asarray(noise, np.int64))
         clipped = int(np.count_nonzero(np.abs(noised) > self.half))
         np.clip(noised, -self.half, self.half, out=noised)
         noised += self.half

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from meshkit.privacy import Accountant, effective_noise_multiplier
+from meshkit.privacy import Accountant, common_noise_key, effective_noise_multiplier
 
 from meshkit_privacy.noised_sum import NoisedSum
 
@@ -123,10 +123,13 @@ class GaussianMechanism:
 
     def begin(self, reference: Mapping[str, Any], *, expected: float, seed: int,
               round_: int) -> NoisedSum:
+        # None unless the run is seeded and a paired benchmark set the common key.
+        key = common_noise_key(self.noise)
         return NoisedSum(reference, clip_norm=self.clip_norm,
                          noise_std=self.noise_multiplier * self.clip_norm,
                          expected=expected, rng=self._rng(seed, round_, _SUM),
-                         clipped_by_clients=self.placement == "client", name=self.name)
+                         clipped_by_clients=self.placement == "client", name=self.name,
+                         common=None if key is None else (key, round_))
 
     def finish(self, fold: NoisedSum, q: float, *, unclipped: int | None = None,
                seed: int = 0, round_: int = 0) -> None:

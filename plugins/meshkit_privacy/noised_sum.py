@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshkit import AggregationError
-from meshkit.privacy import ClippedSum
+from meshkit.privacy import ClippedSum, common_normal
 
 __all__ = ["NoisedSum"]
 
@@ -40,7 +40,10 @@ class NoisedSum(ClippedSum):
     ``expected`` the fixed denominator m; ``rng`` the noise generator;
     ``clipped_by_clients``: the updates come clipped (``clip = "client"``),
     and are clipped again here only to enforce the bound (a no-op for an
-    honest client). The clipping and the exact sum are meshkit's
+    honest client). ``common`` (key, round): the paired benchmark's common random
+    numbers (:func:`meshkit.privacy.common_normal`, set only for a seeded run by
+    ``MESHKIT_BENCH_COMMON_NOISE``): the noise comes from them, not from ``rng``, still
+    N(0, noise_std²) a coordinate. The clipping and the exact sum are meshkit's
     (:class:`meshkit.privacy.ClippedSum`): a batched round merges each
     worker's partial sum of its clients' clipped updates into this fold
     (:meth:`merge`), the same bits as adding every update here.
@@ -48,7 +51,8 @@ class NoisedSum(ClippedSum):
 
     def __init__(self, reference: Mapping[str, Any], *, clip_norm: float, noise_std: float,
                  expected: float, rng: np.random.Generator,
-                 clipped_by_clients: bool = False, name: str = "privacy") -> None:
+                 clipped_by_clients: bool = False, name: str = "privacy",
+                 common: tuple[int, int] | None = None) -> None:
         if not expected > 0:
             raise ValueError(f"the expected cohort size must be > 0, got {expected}")
         super().__init__(reference, clip_norm=clip_norm, clipped_by_clients=clipped_by_clients,
@@ -56,6 +60,7 @@ class NoisedSum(ClippedSum):
         self.noise_std = float(noise_std)
         self.expected = float(expected)
         self.rng = rng
+        self.common = common
         #: Sums of updates a secure round handed over whole (:meth:`add_total`), float64.
         self.totals = {k: np.zeros(reference[k].shape, np.float64) for k in self.keys}
         self._secure = 0
@@ -86,8 +91,19 @@ class NoisedSum(ClippedSum):
     def noised_sum(self) -> dict[str, np.ndarray]:
         """The sum plus the noise, drawn key by key in sorted key order (float64)."""
         summed = self.total()
-        return {k: (summed[k] + self.totals[k])
-                + self.rng.normal(0.0, self.noise_std, summed[k].shape) for k in self.keys}
+        if self.common is None:
+            return {k: (summed[k] + self.totals[k])
+                    + self.rng.normal(0.0, self.noise_std, summed[k].shape) for k in self.keys}
+        # The benchmark's common numbers: one vector over the keys in sorted order, the
+        # worker's update order (a distributed client's share of coordinate i uses the same).
+        sizes = [summed[k].size for k in self.keys]
+        noise = common_normal(*self.common, self.count, sum(sizes)) * self.noise_std
+        out, offset = {}, 0
+        for key, size in zip(self.keys, sizes):
+            out[key] = (summed[key] + self.totals[key]) + noise[offset:offset + size].reshape(
+                summed[key].shape)
+            offset += size
+        return out
 
     def result(self) -> dict[str, Any]:
         """The round's new model: the global plus the noised sum over m (added once)."""

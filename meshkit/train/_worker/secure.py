@@ -66,6 +66,12 @@ Fault injection, for tests only: ``MESHKIT_FAULT_EXIT_AFTER_MASKING =
 (status 70) right after it sent the masked input of CLIENT in ROUND -- a
 client that drops after masking, as the protocol must survive. Nothing else
 reads it.
+
+Common random numbers, for the paired DP benchmark only: a seeded
+(``ddp_noise = "seeded"``) client's Skellam share comes from
+:func:`meshkit.privacy.common_skellam` when ``MESHKIT_BENCH_COMMON_NOISE``
+is set in the worker's environment (docs/privacy.md, "Common random
+numbers"); OS noise never reads it.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ from meshkit import plugins
 from meshkit.compression import field_codes, key_seed
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import MeshError, RefusedError
-from meshkit.privacy import SkellamPlan, field_levels
+from meshkit.privacy import SkellamPlan, common_noise_key, common_skellam, field_levels
 from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme, SchemeClient,
                                         SchemeParty, SecureAggregationTraits, add_mod,
                                         advert_message, check_adverts, check_confirmations,
@@ -196,6 +202,8 @@ class SecureClients:
         self.seed = b""
         self.length = 0
         self.rounds: dict[int, SchemeClient] = {}
+        #: The round's members (every client that advertised), sorted.
+        self.members: list[int] = []
         #: The round's clients built together (a scheme with the trait ``party``), else None.
         self.party: SchemeParty | None = None
         #: The schemes built so far, by name (a worker plays one run's rounds).
@@ -282,6 +290,7 @@ class SecureClients:
         assert self.traits is not None  # _require checked it
         _expect(request["adverts"], self.traits.advert_size, "advert")
         members = [int(m) for m in request["members"]]
+        self.members = sorted(members)
         adverts = {m: bytes(row) for m, row in zip(members, request["adverts"])}
         if self.signing.roster is not None:  # before any secret is sealed to these keys
             keys, sigs = request.get("signers"), request.get("signatures")
@@ -367,7 +376,8 @@ class SecureClients:
                 rng = (np.random.default_rng(np.random.SeedSequence([int(seed), DDP_STREAM]))
                        if request["ddp_noise"] == "seeded"
                        else np.random.default_rng(secrets.randbits(128)))
-                quantised, clipped = noise.encode(update, rng, vector_dtype(bits))
+                quantised, clipped = noise.encode(update, rng, vector_dtype(bits),
+                                                  self._common_share(request, client, noise))
                 if clipped:
                     log.warning("round %d: client %d's noised update left its share of the "
                                 "field in %d coordinates (clipped there)", self.round, client,
@@ -390,6 +400,18 @@ class SecureClients:
         faults = _faults(os.environ.get(FAULT_ENV, ""))
         self.exit_pending = any((self.round, c) in faults for c in clients)
         return {"clients": clients, **to_wire(total, bits)}
+
+    def _common_share(self, request: Mapping[str, Any], client: int,
+                      plan: SkellamPlan) -> np.ndarray | None:
+        """A seeded round's Skellam share from the paired benchmark's common numbers
+        (:func:`~meshkit.privacy.common_skellam`, keyed by ``MESHKIT_BENCH_COMMON_NOISE``,
+        the client's slot the place of its id among the round's members); None, and the
+        share drawn as always, for OS noise or when the benchmark did not set it."""
+        key = common_noise_key(request["ddp_noise"])
+        if key is None:
+            return None
+        slot = self.members.index(client)
+        return common_skellam(key, self.round, slot, plan.variance, plan.length)
 
     def _noise(self, request: Mapping[str, Any]) -> SkellamPlan | None:
         """A distributed-DP round's grid and Skellam share (``ddp_*``), checked against the
