@@ -1,4 +1,4 @@
-"""Packages whose public names load on first use: ``meshkit.train`` and ``meshkit.service``.
+"""Packages whose public names load on first use (those whose ``__init__`` has ``_WHERE``).
 
 Each keeps a map of where its names live (``_WHERE``) and, for the type
 checker, the same names as imports under ``TYPE_CHECKING``. These tests keep
@@ -22,7 +22,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-LAZY_PACKAGES = ["meshkit.train", "meshkit.service"]
+LAZY_PACKAGES = sorted(
+    ".".join(path.parent.relative_to(ROOT).parts)
+    for path in (ROOT / "meshkit").rglob("__init__.py") if "\n_WHERE" in path.read_text())
+
+
+def test_the_packages_the_node_needs_lightly_are_lazy():
+    assert {"meshkit.train", "meshkit.service", "meshkit.privacy", "meshkit.compression",
+            "meshkit.aggregation", "meshkit.secure_aggregation",
+            "meshkit.pipeline"} <= set(LAZY_PACKAGES)
 
 
 def _type_checking_names(package: str) -> dict[str, str]:
