@@ -52,33 +52,86 @@ Where each idea lives:
 
 from __future__ import annotations
 
-from meshkit.aggregation._buffering import (
-    BufferingFold,
-    begin,
-    holds_every_contribution,
-    streaming,
-)
-from meshkit.aggregation._blocks import BLOCK, OUTER_BITS, GridSum, decode_blocks, \
-    encode_blocks, encoded_bytes, mean_of_sum, on_grid, sum_dtype
-from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
-from meshkit.aggregation._contract import (
-    Aggregator,
-    Fold,
-    StreamingAggregator,
-    aggregate_by_folding,
-    aggregator_state,
-    check_weight,
-    default_source,
-    load_aggregator_state,
-    uses_reference,
-)
-from meshkit.aggregation._fixed import (ContributionOutOfRange, DEFAULT_FRACTION_BITS, FixedPartial,
-                                       FixedPointSum)
-from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
-from meshkit.aggregation._threads import DEFAULT_THREADS
-from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
-from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
-from meshkit.aggregation._pieces import DEFAULT_PIECE_BYTES, PieceFold, float_layout, piece_plan
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.aggregation._buffering import (
+        BufferingFold,
+        begin,
+        holds_every_contribution,
+        streaming,
+    )
+    from meshkit.aggregation._blocks import BLOCK, OUTER_BITS, GridSum, decode_blocks, \
+        encode_blocks, encoded_bytes, mean_of_sum, on_grid, sum_dtype
+    from meshkit.aggregation._clip import clip_update, global_norm, squared_norm
+    from meshkit.aggregation._contract import (
+        Aggregator,
+        Fold,
+        StreamingAggregator,
+        aggregate_by_folding,
+        aggregator_state,
+        check_weight,
+        default_source,
+        load_aggregator_state,
+        uses_reference,
+    )
+    from meshkit.aggregation._fixed import (ContributionOutOfRange, DEFAULT_FRACTION_BITS, FixedPartial,
+                                           FixedPointSum)
+    from meshkit.aggregation._mean import CHUNK_ELEMENTS, MeanFold, check_contributions
+    from meshkit.aggregation._threads import DEFAULT_THREADS
+    from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
+    from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
+    from meshkit.aggregation._pieces import DEFAULT_PIECE_BYTES, PieceFold, float_layout, piece_plan
+
+#: Where each public name lives, imported on first use (a worker needs a few helpers,
+#: not every fold; every process a run starts paid for all of it: docs/benchmarks.md,
+#: "ci2"). The imports above are the same names for the type checker
+#: (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "BufferingFold": "meshkit.aggregation._buffering",
+    "begin": "meshkit.aggregation._buffering",
+    "holds_every_contribution": "meshkit.aggregation._buffering",
+    "streaming": "meshkit.aggregation._buffering",
+    "BLOCK": "meshkit.aggregation._blocks",
+    "OUTER_BITS": "meshkit.aggregation._blocks",
+    "GridSum": "meshkit.aggregation._blocks",
+    "decode_blocks": "meshkit.aggregation._blocks",
+    "encode_blocks": "meshkit.aggregation._blocks",
+    "encoded_bytes": "meshkit.aggregation._blocks",
+    "mean_of_sum": "meshkit.aggregation._blocks",
+    "on_grid": "meshkit.aggregation._blocks",
+    "sum_dtype": "meshkit.aggregation._blocks",
+    "clip_update": "meshkit.aggregation._clip",
+    "global_norm": "meshkit.aggregation._clip",
+    "squared_norm": "meshkit.aggregation._clip",
+    "Aggregator": "meshkit.aggregation._contract",
+    "Fold": "meshkit.aggregation._contract",
+    "StreamingAggregator": "meshkit.aggregation._contract",
+    "aggregate_by_folding": "meshkit.aggregation._contract",
+    "aggregator_state": "meshkit.aggregation._contract",
+    "check_weight": "meshkit.aggregation._contract",
+    "default_source": "meshkit.aggregation._contract",
+    "load_aggregator_state": "meshkit.aggregation._contract",
+    "uses_reference": "meshkit.aggregation._contract",
+    "ContributionOutOfRange": "meshkit.aggregation._fixed",
+    "DEFAULT_FRACTION_BITS": "meshkit.aggregation._fixed",
+    "FixedPartial": "meshkit.aggregation._fixed",
+    "FixedPointSum": "meshkit.aggregation._fixed",
+    "CHUNK_ELEMENTS": "meshkit.aggregation._mean",
+    "MeanFold": "meshkit.aggregation._mean",
+    "check_contributions": "meshkit.aggregation._mean",
+    "DEFAULT_THREADS": "meshkit.aggregation._threads",
+    "AggregatorTraits": "meshkit.aggregation._traits",
+    "aggregator_traits": "meshkit.aggregation._traits",
+    "linear_weight": "meshkit.aggregation._traits",
+    "exact_mean": "meshkit.aggregation._linear",
+    "refuse_unless_linear": "meshkit.aggregation._linear",
+    "DEFAULT_PIECE_BYTES": "meshkit.aggregation._pieces",
+    "PieceFold": "meshkit.aggregation._pieces",
+    "float_layout": "meshkit.aggregation._pieces",
+    "piece_plan": "meshkit.aggregation._pieces",
+}
 
 __all__ = [
     "BLOCK",
@@ -124,3 +177,17 @@ __all__ = [
     "float_layout",
     "DEFAULT_PIECE_BYTES",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.aggregation' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

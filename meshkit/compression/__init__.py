@@ -20,14 +20,49 @@ docs/compression.md is the user's guide.
 
 from __future__ import annotations
 
-from meshkit.compression._contract import (CompressionTraits, Compressor, FieldCompressor,
-                                           compression_traits)
-from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
-                                          decode_contribution, decode_field_sum, encode_update,
-                                          field_codes, is_residual, key_seed, residual_name)
-from meshkit.compression._fold import DECODE_STEP, CompressedSum, decoded_chunks
-from meshkit.compression._grid import CodeSum, GridTotal, grid_codes
-from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.compression._contract import (CompressionTraits, Compressor, FieldCompressor,
+                                               compression_traits)
+    from meshkit.compression._payload import (RESIDUAL, SEP, check_model_keys, compressed_keys,
+                                              decode_contribution, decode_field_sum, encode_update,
+                                              field_codes, is_residual, key_seed, residual_name)
+    from meshkit.compression._fold import DECODE_STEP, CompressedSum, decoded_chunks
+    from meshkit.compression._grid import CodeSum, GridTotal, grid_codes
+    from meshkit.compression._plan import CompressionPlan, check_compression, upload_estimate
+
+#: Where each public name lives, imported on first use (an uncompressed round never
+#: needs the grids and folds; every process a run starts paid for all of it:
+#: docs/benchmarks.md, "ci2"). The imports above are the same names for the type
+#: checker (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "CompressionTraits": "meshkit.compression._contract",
+    "Compressor": "meshkit.compression._contract",
+    "FieldCompressor": "meshkit.compression._contract",
+    "compression_traits": "meshkit.compression._contract",
+    "RESIDUAL": "meshkit.compression._payload",
+    "SEP": "meshkit.compression._payload",
+    "check_model_keys": "meshkit.compression._payload",
+    "compressed_keys": "meshkit.compression._payload",
+    "decode_contribution": "meshkit.compression._payload",
+    "decode_field_sum": "meshkit.compression._payload",
+    "encode_update": "meshkit.compression._payload",
+    "field_codes": "meshkit.compression._payload",
+    "is_residual": "meshkit.compression._payload",
+    "key_seed": "meshkit.compression._payload",
+    "residual_name": "meshkit.compression._payload",
+    "DECODE_STEP": "meshkit.compression._fold",
+    "CompressedSum": "meshkit.compression._fold",
+    "decoded_chunks": "meshkit.compression._fold",
+    "CodeSum": "meshkit.compression._grid",
+    "GridTotal": "meshkit.compression._grid",
+    "grid_codes": "meshkit.compression._grid",
+    "CompressionPlan": "meshkit.compression._plan",
+    "check_compression": "meshkit.compression._plan",
+    "upload_estimate": "meshkit.compression._plan",
+}
 
 __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_traits",
            "RESIDUAL", "SEP", "check_model_keys", "compressed_keys", "field_codes",
@@ -35,3 +70,17 @@ __all__ = ["CompressionTraits", "Compressor", "FieldCompressor", "compression_tr
            "key_seed", "residual_name", "CompressionPlan", "check_compression",
            "upload_estimate", "CompressedSum", "decoded_chunks", "DECODE_STEP", "CodeSum",
            "GridTotal", "grid_codes"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.compression' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

@@ -47,10 +47,32 @@ Placement rules (checked before any activation moves, each refusal a
 
 from __future__ import annotations
 
-from meshkit.pipeline._placement import Placement, place, place_training
-from meshkit.pipeline._serve import serve_pipeline_job, serve_worker
-from meshkit.pipeline._stages import OPS, Stage, run_local
-from meshkit.pipeline._streaming import BATCH_BYTES, PipelineResult, run_pipeline
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.pipeline._placement import Placement, place, place_training
+    from meshkit.pipeline._serve import serve_pipeline_job, serve_worker
+    from meshkit.pipeline._stages import OPS, Stage, run_local
+    from meshkit.pipeline._streaming import BATCH_BYTES, PipelineResult, run_pipeline
+
+#: Where each public name lives, imported on first use (a training node never needs the
+#: pipeline's coordinator side; every process a run starts paid for all of it:
+#: docs/benchmarks.md, "ci2"). The imports above are the same names for the type
+#: checker (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "Placement": "meshkit.pipeline._placement",
+    "place": "meshkit.pipeline._placement",
+    "place_training": "meshkit.pipeline._placement",
+    "serve_pipeline_job": "meshkit.pipeline._serve",
+    "serve_worker": "meshkit.pipeline._serve",
+    "OPS": "meshkit.pipeline._stages",
+    "Stage": "meshkit.pipeline._stages",
+    "run_local": "meshkit.pipeline._stages",
+    "BATCH_BYTES": "meshkit.pipeline._streaming",
+    "PipelineResult": "meshkit.pipeline._streaming",
+    "run_pipeline": "meshkit.pipeline._streaming",
+}
 
 __all__ = [
     "OPS",
@@ -65,3 +87,17 @@ __all__ = [
     "serve_worker",
     "serve_pipeline_job",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.pipeline' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

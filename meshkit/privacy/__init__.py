@@ -34,18 +34,62 @@ docs/privacy.md says what the guarantee covers and what it does not.
 
 from __future__ import annotations
 
-from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
-                                         effective_noise_multiplier, epsilon_pld, epsilon_rdp)
-from meshkit.privacy._clip import clip_contribution, float_keys
-from meshkit.privacy._clipped import COHORT_BITS, ClippedSum, clip_bits, one_bit
-from meshkit.privacy._skellam import (SkellamPlan, field_levels, l1_bound, plan_skellam,
-                                      rounded_l2_bound, skellam_noise)
-from meshkit.privacy._skellam_accountant import (SKELLAM_ORDERS, SkellamAccountant,
-                                                 epsilon_skellam, skellam_rdp, subsampled_rdp)
-from meshkit.privacy._common_noise import (COMMON_NOISE_ENV, common_noise_key, common_normal,
-                                            common_skellam, common_uniforms)
-from meshkit.privacy._contract import (DISTRIBUTED, NOISE_SOURCES, PLACEMENTS, PrivacyFold,
-                                       PrivacyMechanism)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
+                                             effective_noise_multiplier, epsilon_pld, epsilon_rdp)
+    from meshkit.privacy._clip import clip_contribution, float_keys
+    from meshkit.privacy._clipped import COHORT_BITS, ClippedSum, clip_bits, one_bit
+    from meshkit.privacy._skellam import (SkellamPlan, field_levels, l1_bound, plan_skellam,
+                                          rounded_l2_bound, skellam_noise)
+    from meshkit.privacy._skellam_accountant import (SKELLAM_ORDERS, SkellamAccountant,
+                                                     epsilon_skellam, skellam_rdp, subsampled_rdp)
+    from meshkit.privacy._common_noise import (COMMON_NOISE_ENV, common_noise_key,
+                                                common_normal, common_skellam, common_uniforms)
+    from meshkit.privacy._contract import (DISTRIBUTED, NOISE_SOURCES, PLACEMENTS, PrivacyFold,
+                                           PrivacyMechanism)
+
+#: Where each public name lives, imported on first use (a client that clips or adds no
+#: noise never needs the accountants; every process a run starts paid for all of it:
+#: docs/benchmarks.md, "ci2"). The imports above are the same names for the type
+#: checker (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "ACCOUNTANTS": "meshkit.privacy._accountant",
+    "RDP_ORDERS": "meshkit.privacy._accountant",
+    "Accountant": "meshkit.privacy._accountant",
+    "effective_noise_multiplier": "meshkit.privacy._accountant",
+    "epsilon_pld": "meshkit.privacy._accountant",
+    "epsilon_rdp": "meshkit.privacy._accountant",
+    "clip_contribution": "meshkit.privacy._clip",
+    "float_keys": "meshkit.privacy._clip",
+    "COHORT_BITS": "meshkit.privacy._clipped",
+    "ClippedSum": "meshkit.privacy._clipped",
+    "clip_bits": "meshkit.privacy._clipped",
+    "one_bit": "meshkit.privacy._clipped",
+    "SkellamPlan": "meshkit.privacy._skellam",
+    "field_levels": "meshkit.privacy._skellam",
+    "l1_bound": "meshkit.privacy._skellam",
+    "plan_skellam": "meshkit.privacy._skellam",
+    "rounded_l2_bound": "meshkit.privacy._skellam",
+    "skellam_noise": "meshkit.privacy._skellam",
+    "SKELLAM_ORDERS": "meshkit.privacy._skellam_accountant",
+    "SkellamAccountant": "meshkit.privacy._skellam_accountant",
+    "epsilon_skellam": "meshkit.privacy._skellam_accountant",
+    "skellam_rdp": "meshkit.privacy._skellam_accountant",
+    "subsampled_rdp": "meshkit.privacy._skellam_accountant",
+    "COMMON_NOISE_ENV": "meshkit.privacy._common_noise",
+    "common_noise_key": "meshkit.privacy._common_noise",
+    "common_normal": "meshkit.privacy._common_noise",
+    "common_skellam": "meshkit.privacy._common_noise",
+    "common_uniforms": "meshkit.privacy._common_noise",
+    "DISTRIBUTED": "meshkit.privacy._contract",
+    "NOISE_SOURCES": "meshkit.privacy._contract",
+    "PLACEMENTS": "meshkit.privacy._contract",
+    "PrivacyFold": "meshkit.privacy._contract",
+    "PrivacyMechanism": "meshkit.privacy._contract",
+}
 
 __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplier",
            "epsilon_pld", "epsilon_rdp", "NOISE_SOURCES", "PLACEMENTS", "PrivacyMechanism",
@@ -55,3 +99,17 @@ __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplie
            "epsilon_skellam", "skellam_rdp", "subsampled_rdp", "SKELLAM_ORDERS",
            "DISTRIBUTED", "COMMON_NOISE_ENV", "common_noise_key", "common_normal",
            "common_skellam", "common_uniforms"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.privacy' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

@@ -34,20 +34,66 @@ docs/writing-a-plugin.md shows a scheme plugin;
 
 from __future__ import annotations
 
-from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW,
-                                                  PartyScheme, RoundParams,
-                                                  Scheme, SchemeChoice, SchemeClient,
-                                                  SchemeParty, SchemeServer, choose,
-                                                  SecureAggregationError,
-                                                  SecureAggregationTraits, SecureResult,
-                                                  Unmasking, scheme_traits)
-from meshkit.secure_aggregation._field import (add_mod, field_width, from_wire, pack,
-                                               packed_size, to_wire, unpack, vector_dtype)
-from meshkit.secure_aggregation._signed import (EquivocationError, Roster, SignatureError,
-                                                advert_message, check_adverts,
-                                                check_confirmations, confirm_message,
-                                                confirm_messages, sign,
-                                                verify)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW,
+                                                      PartyScheme, RoundParams,
+                                                      Scheme, SchemeChoice, SchemeClient,
+                                                      SchemeParty, SchemeServer, choose,
+                                                      SecureAggregationError,
+                                                      SecureAggregationTraits, SecureResult,
+                                                      Unmasking, scheme_traits)
+    from meshkit.secure_aggregation._field import (add_mod, field_width, from_wire, pack,
+                                                   packed_size, to_wire, unpack, vector_dtype)
+    from meshkit.secure_aggregation._signed import (EquivocationError, Roster, SignatureError,
+                                                    advert_message, check_adverts,
+                                                    check_confirmations, confirm_message,
+                                                    confirm_messages, sign,
+                                                    verify)
+
+#: Where each public name lives, imported on first use (a plain round never needs the
+#: signed rosters and their cryptography; every process a run starts paid for all of
+#: it: docs/benchmarks.md, "ci2"). The imports above are the same names for the type
+#: checker (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "MAX_CLIENT_ID": "meshkit.secure_aggregation._contract",
+    "MAX_CLIENTS": "meshkit.secure_aggregation._contract",
+    "MAX_LENGTH": "meshkit.secure_aggregation._contract",
+    "MAX_ROW": "meshkit.secure_aggregation._contract",
+    "PartyScheme": "meshkit.secure_aggregation._contract",
+    "RoundParams": "meshkit.secure_aggregation._contract",
+    "Scheme": "meshkit.secure_aggregation._contract",
+    "SchemeChoice": "meshkit.secure_aggregation._contract",
+    "SchemeClient": "meshkit.secure_aggregation._contract",
+    "SchemeParty": "meshkit.secure_aggregation._contract",
+    "SchemeServer": "meshkit.secure_aggregation._contract",
+    "choose": "meshkit.secure_aggregation._contract",
+    "SecureAggregationError": "meshkit.secure_aggregation._contract",
+    "SecureAggregationTraits": "meshkit.secure_aggregation._contract",
+    "SecureResult": "meshkit.secure_aggregation._contract",
+    "Unmasking": "meshkit.secure_aggregation._contract",
+    "scheme_traits": "meshkit.secure_aggregation._contract",
+    "add_mod": "meshkit.secure_aggregation._field",
+    "field_width": "meshkit.secure_aggregation._field",
+    "from_wire": "meshkit.secure_aggregation._field",
+    "pack": "meshkit.secure_aggregation._field",
+    "packed_size": "meshkit.secure_aggregation._field",
+    "to_wire": "meshkit.secure_aggregation._field",
+    "unpack": "meshkit.secure_aggregation._field",
+    "vector_dtype": "meshkit.secure_aggregation._field",
+    "EquivocationError": "meshkit.secure_aggregation._signed",
+    "Roster": "meshkit.secure_aggregation._signed",
+    "SignatureError": "meshkit.secure_aggregation._signed",
+    "advert_message": "meshkit.secure_aggregation._signed",
+    "check_adverts": "meshkit.secure_aggregation._signed",
+    "check_confirmations": "meshkit.secure_aggregation._signed",
+    "confirm_message": "meshkit.secure_aggregation._signed",
+    "confirm_messages": "meshkit.secure_aggregation._signed",
+    "sign": "meshkit.secure_aggregation._signed",
+    "verify": "meshkit.secure_aggregation._signed",
+}
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
            "PartyScheme", "RoundParams",
@@ -58,3 +104,17 @@ __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", 
            "Roster", "SignatureError", "EquivocationError", "advert_message", "confirm_message",
            "confirm_messages",
            "sign", "verify", "check_adverts", "check_confirmations"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.secure_aggregation' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

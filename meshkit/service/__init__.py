@@ -22,23 +22,51 @@ docs/serve.md is the user's guide.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshkit.service._client import ServiceClient, locate_service
-from meshkit.service._config import ServeConfig, load_serve_config, parse_serve_config
-from meshkit.service._member import serve_service
-from meshkit.service._protocol import Assign, Done
-from meshkit.service._service import Service
-from meshkit.service._store import SCHEMA_VERSION, Store
+if TYPE_CHECKING:
+    from meshkit.service._client import ServiceClient, locate_service
+    from meshkit.service._config import ServeConfig, load_serve_config, parse_serve_config
+    from meshkit.service._member import serve_service
+    from meshkit.service._protocol import Assign, Done
+    from meshkit.service._service import Service
+    from meshkit.service._store import SCHEMA_VERSION, Store
+
+#: Where each public name lives, loaded on first use: a node joining a service
+#: (``meshkit node --service``) needs ``_member`` and ``_protocol``, not the
+#: service's own side (which reaches the whole coordinator), its store or the
+#: HTTP client; and every ``meshkit node`` imports this package. The control
+#: server needs Starlette and uvicorn (extra "serve"), which a node never does.
+#: The imports above name the same things for the type checker
+#: (tests/kernel/test_lazy_imports.py keeps the two in step).
+_WHERE: dict[str, str] = {
+    "ServiceClient": "meshkit.service._client",
+    "locate_service": "meshkit.service._client",
+    "ServeConfig": "meshkit.service._config",
+    "load_serve_config": "meshkit.service._config",
+    "parse_serve_config": "meshkit.service._config",
+    "serve_service": "meshkit.service._member",
+    "Assign": "meshkit.service._protocol",
+    "Done": "meshkit.service._protocol",
+    "Service": "meshkit.service._service",
+    "SCHEMA_VERSION": "meshkit.service._store",
+    "Store": "meshkit.service._store",
+    "ControlServer": "meshkit.service._http",
+}
 
 __all__ = ["ServeConfig", "load_serve_config", "parse_serve_config", "Service", "Store",
            "SCHEMA_VERSION", "serve_service", "Assign", "Done", "ServiceClient",
            "locate_service", "ControlServer"]
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
 def __getattr__(name: str) -> Any:
-    # The control server needs Starlette and uvicorn (extra "serve"); a node
-    # joining a service (meshkit node --service) needs neither.
-    if name == "ControlServer":
-        return importlib.import_module("meshkit.service._http").ControlServer
-    raise AttributeError(f"module 'meshkit.service' has no attribute {name!r}")
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'meshkit.service' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

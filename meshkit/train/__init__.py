@@ -57,55 +57,116 @@ Strategy plugins import from here, never from a ``_private`` module.
 
 from __future__ import annotations
 
-from meshkit.train._rounds.collective import PartialReducer, check_collective, cohort_slice
-from meshkit.train._coordinator.artifacts import METRICS_NAME, REPORT_NAME, read_metrics
-from meshkit.train._rounds.engine import (
-    DEFAULT_WINDOW,
-    HOLD,
-    INLINE_BYTES,
-    Folded,
-    Work,
-    by_examples,
-    once,
-    fold_round,
-    answer_relay_request,
-    train_loss,
-)
-from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_relay_request
-from meshkit.train._relay.host import RelayPool, RelayRanks
-from meshkit.train._local_keys import ClientLocal, resolve_local_keys
-from meshkit.train._trainable import Trainable
-from meshkit.train._broadcast import Broadcast
-from meshkit.train._attacks import AttackedFold, AttackPlan
-from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
-                                     strike)
-from meshkit.train._messages import check_contribution, signature
-from meshkit.train._worker.node_job import node_attack, serve_train_job
-from meshkit.train._worker.secure import Signing
-from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
-from meshkit.train._coordinator.launch import free_ports
-from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
-from meshkit.train._coordinator.progress import format_event, format_metrics, format_result, format_round
-from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
-from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
-from meshkit.train._traits import StrategyTraits, strategy_traits
-from meshkit.train._coordinator.preflight import build_components
-from meshkit.train._coordinator.plan import Plan, check, resolve
-from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
-from meshkit.train._sharding import (client_seed, cohort_size, poisson_clients, sample_clients,
-                                     shard_bounds, shard_pair)
-from meshkit.train._strategy import (
-    RoundReport,
-    RunStopped,
-    Strategy,
-    StrategyContext,
-    StrategyResult,
-    weighted_mean,
-)
-from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
-from meshkit.train._worker.local_sgd import (apply_update, decode_update, outer_update,
-                                             pseudo_gradients, split_fragments, state_digest)
-from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshkit.train._rounds.collective import PartialReducer, check_collective, cohort_slice
+    from meshkit.train._coordinator.artifacts import METRICS_NAME, REPORT_NAME, read_metrics
+    from meshkit.train._rounds.engine import (
+        DEFAULT_WINDOW,
+        HOLD,
+        INLINE_BYTES,
+        Folded,
+        Work,
+        by_examples,
+        once,
+        fold_round,
+        answer_relay_request,
+        train_loss,
+    )
+    from meshkit.train._messages.relay import FanoutRequest, FoldRequest, parse_relay_request
+    from meshkit.train._relay.host import RelayPool, RelayRanks
+    from meshkit.train._local_keys import ClientLocal, resolve_local_keys
+    from meshkit.train._trainable import Trainable
+    from meshkit.train._broadcast import Broadcast
+    from meshkit.train._attacks import AttackedFold, AttackPlan
+    from meshkit.train._failures import (QUARANTINE_AFTER, DivergedFit, RoundFailures, reply_failure,
+                                         strike)
+    from meshkit.train._messages import check_contribution, signature
+    from meshkit.train._worker.node_job import node_attack, serve_train_job
+    from meshkit.train._worker.secure import Signing
+    from meshkit.train._partitions import Partition, WorkerIdentity, order_partitions
+    from meshkit.train._coordinator.launch import free_ports
+    from meshkit.train._pool import GroupPool, LocalPool, Reply, WorkerPool, broadcast, call
+    from meshkit.train._coordinator.progress import format_event, format_metrics, format_result, format_round
+    from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
+    from meshkit.train._rounds.skeleton import RoundOutcome, run_rounds, timed
+    from meshkit.train._traits import StrategyTraits, strategy_traits
+    from meshkit.train._coordinator.preflight import build_components
+    from meshkit.train._coordinator.plan import Plan, check, resolve
+    from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
+    from meshkit.train._sharding import (client_seed, cohort_size, poisson_clients, sample_clients,
+                                         shard_bounds, shard_pair)
+    from meshkit.train._strategy import (
+        RoundReport,
+        RunStopped,
+        Strategy,
+        StrategyContext,
+        StrategyResult,
+        weighted_mean,
+    )
+    from meshkit.train._worker.trainer import Trainer, serve_trainer, with_device
+    from meshkit.train._worker.local_sgd import (apply_update, decode_update, outer_update,
+                                                 pseudo_gradients, split_fragments, state_digest)
+    from meshkit.train._rounds.secure import SecureSum, round_params, secure_sum
+
+#: Where each public name lives. A name's module loads the first time the name
+#: is used, not with the package: a ``meshkit node`` that serves a round needs
+#: the worker's side (``serve_train_job``), never the coordinator, the round
+#: paths or the runner, and each process a run starts paid for all of them
+#: (docs/benchmarks.md, issue ci2). The imports above are the same names for
+#: the type checker; tests/kernel/test_lazy_imports.py keeps the two in step.
+_MODULES: dict[str, tuple[str, ...]] = {
+    "meshkit.train._rounds.collective": ("PartialReducer", "check_collective", "cohort_slice"),
+    "meshkit.train._coordinator.artifacts": ("METRICS_NAME", "REPORT_NAME", "read_metrics"),
+    "meshkit.train._rounds.engine": (
+        "DEFAULT_WINDOW", "HOLD", "INLINE_BYTES", "Folded", "Work", "by_examples", "once",
+        "fold_round", "answer_relay_request", "train_loss",
+    ),
+    "meshkit.train._messages.relay": ("FanoutRequest", "FoldRequest", "parse_relay_request"),
+    "meshkit.train._relay.host": ("RelayPool", "RelayRanks"),
+    "meshkit.train._local_keys": ("ClientLocal", "resolve_local_keys"),
+    "meshkit.train._trainable": ("Trainable",),
+    "meshkit.train._broadcast": ("Broadcast",),
+    "meshkit.train._attacks": ("AttackedFold", "AttackPlan"),
+    "meshkit.train._failures": (
+        "QUARANTINE_AFTER", "DivergedFit", "RoundFailures", "reply_failure", "strike",
+    ),
+    "meshkit.train._messages": ("check_contribution", "signature"),
+    "meshkit.train._worker.node_job": ("node_attack", "serve_train_job"),
+    "meshkit.train._worker.secure": ("Signing",),
+    "meshkit.train._partitions": ("Partition", "WorkerIdentity", "order_partitions"),
+    "meshkit.train._coordinator.launch": ("free_ports",),
+    "meshkit.train._pool": ("GroupPool", "LocalPool", "Reply", "WorkerPool", "broadcast", "call"),
+    "meshkit.train._coordinator.progress": (
+        "format_event", "format_metrics", "format_result", "format_round",
+    ),
+    "meshkit.train._protocol": ("TAG_REPLY", "TAG_REQUEST", "decode", "encode"),
+    "meshkit.train._rounds.skeleton": ("RoundOutcome", "run_rounds", "timed"),
+    "meshkit.train._traits": ("StrategyTraits", "strategy_traits"),
+    "meshkit.train._coordinator.preflight": ("build_components",),
+    "meshkit.train._coordinator.plan": ("Plan", "check", "resolve"),
+    "meshkit.train._coordinator.runner": (
+        "Interrupted", "RunEvent", "Runner", "RunReport", "load_run_config", "run",
+    ),
+    "meshkit.train._sharding": (
+        "client_seed", "cohort_size", "poisson_clients", "sample_clients", "shard_bounds",
+        "shard_pair",
+    ),
+    "meshkit.train._strategy": (
+        "RoundReport", "RunStopped", "Strategy", "StrategyContext", "StrategyResult",
+        "weighted_mean",
+    ),
+    "meshkit.train._worker.trainer": ("Trainer", "serve_trainer", "with_device"),
+    "meshkit.train._worker.local_sgd": (
+        "apply_update", "decode_update", "outer_update", "pseudo_gradients", "split_fragments",
+        "state_digest",
+    ),
+    "meshkit.train._rounds.secure": ("SecureSum", "round_params", "secure_sum"),
+}
+
+_WHERE: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     # the strategy contract
@@ -222,3 +283,17 @@ __all__ = [
     "SecureSum",
     "round_params",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if not TYPE_CHECKING:  # the type checker reads the imports above instead
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'meshkit.train' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

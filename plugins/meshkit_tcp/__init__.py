@@ -44,11 +44,19 @@ class InprocOptions:
     retired_keys: ClassVar[Mapping[str, str]] = {"bf16_wire": BF16_WIRE_RETIRED}
 
 
-def _tcp(options: TcpOptions) -> Any:
+def _start_relay(options: TcpOptions, **settings: Any) -> Any:
+    # Imported only when a host relay starts (``meshkit relay``): the relay plays
+    # the round engine's side (meshkit.train), which every node connecting over
+    # tcp would otherwise import for nothing (docs/benchmarks.md, "ci2").
     from meshkit_tcp.relay import start_relay
+
+    return start_relay(options, **settings)
+
+
+def _tcp(options: TcpOptions) -> Any:
     from meshkit_tcp.tcp import TcpTransport
 
-    return TcpTransport(options, relay_factory=start_relay)
+    return TcpTransport(options, relay_factory=_start_relay)
 
 
 def _inproc(options: InprocOptions) -> Any:

@@ -344,7 +344,14 @@ def test_resume_with_more_rounds_trains_on_to_the_state_of_the_longer_run(tmp_pa
 # -- observers -------------------------------------------------------------------------
 
 
-def test_observer_hooks_fire_at_start_each_round_and_end(tmp_path):
+@pytest.fixture(scope="module")
+def observed_run(tmp_path_factory):
+    """One federated run of 2 workers and 2 rounds, watched by an observer plugin.
+
+    Shared by the observer test and the run-directory test, which asked for
+    the same config (each run costs a coordinator and two ``meshkit node``
+    processes)."""
+    tmp_path = tmp_path_factory.mktemp("observed")
     seen = []
 
     class Observer:
@@ -361,15 +368,20 @@ def test_observer_hooks_fire_at_start_each_round_and_end(tmp_path):
             seen.append(("finished", report.ok, report.rounds_completed))
 
     pset = meshkit.plugins.build_manager(plugins={"observer": Observer()})
-    config = write_config(tmp_path / "c.toml", tmp_path / "out", rounds=2, workers=2)
-    Runner(str(config), pset=pset).run()
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", out, rounds=2, workers=2)
+    report = Runner(str(config), pset=pset).run()
+    return report, out, seen
+
+
+def test_observer_hooks_fire_at_start_each_round_and_end(observed_run):
+    _, _, seen = observed_run
     assert seen == [("started", "federated"), ("round", 1, (1, 2)), ("round", 2, (1, 2)),
                     ("finished", True, 2)]
 
 
-def test_the_run_directory_holds_metrics_checkpoint_summary_and_a_plot(tmp_path):
-    out = tmp_path / "out"
-    report = Runner(str(write_config(tmp_path / "c.toml", out, rounds=2, workers=2))).run()
+def test_the_run_directory_holds_metrics_checkpoint_summary_and_a_plot(observed_run):
+    report, out, _ = observed_run
     rows = read_metrics(out)
     assert [set(r) >= {"round", "answered", "dropped", "clients", "examples", "seconds",
                        "loss", "accuracy", "train_loss"} for r in rows] == [True, True]
