@@ -52,8 +52,9 @@ Where each idea lives:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshkit._lazy import on_first_use
 
 if TYPE_CHECKING:
     from meshkit.aggregation._buffering import (
@@ -179,15 +180,5 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
-
-
 if not TYPE_CHECKING:  # the type checker reads the imports above instead
-    def __getattr__(name: str) -> Any:
-        module = _WHERE.get(name)
-        if module is None:
-            raise AttributeError(f"module 'meshkit.aggregation' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__, __dir__ = on_first_use(__name__, _WHERE, globals())

@@ -34,8 +34,9 @@ docs/privacy.md says what the guarantee covers and what it does not.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshkit._lazy import on_first_use
 
 if TYPE_CHECKING:
     from meshkit.privacy._accountant import (ACCOUNTANTS, RDP_ORDERS, Accountant,
@@ -101,15 +102,5 @@ __all__ = ["ACCOUNTANTS", "RDP_ORDERS", "Accountant", "effective_noise_multiplie
            "common_skellam", "common_uniforms"]
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
-
-
 if not TYPE_CHECKING:  # the type checker reads the imports above instead
-    def __getattr__(name: str) -> Any:
-        module = _WHERE.get(name)
-        if module is None:
-            raise AttributeError(f"module 'meshkit.privacy' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__, __dir__ = on_first_use(__name__, _WHERE, globals())

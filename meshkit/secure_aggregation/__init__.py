@@ -34,8 +34,9 @@ docs/writing-a-plugin.md shows a scheme plugin;
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshkit._lazy import on_first_use
 
 if TYPE_CHECKING:
     from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW,
@@ -106,15 +107,5 @@ __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", 
            "sign", "verify", "check_adverts", "check_confirmations"]
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
-
-
 if not TYPE_CHECKING:  # the type checker reads the imports above instead
-    def __getattr__(name: str) -> Any:
-        module = _WHERE.get(name)
-        if module is None:
-            raise AttributeError(f"module 'meshkit.secure_aggregation' has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
+    __getattr__, __dir__ = on_first_use(__name__, _WHERE, globals())

@@ -21,8 +21,9 @@ docs/serve.md is the user's guide.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshkit._lazy import on_first_use
 
 if TYPE_CHECKING:
     from meshkit.service._client import ServiceClient, locate_service
@@ -59,14 +60,4 @@ __all__ = ["ServeConfig", "load_serve_config", "parse_serve_config", "Service", 
            "locate_service", "ControlServer"]
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'meshkit.service' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = on_first_use(__name__, _WHERE, globals())
