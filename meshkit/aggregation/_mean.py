@@ -74,7 +74,28 @@ def value_limit(dtype: Any, *, wide: bool = False) -> float | None:
     float64 sum, 1.84e19 for a float32 one. None when every finite value of
     ``dtype`` is below it (float16 summed in float32, float32 with
     ``wide``), or for an integer or bool array (never summed).
+
+    A pure function of ``(dtype, wide)``, asked once per chunk the fold
+    folds: remembered in a module dict (a few dtypes, so a few entries).
     """
+    try:
+        return _LIMIT_OF[dtype, wide]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable dtype-like: not remembered
+        return _value_limit(dtype, wide)
+    limit = _value_limit(dtype, wide)
+    if len(_LIMIT_OF) < _LIMIT_OF_MAX:
+        _LIMIT_OF[dtype, wide] = limit
+    return limit
+
+
+#: :func:`value_limit`'s answers by ``(dtype-like, wide)``, at most ``_LIMIT_OF_MAX``.
+_LIMIT_OF: dict[tuple[Any, bool], float | None] = {}
+_LIMIT_OF_MAX = 256
+
+
+def _value_limit(dtype: Any, wide: bool) -> float | None:
     dtype = np.dtype(dtype)
     if not is_float_dtype(dtype):
         return None
@@ -183,7 +204,6 @@ class MeanFold:
         self._scratch: dict[tuple[np.dtype, int], tuple[np.ndarray, np.ndarray]] = {}
         self._broken: str | None = None
         self._done = False
-        self._limits: dict[tuple[Any, bool], float | None] = {}
 
     # -- public ---------------------------------------------------------------
 
@@ -195,17 +215,7 @@ class MeanFold:
     def value_limit(self, dtype: Any) -> float | None:
         """The largest ``|x|`` this fold accepts in a ``dtype`` array (:func:`value_limit`);
         None: any finite value (or, with ``allow_nonfinite``, anything at all)."""
-        if self.allow_nonfinite:
-            return None
-        # Asked once per chunk folded: remembered per (dtype, wide), a pure function of both.
-        key = (dtype, self.wide)
-        try:
-            return self._limits[key]
-        except KeyError:
-            limit = self._limits[key] = value_limit(dtype, wide=self.wide)
-            return limit
-        except TypeError:  # an unhashable dtype-like
-            return value_limit(dtype, wide=self.wide)
+        return None if self.allow_nonfinite else value_limit(dtype, wide=self.wide)
 
     @property
     def mass(self) -> float:
