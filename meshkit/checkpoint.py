@@ -18,6 +18,7 @@ Loading uses ``allow_pickle=False``: a checkpoint is data, not code.
 
 from __future__ import annotations
 
+from collections import abc
 import json
 import os
 import time
@@ -74,14 +75,24 @@ def checkpoint_path(path: str | os.PathLike[str]) -> Path:
     return p / CHECKPOINT_NAME if p.is_dir() or not p.suffix else p
 
 
+#: JSON leaves ``_to_json`` returns as they are, by exact type (a numpy scalar is not one:
+#: ``np.float64`` subclasses ``float`` and is written as its ``item()``).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    # Every round's checkpoint walks its report and states leaf by leaf: plain
+    # leaves first, and collections.abc's Mapping (typing's delegates to it, at
+    # several times the cost of an isinstance).
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, np.ndarray):
         _check_array_name(prefix, arrays)
         arrays[prefix] = value
         return {"__array__": prefix}
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, Mapping):
+    if isinstance(value, abc.Mapping):
         return {str(k): _to_json(v, f"{prefix}/{k}", arrays) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_to_json(v, f"{prefix}/{i}", arrays) for i, v in enumerate(value)]
