@@ -92,10 +92,14 @@ def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
         return {"__array__": prefix}
     if isinstance(value, np.generic):
         return value.item()
+    # A collection's plain leaves are taken as they are, without a call each (a
+    # round's report is mostly numbers in small dicts and lists).
     if isinstance(value, abc.Mapping):
-        return {str(k): _to_json(v, f"{prefix}/{k}", arrays) for k, v in value.items()}
+        return {str(k): v if type(v) in _PLAIN else _to_json(v, f"{prefix}/{k}", arrays)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_json(v, f"{prefix}/{i}", arrays) for i, v in enumerate(value)]
+        return [v if type(v) in _PLAIN else _to_json(v, f"{prefix}/{i}", arrays)
+                for i, v in enumerate(value)]
     return value
 
 
