@@ -216,10 +216,19 @@ STALE_TEMPORARY_SECONDS = 60.0
 def _remove_stale_temporaries(directory: Path) -> None:
     """Delete ``.checkpoint-*.npz.tmp`` files a crash mid-write left behind."""
     cutoff = time.time() - STALE_TEMPORARY_SECONDS
-    for leftover in directory.glob(".checkpoint-*.npz.tmp"):
+    # Looked for after every save: os.scandir and the name's two ends, not
+    # Path.glob (a Path object and a pattern match per entry of the directory).
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(".checkpoint-") and name.endswith(".npz.tmp")):
+            continue
         try:
-            if leftover.stat().st_mtime < cutoff:
-                leftover.unlink()
+            if entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
         except OSError:  # gone already, or not ours to delete: harmless
             pass
 
