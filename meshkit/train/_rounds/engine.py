@@ -383,8 +383,9 @@ def _play_flat(call: RoundCall) -> Folded:
                         limit=limit, state_request=call.send_state, on_stale=call.on_stale)
         folded = round_.play()
     simulated = set(getattr(fold, "attacked", ()))
-    attacked = simulated | set(_declared(folded.served, folded.replies))
-    return attrs.evolve(folded, attacked=tuple(sorted(attacked)))
+    attacked = tuple(sorted(simulated | set(_declared(folded.served, folded.replies))))
+    # Folded is frozen: the same record when nothing changes (a round with no attack).
+    return folded if attacked == folded.attacked else attrs.evolve(folded, attacked=attacked)
 
 
 #: The round paths, in the order they are asked: the first that applies plays the round.
