@@ -11,9 +11,10 @@ as processes, authenticated and encrypted frames): ``federated`` on the
 ``synthetic`` task (``--params`` float32 parameters), every one of
 ``--clients`` clients each round, ``fedavg``, on ``--workers`` workers;
 the plain round (the baseline) and the same run with
-``[secure_aggregation]`` at its defaults (``degree = "auto"``, which is
-50 at n = 100 over 4 workers, threshold 26, and the complete graph over 2;
-``clip_range = 1``). The runs take turns
+``[secure_aggregation]`` at its defaults (``degree = "auto"`` with the
+cohort placed along the ring, ``interleave = true``: 8 at n = 100 over 4
+workers, threshold 5 (50 and 26 in client order, before issue 36's
+placement); the complete graph over 2; ``clip_range = 1``). The runs take turns
 (plain, secure, each ``--baseline`` tree's secure round), ``--repeat``
 times, so a change in the machine's load falls on all alike.
 
@@ -115,7 +116,7 @@ def parse_baseline(text: str) -> tuple[str, str, Path, str | None]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="100", help="comma list of cohort sizes")
-    parser.add_argument("--workers", type=int, default=4)  # degree "auto" is 50 at n = 100
+    parser.add_argument("--workers", type=int, default=4)  # degree "auto" is 8 at n = 100
     parser.add_argument("--params", type=float, default=1e5)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)

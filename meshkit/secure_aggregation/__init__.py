@@ -12,7 +12,7 @@ plugin. What lives where:
 * ``_contract.py``: :class:`SecureAggregationTraits`, the :class:`Scheme`,
   :class:`SchemeServer` and :class:`SchemeClient` protocols (and, for a
   scheme with the trait ``party``, :class:`PartyScheme` and
-  :class:`SchemeParty`), the records they
+  :class:`SchemeParty`; with ``interleave``, :class:`InterleavedScheme`), the records they
   return, :class:`SecureAggregationError` (a :class:`~meshkit.ProtocolError`
   that names the client at fault);
 * ``_field.py``: the arithmetic of the field every scheme sums in, the
@@ -40,7 +40,8 @@ from meshkit._lazy import on_first_use
 
 if TYPE_CHECKING:
     from meshkit.secure_aggregation._contract import (MAX_CLIENT_ID, MAX_CLIENTS, MAX_LENGTH, MAX_ROW,
-                                                      PartyScheme, RoundParams,
+                                                      InterleavedScheme, PartyScheme,
+                                                      RoundParams,
                                                       Scheme, SchemeChoice, SchemeClient,
                                                       SchemeParty, SchemeServer, choose,
                                                       SecureAggregationError,
@@ -64,6 +65,7 @@ _WHERE: dict[str, str] = {
     "MAX_LENGTH": "meshkit.secure_aggregation._contract",
     "MAX_ROW": "meshkit.secure_aggregation._contract",
     "PartyScheme": "meshkit.secure_aggregation._contract",
+    "InterleavedScheme": "meshkit.secure_aggregation._contract",
     "RoundParams": "meshkit.secure_aggregation._contract",
     "Scheme": "meshkit.secure_aggregation._contract",
     "SchemeChoice": "meshkit.secure_aggregation._contract",
@@ -97,7 +99,7 @@ _WHERE: dict[str, str] = {
 }
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
-           "PartyScheme", "RoundParams",
+           "PartyScheme", "InterleavedScheme", "RoundParams",
            "Unmasking", "SecureResult", "SecureAggregationError", "scheme_traits",
            "SchemeChoice", "choose",
            "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW", "add_mod", "vector_dtype",

@@ -49,7 +49,7 @@ from meshkit import plugins
 from meshkit.errors import ProtocolError
 
 __all__ = ["SecureAggregationTraits", "Scheme", "SchemeServer", "SchemeClient", "SchemeParty",
-           "PartyScheme", "RoundParams",
+           "PartyScheme", "InterleavedScheme", "RoundParams",
            "Unmasking", "SecureResult", "SecureAggregationError", "scheme_traits",
            "SchemeChoice", "choose",
            "MAX_CLIENTS", "MAX_CLIENT_ID", "MAX_LENGTH", "MAX_ROW"]
@@ -125,6 +125,14 @@ class SecureAggregationTraits:
       they mask, so it may skip work among them that the sum cancels or
       that one of them already did (SecAgg+: the pairwise masks between two
       of them). Without it, each client is built alone (:meth:`Scheme.client`).
+    * ``interleave``: the scheme orders each round's cohort
+      (:meth:`InterleavedScheme.order`, from the round's seed) and the kernel
+      places it on the live workers round-robin in that order, telling
+      :meth:`Scheme.plan` and :meth:`Scheme.describe` how many workers it
+      interleaved (SecAgg+: a member's ring neighbours then fall on the
+      workers evenly, and ``degree = "auto"`` needs far fewer of them).
+      Without it, or with clients pinned to workers, the kernel places the
+      cohort round-robin in client order.
     """
 
     modulus_bits: int = attrs.field(validator=_between(1, 64))
@@ -138,6 +146,7 @@ class SecureAggregationTraits:
     max_clients: int = attrs.field(default=MAX_CLIENTS, validator=_between(3, MAX_CLIENTS))
     integer_inputs: bool = attrs.field(default=False, validator=_flag)
     party: bool = attrs.field(default=False, validator=_flag)
+    interleave: bool = attrs.field(default=False, validator=_flag)
 
 
 class RoundParams(Protocol):
@@ -281,6 +290,28 @@ class Scheme(Protocol):
     def dequantize(self, total: np.ndarray, params: RoundParams,
                    contributors: int) -> np.ndarray:
         """The float64 sum of ``contributors`` clipped updates whose quantised sum is ``total``."""
+
+
+class InterleavedScheme(Scheme, Protocol):
+    """A :class:`Scheme` with the trait ``interleave``: it says how to place a cohort.
+
+    Unless the run pins clients to workers (``[partitioner] name = "local"``),
+    the kernel draws the round's seed first, asks :meth:`order`, and places
+    the cohort on its ``W`` live workers round-robin in that order (position
+    ``i`` on the ``i mod W``-th); it then calls ``plan(..., interleave=W)``
+    and, for ``meshkit check``, ``describe(..., interleave=W)``, so the
+    scheme may plan for that placement (a ring graph's neighbours fall on
+    the workers evenly, not at random).
+    """
+
+    def order(self, round_seed: bytes, cohort: Sequence[int]) -> Sequence[int]:
+        """The ``cohort`` (a permutation of it) in the order the kernel interleaves."""
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0,
+             interleave: int = 0) -> RoundParams:
+        """As :meth:`Scheme.plan`; ``interleave`` > 0: placed on that many workers."""
+    def describe(self, params: RoundParams, loads: Sequence[int],
+                 interleave: int = 0) -> dict[str, Any]:
+        """As :meth:`Scheme.describe`; ``interleave`` as in :meth:`plan`."""
 
 
 class PartyScheme(Scheme, Protocol):

@@ -43,10 +43,11 @@ import numpy as np
 import pytest
 
 from meshkit.errors import RefusedError
-from meshkit.secure_aggregation import (PartyScheme, RoundParams, Scheme, SchemeClient,
-                                        SchemeParty, SchemeServer, SecureAggregationError,
-                                        SecureAggregationTraits, SecureResult, add_mod,
-                                        field_width, scheme_traits, vector_dtype)
+from meshkit.secure_aggregation import (InterleavedScheme, PartyScheme, RoundParams, Scheme,
+                                        SchemeClient, SchemeParty, SchemeServer,
+                                        SecureAggregationError, SecureAggregationTraits,
+                                        SecureResult, add_mod, field_width, scheme_traits,
+                                        vector_dtype)
 from meshkit.testing.support import ContractBase
 
 __all__ = ["SecureAggregationContract", "Round"]
@@ -70,7 +71,9 @@ class Round:
     ``parties`` (a scheme with the trait ``party`` only): the clients are
     played by that many workers, round-robin as the kernel plans them, each
     built as one :class:`SchemeParty` and masking as one sum; 0 builds each
-    client alone.
+    client alone. ``interleave`` (a scheme with that trait, with ``parties``):
+    the clients are dealt round-robin in the scheme's ``order(SEED, cohort)``
+    and ``plan`` is told ``interleave=parties``, as the kernel does.
     """
 
     scheme: Scheme
@@ -79,6 +82,7 @@ class Round:
     #: > 0: the inputs are integers below 2**input_bits (a scheme with integer_inputs).
     input_bits: int = 0
     parties: int = 0
+    interleave: bool = False
     traits: SecureAggregationTraits = attrs.field(init=False)
     params: RoundParams = attrs.field(init=False)
     server: SchemeServer = attrs.field(init=False)
@@ -98,12 +102,22 @@ class Round:
         self.traits = scheme_traits(self.scheme)
         narrowed = {"input_bits": self.input_bits} if self.input_bits else {}
         cohort = list(range(self.clients))
+        dealt: Sequence[int] = cohort
+        planned: dict[str, int] = dict(narrowed)
+        if self.interleave:
+            assert self.traits.interleave and self.parties, (
+                "interleave needs a scheme with the trait interleave, and parties > 0")
+            dealt = [int(c) for c in cast(InterleavedScheme, self.scheme).order(SEED, cohort)]
+            assert sorted(dealt) == cohort, (
+                f"order(seed, {cohort}) is {dealt}, not a permutation of the cohort")
+            planned["interleave"] = min(self.parties, self.clients)
         if self.parties:
             assert self.traits.party, "parties > 0 needs a scheme with the trait party"
-            for client in cohort:
-                self.groups.setdefault(client % self.parties, []).append(client)
+            for i, client in enumerate(dealt):
+                self.groups.setdefault(i % self.parties, []).append(client)
+            self.groups = {p: sorted(cs) for p, cs in self.groups.items()}
         self.params = self.scheme.plan(
-            self.clients, max((len(cs) for cs in self.groups.values()), default=1), **narrowed)
+            self.clients, max((len(cs) for cs in self.groups.values()), default=1), **planned)
         self.server = self.scheme.server(
             self.params, cohort, SEED, self.length,
             {c: p for p, cs in self.groups.items() for c in cs} or {c: c for c in cohort})
@@ -374,6 +388,35 @@ class SecureAggregationContract(ContractBase):
             result.total, self.exact(quantised, survivors, bits),
             err_msg="with the clients built as parties, each masking as one sum, the total is "
                     "not the survivors' exact sum")
+
+    def test_an_interleaving_scheme_orders_the_cohort_and_survives_what_it_declares(
+            self) -> None:
+        if not scheme_traits(self.make()).interleave:
+            pytest.skip("the kernel deals its cohort in client order (no trait interleave)")
+        scheme = cast(InterleavedScheme, self.make())
+        cohort = list(range(self.clients))
+        first = [int(c) for c in scheme.order(SEED, cohort)]
+        assert sorted(first) == cohort, f"order(seed, {cohort}) is {first}: not a permutation"
+        assert [int(c) for c in scheme.order(SEED, cohort)] == first, (
+            "order(...) is not a function of the seed and the cohort: the kernel and the "
+            "scheme's own graph would disagree")
+        play = Round(scheme, self.clients, self.length, parties=3, interleave=True)
+        _, quantised = self.updates(play.scheme, play.params)
+        loads = [len(cs) for cs in play.groups.values()]
+        lost: list[int] = []
+        if play.traits.tolerates_dropouts and scheme.describe(
+                play.params, loads, interleave=3)["survives_losing_workers"] >= 1:
+            lost = list(play.groups[1])  # the workers it survives losing: lose one
+        play.until_masked(quantised, lost=lost)
+        result = play.unmask(lost=lost)
+        survivors = [c for c in cohort if c not in lost]
+        assert tuple(result.contributors) == tuple(survivors), (
+            f"dealt along order(...) over 3 parties ({lost} lost), the result names "
+            f"{result.contributors}")
+        np.testing.assert_array_equal(
+            result.total, self.exact(quantised, survivors, play.params.modulus_bits),
+            err_msg="dealt along order(...) and planned with interleave, the total is not the "
+                    "survivors' exact sum")
 
     def test_a_share_sealed_wrongly_is_named_and_its_sender_blamed(self) -> None:
         play = self.round()

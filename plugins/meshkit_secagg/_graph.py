@@ -17,7 +17,7 @@ import functools
 import hashlib
 from typing import Sequence
 
-__all__ = ["neighbours"]
+__all__ = ["neighbours", "ring"]
 
 
 def neighbours(round_seed: bytes, members: Sequence[int], degree: int) -> dict[int, tuple[int, ...]]:
@@ -35,15 +35,31 @@ def neighbours(round_seed: bytes, members: Sequence[int], degree: int) -> dict[i
     return dict(_graph(bytes(round_seed), ids, degree))
 
 
+def ring(round_seed: bytes, members: Sequence[int]) -> tuple[int, ...]:
+    """The members in the order the round's ring places them (the graph's own order).
+
+    A member's neighbours are the ``k / 2`` before and after it here (wrapping
+    around), among the members that are still in the round when it shares.
+    """
+    ids = tuple(sorted(members))
+    if len(set(ids)) != len(ids):
+        raise ValueError("graph members must be distinct")
+    return _ring(bytes(round_seed), ids)
+
+
+def _ring(round_seed: bytes, ids: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(ids, key=lambda member: (
+        hashlib.sha256(b"meshkit/secagg graph " + round_seed
+                       + member.to_bytes(8, "big", signed=True)).digest(), member)))
+
+
 @functools.lru_cache(maxsize=8)
 def _graph(round_seed: bytes, ids: tuple[int, ...], degree: int) -> dict[int, tuple[int, ...]]:
     n = len(ids)
     k = degree + (degree & 1)
     if degree == 0 or k >= n - 1:
         return {member: tuple(other for other in ids if other != member) for member in ids}
-    ring = sorted(ids, key=lambda member: (
-        hashlib.sha256(b"meshkit/secagg graph " + round_seed
-                       + member.to_bytes(8, "big", signed=True)).digest(), member))
+    ring = _ring(round_seed, ids)
     half = k // 2
     found: dict[int, tuple[int, ...]] = {}
     for position, member in enumerate(ring):

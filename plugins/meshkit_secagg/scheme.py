@@ -31,7 +31,8 @@ from meshkit.secure_aggregation import (SecureAggregationTraits, SecureResult, U
                                         field_width)
 
 from meshkit_secagg._client import ClientRound, cancelled_pairs
-from meshkit_secagg._graph import neighbours
+from meshkit_secagg._graph import neighbours, ring
+from meshkit_secagg._interleave import interleaved_degree, survives
 from meshkit_secagg._messages import (SEALED_SIZE, KeyAdvert, MaskedInput,
                                       MaskedSum, Roster, SealedShares, ShareBundle,
                                       ShareDelivery, UnmaskReply, UnmaskRequest)
@@ -53,7 +54,7 @@ REVEAL_SIZE = 32
 
 
 @functools.lru_cache(maxsize=256)
-def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
+def _auto_degree(clients: int, per_worker: int = 1, interleave: int = 0) -> tuple[int, int]:
     """``degree = "auto"``: the round survives :data:`AUTO_DROPOUT` of its droppable units dropping.
 
     What drops is what plays: a worker's clients leave a round together (its
@@ -74,7 +75,17 @@ def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
     dropped must leave a majority); over 4 workers it is 50, threshold 26
     (any one worker of 25 may drop). Random client dropouts do not happen
     there, so the 60 would buy nothing the round can use.
+
+    ``interleave`` > 0: the kernel placed the cohort round-robin on that many
+    workers along the graph's ring (the trait ``interleave``), so a member's
+    neighbours are spread evenly over the workers and the degree is
+    :func:`~meshkit_secagg._interleave.interleaved_degree`'s when it has one
+    (8, threshold 5, at 100 clients over 4 workers).
     """
+    if interleave and per_worker > 1:
+        found = interleaved_degree(clients, interleave, AUTO_DROPOUT)
+        if found is not None:
+            return found
     if per_worker <= 1:
         degree, threshold = choose_degree(clients, dropout=AUTO_DROPOUT)
         k = clients - 1 if degree == 0 else degree
@@ -89,7 +100,7 @@ def _auto_degree(clients: int, per_worker: int = 1) -> tuple[int, int]:
     return (0 if k >= clients - 1 else k), threshold
 
 
-def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
+def survivable_workers(params: SecAggParams, loads: Sequence[int], interleave: int = 0) -> int:
     """How many workers a round survives losing at any step, in the worst case over its graph.
 
     ``loads`` are the clients each worker plays. A client's secrets have
@@ -99,6 +110,16 @@ def survivable_workers(params: SecAggParams, loads: Sequence[int]) -> int:
     any set of workers whose clients number at most ``k + 1 - t`` may be
     lost: the count of the largest loads that fit that budget.
     """
+    if interleave > 1 and max(loads, default=0) > 1:
+        # Round-robin along the ring: count exactly what each number of lost workers costs.
+        workers = len(loads)
+        survived = 0
+        for lost in range(1, workers):
+            if not survives(params.clients, workers, params.effective_degree,
+                            params.threshold, lost):
+                break
+            survived = lost
+        return survived
     budget = params.effective_degree + 1 - params.threshold
     lost = survived = 0
     for load in sorted(loads, reverse=True):
@@ -245,21 +266,28 @@ class SecAggPlus:
             modulus_bits=self.options.modulus_bits, advert_size=ADVERT_SIZE,
             sealed_size=SEALED_SIZE, share_size=SHARE_SIZE, reveal_size=REVEAL_SIZE,
             tolerates_dropouts=True, threshold=True, max_clients=MAX_CLIENTS,
-            integer_inputs=True, party=True)
+            integer_inputs=True, party=True, interleave=self.options.interleave)
 
-    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0) -> SecAggParams:
+    def order(self, round_seed: bytes, cohort: Sequence[int]) -> tuple[int, ...]:
+        """The cohort along the round's ring (the trait ``interleave``: the kernel places it
+        round-robin on its workers in this order)."""
+        return ring(round_seed, cohort)
+
+    def plan(self, clients: int, per_worker: int = 1, input_bits: int = 0,
+             interleave: int = 0) -> SecAggParams:
         """The round's :class:`SecAggParams` for a cohort of ``clients`` (module docstring).
 
         ``per_worker`` is the most clients one worker plays this round (what
         ``degree = "auto"`` must survive losing). ``input_bits`` > 0: the inputs
         are a compressor's codes below ``2**input_bits``, masked in the narrowest
         field their sum fits (:func:`meshkit.secure_aggregation.field_width`)
-        instead of ``modulus_bits``.
+        instead of ``modulus_bits``. ``interleave`` > 0: the kernel placed the
+        cohort round-robin on that many workers in :meth:`order`'s order.
         """
         opts = self.options
         auto_t = None
         if opts.degree == "auto":
-            degree, auto_t = _auto_degree(clients, per_worker)
+            degree, auto_t = _auto_degree(clients, per_worker, interleave)
         else:
             degree = int(opts.degree)
         probe = SecAggParams(clients=clients, degree=degree, threshold=1,
@@ -288,9 +316,10 @@ class SecAggPlus:
                             clip_range=clip_range, modulus_bits=modulus_bits,
                             input_bits=input_bits)
 
-    def describe(self, params: SecAggParams, loads: Sequence[int]) -> dict[str, Any]:
+    def describe(self, params: SecAggParams, loads: Sequence[int],
+                 interleave: int = 0) -> dict[str, Any]:
         return {"degree": params.effective_degree, "threshold": params.threshold,
-                "survives_losing_workers": survivable_workers(params, loads),
+                "survives_losing_workers": survivable_workers(params, loads, interleave),
                 "survives_losing_clients": params.effective_degree + 1 - params.threshold}
 
     def server(self, params: SecAggParams, cohort: Sequence[int], round_seed: bytes,

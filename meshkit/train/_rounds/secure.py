@@ -69,7 +69,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import attrs
 import numpy as np
@@ -78,8 +78,8 @@ from meshkit.compression import CompressionPlan, decode_field_sum
 from meshkit.config import DEFAULT_SECURE_AGGREGATION
 from meshkit.errors import ConfigError, ProtocolError, RefusedError, WorkerError
 from meshkit.privacy import SkellamPlan
-from meshkit.secure_aggregation import (RoundParams, SchemeChoice, SchemeServer,
-                                        Roster, SecureAggregationError, SignatureError,
+from meshkit.secure_aggregation import (InterleavedScheme, RoundParams, SchemeChoice,
+                                        SchemeServer, Roster, SecureAggregationError, SignatureError,
                                         SecureAggregationTraits, check_adverts,
                                         confirm_messages, field_width, from_wire, verify)
 from meshkit.train._pool import call as pool_call
@@ -130,7 +130,7 @@ class SecureSum:
 
 
 def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggregation]",
-                 per_worker: int = 1, input_bits: int = 0) -> RoundParams:
+                 per_worker: int = 1, input_bits: int = 0, interleave: int = 0) -> RoundParams:
     """The round's parameters for a cohort of ``clients``: the scheme's plan, after the
     kernel's refusals (fewer than 3 clients, or outside the scheme's declared cohort sizes).
 
@@ -138,8 +138,10 @@ def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggre
     scheme that tolerates dropouts must survive losing). ``input_bits`` > 0:
     the inputs are a compressor's codes below ``2**input_bits``, masked in the
     field of :func:`~meshkit.secure_aggregation.field_width` bits (the scheme
-    must declare ``integer_inputs``). A refusal from the scheme's plan is
-    given ``where``'s file name.
+    must declare ``integer_inputs``). ``interleave`` > 0: the cohort was
+    placed round-robin on that many workers in the scheme's order (the trait
+    ``interleave``). A refusal from the scheme's plan is given ``where``'s
+    file name.
     """
     traits = choice.traits
     if clients < 3:
@@ -164,9 +166,15 @@ def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggre
             f"{input_bits}-bit codes, and the scheme masks only updates it quantised itself "
             f"(it lacks the trait SecureAggregationTraits.integer_inputs). Drop "
             f"[compression] or select a scheme that has it (secagg+)")
+    # Only what a scheme declared it takes is passed: a scheme without the traits keeps
+    # the two-argument plan of the contract.
+    extra: dict[str, int] = {}
+    if input_bits:
+        extra["input_bits"] = input_bits
+    if interleave:
+        extra["interleave"] = interleave
     try:
-        params = (choice.scheme.plan(clients, per_worker, input_bits=input_bits) if input_bits
-                  else choice.scheme.plan(clients, per_worker))
+        params = choice.scheme.plan(clients, per_worker, **extra)
     except (ConfigError, RefusedError) as exc:
         prefix = where.removesuffix("[secure_aggregation]")
         raise type(exc)(f"{prefix}{exc}") from None
@@ -183,13 +191,27 @@ def round_params(choice: SchemeChoice, clients: int, where: str = "[secure_aggre
 
 
 def plan_cohort(cohort: Sequence[int], live: Sequence[int],
-                pinned: Mapping[int, int] | None = None) -> dict[int, list[int]]:
-    """Which rank plays which clients: round-robin over ``live`` in client order, or ``pinned``."""
+                pinned: Mapping[int, int] | None = None,
+                order: Sequence[int] | None = None) -> dict[int, list[int]]:
+    """Which rank plays which clients (each rank's sorted): ``pinned``, or round-robin over
+    ``live`` in ``order`` (a scheme's, the trait ``interleave``), or in client order."""
     plan: dict[int, list[int]] = {}
-    for i, client in enumerate(sorted(cohort)):
+    for i, client in enumerate(sorted(cohort) if order is None else order):
         rank = live[i % len(live)] if pinned is None else pinned[client]
         plan.setdefault(rank, []).append(client)
-    return plan
+    return {rank: sorted(clients) for rank, clients in plan.items()}
+
+
+def interleaved_order(choice: SchemeChoice, cohort: Sequence[int],
+                      round_seed: bytes) -> list[int]:
+    """The scheme's order of ``cohort`` for this round (the trait ``interleave``), checked."""
+    order = [int(c) for c in cast(InterleavedScheme, choice.scheme).order(round_seed, cohort)]
+    if sorted(order) != sorted(cohort):
+        raise RefusedError(
+            f"[secure_aggregation] name = {choice.name!r}: the scheme's order() of a cohort of "
+            f"{len(cohort)} clients is not a permutation of it: the scheme contradicts itself; "
+            f"report it to its author")
+    return order
 
 
 def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: float = 1.0,
@@ -216,8 +238,9 @@ def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: floa
     plan = plan_cohort(range(cohort), list(range(1, max(1, workers) + 1)))
     loads = [len(cs) for cs in plan.values()]
     where = f"{path}: [secure_aggregation]" if path else "[secure_aggregation]"
+    interleave = len(loads) if traits.interleave else 0
     params = round_params(choice, cohort, where=where, per_worker=max(loads),
-                          input_bits=_input_bits(compression))
+                          input_bits=_input_bits(compression), interleave=interleave)
     facts: dict[str, Any] = {"cohort": cohort, "workers": len(loads),
                              # What a masked coordinate costs on the wire (to_wire).
                              "modulus_bits": params.modulus_bits,
@@ -226,7 +249,9 @@ def secure_plan(choice: SchemeChoice, clients: int, workers: int, fraction: floa
                              "tolerates_dropouts": traits.tolerates_dropouts,
                              "survives_losing_workers": 0, "survives_losing_clients": 0}
     if traits.tolerates_dropouts:
-        facts.update(choice.scheme.describe(params, loads))
+        facts.update(cast(InterleavedScheme, choice.scheme).describe(
+            params, loads, interleave=interleave) if interleave
+            else choice.scheme.describe(params, loads))
     return facts
 
 
@@ -290,11 +315,16 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
     live = ctx.live
     if not live:
         raise RefusedError("[secure_aggregation]: no live worker to play the round's clients")
-    plan = plan_cohort(cohort, live, pinned)
+    # The round's public seed comes first: a scheme with the trait interleave orders the
+    # cohort by it, and the ranks play the clients round-robin in that order.
+    round_seed = secrets.token_bytes(SEED_SIZE)
+    interleave = pinned is None and scheme.traits.interleave
+    plan = plan_cohort(cohort, live, pinned,
+                       interleaved_order(scheme, cohort, round_seed) if interleave else None)
     compression: CompressionPlan | None = ctx.compression
     input_bits = _input_bits(compression)
     params = round_params(scheme, len(cohort), per_worker=max(map(len, plan.values())),
-                          input_bits=input_bits)
+                          input_bits=input_bits, interleave=len(plan) if interleave else 0)
     traits = scheme.traits
     keys = vector_keys(state)
     length = int(sum(np.asarray(state[k]).size for k in keys))
@@ -307,7 +337,6 @@ def secure_sum(ctx: StrategyContext, clients: Sequence[int], *, state: Mapping[s
                            "sum; a secure round has nothing to hide or to average")
     plan_noise = None if noise is None else noise(params, length)
     lost: dict[int, str] = {}
-    round_seed = secrets.token_bytes(SEED_SIZE)
     # A bad unmasking share is searched for by rank: a worker playing several clients
     # could otherwise hide one bad share behind another.
     server = scheme.scheme.server(params, cohort, round_seed, length,

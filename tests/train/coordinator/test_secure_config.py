@@ -106,7 +106,8 @@ def test_the_shipped_secure_example_checks_and_says_its_table():
     assert build_components(plan)["secure_aggregation"].scheme.options.clip_range == 1.0
     assert any(line.startswith("secure_aggregation: secagg+ from plugin 'secagg'")
                and line.endswith("[degree='auto', threshold='auto', clip_range=1.0, "
-                                 "modulus_bits=32]") for line in plan.describe()), \
+                                 "modulus_bits=32, interleave=True]")
+               for line in plan.describe()), \
         plan.describe()
     from click.testing import CliRunner
 
@@ -143,8 +144,15 @@ name = "federated"
 
 
 def test_check_states_how_many_workers_a_round_survives_losing(tmp_path):
-    # The built-in default survives losing any one worker of three playing four clients each.
+    # The built-in default survives losing any one worker of three playing four clients each:
+    # placed along the ring, each client's two neighbours sit on the two other workers.
     checked = _check(tmp_path, "clients = 12")
+    assert checked.exit_code == 0, checked.output
+    assert ("secure aggregation: a cohort of 12 clients over 3 worker(s), at most 4 each; "
+            "degree 2, threshold 2: a round survives losing any 1 worker (any 1 client) at "
+            "any step") in checked.output
+    # In client order the placement is blind to the graph: any 4 clients may be one worker's.
+    checked = _check(tmp_path, "clients = 12", "interleave = false")
     assert checked.exit_code == 0, checked.output
     assert ("secure aggregation: a cohort of 12 clients over 3 worker(s), at most 4 each; "
             "degree 8, threshold 5: a round survives losing any 1 worker (any 4 clients) at "

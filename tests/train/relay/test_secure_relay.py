@@ -24,7 +24,9 @@ from meshkit.train._worker.secure import update_vector, vector_keys
 
 def secagg(**options: Any) -> Any:
     """The built-in ``secagg+`` scheme with these ``[secure_aggregation]`` options."""
-    return choose("secagg+", options)
+    # interleave = false: these tests name the clients each rank plays, round-robin in
+    # client order (test_secure_interleave.py covers the ring's placement).
+    return choose("secagg+", {"interleave": False, **options})
 
 CLIENTS = 10
 LAYOUT = {"hostA": [1, 2], "hostB": [3, 4]}  # and rank 5 dialed the coordinator directly

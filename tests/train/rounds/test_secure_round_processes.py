@@ -82,7 +82,8 @@ def test_a_secure_run_sums_exactly_through_dropouts_and_refuses_below_the_thresh
     config = write_config(
         tmp_path / "run.toml", out, workers=7, rounds=4, task="synthetic", timeout=20.0,
         extra=f"clients = {CLIENTS}\n\n[task]\n" + "\n".join(f"{k} = {v}" for k, v in TASK.items())
-        + "\n\n[secure_aggregation]\ndegree = 0\nthreshold = 6\nclip_range = 1.0\n")
+        + "\n\n[secure_aggregation]\ndegree = 0\nthreshold = 6\nclip_range = 1.0\n"
+        + "interleave = false\n")  # the ranks' clients are named below: client order
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     # Round 4 lost six clients' holders after masking: four replies cannot rebuild any
     # secret, and the run stops there saying so, its last checkpoint round 3's.
@@ -140,7 +141,9 @@ def _run_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, workers: 
         timeout=timeout,
         extra=f"clients = {clients}\n\n[task]\n"
         + "\n".join(f"{k} = {v}" for k, v in task_table.items())
-        + f"\n\n[secure_aggregation]\nclip_range = 1.0\n{secure}\n")
+        + f"\n\n[secure_aggregation]\nclip_range = 1.0\n{secure}\n"
+        # The tests name the clients each rank plays (client order) unless they say not.
+        + ("" if "interleave" in secure else "interleave = false\n"))
     runner = Runner(str(config), on_round=lambda r, state: states.append(state))
     report = runner.run()
     return report, totals, states, read_metrics(out)
@@ -217,15 +220,18 @@ def test_four_clients_with_threshold_three_survive_one_dropping_after_masking(
 @pytest.mark.slow
 def test_three_workers_of_four_clients_survive_losing_one_with_the_defaults(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAULT_ENV, "1:0")  # rank 1 (clients 0, 3, 6, 9) exits after masking
+    # The defaults deal the cohort along the ring: whichever rank plays client 0 exits
+    # after masking, and degree 2, threshold 2 (8 and 5 in client order) must survive it.
+    monkeypatch.setenv(FAULT_ENV, "1:0")
     report, totals, states, rows = _run_recording(tmp_path, monkeypatch, workers=3,
-                                                  clients=12, secure="")
+                                                  clients=12, secure="interleave = true")
     assert report.ok and [r["round"] for r in rows] == [1, 2]
-    assert rows[0]["dropped"] == [1]
-    assert sorted(map(int, rows[0]["served"])) == list(range(12))
+    played = {int(c): int(r) for c, r in rows[0]["served"].items()}
+    assert rows[0]["dropped"] == [played[0]]
+    assert sorted(played) == list(range(12)) and sorted(set(played.values())) == [1, 2, 3]
     assert (totals[0].contributors, totals[1].contributors) == (tuple(range(12)),) * 2
-    first = round_params(secagg(clip_range=1.0), 12, per_worker=4)
-    assert (first.degree, first.threshold) == (8, 5)
+    first = round_params(secagg(clip_range=1.0), 12, per_worker=4, interleave=3)
+    assert (first.degree, first.threshold) == (2, 2)
     # Round 2 plays twelve clients on two workers: the graph grows to survive losing six.
     second = round_params(secagg(clip_range=1.0), 12, per_worker=6)
     assert second.effective_degree == 11

@@ -61,12 +61,14 @@ def _keys(root: Path) -> tuple[dict[int, Path], Path]:
     return keys, authorized
 
 
+# interleave = false: the tests name the clients each rank plays (client order).
 SECURE = """
     clients = 6
 
     [secure_aggregation]
     name = "secagg+"
     clip_range = 1.0
+    interleave = false
 """
 
 
