@@ -250,9 +250,11 @@ def main() -> None:
     parser.add_argument("--cnn-rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="trial t runs seed FIRST_SEED + t (more trials in a later run)")
     parser.add_argument("--schemes", default=None,
-                        help="comma list of: " + ", ".join(SCHEMES) + " (default: every one "
-                        "but the secure and broadcast ones)")
+                        help="comma list of: " + ", ".join(SCHEMES).replace("%", "%%")
+                        + " (default: every one but the secure and broadcast ones)")
     parser.add_argument("--broadcast", action="store_true",
                         help="compare " + ", ".join(BROADCAST) + " and print the bytes per "
                         "round up and down")
@@ -285,14 +287,16 @@ def main() -> None:
             for name in chosen:
                 with tempfile.TemporaryDirectory() as tmp:
                     results[name].append(run_one(
-                        workload, rounds, SCHEMES[name], trial, args.workers, Path(tmp) / "run",
+                        workload, rounds, SCHEMES[name], args.first_seed + trial, args.workers,
+                        Path(tmp) / "run",
                         args.secure_clip if name in SECURE else None))
-                print(f"{workload} trial {trial + 1} {name}: accuracy "
+                print(f"{workload} seed {args.first_seed + trial} {name}: accuracy "
                       f"{results[name][-1]['accuracy']:.4f}", flush=True)
         nan = [{"accuracy": float("nan")}]
         base = statistics.median(r["accuracy"] for r in results.get("none") or nan)
         secure_base = statistics.median(r["accuracy"] for r in results.get("secure") or nan)
-        print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds 0..{args.trials - 1})")
+        print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds "
+              f"{args.first_seed}..{args.first_seed + args.trials - 1})")
         print(f"{'scheme':<22}{'bits/coord':>11}{'vs f32':>8}{'resid':>7}{'up/fit B':>10}"
               f"{'down/rnd B':>12}  accuracy median (min, max)  vs none")
         for name in chosen:
