@@ -20,6 +20,11 @@ TCP on loopback (the transport counts every frame body both ways):
 Schemes, each against the same run uncompressed (the baseline, in the same
 invocation and with the same seeds): ``quantize`` 8 bits, ``quantize`` 2 bits
 rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
+``top-k-32x-ef`` and ``top-k-32x`` (with and without error feedback; not in
+the default list) run at the largest fraction whose fields are at most 1/32
+of the same keys in float32 on every chosen workload, as the plugin rounds
+``k`` per key (0.014539930555555556 = 67/4608 for digits and the CNN
+together), or at ``--topk-fraction``.
 Under secure aggregation (``secagg+``, ``clip_range`` ``--secure-clip``):
 ``secure`` (its own 32-bit field) against ``secure-int8`` (``quantize`` 8 bits
 inside the masking field, ``8 + ceil(log2 n)`` bits); ``vs none`` is then
@@ -41,6 +46,14 @@ Per row:
   worker instead, so its figure is per worker partial;
 * ``acc``: final accuracy, median over trials with (min, max), and its
   difference from the uncompressed run's median.
+
+A second table gives, per scheme, the compressed keys' payload as the
+wire's codec lays it out (``payload B``: a tensor-table entry per field,
+its name and shape, each piece aligned to 64 bytes; the residual aside)
+against the same keys in float32 (``f32 B``), the bytes the wire carried per
+fit (``wire up/fit``, as above) per compressed coordinate (``wire bits``),
+and each trial's accuracy minus the uncompressed run's with the same seed
+(for the secure schemes too: against plain ``none`` when it ran).
 
 The Flower 1.42 row is Flower's own serialisation of the same model's
 arrays as float32 (``flwr.common.ndarrays_to_parameters``): Flower ships no
