@@ -20,6 +20,11 @@ TCP on loopback (the transport counts every frame body both ways):
 Schemes, each against the same run uncompressed (the baseline, in the same
 invocation and with the same seeds): ``quantize`` 8 bits, ``quantize`` 2 bits
 rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
+``top-k-32x-ef`` and ``top-k-32x`` (with and without error feedback; not in
+the default list) run at the largest fraction whose fields are at most 1/32
+of the same keys in float32 on every chosen workload, as the plugin rounds
+``k`` per key (0.014539930555555556 = 67/4608 for digits and the CNN
+together), or at ``--topk-fraction``.
 Under secure aggregation (``secagg+``, ``clip_range`` ``--secure-clip``):
 ``secure`` (its own 32-bit field) against ``secure-int8`` (``quantize`` 8 bits
 inside the masking field, ``8 + ceil(log2 n)`` bits); ``vs none`` is then
@@ -41,6 +46,14 @@ Per row:
   worker instead, so its figure is per worker partial;
 * ``acc``: final accuracy, median over trials with (min, max), and its
   difference from the uncompressed run's median.
+
+A second table gives, per scheme, the compressed keys' payload as the
+wire's codec lays it out (``payload B``: a tensor-table entry per field,
+its name and shape, each piece aligned to 64 bytes; the residual aside)
+against the same keys in float32 (``f32 B``), the bytes the wire carried per
+fit (``wire up/fit``, as above) per compressed coordinate (``wire bits``),
+and each trial's accuracy minus the uncompressed run's with the same seed
+(for the secure schemes too: against plain ``none`` when it ran).
 
 The Flower 1.42 row is Flower's own serialisation of the same model's
 arrays as float32 (``flwr.common.ndarrays_to_parameters``): Flower ships no
@@ -91,6 +104,10 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     "quantize-2-rotated": {"name": "quantize", "bits": 2, "rotate": True},
     "top-k-1.5%-ef": {"name": "top-k", "fraction": 0.015},
     "top-k-1.5%": {"name": "top-k", "fraction": 0.015, "error_feedback": False},
+    # top-k at the largest fraction whose fields are <= 1/32 of float32 on every chosen
+    # workload (set in main() by under_32(), or --topk-fraction).
+    "top-k-32x-ef": {"name": "top-k", "fraction": 0.0},
+    "top-k-32x": {"name": "top-k", "fraction": 0.0, "error_feedback": False},
     # Under [secure_aggregation] (SECURE); "secure" is their baseline.
     "secure": None,
     "secure-int8": {"name": "quantize", "bits": 8},
@@ -105,6 +122,8 @@ BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
 GRID = ("none", "quantize-8", "quantize-8+grid")
 #: The schemes that run under [secure_aggregation].
 SECURE = ("secure", "secure-int8")
+#: The schemes whose fraction main() sets (under_32()).
+AT_32 = ("top-k-32x-ef", "top-k-32x")
 
 
 def _workload(name: str, rounds: int) -> dict[str, Any]:
@@ -179,6 +198,55 @@ def payload_bits(workload: str, scheme: dict[str, Any] | None,
     return 8 * sent / coords, 8 * sum(a.nbytes for a in residual.values()) / coords
 
 
+def _compressed_floats(workload: str) -> dict[str, np.ndarray]:
+    """The keys the round engine compresses: float arrays, the task's buffers aside."""
+    task = _task(workload)
+    state = task.init_state(0)
+    return {k: v for k, v in state.items() if k not in buffer_keys(task)
+            and isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size}
+
+
+def under_32(workloads: list[str]) -> float:
+    """The largest top-k ``fraction`` whose fields --
+    ``ceil(fraction * n)`` uint32 indices and float32 values per key -- are at most 1/32 of
+    the same keys in float32 on every workload, as the plugin's own ``k`` rounds."""
+    sizes = [[v.size for v in _compressed_floats(w).values()] for w in workloads]
+    compressor = meshkit.plugins.create("compression", "top-k", {"fraction": 0.01})
+
+    def fits(fraction: float) -> bool:
+        compressor.fraction = fraction
+        return all(8 * sum(compressor.k(n) for n in ns) * 32 <= 4 * sum(ns) for ns in sizes)
+
+    # sum(k) steps up just past each j / n: try those from the top (one float below j / n
+    # where the product rounds up past j).
+    candidates = sorted({j / n for ns in sizes for n in ns for j in range(1, n // 16 + 2)},
+                        reverse=True)
+    for fraction in candidates:
+        for nudge in (fraction, float(np.nextafter(fraction, 0.0))):
+            if fits(nudge):
+                return nudge
+    raise SystemExit("no top-k fraction gets under 1/32 of float32 on " + ", ".join(workloads))
+
+
+def encoded_bytes(workload: str, scheme: dict[str, Any] | None) -> tuple[int, int]:
+    """(the compressed keys' payload, the same keys in float32), each as the wire's codec lays
+    it out (``meshkit.wire.encode_state``: a tensor-table entry per field with its name and
+    shape, each piece aligned to 64 bytes), the residual aside."""
+    from meshkit.wire import encode_state
+
+    floats = _compressed_floats(workload)
+    plain = encode_state({k: np.asarray(v, np.float32) for k, v in floats.items()}).nbytes
+    if scheme is None:
+        return plain, plain
+    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast", "clip_range")}
+    compressor = meshkit.plugins.create("compression", scheme["name"], options)
+    rng = np.random.default_rng(0)
+    fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
+              for k, v in floats.items()}
+    payload, _ = encode_update(compressor, floats, fitted, seed=1)
+    return encode_state({k: a for k, a in payload.items() if not is_residual(k)}).nbytes, plain
+
+
 def flower_bytes(workload: str) -> int:
     """What a Flower 1.42 client uploads per fit: its own serialisation of the float32 arrays."""
     from flwr.common import ndarrays_to_parameters
@@ -195,9 +263,11 @@ def main() -> None:
     parser.add_argument("--cnn-rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="trial t runs seed FIRST_SEED + t (more trials in a later run)")
     parser.add_argument("--schemes", default=None,
-                        help="comma list of: " + ", ".join(SCHEMES) + " (default: every one "
-                        "but the secure and broadcast ones)")
+                        help="comma list of: " + ", ".join(SCHEMES).replace("%", "%%")
+                        + " (default: every one but the secure and broadcast ones)")
     parser.add_argument("--broadcast", action="store_true",
                         help="compare " + ", ".join(BROADCAST) + " and print the bytes per "
                         "round up and down")
@@ -208,13 +278,21 @@ def main() -> None:
                         help="[compression] clip_range of quantize-8+grid")
     parser.add_argument("--secure-clip", type=float, default=0.25,
                         help="[secure_aggregation] clip_range of the secure schemes")
+    parser.add_argument("--topk-fraction", type=float, default=None,
+                        help="top-k fraction of " + ", ".join(AT_32) + " (default: the largest "
+                        "whose fields are at most 1/32 of float32 on every chosen workload)")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
+    fraction = args.topk_fraction or under_32(list(workloads))
+    for name in AT_32:
+        SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": fraction}
     SCHEMES["quantize-8+grid"] = {**SCHEMES["quantize-8+grid"], "clip_range": args.grid_clip}
     default = BROADCAST if args.broadcast else GRID if args.grid else [
         s for s in SCHEMES if s not in SECURE and s not in ("quantize-8+broadcast",
                                                             "quantize-8+grid")]
     chosen = [s for s in args.schemes.split(",") if s] if args.schemes else list(default)
+    if any(s in AT_32 for s in chosen):
+        print(f"{', '.join(s for s in chosen if s in AT_32)}: fraction {fraction!r}", flush=True)
     for workload in workloads:
         rounds = args.digits_rounds if workload == "digits" else args.cnn_rounds
         results: dict[str, list[dict[str, float]]] = {s: [] for s in chosen}
@@ -222,14 +300,16 @@ def main() -> None:
             for name in chosen:
                 with tempfile.TemporaryDirectory() as tmp:
                     results[name].append(run_one(
-                        workload, rounds, SCHEMES[name], trial, args.workers, Path(tmp) / "run",
+                        workload, rounds, SCHEMES[name], args.first_seed + trial, args.workers,
+                        Path(tmp) / "run",
                         args.secure_clip if name in SECURE else None))
-                print(f"{workload} trial {trial + 1} {name}: accuracy "
+                print(f"{workload} seed {args.first_seed + trial} {name}: accuracy "
                       f"{results[name][-1]['accuracy']:.4f}", flush=True)
         nan = [{"accuracy": float("nan")}]
         base = statistics.median(r["accuracy"] for r in results.get("none") or nan)
         secure_base = statistics.median(r["accuracy"] for r in results.get("secure") or nan)
-        print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds 0..{args.trials - 1})")
+        print(f"\n{workload}: {rounds} rounds, {args.trials} trials (seeds "
+              f"{args.first_seed}..{args.first_seed + args.trials - 1})")
         print(f"{'scheme':<22}{'bits/coord':>11}{'vs f32':>8}{'resid':>7}{'up/fit B':>10}"
               f"{'down/rnd B':>12}  accuracy median (min, max)  vs none")
         for name in chosen:
@@ -252,10 +332,30 @@ def main() -> None:
                   f"{results['secure-int8'][0]['cohort']:.0f})")
         if args.broadcast or args.grid:
             _bytes_table(chosen, results)
+        _wire_table(workload, chosen, results, base)
         flower = flower_bytes(workload)
         print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"
               f"{'':>12}  (Flower's FedAvg uploads these bytes per fit; no compression)\n",
               flush=True)
+
+
+def _wire_table(workload: str, chosen: list[str], results: dict[str, list[dict[str, float]]],
+                base: float) -> None:
+    """The payload as the codec lays it out, against float32; and what the wire carried."""
+    coords = sum(v.size for v in _compressed_floats(workload).values())
+    print(f"\n{'scheme':<22}{'payload B':>10}{'f32 B':>8}{'ratio':>8}{'bits/coord':>11}"
+          f"{'wire up/fit':>12}{'wire bits':>10}  vs none (each trial, pt)")
+    for name in chosen:
+        scheme = SCHEMES[name]
+        sent, plain = encoded_bytes(workload, scheme) if name not in SECURE else (0, 0)
+        up = statistics.mean(r["up_per_fit"] for r in results[name])
+        paired = " ".join(f"{100 * (r['accuracy'] - b['accuracy']):+.2f}"
+                          for r, b in zip(results[name], results.get("none", [])))
+        median = statistics.median(r["accuracy"] for r in results[name])
+        codec = (f"{sent:>10}{plain:>8}{plain / sent:>7.1f}x{8 * sent / coords:>11.3f}"
+                 if sent else f"{'-':>10}{'-':>8}{'-':>8}{'-':>11}")  # secure: nothing of it
+        print(f"{name:<22}{codec}{up:>12.0f}{8 * up / coords:>10.2f}  {paired} "
+              f"(median {100 * (median - base):+.2f})")
 
 
 def _bytes_table(chosen: list[str], results: dict[str, list[dict[str, float]]]) -> None:
