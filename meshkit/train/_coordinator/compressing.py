@@ -43,7 +43,8 @@ def compression_plan(plan: Any, strategy: Any, privacy: Any,
             f"or use a strategy that declares it (federated)")
     chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
                              plan.create("compression"), broadcast=broadcast,
-                             clip_range=cfg.compression_clip_range)
+                             clip_range=cfg.compression_clip_range,
+                             residual=cfg.compression_residual)
     check_compression(chosen, where=str(cfg.path),
                       private_client_clip=privacy is not None and privacy.placement == "client",
                       secure=None if scheme is None else scheme.traits)
