@@ -101,6 +101,11 @@ def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[s
     if plan.worker_residual:
         if ctx.residual_pins is None:
             ctx.residual_pins = ResidualPins()
+            if ctx.start_round:
+                log.warning("[compression] residual = \"worker\": a resumed run's workers do "
+                            "not hold the residuals the checkpoint's rounds left, so every "
+                            "client's error feedback restarts from a zero residual "
+                            "(docs/compression.md)")
         pinned = ctx.residual_pins.plan([(w.key, w.rank) for w in work], ctx.live)
     out = []
     for w in work:
