@@ -109,6 +109,8 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
 BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
 #: The schemes ``--grid`` compares.
 GRID = ("none", "quantize-8", "quantize-8+grid")
+#: ``--digits-hidden``: the digits MLP's hidden width (None: the task's default, 32).
+DIGITS_HIDDEN: list[int | None] = [None]
 #: The schemes ``--efwire`` compares.
 EFWIRE = ("none", "none-flat", "top-k-ef-worker")
 #: The schemes whose rounds are played flat (a round deadline they never reach).
@@ -122,7 +124,8 @@ def _workload(name: str, rounds: int) -> dict[str, Any]:
         return {"run": {"task": "digits"},
                 "strategy": {"name": "federated", "rounds": rounds, "clients": 100,
                              "fraction": 1.0},
-                "task": {"lr": 0.5, "epochs": 2}}
+                "task": {"lr": 0.5, "epochs": 2,
+                         **({"hidden": DIGITS_HIDDEN[0]} if DIGITS_HIDDEN[0] else {})}}
     return {"run": {"task": "examples.torch.digits_cnn:task"},
             "strategy": {"name": "federated", "rounds": rounds, "clients": 6,
                          "fraction": 1.0},
@@ -158,7 +161,8 @@ def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int
 
 
 def _task(workload: str) -> Any:
-    return meshkit.plugins.create("task", "digits") if workload == "digits" else \
+    hidden = {"hidden": DIGITS_HIDDEN[0]} if DIGITS_HIDDEN[0] else {}
+    return meshkit.plugins.create("task", "digits", hidden) if workload == "digits" else \
         meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
 
 
@@ -224,6 +228,8 @@ def main() -> None:
     parser.add_argument("--efwire", action="store_true",
                         help="compare " + ", ".join(EFWIRE) + " and print the measured "
                         "upload per fit against the flat uncompressed run's")
+    parser.add_argument("--digits-hidden", type=int, default=None,
+                        help="the digits MLP's hidden width (default: the task's, 32)")
     parser.add_argument("--ef-fraction", type=float, default=0.0145,
                         help="top-k's fraction in the top-k-ef-* schemes")
     parser.add_argument("--grid-clip", type=float, default=0.25,
@@ -232,6 +238,7 @@ def main() -> None:
                         help="[secure_aggregation] clip_range of the secure schemes")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
+    DIGITS_HIDDEN[0] = args.digits_hidden
     SCHEMES["quantize-8+grid"] = {**SCHEMES["quantize-8+grid"], "clip_range": args.grid_clip}
     for name in ("top-k-ef-worker", "top-k-ef-coordinator"):
         SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": args.ef_fraction}
