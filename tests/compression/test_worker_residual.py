@@ -112,3 +112,48 @@ def test_a_resumed_run_restarts_error_feedback_from_zero_and_says_so(tmp_path):
     rows = read_metrics(tmp_path / "crashed")
     assert rows[-1]["round"] == 4
     assert not load_checkpoint(tmp_path / "crashed").clients
+
+
+#: A digits task whose worker process dies at its ``DIE_AT_FIT``-th fit (the first to get
+#: there; the mark file says which).
+DYING = '''
+import os, signal
+from meshkit_tasks.digits import DigitsTask
+
+
+class Dying(DigitsTask):
+    fits = 0
+
+    def fit(self, *args, **kwargs):
+        Dying.fits += 1
+        if str(Dying.fits) == os.environ.get("DIE_AT_FIT"):
+            try:
+                os.close(os.open(os.environ["DIE_MARK"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().fit(*args, **kwargs)
+'''
+
+
+def test_a_lost_workers_clients_move_and_restart_from_zero_counted(tmp_path):
+    (tmp_path / "dying.py").write_text(DYING)
+    extra = ('clients = 6\nmin_clients = 1\n\n[compression]\nname = "top-k"\n'
+             'fraction = 0.05\nresidual = "worker"\n')
+    config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=4,
+                          task="dying:Dying", extra=extra)
+    # A worker serves about 3 clients a round: its 7th fit is in round 3.
+    result = run_cli("run", str(config), cwd=str(tmp_path), timeout=180,
+                     env={"PYTHONPATH": str(tmp_path), "DIE_AT_FIT": "7",
+                          "DIE_MARK": str(tmp_path / "died")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "died").exists()
+    rows = read_metrics(tmp_path / "out")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    moved = [r["residual_restarts"] for r in rows]
+    # Until the loss nobody moved; the lost rank's clients moved once, to the rank left.
+    assert moved[0] == moved[1] == 0, moved
+    assert sum(moved) >= 1 and moved[-1] == 0, moved
+    assert len(rows[-1]["served"]) == 6 and len(set(rows[-1]["served"].values())) == 1
+    assert "restart error feedback from a zero residual" in result.stdout + result.stderr
