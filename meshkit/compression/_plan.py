@@ -167,7 +167,7 @@ def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
                     raw: Collection[str] = ()) -> dict[str, Any]:
     """What one client's compressed update of ``state`` carries (``meshkit check``): the
     payload's bits per compressed coordinate (float32: 32), the keys sent whole, the
-    residual error feedback sends back (bytes), and whether the model goes down the same
+    residual error feedback keeps (bytes) and where (``residual_kept``), and whether the model goes down the same
     way (``broadcast``). Encoded for real, from a seeded update."""
     keys = compressed_keys(state, raw)
     start = {k: np.asarray(state[k]) for k in keys}
@@ -181,4 +181,5 @@ def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
             "bits_per_coordinate": 8 * sent / coordinates if coordinates else 0.0,
             "whole": sorted(k for k in state if k not in set(keys)),
             "residual_bytes": sum(int(v.nbytes) for v in residual.values()),
+            "residual_kept": plan.residual,
             "broadcast": plan.broadcast}

@@ -17,7 +17,7 @@ import pytest
 from meshkit.checkpoint import load_checkpoint
 from meshkit.train import read_metrics
 
-from tests.support.cli import run_cli
+from tests.support.cli import check_in_process, run_cli
 from tests.support.configs import KILLER, write_config
 
 pytestmark = pytest.mark.slow
@@ -157,3 +157,26 @@ def test_a_lost_workers_clients_move_and_restart_from_zero_counted(tmp_path):
     assert sum(moved) >= 1 and moved[-1] == 0, moved
     assert len(rows[-1]["served"]) == 6 and len(set(rows[-1]["served"].values())) == 1
     assert "restart error feedback from a zero residual" in result.stdout + result.stderr
+
+
+def test_check_says_the_residual_stays_on_the_worker(tmp_path):
+    config = write_config(tmp_path / "job.toml", tmp_path / "out", workers=2, rounds=1,
+                          extra='clients = 4\n\n[compression]\nname = "top-k"\n'
+                                'fraction = 0.015\nresidual = "worker"\n')
+    result = check_in_process(str(config))
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("upload:"))
+    assert "residual (9,640 bytes a client) stays on the worker each client is pinned to" \
+        in line, line
+    bad = write_config(tmp_path / "bad.toml", tmp_path / "out", workers=2, rounds=1,
+                       extra='clients = 4\n\n[compression]\nname = "quantize"\n'
+                             'residual = "worker"\n')
+    result = check_in_process(str(bad))
+    assert result.returncode == 2 and "CompressionTraits.stateful" in result.stderr, \
+        result.stderr
+    typo = write_config(tmp_path / "typo.toml", tmp_path / "out", workers=2, rounds=1,
+                        extra='clients = 4\n\n[compression]\nname = "top-k"\n'
+                              'residual = "node"\n')
+    result = check_in_process(str(typo))
+    assert result.returncode == 2 and "[compression] residual" in result.stderr, \
+        result.stderr
