@@ -180,3 +180,17 @@ def test_check_says_the_residual_stays_on_the_worker(tmp_path):
     result = check_in_process(str(typo))
     assert result.returncode == 2 and "[compression] residual" in result.stderr, \
         result.stderr
+
+
+def test_with_broadcast_the_model_goes_down_as_deltas_and_the_bits_are_the_default_modes(
+        tmp_path):
+    ef = '\n[compression]\nname = "top-k"\nfraction = 0.05\nbroadcast = true\n'
+    here = _run(tmp_path, "coordinator", ef, rounds=3, clients=4)
+    there = _run(tmp_path, "worker", ef + 'residual = "worker"\n', rounds=3, clients=4)
+    a, b = load_checkpoint(tmp_path / "worker"), load_checkpoint(tmp_path / "coordinator")
+    for key in b.state:
+        assert a.state[key].tobytes() == b.state[key].tobytes(), key
+    # Neither direction carries a residual (2,410 float32 coordinates, 9,640 bytes a
+    # client); the worker-kept run's requests are one a client, each naming its generation.
+    for way in ("bytes_down", "bytes_up"):
+        assert here[-1][way] - there[-1][way] >= 0.9 * 4 * 9640, (way, here[-1], there[-1])
