@@ -115,11 +115,23 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     "quantize-8+broadcast": {"name": "quantize", "bits": 8, "broadcast": True},
     # [compression] clip_range: one integer sum of codes a worker (--grid-clip sets it).
     "quantize-8+grid": {"name": "quantize", "bits": 8, "clip_range": 0.25},
+    # Uncompressed, played flat (a round deadline no round reaches): each client uploads
+    # its whole model, so a fit's bytes on the wire are measured (--efwire's baseline).
+    "none-flat": None,
+    # Error feedback with the residual kept by the worker (--efwire, --ef-fraction).
+    "top-k-ef-worker": {"name": "top-k", "fraction": 0.0145, "residual": "worker"},
+    "top-k-ef-coordinator": {"name": "top-k", "fraction": 0.0145},
 }
 #: The schemes ``--broadcast`` compares.
 BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
 #: The schemes ``--grid`` compares.
 GRID = ("none", "quantize-8", "quantize-8+grid")
+#: ``--digits-hidden``: the digits MLP's hidden width (None: the task's default, 32).
+DIGITS_HIDDEN: list[int | None] = [None]
+#: The schemes ``--efwire`` compares.
+EFWIRE = ("none", "none-flat", "top-k-ef-worker")
+#: The schemes whose rounds are played flat (a round deadline they never reach).
+FLAT = ("none-flat",)
 #: The schemes that run under [secure_aggregation].
 SECURE = ("secure", "secure-int8")
 #: The schemes whose fraction main() sets (under_32()).
@@ -131,7 +143,8 @@ def _workload(name: str, rounds: int) -> dict[str, Any]:
         return {"run": {"task": "digits"},
                 "strategy": {"name": "federated", "rounds": rounds, "clients": 100,
                              "fraction": 1.0},
-                "task": {"lr": 0.5, "epochs": 2}}
+                "task": {"lr": 0.5, "epochs": 2,
+                         **({"hidden": DIGITS_HIDDEN[0]} if DIGITS_HIDDEN[0] else {})}}
     return {"run": {"task": "examples.torch.digits_cnn:task"},
             "strategy": {"name": "federated", "rounds": rounds, "clients": 6,
                          "fraction": 1.0},
@@ -139,7 +152,8 @@ def _workload(name: str, rounds: int) -> dict[str, Any]:
 
 
 def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int,
-            workers: int, out: Path, secure_clip: float | None = None) -> dict[str, float]:
+            workers: int, out: Path, secure_clip: float | None = None,
+            flat: bool = False) -> dict[str, float]:
     config = _workload(workload, rounds)
     config["run"].update({"seed": seed, "out": str(out)})
     config["mesh"] = {"launch": "local", "workers": workers, "transport": "tcp"}
@@ -147,10 +161,13 @@ def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int
         config["compression"] = dict(scheme)
     if secure_clip is not None:
         config["secure_aggregation"] = {"name": "secagg+", "clip_range": secure_clip}
+    if flat:
+        config["strategy"]["round_timeout"] = 3600.0
     meshkit.run(config)
     rows = read_metrics(out)
     fits = [r["secure_sum_of"] if secure_clip is not None
-            else len(r["clients"]) if scheme is not None else len(r["answered"]) for r in rows]
+            else len(r["clients"]) if scheme is not None or flat else len(r["answered"])
+            for r in rows]
     return {"accuracy": float(rows[-1]["accuracy"]), "cohort": statistics.mean(fits),
             "up_per_round": statistics.mean(r["bytes_up"] for r in rows),
             "up_per_fit": statistics.mean(r["bytes_up"] / n for r, n in zip(rows, fits)),
@@ -163,7 +180,8 @@ def run_one(workload: str, rounds: int, scheme: dict[str, Any] | None, seed: int
 
 
 def _task(workload: str) -> Any:
-    return meshkit.plugins.create("task", "digits") if workload == "digits" else \
+    hidden = {"hidden": DIGITS_HIDDEN[0]} if DIGITS_HIDDEN[0] else {}
+    return meshkit.plugins.create("task", "digits", hidden) if workload == "digits" else \
         meshkit.task.create_task("examples.torch.digits_cnn:task", {"threads": 1})
 
 
@@ -188,13 +206,16 @@ def payload_bits(workload: str, scheme: dict[str, Any] | None,
     coords = sum(v.size for v in floats.values())
     if scheme is None:
         return 32.0, 0.0
-    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast", "clip_range")}
+    options = {k: v for k, v in scheme.items()
+               if k not in ("name", "broadcast", "clip_range", "residual")}
     compressor = meshkit.plugins.create("compression", scheme["name"], options)
     rng = np.random.default_rng(0)
     fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
               for k, v in floats.items()}
     payload, residual = encode_update(compressor, floats, fitted, seed=1)
     sent = sum(a.nbytes for k, a in payload.items() if not is_residual(k))
+    if scheme.get("residual") == "worker":  # kept by the worker: it never travels
+        return 8 * sent / coords, 0.0
     return 8 * sent / coords, 8 * sum(a.nbytes for a in residual.values()) / coords
 
 
@@ -274,6 +295,13 @@ def main() -> None:
     parser.add_argument("--grid", action="store_true",
                         help="compare " + ", ".join(GRID) + " and print the bytes per round "
                         "up and down")
+    parser.add_argument("--efwire", action="store_true",
+                        help="compare " + ", ".join(EFWIRE) + " and print the measured "
+                        "upload per fit against the flat uncompressed run's")
+    parser.add_argument("--digits-hidden", type=int, default=None,
+                        help="the digits MLP's hidden width (default: the task's, 32)")
+    parser.add_argument("--ef-fraction", type=float, default=0.0145,
+                        help="top-k's fraction in the top-k-ef-* schemes")
     parser.add_argument("--grid-clip", type=float, default=0.25,
                         help="[compression] clip_range of quantize-8+grid")
     parser.add_argument("--secure-clip", type=float, default=0.25,
@@ -283,13 +311,16 @@ def main() -> None:
                         "whose fields are at most 1/32 of float32 on every chosen workload)")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
+    DIGITS_HIDDEN[0] = args.digits_hidden
     fraction = args.topk_fraction or under_32(list(workloads))
     for name in AT_32:
         SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": fraction}
     SCHEMES["quantize-8+grid"] = {**SCHEMES["quantize-8+grid"], "clip_range": args.grid_clip}
-    default = BROADCAST if args.broadcast else GRID if args.grid else [
-        s for s in SCHEMES if s not in SECURE and s not in ("quantize-8+broadcast",
-                                                            "quantize-8+grid")]
+    for name in ("top-k-ef-worker", "top-k-ef-coordinator"):
+        SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": args.ef_fraction}
+    default = BROADCAST if args.broadcast else GRID if args.grid else EFWIRE if args.efwire \
+        else [s for s in SCHEMES if s not in SECURE and s not in (
+            "quantize-8+broadcast", "quantize-8+grid", *EFWIRE[1:], "top-k-ef-coordinator")]
     chosen = [s for s in args.schemes.split(",") if s] if args.schemes else list(default)
     if any(s in AT_32 for s in chosen):
         print(f"{', '.join(s for s in chosen if s in AT_32)}: fraction {fraction!r}", flush=True)
@@ -302,7 +333,7 @@ def main() -> None:
                     results[name].append(run_one(
                         workload, rounds, SCHEMES[name], args.first_seed + trial, args.workers,
                         Path(tmp) / "run",
-                        args.secure_clip if name in SECURE else None))
+                        args.secure_clip if name in SECURE else None, flat=name in FLAT))
                 print(f"{workload} seed {args.first_seed + trial} {name}: accuracy "
                       f"{results[name][-1]['accuracy']:.4f}", flush=True)
         nan = [{"accuracy": float("nan")}]
@@ -333,6 +364,8 @@ def main() -> None:
         if args.broadcast or args.grid:
             _bytes_table(chosen, results)
         _wire_table(workload, chosen, results, base)
+        if "none-flat" in results:
+            _upload_table(workload, chosen, results)
         flower = flower_bytes(workload)
         print(f"{'flower-1.42 (none)':<22}{32.0:>11.2f}{1.0:>7.1f}x{0:>7}{flower:>10}"
               f"{'':>12}  (Flower's FedAvg uploads these bytes per fit; no compression)\n",
@@ -372,6 +405,30 @@ def _bytes_table(chosen: list[str], results: dict[str, list[dict[str, float]]]) 
         print(f"{name:<22}{mean(name, 'up_later'):>10.0f}{mean(name, 'down_first'):>11.0f}"
               f"{mean(name, 'down_later'):>12.0f}{f'({low:.0f}, {high:.0f})':>18}"
               f"{mean(name, 'down_later') / base:>13.3f}x")
+
+
+def _upload_table(workload: str, chosen: list[str],
+                  results: dict[str, list[dict[str, float]]]) -> None:
+    """Each scheme's upload per fit as the transport counted it, against the flat
+    uncompressed run's (every client uploads its whole model): the raw ratio, and the
+    ratio of what is left once the fixed part of a reply (its metrics, names and framing:
+    the flat run's bytes less its model's) is taken off, against float32's bytes."""
+    state = _task(workload).init_state(0)
+    model = sum(int(v.nbytes) for v in state.values() if isinstance(v, np.ndarray))
+    f32 = sum(4 * int(v.size) for v in state.values() if isinstance(v, np.ndarray))
+    flat = statistics.mean(r["up_per_fit"] for r in results["none-flat"])
+    fixed = flat - model
+    print(f"\nmeasured upload per fit: the flat uncompressed fit {flat:.0f} B = the model "
+          f"{model} B + {fixed:.0f} B fixed (metrics, names, framing); float32: {f32} B")
+    print(f"{'scheme':<22}{'up/fit B':>10}{'(min, max)':>18}{'vs flat':>9}"
+          f"{'less fixed':>12}{'vs f32':>9}")
+    for name in chosen:
+        if name in ("none", "none-flat"):
+            continue
+        fits = [r["up_per_fit"] for r in results[name]]
+        up = statistics.mean(fits)
+        print(f"{name:<22}{up:>10.0f}{f'({min(fits):.0f}, {max(fits):.0f})':>18}"
+              f"{up / flat:>9.4f}{up - fixed:>12.0f}{(up - fixed) / f32:>9.4f}")
 
 
 if __name__ == "__main__":

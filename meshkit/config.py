@@ -330,6 +330,10 @@ class Config:
     #: ``[compression] clip_range``: the shared grid a linear batched round's clients
     #: quantise onto, so each worker sends one exact sum (a kernel key, as broadcast).
     compression_clip_range: float | None = None
+    #: ``[compression] residual``: where error feedback's residual is kept, ``"coordinator"``
+    #: (its client-local store; the residual travels with each fit) or ``"worker"`` (the
+    #: worker that serves the client keeps it and it never travels; a kernel key).
+    compression_residual: str = "coordinator"
 
     def speeds(self) -> Speeds | None:
         """The ``[simulation]`` clients' durations (None without the table); a
@@ -514,6 +518,15 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                               f"quantises onto), got {clip_range!r}")
         clip_range = float(clip_range)
         compression = attrs.evolve(compression, options=options)
+    residual = "coordinator"
+    if compression is not None and "residual" in compression.options:
+        options = dict(compression.options)
+        residual = options.pop("residual")
+        if residual not in ("coordinator", "worker"):
+            raise ConfigError(f"{path}: [compression] residual: expected \"coordinator\" (error "
+                              f"feedback's residual kept by the coordinator) or \"worker\" (kept "
+                              f"by the worker that serves the client), got {residual!r}")
+        compression = attrs.evolve(compression, options=options)
     attack = _attack_table(table("attack"), path) if "attack" in data else None
     secure = optional("secure_aggregation", DEFAULT_SECURE_AGGREGATION,
                       "a secure-aggregation scheme's name (e.g. \"secagg+\")")
@@ -532,4 +545,5 @@ def parse_config(data: Mapping[str, Any], *, path: str = "<config>") -> Config:
                   partitioner=partitioner, observers=tuple(observers), attack=attack,
                   privacy=privacy, simulation=simulation, secure_aggregation=secure,
                   compression=compression, compression_broadcast=broadcast,
-                  compression_clip_range=clip_range, **selections)
+                  compression_clip_range=clip_range, compression_residual=residual,
+                  **selections)

@@ -134,8 +134,10 @@ def _upload_line(upload: dict[str, Any]) -> str:
         shown = ", ".join(upload["whole"][:4]) + (", ..." if len(upload["whole"]) > 4 else "")
         line += f"; sent whole: {shown}"
     if upload["residual_bytes"]:
+        where = ("stays on the worker each client is pinned to"
+                 if upload.get("residual_kept") == "worker" else "travels with each fit")
         line += (f"; error feedback's residual ({upload['residual_bytes']:,} bytes a client) "
-                 f"travels with each fit")
+                 f"{where}")
     if upload.get("broadcast"):
         line += ("; broadcast: the model goes down the same way, as a delta against the "
                  "model each worker holds (whole in a worker's first round)")

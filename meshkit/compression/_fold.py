@@ -92,8 +92,12 @@ class CompressedSum:
 
     def __init__(self, compressor: Compressor, reference: Mapping[str, Any], *,
                  raw: Collection[str] = (), fraction_bits: int = DEFAULT_FRACTION_BITS,
-                 name: str = "fedavg", step: int = DECODE_STEP) -> None:
+                 name: str = "fedavg", step: int = DECODE_STEP,
+                 residuals: bool = True) -> None:
         self.compressor, self.reference, self.raw = compressor, reference, tuple(raw)
+        #: Whether a stateful compressor's payloads carry residuals (False: its workers
+        #: keep them, ``[compression] residual = "worker"``).
+        self.residuals = residuals
         self.name, self.step = name, max(1, int(step))
         self.fraction_bits = fraction_bits
         self.one = float(2 ** fraction_bits)
@@ -118,7 +122,8 @@ class CompressedSum:
         """A ProtocolError unless ``payload`` fits the compressor's bounds key by key (the
         check :meth:`add` starts with; nothing is decoded), so a round can refuse a payload
         as it arrives rather than when its turn to be folded comes."""
-        checked_payload(self.compressor, payload, self.reference, raw=self.raw, what=what)
+        checked_payload(self.compressor, payload, self.reference, raw=self.raw, what=what,
+                        residuals=self.residuals)
 
     def add(self, payload: Mapping[str, Any], weight: float, *,
             source: str) -> dict[str, np.ndarray]:
@@ -126,7 +131,8 @@ class CompressedSum:
         w = check_weight(weight, source, name=self.name)
         scale = w * self.one
         fields_of, residuals = checked_payload(self.compressor, payload, self.reference,
-                                               raw=self.raw, what=source)
+                                               raw=self.raw, what=source,
+                                               residuals=self.residuals)
         done: list[tuple[str, int]] = []  # (key, chunks added)
         bounds = dict(self.bounds)
         try:

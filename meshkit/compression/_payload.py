@@ -20,7 +20,9 @@ every length bounded by the wire before it is allocated. Per model key:
 * with a ``stateful`` compressor (error feedback) the client's new residual
   of ``k`` travels as ``k + SEP + "residual"`` (float32, the key's size): the
   coordinator keeps it in its client-local store and sends it with the
-  client's next fit.
+  client's next fit -- unless ``[compression] residual = "worker"``, where the
+  worker keeps it (:mod:`meshkit.train._worker.residuals`) and the payload
+  carries no residual (``residuals=False`` below).
 
 :func:`decode_contribution` checks a payload against the round's model
 before any decoder runs: every field present, of its declared dtype and at
@@ -130,14 +132,16 @@ def decoded(compressor: Compressor, fields: Mapping[str, np.ndarray], size: int,
 
 def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
                         reference: Mapping[str, Any], *, raw: Collection[str] = (),
-                        what: str = "a contribution"
+                        what: str = "a contribution", residuals: bool = True
                         ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(the contribution ``payload`` stands for, its residuals) -- or a ProtocolError.
 
     ``reference`` is the round's model (what the client started from, its
-    ``raw`` keys aside).
+    ``raw`` keys aside); ``residuals=False``: a stateful compressor's payload
+    carries none (its worker keeps them).
     """
-    fields_of, residuals = checked_payload(compressor, payload, reference, raw=raw, what=what)
+    fields_of, kept = checked_payload(compressor, payload, reference, raw=raw, what=what,
+                                      residuals=residuals)
     state: dict[str, Any] = {}
     for key, ref in reference.items():
         if key not in fields_of:
@@ -149,21 +153,22 @@ def decode_contribution(compressor: Compressor, payload: Mapping[str, Any],
             raise ProtocolError(f"{what}: key {key!r} does not decode: {exc}") from None
         total = np.asarray(ref, np.float64).ravel() + update
         state[key] = total.astype(ref.dtype).reshape(ref.shape)
-    return state, residuals
+    return state, kept
 
 
 def checked_payload(compressor: Compressor, payload: Mapping[str, Any],
                     reference: Mapping[str, Any], *, raw: Collection[str] = (),
-                    what: str = "a contribution"
+                    what: str = "a contribution", residuals: bool = True
                     ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """(each compressed key's fields, the residuals) of ``payload``, checked field by field
     against the compressor's :meth:`~Compressor.bounds` before anything is decoded -- or a
     ProtocolError. Every other key of ``reference`` is in ``payload`` (it is not checked
-    further here), and ``payload`` holds nothing else."""
-    stateful = compression_traits(compressor).stateful
+    further here), and ``payload`` holds nothing else -- with ``residuals=False`` no
+    residual either (a worker that keeps its clients' residuals sends none)."""
+    stateful = compression_traits(compressor).stateful and residuals
     chosen = set(compressed_keys(reference, raw))
     fields_of: dict[str, dict[str, np.ndarray]] = {}
-    residuals: dict[str, np.ndarray] = {}
+    kept_of: dict[str, np.ndarray] = {}
     used: set[str] = set()
     for key, ref in reference.items():
         if key not in chosen:
@@ -197,13 +202,13 @@ def checked_payload(compressor: Compressor, payload: Mapping[str, Any],
                     kept.shape != (size,):
                 raise ProtocolError(f"{what}: key {key!r}'s residual is missing or not "
                                     f"float32[{size}] (error feedback sends it back)")
-            residuals[name] = kept
+            kept_of[name] = kept
             used.add(name)
     extra = sorted(set(payload) - used)
     if extra:
         raise ProtocolError(f"{what} holds entries the round's model has no place for: "
                             f"{extra[:4]!r}")
-    return fields_of, residuals
+    return fields_of, kept_of
 
 
 def field_codes(compressor: Any, update: np.ndarray, *, seed: int, clip_range: float,

@@ -72,10 +72,27 @@ class CompressionPlan:
     #: shared grid ``[-clip_range, clip_range]`` and each worker sends one integer sum
     #: (:class:`~meshkit.compression.CodeSum`); None: each client's payload on its own grid.
     clip_range: float | None = None
+    #: ``[compression] residual``: where error feedback keeps a client's residual --
+    #: ``"coordinator"`` (its client-local store; the residual rides with each fit and its
+    #: result) or ``"worker"`` (the worker the client is pinned to keeps it; it never
+    #: travels: :mod:`meshkit.train._worker.residuals`).
+    residual: str = "coordinator"
 
     @property
     def traits(self) -> CompressionTraits:
         return compression_traits(self.compressor)
+
+    @property
+    def residuals_travel(self) -> bool:
+        """Whether a payload carries its client's new residuals (error feedback whose
+        residuals the coordinator keeps)."""
+        return self.traits.stateful and self.residual == "coordinator"
+
+    @property
+    def worker_residual(self) -> bool:
+        """Whether each worker keeps its clients' residuals (error feedback, ``residual =
+        "worker"``): clients are pinned to workers and nothing of a residual travels."""
+        return self.traits.stateful and self.residual == "worker"
 
     def request(self, raw: Collection[str] = ()) -> dict[str, Any]:
         """A fit request's ``compress`` field: which compressor, and the keys sent whole."""
@@ -130,6 +147,12 @@ def check_compression(plan: CompressionPlan, *, where: str, private_client_clip:
             raise RefusedError(
                 f"{where}: [compression] clip_range with name = {plan.name!r}: {why}. Drop "
                 f"clip_range (each client's payload then travels on its own grid)")
+    if plan.residual == "worker" and not traits.stateful:
+        raise RefusedError(
+            f"{where}: [compression] residual = \"worker\" with name = {plan.name!r}: it says "
+            f"where error feedback keeps each client's residual, and this compressor keeps "
+            f"none (it lacks the trait CompressionTraits.stateful). Drop residual, or use a "
+            f"compressor with error feedback (top-k, error_feedback = true)")
     if private_client_clip and not traits.contractive:
         raise RefusedError(
             f"{where}: [compression] name = {plan.name!r} with [privacy] clip = \"client\": "
@@ -144,7 +167,7 @@ def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
                     raw: Collection[str] = ()) -> dict[str, Any]:
     """What one client's compressed update of ``state`` carries (``meshkit check``): the
     payload's bits per compressed coordinate (float32: 32), the keys sent whole, the
-    residual error feedback sends back (bytes), and whether the model goes down the same
+    residual error feedback keeps (bytes) and where (``residual_kept``), and whether the model goes down the same
     way (``broadcast``). Encoded for real, from a seeded update."""
     keys = compressed_keys(state, raw)
     start = {k: np.asarray(state[k]) for k in keys}
@@ -158,4 +181,5 @@ def upload_estimate(plan: CompressionPlan, state: Mapping[str, Any],
             "bits_per_coordinate": 8 * sent / coordinates if coordinates else 0.0,
             "whole": sorted(k for k in state if k not in set(keys)),
             "residual_bytes": sum(int(v.nbytes) for v in residual.values()),
+            "residual_kept": plan.residual,
             "broadcast": plan.broadcast}

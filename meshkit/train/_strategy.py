@@ -266,6 +266,10 @@ class StrategyContext:
     #: ``[compression]`` (:class:`meshkit.compression.CompressionPlan`); None: fits upload
     #: their whole model (:func:`meshkit.train.fold_round` applies it).
     compression: Any = None
+    #: ``[compression] residual = "worker"``: which rank keeps each client's residual
+    #: (:class:`meshkit.train._rounds.pins.ResidualPins`, made by the first compressed
+    #: round); None otherwise.
+    residual_pins: Any = None
     #: Bytes of one piece of a contribution the flat round pulls and folds piece by piece
     #: (:mod:`meshkit.train._rounds.pieces`; a model within one piece comes whole).
     piece_bytes: int = DEFAULT_PIECE_BYTES

@@ -42,8 +42,7 @@ import numpy as np
 from meshkit import plugins
 from meshkit.attack import choose_attackers
 from meshkit.aggregation import refuse_unless_linear
-from meshkit.compression import (CompressionPlan, check_compression, check_model_keys,
-                                 upload_estimate)
+from meshkit.compression import check_model_keys, upload_estimate
 from meshkit.errors import ConfigError, MeshError, RefusedError
 from meshkit.options import structure_options
 from meshkit.partitioner import (DEFAULT_PARTITIONER, is_lazy, is_per_node, label_counts,
@@ -53,6 +52,7 @@ from meshkit.secure_aggregation import SchemeChoice
 from meshkit.spill import check_spill, spill_dir
 from meshkit.task import buffer_keys, build_task, check_task
 from meshkit.train._attacks import AttackPlan
+from meshkit.train._coordinator.compressing import compression_plan
 from meshkit.train._coordinator.observers import build_observers
 from meshkit.train._rounds.secure import secure_plan
 from meshkit.train._sharding import shard_bounds
@@ -453,38 +453,6 @@ def _private_instead(cfg: Any) -> str:
             f"a linear aggregator (fedavg), the one kind both accept: [privacy] clip_norm "
             f"bounds each update on the clients (clip = \"client\") and the secure round "
             f"sums them; or remove the [privacy] table")
-
-
-def compression_plan(plan: Any, strategy: Any, privacy: Any,
-                     scheme: SchemeChoice | None = None) -> CompressionPlan | None:
-    """The run's ``[compression]`` (None without the table), refused where it cannot compose
-    (:mod:`meshkit.compression._plan` decides by the compressor's traits and, under
-    ``[secure_aggregation]``, ``scheme``'s)."""
-    cfg = plan.config
-    if cfg.compression is None:
-        return None
-    traits = strategy_traits(strategy)
-    if not traits.compressed:
-        raise RefusedError(
-            f"{cfg.path}: [compression] name = {cfg.compression.name!r} with [strategy] name = "
-            f"{cfg.strategy.name!r}: only a strategy whose client fits go through the round "
-            f"engine can upload them compressed, and {traits.lacks('compressed')}. Use a "
-            f"strategy that declares it (federated), or remove the [compression] table")
-    broadcast = bool(cfg.compression_broadcast)
-    if broadcast and not traits.broadcast:
-        raise RefusedError(
-            f"{cfg.path}: [compression] broadcast = true with [strategy] name = "
-            f"{cfg.strategy.name!r}: only a strategy that hands each worker the round's model "
-            f"through the round engine's set_state can send it as a delta, and "
-            f"{traits.lacks('broadcast')}. Drop broadcast (uploads are still compressed), "
-            f"or use a strategy that declares it (federated)")
-    chosen = CompressionPlan(cfg.compression.name, dict(cfg.compression.options),
-                             plan.create("compression"), broadcast=broadcast,
-                             clip_range=cfg.compression_clip_range)
-    check_compression(chosen, where=str(cfg.path),
-                      private_client_clip=privacy is not None and privacy.placement == "client",
-                      secure=None if scheme is None else scheme.traits)
-    return chosen
 
 
 def check_secure_aggregation(cfg: Any, strategy: Any, aggregator: Any) -> None:

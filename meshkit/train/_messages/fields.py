@@ -56,7 +56,9 @@ Activation = NewType("Activation", object)
 #: A simulated attacker's data poisoning: ``{"name": ATTACK, "options": {key: JSON value}}``.
 Poison = NewType("Poison", dict)
 #: ``[compression]``: ``{"name": COMPRESSOR, "options": {key: JSON value}, "raw": [keys]}``,
-#: and in a grid batch (``fit_batch``) ``"clip_range": float``.
+#: and in a grid batch (``fit_batch``) ``"clip_range": float``; with ``[compression] residual =
+#: "worker"`` a fit's ``"residual": {"client": int, "from": seed?}`` (the residual the fit
+#: seeded ``from`` left on this worker is fed back; without ``from``, none).
 Compress = NewType("Compress", dict)
 
 #: Secure aggregation (``secagg_*``): client ids, sorted and distinct.
@@ -183,9 +185,9 @@ def _poison(value: Any, _: Any) -> dict[str, Any]:
 
 def _compress(value: Any, _: Any) -> dict[str, Any]:
     if not isinstance(value, abc.Mapping) or not {"name", "options", "raw"} <= set(value) \
-            or set(value) - {"name", "options", "raw", "clip_range"}:
-        raise TypeError(f"expected a compressor {{name, options, raw, clip_range?}}, got "
-                        f"{_shown(value)}")
+            or set(value) - {"name", "options", "raw", "clip_range", "residual"}:
+        raise TypeError(f"expected a compressor {{name, options, raw, clip_range?, "
+                        f"residual?}}, got {_shown(value)}")
     raw = value["raw"]
     if not isinstance(raw, list) or len(raw) > MAX_STATE_KEYS:
         raise TypeError(f"the keys sent whole must be a list of at most {MAX_STATE_KEYS} "
@@ -197,6 +199,25 @@ def _compress(value: Any, _: Any) -> dict[str, Any]:
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1e300:
             raise ValueError(f"clip_range must be a positive number, got {_shown(c)}")
         out["clip_range"] = float(c)
+    if "residual" in value:  # error feedback's residual kept on this worker
+        out["residual"] = _residual_field(value["residual"])
+    return out
+
+
+def _residual_field(value: Any) -> dict[str, int]:
+    """A fit's ``compress.residual``: which client, and the seed of the fit whose residual
+    this one feeds back (docs/protocol.md)."""
+    if not isinstance(value, abc.Mapping) or "client" not in value \
+            or set(value) - {"client", "from"}:
+        raise TypeError(f"expected a residual {{client, from?}}, got {_shown(value)}")
+    out = {}
+    for name, high in (("client", MAX_COUNT), ("from", MAX_SEED)):
+        if name in value:
+            v = value[name]
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
+                raise ValueError(f"residual {name} must be an integer 0..{high}, got "
+                                 f"{_shown(v)}")
+            out[name] = int(v)
     return out
 
 def _client_ids(value: Any, _: Any) -> list[int]:

@@ -98,7 +98,8 @@ class FitRequest:
     compress: Compress | None = _field("compressor", "`[compression]`: reply with (or keep) "
                                        "the update compressed by this compressor, every key "
                                        "but `raw` (docs/compression.md, the payload); `local` "
-                                       "then also carries the client's residuals",
+                                       "then also carries the client's residuals -- or, "
+                                       "`compress.residual`, the worker keeps them",
                                        optional=True)
 
     def __attrs_post_init__(self) -> None:
@@ -309,6 +310,9 @@ class FitBatchRequest:
                                   optional=True)
 
     def __attrs_post_init__(self) -> None:
+        if self.compress is not None and "residual" in self.compress:
+            raise ValueError("a batch's compress names no residual: a client whose residual "
+                             "its worker keeps is served by a fit of its own")
         grid = self.compress is not None and "clip_range" in self.compress
         if grid:
             if self.weight is None or self.fraction_bits is not None or self.locals:

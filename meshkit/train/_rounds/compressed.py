@@ -57,6 +57,7 @@ from meshkit.train._local_keys import ClientLocal
 from meshkit.train._messages import Signature, check_contribution, signature
 from meshkit.train._pool import protocol_reason
 from meshkit.train._rounds.batched import _Batched, batch_applies
+from meshkit.train._rounds.pins import ResidualPins
 from meshkit.train._relay.grid import grid_sum_request, parse_grid_sum_answer
 from meshkit.train._rounds.relayed import relay_groups, relay_plan_applies, relay_weight
 from meshkit.train._rounds.scheduler import small_reply
@@ -84,24 +85,40 @@ def compressed_work(ctx: StrategyContext, work: Sequence[Work], state: Mapping[s
     buffers (BatchNorm's statistics are estimates, not updates: a sparsified running
     variance breaks the normalisation, and they are small). With error feedback the
     store is the run's client-local store (FedBN's), whose keys then also name each
-    compressed key's residual, and whose values travel with the client's fit.
+    compressed key's residual, and whose values travel with the client's fit -- unless
+    ``[compression] residual = "worker"``: then each client is pinned to the worker that
+    keeps its residual, and its request names only which fit left it (:mod:`.pins`).
     """
     plan: CompressionPlan = ctx.compression
     store = local if local else None
     own = {k for k in (store.keys if store is not None else ()) if not is_residual(k)}
     raw = sorted(own | (ctx.buffers & set(state)))
-    if plan.traits.stateful:
+    if plan.residuals_travel:
         store = ctx.client_local
         store.keys = store.keys | {residual_name(k) for k in compressed_keys(state, raw)}
     field = plan.request(raw)
+    pinned: dict[int, tuple[int, dict[str, Any]]] = {}
+    if plan.worker_residual:
+        if ctx.residual_pins is None:
+            ctx.residual_pins = ResidualPins()
+            if ctx.start_round:
+                log.warning("[compression] residual = \"worker\": a resumed run's workers do "
+                            "not hold the residuals the checkpoint's rounds left, so every "
+                            "client's error feedback restarts from a zero residual "
+                            "(docs/compression.md)")
+        pinned = ctx.residual_pins.plan([(w.key, w.rank) for w in work], ctx.live)
     out = []
     for w in work:
         request = {**w.request, "compress": field}
         kept = store.of(w.key) if store is not None else {}
         if kept:
             request["local"] = {**kept, **dict(w.request.get("local") or {})}
+        if w.key in pinned:
+            rank, residual = pinned[w.key]
+            request["compress"] = {**field, "residual": residual}
+            w = attrs.evolve(w, rank=rank)
         out.append(attrs.evolve(w, request=request))
-    return out, store, Unpacker(plan, tuple(raw))
+    return out, store, Unpacker(plan, tuple(raw), plan.residuals_travel)
 
 
 @attrs.frozen
@@ -111,11 +128,13 @@ class Unpacker:
     plan: CompressionPlan
     #: The keys sent whole (:func:`compressed_work`).
     raw: tuple[str, ...]
+    #: Whether a payload carries its client's residuals (False: none, or its worker's).
+    residuals: bool = True
 
     def decode(self, payload: Mapping[str, Any], reference: Mapping[str, Any],
                what: str) -> tuple[dict[str, Any], dict[str, Any]]:
         return decode_contribution(self.plan.compressor, payload, reference, raw=self.raw,
-                                   what=what)
+                                   what=what, residuals=self.residuals)
 
 
 #: A compressed batch's payloads may take this many bytes even when ``window`` whole
@@ -201,7 +220,8 @@ def flat_payload_fold(call: Any) -> PayloadFold | None:
     own = frozenset(k for k in (store.keys if store is not None else ()) if not is_residual(k))
     reference = {k: v for k, v in call.state.items() if k not in own}
     summed = CompressedSum(unpack.plan.compressor, reference,
-                           raw=[k for k in unpack.raw if k not in own], name=mean.name)
+                           raw=[k for k in unpack.raw if k not in own], name=mean.name,
+                           residuals=unpack.residuals)
     expected = signature(call.reference)
     whole = {k: expected[k] for k in expected if k not in set(summed.keys)}
     return PayloadFold(summed, own, store, whole)
@@ -250,7 +270,7 @@ def batch_size_bound(plan: CompressionPlan, state: Mapping[str, Any], raw: Seque
     :data:`BATCH_BYTES` when that is more (a small model's batch is cut as the uncompressed
     batched round's is)."""
     keys = compressed_keys(state, raw)
-    residual = 4 if plan.traits.stateful else 0
+    residual = 4 if plan.residuals_travel else 0
     payload = sum(np.dtype(dtype).itemsize * int(most)
                   for k in keys
                   for dtype, most in plan.compressor.bounds(int(state[k].size)).values())
@@ -282,7 +302,8 @@ def fold_compressed_batched(ctx: StrategyContext, requests: Mapping[int, Mapping
             ctx, dict(requests), state, how, label,
             {k: expected[k] for k in grid.whole_keys if k in expected}, grid, weight)
     else:
-        fold = CompressedSum(plan.compressor, state, raw=unpack.raw, name=name)
+        fold = CompressedSum(plan.compressor, state, raw=unpack.raw, name=name,
+                             residuals=unpack.residuals)
         whole = {k: expected[k] for k in fold.whole_keys if k in expected}
         batched = _CompressedBatched(ctx, dict(requests), state, how, label, whole, fold,
                                      store, weight)

@@ -188,7 +188,10 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     call = RoundCall(ctx, work, state=state, weight=weight, window=window, given=fold,
                      label=label, deadline=deadline, reference=reference, local=local,
                      batch=batch, send_state=send_state, on_stale=on_stale)
-    return round_path(call).play(call)
+    folded = round_path(call).play(call)
+    if call.compressed is not None and ctx.residual_pins is not None:
+        ctx.residual_pins.folded(folded.served, call.requests)
+    return folded
 
 
 class RoundCall:
@@ -257,7 +260,9 @@ class RoundCall:
 
     @functools.cached_property
     def pinned(self) -> dict[int, int]:
-        return {w.key: w.rank for w in self.work if w.rank is not None}
+        # A compressed round may pin its clients (residual = "worker": .pins).
+        work = self.work if self.compressed is None else self.compressed[0]
+        return {w.key: w.rank for w in work if w.rank is not None}
 
     @functools.cached_property
     def how(self) -> str | None:

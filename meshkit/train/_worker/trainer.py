@@ -73,6 +73,7 @@ from meshkit.train._worker.held import Compressors, Stale, apply_broadcast, only
 from meshkit.train._worker.held import by_key, with_local
 from meshkit.train._worker.local_sgd import LocalSGD
 from meshkit.train._worker.pieces import take_piece
+from meshkit.train._worker.residuals import WorkerResiduals
 from meshkit.train._messages import MAX_SEQ, MIN_SEQ, check_contribution, check_request
 from meshkit.train._messages import signature
 from meshkit.train._protocol import TAG_REPLY, TAG_REQUEST, decode, encode
@@ -139,6 +140,8 @@ class Trainer:
     _poisoners: dict[str, Any] = attrs.Factory(dict)
     #: Compressors named by fit requests (``compress``), built once per name and options.
     _compressors: Compressors = attrs.Factory(Compressors)
+    #: ``[compression] residual = "worker"``: this worker's clients' residuals.
+    residuals: WorkerResiduals = attrs.Factory(WorkerResiduals)
     #: Contiguous blocks' bounds per client count (the blocks themselves are views).
     _blocks: dict[int, list[tuple[int, int]]] = attrs.Factory(dict)
     #: The partitioner's whole split per (set, client count), for a partitioner
@@ -521,11 +524,16 @@ class Trainer:
         against the model it started from, with the client's residual fed back."""
         chosen = request["compress"]
         start = request["state"] if "state" in request else self._require_state("fit")
-        residual = {k[:-len(SEP + RESIDUAL)]: v for k, v in (request.get("local") or {}).items()
-                    if is_residual(k)}
-        payload, _ = encode_update(self._compressors.of(chosen), with_local(start, request),
-                                   fitted, seed=int(request["seed"]), raw=chosen["raw"],
-                                   residual=residual)
+        pinned = chosen.get("residual")  # residual = "worker": kept here, never sent
+        residual = ({k[:-len(SEP + RESIDUAL)]: v for k, v in (request.get("local") or {}).items()
+                     if is_residual(k)} if pinned is None
+                    else self.residuals.take(pinned["client"], pinned.get("from")))
+        payload, kept = encode_update(self._compressors.of(chosen), with_local(start, request),
+                                      fitted, seed=int(request["seed"]), raw=chosen["raw"],
+                                      residual=residual)
+        if pinned is not None:
+            self.residuals.keep(pinned["client"], int(request["seed"]), pinned.get("from"), kept)
+            payload = {k: v for k, v in payload.items() if k not in kept}
         return payload
 
     def _secure_fit(self, request: Mapping[str, Any]
