@@ -38,7 +38,6 @@ from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error, t
 from meshkit.options import parse_options, structure_options
 from meshkit.task import resolve_task_component
 from meshkit.train._worker.trainer import serve_trainer
-from meshkit.wire import recycle_large_messages
 
 __all__ = ["serve_train_job", "with_node_options", "node_data", "node_attack"]
 
@@ -119,17 +118,10 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         raise
     try:
         device = task_device(caps.device, str(spec.get("device") or ""), caps.devices)
-        # This worker holds each round's model until the next one has arrived: two
-        # bodies take turns, so from the third round on a model-sized message is read
-        # into memory the kernel does not fault in and zero again (a body is reused
-        # only once nothing refers to it: meshkit.wire's reference count).
-        recycle_large_messages(2)
         report = serve_trainer(group, spec, control, device=device, signing=signing)
     except MeshError as exc:
         report_job_error(group, job_id, exc)
         return None
-    finally:
-        recycle_large_messages(0)  # the kept bodies go with the job
     if report.job is None and job_id is not None:
         report = attrs.evolve(report, job=job_id)
     return report

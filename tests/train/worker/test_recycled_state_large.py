@@ -1,7 +1,8 @@
 """A worker's model-sized bodies are reused, never while user code holds them (issue 39).
 
-A node serving a train job keeps two received bodies above the wire's message
-size for reuse (``meshkit.wire.recycle_large_messages(2)``). The state a fit
+A worker process that keeps two received bodies above the wire's message size
+for reuse (``meshkit.wire.recycle_large_messages(2)``; no train job turns it
+on today, docs/wire.md) hands its fits views of them. The state a fit
 is given is views of its body, so a task that keeps what it was given (user
 code may) must find it unchanged however many later models arrived; and when
 nothing holds an old body, a later model is read into its memory.
@@ -60,7 +61,7 @@ def run_rounds(rounds: int, keep_given: bool, monkeypatch) -> tuple[list, list, 
                for r in (1, 2)]
     threads = [threading.Thread(target=serve_trainer, args=(g, SPEC), daemon=True)
                for g in workers]
-    wire.recycle_large_messages(2)  # as serve_train_job does for its job's length
+    wire.recycle_large_messages(2)  # for the rounds' length, as a worker would
     try:
         for t in threads:
             t.start()
