@@ -28,8 +28,9 @@ a lower bound: the round's seconds include the workers' fits and the fold.
 The transfer itself is measured apart from the fits (this tree only; every
 tree with ``--phases-all``, so the baselines pay the wrapper's cost too): the
 coordinator runs through :data:`PHASES_WRAPPER`, which times every
-model-sized frame it writes (the *state out*: bytes over the seconds its
-writes took, the worker reading as it arrives) and each contribution pulled
+model-sized frame it writes (the *state out*: bytes over the seconds during
+which at least one of its writes was under way, the worker reading as it
+arrives; writes to several workers at once count their overlap once) and each contribution pulled
 piece by piece (*contribution in*: from asking for its first piece to its
 last folded, so the fold between pieces counts against it), in the rounds
 after the first; and samples its RSS every 5 ms, keeping the highest in
@@ -129,7 +130,8 @@ PHASES_WRAPPER = textwrap.dedent("""
             try:
                 return send(self, kind, tag, flags, encoded, *args, **kwargs)
             finally:
-                frames_out.append((rounds[0], time.perf_counter() - started, encoded.nbytes))
+                frames_out.append((rounds[0], time.perf_counter() - started, encoded.nbytes,
+                                   started))
                 phase[0] = "fits (state sent)" if before in ("round start", "state out") \
                     else before
         _channel.Channel._send_buffers = timed_send
@@ -249,17 +251,34 @@ def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
         if phases and extra.exists():
             traced = json.loads(extra.read_text())
             first = 2 if rounds > 1 else 1  # the rounds after the first, as the seconds
-            sent = [(t, n) for r, t, n in traced["frames_out"] if r >= first]
+            sent = [(t, n) for r, t, n, *_ in traced["frames_out"] if r >= first]
             pulled = [t for r, t in traced["pulls"] if r >= first]
             got["phases"] = traced["phases"]
             got["usage"] = traced.get("usage", {})
             if sent:  # the state out: every model-sized frame the coordinator wrote
-                got["out"] = sum(n for _, n in sent) / sum(t for t, _ in sent)
+                got["out"] = sum(n for _, n in sent) / writing_seconds(
+                    [f for f in traced["frames_out"] if f[0] >= first])
                 # Each in turn: the first worker's fit runs beside the writes to the next.
                 got["each"] = [n / t for t, n in sent]
             if pulled:  # a contribution in: its first piece asked for to its last folded
                 got["in"] = params * 4 / statistics.median(pulled)
         return got
+
+
+def writing_seconds(frames: list) -> float:
+    """Seconds during which at least one of ``frames`` ((round, seconds, bytes, start)) was
+    being written: writes to several workers at once count once (their union), writes one
+    after another add up (the sum of their durations, as before the start was recorded)."""
+    if any(len(f) < 4 for f in frames):
+        return sum(f[1] for f in frames)
+    spans = sorted((f[3], f[3] + f[1]) for f in frames)
+    total, (lo, hi) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            total, lo, hi = total + hi - lo, start, end
+        else:
+            hi = max(hi, end)
+    return total + hi - lo
 
 
 def raw_stream(nbytes: int, encrypt: bool = False, into_memory: bool = False) -> float:

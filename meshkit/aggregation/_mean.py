@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from meshkit.aggregation._arenas import arena
 from meshkit.aggregation._contract import check_weight, default_source
 from meshkit.aggregation._json import (
     json_accumulate,
@@ -404,7 +405,8 @@ class MeanFold:
                 # Start each accumulator on a 64-byte boundary.
                 align = max(64 // acc_dtype.itemsize, 1)
                 offsets[acc_dtype] = start + -(-value.size // align) * align
-        arenas = {dtype: np.empty(size, dtype=dtype) for dtype, size in offsets.items()}
+        # A model-sized arena is the round before last's, when nothing holds it (_arenas).
+        arenas = {dtype: arena(dtype, size) for dtype, size in offsets.items()}
         for key, value in plan.items():
             if not is_array(value):
                 entries[key] = value

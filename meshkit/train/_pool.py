@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
@@ -64,6 +65,15 @@ def wire_bytes(pool: Any) -> tuple[int, int] | None:
 #: How often (seconds) a wait for replies looks at the dead ledger: a death
 #: the transport records mid-wait is acted on within this long.
 POLL_SECONDS = 0.1
+
+#: A request carrying at least this many bytes of arrays is written on a thread of its
+#: own (module docstring): below it a write is short, and a thread would cost more.
+CONCURRENT_BYTES = 4 << 20
+
+
+def _array_bytes(message: Mapping[str, Any]) -> int:
+    """Bytes of the arrays in an encoded message's top level (a state is flattened there)."""
+    return sum(v.nbytes for v in message.values() if isinstance(v, np.ndarray))
 
 
 @attrs.frozen
@@ -244,6 +254,17 @@ class _Outstanding:
     tickets: collections.deque[tuple[int, float | None, dict[str, Any]]] = attrs.Factory(
         collections.deque)
     since: float = 0.0
+    #: The ticket whose request a writer thread is still writing (0: none): its deadline
+    #: starts when the write is done (:meth:`written`).
+    writing: int = 0
+
+    def written(self, seq: int) -> None:
+        """The request of ticket ``seq`` is all on the wire: its worker starts on it now
+        (when it is the oldest owed; else when the one before it is answered)."""
+        if self.writing == seq:
+            if self.tickets and self.tickets[0][0] == seq:
+                self.since = time.monotonic()
+            self.writing = 0
 
     def push(self, seq: int, timeout: float | None, request: Mapping[str, Any]) -> None:
         if not self.tickets:
@@ -257,8 +278,10 @@ class _Outstanding:
         return seq
 
     def deadline(self) -> float:
-        timeout = self.tickets[0][1]
-        return math.inf if timeout is None else self.since + timeout
+        seq, timeout, _ = self.tickets[0]
+        if timeout is None or seq == self.writing:
+            return math.inf  # (a write in progress is bounded by the link's stall timeout)
+        return self.since + timeout
 
 
 def _answers_to(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -299,6 +322,11 @@ class GroupPool:
     _abandoned: set[int] = attrs.Factory(set)
     #: Requests to host relays: seq -> (relay name, the rank addressed, deadline).
     _relay_owed: dict[int, tuple[str, int, float]] = attrs.Factory(dict)
+    #: The writer thread of each rank's latest request written on a thread (module
+    #: docstring), and what a writer raised that is no lost link (raised by the pool's
+    #: next send or receive, as a write on the caller's thread would have raised it).
+    _writers: dict[int, threading.Thread] = attrs.Factory(dict)
+    _write_errors: list[BaseException] = attrs.Factory(list)
 
     def wire_bytes(self) -> tuple[int, int] | None:
         """(body bytes received, body bytes sent) so far, as the transport counted them on
@@ -320,6 +348,7 @@ class GroupPool:
         ticket fails when the relay is lost (not when one of its ranks is),
         or after ``timeout`` seconds.
         """
+        self.flush()  # a relay's link carries its ranks' requests too: keep their order
         self._seq += 1
         seq = self._seq
         live = self.relays.get(name)
@@ -412,16 +441,59 @@ class GroupPool:
         if rank in dead:
             self._failed.append(Reply(rank, None, dead[rank], seq))
             return seq
-        try:
-            self.group.send(rank, TAG_REQUEST, encode({**request, "seq": seq}))
-        except (PeerLostError, OSError) as exc:
-            self.declare_dead(rank, f"send failed: {exc}")
-            self._failed.append(Reply(rank, None, self.group.dead.get(rank, str(exc)), seq))
+        self._raise_write_error()
+        message = encode({**request, "seq": seq})
+        before = self._writers.get(rank)
+        if before is not None and not before.is_alive():
+            before = None
+            del self._writers[rank]
+        if before is None and _array_bytes(message) < CONCURRENT_BYTES:
+            try:
+                self.group.send(rank, TAG_REQUEST, message)
+            except (PeerLostError, OSError) as exc:
+                self.declare_dead(rank, f"send failed: {exc}")
+                self._failed.append(Reply(rank, None, self.group.dead.get(rank, str(exc)),
+                                          seq))
+                return seq
+            self._owed.setdefault(rank, _Outstanding()).push(seq, timeout, request)
             return seq
-        self._owed.setdefault(rank, _Outstanding()).push(seq, timeout, request)
+        owes = self._owed.setdefault(rank, _Outstanding())
+        owes.push(seq, timeout, request)
+        owes.writing = seq
+        writer = threading.Thread(target=self._write, args=(rank, seq, message, before, owes),
+                                  name=f"meshkit-pool-write-{rank}", daemon=True)
+        self._writers[rank] = writer
+        writer.start()
         return seq
 
+    def _write(self, rank: int, seq: int, message: Mapping[str, Any],
+               before: threading.Thread | None, owes: _Outstanding) -> None:
+        """A writer thread: ``message`` to ``rank`` once the request before it is written."""
+        if before is not None:
+            before.join()
+        try:
+            if rank not in self.group.dead:  # (else its ticket fails from the ledger)
+                self.group.send(rank, TAG_REQUEST, message)
+        except (PeerLostError, OSError) as exc:
+            self.declare_dead(rank, f"send failed: {exc}")
+        except BaseException as exc:  # e.g. a payload the wire cannot carry: the caller's
+            self._write_errors.append(exc)
+            self.declare_dead(rank, f"send failed: {exc}")
+        finally:
+            owes.written(seq)
+
+    def _raise_write_error(self) -> None:
+        if self._write_errors:
+            raise self._write_errors.pop(0)
+
+    def flush(self) -> None:
+        """Wait until every request sent is written (or its write failed). Bounded: each
+        write is bounded by its link's stall timeout."""
+        for rank in list(self._writers):
+            self._writers.pop(rank).join()
+
     def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
+        self._raise_write_error()
         while True:
             reply = self._next(block, until)
             if reply is None or reply.seq not in self._abandoned:
@@ -512,6 +584,7 @@ class GroupPool:
 
     def stop_all(self, ranks: Sequence[int]) -> None:
         """Tell workers the run is over (best effort: some may be gone)."""
+        self.flush()  # after every request already sent, on each link
         for rank in self.live(ranks):
             try:
                 self.group.send(rank, TAG_REQUEST, {"op": "stop", "seq": 0})
@@ -519,7 +592,7 @@ class GroupPool:
                 pass
 
     def close(self) -> None:
-        pass
+        self.flush()
 
 
 @attrs.define

@@ -119,6 +119,9 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
         #: Body bytes this rank received and sent (benchmarks/scale.py reads them).
         self.bytes_in = 0
         self.bytes_out = 0
+        # Several threads send at once (the pool's writers, one per link; relays' and
+        # resumed transfers' threads): each adds what it sent under this lock.
+        self._count_lock = threading.Lock()
         #: (peer, tag) -> the wire placers the kernel registered for that
         #: peer's frames (receive_into); read by the peer's reader thread.
         self._placers: dict[tuple[int, int], list[Any]] = {}
@@ -173,8 +176,8 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
                 # A relay forwards the authenticated body unchanged (no re-encoding),
                 # naming the original sender in the new header.
                 raw, src, deadline = message.raw, message.src, message.deadline
-                self.bytes_out += self._send_resuming(peer, channel, lambda c: c.forward(
-                    raw, sender=src, deadline=deadline))
+                self._sent(self._send_resuming(peer, channel, lambda c: c.forward(
+                    raw, sender=src, deadline=deadline)))
                 return
             meta: Any = message.meta
             if message.dst != peer or peer in self._via:
@@ -183,9 +186,8 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
             # No copy of the payload when there is no metadata (an activation).
             state = {**message.payload, META_KEY: dict(meta)} if meta else message.payload
             model = message.kind == "model"
-            self.bytes_out += self._send_model(peer, channel,
-                                               KIND_MODEL if model else KIND_CONTROL,
-                                               message.tag, state, message.deadline)
+            self._sent(self._send_model(peer, channel, KIND_MODEL if model else KIND_CONTROL,
+                                        message.tag, state, message.deadline))
         except PeerLostError as exc:
             self._events.lost(peer, str(exc))
             raise
@@ -193,6 +195,11 @@ class TcpLinks(RelayHub, ResumingLinks, Links):
             if channel.closed:  # a write failure, not a payload we could not encode
                 self._events.lost(peer, "the connection broke while sending")
             raise
+
+    def _sent(self, nbytes: int) -> None:
+        """Count ``nbytes`` of body sent (``bytes_out``; from any sending thread)."""
+        with self._count_lock:
+            self.bytes_out += nbytes
 
     def drop(self, peer: int) -> None:
         self._forget(peer)

@@ -92,6 +92,7 @@ class ResumingLinks:
     timeout: float
     is_star: bool
     bytes_out: int
+    _sent: Callable[[int], None]
 
     def _init_resume(self) -> None:
         cfg = self.config
@@ -234,7 +235,7 @@ class ResumingLinks:
                     return self._continue(c, e, None)
 
                 try:
-                    self.bytes_out += self._send_resuming(peer, channel, attempt)
+                    self._sent(self._send_resuming(peer, channel, attempt))
                 except (MeshError, OSError) as exc:
                     log.warning("rank %d: continuing a cut transfer to rank %d failed: %s",
                                 self.rank, peer, exc)
