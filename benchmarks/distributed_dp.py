@@ -203,12 +203,18 @@ def run_paired(args: argparse.Namespace) -> int:
                         "rounds": len(rows), "modulus_bits": bits if distributed else None,
                         "accuracy": [r["accuracy"] for r in rows],
                         "cohort": [r["cohort"] for r in rows],
+                        # who summed, round by round: a dropout would shift the cohort
+                        # slots the common numbers are keyed by (None: a central run)
+                        "contributors": [r.get("secure_sum_of") for r in rows],
+                        "noise_multiplier_realized": sorted(
+                            {r["noise_multiplier_realized"] for r in rows
+                             if "noise_multiplier_realized" in r}),
                         "epsilon": rows[-1]["epsilon"] if rows else None,
                         "seconds": round(time.time() - started, 1),
                         "load": os.getloadavg()[0]}
                 saved.write_text(json.dumps(line) + "\n")
                 print(json.dumps({k: v for k, v in line.items()
-                                  if k not in ("accuracy", "cohort")}
+                                  if k not in ("accuracy", "cohort", "contributors")}
                                  | {"final": line["accuracy"][-1] if rows else None}), flush=True)
     print(json.dumps(summarise(folder, args.last, args.rounds, accountants, args.noise,
                                window=_window(args.window))), flush=True)
