@@ -1,7 +1,7 @@
 """Pack the paired DP benchmark's per-run files into one small JSONL file, and back.
 
 ``python benchmarks/ddp_results.py pack DIR [DIR ...] -o FILE [--tag TAG]``
-``python benchmarks/ddp_results.py unpack FILE DIR``
+``python benchmarks/ddp_results.py unpack FILE DIR [--tag TAG]``
 
 benchmarks/distributed_dp.py ``--paired DIR`` saves each run as
 ``DIR/<kind>-<seed>.json`` (its per-round accuracy and cohort sizes, ~8 kB);
@@ -57,11 +57,13 @@ def pack(folders: list[Path], tag: str) -> list[dict[str, Any]]:
     return lines
 
 
-def unpack(file: Path, folder: Path) -> int:
+def unpack(file: Path, folder: Path, tag: str | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     count = 0
     for text in file.read_text().splitlines():
         line = json.loads(text)
+        if tag is not None and line.get("tag") != tag:
+            continue  # another design's runs (their files would share names)
         run = {k: line.get(k) for k in KEPT}
         run["accuracy"] = [float(c) / line["test"] for c in line["correct"]]
         run["cohort"] = line["cohort"]
@@ -80,6 +82,7 @@ def main() -> int:
     u = sub.add_parser("unpack")
     u.add_argument("file", type=Path)
     u.add_argument("folder", type=Path)
+    u.add_argument("--tag", default=None, help="only the runs packed with this tag")
     args = parser.parse_args()
     if args.command == "pack":
         lines = pack(args.folders, args.tag)
@@ -88,7 +91,7 @@ def main() -> int:
                 out.write(json.dumps(line, separators=(",", ":")) + "\n")
         print(f"{len(lines)} runs appended to {args.output}")
     else:
-        print(f"{unpack(args.file, args.folder)} runs written to {args.folder}")
+        print(f"{unpack(args.file, args.folder, args.tag)} runs written to {args.folder}")
     return 0
 
 
