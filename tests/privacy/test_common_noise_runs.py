@@ -53,9 +53,10 @@ def test_common_noise_couples_a_central_and_a_distributed_run(tmp_path, monkeypa
     monkeypatch.delenv(COMMON_NOISE_ENV)
     independent = _run(tmp_path / "independent", distributed=True)
     apart = _distance(central, independent)
-    # three rounds of noise σ = z·S/m = 0.1 a coordinate (m = 10) over 650 coordinates: the
-    # independent pair is about √(2·3·650)·0.1 ≈ 6 apart; the coupled pair differs by the
-    # grid's rounding and the Skellam's shape only (measured: 0.00075 against 11.8)
+    # three rounds of noise σ = z·S/m = 0.1 a coordinate (m = 10) over digits' 2,410
+    # coordinates: the independent pair is about √(2·3·2410)·0.1 ≈ 12 apart; the coupled
+    # pair differs by the grid's rounding and the Skellam's shape only (measured: 0.00075
+    # against 11.8)
     assert apart > 2.0, apart
     near = _distance(central, coupled)
     assert near < 0.05 * apart, (near, apart)
