@@ -34,20 +34,25 @@ __all__ = ["interleaved_degree", "survives", "holders_held"]
 MAX_SPLITS = 64
 
 
+def _neighbour_workers(ring: Sequence[int], p: int, k: int) -> Counter[int]:
+    """How many of position ``p``'s ``k`` ring neighbours each worker plays (``ring`` is the
+    worker of each position; every other position when ``k`` reaches round the ring)."""
+    m, half = len(ring), k // 2
+    if k >= m - 1:
+        return Counter(ring[q] for q in range(m) if q != p)
+    return Counter(ring[(p + step) % m] for step in range(-half, half + 1) if step)
+
+
 def _lost_holders(ring: Sequence[int], k: int, lost: int) -> int:
     """The most of one member's ``k + 1`` holders that ``lost`` workers take with them.
 
     ``ring`` is the worker of each ring position. A member's holders are its
     neighbours and itself (a lost member's own share goes with it).
     """
-    m = len(ring)
-    half = k // 2
     worst = 0
-    for p in range(m):
-        if k >= m - 1:
-            counts = Counter(ring)
-        else:
-            counts = Counter(ring[(p + step) % m] for step in range(-half, half + 1))
+    for p in range(len(ring)):
+        counts = _neighbour_workers(ring, p, k)
+        counts[ring[p]] += 1
         worst = max(worst, sum(sorted(counts.values(), reverse=True)[:lost]))
     return worst
 
@@ -55,13 +60,9 @@ def _lost_holders(ring: Sequence[int], k: int, lost: int) -> int:
 def holders_held(members: int, workers: int, k: int, colluders: int) -> int:
     """The most of a member's ``k`` neighbours that ``colluders`` *other* workers play."""
     ring = [p % workers for p in range(members)]
-    m, half = len(ring), k // 2
     worst = 0
-    for p in range(m):
-        if k >= m - 1:
-            counts = Counter(ring[q] for q in range(m) if q != p)
-        else:
-            counts = Counter(ring[(p + step) % m] for step in range(-half, half + 1) if step)
+    for p in range(members):
+        counts = _neighbour_workers(ring, p, k)
         counts.pop(ring[p], None)
         worst = max(worst, sum(sorted(counts.values(), reverse=True)[:colluders]))
     return worst
