@@ -242,8 +242,6 @@ class Federated:
         else:
             state = ctx.outer_step(state, consensus)
         metrics = dict(folded.train_loss())
-        if ctx.residual_pins is not None:  # [compression] residual = "worker"
-            metrics["residual_restarts"] = float(ctx.residual_pins.round_restarts)
         if opts.evaluate in ("coordinator", "both"):
             metrics.update(ctx.task.evaluate(state))
         per_client: dict[int, dict[str, float]] = {}

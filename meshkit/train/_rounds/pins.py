@@ -54,10 +54,9 @@ class ResidualPins:
 
     def __init__(self) -> None:
         self.held: dict[int, tuple[int, int]] = {}
-        #: Clients that moved to another rank (so restarted from a zero residual), in all.
+        #: Clients that moved to another rank (so restarted from a zero residual), in all;
+        #: the round skeleton reports each round's share as ``residual_restarts``.
         self.restarts = 0
-        #: ... and in the last round planned.
-        self.round_restarts = 0
 
     def plan(self, clients: Sequence[tuple[int, int | None]], live: Sequence[int]
              ) -> dict[int, tuple[int, dict[str, Any]]]:
@@ -75,7 +74,6 @@ class ResidualPins:
                 moved += 1
                 del self.held[client]
             out[client] = (rank, field)
-        self.round_restarts = moved
         self.restarts += moved
         if moved:
             log.warning("[compression] residual = \"worker\": %d client(s) moved to another "

@@ -114,6 +114,7 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             # A replica (data-parallel) or a restarted worker holds no model yet.
             ctx.call([(r, {"op": "set_state", "state": state}) for r in joined])
         counted = wire_bytes(ctx.pool)
+        restarts = _restarts(ctx)
         try:
             outcome = play_round(ctx, rnd, state)
         except DivergedFit as exc:
@@ -153,6 +154,11 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
             # Measured by the transport, not computed: every frame of the round, both ways.
             metrics = {**outcome.metrics, "bytes_up": float(after[0] - counted[0]),
                        "bytes_down": float(after[1] - counted[1])}
+            outcome = attrs.evolve(outcome, metrics=metrics)
+        if ctx.residual_pins is not None:  # [compression] residual = "worker"
+            # The clients whose residual's worker was lost this round (meshkit.train._rounds.pins).
+            metrics = {**outcome.metrics,
+                       "residual_restarts": float(_restarts(ctx) - restarts)}
             outcome = attrs.evolve(outcome, metrics=metrics)
         state, metrics = outcome.state, outcome.metrics
         # Ranks whose reply to a plain request (an evaluation, a replica's step) was an
@@ -201,3 +207,8 @@ def timed() -> Callable[[], float]:
     """A clock started now: calling it gives the seconds since."""
     start = time.perf_counter()
     return lambda: time.perf_counter() - start
+
+
+def _restarts(ctx: StrategyContext) -> int:
+    """Clients restarted from a zero residual so far (``[compression] residual = "worker"``)."""
+    return 0 if ctx.residual_pins is None else int(ctx.residual_pins.restarts)

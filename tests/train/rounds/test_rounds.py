@@ -133,3 +133,29 @@ def test_a_row_whose_client_means_miss_a_client_says_so():
         "", "client means over 2 of 3 clients (not evaluated: 2)", ""]
     assert reports[1].to_json()["partial_means"] == reports[1].partial_means
     assert "partial_means" not in reports[0].to_json()
+
+
+
+def test_the_skeleton_reports_each_rounds_residual_restarts_whatever_strategy_plays():
+    """``residual_restarts`` is the kernel's fact (the pins the round engine keeps), so a
+    strategy that is not the built-in ``federated`` reports it too: what moved in the round."""
+    from meshkit.train._rounds.pins import ResidualPins, pin
+
+    clients = range(6)
+    reports = []
+    ctx = context(on_round=lambda report, state: reports.append(dict(report.metrics)))
+
+    def play(ctx, rnd, state):
+        if ctx.residual_pins is None:  # the round engine makes them on a first compressed round
+            ctx.residual_pins = ResidualPins()
+        live = [1] if rnd == 2 else [1, 2]  # rank 2 is lost in round 2 (and back in 3)
+        planned = ctx.residual_pins.plan([(c, None) for c in clients], live)
+        ctx.residual_pins.folded({c: rank for c, (rank, _) in planned.items()},
+                                 {c: {"seed": rnd} for c in clients})
+        return count_round(ctx, rnd, state)
+
+    run_rounds(ctx, "third-party", 3, {"n": 0}, play)
+    on_two = sum(1 for c in clients if pin(c, [1, 2]) == 2)
+    assert on_two > 0
+    # Round 2: rank 2's clients move to rank 1; round 3: they move back.
+    assert [m["residual_restarts"] for m in reports] == [0.0, on_two, on_two]
