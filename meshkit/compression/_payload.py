@@ -88,13 +88,16 @@ def key_seed(seed: int, index: int) -> int:
 
 def encode_update(compressor: Compressor, start: Mapping[str, Any], fitted: Mapping[str, Any],
                   *, seed: int, raw: Collection[str] = (),
-                  residual: Mapping[str, np.ndarray] | None = None
+                  residual: Mapping[str, np.ndarray] | None = None,
+                  residuals: bool = True
                   ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The payload of a fit (module docstring), and the client's new residuals.
 
     ``residual`` holds the client's residual per key (``{}``: none yet). The
     residuals returned are keyed by :func:`residual_name` and travel in the
-    payload too; they are empty unless the compressor is ``stateful``.
+    payload too, unless ``residuals=False`` (``residual = "worker"``: its worker
+    keeps them, as :func:`decode_contribution`'s ``residuals=False`` expects);
+    they are empty unless the compressor is ``stateful``.
     """
     stateful = compression_traits(compressor).stateful
     residual = residual or {}
@@ -116,7 +119,8 @@ def encode_update(compressor: Compressor, start: Mapping[str, Any], fitted: Mapp
             payload[f"{key}{SEP}{name}"] = array
         if stateful:
             kept[residual_name(key)] = update - decoded(compressor, fields, update.size, key)
-    payload.update(kept)
+    if residuals:
+        payload.update(kept)
     return payload, kept
 
 

@@ -31,6 +31,10 @@ def test_a_payload_that_carries_a_residual_is_refused_when_the_worker_keeps_it()
     sent = {k: v for k, v in payload.items() if k not in kept}
     state, residuals = decode_contribution(_topk(), sent, start, residuals=False)
     assert residuals == {} and state["w"].shape == (40,)
+    # What a worker keeping the residual encodes: the same payload, its residual left out.
+    alone, kept_alone = encode_update(_topk(), start, fitted, seed=3, residuals=False)
+    assert set(alone) == set(sent) and all(np.array_equal(alone[k], sent[k]) for k in sent)
+    assert np.array_equal(kept_alone[residual_name("w")], kept[residual_name("w")])
 
 
 def test_residual_worker_needs_error_feedback():

@@ -530,10 +530,9 @@ class Trainer:
                     else self.residuals.take(pinned["client"], pinned.get("from")))
         payload, kept = encode_update(self._compressors.of(chosen), with_local(start, request),
                                       fitted, seed=int(request["seed"]), raw=chosen["raw"],
-                                      residual=residual)
+                                      residual=residual, residuals=pinned is None)
         if pinned is not None:
             self.residuals.keep(pinned["client"], int(request["seed"]), pinned.get("from"), kept)
-            payload = {k: v for k, v in payload.items() if k not in kept}
         return payload
 
     def _secure_fit(self, request: Mapping[str, Any]
