@@ -327,6 +327,11 @@ class GroupPool:
     #: next send or receive, as a write on the caller's thread would have raised it).
     _writers: dict[int, threading.Thread] = attrs.Factory(dict)
     _write_errors: list[BaseException] = attrs.Factory(list)
+    #: Each request still on a writer thread: seq -> the thread. Its reply means the write
+    #: is done; the pool waits for the thread to finish (the transport counts a write's
+    #: bytes as it returns) before handing the reply on, so ``wire_bytes`` read after a
+    #: reply counts that request whole, in its own round.
+    _writing: dict[int, threading.Thread] = attrs.Factory(dict)
 
     def wire_bytes(self) -> tuple[int, int] | None:
         """(body bytes received, body bytes sent) so far, as the transport counted them on
@@ -463,6 +468,9 @@ class GroupPool:
         writer = threading.Thread(target=self._write, args=(rank, seq, message, before, owes),
                                   name=f"meshkit-pool-write-{rank}", daemon=True)
         self._writers[rank] = writer
+        for done in [s for s, thread in self._writing.items() if not thread.is_alive()]:
+            del self._writing[done]  # answered never (its ticket abandoned or failed)
+        self._writing[seq] = writer
         writer.start()
         return seq
 
@@ -491,6 +499,7 @@ class GroupPool:
         write is bounded by its link's stall timeout."""
         for rank in list(self._writers):
             self._writers.pop(rank).join()
+        self._writing.clear()
 
     def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
         self._raise_write_error()
@@ -580,7 +589,13 @@ class GroupPool:
         except ProtocolError as exc:
             self.declare_dead(src, protocol_reason(exc))
             return Reply(src, None, self.group.dead.get(src, protocol_reason(exc)), owes.pop())
-        return Reply(src, reply, None, owes.pop())
+        ticket = owes.pop()
+        writer = self._writing.pop(ticket, None)
+        if writer is not None:
+            # The worker read the whole request, so the write has returned or is returning:
+            # bounded by the thread's bookkeeping, never by the link.
+            writer.join()
+        return Reply(src, reply, None, ticket)
 
     def stop_all(self, ranks: Sequence[int]) -> None:
         """Tell workers the run is over (best effort: some may be gone)."""

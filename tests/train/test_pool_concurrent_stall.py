@@ -121,12 +121,13 @@ def test_requests_to_one_rank_keep_their_order_and_every_byte_is_counted(monkeyp
                 order[rank].append(pool.send(rank, request, timeout=30.0))
         replies = [pool.receive() for _ in range(6)]
         assert all(r.ok for r in replies)
+        # Read as a round's row reads them: right after the replies (a writer thread adds
+        # its bytes as its write returns, which may be after the worker has answered: the
+        # pool waits for it before handing the reply on).
+        sent = hub.bytes_out - before
         for s in servers:
             s.join(10)
-        # A writer thread adds its bytes once its write returns, which may be after the
-        # worker has answered: count them once every writer is done.
         pool.close()
-        sent = hub.bytes_out - before
         for rank in (1, 2):
             assert [seq for seq, _ in seen[rank]] == order[rank]
             assert [last for _, last in seen[rank]] == [7.0, 7.5, 7.0]
@@ -163,3 +164,48 @@ def test_a_request_deadline_starts_when_its_write_is_done() -> None:
     owes.written(5)
     assert owes.writing == 0
     assert start <= owes.deadline() - 0.01 <= time.monotonic()
+
+
+def test_a_reply_is_handed_on_only_once_its_requests_bytes_are_counted() -> None:
+    """The transport counts a write's bytes as the write returns; the worker may answer
+    before the writer thread gets there. Here the writer is held after its write until the
+    reply has arrived: ``receive`` must still return with the request's bytes counted (a
+    round's ``bytes_down`` read right after its replies would otherwise miss them)."""
+    hub = coordinator(2, timeout=10.0)
+    one = worker(1, 2, hub.address, 10.0)
+    replied = threading.Event()
+    try:
+        assert hub.wait_for_workers(timeout=10) == [1]
+        sent = hub.links._sent
+        held = []
+
+        def sent_late(nbytes: int) -> None:
+            if threading.current_thread().name.startswith("meshkit-pool-write-"):
+                held.append(replied.wait(20))  # until the reply frame is in
+            sent(nbytes)
+
+        hub.links._sent = sent_late
+        recv = hub.recv
+
+        def recv_then_mark(*args, **kwargs):
+            frame = recv(*args, **kwargs)
+            replied.set()
+            return frame
+
+        hub.recv = recv_then_mark
+        server = threading.Thread(target=answer, args=(one, 1, []), daemon=True)
+        server.start()
+        pool = GroupPool(hub)
+        before = hub.bytes_out
+        seq = pool.send(1, state_request(), timeout=30.0)
+        reply = pool.receive()
+        counted = hub.bytes_out - before
+        assert reply.seq == seq and reply.ok, reply
+        assert held == [True]  # the writer was held until the reply was in
+        assert counted > BIG
+        server.join(10)
+        pool.close()
+    finally:
+        replied.set()
+        for group in (one, hub):
+            group.close()
