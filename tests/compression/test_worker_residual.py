@@ -75,12 +75,15 @@ def test_the_worker_kept_residual_never_travels_and_the_upload_is_a_32nd_of_floa
     assert not a.clients  # nothing of a residual reached the coordinator's checkpoint
 
 
-def test_residuals_kept_by_workers_give_the_coordinator_stores_model_bits(tmp_path):
+@pytest.mark.parametrize("layout", ["", 'index = "gap8"\nvalue_bits = 4\n'],
+                         ids=["u32-float32", "gap8-4-bit"])
+def test_residuals_kept_by_workers_give_the_coordinator_stores_model_bits(tmp_path, layout):
     # Four clients on two workers, four rounds: the coordinator's store plays the compressed
     # batched round (any worker serves any client), the worker-kept run a flat round of
     # pinned clients; each client's error feedback is the same arithmetic, so the model is
-    # the same bits.
-    ef = '\n[compression]\nname = "top-k"\nfraction = 0.05\n'
+    # the same bits -- with the packed layout too (gaps and 4-bit codes: the residual then
+    # holds each kept value's rounding error as well).
+    ef = '\n[compression]\nname = "top-k"\nfraction = 0.05\n' + layout
     here = _run(tmp_path, "coordinator", ef, rounds=4, clients=4)
     there = _run(tmp_path, "worker", ef + 'residual = "worker"\n', rounds=4, clients=4)
     off = _run(tmp_path, "off", ef + "error_feedback = false\n", rounds=4, clients=4)
