@@ -24,7 +24,12 @@ rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
 the default list) run at the largest fraction whose fields are at most 1/32
 of the same keys in float32 on every chosen workload, as the plugin rounds
 ``k`` per key (0.014539930555555556 = 67/4608 for digits and the CNN
-together), or at ``--topk-fraction``.
+together), or at ``--topk-fraction``. ``top-k-gap8-v8-ef`` and ``top-k-gap8-v4-ef``
+(not in the default list) send the kept indices as uint8 gaps and the values as 8- or
+4-bit codes (``index = "gap8"``, ``value_bits``), error feedback kept by the worker, at the
+largest fraction whose fields *at their declared bounds* (every filler a key could need,
+a scale a key) are at most 1/32 of float32 on every chosen workload, or at
+``--pack-fraction``.
 Under secure aggregation (``secagg+``, ``clip_range`` ``--secure-clip``):
 ``secure`` (its own 32-bit field) against ``secure-int8`` (``quantize`` 8 bits
 inside the masking field, ``8 + ceil(log2 n)`` bits); ``vs none`` is then
