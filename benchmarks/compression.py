@@ -24,7 +24,12 @@ rotated, ``top-k`` 1.5 % with error feedback, ``top-k`` 1.5 % without.
 the default list) run at the largest fraction whose fields are at most 1/32
 of the same keys in float32 on every chosen workload, as the plugin rounds
 ``k`` per key (0.014539930555555556 = 67/4608 for digits and the CNN
-together), or at ``--topk-fraction``.
+together), or at ``--topk-fraction``. ``top-k-gap8-v8-ef`` and ``top-k-gap8-v4-ef``
+(not in the default list) send the kept indices as uint8 gaps and the values as 8- or
+4-bit codes (``index = "gap8"``, ``value_bits``), error feedback kept by the worker, at the
+largest fraction whose fields *at their declared bounds* (every filler a key could need,
+a scale a key) are at most 1/32 of float32 on every chosen workload, or at
+``--pack-fraction``.
 Under secure aggregation (``secagg+``, ``clip_range`` ``--secure-clip``):
 ``secure`` (its own 32-bit field) against ``secure-int8`` (``quantize`` 8 bits
 inside the masking field, ``8 + ceil(log2 n)`` bits); ``vs none`` is then
@@ -121,6 +126,14 @@ SCHEMES: dict[str, dict[str, Any] | None] = {
     # Error feedback with the residual kept by the worker (--efwire, --ef-fraction).
     "top-k-ef-worker": {"name": "top-k", "fraction": 0.0145, "residual": "worker"},
     "top-k-ef-coordinator": {"name": "top-k", "fraction": 0.0145},
+    # More coordinates for the same bits (issue 37): the indices as uint8 gaps, the values
+    # as 8- or 4-bit codes, at the largest fraction whose fields are at most 1/32 of float32
+    # on every chosen workload by the plugin's bounds (under_32(); --pack-fraction), error
+    # feedback kept by the worker so only the payload travels.
+    "top-k-gap8-v8-ef": {"name": "top-k", "fraction": 0.0, "index": "gap8", "value_bits": 8,
+                         "residual": "worker"},
+    "top-k-gap8-v4-ef": {"name": "top-k", "fraction": 0.0, "index": "gap8", "value_bits": 4,
+                         "residual": "worker"},
 }
 #: The schemes ``--broadcast`` compares.
 BROADCAST = ("none", "quantize-8", "quantize-8+broadcast")
@@ -136,6 +149,8 @@ FLAT = ("none-flat",)
 SECURE = ("secure", "secure-int8")
 #: The schemes whose fraction main() sets (under_32()).
 AT_32 = ("top-k-32x-ef", "top-k-32x")
+#: The packed top-k schemes whose fraction main() sets (under_32() with their options).
+PACKED = ("top-k-gap8-v8-ef", "top-k-gap8-v4-ef")
 
 
 def _workload(name: str, rounds: int) -> dict[str, Any]:
@@ -227,26 +242,33 @@ def _compressed_floats(workload: str) -> dict[str, np.ndarray]:
             and isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size}
 
 
-def under_32(workloads: list[str]) -> float:
-    """The largest top-k ``fraction`` whose fields --
-    ``ceil(fraction * n)`` uint32 indices and float32 values per key -- are at most 1/32 of
-    the same keys in float32 on every workload, as the plugin's own ``k`` rounds."""
+def under_32(workloads: list[str], options: dict[str, Any] | None = None) -> float:
+    """The largest top-k ``fraction`` whose fields are at most 1/32 of the same keys in
+    float32 on every workload, by the plugin's own ``bounds`` (the most elements each field
+    may hold: for ``index = "gap8"`` every filler a key could need, so the payload is under
+    1/32 whatever the update), ``options`` the top-k's others (``index``, ``value_bits``)."""
     sizes = [[v.size for v in _compressed_floats(w).values()] for w in workloads]
-    compressor = meshkit.plugins.create("compression", "top-k", {"fraction": 0.01})
+    compressor = meshkit.plugins.create("compression", "top-k",
+                                        {**(options or {}), "fraction": 0.01})
+
+    def most_bytes(n: int) -> int:
+        return sum(np.dtype(d).itemsize * most for d, most in compressor.bounds(n).values())
 
     def fits(fraction: float) -> bool:
         compressor.fraction = fraction
-        return all(8 * sum(compressor.k(n) for n in ns) * 32 <= 4 * sum(ns) for ns in sizes)
+        return all(sum(most_bytes(n) for n in ns) * 32 <= 4 * sum(ns) for ns in sizes)
 
-    # sum(k) steps up just past each j / n: try those from the top (one float below j / n
-    # where the product rounds up past j).
-    candidates = sorted({j / n for ns in sizes for n in ns for j in range(1, n // 16 + 2)},
-                        reverse=True)
-    for fraction in candidates:
-        for nudge in (fraction, float(np.nextafter(fraction, 0.0))):
-            if fits(nudge):
-                return nudge
-    raise SystemExit("no top-k fraction gets under 1/32 of float32 on " + ", ".join(workloads))
+    # The payload grows with the fraction: the largest that fits, to a float's precision.
+    low, high = 0.0, 1.0
+    if not fits(float(np.nextafter(0.0, 1.0))):
+        raise SystemExit("no top-k fraction gets under 1/32 of float32 on "
+                         + ", ".join(workloads))
+    for _ in range(200):
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
 
 
 def encoded_bytes(workload: str, scheme: dict[str, Any] | None) -> tuple[int, int]:
@@ -259,7 +281,8 @@ def encoded_bytes(workload: str, scheme: dict[str, Any] | None) -> tuple[int, in
     plain = encode_state({k: np.asarray(v, np.float32) for k, v in floats.items()}).nbytes
     if scheme is None:
         return plain, plain
-    options = {k: v for k, v in scheme.items() if k not in ("name", "broadcast", "clip_range")}
+    options = {k: v for k, v in scheme.items()
+               if k not in ("name", "broadcast", "clip_range", "residual")}
     compressor = meshkit.plugins.create("compression", scheme["name"], options)
     rng = np.random.default_rng(0)
     fitted = {k: v + rng.standard_normal(v.shape).astype(v.dtype) * 0.01
@@ -309,12 +332,23 @@ def main() -> None:
     parser.add_argument("--topk-fraction", type=float, default=None,
                         help="top-k fraction of " + ", ".join(AT_32) + " (default: the largest "
                         "whose fields are at most 1/32 of float32 on every chosen workload)")
+    parser.add_argument("--pack-fraction", type=float, default=None,
+                        help="top-k fraction of " + ", ".join(PACKED) + " (default: the largest "
+                        "whose fields, at their bounds, are at most 1/32 of float32 on every "
+                        "chosen workload)")
     args = parser.parse_args()
     workloads = ("digits", "cnn") if args.workload == "both" else (args.workload,)
     DIGITS_HIDDEN[0] = args.digits_hidden
     fraction = args.topk_fraction or under_32(list(workloads))
     for name in AT_32:
         SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": fraction}
+    chosen_early = args.schemes.split(",") if args.schemes else []
+    for name in PACKED:
+        if name in chosen_early:
+            packed = SCHEMES[name] or {}
+            SCHEMES[name] = {**packed, "fraction": args.pack_fraction or under_32(
+                list(workloads), {k: packed[k] for k in ("index", "value_bits")})}
+            print(f"{name}: fraction {SCHEMES[name]['fraction']!r}", flush=True)
     SCHEMES["quantize-8+grid"] = {**SCHEMES["quantize-8+grid"], "clip_range": args.grid_clip}
     for name in ("top-k-ef-worker", "top-k-ef-coordinator"):
         SCHEMES[name] = {**(SCHEMES[name] or {}), "fraction": args.ef_fraction}

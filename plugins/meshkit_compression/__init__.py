@@ -29,8 +29,8 @@ def make_top_k(options: TopKOptions) -> Any:
     """Top-k sparsification; with error feedback the client keeps what it left out."""
     from meshkit_compression.topk import TopK
 
-    return _rotated(TopK(fraction=options.fraction, error_feedback=options.error_feedback),
-                    options.rotate)
+    return _rotated(TopK(fraction=options.fraction, error_feedback=options.error_feedback,
+                         value_bits=options.value_bits, index=options.index), options.rotate)
 
 
 def _rotated(inner: Any, rotate: bool) -> Any:

@@ -30,6 +30,11 @@ def _fraction(instance: Any, attribute: attrs.Attribute, value: float) -> None:
                          f"sent), got {value!r}")
 
 
+def _value_bits(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or value not in (32, 8, 4):
+        raise ValueError(f"value_bits must be 32, 8 or 4, got {value!r}")
+
+
 @attrs.frozen
 class QuantizeOptions:
     """``quantize``: unbiased stochastic uniform quantisation."""
@@ -53,3 +58,9 @@ class TopKOptions:
                                        validator=attrs.validators.instance_of(bool))
     #: Apply a randomised Hadamard rotation first.
     rotate: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: Bits a kept value travels in: 32 (float32), or 8 or 4 (a code times one float32
+    #: scale a key; rounded to nearest under error feedback, at random without).
+    value_bits: int = attrs.field(default=32, validator=_value_bits)
+    #: How the kept indices travel: "u32" (uint32 each) or "gap8" (the gaps between
+    #: them as uint8, fillers bridging a gap over 255).
+    index: str = attrs.field(default="u32", validator=attrs.validators.in_(("u32", "gap8")))

@@ -164,6 +164,10 @@ def test_error_feedback_residuals_after_a_kill_and_resume_are_the_uninterrupted_
      '\n[compression]\nname = "quantize"\n',
      ["[compression] name = 'quantize' with [privacy] clip = \"client\"",
       "CompressionTraits.contractive", "clip = \"coordinator\""]),
+    ('[privacy]\nname = "dp-fixed"\nclip_norm = 1.0\nnoise_multiplier = 1.0\nclip = "client"\n'
+     '\n[compression]\nname = "top-k"\nerror_feedback = false\nvalue_bits = 8\n',
+     ["[compression] name = 'top-k' with [privacy] clip = \"client\"",
+      "CompressionTraits.contractive"]),
     ('[compression]\nname = "top-k"\nclip_range = 0.25\n',
      ["[compression] clip_range with name = 'top-k'", "integer_field, not sparse",
       "Drop clip_range"]),

@@ -50,6 +50,9 @@ def _payloads(compressor, start, n, rng):
     ("top-k", {"fraction": 0.05, "error_feedback": False}),
     ("quantize", {"bits": 8, "rotate": True}),
     ("top-k", {"fraction": 0.05, "error_feedback": False, "rotate": True}),
+    ("top-k", {"fraction": 0.05, "index": "gap8", "value_bits": 8}),
+    ("top-k", {"fraction": 0.002, "index": "gap8", "value_bits": 4, "error_feedback": False}),
+    ("top-k", {"fraction": 0.05, "index": "u32", "value_bits": 4}),
 ])
 def test_the_chunked_fold_is_the_exact_sum_of_the_decoded_contributions(name, options):
     rng = np.random.default_rng(3)
@@ -77,7 +80,9 @@ def test_the_chunked_fold_is_the_exact_sum_of_the_decoded_contributions(name, op
     ("quantize", {"bits": 8}), ("quantize", {"bits": 4}), ("quantize", {"bits": 2}),
     ("top-k", {"fraction": 0.01}), ("quantize", {"bits": 8, "rotate": True}),
     ("quantize", {"bits": 4, "rotate": True, "chunk": 64}),
-    ("top-k", {"fraction": 0.01, "rotate": True})])
+    ("top-k", {"fraction": 0.01, "rotate": True}),
+    ("top-k", {"fraction": 0.06, "index": "gap8", "value_bits": 8}),
+    ("top-k", {"fraction": 0.001, "index": "gap8", "value_bits": 32})])
 @pytest.mark.parametrize("step", [1, 3, 1000, 4096, 5000, 1 << 16])
 def test_decode_chunks_gives_decodes_bits(name, options, step):
     compressor = _compressor(name, **options)

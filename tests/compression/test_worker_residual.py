@@ -75,12 +75,15 @@ def test_the_worker_kept_residual_never_travels_and_the_upload_is_a_32nd_of_floa
     assert not a.clients  # nothing of a residual reached the coordinator's checkpoint
 
 
-def test_residuals_kept_by_workers_give_the_coordinator_stores_model_bits(tmp_path):
+@pytest.mark.parametrize("layout", ["", 'index = "gap8"\nvalue_bits = 4\n'],
+                         ids=["u32-float32", "gap8-4-bit"])
+def test_residuals_kept_by_workers_give_the_coordinator_stores_model_bits(tmp_path, layout):
     # Four clients on two workers, four rounds: the coordinator's store plays the compressed
     # batched round (any worker serves any client), the worker-kept run a flat round of
     # pinned clients; each client's error feedback is the same arithmetic, so the model is
-    # the same bits.
-    ef = '\n[compression]\nname = "top-k"\nfraction = 0.05\n'
+    # the same bits -- with the packed layout too (gaps and 4-bit codes: the residual then
+    # holds each kept value's rounding error as well).
+    ef = '\n[compression]\nname = "top-k"\nfraction = 0.05\n' + layout
     here = _run(tmp_path, "coordinator", ef, rounds=4, clients=4)
     there = _run(tmp_path, "worker", ef + 'residual = "worker"\n', rounds=4, clients=4)
     off = _run(tmp_path, "off", ef + "error_feedback = false\n", rounds=4, clients=4)
@@ -194,3 +197,25 @@ def test_with_broadcast_the_model_goes_down_as_deltas_and_the_bits_are_the_defau
     # client); the worker-kept run's requests are one a client, each naming its generation.
     for way in ("bytes_down", "bytes_up"):
         assert here[-1][way] - there[-1][way] >= 0.9 * 4 * 9640, (way, here[-1], there[-1])
+
+
+def test_gaps_and_4_bit_values_keep_3_8x_the_coordinates_in_the_same_32nd_on_the_wire(
+        tmp_path):
+    # The wide model again: at fraction 0.05 top-k keeps 1,922 coordinates (3.8x the 501 of
+    # the u32/float32 test above), as uint8 gaps and 4-bit codes (12 bits an entry, 3,125
+    # bytes at the bound with every filler and scale), the residual kept by the worker.
+    whole = _run(tmp_path, "whole", "", task_table=WIDE)
+    packed = _run(tmp_path, "packed", '\n[compression]\nname = "top-k"\nfraction = 0.05\n'
+                  'index = "gap8"\nvalue_bits = 4\nresidual = "worker"\n' + WIDE)
+    assert all(r["residual_restarts"] == 0 for r in packed)
+    model, float32 = 8 * COORDS, 4 * COORDS
+    up = {"whole": whole[-1]["bytes_up"], "packed": packed[-1]["bytes_up"]}
+    fixed = up["whole"] / 2 - model
+    assert 0 < fixed < 2048, up
+    # Measured by the transport: a reply less its fixed part is at most float32's 32nd
+    # (3,857 bytes of 4,801 when written) ...
+    assert up["packed"] / 2 - fixed <= float32 / 32, (up, fixed)
+    # ... and most of it is the 1,922 entries (2,883 bytes of codes and gaps without a
+    # filler), not framing: the bytes went on coordinates.
+    assert up["packed"] / 2 - fixed > 1922 * 1.5, (up, fixed)
+    assert packed[-1]["accuracy"] > 0.5
