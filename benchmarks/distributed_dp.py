@@ -1,10 +1,15 @@
 """Distributed DP (Skellam, clients add the noise under SecAgg+) against central DP at the same ε.
 
 ``python benchmarks/distributed_dp.py [--clients 500] [--q 0.05] [--rounds 200] [--seeds 3]
-[--first-seed 0] [--accountants pld,rdp] [--paired DIR [--last 20]]``
+[--first-seed 0] [--accountants pld,rdp] [--paired DIR [--last 20]]
+[--server-lr 1] [--momentum 0.9] [--client-lr 0.5] [--hidden 32] [--epochs 1]``
 
 Every run trains ``digits`` with user-level DP-FedAvg: clip S = 1, Poisson
-sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5.
+sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5,
+a hidden layer of 32 (the defaults, issue 41's first three passes; the fourth,
+ddp4, uses ``--server-lr 0.3 --momentum 0.5 --hidden 16``, a training that
+converges instead of wandering: docs/benchmarks.md). Each saved run records its
+optimisation, and the summary pairs only runs of the one asked for.
 Central: ``dp-fixed`` with z = ``--z``, trained once a seed and accounted by
 each ``--accountants`` entry (``"pld"``, the run's own accountant, and
 ``"rdp"``, :func:`meshkit.privacy.epsilon_rdp` of the same rounds: the figure a
@@ -243,7 +248,8 @@ def run_paired(args: argparse.Namespace) -> int:
                                   if k not in ("accuracy", "cohort", "contributors")}
                                  | {"final": line["accuracy"][-1] if rows else None}), flush=True)
     print(json.dumps(summarise(folder, args.last, args.rounds, accountants, args.noise,
-                               window=_window(args.window))), flush=True)
+                               window=_window(args.window),
+                               optimisation=optimisation(args))), flush=True)
     return 0
 
 
@@ -275,10 +281,12 @@ def _window(text: str) -> tuple[int, int] | None:
 
 
 def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
-              noise: str = "common", window: tuple[int, int] | None = None) -> dict[str, Any]:
+              noise: str = "common", window: tuple[int, int] | None = None,
+              optimisation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each saved run scored by its mean accuracy over the ``last`` rounds (or over rounds
     ``window`` = (first, last), counted from 1), paired by seed; only runs drawn with
-    ``noise`` ("common" or "independent"; older files: independent)."""
+    ``noise`` ("common" or "independent"; older files: independent) and trained with
+    ``optimisation`` (None: OPTIMISATION, which files without the field were)."""
     score: dict[str, dict[int, float]] = {}
     final: dict[str, dict[int, float]] = {}
     cohorts: dict[str, dict[int, list[float]]] = {}
@@ -289,6 +297,8 @@ def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
             continue  # another setting, or a run that did not finish: never scored
         if line.get("noise", "independent") != noise:
             continue  # the other design: never paired with this one
+        if (line.get("optimisation") or OPTIMISATION) != (optimisation or OPTIMISATION):
+            continue  # another training configuration: never paired with this one
         kind, seed = line["kind"], int(line["seed"])
         scored = (line["accuracy"][window[0] - 1:window[1]] if window
                   else line["accuracy"][-last:])
@@ -297,6 +307,7 @@ def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
         cohorts.setdefault(kind, {})[seed] = line["cohort"]
         curves.setdefault(kind, {})[seed] = line["accuracy"]
     out: dict[str, Any] = {"last": last, "window": window, "rounds": rounds,
+                           "optimisation": optimisation or OPTIMISATION,
                            "runs": {k: {"n": len(v), "mean_score": statistics.mean(v.values())}
                                     for k, v in score.items()}}
     central = score.get("central", {})
