@@ -25,7 +25,7 @@ from typing import Any
 
 #: Fields copied as they are.
 KEPT = ("kind", "seed", "z", "ok", "noise", "rounds", "modulus_bits", "epsilon", "seconds",
-        "load", "noise_multiplier_realized")
+        "load", "noise_multiplier_realized", "optimisation")
 
 
 def _test_size(accuracy: list[float]) -> int:

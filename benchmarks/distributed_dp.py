@@ -1,10 +1,15 @@
 """Distributed DP (Skellam, clients add the noise under SecAgg+) against central DP at the same ε.
 
 ``python benchmarks/distributed_dp.py [--clients 500] [--q 0.05] [--rounds 200] [--seeds 3]
-[--first-seed 0] [--accountants pld,rdp] [--paired DIR [--last 20]]``
+[--first-seed 0] [--accountants pld,rdp] [--paired DIR [--last 20]]
+[--server-lr 1] [--momentum 0.9] [--client-lr 0.5] [--hidden 32] [--epochs 1]``
 
 Every run trains ``digits`` with user-level DP-FedAvg: clip S = 1, Poisson
-sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5.
+sampling with probability q, ``fedavgm`` (lr 1, momentum 0.9), client lr 0.5,
+a hidden layer of 32 (the defaults, issue 41's first three passes; the fourth,
+ddp4, uses ``--server-lr 0.3 --momentum 0.5 --hidden 16``, a training that
+converges instead of wandering: docs/benchmarks.md). Each saved run records its
+optimisation, and the summary pairs only runs of the one asked for.
 Central: ``dp-fixed`` with z = ``--z``, trained once a seed and accounted by
 each ``--accountants`` entry (``"pld"``, the run's own accountant, and
 ``"rdp"``, :func:`meshkit.privacy.epsilon_rdp` of the same rounds: the figure a
@@ -79,6 +84,15 @@ from meshkit_privacy.distributed import DistributedSkellam
 #: matched z was then 1.00033481 instead of 1.00033531 at RDP's epsilon, and a run
 #: reported epsilon 5.367869 for central's 5.367864 (the runs plan with the real length).
 LENGTH = sum(int(np.asarray(v).size) for v in create_task("digits").init_state(0).values())
+#: The optimisation of issue 41's first three passes (``--server-lr`` etc. default to it, so
+#: the committed results reproduce): fedavgm lr 1, momentum 0.9, client lr 0.5, hidden 32.
+OPTIMISATION = {"server_lr": 1.0, "momentum": 0.9, "client_lr": 0.5, "hidden": 32, "epochs": 1}
+
+
+def model_length(hidden: int) -> int:
+    """digits' coordinates with a hidden layer of ``hidden`` (LENGTH at 32)."""
+    task = create_task("digits", {"hidden": hidden})
+    return sum(int(np.asarray(v).size) for v in task.init_state(0).values())
 #: The coupling's check reads a pair's first rounds, before their models drift apart.
 EARLY = 50
 #: A common-noise pair whose accuracy changes over the first EARLY rounds correlate less
@@ -89,18 +103,19 @@ EPSILON_OF = {"pld": epsilon_pld, "rdp": epsilon_rdp}
 
 
 def _skellam_epsilon(z: float, q: float, rounds: int, cohort: int, bits: int,
-                     delta: float, population: int | None = None) -> float:
+                     delta: float, population: int | None = None,
+                     length: int = LENGTH) -> float:
     mech = DistributedSkellam(clip_norm=1.0, noise_multiplier=z, delta=delta)
-    mech.plan_round(cohort=cohort, length=LENGTH, bits=bits, population=population)
+    mech.plan_round(cohort=cohort, length=length, bits=bits, population=population)
     return mech.epsilon_after(q, rounds)
 
 
 def matching_z(target: float, q: float, rounds: int, cohort: int, bits: int,
-               delta: float, population: int | None = None) -> float:
+               delta: float, population: int | None = None, length: int = LENGTH) -> float:
     low, high = 0.3, 10.0
     for _ in range(40):
         mid = math.sqrt(low * high)
-        if _skellam_epsilon(mid, q, rounds, cohort, bits, delta, population) > target:
+        if _skellam_epsilon(mid, q, rounds, cohort, bits, delta, population, length) > target:
             low = mid
         else:
             high = mid
@@ -108,7 +123,9 @@ def matching_z(target: float, q: float, rounds: int, cohort: int, bits: int,
 
 
 def config(out: Path, seed: int, clients: int, q: float, rounds: int, z: float,
-           distributed: bool, bits: int, noise: str = "os") -> dict[str, Any]:
+           distributed: bool, bits: int, noise: str = "os",
+           optimisation: dict[str, Any] | None = None) -> dict[str, Any]:
+    opt = OPTIMISATION | (optimisation or {})
     table: dict[str, Any] = {
         "run": {"task": "digits", "seed": seed, "out": str(out)},
         "mesh": {"launch": "local", "workers": 2},
@@ -116,8 +133,13 @@ def config(out: Path, seed: int, clients: int, q: float, rounds: int, z: float,
                      "fraction": q, "sampling": "poisson"},
         "privacy": {"name": "dp-fixed", "clip": "client", "clip_norm": 1.0,
                     "noise_multiplier": z, "delta": 1e-5, "noise": noise},
-        "outer_optimizer": {"name": "fedavgm", "lr": 1.0, "momentum": 0.9},
-        "task": {"lr": 0.5}}
+        "outer_optimizer": {"name": "fedavgm", "lr": opt["server_lr"],
+                            "momentum": opt["momentum"]},
+        "task": {"lr": opt["client_lr"]}}
+    if opt["hidden"] != OPTIMISATION["hidden"]:
+        table["task"]["hidden"] = opt["hidden"]
+    if opt["epochs"] != OPTIMISATION["epochs"]:
+        table["task"]["epochs"] = opt["epochs"]
     if distributed:
         table["privacy"]["placement"] = "distributed"
         table["secure_aggregation"] = {"name": "secagg+", "modulus_bits": bits}
@@ -167,18 +189,19 @@ def plan(args: argparse.Namespace) -> tuple[int, list[tuple[str, float, bool]], 
     delta = 1e-5
     bits = 16 + (args.clients - 1).bit_length()
     cohort = round(args.q * args.clients)
+    length = model_length(args.hidden)
     accountants = [a for a in args.accountants.split(",") if a]
     runs: list[tuple[str, float, bool]] = [("central", args.z, False)]
     for name in accountants:
         target = EPSILON_OF[name]([(args.q, args.z, args.rounds)], delta)
         z_d = args.distributed_z or matching_z(target, args.q, args.rounds, cohort, bits,
-                                               delta, args.clients)
+                                               delta, args.clients, length)
         print(json.dumps({"accountant": name, "central_z": args.z, "central_epsilon": target,
                           "distributed_z": z_d,
                           "distributed_epsilon": _skellam_epsilon(z_d, args.q, args.rounds,
                                                                   cohort, bits, delta,
-                                                                  args.clients),
-                          "modulus_bits": bits}), flush=True)
+                                                                  args.clients, length),
+                          "modulus_bits": bits, "length": length}), flush=True)
         runs.append((f"distributed-at-{name}", z_d, True))
     return bits, runs, accountants
 
@@ -203,10 +226,11 @@ def run_paired(args: argparse.Namespace) -> int:
                     else:
                         os.environ.pop(COMMON_NOISE_ENV, None)
                     result = meshkit.run(config(Path(tmp) / "run", seed, args.clients, args.q,
-                                                args.rounds, z, distributed, bits, "seeded"))
+                                                args.rounds, z, distributed, bits, "seeded",
+                                                optimisation(args)))
                     rows = read_metrics(Path(tmp) / "run")
                 line = {"kind": kind, "seed": seed, "z": z, "ok": result.ok,
-                        "noise": args.noise,
+                        "noise": args.noise, "optimisation": optimisation(args),
                         "rounds": len(rows), "modulus_bits": bits if distributed else None,
                         "accuracy": [r["accuracy"] for r in rows],
                         "cohort": [r["cohort"] for r in rows],
@@ -224,8 +248,14 @@ def run_paired(args: argparse.Namespace) -> int:
                                   if k not in ("accuracy", "cohort", "contributors")}
                                  | {"final": line["accuracy"][-1] if rows else None}), flush=True)
     print(json.dumps(summarise(folder, args.last, args.rounds, accountants, args.noise,
-                               window=_window(args.window))), flush=True)
+                               window=_window(args.window),
+                               optimisation=optimisation(args))), flush=True)
     return 0
+
+
+def optimisation(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's optimisation from ``--server-lr`` .. ``--epochs`` (OPTIMISATION's keys)."""
+    return {key: getattr(args, key) for key in OPTIMISATION}
 
 
 def correlation(a: list[float], b: list[float]) -> float:
@@ -251,10 +281,12 @@ def _window(text: str) -> tuple[int, int] | None:
 
 
 def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
-              noise: str = "common", window: tuple[int, int] | None = None) -> dict[str, Any]:
+              noise: str = "common", window: tuple[int, int] | None = None,
+              optimisation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each saved run scored by its mean accuracy over the ``last`` rounds (or over rounds
     ``window`` = (first, last), counted from 1), paired by seed; only runs drawn with
-    ``noise`` ("common" or "independent"; older files: independent)."""
+    ``noise`` ("common" or "independent"; older files: independent) and trained with
+    ``optimisation`` (None: OPTIMISATION, which files without the field were)."""
     score: dict[str, dict[int, float]] = {}
     final: dict[str, dict[int, float]] = {}
     cohorts: dict[str, dict[int, list[float]]] = {}
@@ -265,6 +297,8 @@ def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
             continue  # another setting, or a run that did not finish: never scored
         if line.get("noise", "independent") != noise:
             continue  # the other design: never paired with this one
+        if (line.get("optimisation") or OPTIMISATION) != (optimisation or OPTIMISATION):
+            continue  # another training configuration: never paired with this one
         kind, seed = line["kind"], int(line["seed"])
         scored = (line["accuracy"][window[0] - 1:window[1]] if window
                   else line["accuracy"][-last:])
@@ -273,6 +307,7 @@ def summarise(folder: Path, last: int, rounds: int, accountants: list[str],
         cohorts.setdefault(kind, {})[seed] = line["cohort"]
         curves.setdefault(kind, {})[seed] = line["accuracy"]
     out: dict[str, Any] = {"last": last, "window": window, "rounds": rounds,
+                           "optimisation": optimisation or OPTIMISATION,
                            "runs": {k: {"n": len(v), "mean_score": statistics.mean(v.values())}
                                     for k, v in score.items()}}
     central = score.get("central", {})
@@ -337,6 +372,16 @@ def main() -> int:
                         help="--paired --summarise: score a run by its mean accuracy over rounds "
                              "A to B instead (a secondary reading, e.g. before the pair's "
                              "models drift apart)")
+    parser.add_argument("--server-lr", type=float, default=OPTIMISATION["server_lr"],
+                        help="fedavgm's learning rate")
+    parser.add_argument("--momentum", type=float, default=OPTIMISATION["momentum"],
+                        help="fedavgm's momentum")
+    parser.add_argument("--client-lr", type=float, default=OPTIMISATION["client_lr"],
+                        help="digits' client SGD learning rate")
+    parser.add_argument("--hidden", type=int, default=OPTIMISATION["hidden"],
+                        help="digits' hidden width (the noise's norm grows with the length)")
+    parser.add_argument("--epochs", type=int, default=OPTIMISATION["epochs"],
+                        help="digits' passes over a client's shard a fit")
     parser.add_argument("--summarise", action="store_true",
                         help="--paired: only summarise the runs saved in DIR")
     args = parser.parse_args()
@@ -354,7 +399,7 @@ def main() -> int:
                 out = Path(tmp) / f"{kind}-{seed}"
                 started = time.time()
                 result = meshkit.run(config(out, seed, args.clients, args.q, args.rounds, z,
-                                            distributed, bits))
+                                            distributed, bits, optimisation=optimisation(args)))
                 rows = read_metrics(out)
                 accuracy = rows[-1]["accuracy"]
                 results[kind].append(accuracy)
