@@ -1,0 +1,317 @@
+"""What a round's transfer can reach on this machine, without meshkit (issue 39's ceiling).
+
+Run (from the repository root, in the dev venv)::
+
+    python benchmarks/round_ceiling.py                          # 100M float32 (400 MB), 5 trials
+    python benchmarks/round_ceiling.py --params 500e6 --repeat 5
+    python benchmarks/round_ceiling.py --fit add                # the workers' fit: one in-place add
+
+Issue 39 asks for a round's transfer at 0.6x of one loopback TCP stream. A
+round of 2 workers moves the model 4 times through the coordinator: the state
+out to each worker, a contribution back from each. This does exactly that
+data movement at its best, with none of meshkit's code, so its rate is what a
+*perfect* implementation of a round reaches on this machine and this topology:
+
+* one coordinator (this process) and ``--workers`` worker processes (this
+  script with ``--worker``), each connected over a loopback TCP socket;
+* the coordinator sends the model to every worker at once, a thread per link,
+  straight from the model's memory in 4 MiB segments;
+* each worker receives it into one buffer it keeps across rounds (its pages
+  were faulted in by the warm-up round, so no round pays the kernel's zeroing),
+  does a free fit (``--fit none``: nothing; ``--fit add``: one in-place float32
+  add), and sends the buffer back in segments;
+* the coordinator reads each link's contribution into that link's 4 MiB
+  segment buffer (cache-hot, reused) and folds each segment into a running sum
+  as it arrives (copied in if it is the segment's first, ``np.add`` into it if
+  not; the sum is kept across rounds too), the links' threads folding at once.
+
+Two variants alternate trial by trial: *plain* (bytes as they are) and
+*encrypted*: AES-256-GCM per 4 MiB segment as ``meshkit/wire/_channel.py``
+seals a segment's frame (``cryptography``'s streaming GCM, a 1 MiB piece
+encrypted into a scratch buffer and sent while in cache; the receiver decrypts
+in place as the bytes arrive and checks the segment's 16-byte tag), a key per
+direction and link, the nonce the round and the segment's number. Headers,
+MACs and acknowledgements are left out: they are a few bytes per 4 MiB.
+
+Beside each trial, in the same run, one raw loopback stream and one
+encrypted stream of the model's size (``large_model.raw_stream``: another
+process sends, this one reads). Printed: each variant's seconds per round and
+round transfer (``2 * workers * model / seconds``), and each trial's round
+transfer over the streams measured right before it, median (min-max) over the
+trials; the load average with them. A warm-up round of each variant comes
+first and is not counted. This is a benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MB = 1e6
+SEGMENT = 4 << 20
+PIECE = 1 << 20  # the channel's _SEND_PIECE
+TAG = 16
+#: A round's order to a worker: model bytes, variant (0 stop, 1 plain, 2 encrypted), round.
+ORDER = struct.Struct("<QII")
+PLAIN, SEALED = 1, 2
+VARIANTS = {"plain": PLAIN, "encrypted": SEALED}
+
+
+def _key(link: int, direction: int) -> bytes:
+    return bytes((link * 2 + direction + i) % 256 for i in range(32))
+
+
+def _nonce(round_: int, segment: int) -> bytes:
+    return struct.pack("<IQ", round_, segment)
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < view.nbytes:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the other end closed mid-transfer")
+        got += n
+
+
+def send_body(sock: socket.socket, body: memoryview, variant: int, key: bytes, round_: int,
+              scratch: memoryview) -> None:
+    """``body`` in segments: as it is (plain) or each segment sealed by AES-256-GCM."""
+    for index, start in enumerate(range(0, body.nbytes, SEGMENT)):
+        segment = body[start:start + SEGMENT]
+        if variant == PLAIN:
+            sock.sendall(segment)
+            continue
+        gcm = Cipher(algorithms.AES(key), modes.GCM(_nonce(round_, index))).encryptor()
+        for at in range(0, segment.nbytes, PIECE):
+            piece = segment[at:at + PIECE]
+            out = scratch[:piece.nbytes]
+            gcm.update_into(piece, out)
+            sock.sendall(out)
+        gcm.finalize()
+        sock.sendall(gcm.tag)
+
+
+def recv_segments(sock: socket.socket, nbytes: int, variant: int, key: bytes, round_: int,
+                  into: memoryview | None, landing: memoryview | None = None):
+    """Yield ``(start, view)`` for each segment of a body as it is complete (and checked).
+
+    With ``into`` (the body's whole buffer) each segment lands at its place in it; else
+    every segment lands in ``landing`` (one segment's buffer, reused).
+    """
+    tag = bytearray(TAG)
+    for index, start in enumerate(range(0, nbytes, SEGMENT)):
+        size = min(SEGMENT, nbytes - start)
+        view = into[start:start + size] if into is not None else landing[:size]
+        if variant == PLAIN:
+            _recv_exact(sock, view)
+            yield start, view
+            continue
+        gcm = Cipher(algorithms.AES(key), modes.GCM(_nonce(round_, index))).decryptor()
+        got = 0
+        while got < size:  # decrypt each read in place while it is in cache
+            n = sock.recv_into(view[got:])
+            if not n:
+                raise ConnectionError("the other end closed mid-transfer")
+            gcm.update_into(view[got:got + n], view[got:got + n])
+            got += n
+        _recv_exact(sock, memoryview(tag))
+        gcm.finalize_with_tag(bytes(tag))
+        yield start, view
+
+
+def worker(address: str, link: int, fit: str) -> None:
+    """A worker: receive the model into a kept buffer, fit (free), send it back; repeat."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(struct.pack("<I", link))
+    order = bytearray(ORDER.size)
+    body: np.ndarray | None = None
+    scratch = memoryview(bytearray(PIECE))
+    while True:
+        _recv_exact(sock, memoryview(order))
+        nbytes, variant, round_ = ORDER.unpack(order)
+        if variant == 0:
+            return
+        if body is None or body.nbytes != nbytes:
+            body = np.empty(nbytes, dtype=np.uint8)  # kept across rounds
+        view = memoryview(body)
+        for _ in recv_segments(sock, nbytes, variant, _key(link, 0), round_, view):
+            pass
+        if fit == "add":
+            weights = body.view(np.float32)
+            np.add(weights, np.float32(1e-3), out=weights)
+        send_body(sock, view, variant, _key(link, 1), round_, scratch)
+
+
+class Ceiling:
+    """The coordinator's side: ``workers`` worker processes, kept for every round."""
+
+    def __init__(self, params: int, workers: int, fit: str = "none") -> None:
+        self.nbytes = params * 4
+        self.model = np.random.default_rng(0).standard_normal(params, dtype=np.float32)
+        self.total = np.zeros(params, dtype=np.float32)  # the running sum, kept
+        segments = -(-self.nbytes // SEGMENT)
+        self.locks = [threading.Lock() for _ in range(segments)]
+        self.folded = [0] * segments
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        self.procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                                        f"127.0.0.1:{port}", "--link", str(i), "--fit", fit])
+                      for i in range(workers)]
+        self.links: list[socket.socket] = [None] * workers  # type: ignore[list-item]
+        for _ in range(workers):
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.links[struct.unpack("<I", conn.recv(4, socket.MSG_WAITALL))[0]] = conn
+        listener.close()
+        self.scratch = [memoryview(bytearray(PIECE)) for _ in range(workers)]
+        self.landing = [memoryview(bytearray(SEGMENT)) for _ in range(workers)]
+        self.round = 0
+
+    def _link(self, link: int, variant: int, errors: list[BaseException]) -> None:
+        try:
+            sock = self.links[link]
+            sock.sendall(ORDER.pack(self.nbytes, variant, self.round))
+            send_body(sock, memoryview(self.model).cast("B"), variant, _key(link, 0),
+                      self.round, self.scratch[link])
+            total = self.total.view(np.uint8)
+            for start, view in recv_segments(sock, self.nbytes, variant, _key(link, 1),
+                                             self.round, None, self.landing[link]):
+                index = start // SEGMENT
+                piece = np.frombuffer(view, dtype=np.float32)
+                with self.locks[index]:  # the fold, segment by segment as they arrive
+                    into = total[start:start + view.nbytes].view(np.float32)
+                    if self.folded[index] == 0:
+                        np.copyto(into, piece)
+                    else:
+                        np.add(into, piece, out=into)
+                    self.folded[index] += 1
+        except BaseException as exc:  # reported by play()
+            errors.append(exc)
+
+    def play(self, variant: int) -> float:
+        """One round: seconds from the first byte sent to the last segment folded."""
+        self.round += 1
+        self.folded = [0] * len(self.folded)
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=self._link, args=(i, variant, errors))
+                   for i in range(len(self.links))]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        seconds = time.perf_counter() - started
+        if errors:
+            raise errors[0]
+        if any(count != len(self.links) for count in self.folded):
+            raise RuntimeError("a segment was not folded from every worker")
+        return seconds
+
+    def close(self) -> None:
+        for sock in self.links:
+            try:
+                sock.sendall(ORDER.pack(0, 0, 0))
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.wait(timeout=60)
+        for sock in self.links:
+            sock.close()
+
+    def __enter__(self) -> Ceiling:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
+    scaled = [v / scale for v in values]
+    return (f"{statistics.median(scaled):,.{digits}f}{unit} "
+            f"({min(scaled):,.{digits}f}-{max(scaled):,.{digits}f})")
+
+
+def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = True,
+            say: Any = print) -> dict[str, Any]:
+    """``repeat`` trials of each variant (alternating), each beside its raw and encrypted
+    stream: a dict of lists (seconds per variant, ``raw``, ``sealed``, loads)."""
+    from large_model import raw_stream
+
+    nbytes = params * 4
+    got: dict[str, Any] = {"plain": [], "encrypted": [], "raw": [], "sealed": [], "load": []}
+    with Ceiling(params, workers, fit) as ceiling:
+        for variant in VARIANTS.values():  # warm-up: the kept buffers are faulted in here
+            ceiling.play(variant)
+        for trial in range(repeat):
+            if streams:
+                got["raw"].append(raw_stream(nbytes))
+                got["sealed"].append(raw_stream(nbytes, encrypt=True))
+            line = []
+            for name, variant in VARIANTS.items():
+                seconds = ceiling.play(variant)
+                got[name].append(seconds)
+                line.append(f"{name} {seconds:.3f} s ({2 * workers * nbytes / seconds / MB:,.0f}"
+                            f" MB/s)")
+            got["load"].append(os.getloadavg()[0])
+            streams_text = (f"; raw stream {got['raw'][-1] / MB:,.0f} MB/s, encrypted stream "
+                            f"{got['sealed'][-1] / MB:,.0f} MB/s" if streams else "")
+            say(f"# trial {trial + 1}: {', '.join(line)}{streams_text}; "
+                f"load {got['load'][-1]:.1f}")
+    return got
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, default=100e6,
+                        help="float32 parameters (default 100M: 400 MB)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--fit", choices=("none", "add"), default="none",
+                        help="the workers' fit: nothing, or one in-place float32 add")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--link", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.link, args.fit)
+        return
+    params = int(args.params)
+    nbytes = params * 4
+    moved = 2 * args.workers * nbytes
+    print(f"# {params:,} float32 parameters ({nbytes / MB:.0f} MB), {args.workers} workers, "
+          f"fit {args.fit}, {args.repeat} trials; load {os.getloadavg()}", flush=True)
+    got = measure(params, args.workers, args.repeat, args.fit,
+                  say=lambda text: print(text, flush=True))
+    print(f"\nraw loopback stream: {fmt(got['raw'], ' MB/s', MB, 0)}; AES-256-GCM encrypted "
+          f"stream: {fmt(got['sealed'], ' MB/s', MB, 0)}; encrypted / raw per trial: "
+          f"{fmt([s / r for s, r in zip(got['sealed'], got['raw'])], 'x')}")
+    print("| round, no meshkit | s/round | round transfer (MB/s) | / raw stream, per trial | "
+          "/ encrypted stream, per trial |")
+    print("|---|---|---|---|---|")
+    for name in VARIANTS:
+        seconds = got[name]
+        rates = [moved / s for s in seconds]
+        print(f"| {name} | {fmt(seconds, '', 1, 3)} | {fmt(rates, '', MB, 0)} | "
+              f"{fmt([r / w for r, w in zip(rates, got['raw'])], 'x')} | "
+              f"{fmt([r / w for r, w in zip(rates, got['sealed'])], 'x')} |")
+    print(f"\nload average at the end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
