@@ -65,6 +65,17 @@ Flower 1.42's simulation, two clients, ``--flower-rounds`` rounds
 time per round, or where it failed. This is a
 benchmark, not a test: it asserts nothing, and its numbers depend on the
 machine and its load (the load average is printed with them).
+
+``--noise 0`` makes the synthetic task's fit free (the state sent back as it
+was given: nothing drawn, nothing copied), so seconds per round are the
+transfer, the fold and meshkit's bookkeeping. ``--ceiling`` runs, right
+after each trial, the same round's data movement without meshkit
+(``round_ceiling.py``: a thread per link, 4 MiB segments, kept buffers, the
+fold as segments arrive; plain and AES-256-GCM per segment; a warm-up and one
+timed round of each), and a last table gives each tree's round transfer over
+that ceiling and the ceiling over the streams, trial by trial::
+
+    python benchmarks/large_model.py --params 100e6 --repeat 5 --raw 1 --noise 0 --ceiling
 """
 
 from __future__ import annotations
@@ -193,8 +204,10 @@ TASK = "meshkit_tasks.synthetic:SyntheticTask"
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: float,
-                segment_bytes: int | None, spill: bool = False, outer: str = "average") -> str:
+                segment_bytes: int | None, spill: bool = False, outer: str = "average",
+                noise: float | None = None) -> str:
     segment = f"segment_bytes = {segment_bytes}" if segment_bytes else ""
+    scale = f"noise = {noise!r}" if noise is not None else ""
     return textwrap.dedent(f"""
         [run]
         task = "{TASK}"
@@ -216,6 +229,7 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
         [task]
         params = {params}
         rows = 1024
+        {scale}
 
         [aggregator]
         name = "fedavg"
@@ -227,14 +241,15 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
             timeout: float, segment_bytes: int | None, phases: bool = False,
-            spill: bool = False, outer: str = "average") -> dict[str, Any]:
+            spill: bool = False, outer: str = "average",
+            noise: float | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-large-model-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
                                       timeout=timeout, segment_bytes=segment_bytes,
-                                      spill=spill, outer=outer))
+                                      spill=spill, outer=outer, noise=noise))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
         wrapper = PHASES_WRAPPER if phases else WRAPPER
@@ -384,6 +399,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spill", action="store_true",
                         help="also run this tree with [run] spill = true, trial by trial")
     parser.add_argument("--outer", default="average", help="[outer_optimizer] name")
+    parser.add_argument("--noise", type=float, default=None,
+                        help="[task] noise of the synthetic task (0: a free fit, the state "
+                             "sent back as given, so s/round is transfer + fold + bookkeeping)")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="beside each trial, the same round's data movement without "
+                             "meshkit (round_ceiling.py, plain and encrypted; one warm-up "
+                             "and one timed round of each)")
     parser.add_argument("--flower", action="store_true",
                         help="then the same model through Flower 1.42's simulation")
     parser.add_argument("--flower-rounds", type=int, default=1)
@@ -416,8 +438,17 @@ def main(argv: list[str] | None = None) -> None:
                           rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
                           phases=tree == ROOT or args.phases_all,
                           spill=label == "this, spill",
-                          outer=args.outer if tree == ROOT else "average")
-            got.update(raw=raws[-1], landed=landed[-1])
+                          outer=args.outer if tree == ROOT else "average",
+                          noise=args.noise)
+            got.update(raw=raws[-1], landed=landed[-1], sealed=sealed[-1])
+            if args.ceiling:  # the same movement at its best, right after, same streams
+                from round_ceiling import measure
+                best = measure(params, args.workers, 1, "none", streams=False,
+                               say=lambda text: None)
+                got.update(ceiling=best["plain"][0], ceiling_sealed=best["encrypted"][0])
+                print(f"# trial {trial + 1} ceiling (no meshkit): plain "
+                      f"{got['ceiling']:.3f} s/round, encrypted {got['ceiling_sealed']:.3f} "
+                      f"s/round; load {os.getloadavg()[0]:.1f}", flush=True)
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
                            if name in got)
@@ -470,10 +501,37 @@ def main(argv: list[str] | None = None) -> None:
                 values = [r[name] / r[base] for r in rows if name in r]
                 cells.append(fmt(values, "x") if values else "-")
         print(f"| {label} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {cells[4]} |")
+    if args.ceiling:
+        print(ceiling_table(results, trees, 2 * args.workers * model))
     print(budgets(results, model))
     if args.flower:
         print(flower_line(params, args.flower_rounds, int(args.flower_cap), model), flush=True)
     print(f"\nload average at the end: {os.getloadavg()}")
+
+
+def ceiling_table(results: dict[str, list[dict[str, Any]]], trees: list, moved: int) -> str:
+    """Each tree's round transfer against the ceiling (round_ceiling.py) and the streams
+    measured beside the same trial: median (min-max) of the per-trial ratios."""
+    lines = ["\n| tree | round transfer (MB/s) | ceiling plain (MB/s) | ceiling encrypted "
+             "(MB/s) | round / ceiling encrypted | round / ceiling plain | ceiling encrypted / "
+             "raw | ceiling plain / raw | ceiling encrypted / encrypted stream | "
+             "round / raw |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, *_ in trees:
+        rows = [r for r in results[label] if "ceiling" in r]
+        if not rows:
+            continue
+        rate = [moved / r["seconds"] for r in rows]
+        plain = [moved / r["ceiling"] for r in rows]
+        sealed = [moved / r["ceiling_sealed"] for r in rows]
+        cells = [fmt(rate, "", MB), fmt(plain, "", MB), fmt(sealed, "", MB),
+                 fmt([a / b for a, b in zip(rate, sealed)], "x"),
+                 fmt([a / b for a, b in zip(rate, plain)], "x"),
+                 fmt([b / r["raw"] for b, r in zip(sealed, rows)], "x"),
+                 fmt([b / r["raw"] for b, r in zip(plain, rows)], "x"),
+                 fmt([b / r["sealed"] for b, r in zip(sealed, rows)], "x"),
+                 fmt([a / r["raw"] for a, r in zip(rate, rows)], "x")]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(lines)
 
 
 def budgets(results: dict[str, list[dict[str, Any]]], model: int) -> str:
