@@ -38,7 +38,8 @@ encrypted stream of the model's size (``large_model.raw_stream``: another
 process sends, this one reads). Printed: each variant's seconds per round and
 round transfer (``2 * workers * model / seconds``), and each trial's round
 transfer over the streams measured right before it, median (min-max) over the
-trials; the load average with them. A warm-up round of each variant comes
+trials; the load average with them. "MB" is 2**20 bytes, as in
+``large_model.py``. A warm-up round of each variant comes
 first and is not counted. This is a benchmark, not a test: it asserts nothing.
 """
 
@@ -60,8 +61,8 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from round_memory import MB  # noqa: E402  (MiB, as large_model.py prints)
 
-MB = 1e6
 SEGMENT = 4 << 20
 PIECE = 1 << 20  # the channel's _SEND_PIECE
 TAG = 16
