@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import struct
@@ -69,6 +70,8 @@ TAG = 16
 #: A round's order to a worker: model bytes, variant (0 stop, 1 plain, 2 encrypted), round.
 ORDER = struct.Struct("<QII")
 PLAIN, SEALED = 1, 2
+#: A worker's CPU seconds (user, system) over a round, sent after its contribution.
+CPU = struct.Struct("<dd")
 VARIANTS = {"plain": PLAIN, "encrypted": SEALED}
 
 
@@ -146,6 +149,7 @@ def worker(address: str, link: int, fit: str) -> None:
     scratch = memoryview(bytearray(PIECE))
     while True:
         _recv_exact(sock, memoryview(order))
+        before = resource.getrusage(resource.RUSAGE_SELF)
         nbytes, variant, round_ = ORDER.unpack(order)
         if variant == 0:
             return
@@ -158,6 +162,56 @@ def worker(address: str, link: int, fit: str) -> None:
             weights = body.view(np.float32)
             np.add(weights, np.float32(1e-3), out=weights)
         send_body(sock, view, variant, _key(link, 1), round_, scratch)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        sock.sendall(CPU.pack(after.ru_utime - before.ru_utime,
+                              after.ru_stime - before.ru_stime))
+
+
+def stream(nbytes: int, encrypt: bool = False) -> tuple[float, float, float]:
+    """One loopback TCP stream of ``nbytes`` from another process: (bytes per second, the
+    sender's CPU seconds, the reader's), as ``large_model.raw_stream`` measures it (both
+    ends cache-hot: a 4 MiB source sent again and again, read into one 4 MiB buffer), the
+    encrypted one sealed per 4 MiB segment as the round's links are."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = listener.getsockname()
+    variant = SEALED if encrypt else PLAIN
+    pid = os.fork()
+    if pid == 0:  # the sender: another process, as a worker is
+        code = 1
+        try:
+            dialer = socket.create_connection(address)
+            source = memoryview(bytearray(os.urandom(1 << 20)) * 4)
+            scratch = memoryview(bytearray(PIECE))
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            for start in range(0, nbytes, source.nbytes):
+                send_body(dialer, source[:min(source.nbytes, nbytes - start)], variant,
+                          _key(9, 0), start // source.nbytes, scratch)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            dialer.sendall(CPU.pack(after.ru_utime - before.ru_utime,
+                                    after.ru_stime - before.ru_stime))
+            dialer.recv(1)
+            code = 0
+        finally:
+            os._exit(code)
+    reader, _ = listener.accept()
+    listener.close()
+    landing = memoryview(bytearray(SEGMENT))
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    started = time.perf_counter()
+    for start in range(0, nbytes, SEGMENT):
+        size = min(SEGMENT, nbytes - start)
+        for _ in recv_segments(reader, size, variant, _key(9, 0), start // SEGMENT, None,
+                               landing):
+            pass
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    cpu = bytearray(CPU.size)
+    _recv_exact(reader, memoryview(cpu))
+    reader.sendall(b"x")
+    reader.close()
+    os.waitpid(pid, 0)
+    return (nbytes / elapsed, sum(CPU.unpack(cpu)),
+            after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
 
 
 class Ceiling:
@@ -184,6 +238,9 @@ class Ceiling:
         self.scratch = [memoryview(bytearray(PIECE)) for _ in range(workers)]
         self.landing = [memoryview(bytearray(SEGMENT)) for _ in range(workers)]
         self.round = 0
+        #: CPU seconds (user + system) of the last round: the coordinator's, each worker's.
+        self.cpu: tuple[float, list[float]] = (0.0, [])
+        self._worker_cpu = [0.0] * workers
 
     def _link(self, link: int, variant: int, errors: list[BaseException]) -> None:
         try:
@@ -203,6 +260,9 @@ class Ceiling:
                     else:
                         np.add(into, piece, out=into)
                     self.folded[index] += 1
+            cpu = bytearray(CPU.size)
+            _recv_exact(sock, memoryview(cpu))
+            self._worker_cpu[link] = sum(CPU.unpack(cpu))
         except BaseException as exc:  # reported by play()
             errors.append(exc)
 
@@ -213,12 +273,16 @@ class Ceiling:
         errors: list[BaseException] = []
         threads = [threading.Thread(target=self._link, args=(i, variant, errors))
                    for i in range(len(self.links))]
+        before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+                    list(self._worker_cpu))
         if errors:
             raise errors[0]
         if any(count != len(self.links) for count in self.folded):
@@ -252,22 +316,27 @@ def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2
 def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = True,
             say: Any = print) -> dict[str, Any]:
     """``repeat`` trials of each variant (alternating), each beside its raw and encrypted
-    stream: a dict of lists (seconds per variant, ``raw``, ``sealed``, loads)."""
-    from large_model import raw_stream
-
+    stream: a dict of lists (seconds per variant, ``raw``, ``sealed``, loads; the CPU
+    seconds of each round, ``cpu plain`` / ``cpu encrypted``: (coordinator, [workers]);
+    of each stream's ends, ``cpu raw`` / ``cpu sealed``: (sender, reader))."""
     nbytes = params * 4
-    got: dict[str, Any] = {"plain": [], "encrypted": [], "raw": [], "sealed": [], "load": []}
+    got: dict[str, Any] = {key: [] for key in (
+        "plain", "encrypted", "raw", "sealed", "load", "cpu plain", "cpu encrypted",
+        "cpu raw", "cpu sealed")}
     with Ceiling(params, workers, fit) as ceiling:
         for variant in VARIANTS.values():  # warm-up: the kept buffers are faulted in here
             ceiling.play(variant)
         for trial in range(repeat):
             if streams:
-                got["raw"].append(raw_stream(nbytes))
-                got["sealed"].append(raw_stream(nbytes, encrypt=True))
+                for name, sealed in (("raw", False), ("sealed", True)):
+                    rate, sender, reader = stream(nbytes, sealed)
+                    got[name].append(rate)
+                    got[f"cpu {name}"].append((sender, reader))
             line = []
             for name, variant in VARIANTS.items():
                 seconds = ceiling.play(variant)
                 got[name].append(seconds)
+                got[f"cpu {name}"].append(ceiling.cpu)
                 line.append(f"{name} {seconds:.3f} s ({2 * workers * nbytes / seconds / MB:,.0f}"
                             f" MB/s)")
             got["load"].append(os.getloadavg()[0])
@@ -276,6 +345,38 @@ def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = Tr
             say(f"# trial {trial + 1}: {', '.join(line)}{streams_text}; "
                 f"load {got['load'][-1]:.1f}")
     return got
+
+
+def cpu_table(got: dict[str, Any], moved: int, nbytes: int) -> str:
+    """The CPU each byte costs, and the rates the machine's cores allow (a bound the load
+    moves far less than wall clocks: CPU seconds are the work, not the wait).
+
+    A stream's two ends run on their own cores, so it can go no faster than its busier
+    end: ``model / max(sender CPU, reader CPU)``. A round's processes share the
+    machine's cores, so it can go no faster than its total CPU spread over all of them:
+    ``2 * workers * model / (CPU of all its processes / cores)``.
+    """
+    cores = os.cpu_count() or 1
+    lines = [f"\nCPU-bound rates ({cores} cores): median (min-max) over the trials",
+             "| variant | stream: sender, reader CPU s | round: coordinator, workers CPU s | "
+             "stream bound (MB/s) | round bound (MB/s) | round bound / stream bound | "
+             "round bound / raw stream bound |",
+             "|---|---|---|---|---|---|---|"]
+    raw_bounds = [nbytes / max(pair) for pair in got["cpu raw"]]
+    for name, stream_key in (("plain", "cpu raw"), ("encrypted", "cpu sealed")):
+        ends = got[stream_key]
+        rounds = got[f"cpu {name}"]
+        stream_bound = [nbytes / max(pair) for pair in ends]
+        round_bound = [moved / ((coord + sum(kids)) / cores) for coord, kids in rounds]
+        lines.append(
+            f"| {name} | {fmt([a for a, _ in ends], '', 1, 3)}, "
+            f"{fmt([b for _, b in ends], '', 1, 3)} | "
+            f"{fmt([c for c, _ in rounds], '', 1, 3)}, "
+            f"{fmt([sum(k) for _, k in rounds], '', 1, 3)} | "
+            f"{fmt(stream_bound, '', MB, 0)} | {fmt(round_bound, '', MB, 0)} | "
+            f"{fmt([r / b for r, b in zip(round_bound, stream_bound)], 'x')} | "
+            f"{fmt([r / b for r, b in zip(round_bound, raw_bounds)], 'x')} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -311,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {fmt(seconds, '', 1, 3)} | {fmt(rates, '', MB, 0)} | "
               f"{fmt([r / w for r, w in zip(rates, got['raw'])], 'x')} | "
               f"{fmt([r / w for r, w in zip(rates, got['sealed'])], 'x')} |")
+    print(cpu_table(got, moved, nbytes))
     print(f"\nload average at the end: {os.getloadavg()}")
 
 
