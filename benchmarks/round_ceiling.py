@@ -25,22 +25,28 @@ data movement at its best, with none of meshkit's code, so its rate is what a
   as it arrives (copied in if it is the segment's first, ``np.add`` into it if
   not; the sum is kept across rounds too), the links' threads folding at once.
 
-Two variants alternate trial by trial: *plain* (bytes as they are) and
+Three variants alternate trial by trial: *plain* (bytes as they are);
 *encrypted*: AES-256-GCM per 4 MiB segment as ``meshkit/wire/_channel.py``
 seals a segment's frame (``cryptography``'s streaming GCM, a 1 MiB piece
 encrypted into a scratch buffer and sent while in cache; the receiver decrypts
 in place as the bytes arrive and checks the segment's 16-byte tag), a key per
-direction and link, the nonce the round and the segment's number. Headers,
-MACs and acknowledgements are left out: they are a few bytes per 4 MiB.
+direction and link, the nonce the round and the segment's number; and
+*tagged*: the bytes in clear with each segment's AES-GMAC tag, as a channel
+with ``[mesh] encrypt = false`` sends a body. Headers, MACs and
+acknowledgements are left out: they are a few bytes per 4 MiB.
 
-Beside each trial, in the same run, one raw loopback stream and one
-encrypted stream of the model's size (``large_model.raw_stream``: another
-process sends, this one reads). Printed: each variant's seconds per round and
-round transfer (``2 * workers * model / seconds``), and each trial's round
-transfer over the streams measured right before it, median (min-max) over the
-trials; the load average with them. "MB" is 2**20 bytes, as in
-``large_model.py``. A warm-up round of each variant comes
-first and is not counted. This is a benchmark, not a test: it asserts nothing.
+Beside each trial, in the same run, one loopback stream of the model's size
+per variant (:func:`stream`: another process sends, this one reads, both ends
+cache-hot as in ``large_model.raw_stream``; the raw one is the stream issue 39
+measures against). Printed: each variant's seconds per round and round
+transfer (``2 * workers * model / seconds``), and each trial's round transfer
+over the streams measured right before it, median (min-max) over the trials;
+the load average with them. Then the CPU seconds of each round's processes and
+of each stream's two ends, and the rates those allow on this machine's cores
+(:func:`cpu_table`): the load stretches wall clocks many times over, CPU
+seconds far less. "MB" is 2**20 bytes, as in ``large_model.py``. A warm-up
+round of each variant comes first and is not counted. This is a benchmark,
+not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -69,10 +75,12 @@ PIECE = 1 << 20  # the channel's _SEND_PIECE
 TAG = 16
 #: A round's order to a worker: model bytes, variant (0 stop, 1 plain, 2 encrypted), round.
 ORDER = struct.Struct("<QII")
-PLAIN, SEALED = 1, 2
+PLAIN, SEALED, TAGGED = 1, 2, 3
 #: A worker's CPU seconds (user, system) over a round, sent after its contribution.
 CPU = struct.Struct("<dd")
-VARIANTS = {"plain": PLAIN, "encrypted": SEALED}
+VARIANTS = {"plain": PLAIN, "encrypted": SEALED, "tagged": TAGGED}
+#: Each variant's stream, as measure() names it.
+STREAMS = {"plain": "raw", "encrypted": "sealed", "tagged": "gmac"}
 
 
 def _key(link: int, direction: int) -> bytes:
@@ -94,7 +102,9 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
 
 def send_body(sock: socket.socket, body: memoryview, variant: int, key: bytes, round_: int,
               scratch: memoryview) -> None:
-    """``body`` in segments: as it is (plain) or each segment sealed by AES-256-GCM."""
+    """``body`` in segments: as it is (plain), each segment sealed by AES-256-GCM
+    (encrypted), or in clear followed by its AES-GMAC tag (tagged: ``[mesh] encrypt =
+    false``, the body fed to GCM as associated data, as the channel's streaming GMAC)."""
     for index, start in enumerate(range(0, body.nbytes, SEGMENT)):
         segment = body[start:start + SEGMENT]
         if variant == PLAIN:
@@ -103,6 +113,10 @@ def send_body(sock: socket.socket, body: memoryview, variant: int, key: bytes, r
         gcm = Cipher(algorithms.AES(key), modes.GCM(_nonce(round_, index))).encryptor()
         for at in range(0, segment.nbytes, PIECE):
             piece = segment[at:at + PIECE]
+            if variant == TAGGED:
+                gcm.authenticate_additional_data(piece)
+                sock.sendall(piece)
+                continue
             out = scratch[:piece.nbytes]
             gcm.update_into(piece, out)
             sock.sendall(out)
@@ -127,11 +141,14 @@ def recv_segments(sock: socket.socket, nbytes: int, variant: int, key: bytes, ro
             continue
         gcm = Cipher(algorithms.AES(key), modes.GCM(_nonce(round_, index))).decryptor()
         got = 0
-        while got < size:  # decrypt each read in place while it is in cache
+        while got < size:  # decrypt (or tag) each read in place while it is in cache
             n = sock.recv_into(view[got:])
             if not n:
                 raise ConnectionError("the other end closed mid-transfer")
-            gcm.update_into(view[got:got + n], view[got:got + n])
+            if variant == TAGGED:
+                gcm.authenticate_additional_data(view[got:got + n])
+            else:
+                gcm.update_into(view[got:got + n], view[got:got + n])
             got += n
         _recv_exact(sock, memoryview(tag))
         gcm.finalize_with_tag(bytes(tag))
@@ -167,14 +184,13 @@ def worker(address: str, link: int, fit: str) -> None:
                               after.ru_stime - before.ru_stime))
 
 
-def stream(nbytes: int, encrypt: bool = False) -> tuple[float, float, float]:
+def stream(nbytes: int, variant: int = PLAIN) -> tuple[float, float, float]:
     """One loopback TCP stream of ``nbytes`` from another process: (bytes per second, the
     sender's CPU seconds, the reader's), as ``large_model.raw_stream`` measures it (both
     ends cache-hot: a 4 MiB source sent again and again, read into one 4 MiB buffer), the
-    encrypted one sealed per 4 MiB segment as the round's links are."""
+    encrypted (or tagged) one per 4 MiB segment as the round's links are."""
     listener = socket.create_server(("127.0.0.1", 0))
     address = listener.getsockname()
-    variant = SEALED if encrypt else PLAIN
     pid = os.fork()
     if pid == 0:  # the sender: another process, as a worker is
         code = 1
@@ -315,21 +331,23 @@ def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2
 
 def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = True,
             say: Any = print) -> dict[str, Any]:
-    """``repeat`` trials of each variant (alternating), each beside its raw and encrypted
-    stream: a dict of lists (seconds per variant, ``raw``, ``sealed``, loads; the CPU
-    seconds of each round, ``cpu plain`` / ``cpu encrypted``: (coordinator, [workers]);
-    of each stream's ends, ``cpu raw`` / ``cpu sealed``: (sender, reader))."""
+    """``repeat`` trials of each variant (alternating), each beside its stream (raw,
+    encrypted, tagged): a dict of lists (seconds per variant, each stream's rate by its
+    name in :data:`STREAMS`, loads; the CPU seconds of each round, ``cpu plain`` etc.:
+    (coordinator, [workers]); of each stream's ends, ``cpu raw`` etc.: (sender, reader))."""
     nbytes = params * 4
-    got: dict[str, Any] = {key: [] for key in (
-        "plain", "encrypted", "raw", "sealed", "load", "cpu plain", "cpu encrypted",
-        "cpu raw", "cpu sealed")}
+    got: dict[str, Any] = {key: [] for name in VARIANTS
+                           for key in (name, STREAMS[name], f"cpu {name}",
+                                       f"cpu {STREAMS[name]}")}
+    got["load"] = []
     with Ceiling(params, workers, fit) as ceiling:
         for variant in VARIANTS.values():  # warm-up: the kept buffers are faulted in here
             ceiling.play(variant)
         for trial in range(repeat):
             if streams:
-                for name, sealed in (("raw", False), ("sealed", True)):
-                    rate, sender, reader = stream(nbytes, sealed)
+                for name, variant in VARIANTS.items():
+                    rate, sender, reader = stream(nbytes, variant)
+                    name = STREAMS[name]
                     got[name].append(rate)
                     got[f"cpu {name}"].append((sender, reader))
             line = []
@@ -341,7 +359,8 @@ def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = Tr
                             f" MB/s)")
             got["load"].append(os.getloadavg()[0])
             streams_text = (f"; raw stream {got['raw'][-1] / MB:,.0f} MB/s, encrypted stream "
-                            f"{got['sealed'][-1] / MB:,.0f} MB/s" if streams else "")
+                            f"{got['sealed'][-1] / MB:,.0f} MB/s, tagged stream "
+                            f"{got['gmac'][-1] / MB:,.0f} MB/s" if streams else "")
             say(f"# trial {trial + 1}: {', '.join(line)}{streams_text}; "
                 f"load {got['load'][-1]:.1f}")
     return got
@@ -363,8 +382,8 @@ def cpu_table(got: dict[str, Any], moved: int, nbytes: int) -> str:
              "round bound / raw stream bound |",
              "|---|---|---|---|---|---|---|"]
     raw_bounds = [nbytes / max(pair) for pair in got["cpu raw"]]
-    for name, stream_key in (("plain", "cpu raw"), ("encrypted", "cpu sealed")):
-        ends = got[stream_key]
+    for name in VARIANTS:
+        ends = got[f"cpu {STREAMS[name]}"]
         rounds = got[f"cpu {name}"]
         stream_bound = [nbytes / max(pair) for pair in ends]
         round_bound = [moved / ((coord + sum(kids)) / cores) for coord, kids in rounds]
@@ -401,17 +420,19 @@ def main(argv: list[str] | None = None) -> None:
     got = measure(params, args.workers, args.repeat, args.fit,
                   say=lambda text: print(text, flush=True))
     print(f"\nraw loopback stream: {fmt(got['raw'], ' MB/s', MB, 0)}; AES-256-GCM encrypted "
-          f"stream: {fmt(got['sealed'], ' MB/s', MB, 0)}; encrypted / raw per trial: "
-          f"{fmt([s / r for s, r in zip(got['sealed'], got['raw'])], 'x')}")
+          f"stream: {fmt(got['sealed'], ' MB/s', MB, 0)}; AES-GMAC tagged stream: "
+          f"{fmt(got['gmac'], ' MB/s', MB, 0)}; encrypted / raw per trial: "
+          f"{fmt([s / r for s, r in zip(got['sealed'], got['raw'])], 'x')}; tagged / raw: "
+          f"{fmt([s / r for s, r in zip(got['gmac'], got['raw'])], 'x')}")
     print("| round, no meshkit | s/round | round transfer (MB/s) | / raw stream, per trial | "
-          "/ encrypted stream, per trial |")
+          "/ its own variant's stream, per trial |")
     print("|---|---|---|---|---|")
     for name in VARIANTS:
         seconds = got[name]
         rates = [moved / s for s in seconds]
         print(f"| {name} | {fmt(seconds, '', 1, 3)} | {fmt(rates, '', MB, 0)} | "
               f"{fmt([r / w for r, w in zip(rates, got['raw'])], 'x')} | "
-              f"{fmt([r / w for r, w in zip(rates, got['sealed'])], 'x')} |")
+              f"{fmt([r / w for r, w in zip(rates, got[STREAMS[name]])], 'x')} |")
     print(cpu_table(got, moved, nbytes))
     print(f"\nload average at the end: {os.getloadavg()}")
 
