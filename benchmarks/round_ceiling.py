@@ -5,6 +5,7 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/round_ceiling.py                          # 100M float32 (400 MB), 5 trials
     python benchmarks/round_ceiling.py --params 500e6 --repeat 5
     python benchmarks/round_ceiling.py --fit add                # the workers' fit: one in-place add
+    python benchmarks/round_ceiling.py --repeat 3 --meshkit     # and meshkit's round, CPU per round
 
 Issue 39 asks for a round's transfer at 0.6x of one loopback TCP stream. A
 round of 2 workers moves the model 4 times through the coordinator: the state
@@ -330,7 +331,7 @@ def fmt(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2
 
 
 def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = True,
-            say: Any = print) -> dict[str, Any]:
+            say: Any = print, meshkit: tuple[str, ...] = ()) -> dict[str, Any]:
     """``repeat`` trials of each variant (alternating), each beside its stream (raw,
     encrypted, tagged): a dict of lists (seconds per variant, each stream's rate by its
     name in :data:`STREAMS`, loads; the CPU seconds of each round, ``cpu plain`` etc.:
@@ -340,6 +341,8 @@ def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = Tr
                            for key in (name, STREAMS[name], f"cpu {name}",
                                        f"cpu {STREAMS[name]}")}
     got["load"] = []
+    for name in meshkit:
+        got[f"meshkit {name}"] = []
     with Ceiling(params, workers, fit) as ceiling:
         for variant in VARIANTS.values():  # warm-up: the kept buffers are faulted in here
             ceiling.play(variant)
@@ -363,7 +366,64 @@ def measure(params: int, workers: int, repeat: int, fit: str, streams: bool = Tr
                             f"{got['gmac'][-1] / MB:,.0f} MB/s" if streams else "")
             say(f"# trial {trial + 1}: {', '.join(line)}{streams_text}; "
                 f"load {got['load'][-1]:.1f}")
+            for name in meshkit:  # meshkit's round, right after the ceiling's
+                got[f"meshkit {name}"].append(meshkit_cpu(params, workers, name))
+                coord, kids, seconds = got[f"meshkit {name}"][-1]
+                say(f"#   meshkit {name}: CPU per round coordinator {coord:.3f} s, workers "
+                    f"{kids:.3f} s; {seconds:.2f} s/round; load {os.getloadavg()[0]:.1f}")
     return got
+
+
+def meshkit_cpu(params: int, workers: int, variant: str, rounds: tuple[int, int] = (2, 5),
+                keep_bodies: bool = False) -> tuple[float, float, float]:
+    """meshkit's CPU seconds per round with free fits: (coordinator, workers, s/round).
+
+    Two real ``meshkit run`` s (``large_model.one_run``, the synthetic task at ``noise =
+    0``, ``[mesh] encrypt`` on for ``encrypted``, off for ``tagged``), of ``rounds[0]``
+    and ``rounds[1]`` rounds; the CPU of the longer less the shorter's, over the rounds
+    between, is what one more round costs (start-up, the initial model and the imports
+    cancel out; each round's checkpoint and evaluation do not). The coordinator's CPU
+    is its own, the workers' its reaped children's (``getrusage``).
+    """
+    from large_model import ROOT, one_run
+
+    runs = [one_run(sys.executable, ROOT, params=params, workers=workers, rounds=count,
+                    timeout=600.0, segment_bytes=None, phases=True, noise=0.0,
+                    encrypt=variant == "encrypted", keep_bodies=keep_bodies)
+            for count in rounds]
+
+    def cpu(run: dict[str, Any], who: str) -> float:
+        _, user, system = run["usage"][who]
+        return float(user + system)
+
+    extra = rounds[1] - rounds[0]
+    return ((cpu(runs[1], "coordinator") - cpu(runs[0], "coordinator")) / extra,
+            (cpu(runs[1], "workers") - cpu(runs[0], "workers")) / extra,
+            float(runs[1]["seconds"]))
+
+
+def meshkit_table(got: dict[str, Any], moved: int, nbytes: int) -> str:
+    """meshkit's rounds (``--meshkit``) against the ceiling's, by CPU and by wall clock."""
+    cores = os.cpu_count() or 1
+    lines = [f"\nmeshkit with free fits against the ceiling ({cores} cores): median (min-max)",
+             "| meshkit | CPU s per round: coordinator, workers | round bound (MB/s) | "
+             "/ ceiling's round bound | / raw stream bound | s/round (wall) | "
+             "round transfer / ceiling's (wall) |", "|---|---|---|---|---|---|---|"]
+    raw_bounds = [nbytes / max(pair) for pair in got["cpu raw"]]
+    for name in VARIANTS:
+        runs = got.get(f"meshkit {name}")
+        if not runs:
+            continue
+        best = [moved / ((coord + sum(kids)) / cores) for coord, kids in got[f"cpu {name}"]]
+        bound = [moved / ((coord + kids) / cores) for coord, kids, _ in runs]
+        lines.append(
+            f"| {name} | {fmt([c for c, _, _ in runs], '', 1, 3)}, "
+            f"{fmt([k for _, k, _ in runs], '', 1, 3)} | {fmt(bound, '', MB, 0)} | "
+            f"{fmt([b / c for b, c in zip(bound, best)], 'x')} | "
+            f"{fmt([b / r for b, r in zip(bound, raw_bounds)], 'x')} | "
+            f"{fmt([s for _, _, s in runs], '', 1, 2)} | "
+            f"{fmt([c / s for (_, _, s), c in zip(runs, got[name])], 'x')} |")
+    return "\n".join(lines)
 
 
 def cpu_table(got: dict[str, Any], moved: int, nbytes: int) -> str:
@@ -406,6 +466,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--fit", choices=("none", "add"), default="none",
                         help="the workers' fit: nothing, or one in-place float32 add")
+    parser.add_argument("--meshkit", nargs="*", choices=("encrypted", "tagged"), default=None,
+                        help="after each trial, meshkit's own round with free fits (the "
+                             "synthetic task at noise = 0; default both variants), its CPU "
+                             "per round from runs of 2 and 5 rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--link", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -417,8 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     moved = 2 * args.workers * nbytes
     print(f"# {params:,} float32 parameters ({nbytes / MB:.0f} MB), {args.workers} workers, "
           f"fit {args.fit}, {args.repeat} trials; load {os.getloadavg()}", flush=True)
+    chosen = tuple(args.meshkit or ("encrypted", "tagged")) if args.meshkit is not None else ()
     got = measure(params, args.workers, args.repeat, args.fit,
-                  say=lambda text: print(text, flush=True))
+                  say=lambda text: print(text, flush=True), meshkit=chosen)
     print(f"\nraw loopback stream: {fmt(got['raw'], ' MB/s', MB, 0)}; AES-256-GCM encrypted "
           f"stream: {fmt(got['sealed'], ' MB/s', MB, 0)}; AES-GMAC tagged stream: "
           f"{fmt(got['gmac'], ' MB/s', MB, 0)}; encrypted / raw per trial: "
@@ -434,6 +499,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt([r / w for r, w in zip(rates, got['raw'])], 'x')} | "
               f"{fmt([r / w for r, w in zip(rates, got[STREAMS[name]])], 'x')} |")
     print(cpu_table(got, moved, nbytes))
+    if chosen:
+        print(meshkit_table(got, moved, nbytes))
     print(f"\nload average at the end: {os.getloadavg()}")
 
 
