@@ -65,6 +65,17 @@ Flower 1.42's simulation, two clients, ``--flower-rounds`` rounds
 time per round, or where it failed. This is a
 benchmark, not a test: it asserts nothing, and its numbers depend on the
 machine and its load (the load average is printed with them).
+
+``--noise 0`` makes the synthetic task's fit free (the state sent back as it
+was given: nothing drawn, nothing copied), so seconds per round are the
+transfer, the fold and meshkit's bookkeeping. ``--ceiling`` runs, right
+after each trial, the same round's data movement without meshkit
+(``round_ceiling.py``: a thread per link, 4 MiB segments, kept buffers, the
+fold as segments arrive; plain and AES-256-GCM per segment; a warm-up and one
+timed round of each), and a last table gives each tree's round transfer over
+that ceiling and the ceiling over the streams, trial by trial::
+
+    python benchmarks/large_model.py --params 100e6 --repeat 5 --raw 1 --noise 0 --ceiling
 """
 
 from __future__ import annotations
@@ -188,13 +199,27 @@ PHASES_WRAPPER = textwrap.dedent("""
     runpy.run_module("meshkit", run_name="__main__")
 """)
 
+#: ``sitecustomize`` for ``--keep-bodies``: a worker process (``meshkit node``) keeps two
+#: received model-sized bodies for reuse (``meshkit.wire.recycle_large_messages(2)``, off
+#: in meshkit since e556faa), so a model lands in pages faulted in by an earlier round.
+KEEP_BODIES = textwrap.dedent("""
+    import sys
+    if "node" in sys.argv[:2]:
+        import meshkit.wire
+        meshkit.wire.recycle_large_messages(2)
+""")
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "meshkit_tasks.synthetic:SyntheticTask"
+PLAINTEXT = "this, encrypt = false"
+KEPT = "this, workers keep bodies"
 
 
 def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: float,
-                segment_bytes: int | None, spill: bool = False, outer: str = "average") -> str:
+                segment_bytes: int | None, spill: bool = False, outer: str = "average",
+                noise: float | None = None, encrypt: bool = True) -> str:
     segment = f"segment_bytes = {segment_bytes}" if segment_bytes else ""
+    scale = f"noise = {noise!r}" if noise is not None else ""
     return textwrap.dedent(f"""
         [run]
         task = "{TASK}"
@@ -208,6 +233,7 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
         timeout = {timeout}
         join_timeout = 600
         {segment}
+        {"" if encrypt else "encrypt = false"}
 
         [strategy]
         name = "federated"
@@ -216,6 +242,7 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
         [task]
         params = {params}
         rows = 1024
+        {scale}
 
         [aggregator]
         name = "fedavg"
@@ -227,16 +254,23 @@ def config_text(out: Path, *, params: int, workers: int, rounds: int, timeout: f
 
 def one_run(python: str, tree: Path, *, params: int, workers: int, rounds: int,
             timeout: float, segment_bytes: int | None, phases: bool = False,
-            spill: bool = False, outer: str = "average") -> dict[str, Any]:
+            spill: bool = False, outer: str = "average",
+            noise: float | None = None, encrypt: bool = True,
+            keep_bodies: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="meshkit-large-model-") as tmp:
         tmpdir = Path(tmp)
         out = tmpdir / "out"
         config = tmpdir / "run.toml"
         config.write_text(config_text(out, params=params, workers=workers, rounds=rounds,
                                       timeout=timeout, segment_bytes=segment_bytes,
-                                      spill=spill, outer=outer))
+                                      spill=spill, outer=outer, noise=noise,
+                                      encrypt=encrypt))
         rss_file = tmpdir / "rss"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
+        if keep_bodies:  # every worker process keeps two model-sized bodies for reuse
+            (tmpdir / "site").mkdir()
+            (tmpdir / "site" / "sitecustomize.py").write_text(KEEP_BODIES)
+            env["PYTHONPATH"] = str(tmpdir / "site")
         wrapper = PHASES_WRAPPER if phases else WRAPPER
         proc = subprocess.run([python, "-c", wrapper, str(rss_file), "run", str(config)],
                               cwd=tree, env=env, capture_output=True, text=True)
@@ -384,6 +418,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spill", action="store_true",
                         help="also run this tree with [run] spill = true, trial by trial")
     parser.add_argument("--outer", default="average", help="[outer_optimizer] name")
+    parser.add_argument("--noise", type=float, default=None,
+                        help="[task] noise of the synthetic task (0: a free fit, the state "
+                             "sent back as given, so s/round is transfer + fold + bookkeeping)")
+    parser.add_argument("--plaintext", action="store_true",
+                        help="also run this tree with [mesh] encrypt = false (bodies in clear, "
+                             "AES-GMAC tagged), trial by trial")
+    parser.add_argument("--keep-bodies", action="store_true",
+                        help="also run this tree with its workers keeping two model-sized "
+                             "bodies for reuse (recycle_large_messages(2)), trial by trial")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="beside each trial, the same round's data movement without "
+                             "meshkit (round_ceiling.py, plain and encrypted; one warm-up "
+                             "and one timed round of each)")
     parser.add_argument("--flower", action="store_true",
                         help="then the same model through Flower 1.42's simulation")
     parser.add_argument("--flower-rounds", type=int, default=1)
@@ -394,6 +441,10 @@ def main(argv: list[str] | None = None) -> None:
     model = params * 4
     trees = [("this", ROOT, sys.executable, args.segment_bytes),
              *([("this, spill", ROOT, sys.executable, args.segment_bytes)] if args.spill
+               else []),
+             *([(PLAINTEXT, ROOT, sys.executable, args.segment_bytes)] if args.plaintext
+               else []),
+             *([(KEPT, ROOT, sys.executable, args.segment_bytes)] if args.keep_bodies
                else []),
              *[(label, tree, python, None) for label, tree, python in args.baseline]]
     for label, tree, _, _ in trees[1:]:
@@ -416,8 +467,19 @@ def main(argv: list[str] | None = None) -> None:
                           rounds=args.rounds, timeout=args.timeout, segment_bytes=segment,
                           phases=tree == ROOT or args.phases_all,
                           spill=label == "this, spill",
-                          outer=args.outer if tree == ROOT else "average")
-            got.update(raw=raws[-1], landed=landed[-1])
+                          outer=args.outer if tree == ROOT else "average",
+                          noise=args.noise, encrypt=label != PLAINTEXT,
+                          keep_bodies=label == KEPT)
+            got.update(raw=raws[-1], landed=landed[-1], sealed=sealed[-1])
+            if args.ceiling:  # the same movement at its best, right after, same streams
+                from round_ceiling import measure
+                best = measure(params, args.workers, 1, "none", streams=False,
+                               say=lambda text: None)
+                got["ceiling"] = {name: best[name][0] for name in ("plain", "encrypted",
+                                                                    "tagged")}
+                print(f"# trial {trial + 1} ceiling (no meshkit), s/round: "
+                      f"{', '.join(f'{k} {v:.3f}' for k, v in got['ceiling'].items())}; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
             results[label].append(got)
             wire = "".join(f", {name} {got[name] / MB:.0f} MB/s" for name in ("out", "in")
                            if name in got)
@@ -470,10 +532,36 @@ def main(argv: list[str] | None = None) -> None:
                 values = [r[name] / r[base] for r in rows if name in r]
                 cells.append(fmt(values, "x") if values else "-")
         print(f"| {label} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {cells[4]} |")
+    if args.ceiling:
+        print(ceiling_table(results, trees, 2 * args.workers * model))
     print(budgets(results, model))
     if args.flower:
         print(flower_line(params, args.flower_rounds, int(args.flower_cap), model), flush=True)
     print(f"\nload average at the end: {os.getloadavg()}")
+
+
+def ceiling_table(results: dict[str, list[dict[str, Any]]], trees: list, moved: int) -> str:
+    """Each tree's round transfer against its ceiling (round_ceiling.py, the variant its
+    wire is: encrypted, or tagged with ``[mesh] encrypt = false``) and the raw stream
+    measured beside the same trial: median (min-max) of the per-trial ratios."""
+    lines = ["\n| tree | round transfer (MB/s) | its ceiling | ceiling (MB/s) | "
+             "round / ceiling | ceiling / raw stream | round / raw stream | "
+             "ceiling plain / raw stream |", "|---|---|---|---|---|---|---|---|"]
+    for label, *_ in trees:
+        rows = [r for r in results[label] if "ceiling" in r]
+        if not rows:
+            continue
+        which = "tagged" if label == PLAINTEXT else "encrypted"
+        rate = [moved / r["seconds"] for r in rows]
+        best = [moved / r["ceiling"][which] for r in rows]
+        plain = [moved / r["ceiling"]["plain"] for r in rows]
+        cells = [fmt(rate, "", MB), which, fmt(best, "", MB),
+                 fmt([a / b for a, b in zip(rate, best)], "x"),
+                 fmt([b / r["raw"] for b, r in zip(best, rows)], "x"),
+                 fmt([a / r["raw"] for a, r in zip(rate, rows)], "x"),
+                 fmt([b / r["raw"] for b, r in zip(plain, rows)], "x")]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(lines)
 
 
 def budgets(results: dict[str, list[dict[str, Any]]], model: int) -> str:

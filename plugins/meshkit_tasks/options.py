@@ -70,7 +70,7 @@ class SyntheticOptions:
     arrays: int = attrs.field(default=1, validator=positive)
     #: Training rows (each client's shard is a block of them).
     rows: int = attrs.field(default=1024, validator=positive)
-    #: Scale of a fit's seeded perturbation.
+    #: Scale of a fit's seeded perturbation (0: a free fit, the state returned as given).
     noise: float = attrs.field(default=0.01, validator=non_negative)
     #: Step size of data-parallel ``apply``.
     lr: float = attrs.field(default=0.1, validator=positive)

@@ -86,10 +86,27 @@ class SyntheticTask:
 
     def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *,
             seed: int) -> FitResult:
-        """The state plus noise seeded by ``seed`` and scaled by the shard."""
+        """The state plus noise seeded by ``seed`` and scaled by the shard.
+
+        With ``noise = 0`` the fit is free: it returns the state it was given, its own
+        arrays (no noise drawn, nothing copied; the same values the perturbation would
+        give), so a round costs what the mesh does with the model and nothing else
+        (``benchmarks/large_model.py --noise 0``)."""
         scale = self._shard_scale(x)
+        if self.options.noise == 0.0:
+            return FitResult(self._given(state), examples=len(x), metrics={"train_loss": 0.0})
         return FitResult(self._perturbed(state, seed, scale), examples=len(x),
                          metrics={"train_loss": scale})
+
+    def _given(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The state's own arrays, flat and in the model's dtype, for a free fit."""
+        out = {}
+        for i in range(len(self.sizes)):
+            key = f"w{i}"
+            if key not in state:
+                raise KeyError(f"synthetic: the state has no {key!r}; keys are {sorted(state)}")
+            out[key] = np.asarray(state[key]).reshape(-1).astype(self.dtype, copy=False)
+        return out
 
     def gradients(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray) -> FitResult:
         """Noise seeded by the rows given (so the same batch gives the same gradient)."""
