@@ -98,8 +98,8 @@ def counts(path: Path) -> tuple[int, int, dict[tuple[str, int, str], int]]:
     return sum(by.values()), python, by
 
 
-def one_run(python: str, tree: Path, *, clients: int, workers: int,
-            rounds: int) -> dict[str, list[tuple[int, int, dict[Any, int]]]]:
+def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
+            keep: Path | None = None) -> dict[str, list[tuple[int, int, dict[Any, int]]]]:
     """One profiled ``meshkit run``: stats per role ("coordinator", "threads", "worker")."""
     with tempfile.TemporaryDirectory(prefix="meshkit-round-calls-") as tmp:
         site = Path(tmp) / "site"
@@ -128,6 +128,10 @@ def one_run(python: str, tree: Path, *, clients: int, workers: int,
         if len(roles["coordinator"]) != 1 or len(roles["worker"]) != workers:
             raise RuntimeError(f"{tree}: expected 1 coordinator and {workers} worker profiles, "
                                f"found {sorted(p.name for p in profiles.iterdir())}")
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for path in profiles.iterdir():
+                path.rename(keep / path.name)
         return roles
 
 
@@ -173,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                              "the first baseline's, per role")
     parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
                         help="LABEL=DIR[:PYTHON], repeatable")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep every stats file under KEEP/LABEL-ROUNDS/ (for pstats)")
     args = parser.parse_args(argv)
     if args.long <= args.short:
         parser.error("--long must exceed --short")
@@ -187,8 +193,12 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
         results = {}
         for name, python, tree in trees:
-            short = one_run(python, tree, clients=cell[0], workers=cell[1], rounds=args.short)
-            long = one_run(python, tree, clients=cell[0], workers=cell[1], rounds=args.long)
+            keep = {n: None if args.keep is None else args.keep / f"{name}-{cell[0]}x{cell[1]}-{n}"
+                    for n in (args.short, args.long)}
+            short = one_run(python, tree, clients=cell[0], workers=cell[1], rounds=args.short,
+                            keep=keep[args.short])
+            long = one_run(python, tree, clients=cell[0], workers=cell[1], rounds=args.long,
+                           keep=keep[args.long])
             results[name] = per_round(short, long, args.long - args.short)
             r = results[name]
             print(f"{name:>16} | " + " | ".join(
