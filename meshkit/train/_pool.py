@@ -398,12 +398,29 @@ class GroupPool:
             self._last_words[rank] = said
         return self._last_words[rank]
 
+    #: The group's (generation, dead ledger, joined ranks) when last copied (:meth:`_members`).
+    _copied: tuple[int, dict[int, str], frozenset[int]] | None = None
+
+    def _members(self) -> tuple[dict[int, str], frozenset[int]]:
+        """The group's dead ledger and joined ranks, copied again only when its
+        ``generation`` moved (each send, receive and ``live`` asks; issue 36); a group
+        without one is copied every time. Read-only: callers must not change them."""
+        generation = getattr(self.group, "generation", None)
+        copied = self._copied
+        if copied is not None and generation is not None and copied[0] == generation:
+            return copied[1], copied[2]
+        # The generation was read first: a change while copying shows in the copy, and
+        # the next call (seeing a newer generation) copies again.
+        dead, joined = self.group.dead, frozenset(self.group.joined)
+        if generation is not None:
+            self._copied = (generation, dead, joined)
+        return dead, joined
+
     def live(self, ranks: Iterable[int]) -> list[int]:
-        joined = set(self.group.joined)
-        if self.admitted is not None:
-            joined &= self.admitted
-        dead = self.group.dead
-        return [r for r in ranks if r in joined and r not in dead]
+        dead, joined = self._members()
+        admitted = self.admitted  # changed in place between rounds: asked each call
+        return [r for r in ranks if r in joined and r not in dead
+                and (admitted is None or r in admitted)]
 
     def abandon(self, ticket: int) -> None:
         self._abandoned.add(ticket)
@@ -437,7 +454,7 @@ class GroupPool:
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         self._seq += 1
         seq = self._seq
-        dead = self.group.dead
+        dead, _ = self._members()
         if rank in dead:
             self._failed.append(Reply(rank, None, dead[rank], seq))
             return seq
@@ -509,7 +526,7 @@ class GroupPool:
             owed = {rank: o for rank, o in self._owed.items() if o.tickets}
             if not owed and not self._relay_owed:
                 raise MeshError("receive() with no request outstanding")
-            dead = self.group.dead
+            dead, _ = self._members()
             now = time.monotonic()
             lost_relay = self._relay_failure(now)
             if lost_relay is not None:
