@@ -73,7 +73,11 @@ CONCURRENT_BYTES = 4 << 20
 
 def _array_bytes(message: Mapping[str, Any]) -> int:
     """Bytes of the arrays in an encoded message's top level (a state is flattened there)."""
-    return sum(v.nbytes for v in message.values() if isinstance(v, np.ndarray))
+    total = 0
+    for v in message.values():  # a loop, not a generator: no call per entry (issue 36)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+    return total
 
 
 @attrs.frozen
@@ -531,9 +535,10 @@ class GroupPool:
             lost_relay = self._relay_failure(now)
             if lost_relay is not None:
                 return lost_relay
-            soonest = min([d for _, _, d in self._relay_owed.values()], default=math.inf)
-            if until is not None:
-                soonest = min(soonest, until)
+            soonest = (min([d for _, _, d in self._relay_owed.values()])
+                       if self._relay_owed else math.inf)
+            if until is not None and until < soonest:
+                soonest = until
             for rank, o in owed.items():
                 if rank in dead:
                     return Reply(rank, None, self.dead[rank], o.pop())
@@ -542,7 +547,8 @@ class GroupPool:
                     reason = f"no answer within {o.tickets[0][1]:g} s (stalled)"
                     self.declare_dead(rank, reason)
                     return Reply(rank, None, self.group.dead.get(rank, reason), o.pop())
-                soonest = min(soonest, deadline)
+                if deadline < soonest:
+                    soonest = deadline
             if until is not None and until <= now:
                 return None
             wait = min(POLL_SECONDS, max(0.0, soonest - now)) if block else 0.0
