@@ -94,7 +94,7 @@ def _to_json(value: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
         return value.item()
     # A collection's plain leaves are taken as they are, without a call each (a
     # round's report is mostly numbers in small dicts and lists).
-    if isinstance(value, abc.Mapping):
+    if type(value) is dict or isinstance(value, abc.Mapping):
         return {str(k): v if type(v) in _PLAIN else _to_json(v, f"{prefix}/{k}", arrays)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -208,7 +208,7 @@ def validate_state(
     The finiteness check reads every float array once; components on a hot
     path (the streaming fold) check finiteness themselves, chunk by chunk.
     """
-    if not isinstance(state, abc.Mapping):
+    if type(state) is not dict and not isinstance(state, abc.Mapping):
         raise error(f"{where}: expected a mapping of name -> array or JSON value, "
                     f"found {type(state).__name__}")
     for key, value in state.items():

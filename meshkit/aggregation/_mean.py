@@ -237,7 +237,7 @@ class MeanFold:
         """
         label = source or default_source(self.count)
         w, factor = self._admit(weight, label)
-        if not isinstance(state, abc.Mapping):
+        if type(state) is not dict and not isinstance(state, abc.Mapping):
             raise self._fail(None, [label],
                              f"{self.name}: {label} sent {type(state).__name__}, expected a "
                              f"state (a mapping of name -> array or JSON value)")

@@ -73,7 +73,11 @@ CONCURRENT_BYTES = 4 << 20
 
 def _array_bytes(message: Mapping[str, Any]) -> int:
     """Bytes of the arrays in an encoded message's top level (a state is flattened there)."""
-    return sum(v.nbytes for v in message.values() if isinstance(v, np.ndarray))
+    total = 0
+    for v in message.values():  # a loop, not a generator: no call per entry (issue 36)
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+    return total
 
 
 @attrs.frozen
@@ -403,12 +407,29 @@ class GroupPool:
             self._last_words[rank] = said
         return self._last_words[rank]
 
+    #: The group's (generation, dead ledger, joined ranks) when last copied (:meth:`_members`).
+    _copied: tuple[int, dict[int, str], frozenset[int]] | None = None
+
+    def _members(self) -> tuple[dict[int, str], frozenset[int]]:
+        """The group's dead ledger and joined ranks, copied again only when its
+        ``generation`` moved (each send, receive and ``live`` asks; issue 36); a group
+        without one is copied every time. Read-only: callers must not change them."""
+        generation = getattr(self.group, "generation", None)
+        copied = self._copied
+        if copied is not None and generation is not None and copied[0] == generation:
+            return copied[1], copied[2]
+        # The generation was read first: a change while copying shows in the copy, and
+        # the next call (seeing a newer generation) copies again.
+        dead, joined = self.group.dead, frozenset(self.group.joined)
+        if generation is not None:
+            self._copied = (generation, dead, joined)
+        return dead, joined
+
     def live(self, ranks: Iterable[int]) -> list[int]:
-        joined = set(self.group.joined)
-        if self.admitted is not None:
-            joined &= self.admitted
-        dead = self.group.dead
-        return [r for r in ranks if r in joined and r not in dead]
+        dead, joined = self._members()
+        admitted = self.admitted  # changed in place between rounds: asked each call
+        return [r for r in ranks if r in joined and r not in dead
+                and (admitted is None or r in admitted)]
 
     def abandon(self, ticket: int) -> None:
         self._abandoned.add(ticket)
@@ -442,7 +463,7 @@ class GroupPool:
     def send(self, rank: int, request: Mapping[str, Any], timeout: float | None) -> int:
         self._seq += 1
         seq = self._seq
-        dead = self.group.dead
+        dead, _ = self._members()
         if rank in dead:
             self._failed.append(Reply(rank, None, dead[rank], seq))
             return seq
@@ -518,14 +539,15 @@ class GroupPool:
             owed = {rank: o for rank, o in self._owed.items() if o.tickets}
             if not owed and not self._relay_owed:
                 raise MeshError("receive() with no request outstanding")
-            dead = self.group.dead
+            dead, _ = self._members()
             now = time.monotonic()
             lost_relay = self._relay_failure(now)
             if lost_relay is not None:
                 return lost_relay
-            soonest = min([d for _, _, d in self._relay_owed.values()], default=math.inf)
-            if until is not None:
-                soonest = min(soonest, until)
+            soonest = (min([d for _, _, d in self._relay_owed.values()])
+                       if self._relay_owed else math.inf)
+            if until is not None and until < soonest:
+                soonest = until
             for rank, o in owed.items():
                 if rank in dead:
                     return Reply(rank, None, self.dead[rank], o.pop())
@@ -534,7 +556,8 @@ class GroupPool:
                     reason = f"no answer within {o.tickets[0][1]:g} s (stalled)"
                     self.declare_dead(rank, reason)
                     return Reply(rank, None, self.group.dead.get(rank, reason), o.pop())
-                soonest = min(soonest, deadline)
+                if deadline < soonest:
+                    soonest = deadline
             if until is not None and until <= now:
                 return None
             wait = min(POLL_SECONDS, max(0.0, soonest - now)) if block else 0.0

@@ -83,7 +83,7 @@ def encode(message: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten nested states into one wire-level state (``"state/<key>"``)."""
     out: dict[str, Any] = {}
     for key, value in message.items():
-        if key in _NESTED and isinstance(value, abc.Mapping):
+        if key in _NESTED and (type(value) is dict or isinstance(value, abc.Mapping)):
             # The count (so an empty state still travels) sits beside the
             # flattened keys, where no state key can land: "#state".
             out[f"#{key}"] = len(value)

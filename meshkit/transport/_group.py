@@ -90,6 +90,13 @@ class Group:
         return self._ledger.joined()
 
     @property
+    def generation(self) -> int:
+        """How many times :attr:`joined` or :attr:`dead` changed: while it reads the
+        same, so do they (read it *before* copying them, and a reader may keep its
+        copies until it moves). Lock-free: one attribute read."""
+        return self._ledger.members.generation
+
+    @property
     def live_ranks(self) -> list[int]:
         return self._ledger.live_ranks()
 

@@ -69,6 +69,9 @@ class Membership:
         #: The dead ledger, read-only and live (rank -> why): for readers that
         #: already hold ``cv``, or a lone lookup on the per-frame path.
         self.view: Mapping[int, str] = types.MappingProxyType(self._dead)
+        #: Bumped (under ``cv``) by every change below: equal numbers, the same
+        #: joined and dead ranks, so a reader may keep its copies until it moves.
+        self.generation = 0
 
     # -- reading --------------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Membership:
             back = rank in self._dead
             if back:
                 self._returning.add(rank)
+            self.generation += 1
             self.cv.notify_all()
         return back
 
@@ -142,6 +146,7 @@ class Membership:
                 self._left.add(rank)
             else:
                 self._left.discard(rank)
+            self.generation += 1
             self.cv.notify_all()
         return True
 
@@ -158,5 +163,6 @@ class Membership:
                 self._left.discard(rank)
                 self._returning.discard(rank)
             if back:
+                self.generation += 1
                 self.cv.notify_all()
         return back

@@ -141,6 +141,8 @@ _DIM = struct.Struct("<Q")
 _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
 # One encoder for every JSON leaf (json.dumps with options builds one per call).
 _JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
+#: What that encoder writes for a str (it keeps ``ensure_ascii``).
+_JSON_STR = json.encoder.encode_basestring_ascii
 ENTRY_ARRAY = 1
 ENTRY_JSON = 2
 #: ``_ONE_ARRAY[n]``: the whole table of a body that is one n-dimensional
@@ -275,6 +277,23 @@ def _encode_one_array(state: Mapping[str, Any], bf16: bool) -> EncodedState | No
                         flags=FLAG_BF16 if bf16 else 0)
 
 
+def _json_text(name: str, value: Any) -> bytes:
+    """A JSON entry's bytes (the general path: containers, subclasses, non-finite floats)."""
+    if isinstance(value, np.generic):
+        raise _entry_error(name, f"it is a numpy {value.dtype} scalar; send "
+                           f"numpy.asarray(value) for an array or value.item() for JSON")
+    try:
+        text = _JSON_ENCODER.encode(value).encode("utf-8")
+        if isinstance(value, (dict, list, tuple)):
+            problem = _json_problem(value)
+            if problem:
+                raise _entry_error(name, problem)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise _entry_error(name, f"a {type(value).__name__} is neither a numpy array nor "
+                           f"a JSON value ({exc})") from None
+    return text
+
+
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
     """Lay ``state`` out as a frame body without copying array data.
 
@@ -296,17 +315,20 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
     table = bytearray(_BODY_HEAD.pack(len(state), 0))
     datas: list[tuple[Any, int]] = []
     for name, value in state.items():
-        if not isinstance(name, str) or not name:
+        if type(name) is not str and not isinstance(name, str) or not name:
             raise WireError(f"state keys must be non-empty str, got {name!r} "
                             f"({type(name).__name__})")
         raw_name = name.encode("utf-8")
-        if len(raw_name) > MAX_NAME_BYTES:
-            raise _entry_error(name[:64] + "...", f"its name is {len(raw_name)} bytes of UTF-8, "
+        name_len = len(raw_name)
+        if name_len > MAX_NAME_BYTES:
+            raise _entry_error(name[:64] + "...", f"its name is {name_len} bytes of UTF-8, "
                                f"the limit is {MAX_NAME_BYTES}")
-        if isinstance(value, np.ndarray):
+        kind = type(value)
+        if kind is np.ndarray or isinstance(value, np.ndarray):
             dims = value.shape
-            if len(dims) > MAX_NDIM:
-                raise _entry_error(name, f"{len(dims)} dimensions, the limit is {MAX_NDIM}")
+            ndim = len(dims)
+            if ndim > MAX_NDIM:
+                raise _entry_error(name, f"{ndim} dimensions, the limit is {MAX_NDIM}")
             eflags = 0
             array = value
             if bf16 and value.dtype.kind == "f" and value.dtype.itemsize == 4:
@@ -326,35 +348,41 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             data = array.reshape(-1).view(np.uint8)
-            table += _ENTRY.pack(ENTRY_ARRAY, code, len(dims), eflags, len(raw_name), data.nbytes)
-            table += _DIMS[len(dims)].pack(*dims)
+            nbytes = data.nbytes
+            table += _ENTRY.pack(ENTRY_ARRAY, code, ndim, eflags, name_len, nbytes)
+            table += _DIMS[ndim].pack(*dims)
             table += raw_name
-            datas.append((data, data.nbytes))
+            datas.append((data, nbytes))
         else:
-            if isinstance(value, np.generic):
-                raise _entry_error(name, f"it is a numpy {value.dtype} scalar; send "
-                                   f"numpy.asarray(value) for an array or value.item() for JSON")
-            try:
-                text = _JSON_ENCODER.encode(value).encode("utf-8")
-                if isinstance(value, (dict, list, tuple)):
-                    problem = _json_problem(value)
-                    if problem:
-                        raise _entry_error(name, problem)
-            except (TypeError, ValueError, RecursionError) as exc:
-                raise _entry_error(name, f"a {type(value).__name__} is neither a numpy array nor "
-                                   f"a JSON value ({exc})") from None
-            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, len(raw_name), len(text))
+            # A request's scalar fields (op, seq, keep, ...) as the encoder writes them, without
+            # its Python layers (issue 36): a str as encode_basestring_ascii does (the encoder's
+            # ensure_ascii), an int or a float as its repr (NaN and the infinities as
+            # allow_nan writes them), True, False and None as JSON's words.
+            if kind is str:
+                text = _JSON_STR(value).encode("ascii")
+            elif kind is int:
+                text = int.__repr__(value).encode("ascii")
+            elif kind is bool:
+                text = b"true" if value else b"false"
+            elif value is None:
+                text = b"null"
+            elif kind is float and value - value == 0.0:  # finite
+                text = float.__repr__(value).encode("ascii")
+            else:
+                text = _json_text(name, value)
+            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, len(text))
             table += raw_name
             datas.append((text, len(text)))
     buffers: list[Any] = []
     offset = _align(len(table)) if datas else len(table)
     table += bytes(offset - len(table))
     buffers.append(table)
+    last = len(datas) - 1
     for i, (data, n) in enumerate(datas):
         buffers.append(data)
         offset += n
-        if i + 1 < len(datas):
-            pad = _align(offset) - offset
+        if i < last:
+            pad = -offset % DATA_ALIGN
             if pad:
                 buffers.append(bytes(pad))
                 offset += pad

@@ -251,8 +251,7 @@ class Federated:
             if broadcast is not None:  # they were sent the new global model, whole
                 broadcast.forget(ctx.workers)
             metrics.update(client_means(per_client))
-        outcome = folded.outcome(state, metrics)
-        return attrs.evolve(outcome, client_metrics=per_client)
+        return folded.outcome(state, metrics, client_metrics=per_client)
 
     def _evaluate_on_clients(self, ctx: StrategyContext, state: Mapping[str, Any],
                              sampled: list[int], clients: int, per_node: bool,

@@ -285,8 +285,9 @@ class DigitsTask:
                     break
                 batch = order[start:start + opts.batch_size]
                 loss, grads = self._loss_and_grads(p, x[batch], y[batch])
-                losses.append(loss * len(batch))
-                seen += len(batch)
+                rows = len(batch)
+                losses.append(loss * rows)
+                seen += rows
                 for key, g in grads.items():
                     if anchor is not None:
                         g += opts.proximal_mu * (p[key] - anchor[key])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import meshkit.plugins
 from meshkit import AggregationError
-from meshkit.outer import parameter_keys, step_parameters
+from meshkit.outer import parameter_keys, step_parameters, stepped_keys
 from meshkit.train import LocalPool, StrategyContext
 
 OPTIMIZERS = ["average", "nesterov", "fedavgm", "fedadagrad", "fedadam", "fedyogi"]
@@ -116,3 +117,29 @@ def test_the_strategy_context_steps_by_the_tasks_buffers():
     assert spy.seen == [{"w"}]
     assert np.array_equal(out["bn.running_var"], np.full(2, 0.5))
     assert np.array_equal(out["w"], np.full(2, -1.0))
+
+
+@pytest.mark.parametrize("x, c, why", [
+    (np.ones(2, np.float32), np.ones(3, np.float32), "'w' has shape (2,) in the global model "
+                                                     "but (3,) in the consensus"),
+    (np.ones(2, np.float32), np.ones(2, np.int32), "'w' is a float array in the global model "
+                                                   "but not a float array in the consensus"),
+    (np.ones(2, np.int64), np.ones(2, np.float64), "'w' is not a float array in the global "
+                                                   "model but a float array in the consensus"),
+    (np.ones(2, np.float32), 1.5, "'w' is a float array in the global model but not a float "
+                                  "array in the consensus"),
+])
+def test_stepped_keys_refuses_a_mismatched_pair_the_same_way_whatever_its_types(x, c, why):
+    # ndarrays take stepped_keys' fast path, numpy scalars and JSON the general one:
+    # the same refusals either way.
+    with pytest.raises(AggregationError) as err:
+        stepped_keys({"w": x}, {"w": c}, name="average")
+    assert str(err.value) == f"outer optimizer average: {why}"
+
+
+def test_stepped_keys_steps_float_arrays_of_either_kind_and_skips_the_rest():
+    g = {"a": np.ones(2, np.float32), "b": np.float32(1.0), "n": np.arange(2), "j": 3,
+         "h": np.ones(1, ml_dtypes.bfloat16)}
+    c = {"a": np.ones(2, ml_dtypes.bfloat16), "b": np.float32(2.0), "n": np.arange(2),
+         "j": 4, "h": np.ones(1, np.float32)}
+    assert stepped_keys(g, c, name="average") == ["a", "b", "h"]

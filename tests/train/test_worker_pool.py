@@ -246,3 +246,17 @@ def test_a_direct_local_pool_keeps_no_log_and_gives_its_trainer_a_copy_of_the_st
     held = pool.trainers[1].state
     assert all(not np.shares_memory(held[k], v) for k, v in state.items())
     assert pool.log == []  # a long collective run holds no request of any round
+
+
+def test_the_pool_sees_a_death_and_an_admission_after_it_kept_its_copy_of_the_ledger(mesh):
+    start, _, _ = mesh
+    groups = start(3, timeout=5.0)
+    pool = GroupPool(groups[0], admitted={1})
+    assert pool.live([1, 2]) == [1]  # the copy is kept from here on
+    pool.admitted.add(2)  # the runner admits in place, between rounds
+    assert pool.live([1, 2]) == [1, 2]
+    groups[0].declare_dead(2, "closed its connection")
+    assert pool.live([1, 2]) == [1]
+    ticket = pool.send(2, {"op": "held_out"}, 5.0)
+    got = pool.receive()
+    assert got.seq == ticket and not got.ok and "closed its connection" in got.error

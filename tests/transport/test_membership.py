@@ -147,3 +147,27 @@ def test_ranks_are_taken_back_only_where_the_membership_module_says():
 ])
 def test_the_rule_catches_writes_and_lets_reads_through(source, expected):
     assert len(_breaches(ast.parse(source))) == expected
+
+
+def test_the_generation_moves_with_every_change_and_only_then():
+    members = Membership(0)
+    seen = [members.generation]
+
+    def step(changed: bool) -> None:
+        seen.append(members.generation)
+        assert (seen[-1] != seen[-2]) is changed, seen
+
+    members.join(1)
+    step(True)
+    members.live([1]), members.dead(), members.joined()
+    step(False)
+    members.declare_dead(1, "closed its connection")
+    step(True)
+    members.declare_dead(1, "again")  # already dead: nothing changes
+    step(False)
+    members.join(1)  # returning
+    step(True)
+    assert members.take_back() == [1]
+    step(True)
+    assert members.take_back() == []
+    step(False)

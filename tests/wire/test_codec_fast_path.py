@@ -108,3 +108,38 @@ def test_hostile_one_array_tables_are_refused_or_decoded_as_before(code, ndim, e
     data = (struct.pack("<IIBBBBIQ", 1, 0, 1, code, ndim, eflags, name_len, data_len)
             + b"".join(struct.pack("<Q", d) for d in dims) + tail)
     assert _outcome(data) == _outcome(data, general=True)
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+SCALARS = ["fit", "é\u2028\"\\\n\x00", "", 0, -5, 2**70, True, False, None, 1.5, -0.0, 1e300,
+           5e-324, float("nan"), float("inf"), -float("inf"), _Str("x"), _Int(3)]
+
+
+@pytest.mark.parametrize("value", SCALARS, ids=repr)
+def test_a_scalar_json_entry_is_the_bytes_the_json_encoder_writes(value):
+    # encode_state writes exact str/int/bool/None/finite float entries without the
+    # encoder (issue 36): the bytes must be the encoder's, and decode back the same.
+    body = _joined(wire.encode_state({"w": np.ones(3, np.float32), "k": value}))
+    text = _codec._JSON_ENCODER.encode(value).encode("utf-8")
+    assert body.endswith(text)
+    # The entry's recorded length is the text's: the table ends where the names do.
+    assert struct.pack("<BBBBIQ", _codec.ENTRY_JSON, 0, 0, 0, 1, len(text)) + b"k" in body
+    back = wire.decode_state(body)["k"]
+    assert back == value or (value != value and back != back)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(), inner, max_size=3), max_leaves=8))
+@FUZZ
+def test_any_json_entry_is_the_bytes_the_json_encoder_writes(value):
+    body = _joined(wire.encode_state({"k": value, "w": np.zeros(2, np.float64)}))
+    text = _codec._JSON_ENCODER.encode(value).encode("utf-8")
+    assert text in body

@@ -83,7 +83,7 @@ def _why(exc: BaseException, path: str = "") -> str:
 
 def check_request(request: Mapping[str, Any]) -> Any:
     """``request`` structured as its op's schema; :class:`ProtocolError` when it does not fit."""
-    if not isinstance(request, abc.Mapping):
+    if type(request) is not dict and not isinstance(request, abc.Mapping):
         raise ProtocolError(f"a request must be an object, got {_shown(request)}")
     op = request.get("op")
     cls = REQUESTS.get(op) if isinstance(op, str) else None
@@ -104,7 +104,7 @@ def check_reply(request: Mapping[str, Any], reply: Mapping[str, Any],
     it as before.
     """
     op = request.get("op")
-    if not isinstance(reply, abc.Mapping):
+    if type(reply) is not dict and not isinstance(reply, abc.Mapping):
         raise ProtocolError(f"the reply to {op!r} must be an object, got {_shown(reply)}")
     if "error" in reply:
         message = _structure(ErrorReply, reply, f"the error reply to {op!r}")

@@ -112,7 +112,7 @@ def _named(value: Any, expected: str, most: int, counted: str,
     """``value``'s entries, checked as they are read: a mapping of at most ``most`` entries
     (``counted`` says how many it has, ``{}`` the count), each key a name (``key`` says
     which in errors)."""
-    if not isinstance(value, abc.Mapping):
+    if type(value) is not dict and not isinstance(value, abc.Mapping):
         raise TypeError(f"expected {expected}, got {_shown(value)}")
     if len(value) > most:
         raise ValueError(f"{counted.format(len(value))}; at most {most}")
@@ -137,7 +137,7 @@ def _listed(value: Any, expected: str, most: int, counted: str) -> list[int]:
 def _state(value: Any, _: Any) -> Mapping[str, Any]:
     # _named's checks, inlined: every request and reply that carries a model comes
     # through here, key by key (the generator and a tuple a key cost ~30% of a check).
-    if not isinstance(value, abc.Mapping):
+    if type(value) is not dict and not isinstance(value, abc.Mapping):
         raise TypeError(f"expected a state (name -> array or JSON value), got "
                         f"{_shown(value)}")
     if len(value) > MAX_STATE_KEYS:

@@ -107,9 +107,8 @@ each one's compressed payload, folded chunk by chunk into one exact sum,
 
 from __future__ import annotations
 
-import functools
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import attrs
 
@@ -194,6 +193,24 @@ def fold_round(ctx: StrategyContext, work: Sequence[Work], *,
     return folded
 
 
+_T = TypeVar("_T")
+
+
+class _once(Generic[_T]):
+    """``functools.cached_property`` without Python 3.11's class-wide lock (3.12 dropped
+    it): a round's call reads eight of them once each, and the lock and its lookups were
+    ~30 calls a round (issue 36). Computed on first read, then an attribute."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    def __get__(self, obj: Any, owner: Any = None) -> _T:
+        if obj is None:  # read on the class: the descriptor, as cached_property gives
+            return self  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
+
+
 class RoundCall:
     """One call of :func:`fold_round`, and what decides its path, each worked out once.
 
@@ -215,13 +232,13 @@ class RoundCall:
         self.reference = state if reference is None else reference
         self.local, self.batch = local, batch
 
-    @functools.cached_property
+    @_once
     def attack(self) -> Any:
         """The run's simulated attack; a given fold (a relay group's, a collective
         rank's) is never attacked again."""
         return self.ctx.attack if self.given is None else None
 
-    @functools.cached_property
+    @_once
     def fold(self) -> Any:
         """The round's fold: the given one, else the aggregator's, measured from the
         round's global state (the reference a rule on updates measures from) and
@@ -234,7 +251,7 @@ class RoundCall:
                                 {w.key: int(w.request.get("seed", w.key)) for w in self.work})
         return fold
 
-    @functools.cached_property
+    @_once
     def compressed(self) -> tuple[list[Work], ClientLocal | None, Unpacker] | None:
         """A compressed round's work (fits asking for ``compress``), the store its local
         keys and residuals are kept in, and its decoder (:func:`compressed_work`); None
@@ -253,18 +270,18 @@ class RoundCall:
         """The client-local store the flat round keeps local keys (and residuals) in."""
         return self.local if self.compressed is None else self.compressed[1]
 
-    @functools.cached_property
+    @_once
     def requests(self) -> dict[int, Mapping[str, Any]]:
         work = self.work if self.compressed is None else self.compressed[0]
         return {w.key: poison_request(self.attack, w.key, w.request) for w in work}
 
-    @functools.cached_property
+    @_once
     def pinned(self) -> dict[int, int]:
         # A compressed round may pin its clients (residual = "worker": .pins).
         work = self.work if self.compressed is None else self.compressed[0]
         return {w.key: w.rank for w in work if w.rank is not None}
 
-    @functools.cached_property
+    @_once
     def how(self) -> str | None:
         """Each contribution's weight as a name a worker or relay can apply
         (``"examples"``, ``"once"``), or None when a round must fold flat: a
@@ -277,7 +294,7 @@ class RoundCall:
             return None
         return relay_weight(self.weight, by_examples)
 
-    @functools.cached_property
+    @_once
     def mean(self) -> Any:
         """The strict mean sums may stand in for, decided by the aggregator's declared
         traits (a given fold is a relay group's own mean, or a collective rank's feed)."""
@@ -285,7 +302,7 @@ class RoundCall:
             return None
         return self.fold if self.given is not None else exact_mean(self.ctx.aggregator, self.fold)
 
-    @functools.cached_property
+    @_once
     def relays(self) -> RelayPlan | None:
         if self.mean is None or self.send_state is not None:
             return None  # a relay sends its workers the round's state whole

@@ -150,17 +150,15 @@ def run_rounds(ctx: StrategyContext, name: str, rounds: int, state: Mapping[str,
                 k: v for k, v in outcome.metrics.items()
                 if k == "train_loss" and math.isfinite(v)})
         after = wire_bytes(ctx.pool)
+        state, metrics = outcome.state, outcome.metrics
         if counted is not None and after is not None:
             # Measured by the transport, not computed: every frame of the round, both ways.
-            metrics = {**outcome.metrics, "bytes_up": float(after[0] - counted[0]),
+            # (Into the report's metrics only: no copy of the 15-field outcome for it.)
+            metrics = {**metrics, "bytes_up": float(after[0] - counted[0]),
                        "bytes_down": float(after[1] - counted[1])}
-            outcome = attrs.evolve(outcome, metrics=metrics)
         if ctx.residual_pins is not None:  # [compression] residual = "worker"
             # The clients whose residual's worker was lost this round (meshkit.train._rounds.pins).
-            metrics = {**outcome.metrics,
-                       "residual_restarts": float(_restarts(ctx) - restarts)}
-            outcome = attrs.evolve(outcome, metrics=metrics)
-        state, metrics = outcome.state, outcome.metrics
+            metrics = {**metrics, "residual_restarts": float(_restarts(ctx) - restarts)}
         # Ranks whose reply to a plain request (an evaluation, a replica's step) was an
         # error are this round's failures too; the engine struck its own already.
         called = {r: why for r, why in ctx.call_failures.items() if r not in outcome.failed}

@@ -108,9 +108,12 @@ class Folded:
         """The example-weighted mean of the served keys' ``train_loss`` ({} when none had one)."""
         return train_loss(self.replies.values())
 
-    def outcome(self, state: Mapping[str, Any], metrics: Mapping[str, float]) -> RoundOutcome:
-        """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what."""
+    def outcome(self, state: Mapping[str, Any], metrics: Mapping[str, float],
+                client_metrics: Mapping[int, Mapping[str, float]] | None = None) -> RoundOutcome:
+        """The round's :class:`RoundOutcome`: ``state`` and ``metrics`` plus who served what
+        (and ``client_metrics``, each client's evaluation, when there are any)."""
         return RoundOutcome(state, answered=self.answered, clients=tuple(self.served),
+                            client_metrics={} if client_metrics is None else client_metrics,
                             examples=self.examples, metrics=dict(metrics),
                             served=dict(self.served), not_served=dict(self.not_served),
                             client_examples={k: int(self.replies[k].get("examples", 0))
