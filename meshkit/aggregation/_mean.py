@@ -565,7 +565,6 @@ class MeanFold:
         t, u = self._buffers(acc.dtype, hi - lo, worker)
         step = self._chunk
         check = not self.allow_nonfinite
-        limit = self.value_limit(xs[0][0].dtype)
         add, dot = np.add, np.dot
         # A "plain" part needs no widening and no scaling: a bare add.
         parts = [(x, f, x.dtype == acc.dtype and f == 1.0) for x, f in xs]
@@ -601,8 +600,10 @@ class MeanFold:
             # The chunk's sum of squares, while it is in cache: finite exactly when
             # no element is NaN, inf or beyond the square root of the dtype's
             # largest value, unless many large values overflow it together -- a
-            # false alarm told apart element by element (_alarm), rarely paid.
-            if check and not dot(a, a) < _INF and _alarm(a, xs, start, stop, limit):
+            # false alarm told apart element by element (_alarm), rarely paid. The
+            # limit is asked only then: a clean chunk never reads it (issue 36).
+            if check and not dot(a, a) < _INF and _alarm(
+                    a, xs, start, stop, self.value_limit(xs[0][0].dtype)):
                 return slice(start, stop)
             if divisor is not None:
                 np.divide(a, divisor, out=a)
