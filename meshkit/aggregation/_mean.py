@@ -527,6 +527,17 @@ class MeanFold:
         """Fold ``jobs`` on up to ``threads`` threads; the first bad (key, chunk) or None."""
         sizes = [acc.size for _, acc, _ in jobs]
         workers = workers_for(sum(sizes), self.threads, init=init)
+        if workers == 1:
+            # One thread (every fold below a million elements, and every first fold):
+            # each array in one pass, in order -- the same chunks, so the same bits, as
+            # its tasks one after the other, without a call per task (issue 36).
+            for key, acc, xs in jobs:
+                where = self._fold_chunks(acc, xs, init, divisor)
+                if where is not None:
+                    # The first bad chunk in (array, offset) order, as below; the
+                    # refusal breaks the fold, so the arrays after it need no folding.
+                    return key, where
+            return None
         work = tasks(sizes, self._chunk)
         for worker in range(workers):  # scratch made here, not racing in threads
             for index, lo, hi in work:
