@@ -126,10 +126,10 @@ class FlatRound(Scheduler[int]):
             r.get("op") == "fit" and "state" not in r for r in requests.values())
 
     def play_round(self) -> Folded:
-        self.failures.needed = max(1, min(2, len(self.ctx.live)))
+        live = self.ctx.live  # asked once: each ask copies the pool's live list
+        self.failures.needed = max(1, min(2, len(live)))
         self.ends = None if self.deadline is None else time.monotonic() + self.deadline
         self.unfolded = self.quarantine(sorted(self.requests))
-        live = self.ctx.live
         for key in self.unfolded:
             if key in self.pinned:
                 rank = self.pinned[key]
@@ -172,6 +172,11 @@ class FlatRound(Scheduler[int]):
     def hand_out(self, rank: int, busy: set[int]) -> bool:
         """A pull first (a result it holds within the window), else new work."""
         held = self.held.get(rank)
+        if not held and not self.spare and not any(self.plan.values()) \
+                and not any(self.own.values()):
+            # Nothing to pull and no key left anywhere (choices would offer none): a worker
+            # that answered the round's last keys is asked after every reply (issue 36).
+            return False
         # The window's model-sized results, and as many small ones as fit in INLINE_BYTES.
         reach = self.unfolded[:self.window + self.inline]
         waiting = sorted(held & set(reach)) if held else []
