@@ -467,7 +467,8 @@ class GroupPool:
         if rank in dead:
             self._failed.append(Reply(rank, None, dead[rank], seq))
             return seq
-        self._raise_write_error()
+        if self._write_errors:  # (a list's truth, not a call, on every request)
+            self._raise_write_error()
         message = encode({**request, "seq": seq})
         before = self._writers.get(rank)
         if before is not None and not before.is_alive():
@@ -523,7 +524,8 @@ class GroupPool:
         self._writing.clear()
 
     def receive(self, block: bool = True, until: float | None = None) -> Reply | None:
-        self._raise_write_error()
+        if self._write_errors:
+            self._raise_write_error()
         while True:
             reply = self._next(block, until)
             if reply is None or reply.seq not in self._abandoned:
@@ -541,7 +543,7 @@ class GroupPool:
                 raise MeshError("receive() with no request outstanding")
             dead, _ = self._members()
             now = time.monotonic()
-            lost_relay = self._relay_failure(now)
+            lost_relay = self._relay_failure(now) if self._relay_owed else None
             if lost_relay is not None:
                 return lost_relay
             soonest = (min([d for _, _, d in self._relay_owed.values()])
