@@ -85,9 +85,8 @@ def step_parameters(optimizer: Any, global_state: State, consensus: State, *,
     params = parameter_keys(global_state, consensus, buffers=buffers, name=name)
     # numpy scalars (np.float32(1.5)) in, and out, as 0-d arrays: the wire
     # carries arrays, and an optimizer writing out= into one needs an array.
-    stepped = {k: _as_array(v) for k, v in optimizer.step(
-        {k: _as_array(global_state[k]) for k in params},
-        {k: _as_array(consensus[k]) for k in params}).items()}
+    stepped = _as_arrays(optimizer.step(_as_arrays(global_state, params),
+                                        _as_arrays(consensus, params)))
     if set(stepped) != set(params):
         missing = sorted(set(params) - set(stepped))
         extra = sorted(set(stepped) - set(params))
@@ -109,8 +108,14 @@ def step_parameters(optimizer: Any, global_state: State, consensus: State, *,
     return out
 
 
-def _as_array(value: Any) -> Any:
-    return np.asarray(value) if isinstance(value, np.generic) else value
+def _as_arrays(state: State, keys: Collection[str] | None = None) -> dict[str, Any]:
+    """``state``'s ``keys`` (default: all), numpy scalars as 0-d arrays (one call a
+    state, not one a key: issue 36)."""
+    if keys is None:
+        keys = state.keys()
+    generic = np.generic
+    return {k: np.asarray(v) if isinstance(v, generic) else v
+            for k in keys for v in (state[k],)}
 
 
 def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[str]:
