@@ -205,9 +205,11 @@ class Federated:
         # worker that serves it: any live worker gives the same contribution.
         # With local data, client c *is* worker c: only it has the rows.
         budget = {"time_budget": opts.time_budget} if opts.time_budget else {}
-        local = ctx.client_local
+        # Whether the run keeps client-local keys (FedBN), asked once, not once a client.
+        local = ctx.client_local if ctx.client_local else None
         work = [Work(c, {"op": "fit", "shard": c, "shards": clients,
-                         "seed": client_seed(ctx.seed, rnd, c), **budget, **_own(local, c)},
+                         "seed": client_seed(ctx.seed, rnd, c), **budget,
+                         **(_own(local, c) if local is not None else {})},
                      rank=ctx.workers[c] if per_node else None) for c in sampled]
         if trainable is not None:
             trainable.keep_only(ctx.live)
@@ -220,13 +222,13 @@ class Federated:
             state = broadcast.prepare(state, rnd, _sent_whole(ctx, state, local))
             broadcast.keep_only(ctx.live)
             folded = fold_round(ctx, work, state=state, window=opts.window,
-                                deadline=opts.round_timeout or None, local=local or None,
+                                deadline=opts.round_timeout or None, local=local,
                                 send_state=broadcast.set_state, on_stale=broadcast.stale)
             broadcast.forget(folded.failed)
             broadcast.keep_only(ctx.live)  # lost during the round
         else:
             folded = fold_round(ctx, work, state=state, window=opts.window,
-                                deadline=opts.round_timeout or None, local=local or None)
+                                deadline=opts.round_timeout or None, local=local)
         require_served(rnd, folded, sampled, opts.min_clients, ctx.resume_advice())
         consensus = folded.result
         assert consensus is not None  # min_clients >= 1 clients were served and folded
@@ -279,7 +281,7 @@ class Federated:
 
 
 def _sent_whole(ctx: StrategyContext, state: Mapping[str, Any],
-                local: ClientLocal) -> list[str]:
+                local: ClientLocal | None) -> list[str]:
     """The keys a broadcast delta carries whole, as an upload does: the task's buffers and
     the local keys (meshkit.train._rounds.compressed)."""
     own = {k for k in (local.keys if local else ()) if not is_residual(k)}
