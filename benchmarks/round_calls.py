@@ -71,7 +71,13 @@ SITECUSTOMIZE = textwrap.dedent('''
         def _dump():
             _main.disable()
             role = "node" if "node" in sys.orig_argv else "run"
-            _main.dump_stats(os.path.join(_DIR, f"{role}-{os.getpid()}-main.prof"))
+            # Written under a temporary name, then renamed: a process killed while it
+            # dumps (a worker reaped under load) leaves no truncated stats file.
+            def dump(stats, name):
+                path = os.path.join(_DIR, name)
+                stats.dump_stats(path + ".tmp")
+                os.replace(path + ".tmp", path)
+            dump(_main, f"{role}-{os.getpid()}-main.prof")
             with _lock:
                 threads = list(_done)
             if threads:
@@ -79,7 +85,7 @@ SITECUSTOMIZE = textwrap.dedent('''
                 stats = pstats.Stats(threads[0])
                 for prof in threads[1:]:
                     stats.add(prof)
-                stats.dump_stats(os.path.join(_DIR, f"{role}-{os.getpid()}-threads.prof"))
+                dump(stats, f"{role}-{os.getpid()}-threads.prof")
 
         def _term(signum, frame):
             sys.exit(128 + signum)
@@ -100,7 +106,24 @@ def counts(path: Path) -> tuple[int, int, dict[tuple[str, int, str], int]]:
 
 def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
             keep: Path | None = None) -> dict[str, list[tuple[int, int, dict[Any, int]]]]:
-    """One profiled ``meshkit run``: stats per role ("coordinator", "threads", "worker")."""
+    """One profiled ``meshkit run``: stats per role ("coordinator", "threads", "worker").
+    Played again (up to twice) when a process left no stats: under load a worker may be
+    killed by the coordinator's reaping before it has written them."""
+    for attempt in range(3):
+        try:
+            return _one_run(python, tree, clients=clients, workers=workers, rounds=rounds,
+                            keep=keep)
+        except _Incomplete as exc:
+            print(f"# {exc}; running it again", file=sys.stderr, flush=True)
+    raise RuntimeError(f"{tree}: three runs of {rounds} rounds left incomplete stats")
+
+
+class _Incomplete(RuntimeError):
+    """A run whose processes did not all leave their stats."""
+
+
+def _one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
+             keep: Path | None = None) -> dict[str, list[tuple[int, int, dict[Any, int]]]]:
     with tempfile.TemporaryDirectory(prefix="meshkit-round-calls-") as tmp:
         site = Path(tmp) / "site"
         site.mkdir()
@@ -120,13 +143,13 @@ def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
                                f"{done.stderr.decode(errors='replace')[-3000:]}")
         roles: dict[str, list[tuple[int, int, dict[Any, int]]]] = {
             "coordinator": [], "threads": [], "worker": [], "worker threads": []}
-        for path in sorted(profiles.iterdir()):
+        for path in sorted(profiles.glob("*.prof")):
             role, _, part = path.stem.split("-")
             key = {("run", "main"): "coordinator", ("run", "threads"): "threads",
                    ("node", "main"): "worker", ("node", "threads"): "worker threads"}[role, part]
             roles[key].append(counts(path))
         if len(roles["coordinator"]) != 1 or len(roles["worker"]) != workers:
-            raise RuntimeError(f"{tree}: expected 1 coordinator and {workers} worker profiles, "
+            raise _Incomplete(f"{tree}: expected 1 coordinator and {workers} worker profiles, "
                                f"found {sorted(p.name for p in profiles.iterdir())}")
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
