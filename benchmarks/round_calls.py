@@ -109,7 +109,7 @@ def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
     """One profiled ``meshkit run``: stats per role ("coordinator", "threads", "worker").
     Played again (up to twice) when a process left no stats: under load a worker may be
     killed by the coordinator's reaping before it has written them."""
-    for attempt in range(3):
+    for _ in range(3):
         try:
             return _one_run(python, tree, clients=clients, workers=workers, rounds=rounds,
                             keep=keep)
