@@ -376,7 +376,9 @@ class Channel:
             raise WireError(f"frame tag must be 0..0xFFFFFFFF, got {tag!r}")
         if not 0 <= sender <= 0xFFFFFFFF:
             raise WireError(f"frame sender must be a rank >= 0, got {sender}")
-        views = [_byte_view(buf) for buf in encoded.buffers]
+        # _byte_view written out: a call a buffer (19 a digits request) fewer (issue 36).
+        views = [v if (v := memoryview(buf)).format == "B" and v.ndim == 1 else v.cast("B")
+                 for buf in encoded.buffers]
         if not self._send_lock.acquire(blocking=not if_room):
             return None
         try:
