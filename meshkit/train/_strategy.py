@@ -133,14 +133,17 @@ class RoundReport:
             "seconds": round(self.seconds, 4),
             # JSON keys are strings: client ids become "3".
             "served": {str(c): int(r) for c, r in self.served.items()},
-            "not_served": {str(c): str(why) for c, why in self.not_served.items()},
+            "not_served": {str(c): str(why) for c, why in self.not_served.items()}
+            if self.not_served else {},  # (usually empty: no comprehension's call, issue 36)
             "client_examples": {str(c): int(n) for c, n in self.client_examples.items()},
             "client_metrics": {str(c): {k: finite_or_null(v) for k, v in m.items()}
-                               for c, m in self.client_metrics.items()},
+                               for c, m in self.client_metrics.items()}
+            if self.client_metrics else {},
             "late": list(self.late),
             "joined": list(self.joined),
             "attacked": list(self.attacked),
-            "failed": {str(r): str(why) for r, why in self.failed.items()},
+            "failed": {str(r): str(why) for r, why in self.failed.items()}
+            if self.failed else {},
         }
         if self.skipped:
             line["skipped"] = self.skipped
@@ -154,8 +157,11 @@ class RoundReport:
             line["live"] = list(self.live)
         if self.simulated_time is not None:
             line["simulated_time"] = float(self.simulated_time)
+        isfinite = math.isfinite
         for name, value in self.metrics.items():
-            line[f"task.{name}" if name in REPORT_FIELDS else name] = finite_or_null(value)
+            number = float(value)  # finite_or_null, without a call a metric
+            line[f"task.{name}" if name in REPORT_FIELDS else name] = (
+                number if isfinite(number) else None)
         return line
 
 
