@@ -42,7 +42,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from large_model import ROOT, config_text  # noqa: E402
+from large_model import KEEP_BODIES, ROOT, config_text  # noqa: E402
 
 #: The coordinator's wrapper: the monotonic time at each round's start, the checkpoints',
 #: and optionally cProfile over rounds 2.. .
@@ -134,12 +134,20 @@ def samples(data: Path) -> list[tuple[int, float, list[tuple[str, str]]]]:
 
 
 def attribute(got, lo: float, hi: float, coordinator: int, freq: float, rounds: int):
-    """CPU seconds per round of each (who, phase) among the samples in ``[lo, hi)``."""
+    """CPU seconds per round of each (who, phase) among the samples in ``[lo, hi)``; and of
+    each (who, phase, system call, first user-space function) for the page faults and the
+    checkpoint, which say more by where they come from."""
     table: collections.Counter = collections.Counter()
     for pid, when, frames in got:
         if lo <= when < hi:
             who = "coordinator" if pid == coordinator else "workers"
-            table[who, phase(frames)] += 1 / freq / rounds
+            name = phase(frames)
+            table[who, name] += 1 / freq / rounds
+            if name.startswith(("page faults", "checkpoint")):
+                user = next((s for s, d in frames if not d.startswith("[kernel")), "?")
+                call = next((s for s, _ in frames if s.startswith(("__x64_sys", "__sys_"))),
+                            "no system call")
+                table[who, name, call, user] += 1 / freq / rounds
     return table
 
 
@@ -150,12 +158,17 @@ def perf_run(cmd: list[str], data: Path, freq: int, cwd: Path, env: dict) -> Non
 
 
 def meshkit_profile(python: str, tree: Path, params: int, rounds: int, freq: int,
-                    tmp: Path, top: int = 0):
+                    tmp: Path, top: int = 0, keep_bodies: bool = False,
+                    noise: float | None = 0.0):
     config = tmp / "run.toml"
     config.write_text(config_text(tmp / "out", params=params, workers=2, rounds=rounds,
-                                  timeout=600.0, segment_bytes=None, noise=0.0))
+                                  timeout=600.0, segment_bytes=None, noise=noise))
     marks_file = tmp / "marks.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MESHKIT_SECRET")}
+    if keep_bodies:  # every worker keeps two model-sized bodies (large_model.py's --keep-bodies)
+        (tmp / "site").mkdir(exist_ok=True)
+        (tmp / "site" / "sitecustomize.py").write_text(KEEP_BODIES)
+        env["PYTHONPATH"] = str(tmp / "site")
     cmd = [python, "-c", WRAPPER, str(marks_file), str(top), "run", str(config)]
     if top:
         subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True)
@@ -206,17 +219,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--freq", type=int, default=499, help="perf samples per CPU second")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the meshkit tree to profile")
     parser.add_argument("--python", default=None, help="its python (default: TREE/.venv)")
+    parser.add_argument("--noise", type=float, default=0.0,
+                        help="the synthetic task's noise (default 0: a free fit; -1: the "
+                             "task's default, 100M normals drawn per fit)")
     parser.add_argument("--no-ceiling", action="store_true")
+    parser.add_argument("--keep-bodies", action="store_true",
+                        help="the workers keep two model-sized bodies for reuse")
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="also the coordinator's top N functions by own time (cProfile)")
     args = parser.parse_args(argv)
     python = args.python or str(args.tree / ".venv" / "bin" / "python")
     params = int(args.params)
-    print(f"# {params:,} float32, 2 workers, free fits, rounds 2..{args.rounds - 1} counted; "
+    print(f"# {params:,} float32, 2 workers, noise {args.noise}, keep bodies "
+          f"{args.keep_bodies}, rounds 2..{args.rounds - 1} counted; "
           f"tree {args.tree}; load {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="meshkit-round-profile-") as name:
         tmp = Path(name)
-        mesh = meshkit_profile(python, args.tree, params, args.rounds, args.freq, tmp)
+        mesh = meshkit_profile(python, args.tree, params, args.rounds, args.freq, tmp,
+                               keep_bodies=args.keep_bodies,
+                               noise=None if args.noise < 0 else args.noise)
         ceiling = collections.Counter() if args.no_ceiling else ceiling_profile(
             sys.executable, params, args.rounds, args.freq, tmp)
         print("| phase | meshkit coordinator | meshkit workers | ceiling coordinator "
@@ -230,6 +251,12 @@ def main(argv: list[str] | None = None) -> None:
         total = [sum(t[who, n] for n in names) for t in (mesh, ceiling)
                  for who in ("coordinator", "workers")]
         print("| **total** | " + " | ".join(f"**{v:.3f}**" for v in total) + " |")
+        print("\nwhere the page faults and the checkpoint come from (CPU s per round, >= 0.01):")
+        for label, table in (("meshkit", mesh), ("ceiling", ceiling)):
+            for key, value in sorted(table.items(), key=lambda kv: -kv[1]):
+                if len(key) == 4 and value >= 0.01:
+                    print(f"  {label} {key[0]}: {key[1]} in {key[2]}, from {key[3]}: "
+                          f"{value:.3f}")
         if args.cprofile:
             print(meshkit_profile(python, args.tree, params, args.rounds, args.freq,
                                   tmp, top=args.cprofile))
