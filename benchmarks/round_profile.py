@@ -159,7 +159,7 @@ def perf_run(cmd: list[str], data: Path, freq: int, cwd: Path, env: dict) -> Non
 
 def meshkit_profile(python: str, tree: Path, params: int, rounds: int, freq: int,
                     tmp: Path, top: int = 0, keep_bodies: bool = False,
-                    noise: float | None = 0.0):
+                    noise: float | None = 0.0, first: int = 2):
     config = tmp / "run.toml"
     config.write_text(config_text(tmp / "out", params=params, workers=2, rounds=rounds,
                                   timeout=600.0, segment_bytes=None, noise=noise))
@@ -179,7 +179,8 @@ def meshkit_profile(python: str, tree: Path, params: int, rounds: int, freq: int
     got = samples(data)
     coordinator = min(pid for pid, _, _ in got)  # the first process: the others are its children
     starts = marks["rounds"]
-    return attribute(got, starts[1], starts[-1], coordinator, freq, len(starts) - 2)
+    return attribute(got, starts[first - 1], starts[-1], coordinator, freq,
+                     len(starts) - first)
 
 
 #: ``round_ceiling.py``'s encrypted round: a warm-up, then the counted rounds, marked.
@@ -215,7 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=100e6)
     parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds of the run (rounds 2 .. rounds-1 are counted)")
+                        help="rounds of the run (rounds FIRST .. rounds-1 are counted)")
+    parser.add_argument("--first", type=int, default=2,
+                        help="the first round counted (default 2; 3 leaves out round 2, "
+                             "where a worker's second kept body is still fresh memory)")
     parser.add_argument("--freq", type=int, default=499, help="perf samples per CPU second")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the meshkit tree to profile")
     parser.add_argument("--python", default=None, help="its python (default: TREE/.venv)")
@@ -230,14 +234,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     python = args.python or str(args.tree / ".venv" / "bin" / "python")
     params = int(args.params)
-    print(f"# {params:,} float32, 2 workers, noise {args.noise}, keep bodies "
-          f"{args.keep_bodies}, rounds 2..{args.rounds - 1} counted; "
+    print(f"# {params:,} float32, 2 workers, noise {args.noise}, sitecustomize keeps bodies "
+          f"{args.keep_bodies}, rounds {args.first}..{args.rounds - 1} counted; "
           f"tree {args.tree}; load {os.getloadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="meshkit-round-profile-") as name:
         tmp = Path(name)
         mesh = meshkit_profile(python, args.tree, params, args.rounds, args.freq, tmp,
                                keep_bodies=args.keep_bodies,
-                               noise=None if args.noise < 0 else args.noise)
+                               noise=None if args.noise < 0 else args.noise,
+                               first=args.first)
         ceiling = collections.Counter() if args.no_ceiling else ceiling_profile(
             sys.executable, params, args.rounds, args.freq, tmp)
         print("| phase | meshkit coordinator | meshkit workers | ceiling coordinator "
