@@ -170,47 +170,10 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
         meta["dtypes"] = extension
     header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     target = directory / CHECKPOINT_NAME
-    _drop_cached_pages(target)
     with atomic_file(target, durable=True, prefix=".checkpoint-", suffix=".npz.tmp") as fh:
         _write_npz(fh, {_META: header, **arrays})
     _remove_stale_temporaries(directory)
     return target
-
-
-#: A previous checkpoint at least this big has its cached pages dropped before the next is
-#: written (:func:`_drop_cached_pages`); a smaller one is not worth the system calls.
-_DROP_CACHED_BYTES = 64 << 20
-
-
-def _drop_cached_pages(target: Path) -> None:
-    """Ask the kernel to drop the previous checkpoint's pages from its cache, right before
-    the new checkpoint is written.
-
-    The file itself is untouched (it was fsync'ed, so its cached pages are clean and the
-    kernel only forgets them): the save stays atomic. What changes is when those pages
-    are freed: at once, so the new file's writes take them back while they are still
-    backed, rather than when the rename unlinks the old file, a round before the next
-    save needs memory. On a virtual machine that reports free pages to its host
-    (virtio-balloon free page reporting), memory freed a round earlier has been handed
-    back by then, and the host must fault in every page of the new file again: with the
-    workers keeping their bodies (nothing else freed in a round), a 381 MB checkpoint
-    took 0.60-0.68 s of CPU without this and 0.20-0.32 s with it (docs/benchmarks.md,
-    issue 39, branch xfer5). Best effort: any error is ignored.
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        if os.stat(target).st_size < _DROP_CACHED_BYTES:
-            return
-        fd = os.open(target, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 #: Bytes of an array written to the checkpoint at a time (a view, never a copy).

@@ -189,37 +189,3 @@ def test_a_large_array_is_written_from_its_memory_not_copied_in_chunks(tmp_path)
     assert np.array_equal(back.state["f"], odd) and back.state["h"].dtype == BFLOAT16
     with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as data:  # a plain .npz
         assert sorted(data.files) == ["__meta__", "state/f", "state/h", "state/w"]
-
-
-def test_a_large_previous_checkpoint_has_its_cached_pages_dropped_before_the_next_is_written(
-        tmp_path, monkeypatch):
-    """Issue 39: the previous checkpoint's pages are freed right before the new one is
-    written (so the new file's writes take them back while the host still backs them), and
-    the previous file is only forgotten by the cache, never changed: a failed save leaves
-    it loadable. A checkpoint below the threshold costs no extra system calls."""
-    import meshkit.checkpoint as checkpoint
-
-    if not hasattr(os, "posix_fadvise"):
-        pytest.skip("no posix_fadvise on this platform: nothing is dropped")
-    advised: list[tuple[int, int]] = []
-    real = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        advised.append((os.fstat(fd).st_ino, advice))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
-    save_checkpoint(tmp_path, sample(1))
-    target = tmp_path / "checkpoint.npz"
-    assert advised == []  # nothing before it, and it is small
-    save_checkpoint(tmp_path, sample(2))
-    assert advised == []  # the previous one is below _DROP_CACHED_BYTES
-    monkeypatch.setattr(checkpoint, "_DROP_CACHED_BYTES", 1)
-    previous = os.stat(target).st_ino
-    save_checkpoint(tmp_path, sample(3))
-    assert advised == [(previous, os.POSIX_FADV_DONTNEED)]
-    assert load_checkpoint(tmp_path).round == 3
-    bad = Checkpoint(round=4, state={"w": np.array([object()], dtype=object)})
-    with pytest.raises(ConfigError, match="only pickle"):
-        save_checkpoint(tmp_path, bad)
-    assert load_checkpoint(tmp_path).round == 3  # dropped from the cache, still intact
