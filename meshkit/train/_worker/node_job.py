@@ -38,7 +38,6 @@ from meshkit.node import NodeCaps, NodeControl, TrainReport, report_job_error, t
 from meshkit.options import parse_options, structure_options
 from meshkit.task import resolve_task_component
 from meshkit.train._worker.trainer import serve_trainer
-from meshkit.wire import recycle_large_messages
 
 __all__ = ["serve_train_job", "with_node_options", "node_data", "node_attack"]
 
@@ -119,19 +118,10 @@ def serve_train_job(group: Any, caps: NodeCaps, job: Mapping[str, Any],
         raise
     try:
         device = task_device(caps.device, str(spec.get("device") or ""), caps.devices)
-        # This worker holds each round's model until the next one has arrived: two
-        # bodies take turns, so a model-sized message does not land in fresh memory
-        # each round. Fresh memory is what the kernel zeroes (and, on a virtual machine
-        # that reports free pages to its host, what the host faults in again): it was
-        # the largest CPU item of a free-fit 100M round (docs/benchmarks.md, issue 39,
-        # branch xfer5, which also says why this was off before).
-        recycle_large_messages(2)
         report = serve_trainer(group, spec, control, device=device, signing=signing)
     except MeshError as exc:
         report_job_error(group, job_id, exc)
         return None
-    finally:
-        recycle_large_messages(0)  # the kept bodies go with the job
     if report.job is None and job_id is not None:
         report = attrs.evolve(report, job=job_id)
     return report

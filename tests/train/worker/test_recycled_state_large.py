@@ -1,8 +1,8 @@
 """A worker's model-sized bodies are reused, never while user code holds them (issue 39).
 
 A worker process that keeps two received bodies above the wire's message size
-for reuse (``meshkit.wire.recycle_large_messages(2)``, as a node serving a
-train job does, docs/wire.md) hands its fits views of them. The state a fit
+for reuse (``meshkit.wire.recycle_large_messages(2)``; no train job turns it
+on today, docs/wire.md) hands its fits views of them. The state a fit
 is given is views of its body, so a task that keeps what it was given (user
 code may) must find it unchanged however many later models arrived; and when
 nothing holds an old body, a later model is read into its memory.
@@ -98,33 +98,3 @@ def test_a_body_nothing_holds_is_reused_for_a_later_model(monkeypatch):
     # Later models were given to the fits in kept bodies (the process's slots are
     # shared by both workers here, and the coordinator's received contributions).
     assert bases
-
-
-def test_a_train_job_keeps_two_model_sized_bodies_for_its_length_only(monkeypatch):
-    """A node serving a train job keeps two model-sized bodies while the job runs (its
-    state then lands in memory an earlier round faulted in, issue 39, branch xfer5), and
-    drops them when the job ends, whether it ends well or with an error."""
-    from meshkit.errors import MeshError
-    from meshkit.node import NodeCaps, NodeControl, TrainReport
-    from meshkit.train._worker import node_job
-
-    seen: list[int] = []
-
-    def serving(group, spec, control, *, device, signing):
-        seen.append(_buffers._large_keep)
-        if spec.get("fail"):
-            raise MeshError("the job failed")
-        return TrainReport(rank=group.rank)
-
-    class Group:
-        rank = 1
-
-    errors: list = []
-    monkeypatch.setattr(node_job, "serve_trainer", serving)
-    monkeypatch.setattr(node_job, "report_job_error", lambda group, job, exc: errors.append(exc))
-    caps = NodeCaps(rank=1, device="cpu", devices=("cpu",))
-    assert node_job.serve_train_job(Group(), caps, {"job": 7, "spec": {}}, NodeControl()).rank == 1
-    assert (seen, _buffers._large_keep) == ([2], 0)
-    assert node_job.serve_train_job(Group(), caps, {"job": 8, "spec": {"fail": True}},
-                                    NodeControl()) is None
-    assert (seen, _buffers._large_keep, len(errors)) == ([2, 2], 0, 1)
