@@ -25,7 +25,10 @@ the Python interpreter, the rest. Printed: CPU seconds per round of each phase i
 coordinator and in the workers (together), for meshkit and the ceiling, and the load
 average. With ``--cprofile N`` the coordinator's rounds 2.. are also run under
 ``cProfile`` (a separate run, no ``perf``) and its top ``N`` functions by own time are
-printed. A benchmark, not a test: it asserts nothing.
+printed. ``--keep-bodies`` runs the workers with two kept model-sized bodies
+(``large_model.py``'s ``--keep-bodies``), ``--noise -1`` with the task's noisy fits,
+``--first 3`` counts from round 3 (steady state with kept bodies). A benchmark, not a
+test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from large_model import KEEP_BODIES, ROOT, config_text  # noqa: E402
+from large_model import KEEP_BODIES, ROOT, config_text
 
 #: The coordinator's wrapper: the monotonic time at each round's start, the checkpoints',
 #: and optionally cProfile over rounds 2.. .
@@ -119,7 +122,7 @@ def phase(frames: list[tuple[str, str]]) -> str:
 def samples(data: Path) -> list[tuple[int, float, list[tuple[str, str]]]]:
     """(pid, monotonic time, call chain) of every sample in a ``perf.data``."""
     text = subprocess.run(["perf", "script", "-i", str(data), "-F", "pid,tid,time,ip,sym,dso"],
-                          capture_output=True, text=True, errors="replace").stdout
+                          capture_output=True, text=True, errors="replace", check=False).stdout
     got, head = [], re.compile(r"\s*(\d+)/\d+\s+([\d.]+):")
     frame = re.compile(r"\s*[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
     for block in text.split("\n\n"):
