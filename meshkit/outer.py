@@ -32,7 +32,7 @@ from typing import Any, Collection, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from meshkit.errors import AggregationError
-from meshkit.state import FLOAT_DTYPES, State, StateError, dtype_name, is_array, is_float_dtype
+from meshkit.state import FLOAT_DTYPE_SET, State, StateError, dtype_name, is_array, is_float_dtype
 
 __all__ = [
     "OuterOptimizer",
@@ -144,15 +144,15 @@ def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[st
         if type(x) is np.ndarray and type(c) is np.ndarray:
             # The common case, checked without a call per test (issue 36: this runs
             # twice a round): the same contract as the general path below.
-            x_float = x.dtype in _FLOAT_SET
-            if x_float and c.dtype in _FLOAT_SET:
+            x_float = x.dtype in FLOAT_DTYPE_SET
+            if x_float and c.dtype in FLOAT_DTYPE_SET:
                 if x.shape != c.shape:
                     raise AggregationError(
                         f"outer optimizer {name}: {key!r} has shape {x.shape} in the global "
                         f"model but {c.shape} in the consensus")
                 keys.append(key)
                 continue
-            if not x_float and c.dtype not in _FLOAT_SET:
+            if not x_float and c.dtype not in FLOAT_DTYPE_SET:
                 continue
         x_float = is_array(x) and is_float_dtype(x.dtype)
         c_float = is_array(c) and is_float_dtype(c.dtype)
@@ -169,10 +169,6 @@ def stepped_keys(global_state: State, consensus: State, *, name: str) -> list[st
                 f"but {np.shape(c)} in the consensus")
         keys.append(key)
     return keys
-
-
-#: :func:`stepped_keys`' fast path: a set lookup where ``is_float_dtype`` is two calls.
-_FLOAT_SET: frozenset[np.dtype] = frozenset(FLOAT_DTYPES)
 
 
 def pseudo_gradient(x: np.ndarray, c: np.ndarray, dtype: Any) -> np.ndarray:

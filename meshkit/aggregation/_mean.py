@@ -51,8 +51,9 @@ from meshkit.aggregation._messages import describe, listing
 from meshkit.aggregation._threads import DEFAULT_THREADS, run_tasks, tasks, workers_for
 from meshkit.errors import AggregationError
 from meshkit.state import (
+    ARRAY_TYPES,
     BFLOAT16,
-    FLOAT_DTYPES,
+    FLOAT_DTYPE_SET,
     MAX_JSON_DEPTH,
     State,
     accumulate_dtype,
@@ -376,7 +377,7 @@ class MeanFold:
                 raise self._fail(None, [label],
                                  f"{self.name}: {label} sent the key {key!r}; state keys "
                                  f"must be non-empty strings")
-            if isinstance(value, _ARRAY_TYPES):  # is_array, without a call a key
+            if isinstance(value, ARRAY_TYPES):  # is_array, without a call a key
                 value = np.asarray(value)
                 if not is_supported_dtype(value.dtype):
                     raise self._error(key, f"{label} sent dtype {value.dtype}, which cannot "
@@ -399,8 +400,7 @@ class MeanFold:
         offsets: dict[np.dtype, int] = {}
         layout: dict[str, tuple[np.dtype, int]] = {}
         for key, value in plan.items():
-            if isinstance(value, _ARRAY_TYPES) and (value.dtype in _FLOATS
-                                                    or is_float_dtype(value.dtype)):
+            if isinstance(value, ARRAY_TYPES) and value.dtype in FLOAT_DTYPE_SET:
                 acc_dtype = accumulate_dtype(value.dtype, wide=self.wide)
                 start = offsets.get(acc_dtype, 0)
                 layout[key] = (acc_dtype, start)
@@ -410,7 +410,7 @@ class MeanFold:
         # A model-sized arena is the round before last's, when nothing holds it (_arenas).
         arenas = {dtype: arena(dtype, size) for dtype, size in offsets.items()}
         for key, value in plan.items():
-            if not isinstance(value, _ARRAY_TYPES):
+            if not isinstance(value, ARRAY_TYPES):
                 entries[key] = value
             elif key in layout:
                 acc_dtype, start = layout[key]
@@ -441,7 +441,7 @@ class MeanFold:
         for key, entry in entries.items():
             value = state[key]
             if isinstance(entry, (_FloatEntry, _ExactEntry)):
-                if not isinstance(value, _ARRAY_TYPES):  # is_array, without a call a key
+                if not isinstance(value, ARRAY_TYPES):  # is_array, without a call a key
                     raise self._error(key, f"{label} sent {describe(value)} where {first} "
                                            f"sent a {dtype_name(entry.dtype)} array",
                                       label, first)
@@ -662,11 +662,6 @@ class MeanFold:
 
 
 _INF = math.inf
-
-#: What :func:`meshkit.state.is_array` tests, and the float dtypes as a set (a dtype not in
-#: it is still asked of is_float_dtype): asked inline on the per-key paths (issue 36).
-_ARRAY_TYPES = (np.ndarray, np.generic)
-_FLOATS: frozenset[np.dtype] = frozenset(FLOAT_DTYPES)
 
 
 def _alarm(a: np.ndarray, xs: list[tuple[np.ndarray, float]], start: int, stop: int,

@@ -42,7 +42,7 @@ import numpy as np
 
 from meshkit.aggregation import MeanFold, PieceFold, float_layout, piece_plan
 from meshkit.errors import AggregationError, ProtocolError
-from meshkit.state import FLOAT_DTYPES, is_array, is_float_dtype
+from meshkit.state import FLOAT_DTYPE_SET, is_array, is_float_dtype
 from meshkit.train._messages import check_contribution
 from meshkit.train._messages.check import Signature
 from meshkit.train._pool import protocol_reason
@@ -68,18 +68,13 @@ def pieces_apply(fold: Any, reference: Mapping[str, Any] | None,
     # float_layout's bytes, summed without its sorted list (asked every flat round).
     size = 0
     for value in reference.values():
-        if type(value) is np.ndarray and value.dtype in _FLOATS:
+        if type(value) is np.ndarray and value.dtype in FLOAT_DTYPE_SET:
             size += value.nbytes  # the common key, without two calls (issue 36)
         elif is_array(value):
             value = np.asarray(value)
             if is_float_dtype(value.dtype):
                 size += value.nbytes
     return size > piece_bytes
-
-
-#: :func:`pieces_apply`'s set lookup for a float array (any other dtype is asked of
-#: is_float_dtype).
-_FLOATS: frozenset[np.dtype] = frozenset(FLOAT_DTYPES)
 
 
 class PieceRound:
