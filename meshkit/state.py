@@ -49,6 +49,7 @@ __all__ = [
     "is_json_value",
     "is_float_dtype",
     "is_supported_dtype",
+    "update_keys",
     "accumulate_dtype",
     "dtype_name",
     "dtype_from_name",
@@ -147,6 +148,22 @@ def is_float_dtype(dtype: Any) -> bool:
     bfloat16 outside numpy's type hierarchy), so always ask this instead.
     """
     return np.dtype(dtype) in FLOAT_DTYPE_SET
+
+
+def update_keys(state: Mapping[str, Any]) -> list[str]:
+    """The keys a round clips and sums as an update where nothing else may be released
+    (secure aggregation, differential privacy), sorted: the floating-point arrays,
+    bfloat16 included, less the integer buffers the state carries as float64 counts
+    (its :data:`INT_BUFFERS` leaf, e.g. BatchNorm's ``num_batches_tracked``).
+
+    A count is not an update: clipped like one it would gain at most the clip range a
+    round. It keeps the global model's value, as an integer array and a JSON leaf do.
+    """
+    counts = state.get(INT_BUFFERS)
+    skip = counts if isinstance(counts, Mapping) else {}
+    return sorted(key for key, value in state.items()
+                  if isinstance(value, np.ndarray) and value.dtype in FLOAT_DTYPE_SET
+                  and key not in skip)
 
 
 def is_supported_dtype(dtype: Any) -> bool:

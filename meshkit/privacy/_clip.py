@@ -1,8 +1,9 @@
 """What differential privacy releases of a state, and a client's clipping of its own update.
 
-Only floating-point arrays are updates (:func:`float_keys`): integer arrays
-(counters such as ``num_batches_tracked``) and JSON leaves take the global
-model's value, so nothing is released about them. With ``[privacy] clip =
+Only floating-point arrays are updates (:func:`float_keys`): integer arrays,
+integer buffers carried as float64 counts (``num_batches_tracked``, listed in
+the state's ``INT_BUFFERS`` leaf) and JSON leaves take the global model's
+value, so nothing is released about them. With ``[privacy] clip =
 "client"`` a worker clips its update before it replies
 (:func:`clip_contribution`), so the coordinator only ever sees the
 reference plus a clipped update.
@@ -15,14 +16,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshkit.aggregation import clip_update
+from meshkit.state import update_keys
 
 __all__ = ["float_keys", "clip_contribution"]
 
 
 def float_keys(state: Mapping[str, Any]) -> list[str]:
-    """The keys of ``state`` whose values are floating-point arrays (what DP releases)."""
-    return sorted(k for k, v in state.items()
-                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating))
+    """The keys of ``state`` DP releases: its updates (:func:`meshkit.state.update_keys`,
+    the floating-point arrays, bfloat16 included, less the float-carried counts)."""
+    return update_keys(state)
 
 
 def clip_contribution(reference: Mapping[str, Any], state: Mapping[str, Any],

@@ -99,6 +99,7 @@ from meshkit import WorkerError
 from meshkit.compression import decode_contribution
 from meshkit.attack import AttackRound, attack_rng, is_omniscient, tamper_contribution
 from meshkit.partitioner import is_per_node
+from meshkit.state import is_float_dtype
 from meshkit.population import population_size
 from meshkit.aggregation import MeanFold, aggregator_traits, linear_weight
 from meshkit.train import Reply, RoundOutcome, StrategyContext, StrategyResult, StrategyTraits
@@ -195,7 +196,7 @@ class Buffer:
         """Fold one update: ``mass * scale * (start - fitted)``; ``mass`` joins ``Σ n_i``."""
         factor = mass * scale
         for key, value in fitted.items():
-            if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+            if isinstance(value, np.ndarray) and is_float_dtype(value.dtype):
                 delta = update(start, value, key, f"client {client}'s update (rank {rank})")
                 delta *= factor
                 if key in self.sums:
@@ -667,7 +668,7 @@ def against(current: Mapping[str, Any], start: Mapping[str, Any], fitted: Mappin
     """
     out: dict[str, Any] = {}
     for key, value in fitted.items():
-        if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+        if isinstance(value, np.ndarray) and is_float_dtype(value.dtype):
             delta = update(start, value, key, who)
             out[key] = (np.asarray(current[key], np.float64) - scale * delta).astype(value.dtype)
         else:

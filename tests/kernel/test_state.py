@@ -155,3 +155,13 @@ def test_the_finiteness_scan_allocates_a_chunk_not_the_array():
     finally:
         tracemalloc.stop()
     assert peak < model.size // 4, peak  # a whole bool array would be model.size bytes
+
+
+def test_update_keys_are_the_float_arrays_with_bfloat16_less_the_float_carried_counts():
+    state = {"w": np.zeros(3, np.float32), "h": np.zeros(2, BFLOAT16),
+             "half": np.zeros(2, np.float16), "bn.n": np.array(7.0),
+             "steps": np.array(3, np.int64), "mask": np.ones(2, bool), "lr": 0.1,
+             st.INT_BUFFERS: {"bn.n": "int64"}}
+    assert st.update_keys(state) == ["h", "half", "w"]
+    del state[st.INT_BUFFERS]  # without the leaf a float64 0-d array is a parameter
+    assert st.update_keys(state) == ["bn.n", "h", "half", "w"]

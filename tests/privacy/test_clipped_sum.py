@@ -122,3 +122,19 @@ def test_a_partial_of_another_model_or_resolution_is_refused() -> None:
 
 def test_a_bit_is_one_only_for_exactly_one() -> None:
     assert [one_bit(v) for v in (1, 1.0, 0, True, -1e9, 7, "1", None)] == [1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_bfloat16_parameter_is_released_and_a_float_carried_count_is_not() -> None:
+    # BatchNorm's num_batches_tracked as meshkit.torch carries it: a float64 count named
+    # in the state's INT_BUFFERS leaf. It is no update (it keeps the global model's
+    # value); a bfloat16 parameter is one (np.floating does not know bfloat16).
+    from meshkit.privacy import float_keys
+    from meshkit.state import BFLOAT16, INT_BUFFERS
+
+    ref = {**_reference(), "h": np.full(4, 0.5, BFLOAT16), "bn.count": np.array(100.0),
+           INT_BUFFERS: {"bn.count": "int64"}}
+    assert float_keys(ref) == ["b", "h", "w"]
+    total = ClippedSum(ref, clip_norm=1.0)
+    total.add(dict(ref, h=np.full(4, 0.625, BFLOAT16), **{"bn.count": np.array(116.0)}))
+    assert sorted(total.total()) == ["b", "h", "w"]
+    np.testing.assert_allclose(total.total()["h"], np.full(4, 0.125), rtol=0, atol=1e-6)

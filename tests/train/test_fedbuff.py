@@ -332,3 +332,20 @@ def test_a_rule_that_is_not_linear_combines_the_buffers_updates_against_the_curr
     assert rows[0].client_examples == {0: 2, 1: 2, 2: 4}
     assert dict(rows[0].staleness) == {0: 3}
     assert float(result.state["m"][0]) == 2.5
+
+
+def test_a_bfloat16_parameter_takes_the_buffers_mean_not_the_last_update():
+    # np.floating does not know bfloat16: its arrays were kept as the last update's value.
+    from meshkit.state import BFLOAT16
+    from meshkit_strategies.fedbuff import Buffer
+
+    start = {"h": np.zeros(3, BFLOAT16), "steps": np.array(4, np.int64)}
+    buffer = Buffer()
+    for client, value in enumerate((1.0, 3.0)):
+        fitted = {"h": np.full(3, value, BFLOAT16), "steps": np.array(5, np.int64)}
+        buffer.add(start, fitted, client=client, rank=1, tau=0, mass=1.0, scale=1.0,
+                   examples=10, loss=None)
+    out = buffer.consensus(start)
+    assert out["h"].dtype == BFLOAT16
+    np.testing.assert_array_equal(out["h"].astype(np.float32), np.full(3, 2.0, np.float32))
+    assert out["steps"] == 5

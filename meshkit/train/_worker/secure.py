@@ -96,6 +96,7 @@ from meshkit.secure_aggregation import (PartyScheme, Roster, RoundParams, Scheme
                                         confirm_messages, scheme_traits, sign, to_wire,
                                         vector_dtype)
 from meshkit.wire import NodeKey
+from meshkit.state import update_keys
 
 __all__ = ["SecureClients", "Signing", "update_vector", "vector_keys", "FAULT_ENV"]
 
@@ -110,14 +111,15 @@ FAULT_STATUS = 70
 
 
 def vector_keys(state: Mapping[str, Any]) -> list[str]:
-    """The keys a secure round sums: the floating-point arrays, in sorted order.
+    """The keys a secure round sums (:func:`meshkit.state.update_keys`): the floating-point
+    arrays (bfloat16 included), in sorted order.
 
-    Integer arrays (counters such as ``num_batches_tracked``) and JSON
+    Integer arrays, integer buffers carried as float64 counts (BatchNorm's
+    ``num_batches_tracked``, listed in the state's ``INT_BUFFERS`` leaf) and JSON
     entries are not summed; the round's new model keeps the global model's
     values for them (as a private round does).
     """
-    return sorted(k for k, v in state.items()
-                  if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating))
+    return update_keys(state)
 
 
 def update_vector(fitted: Mapping[str, Any], start: Mapping[str, Any],

@@ -393,3 +393,50 @@ def test_bad_unmasking_shares_from_a_rank_playing_two_clients_cost_that_rank_onl
     assert revealed.contributors == tuple(range(CLIENTS))  # its inputs were masked already
     np.testing.assert_array_equal(revealed.total,
                                   plaintext(state, list(range(CLIENTS)), revealed.params))
+
+
+class _Buffered:
+    """The synthetic task with what ``meshkit.torch`` adds for a BatchNorm layer in a
+    bfloat16 model: a bfloat16 parameter and ``num_batches_tracked`` as a float64 count
+    listed in the state's ``INT_BUFFERS`` leaf, which each fit advances by 16 batches."""
+
+    def __init__(self) -> None:
+        self.inner = task()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def init_state(self, seed: int) -> dict[str, Any]:
+        from meshkit.state import BFLOAT16, INT_BUFFERS
+
+        return {**self.inner.init_state(seed), "h": np.full(6, 0.25, BFLOAT16),
+                "bn.num_batches_tracked": np.array(100.0),
+                INT_BUFFERS: {"bn.num_batches_tracked": "int64"}}
+
+    def fit(self, state: Mapping[str, Any], x: np.ndarray, y: np.ndarray, *, seed: int) -> Any:
+        from meshkit.state import BFLOAT16, INT_BUFFERS
+
+        result = self.inner.fit(state, x, y, seed=seed)
+        result.state.update({"h": (np.asarray(state["h"], np.float32) + 0.5).astype(BFLOAT16),
+                             "bn.num_batches_tracked": state["bn.num_batches_tracked"] + 16.0,
+                             INT_BUFFERS: state[INT_BUFFERS]})
+        return result
+
+
+def test_a_bfloat16_parameter_is_summed_and_a_float_carried_count_keeps_the_global_value():
+    # Before: vector_keys asked np.floating, which bfloat16 is not (its parameters kept the
+    # global value: frozen, silently), and summed the float64 count as an update under the
+    # clip (it gained at most clip_range a round, not the 16 batches a fit saw).
+    ranks = list(range(1, 6))
+    ctx = StrategyContext(
+        task=_Buffered(), aggregator=meshkit.plugins.create("aggregator", "fedavg"),
+        pool=LocalPool({r: Trainer(_Buffered()) for r in ranks}), workers=ranks,
+        rng=np.random.default_rng(0), seed=3,
+        outer=meshkit.plugins.create("outer_optimizer", "average"), timeout=30.0)
+    state, revealed = play(ctx)
+    assert "h" in revealed.sum and "bn.num_batches_tracked" not in revealed.sum
+    mean = revealed.mean(state)
+    # Every client moved h by 0.5, exactly representable in bfloat16 and on the grid.
+    np.testing.assert_array_equal(mean["h"].astype(np.float32), np.full(6, 0.75, np.float32))
+    assert mean["h"].dtype == state["h"].dtype
+    assert mean["bn.num_batches_tracked"] == 100.0  # the global model's count, unclipped
