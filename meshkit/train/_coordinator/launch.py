@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
+from meshkit.train._coordinator.blas import share_cores
 
 __all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "exit_message",
            "ExitWatch", "logs_dir", "free_ports", "loopback_peers", "mesh_bind"]
@@ -110,8 +111,12 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     whole list; otherwise a star whose workers dial ``address`` (or their relay).
 
     Each process is recorded as soon as it starts, so a failure to start a
-    later one still leaves the earlier ones to be reaped.
+    later one still leaves the earlier ones to be reaped. The workers share
+    this machine's cores with the coordinator, whose OpenBLAS pool is cut to
+    one thread first (:func:`.blas.share_cores`: a woken pool spins a core
+    away between rounds), unless the user chose a count.
     """
+    share_cores()
     logs = logs_dir(cfg.run.out)
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
