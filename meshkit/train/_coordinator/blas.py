@@ -12,9 +12,10 @@ sleeps: it burns a whole core for the whole run, about 10 of a round's
 hand-offs"), on the cores the local workers train on. torchrun's rule
 for the same problem is one thread per process when it starts several on
 one machine; here the coordinator's pool is cut to one thread when it
-spawns its local workers, unless the user chose a count
-(``OPENBLAS_NUM_THREADS``, ``GOTO_NUM_THREADS`` or ``OMP_NUM_THREADS``),
-which is then left alone.
+spawns its local workers (:func:`share_cores`) and given back when they
+are reaped (:func:`give_back`: a notebook that ran a job keeps its pool for
+what it does next), unless the user chose a count (``OPENBLAS_NUM_THREADS``,
+``GOTO_NUM_THREADS`` or ``OMP_NUM_THREADS``), which is then left alone.
 
 OpenBLAS reads those variables only when it loads (with numpy, long before
 a config is read), so the count is set at run time through OpenBLAS's own
@@ -29,12 +30,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["share_cores", "blas_threads", "USER_CHOICE"]
+__all__ = ["share_cores", "give_back", "blas_threads", "USER_CHOICE"]
 
 #: The variables with which a user chooses OpenBLAS's thread count (read by
 #: OpenBLAS at load); any of them set means the user's count stands.
@@ -85,17 +87,47 @@ def blas_threads() -> int | None:
     return int(getter())
 
 
-def share_cores() -> int | None:
-    """Cut this process's OpenBLAS pool to one thread, unless the user chose a count.
+def _set_threads(count: int) -> bool:
+    setter = _function(_SETTERS)
+    if setter is None:
+        return False
+    setter.argtypes = [ctypes.c_int]
+    setter.restype = None
+    setter(count)
+    return True
 
-    Returns the count now in force (``None``: no OpenBLAS found, nothing done).
+
+_lock = threading.Lock()
+#: The runs sharing this machine's cores now (their process tables' ids), and
+#: the pool's count before the first of them: the last one gives it back.
+_sharing: set[int] = set()
+_before: list[int] = []
+
+
+def share_cores(owner: object) -> int | None:
+    """Cut this process's OpenBLAS pool to one thread while ``owner``'s workers run.
+
+    Nothing is changed when the user chose a count (:data:`USER_CHOICE`) or no
+    OpenBLAS is found. Returns the count now in force (``None``: no OpenBLAS).
     """
     if any(os.environ.get(name) for name in USER_CHOICE):
         return blas_threads()
-    setter = _function(_SETTERS)
-    if setter is None:
-        return None
-    setter.argtypes = [ctypes.c_int]
-    setter.restype = None
-    setter(1)
+    with _lock:
+        if not _sharing:
+            before = blas_threads()
+            if before is None or not _set_threads(1):
+                return None
+            _before[:] = [before]
+        _sharing.add(id(owner))
     return blas_threads()
+
+
+def give_back(owner: object) -> None:
+    """``owner``'s workers are gone: the pool's count before the first run that shared, when it
+    was the last one (a notebook's later products get their threads back)."""
+    with _lock:
+        if id(owner) not in _sharing:
+            return
+        _sharing.discard(id(owner))
+        if not _sharing and _before:
+            _set_threads(_before.pop())

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
-from meshkit.train._coordinator.blas import share_cores
+from meshkit.train._coordinator.blas import give_back, share_cores
 
 __all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "exit_message",
            "ExitWatch", "logs_dir", "free_ports", "loopback_peers", "mesh_bind"]
@@ -116,7 +116,7 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     one thread first (:func:`.blas.share_cores`: a woken pool spins a core
     away between rounds), unless the user chose a count.
     """
-    share_cores()
+    share_cores(processes)
     logs = logs_dir(cfg.run.out)
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -237,7 +237,10 @@ def _first_line(proc: subprocess.Popen, deadline: float) -> str:
 
 def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
          dropped: AbstractSet[int] = frozenset()) -> None:
-    """Wait for the workers to leave; terminate, then kill, the ones that do not."""
+    """Wait for the workers to leave; terminate, then kill, the ones that do not.
+
+    Then the BLAS pool :func:`spawn_workers` cut for them is given back.
+    """
     # A dropped worker may be wedged (that is why it was dropped): no
     # grace for it. The others were told to stop and get time to leave.
     for rank in dropped:
@@ -256,6 +259,7 @@ def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5.0)
+    give_back(processes)  # the workers are gone: this process's BLAS pool is its own again
 
 
 #: The most of a log's end read to find an exit message (a traceback's last lines).
