@@ -3,7 +3,7 @@
 Why. numpy's wheels ship OpenBLAS with a pool of one thread per core. A
 matrix product above OpenBLAS's size threshold (the coordinator's
 evaluation of the global model on its held-out split each round: digits'
-360 x 64 by 64 x 32 is one) wakes the pool, and a woken pool thread
+359 x 64 by 64 x 32 is one) wakes the pool, and a woken pool thread
 *spins* for about 0.1 s before it sleeps again (OpenBLAS's thread
 timeout, 2^28 cycles). A round that comes back sooner (a flat 3-on-3
 digits round takes ~10 ms) finds it still spinning, so the thread never
