@@ -1,6 +1,7 @@
-"""A local launch's coordinator runs OpenBLAS on one thread while its workers run (a woken pool
-spins a core away between rounds) and gets its pool back after, unless the user chose a count. Each check runs in its own process:
-OpenBLAS's count is process-wide and read from the environment when numpy loads."""
+"""A local launch's coordinator runs OpenBLAS on one thread while its workers run (a woken
+pool spins a core away between rounds) and gets its pool back after, unless the user chose a
+count. Each check runs in its own process: OpenBLAS's count is process-wide and read from the
+environment when numpy loads."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def threads_in_a_fresh_process(body: str, **env: str) -> dict:
         import json
         from meshkit.train._coordinator.blas import blas_threads
         before = blas_threads()
-    """) + textwrap.dedent(body) + "\nprint(json.dumps({'before': before, 'after': blas_threads()}))\n"
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        print(json.dumps({'before': before, 'after': blas_threads()}))
+    """)
     done = subprocess.run([sys.executable, "-c", script], env={**clean, **env}, timeout=120,
                           capture_output=True, text=True, check=True)
     *printed, last = done.stdout.strip().splitlines()
