@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import AbstractSet, Any, Mapping, MutableMapping, Sequence
 
 from meshkit.errors import ConfigError, PeerLostError
+from meshkit.train._coordinator.blas import give_back, share_cores
 
 __all__ = ["new_secret", "write_secret", "spawn_workers", "reap", "exited_early", "exit_message",
            "ExitWatch", "logs_dir", "free_ports", "loopback_peers", "mesh_bind"]
@@ -110,8 +111,12 @@ def spawn_workers(processes: MutableMapping[int, subprocess.Popen], cfg: Any, *,
     whole list; otherwise a star whose workers dial ``address`` (or their relay).
 
     Each process is recorded as soon as it starts, so a failure to start a
-    later one still leaves the earlier ones to be reaped.
+    later one still leaves the earlier ones to be reaped. The workers share
+    this machine's cores with the coordinator, whose OpenBLAS pool is cut to
+    one thread first (:func:`.blas.share_cores`: a woken pool spins a core
+    away between rounds), unless the user chose a count.
     """
+    share_cores(processes)
     logs = logs_dir(cfg.run.out)
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -232,7 +237,10 @@ def _first_line(proc: subprocess.Popen, deadline: float) -> str:
 
 def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
          dropped: AbstractSet[int] = frozenset()) -> None:
-    """Wait for the workers to leave; terminate, then kill, the ones that do not."""
+    """Wait for the workers to leave; terminate, then kill, the ones that do not.
+
+    Then the BLAS pool :func:`spawn_workers` cut for them is given back.
+    """
     # A dropped worker may be wedged (that is why it was dropped): no
     # grace for it. The others were told to stop and get time to leave.
     for rank in dropped:
@@ -251,6 +259,7 @@ def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5.0)
+    give_back(processes)  # the workers are gone: this process's BLAS pool is its own again
 
 
 #: The most of a log's end read to find an exit message (a traceback's last lines).
