@@ -239,27 +239,31 @@ def reap(processes: Mapping[int, subprocess.Popen], grace: float = 5.0,
          dropped: AbstractSet[int] = frozenset()) -> None:
     """Wait for the workers to leave; terminate, then kill, the ones that do not.
 
-    Then the BLAS pool :func:`spawn_workers` cut for them is given back.
+    Then, even when a worker could not be killed in time, the BLAS pool
+    :func:`spawn_workers` cut for them is given back.
     """
-    # A dropped worker may be wedged (that is why it was dropped): no
-    # grace for it. The others were told to stop and get time to leave.
-    for rank in dropped:
-        proc = processes.get(rank)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-    deadline = time.monotonic() + grace
-    for rank, proc in sorted(processes.items()):
-        try:
-            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-    for rank, proc in sorted(processes.items()):
-        try:
-            proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5.0)
-    give_back(processes)  # the workers are gone: this process's BLAS pool is its own again
+    try:
+        # A dropped worker may be wedged (that is why it was dropped): no
+        # grace for it. The others were told to stop and get time to leave.
+        for rank in dropped:
+            proc = processes.get(rank)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        deadline = time.monotonic() + grace
+        for rank, proc in sorted(processes.items()):
+            try:
+                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+        for rank, proc in sorted(processes.items()):
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5.0)
+    finally:
+        # The workers are gone (or could not be made to go): the pool is this process's again.
+        give_back(processes)
 
 
 #: The most of a log's end read to find an exit message (a traceback's last lines).

@@ -72,3 +72,29 @@ def test_a_thread_count_the_user_chose_is_left_alone(pool):
         give_back(owner)
     """, OPENBLAS_NUM_THREADS="2")
     assert seen == {"before": 2, "after": 2}
+
+
+def test_the_pool_is_given_back_even_when_a_worker_cannot_be_reaped(pool):
+    # A worker that outlives terminate and kill (stuck in the kernel): reap raises, and
+    # the coordinator's BLAS pool must still be its own again.
+    seen = threads_in_a_fresh_process("""
+        import subprocess
+        from meshkit.train._coordinator.blas import share_cores
+        from meshkit.train._coordinator.launch import reap
+
+        class Stuck:
+            def poll(self): return None
+            def wait(self, timeout=None): raise subprocess.TimeoutExpired("worker", timeout)
+            def terminate(self): pass
+            def kill(self): pass
+
+        processes = {1: Stuck()}
+        assert share_cores(processes) == 1
+        try:
+            reap(processes, grace=0.0)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            raise AssertionError("reap should have raised")
+    """)
+    assert (seen["before"], seen["after"]) == (pool, pool)
