@@ -16,14 +16,8 @@ import threading
 
 import numpy as np
 
-#: Largest piece a big body is sent in (a GMAC-tagged body goes straight from its arrays).
+#: Size of one scratch piece: a big body is encrypted (and sent) this much at a time.
 _SEND_PIECE = 1 << 20
-#: Size of one scratch piece: an encrypted big body is sealed (and sent) this much at a
-#: time, into an L2-sized scratch buffer. Every link being written holds one: a
-#: coordinator writing the round's state to eight workers at once (a writer thread per
-#: link) holds 2 MiB of scratch, not the 8 MiB a 1 MiB piece took (issue 36's 10M x 8
-#: memory bound; docs/benchmarks.md).
-_SEAL_PIECE = 256 << 10
 # Receive buffers between these sizes are recycled once nothing refers to them
 # (see _receive_buffer). The pool is shared by every channel in the process,
 # like the scratch buffers below: a coordinator has one channel per worker,
@@ -37,16 +31,18 @@ _POOL_SIZE = 4
 _recv_pool: list[np.ndarray] = []
 _recv_pool_lock = threading.Lock()
 # Big bodies are encrypted piece by piece into a scratch buffer of
-# _SEAL_PIECE bytes. The buffers are shared by every channel in the process:
+# _SEND_PIECE bytes. The buffers are shared by every channel in the process:
 # a coordinator has one channel per worker, and a scratch each would make
-# its memory grow by _SEAL_PIECE per worker. A sender takes one for the frame
-# and gives it back; at most _SCRATCH_KEEP are kept between frames. A scratch
-# is an anonymous mapping, not a malloc'd bytearray: one freed by a writer
-# thread stayed in that thread's malloc arena (glibc keeps freed memory of a
-# size it has seen freed before), so the coordinator's resident memory kept
-# every concurrent writer's scratch; a mapping goes back to the kernel when
-# the last view of it is dropped.
-_SCRATCH_KEEP = 4
+# its memory grow by _SEND_PIECE per worker. A sender takes one for the frame
+# and gives it back; at most _SCRATCH_KEEP are kept between frames: one, as a
+# sender writing its links one after another needs; links written at once
+# (the round's state, a writer thread per link) each take a fresh one for the
+# frame. A scratch is an anonymous mapping, not a malloc'd bytearray: one freed
+# by a writer thread stayed in that thread's malloc arena (glibc keeps freed
+# memory of a size it has seen freed before), so the coordinator's resident
+# memory kept every concurrent writer's scratch (issue 36's 10M x 8 bound,
+# docs/benchmarks.md); a mapping goes back to the kernel when dropped.
+_SCRATCH_KEEP = 1
 _scratch_free: list[mmap.mmap] = []
 _scratch_lock = threading.Lock()
 # A segmented message's body up to _MESSAGE_MAX bytes (a pulled contribution's
@@ -157,7 +153,7 @@ def _take_scratch() -> mmap.mmap:
     with _scratch_lock:
         if _scratch_free:
             return _scratch_free.pop()
-    return mmap.mmap(-1, _SEAL_PIECE)
+    return mmap.mmap(-1, _SEND_PIECE)
 
 
 def _give_scratch(buffer: mmap.mmap) -> None:

@@ -39,7 +39,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from meshkit.errors import AuthenticationError, ConfigError, PeerLostError, WireError
 from meshkit.wire._buffers import (
-    _SEAL_PIECE,
     _SEND_PIECE,
     _give_scratch,
     _receive_buffer,
@@ -479,7 +478,7 @@ class Channel:
                 if pending:
                     self._send_all(memoryview(pending), deadline)
                     pending = bytearray()
-                step = min(_SEAL_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
+                step = min(_SEND_PIECE, max(_MAC_STEP, -(-view.nbytes // 2)))
                 for start in range(0, view.nbytes, step):
                     piece = view[start:start + step]
                     out = scratch[:piece.nbytes]
