@@ -29,6 +29,7 @@ each element summed over the same blocks by the same kernel either way.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from pathlib import Path
@@ -64,8 +65,11 @@ def _loaded_openblas() -> list[str]:
     return found
 
 
+@functools.cache
 def _function(names: tuple[str, ...]) -> Any:
-    """The first of ``names`` a loaded OpenBLAS exports, or ``None``."""
+    """The first of ``names`` a loaded OpenBLAS exports, or ``None``: looked up once a
+    process (numpy loads its BLAS at import, before any run asks), not by reading
+    ``/proc/self/maps`` and opening the libraries again on every count asked or set."""
     for path in _loaded_openblas():
         try:
             library = ctypes.CDLL(path)  # already loaded: the same handle numpy uses
