@@ -45,7 +45,8 @@ Where each idea lives:
   their exact mean on one grid (:class:`GridSum`, :func:`on_grid`, :func:`sum_dtype`,
   :func:`mean_of_sum`: the star's fold and the ring's integer sum alike);
 * ``_pieces.py``: a contribution cut into pieces (:func:`piece_plan`) and folded piece
-  by piece into the strict mean's sum with the same bits (:class:`PieceFold`);
+  by piece into the strict mean's sum, one contribution at a time, with the bits of a
+  ``retain = 0`` fold of whole contributions (:class:`PieceFold`, :func:`one_at_a_time`);
 * ``_clip.py``: an update's L2 norm and norm clipping (:func:`global_norm`,
   :func:`clip_update`), shared by the robust rules and privacy.
 """
@@ -83,7 +84,8 @@ if TYPE_CHECKING:
     from meshkit.aggregation._threads import DEFAULT_THREADS
     from meshkit.aggregation._traits import AggregatorTraits, aggregator_traits, linear_weight
     from meshkit.aggregation._linear import exact_mean, refuse_unless_linear
-    from meshkit.aggregation._pieces import DEFAULT_PIECE_BYTES, PieceFold, float_layout, piece_plan
+    from meshkit.aggregation._pieces import (DEFAULT_PIECE_BYTES, PieceFold, float_layout,
+                                             one_at_a_time, piece_plan)
 
 #: Where each public name lives, imported on first use (a worker needs a few helpers,
 #: not every fold; every process a run starts paid for all of it: docs/benchmarks.md,
@@ -132,6 +134,7 @@ _WHERE: dict[str, str] = {
     "PieceFold": "meshkit.aggregation._pieces",
     "float_layout": "meshkit.aggregation._pieces",
     "piece_plan": "meshkit.aggregation._pieces",
+    "one_at_a_time": "meshkit.aggregation._pieces",
 }
 
 __all__ = [
@@ -176,6 +179,7 @@ __all__ = [
     "PieceFold",
     "piece_plan",
     "float_layout",
+    "one_at_a_time",
     "DEFAULT_PIECE_BYTES",
 ]
 

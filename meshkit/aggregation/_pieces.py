@@ -9,19 +9,27 @@ slices, and the receiver knows what each must be before it arrives.
 
 :class:`PieceFold` feeds the pieces of each contribution, in turn, into a
 :class:`~meshkit.aggregation.MeanFold`'s running sum as they arrive, so the
-coordinator never holds a whole contribution, and gives the *same bits* as
-``fold.add(whole, weight)`` per contribution followed by ``fold.result()``:
-every element goes through the very same operations in the same order. The
-mean folds contributions in pairs (``retain = 1``): the first two straight
-into the sum, each later pair's first member into a buffer of the sum's
-dtype (allocated only when a round has a third contribution), its second
-added to that buffer, the pair then added to the sum.
+coordinator never holds a whole contribution. Each contribution goes
+straight into the sum, one at a time: the fold is set to ``retain = 0``
+(a ``retain = 1`` fold is accepted and switched). That is what ``retain``
+can mean here: it holds *references* to whole contributions so a pair is
+summed in cache before the sum is touched, and a contribution that comes in
+pieces never exists whole -- holding a pair's first member would take a
+model-sized copy of it (the buffer this module kept until issue 36: one
+model copy of coordinator memory, 38 MiB at 10M parameters), and that copy
+saves no traffic (the member is written to it and read back: six model-sized
+streams a pair either way, and as many numpy passes). The result is the
+*same bits* as ``fold.add(whole, weight)`` per contribution followed by
+``fold.result()`` on a ``retain = 0`` fold: every element goes through the
+very same operations in the same order.
 
 A contribution given up half-way (its worker lost, a piece that does not
 fit) is taken back exactly when nothing of it reached the sum yet (the
-first contribution of a round, the first of a later pair: :meth:`abort`
-says so); otherwise the sum holds part of it and the fold is unusable --
-the caller plays the round again the whole-contribution way.
+first contribution of a round: :meth:`abort` says so); otherwise the sum
+holds part of it and the fold is unusable -- the caller plays the round
+again the whole-contribution way, on a ``retain = 0`` fold too
+(:func:`one_at_a_time`), so a replayed round has the bits a round in pieces
+would have had.
 """
 
 from __future__ import annotations
@@ -32,11 +40,11 @@ from typing import Any
 import numpy as np
 
 from meshkit.aggregation._json import json_accumulate
-from meshkit.aggregation._mean import MeanFold, _ExactEntry, _FloatEntry, _scaled_into
+from meshkit.aggregation._mean import MeanFold, _ExactEntry, _FloatEntry
 from meshkit.errors import AggregationError
 from meshkit.state import is_array, is_float_dtype
 
-__all__ = ["DEFAULT_PIECE_BYTES", "PieceFold", "float_layout", "piece_plan"]
+__all__ = ["DEFAULT_PIECE_BYTES", "PieceFold", "float_layout", "one_at_a_time", "piece_plan"]
 
 #: Bytes of one piece of a contribution, by default (32 MiB).
 DEFAULT_PIECE_BYTES = 32 << 20
@@ -84,6 +92,20 @@ def piece_plan(layout: Sequence[tuple[str, int, int]], piece_bytes: int) -> list
     return pieces
 
 
+def one_at_a_time(fold: MeanFold) -> MeanFold:
+    """``fold`` (empty) set to sum each contribution straight into its sum (``retain = 0``),
+    as a fold fed in pieces does; a fold that groups more (``retain`` of 2 or more, or
+    None) is refused: it asks for the memory a fold in pieces exists to save."""
+    if fold.retain not in (0, 1):
+        raise ValueError(f"a fold in pieces sums one contribution at a time; a fold with "
+                         f"retain = {fold.retain} asks to hold more (give it whole "
+                         f"contributions)")
+    if fold.count or fold._pending:
+        raise ValueError("a fold is set to sum one at a time before anything is added")
+    fold.retain = 0
+    return fold
+
+
 class PieceFold:
     """``fold``'s running sum, fed one piece at a time (module docstring).
 
@@ -105,14 +127,7 @@ class PieceFold:
                           if is_array(value) and is_float_dtype(np.asarray(value).dtype)}
         #: The model's other keys (integer and bool arrays, JSON): they come with piece 0.
         self._others = set(model) - set(self._standins)
-        #: Whether a later pair's first member waits in a buffer (``retain = 1``), or every
-        #: contribution goes straight into the sum (``retain = 0``).
-        if fold.retain not in (0, 1):
-            raise ValueError(f"a PieceFold folds as retain = 0 or 1 does, not {fold.retain}")
-        self._pairs = fold.retain == 1
-        #: The buffer of a later pair's first member, per float key, flat (made on first use).
-        self._buffer: dict[str, np.ndarray] = {}
-        self._buffered: str | None = None  # label of the member waiting in it, when whole
+        one_at_a_time(fold)  # every contribution straight into the sum (module docstring)
         # The contribution being received: (weight, factor, label), its next piece, and
         # whether any of it reached the sum.
         self._current: tuple[float, float, str] | None = None
@@ -171,27 +186,10 @@ class PieceFold:
             xs.append((key, lo, hi, x))
         if index == 0:
             self._check(label)
-        position = fold.count
-        first = position == 0
-        # A later pair's first member, and its second (retain = 1).
-        buffered = self._pairs and position >= 2 and position % 2 == 0
-        second = self._pairs and position >= 2 and position % 2 == 1
-        jobs = []
-        for key, lo, hi, x in xs:
-            acc = self._acc(key)
-            if buffered:
-                buf = self._buffer_for(key, acc.dtype, acc.size)[lo:hi]
-                _scaled_into(buf, x, factor)
-                continue
-            if second:
-                buf = self._buffer[key][lo:hi]
-                jobs.append((key, acc[lo:hi], [(buf, 1.0), (x, factor)]))
-            else:
-                jobs.append((key, acc[lo:hi], [(x, factor)]))
-        if jobs:
-            self._touched = self._touched or not first
-            self._fold(jobs, init=first, labels=[self._buffered or label, label] if second
-                       else [label])
+        first = fold.count == 0
+        jobs = [(key, self._acc(key)[lo:hi], [(x, factor)]) for key, lo, hi, x in xs]
+        self._touched = self._touched or not first
+        self._fold(jobs, init=first, label=label)
         self._next += 1
 
     def end(self) -> None:
@@ -204,9 +202,6 @@ class PieceFold:
         for key, entry in fold._entries.items():
             if not isinstance(entry, (_FloatEntry, _ExactEntry)):
                 json_accumulate(entry, self._rest[key], factor)
-        position = fold.count
-        if self._pairs and position >= 2:
-            self._buffered = label if position % 2 == 0 else None
         fold._started = True
         if fold.weighted and fold._reference is None and w > 0:
             fold._reference = w
@@ -230,15 +225,10 @@ class PieceFold:
         return True
 
     def result(self) -> dict[str, Any]:
-        """The fold's result: a pair's first member still waiting is added, as the fold's
-        last ``add`` would be."""
-        fold = self.fold
+        """The fold's result."""
         if self._current is not None:
             raise ValueError("a contribution is still being received")
-        if self._buffered is not None:
-            fold._pending = [({k: b for k, b in self._buffer.items()}, 1.0, self._buffered)]
-            self._buffered = None
-        return fold.result()
+        return self.fold.result()
 
     # -- internals ----------------------------------------------------------------------
 
@@ -262,16 +252,9 @@ class PieceFold:
         assert isinstance(entry, _FloatEntry)
         return entry.acc
 
-    def _buffer_for(self, key: str, dtype: np.dtype, size: int) -> np.ndarray:
-        buf = self._buffer.get(key)
-        if buf is None:
-            buf = self._buffer[key] = np.empty(size, dtype=dtype)
-        return buf
-
     def _fold(self, jobs: list[tuple[str, np.ndarray, list[tuple[np.ndarray, float]]]], *,
-              init: bool, labels: list[str]) -> None:
-        self.fold._fold_or_refuse(jobs, init, None, lambda job: [
-            ({}, f, name) for (_, f), name in zip(job[2], labels)])
+              init: bool, label: str) -> None:
+        self.fold._fold_or_refuse(jobs, init, None, lambda job: [({}, job[2][0][1], label)])
 
     def _broken(self, why: str) -> AggregationError:
         self.fold._broken = why

@@ -1,12 +1,15 @@
-"""A contribution folded piece by piece gives the very bits of the whole-contribution fold (issue 39)."""
+"""A contribution folded piece by piece gives the very bits of the whole-contribution fold that
+sums one contribution at a time (``retain = 0``; issues 39 and 36), and holds no copy of one."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from meshkit.aggregation import MeanFold
-from meshkit.aggregation._pieces import PieceFold, float_layout, piece_plan
+from meshkit.aggregation._pieces import PieceFold, float_layout, one_at_a_time, piece_plan
 from meshkit.errors import AggregationError
 from meshkit.state import BFLOAT16
 
@@ -60,7 +63,8 @@ def by_pieces(states, weights, piece_bytes, **options):
 
 
 def whole(states, weights, **options):
-    fold = MeanFold(**options)
+    """The whole-contribution fold; by default one at a time, as a fold in pieces sums."""
+    fold = MeanFold(**{"retain": 0, **options})
     for i, (state, w) in enumerate(zip(states, weights)):
         fold.add(state, w, source=f"c{i}")
     return fold.result()
@@ -74,7 +78,7 @@ def test_pieces_give_the_whole_folds_bits(count, piece_bytes, options):
     weights = [1.0] * count if options.get("weighted") is False else [
         float(3 + 2 * i) for i in range(count)]
     got, pieces = by_pieces(states, weights, piece_bytes, **options)
-    assert same(got, whole(states, weights, **options))
+    assert same(got, whole(states, weights, **{**options, "retain": 0}))
     if piece_bytes == 100:
         assert pieces > 10, "boundaries fall inside arrays"
 
@@ -87,9 +91,49 @@ def test_equal_weights_take_the_plain_add_path_and_still_match():
 
 def test_the_test_can_fail_a_different_pairing_gives_other_bits():
     states = [model(i) for i in range(4)]
-    pairs = whole(states, [1.0, 3.0, 5.0, 7.0])
-    one_by_one = whole(states, [1.0, 3.0, 5.0, 7.0], retain=0)
+    pairs = whole(states, [1.0, 3.0, 5.0, 7.0], retain=1)
+    one_by_one = whole(states, [1.0, 3.0, 5.0, 7.0])
     assert not same(pairs, one_by_one)
+    got, _ = by_pieces(states, [1.0, 3.0, 5.0, 7.0], 200)  # a retain = 1 fold, in pieces
+    assert same(got, one_by_one) and not same(got, pairs)
+
+
+def test_a_fold_in_pieces_holds_no_copy_of_a_contribution():
+    """Issue 36: the pairs' buffer (a later pair's first member, copied: its pieces' buffers
+    are reused) was one model copy of coordinator memory. Measured by allocation: a round
+    of five contributions in pieces allocates the sum and cache-sized scratch, nothing
+    model-sized besides -- with the buffer it allocated a second model (this fails)."""
+    size = 1 << 20  # 4 MiB of float32
+    rng = np.random.default_rng(3)
+    states = [{"w": rng.standard_normal(size, dtype=np.float32)} for _ in range(5)]
+    plan = piece_plan(float_layout(states[0]), 256 << 10)
+    tracemalloc.start()
+    try:
+        pieces = PieceFold(MeanFold(), states[0], plan)  # retain = 1, the default
+        for i, state in enumerate(states):
+            pieces.begin(float(i + 1), f"c{i}")
+            for j, parts in enumerate(cut(state, plan)):  # views: no allocation
+                pieces.piece(j, parts)
+            pieces.end()
+        result = pieces.result()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    model_bytes = 4 * size
+    assert peak < model_bytes + model_bytes // 2, f"{peak} bytes at the peak"
+    assert same(result, whole(states, [1.0, 2.0, 3.0, 4.0, 5.0]))
+
+
+def test_a_fold_that_groups_more_is_refused_in_pieces():
+    state = model(0)
+    plan = piece_plan(float_layout(state), 200)
+    for retain in (2, None):
+        with pytest.raises(ValueError, match="one contribution at a time"):
+            PieceFold(MeanFold(retain=retain), state, plan)
+    started = MeanFold()
+    started.add(state, 1.0)
+    with pytest.raises(ValueError):
+        one_at_a_time(started)
 
 
 def test_a_plan_cuts_inside_arrays_and_keeps_every_piece_within_its_bytes():
@@ -115,7 +159,7 @@ def test_a_contribution_given_up_before_the_sum_holds_it_leaves_no_trace():
     pieces = PieceFold(fold, states[0], plan)
     junk = model(99, scale=7.0)
     for i, (state, w) in enumerate(zip(states, weights)):
-        if i in (0, 2):  # the first of the round, the first of a later pair
+        if i == 0:  # the first of the round: nothing of it is in the sum until it is whole
             pieces.begin(9.0, "lost")
             for j, parts in enumerate(cut(junk, plan)[:2]):
                 pieces.piece(j, parts)

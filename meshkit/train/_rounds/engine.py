@@ -112,7 +112,7 @@ from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import attrs
 
-from meshkit.aggregation import MeanFold, exact_mean
+from meshkit.aggregation import MeanFold, exact_mean, one_at_a_time
 from meshkit.errors import AggregationError, RefusedError
 from meshkit.privacy import ClippedSum
 from meshkit.train._local_keys import ClientLocal
@@ -398,8 +398,11 @@ def _play_flat(call: RoundCall) -> Folded:
             raise
         log.warning("the fold refused a contribution (%s); the round is played again with "
                     "every contribution scanned at the boundary", exc)
-        round_ = FlatRound(ctx, call.requests, state, call.weight, call.window,
-                        ctx.aggregation_begin(reference=state), call.label,
+        again = ctx.aggregation_begin(reference=state)
+        if pieces:
+            # The grouping of a fold in pieces, so the replay has its bits (.pieces).
+            one_at_a_time(again)
+        round_ = FlatRound(ctx, call.requests, state, call.weight, call.window, again, call.label,
                         pinned=call.pinned, deadline=call.deadline or None, expected=expected,
                         local=call.fold_local or None, scan=True, unpack=call.unpack,
                         limit=limit, state_request=call.send_state, on_stale=call.on_stale)

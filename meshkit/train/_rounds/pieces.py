@@ -8,7 +8,9 @@ the fold waits on with ``take`` one piece at a time (``piece``,
 ``piece_bytes``), folding each piece into the running sum as it arrives
 (:class:`meshkit.aggregation.PieceFold`): it never holds a whole
 contribution, and no message of the round is larger than a piece plus its
-header. The result is the whole-contribution fold's, bit for bit.
+header. Contributions are summed one at a time (:func:`meshkit.aggregation.one_at_a_time`:
+no pair's first member is kept, a model copy saved); the result is, bit for
+bit, the whole-contribution fold's with ``retain = 0``, and so is a replay's.
 
 The pull is pipelined: up to :data:`AHEAD` pieces of the contribution are
 asked for at once, and the next is asked for *before* the piece that just
