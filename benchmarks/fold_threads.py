@@ -27,6 +27,17 @@ cannot beat them; "of ceiling" says how close it is (for two threads,
 against the faster of the two rows: a small fold stays on one thread). "a += x" (one thread,
 whole arrays, three streams) shows what one core's streaming add moves.
 
+``--fused`` adds two rows that are **not meshkit's fold**: the same pairs
+summed by a fused kernel, OpenBLAS's ``sgemv`` from numpy's own wheel
+called through ctypes (``acc = f0*x0 + f1*x1 + acc`` in one pass a chunk,
+the two inputs as the columns of a matrix whose leading dimension is their
+address distance), with the same finiteness check, on one and two threads
+(OpenBLAS's own pool set to one thread for them). They show what a fused
+multiply-add would buy: numpy has none, so the fold makes two passes per
+weighted input. Their bits are not the fold's (a fused multiply-add rounds
+once, and whether a kernel fuses depends on the CPU), so they are checked
+against the fold to float32 precision, not bit for bit.
+
 Checks that every fold gives the same bits. Prints each row's median
 (min-max) ms, its ratio to ``np.sum`` (> 1: faster), bytes moved and
 GB/s, the per-trial ratio baseline / this on two threads (> 1: this
@@ -102,12 +113,69 @@ def pair_traffic(states: list[dict[str, np.ndarray]], threads: int) -> np.ndarra
     return acc
 
 
+class FusedPairs:
+    """The pairs' weighted sum by OpenBLAS ``sgemv`` (``--fused``): not meshkit's fold."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        from meshkit.train._coordinator.blas import _function, _set_threads
+
+        self.gemv = _function(("scipy_cblas_sgemv64_", "cblas_sgemv64_"))
+        if self.gemv is None:
+            raise SystemExit("--fused needs numpy's OpenBLAS with 64-bit cblas_sgemv")
+        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        self.gemv.argtypes = [ctypes.c_int, ctypes.c_int, i64, i64, f32, ptr, i64, ptr, i64,
+                              f32, ptr, i64]
+        self.gemv.restype = None
+        _set_threads(1)  # the fold's own threads split the work, not OpenBLAS's pool
+
+    def __call__(self, states: list[dict[str, np.ndarray]], weights: list[float],
+                 threads: int) -> list[np.ndarray]:
+        keys = list(states[0])
+        sizes = [states[0][k].size for k in keys]
+        accs = [np.empty(size, dtype=np.float32) for size in sizes]
+        factors = [w / weights[0] for w in weights]
+        step = CHUNK_ELEMENTS
+        work = tasks(sizes, step)
+        for pair in range(len(states) // 2):
+            first, second = states[2 * pair], states[2 * pair + 1]
+            f0, f1 = factors[2 * pair], factors[2 * pair + 1]
+
+            def run(worker: int, task: tuple[int, int, int], pair: int = pair,
+                    first: dict[str, np.ndarray] = first, second: dict[str, np.ndarray] = second,
+                    f0: float = f0, f1: float = f1) -> list[Any]:
+                index, lo, hi = task
+                x, y, acc = first[keys[index]], second[keys[index]], accs[index]
+                px, py = x.ctypes.data, y.ctypes.data
+                wf = np.array([f0, f1] if px < py else [f1, f0], dtype=np.float32)
+                base, lda = min(px, py), abs(py - px) // 4
+                assert abs(py - px) % 4 == 0 and lda >= hi - lo
+                beta = 0.0 if pair == 0 else 1.0
+                for start in range(lo, hi, step):
+                    stop = min(start + step, hi)
+                    self.gemv(102, 111, stop - start, 2, 1.0, base + 4 * start, lda,
+                              wf.ctypes.data, 1, beta, acc.ctypes.data + 4 * start, 1)
+                    a = acc[start:stop]
+                    if not np.dot(a, a) < np.inf:
+                        return [(index, start)]
+                return []
+
+            assert not run_tasks(run, work, threads)
+        total = sum(factors)
+        for acc in accs:
+            np.divide(acc, total, out=acc)
+        return accs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, type=Path, help="a checkout of the code before")
     parser.add_argument("--params", type=float, nargs="+", default=[10e6])
     parser.add_argument("--contributors", type=int, default=10)
     parser.add_argument("--trials", type=int, default=9)
+    parser.add_argument("--fused", action="store_true",
+                        help="add the rows of a fused kernel (OpenBLAS sgemv; not meshkit's fold)")
     args = parser.parse_args(argv)
     if args.contributors < 2 or args.contributors % 2:
         parser.error("--contributors must be even (the ceiling rows fold pairs)")
@@ -116,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                      {"from meshkit.aggregation._threads import":
                       "from baseline_threads import"}).MeanFold
     for params in args.params:
-        measure(baseline, int(params), args.contributors, args.trials)
+        measure(baseline, int(params), args.contributors, args.trials,
+                FusedPairs() if args.fused else None)
     return 0
 
 
-def measure(baseline: Any, params: int, contributors: int, trials: int) -> None:
+def measure(baseline: Any, params: int, contributors: int, trials: int,
+            fused: FusedPairs | None = None) -> None:
     rng = np.random.default_rng(0)
     states = [{f"a{j}": rng.standard_normal(params // 10, dtype=np.float32) for j in range(10)}
               for _ in range(contributors)]
@@ -170,6 +240,16 @@ def measure(baseline: Any, params: int, contributors: int, trials: int) -> None:
         "fold, 2 threads (baseline)": (lambda: fold(baseline, 2), fold_bytes),
         "fold, 2 threads (this)": (lambda: fold(MeanFold, 2), fold_bytes),
     }
+    if fused is not None:
+        mean = fold(MeanFold, 1)
+        for threads in (1, 2):
+            got = dict(zip(states[0], fused(states, weights, threads)))
+            for key, value in mean.items():  # float32's precision, not the fold's bits
+                assert np.allclose(got[key], value, rtol=1e-5, atol=1e-6), "fused differs"
+        rows["fused pairs, 1 thread (not meshkit)"] = (
+            lambda: fused(states, weights, 1), fold_bytes)
+        rows["fused pairs, 2 threads (not meshkit)"] = (
+            lambda: fused(states, weights, 2), fold_bytes)
     times: dict[str, list[float]] = {label: [] for label in rows}
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
           f"{contributors} x {params:,} float32; {trials} trials, rows taking turns; the "
@@ -189,7 +269,7 @@ def measure(baseline: Any, params: int, contributors: int, trials: int) -> None:
         median = statistics.median(values)
         moved = rows[label][1]
         extra = ""
-        if label.startswith("fold"):
+        if label.startswith(("fold", "fused")):
             # Two threads may use one (a small fold does): the better ceiling is theirs.
             best = ceilings[1] if "1 thread" in label else min(ceilings.values())
             extra = f"  of ceiling {best / median:.2f}"
