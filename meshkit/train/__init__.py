@@ -48,6 +48,8 @@ One idea per module (docs/architecture.md, "where to find things"):
   refuses the same: :func:`build_components`), ``_coordinator.launch`` (the
   local worker processes and their per-run secret), ``_coordinator.runner``
   (``meshkit run`` from one config: :class:`Runner`, :func:`run`),
+  ``_coordinator.report`` (what a run reports: :class:`RunReport`,
+  :class:`RunEvent`, :class:`Interrupted`),
   ``_coordinator.resume``, ``_coordinator.artifacts`` (what a run leaves in
   ``out``: ``metrics.jsonl``, ``summary.json``, ``report.png``),
   ``_coordinator.progress``, ``_coordinator.observers``.
@@ -96,7 +98,8 @@ if TYPE_CHECKING:
     from meshkit.train._traits import StrategyTraits, strategy_traits
     from meshkit.train._coordinator.preflight import build_components
     from meshkit.train._coordinator.plan import Plan, check, resolve
-    from meshkit.train._coordinator.runner import Interrupted, RunEvent, Runner, RunReport, load_run_config, run
+    from meshkit.train._coordinator.report import Interrupted, RunEvent, RunReport
+    from meshkit.train._coordinator.runner import Runner, load_run_config, run
     from meshkit.train._sharding import (client_seed, cohort_size, poisson_clients, sample_clients,
                                          shard_bounds, shard_pair)
     from meshkit.train._strategy import (
@@ -148,9 +151,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "meshkit.train._traits": ("StrategyTraits", "strategy_traits"),
     "meshkit.train._coordinator.preflight": ("build_components",),
     "meshkit.train._coordinator.plan": ("Plan", "check", "resolve"),
-    "meshkit.train._coordinator.runner": (
-        "Interrupted", "RunEvent", "Runner", "RunReport", "load_run_config", "run",
-    ),
+    "meshkit.train._coordinator.report": ("Interrupted", "RunEvent", "RunReport"),
+    "meshkit.train._coordinator.runner": ("Runner", "load_run_config", "run"),
     "meshkit.train._sharding": (
         "client_seed", "cohort_size", "poisson_clients", "sample_clients", "shard_bounds",
         "shard_pair",
