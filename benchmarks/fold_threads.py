@@ -6,8 +6,8 @@ Run (from the repository root, in the dev venv)::
     python benchmarks/fold_threads.py --baseline /tmp/base
     python benchmarks/fold_threads.py --baseline /tmp/base --params 1e5 1e6 1e7
 
-Loads the baseline's ``meshkit/aggregation/_threads.py`` and ``_mean.py``
-beside this tree's in the same process and takes turns, trial by trial, on
+Loads the baseline's ``meshkit/aggregation/_threads.py``, ``_arenas.py`` and
+``_mean.py`` beside this tree's in the same process and takes turns, trial by trial, on
 the same inputs (``--contributors`` float32 contributions of ``--params``
 parameters in ten arrays, unequal weights): ``np.sum`` over the inputs (the
 read bandwidth issue 36 measures against), the baseline's and this tree's
@@ -180,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.contributors < 2 or args.contributors % 2:
         parser.error("--contributors must be even (the ceiling rows fold pairs)")
     _load("baseline_threads", args.baseline / "meshkit" / "aggregation" / "_threads.py")
+    replace = {"from meshkit.aggregation._threads import": "from baseline_threads import"}
+    arenas = args.baseline / "meshkit" / "aggregation" / "_arenas.py"
+    if arenas.exists():  # the baseline's own arena policy (which sums it keeps), not this tree's
+        _load("baseline_arenas", arenas)
+        replace["from meshkit.aggregation._arenas import"] = "from baseline_arenas import"
     baseline = _load("baseline_mean", args.baseline / "meshkit" / "aggregation" / "_mean.py",
-                     {"from meshkit.aggregation._threads import":
-                      "from baseline_threads import"}).MeanFold
+                     replace).MeanFold
     for params in args.params:
         measure(baseline, int(params), args.contributors, args.trials,
                 FusedPairs() if args.fused else None)
@@ -227,6 +231,10 @@ def measure(baseline: Any, params: int, contributors: int, trials: int,
     for cls, threads in ((baseline, 1), (MeanFold, 1), (MeanFold, 2)):
         new = fold(cls, threads)
         assert all(old[k].tobytes() == new[k].tobytes() for k in old), "the bits differ"
+    # Results held here would keep their sums' arenas in use, so every timed fold would
+    # map fresh pages, as no round does (the coordinator's arena of the round before last
+    # is idle, meshkit/aggregation/_arenas.py): the timed folds start as rounds do.
+    del old, new
     fold_bytes = contributors * model + 2 * model + (contributors // 2 - 1) * 2 * model
     # a += x: the copy (2 x the model), then 3 x per add.
     rows: dict[str, tuple[Callable[[], Any], int]] = {
@@ -246,6 +254,7 @@ def measure(baseline: Any, params: int, contributors: int, trials: int,
             got = dict(zip(states[0], fused(states, weights, threads)))
             for key, value in mean.items():  # float32's precision, not the fold's bits
                 assert np.allclose(got[key], value, rtol=1e-5, atol=1e-6), "fused differs"
+        del mean, got
         rows["fused pairs, 1 thread (not meshkit)"] = (
             lambda: fused(states, weights, 1), fold_bytes)
         rows["fused pairs, 2 threads (not meshkit)"] = (
