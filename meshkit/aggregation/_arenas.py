@@ -29,9 +29,11 @@ import numpy as np
 
 __all__ = ["ARENA_MIN", "KEEP", "arena", "forget_arenas"]
 
-#: Arenas below this many bytes are fresh each time (cheap, and the kernel keeps
-#: small freed memory in the allocator anyway).
-ARENA_MIN = 64 << 20
+#: Arenas below this many bytes are fresh each time: glibc's largest mmap threshold,
+#: below which a freed block is reused from the heap already mapped; a larger one is
+#: always a fresh mapping the kernel zeroes page by page (5 ms of a 25 ms fold of
+#: 10 x 10M float32 here, issue 36; this was 64 MiB until then).
+ARENA_MIN = 32 << 20
 #: Arenas kept: the one the global model is, and the one the next fold takes.
 KEEP = 2
 
