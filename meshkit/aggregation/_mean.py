@@ -40,6 +40,7 @@ import numpy as np
 
 from meshkit.aggregation._arenas import arena
 from meshkit.aggregation._contract import check_weight, default_source
+from meshkit.aggregation._kernel import MIN_ELEMENTS as KERNEL_MIN_ELEMENTS, fold_kernel
 from meshkit.aggregation._json import (
     json_accumulate,
     json_check,
@@ -206,6 +207,7 @@ class MeanFold:
         # Scratch per (dtype, worker): each thread folds in its own.
         self._scratch: dict[tuple[np.dtype, int], tuple[np.ndarray, np.ndarray]] = {}
         self._broken: str | None = None
+        self._kernel: Any = None  # the C kernel for this fold call, or None (_fold_shares)
         self._done = False
 
     # -- public ---------------------------------------------------------------
@@ -528,6 +530,8 @@ class MeanFold:
                      init: bool, divisor: float | None) -> tuple[str, slice] | None:
         """Fold ``jobs`` on up to ``threads`` threads; the first bad (key, chunk) or None."""
         sizes = [acc.size for _, acc, _ in jobs]
+        # A large fold runs the C kernel where it applies (one pass a chunk, the same bits).
+        self._kernel = fold_kernel() if sum(sizes) >= KERNEL_MIN_ELEMENTS else None
         workers = workers_for(sum(sizes), self.threads, init=init)
         if workers == 1:
             # One thread (every fold below a million elements, and every first fold):
@@ -575,9 +579,12 @@ class MeanFold:
         fold).
         """
         hi = acc.size if hi is None else hi
-        t, u = self._buffers(acc.dtype, hi - lo, worker)
         step = self._chunk
         check = not self.allow_nonfinite
+        if self._kernel is not None and len(xs) <= 2 and acc.dtype == _F32 \
+                and all(_kernel_ready(x) for x, _ in xs):
+            return self._fold_fused(acc, xs, init, divisor, lo, hi, check)
+        t, u = self._buffers(acc.dtype, hi - lo, worker)
         add, dot = np.add, np.dot
         # A "plain" part needs no widening and no scaling: a bare add.
         parts = [(x, f, x.dtype == acc.dtype and f == 1.0) for x, f in xs]
@@ -622,6 +629,29 @@ class MeanFold:
                 np.divide(a, divisor, out=a)
         return None
 
+    def _fold_fused(self, acc: np.ndarray, xs: list[tuple[np.ndarray, float]], init: bool,
+                    divisor: float | None, lo: int, hi: int, check: bool) -> slice | None:
+        """:meth:`_fold_chunks` by the C kernel (:mod:`._kernel`): the same chunks, checks
+        and bits, one pass a chunk; an alarm is decided here, as numpy's path does."""
+        (x0, f0), (x1, f1) = xs[0], xs[1] if len(xs) == 2 else (None, 1.0)
+        step = self._chunk
+        start = lo
+        while start < hi:
+            bad = self._kernel(acc.ctypes.data, x0.ctypes.data, f0, f0 != 1.0,
+                               None if x1 is None else x1.ctypes.data, f1, f1 != 1.0,
+                               start, hi, init, step, check, divisor is not None,
+                               1.0 if divisor is None else divisor)
+            if bad < 0:
+                return None
+            stop = min(bad + step, hi)
+            a = acc[bad:stop]
+            if _alarm(a, xs, bad, stop, self.value_limit(x0.dtype)):
+                return slice(bad, stop)
+            if divisor is not None:  # a false alarm: this chunk is not divided yet
+                np.divide(a, divisor, out=a)
+            start = stop
+        return None
+
     def _refusal(self, key: str, where: slice, xs: list[tuple[np.ndarray, float]],
                  parts: list[tuple[State, float, str]], acc: np.ndarray) -> AggregationError:
         """Why the chunk ``where`` of ``key``'s sum is refused: NaN/inf sent, the sum
@@ -662,6 +692,12 @@ class MeanFold:
 
 
 _INF = math.inf
+_F32 = np.dtype(np.float32)
+
+
+def _kernel_ready(x: np.ndarray) -> bool:
+    """Whether the C kernel can read ``x``: float32, C-contiguous and aligned."""
+    return x.dtype == _F32 and x.flags.c_contiguous and x.flags.aligned
 
 
 def _alarm(a: np.ndarray, xs: list[tuple[np.ndarray, float]], start: int, stop: int,
