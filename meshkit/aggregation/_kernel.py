@@ -188,9 +188,9 @@ def _load() -> tuple[Any, str]:
         return None, "no C compiler ($CC or cc) on PATH"
     key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *compiler, platform.machine(),
                                     platform.system()]).encode()).hexdigest()[:20]
-    where = cache_dir()
-    library = where / f"fold-{key}.so"
     try:
+        where = cache_dir()
+        library = where / f"fold-{key}.so"
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
         why = _private(where)
         if why is None and not library.exists():
@@ -199,8 +199,8 @@ def _load() -> tuple[Any, str]:
         if why is not None:
             return None, why
         function = ctypes.CDLL(str(library)).meshkit_fold_f32
-    except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"the build failed ({type(exc).__name__}: {str(exc)[:200]})"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # RuntimeError: no home
+        return None, f"could not build or load it ({type(exc).__name__}: {str(exc)[:200]})"
     i64, f32, ptr, cint = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
     function.argtypes = [ptr, ptr, f32, cint, ptr, f32, cint, i64, i64, cint, i64, cint,
                          cint, f32]

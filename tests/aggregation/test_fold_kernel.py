@@ -171,7 +171,7 @@ def test_a_failed_build_means_numpy_passes(monkeypatch, tmp_path):
     monkeypatch.setenv("MESHKIT_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", shutil.which("false") or "false")
     function, why = _kernel._load()
-    assert function is None and "build failed" in why
+    assert function is None and "could not build" in why and "exited" in why
     assert not list((tmp_path / "kernels").glob("*.so"))
 
 
@@ -203,3 +203,15 @@ def test_a_library_others_may_write_is_not_loaded(monkeypatch, tmp_path):
     os.chmod(tmp_path / "kernels", 0o777)
     function, why = _kernel._load()
     assert function is None and "writable by others" in why
+
+
+def test_no_home_and_no_cache_dir_means_numpy_passes(monkeypatch):
+    monkeypatch.delenv("MESHKIT_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def nowhere():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(_kernel.Path, "home", staticmethod(nowhere))
+    function, why = _kernel._load()
+    assert function is None and "home directory" in why
