@@ -11,6 +11,7 @@ is not. This pins it, so a faster fold can be checked against it bit for bit.
 from __future__ import annotations
 
 import math
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -60,6 +61,22 @@ def reference(arrays: list[np.ndarray], weights: list[float], *, weighted: bool,
     return acc.astype(arrays[0].dtype)
 
 
+def inputs(seed: int, n: int, size: int, dtype: Any, *, weighted: bool,
+           equal: bool) -> tuple[list[np.ndarray], list[float]]:
+    """``n`` arrays of ``size`` over seven decades, and their weights: unequal ones include
+    zeros, with the first positive one anywhere (factors 0, 1 and others)."""
+    rng = np.random.default_rng(seed)
+    arrays = [(rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4)).astype(dtype)
+              for _ in range(n)]
+    if weighted and not equal:
+        weights = [float(rng.choice([0.0, 0.5, 1.0, 3.0, 17.25, 100.0])) for _ in range(n)]
+        if not any(weights):
+            weights[-1] = 2.0
+    else:
+        weights = [1.0] * n
+    return arrays, weights
+
+
 @settings(max_examples=200, deadline=None)
 @given(n=hst.integers(1, 7), size=hst.integers(1, 50),
        chunk=hst.sampled_from([1, 4, 7, 16, 1 << 16]), threads=hst.integers(1, 3),
@@ -69,16 +86,7 @@ def reference(arrays: list[np.ndarray], weights: list[float], *, weighted: bool,
        seed=hst.integers(0, 2 ** 16))
 def test_the_fold_is_the_formula_bit_for_bit(n, size, chunk, threads, retain, weighted,
                                              equal, dtype, seed):
-    rng = np.random.default_rng(seed)
-    arrays = [(rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4)).astype(dtype)
-              for _ in range(n)]
-    if weighted and not equal:
-        # Some zero weights, the first positive one anywhere (factors 0, 1 and others).
-        weights = [float(rng.choice([0.0, 0.5, 1.0, 3.0, 17.25, 100.0])) for _ in range(n)]
-        if not any(weights):
-            weights[-1] = 2.0
-    else:
-        weights = [1.0] * n
+    arrays, weights = inputs(seed, n, size, dtype, weighted=weighted, equal=equal)
     folding = MeanFold(weighted=weighted, retain=retain, chunk=chunk, threads=threads)
     with mock.patch.object(_threads, "_THREADED_MIN_ELEMENTS", 0):
         for x, w in zip(arrays, weights):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest import mock
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as hst
 
 from meshkit.aggregation import MeanFold, _kernel, _mean, _threads
 from meshkit.errors import AggregationError
-from tests.aggregation.test_fold_bits import reference
+from tests.aggregation.test_fold_bits import inputs, reference
 
 needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc").split()[0]) is None,
                               reason="no C compiler: the fold keeps numpy's passes")
@@ -38,23 +39,29 @@ class Counted:
         return self.function(*args)
 
 
-@pytest.fixture
-def kernel():
+@contextmanager
+def kernel_on():
+    """Every fold takes the kernel where it applies (not only folds of 1M elements),
+    counted, on as many threads as it asks for."""
     function = _kernel.fold_kernel()
     assert function is not None, _kernel.status()
     counted = Counted(function)
-    # Every fold takes the kernel where it applies (not only folds of 1M elements).
     with mock.patch.object(_mean, "fold_kernel", lambda: counted), \
             mock.patch.object(_mean, "KERNEL_MIN_ELEMENTS", 0), \
             mock.patch.object(_threads, "_THREADED_MIN_ELEMENTS", 0):
         yield counted
 
 
+@pytest.fixture
+def kernel():
+    with kernel_on() as counted:
+        yield counted
+
+
 def fold(arrays, weights, *, passes: bool = False, **options):
     """MeanFold's result; ``passes``: with numpy's passes only (no kernel)."""
     folding = MeanFold(**options)
-    with mock.patch.object(_mean, "fold_kernel", lambda: None) if passes else \
-            mock.patch.object(_mean, "KERNEL_MIN_ELEMENTS", _mean.KERNEL_MIN_ELEMENTS):
+    with mock.patch.object(_mean, "fold_kernel", lambda: None) if passes else nullcontext():
         for i, (x, w) in enumerate(zip(arrays, weights)):
             folding.add({"x": x}, w, source=f"c{i}")
         return folding.result()["x"]
@@ -68,21 +75,8 @@ def fold(arrays, weights, *, passes: bool = False, **options):
        equal=hst.booleans(), seed=hst.integers(0, 2 ** 16))
 def test_the_kernel_is_the_formula_bit_for_bit(n, size, chunk, threads, retain, weighted,
                                                equal, seed):
-    rng = np.random.default_rng(seed)
-    arrays = [(rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
-              for _ in range(n)]
-    if weighted and not equal:
-        weights = [float(rng.choice([0.0, 0.5, 1.0, 3.0, 17.25, 100.0])) for _ in range(n)]
-        if not any(weights):
-            weights[-1] = 2.0
-    else:
-        weights = [1.0] * n
-    function = _kernel.fold_kernel()
-    assert function is not None, _kernel.status()
-    counted = Counted(function)
-    with mock.patch.object(_mean, "fold_kernel", lambda: counted), \
-            mock.patch.object(_mean, "KERNEL_MIN_ELEMENTS", 0), \
-            mock.patch.object(_threads, "_THREADED_MIN_ELEMENTS", 0):
+    arrays, weights = inputs(seed, n, size, np.float32, weighted=weighted, equal=equal)
+    with kernel_on() as counted:
         got = fold(arrays, weights, weighted=weighted, retain=retain, chunk=chunk,
                    threads=threads)
     want = reference(arrays, weights, weighted=weighted, retain=retain)
