@@ -22,8 +22,9 @@ it once per later pair: ``C x 4N + 2 x 4N + (C/2 - 1) x 8N`` bytes, 800 MB
 against 400 MB at the default 10 x 10M. The rows "pair traffic" fold only
 that: per 64Ki-element chunk ``t = x + y`` then ``acc += t`` (no weights,
 no finiteness check), the fewest numpy passes that move the fold's bytes in
-its grouping, on one thread and on this tree's fold threads. The fold
-cannot beat them; "of ceiling" says how close it is (for two threads,
+its grouping, on one thread and on this tree's fold threads. numpy's passes
+cannot beat them; the fold's C kernel (one pass a chunk, issue 36) can, so
+"of ceiling" above 1 means the kernel ran; it says how close the fold is (for two threads,
 against the faster of the two rows: a small fold stays on one thread). "a += x" (one thread,
 whole arrays, three streams) shows what one core's streaming add moves.
 
