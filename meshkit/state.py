@@ -162,7 +162,7 @@ def update_keys(state: Mapping[str, Any]) -> list[str]:
     counts = state.get(INT_BUFFERS)
     skip = counts if isinstance(counts, Mapping) else {}
     return sorted(key for key, value in state.items()
-                  if isinstance(value, np.ndarray) and value.dtype in FLOAT_DTYPE_SET
+                  if isinstance(value, np.ndarray) and is_float_dtype(value.dtype)
                   and key not in skip)
 
 

@@ -530,9 +530,10 @@ class MeanFold:
                      init: bool, divisor: float | None) -> tuple[str, slice] | None:
         """Fold ``jobs`` on up to ``threads`` threads; the first bad (key, chunk) or None."""
         sizes = [acc.size for _, acc, _ in jobs]
+        total = sum(sizes)
         # A large fold runs the C kernel where it applies (one pass a chunk, the same bits).
-        self._kernel = fold_kernel() if sum(sizes) >= KERNEL_MIN_ELEMENTS else None
-        workers = workers_for(sum(sizes), self.threads, init=init)
+        self._kernel = fold_kernel() if total >= KERNEL_MIN_ELEMENTS else None
+        workers = workers_for(total, self.threads, init=init)
         if workers == 1:
             # One thread (every fold below a million elements, and every first fold):
             # each array in one pass, in order -- the same chunks, so the same bits, as
