@@ -22,7 +22,6 @@ from collections import abc
 import json
 import os
 import time
-import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,6 +29,7 @@ import attrs
 import numpy as np
 
 from meshkit._atomic import atomic_file
+from meshkit._npz import write_npz
 from meshkit.errors import ConfigError, StateError
 from meshkit.state import BFLOAT16, dtype_from_name, dtype_name
 
@@ -171,41 +171,9 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
     header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     target = directory / CHECKPOINT_NAME
     with atomic_file(target, durable=True, prefix=".checkpoint-", suffix=".npz.tmp") as fh:
-        _write_npz(fh, {_META: header, **arrays})
+        write_npz(fh, {_META: header, **arrays})
     _remove_stale_temporaries(directory)
     return target
-
-
-#: Bytes of an array written to the checkpoint at a time (a view, never a copy).
-_WRITE_PIECE = 16 << 20
-
-
-def _write_npz(fh: Any, arrays: Mapping[str, np.ndarray]) -> None:
-    """What ``np.savez(fh, **arrays)`` writes (a stored zip of ``NAME.npy`` entries, zip64),
-    each C-contiguous numeric array written straight from its memory.
-
-    ``np.savez`` to a file object copies each array through 16 MiB ``bytes`` chunks: the
-    coordinator's heap kept those (about 100 MiB, however large the model) after every
-    checkpoint (issue 39). Any other array is written by numpy as ``savez`` would.
-    """
-    fmt = np.lib.format
-    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED,
-                         allowZip64=True) as archive:
-        for name, value in arrays.items():
-            array = np.asanyarray(value)
-            with archive.open(name + ".npy", "w", force_zip64=True) as entry:
-                if not (array.dtype.kind in "biuf" and array.dtype.isnative
-                        and array.flags.c_contiguous and type(array) is np.ndarray):
-                    fmt.write_array(entry, array, allow_pickle=False)
-                    continue
-                header = fmt.header_data_from_array_1_0(array)
-                try:
-                    fmt.write_array_header_1_0(entry, header)
-                except ValueError:  # a header too long for format 1.0
-                    fmt.write_array_header_2_0(entry, header)
-                data = array.reshape(-1).view(np.uint8).data
-                for start in range(0, data.nbytes, _WRITE_PIECE):
-                    entry.write(data[start:start + _WRITE_PIECE])
 
 
 #: A temporary this much older than a successful save is a crash's leftover,

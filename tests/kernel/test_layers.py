@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("meshkit.errors", "meshkit.components"),
     ("meshkit.state", "meshkit.options", "meshkit.hookspecs", "meshkit.plugins",
      "meshkit.registry", "meshkit.checkpoint", "meshkit.safetensors", "meshkit._atomic",
+     "meshkit._npz",
      "meshkit._lazy",
      "meshkit.spill",
      "meshkit.exporter", "meshkit.transport_traits"),
