@@ -151,6 +151,12 @@ _ONE_ARRAY = [struct.Struct(f"<IIBBBBIQ{n}Q") for n in range(MAX_NDIM + 1)]
 _ONE_HEAD = struct.Struct("<IIBBBBIQ")
 ENTRY_FLAG_WIDEN_F32 = 0x01
 DATA_ALIGN = 64
+#: Padding, sliced.
+_ZEROS = bytes(DATA_ALIGN)
+#: An entry's data at least this large travels as its own buffer, a view of the array's
+#: memory; smaller data is copied in beside the table (:func:`encode_state`). Not above
+#: the ring's ``_LAND_MIN``: a segment it lands in place must be the body's last buffer.
+OWN_BUFFER_BYTES = 64 << 10
 
 
 def _dtype_table() -> dict[int, np.dtype]:
@@ -295,7 +301,10 @@ def _json_text(name: str, value: Any) -> bytes:
 
 
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
-    """Lay ``state`` out as a frame body without copying array data.
+    """Lay ``state`` out as a frame body without copying the data of large arrays.
+
+    The table and every entry under :data:`OWN_BUFFER_BYTES` are one buffer; each
+    larger array is a buffer of its own, a view of its memory.
 
     Arrays must have one of the dtypes in :data:`DTYPE_CODES`; everything
     else must be a JSON value (number, str, bool, None, list, dict). With
@@ -352,7 +361,9 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             table += _ENTRY.pack(ENTRY_ARRAY, code, ndim, eflags, name_len, nbytes)
             table += _DIMS[ndim].pack(*dims)
             table += raw_name
-            datas.append((data, nbytes))
+            # (A small one's bytes are copied in beside the table: its memoryview, as
+            # bytearray += ndarray would be numpy's addition.)
+            datas.append((data.data if nbytes < OWN_BUFFER_BYTES else data, nbytes))
         else:
             # A request's scalar fields (op, seq, keep, ...) as the encoder writes them, without
             # its Python layers (issue 36): a str as encode_basestring_ascii does (the encoder's
@@ -373,19 +384,31 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, len(text))
             table += raw_name
             datas.append((text, len(text)))
+    # Small entries' data (JSON fields, arrays under OWN_BUFFER_BYTES) is copied in after
+    # the table, so a request or a small model is one buffer, not two an entry: the
+    # channel joined them into one for its single AEAD call anyway, and a buffer each
+    # cost the encoder and the channel Python work an entry (issue 36). A larger
+    # array is its own buffer, a view of its memory, never copied.
     buffers: list[Any] = []
     offset = _align(len(table)) if datas else len(table)
-    table += bytes(offset - len(table))
-    buffers.append(table)
+    table += _ZEROS[:offset - len(table)]
+    run = table
     last = len(datas) - 1
     for i, (data, n) in enumerate(datas):
-        buffers.append(data)
+        if n < OWN_BUFFER_BYTES:
+            run += data
+        else:
+            buffers.append(run)
+            buffers.append(data)
+            run = bytearray()
         offset += n
         if i < last:
             pad = -offset % DATA_ALIGN
             if pad:
-                buffers.append(bytes(pad))
+                run += _ZEROS[:pad]
                 offset += pad
+    if run:
+        buffers.append(run)
     return EncodedState(buffers=tuple(buffers), nbytes=offset,
                         flags=FLAG_BF16 if bf16 else 0)
 
