@@ -190,6 +190,20 @@ def parse_cell(text: str) -> tuple[int, int]:
     return int(clients), int(workers)
 
 
+def two_runs_parser(doc: str, *, short: int, long: int) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that takes each tree's per-round figure from a short
+    and a long run (``round_calls``, ``round_instructions``): the cells, both lengths and
+    the baselines."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--cells", type=parse_cell, nargs="*", default=[(3, 3)],
+                        help="CLIENTSxWORKERS (default: 3x3)")
+    parser.add_argument("--short", type=int, default=short, help="rounds of the short run")
+    parser.add_argument("--long", type=int, default=long, help="rounds of the long run")
+    parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
+                        help="LABEL=DIR[:PYTHON], repeatable")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=parse_cell, nargs="*",

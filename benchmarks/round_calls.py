@@ -31,7 +31,6 @@ two runs). A benchmark, not a test: it asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pstats
 import subprocess
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_cost import ROOT, config_text, parse_baseline, parse_cell  # noqa: E402
+from engine_cost import ROOT, config_text, two_runs_parser  # noqa: E402
 
 #: Loaded first by every Python process of the run (the directory is put on
 #: ``PYTHONPATH``; the coordinator passes it on to the workers it starts).
@@ -190,16 +189,10 @@ def label(key: tuple[str, int, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=parse_cell, nargs="*", default=[(3, 3)],
-                        help="CLIENTSxWORKERS (default: 3x3)")
-    parser.add_argument("--short", type=int, default=100, help="rounds of the short run")
-    parser.add_argument("--long", type=int, default=400, help="rounds of the long run")
+    parser = two_runs_parser(__doc__, short=100, long=400)
     parser.add_argument("--top", type=int, default=0,
                         help="list the N functions whose calls per round differ most from "
                              "the first baseline's, per role")
-    parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
-                        help="LABEL=DIR[:PYTHON], repeatable")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep every stats file under KEEP/LABEL-ROUNDS/ (for pstats)")
     args = parser.parse_args(argv)

@@ -39,7 +39,6 @@ tree. A benchmark, not a test: it asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import os
 import re
@@ -50,7 +49,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_cost import ROOT, config_text, parse_baseline, parse_cell  # noqa: E402
+from engine_cost import ROOT, config_text, two_runs_parser  # noqa: E402
 
 #: A callgrind_annotate row: its count, then ``file:function [object]``.
 _ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)")
@@ -149,13 +148,7 @@ def per_round(short: dict[str, list[Count]], long: dict[str, list[Count]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=parse_cell, nargs="*", default=[(3, 3)],
-                        help="CLIENTSxWORKERS (default: 3x3)")
-    parser.add_argument("--short", type=int, default=40, help="rounds of the short run")
-    parser.add_argument("--long", type=int, default=240, help="rounds of the long run")
-    parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
-                        help="LABEL=DIR[:PYTHON], repeatable")
+    parser = two_runs_parser(__doc__, short=40, long=240)
     parser.add_argument("--by-library", action="store_true",
                         help="split each role's instructions by shared object")
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=1,
