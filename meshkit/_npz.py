@@ -4,7 +4,7 @@ What ``np.savez(fh, **arrays)`` writes -- a zip of ``NAME.npy`` entries, stored
 (not compressed), with zip64 sizes -- for a file the checkpoint rewrites
 every round (issue 36). ``zipfile`` writes an entry's local header, its data,
 then seeks back to fill in the CRC and the sizes it did not know; that is
-~1,000 lines of Python a checkpoint of a few arrays, about a fifth of a
+~1,000 lines of Python a checkpoint of a few arrays, about a sixth of a
 small model's round on the coordinator. Here every entry's CRC and size are
 known before its header is written: the ``.npy`` header is a few bytes and
 the array's CRC-32 one ``zlib.crc32`` over its memory. So each entry is its
@@ -13,7 +13,7 @@ header and its data, written once, and the central directory follows.
 Every local header carries the zip64 sizes (as ``force_zip64`` does), so the
 same layout holds at any size; the central directory and the end records
 use zip64 where a size, an offset or the entry count needs it, as
-``zipfile`` does. Readers: ``np.load`` and ``zipfile`` (tests/test_npz.py).
+``zipfile`` does. Readers: ``np.load`` and ``zipfile`` (tests/kernel/test_npz.py).
 """
 
 from __future__ import annotations
