@@ -9,12 +9,17 @@ Why. A flat 3-clients-on-3-workers round costs ~9 ms of CPU. On a shared
 2-core VM the same tree's CPU a round moves by 30-60 % between runs
 (:mod:`round_cpu`), so a difference of a few percent between two trees
 cannot be told from noise there, however many trials. The instructions a
-process executes do not depend on the machine's load: two runs of the same
-config give the same count to a few parts in ten thousand (the polls and
-timeouts whose number depends on timing). They leave out what instructions
-do not show (cache misses, the kernel's side of a syscall, context
-switches), so this is the user-space work a round asks for, not its time:
-read it beside :mod:`round_cpu` and :mod:`round_threads`.
+process executes hardly depend on the machine's load: two runs of the same
+tree gave the same run total to 0.2 % and the coordinator's to 1 % (the
+polls, and which thread finds a reply first, depend on timing). They leave
+out what instructions do not show (cache misses, the kernel's side of a
+syscall, context switches), so this is the user-space work a round asks
+for, not its time: read it beside :mod:`round_cpu` and :mod:`round_threads`.
+Two things weigh more here than in time: libc's ``memcpy``/``memset`` use
+``rep movsb``, which valgrind counts once a byte (a 19 KiB ``bytes()`` copy
+is ~21,800 instructions, natively under a microsecond), and the AES-GCM
+code valgrind runs is not the AVX-512 code the machine runs (``--by-library``
+shows both apart: ``libc``, ``_rust``/``libcrypto``).
 
 What. Each run is a real ``meshkit run`` (:mod:`engine_cost`'s config, as in
 :mod:`round_cpu` and :mod:`round_calls`: ``digits``, ``fedavg``,
