@@ -88,7 +88,7 @@ def write_npz(fh: BinaryIO, arrays: Mapping[str, Any]) -> None:
     offset = 0
     for name, value in arrays.items():
         head, data = _npy(value)
-        size = len(head) + len(data) if isinstance(data, bytes) else len(head) + data.nbytes
+        size = len(head) + len(data)  # data: bytes, or a flat uint8 view (len is its bytes)
         crc = zlib.crc32(data, zlib.crc32(head))
         raw = (name + ".npy").encode("utf-8")
         flags = 0 if raw.isascii() else _UTF8
