@@ -401,3 +401,17 @@ def test_an_exact_sum_over_layouts_that_differ_is_refused_on_every_rank():
     assert sorted(ranks.errors) == [0, 1], ranks.errors
     assert any(isinstance(e, AggregationError) and "layout" in str(e)
                for e in ranks.errors.values()), ranks.errors
+
+
+def test_a_segment_landed_in_place_is_its_bodys_own_last_buffer() -> None:
+    """The ring lands a segment by the bytes before its data (``_Landing``): that needs
+    the segment to travel as its own buffer, which the codec gives only to arrays of
+    ``OWN_BUFFER_BYTES`` or more. A codec threshold raised past ``_LAND_MIN`` would
+    silently turn landing off for the segments in between."""
+    from meshkit.transport import _collective
+    from meshkit.wire import _codec
+
+    assert _collective._LAND_MIN >= _codec.OWN_BUFFER_BYTES
+    segment = np.zeros(_collective._LAND_MIN // 4, dtype=np.float32)
+    encoded = _codec.encode_state(_collective._segment(1, 2, 0, "reduce", 0, segment))
+    assert memoryview(encoded.buffers[-1]).nbytes == segment.nbytes
