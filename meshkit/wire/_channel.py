@@ -43,6 +43,7 @@ from meshkit.wire._buffers import (
     _give_scratch,
     _receive_buffer,
     _take_scratch,
+    _thread_buffer,
 )
 from meshkit.wire._codec import (
     _HEADER,
@@ -79,9 +80,10 @@ _GCM_NONCE = struct.Struct("<IQ")
 # AESGCM's one-shot call takes at most 2**31 - 1 bytes of associated data;
 # bigger bodies (max_frame can be raised past 2 GiB) are fed in pieces.
 _AAD_PIECE = 1 << 30
-# AESGCM.decrypt_into (cryptography 46+) decrypts a small body into its
-# receive buffer; older releases return new bytes, copied in.
-_DECRYPT_INTO = hasattr(AESGCM, "decrypt_into")
+# AESGCM.encrypt_into/decrypt_into (cryptography 46+) seal a small frame in a
+# kept buffer and open a small body into its receive buffer; older releases
+# return new bytes, copied.
+_AEAD_INTO = hasattr(AESGCM, "encrypt_into") and hasattr(AESGCM, "decrypt_into")
 
 # A whole frame this small is built in one buffer and sent with one call; big
 # buffers go straight from the array's memory (no concatenation copy).
@@ -461,8 +463,15 @@ class Channel:
         if nbytes < _COALESCE:
             # Small frame: one AEAD call over the joined body, one send.
             body: Any = views[0] if len(views) == 1 else b"".join(views)
-            sealed = self._keys.send_gcm.encrypt(_GCM_NONCE.pack(0, seq), body, header)
-            self._send_all(memoryview(header + sealed), deadline)
+            if not _AEAD_INTO:
+                sealed = self._keys.send_gcm.encrypt(_GCM_NONCE.pack(0, seq), body, header)
+                self._send_all(memoryview(header + sealed), deadline)
+                return
+            frame = _thread_buffer(HEADER_SIZE + nbytes + BODY_TAG_SIZE)
+            frame[:HEADER_SIZE] = header
+            self._keys.send_gcm.encrypt_into(_GCM_NONCE.pack(0, seq), body, header,
+                                             frame[HEADER_SIZE:])
+            self._send_all(frame, deadline)
             return
         # Big frame: each piece is read from the arrays' memory, encrypted into
         # a reused scratch buffer and sent while it is still in cache.
@@ -762,15 +771,17 @@ class Channel:
 
     def _decrypt_into(self, whole: np.ndarray, header: bytes, seq: int, tag: int,
                       nbytes: int) -> None:
-        """Read an encrypted body and its tag into ``whole``; decrypt in place and verify."""
+        """Read an encrypted body and its tag; open it into ``whole`` and verify."""
         view = whole.data
         try:
             if nbytes < _MAC_STEP:
-                self._read_into(view, "body")
                 nonce = _GCM_NONCE.pack(0, seq)
-                if _DECRYPT_INTO:  # straight into the buffer, nothing to copy
-                    self._keys.recv_gcm.decrypt_into(nonce, bytes(view), header, view[:nbytes])
+                if _AEAD_INTO:  # opened from the thread's buffer straight into the frame's
+                    sealed = _thread_buffer(nbytes + BODY_TAG_SIZE)
+                    self._read_into(sealed, "body")
+                    self._keys.recv_gcm.decrypt_into(nonce, sealed, header, view[:nbytes])
                 else:
+                    self._read_into(view, "body")
                     plain = self._keys.recv_gcm.decrypt(nonce, view, header)
                     whole[:nbytes] = np.frombuffer(plain, dtype=np.uint8)
                 return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,92 @@ def test_node_keys_are_proven_and_reported_and_a_forged_proof_is_refused(tmp_pat
         other.result()
     with pytest.raises(Exception):
         forging.result().recv(timeout=5)
+
+
+class _Sink:
+    """Stands in for a socket that takes every byte and keeps none."""
+
+    def send(self, view) -> int:
+        return len(view)
+
+
+def _peak_bytes(action) -> int:
+    tracemalloc.start()
+    try:
+        action()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_small_frame_is_sealed_and_opened_without_a_second_copy_of_its_body():
+    # 32 KiB: a small frame (one AEAD call), under the receive pool's sizes.
+    a, b = channel_pair()
+    n = 32 << 10
+    # Two entries: the codec lays a small frame out as one buffer (a lone
+    # array is two, joined before sealing).
+    encoded = wire.encode_state({"x": np.arange(n // 4, dtype=np.float32), "round": 1})
+    real, a._sock = a._sock, _Sink()
+    try:
+        a.send_encoded(1, 1, encoded)  # the thread's buffer is made once
+        sent = _peak_bytes(lambda: a.send_encoded(1, 1, encoded))
+    finally:
+        a._sock = real
+    # Sealed into the thread's buffer and sent from it: no body-sized
+    # allocation. It was two (the ciphertext, then header + ciphertext).
+    assert sent < n // 4
+
+    warm, frame = record(a, (1, 1, {"x": np.zeros(n // 4, dtype=np.float32)}),
+                         (1, 1, {"x": np.arange(n // 4, dtype=np.float32)}))
+    b._recv_seq = a._send_seq - 2  # the two sink frames never reached b
+    for raw in (warm, frame):
+        writing = Call(lambda: send_raw(a, raw))
+        got = []
+        peak = _peak_bytes(lambda: got.append(b.recv()))
+        writing.result()
+    np.testing.assert_array_equal(got[0].state["x"], np.arange(n // 4, dtype=np.float32))
+    # The frame's own buffer, and nothing else body-sized: the ciphertext is
+    # read into the thread's buffer (opening it in place is not allowed).
+    assert peak < n * 3 // 2
+    a.close(), b.close()
+
+
+def test_the_kept_buffer_and_the_fallback_send_the_same_bytes(monkeypatch):
+    # Releases without encrypt_into/decrypt_into (cryptography < 46) copy
+    # instead; the frame on the wire is the same either way.
+    from meshkit.wire import _channel
+
+    a, b = channel_pair()
+    state = {"x": np.arange(1000, dtype=np.float32), "meta": {"k": 1}}
+    seq = a._send_seq
+    (kept,) = record(a, (1, 3, state))
+    a._send_seq = seq  # the same nonce, only to compare the bytes
+    monkeypatch.setattr(_channel, "_AEAD_INTO", False)
+    (copied,) = record(a, (1, 3, state))
+    assert kept == copied
+    b._recv_seq = a._send_seq
+    for n in (0, 1000, 70_000):
+        sending = Call(lambda: a.send(1, 5, {"w": np.full(n, 3, dtype=np.uint8)}))
+        got = b.recv()
+        sending.result()
+        np.testing.assert_array_equal(got.state["w"], np.full(n, 3, dtype=np.uint8))
+    a.close(), b.close()
+
+
+def test_threads_seal_and_open_small_frames_at_once_each_in_its_own_buffer():
+    pairs = [channel_pair() for _ in range(4)]
+
+    def talk(i: int) -> None:
+        a, b = pairs[i]
+        for k in range(40):
+            state = {"x": np.full(500 + 97 * k + i, i * 1000 + k, dtype=np.int32)}
+            sending = Call(lambda: a.send(1, k, state))
+            got = b.recv(timeout=10)
+            sending.result()
+            np.testing.assert_array_equal(got.state["x"], state["x"])
+
+    talkers = [Call(lambda i=i: talk(i)) for i in range(4)]
+    for talker in talkers:
+        talker.result()
+    for a, b in pairs:
+        a.close(), b.close()
