@@ -275,25 +275,25 @@ class DigitsTask:
         rng = np.random.default_rng(seed)
         n = len(y)
         losses: list[float] = []
-        seen = 0
+        seen = 0  # rows trained on, counted at the end of a pass or where the budget ran out
         ends = None if time_budget is None else self.clock() + float(time_budget)
         for _ in range(opts.epochs):
             order = rng.permutation(n)
             losses.clear()
             for start in range(0, n, opts.batch_size):
-                if ends is not None and seen and self.clock() >= ends:
+                if ends is not None and (seen or start) and self.clock() >= ends:
+                    seen += start
                     break
                 batch = order[start:start + opts.batch_size]
                 loss, grads = self._loss_and_grads(p, x[batch], y[batch])
-                rows = len(batch)
-                losses.append(loss * rows)
-                seen += rows
+                losses.append(loss * len(batch))
                 for key, g in grads.items():
                     if anchor is not None:
                         g += opts.proximal_mu * (p[key] - anchor[key])
                     g *= opts.lr
                     np.subtract(p[key], g, out=p[key])
             else:
+                seen += n
                 continue
             break  # the budget ran out inside this pass
         # The mean loss of the last pass, over the rows that pass trained on.

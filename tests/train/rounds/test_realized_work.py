@@ -105,6 +105,18 @@ def test_a_budget_always_trains_one_batch():
     assert task.fit(task.init_state(0), x, y, seed=0, time_budget=0.001).examples == 32
 
 
+def test_a_budget_that_runs_out_in_a_later_pass_counts_every_row_trained_on():
+    # Two passes over 100 rows in batches of 32 (32, 32, 32, 4): the clock is
+    # read once before each batch, so a budget of 5.5 ticks trains six batches,
+    # the whole first pass and the first two of the second.
+    task = meshkit.plugins.create("task", "digits", {"batch_size": 32, "epochs": 2})
+    x, y = (a[:100] for a in task.train_data())
+    task.clock = ticking(1.0)
+    budgeted = task.fit(task.init_state(0), x, y, seed=0, time_budget=5.5)
+    assert budgeted.examples == 100 + 64
+    assert task.fit(task.init_state(0), x, y, seed=0).examples == 200
+
+
 @attrs.frozen
 class NoBudgetOptions:
     pass
