@@ -143,6 +143,9 @@ _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
 _JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
 #: What that encoder writes for a str (it keeps ``ensure_ascii``).
 _JSON_STR = json.encoder.encode_basestring_ascii
+#: json's C scanner, the one ``json.loads`` runs under three Python layers:
+#: ``(value, end)``, or StopIteration where no value starts.
+_JSON_SCAN = json.JSONDecoder().scan_once
 ENTRY_ARRAY = 1
 ENTRY_JSON = 2
 #: ``_ONE_ARRAY[n]``: the whole table of a body that is one n-dimensional
@@ -446,6 +449,24 @@ def _decode_one_array(buf: np.ndarray, mv: memoryview, size: int) -> dict[str, A
         return None
 
 
+def _json_value(raw: bytes) -> Any:
+    """A JSON entry's value, as ``json.loads`` reads it (ValueError, RecursionError).
+
+    A request's scalar fields (op, seq, keep, ...) are most of a round's
+    entries: json's scanner reads them without ``json.loads``' layers (issue
+    36). Anything it does not take whole (whitespace around the value, not
+    JSON at all) goes to ``json.loads``, which reads it or says what is wrong.
+    """
+    text = raw.decode("utf-8")
+    try:
+        value, end = _JSON_SCAN(text, 0)
+        if end == len(text):
+            return value
+    except StopIteration:
+        pass
+    return json.loads(text)
+
+
 def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     """Decode a frame body into a state; arrays are views into ``body``.
 
@@ -535,7 +556,7 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
             state[name] = array
         else:
             try:
-                value = json.loads(bytes(mv[offset:end]).decode("utf-8"))
+                value = _json_value(bytes(mv[offset:end]))
             except (ValueError, RecursionError) as exc:
                 raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
             # Bounded like every other count: whatever walks it later (a fold,

@@ -9,6 +9,8 @@ same state or a ``WireError``.
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 
 import ml_dtypes
@@ -143,3 +145,47 @@ def test_any_json_entry_is_the_bytes_the_json_encoder_writes(value):
     body = _joined(wire.encode_state({"k": value, "w": np.zeros(2, np.float64)}))
     text = _codec._JSON_ENCODER.encode(value).encode("utf-8")
     assert text in body
+
+
+_JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                            lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(), inner, max_size=3), max_leaves=8)
+
+
+@given(_JSON_VALUES, st.sampled_from(["", " ", "\n\t ", "\r"]),
+       st.sampled_from(["", " ", "\n", "x", ",", "]", "}", "\x00"]))
+@FUZZ
+def test_a_json_entry_reads_as_json_loads_reads_it(value, before, after):
+    # decode_state reads a JSON entry with json's C scanner and hands anything it does
+    # not take whole to json.loads (issue 36): the value, or the refusal, is json.loads'.
+    raw = (before + _codec._JSON_ENCODER.encode(value) + after).encode("utf-8")
+    try:
+        expected = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            _codec._json_value(raw)
+        return
+    got = _codec._json_value(raw)
+    assert json.dumps(got, allow_nan=True) == json.dumps(expected, allow_nan=True)
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1,]", b"5x", b"\xff", b"'s'", b"[" * 10, b"0123"])
+def test_text_that_is_not_json_is_refused_as_json_loads_refuses_it(raw):
+    with pytest.raises(ValueError) as exc:
+        _codec._json_value(raw)
+    with pytest.raises(type(exc.value), match=re.escape(str(exc.value))):
+        json.loads(raw.decode("utf-8"))
+
+
+def test_a_requests_scalar_fields_are_read_without_json_loads(monkeypatch):
+    request = {"op": "fit", "seq": 12, "keep": True, "lr": 0.01, "shard": None, "tag": "é",
+               "metrics": {"loss": 0.5}, "w": np.ones(3, np.float32)}
+    body = _joined(wire.encode_state(request))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("json.loads was called for a value json's scanner reads whole")
+
+    monkeypatch.setattr(_codec.json, "loads", refuse)
+    state = wire.decode_state(body)
+    assert {k: v for k, v in state.items() if k != "w"} == {
+        k: v for k, v in request.items() if k != "w"}
