@@ -392,26 +392,28 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
     # channel joined them into one for its single AEAD call anyway, and a buffer each
     # cost the encoder and the channel Python work an entry (issue 36). A larger
     # array is its own buffer, a view of its memory, never copied.
+    # Each run of small pieces is joined once: appended to the table one by one, a
+    # run was reallocated, and copied again, as it grew past each model-sized entry.
     buffers: list[Any] = []
     offset = _align(len(table)) if datas else len(table)
     table += _ZEROS[:offset - len(table)]
-    run = table
+    run: list[Any] = [table]
     last = len(datas) - 1
     for i, (data, n) in enumerate(datas):
         if n < OWN_BUFFER_BYTES:
-            run += data
+            run.append(data)
         else:
-            buffers.append(run)
+            buffers.append(b"".join(run))
             buffers.append(data)
-            run = bytearray()
+            run = []
         offset += n
         if i < last:
             pad = -offset % DATA_ALIGN
             if pad:
-                run += _ZEROS[:pad]
+                run.append(_ZEROS[:pad])
                 offset += pad
     if run:
-        buffers.append(run)
+        buffers.append(b"".join(run))
     return EncodedState(buffers=tuple(buffers), nbytes=offset,
                         flags=FLAG_BF16 if bf16 else 0)
 
