@@ -139,6 +139,8 @@ _ENTRY = struct.Struct("<BBBBIQ")
 _DIM = struct.Struct("<Q")
 #: ``_DIMS[n]`` packs or unpacks n dimensions at once.
 _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
+#: ``_ENTRY_DIMS[n]``: an array entry and its n dimensions in one pack.
+_ENTRY_DIMS = [struct.Struct(f"<BBBBIQ{n}Q") for n in range(MAX_NDIM + 1)]
 # One encoder for every JSON leaf (json.dumps with options builds one per call).
 _JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
 #: What that encoder writes for a str (it keeps ``ensure_ascii``).
@@ -341,11 +343,10 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             ndim = len(dims)
             if ndim > MAX_NDIM:
                 raise _entry_error(name, f"{ndim} dimensions, the limit is {MAX_NDIM}")
-            eflags = 0
-            array = value
             if bf16 and value.dtype.kind == "f" and value.dtype.itemsize == 4:
-                array = value.astype(_BF16)
-                eflags = ENTRY_FLAG_WIDEN_F32
+                array, eflags = value.astype(_BF16), ENTRY_FLAG_WIDEN_F32
+            else:
+                array, eflags = value, 0
             code = _CODE_OF.get(array.dtype)
             if code is None:
                 little = _little_endian(array.dtype)
@@ -361,9 +362,8 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
                 array = np.ascontiguousarray(array)
             data = array.reshape(-1).view(np.uint8)
             nbytes = data.nbytes
-            table += _ENTRY.pack(ENTRY_ARRAY, code, ndim, eflags, name_len, nbytes)
-            table += _DIMS[ndim].pack(*dims)
-            table += raw_name
+            table += _ENTRY_DIMS[ndim].pack(ENTRY_ARRAY, code, ndim, eflags, name_len, nbytes,
+                                            *dims) + raw_name
             # (A small one's bytes are copied in beside the table: its memoryview, as
             # bytearray += ndarray would be numpy's addition.)
             datas.append((data.data if nbytes < OWN_BUFFER_BYTES else data, nbytes))
@@ -384,8 +384,7 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
                 text = float.__repr__(value).encode("ascii")
             else:
                 text = _json_text(name, value)
-            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, len(text))
-            table += raw_name
+            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, len(text)) + raw_name
             datas.append((text, len(text)))
     # Small entries' data (JSON fields, arrays under OWN_BUFFER_BYTES) is copied in after
     # the table, so a request or a small model is one buffer, not two an entry: the
@@ -451,6 +450,20 @@ def _decode_one_array(buf: np.ndarray, mv: memoryview, size: int) -> dict[str, A
         return None
 
 
+def _table_error(index: int, kind: int, ndim: int, name_len: int, data_len: int,
+                 size: int) -> WireError:
+    """What is wrong with a table entry whose kind, ndim, name or data length is out of bounds."""
+    if kind not in (ENTRY_ARRAY, ENTRY_JSON):
+        return WireError(f"entry {index}: unknown entry kind {kind} "
+                         "(expected 1 array or 2 JSON)")
+    if ndim > MAX_NDIM:
+        return WireError(f"entry {index}: {ndim} dimensions, the limit is {MAX_NDIM}")
+    if name_len > MAX_NAME_BYTES:
+        return WireError(f"entry {index}: name of {name_len} bytes, "
+                         f"the limit is {MAX_NAME_BYTES}")
+    return WireError(f"entry {index}: claims {data_len} bytes of data in a {size}-byte body")
+
+
 def _json_value(raw: bytes) -> Any:
     """A JSON entry's value, as ``json.loads`` reads it (ValueError, RecursionError).
 
@@ -501,16 +514,9 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
             raise WireError(f"frame body truncated in the table at entry {index} of {count}")
         kind, code, ndim, eflags, name_len, data_len = _ENTRY.unpack_from(mv, pos)
         pos += _ENTRY.size
-        if kind not in (ENTRY_ARRAY, ENTRY_JSON):
-            raise WireError(f"entry {index}: unknown entry kind {kind} "
-                            "(expected 1 array or 2 JSON)")
-        if ndim > MAX_NDIM:
-            raise WireError(f"entry {index}: {ndim} dimensions, the limit is {MAX_NDIM}")
-        if name_len > MAX_NAME_BYTES:
-            raise WireError(f"entry {index}: name of {name_len} bytes, "
-                            f"the limit is {MAX_NAME_BYTES}")
-        if data_len > size:
-            raise WireError(f"entry {index}: claims {data_len} bytes of data in a {size}-byte body")
+        if (kind != ENTRY_ARRAY and kind != ENTRY_JSON or ndim > MAX_NDIM
+                or name_len > MAX_NAME_BYTES or data_len > size):
+            raise _table_error(index, kind, ndim, name_len, data_len, size)
         if pos + ndim * _DIM.size + name_len > size:
             raise WireError(f"frame body truncated in the table at entry {index} of {count}")
         dims = _DIMS[ndim].unpack_from(mv, pos)

@@ -7,6 +7,7 @@ import pytest
 
 from meshkit import wire
 from meshkit.errors import WireError
+from meshkit.wire import _codec
 
 from tests.support.states import assert_same_state, every_dtype_state
 
@@ -61,3 +62,17 @@ def test_a_json_object_with_non_string_keys_is_refused_not_silently_rekeyed() ->
             wire.encode_state({"labels": value})
     state = wire.decode_state(b"".join(wire.encode_state({"labels": {"1": "a"}}).buffers))
     assert state == {"labels": {"1": "a"}}
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ((3, 0, 0, 0, 1, 1), "entry 0: unknown entry kind 3 \\(expected 1 array or 2 JSON\\)"),
+    # The first bound broken is the one named, in this order: kind, ndim, name, data.
+    ((3, 0, 99, 0, 1 << 20, 1 << 40), "entry 0: unknown entry kind 3"),
+    ((1, 7, 99, 0, 1 << 20, 1 << 40), "entry 0: 99 dimensions, the limit is"),
+    ((2, 0, 0, 0, 1 << 20, 1 << 40), "entry 0: name of 1048576 bytes, the limit is"),
+    ((2, 0, 0, 0, 1, 1 << 40), "entry 0: claims 1099511627776 bytes of data in a 256-byte body"),
+])
+def test_an_entry_out_of_bounds_is_refused_naming_the_bound(entry, message):
+    body = _codec._BODY_HEAD.pack(1, 0) + _codec._ENTRY.pack(*entry)
+    with pytest.raises(WireError, match=message):
+        wire.decode_state(body + bytes(256 - len(body)))
