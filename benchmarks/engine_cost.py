@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: bool,
                 round_timeout: float | None = None, secure: bool = False,
-                window: int | None = None) -> str:
+                window: int | None = None, encrypt: bool = True) -> str:
     if round_timeout is None and flat:
         round_timeout = 3600
     deadline = f"round_timeout = {round_timeout:g}" if round_timeout is not None else ""
@@ -80,6 +80,7 @@ def config_text(out: Path, *, clients: int, workers: int, rounds: int, flat: boo
         workers = {workers}
         timeout = 120
         join_timeout = 300
+        {"" if encrypt else "encrypt = false"}
 
         [strategy]
         name = "federated"

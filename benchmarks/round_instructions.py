@@ -65,14 +65,14 @@ Count = tuple[int, dict[str, int]]
 
 
 def one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
-            keep: Path | None, by_library: bool) -> dict[str, list[Count]]:
+            keep: Path | None, by_library: bool, encrypt: bool = True) -> dict[str, list[Count]]:
     """One ``meshkit run`` under callgrind: each process's count, by role. Played again
     (up to twice) when a process left no count: a worker still exiting under valgrind
     when the coordinator's reaping kills it writes none."""
     for _ in range(3):
         try:
             return _one_run(python, tree, clients=clients, workers=workers, rounds=rounds,
-                            keep=keep, by_library=by_library)
+                            keep=keep, by_library=by_library, encrypt=encrypt)
         except _Incomplete as exc:
             print(f"# {exc}; running it again", file=sys.stderr, flush=True)
     raise RuntimeError(f"{tree}: three runs of {rounds} rounds left incomplete counts")
@@ -83,12 +83,12 @@ class _Incomplete(RuntimeError):
 
 
 def _one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int,
-             keep: Path | None, by_library: bool) -> dict[str, list[Count]]:
+             keep: Path | None, by_library: bool, encrypt: bool) -> dict[str, list[Count]]:
     with tempfile.TemporaryDirectory(prefix="meshkit-round-instructions-") as tmp:
         work = Path(tmp)
         config = work / "run.toml"
         config.write_text(config_text(work / "out", clients=clients, workers=workers,
-                                      rounds=rounds, flat=False))
+                                      rounds=rounds, flat=False, encrypt=encrypt))
         counts = (keep if keep is not None else work) / f"{tree.name}-{rounds}"
         shutil.rmtree(counts, ignore_errors=True)  # a run played again starts afresh
         counts.mkdir(parents=True)
@@ -114,6 +114,18 @@ def _one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int
             raise _Incomplete(f"{tree}: expected 1 coordinator and {workers} worker counts, "
                                f"found { {k: len(v) for k, v in roles.items()} }")
         return roles
+
+
+#: The libraries whose code a round runs besides the interpreter and meshkit's.
+LIBRARIES = ("cryptography", "numpy")
+
+
+def library_versions(python: str) -> str:
+    """``cryptography 50.0.2, numpy 2.4.6``: what ``python`` imports."""
+    code = ("import importlib.metadata as m; print(', '.join(f'{n} {m.version(n)}' for n in "
+            f"{LIBRARIES!r}))")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def total(path: Path, text: str) -> int:
@@ -158,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="split each role's instructions by shared object")
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=1,
                         help="2: a tree's short and long run at once")
+    parser.add_argument("--unencrypted", action="store_true",
+                        help="also this tree with [mesh] encrypt = false: frames authenticated, "
+                             "not encrypted, as every tree before 2026-12-01 (b5d9fc0) sent them")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the callgrind files under KEEP/ (for callgrind_annotate)")
     args = parser.parse_args(argv)
@@ -167,7 +182,18 @@ def main(argv: list[str] | None = None) -> None:
         print("round_instructions: valgrind is not installed (apt install valgrind)",
               file=sys.stderr)
         raise SystemExit(2)
-    trees = [("this", sys.executable, ROOT)] + list(args.baseline)
+    trees = [("this", sys.executable, ROOT, True)]
+    if args.unencrypted:
+        trees.append(("this-unencrypted", sys.executable, ROOT, False))
+    trees += [(name, python, tree, True) for name, python, tree in args.baseline]
+    versions = {name: library_versions(python) for name, python, _, _ in trees}
+    for name, found in versions.items():
+        print(f"# {name}: {found}", flush=True)
+    if len(set(versions.values())) > 1:
+        print("# the trees run different library versions: their AES-GCM, numpy and "
+              "OpenBLAS instructions compare builds, not code (--by-library shows them apart; "
+              "pip install the same versions in each tree's venv to compare code alone)",
+              flush=True)
     extra = args.long - args.short
     print(f"# instructions a round = (instructions in {args.long} rounds - in {args.short}) / "
           f"{extra}; callgrind, every process, OPENBLAS_NUM_THREADS=1", flush=True)
@@ -175,20 +201,21 @@ def main(argv: list[str] | None = None) -> None:
         print(f"## {clients} clients on {workers} workers: millions of instructions a round",
               flush=True)
         results: dict[str, dict[str, dict[str, float]]] = {}
-        for name, python, tree in trees:
+        for name, python, tree, encrypt in trees:
             keep = None if args.keep is None else args.keep / f"{name}-{clients}x{workers}"
             # --jobs 2: the short and the long run side by side (counts do not depend
             # on timing, but a busier machine makes a worker's exit outlast the reaping).
             with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
                 short, long = pool.map(lambda rounds: one_run(
                     python, tree, clients=clients, workers=workers, rounds=rounds, keep=keep,
+                    encrypt=encrypt,
                     by_library=args.by_library), (args.short, args.long))
             r = per_round(short, long, extra)
             results[name] = r
             run = r["coordinator"]["total"] + workers * r["worker"]["total"]
             print(f"{name:>16}  coordinator {r['coordinator']['total'] / 1e6:7.3f}  "
                   f"worker {r['worker']['total'] / 1e6:7.3f}  run {run / 1e6:7.3f}", flush=True)
-        for base, _, _ in trees[1:]:
+        for base, _, _, _ in trees[1:]:
             mine, theirs = results["this"], results[base]
             ratio = {role: mine[role]["total"] / theirs[role]["total"]
                      for role in ("coordinator", "worker")}
