@@ -61,6 +61,7 @@ one that does not fit its schema, with ``{"error": "protocol error: ..."}``.
 
 from __future__ import annotations
 
+import operator
 from collections import abc
 from typing import Any, Mapping
 
@@ -77,6 +78,11 @@ _NESTED = ("state", "gradients", "local", "partial",
            # a DiLoCo replica's (meshkit.train._worker.local_sgd)
            "codes", "scales", "update_codes", "update_scales", "anchor", "optimizer",
            "snapshot", "totals", "shared", "outer_state")
+
+
+#: ``key.startswith("#")`` and ``"/" in key`` as C callables, for filter().
+_COUNT = operator.methodcaller("startswith", "#")
+_PATH = operator.methodcaller("__contains__", "/")
 
 
 def encode(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,21 +109,26 @@ def decode(frame: Mapping[str, Any]) -> dict[str, Any]:
     for its sender (the pools and the worker treat it as any message that
     does not fit its schema).
     """
-    out: dict[str, Any] = {}
-    counts = {key[1:]: value for key, value in frame.items()
-              if key[:1] == "#" and key[1:] in _NESTED}
+    # Each request and reply comes through here: the plain fields are copied in C,
+    # and only the keys that can be counts or flattened entries are looked at in
+    # Python (a loop over every key was four lines an entry, issue 36).
+    counts = {}
+    for key in filter(_COUNT, frame):
+        if key[1:] in _NESTED:
+            counts[key[1:]] = frame[key]
     for head in counts:
         if head in frame:
             raise ProtocolError(f"{'#' + head!r} beside a plain {head!r}")
-        out[head] = {}
-    for key, value in frame.items():
-        head, sep, inner = key.partition("/")
-        if sep and head in _NESTED:
+    out: dict[str, Any] = {head: {} for head in counts}
+    out.update(frame)
+    for head in counts:
+        del out["#" + head]
+    for key in filter(_PATH, frame):
+        head, _, inner = key.partition("/")
+        if head in _NESTED:
             if head not in counts:
                 raise ProtocolError(f"{key!r} without its count {'#' + head!r}")
-            out[head][inner] = value
-        elif key[:1] != "#" or key[1:] not in _NESTED:
-            out[key] = value
+            out[head][inner] = out.pop(key)
     for head, count in counts.items():
         if type(count) is not int or count != len(out[head]):
             raise ProtocolError(f"{'#' + head!r} says {count!r} entries, the frame has "

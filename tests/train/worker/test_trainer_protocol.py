@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshkit.train import decode, encode
 
@@ -31,3 +33,22 @@ def test_a_frame_that_is_no_encoding_is_a_protocol_error(frame, why):
     with pytest.raises(ProtocolError) as caught:
         decode(frame)
     assert why in str(caught.value)
+
+
+_KEYS = st.text(alphabet="#/ab", min_size=1, max_size=4)
+
+
+@given(st.dictionaries(st.sampled_from(["op", "seq", "#x", "a/b", "/", "state", "local"]),
+                       st.integers(), max_size=4),
+       st.dictionaries(st.sampled_from(["state", "local", "partial"]),
+                       st.dictionaries(_KEYS, st.integers(), max_size=3), max_size=2))
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_any_message_comes_back_whole_and_in_order(plain, nested):
+    message = {**{k: v for k, v in plain.items() if k not in nested}, **nested}
+    back = decode(encode(message))
+    assert back == message
+    # The nested states first, then the plain fields in the order they were sent.
+    assert list(back) == [k for k in message if k in nested] + [
+        k for k in message if k not in nested]
+    for head, state in nested.items():
+        assert list(back[head]) == list(state)
