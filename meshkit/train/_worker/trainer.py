@@ -277,8 +277,9 @@ class Trainer:
                 # The round's model came with this worker's first fit of the round: held as
                 # a set_state would hold it, then the fit starts from the model held.
                 self._hold(request)
-                request = {k: v for k, v in request.items()
-                           if k not in ("state", "set_state", "trainable")}
+                request = dict(request)  # (copied in C, then three keys dropped)
+                for key in ("state", "set_state", "trainable"):
+                    request.pop(key, None)
             state, examples, metrics, attacked = self._fit(request)
             if request.get("compress") is not None:
                 state = self._compressed(request, state)
