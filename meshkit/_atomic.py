@@ -11,38 +11,45 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from pathlib import Path
 from typing import BinaryIO, Iterator
 
 __all__ = ["atomic_file", "fsync_directory"]
 
 
 @contextlib.contextmanager
-def atomic_file(target: Path, *, durable: bool = False, prefix: str | None = None,
-                suffix: str = ".tmp") -> Iterator[BinaryIO]:
+def atomic_file(target: str | os.PathLike[str], *, durable: bool = False,
+                prefix: str | None = None, suffix: str = ".tmp") -> Iterator[BinaryIO]:
     """A binary file to write that becomes ``target`` when the ``with`` block ends.
 
     The temporary is ``prefix + random + suffix`` in ``target``'s directory
-    (``prefix`` defaults to ``"." + target.name + "-"``).
+    (``prefix`` defaults to ``"." + target's name + "-"``).
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-" if prefix is None else prefix,
-                               suffix=suffix, dir=target.parent)
+    # Plain os.path on a str: a checkpoint is written every round, and pathlib's
+    # parsing and mkdir(exist_ok=True) (an OSError raised and caught when the
+    # directory is there) were a few hundred lines of Python a save (issue 36).
+    path = os.fspath(target)
+    parent, name = os.path.split(path)
+    parent = parent or os.curdir
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-" if prefix is None else prefix,
+                               suffix=suffix, dir=parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     if durable:
-        fsync_directory(target.parent)
+        fsync_directory(parent)
 
 
-def fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Flush ``directory``'s entries (a rename is durable only once they are on disk)."""
     try:
         fd = os.open(directory, os.O_RDONLY)

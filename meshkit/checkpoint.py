@@ -138,8 +138,7 @@ def _from_json(value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 
 def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path:
     """Write ``checkpoint`` atomically into directory ``out``; returns the file."""
-    directory = Path(out)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = os.fspath(out)  # (os.path, not pathlib: this runs every round)
     arrays: dict[str, np.ndarray] = {}
     meta = {
         "format": FORMAT,
@@ -169,11 +168,12 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
     if extension:
         meta["dtypes"] = extension
     header = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    target = directory / CHECKPOINT_NAME
+    target = os.path.join(directory, CHECKPOINT_NAME)
+    # atomic_file makes the directory when it is not there yet.
     with atomic_file(target, durable=True, prefix=".checkpoint-", suffix=".npz.tmp") as fh:
         write_npz(fh, {_META: header, **arrays})
     _remove_stale_temporaries(directory)
-    return target
+    return Path(target)
 
 
 #: A temporary this much older than a successful save is a crash's leftover,
@@ -181,7 +181,7 @@ def save_checkpoint(out: str | os.PathLike[str], checkpoint: Checkpoint) -> Path
 STALE_TEMPORARY_SECONDS = 60.0
 
 
-def _remove_stale_temporaries(directory: Path) -> None:
+def _remove_stale_temporaries(directory: str | os.PathLike[str]) -> None:
     """Delete ``.checkpoint-*.npz.tmp`` files a crash mid-write left behind."""
     cutoff = time.time() - STALE_TEMPORARY_SECONDS
     # Looked for after every save: os.scandir and the name's two ends, not

@@ -37,3 +37,24 @@ def test_summary_json_is_written_atomically(tmp_path):
     write_summary(tmp_path, {"round": 2, "ok": True})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"round": 2, "ok": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_missing_directory_is_made_and_a_bare_name_lands_in_the_working_directory(
+        tmp_path, monkeypatch):
+    nested = tmp_path / "a" / "b" / "model.bin"
+    with atomic_file(str(nested), durable=True) as fh:  # a str path as well as a Path
+        fh.write(b"deep")
+    assert nested.read_bytes() == b"deep"
+    monkeypatch.chdir(tmp_path)
+    with atomic_file("here.bin", prefix=".x-", suffix=".part") as fh:
+        fh.write(b"here")
+    assert (tmp_path / "here.bin").read_bytes() == b"here"
+    assert not list(tmp_path.glob(".x-*.part"))
+
+
+def test_a_target_whose_directory_is_a_file_is_refused_and_leaves_nothing(tmp_path):
+    (tmp_path / "out").write_text("a file, not a directory")
+    with pytest.raises(OSError):
+        with atomic_file(tmp_path / "out" / "model.bin") as fh:
+            fh.write(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
