@@ -424,14 +424,15 @@ class Channel:
             self._write_encrypted(header, views, nbytes, seq, deadline)
             return
         if nbytes < _COALESCE:
-            # Small frame: one buffer, one tag call over it, one send.
-            whole = bytearray(header)
+            # Small frame: built in the thread's buffer, one tag call over it, one send.
+            frame = _thread_buffer(HEADER_SIZE + nbytes + BODY_TAG_SIZE)
+            frame[:HEADER_SIZE] = header
+            end = HEADER_SIZE
             for view in views:
-                whole += view
-            with memoryview(whole) as body:
-                tag = self._tag(seq, header, [body[HEADER_SIZE:]])
-            whole += tag
-            self._send_all(memoryview(whole), deadline)
+                frame[end:end + view.nbytes] = view
+                end += view.nbytes
+            frame[end:] = self._tag(seq, header, [frame[HEADER_SIZE:end]])
+            self._send_all(frame, deadline)
             return
         gmac = _streaming_gmac(self._keys.send_body, seq) if self.mac_enabled else None
         pending = bytearray(header)

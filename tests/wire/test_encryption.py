@@ -182,3 +182,42 @@ def test_threads_seal_and_open_small_frames_at_once_each_in_its_own_buffer():
         talker.result()
     for a, b in pairs:
         a.close(), b.close()
+
+
+def test_an_unencrypted_small_frame_is_its_body_in_clear_and_its_gmac_tag():
+    # [mesh] encrypt = false: the body travels as it is, tagged with AES-GCM over an
+    # empty plaintext (the header encrypted, the body as associated data).
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    a, b = channel_pair(encrypt=False)
+    assert not a.encrypted
+    state = {"x": np.arange(1000, dtype=np.float32), "op": "fit"}
+    seq = a._send_seq
+    (frame,) = record(a, (1, 4, state))
+    body = b"".join(memoryview(buf).cast("B") for buf in wire.encode_state(state).buffers)
+    header = frame[:wire.HEADER_SIZE]
+    assert frame[wire.HEADER_SIZE:-16] == body
+    nonce = (0).to_bytes(4, "little") + seq.to_bytes(8, "little")
+    assert frame[-16:] == AESGCM(a._keys.send_body).encrypt(nonce, header, body)[-16:]
+    b._recv_seq = a._send_seq  # the recorded frame never reached b
+    for n in (0, 1000, 70_000):  # the thread's kept buffer and a fresh one
+        sending = Call(lambda: a.send(1, 5, {"w": np.full(n, 7, dtype=np.uint8), "k": n}))
+        got = b.recv()
+        sending.result()
+        np.testing.assert_array_equal(got.state["w"], np.full(n, 7, dtype=np.uint8))
+        assert got.state["k"] == n
+    a.close(), b.close()
+
+
+def test_an_unencrypted_small_frame_is_built_without_a_body_sized_allocation():
+    a, b = channel_pair(encrypt=False)
+    n = 32 << 10
+    encoded = wire.encode_state({"x": np.arange(n // 4, dtype=np.float32), "round": 1})
+    real, a._sock = a._sock, _Sink()
+    try:
+        a.send_encoded(1, 1, encoded)  # the thread's buffer is made once
+        sent = _peak_bytes(lambda: a.send_encoded(1, 1, encoded))
+    finally:
+        a._sock = real
+    assert sent < n // 4  # it was a bytearray grown to header + body + tag
+    a.close(), b.close()
