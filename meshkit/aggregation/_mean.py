@@ -713,6 +713,8 @@ def _alarm(a: np.ndarray, xs: list[tuple[np.ndarray, float]], start: int, stop: 
 
 def _narrow(acc: np.ndarray, dtype: np.dtype, *, exact: bool) -> np.ndarray:
     """``acc`` in ``dtype``; ``exact`` when ``acc`` holds one contribution widened."""
+    if acc.dtype == dtype:
+        return acc  # what astype(copy=False) returns, without an errstate an array a round
     if exact and dtype == BFLOAT16 and acc.dtype == np.float32:
         # bf16 is the top half of a float32: taking it back keeps every bit,
         # where a cast would quiet NaN payloads (and warn about them).
