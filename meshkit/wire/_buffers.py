@@ -5,8 +5,9 @@ worker, and buffers per channel made its memory grow with the number of
 workers. Two pools, each with its rule: a receive buffer is recycled only
 once nothing refers to it any more (:func:`_receive_buffer`), and a send
 scratch buffer is lent for one frame and given back (:func:`_take_scratch`,
-:func:`_give_scratch`). A small encrypted frame is sealed into, or read into
-before it is opened, a buffer its thread keeps (:func:`_thread_buffer`).
+:func:`_give_scratch`). A small frame is built (and sealed) in, and a small
+encrypted body read into before it is opened, a buffer its thread keeps
+(:func:`_thread_buffer`).
 ``_channel`` decides what goes into them.
 """
 
@@ -70,14 +71,14 @@ _large_keep = 0
 # A recycled buffer is allocated to the next multiple of this (see _recycled).
 _SLACK = 1 << 20
 _large_slots: list[np.ndarray] = []
-# A small encrypted frame is sealed straight into a buffer its thread keeps
-# (header, ciphertext, tag: sent with one call), and a small encrypted body
-# is read into it and opened from there into the frame's own buffer. Without
-# it each frame was one fresh allocation and one copy more on either side
-# (``header + sealed``; ``decrypt_into`` may not read and write the same
-# bytes). Per thread, not per channel: a thread seals or opens one frame at a
-# time and nothing it calls in between uses the buffer. At most _THREAD_KEEP
-# bytes a thread; a bigger frame gets a fresh buffer.
+# A small frame is laid out (header, body or ciphertext, tag) and sent from a
+# buffer its thread keeps, and a small encrypted body is read into it and
+# opened from there into the frame's own buffer. Without it each frame was
+# one fresh allocation and one copy more on either side (``header + sealed``;
+# ``decrypt_into`` may not read and write the same bytes). Per thread, not per
+# channel: a thread builds or opens one frame at a time and nothing it calls
+# in between uses the buffer. At most _THREAD_KEEP bytes a thread; a bigger
+# frame gets a fresh buffer.
 _THREAD_KEEP = 64 * 1024
 _THREAD_STEP = 16 * 1024
 _per_thread = threading.local()
