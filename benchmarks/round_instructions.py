@@ -19,7 +19,12 @@ Two things weigh more here than in time: libc's ``memcpy``/``memset`` use
 ``rep movsb``, which valgrind counts once a byte (a 19 KiB ``bytes()`` copy
 is ~21,800 instructions, natively under a microsecond), and the AES-GCM
 code valgrind runs is not the AVX-512 code the machine runs (``--by-library``
-shows both apart: ``libc``, ``_rust``/``libcrypto``).
+shows both apart: ``libc``, ``_rust``/``libcrypto``). Frames are encrypted
+by default since b5d9fc0 (2026-12-01); earlier trees, turn 2 among them,
+only authenticated them (GMAC: AES-GCM over an empty plaintext), so their
+``_rust`` line is the tag alone. ``--unencrypted`` also counts this tree
+with ``[mesh] encrypt = false``, the same wire as theirs. (Turn 2 counted
+the same with cryptography 50.0.2 and 51.0.1: 35.802M and 35.801M a run.)
 
 What. Each run is a real ``meshkit run`` (:mod:`engine_cost`'s config, as in
 :mod:`round_cpu` and :mod:`round_calls`: ``digits``, ``fedavg``,
@@ -190,10 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, found in versions.items():
         print(f"# {name}: {found}", flush=True)
     if len(set(versions.values())) > 1:
-        print("# the trees run different library versions: their AES-GCM, numpy and "
-              "OpenBLAS instructions compare builds, not code (--by-library shows them apart; "
-              "pip install the same versions in each tree's venv to compare code alone)",
-              flush=True)
+        print("# the trees run different library versions: instructions inside those "
+              "libraries may differ by build (--by-library shows them apart; pip install the "
+              "same versions in each tree's venv to compare code alone)", flush=True)
     extra = args.long - args.short
     print(f"# instructions a round = (instructions in {args.long} rounds - in {args.short}) / "
           f"{extra}; callgrind, every process, OPENBLAS_NUM_THREADS=1", flush=True)
