@@ -122,7 +122,7 @@ def _one_run(python: str, tree: Path, *, clients: int, workers: int, rounds: int
 
 
 #: The libraries whose code a round runs besides the interpreter and meshkit's.
-LIBRARIES = ("cryptography", "numpy")
+LIBRARIES = ("cryptography", "numpy", "ml_dtypes")
 
 
 def library_versions(python: str) -> str:
