@@ -111,22 +111,26 @@ def _peak_bytes(action) -> int:
         tracemalloc.stop()
 
 
+def _peak_of_a_small_send(channel, n: int) -> int:
+    """The bytes allocated at the peak of sending an ``n``-byte state (not the first)."""
+    # Two entries: the codec lays a small frame out as one buffer (a lone
+    # array is two, joined before sealing).
+    encoded = wire.encode_state({"x": np.arange(n // 4, dtype=np.float32), "round": 1})
+    real, channel._sock = channel._sock, _Sink()
+    try:
+        channel.send_encoded(1, 1, encoded)  # the thread's buffer is made once
+        return _peak_bytes(lambda: channel.send_encoded(1, 1, encoded))
+    finally:
+        channel._sock = real
+
+
 def test_a_small_frame_is_sealed_and_opened_without_a_second_copy_of_its_body():
     # 32 KiB: a small frame (one AEAD call), under the receive pool's sizes.
     a, b = channel_pair()
     n = 32 << 10
-    # Two entries: the codec lays a small frame out as one buffer (a lone
-    # array is two, joined before sealing).
-    encoded = wire.encode_state({"x": np.arange(n // 4, dtype=np.float32), "round": 1})
-    real, a._sock = a._sock, _Sink()
-    try:
-        a.send_encoded(1, 1, encoded)  # the thread's buffer is made once
-        sent = _peak_bytes(lambda: a.send_encoded(1, 1, encoded))
-    finally:
-        a._sock = real
     # Sealed into the thread's buffer and sent from it: no body-sized
     # allocation. It was two (the ciphertext, then header + ciphertext).
-    assert sent < n // 4
+    assert _peak_of_a_small_send(a, n) < n // 4
 
     warm, frame = record(a, (1, 1, {"x": np.zeros(n // 4, dtype=np.float32)}),
                          (1, 1, {"x": np.arange(n // 4, dtype=np.float32)}))
@@ -212,12 +216,6 @@ def test_an_unencrypted_small_frame_is_its_body_in_clear_and_its_gmac_tag():
 def test_an_unencrypted_small_frame_is_built_without_a_body_sized_allocation():
     a, b = channel_pair(encrypt=False)
     n = 32 << 10
-    encoded = wire.encode_state({"x": np.arange(n // 4, dtype=np.float32), "round": 1})
-    real, a._sock = a._sock, _Sink()
-    try:
-        a.send_encoded(1, 1, encoded)  # the thread's buffer is made once
-        sent = _peak_bytes(lambda: a.send_encoded(1, 1, encoded))
-    finally:
-        a._sock = real
-    assert sent < n // 4  # it was a bytearray grown to header + body + tag
+    # It was a bytearray grown to header + body + tag.
+    assert _peak_of_a_small_send(a, n) < n // 4
     a.close(), b.close()
