@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import abc
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import attrs
 import ml_dtypes
@@ -146,8 +146,10 @@ _JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
 #: What that encoder writes for a str (it keeps ``ensure_ascii``).
 _JSON_STR = json.encoder.encode_basestring_ascii
 #: json's C scanner, the one ``json.loads`` runs under three Python layers:
-#: ``(value, end)``, or StopIteration where no value starts.
-_JSON_SCAN = json.JSONDecoder().scan_once
+#: ``(value, end)``, or StopIteration where no value starts. (typeshed does not
+#: declare the attribute JSONDecoder.__init__ sets.)
+_JSON_SCAN: Callable[[str, int], tuple[Any, int]] = (
+    json.JSONDecoder().scan_once)  # type: ignore[attr-defined]
 ENTRY_ARRAY = 1
 ENTRY_JSON = 2
 #: ``_ONE_ARRAY[n]``: the whole table of a body that is one n-dimensional

@@ -278,8 +278,8 @@ class Trainer:
                 # a set_state would hold it, then the fit starts from the model held.
                 self._hold(request)
                 request = dict(request)  # (copied in C, then three keys dropped)
-                for key in ("state", "set_state", "trainable"):
-                    request.pop(key, None)
+                for field in ("state", "set_state", "trainable"):
+                    request.pop(field, None)
             state, examples, metrics, attacked = self._fit(request)
             if request.get("compress") is not None:
                 state = self._compressed(request, state)
