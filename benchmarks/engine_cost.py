@@ -191,11 +191,12 @@ def parse_cell(text: str) -> tuple[int, int]:
     return int(clients), int(workers)
 
 
-def two_runs_parser(doc: str, *, short: int, long: int) -> argparse.ArgumentParser:
+def two_runs_parser(doc: str, *, short: int, long: int, keep: str) -> argparse.ArgumentParser:
     """The arguments of a benchmark that takes each tree's per-round figure from a short
-    and a long run (``round_calls``, ``round_instructions``): the cells, both lengths and
-    the baselines."""
+    and a long run (``round_calls``, ``round_instructions``): the cells, both lengths, the
+    baselines and ``--keep`` (``keep``: what is kept). Parse with :func:`parse_two_runs`."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--keep", type=Path, default=None, help=keep)
     parser.add_argument("--cells", type=parse_cell, nargs="*", default=[(3, 3)],
                         help="CLIENTSxWORKERS (default: 3x3)")
     parser.add_argument("--short", type=int, default=short, help="rounds of the short run")
@@ -203,6 +204,15 @@ def two_runs_parser(doc: str, *, short: int, long: int) -> argparse.ArgumentPars
     parser.add_argument("--baseline", type=parse_baseline, action="append", default=[],
                         help="LABEL=DIR[:PYTHON], repeatable")
     return parser
+
+
+def parse_two_runs(parser: argparse.ArgumentParser,
+                   argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments (:func:`two_runs_parser`), the long run longer than the short."""
+    args = parser.parse_args(argv)
+    if args.long <= args.short:
+        parser.error("--long must exceed --short")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_cost import ROOT, config_text, two_runs_parser  # noqa: E402
+from engine_cost import ROOT, config_text, parse_two_runs, two_runs_parser  # noqa: E402
 
 #: Loaded first by every Python process of the run (the directory is put on
 #: ``PYTHONPATH``; the coordinator passes it on to the workers it starts).
@@ -189,15 +189,12 @@ def label(key: tuple[str, int, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = two_runs_parser(__doc__, short=100, long=400)
+    parser = two_runs_parser(__doc__, short=100, long=400,
+                             keep="keep every stats file under KEEP/LABEL-ROUNDS/ (for pstats)")
     parser.add_argument("--top", type=int, default=0,
                         help="list the N functions whose calls per round differ most from "
                              "the first baseline's, per role")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="keep every stats file under KEEP/LABEL-ROUNDS/ (for pstats)")
-    args = parser.parse_args(argv)
-    if args.long <= args.short:
-        parser.error("--long must exceed --short")
+    args = parse_two_runs(parser, argv)
     trees = [("this", sys.executable, ROOT)] + list(args.baseline)
     print(f"# calls per round = (calls in {args.long} rounds - calls in {args.short}) / "
           f"{args.long - args.short}; cProfile, every thread; load average "

@@ -59,7 +59,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_cost import ROOT, config_text, two_runs_parser  # noqa: E402
+from engine_cost import ROOT, config_text, parse_two_runs, two_runs_parser  # noqa: E402
 
 #: A callgrind_annotate row: its count, then ``file:function [object]``.
 _ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)")
@@ -170,7 +170,8 @@ def per_round(short: dict[str, list[Count]], long: dict[str, list[Count]],
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = two_runs_parser(__doc__, short=40, long=240)
+    parser = two_runs_parser(__doc__, short=40, long=240,
+                             keep="keep the callgrind files under KEEP/ (for callgrind_annotate)")
     parser.add_argument("--by-library", action="store_true",
                         help="split each role's instructions by shared object")
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=1,
@@ -178,11 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unencrypted", action="store_true",
                         help="also this tree with [mesh] encrypt = false: frames authenticated, "
                              "not encrypted, as every tree before 2026-12-01 (b5d9fc0) sent them")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="keep the callgrind files under KEEP/ (for callgrind_annotate)")
-    args = parser.parse_args(argv)
-    if args.long <= args.short:
-        parser.error("--long must exceed --short")
+    args = parse_two_runs(parser, argv)
     if shutil.which("valgrind") is None:
         print("round_instructions: valgrind is not installed (apt install valgrind)",
               file=sys.stderr)
