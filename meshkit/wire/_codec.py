@@ -484,6 +484,40 @@ def _json_value(raw: bytes) -> Any:
     return json.loads(text)
 
 
+#: Tables this process decoded whole, by their bytes: the body's size and each entry's
+#: (name, dtype or None for JSON, dims, offset, end, check). Decoding a table reads
+#: nothing but its bytes and the body's size, so a body whose table bytes and size equal
+#: a cached one has those entries at those offsets, every bound already checked: its
+#: decode skips the walk (a round's requests and replies repeat their tables; issue 36).
+#: Only a table a full decode accepted is cached; bounded (cleared when full).
+_LAYOUTS: dict[bytes, tuple[int, tuple[tuple[Any, ...], ...]]] = {}
+#: The length of the table last cached for each entry count: where to cut a body's
+#: table to look it up (a table's length is its names' and shapes', not its data's).
+_TABLE_LENGTHS: dict[int, int] = {}
+_LAYOUTS_MAX = 64
+#: A larger table (thousands of entries) is not cached: its walk dwarfs nothing.
+_LAYOUT_TABLE_MAX = 16 << 10
+#: An array entry's data check: none, its bytes are bools, it is widened to float32.
+_PLAIN, _BOOL, _WIDEN = 0, 1, 2
+
+
+def _json_entry(name: str, raw: bytes) -> Any:
+    """A JSON entry's value, or the :class:`WireError` saying what is wrong with it."""
+    try:
+        value = _json_value(raw)
+    except (ValueError, RecursionError) as exc:
+        raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
+    # Bounded like every other count: whatever walks it later (a fold,
+    # validation) recurses, and must not be driven past the stack.
+    if isinstance(value, (list, dict)) and json_depth(value) > MAX_JSON_DEPTH:
+        raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
+def _bool_error(name: str) -> WireError:
+    return WireError(f"entry {name!r}: a bool array holds bytes other than 0 and 1")
+
+
 def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     """Decode a frame body into a state; arrays are views into ``body``.
 
@@ -504,6 +538,11 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
         if one is not None:
             return one
     count, reserved = _BODY_HEAD.unpack_from(mv, 0)
+    known = _TABLE_LENGTHS.get(count)
+    if known is not None:
+        seen = _LAYOUTS.get(bytes(mv[:known]))
+        if seen is not None and seen[0] == size:
+            return _decode_laid_out(buf, mv, seen[1], flags)
     if reserved:
         raise WireError(f"frame body has {reserved:#x} in its reserved field, expected 0 "
                         "(a newer body format?)")
@@ -544,8 +583,10 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
         elif code or ndim or eflags:
             raise WireError(f"entry {name!r}: a JSON entry must have dtype, ndim and flags 0")
         entries.append((name, kind, code, dims, eflags, data_len))
+    table_end = pos
     offset = _align(pos) if entries else pos
     state: dict[str, Any] = {}
+    layout: list[tuple[Any, ...]] = []
     for i, (name, kind, code, dims, eflags, data_len) in enumerate(entries):
         end = offset + data_len
         if end > size:
@@ -560,24 +601,45 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
                 raise WireError(f"entry {name!r}: shape {dims} is not a valid array shape "
                                 f"({exc})") from None
             if code == 1 and data_len and int(buf[offset:end].max()) > 1:
-                raise WireError(f"entry {name!r}: a bool array holds bytes other than 0 and 1")
+                raise _bool_error(name)
             if eflags & ENTRY_FLAG_WIDEN_F32:
                 array = array.astype(_F32)
             state[name] = array
+            layout.append((name, dtype, dims, offset, end, _BOOL if code == 1 and data_len
+                           else _WIDEN if eflags & ENTRY_FLAG_WIDEN_F32 else _PLAIN))
         else:
-            try:
-                value = _json_value(bytes(mv[offset:end]))
-            except (ValueError, RecursionError) as exc:
-                raise WireError(f"entry {name!r}: invalid JSON ({type(exc).__name__})") from None
-            # Bounded like every other count: whatever walks it later (a fold,
-            # validation) recurses, and must not be driven past the stack.
-            if isinstance(value, (list, dict)) and json_depth(value) > MAX_JSON_DEPTH:
-                raise WireError(f"entry {name!r}: JSON nested more than {MAX_JSON_DEPTH} "
-                                f"levels deep")
-            state[name] = value
+            state[name] = _json_entry(name, bytes(mv[offset:end]))
+            layout.append((name, None, dims, offset, end, _PLAIN))
         offset = end if i + 1 == len(entries) else _align(end)
     if offset != size:
         raise WireError(f"frame body is {size} bytes but its table accounts for {offset}")
+    if flags & ~_KNOWN_FRAME_FLAGS:
+        raise WireError(f"unknown frame flags {flags:#x}")
+    if table_end <= _LAYOUT_TABLE_MAX:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+            _TABLE_LENGTHS.clear()
+        _LAYOUTS[bytes(mv[:table_end])] = (size, tuple(layout))
+        _TABLE_LENGTHS[count] = table_end
+    return state
+
+
+def _decode_laid_out(buf: np.ndarray, mv: memoryview, layout: tuple[tuple[Any, ...], ...],
+                     flags: int) -> dict[str, Any]:
+    """A body whose table a full decode accepted (:data:`_LAYOUTS`): its data, checked as
+    :func:`decode_state` checks it (bool bytes, JSON), in the same order."""
+    state: dict[str, Any] = {}
+    for name, dtype, dims, offset, end, check in layout:
+        if dtype is not None:
+            array = buf[offset:end].view(dtype).reshape(dims)
+            if check:
+                if check == _WIDEN:
+                    array = array.astype(_F32)
+                elif int(buf[offset:end].max()) > 1:
+                    raise _bool_error(name)
+            state[name] = array
+        else:
+            state[name] = _json_entry(name, bytes(mv[offset:end]))
     if flags & ~_KNOWN_FRAME_FLAGS:
         raise WireError(f"unknown frame flags {flags:#x}")
     return state
