@@ -307,6 +307,28 @@ def _json_text(name: str, value: Any) -> bytes:
     return text
 
 
+#: State keys this process has put on the wire, checked, and their UTF-8 bytes (a
+#: round's messages repeat their keys; bounded: cleared when full).
+_NAMES: dict[str, bytes] = {}
+_NAMES_MAX = 4096
+
+
+def _checked_name(name: Any) -> bytes:
+    """A state key's UTF-8 bytes, or the error saying why it cannot be one."""
+    if type(name) is not str and not isinstance(name, str) or not name:
+        raise WireError(f"state keys must be non-empty str, got {name!r} "
+                        f"({type(name).__name__})")
+    raw_name = name.encode("utf-8")
+    if len(raw_name) > MAX_NAME_BYTES:
+        raise _entry_error(name[:64] + "...", f"its name is {len(raw_name)} bytes of UTF-8, "
+                           f"the limit is {MAX_NAME_BYTES}")
+    if type(name) is str:
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[name] = raw_name
+    return raw_name
+
+
 def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedState:
     """Lay ``state`` out as a frame body without copying the data of large arrays.
 
@@ -329,16 +351,22 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
     if len(state) > MAX_TENSORS:
         raise WireError(f"a state may carry at most {MAX_TENSORS} entries, got {len(state)}")
     table = bytearray(_BODY_HEAD.pack(len(state), 0))
-    datas: list[tuple[Any, int]] = []
+    # Small entries' data (JSON fields, arrays under OWN_BUFFER_BYTES) is copied in after
+    # the table, so a request or a small model is one buffer, not two an entry: the
+    # channel joined them into one for its single AEAD call anyway, and a buffer each
+    # cost the encoder and the channel Python work an entry (issue 36). A larger
+    # array is its own buffer, a view of its memory, never copied. Each run of small
+    # pieces is joined once, at the end: the table (a bytearray, grown in place) heads
+    # the first. Data starts 64-byte aligned, so each piece's padding is known as it
+    # is laid out (``at``: bytes since the data's start).
+    run: list[Any] = [table]
+    runs: list[tuple[list[Any], Any]] = []  # a run of small pieces, the large array after it
+    at = pad = 0
     for name, value in state.items():
-        if type(name) is not str and not isinstance(name, str) or not name:
-            raise WireError(f"state keys must be non-empty str, got {name!r} "
-                            f"({type(name).__name__})")
-        raw_name = name.encode("utf-8")
+        raw_name = _NAMES.get(name) if type(name) is str else None
+        if raw_name is None:
+            raw_name = _checked_name(name)
         name_len = len(raw_name)
-        if name_len > MAX_NAME_BYTES:
-            raise _entry_error(name[:64] + "...", f"its name is {name_len} bytes of UTF-8, "
-                               f"the limit is {MAX_NAME_BYTES}")
         kind = type(value)
         if kind is np.ndarray or isinstance(value, np.ndarray):
             dims = value.shape
@@ -366,9 +394,12 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
             nbytes = data.nbytes
             table += _ENTRY_DIMS[ndim].pack(ENTRY_ARRAY, code, ndim, eflags, name_len, nbytes,
                                             *dims) + raw_name
-            # (A small one's bytes are copied in beside the table: its memoryview, as
-            # bytearray += ndarray would be numpy's addition.)
-            datas.append((data.data if nbytes < OWN_BUFFER_BYTES else data, nbytes))
+            if nbytes < OWN_BUFFER_BYTES:
+                # (Its memoryview: bytes.join of an ndarray would iterate its elements.)
+                run.append(data.data)
+            else:
+                runs.append((run, data))
+                run = []
         else:
             # A request's scalar fields (op, seq, keep, ...) as the encoder writes them, without
             # its Python layers (issue 36): a str as encode_basestring_ascii does (the encoder's
@@ -386,33 +417,24 @@ def encode_state(state: Mapping[str, Any], *, bf16: bool = False) -> EncodedStat
                 text = float.__repr__(value).encode("ascii")
             else:
                 text = _json_text(name, value)
-            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, len(text)) + raw_name
-            datas.append((text, len(text)))
-    # Small entries' data (JSON fields, arrays under OWN_BUFFER_BYTES) is copied in after
-    # the table, so a request or a small model is one buffer, not two an entry: the
-    # channel joined them into one for its single AEAD call anyway, and a buffer each
-    # cost the encoder and the channel Python work an entry (issue 36). A larger
-    # array is its own buffer, a view of its memory, never copied.
-    # Each run of small pieces is joined once: appended to the table one by one, a
-    # run was reallocated, and copied again, as it grew past each model-sized entry.
-    buffers: list[Any] = []
-    offset = _align(len(table)) if datas else len(table)
+            nbytes = len(text)
+            table += _ENTRY.pack(ENTRY_JSON, 0, 0, 0, name_len, nbytes) + raw_name
+            run.append(text)
+        at += nbytes
+        pad = -at % DATA_ALIGN
+        if pad:
+            run.append(_ZEROS[:pad])
+            at += pad
+    if pad:  # the last entry's data ends the body: no padding after it
+        run.pop()
+        at -= pad
+    offset = _align(len(table)) if state else len(table)
     table += _ZEROS[:offset - len(table)]
-    run: list[Any] = [table]
-    last = len(datas) - 1
-    for i, (data, n) in enumerate(datas):
-        if n < OWN_BUFFER_BYTES:
-            run.append(data)
-        else:
-            buffers.append(b"".join(run))
-            buffers.append(data)
-            run = []
-        offset += n
-        if i < last:
-            pad = -offset % DATA_ALIGN
-            if pad:
-                run.append(_ZEROS[:pad])
-                offset += pad
+    offset += at
+    buffers: list[Any] = []
+    for small, large in runs:
+        buffers.append(b"".join(small))
+        buffers.append(large)
     if run:
         buffers.append(b"".join(run))
     return EncodedState(buffers=tuple(buffers), nbytes=offset,

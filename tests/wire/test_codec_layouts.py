@@ -5,7 +5,8 @@ later body with the same table bytes and size reads its data at the cached
 offsets. These tests hold the cache to its promise: whatever a body holds
 (hostile data, a table one byte off, another size, unknown flags), the warm
 decode returns the same state or raises the same error as a decode with the
-cache empty.
+cache empty. ``encode_state`` keeps the UTF-8 bytes of the keys it checked
+(``_codec._NAMES``): a bad key is still refused, a str subclass never cached.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def test_the_cache_is_bounded() -> None:
         wire.decode_state(_body({f"key{i}": i, "x": np.zeros(i % 7)}))
         assert len(_codec._LAYOUTS) <= _codec._LAYOUTS_MAX
         assert len(_codec._TABLE_LENGTHS) <= _codec._LAYOUTS_MAX
+    assert len(_codec._NAMES) <= _codec._NAMES_MAX
 
 
 def test_threads_decode_their_own_tables_at_once() -> None:
@@ -147,3 +149,22 @@ def test_threads_decode_their_own_tables_at_once() -> None:
     assert not any(thread.is_alive() for thread in threads)
     assert not wrong
 
+
+def test_encoded_names_are_checked_once_and_bounded() -> None:
+    with pytest.raises(WireError, match="non-empty str"):
+        wire.encode_state({"": 1, "a": 2})
+    with pytest.raises(WireError, match="non-empty str"):
+        wire.encode_state({1: 1, "a": 2})  # type: ignore[dict-item]
+    with pytest.raises(WireError, match="bytes of UTF-8"):
+        wire.encode_state({"x" * (_codec.MAX_NAME_BYTES + 1): 1, "a": 2})
+
+    class Name(str):
+        pass
+
+    # A str subclass is checked each time and never cached (its encode may differ).
+    _codec._NAMES.clear()
+    assert wire.decode_state(_body({Name("sub"): 1, "a": 2})) == {"sub": 1, "a": 2}
+    assert "sub" not in _codec._NAMES and "a" in _codec._NAMES
+    for i in range(_codec._NAMES_MAX + 10):
+        wire.encode_state({f"n{i}": i, "a": 2})
+    assert len(_codec._NAMES) <= _codec._NAMES_MAX
