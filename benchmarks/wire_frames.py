@@ -9,7 +9,10 @@
   alternates this tree and REF's (``git archive`` of its ``meshkit/`` into a
   temporary directory, first on ``PYTHONPATH`` of a child process), so a load
   spike hits both alike; the ratio is REF's median over this tree's (> 1:
-  this tree is faster).
+  this tree is faster). ``--entries N`` makes the state a model's shape
+  instead: N entries (N - 1 arrays of 4 float32 and a step counter), the
+  per-entry cost of the codec (a round's requests carry 9-11 entries, a
+  torch model's state hundreds).
 * **big message** (``--big MiB``, this tree only): one message of that size
   sent segmented as ``send_encoded`` and as ``send_resumable`` (which adds
   the transfer's digest pass on both ends), alternating, ``--big-runs``
@@ -54,12 +57,16 @@ def _pair(**kwargs):  # type: ignore[no-untyped-def]
     return a, out["b"]
 
 
-def small_frames(trips: int, batches: int) -> tuple[float, float]:
-    """Median µs per round trip (wall, CPU) of a ~1 KiB state over an encrypted channel pair."""
+def small_frames(trips: int, batches: int, entries: int = 2) -> tuple[float, float]:
+    """Median µs per round trip (wall, CPU) of a ~1 KiB state over an encrypted channel pair
+    (``entries`` > 2: that many entries, each array of 4 float32)."""
     import numpy as np
 
     a, b = _pair()
-    state = {"x": np.arange(240, dtype=np.float32), "step": 1}
+    state: dict[str, object] = {"x": np.arange(240, dtype=np.float32), "step": 1}
+    if entries > 2:
+        state = {f"layer{i}.weight": np.full(4, i, dtype=np.float32) for i in range(entries - 1)}
+        state["step"] = 1
 
     def echo() -> None:
         for _ in range(trips * batches + 1):
@@ -117,11 +124,12 @@ def _checkout(ref: str) -> Path:
     return tree
 
 
-def _child(tree: Path | None, trips: int, batches: int) -> tuple[float, float]:
+def _child(tree: Path | None, trips: int, batches: int, entries: int) -> tuple[float, float]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = f"{tree}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    cmd = [sys.executable, __file__, "--one", "--trips", str(trips), "--batches", str(batches)]
+    cmd = [sys.executable, __file__, "--one", "--trips", str(trips), "--batches", str(batches),
+           "--entries", str(entries)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd="/")
     wall, cpu = out.stdout.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
@@ -139,29 +147,32 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--trips", type=int, default=2000)
     parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--entries", type=int, default=2,
+                        help="entries in the small frames' state (default 2: ~1 KiB, 2 entries)")
     parser.add_argument("--big", type=int, default=0, metavar="MiB")
     parser.add_argument("--big-runs", type=int, default=3)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.one:
-        print(*small_frames(args.trips, args.batches))
+        print(*small_frames(args.trips, args.batches, args.entries))
         return
     report: dict[str, object] = {"load_before": os.getloadavg()[0]}
     tree = _checkout(args.against) if args.against else None
     try:
         runs: dict[str, list[tuple[float, float]]] = {"this": [], str(args.against): []}
         for _ in range(args.runs):
-            runs["this"].append(_child(None, args.trips, args.batches))
+            runs["this"].append(_child(None, args.trips, args.batches, args.entries))
             if tree is not None:
-                runs[str(args.against)].append(_child(tree, args.trips, args.batches))
+                runs[str(args.against)].append(_child(tree, args.trips, args.batches, args.entries))
         report["small_us_wall_cpu"] = runs
         for which, measure in ((0, "wall"), (1, "CPU")):
             here = [r[which] for r in runs["this"]]
             there = [r[which] for r in runs[str(args.against)]]
             if not here:
                 break
-            line = f"1 KiB round trip ({measure}), this tree: {_spread(here)} µs"
+            what = "1 KiB" if args.entries <= 2 else f"{args.entries}-entry"
+            line = f"{what} round trip ({measure}), this tree: {_spread(here)} µs"
             if there:
                 ratio = statistics.median(there) / statistics.median(here)
                 best = min(there) / min(here)
