@@ -517,8 +517,10 @@ _LAYOUTS: dict[bytes, tuple[int, tuple[tuple[Any, ...], ...]]] = {}
 #: table to look it up (a table's length is its names' and shapes', not its data's).
 _TABLE_LENGTHS: dict[int, int] = {}
 _LAYOUTS_MAX = 64
-#: A larger table (thousands of entries) is not cached: its walk dwarfs nothing.
-_LAYOUT_TABLE_MAX = 16 << 10
+#: At most this many bytes of tables are kept (a layout's Python objects take about
+#: six times its table's bytes: a few MB in all), so a peer sending ever-new tables
+#: cannot grow it; a table over a quarter of it (thousands of entries) is not kept.
+_LAYOUT_BYTES_MAX = 1 << 20
 #: An array entry's data check: none, its bytes are bools, it is widened to float32.
 _PLAIN, _BOOL, _WIDEN = 0, 1, 2
 
@@ -637,8 +639,10 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
         raise WireError(f"frame body is {size} bytes but its table accounts for {offset}")
     if flags & ~_KNOWN_FRAME_FLAGS:
         raise WireError(f"unknown frame flags {flags:#x}")
-    if table_end <= _LAYOUT_TABLE_MAX:
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+    if table_end <= _LAYOUT_BYTES_MAX // 4:
+        # (sum over the keys runs in C, so no other thread changes them meanwhile.)
+        if (len(_LAYOUTS) >= _LAYOUTS_MAX
+                or sum(map(len, _LAYOUTS)) + table_end > _LAYOUT_BYTES_MAX):
             _LAYOUTS.clear()
             _TABLE_LENGTHS.clear()
         _LAYOUTS[bytes(mv[:table_end])] = (size, tuple(layout))

@@ -125,6 +125,12 @@ def test_the_cache_is_bounded() -> None:
         wire.decode_state(_body({f"key{i}": i, "x": np.zeros(i % 7)}))
         assert len(_codec._LAYOUTS) <= _codec._LAYOUTS_MAX
         assert len(_codec._TABLE_LENGTHS) <= _codec._LAYOUTS_MAX
+    # A model's table of a thousand entries is kept; the bytes kept stay bounded.
+    for i in range(60):
+        model = {f"run{i}/block{j}/weight": np.zeros(2, np.float32) for j in range(1000)}
+        wire.decode_state(_body(model))
+        assert sum(map(len, _codec._LAYOUTS)) <= _codec._LAYOUT_BYTES_MAX
+        assert len(_codec._LAYOUTS[bytes(_body(model)[:_codec._TABLE_LENGTHS[1000]])][1]) == 1000
     assert len(_codec._NAMES) <= _codec._NAMES_MAX
 
 
