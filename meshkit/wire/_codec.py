@@ -640,9 +640,12 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
     if flags & ~_KNOWN_FRAME_FLAGS:
         raise WireError(f"unknown frame flags {flags:#x}")
     if table_end <= _LAYOUT_BYTES_MAX // 4:
-        # (sum over the keys runs in C, so no other thread changes them meanwhile.)
-        if (len(_LAYOUTS) >= _LAYOUTS_MAX
-                or sum(map(len, _LAYOUTS)) + table_end > _LAYOUT_BYTES_MAX):
+        try:
+            full = (len(_LAYOUTS) >= _LAYOUTS_MAX
+                    or sum(map(len, _LAYOUTS)) + table_end > _LAYOUT_BYTES_MAX)
+        except RuntimeError:  # another thread changed the cache meanwhile (free-threaded)
+            full = True
+        if full:
             _LAYOUTS.clear()
             _TABLE_LENGTHS.clear()
         _LAYOUTS[bytes(mv[:table_end])] = (size, tuple(layout))
