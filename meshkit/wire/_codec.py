@@ -624,13 +624,14 @@ def decode_state(body: Any, *, flags: int = 0) -> dict[str, Any]:
             except ValueError as exc:  # e.g. a zero-sized shape with an absurd dimension
                 raise WireError(f"entry {name!r}: shape {dims} is not a valid array shape "
                                 f"({exc})") from None
-            if code == 1 and data_len and int(buf[offset:end].max()) > 1:
+            check = (_BOOL if code == 1 and data_len
+                     else _WIDEN if eflags & ENTRY_FLAG_WIDEN_F32 else _PLAIN)
+            if check == _BOOL and int(buf[offset:end].max()) > 1:
                 raise _bool_error(name)
-            if eflags & ENTRY_FLAG_WIDEN_F32:
+            if check == _WIDEN:
                 array = array.astype(_F32)
             state[name] = array
-            layout.append((name, dtype, dims, offset, end, _BOOL if code == 1 and data_len
-                           else _WIDEN if eflags & ENTRY_FLAG_WIDEN_F32 else _PLAIN))
+            layout.append((name, dtype, dims, offset, end, check))
         else:
             state[name] = _json_entry(name, bytes(mv[offset:end]))
             layout.append((name, None, dims, offset, end, _PLAIN))
